@@ -1,0 +1,127 @@
+"""The plain records the replicator hands to the sinks.
+
+This module is the contract between the writing side's two halves: the replicator turns binlog
+events into these dataclasses, and every sink (the Avro store, Kafka) consumes them. Nothing here
+knows about python-mysql-replication, Avro or Kafka.
+
+A transaction arrives as ``Begin``, then any number of ``Rows`` and ``Ddl``, then ``Commit``.
+``Abort`` ends an open transaction without committing it (the connection dropped mid-way; the
+replicator resumes from the previous transaction). Row values are tuples in column order, with
+the Python types listed in ``protocol.md`` ("Type mapping").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from cdcserver.gtid import BinlogPosition, Gtid
+
+
+class EventType(str, Enum):
+    """MaxScale's ``event_type`` symbols, in MaxScale's order (the Avro enum indexes 0..3)."""
+
+    INSERT = "insert"
+    UPDATE_BEFORE = "update_before"
+    UPDATE_AFTER = "update_after"
+    DELETE = "delete"
+
+
+class RowsKind(str, Enum):
+    INSERT = "insert"
+    UPDATE = "update"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnDef:
+    """One column as the binlog's table map (plus optional metadata) describes it.
+
+    ``binlog_type`` is the real type (ENUM and SET resolved from a STRING column's metadata);
+    ``meta`` is the type's table-map metadata as one integer (see ``tablemap.py``).
+    ``charset`` is the Python codec of a character column, None for binary data.
+    ``extended`` names a MariaDB type the binlog cannot express (``inet4``, ``inet6``, ``uuid``,
+    ``json``), learned from the schema history.
+    """
+
+    name: str
+    binlog_type: int
+    meta: int = 0
+    unsigned: bool = False
+    nullable: bool = True
+    charset: str | None = None
+    enum_values: tuple[str, ...] = ()
+    set_values: tuple[str, ...] = ()
+    geometry_type: int = 0
+    extended: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TableLayout:
+    """A table's columns at one point in the binlog."""
+
+    database: str
+    table: str
+    columns: tuple[ColumnDef, ...]
+    primary_key: tuple[int, ...] = ()
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.database}.{self.table}"
+
+    def signature(self) -> tuple[Any, ...]:
+        """What identifies a table version: a change here means a new version file."""
+        return tuple(
+            (c.name, c.binlog_type, c.meta, c.unsigned, c.charset is None, c.enum_values,
+             c.set_values, c.extended)
+            for c in self.columns
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    """A transaction starts. ``server_id`` is the originating server (the GTID's)."""
+
+    gtid: Gtid
+    timestamp: int
+    standalone: bool = False  # MariaDB FL_STANDALONE: a DDL or non-transactional statement
+    commit_id: int | None = None  # MariaDB group commit id, when the primary recorded one
+
+
+@dataclass(slots=True)
+class Rows:
+    """The rows of one binlog row event. For UPDATE, ``rows`` alternates before and after
+    images: ``[before1, after1, before2, after2, ...]``."""
+
+    layout: TableLayout
+    kind: RowsKind
+    timestamp: int
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Ddl:
+    """A schema statement, as executed on the primary."""
+
+    database: str
+    sql: str
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """The transaction is complete; ``position`` is where the replica stands after it."""
+
+    position: BinlogPosition
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """Discard the open transaction: it will be read again after a reconnect."""
+
+    reason: str
+
+
+Change = Begin | Rows | Ddl | Commit | Abort

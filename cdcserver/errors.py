@@ -1,0 +1,53 @@
+"""The service's exceptions.
+
+Each component handles errors on purpose: a *retriable* error (the source went away, a broker
+is down) backs off and resumes from the last checkpoint; anything else stops the component
+loudly. Protocol errors sent to clients live in :mod:`cdcserver.protocol.grammar`.
+"""
+
+from __future__ import annotations
+
+
+class CdcError(Exception):
+    """Base class of every error the service raises on purpose."""
+
+    retriable = False
+
+
+class ConfigError(CdcError):
+    """The configuration or a command-line argument is invalid."""
+
+
+class SourceError(CdcError):
+    """The MariaDB/MySQL source cannot be replicated from."""
+
+
+class SourceUnavailable(SourceError):
+    """The connection to the source failed or dropped: reconnect with backoff."""
+
+    retriable = True
+
+
+class UndecodableEvent(SourceError):
+    """A binlog event the service cannot decode. Replication stops *before* the checkpoint
+    passes the event, so nothing is skipped; fix the cause and restart."""
+
+    def __init__(self, message: str, *, file: str = "", pos: int = 0) -> None:
+        where = f" at {file}:{pos}" if file else ""
+        super().__init__(f"{message}{where}")
+        self.file = file
+        self.pos = pos
+
+
+class SchemaError(SourceError):
+    """Row data cannot be matched to a known table layout."""
+
+
+class StoreError(CdcError):
+    """The data directory is unusable or inconsistent."""
+
+
+class DiskFull(StoreError):
+    """Writing to the data directory failed for lack of space: pause and retry."""
+
+    retriable = True
