@@ -1,0 +1,162 @@
+"""The replication connection: the only module that imports python-mysql-replication.
+
+python-mysql-replication is used for what it does well, the replication protocol: connecting,
+``SET @master_binlog_checksum``/heartbeat/capability, ``COM_REGISTER_SLAVE`` (so the service
+shows in the primary's ``SHOW SLAVE HOSTS``) and ``COM_BINLOG_DUMP`` with MariaDB GTID
+positioning. Its event loop (``fetchone``) is not used: it reconnects silently and replays from
+its start position, and decodes one value per method call. This adapter reads raw event packets
+instead and raises :class:`SourceUnavailable` on any connection error, so the replicator owns
+the reconnect and resume policy (python-mysql-replication 1.0.17, ``binlogstream.py``).
+
+Two private members are used and the dependency is pinned for that reason:
+``_BinLogStreamReader__connect_to_stream`` and ``_BinLogStreamReader__set_mariadb_settings``.
+The latter is overridden to fix a framing bug: it declares a 14-byte COM_BINLOG_DUMP payload but
+sends 15 bytes, and the stray byte makes a non-blocking dump end in a connection reset that
+loses the last events (``../shared/reference/environment.md`` §3). ``tests/test_connection.py``
+reads a whole binlog in non-blocking GTID mode, which fails without the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pymysql
+from pymysqlreplication import BinLogStreamReader
+
+from cdcserver.errors import SourceError, SourceUnavailable
+from cdcserver.gtid import GtidState
+
+log = logging.getLogger(__name__)
+
+# ER_MASTER_FATAL_ERROR_READING_BINLOG (position/GTID not in the binlogs, e.g. purged),
+# access denied, replica server_id clash: retrying cannot help.
+_FATAL_SERVER_ERRORS = frozenset({1236, 1045, 1227})
+_CONNECTION_ERRORS = (pymysql.err.OperationalError, pymysql.err.InterfaceError, OSError,
+                      struct.error)
+
+
+@dataclass(frozen=True)
+class SourceAddress:
+    """How to reach the primary. ``unix_socket`` wins over host/port when set."""
+
+    host: str = "127.0.0.1"
+    port: int = 3306
+    user: str = "root"
+    password: str = ""
+    unix_socket: str | None = None
+    ssl: dict[str, str] | None = None
+    connect_timeout: float = 10.0
+
+    def pymysql_kwargs(self) -> dict[str, object]:
+        kwargs: dict[str, object] = {"user": self.user, "password": self.password,
+                                     "connect_timeout": self.connect_timeout,
+                                     "charset": "utf8mb4"}
+        if self.unix_socket:
+            kwargs["unix_socket"] = self.unix_socket
+        else:
+            kwargs["host"], kwargs["port"] = self.host, self.port
+        if self.ssl:
+            kwargs["ssl"] = self.ssl
+        return kwargs
+
+    def describe(self) -> str:
+        where = self.unix_socket or f"{self.host}:{self.port}"
+        return f"{self.user}@{where}"
+
+
+class _ReplicaStream(BinLogStreamReader):  # type: ignore[misc]
+    """BinLogStreamReader reduced to the replication protocol."""
+
+    fix_dump_framing = True
+
+    def _BinLogStreamReader__set_mariadb_settings(self) -> bytes:  # noqa: N802 - overrides a private
+        packet: bytes = BinLogStreamReader._BinLogStreamReader__set_mariadb_settings(self)  # type: ignore[attr-defined]
+        if self.fix_dump_framing:
+            packet = struct.pack("<i", len(packet) - 4) + packet[4:]
+        return packet
+
+    def open(self) -> None:
+        self._BinLogStreamReader__connect_to_stream()  # type: ignore[attr-defined]
+
+    @property
+    def checksums(self) -> bool:
+        return bool(self._BinLogStreamReader__use_checksum)  # type: ignore[attr-defined]
+
+
+class BinlogConnection:
+    """One replication connection, from a GTID state. Iterate :meth:`packets`."""
+
+    def __init__(self, address: SourceAddress, server_id: int, start: GtidState, *,
+                 blocking: bool = True, heartbeat: float = 5.0, report_host: str = "cdcserver",
+                 fix_dump_framing: bool = True) -> None:
+        settings = address.pymysql_kwargs()
+        # A dead connection shows as a missing heartbeat: read_timeout ends the wait.
+        if blocking:
+            settings["read_timeout"] = heartbeat * 3
+        settings.pop("charset")
+        self._stream = _ReplicaStream(
+            connection_settings=settings, server_id=server_id, blocking=blocking,
+            is_mariadb=True, auto_position=str(start), slave_heartbeat=heartbeat,
+            report_slave=(report_host, "", "", 0), enable_logging=False)
+        self._stream.fix_dump_framing = fix_dump_framing
+        self.address = address
+        self.start = start
+
+    def open(self) -> None:
+        try:
+            self._stream.open()
+        except pymysql.err.OperationalError as exc:
+            self.close()
+            code = exc.args[0] if exc.args else 0
+            error = SourceError if code in _FATAL_SERVER_ERRORS else SourceUnavailable
+            raise error(f"cannot start replication from {self.address.describe()}: "
+                        f"{exc}") from exc
+        except _CONNECTION_ERRORS as exc:
+            self.close()
+            raise SourceUnavailable(f"cannot start replication from {self.address.describe()}: "
+                                    f"{exc}") from exc
+
+    @property
+    def checksums(self) -> bool:
+        return self._stream.checksums
+
+    def packets(self) -> Iterator[bytes]:
+        """Raw event packets (OK byte first) until the server ends a non-blocking dump."""
+        conn = self._stream._stream_connection
+        while True:
+            try:
+                packet = conn._read_packet()
+            except pymysql.err.OperationalError as exc:
+                raise SourceUnavailable(f"replication connection lost: {exc}") from exc
+            except _CONNECTION_ERRORS as exc:
+                raise SourceUnavailable(f"replication connection lost: {exc}") from exc
+            if packet.is_eof_packet():
+                return
+            data: bytes = packet._data
+            if data[0] == 0xFF:  # an error packet: the server refused or ended the dump
+                errno = int.from_bytes(data[1:3], "little")
+                message = data[9:].decode("utf-8", "replace") if data[3:4] == b"#" \
+                    else data[3:].decode("utf-8", "replace")
+                error = SourceError if errno in _FATAL_SERVER_ERRORS else SourceUnavailable
+                raise error(f"the source ended replication: ({errno}) {message}")
+            yield data
+
+    def interrupt(self) -> None:
+        """Unblock a thread waiting in :meth:`packets` (called from another thread)."""
+        conn = getattr(self._stream, "_stream_connection", None)
+        sock = getattr(conn, "_sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        try:
+            self._stream.close()
+        except _CONNECTION_ERRORS as exc:
+            log.debug("closing the replication connection: %s", exc)

@@ -1,0 +1,172 @@
+"""The replicator: a worker thread that reads the binlog and hands plain changes to the loop.
+
+python-mysql-replication blocks, so it runs in its own thread. The thread decodes each packet
+into :mod:`cdcserver.changes` records and puts them into the bounded :class:`Handoff` a
+transaction at a time (a big transaction in 1 MiB slices). It owns the reconnect policy: when the
+connection drops it ends the open transaction with ``Abort`` and reconnects, with exponential
+backoff, from the GTID state after the last transaction it handed over; the transaction is read
+again whole. An error no retry can fix (an undecodable event, a purged binlog) ends the thread
+and is re-raised on the loop by :meth:`Handoff.get`, after every complete transaction before it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from cdcserver.changes import Change
+from cdcserver.errors import CdcError, SourceUnavailable
+from cdcserver.gtid import GtidState
+from cdcserver.handoff import Handoff, HandoffClosed
+from cdcserver.replication import source
+from cdcserver.replication.charsets import CollationTable
+from cdcserver.replication.connection import BinlogConnection, SourceAddress
+from cdcserver.replication.decoder import EventDecoder
+
+log = logging.getLogger(__name__)
+
+SLICE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Backoff:
+    first: float = 0.1
+    maximum: float = 30.0
+
+    def delays(self) -> list[float]:
+        delays, delay = [], self.first
+        while delay < self.maximum:
+            delays.append(delay)
+            delay *= 2
+        return delays
+
+
+class Replicator:
+    def __init__(self, address: SourceAddress, server_id: int, handoff: Handoff,
+                 start: GtidState, *, blocking: bool = True, heartbeat: float = 5.0,
+                 backoff: Backoff = Backoff(), report_host: str = "cdcserver") -> None:
+        self.address = address
+        self.server_id = server_id
+        self.handoff = handoff
+        self.state = start  # after the last transaction handed over
+        self.blocking = blocking
+        self.heartbeat = heartbeat
+        self.backoff = backoff
+        self.report_host = report_host
+        self.connected = threading.Event()
+        self.reconnects = 0
+        self.last_event_time = 0.0
+        self._stop = threading.Event()
+        self._conn: BinlogConnection | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="cdc-replicator", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        conn = self._conn
+        if conn is not None:
+            conn.interrupt()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    # -- the thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            collations = self._with_retries(self._collations)
+            while not self._stop.is_set():
+                try:
+                    if self._stream(collations):
+                        break  # a non-blocking dump reached the end of the binlog
+                except SourceUnavailable as exc:
+                    self.connected.clear()
+                    if self._stop.is_set():
+                        break
+                    self._wait_to_reconnect(exc)
+            self.handoff.finish()
+        except HandoffClosed:
+            pass
+        except CdcError as exc:
+            log.error("replication stopped: %s", exc)
+            self.handoff.finish(exc)
+        except BaseException as exc:  # a bug: fail the pipeline loudly rather than hang it
+            log.exception("replication thread crashed")
+            self.handoff.finish(exc)
+        finally:
+            self.connected.clear()
+
+    def _collations(self) -> CollationTable:
+        conn = source.connect(self.address)
+        try:
+            return source.collations(conn)
+        finally:
+            conn.close()
+
+    def _stream(self, collations: CollationTable) -> bool:
+        conn = BinlogConnection(self.address, self.server_id, self.state,
+                                blocking=self.blocking, heartbeat=self.heartbeat,
+                                report_host=self.report_host)
+        self._conn = conn
+        batch: list[Change] = []
+        weight = 0
+        decoder: EventDecoder | None = None
+        try:
+            conn.open()
+            decoder = EventDecoder(collations, self.state, checksums=conn.checksums)
+            log.info("replicating from %s as server_id %d, after GTID state '%s'",
+                     self.address.describe(), self.server_id, self.state)
+            self.connected.set()
+            self._attempt = 0
+            for packet in conn.packets():
+                if self._stop.is_set():
+                    raise SourceUnavailable("stopping")
+                decoder.feed(packet, batch)
+                weight += len(packet)
+                if batch and (not decoder.in_transaction or weight >= SLICE_BYTES):
+                    self.handoff.put(batch, weight)
+                    batch, weight = [], 0
+                    if not decoder.in_transaction:
+                        self.state = decoder.gtid_state
+                        self.last_event_time = time.time()
+            self._end_batch(decoder, batch, weight, "the binlog dump ended")
+            return True
+        except CdcError as exc:
+            self._end_batch(decoder, batch, weight, str(exc))
+            raise
+        finally:
+            self._conn = None
+            conn.close()
+
+    def _end_batch(self, decoder: EventDecoder | None, batch: list[Change], weight: int,
+                   reason: str) -> None:
+        """Hand over the complete transactions read so far and abort the open one."""
+        if decoder is not None:
+            decoder.abort_open_transaction(batch, reason)
+        if batch:
+            self.handoff.put(batch, weight)
+
+    _attempt = 0
+
+    def _wait_to_reconnect(self, exc: Exception) -> None:
+        delays = self.backoff.delays() or [self.backoff.maximum]
+        delay = delays[min(self._attempt, len(delays) - 1)]
+        self._attempt += 1
+        self.reconnects += 1
+        log.warning("%s; reconnecting in %.1fs", exc, delay)
+        self._stop.wait(delay)
+
+    def _with_retries(self, action):  # type: ignore[no-untyped-def]
+        while True:
+            try:
+                return action()
+            except SourceUnavailable as exc:
+                if self._stop.is_set():
+                    raise
+                self._wait_to_reconnect(exc)

@@ -1,0 +1,247 @@
+"""Row images decoded by a function compiled once per table layout.
+
+python-mysql-replication decodes one value per method call, which caps it near 20,000 rows/s
+here. Instead, for each table layout we generate one straight-line Python function: a run of
+fixed-width columns becomes a single ``struct.unpack_from``, a VARCHAR becomes a slice and a
+``decode``, and only values that need arithmetic (temporal types, DECIMAL) call a helper from
+:mod:`cdcserver.replication.values`. A row without NULLs takes a path with no NULL checks.
+
+Row image format (MySQL ``sql/rpl_record.cc``, ``unpack_row``): a NULL bitmap over the present
+columns (LSB first), then each non-NULL value in its ``Field::pack`` format.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from cdcserver.changes import ColumnDef
+from cdcserver.errors import UndecodableEvent
+from cdcserver.replication import values
+from cdcserver.replication.constants import ColumnType as T
+
+RowsDecoder = Callable[[bytes, int, int], list[tuple[Any, ...]]]
+
+_INT_FORMATS = {T.TINY: "b", T.SHORT: "h", T.LONG: "i", T.LONGLONG: "q"}
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """How one column is read. ``fmt`` pieces are fixed-width little-endian struct fields that
+    can be merged with their neighbours; ``block`` pieces are statements that assign ``OUT`` and
+    advance ``pos``."""
+
+    fmt: str | None = None
+    post: str = "v"
+    block: tuple[str, ...] = ()
+
+
+def _length_prefixed(size: int, convert: str) -> tuple[str, ...]:
+    """A value stored as a little-endian length of ``size`` bytes followed by the data."""
+    if size == 1:
+        read_len = "n = buf[pos]"
+    else:
+        read_len = f"n = int.from_bytes(buf[pos:pos+{size}], 'little')"
+    return (read_len, f"pos += {size}", f"OUT = {convert.format(data='buf[pos:pos+n]')}",
+            "pos += n")
+
+
+def _text(col: ColumnDef, size: int) -> tuple[str, ...]:
+    if col.charset is None:
+        return _length_prefixed(size, "{data}")
+    return _length_prefixed(size, "{data}.decode(" + repr(col.charset) + ")")
+
+
+def _fixed_bytes(size: int, convert: str) -> tuple[str, ...]:
+    return (f"OUT = {convert.format(data=f'buf[pos:pos+{size}]')}", f"pos += {size}")
+
+
+def _piece(col: ColumnDef, ns: dict[str, Any], index: int) -> _Piece:  # noqa: PLR0911, PLR0912
+    t, meta = T(col.binlog_type), col.meta
+    if t in _INT_FORMATS:
+        fmt = _INT_FORMATS[t]
+        return _Piece(fmt=fmt.upper() if col.unsigned else fmt)
+    if t == T.INT24:
+        post = "v" if col.unsigned else "(v - 0x1000000 if v & 0x800000 else v)"
+        return _Piece(block=(f"v = int.from_bytes(buf[pos:pos+3], 'little')", f"OUT = {post}",
+                             "pos += 3"))
+    if t == T.FLOAT:
+        return _Piece(fmt="f")
+    if t == T.DOUBLE:
+        return _Piece(fmt="d")
+    if t == T.YEAR:
+        return _Piece(fmt="B", post="(v + 1900 if v else 0)")
+    if t == T.NEWDECIMAL:
+        fmt_obj = values.DecimalFormat(meta >> 8, meta & 0xFF)
+        ns[f"dec{index}"] = fmt_obj.decode
+        return _Piece(block=_fixed_bytes(fmt_obj.size, f"dec{index}({{data}})"))
+    if t in (T.VARCHAR, T.VAR_STRING):
+        return _Piece(block=_text(col, 1 if meta < 256 else 2))
+    if t == T.STRING:
+        return _string(col, meta)
+    if t in (T.BLOB, T.TINY_BLOB, T.MEDIUM_BLOB, T.LONG_BLOB):
+        return _Piece(block=_text(col, meta))
+    if t == T.GEOMETRY:
+        return _Piece(block=_length_prefixed(meta, "{data}"))
+    if t == T.JSON:
+        ns["mysql_json"] = _mysql_json
+        return _Piece(block=_length_prefixed(meta, "mysql_json({data})"))
+    if t == T.ENUM:
+        ns[f"labels{index}"] = col.enum_values
+        return _Piece(fmt="B" if meta == 1 else "H", post=f"enum_label(v, labels{index})")
+    if t == T.SET:
+        ns[f"labels{index}"] = col.set_values
+        return _Piece(block=_fixed_bytes(
+            meta, f"set_labels(int.from_bytes({{data}}, 'little'), labels{index})"))
+    if t == T.BIT:
+        nbytes = (meta >> 8) + (1 if meta & 0xFF else 0)
+        return _Piece(block=_fixed_bytes(nbytes, "int.from_bytes({data}, 'big')"))
+    if t == T.DATE:
+        return _Piece(block=_fixed_bytes(3, "date_from_int(int.from_bytes({data}, 'little'))"))
+    if t == T.TIME2:
+        return _Piece(block=_fixed_bytes(3 + values.frac_bytes(meta), f"time2({{data}}, {meta})"))
+    if t == T.DATETIME2:
+        size = 5 + values.frac_bytes(meta)
+        return _Piece(block=_fixed_bytes(size, f"datetime2({{data}}, {meta})"))
+    if t == T.TIMESTAMP2:
+        size = 4 + values.frac_bytes(meta)
+        return _Piece(block=_fixed_bytes(size, f"timestamp2({{data}}, {meta})"))
+    if t == T.TIME:
+        return _Piece(block=_fixed_bytes(
+            3, "time_v1(int.from_bytes({data}, 'little', signed=True))"))
+    if t == T.DATETIME:
+        return _Piece(fmt="Q", post="datetime_v1(v)")
+    if t == T.TIMESTAMP:
+        return _Piece(fmt="I", post="timestamp_v1(v)")
+    if t == T.NULL:
+        return _Piece(block=("OUT = None",))
+    raise UndecodableEvent(f"column {col.name!r}: binlog type {t.name} cannot be decoded")
+
+
+def _string(col: ColumnDef, meta: int) -> _Piece:
+    """CHAR/BINARY (and MariaDB's INET6/UUID, stored as BINARY). The server strips the pad
+    character before logging (Field_string::pack); BINARY(n) pads with NUL, so put it back."""
+    max_length = (((meta >> 4) & 0x300) ^ 0x300) + (meta & 0xFF)
+    size = 1 if max_length < 256 else 2
+    if col.charset is None:
+        return _Piece(block=_length_prefixed(size, "{data}.ljust(" + str(max_length) + ", b'\\0')"))
+    return _Piece(block=_text(col, size))
+
+
+def _mysql_json(data: bytes) -> str:
+    """MySQL's binary JSON (type 245) as JSON text."""
+    from cdcserver.replication.mysqljson import binary_json_to_text  # MySQL sources only
+
+    return binary_json_to_text(data)
+
+
+class _Emitter:
+    def __init__(self, columns: tuple[ColumnDef, ...], ns: dict[str, Any]) -> None:
+        self.columns = columns
+        self.pieces = [_piece(c, ns, i) for i, c in enumerate(columns)]
+        self.ns = ns
+        self.structs = 0
+
+    def _struct(self, fmt: str) -> str:
+        name = f"st{self.structs}"
+        self.structs += 1
+        self.ns[name] = struct.Struct("<" + fmt).unpack_from
+        return name
+
+    def _assign(self, i: int, piece: _Piece, indent: str) -> list[str]:
+        if piece.fmt is not None:
+            size = struct.calcsize("<" + piece.fmt)
+            post = _rename(piece.post, f"c{i}") if piece.post != "v" else ""
+            lines = [f"{indent}c{i} = {self._struct(piece.fmt)}(buf, pos)[0]",
+                     f"{indent}pos += {size}"]
+            if post:
+                lines.append(f"{indent}c{i} = {post}")
+            return lines
+        return [indent + line.replace("OUT", f"c{i}") for line in piece.block]
+
+    def fast_path(self, indent: str) -> list[str]:
+        """No NULLs: merge runs of fixed-width columns into one unpack."""
+        lines: list[str] = []
+        run: list[int] = []
+
+        def flush() -> None:
+            if not run:
+                return
+            fmt = "".join(self.pieces[i].fmt or "" for i in run)
+            names = ", ".join(f"c{i}" for i in run) + ("," if len(run) == 1 else "")
+            lines.append(f"{indent}{names} = {self._struct(fmt)}(buf, pos)")
+            lines.append(f"{indent}pos += {struct.calcsize('<' + fmt)}")
+            for i in run:
+                post = self.pieces[i].post
+                if post != "v":
+                    lines.append(f"{indent}c{i} = {_rename(post, f'c{i}')}")
+            run.clear()
+
+        for i, piece in enumerate(self.pieces):
+            if piece.fmt is not None:
+                run.append(i)
+                continue
+            flush()
+            lines += self._assign(i, piece, indent)
+        flush()
+        return lines
+
+    def checked_path(self, indent: str) -> list[str]:
+        lines: list[str] = []
+        for i, (col, piece) in enumerate(zip(self.columns, self.pieces, strict=True)):
+            if not col.nullable:
+                lines += self._assign(i, piece, indent)
+                continue
+            lines.append(f"{indent}if nulls & {1 << i}:")
+            lines.append(f"{indent}    c{i} = None")
+            lines.append(f"{indent}else:")
+            lines += self._assign(i, piece, indent + "    ")
+        return lines
+
+
+def _rename(post: str, name: str) -> str:
+    """Substitute the raw value ``v`` in a post-conversion expression."""
+    return re.sub(r"\bv\b", name, post)
+
+
+def compile_rows_decoder(columns: tuple[ColumnDef, ...]) -> RowsDecoder:
+    """Build the function that decodes every row image of a rows event body."""
+    return _compile(columns)
+
+
+@lru_cache(maxsize=4096)
+def _compile(columns: tuple[ColumnDef, ...]) -> RowsDecoder:
+    ns: dict[str, Any] = {
+        "date_from_int": values.date_from_int, "datetime2": values.datetime2,
+        "timestamp2": values.timestamp2, "time2": values.time2, "time_v1": values.time_v1,
+        "datetime_v1": values.datetime_v1, "timestamp_v1": values.timestamp_v1,
+        "enum_label": values.enum_label, "set_labels": values.set_labels,
+    }
+    emitter = _Emitter(columns, ns)
+    nbytes = (len(columns) + 7) // 8
+    read_nulls = "nulls = buf[pos]" if nbytes == 1 else (
+        f"nulls = int.from_bytes(buf[pos:pos+{nbytes}], 'little')")
+    row = "(" + "".join(f"c{i}, " for i in range(len(columns))) + ")"
+    src = [
+        "def decode_rows(buf, pos, end):",
+        "    rows = []",
+        "    append = rows.append",
+        "    while pos < end:",
+        f"        {read_nulls}",
+        f"        pos += {nbytes}",
+        "        if not nulls:",
+        *emitter.fast_path(" " * 12),
+        "        else:",
+        *emitter.checked_path(" " * 12),
+        f"        append({row})",
+        "    if pos != end:",
+        "        raise ValueError(f'row data ends at {pos}, event at {end}')",
+        "    return rows",
+    ]
+    exec(compile("\n".join(src), "<rowcodec>", "exec"), ns)  # noqa: S102 - generated from our own templates
+    decoder: RowsDecoder = ns["decode_rows"]
+    return decoder

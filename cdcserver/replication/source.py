@@ -1,0 +1,85 @@
+"""Questions the replicator asks the primary over an ordinary SQL connection."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pymysql
+
+from cdcserver.errors import SourceError, SourceUnavailable
+from cdcserver.gtid import GtidState
+from cdcserver.replication.charsets import CollationTable
+from cdcserver.replication.connection import SourceAddress
+
+_GTID_LIST_INFO = re.compile(r"\[(.*)\]")
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    version: str
+    flavor: str  # "mariadb" or "mysql"
+    variables: dict[str, str]
+
+
+def connect(address: SourceAddress) -> pymysql.connections.Connection:  # type: ignore[name-defined]
+    try:
+        return pymysql.connect(**address.pymysql_kwargs(), autocommit=True)  # type: ignore[arg-type]
+    except pymysql.err.OperationalError as exc:
+        code = exc.args[0] if exc.args else 0
+        if code in (1044, 1045):  # access denied
+            raise SourceError(f"{address.describe()}: {exc.args[1]}") from exc
+        raise SourceUnavailable(f"cannot connect to {address.describe()}: {exc}") from exc
+
+
+def query(conn: Any, sql: str, args: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+    with conn.cursor() as cur:
+        cur.execute(sql, args)
+        return list(cur.fetchall())
+
+
+_VARIABLES = ("log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata",
+              "gtid_strict_mode", "binlog_checksum", "server_id", "gtid_binlog_pos",
+              "log_bin_compress", "version_comment")
+
+
+def describe(conn: Any) -> SourceInfo:
+    version = str(query(conn, "SELECT VERSION()")[0][0])
+    names = ",".join(f"'{n}'" for n in _VARIABLES)
+    variables = {str(k).lower(): str(v) for k, v in
+                 query(conn, f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({names})")}
+    flavor = "mariadb" if "mariadb" in version.lower() else "mysql"
+    return SourceInfo(version, flavor, variables)
+
+
+def require_row_binlog(info: SourceInfo) -> None:
+    """The settings without which rows cannot be captured exactly."""
+    wanted = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL"}
+    problems = [f"{k}={info.variables.get(k, '?')} (need {v})" for k, v in wanted.items()
+                if info.variables.get(k, "").upper() != v]
+    if problems:
+        raise SourceError("the source cannot be captured: " + ", ".join(problems)
+                          + ". Run `cdcserver check` for the statements that fix it.")
+
+
+def collations(conn: Any) -> CollationTable:
+    rows = query(conn, "SELECT ID, CHARACTER_SET_NAME FROM information_schema.COLLATIONS")
+    return CollationTable({int(i): str(name) for i, name in rows if i is not None})
+
+
+def newest_gtid_state(conn: Any) -> GtidState:
+    return GtidState.parse(str(query(conn, "SELECT @@GLOBAL.gtid_binlog_pos")[0][0] or ""))
+
+
+def oldest_gtid_state(conn: Any) -> GtidState:
+    """The GTID state at the start of the oldest binlog still on the server: its first
+    Gtid_list event (what MaxScale's ``gtid_start_pos=oldest`` reads)."""
+    logs = query(conn, "SHOW BINARY LOGS")
+    if not logs:
+        raise SourceError("the source has no binary logs (is log_bin on?)")
+    for row in query(conn, "SHOW BINLOG EVENTS IN %s LIMIT 5", (logs[0][0],)):
+        if str(row[2]) == "Gtid_list":
+            m = _GTID_LIST_INFO.search(str(row[5]))
+            return GtidState.parse(m[1] if m else "")
+    return GtidState()
