@@ -1,0 +1,240 @@
+"""Avro object container files, written block by block and read back as whole blocks.
+
+Format (Avro 1.11 "Object Container Files"): ``Obj\\x01``, a metadata map (``avro.schema``,
+``avro.codec``), a 16-byte sync marker; then blocks of ``long count, long size, data, sync``.
+A block is the unit of visibility: a transaction's rows for a table become one block (or
+several, for a big one) and readers stop at the last committed block. MaxScale's AVRO mode
+sends the header once per version and then blocks verbatim, which is why the writer never
+re-encodes or merges blocks after writing them.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from cdcserver.errors import StoreError
+from cdcserver.store.encoder import encode_string, varint
+
+MAGIC = b"Obj\x01"
+SYNC_SIZE = 16
+CODECS = ("null", "deflate", "snappy", "zstandard")
+
+
+def compress(codec: str, data: bytes | bytearray) -> bytes:
+    if codec == "null":
+        return bytes(data)
+    if codec == "deflate":
+        packer = zlib.compressobj(6, zlib.DEFLATED, -15)  # raw deflate, as Avro requires
+        return packer.compress(data) + packer.flush()
+    import cramjam
+
+    if codec == "snappy":  # raw snappy followed by the CRC32 of the uncompressed data
+        return bytes(cramjam.snappy.compress_raw(bytes(data))) + \
+            (zlib.crc32(data) & 0xFFFFFFFF).to_bytes(4, "big")
+    if codec == "zstandard":
+        return bytes(cramjam.zstd.compress(bytes(data)))
+    raise StoreError(f"unknown Avro codec {codec!r}; choose one of {', '.join(CODECS)}")
+
+
+def decompress(codec: str, data: bytes) -> bytes:
+    if codec == "null":
+        return data
+    if codec == "deflate":
+        return zlib.decompress(data, -15)
+    import cramjam
+
+    if codec == "snappy":
+        return bytes(cramjam.snappy.decompress_raw(data[:-4]))
+    if codec == "zstandard":
+        return bytes(cramjam.zstd.decompress(data))
+    raise StoreError(f"unknown Avro codec {codec!r}")
+
+
+def container_header(schema_json: str, codec: str, sync: bytes) -> bytes:
+    meta = {"avro.schema": schema_json.encode("utf-8"), "avro.codec": codec.encode("ascii")}
+    out = bytearray(MAGIC)
+    out += varint(len(meta))
+    for key, value in meta.items():
+        out += encode_string(key)
+        out += varint(len(value))
+        out += value
+    out += varint(0)
+    out += sync
+    return bytes(out)
+
+
+def read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """Decode a zig-zag varint at ``pos``; returns (value, next position)."""
+    shift = result = 0
+    while True:
+        if pos >= len(buf):
+            raise IndexError("varint runs past the buffer")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+        if shift > 70:
+            raise ValueError("varint too long")
+
+
+@dataclass(frozen=True)
+class Header:
+    schema_json: str
+    codec: str
+    sync: bytes
+    size: int  # bytes up to and including the sync marker
+
+
+def parse_header(data: bytes) -> Header:
+    """Parse a container header from the first bytes of a file (raises IndexError if short)."""
+    if data[:4] != MAGIC:
+        raise StoreError("not an Avro container file (bad magic)")
+    pos = 4
+    meta: dict[str, bytes] = {}
+    while True:
+        count, pos = read_varint(data, pos)
+        if count == 0:
+            break
+        if count < 0:
+            count = -count
+            _, pos = read_varint(data, pos)  # block size, unused
+        for _ in range(count):
+            klen, pos = read_varint(data, pos)
+            key = bytes(data[pos : pos + klen]).decode("utf-8")
+            pos += klen
+            vlen, pos = read_varint(data, pos)
+            meta[key] = bytes(data[pos : pos + vlen])
+            pos += vlen
+    sync = bytes(data[pos : pos + SYNC_SIZE])
+    if len(sync) != SYNC_SIZE:
+        raise IndexError("header truncated in the sync marker")
+    return Header(meta["avro.schema"].decode("utf-8"), meta.get("avro.codec", b"null").decode(),
+                  sync, pos + SYNC_SIZE)
+
+
+def read_header(path: str) -> Header:
+    with open(path, "rb") as f:
+        data = f.read(1 << 16)
+        while True:
+            try:
+                return parse_header(data)
+            except IndexError:
+                more = f.read(1 << 20)
+                if not more:
+                    raise StoreError(f"{path}: truncated Avro header") from None
+                data += more
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    offset: int  # where the block starts in the file
+    count: int  # records
+    data_start: int  # offset of the (possibly compressed) data
+    data_size: int
+    end: int  # offset after the sync marker
+
+
+def scan_blocks(path: str, header: Header, start: int, end: int) -> Iterator[Block]:
+    """The whole blocks between ``start`` and ``end`` (a committed size). A block that does not
+    end with the file's sync marker means corruption and raises StoreError."""
+    with open(path, "rb") as f:
+        pos = start
+        while pos < end:
+            f.seek(pos)
+            head = f.read(20)
+            count, after_count = read_varint(head, 0)
+            size, data_start = read_varint(head, after_count)
+            block_end = pos + data_start + size + SYNC_SIZE
+            if count < 0 or size < 0 or block_end > end:
+                raise StoreError(f"{path}: malformed block at offset {pos}")
+            f.seek(block_end - SYNC_SIZE)
+            if f.read(SYNC_SIZE) != header.sync:
+                raise StoreError(f"{path}: sync marker mismatch after the block at {pos}")
+            yield Block(pos, count, pos + data_start, size, block_end)
+            pos = block_end
+
+
+def last_valid_end(path: str, header: Header, limit: int) -> int:
+    """The end of the last complete block at or before ``limit``: where a torn tail is cut."""
+    end = header.size
+    try:
+        for block in scan_blocks(path, header, header.size, limit):
+            end = block.end
+    except (StoreError, IndexError, ValueError):
+        pass  # everything from the first bad block on is the torn tail
+    return end
+
+
+class VersionFileWriter:
+    """Appends blocks to one table version's container file.
+
+    ``size`` counts bytes written; ``committed`` is what readers may see. A block is written
+    with one ``write`` call; ``rollback`` cuts the file back to the committed size.
+    """
+
+    def __init__(self, path: str, header: Header, fd: int, size: int) -> None:
+        self.path = path
+        self.header = header
+        self.fd = fd
+        self.size = size
+        self.committed = size
+        self.buffer = bytearray()
+        self.count = 0
+        self.dirty = False  # written since the last fsync
+
+    @classmethod
+    def create(cls, path: str, schema_json: str, codec: str) -> VersionFileWriter:
+        header_bytes = container_header(schema_json, codec, os.urandom(SYNC_SIZE))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        _write_all(fd, header_bytes)
+        writer = cls(path, parse_header(header_bytes), fd, len(header_bytes))
+        writer.dirty = True
+        return writer
+
+    @classmethod
+    def open_existing(cls, path: str) -> VersionFileWriter:
+        header = read_header(path)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        return cls(path, header, fd, os.fstat(fd).st_size)
+
+    def end_block(self) -> None:
+        if not self.count:
+            return
+        data = compress(self.header.codec, self.buffer)
+        block = varint(self.count) + varint(len(data)) + data + self.header.sync
+        _write_all(self.fd, block)
+        self.size += len(block)
+        self.buffer.clear()
+        self.count = 0
+        self.dirty = True
+
+    def commit(self) -> None:
+        self.end_block()
+        self.committed = self.size
+
+    def rollback(self) -> None:
+        self.buffer.clear()
+        self.count = 0
+        if self.size != self.committed:
+            os.ftruncate(self.fd, self.committed)
+            self.size = self.committed
+
+    def fsync(self) -> None:
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]

@@ -1,0 +1,115 @@
+"""What readers may see: each table's versions, their committed sizes, and change wake-ups.
+
+The writer publishes into the catalog only at transaction commit, so a reader never sees part
+of a transaction: a new version appears, and a version's ``committed`` size grows, only after
+the transaction's blocks are written. Waiting sessions are woken by a future per table that is
+resolved on each commit touching the table (no polling); one wake-up serves every session
+tailing that table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+
+from cdcserver.store.avrofile import Header, read_header
+from cdcserver.store.naming import TableName, parse_version_file
+from cdcserver.store.schema import TableSchema
+
+
+@dataclass
+class VersionInfo:
+    table: TableName
+    version: int
+    schema: TableSchema
+    path: str
+    header: Header
+    committed: int
+    sealed: bool = False  # a newer version exists: this file will not grow again
+
+
+@dataclass
+class TableEntry:
+    name: TableName
+    versions: dict[int, VersionInfo] = field(default_factory=dict)
+    _waiter: asyncio.Future[None] | None = None
+
+    def latest(self) -> VersionInfo | None:
+        return self.versions[max(self.versions)] if self.versions else None
+
+    def first(self) -> VersionInfo | None:
+        return self.versions[min(self.versions)] if self.versions else None
+
+    def after(self, version: int) -> VersionInfo | None:
+        later = [v for v in self.versions if v > version]
+        return self.versions[min(later)] if later else None
+
+    def changed(self) -> asyncio.Future[None]:
+        """A future resolved at the next commit that touches this table."""
+        if self._waiter is None or self._waiter.done():
+            self._waiter = asyncio.get_running_loop().create_future()
+        return self._waiter
+
+    def notify(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class Catalog:
+    def __init__(self, avro_dir: str) -> None:
+        self.avro_dir = avro_dir
+        self.tables: dict[TableName, TableEntry] = {}
+        self._any_change: asyncio.Future[None] | None = None
+
+    def get(self, name: TableName) -> TableEntry | None:
+        return self.tables.get(name)
+
+    def entry(self, name: TableName) -> TableEntry:
+        entry = self.tables.get(name)
+        if entry is None:
+            entry = self.tables[name] = TableEntry(name)
+        return entry
+
+    def publish(self, info: VersionInfo) -> None:
+        """Make a new version visible and seal the one before it."""
+        entry = self.entry(info.table)
+        previous = entry.latest()
+        if previous is not None:
+            previous.sealed = True
+        entry.versions[info.version] = info
+
+    def remove_version(self, name: TableName, version: int) -> None:
+        entry = self.tables.get(name)
+        if entry is not None:
+            entry.versions.pop(version, None)
+            if not entry.versions:
+                del self.tables[name]
+
+    def notify(self, names: set[TableName] | list[TableName]) -> None:
+        for name in names:
+            entry = self.tables.get(name)
+            if entry is not None:
+                entry.notify()
+
+    def load(self) -> None:
+        """Build the catalog from the files on disk (after the store's recovery)."""
+        self.tables.clear()
+        for file_name in sorted(os.listdir(self.avro_dir)):
+            parsed = parse_version_file(file_name)
+            if parsed is None or parsed[2] != "avro":
+                continue
+            name, version, _ = parsed
+            path = os.path.join(self.avro_dir, file_name)
+            header = read_header(path)
+            schema = TableSchema.from_avsc(_json(header.schema_json))
+            self.publish(VersionInfo(name, version, schema, path, header,
+                                     os.path.getsize(path)))
+
+
+def _json(text: str) -> dict[str, object]:
+    import json
+
+    data: dict[str, object] = json.loads(text)
+    return data

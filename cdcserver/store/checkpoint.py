@@ -1,0 +1,96 @@
+"""The store's checkpoint: where replication stands and how much of each file that covers.
+
+``state/checkpoint.json`` holds the binlog position after the last transaction that is durable
+in the store, and for each table the newest version and its committed size at that moment. It is
+written only after the files it covers were fsynced, through a temporary file, ``fsync`` and an
+atomic ``rename`` (then the directory is fsynced), so after a crash at any instant it is either
+the old or the new checkpoint, never a mixture. On start the store cuts every newest version
+back to its recorded size and removes versions the checkpoint does not know: what was written
+after the checkpoint is read again from the binlog.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+from cdcserver.errors import StoreError
+from cdcserver.gtid import BinlogPosition
+from cdcserver.store.naming import TableName
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class TableMark:
+    version: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    position: BinlogPosition
+    tables: dict[TableName, TableMark] = field(default_factory=dict)
+    written_at: float = 0.0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "format": FORMAT,
+            "position": self.position.to_json(),
+            "tables": [
+                {"database": t.database, "table": t.table, "version": m.version, "size": m.size}
+                for t, m in sorted(self.tables.items())
+            ],
+            "written_at": self.written_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> Checkpoint:
+        if data.get("format") != FORMAT:
+            raise StoreError(f"checkpoint format {data.get('format')!r} is not {FORMAT}")
+        tables = {
+            TableName(str(t["database"]), str(t["table"])): TableMark(int(t["version"]),
+                                                                     int(t["size"]))
+            for t in data["tables"]  # type: ignore[attr-defined]
+        }
+        position = BinlogPosition.from_json(data["position"])  # type: ignore[arg-type]
+        return cls(position, tables, float(data.get("written_at", 0.0)))  # type: ignore[arg-type]
+
+
+def load(path: str) -> Checkpoint | None:
+    try:
+        with open(path, "rb") as f:
+            return Checkpoint.from_json(json.loads(f.read()))
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StoreError(f"{path} is unreadable: {exc}") from exc
+
+
+def save(path: str, checkpoint: Checkpoint) -> None:
+    data = dict(checkpoint.to_json(), written_at=time.time())
+    write_atomically(path, json.dumps(data, indent=1).encode("utf-8"))
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,169 @@
+"""The GTID index and the transaction log, in ``state/index.sqlite``.
+
+``blocks`` is sparse: for each table version and replication domain it records a block's offset
+and the GTID sequence of its first transaction, at most once per ``spacing`` bytes of that
+domain's data. Within a domain sequence numbers grow with the file, so a seek for ``D-S-N`` is
+the largest indexed offset of domain D whose sequence is below N, plus a short scan of at most
+``spacing`` bytes (``seek_offset``). ``transactions`` answers ``QUERY-TRANSACTION``.
+
+New entries are kept in memory and written in one SQLite transaction by ``persist()``, which the
+store calls from its flush, before the checkpoint. A crash can leave entries for data past the
+checkpoint; ``truncate()`` drops them on start. Readers combine SQLite with the pending entries,
+so a seek never misses recent data.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+
+from cdcserver.gtid import Gtid
+from cdcserver.store.naming import TableName
+
+_SCHEMA = """
+PRAGMA journal_mode=WAL;
+CREATE TABLE IF NOT EXISTS blocks (
+    db TEXT NOT NULL, tbl TEXT NOT NULL, version INTEGER NOT NULL, offset INTEGER NOT NULL,
+    domain INTEGER NOT NULL, seq INTEGER NOT NULL,
+    PRIMARY KEY (db, tbl, version, domain, offset));
+CREATE TABLE IF NOT EXISTS transactions (
+    domain INTEGER NOT NULL, source TEXT NOT NULL, seq INTEGER NOT NULL, server_id INTEGER NOT NULL,
+    timestamp INTEGER NOT NULL, events INTEGER NOT NULL, tables TEXT NOT NULL,
+    file TEXT NOT NULL, pos INTEGER NOT NULL,
+    PRIMARY KEY (domain, source, seq));
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionInfo:
+    gtid: Gtid
+    timestamp: int
+    events: int
+    tables: tuple[str, ...]
+    file: str
+    pos: int
+
+
+@dataclass(frozen=True, slots=True)
+class _BlockEntry:
+    table: TableName
+    version: int
+    offset: int
+    domain: int
+    seq: int
+
+
+class StoreIndex:
+    def __init__(self, path: str, spacing: int = 64 * 1024) -> None:
+        self.path = path
+        self.spacing = spacing
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.executescript(_SCHEMA)
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._lock = threading.Lock()  # guards the pending lists and the connection
+        self._pending_blocks: list[_BlockEntry] = []
+        self._pending_txns: list[TransactionInfo] = []
+        self._last_indexed: dict[tuple[TableName, int, int], int] = {}
+        self.last_transaction: TransactionInfo | None = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- writing -----------------------------------------------------------------------
+
+    def note_block(self, table: TableName, version: int, offset: int, gtid: Gtid) -> None:
+        """A transaction's data for ``table`` starts at ``offset``; index it if the last
+        entry for this domain is far enough behind."""
+        key = (table, version, gtid.domain)
+        last = self._last_indexed.get(key)
+        if last is not None and offset - last < self.spacing:
+            return
+        self._last_indexed[key] = offset
+        with self._lock:
+            self._pending_blocks.append(_BlockEntry(table, version, offset, gtid.domain,
+                                                    gtid.sequence))
+
+    def note_transaction(self, info: TransactionInfo) -> None:
+        self.last_transaction = info
+        with self._lock:
+            self._pending_txns.append(info)
+
+    def persist(self) -> None:
+        """Write pending entries (called from the flush thread, before the checkpoint)."""
+        with self._lock:
+            blocks, self._pending_blocks = self._pending_blocks, []
+            txns, self._pending_txns = self._pending_txns, []
+            if not blocks and not txns:
+                return
+            try:
+                self._db.execute("BEGIN")
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO blocks VALUES (?,?,?,?,?,?)",
+                    [(b.table.database, b.table.table, b.version, b.offset, b.domain, b.seq)
+                     for b in blocks])
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO transactions VALUES (?,?,?,?,?,?,?,?,?)",
+                    [(t.gtid.domain, t.gtid.source_uuid or "", t.gtid.sequence, t.gtid.server_id,
+                      t.timestamp, t.events, json.dumps(t.tables), t.file, t.pos) for t in txns])
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                self._pending_blocks[:0] = blocks
+                self._pending_txns[:0] = txns
+                raise
+
+    def truncate(self, table: TableName, version: int, size: int) -> None:
+        """Forget entries at or past ``size`` of a version (recovery)."""
+        with self._lock:
+            self._db.execute("DELETE FROM blocks WHERE db=? AND tbl=? AND version=? AND offset>=?",
+                             (table.database, table.table, version, size))
+
+    def drop_version(self, table: TableName, version: int) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM blocks WHERE db=? AND tbl=? AND version=?",
+                             (table.database, table.table, version))
+
+    def drop_transactions_after(self, gtids: dict[int | str, int]) -> None:
+        """Forget transactions the checkpoint does not cover (they will be replayed)."""
+        with self._lock:
+            for key, seq in gtids.items():
+                if isinstance(key, int):
+                    self._db.execute("DELETE FROM transactions WHERE domain=? AND source='' "
+                                     "AND seq>?", (key, seq))
+                else:
+                    self._db.execute("DELETE FROM transactions WHERE source=? AND seq>?",
+                                     (key, seq))
+
+    # -- reading -----------------------------------------------------------------------
+
+    def seek_offset(self, table: TableName, version: int, domain: int, seq: int) -> int | None:
+        """The offset to scan from for the first record of ``domain`` with sequence >= seq:
+        no record of that domain with a sequence >= seq lies before it. None means from the
+        start of the version."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT MAX(offset) FROM blocks WHERE db=? AND tbl=? AND version=? AND domain=? "
+                "AND seq<?", (table.database, table.table, version, domain, seq)).fetchone()
+            pending = [b.offset for b in self._pending_blocks
+                       if b.table == table and b.version == version and b.domain == domain
+                       and b.seq < seq]
+        candidates = [o for o in (row[0], *pending) if o is not None]
+        return max(candidates) if candidates else None
+
+    def transaction(self, gtid: Gtid) -> TransactionInfo | None:
+        with self._lock:
+            for info in reversed(self._pending_txns):
+                if info.gtid.key == gtid.key and info.gtid.sequence == gtid.sequence:
+                    return info
+            row = self._db.execute(
+                "SELECT domain, source, seq, server_id, timestamp, events, tables, file, pos "
+                "FROM transactions WHERE domain=? AND source=? AND seq=?",
+                (gtid.domain, gtid.source_uuid or "", gtid.sequence)).fetchone()
+        if row is None:
+            return None
+        domain, source, seq, server_id, timestamp, events, tables, file, pos = row
+        return TransactionInfo(Gtid(domain, server_id, seq, source or None), timestamp, events,
+                               tuple(json.loads(tables)), file, pos)

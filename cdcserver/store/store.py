@@ -1,0 +1,383 @@
+"""The Avro store: per-table versioned container files, written transaction by transaction.
+
+Write path for one transaction: ``begin`` remembers the GTID; ``rows`` encodes each row event
+into the block buffer of its table's current version (a layout whose Avro fields differ from the
+current version's starts a new version, invisible until commit); a buffer over ``block_size`` is
+written out as a block; ``commit`` writes the last blocks, then publishes the new committed sizes
+and versions to the :class:`Catalog` and wakes the readers. Memory stays bounded by one block per
+table touched, whatever the transaction's size.
+
+Durability is group-committed: ``flush()`` fsyncs the files written since the last flush,
+persists the index, and only then writes the checkpoint (binlog position + newest version and
+committed size per table). ``open()`` repairs the directory back to the checkpoint, so a
+``kill -9`` at any instant loses nothing and duplicates nothing: the binlog is replayed from
+the checkpoint and produces the same bytes again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cdcserver.changes import (
+    Abort,
+    Begin,
+    Change,
+    Commit,
+    Ddl,
+    EventType,
+    Rows,
+    RowsKind,
+    TableLayout,
+)
+from cdcserver.errors import StoreError
+from cdcserver.gtid import BinlogPosition
+from cdcserver.store import checkpoint as ckpt
+from cdcserver.store.avrofile import VersionFileWriter, last_valid_end, read_header
+from cdcserver.store.catalog import Catalog, VersionInfo
+from cdcserver.store.checkpoint import Checkpoint, TableMark
+from cdcserver.store.encoder import RecordsEncoder, compile_encoder, record_head, record_tail
+from cdcserver.store.index import StoreIndex, TransactionInfo
+from cdcserver.store.naming import MAX_VERSION, TableName, parse_version_file
+from cdcserver.store.schema import TableSchema
+
+log = logging.getLogger(__name__)
+
+_TAILS = {RowsKind.INSERT: (EventType.INSERT, EventType.INSERT),
+          RowsKind.DELETE: (EventType.DELETE, EventType.DELETE),
+          RowsKind.UPDATE: (EventType.UPDATE_BEFORE, EventType.UPDATE_AFTER)}
+
+
+@dataclass
+class _Target:
+    """A table version being written by the open transaction."""
+
+    info: VersionInfo
+    writer: VersionFileWriter
+    start: int  # where this transaction's data for the version begins
+    new: bool  # the version was created by this transaction
+
+
+@dataclass
+class _Route:
+    """Where rows decoded with one table layout go, and how they are encoded."""
+
+    layout: TableLayout
+    info: VersionInfo
+    encode: RecordsEncoder
+
+
+@dataclass
+class _Open:
+    begin: Begin
+    head: bytes
+    event_no: int = 1
+    targets: dict[tuple[TableName, int], _Target] = field(default_factory=dict)
+    created: dict[TableName, VersionInfo] = field(default_factory=dict)  # new versions
+
+
+class AvroStore:
+    name = "avro"
+
+    def __init__(self, data_dir: str, catalog: Catalog, *, codec: str = "null",
+                 block_size: int = 64 * 1024) -> None:
+        self.data_dir = data_dir
+        self.avro_dir = os.path.join(data_dir, "avro")
+        self.state_dir = os.path.join(data_dir, "state")
+        self.checkpoint_path = os.path.join(self.state_dir, "checkpoint.json")
+        self.catalog = catalog
+        self.codec = codec
+        self.block_size = block_size
+        self.index: StoreIndex | None = None
+        self.position: BinlogPosition | None = None  # after the last committed transaction
+        self.durable: BinlogPosition | None = None  # what the checkpoint covers
+        self._writers: dict[tuple[TableName, int], VersionFileWriter] = {}
+        self._routes: dict[int, _Route] = {}
+        self._open: _Open | None = None
+        self._lock_fd = -1
+        self._new_files = False
+        self._flush_lock = asyncio.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def open(self) -> Checkpoint | None:
+        """Lock the data directory, repair it back to the checkpoint, load the catalog."""
+        os.makedirs(self.avro_dir, exist_ok=True)
+        os.makedirs(self.state_dir, exist_ok=True)
+        self._lock_directory()
+        self.index = StoreIndex(os.path.join(self.state_dir, "index.sqlite"))
+        checkpoint = ckpt.load(self.checkpoint_path)
+        self._recover(checkpoint)
+        self.catalog.load()
+        if checkpoint is not None:
+            self.position = self.durable = checkpoint.position
+        return checkpoint
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+        if self.index is not None:
+            self.index.close()
+            self.index = None
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _lock_directory(self) -> None:
+        path = os.path.join(self.state_dir, "writer.lock")
+        self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+            raise StoreError(f"{self.data_dir} is in use by another cdcserver process") from None
+
+    # -- recovery ----------------------------------------------------------------------
+
+    def _recover(self, checkpoint: Checkpoint | None) -> None:
+        assert self.index is not None
+        files = self._version_files()
+        if checkpoint is None:
+            if files:
+                raise StoreError(
+                    f"{self.avro_dir} holds Avro files but {self.checkpoint_path} is missing; "
+                    "refusing to guess what they contain. Restore the checkpoint, or move the "
+                    "files away to start over.")
+            return
+        for table, versions in files.items():
+            mark = checkpoint.tables.get(table)
+            for version in sorted(versions):
+                if mark is None or version > mark.version:
+                    log.warning("recovery: removing %s version %d, written after the checkpoint",
+                                table, version)
+                    self._delete_version(table, version)
+                elif version == mark.version:
+                    self._cut_back(table, version, mark.size)
+        for table, mark in checkpoint.tables.items():
+            if mark.version not in files.get(table, {}):
+                raise StoreError(f"the checkpoint covers {table} version {mark.version}, "
+                                 "but its file is missing")
+        self.index.drop_transactions_after(
+            {g.key: g.sequence for g in checkpoint.position.gtid_state})
+
+    def _version_files(self) -> dict[TableName, dict[int, str]]:
+        files: dict[TableName, dict[int, str]] = {}
+        for file_name in os.listdir(self.avro_dir):
+            parsed = parse_version_file(file_name)
+            if parsed is not None and parsed[2] == "avro":
+                files.setdefault(parsed[0], {})[parsed[1]] = os.path.join(self.avro_dir,
+                                                                          file_name)
+        return files
+
+    def _cut_back(self, table: TableName, version: int, size: int) -> None:
+        assert self.index is not None
+        path = os.path.join(self.avro_dir, table.file_name(version, "avro"))
+        actual = os.path.getsize(path)
+        if actual < size:
+            raise StoreError(f"{path} is {actual} bytes but the checkpoint says {size}: "
+                             "data the checkpoint covers is gone")
+        if actual > size:
+            log.warning("recovery: cutting %s back from %d to %d bytes", path, actual, size)
+            with open(path, "r+b") as f:
+                f.truncate(size)
+                os.fsync(f.fileno())
+        if last_valid_end(path, read_header(path), size) != size:
+            raise StoreError(f"{path} is corrupt before its checkpointed size {size}")
+        self.index.truncate(table, version, size)
+
+    def _delete_version(self, table: TableName, version: int) -> None:
+        assert self.index is not None
+        for suffix in ("avro", "avsc"):
+            try:
+                os.unlink(os.path.join(self.avro_dir, table.file_name(version, suffix)))
+            except FileNotFoundError:
+                pass
+        self.index.drop_version(table, version)
+
+    # -- the sink interface ------------------------------------------------------------
+
+    async def apply(self, changes: list[Change]) -> None:
+        self.apply_now(changes)
+
+    def apply_now(self, changes: list[Change]) -> None:
+        for change in changes:
+            if isinstance(change, Rows):
+                self.rows(change)
+            elif isinstance(change, Begin):
+                self.begin(change)
+            elif isinstance(change, Commit):
+                self.commit(change)
+            elif isinstance(change, Ddl):
+                self.ddl(change)
+            elif isinstance(change, Abort):
+                self.abort(change)
+
+    def begin(self, begin: Begin) -> None:
+        if self._open is not None:
+            raise StoreError(f"transaction {begin.gtid} begins inside {self._open.begin.gtid}")
+        gtid = begin.gtid
+        self._open = _Open(begin, record_head(gtid.domain, gtid.server_id, gtid.sequence))
+
+    def rows(self, rows: Rows) -> None:
+        txn = self._require_open()
+        route = self._routes.get(id(rows.layout))
+        if route is None or route.layout is not rows.layout or route.info.sealed:
+            route = self._route(rows.layout, txn)
+        target = self._target(txn, route.info)
+        kinds = _TAILS[rows.kind]
+        tails = (record_tail(rows.timestamp, kinds[0]), record_tail(rows.timestamp, kinds[1]))
+        writer = target.writer
+        txn.event_no = route.encode(writer.buffer, txn.head, tails, rows.rows, txn.event_no)
+        writer.count += len(rows.rows)
+        if len(writer.buffer) >= self.block_size:
+            writer.end_block()
+
+    def ddl(self, ddl: Ddl) -> None:
+        self._require_open()
+
+    def commit(self, commit: Commit) -> None:
+        txn = self._require_open()
+        assert self.index is not None
+        touched: list[TableName] = []
+        for (table, version), target in txn.targets.items():
+            target.writer.commit()
+            if target.new:
+                self.catalog.publish(target.info)
+            target.info.committed = target.writer.committed
+            self.index.note_block(table, version, target.start, txn.begin.gtid)
+            touched.append(table)
+        self.index.note_transaction(TransactionInfo(
+            txn.begin.gtid, txn.begin.timestamp, txn.event_no - 1,
+            tuple(str(t) for t in dict.fromkeys(touched)), commit.position.file,
+            commit.position.pos))
+        self.position = commit.position
+        self._open = None
+        self.catalog.notify(touched)
+
+    def abort(self, abort: Abort) -> None:
+        txn, self._open = self._open, None
+        if txn is None:
+            return
+        log.warning("discarding transaction %s: %s", txn.begin.gtid, abort.reason)
+        for (table, version), target in txn.targets.items():
+            target.writer.rollback()
+            if target.new:
+                target.writer.close()
+                self._writers.pop((table, version), None)
+                self._delete_version(table, version)
+                self._drop_routes(lambda info, t=target: info is t.info)
+
+    def _require_open(self) -> _Open:
+        if self._open is None:
+            raise StoreError("row data outside a transaction")
+        return self._open
+
+    # -- versions ----------------------------------------------------------------------
+
+    def _route(self, layout: TableLayout, txn: _Open) -> _Route:
+        """Pick the version rows of ``layout`` belong to: the table's current version if its
+        Avro fields are the same, otherwise a new version."""
+        table = TableName(layout.database, layout.table)
+        candidate = TableSchema.from_layout(layout, 1, "")
+        current = self._current_version(table, txn)
+        if current is not None and _same_columns(current.schema, candidate):
+            info = current
+        else:
+            info = self._new_version(table, layout, current, txn)
+        route = _Route(layout, info, compile_encoder(info.schema.columns, layout.columns))
+        self._routes[id(layout)] = route
+        return route
+
+    def _current_version(self, table: TableName, txn: _Open) -> VersionInfo | None:
+        if table in txn.created:
+            return txn.created[table]
+        entry = self.catalog.get(table)
+        return entry.latest() if entry else None
+
+    def _target(self, txn: _Open, info: VersionInfo) -> _Target:
+        key = (info.table, info.version)
+        target = txn.targets.get(key)
+        if target is None:
+            writer = self._writer(info)
+            new = txn.created.get(info.table) is info
+            target = txn.targets[key] = _Target(info, writer, writer.size, new)
+        return target
+
+    def _new_version(self, table: TableName, layout: TableLayout, current: VersionInfo | None,
+                     txn: _Open) -> VersionInfo:
+        version = 1 if current is None else current.version + 1
+        if version > MAX_VERSION:
+            raise StoreError(f"{table} has reached the last version number {MAX_VERSION}")
+        schema = TableSchema.from_layout(layout, version, str(txn.begin.gtid))
+        avsc_path = os.path.join(self.avro_dir, table.file_name(version, "avsc"))
+        ckpt.write_atomically(avsc_path, schema.text().encode("utf-8") + b"\n")
+        path = os.path.join(self.avro_dir, table.file_name(version, "avro"))
+        writer = VersionFileWriter.create(path, schema.text(), self.codec)
+        self._writers[(table, version)] = writer
+        self._new_files = True
+        self._drop_routes(lambda info: info.table == table)
+        log.info("%s: version %d (transaction %s)", table, version, txn.begin.gtid)
+        info = VersionInfo(table, version, schema, path, writer.header, writer.size)
+        txn.created[table] = info
+        return info
+
+    def _writer(self, info: VersionInfo) -> VersionFileWriter:
+        key = (info.table, info.version)
+        writer = self._writers.get(key)
+        if writer is None:
+            writer = self._writers[key] = VersionFileWriter.open_existing(info.path)
+        return writer
+
+    def _drop_routes(self, matches: Callable[[VersionInfo], bool]) -> None:
+        self._routes = {k: r for k, r in self._routes.items() if not matches(r.info)}
+
+    # -- durability --------------------------------------------------------------------
+
+    async def flush(self) -> BinlogPosition | None:
+        """Make everything committed so far durable, then write the checkpoint."""
+        async with self._flush_lock:
+            position = self.position
+            if position is None or position == self.durable:
+                return self.durable
+            dirty = [w for w in self._writers.values() if w.dirty]
+            for writer in dirty:
+                writer.dirty = False
+            marks = {name: TableMark(latest.version, latest.committed)
+                     for name, entry in self.catalog.tables.items()
+                     if (latest := entry.latest()) is not None}
+            new_files, self._new_files = self._new_files, False
+            await asyncio.to_thread(self._make_durable, dirty, new_files,
+                                    Checkpoint(position, marks))
+            self.durable = position
+            self._close_sealed()
+            return position
+
+    def _make_durable(self, dirty: list[VersionFileWriter], new_files: bool,
+                      checkpoint: Checkpoint) -> None:
+        assert self.index is not None
+        for writer in dirty:
+            writer.fsync()
+        if new_files:
+            ckpt.fsync_dir(self.avro_dir)
+        self.index.persist()
+        ckpt.save(self.checkpoint_path, checkpoint)
+
+    def _close_sealed(self) -> None:
+        for key, writer in list(self._writers.items()):
+            entry = self.catalog.get(key[0])
+            latest = entry.latest() if entry else None
+            if latest is not None and latest.version != key[1] and not writer.dirty \
+                    and (self._open is None or key not in self._open.targets):
+                writer.close()
+                del self._writers[key]
+
+
+def _same_columns(current: TableSchema, candidate: TableSchema) -> bool:
+    return (current.avsc["fields"] == candidate.avsc["fields"]
+            and current.avsc.get("primary_key") == candidate.avsc.get("primary_key"))
