@@ -1,0 +1,224 @@
+"""The listener: an asyncio TCP server speaking the CDC protocol.
+
+Each connection is one task that owns the socket: it frames messages (a line, or for MaxScale's
+clients one write without a newline), enforces the limits (line length, authentication and idle
+timeouts, a cap on connections) and executes what the :class:`Session` decides. While a stream
+runs, the task keeps reading so that ``CLOSE`` or a hang-up ends the stream at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+from dataclasses import dataclass
+
+from cdcserver.protocol.session import Phase, Reply, Session, SessionContext, StartStream
+from cdcserver.protocol.stream import Streamer
+from client.wire import Code, ProtocolError, error_line
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ListenerLimits:
+    max_line: int = 64 * 1024
+    auth_timeout: float = 10.0
+    idle_timeout: float = 600.0
+    max_connections: int = 2048
+    bad_command_limit: int = 10
+    shutdown_grace: float = 5.0
+
+
+class MessageReader:
+    """Frames messages: ``\\n``-terminated lines (``\\r\\n`` accepted), or the bytes of one
+    write when they carry no newline at all (MaxScale's cdc.py and connector never send one)."""
+
+    def __init__(self, reader: asyncio.StreamReader, max_line: int) -> None:
+        self._reader = reader
+        self._max_line = max_line
+        self._buffer = bytearray()
+        self._ready: list[bytes] = []
+
+    async def next(self) -> bytes | None:
+        """The next message, or None at end of input."""
+        while not self._ready:
+            data = await self._reader.read(65536)
+            if not data:
+                if self._buffer:
+                    rest, self._buffer = bytes(self._buffer), bytearray()
+                    return rest
+                return None
+            self._buffer += data
+            *lines, tail = self._buffer.split(b"\n")
+            self._ready.extend(line.rstrip(b"\r") for line in lines)
+            self._buffer = bytearray(tail)
+            if tail and not data.endswith(b"\n") and b"\n" not in data:
+                # One write without a newline: a whole MaxScale-style command.
+                self._ready.append(bytes(tail))
+                self._buffer.clear()
+            if len(self._buffer) > self._max_line or any(
+                    len(m) > self._max_line for m in self._ready):
+                raise ProtocolError(Code.LINE_TOO_LONG,
+                                    f"a command may be at most {self._max_line} bytes", fatal=True)
+        return self._ready.pop(0)
+
+
+class CdcServer:
+    def __init__(self, context: SessionContext, limits: ListenerLimits = ListenerLimits(),
+                 zone: dt.tzinfo = dt.UTC) -> None:
+        self.context = context
+        self.limits = limits
+        self.zone = zone
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self.connections_total = 0
+        self.bytes_sent = 0
+        self.records_sent = 0
+
+    @property
+    def connections(self) -> int:
+        return len(self._connections)
+
+    async def start(self, host: str, port: int, *, ssl: object = None) -> tuple[str, int]:
+        self._server = await asyncio.start_server(self._accept, host, port, ssl=ssl,
+                                                  limit=self.limits.max_line + 1, backlog=1024)
+        sockname = self._server.sockets[0].getsockname()
+        log.info("listening on %s:%d", sockname[0], sockname[1])
+        return sockname[0], sockname[1]
+
+    async def stop(self) -> None:
+        """Stop accepting, give streams a grace period, then cancel what is left."""
+        if self._server is None:
+            return
+        self._server.close()
+        tasks = list(self._connections)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.limits.shutdown_grace)
+        await self._server.wait_closed()
+        self._server = None
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        peer = _peer_name(writer)
+        if len(self._connections) >= self.limits.max_connections:
+            log.warning("%s: refused, %d connections open", peer, len(self._connections))
+            writer.write(error_line(Code.TOO_MANY_CONNECTIONS,
+                                    f"the server allows {self.limits.max_connections}"))
+            await _close(writer)
+            return
+        self._connections.add(task)
+        self.connections_total += 1
+        try:
+            await Connection(self, reader, writer, peer).run()
+        except asyncio.CancelledError:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                writer.write(error_line(Code.SHUTTING_DOWN, "the server is stopping"))
+            raise
+        finally:
+            self._connections.discard(task)
+            await _close(writer)
+
+
+class Connection:
+    def __init__(self, server: CdcServer, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter, peer: str) -> None:
+        self.server = server
+        self.writer = writer
+        self.peer = peer
+        self.messages = MessageReader(reader, server.limits.max_line)
+        self.session = Session(server.context, peer)
+
+    async def run(self) -> None:
+        log.debug("%s: connected", self.peer)
+        try:
+            while self.session.phase != Phase.CLOSED:
+                message = await self._next_message()
+                if message is None:
+                    break
+                outcome = self.session.receive(message)
+                if isinstance(outcome, Reply):
+                    if outcome.data:
+                        await self._send(outcome.data)
+                    if outcome.close:
+                        break
+                elif isinstance(outcome, StartStream):
+                    await self._stream(outcome)
+                    break
+        except ProtocolError as exc:
+            await self._send(exc.reply())
+        except TimeoutError:
+            phase = "authentication" if self.session.phase == Phase.AUTH else "idle"
+            await self._send(error_line(Code.TIMEOUT, f"{phase} timeout"))
+        except ConnectionError as exc:
+            log.debug("%s: connection lost: %s", self.peer, exc)
+        log.debug("%s: closed", self.peer)
+
+    async def _next_message(self) -> bytes | None:
+        limits = self.server.limits
+        timeout = limits.auth_timeout if self.session.phase == Phase.AUTH else limits.idle_timeout
+        async with asyncio.timeout(timeout):
+            return await self.messages.next()
+
+    async def _send(self, data: bytes) -> None:
+        with contextlib.suppress(ConnectionError):
+            self.writer.write(data)
+            await self.writer.drain()
+
+    async def _stream(self, start: StartStream) -> None:
+        streamer = Streamer(self.server.context.catalog, self.server.context.index(),
+                            start.request, start.format, self.writer, self.server.zone)
+        log.info("%s: %s (%s)", self.peer, start.request.line(), start.format.value)
+        stream_task = asyncio.create_task(streamer.run())
+        input_task = asyncio.create_task(self._watch_input())
+        try:
+            done, _ = await asyncio.wait({stream_task, input_task},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if stream_task in done:
+                stream_task.result()
+            else:
+                reply = input_task.result()
+                stream_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await stream_task
+                if reply:
+                    await self._send(reply)
+        except ConnectionError:
+            pass
+        finally:
+            for task in (stream_task, input_task):
+                task.cancel()
+            self.server.bytes_sent += streamer.bytes_sent
+            self.server.records_sent += streamer.records_sent
+
+    async def _watch_input(self) -> bytes:
+        """While streaming, only CLOSE (or a hang-up) is expected; returns the reply to send
+        after stopping the stream (empty for none)."""
+        while True:
+            message = await self.messages.next()
+            if message is None:
+                return b""
+            command = message.strip().upper()
+            if not command:
+                continue
+            if command == b"CLOSE":
+                return b""
+            return error_line(Code.STREAMING, "only CLOSE is accepted while streaming; "
+                                              "closing the stream")
+
+
+def _peer_name(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer or "?")
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+        writer.close()
+        await writer.wait_closed()

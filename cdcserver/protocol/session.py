@@ -1,0 +1,178 @@
+"""One client's protocol state machine, with no I/O.
+
+``Session.receive(message)`` takes one framed message and returns what to do: a reply (and
+whether to hang up afterwards) or a request to start streaming. The phases are MaxScale's:
+authenticate, register, then commands. Verbs are methods named ``verb_<VERB>`` (``-`` becomes
+``_``), found by name; ``receive`` alone does the checks before dispatch (phase, unknown verb,
+the budget of bad commands). The connection task in :mod:`cdcserver.protocol.server` owns the
+socket and executes the outcomes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from cdcserver.gtid import Gtid
+from cdcserver.store.catalog import Catalog
+from cdcserver.store.index import StoreIndex, TransactionInfo
+from cdcserver.store.naming import TableName
+from cdcserver.users import UsersFile
+from client.wire import (
+    OK,
+    Code,
+    DataRequest,
+    Format,
+    ProtocolError,
+    parse_auth,
+    parse_register,
+    parse_request_data,
+    split_command,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Phase(str, Enum):
+    AUTH = "auth"
+    REGISTER = "register"
+    READY = "ready"
+    STREAMING = "streaming"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class Reply:
+    data: bytes
+    close: bool = False
+
+
+@dataclass(frozen=True)
+class StartStream:
+    request: DataRequest
+    format: Format
+
+
+Outcome = Reply | StartStream
+
+
+@dataclass
+class SessionContext:
+    """What sessions read: shared by every connection of one server."""
+
+    catalog: Catalog
+    users: UsersFile
+    index: Callable[[], StoreIndex | None]
+    bad_command_limit: int = 10
+
+
+class Session:
+    def __init__(self, context: SessionContext, peer: str) -> None:
+        self.context = context
+        self.peer = peer
+        self.phase = Phase.AUTH
+        self.user: str | None = None
+        self.client_uuid: str | None = None
+        self.format = Format.JSON
+        self.bad_commands = 0
+        self._verbs: dict[str, Callable[[str], Outcome]] = {
+            name[len("verb_"):].replace("_", "-"): getattr(self, name)
+            for name in dir(self) if name.startswith("verb_")
+        }
+
+    def receive(self, message: bytes) -> Outcome | None:
+        """Handle one message; None for an empty line (ignored)."""
+        try:
+            text = message.decode("utf-8")
+        except UnicodeDecodeError:
+            return self._bad(ProtocolError(Code.BAD_SYNTAX, "commands must be UTF-8 text"))
+        if not text.strip():
+            return None
+        try:
+            if self.phase == Phase.AUTH:
+                return self._authenticate(message)
+            command = split_command(text)
+            verb = self._verbs.get(command.verb)
+            if verb is None:
+                raise ProtocolError(Code.UNKNOWN_COMMAND, f"unknown command {command.verb!r}")
+            if self.phase == Phase.REGISTER and command.verb not in ("REGISTER", "CLOSE"):
+                raise ProtocolError(Code.NOT_REGISTERED, "send REGISTER UUID=<id>, "
+                                    "TYPE=JSON|AVRO first")
+            return verb(command.argument if command.verb != "REGISTER" else text)
+        except ProtocolError as exc:
+            return self._bad(exc)
+
+    def _bad(self, exc: ProtocolError) -> Reply:
+        self.bad_commands += 1
+        log.info("%s: %s", self.peer, exc)
+        if exc.fatal:
+            return Reply(exc.reply(), close=True)
+        if self.bad_commands >= self.context.bad_command_limit:
+            return Reply(exc.reply() + ProtocolError(
+                Code.TOO_MANY_ERRORS, f"{self.bad_commands} bad commands; closing").reply(),
+                close=True)
+        return Reply(exc.reply())
+
+    # -- phases --------------------------------------------------------------------------
+
+    def _authenticate(self, message: bytes) -> Outcome:
+        user, digest = parse_auth(message)
+        if not self.context.users.verify(user, digest):
+            log.warning("%s: authentication failed for user %r", self.peer, user)
+            raise ProtocolError(Code.AUTH_FAILED, "Authentication failed")
+        self.user = user
+        self.phase = Phase.REGISTER
+        log.info("%s: authenticated as %r", self.peer, user)
+        return Reply(OK)
+
+    def verb_REGISTER(self, line: str) -> Outcome:  # noqa: N802
+        uuid, fmt = parse_register(line)
+        self.client_uuid = uuid
+        self.format = fmt
+        self.phase = Phase.READY
+        log.info("%s: registered %r, format %s", self.peer, uuid, fmt.value)
+        return Reply(OK)
+
+    # -- commands ------------------------------------------------------------------------
+
+    def verb_REQUEST_DATA(self, argument: str) -> Outcome:  # noqa: N802
+        request = parse_request_data(argument)
+        entry = self.context.catalog.get(TableName(request.database, request.table))
+        version_name = f"{request.database}.{request.table}.{request.version or 1:06d}.avro"
+        if entry is None or not entry.versions:
+            raise ProtocolError(Code.NO_FILE, f"File '{version_name}' not found.")
+        if request.version is not None and request.version not in entry.versions:
+            raise ProtocolError(Code.NO_FILE, f"File '{version_name}' not found.")
+        self.phase = Phase.STREAMING
+        return StartStream(request, self.format)
+
+    def verb_QUERY_LAST_TRANSACTION(self, argument: str) -> Outcome:  # noqa: N802
+        index = self.context.index()
+        info = index.last_transaction if index else None
+        if info is None:
+            raise ProtocolError(Code.NO_TRANSACTION, "no transaction has been replicated yet")
+        return Reply(_transaction_json(info))
+
+    def verb_QUERY_TRANSACTION(self, argument: str) -> Outcome:  # noqa: N802
+        try:
+            gtid = Gtid.parse(argument)
+        except ValueError:
+            raise ProtocolError(Code.BAD_SYNTAX, "expected QUERY-TRANSACTION <gtid>") from None
+        index = self.context.index()
+        info = index.transaction(gtid) if index else None
+        if info is None:
+            raise ProtocolError(Code.NO_TRANSACTION, f"no transaction {gtid} in the store")
+        return Reply(_transaction_json(info))
+
+    def verb_CLOSE(self, argument: str) -> Outcome:  # noqa: N802
+        self.phase = Phase.CLOSED
+        return Reply(b"", close=True)
+
+
+def _transaction_json(info: TransactionInfo) -> bytes:
+    """MaxScale 2.0-2.2's reply shape, on one line."""
+    return json.dumps({"GTID": str(info.gtid), "events": info.events,
+                       "timestamp": info.timestamp, "tables": list(info.tables)}).encode() + b"\n"

@@ -1,0 +1,184 @@
+"""The CDC protocol's grammar: commands, replies and error codes (``protocol.md``).
+
+Shared by the server and the client library so the two cannot drift. No I/O here.
+
+Replies are one line: ``OK`` or ``ERR <CODE> <message>``. A command ends at ``\\n`` (``\\r\\n``
+accepted) or, for MaxScale's clients, which send one command per write without a newline, at
+the end of the write.
+"""
+
+from __future__ import annotations
+
+import binascii
+import hashlib
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Code(str, Enum):
+    """Every error code the server sends, and what it means."""
+
+    AUTH_FAILED = "AUTH-FAILED"  # unknown user or wrong password
+    BAD_AUTH = "BAD-AUTH"  # the auth message is not hex(user:SHA1(password))
+    REGISTRATION_FAILED = "REGISTRATION-FAILED"  # REGISTER is malformed
+    NOT_REGISTERED = "NOT-REGISTERED"  # a command that needs REGISTER first
+    UNKNOWN_COMMAND = "UNKNOWN-COMMAND"
+    BAD_SYNTAX = "BAD-SYNTAX"  # a known command with malformed arguments
+    NO_FILE = "NO-FILE"  # no such table or version (MaxScale's code)
+    NO_TRANSACTION = "NO-TRANSACTION"  # QUERY-TRANSACTION for a GTID the service has not seen
+    FORBIDDEN = "FORBIDDEN"  # the user may not read that table
+    LINE_TOO_LONG = "LINE-TOO-LONG"
+    TOO_MANY_ERRORS = "TOO-MANY-ERRORS"  # the bad-command budget is spent: the server hangs up
+    TIMEOUT = "TIMEOUT"  # authentication or idle timeout: the server hangs up
+    TOO_MANY_CONNECTIONS = "TOO-MANY-CONNECTIONS"
+    STREAMING = "STREAMING"  # a command other than CLOSE arrived during a stream
+    SHUTTING_DOWN = "SHUTTING-DOWN"
+    INTERNAL = "INTERNAL"  # a server fault; the log has details
+
+
+class ProtocolError(Exception):
+    """An error reply. ``fatal`` errors close the connection after the reply."""
+
+    def __init__(self, code: Code, message: str, *, fatal: bool = False) -> None:
+        super().__init__(f"{code.value} {message}")
+        self.code = code
+        self.message = message
+        self.fatal = fatal
+
+    def reply(self) -> bytes:
+        return error_line(self.code, self.message)
+
+
+def error_line(code: Code, message: str) -> bytes:
+    # One line, whatever the message contains.
+    clean = " ".join(message.split())
+    return f"ERR {code.value} {clean}\n".encode("utf-8", "replace")
+
+
+OK = b"OK\n"
+
+
+def parse_reply(line: bytes | str) -> tuple[bool, Code | None, str]:
+    """(ok, code, message) of a reply line."""
+    text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+    text = text.strip()
+    if text == "OK" or text.startswith("OK "):
+        return True, None, text[3:]
+    if text.startswith("ERR"):
+        parts = text.split(" ", 2)
+        if len(parts) >= 2:
+            try:
+                return False, Code(parts[1]), parts[2] if len(parts) > 2 else ""
+            except ValueError:
+                pass
+        return False, None, text
+    raise ValueError(f"not a reply: {text[:80]!r}")
+
+
+# -- authentication --------------------------------------------------------------------
+
+def auth_message(user: str, password: str) -> bytes:
+    """What a client sends: hex(user + ':') + hex(SHA1(password)) (MaxScale's cdc.py)."""
+    return binascii.b2a_hex(user.encode("utf-8") + b":") + \
+        hashlib.sha1(password.encode("utf-8")).hexdigest().encode("ascii")
+
+
+def parse_auth(message: bytes) -> tuple[str, bytes]:
+    """(user, SHA1(password)) from an auth message. Accepts either hex case and one trailing
+    odd byte, as MaxScale does (cdc_plain_auth.cc)."""
+    data = message.strip()
+    if len(data) % 2:
+        data = data[:-1]
+    try:
+        raw = binascii.a2b_hex(data)
+    except (binascii.Error, ValueError):
+        raise ProtocolError(Code.BAD_AUTH, "expected hex(user:SHA1(password))") from None
+    user, sep, digest = raw.partition(b":")
+    if not sep or len(digest) != 20 or not user:
+        raise ProtocolError(Code.BAD_AUTH, "expected hex(user:SHA1(password))")
+    try:
+        return user.decode("utf-8"), digest
+    except UnicodeDecodeError:
+        raise ProtocolError(Code.BAD_AUTH, "the user name is not UTF-8") from None
+
+
+def password_hash(password: str) -> str:
+    """The users file's form: uppercase hex of SHA1(SHA1(password)) (MaxScale's cdcusers)."""
+    return digest_hash(hashlib.sha1(password.encode("utf-8")).digest())
+
+
+def digest_hash(sha1_of_password: bytes) -> str:
+    return hashlib.sha1(sha1_of_password).hexdigest().upper()
+
+
+# -- commands --------------------------------------------------------------------------
+
+class Format(str, Enum):
+    JSON = "JSON"
+    AVRO = "AVRO"
+
+
+_REGISTER = re.compile(r"^REGISTER\s+UUID=([^,\s]*)\s*,\s*TYPE=(\S+)\s*$", re.I)
+_GTID = re.compile(r"^(\d+)-(\d+)-(\d+)$|^[0-9a-fA-F-]{36}:\d+$")
+_TABLE = re.compile(r"^(?P<db>[^.\s]+)\.(?P<table>[^.\s]+)(?:\.(?P<version>\d{6}))?$")
+
+
+@dataclass(frozen=True)
+class Command:
+    verb: str
+    argument: str  # the rest of the line, stripped
+
+
+def split_command(line: str) -> Command:
+    verb, _, rest = line.strip().partition(" ")
+    return Command(verb.upper(), rest.strip())
+
+
+def parse_register(line: str) -> tuple[str, Format]:
+    m = _REGISTER.match(line.strip())
+    if m is None:
+        raise ProtocolError(Code.REGISTRATION_FAILED,
+                            "expected REGISTER UUID=<id>, TYPE=JSON|AVRO")
+    try:
+        return m[1], Format(m[2].upper())
+    except ValueError:
+        raise ProtocolError(Code.REGISTRATION_FAILED,
+                            f"TYPE must be JSON or AVRO, not {m[2]!r}") from None
+
+
+@dataclass(frozen=True)
+class DataRequest:
+    database: str
+    table: str
+    version: int | None
+    gtid: str | None
+
+    def line(self) -> str:
+        target = f"{self.database}.{self.table}"
+        if self.version is not None:
+            target += f".{self.version:06d}"
+        return f"REQUEST-DATA {target}" + (f" {self.gtid}" if self.gtid else "")
+
+
+def parse_request_data(argument: str) -> DataRequest:
+    parts = argument.split()
+    if not parts:
+        raise ProtocolError(Code.BAD_SYNTAX, "expected REQUEST-DATA db.table[.version] [gtid]")
+    if len(parts) > 2:
+        raise ProtocolError(Code.BAD_SYNTAX, "too many arguments to REQUEST-DATA")
+    m = _TABLE.match(parts[0])
+    if m is None:
+        raise ProtocolError(Code.NO_FILE, f"File '{parts[0]}' not found: expected "
+                            "db.table or db.table.NNNNNN")
+    gtid = parts[1] if len(parts) == 2 else None
+    if gtid is not None and not _GTID.match(gtid):
+        raise ProtocolError(Code.BAD_SYNTAX, f"not a GTID: {gtid!r} (expected domain-server-seq)")
+    version = int(m["version"]) if m["version"] else None
+    if version == 0:
+        raise ProtocolError(Code.NO_FILE, "versions start at 000001")
+    return DataRequest(m["db"], m["table"], version, gtid)
+
+
+def is_gtid(text: str) -> bool:
+    return bool(_GTID.match(text))
