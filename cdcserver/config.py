@@ -1,0 +1,231 @@
+"""Configuration, declared once.
+
+Each section is a frozen dataclass whose fields carry their default, help text and command-line
+flag. The same declaration drives the TOML file (``--config``, one table per section, unknown
+keys rejected), the environment (``CDCSERVER_<SECTION>_<KEY>``) and the command line, with the
+precedence defaults < TOML < environment < command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tomllib
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+from cdcserver.errors import ConfigError
+from cdcserver.replication.connection import SourceAddress
+
+
+def option(default: Any, help: str, cli: str | None = None,  # noqa: A002 - argparse's word
+           choices: tuple[str, ...] | None = None, secret: bool = False) -> Any:
+    return field(default=default,
+                 metadata={"help": help, "cli": cli, "choices": choices, "secret": secret})
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    url: str = option("", "the primary, mysql://USER[:PASSWORD]@HOST[:PORT] or "
+                          "mysql://USER@localhost?socket=/path/to.sock", cli="--source",
+                      secret=True)
+    password_file: str = option("", "read the source password from this file (keeps it out of "
+                                    "the command line)", cli="--source-password-file")
+    server_id: int = option(1234, "replica server_id to register with (unique among the "
+                                  "primary's replicas)", cli="--server-id")
+    start_gtid: str = option("oldest", "where to start without a checkpoint: a GTID state, "
+                                       "'oldest' (the oldest binlog) or 'newest'",
+                             cli="--start-gtid")
+    heartbeat: float = option(5.0, "heartbeat period in seconds; a connection silent for 3 "
+                                   "periods is considered dead", cli="--heartbeat")
+    report_host: str = option("cdcserver", "host name shown in the primary's SHOW SLAVE HOSTS")
+
+    def address(self) -> SourceAddress:
+        return parse_source_url(self.url, self._password())
+
+    def _password(self) -> str | None:
+        if self.password_file:
+            try:
+                with open(self.password_file, encoding="utf-8") as f:
+                    return f.read().rstrip("\n")
+            except OSError as exc:
+                raise ConfigError(f"source.password_file: {exc}") from exc
+        return os.environ.get("CDCSERVER_SOURCE_PASSWORD")
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    data_dir: str = option("./data", "the data directory (avro/, dump/, state/)",
+                           cli="--data-dir")
+    codec: str = option("null", "Avro block codec", cli="--codec",
+                        choices=("null", "deflate", "snappy", "zstandard"))
+    block_size: int = option(64 * 1024, "bytes of records per Avro block before it is written",
+                             cli="--block-size")
+    flush_interval: float = option(0.2, "seconds between checkpoints (fsync + checkpoint file)",
+                                   cli="--flush-interval")
+
+
+@dataclass(frozen=True)
+class ListenerConfig:
+    listen: str = option("127.0.0.1:4001", "HOST:PORT for CDC clients (port 0: any free port)",
+                         cli="--listen")
+    users_file: str = option("users/cdcusers", "users file in MaxScale's cdcusers format",
+                             cli="--users-file")
+    max_connections: int = option(2048, "connections served at once", cli="--max-connections")
+    max_line: int = option(64 * 1024, "longest command accepted, in bytes")
+    auth_timeout: float = option(10.0, "seconds a new connection has to authenticate")
+    idle_timeout: float = option(600.0, "seconds without a command before hanging up "
+                                        "(streams are never idle)")
+    bad_command_limit: int = option(10, "bad commands before the server hangs up")
+    timestamp_zone: str = option("UTC", "zone TIMESTAMP values are shown in, in JSON mode",
+                                 cli="--timestamp-zone")
+
+    def host_port(self) -> tuple[str, int]:
+        host, sep, port = self.listen.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ConfigError(f"listen must be HOST:PORT, not {self.listen!r}")
+        return host.strip("[]") or "0.0.0.0", int(port)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    level: str = option("info", "log level", cli="--log-level",
+                        choices=("debug", "info", "warning", "error"))
+    format: str = option("text", "log line format", cli="--log-format",
+                         choices=("text", "json"))
+
+
+@dataclass(frozen=True)
+class Config:
+    source: SourceConfig = field(default_factory=SourceConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    listener: ListenerConfig = field(default_factory=ListenerConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    @classmethod
+    def sections(cls) -> dict[str, type[Any]]:
+        hints = get_type_hints(cls)
+        return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def load(cls, path: str | None = None, overrides: dict[str, dict[str, Any]] | None = None,
+             environ: dict[str, str] | None = None) -> Config:
+        values: dict[str, dict[str, Any]] = {name: {} for name in cls.sections()}
+        if path:
+            _merge(values, _read_toml(path), source=path)
+        _merge(values, _from_environment(os.environ if environ is None else environ),
+               source="the environment")
+        _merge(values, overrides or {}, source="the command line")
+        sections = {}
+        for name, section_type in cls.sections().items():
+            sections[name] = _build(section_type, values[name], name)
+        return cls(**sections)
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+def _merge(values: dict[str, dict[str, Any]], new: dict[str, Any], source: str) -> None:
+    for section, keys in new.items():
+        if section not in values or not isinstance(keys, dict):
+            raise ConfigError(f"{source}: unknown section [{section}]")
+        values[section].update(keys)
+
+
+def _from_environment(environ: dict[str, str] | Any) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    for section, section_type in Config.sections().items():
+        for f in dataclasses.fields(section_type):
+            value = environ.get(f"CDCSERVER_{section.upper()}_{f.name.upper()}")
+            if value is not None:
+                found.setdefault(section, {})[f.name] = value
+    return found
+
+
+def _build(section_type: type[Any], values: dict[str, Any], section: str) -> Any:
+    hints = get_type_hints(section_type)
+    known = {f.name: f for f in dataclasses.fields(section_type)}
+    kwargs = {}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"unknown setting {section}.{key}")
+        kwargs[key] = _coerce(hints[key], value, f"{section}.{key}")
+        choices = known[key].metadata.get("choices")
+        if choices and kwargs[key] not in choices:
+            raise ConfigError(f"{section}.{key} must be one of {', '.join(choices)}, "
+                              f"not {kwargs[key]!r}")
+    return section_type(**kwargs)
+
+
+def _coerce(kind: Any, value: Any, name: str) -> Any:
+    try:
+        if kind is bool and isinstance(value, str):
+            if value.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError(value)
+            return value.lower() in ("1", "true", "yes", "on")
+        if kind in (int, float, str, bool):
+            return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: {value!r} is not a valid {kind.__name__}") from None
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per option that declares one; values land in ``dest='section.key'``."""
+    for section, section_type in Config.sections().items():
+        hints = get_type_hints(section_type)
+        for f in dataclasses.fields(section_type):
+            flag = f.metadata.get("cli")
+            if not flag:
+                continue
+            kind = hints[f.name]
+            kwargs: dict[str, Any] = {"dest": f"{section}.{f.name}", "default": argparse.SUPPRESS,
+                                      "help": f"{f.metadata['help']} (default: {f.default!r})"
+                                      if not f.metadata.get("secret") else f.metadata["help"]}
+            if kind is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            else:
+                kwargs["type"] = kind
+                kwargs["metavar"] = f.name.upper()
+                if f.metadata.get("choices"):
+                    kwargs["choices"] = f.metadata["choices"]
+            parser.add_argument(flag, **kwargs)
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    overrides: dict[str, dict[str, Any]] = {}
+    for dest, value in vars(args).items():
+        if "." in dest:
+            section, key = dest.split(".", 1)
+            overrides.setdefault(section, {})[key] = value
+    return overrides
+
+
+def parse_source_url(url: str, password: str | None = None) -> SourceAddress:
+    """``mysql://user:pass@host:port`` or ``mysql://user@localhost?socket=/path``."""
+    if not url:
+        raise ConfigError("no source: give --source mysql://USER:PASSWORD@HOST:PORT")
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("mysql", "mariadb"):
+        raise ConfigError(f"the source URL must start with mysql:// (got {parsed.scheme!r}://)")
+    query = urllib.parse.parse_qs(parsed.query)
+    try:
+        port = parsed.port or 3306
+    except ValueError:
+        raise ConfigError("the source URL has an invalid port") from None
+    url_password = urllib.parse.unquote(parsed.password) if parsed.password else ""
+    ssl = {k[4:]: v[0] for k, v in query.items() if k.startswith("ssl_")} or None
+    return SourceAddress(
+        host=parsed.hostname or "127.0.0.1", port=port,
+        user=urllib.parse.unquote(parsed.username or "root"),
+        password=password if password is not None and not url_password else url_password,
+        unix_socket=query.get("socket", [None])[0], ssl=ssl)

@@ -1,0 +1,132 @@
+"""``cdcserver demo``: the service on a private MariaDB with a sample schema.
+
+Starts an embedded MariaDB (installing Debian's mariadb-server if needed), creates the ``shop``
+database with some history (inserts, updates, a delete, an ALTER that makes version 2 of
+``shop.orders``), writes a users file with ``cdcuser``/``cdcpass``, runs the service and prints
+how to connect. While it runs, a new order arrives every few seconds so the live tail shows
+something. Ctrl-C stops the service and the database; the state stays in ``--dir``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import socket
+
+from cdcserver.cli import run_until_signalled
+from cdcserver.config import Config, ListenerConfig, SourceConfig, StoreConfig
+from cdcserver.embedded import EmbeddedMariaDB, ensure_mariadb_installed
+from cdcserver.users import UsersFile
+from client.wire import auth_message
+
+DEMO_USER, DEMO_PASSWORD = "cdcuser", "cdcpass"
+
+SCHEMA = (
+    "CREATE DATABASE shop",
+    "CREATE TABLE shop.customers (id INT AUTO_INCREMENT PRIMARY KEY, name VARCHAR(100) NOT NULL,"
+    " email VARCHAR(200), country CHAR(2), created TIMESTAMP(3) DEFAULT CURRENT_TIMESTAMP(3))",
+    "CREATE TABLE shop.orders (id BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY,"
+    " customer_id INT NOT NULL, amount DECIMAL(10,2) NOT NULL,"
+    " status ENUM('new','paid','shipped','cancelled') NOT NULL DEFAULT 'new', note TEXT,"
+    " placed DATETIME(6) NOT NULL)",
+)
+HISTORY = (
+    "INSERT INTO shop.customers (name, email, country) VALUES ('Ada Lovelace', 'ada@example.com',"
+    " 'GB'), ('Grace Hopper', 'grace@example.com', 'US'), ('Émilie du Châtelet', NULL, 'FR')",
+    "INSERT INTO shop.orders (customer_id, amount, note, placed) VALUES"
+    " (1, 19.99, 'first order', '2024-05-01 10:00:00.123456'),"
+    " (2, 1250.00, NULL, '2024-05-01 11:30:00'), (3, 7.50, 'gift 🎁', '2024-05-02 09:15:00')",
+    "UPDATE shop.orders SET status = 'paid' WHERE id IN (1, 2)",
+    "UPDATE shop.orders SET status = 'shipped' WHERE id = 1",
+    "DELETE FROM shop.orders WHERE id = 3",
+    "ALTER TABLE shop.orders ADD COLUMN coupon VARCHAR(16) NULL AFTER amount",
+    "INSERT INTO shop.orders (customer_id, amount, coupon, placed) VALUES"
+    " (1, 42.00, 'SPRING24', NOW(6))",
+)
+
+
+def run_demo(directory: str, listen: str, mariadb_port: int, trickle: float) -> int:
+    ensure_mariadb_installed()
+    os.makedirs(directory, exist_ok=True)
+    db = EmbeddedMariaDB(os.path.join(directory, "mariadb"),
+                         port=mariadb_port if _port_free(mariadb_port) else _free_port())
+    db.start()
+    try:
+        if not db.query("SHOW DATABASES LIKE 'shop'"):
+            db.execute(*SCHEMA, *HISTORY)
+        users_file = os.path.join(directory, "cdcusers")
+        UsersFile(users_file).add(DEMO_USER, DEMO_PASSWORD)
+        host, port = listen.rsplit(":", 1)
+        if not _port_free(int(port), host):
+            listen = f"{host}:0"
+        config = Config(
+            source=SourceConfig(url=db.url(), server_id=4001, start_gtid="oldest"),
+            store=StoreConfig(data_dir=os.path.join(directory, "data")),
+            listener=ListenerConfig(listen=listen, users_file=users_file))
+        return run_until_signalled(lambda stop: _serve(config, db, trickle, stop))
+    finally:
+        db.stop()
+
+
+async def _serve(config: Config, db: EmbeddedMariaDB, trickle: float,
+                 stop: asyncio.Event) -> None:
+    from cdcserver.service import Service
+
+    service = Service(config)
+    writer = asyncio.create_task(_trickle(db, trickle)) if trickle > 0 else None
+    try:
+        await service.run(stop, started=lambda s: _print_instructions(s, db))
+    finally:
+        if writer is not None:
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+
+
+def _print_instructions(service: object, db: EmbeddedMariaDB) -> None:
+    address = getattr(service, "address", None) or ("127.0.0.1", 4001)
+    host, port = address
+    auth = auth_message(DEMO_USER, DEMO_PASSWORD).decode()
+    print(f"""
+The CDC service is listening on {host}:{port} (user {DEMO_USER}, password {DEMO_PASSWORD}).
+
+  Follow shop.orders with the client:
+    .venv/bin/cdc -h {host} -P {port} -u {DEMO_USER} -p {DEMO_PASSWORD} shop.orders
+
+  Or with netcat (the first line is hex(user:SHA1(password))):
+    printf '{auth}\\nREGISTER UUID=nc, TYPE=JSON\\nREQUEST-DATA shop.orders\\n' | nc {host} {port}
+
+  Make your own changes in the demo database:
+    mariadb --no-defaults -uroot -h127.0.0.1 -P{db.port} shop
+
+Press Ctrl-C to stop.
+""", flush=True)
+
+
+async def _trickle(db: EmbeddedMariaDB, every: float) -> None:
+    rng = random.Random()
+    while True:
+        await asyncio.sleep(every)
+        amount = f"{rng.randint(100, 50000) / 100:.2f}"
+        await asyncio.to_thread(
+            db.execute,
+            f"INSERT INTO shop.orders (customer_id, amount, placed) VALUES "
+            f"({rng.randint(1, 3)}, {amount}, NOW(6))")
+
+
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

@@ -1,0 +1,180 @@
+"""A private MariaDB server set up for change data capture.
+
+Used by ``cdcserver demo``, the test suite and the benchmarks: Debian's ``mariadb-server``
+(installed with apt when missing and running as root), its own data directory, a Unix socket,
+optionally a TCP port, and the binlog settings the service needs (``log_bin``,
+``binlog_format=ROW``, ``binlog_row_image=FULL``, ``binlog_row_metadata=FULL``,
+``gtid_strict_mode``). Nothing here touches a system-wide MariaDB.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pymysql
+
+from cdcserver.errors import ConfigError
+
+CDC_SETTINGS = (
+    "--log-bin=mysql-bin", "--binlog-format=ROW", "--binlog-row-image=FULL",
+    "--binlog-row-metadata=FULL", "--gtid-strict-mode=ON",
+)
+_SMALL_FOOTPRINT = (
+    "--innodb-buffer-pool-size=128M", "--innodb-log-file-size=64M", "--max-connections=2000",
+    "--skip-name-resolve", "--innodb-flush-log-at-trx-commit=2", "--sync-binlog=0",
+    "--character-set-server=utf8mb4", "--collation-server=utf8mb4_unicode_ci",
+)
+
+
+def ensure_mariadb_installed() -> None:
+    """Install Debian's mariadb-server if ``mariadbd`` is missing (root only)."""
+    if shutil.which("mariadbd") or os.path.exists("/usr/sbin/mariadbd"):
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise ConfigError("MariaDB is not installed: run `apt-get install mariadb-server "
+                          "mariadb-client` as root, then try again")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "mariadb-server", "mariadb-client"],
+                   check=True, env=env)
+
+
+def _binary(name: str) -> str:
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
+class EmbeddedMariaDB:
+    def __init__(self, base_dir: str, *, port: int | None = None, server_id: int = 1,
+                 extra_args: Sequence[str] = ()) -> None:
+        self.base_dir = os.path.abspath(base_dir)
+        self.datadir = os.path.join(self.base_dir, "data")
+        self.port = port
+        self.server_id = server_id
+        self.extra_args = tuple(extra_args)
+        self.process: subprocess.Popen[bytes] | None = None
+        # A Unix socket path must stay under ~100 bytes; test directories can be longer.
+        run_dir = os.path.join(self.base_dir, "run")
+        if len(run_dir) > 80:
+            run_dir = tempfile.mkdtemp(prefix="cdc-mdb-")
+        self.run_dir = run_dir
+        self.socket = os.path.join(run_dir, "mysqld.sock")
+        self.error_log = os.path.join(self.base_dir, "mysqld.err")
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self, timeout: float = 60.0) -> EmbeddedMariaDB:
+        ensure_mariadb_installed()
+        os.makedirs(self.run_dir, exist_ok=True)
+        if not os.path.isdir(os.path.join(self.datadir, "mysql")):
+            self._install_datadir()
+        networking = [f"--port={self.port}", "--bind-address=127.0.0.1"] if self.port \
+            else ["--skip-networking"]
+        args = [_binary("mariadbd"), "--no-defaults", f"--datadir={self.datadir}",
+                f"--socket={self.socket}", f"--pid-file={os.path.join(self.run_dir, 'pid')}",
+                f"--server-id={self.server_id}", "--user=root", f"--log-error={self.error_log}",
+                *networking, *CDC_SETTINGS, *_SMALL_FOOTPRINT, *self.extra_args]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        self._wait_ready(timeout)
+        return self
+
+    def _install_datadir(self) -> None:
+        os.makedirs(self.datadir, exist_ok=True)
+        result = subprocess.run(
+            [_binary("mariadb-install-db"), "--no-defaults", f"--datadir={self.datadir}",
+             "--user=root", "--auth-root-authentication-method=normal", "--skip-test-db"],
+            capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"mariadb-install-db failed:\n{result.stdout}\n{result.stderr}")
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"mariadbd exited with {self.process.returncode}; see "
+                                   f"{self.error_log}:\n{self._error_tail()}")
+            try:
+                pymysql.connect(unix_socket=self.socket, user="root", connect_timeout=1).close()
+                return
+            except pymysql.err.OperationalError:
+                time.sleep(0.05)
+        raise TimeoutError(f"mariadbd not ready after {timeout}s; see {self.error_log}")
+
+    def _error_tail(self) -> str:
+        try:
+            with open(self.error_log, encoding="utf-8", errors="replace") as f:
+                return "".join(f.readlines()[-20:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 60.0) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def kill(self) -> None:
+        """``kill -9``: the server dies without shutting down (crash tests)."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+    def __enter__(self) -> EmbeddedMariaDB:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- use -------------------------------------------------------------------------------
+
+    def url(self, user: str = "root", password: str = "") -> str:
+        auth = urllib.parse.quote(user) + (":" + urllib.parse.quote(password) if password else "")
+        if self.port:
+            return f"mysql://{auth}@127.0.0.1:{self.port}"
+        return f"mysql://{auth}@localhost?socket={urllib.parse.quote(self.socket)}"
+
+    def connect(self, database: str | None = None, **kwargs: Any) -> pymysql.connections.Connection:  # type: ignore[name-defined]
+        return pymysql.connect(unix_socket=self.socket, user="root", database=database,
+                               autocommit=True, charset="utf8mb4", **kwargs)
+
+    def execute(self, *statements: str) -> None:
+        with contextlib.closing(self.connect()) as conn, conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+
+    def query(self, sql: str, args: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+        with contextlib.closing(self.connect()) as conn, conn.cursor() as cur:
+            cur.execute(sql, args)
+            return list(cur.fetchall())
+
+    def create_replication_user(self, user: str, password: str) -> None:
+        for host in ("localhost", "127.0.0.1"):
+            self.execute(f"CREATE USER IF NOT EXISTS '{user}'@'{host}' IDENTIFIED BY "
+                         f"'{password}'",
+                         f"GRANT SELECT, RELOAD, REPLICATION SLAVE, BINLOG MONITOR, "
+                         f"REPLICATION MASTER ADMIN ON *.* TO '{user}'@'{host}'")
+
+
+@contextlib.contextmanager
+def running(base_dir: str, **kwargs: Any) -> Iterator[EmbeddedMariaDB]:
+    server = EmbeddedMariaDB(base_dir, **kwargs).start()
+    try:
+        yield server
+    finally:
+        server.stop()

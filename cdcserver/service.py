@@ -1,0 +1,145 @@
+"""The service: the store, the replicator and pipeline, and the listener, in one process.
+
+Start order: open the store (which repairs it back to its checkpoint), start the listener (it
+serves what is stored even while the source is unreachable), then replicate. Stop order: stop
+accepting connections, stop the replicator, let the pipeline finish what was handed over and
+flush (the final checkpoint), then close the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import zoneinfo
+from collections.abc import Callable
+
+from cdcserver.config import Config
+from cdcserver.errors import ConfigError, SourceUnavailable
+from cdcserver.gtid import GtidState
+from cdcserver.handoff import Handoff
+from cdcserver.pipeline import Pipeline, Sink, start_state
+from cdcserver.protocol.server import CdcServer, ListenerLimits
+from cdcserver.protocol.session import SessionContext
+from cdcserver.replication import source
+from cdcserver.replication.connection import SourceAddress
+from cdcserver.replication.replicator import Backoff, Replicator
+from cdcserver.store.catalog import Catalog
+from cdcserver.store.store import AvroStore
+from cdcserver.users import UsersFile
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.catalog = Catalog(f"{config.store.data_dir}/avro")
+        self.store = AvroStore(config.store.data_dir, self.catalog, codec=config.store.codec,
+                               block_size=config.store.block_size)
+        self.users = UsersFile(config.listener.users_file)
+        self.server: CdcServer | None = None
+        self.replicator: Replicator | None = None
+        self.pipeline: Pipeline | None = None
+        self.address: tuple[str, int] | None = None
+        self.sinks: list[Sink] = [self.store]
+
+    async def run(self, stop: asyncio.Event, started: Callable[[Service], None] | None = None
+                  ) -> None:
+        """Serve until ``stop`` is set; raises if replication fails for good."""
+        self.users.load()  # a malformed users file is a start-up error, not a login failure
+        self.store.open()
+        try:
+            self.server = self._listener()
+            host, port = self.config.listener.host_port()
+            self.address = await self.server.start(host, port)
+            if started is not None:
+                started(self)
+            replication = asyncio.create_task(self._replicate(), name="replication")
+            stopping = asyncio.create_task(stop.wait())
+            done, _ = await asyncio.wait({replication, stopping},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            await self._shutdown(replication)
+            if replication in done and not replication.cancelled():
+                replication.result()
+            stopping.cancel()
+        finally:
+            if self.server is not None:
+                await self.server.stop()
+            self.store.close()
+
+    def _listener(self) -> CdcServer:
+        cfg = self.config.listener
+        try:
+            zone = zoneinfo.ZoneInfo(cfg.timestamp_zone)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+            raise ConfigError(f"listener.timestamp_zone: unknown zone {cfg.timestamp_zone!r}"
+                              ) from exc
+        limits = ListenerLimits(cfg.max_line, cfg.auth_timeout, cfg.idle_timeout,
+                                cfg.max_connections, cfg.bad_command_limit)
+        context = SessionContext(self.catalog, self.users, lambda: self.store.index,
+                                 cfg.bad_command_limit)
+        return CdcServer(context, limits, zone)
+
+    async def _replicate(self) -> None:
+        cfg = self.config.source
+        address = cfg.address()
+        default = await self._retrying(lambda: self._check_source_and_resolve_start(address))
+        start = start_state(self.sinks, default)
+        loop = asyncio.get_running_loop()
+        handoff = Handoff(loop)
+        self.replicator = Replicator(address, cfg.server_id, handoff, start,
+                                     heartbeat=cfg.heartbeat, backoff=Backoff(),
+                                     report_host=cfg.report_host)
+        self.pipeline = Pipeline(handoff, self.sinks, self.config.store.flush_interval)
+        self.replicator.start()
+        try:
+            await self.pipeline.run()
+        finally:
+            handoff.close()
+            await asyncio.to_thread(self.replicator.stop)
+
+    def _check_source_and_resolve_start(self, address: SourceAddress) -> GtidState:
+        conn = source.connect(address)
+        try:
+            info = source.describe(conn)
+            source.require_row_binlog(info)
+            wanted = self.config.source.start_gtid.strip()
+            if wanted == "oldest":
+                return source.oldest_gtid_state(conn)
+            if wanted == "newest":
+                return source.newest_gtid_state(conn)
+            try:
+                return GtidState.parse(wanted)
+            except ValueError as exc:
+                raise ConfigError(f"source.start_gtid: {exc}") from exc
+        finally:
+            conn.close()
+
+    async def _retrying(self, action: Callable[[], GtidState]) -> GtidState:
+        """Run ``action`` in a thread until the source answers (the listener keeps serving)."""
+        delays = Backoff().delays()
+        attempt = 0
+        while True:
+            try:
+                return await asyncio.to_thread(action)
+            except SourceUnavailable as exc:
+                delay = delays[min(attempt, len(delays) - 1)]
+                attempt += 1
+                log.warning("%s; retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+
+    async def _shutdown(self, replication: asyncio.Task[None]) -> None:
+        if self.server is not None:
+            await self.server.stop()
+        if self.replicator is not None:
+            await asyncio.to_thread(self.replicator.stop)
+        if not replication.done():
+            # The replicator's finish() ends the pipeline after its final flush.
+            try:
+                await asyncio.wait_for(asyncio.shield(replication), timeout=30)
+            except TimeoutError:
+                replication.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await replication
+        await self.store.flush()
