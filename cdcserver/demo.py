@@ -18,6 +18,8 @@ import socket
 from cdcserver.cli import run_until_signalled
 from cdcserver.config import Config, ListenerConfig, SourceConfig, StoreConfig
 from cdcserver.embedded import EmbeddedMariaDB, ensure_mariadb_installed
+from cdcserver.gtid import GtidState
+from cdcserver.service import Service
 from cdcserver.users import UsersFile
 from client.wire import auth_message
 
@@ -51,7 +53,7 @@ def run_demo(directory: str, listen: str, mariadb_port: int, trickle: float) -> 
     ensure_mariadb_installed()
     os.makedirs(directory, exist_ok=True)
     db = EmbeddedMariaDB(os.path.join(directory, "mariadb"),
-                         port=mariadb_port if _port_free(mariadb_port) else _free_port())
+                         port=mariadb_port if _port_free(mariadb_port) else 0)
     db.start()
     try:
         if not db.query("SHOW DATABASES LIKE 'shop'"):
@@ -72,22 +74,33 @@ def run_demo(directory: str, listen: str, mariadb_port: int, trickle: float) -> 
 
 async def _serve(config: Config, db: EmbeddedMariaDB, trickle: float,
                  stop: asyncio.Event) -> None:
-    from cdcserver.service import Service
-
     service = Service(config)
-    writer = asyncio.create_task(_trickle(db, trickle)) if trickle > 0 else None
+    helpers: list[asyncio.Task[None]] = []
+
+    def started(running: Service) -> None:
+        helpers.append(asyncio.create_task(_announce(running, db, trickle)))
+
     try:
-        await service.run(stop, started=lambda s: _print_instructions(s, db))
+        await service.run(stop, started=started)
     finally:
-        if writer is not None:
-            writer.cancel()
+        for task in helpers:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await writer
+                await task
 
 
-def _print_instructions(service: object, db: EmbeddedMariaDB) -> None:
-    address = getattr(service, "address", None) or ("127.0.0.1", 4001)
-    host, port = address
+async def _announce(service: Service, db: EmbeddedMariaDB, trickle: float) -> None:
+    """Once the sample history is replicated, say how to connect; then keep changing data."""
+    history = GtidState.parse(str(db.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]))
+    await service.wait_caught_up(history)
+    _print_instructions(service, db)
+    if trickle > 0:
+        await _trickle(db, trickle)
+
+
+def _print_instructions(service: Service, db: EmbeddedMariaDB) -> None:
+    assert service.address is not None
+    host, port = service.address
     auth = auth_message(DEMO_USER, DEMO_PASSWORD).decode()
     print(f"""
 The CDC service is listening on {host}:{port} (user {DEMO_USER}, password {DEMO_PASSWORD}).
@@ -123,10 +136,3 @@ def _port_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
     return True
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port

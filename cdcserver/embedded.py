@@ -13,6 +13,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -53,6 +54,8 @@ def _binary(name: str) -> str:
 
 
 class EmbeddedMariaDB:
+    """``port=None`` listens on the Unix socket only; ``port=0`` picks a free TCP port."""
+
     def __init__(self, base_dir: str, *, port: int | None = None, server_id: int = 1,
                  extra_args: Sequence[str] = ()) -> None:
         self.base_dir = os.path.abspath(base_dir)
@@ -76,7 +79,23 @@ class EmbeddedMariaDB:
         os.makedirs(self.run_dir, exist_ok=True)
         if not os.path.isdir(os.path.join(self.datadir, "mysql")):
             self._install_datadir()
-        networking = [f"--port={self.port}", "--bind-address=127.0.0.1"] if self.port \
+        if self.port != 0:
+            self._launch(self.port, timeout)
+            return self
+        # mariadbd cannot bind port 0 and report the port, so try free ports until one
+        # stays free long enough for it to bind.
+        for attempt in range(5):
+            self.port = _free_port()
+            try:
+                self._launch(self.port, timeout)
+                return self
+            except RuntimeError:
+                if attempt == 4 or "Bind on TCP/IP port" not in self._error_tail():
+                    raise
+        return self
+
+    def _launch(self, port: int | None, timeout: float) -> None:
+        networking = [f"--port={port}", "--bind-address=127.0.0.1"] if port \
             else ["--skip-networking"]
         args = [_binary("mariadbd"), "--no-defaults", f"--datadir={self.datadir}",
                 f"--socket={self.socket}", f"--pid-file={os.path.join(self.run_dir, 'pid')}",
@@ -85,7 +104,6 @@ class EmbeddedMariaDB:
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, start_new_session=True)
         self._wait_ready(timeout)
-        return self
 
     def _install_datadir(self) -> None:
         os.makedirs(self.datadir, exist_ok=True)
@@ -102,12 +120,21 @@ class EmbeddedMariaDB:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"mariadbd exited with {self.process.returncode}; see "
                                    f"{self.error_log}:\n{self._error_tail()}")
-            try:
-                pymysql.connect(unix_socket=self.socket, user="root", connect_timeout=1).close()
+            if self._greets():
                 return
-            except pymysql.err.OperationalError:
-                time.sleep(0.05)
+            time.sleep(0.05)
         raise TimeoutError(f"mariadbd not ready after {timeout}s; see {self.error_log}")
+
+    def _greets(self) -> bool:
+        """True once the server sends its handshake (protocol version 10) on the socket."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(1.0)
+            try:
+                probe.connect(self.socket)
+                packet = probe.recv(5)
+            except OSError:
+                return False
+        return len(packet) == 5 and packet[4] == 10
 
     def _error_tail(self) -> str:
         try:
@@ -143,9 +170,10 @@ class EmbeddedMariaDB:
 
     # -- use -------------------------------------------------------------------------------
 
-    def url(self, user: str = "root", password: str = "") -> str:
+    def url(self, user: str = "root", password: str = "", *, tcp: bool | None = None) -> str:
+        """The source URL; over TCP when the server has a port (or ``tcp=True``)."""
         auth = urllib.parse.quote(user) + (":" + urllib.parse.quote(password) if password else "")
-        if self.port:
+        if self.port and tcp is not False:
             return f"mysql://{auth}@127.0.0.1:{self.port}"
         return f"mysql://{auth}@localhost?socket={urllib.parse.quote(self.socket)}"
 
@@ -160,7 +188,7 @@ class EmbeddedMariaDB:
 
     def query(self, sql: str, args: Sequence[object] = ()) -> list[tuple[Any, ...]]:
         with contextlib.closing(self.connect()) as conn, conn.cursor() as cur:
-            cur.execute(sql, args)
+            cur.execute(sql, tuple(args) or None)
             return list(cur.fetchall())
 
     def create_replication_user(self, user: str, password: str) -> None:
@@ -178,3 +206,10 @@ def running(base_dir: str, **kwargs: Any) -> Iterator[EmbeddedMariaDB]:
         yield server
     finally:
         server.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port

@@ -72,14 +72,22 @@ class _ReplayFilter:
 
 
 class Pipeline:
-    def __init__(self, handoff: Handoff, sinks: list[Sink], flush_interval: float = 0.2) -> None:
+    def __init__(self, handoff: Handoff, sinks: list[Sink], start: GtidState,
+                 flush_interval: float = 0.2) -> None:
         self.handoff = handoff
         self.sinks = sinks
         self.flush_interval = flush_interval
         self._filters = [_ReplayFilter(s.durable.gtid_state if s.durable else None)
                          for s in sinks]
+        self.state = start  # after the last transaction every sink has applied
         self.transactions = 0
-        self.rows = 0
+        self._progress: asyncio.Future[None] | None = None
+
+    def progress(self) -> asyncio.Future[None]:
+        """A future resolved after the next batch of transactions is applied."""
+        if self._progress is None or self._progress.done():
+            self._progress = asyncio.get_running_loop().create_future()
+        return self._progress
 
     async def run(self) -> None:
         """Until the replicator's stream ends (returns) or fails (raises its error)."""
@@ -99,6 +107,13 @@ class Pipeline:
             changes = keep(batch)
             if changes:
                 await sink.apply(changes)
+        for change in batch:
+            if isinstance(change, Commit):
+                self.state = change.position.gtid_state
+                self.transactions += 1
+        progress, self._progress = self._progress, None
+        if progress is not None and not progress.done():
+            progress.set_result(None)
 
     async def flush(self) -> None:
         for sink in self.sinks:

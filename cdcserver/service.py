@@ -43,6 +43,7 @@ class Service:
         self.pipeline: Pipeline | None = None
         self.address: tuple[str, int] | None = None
         self.sinks: list[Sink] = [self.store]
+        self.replicating = asyncio.Event()  # set once the replicator is started
 
     async def run(self, stop: asyncio.Event, started: Callable[[Service], None] | None = None
                   ) -> None:
@@ -68,6 +69,13 @@ class Service:
                 await self.server.stop()
             self.store.close()
 
+    async def wait_caught_up(self, target: GtidState) -> None:
+        """Return once every sink has applied all transactions up to ``target``."""
+        await self.replicating.wait()
+        assert self.pipeline is not None
+        while not all(self.pipeline.state.covers(g) for g in target):
+            await self.pipeline.progress()
+
     def _listener(self) -> CdcServer:
         cfg = self.config.listener
         try:
@@ -91,8 +99,9 @@ class Service:
         self.replicator = Replicator(address, cfg.server_id, handoff, start,
                                      heartbeat=cfg.heartbeat, backoff=Backoff(),
                                      report_host=cfg.report_host)
-        self.pipeline = Pipeline(handoff, self.sinks, self.config.store.flush_interval)
+        self.pipeline = Pipeline(handoff, self.sinks, start, self.config.store.flush_interval)
         self.replicator.start()
+        self.replicating.set()
         try:
             await self.pipeline.run()
         finally:

@@ -37,6 +37,10 @@ class Code(str, Enum):
     INTERNAL = "INTERNAL"  # a server fault; the log has details
 
 
+# Errors a client should answer by reconnecting later, rather than giving up.
+RETRIABLE_CODES = frozenset({Code.SHUTTING_DOWN, Code.TIMEOUT, Code.TOO_MANY_CONNECTIONS})
+
+
 class ProtocolError(Exception):
     """An error reply. ``fatal`` errors close the connection after the reply."""
 
@@ -45,6 +49,10 @@ class ProtocolError(Exception):
         self.code = code
         self.message = message
         self.fatal = fatal
+
+    @property
+    def retriable(self) -> bool:
+        return self.code in RETRIABLE_CODES
 
     def reply(self) -> bytes:
         return error_line(self.code, self.message)

@@ -17,9 +17,18 @@ from dataclasses import dataclass
 
 from cdcserver.errors import StoreError
 from cdcserver.store.encoder import encode_string, varint
+from client.avro import (
+    MAGIC,
+    SYNC_SIZE,
+    AvroFormatError,
+    Header,
+    decompress,
+    parse_header,
+    read_varint,
+)
 
-MAGIC = b"Obj\x01"
-SYNC_SIZE = 16
+__all__ = ["MAGIC", "SYNC_SIZE", "Header", "decompress", "parse_header", "read_varint"]
+
 CODECS = ("null", "deflate", "snappy", "zstandard")
 
 
@@ -39,20 +48,6 @@ def compress(codec: str, data: bytes | bytearray) -> bytes:
     raise StoreError(f"unknown Avro codec {codec!r}; choose one of {', '.join(CODECS)}")
 
 
-def decompress(codec: str, data: bytes) -> bytes:
-    if codec == "null":
-        return data
-    if codec == "deflate":
-        return zlib.decompress(data, -15)
-    import cramjam
-
-    if codec == "snappy":
-        return bytes(cramjam.snappy.decompress_raw(data[:-4]))
-    if codec == "zstandard":
-        return bytes(cramjam.zstd.decompress(data))
-    raise StoreError(f"unknown Avro codec {codec!r}")
-
-
 def container_header(schema_json: str, codec: str, sync: bytes) -> bytes:
     meta = {"avro.schema": schema_json.encode("utf-8"), "avro.codec": codec.encode("ascii")}
     out = bytearray(MAGIC)
@@ -66,63 +61,14 @@ def container_header(schema_json: str, codec: str, sync: bytes) -> bytes:
     return bytes(out)
 
 
-def read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    """Decode a zig-zag varint at ``pos``; returns (value, next position)."""
-    shift = result = 0
-    while True:
-        if pos >= len(buf):
-            raise IndexError("varint runs past the buffer")
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (result >> 1) ^ -(result & 1), pos
-        shift += 7
-        if shift > 70:
-            raise ValueError("varint too long")
-
-
-@dataclass(frozen=True)
-class Header:
-    schema_json: str
-    codec: str
-    sync: bytes
-    size: int  # bytes up to and including the sync marker
-
-
-def parse_header(data: bytes) -> Header:
-    """Parse a container header from the first bytes of a file (raises IndexError if short)."""
-    if data[:4] != MAGIC:
-        raise StoreError("not an Avro container file (bad magic)")
-    pos = 4
-    meta: dict[str, bytes] = {}
-    while True:
-        count, pos = read_varint(data, pos)
-        if count == 0:
-            break
-        if count < 0:
-            count = -count
-            _, pos = read_varint(data, pos)  # block size, unused
-        for _ in range(count):
-            klen, pos = read_varint(data, pos)
-            key = bytes(data[pos : pos + klen]).decode("utf-8")
-            pos += klen
-            vlen, pos = read_varint(data, pos)
-            meta[key] = bytes(data[pos : pos + vlen])
-            pos += vlen
-    sync = bytes(data[pos : pos + SYNC_SIZE])
-    if len(sync) != SYNC_SIZE:
-        raise IndexError("header truncated in the sync marker")
-    return Header(meta["avro.schema"].decode("utf-8"), meta.get("avro.codec", b"null").decode(),
-                  sync, pos + SYNC_SIZE)
-
-
 def read_header(path: str) -> Header:
     with open(path, "rb") as f:
         data = f.read(1 << 16)
         while True:
             try:
                 return parse_header(data)
+            except AvroFormatError as exc:
+                raise StoreError(f"{path}: {exc}") from exc
             except IndexError:
                 more = f.read(1 << 20)
                 if not more:

@@ -101,6 +101,7 @@ class AvroStore:
         self._lock_fd = -1
         self._new_files = False
         self._flush_lock = asyncio.Lock()
+        self._progress: asyncio.Future[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -259,6 +260,15 @@ class AvroStore:
         self.position = commit.position
         self._open = None
         self.catalog.notify(touched)
+        progress, self._progress = self._progress, None
+        if progress is not None and not progress.done():
+            progress.set_result(None)
+
+    def progress(self) -> asyncio.Future[None]:
+        """A future resolved at the next commit (for whoever waits to catch up)."""
+        if self._progress is None or self._progress.done():
+            self._progress = asyncio.get_running_loop().create_future()
+        return self._progress
 
     def abort(self, abort: Abort) -> None:
         txn, self._open = self._open, None
@@ -352,8 +362,15 @@ class AvroStore:
                      for name, entry in self.catalog.tables.items()
                      if (latest := entry.latest()) is not None}
             new_files, self._new_files = self._new_files, False
-            await asyncio.to_thread(self._make_durable, dirty, new_files,
-                                    Checkpoint(position, marks))
+            work = asyncio.ensure_future(asyncio.to_thread(
+                self._make_durable, dirty, new_files, Checkpoint(position, marks)))
+            try:
+                await asyncio.shield(work)
+            except asyncio.CancelledError:
+                # The thread cannot be cancelled: hold the lock until it is done, so two
+                # checkpoint writes never overlap.
+                await work
+                raise
             self.durable = position
             self._close_sealed()
             return position

@@ -1,0 +1,90 @@
+"""Reading Avro object container data: the header, varints and block codecs.
+
+Avro 1.11 "Object Container Files": ``Obj\\x01``, a metadata map (``avro.schema``,
+``avro.codec``), a 16-byte sync marker, then blocks of ``long count, long size, data, sync``.
+Used by the AVRO-mode stream decoder here and by the server's store.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+MAGIC = b"Obj\x01"
+SYNC_SIZE = 16
+
+
+class AvroFormatError(ValueError):
+    """The bytes are not a well-formed Avro container stream."""
+
+
+def read_varint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+    """Decode a zig-zag varint at ``pos``; returns (value, next position). Raises IndexError
+    when the buffer ends inside it."""
+    shift = result = 0
+    while True:
+        if pos >= len(buf):
+            raise IndexError("varint runs past the buffer")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+        if shift > 70:
+            raise AvroFormatError("varint too long")
+
+
+@dataclass(frozen=True)
+class Header:
+    schema_json: str
+    codec: str
+    sync: bytes
+    size: int  # bytes up to and including the sync marker
+
+
+def parse_header(data: bytes | bytearray | memoryview) -> Header:
+    """Parse a container header from the start of ``data`` (IndexError if it is incomplete)."""
+    if bytes(data[:4]) != MAGIC[: len(data[:4])]:
+        raise AvroFormatError("not an Avro container (bad magic)")
+    if len(data) < 4:
+        raise IndexError("header incomplete")
+    pos = 4
+    meta: dict[str, bytes] = {}
+    while True:
+        count, pos = read_varint(data, pos)
+        if count == 0:
+            break
+        if count < 0:
+            count = -count
+            _, pos = read_varint(data, pos)  # block size, unused
+        for _ in range(count):
+            klen, pos = read_varint(data, pos)
+            key = bytes(data[pos : pos + klen]).decode("utf-8")
+            pos += klen
+            vlen, pos = read_varint(data, pos)
+            if pos + vlen > len(data):
+                raise IndexError("header incomplete")
+            meta[key] = bytes(data[pos : pos + vlen])
+            pos += vlen
+    sync = bytes(data[pos : pos + SYNC_SIZE])
+    if len(sync) != SYNC_SIZE:
+        raise IndexError("header truncated in the sync marker")
+    if "avro.schema" not in meta:
+        raise AvroFormatError("container header without avro.schema")
+    return Header(meta["avro.schema"].decode("utf-8"), meta.get("avro.codec", b"null").decode(),
+                  sync, pos + SYNC_SIZE)
+
+
+def decompress(codec: str, data: bytes) -> bytes:
+    if codec == "null":
+        return data
+    if codec == "deflate":
+        return zlib.decompress(data, -15)
+    import cramjam
+
+    if codec == "snappy":  # raw snappy, then a CRC32 of the uncompressed data
+        return bytes(cramjam.snappy.decompress_raw(data[:-4]))
+    if codec == "zstandard":
+        return bytes(cramjam.zstd.decompress(data))
+    raise AvroFormatError(f"unknown Avro codec {codec!r}")

@@ -1,0 +1,145 @@
+"""``cdc``: MaxScale's ``cdc.py``, as a maintained command.
+
+    cdc [-h HOST] [-P PORT] -u USER -p PASSWORD [-f JSON|AVRO] [-t TIMEOUT] DB.TABLE[.VERSION] [GTID]
+
+takes ``cdc.py``'s arguments and prints what the server sends, unchanged (JSON lines, or the
+Avro container stream), until the server hangs up or, with ``-t``, until nothing arrived for
+that many seconds. A rejected request prints the server's ``ERR`` line on stderr and exits 1.
+
+    cdc auth-string -u USER -p PASSWORD      the first line to send with netcat
+    cdc last-transaction [connection options]     QUERY-LAST-TRANSACTION
+    cdc transaction GTID [connection options]     QUERY-TRANSACTION
+
+The password can also come from the ``CDC_PASSWORD`` environment variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+
+from client.sync import SyncCdcConnection
+from client.wire import DataRequest, Format, ProtocolError, auth_message, parse_request_data
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+def _connection_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-h", "--host", default="localhost", help="server address")
+    parser.add_argument("-P", "--port", type=int, default=4001, help="server port")
+    parser.add_argument("-u", "--user", default="", help="user name")
+    parser.add_argument("-p", "--password", default=None,
+                        help="password (or set CDC_PASSWORD)")
+    parser.add_argument("-f", "--format", default="JSON", choices=["JSON", "AVRO"],
+                        help="stream format")
+    parser.add_argument("-t", "--timeout", type=float, default=0,
+                        help="exit after this many seconds without data (0: never)")
+    parser.add_argument("--help", action="help", help="show this help and exit")
+
+
+def _stream_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cdc", add_help=False,
+                                     description="Stream a table's changes from a CDC server")
+    _connection_options(parser)
+    parser.add_argument("FILE", help="DATABASE.TABLE[.VERSION]")
+    parser.add_argument("GTID", nargs="?", default=None, help="start at this GTID (inclusive)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in _COMMANDS:
+        return _COMMANDS[argv[0]](argv[1:])
+    args = _stream_parser().parse_args(argv)
+    try:
+        request = parse_request_data(f"{args.FILE} {args.GTID or ''}")
+    except ProtocolError as exc:
+        print(f"cdc: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        conn = _open(args)
+    except (ProtocolError, OSError) as exc:
+        print(f"cdc: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        return _copy_stream(conn, request, args.timeout)
+    finally:
+        conn.close()
+
+
+def _open(args: argparse.Namespace) -> SyncCdcConnection:
+    password = args.password if args.password is not None else os.environ.get("CDC_PASSWORD", "")
+    return SyncCdcConnection.open(args.host, args.port, args.user, password,
+                                  format=Format(args.format),
+                                  timeout=args.timeout or 10.0)
+
+
+def _copy_stream(conn: SyncCdcConnection, request: DataRequest, timeout: float) -> int:
+    """Write what the server sends to stdout, as it arrives."""
+    conn.sock.sendall(request.line().encode())
+    conn.sock.settimeout(timeout or None)
+    out = sys.stdout.buffer
+    first = True
+    while True:
+        try:
+            data = conn.sock.recv(1 << 16)
+        except TimeoutError:
+            return EXIT_OK
+        except OSError as exc:
+            print(f"cdc: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        if not data:
+            return EXIT_OK
+        if first and data.startswith(b"ERR"):
+            sys.stderr.write(data.decode("utf-8", "replace"))
+            return EXIT_ERROR
+        first = False
+        out.write(data)
+        out.flush()
+
+
+def _auth_string(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="cdc auth-string", add_help=False,
+                                     description="print hex(user:SHA1(password))")
+    parser.add_argument("-u", "--user", required=True)
+    parser.add_argument("-p", "--password", default=None)
+    parser.add_argument("--help", action="help")
+    args = parser.parse_args(argv)
+    password = args.password if args.password is not None else os.environ.get("CDC_PASSWORD", "")
+    print(auth_message(args.user, password).decode())
+    return EXIT_OK
+
+
+def _query(command: str, with_gtid: bool):  # type: ignore[no-untyped-def]
+    def run(argv: list[str]) -> int:
+        parser = argparse.ArgumentParser(prog=f"cdc {command.lower()}", add_help=False)
+        _connection_options(parser)
+        if with_gtid:
+            parser.add_argument("GTID")
+        args = parser.parse_args(argv)
+        try:
+            conn = _open(args)
+            try:
+                line = command + (f" {args.GTID}" if with_gtid else "")
+                print(json.dumps(conn.query(line)))
+            finally:
+                conn.close()
+        except (ProtocolError, OSError, socket.timeout) as exc:
+            print(f"cdc: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        return EXIT_OK
+    return run
+
+
+_COMMANDS = {
+    "auth-string": _auth_string,
+    "last-transaction": _query("QUERY-LAST-TRANSACTION", False),
+    "transaction": _query("QUERY-TRANSACTION", True),
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

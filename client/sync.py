@@ -1,0 +1,169 @@
+"""The blocking client, for scripts, the CLI and Spark executors.
+
+    with SyncCdcClient("127.0.0.1", 4001, "cdcuser", "cdcpass") as cdc:
+        for event in cdc.stream("shop.orders", idle_timeout=5):
+            ...
+
+The same protocol and decoders as :mod:`client.aio`, over a plain socket.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import ssl as ssl_module
+import time
+import uuid as uuidlib
+from collections.abc import Iterator
+from typing import Any
+
+from client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
+from client.wire import Code, DataRequest, Format, ProtocolError, auth_message, parse_reply
+
+log = logging.getLogger(__name__)
+
+
+class SyncCdcConnection:
+    def __init__(self, sock: socket.socket, fmt: Format) -> None:
+        self.sock = sock
+        self.format = fmt
+        self._pending = bytearray()
+
+    @classmethod
+    def open(cls, host: str, port: int, user: str, password: str, *,
+             format: str | Format = Format.JSON, uuid: str | None = None,  # noqa: A002
+             ssl: ssl_module.SSLContext | None = None, timeout: float = 10.0
+             ) -> SyncCdcConnection:
+        fmt = Format(format)
+        sock = socket.create_connection((host, port), timeout=timeout)
+        if ssl is not None:
+            sock = ssl.wrap_socket(sock, server_hostname=host)
+        conn = cls(sock, fmt)
+        try:
+            conn.command(auth_message(user, password))
+            conn.command(f"REGISTER UUID={uuid or uuidlib.uuid4()}, TYPE={fmt.value}".encode())
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _readline(self) -> bytes:
+        while (newline := self._pending.find(b"\n")) < 0:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("the server closed the connection")
+            self._pending += data
+        line = bytes(self._pending[: newline + 1])
+        del self._pending[: newline + 1]
+        return line
+
+    def command(self, line: bytes) -> str:
+        self.sock.sendall(line)
+        ok, code, message = parse_reply(self._readline())
+        if not ok:
+            raise ProtocolError(code or Code.INTERNAL, message)
+        return message
+
+    def query(self, line: str) -> dict[str, Any]:
+        self.sock.sendall(line.encode())
+        reply = self._readline()
+        if reply.startswith(b"ERR"):
+            _, code, message = parse_reply(reply)
+            raise ProtocolError(code or Code.INTERNAL, message)
+        data: dict[str, Any] = json.loads(reply)
+        return data
+
+    def request(self, request: DataRequest, idle_timeout: float | None = None
+                ) -> Iterator[Event]:
+        """Events until the connection drops, or until ``idle_timeout`` seconds pass with
+        nothing received (then the iterator simply ends)."""
+        self.sock.sendall(request.line().encode())
+        decoder = JsonStreamDecoder() if self.format == Format.JSON else AvroStreamDecoder()
+        self.sock.settimeout(idle_timeout)
+        data, self._pending = bytes(self._pending), bytearray()
+        while True:
+            if data:
+                yield from decoder.feed(data)
+            try:
+                data = self.sock.recv(1 << 16)
+            except TimeoutError:
+                return
+            if not data:
+                raise ConnectionError("the server closed the stream")
+
+    def close(self) -> None:
+        try:
+            self.sock.sendall(b"CLOSE")
+        except OSError:
+            pass
+        self.sock.close()
+
+
+class SyncCdcClient:
+    def __init__(self, host: str, port: int, user: str, password: str, *,
+                 format: str | Format = Format.JSON,  # noqa: A002
+                 ssl: ssl_module.SSLContext | None = None, timeout: float = 10.0,
+                 retry_delays: tuple[float, ...] = (0.1, 0.5, 1, 2, 5),
+                 max_retries: int | None = None) -> None:
+        self.host, self.port = host, port
+        self.user, self.password = user, password
+        self.format = Format(format)
+        self.ssl = ssl
+        self.timeout = timeout
+        self.retry_delays = retry_delays
+        self.max_retries = max_retries
+
+    def __enter__(self) -> SyncCdcClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def connect(self) -> SyncCdcConnection:
+        return SyncCdcConnection.open(self.host, self.port, self.user, self.password,
+                                      format=self.format, ssl=self.ssl, timeout=self.timeout)
+
+    def stream(self, table: str, *, version: int | None = None, gtid: str | None = None,
+               idle_timeout: float | None = None) -> Iterator[Event]:
+        """Like :meth:`client.aio.CdcClient.stream`; with ``idle_timeout`` the iterator ends
+        once nothing new arrived for that long."""
+        database, _, name = table.partition(".")
+        resume = Resume(version, gtid)
+        failures = 0
+        while True:
+            try:
+                conn = self.connect()
+                request_version, request_gtid = resume.request()
+                try:
+                    for event in conn.request(DataRequest(database, name, request_version,
+                                                          request_gtid), idle_timeout):
+                        failures = 0
+                        if resume.accept(event):
+                            yield event
+                    return
+                finally:
+                    conn.close()
+            except (ConnectionError, OSError, ProtocolError) as exc:
+                if isinstance(exc, ProtocolError) and not exc.retriable:
+                    raise
+                if self.max_retries is not None and failures >= self.max_retries:
+                    raise
+                delay = self.retry_delays[min(failures, len(self.retry_delays) - 1)]
+                failures += 1
+                log.warning("CDC connection failed (%s); retrying in %.1fs", exc, delay)
+                time.sleep(delay)
+
+    def last_transaction(self) -> dict[str, Any]:
+        conn = self.connect()
+        try:
+            return conn.query("QUERY-LAST-TRANSACTION")
+        finally:
+            conn.close()
+
+    def transaction(self, gtid: str) -> dict[str, Any]:
+        conn = self.connect()
+        try:
+            return conn.query(f"QUERY-TRANSACTION {gtid}")
+        finally:
+            conn.close()

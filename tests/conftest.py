@@ -1,0 +1,148 @@
+"""Fixtures: a real MariaDB for the session, and the service started on port 0 per test.
+
+The MariaDB server is Debian's ``mariadbd``, started privately by :mod:`cdcserver.embedded`
+with the binlog settings CDC needs; ``source`` gives each test a clean binlog (``RESET MASTER``)
+and a database of its own. Services run in the test's event loop and are awaited to readiness
+through their ``started`` callback, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from cdcserver.config import Config, ListenerConfig, SourceConfig, StoreConfig
+from cdcserver.embedded import EmbeddedMariaDB
+from cdcserver.gtid import GtidState
+from cdcserver.service import Service
+from cdcserver.users import UsersFile
+from tests.helpers import PASSWORD, USER
+_server_ids = itertools.count(5000)
+
+
+@pytest.fixture(scope="session")
+def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedMariaDB]:
+    server = EmbeddedMariaDB(str(tmp_path_factory.mktemp("mariadb")), port=0)
+    server.start()
+    yield server
+    server.stop()
+
+
+class Source:
+    """The shared MariaDB, with a clean binlog and a database for this test."""
+
+    def __init__(self, server: EmbeddedMariaDB, database: str) -> None:
+        self.server = server
+        self.database = database
+
+    @property
+    def url(self) -> str:
+        return self.server.url()
+
+    def execute(self, *statements: str) -> None:
+        self.server.execute(*statements)
+
+    def query(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+        return self.server.query(sql, args)
+
+    def gtid_state(self) -> GtidState:
+        return GtidState.parse(str(self.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0] or ""))
+
+
+@pytest.fixture
+def source(mariadb: EmbeddedMariaDB, request: pytest.FixtureRequest) -> Source:
+    database = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:50]
+    existing = [row[0] for row in mariadb.query("SHOW DATABASES")]
+    mariadb.execute(*(f"DROP DATABASE `{db}`" for db in existing if str(db).startswith("t_")))
+    mariadb.execute("RESET MASTER", f"CREATE DATABASE `{database}`")
+    return Source(mariadb, database)
+
+
+@pytest.fixture
+def users_file(tmp_path: os.PathLike[str]) -> str:
+    path = os.path.join(tmp_path, "cdcusers")
+    UsersFile(path).add(USER, PASSWORD)
+    return path
+
+
+class RunningService:
+    def __init__(self, service: Service, task: asyncio.Task[None], stop: asyncio.Event) -> None:
+        self.service = service
+        self.task = task
+        self._stop = stop
+
+    @property
+    def host(self) -> str:
+        assert self.service.address is not None
+        return self.service.address[0]
+
+    @property
+    def port(self) -> int:
+        assert self.service.address is not None
+        return self.service.address[1]
+
+    async def replicating(self, timeout: float = 60.0) -> None:
+        """Wait until the replicator has resolved its start position and is running."""
+        await self._unless_stopped(self.service.replicating.wait(), timeout)
+
+    async def caught_up(self, source: Source, timeout: float = 60.0) -> None:
+        """Wait until every sink has applied everything the source has logged so far."""
+        await self._unless_stopped(self.service.wait_caught_up(source.gtid_state()), timeout)
+
+    async def _unless_stopped(self, awaitable: Any, timeout: float) -> None:
+        waiter = asyncio.ensure_future(awaitable)
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.wait({waiter, self.task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if self.task.done():
+            self.task.result()
+            raise RuntimeError("the service stopped")
+        waiter.result()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.wait_for(self.task, 60)
+
+
+def make_config(data_dir: str, source_url: str, users: str, **sections: dict[str, object]
+                ) -> Config:
+    source_cfg = dict(url=source_url, server_id=next(_server_ids), start_gtid="oldest",
+                      heartbeat=1.0)
+    source_cfg.update(sections.get("source", {}))
+    store_cfg: dict[str, object] = dict(data_dir=data_dir, flush_interval=0.05)
+    store_cfg.update(sections.get("store", {}))
+    listener_cfg: dict[str, object] = dict(listen="127.0.0.1:0", users_file=users)
+    listener_cfg.update(sections.get("listener", {}))
+    return Config(source=SourceConfig(**source_cfg),  # type: ignore[arg-type]
+                  store=StoreConfig(**store_cfg),  # type: ignore[arg-type]
+                  listener=ListenerConfig(**listener_cfg))  # type: ignore[arg-type]
+
+
+async def start_service(config: Config) -> RunningService:
+    service = Service(config)
+    stop = asyncio.Event()
+    started = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(service.run(stop, started=lambda s: started.set_result(s)))
+    await asyncio.wait({started, task}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        task.result()
+        raise RuntimeError("the service stopped before it started")
+    return RunningService(service, task, stop)
+
+
+@pytest.fixture
+async def cdc(tmp_path: os.PathLike[str], source: Source, users_file: str
+              ) -> AsyncIterator[RunningService]:
+    """The service on a fresh data directory, replicating the test's source."""
+    running = await start_service(make_config(os.path.join(tmp_path, "data"), source.url,
+                                              users_file))
+    yield running
+    if not running.task.done():
+        await running.stop()

@@ -1,0 +1,247 @@
+"""The listener on a real socket (127.0.0.1, port 0) over a real store filled with synthetic
+changes: framing, phases, errors, limits. No MariaDB needed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from cdcserver.changes import Begin, ColumnDef, Commit, Rows, RowsKind, TableLayout
+from cdcserver.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.protocol.server import CdcServer, ListenerLimits
+from cdcserver.protocol.session import SessionContext
+from cdcserver.replication.constants import ColumnType
+from cdcserver.store.catalog import Catalog
+from cdcserver.store.store import AvroStore
+from cdcserver.users import UsersFile
+from client.wire import Code, auth_message
+from tests.helpers import PASSWORD, USER, RawClient
+
+LAYOUT = TableLayout("shop", "items", (
+    ColumnDef("id", ColumnType.LONG, nullable=False),
+    ColumnDef("name", ColumnType.VARCHAR, meta=64, charset="utf-8"),
+), primary_key=(0,))
+
+
+@dataclass
+class Listener:
+    server: CdcServer
+    store: AvroStore
+    port: int
+    sequence: int = 0
+
+    async def commit_rows(self, *rows: tuple[int, str]) -> None:
+        self.sequence += 1
+        gtid = Gtid(0, 1, self.sequence)
+        state = GtidState([gtid])
+        await self.store.apply([
+            Begin(gtid, 1700000000 + self.sequence),
+            Rows(LAYOUT, RowsKind.INSERT, 1700000000 + self.sequence, list(rows)),
+            Commit(BinlogPosition(state, "mysql-bin.000001", 100 * self.sequence), 0)])
+
+
+async def _listener(tmp_path: str, limits: ListenerLimits) -> Listener:
+    catalog = Catalog(os.path.join(tmp_path, "avro"))
+    store = AvroStore(tmp_path, catalog)
+    store.open()
+    users = UsersFile(os.path.join(tmp_path, "cdcusers"))
+    users.add(USER, PASSWORD)
+    context = SessionContext(catalog, users, lambda: store.index, limits.bad_command_limit)
+    server = CdcServer(context, limits)
+    _, port = await server.start("127.0.0.1", 0)
+    return Listener(server, store, port)
+
+
+@pytest.fixture
+async def listener(tmp_path: os.PathLike[str]) -> AsyncIterator[Listener]:
+    running = await _listener(str(tmp_path), ListenerLimits(auth_timeout=5, idle_timeout=5))
+    await running.commit_rows((1, "one"), (2, "two"))
+    yield running
+    await running.server.stop()
+    running.store.close()
+
+
+async def test_netcat_framing_several_lines_in_one_write(listener: Listener):
+    client = await RawClient.connect(listener.port)
+    await client.send(auth_message(USER, PASSWORD) + b"\r\nREGISTER UUID=nc, TYPE=JSON\n"
+                      b"REQUEST-DATA shop.items\n")
+    assert await client.line() == b"OK\n"
+    assert await client.line() == b"OK\n"
+    assert (await client.json_line())["table"] == "items"
+    assert (await client.json_line())["name"] == "one"
+    await client.close()
+
+
+async def test_maxscale_framing_one_write_per_command_without_newline(listener: Listener):
+    client = await RawClient.connect(listener.port)
+    await client.login("JSON")  # sends each command as one write, no newline
+    await client.send(b"REQUEST-DATA shop.items")
+    await client.json_line()
+    assert [(await client.json_line())["id"] for _ in range(2)] == [1, 2]
+    await client.close()
+
+
+async def test_wrong_password_is_refused_and_can_be_retried(listener: Listener):
+    client = await RawClient.connect(listener.port)
+    await client.send(auth_message(USER, "wrong"))
+    assert (await client.line()).startswith(f"ERR {Code.AUTH_FAILED.value} ".encode())
+    await client.send(auth_message("nobody", PASSWORD))
+    assert (await client.line()).startswith(b"ERR AUTH-FAILED")
+    await client.send(auth_message(USER, PASSWORD))
+    assert await client.line() == b"OK\n"
+    await client.close()
+
+
+async def test_malformed_auth_message(listener: Listener):
+    client = await RawClient.connect(listener.port)
+    await client.send(b"not hex at all\n")
+    assert (await client.line()).startswith(b"ERR BAD-AUTH")
+    await client.close()
+
+
+async def test_unknown_table_keeps_the_connection_usable(listener: Listener):
+    client = await RawClient.connect(listener.port)
+    await client.login()
+    await client.send(b"REQUEST-DATA shop.nothere\n")
+    assert await client.line() == b"ERR NO-FILE File 'shop.nothere.000001.avro' not found.\n"
+    await client.send(b"REQUEST-DATA shop.items.000007\n")
+    assert (await client.line()).startswith(b"ERR NO-FILE")
+    await client.send(b"REQUEST-DATA shop.items\n")
+    assert (await client.json_line())["version"] == 1
+    await client.close()
+
+
+@pytest.mark.parametrize("target", [
+    "../../etc/passwd", "/etc/passwd", "shop/../../x.items", "..%2f..%2fetc.passwd",
+    "shop.items/../../../etc", "shop.items.000001/../x",
+])
+async def test_paths_outside_the_data_directory_are_refused(listener: Listener, target: str):
+    client = await RawClient.connect(listener.port)
+    await client.login()
+    await client.send(f"REQUEST-DATA {target}\n".encode())
+    assert (await client.line()).startswith(b"ERR NO-FILE")
+    await client.close()
+
+
+async def test_commands_before_register_and_unknown_commands(listener: Listener):
+    client = await RawClient.connect(listener.port)
+    await client.send(auth_message(USER, PASSWORD) + b"\n")
+    assert await client.line() == b"OK\n"
+    await client.send(b"REQUEST-DATA shop.items\n")
+    assert (await client.line()).startswith(b"ERR NOT-REGISTERED")
+    await client.send(b"REGISTER UUID=x, TYPE=XML\n")
+    assert (await client.line()).startswith(b"ERR REGISTRATION-FAILED")
+    await client.send(b"REGISTER UUID=x, TYPE=JSON\n")
+    assert await client.line() == b"OK\n"
+    await client.send(b"FROBNICATE now\n")
+    assert (await client.line()).startswith(b"ERR UNKNOWN-COMMAND")
+    await client.send(b"REQUEST-DATA shop.items not-a-gtid\n")
+    assert (await client.line()).startswith(b"ERR BAD-SYNTAX")
+    await client.close()
+
+
+async def test_bad_command_budget_ends_the_connection(tmp_path: os.PathLike[str]):
+    running = await _listener(str(tmp_path), ListenerLimits(bad_command_limit=3))
+    try:
+        client = await RawClient.connect(running.port)
+        await client.login()
+        for _ in range(2):
+            await client.send(b"NOPE\n")
+            assert (await client.line()).startswith(b"ERR UNKNOWN-COMMAND")
+        await client.send(b"NOPE\n")
+        rest = await client.closed()
+        assert b"ERR UNKNOWN-COMMAND" in rest and b"ERR TOO-MANY-ERRORS" in rest
+    finally:
+        await running.server.stop()
+        running.store.close()
+
+
+async def test_line_too_long_is_refused(tmp_path: os.PathLike[str]):
+    running = await _listener(str(tmp_path), ListenerLimits(max_line=1024))
+    try:
+        client = await RawClient.connect(running.port)
+        await client.send(b"A" * 5000 + b"\n")
+        assert (await client.closed()).startswith(b"ERR LINE-TOO-LONG")
+    finally:
+        await running.server.stop()
+        running.store.close()
+
+
+async def test_auth_and_idle_timeouts(tmp_path: os.PathLike[str]):
+    running = await _listener(str(tmp_path), ListenerLimits(auth_timeout=0.3, idle_timeout=0.5))
+    try:
+        silent = await RawClient.connect(running.port)
+        assert (await silent.closed()).startswith(b"ERR TIMEOUT authentication")
+        idle = await RawClient.connect(running.port)
+        await idle.login()
+        assert (await idle.closed()).startswith(b"ERR TIMEOUT idle")
+    finally:
+        await running.server.stop()
+        running.store.close()
+
+
+async def test_connection_cap(tmp_path: os.PathLike[str]):
+    running = await _listener(str(tmp_path), ListenerLimits(max_connections=2))
+    try:
+        first = await RawClient.connect(running.port)
+        second = await RawClient.connect(running.port)
+        await first.login()
+        await second.login()
+        third = await RawClient.connect(running.port)
+        assert (await third.closed()).startswith(b"ERR TOO-MANY-CONNECTIONS")
+        await first.close()
+        await second.close()
+    finally:
+        await running.server.stop()
+        running.store.close()
+
+
+async def test_close_ends_a_stream_and_other_commands_are_refused(listener: Listener):
+    client = await RawClient.connect(listener.port)
+    await client.login()
+    await client.send(b"REQUEST-DATA shop.items\n")
+    for _ in range(3):
+        await client.json_line()
+    await client.send(b"CLOSE\n")
+    assert await client.closed() == b""
+
+    client = await RawClient.connect(listener.port)
+    await client.login()
+    await client.send(b"REQUEST-DATA shop.items\n")
+    for _ in range(3):
+        await client.json_line()
+    await client.send(b"QUERY-LAST-TRANSACTION\n")
+    assert (await client.closed()).startswith(b"ERR STREAMING")
+
+
+async def test_every_waiting_client_gets_a_new_commit(listener: Listener):
+    clients = [await RawClient.connect(listener.port) for _ in range(20)]
+    for client in clients:
+        await client.login()
+        await client.send(b"REQUEST-DATA shop.items\n")
+        for _ in range(3):
+            await client.json_line()
+    await listener.commit_rows((3, "three"))
+    got = await asyncio.gather(*(c.json_line() for c in clients))
+    assert [g["id"] for g in got] == [3] * 20
+    for client in clients:
+        await client.close()
+
+
+async def test_a_client_that_never_reads_does_not_stall_others(listener: Listener):
+    for i in range(200):
+        await listener.commit_rows(*[(1000 + i * 50 + j, "x" * 200) for j in range(50)])
+    stuck = await RawClient.connect(listener.port)
+    await stuck.login()
+    await stuck.send(b"REQUEST-DATA shop.items\n")  # and never reads
+    reader = await RawClient.connect(listener.port)
+    await reader.login()
+    await reader.send(b"REQUEST-DATA shop.items\n")
+    lines = [await reader.json_line() for _ in range(1 + 2 + 200 * 50)]
+    assert lines[-1]["id"] == 1000 + 199 * 50 + 49
+    await reader.close()
+    await stuck.close()

@@ -1,0 +1,267 @@
+"""Fast tests of the pieces that need no server: value formats, GTIDs, grammar, config."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import io
+import threading
+from decimal import Decimal
+
+import fastavro
+import pytest
+
+from cdcserver.changes import ColumnDef, EventType, TableLayout
+from cdcserver.config import Config, parse_source_url
+from cdcserver.errors import ConfigError
+from cdcserver.gtid import Gtid, GtidState
+from cdcserver.handoff import Handoff
+from cdcserver.protocol.server import MessageReader
+from cdcserver.replication import values
+from cdcserver.replication.constants import ColumnType as T
+from cdcserver.store.encoder import compile_encoder, record_head, record_tail
+from cdcserver.store.naming import TableName, decode_identifier, encode_identifier
+from cdcserver.store.naming import parse_version_file
+from cdcserver.store.schema import TableSchema
+from client.wire import Code, Format, ProtocolError, parse_auth, parse_register
+from client.wire import parse_request_data
+
+
+# -- binlog value formats ----------------------------------------------------------------
+
+def test_decimal_binary_format_from_the_mysql_manual():
+    # DECIMAL(14,4): the example in MySQL's strings/decimal.cc (bin2decimal).
+    fmt = values.DecimalFormat(14, 4)
+    assert fmt.size == 7
+    assert fmt.decode(bytes.fromhex("810DFB38D204D2")) == Decimal("1234567890.1234")
+    assert fmt.decode(bytes.fromhex("7EF204C72DFB2D")) == Decimal("-1234567890.1234")
+
+
+def test_decimal_keeps_all_65_digits():
+    fmt = values.DecimalFormat(65, 30)
+    digits = "12345678901234567890123456789012345.123456789012345678901234567890"
+    # Encode the way the server does: 35 integer digits are a leading group of 8 (4 bytes)
+    # and three of 9; 30 fraction digits are three groups of 9 and one of 3 (2 bytes).
+    intg, frac = digits.split(".")
+    groups = [(4, intg[:8])] + [(4, intg[8 + 9 * i:17 + 9 * i]) for i in range(3)] + \
+        [(4, frac[9 * i:9 + 9 * i]) for i in range(3)] + [(2, frac[27:])]
+    assert fmt.size == 30
+    raw = bytearray(b"".join(int(g).to_bytes(n, "big") for n, g in groups))
+    raw[0] |= 0x80
+    assert fmt.decode(bytes(raw)) == Decimal(digits)
+    negative = bytes(b ^ 0xFF for b in raw)
+    assert fmt.decode(negative) == Decimal("-" + digits)  # (unary minus would round to 28)
+
+
+def test_temporal_formats():
+    # DATETIME2(0) of 2024-01-02 03:04:05: ((2024*13+1) << 22 | 2 << 17 | hms) + 2^39
+    ym, day, hms = 2024 * 13 + 1, 2, (3 << 12) | (4 << 6) | 5
+    packed = ((ym << 5 | day) << 17 | hms) + 0x8000000000
+    assert values.datetime2(packed.to_bytes(5, "big"), 0) == dt.datetime(2024, 1, 2, 3, 4, 5)
+    assert values.datetime2((0x8000000000).to_bytes(5, "big"), 0) == "0000-00-00 00:00:00"
+    assert values.datetime2((0x8000000000).to_bytes(5, "big") + b"\x00\x00\x00", 6) == \
+        "0000-00-00 00:00:00.000000"
+    assert values.timestamp2(b"\x00\x00\x00\x00", 0) == "0000-00-00 00:00:00"
+    assert values.timestamp2((86400).to_bytes(4, "big") + (1234).to_bytes(2, "big"), 3) == \
+        dt.datetime(1970, 1, 2, 0, 0, 0, 123400, tzinfo=dt.UTC)
+    assert values.date_from_int((2024 << 9) | (2 << 5) | 29) == dt.date(2024, 2, 29)
+    assert values.date_from_int(0) == "0000-00-00"
+    assert values.date_from_int((2020 << 9) | 0) == "2020-00-00"
+
+
+def test_time2_negative_and_long_values():
+    def encode(sign: int, h: int, m: int, s: int, micros: int, fsp: int) -> bytes:
+        intpart = (h << 12) | (m << 6) | s
+        if fsp == 6:
+            packed = sign * ((intpart << 24) + micros) + 0x800000000000
+            return packed.to_bytes(6, "big")
+        assert fsp == 0
+        return (sign * intpart + 0x800000).to_bytes(3, "big")
+
+    assert values.time2(encode(-1, 838, 59, 59, 0, 0), 0) == -dt.timedelta(hours=838,
+                                                                           minutes=59, seconds=59)
+    assert values.time2(encode(1, 100, 0, 1, 500000, 6), 6) == dt.timedelta(
+        hours=100, seconds=1, microseconds=500000)
+    assert values.time2(encode(-1, 0, 0, 1, 250000, 6), 6) == -dt.timedelta(
+        seconds=1, microseconds=250000)
+
+
+def test_set_and_enum_labels():
+    assert values.set_labels(0b101, ("a", "b", "c")) == "a,c"
+    assert values.set_labels(0, ("a",)) == ""
+    assert values.enum_label(2, ("x", "y")) == "y"
+    assert values.enum_label(0, ("x",)) == ""
+
+
+# -- GTIDs -----------------------------------------------------------------------------
+
+def test_gtid_states():
+    state = GtidState.parse("0-1-10,2-5-7")
+    assert state.covers(Gtid(0, 9, 10)) and not state.covers(Gtid(0, 1, 11))
+    assert not state.covers(Gtid(1, 1, 1))
+    assert str(state.advanced(Gtid(1, 3, 4))) == "0-1-10,1-3-4,2-5-7"
+    assert state.minimum(GtidState.parse("0-1-8,2-5-9")) == GtidState.parse("0-1-8,2-5-7")
+    assert GtidState.parse("") == GtidState() and not GtidState()
+    mysql = GtidState.parse("3e11fa47-71ca-11e1-9e33-c80aa9429562:1-23")
+    assert mysql.covers(Gtid.parse("3e11fa47-71ca-11e1-9e33-c80aa9429562:20"))
+    with pytest.raises(ValueError):
+        Gtid.parse("1-2")
+
+
+# -- the wire grammar ------------------------------------------------------------------
+
+def test_auth_message_parsing_is_as_lenient_as_maxscale():
+    message = b"666f6f6261723a96c86eb4479c9e3142111cf29d931bcddf248783"
+    user, digest = parse_auth(message + b"\n")  # one trailing byte: ignored (odd length)
+    assert user == "foobar" and len(digest) == 20
+    assert parse_auth(message.upper())[0] == "foobar"
+    for bad in (b"zz", b"666f6f", b"3a" + b"00" * 20):
+        with pytest.raises(ProtocolError) as exc:
+            parse_auth(bad)
+        assert exc.value.code == Code.BAD_AUTH
+
+
+def test_register_and_request_data_grammar():
+    assert parse_register("REGISTER UUID=11ec2300-2e23, TYPE=AVRO") == ("11ec2300-2e23",
+                                                                        Format.AVRO)
+    assert parse_register("register uuid=x,type=json") == ("x", Format.JSON)
+    with pytest.raises(ProtocolError):
+        parse_register("REGISTER TYPE=JSON")
+    request = parse_request_data("db2.table4 0-11-345")
+    assert (request.database, request.table, request.version, request.gtid) == (
+        "db2", "table4", None, "0-11-345")
+    assert parse_request_data("dbi1.table1.000003").version == 3
+    assert parse_request_data("db.t.000002").line() == "REQUEST-DATA db.t.000002"
+    for bad, code in (("", Code.BAD_SYNTAX), ("db.t.3", Code.NO_FILE),
+                      ("db.t x y", Code.BAD_SYNTAX), ("db.t 1-2", Code.BAD_SYNTAX),
+                      ("db.t.000000", Code.NO_FILE)):
+        with pytest.raises(ProtocolError) as exc:
+            parse_request_data(bad)
+        assert exc.value.code == code
+
+
+async def _frames(chunks: list[bytes], max_line: int = 100) -> list[bytes]:
+    reader = asyncio.StreamReader()
+    for chunk in chunks:
+        reader.feed_data(chunk)
+    reader.feed_eof()
+    framer = MessageReader(reader, max_line)
+    out = []
+    while (message := await framer.next()) is not None:
+        out.append(message)
+    return out
+
+
+async def test_message_framing():
+    assert await _frames([b"A\nB\r\nC\n"]) == [b"A", b"B", b"C"]
+    assert await _frames([b"NO NEWLINE"]) == [b"NO NEWLINE"]
+    with pytest.raises(ProtocolError) as exc:
+        await _frames([b"x" * 200 + b"\n"])
+    assert exc.value.code == Code.LINE_TOO_LONG
+
+
+# -- names, config ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["orders", "my.table", "../etc", "日本語", "a b/c", "x@0041"])
+def test_identifier_encoding_round_trips_and_never_contains_dots(name: str):
+    encoded = encode_identifier(name)
+    assert "." not in encoded and "/" not in encoded
+    assert decode_identifier(encoded) == name
+    table = TableName(name, "t")
+    assert parse_version_file(table.file_name(3, "avro")) == (table, 3, "avro")
+
+
+def test_config_precedence_and_validation(tmp_path):
+    path = tmp_path / "cdc.toml"
+    path.write_text('[source]\nurl = "mysql://u@h:3307"\nserver_id = 7\n'
+                    '[listener]\nlisten = "0.0.0.0:5000"\n')
+    config = Config.load(str(path), {"source": {"server_id": 9}},
+                         environ={"CDCSERVER_LISTENER_LISTEN": "127.0.0.1:6000"})
+    assert config.source.server_id == 9 and config.source.url == "mysql://u@h:3307"
+    assert config.listener.host_port() == ("127.0.0.1", 6000)
+    path.write_text("[source]\nuurl = 'x'\n")
+    with pytest.raises(ConfigError, match="source.uurl"):
+        Config.load(str(path), environ={})
+    path.write_text("[store]\ncodec = 'lzma'\n")
+    with pytest.raises(ConfigError, match="codec"):
+        Config.load(str(path), environ={})
+
+
+def test_source_urls():
+    address = parse_source_url("mysql://repl:p%40ss@db.example:3307")
+    assert (address.user, address.password, address.host, address.port) == (
+        "repl", "p@ss", "db.example", 3307)
+    local = parse_source_url("mysql://root@localhost?socket=/run/mysqld.sock", "fromfile")
+    assert local.unix_socket == "/run/mysqld.sock" and local.password == "fromfile"
+    with pytest.raises(ConfigError):
+        parse_source_url("postgres://x")
+
+
+# -- the Avro encoder --------------------------------------------------------------------
+
+def test_encoder_output_reads_back_with_fastavro():
+    columns = (
+        ColumnDef("i", T.LONG), ColumnDef("u", T.LONGLONG, unsigned=True),
+        ColumnDef("d", T.NEWDECIMAL, meta=(30 << 8) | 10), ColumnDef("f", T.FLOAT),
+        ColumnDef("s", T.VARCHAR, meta=100, charset="utf-8"), ColumnDef("b", T.BLOB, meta=2),
+        ColumnDef("day", T.DATE), ColumnDef("at", T.DATETIME2, meta=6),
+        ColumnDef("ts", T.TIMESTAMP2, meta=3), ColumnDef("t", T.TIME2, meta=2),
+        ColumnDef("bit1", T.BIT, meta=1), ColumnDef("bits", T.BIT, meta=(8 << 8)),
+    )
+    schema = TableSchema.from_layout(TableLayout("d", "t", columns), 1, "0-1-1")
+    encode = compile_encoder(schema.columns, columns)
+    rows = [
+        (-(2**31), 2**64 - 1, Decimal("-12345678901234567890.0123456789"), 0.5, "héllo 🎉",
+         b"\x00\xff", dt.date(1000, 1, 1), dt.datetime(9999, 12, 31, 23, 59, 59, 999999),
+         dt.datetime(2038, 1, 19, 3, 14, 8, 1000, tzinfo=dt.UTC),
+         -dt.timedelta(hours=838, minutes=59, seconds=59), 1, 2**63 + 5),
+        (None,) * 12,
+        (0, 0, Decimal("0E-10"), -0.0, "", b"", "0000-00-00", "2020-00-01 00:00:00.000000",
+         "0000-00-00 00:00:00.000", dt.timedelta(hours=23, microseconds=990000), 0, 0),
+    ]
+    out = bytearray()
+    tails = (record_tail(1700000000, EventType.INSERT), record_tail(1700000000, EventType.INSERT))
+    assert encode(out, record_head(0, 1, 2**40), tails, rows, 1) == 4
+    parsed = fastavro.parse_schema(schema.avsc)
+    data = io.BytesIO(bytes(out))
+    decoded = [fastavro.schemaless_reader(data, parsed, None) for _ in rows]
+    assert data.read() == b""
+    first = decoded[0]
+    assert first["sequence"] == 2**40 and first["event_number"] == 1
+    assert (first["i"], first["u"], first["d"], first["s"], first["b"]) == (
+        -(2**31), Decimal(2**64 - 1), Decimal("-12345678901234567890.0123456789"), "héllo 🎉",
+        b"\x00\xff")
+    assert first["day"] == dt.date(1000, 1, 1)
+    assert first["at"] == dt.datetime(9999, 12, 31, 23, 59, 59, 999999)
+    assert first["ts"] == dt.datetime(2038, 1, 19, 3, 14, 8, 1000, tzinfo=dt.UTC)
+    assert first["t"] == "-838:59:59.00"
+    assert (first["bit1"], first["bits"]) == (True, Decimal(2**63 + 5))
+    assert all(v is None for k, v in decoded[1].items() if k in [c.name for c in columns])
+    third = decoded[2]
+    assert (third["day"], third["at"], third["ts"]) == (
+        "0000-00-00", "2020-00-01 00:00:00.000000", "0000-00-00 00:00:00.000")
+    assert third["t"] == dt.time(23, 0, 0, 990000)
+
+
+# -- the hand-off ----------------------------------------------------------------------
+
+async def test_handoff_blocks_the_producer_when_full_and_delivers_in_order():
+    handoff = Handoff(asyncio.get_running_loop(), capacity=10)
+    produced = threading.Event()
+
+    def produce() -> None:
+        for i in range(50):
+            handoff.put([i], weight=4)  # type: ignore[list-item]
+        handoff.finish()
+        produced.set()
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    seen: list[int] = []
+    most_in_flight = 0
+    while batches := await handoff.get():
+        most_in_flight = max(most_in_flight, len(batches))
+        seen.extend(b[0] for b in batches)  # type: ignore[misc]
+    thread.join()
+    assert seen == list(range(50)) and produced.is_set()
+    assert most_in_flight <= 3  # 3 x 4 > capacity 10: never more than fits

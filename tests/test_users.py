@@ -1,0 +1,79 @@
+"""The users file (MaxScale's cdcusers format) and ``cdcserver users``."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cdcserver.cli import main
+from cdcserver.errors import ConfigError
+from cdcserver.users import UsersFile
+
+
+def _cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    exe = os.path.join(os.path.dirname(sys.executable), "cdcserver")
+    return subprocess.run([exe, *args], input=stdin, capture_output=True, text=True, check=False)
+
+
+def test_add_list_remove_through_the_command(tmp_path):
+    path = str(tmp_path / "cdcusers")
+    added = _cli("users", "add", "alice", "--users-file", path, "--password-stdin",
+                 stdin="s3cret-pass\n")
+    assert added.returncode == 0, added.stderr
+    assert "s3cret-pass" not in added.stdout + added.stderr
+    assert _cli("users", "add", "bob", "--users-file", path, "--password-stdin",
+                stdin="other\n").returncode == 0
+    assert _cli("users", "list", "--users-file", path).stdout.split() == ["alice", "bob"]
+    with open(path) as f:
+        text = f.read()
+    assert "s3cret-pass" not in text
+    expected = hashlib.sha1(hashlib.sha1(b"s3cret-pass").digest()).hexdigest().upper()
+    assert f"alice:{expected}\n" in text
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    assert _cli("users", "remove", "alice", "--users-file", path).returncode == 0
+    assert _cli("users", "list", "--users-file", path).stdout.split() == ["bob"]
+    missing = _cli("users", "remove", "alice", "--users-file", path)
+    assert missing.returncode == 1 and "no user alice" in missing.stderr
+
+
+def test_a_maxscale_cdcusers_file_works_unchanged(tmp_path):
+    # The line MaxScale's cdc_users.py prints for foobar / foopasswd.
+    path = tmp_path / "cdcusers"
+    path.write_text("foobar:534EBD301EF499621802C63709693765CB5E81E0\n")
+    users = UsersFile(str(path))
+    assert users.verify("foobar", hashlib.sha1(b"foopasswd").digest())
+    assert not users.verify("foobar", hashlib.sha1(b"wrong").digest())
+    assert not users.verify("nobody", hashlib.sha1(b"foopasswd").digest())
+
+
+def test_the_file_is_reloaded_when_it_changes(tmp_path):
+    path = tmp_path / "cdcusers"
+    users = UsersFile(str(path))
+    assert not users.verify("carol", hashlib.sha1(b"pw").digest())
+    UsersFile(str(path)).add("carol", "pw")
+    assert users.verify("carol", hashlib.sha1(b"pw").digest())
+
+
+@pytest.mark.parametrize("line", ["nocolon", "x:lowercase534ebd301ef499621802c63709693765cb5e81",
+                                  "x:ABC", ":534EBD301EF499621802C63709693765CB5E81E0"])
+def test_malformed_lines_are_reported_with_their_line_number(tmp_path, line):
+    path = tmp_path / "cdcusers"
+    path.write_text(f"# comment\n{line}\n")
+    with pytest.raises(ConfigError, match=":2:"):
+        UsersFile(str(path)).load()
+
+
+def test_invalid_names_and_empty_passwords_are_refused(tmp_path):
+    users = UsersFile(str(tmp_path / "cdcusers"))
+    with pytest.raises(ConfigError):
+        users.add("a:b", "pw")
+    with pytest.raises(ConfigError):
+        users.add("ok", "")
+
+
+def test_cli_main_returns_usage_without_a_command(capsys):
+    assert main([]) == 2
