@@ -13,13 +13,13 @@ the Python types listed in ``protocol.md`` ("Type mapping").
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from cdcserver.gtid import BinlogPosition, Gtid
 
 
-class EventType(str, Enum):
+class EventType(StrEnum):
     """MaxScale's ``event_type`` symbols, in MaxScale's order (the Avro enum indexes 0..3)."""
 
     INSERT = "insert"
@@ -28,7 +28,7 @@ class EventType(str, Enum):
     DELETE = "delete"
 
 
-class RowsKind(str, Enum):
+class RowsKind(StrEnum):
     INSERT = "insert"
     UPDATE = "update"
     DELETE = "delete"

@@ -20,7 +20,7 @@ from cdcserver.errors import ConfigError
 from cdcserver.replication.connection import SourceAddress
 
 
-def option(default: Any, help: str, cli: str | None = None,  # noqa: A002 - argparse's word
+def option(default: Any, help: str, cli: str | None = None,
            choices: tuple[str, ...] | None = None, secret: bool = False) -> Any:
     return field(default=default,
                  metadata={"help": help, "cli": cli, "choices": choices, "secret": secret})

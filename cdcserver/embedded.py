@@ -177,7 +177,7 @@ class EmbeddedMariaDB:
             return f"mysql://{auth}@127.0.0.1:{self.port}"
         return f"mysql://{auth}@localhost?socket={urllib.parse.quote(self.socket)}"
 
-    def connect(self, database: str | None = None, **kwargs: Any) -> pymysql.connections.Connection:  # type: ignore[name-defined]
+    def connect(self, database: str | None = None, **kwargs: Any) -> pymysql.connections.Connection:
         return pymysql.connect(unix_socket=self.socket, user="root", database=database,
                                autocommit=True, charset="utf8mb4", **kwargs)
 

@@ -36,7 +36,7 @@ class CdcConnection:
 
     @classmethod
     async def open(cls, host: str, port: int, user: str, password: str, *,
-                   format: str | Format = Format.JSON, uuid: str | None = None,  # noqa: A002
+                   format: str | Format = Format.JSON, uuid: str | None = None,
                    ssl: Any = None, timeout: float = 10.0) -> CdcConnection:
         fmt = Format(format)
         reader, writer = await asyncio.wait_for(
@@ -98,7 +98,7 @@ class CdcConnection:
 
 class CdcClient:
     def __init__(self, host: str, port: int, user: str, password: str, *,
-                 format: str | Format = Format.JSON, ssl: Any = None,  # noqa: A002
+                 format: str | Format = Format.JSON, ssl: Any = None,
                  timeout: float = 10.0, retry_delays: tuple[float, ...] = (0.1, 0.5, 1, 2, 5),
                  max_retries: int | None = None) -> None:
         self.host, self.port = host, port

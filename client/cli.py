@@ -1,6 +1,7 @@
 """``cdc``: MaxScale's ``cdc.py``, as a maintained command.
 
-    cdc [-h HOST] [-P PORT] -u USER -p PASSWORD [-f JSON|AVRO] [-t TIMEOUT] DB.TABLE[.VERSION] [GTID]
+    cdc [-h HOST] [-P PORT] -u USER -p PASSWORD [-f JSON|AVRO] [-t TIMEOUT]
+        DB.TABLE[.VERSION] [GTID]
 
 takes ``cdc.py``'s arguments and prints what the server sends, unchanged (JSON lines, or the
 Avro container stream), until the server hangs up or, with ``-t``, until nothing arrived for
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 
 from client.sync import SyncCdcConnection
@@ -127,7 +127,7 @@ def _query(command: str, with_gtid: bool):  # type: ignore[no-untyped-def]
                 print(json.dumps(conn.query(line)))
             finally:
                 conn.close()
-        except (ProtocolError, OSError, socket.timeout) as exc:
+        except (TimeoutError, ProtocolError, OSError) as exc:
             print(f"cdc: {exc}", file=sys.stderr)
             return EXIT_ERROR
         return EXIT_OK

@@ -15,14 +15,14 @@ import struct
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 METADATA_FIELDS = ("domain", "server_id", "sequence", "event_number", "timestamp", "event_type")
 EVENT_TYPES = ("insert", "update_before", "update_after", "delete")
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     BOOLEAN = "boolean"
     INT = "int"
     LONG = "long"

@@ -187,8 +187,8 @@ class AvroStreamDecoder:
         import fastavro
 
         read = fastavro.schemaless_reader
-        return [_record(self.schema, read(data, self._parsed, None), from_avro_value)
-                for _ in range(count)]
+        return [_record(self.schema, read(data, self._parsed, None),  # type: ignore[arg-type]
+                        from_avro_value) for _ in range(count)]
 
 
 class Resume:

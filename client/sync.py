@@ -32,7 +32,7 @@ class SyncCdcConnection:
 
     @classmethod
     def open(cls, host: str, port: int, user: str, password: str, *,
-             format: str | Format = Format.JSON, uuid: str | None = None,  # noqa: A002
+             format: str | Format = Format.JSON, uuid: str | None = None,
              ssl: ssl_module.SSLContext | None = None, timeout: float = 10.0
              ) -> SyncCdcConnection:
         fmt = Format(format)
@@ -102,7 +102,7 @@ class SyncCdcConnection:
 
 class SyncCdcClient:
     def __init__(self, host: str, port: int, user: str, password: str, *,
-                 format: str | Format = Format.JSON,  # noqa: A002
+                 format: str | Format = Format.JSON,
                  ssl: ssl_module.SSLContext | None = None, timeout: float = 10.0,
                  retry_delays: tuple[float, ...] = (0.1, 0.5, 1, 2, 5),
                  max_retries: int | None = None) -> None:

@@ -13,10 +13,10 @@ import binascii
 import hashlib
 import re
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Code(str, Enum):
+class Code(StrEnum):
     """Every error code the server sends, and what it means."""
 
     AUTH_FAILED = "AUTH-FAILED"  # unknown user or wrong password
@@ -122,7 +122,7 @@ def digest_hash(sha1_of_password: bytes) -> str:
 
 # -- commands --------------------------------------------------------------------------
 
-class Format(str, Enum):
+class Format(StrEnum):
     JSON = "JSON"
     AVRO = "AVRO"
 

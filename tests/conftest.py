@@ -22,6 +22,7 @@ from cdcserver.gtid import GtidState
 from cdcserver.service import Service
 from cdcserver.users import UsersFile
 from tests.helpers import PASSWORD, USER
+
 _server_ids = itertools.count(5000)
 
 

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from client import ChangeRecord, SchemaChange, SyncCdcClient
 from cdcserver.demo import DEMO_PASSWORD, DEMO_USER
+from client import ChangeRecord, SchemaChange, SyncCdcClient
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.slow]
 

@@ -20,12 +20,14 @@ from cdcserver.protocol.server import MessageReader
 from cdcserver.replication import values
 from cdcserver.replication.constants import ColumnType as T
 from cdcserver.store.encoder import compile_encoder, record_head, record_tail
-from cdcserver.store.naming import TableName, decode_identifier, encode_identifier
-from cdcserver.store.naming import parse_version_file
+from cdcserver.store.naming import (
+    TableName,
+    decode_identifier,
+    encode_identifier,
+    parse_version_file,
+)
 from cdcserver.store.schema import TableSchema
-from client.wire import Code, Format, ProtocolError, parse_auth, parse_register
-from client.wire import parse_request_data
-
+from client.wire import Code, Format, ProtocolError, parse_auth, parse_register, parse_request_data
 
 # -- binlog value formats ----------------------------------------------------------------
 
@@ -180,7 +182,7 @@ def test_config_precedence_and_validation(tmp_path):
     assert config.source.server_id == 9 and config.source.url == "mysql://u@h:3307"
     assert config.listener.host_port() == ("127.0.0.1", 6000)
     path.write_text("[source]\nuurl = 'x'\n")
-    with pytest.raises(ConfigError, match="source.uurl"):
+    with pytest.raises(ConfigError, match=r"source\.uurl"):
         Config.load(str(path), environ={})
     path.write_text("[store]\ncodec = 'lzma'\n")
     with pytest.raises(ConfigError, match="codec"):

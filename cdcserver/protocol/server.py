@@ -52,7 +52,7 @@ class MessageReader:
                 return None
             self._buffer += data
             *lines, tail = self._buffer.split(b"\n")
-            self._ready.extend(line.rstrip(b"\r") for line in lines)
+            self._ready.extend(bytes(line.rstrip(b"\r")) for line in lines)
             self._buffer = bytearray(tail)
             if tail and not data.endswith(b"\n") and b"\n" not in data:
                 # One write without a newline: a whole MaxScale-style command.
@@ -116,9 +116,10 @@ class CdcServer:
         try:
             await Connection(self, reader, writer, peer).run()
         except asyncio.CancelledError:
+            # stop() cancels connections. The task ends normally: asyncio 3.11's
+            # start_server callback would log a cancelled handler task as an error.
             with contextlib.suppress(ConnectionError, RuntimeError):
                 writer.write(error_line(Code.SHUTTING_DOWN, "the server is stopping"))
-            raise
         finally:
             self._connections.discard(task)
             await _close(writer)

@@ -14,7 +14,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from cdcserver.gtid import Gtid
 from cdcserver.store.catalog import Catalog
@@ -36,7 +36,7 @@ from client.wire import (
 log = logging.getLogger(__name__)
 
 
-class Phase(str, Enum):
+class Phase(StrEnum):
     AUTH = "auth"
     REGISTER = "register"
     READY = "ready"
@@ -128,7 +128,7 @@ class Session:
         log.info("%s: authenticated as %r", self.peer, user)
         return Reply(OK)
 
-    def verb_REGISTER(self, line: str) -> Outcome:  # noqa: N802
+    def verb_REGISTER(self, line: str) -> Outcome:
         uuid, fmt = parse_register(line)
         self.client_uuid = uuid
         self.format = fmt
@@ -138,7 +138,7 @@ class Session:
 
     # -- commands ------------------------------------------------------------------------
 
-    def verb_REQUEST_DATA(self, argument: str) -> Outcome:  # noqa: N802
+    def verb_REQUEST_DATA(self, argument: str) -> Outcome:
         request = parse_request_data(argument)
         entry = self.context.catalog.get(TableName(request.database, request.table))
         version_name = f"{request.database}.{request.table}.{request.version or 1:06d}.avro"
@@ -149,14 +149,14 @@ class Session:
         self.phase = Phase.STREAMING
         return StartStream(request, self.format)
 
-    def verb_QUERY_LAST_TRANSACTION(self, argument: str) -> Outcome:  # noqa: N802
+    def verb_QUERY_LAST_TRANSACTION(self, argument: str) -> Outcome:
         index = self.context.index()
         info = index.last_transaction if index else None
         if info is None:
             raise ProtocolError(Code.NO_TRANSACTION, "no transaction has been replicated yet")
         return Reply(_transaction_json(info))
 
-    def verb_QUERY_TRANSACTION(self, argument: str) -> Outcome:  # noqa: N802
+    def verb_QUERY_TRANSACTION(self, argument: str) -> Outcome:
         try:
             gtid = Gtid.parse(argument)
         except ValueError:
@@ -167,7 +167,7 @@ class Session:
             raise ProtocolError(Code.NO_TRANSACTION, f"no transaction {gtid} in the store")
         return Reply(_transaction_json(info))
 
-    def verb_CLOSE(self, argument: str) -> Outcome:  # noqa: N802
+    def verb_CLOSE(self, argument: str) -> Outcome:
         self.phase = Phase.CLOSED
         return Reply(b"", close=True)
 

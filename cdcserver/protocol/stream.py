@@ -24,13 +24,12 @@ import logging
 from dataclasses import dataclass
 
 from cdcserver.gtid import Gtid
+from cdcserver.protocol.records import compile_renderer, decode_records, encode_block
 from cdcserver.store.avrofile import Block, scan_blocks
 from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.index import StoreIndex
 from cdcserver.store.naming import TableName
 from client.wire import DataRequest, Format
-
-from cdcserver.protocol.records import compile_renderer, decode_records, encode_block
 
 log = logging.getLogger(__name__)
 

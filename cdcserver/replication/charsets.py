@@ -10,7 +10,8 @@ from __future__ import annotations
 import codecs
 
 # MariaDB's and MySQL's "latin1" is Windows-1252, except that the five bytes cp1252 leaves
-# undefined (0x81, 0x8D, 0x8F, 0x90, 0x9D) map to the C1 controls U+0081... (strings/ctype-latin1.c).
+# undefined (0x81, 0x8D, 0x8F, 0x90, 0x9D) map to the C1 controls U+0081...
+# (strings/ctype-latin1.c).
 _LATIN1_TABLE = "".join(
     bytes([b]).decode("cp1252", errors="replace").replace("\ufffd", chr(b)) for b in range(256)
 )
@@ -27,7 +28,8 @@ def _latin1_encode(text: str, errors: str = "strict") -> tuple[bytes, int]:
 
 def _search(name: str) -> codecs.CodecInfo | None:
     if name == "mariadb_latin1":
-        return codecs.CodecInfo(_latin1_encode, _latin1_decode, name="mariadb_latin1")
+        return codecs.CodecInfo(_latin1_encode, _latin1_decode,  # type: ignore[arg-type]
+                                name="mariadb_latin1")
     return None
 
 

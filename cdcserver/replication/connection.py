@@ -68,23 +68,23 @@ class SourceAddress:
         return f"{self.user}@{where}"
 
 
-class _ReplicaStream(BinLogStreamReader):  # type: ignore[misc]
+class _ReplicaStream(BinLogStreamReader):
     """BinLogStreamReader reduced to the replication protocol."""
 
     fix_dump_framing = True
 
-    def _BinLogStreamReader__set_mariadb_settings(self) -> bytes:  # noqa: N802 - overrides a private
-        packet: bytes = BinLogStreamReader._BinLogStreamReader__set_mariadb_settings(self)  # type: ignore[attr-defined]
+    def _BinLogStreamReader__set_mariadb_settings(self) -> bytes:
+        packet: bytes = BinLogStreamReader._BinLogStreamReader__set_mariadb_settings(self)
         if self.fix_dump_framing:
             packet = struct.pack("<i", len(packet) - 4) + packet[4:]
         return packet
 
     def open(self) -> None:
-        self._BinLogStreamReader__connect_to_stream()  # type: ignore[attr-defined]
+        self._BinLogStreamReader__connect_to_stream()
 
     @property
     def checksums(self) -> bool:
-        return bool(self._BinLogStreamReader__use_checksum)  # type: ignore[attr-defined]
+        return bool(self._BinLogStreamReader__use_checksum)
 
 
 class BinlogConnection:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import struct
 import zlib
+
 from cdcserver.changes import Abort, Begin, Change, Commit, Ddl, Rows, RowsKind, TableLayout
 from cdcserver.errors import CdcError, UndecodableEvent
 from cdcserver.gtid import BinlogPosition, Gtid, GtidState

@@ -42,10 +42,8 @@ class _Piece:
 
 def _length_prefixed(size: int, convert: str) -> tuple[str, ...]:
     """A value stored as a little-endian length of ``size`` bytes followed by the data."""
-    if size == 1:
-        read_len = "n = buf[pos]"
-    else:
-        read_len = f"n = int.from_bytes(buf[pos:pos+{size}], 'little')"
+    read_len = "n = buf[pos]" if size == 1 else (
+        f"n = int.from_bytes(buf[pos:pos+{size}], 'little')")
     return (read_len, f"pos += {size}", f"OUT = {convert.format(data='buf[pos:pos+n]')}",
             "pos += n")
 
@@ -60,14 +58,14 @@ def _fixed_bytes(size: int, convert: str) -> tuple[str, ...]:
     return (f"OUT = {convert.format(data=f'buf[pos:pos+{size}]')}", f"pos += {size}")
 
 
-def _piece(col: ColumnDef, ns: dict[str, Any], index: int) -> _Piece:  # noqa: PLR0911, PLR0912
+def _piece(col: ColumnDef, ns: dict[str, Any], index: int) -> _Piece:
     t, meta = T(col.binlog_type), col.meta
     if t in _INT_FORMATS:
         fmt = _INT_FORMATS[t]
         return _Piece(fmt=fmt.upper() if col.unsigned else fmt)
     if t == T.INT24:
         post = "v" if col.unsigned else "(v - 0x1000000 if v & 0x800000 else v)"
-        return _Piece(block=(f"v = int.from_bytes(buf[pos:pos+3], 'little')", f"OUT = {post}",
+        return _Piece(block=("v = int.from_bytes(buf[pos:pos+3], 'little')", f"OUT = {post}",
                              "pos += 3"))
     if t == T.FLOAT:
         return _Piece(fmt="f")
@@ -242,6 +240,6 @@ def _compile(columns: tuple[ColumnDef, ...]) -> RowsDecoder:
         "        raise ValueError(f'row data ends at {pos}, event at {end}')",
         "    return rows",
     ]
-    exec(compile("\n".join(src), "<rowcodec>", "exec"), ns)  # noqa: S102 - generated from our own templates
+    exec(compile("\n".join(src), "<rowcodec>", "exec"), ns)
     decoder: RowsDecoder = ns["decode_rows"]
     return decoder

@@ -23,9 +23,9 @@ class SourceInfo:
     variables: dict[str, str]
 
 
-def connect(address: SourceAddress) -> pymysql.connections.Connection:  # type: ignore[name-defined]
+def connect(address: SourceAddress) -> pymysql.connections.Connection:
     try:
-        return pymysql.connect(**address.pymysql_kwargs(), autocommit=True)  # type: ignore[arg-type]
+        return pymysql.connect(**address.pymysql_kwargs(), autocommit=True)
     except pymysql.err.OperationalError as exc:
         code = exc.args[0] if exc.args else 0
         if code in (1044, 1045):  # access denied

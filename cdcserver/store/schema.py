@@ -58,7 +58,7 @@ class ColumnMapping:
     fsp: int = 0
 
 
-def map_column(col: ColumnDef) -> ColumnMapping:  # noqa: PLR0911
+def map_column(col: ColumnDef) -> ColumnMapping:
     """The Avro type of one column (the type table in protocol.md)."""
     t, meta = T(col.binlog_type), col.meta
     if col.extended in ("inet4", "inet6"):
@@ -85,8 +85,9 @@ def map_column(col: ColumnDef) -> ColumnMapping:  # noqa: PLR0911
         bits = (meta >> 8) * 8 + (meta & 0xFF)
         if bits == 1:
             return ColumnMapping(Kind.BOOLEAN, ["boolean"], "bit")
-        return ColumnMapping(*((Kind.LONG, ["long"]) if bits < 64 else (Kind.DECIMAL, [_U64])),
-                             "bit")
+        if bits < 64:
+            return ColumnMapping(Kind.LONG, ["long"], "bit")
+        return ColumnMapping(Kind.DECIMAL, [_U64], "bit")
     if t in _TEMPORAL:
         return _temporal(t, meta)
     if t in (T.ENUM, T.SET):

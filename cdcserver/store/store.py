@@ -281,7 +281,8 @@ class AvroStore:
                 target.writer.close()
                 self._writers.pop((table, version), None)
                 self._delete_version(table, version)
-                self._drop_routes(lambda info, t=target: info is t.info)
+        created = [t.info for t in txn.targets.values() if t.new]
+        self._drop_routes(lambda info: any(info is c for c in created))
 
     def _require_open(self) -> _Open:
         if self._open is None:

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone on a fresh machine (Debian 12, as root): installs
+# what the tests need (Debian's mariadb-server, the Python packages into .venv), then runs
+# pytest. The tests start their own private MariaDB and services; nothing needs to be running.
+# Extra arguments go to pytest, e.g. `bash tests/run.sh -k listener -x`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server mariadb-client)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "tests/run.sh: please install ${missing[*]} (needs root)" >&2
+    exit 1
+  fi
+  echo "tests/run.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+
+exec .venv/bin/python -m pytest "$@"
