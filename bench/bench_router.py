@@ -1,0 +1,116 @@
+"""Binlog -> durable Avro, beside mariadb-binlog on the same binlog; then JSON to one client.
+
+    .venv/bin/python bench/bench_router.py [--runs N]
+
+Prints, for the standard workload (bench/common.py):
+- mariadb-binlog -v rows/s (the C decoder, the reference);
+- the service's binlog -> durable Avro rows/s: from service start until every transaction is
+  in the Avro files and the checkpoint covering them is fsynced; and its ratio to the reference;
+- the JSON rows/s one client receives (REQUEST-DATA from the first record to the last).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import (
+    OUT,
+    RECORDS,
+    ROW_CHANGES,
+    line,
+    mariadb_binlog_rate,
+    peak_rss_mb,
+    workload_server,
+)
+from cdcserver.config import Config, ListenerConfig, SourceConfig, StoreConfig
+from cdcserver.embedded import EmbeddedMariaDB
+from cdcserver.gtid import GtidState
+from cdcserver.service import Service
+from cdcserver.users import UsersFile
+from client.wire import auth_message
+
+
+async def service_to_durable_avro(server: EmbeddedMariaDB, data_dir: str) -> tuple[float, int]:
+    """Seconds from service start until the whole workload is durable; and the listener port."""
+    shutil.rmtree(data_dir, ignore_errors=True)
+    users = os.path.join(OUT, "cdcusers")
+    UsersFile(users).add("bench", "bench")
+    config = Config(source=SourceConfig(url=server.url(), server_id=9100, start_gtid="oldest"),
+                    store=StoreConfig(data_dir=data_dir),
+                    listener=ListenerConfig(listen="127.0.0.1:0", users_file=users))
+    target = GtidState.parse(str(server.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]))
+    service = Service(config)
+    stop = asyncio.Event()
+    start = time.perf_counter()
+    task = asyncio.create_task(service.run(stop))
+    await service.wait_caught_up(target)
+    await service.store.flush()
+    seconds = time.perf_counter() - start
+    assert service.store.durable is not None and service.store.durable.gtid_state == target
+    rate = await json_client_rate(service)
+    stop.set()
+    await task
+    return seconds, rate
+
+
+async def json_client_rate(service: Service) -> int:
+    """Records/s one JSON client receives for the whole table (counting lines)."""
+    assert service.address is not None
+    reader, writer = await asyncio.open_connection(*service.address, limit=1 << 24)
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    for command in (auth_message("bench", "bench"), b"REGISTER UUID=bench, TYPE=JSON"):
+        writer.write(command)
+        await writer.drain()
+        assert await reader.readline() == b"OK\n"
+    start = time.perf_counter()
+    writer.write(b"REQUEST-DATA bench.orders")
+    lines = 0
+    while lines < RECORDS + 1:  # the schema line, then every record
+        data = await reader.read(1 << 20)
+        assert data, "the stream ended early"
+        lines += data.count(b"\n")
+    seconds = time.perf_counter() - start
+    writer.close()
+    return int(RECORDS / seconds)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=3, help="repetitions (the median is shown)")
+    args = parser.parse_args()
+    with workload_server() as server:
+        binlog_mb = sum(int(r[1]) for r in server.query("SHOW BINARY LOGS")) / 1e6
+        line("workload", f"{ROW_CHANGES:,} row changes ({RECORDS:,} records), "
+                         f"{binlog_mb:.0f} MB of binlog")
+        references, services, clients = [], [], []
+        for run in range(args.runs):
+            ref_seconds, ref_rows = mariadb_binlog_rate(server)
+            assert ref_rows == ROW_CHANGES, ref_rows
+            seconds, client_rate = asyncio.run(
+                service_to_durable_avro(server, os.path.join(OUT, "data")))
+            references.append(ROW_CHANGES / ref_seconds)
+            services.append(ROW_CHANGES / seconds)
+            clients.append(client_rate)
+            line(f"run {run + 1}", f"mariadb-binlog {references[-1]:,.0f} rows/s, service "
+                                   f"{services[-1]:,.0f} rows/s, JSON client "
+                                   f"{clients[-1]:,.0f} rows/s")
+        ref, svc = statistics.median(references), statistics.median(services)
+        line("mariadb-binlog -v (C reference), rows/s", f"{ref:,.0f}")
+        line("binlog -> durable Avro, rows/s", f"{svc:,.0f}")
+        line("ratio service / mariadb-binlog", f"{svc / ref:.3f}")
+        line("JSON rows/s to one client", f"{statistics.median(clients):,.0f}")
+        line("peak RSS of this process (service + client), MB", f"{peak_rss_mb():.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Shared benchmark set-up: a private MariaDB holding the standard workload.
+
+The standard workload (``../shared/reference/environment.md`` §3): table ``bench.orders`` with
+8 mixed columns (INT, BIGINT, VARCHAR(64), DECIMAL(12,2), DATETIME, TEXT ~110 chars, DOUBLE,
+JSON); 200,000 rows inserted in 200 transactions of 1,000, then 50,000 updated in 50
+transactions of 1,000. That is 250,000 row changes (300,000 records: an update has a before
+and an after image) in 257 GTIDs, about 120 MB of binlog.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from cdcserver.embedded import EmbeddedMariaDB
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
+INSERTS, UPDATES, BATCH = 200_000, 50_000, 1_000
+ROW_CHANGES = INSERTS + UPDATES
+RECORDS = INSERTS + 2 * UPDATES
+
+CREATE = """CREATE TABLE bench.orders (
+    id INT AUTO_INCREMENT PRIMARY KEY, big BIGINT, name VARCHAR(64), amount DECIMAL(12,2),
+    created DATETIME, body TEXT, score DOUBLE, attrs JSON)"""
+
+
+@contextlib.contextmanager
+def workload_server() -> Iterator[EmbeddedMariaDB]:
+    """A fresh MariaDB in bench/out with the standard workload as its whole binlog."""
+    base = os.path.join(OUT, "mariadb")
+    shutil.rmtree(base, ignore_errors=True)
+    server = EmbeddedMariaDB(base, port=0)
+    server.start()
+    try:
+        load_workload(server)
+        yield server
+    finally:
+        server.stop()
+
+
+def load_workload(server: EmbeddedMariaDB) -> None:
+    rng = random.Random(20261121)
+    server.execute("RESET MASTER", "CREATE DATABASE bench", CREATE)
+    conn = server.connect()
+    conn.autocommit(False)
+    with conn.cursor() as cur:
+        for batch in range(INSERTS // BATCH):
+            rows = [(rng.randint(-10**15, 10**15), f"customer-{batch}-{i}",
+                     f"{rng.randint(0, 10**10) / 100:.2f}",
+                     f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} 12:34:56",
+                     "lorem ipsum dolor sit amet " * 4, rng.random() * 1000,
+                     f'{{"k": {i}, "tag": "t{batch % 7}"}}') for i in range(BATCH)]
+            cur.executemany("INSERT INTO bench.orders (big, name, amount, created, body, score, "
+                            "attrs) VALUES (%s, %s, %s, %s, %s, %s, %s)", rows)
+            conn.commit()
+        for batch in range(UPDATES // BATCH):
+            cur.execute("UPDATE bench.orders SET score = score + 1, name = CONCAT(name, '*') "
+                        "WHERE id BETWEEN %s AND %s", (batch * BATCH + 1, (batch + 1) * BATCH))
+            conn.commit()
+    conn.close()
+
+
+def mariadb_binlog_rate(server: EmbeddedMariaDB) -> tuple[float, int]:
+    """The C reference: ``mariadb-binlog --read-from-remote-server -v`` over the same binlog,
+    output discarded. Returns (seconds, row changes it printed)."""
+    logs = [row[0] for row in server.query("SHOW BINARY LOGS")]
+    cmd = ["mariadb-binlog", "--no-defaults", "--read-from-remote-server", "-h127.0.0.1",
+           f"-P{server.port}", "-uroot", "--base64-output=decode-rows", "-v", *logs]
+    output = subprocess.run(cmd, capture_output=True, check=True).stdout  # to count, untimed
+    rows = output.count(b"\n### INSERT") + output.count(b"\n### UPDATE") + \
+        output.count(b"\n### DELETE")
+    start = time.perf_counter()
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True)  # timed, as environment.md ran it
+    return time.perf_counter() - start, rows
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def line(label: str, value: str) -> None:
+    print(f"{label:<58} {value}", flush=True)
