@@ -65,6 +65,10 @@ class TableLayout:
     table: str
     columns: tuple[ColumnDef, ...]
     primary_key: tuple[int, ...] = ()
+    # What the table map's optional metadata carried (binlog_row_metadata): "full" (names,
+    # ENUM/SET labels, primary key), "minimal" (signedness, character sets) or "none". The
+    # schema history supplies the rest.
+    metadata: str = "full"
 
     @property
     def qualified_name(self) -> str:
@@ -101,12 +105,32 @@ class Rows:
 
 
 @dataclass(frozen=True, slots=True)
+class TableChange:
+    """What a schema statement did to one table, as the schema history understood it.
+
+    ``kind`` is ``create``, ``alter``, ``truncate`` or ``drop`` (a rename drops the old name
+    and creates the new one, with ``note`` saying so). ``layout`` is the table's new columns
+    when the history knows them (create/alter), else None.
+    """
+
+    kind: str
+    database: str
+    table: str
+    layout: TableLayout | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Ddl:
-    """A schema statement, as executed on the primary."""
+    """A schema statement, as executed on the primary. ``kind`` classifies the statement
+    (``create``, ``alter``, ``rename``, ``drop``, ``truncate``, or ``query`` for anything
+    that changes no table) and ``changes`` lists its effect on each table."""
 
     database: str
     sql: str
     timestamp: int
+    kind: str = "query"
+    changes: tuple[TableChange, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

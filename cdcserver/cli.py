@@ -3,6 +3,8 @@
     cdcserver run --source mysql://USER:PASS@HOST:PORT --data-dir DIR --listen HOST:PORT \\
                   --users-file FILE --server-id N [--config FILE]
     cdcserver users add|remove|list NAME --users-file FILE [--password-stdin]
+    cdcserver verify DB.TABLE [...] --source URL --data-dir DIR
+    cdcserver schema forget DB.TABLE --data-dir DIR
     cdcserver demo        a private MariaDB with sample data, and the service on top of it
 """
 
@@ -20,6 +22,7 @@ from typing import Any
 from cdcserver import config as cfg
 from cdcserver import logs
 from cdcserver.errors import CdcError, ConfigError
+from cdcserver.store.naming import TableName
 from cdcserver.users import UsersFile
 
 log = logging.getLogger("cdcserver")
@@ -70,6 +73,22 @@ def _parser() -> argparse.ArgumentParser:
                              help="read the password from standard input instead of a prompt")
         sub.set_defaults(handler=handler)
 
+    verify = commands.add_parser("verify", help="compare tables with their streams")
+    verify.add_argument("tables", nargs="+", metavar="DB.TABLE")
+    _source_and_store_options(verify)
+    verify.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds to wait for the service to reach the snapshot")
+    verify.add_argument("--json", action="store_true", help="one JSON line per table")
+    verify.set_defaults(handler=cmd_verify)
+
+    schema = commands.add_parser("schema", help="the schema history")
+    schema_commands = schema.add_subparsers(metavar="ACTION", required=True)
+    forget = schema_commands.add_parser("forget", help="forget a table's definition so the "
+                                        "service re-learns it from the source (service stopped)")
+    forget.add_argument("table", metavar="DB.TABLE")
+    _source_and_store_options(forget)
+    forget.set_defaults(handler=cmd_schema_forget)
+
     demo = commands.add_parser("demo", help="a private MariaDB with sample data, and the "
                                             "service on it (the README's first command)")
     demo.add_argument("--dir", default=".cdc-demo", help="where the demo keeps its state")
@@ -117,6 +136,56 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     except ImportError:
         return None
     return uvloop.new_event_loop
+
+
+def _source_and_store_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="the service's TOML file")
+    parser.add_argument("--source", dest="source.url", default=argparse.SUPPRESS)
+    parser.add_argument("--source-password-file", dest="source.password_file",
+                        default=argparse.SUPPRESS)
+    parser.add_argument("--data-dir", dest="store.data_dir", default=argparse.SUPPRESS)
+
+
+def _table_name(text: str) -> TableName:
+    database, dot, table = text.partition(".")
+    if not dot or not database or not table:
+        raise ConfigError(f"expected DB.TABLE, not {text!r}")
+    return TableName(database, table)
+
+
+# -- verify, schema ------------------------------------------------------------------------
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from cdcserver.verify import format_json, verify_table
+
+    config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
+    address = config.source.address()
+    ok = True
+    for text in args.tables:
+        report = verify_table(address, config.store.data_dir, _table_name(text), args.timeout)
+        ok &= report.ok
+        print(format_json(report) if args.json else "\n".join(report.lines()))
+    return EXIT_OK if ok else EXIT_FAILED
+
+
+def cmd_schema_forget(args: argparse.Namespace) -> int:
+    import fcntl
+    import os
+
+    from cdcserver.schema.history import SchemaHistory
+
+    config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
+    state = os.path.join(config.store.data_dir, "state")
+    with open(os.path.join(state, "writer.lock"), "a+b") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CdcError("the service is running on this data directory; stop it first") \
+                from None
+        SchemaHistory(os.path.join(state, "schema_history.jsonl")).forget(
+            _table_name(args.table))
+    print(f"forgot {args.table}; the service will re-learn it from the source")
+    return EXIT_OK
 
 
 # -- users -----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import zoneinfo
 from collections.abc import Callable
 
@@ -24,6 +25,7 @@ from cdcserver.protocol.session import SessionContext
 from cdcserver.replication import source
 from cdcserver.replication.connection import SourceAddress
 from cdcserver.replication.replicator import Backoff, Replicator
+from cdcserver.schema.history import SchemaHistory
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.store import AvroStore
 from cdcserver.users import UsersFile
@@ -94,11 +96,14 @@ class Service:
         address = cfg.address()
         default = await self._retrying(lambda: self._check_source_and_resolve_start(address))
         start = start_state(self.sinks, default)
+        history = SchemaHistory(os.path.join(self.config.store.data_dir, "state",
+                                             "schema_history.jsonl"))
+        await asyncio.to_thread(history.load, start)
         loop = asyncio.get_running_loop()
         handoff = Handoff(loop)
         self.replicator = Replicator(address, cfg.server_id, handoff, start,
                                      heartbeat=cfg.heartbeat, backoff=Backoff(),
-                                     report_host=cfg.report_host)
+                                     report_host=cfg.report_host, history=history)
         self.pipeline = Pipeline(handoff, self.sinks, start, self.config.store.flush_interval)
         self.replicator.start()
         self.replicating.set()

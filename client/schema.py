@@ -94,8 +94,11 @@ def float32_text(value: float) -> str:
     packed = struct.pack("<f", value)
     for digits in range(1, 10):
         text = f"{value:.{digits}g}"
-        if struct.pack("<f", float(text)) == packed:
-            return text
+        try:
+            if struct.pack("<f", float(text)) == packed:
+                return text
+        except OverflowError:  # rounded past the largest float near FLT_MAX
+            continue
     return repr(value)
 
 
@@ -182,8 +185,10 @@ def from_json_value(kind: Kind, value: Any) -> Any:
         return None
     if kind == Kind.DECIMAL:
         return Decimal(value)
-    if kind in (Kind.DOUBLE, Kind.FLOAT):
+    if kind == Kind.DOUBLE:
         return float(value)
+    if kind == Kind.FLOAT:  # the 32-bit value the shortest text stands for, as AVRO gives it
+        return struct.unpack("<f", struct.pack("<f", float(value)))[0]
     if kind == Kind.BYTES:
         return bytes.fromhex(value)
     if kind == Kind.UUID:

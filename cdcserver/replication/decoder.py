@@ -22,8 +22,18 @@ import re
 import struct
 import zlib
 
-from cdcserver.changes import Abort, Begin, Change, Commit, Ddl, Rows, RowsKind, TableLayout
-from cdcserver.errors import CdcError, UndecodableEvent
+from cdcserver.changes import (
+    Abort,
+    Begin,
+    Change,
+    Commit,
+    Ddl,
+    Rows,
+    RowsKind,
+    TableChange,
+    TableLayout,
+)
+from cdcserver.errors import CdcError, SchemaError, UndecodableEvent
 from cdcserver.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.replication import compression
 from cdcserver.replication.charsets import CollationTable, codec_for
@@ -38,6 +48,7 @@ from cdcserver.replication.constants import (
 from cdcserver.replication.cursor import Cursor
 from cdcserver.replication.rowcodec import RowsDecoder, compile_rows_decoder
 from cdcserver.replication.tablemap import parse_table_map
+from cdcserver.schema.history import SchemaHistory
 
 HEADER = struct.Struct("<IBIIIH")  # timestamp, type, server_id, event_size, log_pos, flags
 HEADER_SIZE = 19
@@ -89,8 +100,10 @@ class EventDecoder:
     """Stateful decoder for one replication connection's event stream."""
 
     def __init__(self, collations: CollationTable, start: GtidState, *,
-                 checksums: bool, verify_checksums: bool = True) -> None:
+                 checksums: bool, verify_checksums: bool = True,
+                 history: SchemaHistory | None = None) -> None:
         self.collations = collations
+        self.history = history
         self.gtid_state = start
         self.verify_checksums = verify_checksums
         self.file = ""
@@ -98,6 +111,9 @@ class EventDecoder:
         self.checksum_size = 4 if checksums else 0
         self.table_id_size = 6
         self._tables: dict[int, _TableMapEntry] = {}
+        # Table maps by their bytes (after the table id): a layout is decoded, checked
+        # against the schema history and compiled once, not once per transaction.
+        self._layouts: dict[bytes, _TableMapEntry] = {}
         self._gtid: Gtid | None = None  # the open transaction
         self._pending_mysql_gtid: Gtid | None = None
         self._standalone = False
@@ -149,9 +165,7 @@ class EventDecoder:
         if kind in _ROWS_KINDS:
             self._rows(kind, buf, pos, end, timestamp, out)
         elif kind == EventKind.TABLE_MAP:
-            table_id, layout = parse_table_map(Cursor(buf, pos, end), self.table_id_size,
-                                               self.collations)
-            self._tables[table_id] = _TableMapEntry(layout, compile_rows_decoder(layout.columns))
+            self._table_map(buf, pos, end)
         elif kind == EventKind.MARIADB_GTID:
             self._mariadb_gtid(Cursor(buf, pos, end), timestamp, server_id, out)
         elif kind == EventKind.XID:
@@ -170,6 +184,22 @@ class EventDecoder:
             raise UndecodableEvent("XA PREPARE: XA transactions are not supported")
         elif kind not in _PASSIVE:
             raise UndecodableEvent(f"binlog event {kind.name} is not supported")
+
+    def _table_map(self, buf: bytes, pos: int, end: int) -> None:
+        table_id = int.from_bytes(buf[pos : pos + self.table_id_size], "little")
+        key = bytes(buf[pos + self.table_id_size : end])
+        entry = self._layouts.get(key)
+        if entry is None:
+            _, layout = parse_table_map(Cursor(buf, pos, end), self.table_id_size,
+                                        self.collations)
+            if self.history is not None:
+                layout = self.history.reconcile(layout, self._gtid)
+            elif layout.metadata != "full":
+                raise SchemaError(f"the binlog has no column names for {layout.qualified_name}:"
+                                  " set binlog_row_metadata=FULL on the source")
+            entry = _TableMapEntry(layout, compile_rows_decoder(layout.columns))
+            self._layouts[key] = entry
+        self._tables[table_id] = entry
 
     # -- transactions ------------------------------------------------------------------
 
@@ -269,7 +299,13 @@ class EventDecoder:
             self._pending_mysql_gtid = None
         if not self.in_transaction:
             raise UndecodableEvent(f"statement outside a transaction: {sql[:120]!r}")
-        out.append(Ddl(database, sql, timestamp))
+        kind: str = "query"
+        changes: tuple[TableChange, ...] = ()
+        if self.history is not None:
+            kind, changes = self.history.apply(sql, database, self._gtid)
+            if changes:
+                self._layouts.clear()  # layouts were checked against the old definitions
+        out.append(Ddl(database, sql, timestamp, kind, changes))
         if self._standalone:
             self._commit(timestamp, out)
 

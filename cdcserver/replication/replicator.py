@@ -15,6 +15,9 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
+
+import pymysql
 
 from cdcserver.changes import Change
 from cdcserver.errors import CdcError, SourceUnavailable
@@ -24,8 +27,14 @@ from cdcserver.replication import source
 from cdcserver.replication.charsets import CollationTable
 from cdcserver.replication.connection import BinlogConnection, SourceAddress
 from cdcserver.replication.decoder import EventDecoder
+from cdcserver.schema.history import SchemaHistory
+from cdcserver.store.naming import TableName
 
 log = logging.getLogger(__name__)
+
+
+def _quote(name: str) -> str:
+    return name.replace("`", "``")
 
 SLICE_BYTES = 1 << 20
 
@@ -46,7 +55,8 @@ class Backoff:
 class Replicator:
     def __init__(self, address: SourceAddress, server_id: int, handoff: Handoff,
                  start: GtidState, *, blocking: bool = True, heartbeat: float = 5.0,
-                 backoff: Backoff = Backoff(), report_host: str = "cdcserver") -> None:
+                 backoff: Backoff = Backoff(), report_host: str = "cdcserver",
+                 history: SchemaHistory | None = None) -> None:
         self.address = address
         self.server_id = server_id
         self.handoff = handoff
@@ -55,6 +65,10 @@ class Replicator:
         self.heartbeat = heartbeat
         self.backoff = backoff
         self.report_host = report_host
+        self.history = history
+        if history is not None:
+            history.lookup = self._show_create_table
+        self._control: Any = None  # SQL connection for SHOW CREATE TABLE, in this thread
         self.connected = threading.Event()
         self.reconnects = 0
         self.last_event_time = 0.0
@@ -101,6 +115,30 @@ class Replicator:
             self.handoff.finish(exc)
         finally:
             self.connected.clear()
+            if self._control is not None:
+                self._control.close()
+                self._control = None
+
+    def _show_create_table(self, table: TableName) -> str | None:
+        """The table's definition on the source now (the schema history's bootstrap)."""
+        for attempt in range(2):
+            try:
+                if self._control is None:
+                    self._control = source.connect(self.address)
+                rows = source.query(self._control, f"SHOW CREATE TABLE `{_quote(table.database)}`"
+                                    f".`{_quote(table.table)}`")
+                return str(rows[0][1]) if rows else None
+            except pymysql.err.ProgrammingError as exc:
+                if exc.args and exc.args[0] == 1146:  # no such table (any more)
+                    return None
+                raise
+            except (pymysql.err.OperationalError, pymysql.err.InterfaceError, SourceUnavailable):
+                if self._control is not None:
+                    self._control.close()
+                self._control = None
+                if attempt:
+                    raise
+        return None
 
     def _collations(self) -> CollationTable:
         conn = source.connect(self.address)
@@ -119,7 +157,8 @@ class Replicator:
         decoder: EventDecoder | None = None
         try:
             conn.open()
-            decoder = EventDecoder(collations, self.state, checksums=conn.checksums)
+            decoder = EventDecoder(collations, self.state, checksums=conn.checksums,
+                                   history=self.history)
             log.info("replicating from %s as server_id %d, after GTID state '%s'",
                      self.address.describe(), self.server_id, self.state)
             self.connected.set()

@@ -27,6 +27,8 @@ from cdcserver.replication.constants import ColumnType as T
 RowsDecoder = Callable[[bytes, int, int], list[tuple[Any, ...]]]
 
 _INT_FORMATS = {T.TINY: "b", T.SHORT: "h", T.LONG: "i", T.LONGLONG: "q"}
+# MariaDB types logged as BINARY(n), turned into their text form (protocol.md type mapping).
+_EXTENDED_TEXT = {"inet4": "inet4_text", "inet6": "inet6_text", "uuid": "uuid_text"}
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,10 @@ def _string(col: ColumnDef, meta: int) -> _Piece:
     character before logging (Field_string::pack); BINARY(n) pads with NUL, so put it back."""
     max_length = (((meta >> 4) & 0x300) ^ 0x300) + (meta & 0xFF)
     size = 1 if max_length < 256 else 2
+    if col.extended in _EXTENDED_TEXT:
+        convert = _EXTENDED_TEXT[col.extended]
+        return _Piece(block=_length_prefixed(
+            size, convert + "({data}.ljust(" + str(max_length) + ", b'\\0'))"))
     if col.charset is None:
         return _Piece(block=_length_prefixed(size, "{data}.ljust(" + str(max_length) + ", b'\\0')"))
     return _Piece(block=_text(col, size))
@@ -218,6 +224,8 @@ def _compile(columns: tuple[ColumnDef, ...]) -> RowsDecoder:
         "timestamp2": values.timestamp2, "time2": values.time2, "time_v1": values.time_v1,
         "datetime_v1": values.datetime_v1, "timestamp_v1": values.timestamp_v1,
         "enum_label": values.enum_label, "set_labels": values.set_labels,
+        "inet4_text": values.inet4_text, "inet6_text": values.inet6_text,
+        "uuid_text": values.uuid_text,
     }
     emitter = _Emitter(columns, ns)
     nbytes = (len(columns) + 7) // 8

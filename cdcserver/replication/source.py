@@ -35,7 +35,7 @@ def connect(address: SourceAddress) -> pymysql.connections.Connection:
 
 def query(conn: Any, sql: str, args: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
     with conn.cursor() as cur:
-        cur.execute(sql, args)
+        cur.execute(sql, args or None)  # no args: a literal % must not be a placeholder
         return list(cur.fetchall())
 
 

@@ -77,7 +77,10 @@ def parse_table_map(
     nullable = body.take((count + 7) // 8)
     optional = _read_optional(body, types)
     columns = _columns(database, table, types, metas, nullable, optional, collations)
-    return table_id, TableLayout(database, table, columns, tuple(optional.primary_key))
+    metadata = "full" if optional.names else (
+        "minimal" if optional.unsigned or optional.charsets else "none")
+    return table_id, TableLayout(database, table, columns, tuple(optional.primary_key),
+                                 metadata)
 
 
 def _column_type(raw: int) -> ColumnType:
@@ -170,11 +173,7 @@ def _columns(
     database: str, table: str, types: list[ColumnType], metas: list[int], nullable: bytes,
     opt: _Optional, collations: CollationTable,
 ) -> tuple[ColumnDef, ...]:
-    if not opt.names:
-        raise SchemaError(
-            f"the binlog has no column names for {database}.{table}: set "
-            "binlog_row_metadata=FULL on the source (SET GLOBAL binlog_row_metadata=FULL)"
-        )
+    names = opt.names or [""] * len(types)  # without FULL metadata: the history names them
     char_cols = [i for i, t in enumerate(types) if _is_character(t)]
     enum_set_cols = [i for i, t in enumerate(types) if t in (ColumnType.ENUM, ColumnType.SET)]
     charset_of = dict(zip(char_cols, _expand_charsets(opt.charsets, len(char_cols)), strict=False))
@@ -187,11 +186,11 @@ def _columns(
     columns = []
     for i, (ctype, meta) in enumerate(zip(types, metas, strict=True)):
         collation = charset_of.get(i, es_charset_of.get(i, BINARY_COLLATION_ID))
-        codec = _codec(collations, collation, database, table, opt.names[i])
+        codec = _codec(collations, collation, database, table, names[i] or f"#{i + 1}")
         labels_codec = codec or "utf-8"
         columns.append(
             ColumnDef(
-                name=opt.names[i],
+                name=names[i],
                 binlog_type=int(ctype),
                 meta=meta,
                 unsigned=next(unsigned, False) if ctype in NUMERIC_TYPES else False,

@@ -169,3 +169,44 @@ def set_labels(bits: int, labels: tuple[str, ...]) -> str:
 def enum_label(index: int, labels: tuple[str, ...]) -> str:
     """An ENUM value; index 0 is the empty "invalid value" string MariaDB stores for errors."""
     return labels[index - 1] if 0 < index <= len(labels) else ""
+
+
+def inet4_text(raw: bytes) -> str:
+    return ".".join(str(b) for b in raw)
+
+
+def inet6_text(raw: bytes) -> str:
+    """INET6 as MariaDB prints it (sql/plugin/type_inet, Inet6::to_string): the longest run of
+    zero groups, even a single one, becomes ``::`` (the first run wins a tie), and an
+    IPv4-compatible (``::a.b.c.d``) or IPv4-mapped (``::ffff:a.b.c.d``) address ends in dotted
+    IPv4."""
+    words = [int.from_bytes(raw[i : i + 2], "big") for i in range(0, 16, 2)]
+    gap_pos, gap_len, run_pos, run_len = -1, -1, -1, -1
+    for i, word in enumerate(words):
+        if word:
+            if run_pos >= 0 and run_len > gap_len:
+                gap_pos, gap_len = run_pos, run_len
+            run_pos, run_len = -1, -1
+        elif run_pos >= 0:
+            run_len += 1
+        else:
+            run_pos, run_len = i, 1
+    if run_pos >= 0 and run_len > gap_len:
+        gap_pos, gap_len = run_pos, run_len
+    out = []
+    i = 0
+    while i < 8:
+        if gap_pos == i:
+            out.append("::" if i == 0 else ":")
+            i += gap_len
+            continue
+        if i == 6 and gap_pos == 0 and (gap_len == 6 or (gap_len == 5 and words[5] == 0xFFFF)):
+            return "".join(out) + inet4_text(raw[12:])
+        out.append(f"{words[i]:x}" + (":" if i != 7 else ""))
+        i += 1
+    return "".join(out)
+
+
+def uuid_text(raw: bytes) -> str:
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

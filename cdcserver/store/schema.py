@@ -152,7 +152,8 @@ class TableSchema:
     fields: tuple[Field, ...]
 
     @classmethod
-    def from_layout(cls, layout: TableLayout, version: int, gtid: str) -> TableSchema:
+    def from_layout(cls, layout: TableLayout, version: int, gtid: str,
+                    ddl: dict[str, str] | None = None) -> TableSchema:
         columns = []
         for col, name in zip(layout.columns, field_names(layout.columns), strict=True):
             mapping = map_column(col)
@@ -169,7 +170,17 @@ class TableSchema:
                 "gtid": gtid, "fields": METADATA_AVRO + columns}
         if layout.primary_key:
             avsc["primary_key"] = [layout.columns[i].name for i in layout.primary_key]
+        if ddl:
+            avsc["ddl"] = ddl
         return cls.from_avsc(avsc)
+
+    def successor(self, version: int, gtid: str, ddl: dict[str, str] | None) -> TableSchema:
+        """The same columns as a new version (after TRUNCATE, DROP, a rename...)."""
+        avsc = {k: v for k, v in self.avsc.items() if k != "ddl"}
+        avsc.update(version=version, gtid=gtid)
+        if ddl:
+            avsc["ddl"] = ddl
+        return TableSchema.from_avsc(avsc)
 
     @classmethod
     def from_avsc(cls, avsc: dict[str, Any]) -> TableSchema:

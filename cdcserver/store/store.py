@@ -97,6 +97,7 @@ class AvroStore:
         self.durable: BinlogPosition | None = None  # what the checkpoint covers
         self._writers: dict[tuple[TableName, int], VersionFileWriter] = {}
         self._routes: dict[int, _Route] = {}
+        self._fresh: set[TableName] = set()  # re-created tables awaiting their first rows
         self._open: _Open | None = None
         self._lock_fd = -1
         self._new_files = False
@@ -240,7 +241,25 @@ class AvroStore:
             writer.end_block()
 
     def ddl(self, ddl: Ddl) -> None:
-        self._require_open()
+        """Make what a schema statement did visible: each table it truncated, dropped,
+        created or changed gets a new version whose schema's ``ddl`` key says so."""
+        txn = self._require_open()
+        for change in ddl.changes:
+            table = TableName(change.database, change.table)
+            self._drop_table_routes(table)
+            current = self._current_version(table, txn)
+            about = {"kind": change.kind, "statement": ddl.sql}
+            if change.note:
+                about["note"] = change.note
+            if change.layout is not None:
+                candidate = TableSchema.from_layout(change.layout, 1, "")
+                if change.kind == "create" or current is None or \
+                        not _same_columns(current.schema, candidate):
+                    self._new_version(table, txn, layout=change.layout, ddl=about)
+            elif change.kind in ("truncate", "drop") and current is not None:
+                self._new_version(table, txn, base=current.schema, ddl=about)
+            elif change.kind == "create":
+                self._fresh.add(table)  # columns unknown: the next rows start a version
 
     def commit(self, commit: Commit) -> None:
         txn = self._require_open()
@@ -297,10 +316,12 @@ class AvroStore:
         table = TableName(layout.database, layout.table)
         candidate = TableSchema.from_layout(layout, 1, "")
         current = self._current_version(table, txn)
-        if current is not None and _same_columns(current.schema, candidate):
+        if current is not None and table not in self._fresh and \
+                _same_columns(current.schema, candidate):
             info = current
         else:
-            info = self._new_version(table, layout, current, txn)
+            self._fresh.discard(table)
+            info = self._new_version(table, txn, layout=layout)
         route = _Route(layout, info, compile_encoder(info.schema.columns, layout.columns))
         self._routes[id(layout)] = route
         return route
@@ -320,22 +341,33 @@ class AvroStore:
             target = txn.targets[key] = _Target(info, writer, writer.size, new)
         return target
 
-    def _new_version(self, table: TableName, layout: TableLayout, current: VersionInfo | None,
-                     txn: _Open) -> VersionInfo:
+    def _new_version(self, table: TableName, txn: _Open, *, layout: TableLayout | None = None,
+                     base: TableSchema | None = None, ddl: dict[str, str] | None = None
+                     ) -> VersionInfo:
+        """Create the next version of ``table``, from a layout or with ``base``'s columns;
+        it becomes visible when the transaction commits."""
+        current = self._current_version(table, txn)
         version = 1 if current is None else current.version + 1
         if version > MAX_VERSION:
             raise StoreError(f"{table} has reached the last version number {MAX_VERSION}")
-        schema = TableSchema.from_layout(layout, version, str(txn.begin.gtid))
+        gtid = str(txn.begin.gtid)
+        if layout is not None:
+            schema = TableSchema.from_layout(layout, version, gtid, ddl)
+        else:
+            assert base is not None
+            schema = base.successor(version, gtid, ddl)
         avsc_path = os.path.join(self.avro_dir, table.file_name(version, "avsc"))
         ckpt.write_atomically(avsc_path, schema.text().encode("utf-8") + b"\n")
         path = os.path.join(self.avro_dir, table.file_name(version, "avro"))
         writer = VersionFileWriter.create(path, schema.text(), self.codec)
         self._writers[(table, version)] = writer
         self._new_files = True
-        self._drop_routes(lambda info: info.table == table)
-        log.info("%s: version %d (transaction %s)", table, version, txn.begin.gtid)
+        self._drop_table_routes(table)
+        log.info("%s: version %d (transaction %s%s)", table, version, gtid,
+                 f", {ddl['kind']}" if ddl else "")
         info = VersionInfo(table, version, schema, path, writer.header, writer.size)
         txn.created[table] = info
+        txn.targets[(table, version)] = _Target(info, writer, writer.size, True)
         return info
 
     def _writer(self, info: VersionInfo) -> VersionFileWriter:
@@ -344,6 +376,9 @@ class AvroStore:
         if writer is None:
             writer = self._writers[key] = VersionFileWriter.open_existing(info.path)
         return writer
+
+    def _drop_table_routes(self, table: TableName) -> None:
+        self._routes = {k: r for k, r in self._routes.items() if r.info.table != table}
 
     def _drop_routes(self, matches: Callable[[VersionInfo], bool]) -> None:
         self._routes = {k: r for k, r in self._routes.items() if not matches(r.info)}

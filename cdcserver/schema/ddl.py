@@ -1,0 +1,507 @@
+"""Reading the DDL that changes tables' columns, as MariaDB logs it.
+
+``parse(sql, database)`` returns one of the statement dataclasses below. The grammar covered
+is what changes a table's columns or existence (MariaDB 10.11 ``CREATE TABLE``, ``ALTER
+TABLE``, ``RENAME TABLE``, ``DROP TABLE``, ``TRUNCATE``, ``DROP DATABASE``); every other
+statement is :class:`NoTableChange`. A statement about tables that this reader cannot follow
+is :class:`Unparsed`, naming the tables it can identify, so the schema history forgets them
+instead of guessing (https://mariadb.com/kb/en/create-table/, .../alter-table/).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+
+from cdcserver.schema.definition import (
+    BINARY_TYPES,
+    CHARACTER_TYPES,
+    ColumnSpec,
+    TableDefinition,
+    canonical_type,
+)
+from cdcserver.schema.tokens import SqlSyntaxError, Token, TokenStream, tokenize
+from cdcserver.store.naming import TableName
+
+Position = tuple[str, str | None]  # ("first", None) or ("after", column)
+
+
+# -- statements --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CreateTable:
+    table: TableName
+    definition: TableDefinition | None  # None with ``like``
+    like: TableName | None = None
+    replace: bool = False
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class AlterTable:
+    table: TableName
+    actions: tuple[object, ...]
+    if_exists: bool = False
+
+
+@dataclass(frozen=True)
+class RenameTables:
+    pairs: tuple[tuple[TableName, TableName], ...]
+
+
+@dataclass(frozen=True)
+class DropTables:
+    tables: tuple[TableName, ...]
+
+
+@dataclass(frozen=True)
+class TruncateTable:
+    table: TableName
+
+
+@dataclass(frozen=True)
+class DropDatabase:
+    database: str
+
+
+@dataclass(frozen=True)
+class NoTableChange:
+    """A statement that changes no table's columns (GRANT, CREATE INDEX, CREATE VIEW, ...)."""
+
+
+@dataclass(frozen=True)
+class Unparsed:
+    reason: str
+    tables: tuple[TableName, ...] = ()
+
+
+Statement = (CreateTable | AlterTable | RenameTables | DropTables | TruncateTable |
+             DropDatabase | NoTableChange | Unparsed)
+
+
+# ALTER TABLE actions
+@dataclass(frozen=True)
+class AddColumns:
+    columns: tuple[ColumnSpec, ...]
+    position: Position | None = None
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class DropColumn:
+    name: str
+    if_exists: bool = False
+
+
+@dataclass(frozen=True)
+class ChangeColumn:
+    """MODIFY (old == new name) or CHANGE."""
+
+    old: str
+    column: ColumnSpec
+    position: Position | None = None
+    if_exists: bool = False
+
+
+@dataclass(frozen=True)
+class RenameColumn:
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class RenameTo:
+    table: TableName
+
+
+@dataclass(frozen=True)
+class SetPrimaryKey:
+    columns: tuple[str, ...]  # () drops it
+
+
+@dataclass(frozen=True)
+class ConvertCharset:
+    charset: str
+
+
+@dataclass(frozen=True)
+class UnknownAction:
+    text: str
+
+
+# -- entry point -------------------------------------------------------------------------
+
+def parse(sql: str, database: str) -> Statement:
+    try:
+        ts = TokenStream(tokenize(sql))
+        return _Parser(ts, database).statement()
+    except (SqlSyntaxError, IndexError, ValueError) as exc:
+        return Unparsed(f"cannot read {sql[:80]!r}: {exc}", _mentioned_tables(sql, database))
+
+
+_TABLE_MENTION = re.compile(r"\b(?:TABLE|INTO|TO)\s+(?:IF\s+(?:NOT\s+)?EXISTS\s+)?"
+                            r"(`(?:[^`]|``)+`|\w+)(?:\.(`(?:[^`]|``)+`|\w+))?", re.I)
+
+
+def _mentioned_tables(sql: str, database: str) -> tuple[TableName, ...]:
+    names = []
+    for m in _TABLE_MENTION.finditer(sql):
+        first, second = (p.strip("`").replace("``", "`") if p else p for p in m.groups())
+        names.append(TableName(first, second) if second else TableName(database, first))
+    return tuple(names)
+
+
+@dataclass
+class _Parser:
+    ts: TokenStream
+    database: str
+    _pk: list[str] = field(default_factory=list)
+
+    def statement(self) -> Statement:
+        ts = self.ts
+        if ts.accept_word("CREATE"):
+            replace_ = ts.accept_words("OR", "REPLACE")
+            if ts.accept_word("TEMPORARY"):
+                return NoTableChange()  # not logged in row format; never replicated
+            if ts.accept_word("TABLE"):
+                return self.create_table(replace_)
+            if ts.accept_word("DATABASE", "SCHEMA"):
+                return NoTableChange()
+            return NoTableChange()  # INDEX, VIEW, TRIGGER, PROCEDURE, USER, ...
+        if ts.accept_word("ALTER"):
+            ts.accept_word("ONLINE")
+            ts.accept_word("IGNORE")
+            if ts.accept_word("TABLE"):
+                return self.alter_table()
+            return NoTableChange()
+        if ts.accept_word("RENAME"):
+            if ts.accept_word("TABLE", "TABLES"):
+                return self.rename_tables()
+            return NoTableChange()  # RENAME USER
+        if ts.accept_word("DROP"):
+            ts.accept_word("TEMPORARY")
+            if ts.accept_word("TABLE", "TABLES"):
+                return self.drop_tables()
+            if ts.accept_word("DATABASE", "SCHEMA"):
+                self.if_exists()
+                return DropDatabase(ts.identifier())
+            return NoTableChange()
+        if ts.accept_word("TRUNCATE"):
+            ts.accept_word("TABLE")
+            return TruncateTable(self.table_name())
+        return NoTableChange()
+
+    # -- names -----------------------------------------------------------------------
+
+    def table_name(self) -> TableName:
+        first = self.ts.identifier()
+        if self.ts.accept_symbol("."):
+            return TableName(first, self.ts.identifier())
+        return TableName(self.database, first)
+
+    def if_exists(self) -> bool:
+        return self.ts.accept_words("IF", "EXISTS")
+
+    def if_not_exists(self) -> bool:
+        return self.ts.accept_words("IF", "NOT", "EXISTS")
+
+    # -- CREATE TABLE ----------------------------------------------------------------
+
+    def create_table(self, replace_: bool) -> Statement:
+        ts = self.ts
+        if_not_exists = self.if_not_exists()
+        table = self.table_name()
+        if ts.accept_word("LIKE"):
+            return CreateTable(table, None, self.table_name(), replace_, if_not_exists)
+        if ts.accept_symbol("("):
+            if ts.accept_word("LIKE"):
+                like = self.table_name()
+                ts.expect_symbol(")")
+                return CreateTable(table, None, like, replace_, if_not_exists)
+            columns = self.create_elements()
+        else:
+            return Unparsed("CREATE TABLE without a column list", (table,))
+        charset = self.table_charset()
+        columns = tuple(_apply_default_charset(c, charset) for c in columns)
+        pk = tuple(self._pk)
+        columns = tuple(replace(c, nullable=False) if c.name in pk else c for c in columns)
+        return CreateTable(table, TableDefinition(columns, pk, charset), None, replace_,
+                           if_not_exists)
+
+    def create_elements(self) -> tuple[ColumnSpec, ...]:
+        columns: list[ColumnSpec] = []
+        while True:
+            if not self.table_element():
+                columns.append(self.column_spec())
+            if self.ts.accept_symbol(")"):
+                return tuple(columns)
+            self.ts.expect_symbol(",")
+
+    def table_element(self) -> bool:
+        """An index or constraint in a column list; records a PRIMARY KEY. False if the
+        next element is a column."""
+        ts = self.ts
+        start = ts.pos
+        if ts.accept_word("CONSTRAINT"):
+            token = ts.peek()
+            if token is not None and not token.is_word("PRIMARY", "UNIQUE", "FOREIGN",
+                                                        "CHECK"):
+                ts.next()  # the constraint's name
+        if ts.accept_words("PRIMARY", "KEY"):
+            self._pk = self.index_columns()
+            ts.until_top_level(",", ")")
+            return True
+        # These are reserved words: a column with such a name is backquoted (an "ident"
+        # token), so a bare word starts an index or a constraint.
+        token = ts.peek()
+        period = token is not None and token.is_word("PERIOD") and \
+            ts.peek(1) is not None and ts.peek(1).is_word("FOR")  # type: ignore[union-attr]
+        if period or (token is not None and token.is_word(
+                "UNIQUE", "KEY", "INDEX", "FULLTEXT", "SPATIAL", "FOREIGN", "CHECK")):
+            ts.until_top_level(",", ")")
+            return True
+        ts.pos = start
+        return False
+
+    def index_columns(self) -> list[str]:
+        ts = self.ts
+        while not ts.accept_symbol("("):  # USING BTREE, an index name, ...
+            ts.next()
+        names = []
+        for part in _split_top_level(ts.skip_balanced()):
+            if part and part[0].kind in ("word", "ident"):
+                names.append(part[0].text)
+        return names
+
+    def table_charset(self) -> str | None:
+        charset = None
+        tokens = self.ts.until_top_level(";")
+        for i, token in enumerate(tokens):
+            if token.is_word("CHARSET") or (token.is_word("SET") and i and
+                                            tokens[i - 1].is_word("CHARACTER")):
+                j = i + 1
+                if j < len(tokens) and tokens[j].is_symbol("="):
+                    j += 1
+                if j < len(tokens):
+                    charset = tokens[j].text.lower()
+        return charset
+
+    # -- column definitions ---------------------------------------------------------------
+
+    def column_spec(self) -> ColumnSpec:
+        ts = self.ts
+        name = ts.identifier()
+        type_name = ts.next().text
+        for two in (("DOUBLE", "PRECISION"), ("NATIONAL", "CHAR"), ("NATIONAL", "VARCHAR"),
+                    ("CHARACTER", "VARYING"), ("CHAR", "VARYING"), ("LONG", "VARCHAR"),
+                    ("LONG", "VARBINARY")):
+            if type_name.upper() == two[0] and ts.accept_word(two[1]):
+                type_name = f"{two[0]} {two[1]}"
+        kind = canonical_type(type_name)
+        args: tuple[str, ...] = ()
+        if ts.accept_symbol("("):
+            args = tuple(t.text for t in ts.skip_balanced() if not t.is_symbol(","))
+        spec = ColumnSpec(name, kind, args)
+        if kind == "serial":  # BIGINT UNSIGNED NOT NULL AUTO_INCREMENT UNIQUE
+            spec = replace(spec, unsigned=True, nullable=False)
+        return self.column_attributes(spec)
+
+    def column_attributes(self, spec: ColumnSpec) -> ColumnSpec:
+        ts = self.ts
+        while (token := ts.peek()) is not None and not (
+                token.is_symbol(",") or token.is_symbol(")") or token.is_symbol(";")
+                or token.is_word("FIRST", "AFTER")):
+            if ts.accept_word("UNSIGNED", "ZEROFILL"):
+                spec = replace(spec, unsigned=True)
+            elif ts.accept_words("NOT", "NULL"):
+                spec = replace(spec, nullable=False)
+            elif ts.accept_words("CHARACTER", "SET") or ts.accept_word("CHARSET") or \
+                    ts.accept_words("CHAR", "SET"):
+                ts.accept_symbol("=")
+                charset = ts.identifier().lower()
+                spec = replace(spec, binary=charset == "binary", charset=charset)
+            elif ts.accept_words("PRIMARY", "KEY") or ts.accept_word("KEY"):
+                self._pk = [spec.name]
+                spec = replace(spec, nullable=False)
+            elif ts.accept_word("DEFAULT", "COMMENT", "COLLATE", "COLUMN_FORMAT", "STORAGE",
+                                "COMPRESSED"):
+                ts.accept_symbol("=")
+                self.skip_expression()
+            elif ts.accept_word("CHECK"):
+                ts.expect_symbol("(")
+                spec = self.check(spec, ts.skip_balanced())
+            elif ts.accept_words("ON", "UPDATE"):
+                self.skip_expression()
+            elif ts.accept_word("AS"):
+                ts.expect_symbol("(")
+                ts.skip_balanced()
+            elif ts.accept_word("REFERENCES"):
+                self.table_name()
+                if ts.accept_symbol("("):
+                    ts.skip_balanced()
+            elif ts.accept_symbol("("):
+                ts.skip_balanced()
+            else:
+                ts.next()  # NULL, AUTO_INCREMENT, UNIQUE, INVISIBLE, GENERATED ALWAYS, ...
+        return spec
+
+    def skip_expression(self) -> None:
+        ts = self.ts
+        ts.accept_symbol("-") or ts.accept_symbol("+")
+        token = ts.next()
+        if token.is_symbol("(") or ts.accept_symbol("("):
+            ts.skip_balanced()
+
+    @staticmethod
+    def check(spec: ColumnSpec, tokens: list[Token]) -> ColumnSpec:
+        # MariaDB's JSON is LONGTEXT with CHECK (json_valid(`col`)) (SHOW CREATE TABLE).
+        if len(tokens) >= 4 and tokens[0].is_word("JSON_VALID") and tokens[1].is_symbol("(") \
+                and tokens[2].text.lower() == spec.name.lower() and tokens[3].is_symbol(")"):
+            return replace(spec, json_check=True)
+        return spec
+
+    # -- ALTER TABLE ----------------------------------------------------------------------
+
+    def alter_table(self) -> Statement:
+        if_exists = self.if_exists()
+        table = self.table_name()
+        actions: list[object] = []
+        while not self.ts.at_end():
+            actions.append(self.alter_action())
+            if not self.ts.accept_symbol(",") and not self.ts.at_end():
+                # Whatever follows an action without a comma is not understood.
+                actions.append(UnknownAction(" ".join(t.text for t in
+                                                      self.ts.until_top_level(";"))))
+        return AlterTable(table, tuple(a for a in actions if a is not None), if_exists)
+
+    def alter_action(self) -> object:
+        ts = self.ts
+        if ts.accept_word("ADD"):
+            if self.at_index_keyword():
+                if ts.accept_words("PRIMARY", "KEY") or (ts.accept_word("CONSTRAINT") and
+                                                         self.constraint_is_primary()):
+                    return SetPrimaryKey(tuple(self.index_columns()))
+                ts.until_top_level(",", ";")
+                return None
+            ts.accept_word("COLUMN")
+            if_not_exists = self.if_not_exists()
+            if ts.accept_symbol("("):
+                return AddColumns(self.create_elements(), None, if_not_exists)
+            column = self.column_spec()
+            return AddColumns((column,), self.position(), if_not_exists)
+        if ts.accept_word("DROP"):
+            if ts.accept_words("PRIMARY", "KEY"):
+                return SetPrimaryKey(())
+            if ts.accept_word("INDEX", "KEY", "FOREIGN", "CONSTRAINT", "CHECK", "PARTITION",
+                              "SYSTEM", "PERIOD"):
+                ts.until_top_level(",", ";")
+                return None
+            ts.accept_word("COLUMN")
+            if_exists = self.if_exists()
+            name = ts.identifier()
+            ts.accept_word("RESTRICT", "CASCADE")
+            return DropColumn(name, if_exists)
+        if ts.accept_word("MODIFY"):
+            ts.accept_word("COLUMN")
+            if_exists = self.if_exists()
+            column = self.column_spec()
+            return ChangeColumn(column.name, column, self.position(), if_exists)
+        if ts.accept_word("CHANGE"):
+            ts.accept_word("COLUMN")
+            if_exists = self.if_exists()
+            old = ts.identifier()
+            column = self.column_spec()
+            return ChangeColumn(old, column, self.position(), if_exists)
+        if ts.accept_word("RENAME"):
+            if ts.accept_word("COLUMN"):
+                old = ts.identifier()
+                ts.expect_word("TO")
+                return RenameColumn(old, ts.identifier())
+            if ts.accept_word("INDEX", "KEY"):
+                ts.until_top_level(",", ";")
+                return None
+            ts.accept_word("TO", "AS")
+            return RenameTo(self.table_name())
+        if ts.accept_word("CONVERT"):
+            ts.expect_word("TO")
+            ts.accept_words("CHARACTER", "SET") or ts.accept_word("CHARSET")
+            charset = ts.identifier().lower()
+            ts.until_top_level(",", ";")
+            return ConvertCharset(charset)
+        if ts.accept_word("ALTER"):
+            ts.accept_word("COLUMN")
+            ts.until_top_level(",", ";")  # SET/DROP DEFAULT, visibility: no type change
+            return None
+        if ts.accept_word("ALGORITHM", "LOCK", "FORCE", "ENGINE", "COMMENT", "AUTO_INCREMENT",
+                          "ROW_FORMAT", "KEY_BLOCK_SIZE", "STATS_PERSISTENT", "PAGE_COMPRESSED",
+                          "ENCRYPTED", "ORDER", "ENABLE", "DISABLE", "DISCARD", "IMPORT",
+                          "ANALYZE", "CHECK", "OPTIMIZE", "REBUILD", "REPAIR", "COALESCE",
+                          "REORGANIZE", "EXCHANGE", "REMOVE", "TRUNCATE", "WAIT", "NOWAIT",
+                          "DEFAULT", "CHARACTER", "CHARSET", "COLLATE", "PARTITION",
+                          "ADD_COLUMN"):
+            ts.until_top_level(",", ";")  # table options and maintenance: no column change
+            return None
+        return UnknownAction(" ".join(t.text for t in ts.until_top_level(",", ";")))
+
+    def at_index_keyword(self) -> bool:
+        token = self.ts.peek()
+        return token is not None and token.is_word(
+            "PRIMARY", "UNIQUE", "INDEX", "KEY", "FULLTEXT", "SPATIAL", "FOREIGN", "CONSTRAINT",
+            "CHECK", "PARTITION", "PERIOD", "SYSTEM")
+
+    def constraint_is_primary(self) -> bool:
+        ts = self.ts
+        if not ts.peek() or not ts.peek().is_word("PRIMARY"):  # type: ignore[union-attr]
+            ts.next()  # the constraint's name
+        return ts.accept_words("PRIMARY", "KEY")
+
+    def position(self) -> Position | None:
+        if self.ts.accept_word("FIRST"):
+            return ("first", None)
+        if self.ts.accept_word("AFTER"):
+            return ("after", self.ts.identifier())
+        return None
+
+    # -- RENAME / DROP ----------------------------------------------------------------
+
+    def rename_tables(self) -> Statement:
+        self.if_exists()
+        pairs = []
+        while True:
+            old = self.table_name()
+            self.ts.accept_word("WAIT", "NOWAIT")
+            self.ts.expect_word("TO")
+            pairs.append((old, self.table_name()))
+            if not self.ts.accept_symbol(","):
+                return RenameTables(tuple(pairs))
+
+    def drop_tables(self) -> Statement:
+        self.if_exists()
+        tables = [self.table_name()]
+        while self.ts.accept_symbol(","):
+            tables.append(self.table_name())
+        return DropTables(tuple(tables))
+
+
+def _split_top_level(tokens: list[Token]) -> list[list[Token]]:
+    parts: list[list[Token]] = [[]]
+    depth = 0
+    for token in tokens:
+        if token.is_symbol("("):
+            depth += 1
+        elif token.is_symbol(")"):
+            depth -= 1
+        elif token.is_symbol(",") and depth == 0:
+            parts.append([])
+            continue
+        parts[-1].append(token)
+    return parts
+
+
+def _apply_default_charset(column: ColumnSpec, charset: str | None) -> ColumnSpec:
+    """A character column without its own character set takes the table's."""
+    if column.type in BINARY_TYPES:
+        return replace(column, binary=True)
+    if column.type in CHARACTER_TYPES and column.charset is None and charset is not None:
+        return replace(column, charset=charset, binary=charset == "binary")
+    return column

@@ -1,0 +1,155 @@
+"""Table definitions as DDL states them, and how they map onto binlog column types.
+
+A :class:`TableDefinition` is what the schema history knows about a table: its columns in
+order (name, SQL type, arguments, unsignedness, binary or character data, NULL-ability) and
+primary key. :meth:`TableDefinition.column_defs` turns it into the :class:`ColumnDef` the
+binlog's table map would give for the same table, so the two sources can be compared through
+the same Avro mapping, and it names the types the binlog cannot express (``INET4``, ``INET6``,
+``UUID``, ``JSON``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from cdcserver.changes import ColumnDef
+from cdcserver.replication.constants import ColumnType as T
+
+# SQL type name (lowercase, aliases resolved) -> binlog type
+_INTEGERS = {"tinyint": T.TINY, "smallint": T.SHORT, "mediumint": T.INT24, "int": T.LONG,
+             "bigint": T.LONGLONG}
+_ALIASES = {
+    "integer": "int", "int1": "tinyint", "int2": "smallint", "int3": "mediumint",
+    "middleint": "mediumint", "int4": "int", "int8": "bigint", "bool": "tinyint",
+    "boolean": "tinyint", "dec": "decimal", "numeric": "decimal", "fixed": "decimal",
+    "real": "double", "float8": "double", "float4": "float", "double precision": "double",
+    "nchar": "char", "nvarchar": "varchar", "character": "char", "national char": "char",
+    "national varchar": "varchar", "character varying": "varchar", "char varying": "varchar",
+    "long varchar": "mediumtext", "long": "mediumtext", "long varbinary": "mediumblob",
+    "long binary": "mediumblob",
+}
+_BLOBS = {"tinyblob": 1, "blob": 2, "mediumblob": 3, "longblob": 4,
+          "tinytext": 1, "text": 2, "mediumtext": 3, "longtext": 4}
+_GEOMETRIES = frozenset({"geometry", "point", "linestring", "polygon", "multipoint",
+                         "multilinestring", "multipolygon", "geometrycollection"})
+_EXTENDED_SIZES = {"inet4": 4, "inet6": 16, "uuid": 16}
+BINARY_TYPES = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
+CHARACTER_TYPES = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext",
+                             "enum", "set"})
+
+
+def canonical_type(name: str) -> str:
+    name = " ".join(name.lower().split())
+    return _ALIASES.get(name, name)
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    name: str
+    type: str  # canonical lowercase SQL type: int, varchar, decimal, inet6, json, ...
+    args: tuple[str, ...] = ()  # numbers in the parentheses; ENUM/SET: the labels
+    unsigned: bool = False
+    binary: bool = False  # character data in the binary character set
+    nullable: bool = True
+    json_check: bool = False  # CHECK (json_valid(col)): MariaDB's JSON alias
+    charset: str | None = None  # the column's or its table's character set, when stated
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "type": self.type, "args": list(self.args),
+                "unsigned": self.unsigned, "binary": self.binary, "nullable": self.nullable,
+                "json_check": self.json_check, "charset": self.charset}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ColumnSpec:
+        return cls(data["name"], data["type"], tuple(data["args"]), data["unsigned"],
+                   data["binary"], data["nullable"], data.get("json_check", False),
+                   data.get("charset"))
+
+    @property
+    def extended(self) -> str | None:
+        if self.type in _EXTENDED_SIZES:
+            return self.type
+        if self.type == "json" or (self.json_check and self.type in _BLOBS):
+            return "json"
+        return None
+
+    def column_def(self) -> ColumnDef:
+        """The ColumnDef a FULL-metadata table map gives for this column."""
+        kind, args = self.type, self.args
+        number = int(args[0]) if args and args[0].isdigit() else None
+        text = None if self.binary or kind in BINARY_TYPES else "utf-8"
+        base = ColumnDef(self.name, int(T.NULL), nullable=self.nullable,
+                         unsigned=self.unsigned, extended=self.extended)
+        if kind == "serial":
+            return replace(base, binlog_type=T.LONGLONG, unsigned=True, nullable=False)
+        if kind in _INTEGERS:
+            return replace(base, binlog_type=_INTEGERS[kind])
+        if kind == "float":
+            # FLOAT(p) with p > 24 is a DOUBLE; FLOAT(M,D) stays a FLOAT.
+            double = number is not None and len(args) == 1 and number > 24
+            return replace(base, binlog_type=T.DOUBLE if double else T.FLOAT,
+                           meta=8 if double else 4)
+        if kind == "double":
+            return replace(base, binlog_type=T.DOUBLE, meta=8)
+        if kind == "decimal":
+            precision = number if number is not None else 10
+            scale = int(args[1]) if len(args) > 1 else 0
+            return replace(base, binlog_type=T.NEWDECIMAL, meta=(precision << 8) | scale)
+        if kind == "bit":
+            bits = number if number is not None else 1
+            return replace(base, binlog_type=T.BIT, meta=((bits // 8) << 8) | (bits % 8))
+        temporal = {"date": T.DATE, "time": T.TIME2, "datetime": T.DATETIME2,
+                    "timestamp": T.TIMESTAMP2, "year": T.YEAR}
+        if kind in temporal:
+            fsp = number if number is not None and kind in ("time", "datetime", "timestamp") \
+                else 0
+            return replace(base, binlog_type=temporal[kind], meta=fsp)
+        if kind in ("char", "binary"):
+            return replace(base, binlog_type=T.STRING, charset=text)
+        if kind in ("varchar", "varbinary"):
+            return replace(base, binlog_type=T.VARCHAR, meta=number or 0, charset=text)
+        if kind in _BLOBS:
+            return replace(base, binlog_type=T.BLOB, meta=_BLOBS[kind], charset=text)
+        if kind == "json":
+            return replace(base, binlog_type=T.BLOB, meta=4, charset="utf-8")
+        if kind == "enum":
+            return replace(base, binlog_type=T.ENUM, meta=1 if len(args) < 256 else 2,
+                           charset=text, enum_values=args)
+        if kind == "set":
+            return replace(base, binlog_type=T.SET, meta=(len(args) + 7) // 8, charset=text,
+                           set_values=args)
+        if kind in _GEOMETRIES:
+            return replace(base, binlog_type=T.GEOMETRY, meta=4)
+        if kind in _EXTENDED_SIZES:
+            return replace(base, binlog_type=T.STRING, meta=0xFE00 | _EXTENDED_SIZES[kind])
+        raise ValueError(f"column {self.name!r}: unknown type {kind!r}")
+
+
+@dataclass(frozen=True)
+class TableDefinition:
+    columns: tuple[ColumnSpec, ...]
+    primary_key: tuple[str, ...] = ()
+    default_charset: str | None = None
+
+    def index(self, name: str) -> int:
+        lowered = name.lower()
+        for i, col in enumerate(self.columns):
+            if col.name.lower() == lowered:
+                return i
+        raise KeyError(name)
+
+    def has(self, name: str) -> bool:
+        return any(c.name.lower() == name.lower() for c in self.columns)
+
+    def column_defs(self) -> tuple[ColumnDef, ...]:
+        return tuple(c.column_def() for c in self.columns)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"columns": [c.to_json() for c in self.columns],
+                "primary_key": list(self.primary_key), "default_charset": self.default_charset}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TableDefinition:
+        return cls(tuple(ColumnSpec.from_json(c) for c in data["columns"]),
+                   tuple(data["primary_key"]), data.get("default_charset"))

@@ -1,0 +1,389 @@
+"""The schema history: each table's definition at the replication position, from DDL.
+
+Row data is always decoded with the binlog's own table map; the history is the second source.
+It supplies what the binlog cannot say (INET4, INET6, UUID and JSON columns travel as BINARY and
+LONGTEXT; column names and ENUM/SET labels when ``binlog_row_metadata`` is not FULL), tells the
+store what each DDL statement did, and is checked against every new table map: when a table's
+history and its table map disagree, replication stops with an error instead of labelling
+rows wrongly.
+
+Where definitions come from:
+- replayed DDL (``CREATE``/``ALTER``/``RENAME``/``DROP``/``TRUNCATE``, :mod:`.ddl`);
+- for a table whose creation predates the binlog, ``SHOW CREATE TABLE`` on the source, adopted
+  only if it agrees with the table map being decoded (the table may have changed since the
+  position being replicated; then the table stays unknown and the lookup is tried again at its
+  next layout).
+
+Each change is appended to ``state/schema_history.jsonl`` with the GTID of its transaction and
+fsynced. On start, entries the replication start position does not cover are dropped: they
+will be replayed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import replace
+
+from cdcserver.changes import ColumnDef, TableChange, TableLayout
+from cdcserver.errors import SchemaError
+from cdcserver.gtid import Gtid, GtidState
+from cdcserver.replication.charsets import codec_for
+from cdcserver.schema import ddl
+from cdcserver.schema.definition import CHARACTER_TYPES, ColumnSpec, TableDefinition
+from cdcserver.store.checkpoint import write_atomically
+from cdcserver.store.naming import TableName
+from cdcserver.store.schema import map_column
+
+log = logging.getLogger(__name__)
+
+Lookup = Callable[[TableName], str | None]  # SHOW CREATE TABLE text now, None if no table
+
+
+class SchemaHistory:
+    def __init__(self, path: str | None, lookup: Lookup | None = None) -> None:
+        self.path = path
+        self.lookup = lookup
+        self.tables: dict[TableName, TableDefinition] = {}
+        self.unknown: set[TableName] = set()
+
+    # -- persistence ---------------------------------------------------------------------
+
+    def load(self, start: GtidState) -> None:
+        """Read the history up to ``start`` and compact the file to that."""
+        self.tables.clear()
+        if self.path is None or not os.path.exists(self.path):
+            return
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                entry = json.loads(line)
+                if entry["gtid"] and not start.covers(Gtid.parse(entry["gtid"])):
+                    continue
+                table = TableName(*entry["table"])
+                if entry["definition"] is None:
+                    self.tables.pop(table, None)
+                else:
+                    self.tables[table] = TableDefinition.from_json(entry["definition"])
+        lines = [json.dumps({"gtid": "", "table": [t.database, t.table],
+                             "definition": d.to_json()}) for t, d in sorted(self.tables.items())]
+        write_atomically(self.path, "".join(line + "\n" for line in lines).encode("utf-8"))
+
+    def _record(self, table: TableName, definition: TableDefinition | None,
+                gtid: Gtid | None) -> None:
+        if definition is None:
+            self.tables.pop(table, None)
+        else:
+            self.tables[table] = definition
+            self.unknown.discard(table)
+        if self.path is None:
+            return
+        line = json.dumps({"gtid": str(gtid) if gtid else "", "table": [table.database,
+                                                                        table.table],
+                           "definition": definition.to_json() if definition else None})
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _forget(self, table: TableName, gtid: Gtid | None, why: str) -> None:
+        if table in self.tables:
+            log.warning("schema history: %s is now unknown (%s)", table, why)
+        self._record(table, None, gtid)
+        self.unknown.add(table)
+
+    # -- DDL -------------------------------------------------------------------------------
+
+    def apply(self, sql: str, database: str, gtid: Gtid | None) -> tuple[str, tuple[TableChange,
+                                                                                   ...]]:
+        """Replay one statement; returns its kind and its effect on each table."""
+        statement = ddl.parse(sql, database)
+        if isinstance(statement, ddl.CreateTable):
+            return "create", self._create(statement, gtid)
+        if isinstance(statement, ddl.AlterTable):
+            return self._alter(statement, gtid)
+        if isinstance(statement, ddl.RenameTables):
+            moves: list[TableChange] = []
+            for old, new in statement.pairs:
+                moves += self._move(old, new, self.tables.get(old), gtid)
+            return "rename", tuple(moves)
+        if isinstance(statement, ddl.DropTables):
+            return "drop", tuple(self._drop(t, gtid) for t in statement.tables)
+        if isinstance(statement, ddl.TruncateTable):
+            table = statement.table
+            return "truncate", (TableChange("truncate", table.database, table.table,
+                                            self._layout(table)),)
+        if isinstance(statement, ddl.DropDatabase):
+            gone = [t for t in self.tables if t.database == statement.database]
+            return "drop", tuple(self._drop(t, gtid) for t in gone)
+        if isinstance(statement, ddl.Unparsed):
+            log.warning("schema history: %s", statement.reason)
+            for table in statement.tables:
+                self._forget(table, gtid, "a statement could not be read")
+            return "query", tuple(TableChange("alter", t.database, t.table)
+                                  for t in statement.tables)
+        return "query", ()
+
+    def _create(self, statement: ddl.CreateTable, gtid: Gtid | None) -> tuple[TableChange, ...]:
+        table = statement.table
+        if statement.if_not_exists and table in self.tables:
+            return ()
+        definition = statement.definition
+        if statement.like is not None:
+            definition = self.tables.get(statement.like)
+        if definition is None:
+            self._forget(table, gtid, f"created like unknown {statement.like}")
+            return (TableChange("create", table.database, table.table),)
+        self._record(table, definition, gtid)
+        return (TableChange("create", table.database, table.table, self._layout(table)),)
+
+    def _alter(self, statement: ddl.AlterTable, gtid: Gtid | None
+               ) -> tuple[str, tuple[TableChange, ...]]:
+        table = statement.table
+        definition = self.tables.get(table)
+        renamed_to = None
+        for action in statement.actions:
+            if isinstance(action, ddl.RenameTo):
+                renamed_to = action.table
+            elif definition is not None:
+                try:
+                    definition = _alter(definition, action)
+                except (KeyError, ValueError) as exc:
+                    log.warning("schema history: %s: %s", table, exc)
+                    definition = None
+        if renamed_to is not None:
+            only_rename = all(isinstance(a, ddl.RenameTo) for a in statement.actions)
+            return ("rename" if only_rename else "alter",
+                    tuple(self._move(table, renamed_to, definition, gtid)))
+        if definition is None:
+            self._forget(table, gtid, "altered while unknown or in a way not understood")
+            return "alter", (TableChange("alter", table.database, table.table),)
+        self._record(table, definition, gtid)
+        return "alter", (TableChange("alter", table.database, table.table,
+                                     self._layout(table)),)
+
+    def _move(self, old: TableName, new: TableName, definition: TableDefinition | None,
+              gtid: Gtid | None) -> list[TableChange]:
+        self._record(old, None, gtid)
+        self.unknown.discard(old)
+        if definition is None:
+            self._forget(new, gtid, f"renamed from unknown {old}")
+        else:
+            self._record(new, definition, gtid)
+        return [TableChange("drop", old.database, old.table, note=f"renamed to {new}"),
+                TableChange("create", new.database, new.table, self._layout(new),
+                            note=f"renamed from {old}")]
+
+    def _drop(self, table: TableName, gtid: Gtid | None) -> TableChange:
+        self._record(table, None, gtid)
+        self.unknown.discard(table)
+        return TableChange("drop", table.database, table.table)
+
+    def _layout(self, table: TableName) -> TableLayout | None:
+        definition = self.tables.get(table)
+        if definition is None:
+            return None
+        return layout_of(table, definition)
+
+    # -- table maps ------------------------------------------------------------------------
+
+    def reconcile(self, layout: TableLayout, gtid: Gtid | None) -> TableLayout:
+        """Check a table map against the history and add what only the history knows."""
+        table = TableName(layout.database, layout.table)
+        definition = self.tables.get(table)
+        if definition is None:
+            definition = self._bootstrap(table, layout, gtid)
+        elif not agrees(layout, definition):
+            raise SchemaError(
+                f"{table}: the binlog's table map ({_describe(layout.columns)}) disagrees with "
+                f"the schema history ({_describe(definition.column_defs())}); the history may "
+                "have missed a schema change. Replication stops here so that no row is "
+                "labelled with the wrong schema. Run `cdcserver schema forget "
+                f"{table.database}.{table.table} --data-dir DIR` to re-learn the table from "
+                "the source, then restart.")
+        if definition is None:
+            if any(not c.name for c in layout.columns):
+                raise SchemaError(
+                    f"the binlog has no column names for {table} and the schema history "
+                    "cannot supply them: set binlog_row_metadata=FULL on the source "
+                    "(SET GLOBAL binlog_row_metadata=FULL)")
+            return layout
+        return enrich(layout, definition)
+
+    def _bootstrap(self, table: TableName, layout: TableLayout, gtid: Gtid | None
+                   ) -> TableDefinition | None:
+        if self.lookup is None:
+            return None
+        try:
+            text = self.lookup(table)
+        except Exception as exc:  # noqa: BLE001 - a failed lookup leaves the table unknown
+            log.warning("schema history: cannot read the definition of %s: %s", table, exc)
+            return None
+        statement = ddl.parse(text, table.database) if text else None
+        if not isinstance(statement, ddl.CreateTable) or statement.definition is None:
+            self.unknown.add(table)
+            return None
+        if not agrees(layout, statement.definition):
+            if table not in self.unknown:
+                log.info("schema history: %s has changed since the position being "
+                         "replicated; its extended types are unknown until it matches again",
+                         table)
+            self.unknown.add(table)
+            return None
+        self._record(table, statement.definition, gtid)
+        log.info("schema history: learned %s from the source", table)
+        return statement.definition
+
+    def forget(self, table: TableName) -> None:
+        self._forget(table, None, "forgotten on request")
+
+
+# -- definitions and layouts ---------------------------------------------------------------
+
+def layout_of(table: TableName, definition: TableDefinition) -> TableLayout:
+    columns = definition.column_defs()
+    pk = tuple(definition.index(name) for name in definition.primary_key)
+    return TableLayout(table.database, table.table, columns, pk)
+
+
+def _signature(col: ColumnDef, full: bool) -> tuple[object, ...]:
+    """What must match between the two sources: the Avro mapping, without the types only
+    the history knows. Without metadata the binlog knows neither signedness nor which
+    columns hold characters."""
+    if not full:
+        col = replace(col, unsigned=False, charset=None)
+    mapping = map_column(replace(col, extended=None))
+    return mapping.kind, json.dumps(mapping.branches), mapping.fsp, col.unsigned
+
+
+def agrees(layout: TableLayout, definition: TableDefinition) -> bool:
+    ours = definition.column_defs()
+    if len(ours) != len(layout.columns):
+        return False
+    described = layout.metadata != "none"
+    for binlog, history in zip(layout.columns, ours, strict=True):
+        if binlog.name and binlog.name.lower() != history.name.lower():
+            return False
+        if _signature(binlog, described) != _signature(history, described):
+            return False
+        for labels in ("enum_values", "set_values"):
+            a, b = getattr(binlog, labels), getattr(history, labels)
+            if a and b and a != b:
+                return False
+    return True
+
+
+def enrich(layout: TableLayout, definition: TableDefinition) -> TableLayout:
+    columns = []
+    for binlog, spec, history in zip(layout.columns, definition.columns,
+                                     definition.column_defs(), strict=True):
+        column = replace(
+            binlog, name=binlog.name or history.name, extended=history.extended,
+            enum_values=binlog.enum_values or history.enum_values,
+            set_values=binlog.set_values or history.set_values)
+        if layout.metadata == "none":  # the binlog said nothing of signs or character sets
+            column = replace(column, unsigned=history.unsigned,
+                             charset=_codec(layout, spec) if history.charset else None)
+        columns.append(column)
+    pk = layout.primary_key or tuple(definition.index(n) for n in definition.primary_key)
+    return replace(layout, columns=tuple(columns), primary_key=pk)
+
+
+def _codec(layout: TableLayout, spec: ColumnSpec) -> str:
+    try:
+        if spec.charset is None:
+            raise LookupError("no character set is known")
+        codec = codec_for(spec.charset)
+        assert codec is not None
+        return codec
+    except LookupError as exc:
+        raise SchemaError(
+            f"{layout.database}.{layout.table}.{spec.name}: the binlog carries no character "
+            f"sets and the schema history cannot supply one ({exc}); set "
+            "binlog_row_metadata=MINIMAL or FULL on the source") from None
+
+
+def _describe(columns: tuple[ColumnDef, ...]) -> str:
+    return ", ".join(f"{c.name or '?'} {map_column(replace(c, extended=None)).real_type}"
+                     for c in columns)
+
+
+def _alter(definition: TableDefinition, action: object) -> TableDefinition:
+    columns = list(definition.columns)
+    pk = list(definition.primary_key)
+    if isinstance(action, ddl.AddColumns):
+        for column in action.columns:
+            if definition.has(column.name):
+                if action.if_not_exists:
+                    continue
+                raise ValueError(f"column {column.name} already exists")
+            column = _with_table_charset(column, definition)
+            _insert(columns, column, action.position, definition)
+            definition = replace(definition, columns=tuple(columns))
+        return definition
+    if isinstance(action, ddl.DropColumn):
+        if not definition.has(action.name):
+            if action.if_exists:
+                return definition
+            raise KeyError(f"no column {action.name}")
+        del columns[definition.index(action.name)]
+        pk = [c for c in pk if c.lower() != action.name.lower()]
+        return replace(definition, columns=tuple(columns), primary_key=tuple(pk))
+    if isinstance(action, ddl.ChangeColumn):
+        if not definition.has(action.old):
+            if action.if_exists:
+                return definition
+            raise KeyError(f"no column {action.old}")
+        index = definition.index(action.old)
+        column = _with_table_charset(action.column, definition)
+        if action.old.lower() in (p.lower() for p in pk):
+            column = replace(column, nullable=False)
+            pk = [column.name if p.lower() == action.old.lower() else p for p in pk]
+        del columns[index]
+        if action.position is None:
+            columns.insert(index, column)
+        else:
+            _insert(columns, column, action.position, replace(definition,
+                                                             columns=tuple(columns)))
+        return replace(definition, columns=tuple(columns), primary_key=tuple(pk))
+    if isinstance(action, ddl.RenameColumn):
+        index = definition.index(action.old)
+        columns[index] = replace(columns[index], name=action.new)
+        pk = [action.new if p.lower() == action.old.lower() else p for p in pk]
+        return replace(definition, columns=tuple(columns), primary_key=tuple(pk))
+    if isinstance(action, ddl.SetPrimaryKey):
+        for name in action.columns:
+            definition.index(name)
+        columns = [replace(c, nullable=False) if c.name in action.columns else c
+                   for c in columns]
+        return replace(definition, columns=tuple(columns), primary_key=action.columns)
+    if isinstance(action, ddl.ConvertCharset):
+        columns = [replace(c, charset=action.charset, binary=action.charset == "binary")
+                   if c.type in CHARACTER_TYPES else c for c in columns]
+        return replace(definition, columns=tuple(columns), default_charset=action.charset)
+    if isinstance(action, ddl.UnknownAction):
+        raise ValueError(f"ALTER TABLE action not understood: {action.text[:60]!r}")
+    raise ValueError(f"unexpected action {action!r}")
+
+
+def _insert(columns: list[ColumnSpec], column: ColumnSpec, position: ddl.Position | None,
+            definition: TableDefinition) -> None:
+    if position is None:
+        columns.append(column)
+    elif position[0] == "first":
+        columns.insert(0, column)
+    else:
+        assert position[1] is not None
+        columns.insert(definition.index(position[1]) + 1, column)
+
+
+def _with_table_charset(column: ColumnSpec, definition: TableDefinition) -> ColumnSpec:
+    charset = definition.default_charset
+    if column.type in CHARACTER_TYPES and column.charset is None and charset is not None:
+        return replace(column, charset=charset, binary=charset == "binary")
+    return column
