@@ -16,6 +16,7 @@ import logging
 from typing import Protocol
 
 from cdcserver.changes import Begin, Change, Commit
+from cdcserver.errors import CdcError
 from cdcserver.gtid import BinlogPosition, GtidState
 from cdcserver.handoff import Handoff
 
@@ -90,17 +91,26 @@ class Pipeline:
         return self._progress
 
     async def run(self) -> None:
-        """Until the replicator's stream ends (returns) or fails (raises its error)."""
+        """Until the replicator's stream ends (returns) or fails, or a checkpoint cannot be
+        written (raises the error)."""
         flusher = asyncio.create_task(self._flush_periodically())
         try:
-            while batches := await self.handoff.get():
+            while True:
+                taking = asyncio.ensure_future(self.handoff.get())
+                await asyncio.wait({taking, flusher}, return_when=asyncio.FIRST_COMPLETED)
+                if flusher.done():
+                    taking.cancel()
+                    flusher.result()  # a failed checkpoint stops the pipeline
+                batches = taking.result()
+                if not batches:
+                    break
                 for batch in batches:
                     await self._apply(batch)
         finally:
             flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher
-            await self.flush()
+        await self.flush()
 
     async def _apply(self, batch: list[Change]) -> None:
         for sink, keep in zip(self.sinks, self._filters, strict=True):
@@ -122,4 +132,9 @@ class Pipeline:
     async def _flush_periodically(self) -> None:
         while True:
             await asyncio.sleep(self.flush_interval)
-            await self.flush()
+            try:
+                await self.flush()
+            except CdcError as exc:
+                if not exc.retriable:
+                    raise
+                log.warning("checkpoint not written, retrying: %s", exc)

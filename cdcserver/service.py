@@ -76,7 +76,7 @@ class Service:
         await self.replicating.wait()
         assert self.pipeline is not None
         while not all(self.pipeline.state.covers(g) for g in target):
-            await self.pipeline.progress()
+            await asyncio.shield(self.pipeline.progress())  # shared with other waiters
 
     def _listener(self) -> CdcServer:
         cfg = self.config.listener

@@ -230,10 +230,9 @@ def _wait_for_checkpoint(data_dir: str, snapshot: tuple[str, int], timeout: floa
     target = (_file_number(snapshot[0]), snapshot[1])
     while True:
         checkpoint = ckpt.load(path)
-        if checkpoint is not None:
-            position = checkpoint.position
-            if (_file_number(position.file), position.pos) >= target:
-                return
+        position = checkpoint.position if checkpoint is not None else None
+        if position is not None and (_file_number(position.file), position.pos) >= target:
+            return
         if time.monotonic() > deadline:
             raise StoreError(f"the service has not reached the snapshot position "
                              f"{snapshot[0]}:{snapshot[1]} within {timeout:.0f}s (is it running?)")

@@ -212,6 +212,12 @@ class Resume:
         if isinstance(event, SchemaChange):
             if event.version == self._schema_version:
                 return False
+            if self._last is not None:
+                # A new version after delivered records: nothing of it was delivered, so a
+                # resume starts at its beginning. (A GTID from the old version would skip the
+                # new version's records of other domains that precede that GTID's domain.)
+                self.gtid = None
+                self._last = None
             self._schema_version = self.version = event.version
             return True
         last = self._last

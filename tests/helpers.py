@@ -75,3 +75,11 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30.0, what: str =
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what or condition}")
         pause.wait(0.02)
+
+
+async def pace(seconds: float) -> None:
+    """Wait on the event loop's clock, to act like a slow client (not to synchronise)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.call_later(seconds, done.set_result, None)
+    await done

@@ -16,10 +16,11 @@ from cdcserver.protocol.server import CdcServer, ListenerLimits
 from cdcserver.protocol.session import SessionContext
 from cdcserver.replication.constants import ColumnType
 from cdcserver.store.catalog import Catalog
+from cdcserver.store.naming import TableName
 from cdcserver.store.store import AvroStore
 from cdcserver.users import UsersFile
 from client.wire import Code, auth_message
-from tests.helpers import PASSWORD, USER, RawClient
+from tests.helpers import PASSWORD, USER, RawClient, pace
 
 LAYOUT = TableLayout("shop", "items", (
     ColumnDef("id", ColumnType.LONG, nullable=False),
@@ -245,3 +246,50 @@ async def test_a_client_that_never_reads_does_not_stall_others(listener: Listene
     assert lines[-1]["id"] == 1000 + 199 * 50 + 49
     await reader.close()
     await stuck.close()
+
+
+async def test_a_client_leaving_does_not_disturb_others_tailing_the_table(listener: Listener):
+    leaving = await RawClient.connect(listener.port)
+    staying = await RawClient.connect(listener.port)
+    for client in (leaving, staying):
+        await client.login()
+        await client.send(b"REQUEST-DATA shop.items\n")
+        for _ in range(3):
+            await client.json_line()
+    await leaving.send(b"CLOSE\n")
+    assert await leaving.closed() == b""
+    await listener.commit_rows((9, "nine"))
+    assert (await staying.json_line())["id"] == 9
+    await staying.close()
+
+
+async def test_empty_lines_do_not_extend_the_authentication_timeout(tmp_path):
+    running = await _listener(str(tmp_path), ListenerLimits(auth_timeout=0.6))
+    try:
+        client = await RawClient.connect(running.port)
+        reply = asyncio.ensure_future(client.closed(timeout=5))
+        sent = 0
+        while not reply.done() and sent < 10:  # a slowloris: an empty line every 0.2 s
+            await client.send(b"\n")
+            sent += 1
+            await pace(0.2)
+        assert reply.done(), "empty lines kept an unauthenticated connection open"
+        assert sent <= 5 and (await reply).startswith(b"ERR TIMEOUT authentication")
+    finally:
+        await running.server.stop()
+        running.store.close()
+
+
+async def test_a_corrupt_file_is_an_internal_error_not_a_hang(listener: Listener):
+    entry = listener.store.catalog.get(TableName("shop", "items"))
+    assert entry is not None
+    info = entry.latest()
+    assert info is not None
+    with open(info.path, "r+b") as f:  # break the first block's sync marker
+        f.seek(info.committed - 1)
+        f.write(b"X")
+    client = await RawClient.connect(listener.port)
+    await client.login()
+    await client.send(b"REQUEST-DATA shop.items\n")
+    await client.json_line()  # the schema
+    assert (await client.closed()).startswith(b"ERR INTERNAL")

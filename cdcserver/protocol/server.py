@@ -133,6 +133,11 @@ class Connection:
         self.peer = peer
         self.messages = MessageReader(reader, server.limits.max_line)
         self.session = Session(server.context, peer)
+        loop = asyncio.get_running_loop()
+        # One deadline for the whole authentication phase; after it, the idle deadline moves
+        # only with real commands (empty lines do not keep a connection alive).
+        self._auth_deadline = loop.time() + server.limits.auth_timeout
+        self._last_command = loop.time()
 
     async def run(self) -> None:
         log.debug("%s: connected", self.peer)
@@ -141,6 +146,8 @@ class Connection:
                 message = await self._next_message()
                 if message is None:
                     break
+                if message.strip():
+                    self._last_command = asyncio.get_running_loop().time()
                 outcome = self.session.receive(message)
                 if isinstance(outcome, Reply):
                     if outcome.data:
@@ -157,12 +164,17 @@ class Connection:
             await self._send(error_line(Code.TIMEOUT, f"{phase} timeout"))
         except ConnectionError as exc:
             log.debug("%s: connection lost: %s", self.peer, exc)
+        except Exception:
+            log.exception("%s: internal error", self.peer)
+            await self._send(error_line(Code.INTERNAL, "internal error; see the server's log"))
         log.debug("%s: closed", self.peer)
 
     async def _next_message(self) -> bytes | None:
-        limits = self.server.limits
-        timeout = limits.auth_timeout if self.session.phase == Phase.AUTH else limits.idle_timeout
-        async with asyncio.timeout(timeout):
+        if self.session.phase == Phase.AUTH:
+            deadline = self._auth_deadline
+        else:
+            deadline = self._last_command + self.server.limits.idle_timeout
+        async with asyncio.timeout_at(deadline):
             return await self.messages.next()
 
     async def _send(self, data: bytes) -> None:

@@ -92,7 +92,9 @@ class Streamer:
                 continue
             if info.sealed:
                 return
-            await entry.changed()
+            # Shared by every session tailing the table: shield it, or one session
+            # leaving would cancel the others' wait.
+            await asyncio.shield(entry.changed())
 
     async def _send_schema(self, info: VersionInfo) -> None:
         if self.format == Format.JSON:

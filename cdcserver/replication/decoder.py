@@ -49,6 +49,7 @@ from cdcserver.replication.cursor import Cursor
 from cdcserver.replication.rowcodec import RowsDecoder, compile_rows_decoder
 from cdcserver.replication.tablemap import parse_table_map
 from cdcserver.schema.history import SchemaHistory
+from cdcserver.store.naming import TableName
 
 HEADER = struct.Struct("<IBIIIH")  # timestamp, type, server_id, event_size, log_pos, flags
 HEADER_SIZE = 19
@@ -109,6 +110,7 @@ class EventDecoder:
         self.file = ""
         self.pos = 4
         self.checksum_size = 4 if checksums else 0
+        self.mariadb = True  # until the FORMAT_DESCRIPTION event says otherwise
         self.table_id_size = 6
         self._tables: dict[int, _TableMapEntry] = {}
         # Table maps by their bytes (after the table id): a layout is decoded, checked
@@ -118,6 +120,7 @@ class EventDecoder:
         self._pending_mysql_gtid: Gtid | None = None
         self._standalone = False
         self._event_end = 0
+        self._written: set[TableName] = set()  # tables with rows in the open transaction
         self.in_transaction = False
 
     # -- entry point -------------------------------------------------------------------
@@ -126,8 +129,10 @@ class EventDecoder:
         """Decode one packet (starting with the OK byte) and append its changes to ``out``."""
         self._event(packet, 1, out, checksummed=True)
 
-    def _event(self, buf: bytes, start: int, out: list[Change], *, checksummed: bool) -> None:
+    def _event(self, buf: bytes, start: int, out: list[Change], *, checksummed: bool,
+               enclosing_end: int = 0) -> None:
         timestamp, kind_raw, server_id, size, log_pos, flags = HEADER.unpack_from(buf, start)
+        log_pos = log_pos or enclosing_end  # events in a transaction payload have none
         crc = self.checksum_size if checksummed else 0
         end = start + size - crc
         if crc and self.verify_checksums:
@@ -191,7 +196,7 @@ class EventDecoder:
         entry = self._layouts.get(key)
         if entry is None:
             _, layout = parse_table_map(Cursor(buf, pos, end), self.table_id_size,
-                                        self.collations)
+                                        self.collations, mariadb=self.mariadb)
             if self.history is not None:
                 layout = self.history.reconcile(layout, self._gtid)
             elif layout.metadata != "full":
@@ -248,7 +253,27 @@ class EventDecoder:
         out.append(Commit(self.position(), timestamp))
         self._reset_transaction()
 
+    def _rollback(self, timestamp: int, out: list[Change]) -> None:
+        """A logged group that ends in ROLLBACK: its rows of transactional tables were
+        undone on the primary. Discard them and still advance the GTID state; rows of
+        any other table may have survived, which the binlog cannot tell, so stop."""
+        unsure = [t for t in sorted(self._written) if self.history is None or
+                  not self.history.transactional(t)]
+        if unsure:
+            raise UndecodableEvent(
+                f"transaction {self._gtid} was rolled back after writing rows of "
+                f"{', '.join(map(str, unsure))}, which are not known to be transactional; "
+                "the binlog cannot tell which of its rows survived")
+        gtid, standalone = self._gtid, self._standalone
+        if self._written:
+            out.append(Abort("rolled back on the primary"))
+            self._reset_transaction()
+            assert gtid is not None
+            self._open(gtid, timestamp, out, standalone=standalone)
+        self._commit(timestamp, out)
+
     def _reset_transaction(self) -> None:
+        self._written = set()
         self._gtid = None
         self._standalone = False
         self.in_transaction = False
@@ -282,12 +307,16 @@ class EventDecoder:
             elif not self.in_transaction:
                 raise UndecodableEvent("BEGIN without a GTID event")
             return
-        if head.startswith("COMMIT") or (head.startswith("ROLLBACK") and
-                                         not _TRANSACTION_CONTROL.match(sql)):
-            # A ROLLBACK is logged only when non-transactional changes (which did happen)
-            # were written; the rows before it are real.
+        if head.startswith("COMMIT"):
             self._commit(timestamp, out)
             return
+        if head.startswith("ROLLBACK") and not _TRANSACTION_CONTROL.match(sql):
+            self._rollback(timestamp, out)
+            return
+        if head.startswith("ROLLBACK"):  # ROLLBACK TO SAVEPOINT
+            raise UndecodableEvent(
+                "a transaction rolled back to a savepoint after changing non-transactional "
+                "tables; which of its logged rows survived cannot be told from the binlog")
         if _TRANSACTION_CONTROL.match(sql):
             return
         if _STATEMENT_DML.match(sql):
@@ -363,6 +392,7 @@ class EventDecoder:
                 f"rows of {entry.layout.qualified_name} do not match its table map: {exc}"
             ) from exc
         out.append(Rows(entry.layout, _ROWS_KINDS[kind], timestamp, rows))
+        self._written.add(TableName(entry.layout.database, entry.layout.table))
 
     @staticmethod
     def _require_full_image(bitmap: bytes, count: int, layout: TableLayout) -> None:
@@ -383,7 +413,7 @@ class EventDecoder:
     def _format_description(self, buf: bytes, pos: int, end: int) -> None:
         body = Cursor(buf, pos, end)
         body.u16()  # binlog version
-        body.take(50)  # server version
+        self.mariadb = b"mariadb" in body.take(50).lower()
         body.u32()  # created
         header_len = body.u8()
         if header_len != HEADER_SIZE:
@@ -402,11 +432,13 @@ class EventDecoder:
         """MySQL 8.0.20+ binlog_transaction_compression: the events of one transaction,
         compressed together. They carry no checksums of their own."""
         payload = compression.mysql_transaction_payload(body)
+        enclosing_end = self._event_end
         offset = 0
         while offset < len(payload):
             size = int.from_bytes(payload[offset + 9 : offset + 13], "little")
-            self._event(payload, offset, out, checksummed=False)
+            self._event(payload, offset, out, checksummed=False, enclosing_end=enclosing_end)
             offset += size
+        self._event_end = enclosing_end
 
     def _verify_checksum(self, buf: bytes, start: int, end: int, kind: int) -> None:
         expected = int.from_bytes(buf[end : end + 4], "little")

@@ -110,11 +110,20 @@ def _piece(col: ColumnDef, ns: dict[str, Any], index: int) -> _Piece:
     if t == T.TIMESTAMP2:
         size = 4 + values.frac_bytes(meta)
         return _Piece(block=_fixed_bytes(size, f"timestamp2({{data}}, {meta})"))
+    if t == T.TIME and meta:
+        return _Piece(block=_fixed_bytes(values.TIME_HIRES_BYTES[meta],
+                                         f"time_hires({{data}}, {meta})"))
     if t == T.TIME:
         return _Piece(block=_fixed_bytes(
             3, "time_v1(int.from_bytes({data}, 'little', signed=True))"))
+    if t == T.DATETIME and meta:
+        return _Piece(block=_fixed_bytes(values.DATETIME_HIRES_BYTES[meta],
+                                         f"datetime_hires({{data}}, {meta})"))
     if t == T.DATETIME:
         return _Piece(fmt="Q", post="datetime_v1(v)")
+    if t == T.TIMESTAMP and meta:
+        return _Piece(block=_fixed_bytes(4 + values.SEC_PART_BYTES[meta],
+                                         f"timestamp_hires({{data}}, {meta})"))
     if t == T.TIMESTAMP:
         return _Piece(fmt="I", post="timestamp_v1(v)")
     if t == T.NULL:
@@ -224,6 +233,8 @@ def _compile(columns: tuple[ColumnDef, ...]) -> RowsDecoder:
         "timestamp2": values.timestamp2, "time2": values.time2, "time_v1": values.time_v1,
         "datetime_v1": values.datetime_v1, "timestamp_v1": values.timestamp_v1,
         "enum_label": values.enum_label, "set_labels": values.set_labels,
+        "datetime_hires": values.datetime_hires, "time_hires": values.time_hires,
+        "timestamp_hires": values.timestamp_hires,
         "inet4_text": values.inet4_text, "inet6_text": values.inet6_text,
         "uuid_text": values.uuid_text,
     }

@@ -61,9 +61,13 @@ class _Optional:
 
 
 def parse_table_map(
-    body: Cursor, table_id_size: int, collations: CollationTable
+    body: Cursor, table_id_size: int, collations: CollationTable, *, mariadb: bool = True
 ) -> tuple[int, TableLayout]:
-    """Decode a TABLE_MAP event body (after the common header, before the checksum)."""
+    """Decode a TABLE_MAP event body (after the common header, before the checksum).
+
+    MariaDB's SIGNEDNESS bitmap has a bit for YEAR columns too (YEAR is a numeric field
+    there, sql/field.h Field_year : Field_tiny); MySQL's does not (is_numeric_type)."""
+    numeric = NUMERIC_TYPES | {ColumnType.YEAR} if mariadb else NUMERIC_TYPES
     table_id = body.uint(table_id_size)
     body.u16()  # flags
     database = body.take(body.u8()).decode("utf-8")
@@ -75,8 +79,8 @@ def parse_table_map(
     meta_block = Cursor(body.lenenc_bytes())
     metas, types = _read_metadata(meta_block, types)
     nullable = body.take((count + 7) // 8)
-    optional = _read_optional(body, types)
-    columns = _columns(database, table, types, metas, nullable, optional, collations)
+    optional = _read_optional(body, types, numeric)
+    columns = _columns(database, table, types, metas, nullable, optional, collations, numeric)
     metadata = "full" if optional.names else (
         "minimal" if optional.unsigned or optional.charsets else "none")
     return table_id, TableLayout(database, table, columns, tuple(optional.primary_key),
@@ -118,9 +122,10 @@ def _bits(data: bytes, count: int) -> list[bool]:
     return [bool(data[i // 8] & (0x80 >> (i % 8))) for i in range(count)]
 
 
-def _read_optional(body: Cursor, types: list[ColumnType]) -> _Optional:
+def _read_optional(body: Cursor, types: list[ColumnType],
+                   numeric_types: frozenset[ColumnType]) -> _Optional:
     opt = _Optional()
-    numeric = sum(1 for t in types if t in NUMERIC_TYPES)
+    numeric = sum(1 for t in types if t in numeric_types)
     while body.remaining() > 0:
         kind = body.u8()
         value = Cursor(body.lenenc_bytes())
@@ -171,7 +176,7 @@ def _expand_charsets(encoded: list[int], count: int) -> list[int]:
 
 def _columns(
     database: str, table: str, types: list[ColumnType], metas: list[int], nullable: bytes,
-    opt: _Optional, collations: CollationTable,
+    opt: _Optional, collations: CollationTable, numeric: frozenset[ColumnType],
 ) -> tuple[ColumnDef, ...]:
     names = opt.names or [""] * len(types)  # without FULL metadata: the history names them
     char_cols = [i for i, t in enumerate(types) if _is_character(t)]
@@ -188,12 +193,13 @@ def _columns(
         collation = charset_of.get(i, es_charset_of.get(i, BINARY_COLLATION_ID))
         codec = _codec(collations, collation, database, table, names[i] or f"#{i + 1}")
         labels_codec = codec or "utf-8"
+        flag = next(unsigned, False) if ctype in numeric else False
         columns.append(
             ColumnDef(
                 name=names[i],
                 binlog_type=int(ctype),
                 meta=meta,
-                unsigned=next(unsigned, False) if ctype in NUMERIC_TYPES else False,
+                unsigned=flag and ctype != ColumnType.YEAR,
                 nullable=bool(nullable[i // 8] & (1 << (i % 8))),
                 charset=codec if ctype != ColumnType.GEOMETRY else None,
                 enum_values=_labels(next(enums, ()), labels_codec)

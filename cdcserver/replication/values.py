@@ -41,6 +41,8 @@ def _date_text(year: int, month: int, day: int) -> str:
 def date_from_int(value: int) -> dt.date | str:
     """DATE: 3 bytes little-endian, day in bits 0-4, month 5-8, year from bit 9."""
     day, month, year = value & 31, (value >> 5) & 15, value >> 9
+    if month > 12:
+        raise ValueError(f"impossible DATE {year}-{month}-{day}")
     try:
         return dt.date(year, month, day)
     except ValueError:
@@ -55,11 +57,7 @@ def datetime2(raw: bytes, fsp: int) -> dt.datetime | str:
     year_month, day = ymd >> 5, ymd & 31
     year, month = divmod(year_month, 13)
     hour, minute, second = hms >> 12, (hms >> 6) & 63, hms & 63
-    try:
-        return dt.datetime(year, month, day, hour, minute, second, micros)
-    except ValueError:
-        text = f"{_date_text(year, month, day)} {hour:02d}:{minute:02d}:{second:02d}"
-        return text + (f".{micros:06d}"[: fsp + 1] if fsp else "")
+    return _datetime_or_text(year, month, day, hour, minute, second, micros, fsp)
 
 
 def datetime_v1(value: int) -> dt.datetime | str:
@@ -69,10 +67,57 @@ def datetime_v1(value: int) -> dt.datetime | str:
     month, day = divmod(rest, 100)
     hour, rest = divmod(time_part, 10_000)
     minute, second = divmod(rest, 100)
+    return _datetime_or_text(year, month, day, hour, minute, second, 0, 0)
+
+
+def _datetime_or_text(year: int, month: int, day: int, hour: int, minute: int, second: int,
+                      micros: int, fsp: int) -> dt.datetime | str:
+    if month > 12 or day > 31 or hour > 23 or minute > 59 or second > 59:
+        # Zero parts are MariaDB's; these are not: the bytes were read with the wrong layout.
+        raise ValueError(f"impossible DATETIME {year}-{month}-{day} {hour}:{minute}:{second}")
     try:
-        return dt.datetime(year, month, day, hour, minute, second)
+        return dt.datetime(year, month, day, hour, minute, second, micros)
     except ValueError:
-        return f"{_date_text(year, month, day)} {hour:02d}:{minute:02d}:{second:02d}"
+        text = f"{_date_text(year, month, day)} {hour:02d}:{minute:02d}:{second:02d}"
+        return text + (f".{micros:06d}"[: fsp + 1] if fsp else "")
+
+
+# MariaDB's own fractional temporal formats, used by columns created before 10.1.2 or with
+# mysql56_temporal_format=OFF (sql/field.cc, Field_*_hires). The table map gives no precision
+# for them; it comes from the schema history.
+DATETIME_HIRES_BYTES = (5, 6, 6, 7, 7, 7, 8)
+TIME_HIRES_BYTES = (3, 4, 4, 5, 5, 5, 6)
+SEC_PART_BYTES = (0, 1, 1, 2, 2, 3, 3)
+_TIME_ZERO_POINT = (838 * 3600 + 59 * 60 + 59 + 1) * 1_000_000  # TIME_MAX_VALUE_SECONDS + 1
+
+
+def datetime_hires(raw: bytes, fsp: int) -> dt.datetime | str:
+    """pack_time(): (((((year*13+month)*32+day)*24+hour)*60+minute)*60+second)*10^6+micros,
+    divided by 10^(6-fsp), big-endian."""
+    packed = int.from_bytes(raw, "big") * 10 ** (6 - fsp)
+    rest, micros = divmod(packed, 1_000_000)
+    rest, second = divmod(rest, 60)
+    rest, minute = divmod(rest, 60)
+    rest, hour = divmod(rest, 24)
+    rest, day = divmod(rest, 32)
+    year, month = divmod(rest, 13)
+    return _datetime_or_text(year, month, day, hour, minute, second, micros, fsp)
+
+
+def time_hires(raw: bytes, fsp: int) -> dt.timedelta:
+    """The signed pack_time() of the time, divided by 10^(6-fsp), plus a zero point."""
+    shift = 10 ** (6 - fsp)
+    packed = (int.from_bytes(raw, "big") - _TIME_ZERO_POINT // shift) * shift
+    return dt.timedelta(microseconds=packed)
+
+
+def timestamp_hires(raw: bytes, fsp: int) -> dt.datetime | str:
+    """4 bytes big-endian seconds, then the fraction divided by 10^(6-fsp), big-endian."""
+    seconds = int.from_bytes(raw[:4], "big")
+    micros = int.from_bytes(raw[4:], "big") * 10 ** (6 - fsp)
+    if seconds == 0 and micros == 0:
+        return zero_text("0000-00-00", fsp, True)
+    return EPOCH + dt.timedelta(seconds=seconds, microseconds=micros)
 
 
 def timestamp2(raw: bytes, fsp: int) -> dt.datetime | str:

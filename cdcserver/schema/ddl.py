@@ -125,6 +125,11 @@ class ConvertCharset:
 
 
 @dataclass(frozen=True)
+class SetEngine:
+    engine: str
+
+
+@dataclass(frozen=True)
 class UnknownAction:
     text: str
 
@@ -221,11 +226,11 @@ class _Parser:
             columns = self.create_elements()
         else:
             return Unparsed("CREATE TABLE without a column list", (table,))
-        charset = self.table_charset()
+        charset, engine = self.table_options()
         columns = tuple(_apply_default_charset(c, charset) for c in columns)
         pk = tuple(self._pk)
         columns = tuple(replace(c, nullable=False) if c.name in pk else c for c in columns)
-        return CreateTable(table, TableDefinition(columns, pk, charset), None, replace_,
+        return CreateTable(table, TableDefinition(columns, pk, charset, engine), None, replace_,
                            if_not_exists)
 
     def create_elements(self) -> tuple[ColumnSpec, ...]:
@@ -273,18 +278,24 @@ class _Parser:
                 names.append(part[0].text)
         return names
 
-    def table_charset(self) -> str | None:
-        charset = None
+    def table_options(self) -> tuple[str | None, str | None]:
+        """The table's default character set and storage engine, when stated."""
+        charset = engine = None
         tokens = self.ts.until_top_level(";")
         for i, token in enumerate(tokens):
-            if token.is_word("CHARSET") or (token.is_word("SET") and i and
-                                            tokens[i - 1].is_word("CHARACTER")):
-                j = i + 1
-                if j < len(tokens) and tokens[j].is_symbol("="):
-                    j += 1
-                if j < len(tokens):
+            is_charset = token.is_word("CHARSET") or (token.is_word("SET") and i > 0 and
+                                                       tokens[i - 1].is_word("CHARACTER"))
+            if not (is_charset or token.is_word("ENGINE", "TYPE")):
+                continue
+            j = i + 1
+            if j < len(tokens) and tokens[j].is_symbol("="):
+                j += 1
+            if j < len(tokens):
+                if is_charset:
                     charset = tokens[j].text.lower()
-        return charset
+                else:
+                    engine = tokens[j].text.lower()
+        return charset, engine
 
     # -- column definitions ---------------------------------------------------------------
 
@@ -432,7 +443,12 @@ class _Parser:
             ts.accept_word("COLUMN")
             ts.until_top_level(",", ";")  # SET/DROP DEFAULT, visibility: no type change
             return None
-        if ts.accept_word("ALGORITHM", "LOCK", "FORCE", "ENGINE", "COMMENT", "AUTO_INCREMENT",
+        if ts.accept_word("ENGINE"):
+            ts.accept_symbol("=")
+            engine = ts.identifier().lower()
+            ts.until_top_level(",", ";")
+            return SetEngine(engine)
+        if ts.accept_word("ALGORITHM", "LOCK", "FORCE", "COMMENT", "AUTO_INCREMENT",
                           "ROW_FORMAT", "KEY_BLOCK_SIZE", "STATS_PERSISTENT", "PAGE_COMPRESSED",
                           "ENCRYPTED", "ORDER", "ENABLE", "DISABLE", "DISCARD", "IMPORT",
                           "ANALYZE", "CHECK", "OPTIMIZE", "REBUILD", "REPAIR", "COALESCE",

@@ -131,6 +131,7 @@ class TableDefinition:
     columns: tuple[ColumnSpec, ...]
     primary_key: tuple[str, ...] = ()
     default_charset: str | None = None
+    engine: str | None = None  # lowercase; None when the statement did not say
 
     def index(self, name: str) -> int:
         lowered = name.lower()
@@ -147,9 +148,10 @@ class TableDefinition:
 
     def to_json(self) -> dict[str, Any]:
         return {"columns": [c.to_json() for c in self.columns],
-                "primary_key": list(self.primary_key), "default_charset": self.default_charset}
+                "primary_key": list(self.primary_key), "default_charset": self.default_charset,
+                "engine": self.engine}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TableDefinition:
         return cls(tuple(ColumnSpec.from_json(c) for c in data["columns"]),
-                   tuple(data["primary_key"]), data.get("default_charset"))
+                   tuple(data["primary_key"]), data.get("default_charset"), data.get("engine"))

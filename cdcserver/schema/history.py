@@ -31,6 +31,7 @@ from cdcserver.changes import ColumnDef, TableChange, TableLayout
 from cdcserver.errors import SchemaError
 from cdcserver.gtid import Gtid, GtidState
 from cdcserver.replication.charsets import codec_for
+from cdcserver.replication.constants import ColumnType as T
 from cdcserver.schema import ddl
 from cdcserver.schema.definition import CHARACTER_TYPES, ColumnSpec, TableDefinition
 from cdcserver.store.checkpoint import write_atomically
@@ -40,6 +41,7 @@ from cdcserver.store.schema import map_column
 log = logging.getLogger(__name__)
 
 Lookup = Callable[[TableName], str | None]  # SHOW CREATE TABLE text now, None if no table
+TRANSACTIONAL_ENGINES = frozenset({"innodb", "xtradb", "rocksdb", "tokudb"})
 
 
 class SchemaHistory:
@@ -239,6 +241,21 @@ class SchemaHistory:
         log.info("schema history: learned %s from the source", table)
         return statement.definition
 
+    def transactional(self, table: TableName) -> bool:
+        """Whether ``table`` is known to use an engine that rolls back (InnoDB and kin)."""
+        definition = self.tables.get(table)
+        engine = definition.engine if definition is not None else None
+        if engine is None and self.lookup is not None:
+            try:
+                text = self.lookup(table)
+            except Exception as exc:  # noqa: BLE001 - unknown means "not known transactional"
+                log.warning("schema history: cannot read the engine of %s: %s", table, exc)
+                text = None
+            statement = ddl.parse(text, table.database) if text else None
+            if isinstance(statement, ddl.CreateTable) and statement.definition is not None:
+                engine = statement.definition.engine
+        return engine in TRANSACTIONAL_ENGINES
+
     def forget(self, table: TableName) -> None:
         self._forget(table, None, "forgotten on request")
 
@@ -251,14 +268,18 @@ def layout_of(table: TableName, definition: TableDefinition) -> TableLayout:
     return TableLayout(table.database, table.table, columns, pk)
 
 
-def _signature(col: ColumnDef, full: bool) -> tuple[object, ...]:
+_OLD_TEMPORAL = frozenset({T.TIME, T.DATETIME, T.TIMESTAMP})
+
+
+def _signature(col: ColumnDef, full: bool, precise: bool) -> tuple[object, ...]:
     """What must match between the two sources: the Avro mapping, without the types only
     the history knows. Without metadata the binlog knows neither signedness nor which
-    columns hold characters."""
+    columns hold characters; an old-format temporal column does not give its precision."""
     if not full:
         col = replace(col, unsigned=False, charset=None)
     mapping = map_column(replace(col, extended=None))
-    return mapping.kind, json.dumps(mapping.branches), mapping.fsp, col.unsigned
+    return (mapping.kind, json.dumps(mapping.branches), mapping.fsp if precise else None,
+            col.unsigned)
 
 
 def agrees(layout: TableLayout, definition: TableDefinition) -> bool:
@@ -269,7 +290,8 @@ def agrees(layout: TableLayout, definition: TableDefinition) -> bool:
     for binlog, history in zip(layout.columns, ours, strict=True):
         if binlog.name and binlog.name.lower() != history.name.lower():
             return False
-        if _signature(binlog, described) != _signature(history, described):
+        precise = binlog.binlog_type not in _OLD_TEMPORAL
+        if _signature(binlog, described, precise) != _signature(history, described, precise):
             return False
         for labels in ("enum_values", "set_values"):
             a, b = getattr(binlog, labels), getattr(history, labels)
@@ -289,6 +311,8 @@ def enrich(layout: TableLayout, definition: TableDefinition) -> TableLayout:
         if layout.metadata == "none":  # the binlog said nothing of signs or character sets
             column = replace(column, unsigned=history.unsigned,
                              charset=_codec(layout, spec) if history.charset else None)
+        if binlog.binlog_type in _OLD_TEMPORAL:
+            column = replace(column, meta=history.meta)  # MariaDB's own fractional format
         columns.append(column)
     pk = layout.primary_key or tuple(definition.index(n) for n in definition.primary_key)
     return replace(layout, columns=tuple(columns), primary_key=pk)
@@ -366,6 +390,8 @@ def _alter(definition: TableDefinition, action: object) -> TableDefinition:
         columns = [replace(c, charset=action.charset, binary=action.charset == "binary")
                    if c.type in CHARACTER_TYPES else c for c in columns]
         return replace(definition, columns=tuple(columns), default_charset=action.charset)
+    if isinstance(action, ddl.SetEngine):
+        return replace(definition, engine=action.engine)
     if isinstance(action, ddl.UnknownAction):
         raise ValueError(f"ALTER TABLE action not understood: {action.text[:60]!r}")
     raise ValueError(f"unexpected action {action!r}")

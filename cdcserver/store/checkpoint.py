@@ -31,18 +31,23 @@ class TableMark:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    position: BinlogPosition
+    """``position`` is None in a new data directory's first checkpoint (nothing stored yet),
+    which is written before any data so that no file ever predates every checkpoint."""
+
+    position: BinlogPosition | None
     tables: dict[TableName, TableMark] = field(default_factory=dict)
     written_at: float = 0.0
+    fresh: frozenset[TableName] = frozenset()  # re-created tables awaiting their first rows
 
     def to_json(self) -> dict[str, object]:
         return {
             "format": FORMAT,
-            "position": self.position.to_json(),
+            "position": self.position.to_json() if self.position else None,
             "tables": [
                 {"database": t.database, "table": t.table, "version": m.version, "size": m.size}
                 for t, m in sorted(self.tables.items())
             ],
+            "fresh": [[t.database, t.table] for t in sorted(self.fresh)],
             "written_at": self.written_at,
         }
 
@@ -55,8 +60,11 @@ class Checkpoint:
                                                                      int(t["size"]))
             for t in data["tables"]  # type: ignore[attr-defined]
         }
-        position = BinlogPosition.from_json(data["position"])  # type: ignore[arg-type]
-        return cls(position, tables, float(data.get("written_at", 0.0)))  # type: ignore[arg-type]
+        raw = data["position"]
+        position = BinlogPosition.from_json(raw) if raw else None  # type: ignore[arg-type]
+        fresh = frozenset(TableName(*t) for t in data.get("fresh", []))  # type: ignore[attr-defined]
+        return cls(position, tables, float(data.get("written_at", 0.0)),  # type: ignore[arg-type]
+                   fresh)
 
 
 def load(path: str) -> Checkpoint | None:

@@ -18,8 +18,9 @@ import json
 import sqlite3
 import threading
 from dataclasses import dataclass
+from typing import Any
 
-from cdcserver.gtid import Gtid
+from cdcserver.gtid import Gtid, GtidState
 from cdcserver.store.naming import TableName
 
 _SCHEMA = """
@@ -66,7 +67,7 @@ class StoreIndex:
         self._pending_blocks: list[_BlockEntry] = []
         self._pending_txns: list[TransactionInfo] = []
         self._last_indexed: dict[tuple[TableName, int, int], int] = {}
-        self.last_transaction: TransactionInfo | None = None
+        self.last_transaction: TransactionInfo | None = self._newest_transaction()
 
     def close(self) -> None:
         with self._lock:
@@ -126,16 +127,15 @@ class StoreIndex:
             self._db.execute("DELETE FROM blocks WHERE db=? AND tbl=? AND version=?",
                              (table.database, table.table, version))
 
-    def drop_transactions_after(self, gtids: dict[int | str, int]) -> None:
+    def drop_transactions_after(self, covered: GtidState) -> None:
         """Forget transactions the checkpoint does not cover (they will be replayed)."""
         with self._lock:
-            for key, seq in gtids.items():
-                if isinstance(key, int):
-                    self._db.execute("DELETE FROM transactions WHERE domain=? AND source='' "
-                                     "AND seq>?", (key, seq))
-                else:
-                    self._db.execute("DELETE FROM transactions WHERE source=? AND seq>?",
-                                     (key, seq))
+            pairs = self._db.execute("SELECT DISTINCT domain, source FROM transactions")
+            for domain, source in pairs.fetchall():
+                last = covered.get(source or domain)
+                self._db.execute("DELETE FROM transactions WHERE domain=? AND source=? AND seq>?",
+                                 (domain, source, last.sequence if last else -1))
+            self.last_transaction = self._newest_transaction()
 
     # -- reading -----------------------------------------------------------------------
 
@@ -153,6 +153,12 @@ class StoreIndex:
         candidates = [o for o in (row[0], *pending) if o is not None]
         return max(candidates) if candidates else None
 
+    def _newest_transaction(self) -> TransactionInfo | None:
+        row = self._db.execute(
+            "SELECT domain, source, seq, server_id, timestamp, events, tables, file, pos "
+            "FROM transactions ORDER BY rowid DESC LIMIT 1").fetchone()
+        return _transaction(row) if row else None
+
     def transaction(self, gtid: Gtid) -> TransactionInfo | None:
         with self._lock:
             for info in reversed(self._pending_txns):
@@ -162,8 +168,10 @@ class StoreIndex:
                 "SELECT domain, source, seq, server_id, timestamp, events, tables, file, pos "
                 "FROM transactions WHERE domain=? AND source=? AND seq=?",
                 (gtid.domain, gtid.source_uuid or "", gtid.sequence)).fetchone()
-        if row is None:
-            return None
-        domain, source, seq, server_id, timestamp, events, tables, file, pos = row
-        return TransactionInfo(Gtid(domain, server_id, seq, source or None), timestamp, events,
-                               tuple(json.loads(tables)), file, pos)
+        return _transaction(row) if row else None
+
+
+def _transaction(row: Any) -> TransactionInfo:
+    domain, source, seq, server_id, timestamp, events, tables, file, pos = row
+    return TransactionInfo(Gtid(domain, server_id, seq, source or None), timestamp, events,
+                           tuple(json.loads(tables)), file, pos)

@@ -111,7 +111,9 @@ def map_column(col: ColumnDef) -> ColumnMapping:
 
 
 def _temporal(t: T, meta: int) -> ColumnMapping:
-    fsp = meta if t in (T.TIME2, T.DATETIME2, T.TIMESTAMP2) else 0
+    # TIME2/DATETIME2/TIMESTAMP2 carry their precision; the old types get it from the
+    # schema history (0 until then).
+    fsp = meta if t != T.DATE else 0
     name = _TEMPORAL[t]
     if name == "date":
         return ColumnMapping(Kind.DATE, [{"type": "int", "logicalType": "date"}, "string"], name)

@@ -35,7 +35,7 @@ from cdcserver.changes import (
     TableLayout,
 )
 from cdcserver.errors import StoreError
-from cdcserver.gtid import BinlogPosition
+from cdcserver.gtid import BinlogPosition, GtidState
 from cdcserver.store import checkpoint as ckpt
 from cdcserver.store.avrofile import VersionFileWriter, last_valid_end, read_header
 from cdcserver.store.catalog import Catalog, VersionInfo
@@ -78,6 +78,7 @@ class _Open:
     event_no: int = 1
     targets: dict[tuple[TableName, int], _Target] = field(default_factory=dict)
     created: dict[TableName, VersionInfo] = field(default_factory=dict)  # new versions
+    fresh: dict[TableName, bool] = field(default_factory=dict)  # re-created: True, served: False
 
 
 class AvroStore:
@@ -98,11 +99,11 @@ class AvroStore:
         self._writers: dict[tuple[TableName, int], VersionFileWriter] = {}
         self._routes: dict[int, _Route] = {}
         self._fresh: set[TableName] = set()  # re-created tables awaiting their first rows
+        self._retired: list[VersionFileWriter] = []  # to close once no flush can use them
         self._open: _Open | None = None
         self._lock_fd = -1
         self._new_files = False
         self._flush_lock = asyncio.Lock()
-        self._progress: asyncio.Future[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -114,15 +115,19 @@ class AvroStore:
         self.index = StoreIndex(os.path.join(self.state_dir, "index.sqlite"))
         checkpoint = ckpt.load(self.checkpoint_path)
         self._recover(checkpoint)
+        if checkpoint is None:  # a new directory: checkpoint "nothing" before any data
+            checkpoint = Checkpoint(None)
+            ckpt.save(self.checkpoint_path, checkpoint)
         self.catalog.load()
-        if checkpoint is not None:
-            self.position = self.durable = checkpoint.position
+        self.position = self.durable = checkpoint.position
+        self._fresh = set(checkpoint.fresh)
         return checkpoint
 
     def close(self) -> None:
-        for writer in self._writers.values():
+        for writer in [*self._writers.values(), *self._retired]:
             writer.close()
         self._writers.clear()
+        self._retired.clear()
         if self.index is not None:
             self.index.close()
             self.index = None
@@ -165,8 +170,8 @@ class AvroStore:
             if mark.version not in files.get(table, {}):
                 raise StoreError(f"the checkpoint covers {table} version {mark.version}, "
                                  "but its file is missing")
-        self.index.drop_transactions_after(
-            {g.key: g.sequence for g in checkpoint.position.gtid_state})
+        covered = checkpoint.position.gtid_state if checkpoint.position else GtidState()
+        self.index.drop_transactions_after(covered)
 
     def _version_files(self) -> dict[TableName, dict[int, str]]:
         files: dict[TableName, dict[int, str]] = {}
@@ -259,7 +264,7 @@ class AvroStore:
             elif change.kind in ("truncate", "drop") and current is not None:
                 self._new_version(table, txn, base=current.schema, ddl=about)
             elif change.kind == "create":
-                self._fresh.add(table)  # columns unknown: the next rows start a version
+                txn.fresh[table] = True  # columns unknown: the next rows start a version
 
     def commit(self, commit: Commit) -> None:
         txn = self._require_open()
@@ -276,18 +281,14 @@ class AvroStore:
             txn.begin.gtid, txn.begin.timestamp, txn.event_no - 1,
             tuple(str(t) for t in dict.fromkeys(touched)), commit.position.file,
             commit.position.pos))
+        for table, waiting in txn.fresh.items():
+            if waiting:
+                self._fresh.add(table)
+            else:
+                self._fresh.discard(table)
         self.position = commit.position
         self._open = None
         self.catalog.notify(touched)
-        progress, self._progress = self._progress, None
-        if progress is not None and not progress.done():
-            progress.set_result(None)
-
-    def progress(self) -> asyncio.Future[None]:
-        """A future resolved at the next commit (for whoever waits to catch up)."""
-        if self._progress is None or self._progress.done():
-            self._progress = asyncio.get_running_loop().create_future()
-        return self._progress
 
     def abort(self, abort: Abort) -> None:
         txn, self._open = self._open, None
@@ -297,8 +298,8 @@ class AvroStore:
         for (table, version), target in txn.targets.items():
             target.writer.rollback()
             if target.new:
-                target.writer.close()
-                self._writers.pop((table, version), None)
+                # A flush in progress may be fsyncing it: close it after the next flush.
+                self._retired.append(self._writers.pop((table, version)))
                 self._delete_version(table, version)
         created = [t.info for t in txn.targets.values() if t.new]
         self._drop_routes(lambda info: any(info is c for c in created))
@@ -316,12 +317,13 @@ class AvroStore:
         table = TableName(layout.database, layout.table)
         candidate = TableSchema.from_layout(layout, 1, "")
         current = self._current_version(table, txn)
-        if current is not None and table not in self._fresh and \
-                _same_columns(current.schema, candidate):
+        fresh = txn.fresh.get(table, table in self._fresh)
+        if current is not None and not fresh and _same_columns(current.schema, candidate):
             info = current
         else:
-            self._fresh.discard(table)
             info = self._new_version(table, txn, layout=layout)
+            if fresh:
+                txn.fresh[table] = False
         route = _Route(layout, info, compile_encoder(info.schema.columns, layout.columns))
         self._routes[id(layout)] = route
         return route
@@ -398,14 +400,20 @@ class AvroStore:
                      for name, entry in self.catalog.tables.items()
                      if (latest := entry.latest()) is not None}
             new_files, self._new_files = self._new_files, False
+            checkpoint = Checkpoint(position, marks, fresh=frozenset(self._fresh))
             work = asyncio.ensure_future(asyncio.to_thread(
-                self._make_durable, dirty, new_files, Checkpoint(position, marks)))
+                self._make_durable, dirty, new_files, checkpoint))
             try:
                 await asyncio.shield(work)
             except asyncio.CancelledError:
                 # The thread cannot be cancelled: hold the lock until it is done, so two
                 # checkpoint writes never overlap.
                 await work
+                raise
+            except BaseException:
+                for writer in dirty:  # still not known to be on disk
+                    writer.dirty = True
+                self._new_files |= new_files
                 raise
             self.durable = position
             self._close_sealed()
@@ -422,6 +430,10 @@ class AvroStore:
         ckpt.save(self.checkpoint_path, checkpoint)
 
     def _close_sealed(self) -> None:
+        """After a flush: close the writers no transaction will write again."""
+        for writer in self._retired:
+            writer.close()
+        self._retired.clear()
         for key, writer in list(self._writers.items()):
             entry = self.catalog.get(key[0])
             latest = entry.latest() if entry else None
