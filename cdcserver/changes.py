@@ -118,6 +118,8 @@ class TableChange:
     table: str
     layout: TableLayout | None = None
     note: str = ""
+    changed: bool = True  # the table's definition changed (False for index-only ALTERs)
+    renamed: str = ""  # for a rename: the table's other name, "db.table"
 
 
 @dataclass(frozen=True, slots=True)

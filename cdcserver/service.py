@@ -146,6 +146,11 @@ class Service:
     async def _shutdown(self, replication: asyncio.Task[None]) -> None:
         if self.server is not None:
             await self.server.stop()
+        if self.replicator is None and not replication.done():
+            # Still resolving where to start: nothing was replicated, stop right here.
+            replication.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await replication
         if self.replicator is not None:
             await asyncio.to_thread(self.replicator.stop)
         if not replication.done():

@@ -57,6 +57,8 @@ class Report:
     extra: list[tuple[Any, ...]] = field(default_factory=list)  # in the stream, not the table
     different: list[tuple[Any, ...]] = field(default_factory=list)  # same key, other values
     inconsistent: list[str] = field(default_factory=list)  # the stream contradicts itself
+    duplicates: int = 0  # records that appear more than once in the stream
+    records: int = 0  # records replayed
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -66,8 +68,8 @@ class Report:
     def lines(self, limit: int = 10) -> list[str]:
         status = "OK" if self.ok else "DIFFERENT"
         out = [f"{self.table}: {status} at {self.snapshot[0]}:{self.snapshot[1]} "
-               f"({self.source_rows} rows in the table, {self.stream_rows} from the stream, "
-               f"{self.chunks} chunks)"]
+               f"({self.source_rows} rows in the table, {self.stream_rows} from the stream "
+               f"of {self.records} records, {self.chunks} chunks)"]
         for label, keys in (("missing from the stream", self.missing),
                             ("in the stream but not the table", self.extra),
                             ("different values", self.different)):
@@ -118,6 +120,17 @@ def _select_expression(f: Field) -> str:
 
 # -- the stream side -----------------------------------------------------------------------
 
+class _Unknown:
+    """A value the stream cannot know: a column added after the row was last written (its
+    value in the table comes from the column's default, which no row event carried)."""
+
+    def __repr__(self) -> str:
+        return "?"
+
+
+UNKNOWN = _Unknown()
+
+
 class _Replay:
     """The table's rows rebuilt from its records."""
 
@@ -126,24 +139,45 @@ class _Replay:
         self.fields: tuple[Field, ...] = ()
         self.key: tuple[int, ...] = ()
         self.inconsistent: list[str] = []
+        self.partial = 0  # rows carried over a column change without the new columns
+        self.records = 0
+        self.duplicates = 0
+        self._seen: set[tuple[int, int, int, int]] = set()  # (domain, server, seq, event)
 
-    def use(self, info: VersionInfo) -> None:
+    def use(self, info: VersionInfo, *, continues: bool = False) -> None:
+        """Switch to ``info``'s columns. A TRUNCATE, DROP or re-creation empties the table,
+        unless the version ``continues`` one followed here (a rename); rows keep the values
+        of the columns that remain."""
         ddl = info.schema.avsc.get("ddl") or {}
-        if ddl.get("kind") in ("truncate", "drop", "create"):
+        if ddl.get("kind") in ("truncate", "drop", "create") and not continues:
             self.rows.clear()
         fields = info.schema.columns
-        if self.fields and [f.column for f in fields] != [f.column for f in self.fields]:
-            self.rows = {}  # other columns: rows written before are not comparable
-        self.fields = fields
         names = [f.column for f in fields]
         pk = info.schema.avsc.get("primary_key") or []
-        self.key = tuple(names.index(n) for n in pk if n in names) or tuple(range(len(names)))
+        key = tuple(names.index(n) for n in pk if n in names) or tuple(range(len(names)))
+        if self.fields and [f.column for f in fields] != [f.column for f in self.fields]:
+            old = {f.column: i for i, f in enumerate(self.fields)}
+            carried = {}
+            for row in self.rows.values():
+                new = tuple(row[old[n]] if n in old else UNKNOWN for n in names)
+                self.partial += any(v is UNKNOWN for v in new)
+                carried[tuple(new[i] for i in key)] = new
+            self.rows = carried
+        self.fields, self.key = fields, key
 
     def row(self, record: dict[str, Any]) -> tuple[Any, ...]:
         return tuple(canonical(f.kind, from_avro_value(f.kind, record.get(f.name)), f.scale)
                      for f in self.fields)
 
     def apply(self, record: dict[str, Any]) -> None:
+        position = (record["domain"], record["server_id"], record["sequence"],
+                    record["event_number"])
+        self.records += 1
+        if position in self._seen:
+            self.duplicates += 1
+            self.inconsistent.append("record {}-{}-{}:{} appears twice".format(*position))
+            return
+        self._seen.add(position)
         row = self.row(record)
         key = tuple(row[i] for i in self.key)
         kind = record["event_type"]
@@ -152,19 +186,23 @@ class _Replay:
         if kind in ("insert", "update_after"):
             self.rows[key] = row
         elif kind in ("update_before", "delete"):
-            if self.rows.get(key) != row:
+            known = self.rows.get(key)
+            if known is None or not _same(known, row):
                 self.inconsistent.append(f"{kind} at {where} does not match the row for key "
                                          f"{key!r}")
             self.rows.pop(key, None)
 
 
-def _stream_versions(data_dir: str, table: TableName) -> list[VersionInfo]:
-    catalog = Catalog(os.path.join(data_dir, "avro"))
-    catalog.load()
+def _ddl(info: VersionInfo) -> dict[str, str]:
+    about: dict[str, str] = info.schema.avsc.get("ddl") or {}
+    return about
+
+
+def _table_versions(catalog: Catalog, checkpoint: ckpt.Checkpoint | None,
+                    table: TableName) -> list[VersionInfo]:
     entry = catalog.get(table)
     if entry is None:
         return []
-    checkpoint = ckpt.load(os.path.join(data_dir, "state", "checkpoint.json"))
     mark = checkpoint.tables.get(table) if checkpoint else None
     versions = [entry.versions[v] for v in sorted(entry.versions)]
     for info in versions:
@@ -173,6 +211,39 @@ def _stream_versions(data_dir: str, table: TableName) -> list[VersionInfo]:
         elif mark is not None and info.version > mark.version:
             info.committed = info.header.size
     return versions
+
+
+def _stream_versions(data_dir: str, table: TableName) -> list[tuple[VersionInfo, bool]]:
+    """The versions whose records make up the table's rows now, oldest first, each with a
+    flag that is True when it continues a renamed table's rows. Only the table's current
+    life counts (from its last creation); when it was created by a rename, the life of the
+    table it was renamed from comes first."""
+    catalog = Catalog(os.path.join(data_dir, "avro"))
+    catalog.load()
+    checkpoint = ckpt.load(os.path.join(data_dir, "state", "checkpoint.json"))
+    chain: list[tuple[VersionInfo, bool]] = []
+    end: int | None = None  # for an older table: the version that renamed it away
+    seen: set[TableName] = set()
+    while table not in seen:
+        seen.add(table)
+        versions = _table_versions(catalog, checkpoint, table)[:end]
+        if not versions:
+            break
+        start = max((i for i, v in enumerate(versions) if _ddl(v).get("kind") == "create"),
+                    default=0)
+        life = versions[start:]
+        chain[:0] = [(v, False) for v in life]
+        origin = _ddl(life[0]).get("renamed_from")
+        if not origin:
+            break
+        chain[0] = (chain[0][0], True)
+        newer, table = table, TableName(*origin.split(".", 1))
+        older = _table_versions(catalog, checkpoint, table)
+        end = next((i for i, v in enumerate(older)
+                    if _ddl(v).get("renamed_to") == str(newer)), None)
+        if end is None:
+            break
+    return chain
 
 
 def _records(info: VersionInfo) -> Iterator[dict[str, Any]]:
@@ -241,8 +312,8 @@ def _wait_for_checkpoint(data_dir: str, snapshot: tuple[str, int], timeout: floa
 
 def _replay(data_dir: str, table: TableName, covered: GtidState, report: Report) -> _Replay:
     replay = _Replay()
-    for info in _stream_versions(data_dir, table):
-        replay.use(info)
+    for info, continues in _stream_versions(data_dir, table):
+        replay.use(info, continues=continues)
         for record in _records(info):
             gtid = Gtid(record["domain"], record["server_id"], record["sequence"])
             if covered.covers(gtid):
@@ -250,7 +321,13 @@ def _replay(data_dir: str, table: TableName, covered: GtidState, report: Report)
     if not replay.fields:
         raise StoreError(f"{table} has no stream in {data_dir}")
     report.inconsistent = replay.inconsistent
+    report.duplicates = replay.duplicates
+    report.records = replay.records
     report.stream_rows = len(replay.rows)
+    partial = sum(any(v is UNKNOWN for v in row) for row in replay.rows.values())
+    if partial:
+        report.notes.append(f"{partial} rows were compared without the columns added after "
+                            "they were last written (no row event carries those values)")
     return replay
 
 
@@ -308,8 +385,12 @@ def _compare(source: dict[tuple[Any, ...], tuple[Any, ...]], replay: _Replay,
                 report.missing.append(key)
             elif real is None:
                 report.extra.append(key)
-            elif mine != real:
+            elif not _same(mine, real):
                 report.different.append(key)
+
+
+def _same(stream: tuple[Any, ...], table: tuple[Any, ...]) -> bool:
+    return all(a is UNKNOWN or a == b for a, b in zip(stream, table, strict=True))
 
 
 def _sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -321,5 +402,6 @@ def format_json(report: Report) -> str:
                        "snapshot": list(report.snapshot), "source_rows": report.source_rows,
                        "stream_rows": report.stream_rows, "missing": len(report.missing),
                        "extra": len(report.extra), "different": len(report.different),
+                       "duplicates": report.duplicates, "records": report.records,
                        "inconsistent": len(report.inconsistent)})
 

@@ -83,3 +83,53 @@ async def pace(seconds: float) -> None:
     done = loop.create_future()
     loop.call_later(seconds, done.set_result, None)
     await done
+
+
+class TcpProxy:
+    """A TCP relay on 127.0.0.1 port 0 whose connections can be cut (reset) and refused,
+    to stand for a network that drops: the real MariaDB sits behind it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.refuse = False
+        self.port = 0
+        self._server: asyncio.base_events.Server | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    def cut(self) -> None:
+        for writer in list(self._open):
+            writer.transport.abort()
+        self._open.clear()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.refuse:
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._open.update((writer, up_writer))
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer),
+                             return_exceptions=True)
+        for w in (writer, up_writer):
+            self._open.discard(w)
+            w.transport.abort()
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        writer.transport.abort()

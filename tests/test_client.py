@@ -101,7 +101,7 @@ async def test_sync_client_reads_until_idle(cdc: RunningService, source: Source)
 
     def read() -> list[ChangeRecord]:  # blocking client, in a thread: the service runs here
         with SyncCdcClient("127.0.0.1", cdc.port, USER, PASSWORD, format="AVRO") as client:
-            return [e for e in client.stream(name, idle_timeout=2)
+            return [e for e in client.stream(name, idle_timeout=1)
                     if isinstance(e, ChangeRecord)]
 
     records = await asyncio.to_thread(read)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.mariadb
 
 def _records(port: int, name: str) -> list[ChangeRecord]:
     with SyncCdcClient("127.0.0.1", port, USER, PASSWORD, format="AVRO") as client:
-        return [e for e in client.stream(name, idle_timeout=2) if isinstance(e, ChangeRecord)]
+        return [e for e in client.stream(name, idle_timeout=1) if isinstance(e, ChangeRecord)]
 
 
 async def _verified(cdc: RunningService, source: Source, table: str) -> None:

@@ -31,7 +31,7 @@ def _make_table(source: Source) -> str:
 
 def _ids(port: int, table: str, expected: int) -> list[int]:
     with SyncCdcClient("127.0.0.1", port, USER, PASSWORD, max_retries=0) as cdc:
-        events = cdc.stream(table, idle_timeout=2)
+        events = cdc.stream(table, idle_timeout=1)
         ids = []
         for event in events:
             if hasattr(event, "values"):
@@ -77,7 +77,7 @@ async def test_restart_continues_with_no_loss_and_no_duplicates(tmp_path: os.Pat
 def _records(port: int, table: str, count: int) -> list:
     with SyncCdcClient("127.0.0.1", port, USER, PASSWORD, max_retries=0) as cdc:
         out = []
-        for event in cdc.stream(table, idle_timeout=3):
+        for event in cdc.stream(table, idle_timeout=1):
             if hasattr(event, "values"):
                 out.append(event)
         assert len(out) == count, f"got {len(out)} records, expected {count}"

@@ -117,7 +117,7 @@ async def _json_lines(cdc: RunningService, name: str, count: int) -> list[str]:
 
 def _typed(port: int, name: str, fmt: str) -> list[ChangeRecord]:
     with SyncCdcClient("127.0.0.1", port, USER, PASSWORD, format=fmt) as client:
-        return [e for e in client.stream(name, idle_timeout=2) if isinstance(e, ChangeRecord)]
+        return [e for e in client.stream(name, idle_timeout=1) if isinstance(e, ChangeRecord)]
 
 
 async def test_every_type_round_trips_in_both_formats(cdc: RunningService, source: Source):

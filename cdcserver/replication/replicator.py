@@ -174,6 +174,10 @@ class Replicator:
                     if not decoder.in_transaction:
                         self.state = decoder.gtid_state
                         self.last_event_time = time.time()
+            if self.blocking:
+                # A blocking dump never ends by itself: the server is shutting down, or
+                # the connection was handed an EOF some other way. Reconnect.
+                raise SourceUnavailable("the source ended the binlog dump")
             self._end_batch(decoder, batch, weight, "the binlog dump ended")
             return True
         except CdcError as exc:

@@ -165,9 +165,12 @@ class SchemaHistory:
         if definition is None:
             self._forget(table, gtid, "altered while unknown or in a way not understood")
             return "alter", (TableChange("alter", table.database, table.table),)
+        before = self.tables.get(table)
+        changed = before is None or (definition.columns, definition.primary_key) != (
+            before.columns, before.primary_key)  # not for indexes, engine or options
         self._record(table, definition, gtid)
         return "alter", (TableChange("alter", table.database, table.table,
-                                     self._layout(table)),)
+                                     self._layout(table), changed=changed),)
 
     def _move(self, old: TableName, new: TableName, definition: TableDefinition | None,
               gtid: Gtid | None) -> list[TableChange]:
@@ -177,9 +180,10 @@ class SchemaHistory:
             self._forget(new, gtid, f"renamed from unknown {old}")
         else:
             self._record(new, definition, gtid)
-        return [TableChange("drop", old.database, old.table, note=f"renamed to {new}"),
+        return [TableChange("drop", old.database, old.table, note=f"renamed to {new}",
+                            renamed=str(new)),
                 TableChange("create", new.database, new.table, self._layout(new),
-                            note=f"renamed from {old}")]
+                            note=f"renamed from {old}", renamed=str(old))]
 
     def _drop(self, table: TableName, gtid: Gtid | None) -> TableChange:
         self._record(table, None, gtid)

@@ -256,10 +256,10 @@ class AvroStore:
             about = {"kind": change.kind, "statement": ddl.sql}
             if change.note:
                 about["note"] = change.note
+            if change.renamed:
+                about["renamed_to" if change.kind == "drop" else "renamed_from"] = change.renamed
             if change.layout is not None:
-                candidate = TableSchema.from_layout(change.layout, 1, "")
-                if change.kind == "create" or current is None or \
-                        not _same_columns(current.schema, candidate):
+                if change.kind == "create" or current is None or change.changed:
                     self._new_version(table, txn, layout=change.layout, ddl=about)
             elif change.kind in ("truncate", "drop") and current is not None:
                 self._new_version(table, txn, base=current.schema, ddl=about)
