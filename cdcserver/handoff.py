@@ -20,7 +20,7 @@ class HandoffClosed(Exception):
 
 
 class Handoff:
-    def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int = 32 << 20) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int = 8 << 20) -> None:
         self._loop = loop
         self.capacity = capacity
         self._lock = threading.Lock()
