@@ -32,13 +32,20 @@ class Sink(Protocol):
     async def flush(self) -> BinlogPosition | None: ...
 
 
-def start_state(sinks: list[Sink], default: GtidState) -> GtidState:
-    """Where replication resumes: the earliest checkpoint of all sinks, or ``default`` when
-    no sink has one."""
-    states = [s.durable.gtid_state for s in sinks if s.durable is not None]
-    if len(states) < len(sinks):
-        states.append(default)  # a sink without a checkpoint starts where configured
-    return min_state(states)
+def start_position(sinks: list[Sink], default: BinlogPosition) -> BinlogPosition:
+    """Where replication resumes: the earliest checkpoint of all sinks (a sink without one
+    starts where configured). The binlog file/pos is the earliest too; it is what a MySQL
+    source without GTIDs resumes from."""
+    positions = [s.durable for s in sinks if s.durable is not None]
+    if len(positions) < len(sinks):
+        positions.append(default)
+    earliest = min(positions, key=lambda p: (_file_number(p.file), p.pos))
+    return BinlogPosition(min_state([p.gtid_state for p in positions]), earliest.file,
+                          earliest.pos)
+
+
+def _file_number(name: str) -> int:
+    return int(name.rsplit(".", 1)[-1]) if name and "." in name else 0
 
 
 def min_state(states: list[GtidState]) -> GtidState:

@@ -14,12 +14,13 @@ import logging
 import os
 import zoneinfo
 from collections.abc import Callable
+from typing import TypeVar
 
 from cdcserver.config import Config
 from cdcserver.errors import ConfigError, SourceUnavailable
-from cdcserver.gtid import GtidState
+from cdcserver.gtid import BinlogPosition, GtidState
 from cdcserver.handoff import Handoff
-from cdcserver.pipeline import Pipeline, Sink, start_state
+from cdcserver.pipeline import Pipeline, Sink, start_position
 from cdcserver.protocol.server import CdcServer, ListenerLimits
 from cdcserver.protocol.session import SessionContext
 from cdcserver.replication import source
@@ -31,6 +32,7 @@ from cdcserver.store.store import AvroStore
 from cdcserver.users import UsersFile
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Service:
@@ -94,8 +96,10 @@ class Service:
     async def _replicate(self) -> None:
         cfg = self.config.source
         address = cfg.address()
-        default = await self._retrying(lambda: self._check_source_and_resolve_start(address))
-        start = start_state(self.sinks, default)
+        default, mariadb = await self._retrying(
+            lambda: self._check_source_and_resolve_start(address))
+        position = start_position(self.sinks, default)
+        start = position.gtid_state
         history = SchemaHistory(os.path.join(self.config.store.data_dir, "state",
                                              "schema_history.jsonl"))
         await asyncio.to_thread(history.load, start)
@@ -103,7 +107,8 @@ class Service:
         handoff = Handoff(loop)
         self.replicator = Replicator(address, cfg.server_id, handoff, start,
                                      heartbeat=cfg.heartbeat, backoff=Backoff(),
-                                     report_host=cfg.report_host, history=history)
+                                     report_host=cfg.report_host, history=history,
+                                     mariadb=mariadb, file=position.file, pos=position.pos)
         self.pipeline = Pipeline(handoff, self.sinks, start, self.config.store.flush_interval)
         self.replicator.start()
         self.replicating.set()
@@ -113,24 +118,27 @@ class Service:
             handoff.close()
             await asyncio.to_thread(self.replicator.stop)
 
-    def _check_source_and_resolve_start(self, address: SourceAddress) -> GtidState:
+    def _check_source_and_resolve_start(self, address: SourceAddress
+                                        ) -> tuple[BinlogPosition, bool]:
+        """Where to start without a checkpoint, and whether the source is MariaDB."""
         conn = source.connect(address)
         try:
             info = source.describe(conn)
             source.require_row_binlog(info)
+            mariadb = info.flavor == "mariadb"
             wanted = self.config.source.start_gtid.strip()
             if wanted == "oldest":
-                return source.oldest_gtid_state(conn)
+                return source.oldest_position(conn, info), mariadb
             if wanted == "newest":
-                return source.newest_gtid_state(conn)
+                return source.newest_position(conn, info), mariadb
             try:
-                return GtidState.parse(wanted)
+                return BinlogPosition(GtidState.parse(wanted), "", 4), mariadb
             except ValueError as exc:
                 raise ConfigError(f"source.start_gtid: {exc}") from exc
         finally:
             conn.close()
 
-    async def _retrying(self, action: Callable[[], GtidState]) -> GtidState:
+    async def _retrying(self, action: Callable[[], T]) -> T:
         """Run ``action`` in a thread until the source answers (the listener keeps serving)."""
         delays = Backoff().delays()
         attempt = 0

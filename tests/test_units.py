@@ -267,3 +267,22 @@ async def test_handoff_blocks_the_producer_when_full_and_delivers_in_order():
     thread.join()
     assert seen == list(range(50)) and produced.is_set()
     assert most_in_flight <= 3  # 3 x 4 > capacity 10: never more than fits
+
+
+def test_replication_starts_at_the_earliest_sink_checkpoint():
+    from dataclasses import dataclass as dc
+
+    from cdcserver.gtid import BinlogPosition
+    from cdcserver.pipeline import start_position
+
+    @dc
+    class _Sink:
+        durable: BinlogPosition | None
+
+    behind = BinlogPosition(GtidState.parse("0-1-5,1-2-9"), "bin.000003", 400)
+    ahead = BinlogPosition(GtidState.parse("0-1-8,1-2-9"), "bin.000004", 4)
+    default = BinlogPosition(GtidState(), "bin.000001", 4)
+    start = start_position([_Sink(ahead), _Sink(behind)], default)  # type: ignore[list-item]
+    assert start == BinlogPosition(GtidState.parse("0-1-5,1-2-9"), "bin.000003", 400)
+    # A sink with no checkpoint yet starts where configured, and so everything does.
+    assert start_position([_Sink(ahead), _Sink(None)], default).gtid_state == GtidState()  # type: ignore[list-item]

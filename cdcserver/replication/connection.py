@@ -88,19 +88,27 @@ class _ReplicaStream(BinLogStreamReader):
 
 
 class BinlogConnection:
-    """One replication connection, from a GTID state. Iterate :meth:`packets`."""
+    """One replication connection. Iterate :meth:`packets`.
+
+    MariaDB is always positioned by GTID state (``@slave_connect_state``). MySQL is positioned
+    by its GTID set (COM_BINLOG_DUMP_GTID) when it has GTIDs, else by ``file``/``pos``.
+    """
 
     def __init__(self, address: SourceAddress, server_id: int, start: GtidState, *,
                  blocking: bool = True, heartbeat: float = 5.0, report_host: str = "cdcserver",
-                 fix_dump_framing: bool = True) -> None:
+                 fix_dump_framing: bool = True, mariadb: bool = True, file: str = "",
+                 pos: int = 4) -> None:
         settings = address.pymysql_kwargs()
         # A dead connection shows as a missing heartbeat: read_timeout ends the wait.
         if blocking:
             settings["read_timeout"] = heartbeat * 3
         settings.pop("charset")
+        by_gtid = mariadb or bool(start) or not file
         self._stream = _ReplicaStream(
             connection_settings=settings, server_id=server_id, blocking=blocking,
-            is_mariadb=True, auto_position=str(start), slave_heartbeat=heartbeat,
+            is_mariadb=mariadb, auto_position=str(start) if by_gtid else None,
+            log_file=None if by_gtid else file, log_pos=None if by_gtid else pos,
+            resume_stream=not by_gtid, slave_heartbeat=heartbeat,
             report_slave=(report_host, "", "", 0), enable_logging=False)
         self._stream.fix_dump_framing = fix_dump_framing
         self.address = address

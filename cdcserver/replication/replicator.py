@@ -56,11 +56,14 @@ class Replicator:
     def __init__(self, address: SourceAddress, server_id: int, handoff: Handoff,
                  start: GtidState, *, blocking: bool = True, heartbeat: float = 5.0,
                  backoff: Backoff = Backoff(), report_host: str = "cdcserver",
-                 history: SchemaHistory | None = None) -> None:
+                 history: SchemaHistory | None = None, mariadb: bool = True,
+                 file: str = "", pos: int = 4) -> None:
         self.address = address
         self.server_id = server_id
         self.handoff = handoff
         self.state = start  # after the last transaction handed over
+        self.mariadb = mariadb
+        self.file, self.pos = file, pos  # likewise, in the primary's binlog (MySQL without GTIDs)
         self.blocking = blocking
         self.heartbeat = heartbeat
         self.backoff = backoff
@@ -150,7 +153,8 @@ class Replicator:
     def _stream(self, collations: CollationTable) -> bool:
         conn = BinlogConnection(self.address, self.server_id, self.state,
                                 blocking=self.blocking, heartbeat=self.heartbeat,
-                                report_host=self.report_host)
+                                report_host=self.report_host, mariadb=self.mariadb,
+                                file=self.file, pos=self.pos)
         self._conn = conn
         batch: list[Change] = []
         weight = 0
@@ -173,6 +177,7 @@ class Replicator:
                     batch, weight = [], 0
                     if not decoder.in_transaction:
                         self.state = decoder.gtid_state
+                        self.file, self.pos = decoder.file, decoder.pos
                         self.last_event_time = time.time()
             if self.blocking:
                 # A blocking dump never ends by itself: the server is shutting down, or

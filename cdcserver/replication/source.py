@@ -9,7 +9,7 @@ from typing import Any
 import pymysql
 
 from cdcserver.errors import SourceError, SourceUnavailable
-from cdcserver.gtid import GtidState
+from cdcserver.gtid import BinlogPosition, GtidState
 from cdcserver.replication.charsets import CollationTable
 from cdcserver.replication.connection import SourceAddress
 
@@ -68,18 +68,36 @@ def collations(conn: Any) -> CollationTable:
     return CollationTable({int(i): str(name) for i, name in rows if i is not None})
 
 
-def newest_gtid_state(conn: Any) -> GtidState:
-    return GtidState.parse(str(query(conn, "SELECT @@GLOBAL.gtid_binlog_pos")[0][0] or ""))
+def newest_position(conn: Any, info: SourceInfo) -> BinlogPosition:
+    """The end of the binlog: start here to skip history."""
+    status = query(conn, "SHOW MASTER STATUS")
+    file, pos = (str(status[0][0]), int(status[0][1])) if status else ("", 4)
+    if info.flavor == "mariadb":
+        state = str(query(conn, "SELECT @@GLOBAL.gtid_binlog_pos")[0][0] or "")
+    else:
+        state = _mysql_gtid_set(conn, "gtid_executed")
+    return BinlogPosition(GtidState.parse(state), file, pos)
 
 
-def oldest_gtid_state(conn: Any) -> GtidState:
-    """The GTID state at the start of the oldest binlog still on the server: its first
-    Gtid_list event (what MaxScale's ``gtid_start_pos=oldest`` reads)."""
+def oldest_position(conn: Any, info: SourceInfo) -> BinlogPosition:
+    """The start of the oldest binlog still on the server. MariaDB: the GTID state in its
+    first Gtid_list event (what MaxScale's ``gtid_start_pos=oldest`` reads); MySQL: the GTIDs
+    already purged (none are left to send before them)."""
     logs = query(conn, "SHOW BINARY LOGS")
     if not logs:
         raise SourceError("the source has no binary logs (is log_bin on?)")
-    for row in query(conn, "SHOW BINLOG EVENTS IN %s LIMIT 5", (logs[0][0],)):
+    first = str(logs[0][0])
+    if info.flavor != "mariadb":
+        return BinlogPosition(GtidState.parse(_mysql_gtid_set(conn, "gtid_purged")), first, 4)
+    for row in query(conn, "SHOW BINLOG EVENTS IN %s LIMIT 5", (first,)):
         if str(row[2]) == "Gtid_list":
             m = _GTID_LIST_INFO.search(str(row[5]))
-            return GtidState.parse(m[1] if m else "")
-    return GtidState()
+            return BinlogPosition(GtidState.parse(m[1] if m else ""), first, 4)
+    return BinlogPosition(GtidState(), first, 4)
+
+
+def _mysql_gtid_set(conn: Any, variable: str) -> str:
+    try:
+        return str(query(conn, f"SELECT @@GLOBAL.{variable}")[0][0] or "")
+    except pymysql.err.OperationalError:  # gtid_mode is OFF on an old server
+        return ""
