@@ -112,6 +112,11 @@ class GtidState:
         )
 
 
+def binlog_ordinal(file: str, pos: int) -> tuple[int, int]:
+    """A binlog position as something that orders: (the file's number, the offset)."""
+    return (int(file.rsplit(".", 1)[-1]) if file and "." in file else 0), pos
+
+
 @dataclass(frozen=True, slots=True)
 class BinlogPosition:
     """Where a replica stands: its GTID state and the primary's binlog coordinates."""

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from cdcserver.changes import Begin, Change, Commit
 from cdcserver.errors import CdcError
-from cdcserver.gtid import BinlogPosition, GtidState
+from cdcserver.gtid import BinlogPosition, GtidState, binlog_ordinal
 from cdcserver.handoff import Handoff
 
 log = logging.getLogger(__name__)
@@ -39,13 +39,9 @@ def start_position(sinks: list[Sink], default: BinlogPosition) -> BinlogPosition
     positions = [s.durable for s in sinks if s.durable is not None]
     if len(positions) < len(sinks):
         positions.append(default)
-    earliest = min(positions, key=lambda p: (_file_number(p.file), p.pos))
+    earliest = min(positions, key=lambda p: binlog_ordinal(p.file, p.pos))
     return BinlogPosition(min_state([p.gtid_state for p in positions]), earliest.file,
                           earliest.pos)
-
-
-def _file_number(name: str) -> int:
-    return int(name.rsplit(".", 1)[-1]) if name and "." in name else 0
 
 
 def min_state(states: list[GtidState]) -> GtidState:

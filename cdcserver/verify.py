@@ -20,11 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import os
-import sqlite3
 import struct
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Context, Decimal
 from typing import Any
@@ -33,13 +29,16 @@ import pymysql
 
 from cdcserver.errors import StoreError
 from cdcserver.gtid import Gtid, GtidState
-from cdcserver.protocol.records import decode_records
 from cdcserver.replication import source as source_sql
 from cdcserver.replication.connection import SourceAddress
-from cdcserver.store import checkpoint as ckpt
-from cdcserver.store.avrofile import scan_blocks
-from cdcserver.store.catalog import Catalog, VersionInfo
+from cdcserver.store.catalog import VersionInfo
 from cdcserver.store.naming import TableName
+from cdcserver.store.reader import (
+    committed_records,
+    gtid_state_at,
+    table_life,
+    wait_for_checkpoint,
+)
 from client.schema import Field, Kind, from_avro_value
 
 CHUNK_ROWS = 1000
@@ -193,86 +192,6 @@ class _Replay:
             self.rows.pop(key, None)
 
 
-def _ddl(info: VersionInfo) -> dict[str, str]:
-    about: dict[str, str] = info.schema.avsc.get("ddl") or {}
-    return about
-
-
-def _table_versions(catalog: Catalog, checkpoint: ckpt.Checkpoint | None,
-                    table: TableName) -> list[VersionInfo]:
-    entry = catalog.get(table)
-    if entry is None:
-        return []
-    mark = checkpoint.tables.get(table) if checkpoint else None
-    versions = [entry.versions[v] for v in sorted(entry.versions)]
-    for info in versions:
-        if mark is not None and info.version == mark.version:
-            info.committed = mark.size  # past it, blocks may belong to an open transaction
-        elif mark is not None and info.version > mark.version:
-            info.committed = info.header.size
-    return versions
-
-
-def _stream_versions(data_dir: str, table: TableName) -> list[tuple[VersionInfo, bool]]:
-    """The versions whose records make up the table's rows now, oldest first, each with a
-    flag that is True when it continues a renamed table's rows. Only the table's current
-    life counts (from its last creation); when it was created by a rename, the life of the
-    table it was renamed from comes first."""
-    catalog = Catalog(os.path.join(data_dir, "avro"))
-    catalog.load()
-    checkpoint = ckpt.load(os.path.join(data_dir, "state", "checkpoint.json"))
-    chain: list[tuple[VersionInfo, bool]] = []
-    end: int | None = None  # for an older table: the version that renamed it away
-    seen: set[TableName] = set()
-    while table not in seen:
-        seen.add(table)
-        versions = _table_versions(catalog, checkpoint, table)[:end]
-        if not versions:
-            break
-        start = max((i for i, v in enumerate(versions) if _ddl(v).get("kind") == "create"),
-                    default=0)
-        life = versions[start:]
-        chain[:0] = [(v, False) for v in life]
-        origin = _ddl(life[0]).get("renamed_from")
-        if not origin:
-            break
-        chain[0] = (chain[0][0], True)
-        newer, table = table, TableName(*origin.split(".", 1))
-        older = _table_versions(catalog, checkpoint, table)
-        end = next((i for i, v in enumerate(older)
-                    if _ddl(v).get("renamed_to") == str(newer)), None)
-        if end is None:
-            break
-    return chain
-
-
-def _records(info: VersionInfo) -> Iterator[dict[str, Any]]:
-    for block in scan_blocks(info.path, info.header, info.header.size, info.committed):
-        yield from decode_records(info, block)
-
-
-def _covered_state(data_dir: str, snapshot: tuple[str, int]) -> GtidState:
-    """The GTIDs of the transactions at or before the snapshot position."""
-    db = sqlite3.connect(f"file:{os.path.join(data_dir, 'state', 'index.sqlite')}?mode=ro",
-                         uri=True)
-    try:
-        rows = db.execute("SELECT domain, source, server_id, seq, file, pos FROM transactions"
-                          ).fetchall()
-    finally:
-        db.close()
-    state: dict[int | str, Gtid] = {}
-    for domain, source_uuid, server_id, seq, file, pos in rows:
-        if (_file_number(file), pos) <= (_file_number(snapshot[0]), snapshot[1]):
-            gtid = Gtid(domain, server_id, seq, source_uuid or None)
-            if gtid.key not in state or state[gtid.key].sequence < seq:
-                state[gtid.key] = gtid
-    return GtidState(state.values())
-
-
-def _file_number(name: str) -> int:
-    return int(name.rsplit(".", 1)[-1]) if "." in name else 0
-
-
 # -- the verification ----------------------------------------------------------------------
 
 def verify_table(address: SourceAddress, data_dir: str, table: TableName,
@@ -285,8 +204,8 @@ def verify_table(address: SourceAddress, data_dir: str, table: TableName,
         status = dict(source_sql.query(conn, "SHOW STATUS LIKE 'binlog_snapshot_%'"))
         snapshot = (str(status["Binlog_snapshot_file"]), int(status["Binlog_snapshot_position"]))
         report = Report(table, snapshot)
-        _wait_for_checkpoint(data_dir, snapshot, timeout)
-        replay = _replay(data_dir, table, _covered_state(data_dir, snapshot), report)
+        wait_for_checkpoint(data_dir, *snapshot, timeout)
+        replay = _replay(data_dir, table, gtid_state_at(data_dir, *snapshot), report)
         source_rows = _source_rows(conn, table, replay)
         source_sql.query(conn, "COMMIT")
     finally:
@@ -295,26 +214,11 @@ def verify_table(address: SourceAddress, data_dir: str, table: TableName,
     return report
 
 
-def _wait_for_checkpoint(data_dir: str, snapshot: tuple[str, int], timeout: float) -> None:
-    path = os.path.join(data_dir, "state", "checkpoint.json")
-    deadline = time.monotonic() + timeout
-    target = (_file_number(snapshot[0]), snapshot[1])
-    while True:
-        checkpoint = ckpt.load(path)
-        position = checkpoint.position if checkpoint is not None else None
-        if position is not None and (_file_number(position.file), position.pos) >= target:
-            return
-        if time.monotonic() > deadline:
-            raise StoreError(f"the service has not reached the snapshot position "
-                             f"{snapshot[0]}:{snapshot[1]} within {timeout:.0f}s (is it running?)")
-        time.sleep(0.05)
-
-
 def _replay(data_dir: str, table: TableName, covered: GtidState, report: Report) -> _Replay:
     replay = _Replay()
-    for info, continues in _stream_versions(data_dir, table):
+    for info, continues in table_life(data_dir, table):
         replay.use(info, continues=continues)
-        for record in _records(info):
+        for record in committed_records(info):
             gtid = Gtid(record["domain"], record["server_id"], record["sequence"])
             if covered.covers(gtid):
                 replay.apply(record)
