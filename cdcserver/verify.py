@@ -20,13 +20,16 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Context, Decimal
 from typing import Any
 
 import pymysql
 
+from cdcserver.dump.scan import select_expression
 from cdcserver.errors import StoreError
 from cdcserver.gtid import Gtid, GtidState
 from cdcserver.replication import source as source_sql
@@ -39,6 +42,7 @@ from cdcserver.store.reader import (
     table_life,
     wait_for_checkpoint,
 )
+from client.dump import DumpDecoder, DumpHeader, DumpRows
 from client.schema import Field, Kind, from_avro_value
 
 CHUNK_ROWS = 1000
@@ -104,17 +108,6 @@ def canonical(kind: Kind, value: Any, scale: int = 0) -> Any:
     if kind == Kind.BYTES and isinstance(value, bytearray):
         return bytes(value)
     return value
-
-
-def _select_expression(f: Field) -> str:
-    name = f"`{f.column.replace('`', '``')}`"
-    if f.kind == Kind.FLOAT:
-        return f"CAST({name} AS DOUBLE)"  # the text protocol prints FLOAT with 6 digits
-    if f.real_type == "bit":
-        return f"CAST({name} AS UNSIGNED)"
-    if f.real_type in ("set", "enum", "inet4", "inet6", "uuid"):
-        return f"CAST({name} AS CHAR)"
-    return name
 
 
 # -- the stream side -----------------------------------------------------------------------
@@ -195,7 +188,9 @@ class _Replay:
 # -- the verification ----------------------------------------------------------------------
 
 def verify_table(address: SourceAddress, data_dir: str, table: TableName,
-                 timeout: float = 60.0) -> Report:
+                 timeout: float = 60.0, dump: str | None = None) -> Report:
+    """Compare the table with its stream (with ``dump``, a dump file's path: with that dump
+    followed by the stream after it, as a client loading the dump sees the table)."""
     conn = source_sql.connect(address)
     try:
         source_sql.query(conn, "SET SESSION time_zone = '+00:00'")
@@ -205,7 +200,11 @@ def verify_table(address: SourceAddress, data_dir: str, table: TableName,
         snapshot = (str(status["Binlog_snapshot_file"]), int(status["Binlog_snapshot_position"]))
         report = Report(table, snapshot)
         wait_for_checkpoint(data_dir, *snapshot, timeout)
-        replay = _replay(data_dir, table, gtid_state_at(data_dir, *snapshot), report)
+        covered = gtid_state_at(data_dir, *snapshot)
+        if dump is not None:
+            replay = _replay_after_dump(data_dir, table, dump, covered, report)
+        else:
+            replay = _replay(data_dir, table, covered, report)
         source_rows = _source_rows(conn, table, replay)
         source_sql.query(conn, "COMMIT")
     finally:
@@ -235,9 +234,71 @@ def _replay(data_dir: str, table: TableName, covered: GtidState, report: Report)
     return replay
 
 
+def _replay_after_dump(data_dir: str, table: TableName, path: str, covered: GtidState,
+                       report: Report) -> _Replay:
+    """The dump's rows, then the stream's records after the dump's GTID state. Versions
+    older than the dump's ``stream_version`` hold only changes the dump already has."""
+    replay = _Replay()
+    header = _load_dump(replay, path)
+    in_dump = GtidState.parse(header.gtid)
+    for info, continues in table_life(data_dir, table):
+        if info.version < header.stream_version:
+            continue
+        created = info.schema.gtid
+        before_dump = bool(created) and in_dump.covers(Gtid.parse(created))
+        replay.use(info, continues=continues or before_dump)
+        for record in committed_records(info):
+            gtid = Gtid(record["domain"], record["server_id"], record["sequence"])
+            if covered.covers(gtid) and not in_dump.covers(gtid):
+                replay.apply(record)
+    report.inconsistent = replay.inconsistent
+    report.duplicates = replay.duplicates
+    report.records = replay.records
+    report.stream_rows = len(replay.rows)
+    report.notes.append(f"from dump {os.path.basename(path)} ({header.rows} rows at "
+                        f"{header.gtid or 'the start'})")
+    return replay
+
+
+def _load_dump(replay: _Replay, path: str) -> DumpHeader:
+    decoder = DumpDecoder()
+    with open(path, "rb") as f:
+        while data := f.read(1 << 20):
+            for item in decoder.feed(data):
+                if isinstance(item, DumpHeader):
+                    replay.fields = item.columns
+                    names = [c.column for c in item.columns]
+                    pk = item.schema.get("primary_key") or []
+                    replay.key = tuple(names.index(n) for n in pk) or tuple(range(len(names)))
+                    continue
+                for before, after in _changes(item, replay.fields):
+                    if before is not None:
+                        replay.rows.pop(_key(replay, before), None)
+                    if after is not None:
+                        replay.rows[_key(replay, after)] = after
+    if decoder.header is None:
+        raise StoreError(f"{path} is not a dump (no header)")
+    return decoder.header
+
+
+def _changes(op: DumpRows, fields: tuple[Field, ...]) -> Iterator[tuple[Any, Any]]:
+    rows = [tuple(canonical(f.kind, row[f.column], f.scale) for f in fields)
+            for row in op.rows]
+    if op.action == "insert":
+        yield from ((None, r) for r in rows)
+    elif op.action == "delete":
+        yield from ((r, None) for r in rows)
+    else:
+        yield from zip(rows[0::2], rows[1::2], strict=True)
+
+
+def _key(replay: _Replay, values: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(values[i] for i in replay.key)
+
+
 def _source_rows(conn: Any, table: TableName, replay: _Replay
                  ) -> dict[tuple[Any, ...], tuple[Any, ...]]:
-    columns = ", ".join(_select_expression(f) for f in replay.fields)
+    columns = ", ".join(select_expression(f) for f in replay.fields)
     name = f"`{table.database.replace('`', '``')}`.`{table.table.replace('`', '``')}`"
     rows = {}
     with conn.cursor(pymysql.cursors.SSCursor) as cur:  # streamed, not buffered twice

@@ -61,7 +61,7 @@ class Catalog:
     def __init__(self, avro_dir: str) -> None:
         self.avro_dir = avro_dir
         self.tables: dict[TableName, TableEntry] = {}
-        self._any_change: asyncio.Future[None] | None = None
+        self._appeared: asyncio.Future[None] | None = None
 
     def get(self, name: TableName) -> TableEntry | None:
         return self.tables.get(name)
@@ -79,6 +79,16 @@ class Catalog:
         if previous is not None:
             previous.sealed = True
         entry.versions[info.version] = info
+        if previous is None and self._appeared is not None:
+            appeared, self._appeared = self._appeared, None
+            if not appeared.done():
+                appeared.set_result(None)
+
+    def table_appeared(self) -> asyncio.Future[None]:
+        """A future resolved when a table gets its first version (shared: shield it)."""
+        if self._appeared is None or self._appeared.done():
+            self._appeared = asyncio.get_running_loop().create_future()
+        return self._appeared
 
     def remove_version(self, name: TableName, version: int) -> None:
         entry = self.tables.get(name)

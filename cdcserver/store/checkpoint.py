@@ -38,6 +38,8 @@ class Checkpoint:
     tables: dict[TableName, TableMark] = field(default_factory=dict)
     written_at: float = 0.0
     fresh: frozenset[TableName] = frozenset()  # re-created tables awaiting their first rows
+    # Where the store began replicating: nothing before it is stored (None: not recorded).
+    origin: BinlogPosition | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -49,6 +51,7 @@ class Checkpoint:
             ],
             "fresh": [[t.database, t.table] for t in sorted(self.fresh)],
             "written_at": self.written_at,
+            "origin": self.origin.to_json() if self.origin else None,
         }
 
     @classmethod
@@ -63,8 +66,9 @@ class Checkpoint:
         raw = data["position"]
         position = BinlogPosition.from_json(raw) if raw else None  # type: ignore[arg-type]
         fresh = frozenset(TableName(*t) for t in data.get("fresh", []))  # type: ignore[attr-defined]
+        origin = data.get("origin")
         return cls(position, tables, float(data.get("written_at", 0.0)),  # type: ignore[arg-type]
-                   fresh)
+                   fresh, BinlogPosition.from_json(origin) if origin else None)  # type: ignore[arg-type]
 
 
 def load(path: str) -> Checkpoint | None:

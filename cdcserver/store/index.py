@@ -153,6 +153,17 @@ class StoreIndex:
         candidates = [o for o in (row[0], *pending) if o is not None]
         return max(candidates) if candidates else None
 
+    def domains(self, table: TableName, version: int) -> set[int]:
+        """The replication domains with records in a version (each domain's first block is
+        always indexed)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT domain FROM blocks WHERE db=? AND tbl=? AND version=?",
+                (table.database, table.table, version)).fetchall()
+            pending = {b.domain for b in self._pending_blocks
+                       if b.table == table and b.version == version}
+        return {r[0] for r in rows} | pending
+
     def _newest_transaction(self) -> TransactionInfo | None:
         row = self._db.execute(
             "SELECT domain, source, seq, server_id, timestamp, events, tables, file, pos "

@@ -96,6 +96,7 @@ class AvroStore:
         self.index: StoreIndex | None = None
         self.position: BinlogPosition | None = None  # after the last committed transaction
         self.durable: BinlogPosition | None = None  # what the checkpoint covers
+        self.origin: BinlogPosition | None = None  # where the store began replicating
         self._writers: dict[tuple[TableName, int], VersionFileWriter] = {}
         self._routes: dict[int, _Route] = {}
         self._fresh: set[TableName] = set()  # re-created tables awaiting their first rows
@@ -121,7 +122,13 @@ class AvroStore:
         self.catalog.load()
         self.position = self.durable = checkpoint.position
         self._fresh = set(checkpoint.fresh)
+        self.origin = checkpoint.origin
         return checkpoint
+
+    def set_origin(self, position: BinlogPosition) -> None:
+        """Record where a new store starts replicating (kept in every checkpoint)."""
+        if self.position is None and self.origin is None:
+            self.origin = position
 
     def close(self) -> None:
         for writer in [*self._writers.values(), *self._retired]:
@@ -400,7 +407,8 @@ class AvroStore:
                      for name, entry in self.catalog.tables.items()
                      if (latest := entry.latest()) is not None}
             new_files, self._new_files = self._new_files, False
-            checkpoint = Checkpoint(position, marks, fresh=frozenset(self._fresh))
+            checkpoint = Checkpoint(position, marks, fresh=frozenset(self._fresh),
+                                    origin=self.origin)
             work = asyncio.ensure_future(asyncio.to_thread(
                 self._make_durable, dirty, new_files, checkpoint))
             try:

@@ -1,0 +1,272 @@
+"""Taking dumps: one snapshot, every requested table read into its own dump file.
+
+1. Note each table's newest stream version (before the snapshot, so it is one whose changes
+   all precede the snapshot: the version a client continues in).
+2. Open one consistent snapshot for all the tables (:mod:`cdcserver.dump.snapshot`).
+3. Per table: read its definition in the snapshot, derive its Avro schema (the change
+   stream's mapping), then write its rows chunk by chunk (:mod:`cdcserver.dump.scan`) into
+   ``<stem>.partial``, checkpointing progress after each chunk (:mod:`cdcserver.dump.partial`).
+4. Write the header and rename the file to ``<stem>.<time>.dump``.
+
+A dump that finds an interrupted attempt of the same table continues it (unless told to
+restart): in the new snapshot, it first writes the changes made between the two snapshots
+(:mod:`cdcserver.dump.fixups`), then reads on from the last key written. Without a primary key
+there is no place to continue from, so such a table starts over.
+
+One dump of a table runs at a time: ``<stem>.lock`` in the dump directory is held (``flock``)
+for the whole run, by the service's scheduler or by ``cdcserver dump``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from cdcserver.dump import files, fixups
+from cdcserver.dump.partial import HEADER_SLACK, PartialDump, Progress
+from cdcserver.dump.scan import ChunkEnd, ScanPlan
+from cdcserver.dump.snapshot import DefinitionChanged, Snapshot, SnapshotPoint
+from cdcserver.errors import CdcError, SourceError
+from cdcserver.replication.connection import SourceAddress
+from cdcserver.schema.history import layout_of
+from cdcserver.store.catalog import Catalog
+from cdcserver.store.naming import TableName
+from cdcserver.store.schema import TableSchema
+from client.dump import FORMAT, operation_line
+
+log = logging.getLogger(__name__)
+
+
+class DumpBusy(CdcError):
+    """Another dump of the same table is running."""
+
+
+class DumpInterrupted(CdcError):
+    """Stopped on request; the next dump of the table continues where this one stopped."""
+
+
+@dataclass(frozen=True)
+class DumpOptions:
+    chunk_rows: int = 50_000
+    batch_rows: int = 500
+    restart: bool = False  # discard an interrupted attempt instead of continuing it
+    store_timeout: float = 60.0  # how long a resume waits for the store to reach its snapshot
+
+
+@dataclass(frozen=True)
+class DumpResult:
+    info: files.DumpInfo
+    resumed: bool
+    seconds: float
+
+
+Progressed = Callable[[TableName, int], None]  # rows written so far
+
+
+def resolve_tables(address: SourceAddress, patterns: list[str]) -> list[TableName]:
+    """``db.table`` and ``db.*`` patterns as table names (in the order given)."""
+    from cdcserver.replication import source as source_sql
+
+    names: list[TableName] = []
+    conn = source_sql.connect(address)
+    try:
+        for pattern in patterns:
+            database, dot, table = pattern.partition(".")
+            if not dot or not database or not table:
+                raise SourceError(f"expected db.table or db.*, not {pattern!r}")
+            if table == "*":
+                rows = source_sql.query(
+                    conn, "SELECT TABLE_NAME FROM information_schema.TABLES WHERE "
+                    "TABLE_SCHEMA = %s AND TABLE_TYPE = 'BASE TABLE' ORDER BY TABLE_NAME",
+                    (database,))
+                names += [TableName(database, str(r[0])) for r in rows]
+            else:
+                names.append(TableName(database, table))
+    finally:
+        conn.close()
+    return list(dict.fromkeys(names))
+
+
+def dump_tables(address: SourceAddress, data_dir: str, tables: list[TableName],
+                options: DumpOptions = DumpOptions(),
+                stream_versions: dict[TableName, int] | None = None,
+                progressed: Progressed | None = None,
+                stop: threading.Event | None = None) -> list[DumpResult]:
+    """Dump ``tables`` in one snapshot; returns the finished dumps. ``stream_versions``: each
+    table's newest version now (a running service passes its catalog's; by default they are
+    read from the data directory). Setting ``stop`` interrupts it after the current batch."""
+    directory = files.dump_dir(data_dir)
+    os.makedirs(directory, exist_ok=True)
+    with contextlib.ExitStack() as locks:
+        for table in tables:
+            locks.enter_context(table_lock(directory, table))
+        versions = stream_versions if stream_versions is not None else \
+            newest_versions(_load_catalog(data_dir), tables)
+        results: list[DumpResult] = []
+        for attempt in range(3):
+            snapshot = Snapshot(address)
+            try:
+                log.info("dump snapshot at %s:%d (GTID %s)", snapshot.point.file,
+                         snapshot.point.pos, snapshot.point.gtid)
+                for table in tables[len(results):]:
+                    results.append(_dump_table(snapshot, data_dir, table, versions[table],
+                                               options, progressed, stop))
+                return results
+            except DefinitionChanged as exc:
+                if attempt == 2:
+                    raise SourceError(f"{exc}; gave up after 3 snapshots") from exc
+                log.info("%s; opening a new snapshot", exc)
+            finally:
+                snapshot.close()
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def table_lock(directory: str, table: TableName) -> Iterator[None]:
+    """Held while a table is being dumped; raises DumpBusy if another dump holds it."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{table.stem}.lock")
+    with open(path, "a+b") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DumpBusy(f"a dump of {table} is already running") from None
+        yield
+
+
+def _load_catalog(data_dir: str) -> Catalog:
+    catalog = Catalog(os.path.join(data_dir, "avro"))
+    if os.path.isdir(catalog.avro_dir):
+        catalog.load()
+    return catalog
+
+
+def newest_versions(catalog: Catalog, tables: list[TableName]) -> dict[TableName, int]:
+    found = {}
+    for table in tables:
+        entry = catalog.get(table)
+        latest = entry.latest() if entry else None
+        found[table] = latest.version if latest else 0
+    return found
+
+
+def _dump_table(snapshot: Snapshot, data_dir: str, table: TableName, stream_version: int,
+                options: DumpOptions, progressed: Progressed | None,
+                stop: threading.Event | None) -> DumpResult:
+    started = time.monotonic()
+    point = snapshot.point
+    definition, transactional = snapshot.definition(table)
+    schema = TableSchema.from_layout(layout_of(table, definition), max(stream_version, 1),
+                                     str(point.gtid))
+    plan = ScanPlan(table, definition, schema.columns)
+    fields = schema.avsc["fields"][6:]
+    fingerprint = hashlib.sha256(json.dumps([fields, schema.avsc.get("primary_key")],
+                                            sort_keys=True).encode()).hexdigest()
+    partial = PartialDump(files.dump_dir(data_dir), table)
+    try:
+        progress = _resume(partial, snapshot, data_dir, table, fields, fingerprint, plan,
+                           options)
+        if progress is None:
+            progress = Progress(table, point.to_json(), fingerprint, stream_version,
+                                _reserve(schema, point), consistent=transactional)
+            partial.create(progress)
+        else:
+            progress.stream_version = min(progress.stream_version, stream_version)
+            progress.consistent = progress.consistent and transactional
+        _read_rows(snapshot, plan, partial, progress, options, progressed, stop)
+        if progress.resumed:
+            progress.rows = snapshot.count(table)
+        header = _header(table, schema, point, progress)
+        path = partial.finish(header, files.new_name(table, point.taken))
+    finally:
+        partial.close()
+    log.info("dumped %s: %d rows, %d bytes in %.1fs%s", table, progress.rows,
+             os.path.getsize(path), time.monotonic() - started,
+             " (resumed)" if progress.resumed else "")
+    info = files.read_info(path)
+    return DumpResult(info, progress.resumed, time.monotonic() - started)
+
+
+def _resume(partial: PartialDump, snapshot: Snapshot, data_dir: str, table: TableName,
+            fields: list[dict[str, Any]], fingerprint: str, plan: ScanPlan,
+            options: DumpOptions) -> Progress | None:
+    """Continue an interrupted attempt in this snapshot, or None to start over."""
+    progress = partial.load_progress()
+    if progress is None or not os.path.exists(partial.path):
+        return None
+    why = None
+    if options.restart:
+        why = "--restart was given"
+    elif progress.fields != fingerprint:
+        why = "the table's columns changed"
+    elif not plan.chunked or progress.key is None:
+        why = "the table has no primary key to continue from" if not plan.chunked \
+            else "no chunk was finished"
+    if why is None:
+        before = SnapshotPoint.from_json(progress.snapshot)
+        point = snapshot.point
+        try:
+            operations = list(fixups.changes_between(
+                data_dir, table, fields, before.gtid, point.gtid, (point.file, point.pos),
+                options.store_timeout))
+        except fixups.Unavailable as exc:
+            why = f"the changes since the interrupted snapshot are not available: {exc}"
+    if why is not None:
+        log.info("dump of %s: starting over (%s)", table, why)
+        partial.discard()
+        return None
+    log.info("dump of %s: continuing after %d rows, with %d operations of changes made "
+             "since %s", table, progress.rows, len(operations), before.gtid)
+    partial.reopen(progress)
+    for line in operations:
+        partial.write(line)
+    progress.snapshot = snapshot.point.to_json()
+    progress.resumed = True
+    partial.checkpoint()
+    return progress
+
+
+def _read_rows(snapshot: Snapshot, plan: ScanPlan, partial: PartialDump, progress: Progress,
+               options: DumpOptions, progressed: Progressed | None,
+               stop: threading.Event | None) -> None:
+    for item in plan.read(snapshot.conn, progress.key_values(), options.chunk_rows,
+                          options.batch_rows):
+        if stop is not None and stop.is_set():
+            raise DumpInterrupted(f"the dump of {plan.table} was interrupted after "
+                                  f"{progress.rows} rows; it continues next time")
+        if isinstance(item, ChunkEnd):
+            if item.key is not None:
+                progress.key = [v.hex() for v in item.key]
+                partial.checkpoint()
+            if progressed is not None:
+                progressed(plan.table, progress.rows)
+            continue
+        partial.write(operation_line("insert", item))
+        progress.rows += len(item)
+
+
+def _reserve(schema: TableSchema, point: SnapshotPoint) -> int:
+    """Room for the final header: its size with today's values, plus slack for a longer GTID
+    state or counts after a resume."""
+    sample = json.dumps({"schema": schema.avsc, "gtid": str(point.gtid)})
+    return len(sample.encode("utf-8")) + HEADER_SLACK
+
+
+def _header(table: TableName, schema: TableSchema, point: SnapshotPoint, progress: Progress
+            ) -> dict[str, Any]:
+    avsc = {**schema.avsc, "version": max(progress.stream_version, 1), "gtid": str(point.gtid)}
+    return {"format": FORMAT, "database": table.database, "table": table.table,
+            "gtid": str(point.gtid), "binlog": {"file": point.file, "pos": point.pos},
+            "rows": progress.rows, "created": point.taken.astimezone(dt.UTC).isoformat(),
+            "stream_version": progress.stream_version, "consistent": progress.consistent,
+            "resumed": progress.resumed, "schema": avsc}

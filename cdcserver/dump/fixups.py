@@ -1,0 +1,106 @@
+"""The changes a resumed dump must carry: a table's row changes between two snapshots.
+
+A dump interrupted after reading keys up to K at snapshot S1 continues in a new snapshot S2.
+Rows up to K are as of S1; the changes committed between S1 and S2 come from the store (every
+record of a transaction that S2 covers and S1 does not), written as ``insert`` / ``update`` /
+``delete`` operations before the rest of the rows. Applied in order as upserts, the rows up to K
+reach S2; rows after K are then read at S2 and overwrite whatever the changes did to them. The
+result is the table at S2.
+
+This needs the store to hold every such change with the dump's columns: the service must have
+been replicating since before S1 (the checkpoint's ``origin``), must have reached S2, and no
+version of the table may have begun between the two (a DDL, a TRUNCATE: changes no row event
+carries). Otherwise :class:`Unavailable` says why and the dump starts over.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from cdcserver.errors import StoreError
+from cdcserver.gtid import Gtid, GtidState
+from cdcserver.store import checkpoint as ckpt
+from cdcserver.store.naming import TableName
+from cdcserver.store.reader import (
+    committed_records,
+    table_life,
+    version_ddl,
+    wait_for_checkpoint,
+)
+from client.dump import encode_row, operation_line
+from client.schema import from_avro_value
+
+BATCH = 500
+_ACTIONS = {"insert": "insert", "delete": "delete", "update_before": "update",
+            "update_after": "update"}
+
+
+class Unavailable(Exception):
+    """The store cannot supply the changes between the two snapshots."""
+
+
+def changes_between(data_dir: str, table: TableName, fields: list[dict[str, Any]],
+                    since: GtidState, until: GtidState, until_at: tuple[str, int],
+                    timeout: float) -> Iterator[bytes]:
+    """Operation lines for the table's changes after ``since`` up to ``until``."""
+    if any(g.source_uuid for g in (*since, *until)):
+        raise Unavailable("resuming a dump needs MariaDB GTIDs (records do not carry MySQL "
+                          "source UUIDs)")
+    try:
+        checkpoint = wait_for_checkpoint(data_dir, *until_at, timeout)
+    except StoreError as exc:
+        raise Unavailable(str(exc)) from exc
+    _check_origin(checkpoint, since, os.path.join(data_dir, "state", "checkpoint.json"))
+    versions = [info for info, _ in table_life(data_dir, table)]
+    for info in versions:
+        created = info.schema.gtid
+        if version_ddl(info) and created and not since.covers(Gtid.parse(created)) \
+                and until.covers(Gtid.parse(created)):
+            raise Unavailable(f"{table} version {info.version} began with a schema change "
+                              f"between the snapshots (at {created})")
+    return _operations(versions, fields, since, until)
+
+
+def _check_origin(checkpoint: ckpt.Checkpoint, since: GtidState, path: str) -> None:
+    origin = checkpoint.origin
+    if origin is None:
+        raise Unavailable(f"{path} does not record where the store began replicating")
+    if not all(since.covers(g) for g in origin.gtid_state):
+        raise Unavailable(f"the store began replicating at {origin.gtid_state}, after the "
+                          f"interrupted dump's snapshot {since}")
+
+
+def _operations(versions: list[Any], fields: list[dict[str, Any]], since: GtidState,
+                until: GtidState) -> Iterator[bytes]:
+    action: str | None = None
+    rows: list[bytes] = []
+    for info in versions:
+        columns = info.schema.columns
+        if info.schema.avsc["fields"][6:] != fields:
+            relevant = any(_between(r, since, until) for r in committed_records(info))
+            if relevant:
+                raise Unavailable(f"{info.table} version {info.version} has other columns "
+                                  "than the dump")
+            continue
+        for record in committed_records(info):
+            if not _between(record, since, until):
+                continue
+            kind = _ACTIONS[record["event_type"]]
+            if kind != action or (len(rows) >= BATCH and record["event_type"] !=
+                                  "update_after"):
+                if rows:
+                    assert action is not None
+                    yield operation_line(action, rows)
+                action, rows = kind, []
+            values = {f.column: from_avro_value(f.kind, record.get(f.name)) for f in columns}
+            rows.append(encode_row(columns, values))
+    if rows:
+        assert action is not None
+        yield operation_line(action, rows)
+
+
+def _between(record: dict[str, Any], since: GtidState, until: GtidState) -> bool:
+    gtid = Gtid(record["domain"], record["server_id"], record["sequence"])
+    return not since.covers(gtid) and until.covers(gtid)

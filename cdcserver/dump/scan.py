@@ -1,0 +1,153 @@
+"""Reading a table's rows for a dump: the select list, and primary-key chunks.
+
+Each column is selected in the text form the dump stores (see :mod:`client.dump`): FLOAT as
+``CAST(f AS DOUBLE)`` (the text protocol prints FLOAT with only 6 digits; the double holds its
+32-bit value exactly), BIT as the number, ENUM/SET/INET/UUID as their text.
+
+A table with a primary key is read in chunks in key order, each chunk starting after the last
+key of the one before (keyset pagination, in the expanded form MariaDB's range optimizer turns
+into an index range: ``a > x OR (a = x AND b > y)``). Every chunk is a separate statement in
+the same snapshot, so a crash loses at most one chunk of work, and a resumed dump continues
+from the last key written. Key values are written as SQL literals: numbers as they are,
+temporal values quoted, strings as hex with a character set introducer (binary-safe, compared
+in the column's collation). A table whose key has a type that does not order and compare the
+same way as a literal (FLOAT, ENUM, BIT, UUID...), or that has no primary key, is read in one
+ordered-by-nothing scan.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from cdcserver.dump import rawrows
+from cdcserver.dump.snapshot import qualified, quote
+from cdcserver.schema.definition import BINARY_TYPES, TableDefinition
+from cdcserver.store.naming import TableName
+from client.schema import Field, Kind
+
+_NUMERIC_KEY = frozenset({"tinyint", "smallint", "mediumint", "int", "bigint", "decimal",
+                          "year", "serial"})
+_TEMPORAL_KEY = frozenset({"date", "time", "datetime", "timestamp"})
+_STRING_KEY = frozenset({"char", "varchar", "binary", "varbinary", "tinytext", "text",
+                         "mediumtext", "longtext", "tinyblob", "blob", "mediumblob",
+                         "longblob"})
+_NUMBER = re.compile(rb"^-?[0-9]+(\.[0-9]+)?$")
+_TEMPORAL = re.compile(rb"^-?[0-9:. -]+$")
+
+
+def select_expression(f: Field) -> str:
+    name = quote(f.column)
+    if f.kind == Kind.FLOAT:
+        return f"CAST({name} AS DOUBLE)"
+    if f.real_type == "bit":
+        return f"CAST({name} AS UNSIGNED)"
+    if f.real_type in ("set", "enum", "inet4", "inet6", "uuid"):
+        return f"CAST({name} AS CHAR)"
+    return name
+
+
+@dataclass(frozen=True)
+class KeyColumn:
+    name: str
+    position: int  # in the select list
+    sql_type: str
+    binary: bool
+
+    def literal(self, raw: bytes) -> str:
+        if self.sql_type in _NUMERIC_KEY:
+            if not _NUMBER.match(raw):
+                raise ValueError(f"key {self.name!r}: {raw!r} is not a number")
+            return raw.decode("ascii")
+        if self.sql_type in _TEMPORAL_KEY:
+            if not _TEMPORAL.match(raw):
+                raise ValueError(f"key {self.name!r}: {raw!r} is not a temporal value")
+            return "'" + raw.decode("ascii") + "'"
+        hexed = raw.hex()
+        if self.binary:
+            return f"X'{hexed}'"
+        return f"_utf8mb4 X'{hexed}'"
+
+
+class ScanPlan:
+    def __init__(self, table: TableName, definition: TableDefinition,
+                 fields: tuple[Field, ...]) -> None:
+        self.table = table
+        self.fields = fields
+        self.columns = ", ".join(select_expression(f) for f in fields)
+        self.key = _key_columns(definition, fields)
+
+    @property
+    def chunked(self) -> bool:
+        return bool(self.key)
+
+    def chunk_sql(self, after: tuple[bytes, ...] | None, limit: int) -> str:
+        assert self.key
+        sql = f"SELECT {self.columns} FROM {qualified(self.table)}"
+        if after is not None:
+            sql += f" WHERE {self._after(after)}"
+        order = ", ".join(quote(k.name) for k in self.key)
+        return f"{sql} ORDER BY {order} LIMIT {int(limit)}"
+
+    def full_sql(self) -> str:
+        return f"SELECT {self.columns} FROM {qualified(self.table)}"
+
+    def _after(self, values: tuple[bytes, ...]) -> str:
+        terms = []
+        for i, column in enumerate(self.key):
+            equal = [f"{quote(k.name)} = {k.literal(v)}"
+                     for k, v in zip(self.key[:i], values[:i], strict=True)]
+            terms.append(" AND ".join([*equal, f"{quote(column.name)} > "
+                                                f"{column.literal(values[i])}"]))
+        return " OR ".join(f"({t})" for t in terms)
+
+    def key_of(self, row: bytes) -> tuple[bytes, ...]:
+        """The key values of a row as :mod:`rawrows` encodes it."""
+        values = json.loads(row)
+        return tuple(base64.b64decode(values[k.position]) for k in self.key)
+
+    def read(self, conn: Any, after: tuple[bytes, ...] | None, chunk_rows: int,
+             batch_rows: int) -> Iterator[list[bytes] | ChunkEnd]:
+        """Batches of rows, each chunk followed by a :class:`ChunkEnd` with the key of its
+        last row (an unchunked table is one chunk, with no key)."""
+        if not self.chunked:
+            yield from rawrows.query_rows(conn, self.full_sql(), batch_rows)
+            yield ChunkEnd(None)
+            return
+        while True:
+            count = 0
+            last: bytes | None = None
+            for batch in rawrows.query_rows(conn, self.chunk_sql(after, chunk_rows),
+                                            batch_rows):
+                count += len(batch)
+                last = batch[-1]
+                yield batch
+            if last is None:
+                return
+            after = self.key_of(last)
+            yield ChunkEnd(after)
+            if count < chunk_rows:
+                return
+
+
+@dataclass(frozen=True)
+class ChunkEnd:
+    key: tuple[bytes, ...] | None
+
+
+def _key_columns(definition: TableDefinition, fields: tuple[Field, ...]
+                 ) -> tuple[KeyColumn, ...]:
+    names = [f.column for f in fields]
+    key = []
+    for name in definition.primary_key:
+        spec = definition.columns[definition.index(name)]
+        kind = spec.type
+        if kind not in _NUMERIC_KEY | _TEMPORAL_KEY | _STRING_KEY or spec.extended:
+            return ()
+        key.append(KeyColumn(spec.name, names.index(spec.name), kind,
+                             spec.binary or kind in BINARY_TYPES))
+    return tuple(key)

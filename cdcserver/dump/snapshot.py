@@ -1,0 +1,160 @@
+"""A consistent read view of the source, and the binlog position it corresponds to.
+
+MariaDB: ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` opens an InnoDB read view, and the
+server reports the binlog position that view corresponds to in the session status variables
+``binlog_snapshot_file`` / ``binlog_snapshot_position`` (both taken under the binlog's commit
+lock, so no transaction is half in the view; https://mariadb.com/kb/en/enhancements-for-start-
+transaction-with-consistent-snapshot/). ``BINLOG_GTID_POS()`` turns that position into the GTID
+state. No lock is held: writers carry on while the dump reads.
+
+MySQL has no such status variables, so the view is opened under a brief ``FLUSH TABLES WITH
+READ LOCK`` (held only while ``SHOW MASTER STATUS`` reads the position and GTID set, as
+``mysqldump --single-transaction --source-data`` does), then released before any row is read.
+
+The session reads TIMESTAMPs in UTC, and lifts the statement time limit: a dump's queries run
+as long as the table is large.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import pymysql
+
+from cdcserver.errors import SourceError
+from cdcserver.gtid import GtidState
+from cdcserver.replication import source as source_sql
+from cdcserver.replication.connection import SourceAddress
+from cdcserver.schema import ddl
+from cdcserver.schema.definition import TableDefinition
+from cdcserver.schema.history import TRANSACTIONAL_ENGINES
+from cdcserver.store.naming import TableName
+
+log = logging.getLogger(__name__)
+
+ER_TABLE_DEF_CHANGED = 1412
+ER_NO_SUCH_TABLE = 1146
+
+
+@dataclass(frozen=True)
+class SnapshotPoint:
+    gtid: GtidState
+    file: str
+    pos: int
+    taken: dt.datetime
+
+    def to_json(self) -> dict[str, object]:
+        return {"gtid": str(self.gtid), "file": self.file, "pos": self.pos,
+                "taken": self.taken.isoformat()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SnapshotPoint:
+        return cls(GtidState.parse(data["gtid"]), data["file"], int(data["pos"]),
+                   dt.datetime.fromisoformat(data["taken"]))
+
+
+class DefinitionChanged(SourceError):
+    """The table's definition changed after the snapshot was opened: open a new one."""
+
+
+def quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def qualified(table: TableName) -> str:
+    return f"{quote(table.database)}.{quote(table.table)}"
+
+
+class Snapshot:
+    """An open consistent snapshot on its own connection; close() ends it."""
+
+    def __init__(self, address: SourceAddress) -> None:
+        self.conn = source_sql.connect(address)
+        try:
+            self.info = source_sql.describe(self.conn)
+            self.point = self._open()
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def _open(self) -> SnapshotPoint:
+        mariadb = self.info.flavor == "mariadb"
+        for statement in ("SET SESSION time_zone = '+00:00'",
+                          "SET SESSION net_write_timeout = 3600",
+                          "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+                          "SET SESSION max_statement_time = 0" if mariadb
+                          else "SET SESSION max_execution_time = 0"):
+            source_sql.query(self.conn, statement)
+        if mariadb:
+            return self._open_mariadb()
+        return self._open_mysql()
+
+    def _open_mariadb(self) -> SnapshotPoint:
+        source_sql.query(self.conn, "START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        taken = dt.datetime.now(dt.UTC)
+        status = {str(k).lower(): v for k, v in
+                  source_sql.query(self.conn, "SHOW STATUS LIKE 'binlog_snapshot_%'")}
+        file = str(status.get("binlog_snapshot_file") or "")
+        if not file:
+            raise SourceError("the source reports no binlog snapshot position (is log_bin on?)")
+        pos = int(status["binlog_snapshot_position"])
+        gtid = source_sql.query(self.conn, "SELECT BINLOG_GTID_POS(%s, %s)", (file, pos))[0][0]
+        if gtid is None:
+            raise SourceError(f"BINLOG_GTID_POS({file!r}, {pos}) is NULL: the snapshot's "
+                              "binlog position is not valid on the source")
+        return SnapshotPoint(GtidState.parse(str(gtid)), file, pos, taken)
+
+    def _open_mysql(self) -> SnapshotPoint:
+        try:
+            source_sql.query(self.conn, "FLUSH TABLES WITH READ LOCK")
+        except pymysql.err.OperationalError as exc:
+            raise SourceError(f"a MySQL snapshot needs the RELOAD privilege for a brief "
+                              f"FLUSH TABLES WITH READ LOCK: {exc}") from exc
+        try:
+            source_sql.query(self.conn, "START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            taken = dt.datetime.now(dt.UTC)
+            position = source_sql.newest_position(self.conn, self.info)
+        finally:
+            source_sql.query(self.conn, "UNLOCK TABLES")
+        return SnapshotPoint(position.gtid_state, position.file, position.pos, taken)
+
+    def definition(self, table: TableName) -> tuple[TableDefinition, bool]:
+        """The table's definition in this snapshot, and whether its engine is transactional
+        (only then are its rows exactly those of the snapshot).
+
+        Opening the table takes its metadata lock for the rest of the transaction, so the
+        definition read next cannot change under the dump; if it changed between the
+        snapshot and here, InnoDB refuses the read (error 1412) and the caller retries."""
+        try:
+            source_sql.query(self.conn, f"SELECT 1 FROM {qualified(table)} LIMIT 0")
+            text = str(source_sql.query(self.conn, f"SHOW CREATE TABLE {qualified(table)}")
+                       [0][1])
+        except pymysql.err.MySQLError as exc:
+            code = exc.args[0] if exc.args else 0
+            if code == ER_TABLE_DEF_CHANGED:
+                raise DefinitionChanged(f"{table} changed while the snapshot opened") from exc
+            if code == ER_NO_SUCH_TABLE:
+                raise SourceError(f"no table {table} on the source") from exc
+            raise SourceError(f"cannot read the definition of {table}: {exc}") from exc
+        statement = ddl.parse(text, table.database)
+        if not isinstance(statement, ddl.CreateTable) or statement.definition is None:
+            raise SourceError(f"cannot parse the definition of {table}: {text[:200]}")
+        definition = statement.definition
+        return definition, (definition.engine or "innodb") in TRANSACTIONAL_ENGINES
+
+    def count(self, table: TableName) -> int:
+        return int(source_sql.query(self.conn, f"SELECT COUNT(*) FROM {qualified(table)}")[0][0])
+
+    def close(self) -> None:
+        if not self.conn.open:
+            return
+        try:
+            source_sql.query(self.conn, "COMMIT")
+        except pymysql.err.MySQLError:
+            pass
+        finally:
+            if self.conn.open:
+                self.conn.close()

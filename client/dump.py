@@ -1,0 +1,243 @@
+"""The dump file format: a header line, then JSON row operations with base64 values.
+
+    {"format": "cdc-dump/1", "database": ..., "table": ..., "schema": {...}, "gtid": "0-1-57",
+     "binlog": {"file": "mysql-bin.000003", "pos": 1234}, "rows": 200000,
+     "checksum": "sha256:...", "created": "2026-11-21T09:30:00Z", "stream_version": 3}
+    {"action": "insert", "rows": [["MQ==", "YWRh", null], ["Mg==", "Ym9i", "MS41MA=="]]}
+    ...
+
+The header describes a table consistent at one binlog position (``binlog``) and GTID state
+(``gtid``); ``schema`` is the table's Avro schema, as in the change stream; ``checksum`` covers
+every byte after the header line; ``stream_version`` is the table's stream version at the
+snapshot, where a client continues with ``REQUEST-DATA ... AFTER <gtid>``.
+
+Each following line is one operation on some rows (the seed's RowsEvent: an action and rows).
+A value is the base64 of the column's text form as MariaDB prints it (binary columns: the raw
+bytes; FLOAT: the exact double of its 32-bit value; TIMESTAMP: UTC; BIT: the number), or null.
+Dumps are ``insert``-only, except one resumed after a crash, which also holds ``update``
+(rows in before/after pairs) and ``delete`` operations for changes made while it was stopped:
+apply them in order, as upserts, to get the table at the header's position.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import json
+import struct
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from client.schema import Field, Kind, datetime_text, fields_from_schema, time_text
+
+FORMAT = "cdc-dump/1"
+
+
+@dataclass(frozen=True)
+class DumpHeader:
+    database: str
+    table: str
+    schema: dict[str, Any]
+    gtid: str
+    binlog_file: str
+    binlog_pos: int
+    rows: int
+    checksum: str
+    created: str
+    stream_version: int
+    consistent: bool = True  # False: a non-transactional table, read while it changed
+    resumed: bool = False  # holds update/delete operations after its inserts
+    fields: tuple[Field, ...] = field(repr=False, default=())
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DumpHeader:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT} dump header: format {data.get('format')!r}")
+        return cls(data["database"], data["table"], data["schema"], data["gtid"],
+                   data["binlog"]["file"], int(data["binlog"]["pos"]), int(data["rows"]),
+                   data["checksum"], data["created"], int(data["stream_version"]),
+                   bool(data.get("consistent", True)), bool(data.get("resumed", False)),
+                   fields_from_schema(data["schema"]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "database": self.database, "table": self.table,
+                "gtid": self.gtid, "binlog": {"file": self.binlog_file, "pos": self.binlog_pos},
+                "rows": self.rows, "checksum": self.checksum, "created": self.created,
+                "stream_version": self.stream_version, "consistent": self.consistent,
+                "resumed": self.resumed, "schema": self.schema}
+
+    @property
+    def columns(self) -> tuple[Field, ...]:
+        return self.fields[6:]
+
+
+@dataclass(frozen=True)
+class DumpRows:
+    """One operation: ``insert`` or ``delete`` rows, or ``update`` rows as (before, after)
+    pairs in ``rows``; each row a dict of typed values by column name."""
+
+    action: str
+    rows: list[dict[str, Any]]
+
+
+# -- values ------------------------------------------------------------------------------
+
+def _time(text: str) -> dt.timedelta:
+    sign = -1 if text.startswith("-") else 1
+    hours, minutes, rest = text.lstrip("-").split(":")
+    seconds, _, frac = rest.partition(".")
+    micros = int((frac + "000000")[:6]) if frac else 0
+    return sign * dt.timedelta(hours=int(hours), minutes=int(minutes), seconds=int(seconds),
+                               microseconds=micros)
+
+
+def decode_value(f: Field, raw: bytes) -> Any:
+    """A dump value (already base64-decoded) as the change stream's Python type."""
+    if f.kind == Kind.BYTES:
+        return raw
+    text = raw.decode("utf-8")
+    if f.kind in (Kind.INT, Kind.LONG):
+        return int(text)
+    if f.kind == Kind.DECIMAL:
+        return Decimal(text)
+    if f.kind == Kind.DOUBLE:
+        return float(text)
+    if f.kind == Kind.FLOAT:
+        return struct.unpack("<f", struct.pack("<f", float(text)))[0]
+    if f.kind == Kind.BOOLEAN:
+        return bool(int(text))
+    if f.kind == Kind.UUID:
+        return uuid.UUID(text)
+    if f.kind == Kind.TIME:
+        return _time(text)
+    if f.kind in (Kind.DATE, Kind.DATETIME, Kind.TIMESTAMP):
+        try:
+            value: Any = (dt.date.fromisoformat(text) if f.kind == Kind.DATE
+                          else dt.datetime.fromisoformat(text))
+        except ValueError:
+            return text  # a zero or partial date stays MariaDB's text, as in the stream
+        return value.replace(tzinfo=dt.UTC) if f.kind == Kind.TIMESTAMP else value
+    return text
+
+
+def encode_value(f: Field, value: Any) -> bytes:
+    """The inverse of :func:`decode_value`: a typed value's text form, as MariaDB prints it."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, bool):
+        return b"1" if value else b"0"
+    if isinstance(value, Decimal):
+        return format(value, "f").encode()
+    if isinstance(value, float):
+        return repr(value).encode()
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(dt.UTC).replace(tzinfo=None)
+        return datetime_text(value, f.fsp).encode()
+    if isinstance(value, dt.date):
+        return value.isoformat().encode()
+    if isinstance(value, dt.timedelta):
+        return time_text(value, f.fsp).encode()
+    if isinstance(value, dt.time):
+        return time_text(dt.timedelta(hours=value.hour, minutes=value.minute,
+                                      seconds=value.second, microseconds=value.microsecond),
+                         f.fsp).encode()
+    return str(value).encode()
+
+
+def encode_row(fields: tuple[Field, ...], row: dict[str, Any]) -> bytes:
+    return json.dumps([None if row.get(f.column) is None else
+                       base64.b64encode(encode_value(f, row[f.column])).decode("ascii")
+                       for f in fields], separators=(",", ":")).encode()
+
+
+def operation_line(action: str, rows: list[bytes]) -> bytes:
+    """A line for rows already encoded as JSON arrays."""
+    return b'{"action":"' + action.encode() + b'","rows":[' + b",".join(rows) + b"]}\n"
+
+
+# -- reading -----------------------------------------------------------------------------
+
+def parse_operation(header: DumpHeader, line: bytes) -> DumpRows:
+    doc = json.loads(line)
+    columns = header.columns
+    rows = []
+    for raw in doc["rows"]:
+        if len(raw) != len(columns):
+            raise ValueError(f"a dump row has {len(raw)} values for {len(columns)} columns")
+        rows.append({f.column: None if v is None else decode_value(f, base64.b64decode(v))
+                     for f, v in zip(columns, raw, strict=True)})
+    return DumpRows(doc["action"], rows)
+
+
+class DumpError(ValueError):
+    """A dump that is truncated or does not match its checksum."""
+
+
+class DumpDecoder:
+    """Sans-IO: feed a dump's bytes, get the header and then the operations; ``finish()``
+    checks that the body was whole and matches the header's checksum."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._digest = hashlib.sha256()
+        self.header: DumpHeader | None = None
+        self.received = 0
+
+    def feed(self, data: bytes) -> Iterator[DumpHeader | DumpRows]:
+        self.received += len(data)
+        if self.header is not None:
+            self._digest.update(data)
+        self._buffer += data
+        while (newline := self._buffer.find(b"\n")) >= 0:
+            line = bytes(self._buffer[:newline])
+            del self._buffer[: newline + 1]
+            if self.header is None:
+                self.header = DumpHeader.from_json(json.loads(line))
+                self._digest.update(self._buffer)  # the body bytes already here
+                yield self.header
+            elif line.strip():
+                yield parse_operation(self.header, line)
+
+    def finish(self) -> DumpHeader:
+        if self.header is None or self._buffer.strip():
+            raise DumpError("the dump ended in the middle of a line")
+        actual = "sha256:" + self._digest.hexdigest()
+        if actual != self.header.checksum:
+            raise DumpError(f"the dump's checksum is {actual}, its header says "
+                            f"{self.header.checksum}")
+        return self.header
+
+
+def read_dump(path: str) -> Iterator[DumpHeader | DumpRows]:
+    """A dump file's header, then its operations; checks the checksum at the end."""
+    decoder = DumpDecoder()
+    with open(path, "rb") as f:
+        while data := f.read(1 << 20):
+            yield from decoder.feed(data)
+    decoder.finish()
+
+
+def apply(rows: dict[tuple[Any, ...], dict[str, Any]], key: list[str], op: DumpRows) -> None:
+    """Apply an operation to a table held as {primary key: row} (upsert semantics)."""
+    def pk(row: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(row[k] for k in key) if key else tuple(row.values())
+
+    if op.action == "insert":
+        for row in op.rows:
+            rows[pk(row)] = row
+    elif op.action == "delete":
+        for row in op.rows:
+            rows.pop(pk(row), None)
+    elif op.action == "update":
+        for before, after in zip(op.rows[0::2], op.rows[1::2], strict=True):
+            rows.pop(pk(before), None)
+            rows[pk(after)] = after
+    else:
+        raise ValueError(f"unknown dump action {op.action!r}")
