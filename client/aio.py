@@ -14,11 +14,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid as uuidlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from client.dump import DumpDecoder, DumpHeader, DumpRows
 from client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
-from client.wire import Code, DataRequest, Format, ProtocolError, auth_message, parse_reply
+from client.wire import (
+    Code,
+    DataRequest,
+    DumpRequest,
+    Format,
+    ProtocolError,
+    auth_message,
+    parse_reply,
+)
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +38,11 @@ class CdcConnection:
     """One authenticated and registered connection."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 fmt: Format) -> None:
+                 fmt: Format, timeout: float = 10.0) -> None:
         self.reader = reader
         self.writer = writer
         self.format = fmt
+        self.timeout = timeout
 
     @classmethod
     async def open(cls, host: str, port: int, user: str, password: str, *,
@@ -41,7 +51,7 @@ class CdcConnection:
         fmt = Format(format)
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(host, port, ssl=ssl, limit=1 << 24), timeout)
-        conn = cls(reader, writer, fmt)
+        conn = cls(reader, writer, fmt, timeout)
         try:
             await conn.command(auth_message(user, password), timeout)
             await conn.command(
@@ -76,9 +86,12 @@ class CdcConnection:
         data: dict[str, Any] = json.loads(reply)
         return data
 
-    async def request(self, request: DataRequest) -> AsyncIterator[Event]:
-        self.writer.write(request.line().encode())
-        await self.writer.drain()
+    async def request(self, request: DataRequest | None) -> AsyncIterator[Event]:
+        """Send ``request`` and decode the stream (None: the stream already started, after
+        a ``REQUEST-DUMP ... FOLLOW``)."""
+        if request is not None:
+            self.writer.write(request.line().encode())
+            await self.writer.drain()
         decoder = JsonStreamDecoder() if self.format == Format.JSON else AvroStreamDecoder()
         while True:
             data = await self.reader.read(1 << 16)
@@ -86,6 +99,28 @@ class CdcConnection:
                 raise ConnectionError("the server closed the stream")
             for event in decoder.feed(data):
                 yield event
+
+    async def list_dumps(self, table: str | None = None) -> list[dict[str, Any]]:
+        reply = await self.query("LIST-DUMPS" + (f" {table}" if table else ""))
+        dumps: list[dict[str, Any]] = reply["dumps"]
+        return dumps
+
+    async def request_dump(self, request: DumpRequest) -> tuple[int, str]:
+        """Send REQUEST-DUMP; returns (size, name). Exactly ``size`` bytes of the file follow
+        (read them with :meth:`read_dump`), then, with FOLLOW, the change stream."""
+        reply = await self.command(request.line().encode(), self.timeout)
+        size, _, name = reply.partition(" ")
+        return int(size), name
+
+    async def read_dump(self, size: int) -> AsyncIterator[bytes]:
+        remaining = size
+        while remaining:
+            data = await self.reader.read(min(remaining, 1 << 20))
+            if not data:
+                raise ConnectionError(f"the server closed the connection with {remaining} "
+                                      "bytes of the dump still to come")
+            remaining -= len(data)
+            yield data
 
     async def close(self) -> None:
         try:
@@ -120,27 +155,36 @@ class CdcClient:
                                         format=self.format, ssl=self.ssl, timeout=self.timeout)
 
     async def stream(self, table: str, *, version: int | None = None,
-                     gtid: str | None = None) -> AsyncIterator[Event]:
-        """Every record of ``db.table`` from ``version`` (or the first) or ``gtid`` on, then new
+                     gtid: str | None = None, after: str | None = None
+                     ) -> AsyncIterator[Event]:
+        """Every record of ``db.table`` from ``version`` (or the first) or ``gtid`` on (or,
+        an extension, of the transactions the GTID state ``after`` does not cover), then new
         ones as they commit, forever; reconnects after a dropped connection."""
+        async for event in self._follow(table, Resume(version, gtid, after)):
+            yield event
+
+    async def _follow(self, table: str, resume: Resume, conn: CdcConnection | None = None
+                      ) -> AsyncIterator[Event]:
+        """The stream, resumed after each failure; ``conn`` is one already streaming."""
         database, _, name = table.partition(".")
-        resume = Resume(version, gtid)
         failures = 0
         while True:
+            if conn is None:
+                try:
+                    conn = await self.connect()
+                except RETRIABLE as exc:
+                    failures = await self._backoff(failures, exc)
+                    continue
+                except ProtocolError as exc:
+                    if not exc.retriable:
+                        raise
+                    failures = await self._backoff(failures, exc)
+                    continue
+                request: DataRequest | None = DataRequest(database, name, *resume.request())
+            else:
+                request = None  # already streaming
             try:
-                conn = await self.connect()
-            except RETRIABLE as exc:
-                failures = await self._backoff(failures, exc)
-                continue
-            except ProtocolError as exc:
-                if not exc.retriable:
-                    raise
-                failures = await self._backoff(failures, exc)
-                continue
-            try:
-                request_version, request_gtid = resume.request()
-                async for event in conn.request(DataRequest(database, name, request_version,
-                                                            request_gtid)):
+                async for event in conn.request(request):
                     failures = 0
                     if resume.accept(event):
                         yield event
@@ -152,6 +196,66 @@ class CdcClient:
                 failures = await self._backoff(failures, exc)
             finally:
                 await conn.close()
+                conn = None
+
+    # -- dumps (extensions) ------------------------------------------------------------
+
+    async def list_dumps(self, table: str | None = None) -> list[dict[str, Any]]:
+        """The server's complete dumps (of ``table``), oldest first."""
+        conn = await self.connect()
+        try:
+            return await conn.list_dumps(table)
+        finally:
+            await conn.close()
+
+    async def fetch_dump(self, target: str, path: str,
+                         progress: Callable[[int, int], None] | None = None) -> DumpHeader:
+        """Save a dump (``db.table`` for its newest, or a dump name) to ``path`` as the
+        server has it, checking its checksum; ``progress(received, total)`` after each
+        piece."""
+        conn = await self.connect()
+        try:
+            size, _ = await conn.request_dump(DumpRequest(target))
+            decoder = DumpDecoder()
+            out = await asyncio.to_thread(open, path, "wb")
+            try:
+                async for data in conn.read_dump(size):
+                    await asyncio.to_thread(out.write, data)
+                    for _ in decoder.feed(data):
+                        pass
+                    if progress is not None:
+                        progress(decoder.received, size)
+            finally:
+                await asyncio.to_thread(out.close)
+            return decoder.finish()
+        finally:
+            await conn.close()
+
+    async def dump(self, target: str, *, follow: bool = True,
+                   progress: Callable[[int, int], None] | None = None
+                   ) -> AsyncIterator[DumpHeader | DumpRows | Event]:
+        """A table's newest dump (or the dump named ``target``): its header, its row
+        operations, then with ``follow`` the changes after it, forever (reconnecting as
+        :meth:`stream` does). The dump plus what follows is the table."""
+        conn = await self.connect()
+        try:
+            size, _ = await conn.request_dump(DumpRequest(target, follow))
+            decoder = DumpDecoder()
+            async for data in conn.read_dump(size):
+                for item in decoder.feed(data):
+                    yield item
+                if progress is not None:
+                    progress(decoder.received, size)
+            header = decoder.finish()
+        except BaseException:
+            await conn.close()
+            raise
+        if not follow:
+            await conn.close()
+            return
+        resume = Resume(header.stream_version or None, None, header.gtid or None)
+        async for event in self._follow(f"{header.database}.{header.table}", resume, conn):
+            yield event
 
     async def _backoff(self, failures: int, exc: BaseException) -> int:
         if self.max_retries is not None and failures >= self.max_retries:

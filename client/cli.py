@@ -10,6 +10,10 @@ that many seconds. A rejected request prints the server's ``ERR`` line on stderr
     cdc auth-string -u USER -p PASSWORD      the first line to send with netcat
     cdc last-transaction [connection options]     QUERY-LAST-TRANSACTION
     cdc transaction GTID [connection options]     QUERY-TRANSACTION
+    cdc dumps [DB.TABLE] [connection options]     LIST-DUMPS (one JSON line per dump)
+    cdc dump DB.TABLE|NAME [-o FILE] [--follow] [connection options]
+        save a dump (a table's newest, or one by name) with a progress bar, check its
+        checksum, then with --follow print the changes after it, as ``cdc DB.TABLE`` does
 
 The password can also come from the ``CDC_PASSWORD`` environment variable.
 """
@@ -21,8 +25,16 @@ import json
 import os
 import sys
 
+from client.dump import DumpDecoder, DumpError, DumpHeader
 from client.sync import SyncCdcConnection
-from client.wire import DataRequest, Format, ProtocolError, auth_message, parse_request_data
+from client.wire import (
+    DataRequest,
+    DumpRequest,
+    Format,
+    ProtocolError,
+    auth_message,
+    parse_request_data,
+)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -77,12 +89,18 @@ def _open(args: argparse.Namespace) -> SyncCdcConnection:
                                   timeout=args.timeout or 10.0)
 
 
-def _copy_stream(conn: SyncCdcConnection, request: DataRequest, timeout: float) -> int:
-    """Write what the server sends to stdout, as it arrives."""
-    conn.sock.sendall(request.line().encode())
+def _copy_stream(conn: SyncCdcConnection, request: DataRequest | None, timeout: float) -> int:
+    """Write what the server sends to stdout, as it arrives (``request`` None: the stream
+    has already begun, after a dump)."""
+    if request is not None:
+        conn.sock.sendall(request.line().encode())
     conn.sock.settimeout(timeout or None)
     out = sys.stdout.buffer
     first = True
+    if conn._pending:
+        out.write(bytes(conn._pending))
+        conn._pending.clear()
+        first = False
     while True:
         try:
             data = conn.sock.recv(1 << 16)
@@ -134,10 +152,80 @@ def _query(command: str, with_gtid: bool):  # type: ignore[no-untyped-def]
     return run
 
 
+def _dumps(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="cdc dumps", add_help=False,
+                                     description="list the server's dumps")
+    _connection_options(parser)
+    parser.add_argument("TABLE", nargs="?", help="only this DATABASE.TABLE's")
+    args = parser.parse_args(argv)
+    try:
+        conn = _open(args)
+        try:
+            for dump in conn.list_dumps(args.TABLE):
+                print(json.dumps(dump))
+        finally:
+            conn.close()
+    except (TimeoutError, ProtocolError, OSError) as exc:
+        print(f"cdc: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def _dump(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="cdc dump", add_help=False,
+                                     description="save a dump, then optionally follow the "
+                                                 "changes after it")
+    _connection_options(parser)
+    parser.add_argument("TARGET", help="DATABASE.TABLE (its newest dump) or a dump name")
+    parser.add_argument("-o", "--output", help="file to write (default: the dump's name)")
+    parser.add_argument("--follow", action="store_true",
+                        help="then print the changes after the dump to stdout")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="show a progress bar (default: when stderr is a terminal)")
+    args = parser.parse_args(argv)
+    try:
+        conn = _open(args)
+    except (ProtocolError, OSError) as exc:
+        print(f"cdc: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        header = _save_dump(conn, args)
+        print(f"cdc: saved {header[1]} ({header[0].rows} rows at GTID "
+              f"{header[0].gtid or '(none)'})", file=sys.stderr)
+        if not args.follow:
+            return EXIT_OK
+        return _copy_stream(conn, None, args.timeout)
+    except (ProtocolError, OSError, DumpError) as exc:
+        print(f"cdc: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        conn.close()
+
+
+def _save_dump(conn: SyncCdcConnection, args: argparse.Namespace) -> tuple[DumpHeader, str]:
+    from tqdm import tqdm
+
+    size, name = conn.request_dump(DumpRequest(args.TARGET, args.follow))
+    path = args.output or name
+    decoder = DumpDecoder()
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    with open(path, "wb") as out, tqdm(total=size, unit="B", unit_scale=True,
+                                       unit_divisor=1024, desc=name, disable=not show,
+                                       file=sys.stderr) as bar:
+        for data in conn.read_dump(size):
+            out.write(data)
+            for _ in decoder.feed(data):
+                pass
+            bar.update(len(data))
+    return decoder.finish(), path
+
+
 _COMMANDS = {
     "auth-string": _auth_string,
     "last-transaction": _query("QUERY-LAST-TRANSACTION", False),
     "transaction": _query("QUERY-TRANSACTION", True),
+    "dumps": _dumps,
+    "dump": _dump,
 }
 
 

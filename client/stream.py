@@ -197,22 +197,31 @@ class Resume:
     The server's GTID seek is inclusive (it starts at the first record of the requested
     transaction), so after ``REQUEST-DATA db.t.<version> <last gtid>`` the records of that
     transaction already delivered are dropped here, as is the repeated schema.
+
+    A stream that began ``AFTER`` a GTID state (after a dump) resumes the same way, exactly
+    in every domain: the state moves to just before the last delivered transaction, whose
+    delivered records are then dropped.
     """
 
-    def __init__(self, version: int | None = None, gtid: str | None = None) -> None:
+    def __init__(self, version: int | None = None, gtid: str | None = None,
+                 after: str | None = None) -> None:
         self.version = version
         self.gtid = gtid
+        self.after = after
         self._last: tuple[int, int, int] | None = None  # (domain, sequence, event_number)
         self._schema_version: int | None = None
 
-    def request(self) -> tuple[int | None, str | None]:
-        return self.version, self.gtid
+    def request(self) -> tuple[int | None, str | None, str | None]:
+        """(version, gtid, after) for the next request."""
+        if self.after is not None:
+            return self.version, None, self.after
+        return self.version, self.gtid, None
 
     def accept(self, event: Event) -> bool:
         if isinstance(event, SchemaChange):
             if event.version == self._schema_version:
                 return False
-            if self._last is not None:
+            if self._last is not None and self.after is None:
                 # A new version after delivered records: nothing of it was delivered, so a
                 # resume starts at its beginning. (A GTID from the old version would skip the
                 # new version's records of other domains that precede that GTID's domain.)
@@ -226,4 +235,17 @@ class Resume:
             return False
         self._last = event.position
         self.gtid = event.gtid
+        if self.after is not None:
+            self.after = state_before(self.after, event)
         return True
+
+
+def state_before(state: str, record: ChangeRecord) -> str:
+    """``state`` with the record's domain moved to just before the record's transaction."""
+    items = [i for i in state.split(",") if i]
+    if len(items) == 1 and ":" in items[0]:  # a MySQL source UUID: records are in domain 0
+        uuid = items[0].split(":", 1)[0]
+        return f"{uuid}:{record.sequence - 1}"
+    kept = [i for i in items if int(i.split("-", 1)[0]) != record.domain]
+    kept.append(f"{record.domain}-{record.server_id}-{record.sequence - 1}")
+    return ",".join(sorted(kept, key=lambda i: int(i.split("-", 1)[0])))

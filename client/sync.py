@@ -15,11 +15,20 @@ import socket
 import ssl as ssl_module
 import time
 import uuid as uuidlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from client.dump import DumpDecoder, DumpHeader, DumpRows
 from client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
-from client.wire import Code, DataRequest, Format, ProtocolError, auth_message, parse_reply
+from client.wire import (
+    Code,
+    DataRequest,
+    DumpRequest,
+    Format,
+    ProtocolError,
+    auth_message,
+    parse_reply,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +83,13 @@ class SyncCdcConnection:
         data: dict[str, Any] = json.loads(reply)
         return data
 
-    def request(self, request: DataRequest, idle_timeout: float | None = None
+    def request(self, request: DataRequest | None, idle_timeout: float | None = None
                 ) -> Iterator[Event]:
         """Events until the connection drops, or until ``idle_timeout`` seconds pass with
-        nothing received (then the iterator simply ends)."""
-        self.sock.sendall(request.line().encode())
+        nothing received (then the iterator simply ends). ``request`` None: the stream has
+        already started (after ``REQUEST-DUMP ... FOLLOW``)."""
+        if request is not None:
+            self.sock.sendall(request.line().encode())
         decoder = JsonStreamDecoder() if self.format == Format.JSON else AvroStreamDecoder()
         self.sock.settimeout(idle_timeout)
         data, self._pending = bytes(self._pending), bytearray()
@@ -91,6 +102,32 @@ class SyncCdcConnection:
                 return
             if not data:
                 raise ConnectionError("the server closed the stream")
+
+    def list_dumps(self, table: str | None = None) -> list[dict[str, Any]]:
+        dumps: list[dict[str, Any]] = self.query("LIST-DUMPS" + (f" {table}" if table
+                                                                  else ""))["dumps"]
+        return dumps
+
+    def request_dump(self, request: DumpRequest) -> tuple[int, str]:
+        """Send REQUEST-DUMP; returns (size, name). Exactly ``size`` bytes of the file follow
+        (:meth:`read_dump`), then, with FOLLOW, the change stream."""
+        size, _, name = self.command(request.line().encode()).partition(" ")
+        return int(size), name
+
+    def read_dump(self, size: int) -> Iterator[bytes]:
+        remaining = size
+        if self._pending:
+            data = bytes(self._pending[:remaining])
+            del self._pending[: len(data)]
+            remaining -= len(data)
+            yield data
+        while remaining:
+            data = self.sock.recv(min(remaining, 1 << 20))
+            if not data:
+                raise ConnectionError(f"the server closed the connection with {remaining} "
+                                      "bytes of the dump still to come")
+            remaining -= len(data)
+            yield data
 
     def close(self) -> None:
         try:
@@ -125,25 +162,31 @@ class SyncCdcClient:
                                       format=self.format, ssl=self.ssl, timeout=self.timeout)
 
     def stream(self, table: str, *, version: int | None = None, gtid: str | None = None,
-               idle_timeout: float | None = None) -> Iterator[Event]:
+               after: str | None = None, idle_timeout: float | None = None
+               ) -> Iterator[Event]:
         """Like :meth:`client.aio.CdcClient.stream`; with ``idle_timeout`` the iterator ends
         once nothing new arrived for that long."""
+        yield from self._follow(table, Resume(version, gtid, after), idle_timeout)
+
+    def _follow(self, table: str, resume: Resume, idle_timeout: float | None,
+                conn: SyncCdcConnection | None = None) -> Iterator[Event]:
         database, _, name = table.partition(".")
-        resume = Resume(version, gtid)
         failures = 0
         while True:
             try:
-                conn = self.connect()
-                request_version, request_gtid = resume.request()
+                request = None
+                if conn is None:
+                    conn = self.connect()
+                    request = DataRequest(database, name, *resume.request())
                 try:
-                    for event in conn.request(DataRequest(database, name, request_version,
-                                                          request_gtid), idle_timeout):
+                    for event in conn.request(request, idle_timeout):
                         failures = 0
                         if resume.accept(event):
                             yield event
                     return
                 finally:
                     conn.close()
+                    conn = None
             except (ConnectionError, OSError, ProtocolError) as exc:
                 if isinstance(exc, ProtocolError) and not exc.retriable:
                     raise
@@ -153,6 +196,58 @@ class SyncCdcClient:
                 failures += 1
                 log.warning("CDC connection failed (%s); retrying in %.1fs", exc, delay)
                 time.sleep(delay)
+
+    # -- dumps (extensions) ------------------------------------------------------------
+
+    def list_dumps(self, table: str | None = None) -> list[dict[str, Any]]:
+        conn = self.connect()
+        try:
+            return conn.list_dumps(table)
+        finally:
+            conn.close()
+
+    def fetch_dump(self, target: str, path: str,
+                   progress: Callable[[int, int], None] | None = None) -> DumpHeader:
+        """Like :meth:`client.aio.CdcClient.fetch_dump`."""
+        conn = self.connect()
+        try:
+            size, _ = conn.request_dump(DumpRequest(target))
+            decoder = DumpDecoder()
+            with open(path, "wb") as out:
+                for data in conn.read_dump(size):
+                    out.write(data)
+                    for _ in decoder.feed(data):
+                        pass
+                    if progress is not None:
+                        progress(decoder.received, size)
+            return decoder.finish()
+        finally:
+            conn.close()
+
+    def dump(self, target: str, *, follow: bool = True,
+             progress: Callable[[int, int], None] | None = None,
+             idle_timeout: float | None = None) -> Iterator[DumpHeader | DumpRows | Event]:
+        """Like :meth:`client.aio.CdcClient.dump`; with ``idle_timeout`` the iterator ends
+        once nothing new arrived for that long after the dump."""
+        conn: SyncCdcConnection | None = self.connect()
+        assert conn is not None
+        try:
+            size, _ = conn.request_dump(DumpRequest(target, follow))
+            decoder = DumpDecoder()
+            for data in conn.read_dump(size):
+                yield from decoder.feed(data)
+                if progress is not None:
+                    progress(decoder.received, size)
+            header = decoder.finish()
+        except BaseException:
+            conn.close()
+            raise
+        if not follow:
+            conn.close()
+            return
+        resume = Resume(header.stream_version or None, None, header.gtid or None)
+        yield from self._follow(f"{header.database}.{header.table}", resume, idle_timeout,
+                                conn)
 
     def last_transaction(self) -> dict[str, Any]:
         conn = self.connect()

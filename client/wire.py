@@ -25,7 +25,7 @@ class Code(StrEnum):
     NOT_REGISTERED = "NOT-REGISTERED"  # a command that needs REGISTER first
     UNKNOWN_COMMAND = "UNKNOWN-COMMAND"
     BAD_SYNTAX = "BAD-SYNTAX"  # a known command with malformed arguments
-    NO_FILE = "NO-FILE"  # no such table or version (MaxScale's code)
+    NO_FILE = "NO-FILE"  # no such table, version or dump (MaxScale's code)
     NO_TRANSACTION = "NO-TRANSACTION"  # QUERY-TRANSACTION for a GTID the service has not seen
     FORBIDDEN = "FORBIDDEN"  # the user may not read that table
     LINE_TOO_LONG = "LINE-TOO-LONG"
@@ -129,6 +129,7 @@ class Format(StrEnum):
 
 _REGISTER = re.compile(r"^REGISTER\s+UUID=([^,\s]*)\s*,\s*TYPE=(\S+)\s*$", re.I)
 _GTID = re.compile(r"^(\d+)-(\d+)-(\d+)$|^[0-9a-fA-F-]{36}:\d+$")
+_GTID_STATE_ITEM = re.compile(r"^\d+-\d+-\d+$|^[0-9a-fA-F-]{36}:(?:\d+-)?\d+$")
 _TABLE = re.compile(r"^(?P<db>[^.\s]+)\.(?P<table>[^.\s]+)(?:\.(?P<version>\d{6}))?$")
 
 
@@ -160,32 +161,90 @@ class DataRequest:
     database: str
     table: str
     version: int | None
-    gtid: str | None
+    gtid: str | None  # inclusive: from this transaction's first record (MaxScale's form)
+    after: str | None = None  # exclusive: every transaction this GTID state does not cover
 
     def line(self) -> str:
         target = f"{self.database}.{self.table}"
         if self.version is not None:
             target += f".{self.version:06d}"
+        if self.after:
+            return f"REQUEST-DATA {target} AFTER {self.after}"
         return f"REQUEST-DATA {target}" + (f" {self.gtid}" if self.gtid else "")
 
 
 def parse_request_data(argument: str) -> DataRequest:
     parts = argument.split()
     if not parts:
-        raise ProtocolError(Code.BAD_SYNTAX, "expected REQUEST-DATA db.table[.version] [gtid]")
-    if len(parts) > 2:
-        raise ProtocolError(Code.BAD_SYNTAX, "too many arguments to REQUEST-DATA")
+        raise ProtocolError(Code.BAD_SYNTAX, "expected REQUEST-DATA db.table[.version] "
+                            "[gtid | AFTER gtid-state]")
     m = _TABLE.match(parts[0])
     if m is None:
         raise ProtocolError(Code.NO_FILE, f"File '{parts[0]}' not found: expected "
                             "db.table or db.table.NNNNNN")
-    gtid = parts[1] if len(parts) == 2 else None
-    if gtid is not None and not _GTID.match(gtid):
-        raise ProtocolError(Code.BAD_SYNTAX, f"not a GTID: {gtid!r} (expected domain-server-seq)")
     version = int(m["version"]) if m["version"] else None
     if version == 0:
         raise ProtocolError(Code.NO_FILE, "versions start at 000001")
-    return DataRequest(m["db"], m["table"], version, gtid)
+    gtid = after = None
+    if len(parts) == 3 and parts[1].upper() == "AFTER":
+        after = parts[2]
+        if not is_gtid_state(after):
+            raise ProtocolError(Code.BAD_SYNTAX, f"not a GTID state: {after!r} (expected "
+                                "domain-server-seq[,domain-server-seq...])")
+    elif len(parts) == 2:
+        gtid = parts[1]
+        if not _GTID.match(gtid):
+            raise ProtocolError(Code.BAD_SYNTAX,
+                                f"not a GTID: {gtid!r} (expected domain-server-seq)")
+    elif len(parts) > 1:
+        raise ProtocolError(Code.BAD_SYNTAX, "expected REQUEST-DATA db.table[.version] "
+                            "[gtid | AFTER gtid-state]")
+    return DataRequest(m["db"], m["table"], version, gtid, after)
+
+
+def is_gtid_state(text: str) -> bool:
+    items = text.split(",")
+    return bool(text) and all(_GTID_STATE_ITEM.match(i) for i in items)
+
+
+@dataclass(frozen=True)
+class DumpRequest:
+    """``REQUEST-DUMP <name | db.table> [FOLLOW]``: a dump by file name, or a table's newest."""
+
+    target: str
+    follow: bool = False
+
+    def line(self) -> str:
+        return f"REQUEST-DUMP {self.target}" + (" FOLLOW" if self.follow else "")
+
+    @property
+    def table(self) -> tuple[str, str] | None:
+        """(database, table) when the target names a table rather than a file."""
+        m = _TABLE.match(self.target)
+        return (m["db"], m["table"]) if m and not m["version"] else None
+
+
+_DUMP_NAME = re.compile(r"^[^.\s/]+\.[^.\s/]+\.\d{8}T\d{6}-\d{6}Z\.dump$")
+
+
+def parse_request_dump(argument: str) -> DumpRequest:
+    parts = argument.split()
+    usage = "expected REQUEST-DUMP <dump name | db.table> [FOLLOW]"
+    if not parts or len(parts) > 2 or (len(parts) == 2 and parts[1].upper() != "FOLLOW"):
+        raise ProtocolError(Code.BAD_SYNTAX, usage)
+    request = DumpRequest(parts[0], len(parts) == 2)
+    if request.table is None and not _DUMP_NAME.match(parts[0]):
+        raise ProtocolError(Code.NO_FILE, f"'{parts[0]}' is neither db.table nor a dump name")
+    return request
+
+
+def parse_list_dumps(argument: str) -> tuple[str, str] | None:
+    if not argument:
+        return None
+    m = _TABLE.match(argument)
+    if m is None or m["version"]:
+        raise ProtocolError(Code.BAD_SYNTAX, "expected LIST-DUMPS [db.table]")
+    return m["db"], m["table"]
 
 
 def is_gtid(text: str) -> bool:

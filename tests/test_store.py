@@ -122,12 +122,12 @@ def _record(version: int, domain: int, sequence: int) -> ChangeRecord:
 def test_resume_after_a_version_change_starts_at_the_new_version():
     resume = Resume()
     assert resume.accept(_schema(1)) and resume.accept(_record(1, 0, 5))
-    assert resume.request() == (1, "0-1-5")
+    assert resume.request() == (1, "0-1-5", None)
     assert resume.accept(_schema(2))
     # Nothing of version 2 was delivered: resume from its start, not from 0-1-5, which
     # would skip version 2's records of other domains that precede domain 0's.
-    assert resume.request() == (2, None)
-    assert resume.accept(_record(2, 1, 7)) and resume.request() == (2, "1-1-7")
+    assert resume.request() == (2, None, None)
+    assert resume.accept(_record(2, 1, 7)) and resume.request() == (2, "1-1-7", None)
     assert not resume.accept(_record(2, 1, 7))  # a repeat after a reconnect
 
 
@@ -135,4 +135,4 @@ def test_resume_after_a_version_change_starts_at_the_new_version():
 def test_resume_keeps_the_requested_gtid_until_a_record_arrives(given: str | None):
     resume = Resume(gtid=given)
     assert resume.accept(_schema(1)) and resume.accept(_schema(2))
-    assert resume.request() == (2, given)
+    assert resume.request() == (2, given, None)

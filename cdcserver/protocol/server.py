@@ -12,10 +12,22 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from cdcserver.protocol.session import Phase, Reply, Session, SessionContext, StartStream
+from cdcserver.dump.transfer import send_file
+from cdcserver.protocol.session import (
+    Phase,
+    Reply,
+    SendDump,
+    Session,
+    SessionContext,
+    StartStream,
+)
 from cdcserver.protocol.stream import Streamer
+from cdcserver.store.inuse import in_use
 from client.wire import Code, ProtocolError, error_line
 
 log = logging.getLogger(__name__)
@@ -76,6 +88,8 @@ class CdcServer:
         self.connections_total = 0
         self.bytes_sent = 0
         self.records_sent = 0
+        self.dumps_sent = 0
+        self.dump_released: Callable[[], None] | None = None  # wakes the cleaner
 
     @property
     def connections(self) -> int:
@@ -138,6 +152,7 @@ class Connection:
         # only with real commands (empty lines do not keep a connection alive).
         self._auth_deadline = loop.time() + server.limits.auth_timeout
         self._last_command = loop.time()
+        self._pending: bytes | None = None  # a command that arrived during a dump transfer
 
     async def run(self) -> None:
         log.debug("%s: connected", self.peer)
@@ -157,6 +172,13 @@ class Connection:
                 elif isinstance(outcome, StartStream):
                     await self._stream(outcome)
                     break
+                elif isinstance(outcome, SendDump):
+                    sent = await self._send_dump(outcome)
+                    if not sent or outcome.follow is None or \
+                            self.session.phase == Phase.CLOSED:
+                        continue
+                    await self._stream(StartStream(outcome.follow, outcome.format))
+                    break
         except ProtocolError as exc:
             await self._send(exc.reply())
         except TimeoutError:
@@ -170,6 +192,9 @@ class Connection:
         log.debug("%s: closed", self.peer)
 
     async def _next_message(self) -> bytes | None:
+        if self._pending is not None:
+            message, self._pending = self._pending, None
+            return message
         if self.session.phase == Phase.AUTH:
             deadline = self._auth_deadline
         else:
@@ -208,11 +233,70 @@ class Connection:
             self.server.bytes_sent += streamer.bytes_sent
             self.server.records_sent += streamer.records_sent
 
+    async def _send_dump(self, outcome: SendDump) -> bool:
+        """``OK <bytes> <name>``, then the file, marked in use throughout. True if it was
+        sent whole; False after an error reply (or a CLOSE, which also ends the session)."""
+        dump = outcome.dump
+        started = time.monotonic()
+        try:
+            with in_use(dump.path) as f:
+                size = os.fstat(f.fileno()).st_size
+                self.writer.write(f"OK {size} {dump.name}\n".encode())
+                transfer = asyncio.create_task(send_file(self.writer, f, size))
+                input_task = asyncio.create_task(self.messages.next())
+                try:
+                    await asyncio.wait({transfer, input_task},
+                                       return_when=asyncio.FIRST_COMPLETED)
+                    if input_task.done() and not self._hold(input_task.result()):
+                        log.info("%s: %s: transfer abandoned by the client", self.peer,
+                                 dump.name)
+                        return False
+                    sent = await transfer
+                    if not input_task.done():
+                        input_task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        # A command that arrived as the transfer ended must not be lost.
+                        message = await input_task
+                        if not self._pending:
+                            self._hold(message)
+                finally:
+                    for task in (transfer, input_task):
+                        task.cancel()
+                    for task in (transfer, input_task):
+                        with contextlib.suppress(asyncio.CancelledError, ConnectionError,
+                                                 OSError):
+                            await task
+        except FileNotFoundError:
+            await self._send(error_line(Code.NO_FILE, f"{dump.name} was deleted meanwhile"))
+            return False
+        finally:
+            if self.server.dump_released is not None:
+                self.server.dump_released()
+        self._last_command = asyncio.get_running_loop().time()  # the transfer was not idle
+        self.server.dumps_sent += 1
+        self.server.bytes_sent += sent
+        log.info("%s: sent %s (%d bytes in %.2fs)", self.peer, dump.name, sent,
+                 time.monotonic() - started)
+        return True
+
+    def _hold(self, message: bytes | None) -> bool:
+        """A message read during a transfer: kept to be answered after it; False (and the
+        session ends) for a hang-up or CLOSE."""
+        if message is None or message.strip().upper() == b"CLOSE":
+            self.session.phase = Phase.CLOSED
+            return False
+        self._pending = message
+        return True
+
     async def _watch_input(self) -> bytes:
         """While streaming, only CLOSE (or a hang-up) is expected; returns the reply to send
         after stopping the stream (empty for none)."""
         while True:
-            message = await self.messages.next()
+            message: bytes | None
+            if self._pending is not None:  # sent during a REQUEST-DUMP ... FOLLOW transfer
+                message, self._pending = self._pending, None
+            else:
+                message = await self.messages.next()
             if message is None:
                 return b""
             command = message.strip().upper()

@@ -16,7 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from cdcserver.dump.files import DumpInfo, list_dumps
 from cdcserver.gtid import Gtid
+from cdcserver.protocol.stream import check_after
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.index import StoreIndex, TransactionInfo
 from cdcserver.store.naming import TableName
@@ -28,8 +30,10 @@ from client.wire import (
     Format,
     ProtocolError,
     parse_auth,
+    parse_list_dumps,
     parse_register,
     parse_request_data,
+    parse_request_dump,
     split_command,
 )
 
@@ -56,7 +60,16 @@ class StartStream:
     format: Format
 
 
-Outcome = Reply | StartStream
+@dataclass(frozen=True)
+class SendDump:
+    """Send a dump file; then, with ``follow``, stream the changes after it."""
+
+    dump: DumpInfo
+    follow: DataRequest | None
+    format: Format
+
+
+Outcome = Reply | StartStream | SendDump
 
 
 @dataclass
@@ -67,6 +80,7 @@ class SessionContext:
     users: UsersFile
     index: Callable[[], StoreIndex | None]
     bad_command_limit: int = 10
+    data_dir: str | None = None  # where dumps are; None: no dumps
 
 
 class Session:
@@ -140,14 +154,51 @@ class Session:
 
     def verb_REQUEST_DATA(self, argument: str) -> Outcome:
         request = parse_request_data(argument)
-        entry = self.context.catalog.get(TableName(request.database, request.table))
+        table = TableName(request.database, request.table)
+        entry = self.context.catalog.get(table)
         version_name = f"{request.database}.{request.table}.{request.version or 1:06d}.avro"
+        if request.after:
+            check_after(request.after)
         if entry is None or not entry.versions:
-            raise ProtocolError(Code.NO_FILE, f"File '{version_name}' not found.")
-        if request.version is not None and request.version not in entry.versions:
+            # After a dump, the table may not have changed yet: wait for its first change.
+            if not (request.after and request.version is None and self._dumps(table)):
+                raise ProtocolError(Code.NO_FILE, f"File '{version_name}' not found.")
+        elif request.version is not None and request.version not in entry.versions:
             raise ProtocolError(Code.NO_FILE, f"File '{version_name}' not found.")
         self.phase = Phase.STREAMING
         return StartStream(request, self.format)
+
+    def verb_LIST_DUMPS(self, argument: str) -> Outcome:
+        """Extension: the complete dumps, oldest first, as one JSON line."""
+        parsed = parse_list_dumps(argument)
+        table = TableName(*parsed) if parsed else None
+        dumps = [d.summary() for d in self._dumps(table)]
+        return Reply(json.dumps({"dumps": dumps}, separators=(",", ":")).encode() + b"\n")
+
+    def verb_REQUEST_DUMP(self, argument: str) -> Outcome:
+        """Extension: send a dump (by name, or a table's newest), then optionally follow."""
+        request = parse_request_dump(argument)
+        named = request.table
+        if named is not None:
+            found = self._dumps(TableName(*named))
+            dump = found[-1] if found else None
+        else:
+            dump = next((d for d in self._dumps(None) if d.name == request.target), None)
+        if dump is None:
+            raise ProtocolError(Code.NO_FILE, f"no dump {'of' if named else 'named'} "
+                                f"{request.target}")
+        follow = None
+        if request.follow:
+            h = dump.header
+            follow = DataRequest(h.database, h.table, h.stream_version or None, None,
+                                 h.gtid or None)
+            self.phase = Phase.STREAMING
+        return SendDump(dump, follow, self.format)
+
+    def _dumps(self, table: TableName | None) -> list[DumpInfo]:
+        if self.context.data_dir is None:
+            return []
+        return list_dumps(self.context.data_dir, table)
 
     def verb_QUERY_LAST_TRANSACTION(self, argument: str) -> Outcome:
         index = self.context.index()

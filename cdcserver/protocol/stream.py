@@ -8,8 +8,13 @@ sent, the stream moves on, so a client learns of a schema change in-band.
 
 A GTID positions the stream in both modes: the index gives an offset to scan from and the
 stream starts at the first record of that domain whose sequence is at or after the GTID's
-(inclusive, as MaxScale; any server_id, unlike MaxScale, so a seek survives a failover). In
-AVRO mode a block that starts before that record is re-encoded without the records before it.
+(inclusive, as MaxScale; any server_id, unlike MaxScale, so a seek survives a failover).
+``AFTER <state>`` (an extension) sends exactly the records of transactions the GTID state does
+not cover, in every domain: what follows a dump. In AVRO mode a block that holds records
+before the starting point is re-encoded without them.
+
+Each version file is marked in use while it is sent, so retention does not delete it under
+the stream; a version retention already removed is skipped.
 
 Waiting is on the catalog's per-table change future: no polling. Every write awaits
 ``drain()``, so a client that does not read slows only its own stream, with at most one chunk
@@ -21,31 +26,103 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from dataclasses import dataclass
+from typing import Any
 
-from cdcserver.gtid import Gtid
+from cdcserver.gtid import Gtid, GtidState
 from cdcserver.protocol.records import compile_renderer, decode_records, encode_block
 from cdcserver.store.avrofile import Block, scan_blocks
 from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.index import StoreIndex
+from cdcserver.store.inuse import in_use
 from cdcserver.store.naming import TableName
-from client.wire import DataRequest, Format
+from client.wire import Code, DataRequest, Format, ProtocolError
 
 log = logging.getLogger(__name__)
 
 CHUNK = 64 * 1024
 
 
-@dataclass
 class _Seek:
-    domain: int
-    sequence: int
-    found: bool = False
+    """MaxScale's GTID position (inclusive): from the first record of the GTID's domain at or
+    after its sequence, everything."""
 
-    def matches(self, record: dict[str, object]) -> bool:
-        if record["domain"] == self.domain and record["sequence"] >= self.sequence:  # type: ignore[operator]
-            self.found = True
-        return self.found
+    def __init__(self, gtid: Gtid) -> None:
+        self.domain = gtid.domain
+        self.sequence = gtid.sequence
+        self.settled = False  # every record from here on is sent
+
+    def accepts(self, record: dict[str, Any]) -> bool:
+        if not self.settled and record["domain"] == self.domain and \
+                record["sequence"] >= self.sequence:
+            self.settled = True
+        return self.settled
+
+    def start_offset(self, index: StoreIndex, info: VersionInfo) -> int | None:
+        return index.seek_offset(info.table, info.version, self.domain, self.sequence)
+
+    def version_started(self, index: StoreIndex | None, info: VersionInfo) -> None:
+        pass
+
+
+class _After:
+    """``AFTER <state>`` (exclusive): every record of a transaction the state does not cover.
+    Within a domain sequences grow with the file, so once a domain has had a record after the
+    state, all its later records are too; when that holds for every domain of the state that
+    the version has records of, the filter is settled and blocks go out as stored."""
+
+    def __init__(self, state: GtidState) -> None:
+        self.state = state
+        self.settled = not state
+        self._pending: set[int] = set()
+
+    @classmethod
+    def parse(cls, text: str) -> _After:
+        return cls(check_after(text))
+
+    def version_started(self, index: StoreIndex | None, info: VersionInfo) -> None:
+        if not self.state:
+            return
+        domains = {g.domain for g in self.state}
+        if index is not None:
+            domains &= index.domains(info.table, info.version)
+        self._pending = domains
+        self.settled = not domains
+
+    def accepts(self, record: dict[str, Any]) -> bool:
+        if self.settled:
+            return True
+        last = self.state.get(record["domain"])
+        if last is not None and record["sequence"] <= last.sequence:
+            return False
+        self._pending.discard(record["domain"])
+        self.settled = not self._pending
+        return True
+
+    def start_offset(self, index: StoreIndex, info: VersionInfo) -> int | None:
+        offsets = []
+        for domain in self._pending:
+            last = self.state.get(domain)
+            assert last is not None
+            offset = index.seek_offset(info.table, info.version, domain, last.sequence + 1)
+            if offset is None:
+                return None
+            offsets.append(offset)
+        return min(offsets) if offsets else None
+
+
+def check_after(text: str) -> GtidState:
+    """An ``AFTER`` GTID state, in the domains records are stored with. A MySQL state may name
+    one source UUID (its transactions are stored in domain 0)."""
+    try:
+        state = GtidState.parse(text)
+    except ValueError as exc:
+        raise ProtocolError(Code.BAD_SYNTAX, str(exc)) from None
+    uuids = [g for g in state if g.source_uuid]
+    if uuids:
+        if len(list(state)) > 1:
+            raise ProtocolError(Code.BAD_SYNTAX, "AFTER takes one MySQL source UUID")
+        state = GtidState([Gtid(0, 0, uuids[0].sequence)])
+    return state
 
 
 class Streamer:
@@ -60,27 +137,43 @@ class Streamer:
         self.table = TableName(request.database, request.table)
         self.records_sent = 0
         self.bytes_sent = 0
-        self._seek: _Seek | None = None
-        if request.gtid:
-            gtid = Gtid.parse(request.gtid)
-            self._seek = _Seek(gtid.domain, gtid.sequence)
+        self._filter: _Seek | _After | None = None
+        if request.after:
+            self._filter = _After.parse(request.after)
+        elif request.gtid:
+            self._filter = _Seek(Gtid.parse(request.gtid))
 
     async def run(self) -> None:
-        entry = self.catalog.get(self.table)
-        if entry is None:
-            return
+        entry = await self._entry()
         info = entry.versions.get(self.request.version) if self.request.version else \
             entry.first()
+        if info is None and self.request.version is not None:
+            info = entry.after(self.request.version)  # retention removed it meanwhile
         while info is not None:
-            await self._send_schema(info)
-            await self._follow(entry, info, self._start_offset(info))
+            try:
+                with in_use(info.path):  # the cleaner leaves it alone while it is sent
+                    if self._filter is not None:
+                        self._filter.version_started(self.index, info)
+                    await self._send_schema(info)
+                    await self._follow(entry, info, self._start_offset(info))
+            except FileNotFoundError:
+                log.info("%s version %d was removed by retention; skipping it", self.table,
+                         info.version)
             info = entry.after(info.version)
 
+    async def _entry(self) -> TableEntry:
+        """The table's catalog entry; with AFTER, wait for a table that has no version yet
+        (a dump of it exists; its first change will create one)."""
+        while True:
+            entry = self.catalog.get(self.table)
+            if entry is not None and entry.versions:
+                return entry
+            await asyncio.shield(self.catalog.table_appeared())
+
     def _start_offset(self, info: VersionInfo) -> int:
-        if self._seek is None or self._seek.found or self.index is None:
+        if self._filter is None or self._filter.settled or self.index is None:
             return info.header.size
-        offset = self.index.seek_offset(self.table, info.version, self._seek.domain,
-                                        self._seek.sequence)
+        offset = self._filter.start_offset(self.index, info)
         return offset if offset is not None else info.header.size
 
     async def _follow(self, entry: TableEntry, info: VersionInfo, pos: int) -> None:
@@ -103,7 +196,7 @@ class Streamer:
             await self._write(self._read(info, 0, info.header.size))
 
     async def _send_range(self, info: VersionInfo, pos: int, end: int) -> int:
-        if self.format == Format.AVRO and (self._seek is None or self._seek.found):
+        if self.format == Format.AVRO and (self._filter is None or self._filter.settled):
             while pos < end:
                 size = min(CHUNK, end - pos)
                 await self._write(self._read(info, pos, size))
@@ -118,10 +211,10 @@ class Streamer:
 
     async def _send_json(self, info: VersionInfo, block: Block) -> None:
         render = compile_renderer(info.header.schema_json, self.zone)
-        seek = self._seek
+        accepts = self._filter
         out = bytearray()
         for record in decode_records(info, block):
-            if seek is not None and not seek.found and not seek.matches(record):
+            if accepts is not None and not accepts.settled and not accepts.accepts(record):
                 continue
             out += render(record)
             self.records_sent += 1
@@ -132,18 +225,16 @@ class Streamer:
             await self._write(bytes(out))
 
     async def _send_avro_block(self, info: VersionInfo, block: Block) -> None:
-        """A block seen while a GTID seek is pending: send it without the records before the
-        seek point (or not at all if it has none after it)."""
-        assert self._seek is not None
+        """A block seen while a GTID filter is not settled: send it as stored if it keeps all
+        its records, re-encoded with only those it keeps otherwise, or not at all."""
+        assert self._filter is not None
         records = list(decode_records(info, block))
-        for i, record in enumerate(records):
-            if self._seek.matches(record):
-                if i == 0:
-                    await self._write(self._read(info, block.offset, block.end - block.offset))
-                else:
-                    await self._write(encode_block(info, records[i:]))
-                self.records_sent += len(records) - i
-                return
+        kept = [r for r in records if self._filter.accepts(r)]
+        if len(kept) == len(records):
+            await self._write(self._read(info, block.offset, block.end - block.offset))
+        elif kept:
+            await self._write(encode_block(info, kept))
+        self.records_sent += len(kept)
 
     @staticmethod
     def _read(info: VersionInfo, offset: int, size: int) -> bytes:
