@@ -20,10 +20,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import OUT, line  # noqa: E402
-from cdcserver.embedded import EmbeddedMariaDB  # noqa: E402
-from cdcserver.gtid import GtidState  # noqa: E402
-from cdcserver.users import UsersFile  # noqa: E402
+from bench.common import OUT, line
+from cdcserver.embedded import EmbeddedMariaDB
+from cdcserver.gtid import GtidState
+from cdcserver.users import UsersFile
 
 MIB = 1 << 20
 

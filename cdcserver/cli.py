@@ -3,7 +3,9 @@
     cdcserver run --source mysql://USER:PASS@HOST:PORT --data-dir DIR --listen HOST:PORT \\
                   --users-file FILE --server-id N [--config FILE]
     cdcserver users add|remove|list NAME --users-file FILE [--password-stdin]
-    cdcserver verify DB.TABLE [...] --source URL --data-dir DIR
+    cdcserver verify DB.TABLE [...] --source URL --data-dir DIR [--dump FILE|newest]
+    cdcserver dump DB.TABLE|DB.* [...] --source URL --data-dir DIR [--restart]
+    cdcserver dumps [DB.TABLE] --data-dir DIR
     cdcserver schema forget DB.TABLE --data-dir DIR
     cdcserver demo        a private MariaDB with sample data, and the service on top of it
 """
@@ -79,7 +81,26 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--timeout", type=float, default=60.0,
                         help="seconds to wait for the service to reach the snapshot")
     verify.add_argument("--json", action="store_true", help="one JSON line per table")
+    verify.add_argument("--dump", metavar="FILE|newest",
+                        help="compare with a dump followed by the stream after it ('newest': "
+                             "the table's newest dump)")
     verify.set_defaults(handler=cmd_verify)
+
+    dump = commands.add_parser("dump", help="take consistent dumps of tables (resumes an "
+                                            "interrupted one)")
+    dump.add_argument("tables", nargs="+", metavar="DB.TABLE|DB.*")
+    _source_and_store_options(dump)
+    dump.add_argument("--restart", action="store_true",
+                      help="discard an interrupted dump instead of continuing it")
+    dump.add_argument("--chunk-rows", dest="dump.chunk_rows", type=int,
+                      default=argparse.SUPPRESS, help="rows per primary-key chunk")
+    dump.add_argument("--json", action="store_true", help="one JSON line per dump")
+    dump.set_defaults(handler=cmd_dump)
+
+    dumps = commands.add_parser("dumps", help="list the complete dumps")
+    dumps.add_argument("table", nargs="?", metavar="DB.TABLE")
+    _source_and_store_options(dumps)
+    dumps.set_defaults(handler=cmd_dumps)
 
     schema = commands.add_parser("schema", help="the schema history")
     schema_commands = schema.add_subparsers(metavar="ACTION", required=True)
@@ -162,10 +183,61 @@ def cmd_verify(args: argparse.Namespace) -> int:
     address = config.source.address()
     ok = True
     for text in args.tables:
-        report = verify_table(address, config.store.data_dir, _table_name(text), args.timeout)
+        table = _table_name(text)
+        report = verify_table(address, config.store.data_dir, table, args.timeout,
+                              _dump_path(config.store.data_dir, table, args.dump))
         ok &= report.ok
         print(format_json(report) if args.json else "\n".join(report.lines()))
     return EXIT_OK if ok else EXIT_FAILED
+
+
+def _dump_path(data_dir: str, table: TableName, given: str | None) -> str | None:
+    if given != "newest":
+        return given
+    from cdcserver.dump.files import list_dumps
+
+    found = list_dumps(data_dir, table)
+    if not found:
+        raise CdcError(f"no dump of {table} in {data_dir}")
+    return found[-1].path
+
+
+# -- dumps -----------------------------------------------------------------------------------
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    import json
+
+    from cdcserver.dump.dumper import DumpOptions, dump_tables, resolve_tables
+
+    config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
+    logs.setup(config.log.level, config.log.format)
+    address = config.source.address()
+    tables = resolve_tables(address, args.tables)
+    if not tables:
+        raise CdcError(f"no tables match {' '.join(args.tables)}")
+    options = DumpOptions(chunk_rows=config.dump.chunk_rows, restart=args.restart)
+    for result in dump_tables(address, config.store.data_dir, tables, options):
+        info = result.info
+        if args.json:
+            print(json.dumps({**info.summary(), "resumed": result.resumed,
+                              "seconds": round(result.seconds, 3)}))
+        else:
+            print(f"{info.name}: {info.header.rows} rows, {info.size} bytes, at GTID "
+                  f"{info.header.gtid or '(none)'} ({result.seconds:.1f}s"
+                  f"{', resumed' if result.resumed else ''})")
+    return EXIT_OK
+
+
+def cmd_dumps(args: argparse.Namespace) -> int:
+    from cdcserver.dump.files import list_dumps
+
+    config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
+    table = _table_name(args.table) if args.table else None
+    for info in list_dumps(config.store.data_dir, table):
+        h = info.header
+        print(f"{info.name}  {h.rows} rows  {info.size} bytes  GTID {h.gtid or '-'}  "
+              f"stream version {h.stream_version}")
+    return EXIT_OK
 
 
 def cmd_schema_forget(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import tomllib
 import urllib.parse
 from dataclasses import dataclass, field
@@ -90,6 +91,31 @@ class ListenerConfig:
 
 
 @dataclass(frozen=True)
+class DumpConfig:
+    tables: str = option("", "tables the service dumps on a schedule: db.table or db.* , "
+                             "comma-separated")
+    interval: float = option(0.0, "time between scheduled dumps of each table (e.g. 24h); "
+                                  "0: no schedule")
+    chunk_rows: int = option(50_000, "rows per primary-key chunk (a crash loses at most one)",
+                             cli="--chunk-rows")
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    dumps_keep: int = option(3, "complete dumps kept per table (0: no count limit); the "
+                                "newest dump of a table is always kept")
+    dumps_max_age: float = option(0.0, "delete dumps older than this (e.g. 7d; 0: no limit)")
+    dumps_max_bytes: int = option(0, "delete the oldest dumps while all of them take more "
+                                     "than this (e.g. 50GiB; 0: no limit)")
+    versions_max_age: float = option(0.0, "delete table versions older than this that a "
+                                          "newer dump replaces (0: keep all)")
+    versions_max_bytes: int = option(0, "delete the oldest replaced table versions while "
+                                        "the Avro files take more than this (0: no limit)")
+    interval: float = option(300.0, "time between cleaner runs (it also runs after each "
+                                    "dump transfer)")
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: str = option("info", "log level", cli="--log-level",
                         choices=("debug", "info", "warning", "error"))
@@ -102,6 +128,8 @@ class Config:
     source: SourceConfig = field(default_factory=SourceConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     listener: ListenerConfig = field(default_factory=ListenerConfig)
+    dump: DumpConfig = field(default_factory=DumpConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     @classmethod
@@ -166,8 +194,27 @@ def _build(section_type: type[Any], values: dict[str, Any], section: str) -> Any
     return section_type(**kwargs)
 
 
+_DURATION = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_SIZE = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+         "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
+         "tb": 1000**4, "tib": 1024**4}
+_QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*$")
+
+
+def _quantity(value: str, units: dict[str, int]) -> float:
+    """``90``, ``5m``, ``24h``, ``7d``; ``512MiB``, ``50GB``."""
+    m = _QUANTITY.match(value)
+    if m is None or m[2].lower() not in units:
+        raise ValueError(value)
+    return float(m[1]) * units[m[2].lower()]
+
+
 def _coerce(kind: Any, value: Any, name: str) -> Any:
     try:
+        if kind is float and isinstance(value, str):
+            return _quantity(value, _DURATION)
+        if kind is int and isinstance(value, str) and name.endswith("_bytes"):
+            return int(_quantity(value, _SIZE))
         if kind is bool and isinstance(value, str):
             if value.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
                 raise ValueError(value)

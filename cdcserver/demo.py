@@ -16,7 +16,7 @@ import random
 import socket
 
 from cdcserver.cli import run_until_signalled
-from cdcserver.config import Config, ListenerConfig, SourceConfig, StoreConfig
+from cdcserver.config import Config, DumpConfig, ListenerConfig, SourceConfig, StoreConfig
 from cdcserver.embedded import EmbeddedMariaDB, ensure_mariadb_installed
 from cdcserver.gtid import GtidState
 from cdcserver.service import Service
@@ -66,7 +66,8 @@ def run_demo(directory: str, listen: str, mariadb_port: int, trickle: float) -> 
         config = Config(
             source=SourceConfig(url=db.url(), server_id=4001, start_gtid="oldest"),
             store=StoreConfig(data_dir=os.path.join(directory, "data")),
-            listener=ListenerConfig(listen=listen, users_file=users_file))
+            listener=ListenerConfig(listen=listen, users_file=users_file),
+            dump=DumpConfig(tables="shop.*", interval=86400.0))  # a dump of each table daily
         return run_until_signalled(lambda stop: _serve(config, db, trickle, stop))
     finally:
         db.stop()
@@ -107,6 +108,13 @@ The CDC service is listening on {host}:{port} (user {DEMO_USER}, password {DEMO_
 
   Follow shop.orders with the client:
     .venv/bin/cdc -h {host} -P {port} -u {DEMO_USER} -p {DEMO_PASSWORD} shop.orders
+
+  Start from the table's dump, then follow the changes after it:
+    .venv/bin/cdc dump shop.orders --follow -o orders.dump -h {host} -P {port} \\
+        -u {DEMO_USER} -p {DEMO_PASSWORD}
+
+  Take a new dump:
+    .venv/bin/cdcserver dump 'shop.*' --source {db.url()} --data-dir {service.config.store.data_dir}
 
   Or with netcat (the first line is hex(user:SHA1(password))):
     printf '{auth}\\nREGISTER UUID=nc, TYPE=JSON\\nREQUEST-DATA shop.orders\\n' | nc {host} {port}

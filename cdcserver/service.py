@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from cdcserver.config import Config
+from cdcserver.dump.scheduler import DumpScheduler
 from cdcserver.errors import ConfigError, SourceUnavailable
 from cdcserver.gtid import BinlogPosition, GtidState
 from cdcserver.handoff import Handoff
@@ -26,6 +27,7 @@ from cdcserver.protocol.session import SessionContext
 from cdcserver.replication import source
 from cdcserver.replication.connection import SourceAddress
 from cdcserver.replication.replicator import Backoff, Replicator
+from cdcserver.retention import Cleaner
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.store import AvroStore
@@ -48,6 +50,9 @@ class Service:
         self.address: tuple[str, int] | None = None
         self.sinks: list[Sink] = [self.store]
         self.replicating = asyncio.Event()  # set once the replicator is started
+        self.cleaner = Cleaner(config.retention, config.store.data_dir, self.catalog,
+                               lambda: self.store.index)
+        self.scheduler: DumpScheduler | None = None
 
     async def run(self, stop: asyncio.Event, started: Callable[[Service], None] | None = None
                   ) -> None:
@@ -60,10 +65,14 @@ class Service:
             self.address = await self.server.start(host, port)
             if started is not None:
                 started(self)
+            housekeeping = self._housekeeping()
             replication = asyncio.create_task(self._replicate(), name="replication")
             stopping = asyncio.create_task(stop.wait())
             done, _ = await asyncio.wait({replication, stopping},
                                          return_when=asyncio.FIRST_COMPLETED)
+            for task in housekeeping:
+                task.cancel()
+            await asyncio.gather(*housekeeping, return_exceptions=True)
             await self._shutdown(replication)
             if replication in done and not replication.cancelled():
                 replication.result()
@@ -72,6 +81,15 @@ class Service:
             if self.server is not None:
                 await self.server.stop()
             self.store.close()
+
+    def _housekeeping(self) -> list[asyncio.Task[None]]:
+        """The cleaner, and the dump schedule if one is configured."""
+        tasks = [asyncio.create_task(self.cleaner.run(), name="cleaner")]
+        if self.config.dump.tables and self.config.dump.interval > 0:
+            self.scheduler = DumpScheduler(self.config.dump, self.config.source.address(),
+                                           self.config.store.data_dir, self.catalog)
+            tasks.append(asyncio.create_task(self.scheduler.run(), name="dump schedule"))
+        return tasks
 
     async def wait_caught_up(self, target: GtidState) -> None:
         """Return once every sink has applied all transactions up to ``target``."""
@@ -90,8 +108,10 @@ class Service:
         limits = ListenerLimits(cfg.max_line, cfg.auth_timeout, cfg.idle_timeout,
                                 cfg.max_connections, cfg.bad_command_limit)
         context = SessionContext(self.catalog, self.users, lambda: self.store.index,
-                                 cfg.bad_command_limit)
-        return CdcServer(context, limits, zone)
+                                 cfg.bad_command_limit, self.config.store.data_dir)
+        server = CdcServer(context, limits, zone)
+        server.dump_released = self.cleaner.wake
+        return server
 
     async def _replicate(self) -> None:
         cfg = self.config.source
@@ -99,6 +119,7 @@ class Service:
         default, mariadb = await self._retrying(
             lambda: self._check_source_and_resolve_start(address))
         position = start_position(self.sinks, default)
+        self.store.set_origin(position)
         start = position.gtid_state
         history = SchemaHistory(os.path.join(self.config.store.data_dir, "state",
                                              "schema_history.jsonl"))

@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 
-from cdcserver.config import Config, ListenerConfig, SourceConfig, StoreConfig
+from cdcserver.config import (
+    Config,
+    DumpConfig,
+    ListenerConfig,
+    RetentionConfig,
+    SourceConfig,
+    StoreConfig,
+)
 from cdcserver.embedded import EmbeddedMariaDB
 from cdcserver.gtid import GtidState
 from cdcserver.service import Service
@@ -123,7 +130,9 @@ def make_config(data_dir: str, source_url: str, users: str, **sections: dict[str
     listener_cfg.update(sections.get("listener", {}))
     return Config(source=SourceConfig(**source_cfg),  # type: ignore[arg-type]
                   store=StoreConfig(**store_cfg),  # type: ignore[arg-type]
-                  listener=ListenerConfig(**listener_cfg))  # type: ignore[arg-type]
+                  listener=ListenerConfig(**listener_cfg),  # type: ignore[arg-type]
+                  dump=DumpConfig(**sections.get("dump", {})),  # type: ignore[arg-type]
+                  retention=RetentionConfig(**sections.get("retention", {})))  # type: ignore[arg-type]
 
 
 async def start_service(config: Config) -> RunningService:

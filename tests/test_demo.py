@@ -13,6 +13,8 @@ import pytest
 
 from cdcserver.demo import DEMO_PASSWORD, DEMO_USER
 from client import ChangeRecord, SchemaChange, SyncCdcClient
+from client.dump import DumpHeader, DumpRows
+from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.slow]
 
@@ -43,6 +45,11 @@ def test_demo_serves_the_sample_schema_and_stops_cleanly(tmp_path):
         assert versions == [1, 2]
         kinds = [e.event_type for e in events if isinstance(e, ChangeRecord)]
         assert {"insert", "update_before", "update_after", "delete"} <= set(kinds)
+        client = SyncCdcClient("127.0.0.1", port, DEMO_USER, DEMO_PASSWORD)
+        wait_until(lambda: bool(client.list_dumps("shop.orders")), 60, "the demo's dump")
+        items = list(client.dump("shop.orders", follow=False))
+        assert isinstance(items[0], DumpHeader) and items[0].rows > 0
+        assert sum(len(i.rows) for i in items if isinstance(i, DumpRows)) == items[0].rows
     finally:
         demo.send_signal(signal.SIGTERM)
         output, _ = demo.communicate(timeout=60)

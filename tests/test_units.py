@@ -286,3 +286,72 @@ def test_replication_starts_at_the_earliest_sink_checkpoint():
     assert start == BinlogPosition(GtidState.parse("0-1-5,1-2-9"), "bin.000003", 400)
     # A sink with no checkpoint yet starts where configured, and so everything does.
     assert start_position([_Sink(ahead), _Sink(None)], default).gtid_state == GtidState()  # type: ignore[list-item]
+
+
+def test_after_dump_and_list_dumps_grammar():
+    from client.wire import parse_list_dumps, parse_request_dump
+
+    request = parse_request_data("db.t AFTER 0-1-5,3-2-9")
+    assert request.after == "0-1-5,3-2-9" and request.gtid is None
+    assert request.line() == "REQUEST-DATA db.t AFTER 0-1-5,3-2-9"
+    assert parse_request_data("db.t.000002 after 0-1-5").version == 2
+    mysql = "3e11fa47-71ca-11e1-9e33-c80aa9429562:1-57"
+    assert parse_request_data(f"db.t AFTER {mysql}").after == mysql
+    for bad in ("db.t AFTER", "db.t AFTER 0-1", "db.t AFTER 0-1-5 x", "db.t BEFORE 0-1-5"):
+        with pytest.raises(ProtocolError) as info:
+            parse_request_data(bad)
+        assert info.value.code == Code.BAD_SYNTAX, bad
+    dump = parse_request_dump("shop.orders FOLLOW")
+    assert dump.follow and dump.table == ("shop", "orders")
+    named = parse_request_dump("shop.orders.20261121T093000-123456Z.dump")
+    assert not named.follow and named.table is None
+    for bad, code in (("", Code.BAD_SYNTAX), ("a.b c", Code.BAD_SYNTAX),
+                      ("../x.dump", Code.NO_FILE), ("a.b.000001", Code.NO_FILE)):
+        with pytest.raises(ProtocolError) as info:
+            parse_request_dump(bad)
+        assert info.value.code == code, bad
+    assert parse_list_dumps("") is None and parse_list_dumps("a.b") == ("a", "b")
+
+
+def test_resuming_after_a_gtid_state_moves_only_the_delivered_domain():
+    from client.stream import ChangeRecord, Resume, SchemaChange
+
+    resume = Resume(3, None, "0-1-10,5-2-3")
+    assert resume.request() == (3, None, "0-1-10,5-2-3")
+    schema = SchemaChange("db", "t", 3, "0-1-1", {}, ())
+    record = ChangeRecord("db", "t", 3, 5, 2, 7, 2, 0, "insert", {})
+    assert resume.accept(schema) and resume.accept(record)
+    assert resume.request() == (3, None, "0-1-10,5-2-6")  # transaction 7 is sent again
+    again = ChangeRecord("db", "t", 3, 5, 2, 7, 1, 0, "insert", {})
+    assert not resume.accept(again)  # and what was delivered of it is dropped
+    newer = SchemaChange("db", "t", 4, "0-1-11", {}, ())
+    assert resume.accept(newer) and resume.request() == (4, None, "0-1-10,5-2-6")
+
+
+def test_durations_and_sizes_in_the_configuration():
+    config = Config.load(overrides={"retention": {"dumps_max_age": "1.5h",
+                                                  "dumps_max_bytes": "2GiB"},
+                                    "dump": {"interval": "90"}})
+    assert config.retention.dumps_max_age == 5400
+    assert config.retention.dumps_max_bytes == 2 << 30 and config.dump.interval == 90
+    with pytest.raises(ConfigError, match="dumps_max_age"):
+        Config.load(overrides={"retention": {"dumps_max_age": "soon"}})
+
+
+def test_dump_values_encode_and_decode_to_the_stream_types():
+    from client.dump import decode_value, encode_value
+    from client.schema import Field, Kind
+
+    cases = [
+        (Field("d", Kind.DECIMAL, "d", scale=2), Decimal("-12.50")),
+        (Field("f", Kind.FLOAT, "f"), 1.100000023841858),
+        (Field("t", Kind.TIMESTAMP, "t", fsp=6),
+         dt.datetime(2024, 1, 2, 3, 4, 5, 600, tzinfo=dt.UTC)),
+        (Field("m", Kind.TIME, "m", fsp=3), -dt.timedelta(hours=838, milliseconds=5)),
+        (Field("b", Kind.BYTES, "b"), b"\x00\xff"),
+        (Field("n", Kind.LONG, "n"), -(2**63)),
+        (Field("y", Kind.BOOLEAN, "y"), True),
+        (Field("z", Kind.DATE, "z"), "0000-00-00"),
+    ]
+    for f, value in cases:
+        assert decode_value(f, encode_value(f, value)) == value, f.name

@@ -1,0 +1,162 @@
+"""The cleaner: retention for dumps and for old table versions.
+
+Dumps: per table, at most ``dumps_keep`` (newest first), none older than ``dumps_max_age``,
+and the oldest go first while all dumps together exceed ``dumps_max_bytes``. The newest dump
+of each table is always kept: it is what a new client starts from.
+
+Table versions: a version may go only when a newer dump replaces it, that is when the table's
+newest dump was taken in a later version (``stream_version``): every record of the old version
+precedes that dump's snapshot, so a client starting from the dump never needs it. Such
+versions go when older than ``versions_max_age``, and oldest first while the Avro files exceed
+``versions_max_bytes``. Without limits (the default) nothing is deleted.
+
+A file in use (being sent to a client, or streamed) is skipped and deleted on a later run;
+the cleaner runs every ``interval`` and right after each dump transfer ends. Deleting a version
+removes it from the catalog first, under the file's exclusive lock, so no stream starts on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cdcserver.config import RetentionConfig
+from cdcserver.dump.files import DumpInfo, list_dumps
+from cdcserver.store.catalog import Catalog, VersionInfo
+from cdcserver.store.index import StoreIndex
+from cdcserver.store.inuse import delete_unless_in_use
+from cdcserver.store.naming import TableName
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CleanReport:
+    deleted: list[str] = field(default_factory=list)
+    in_use: list[str] = field(default_factory=list)  # due, but skipped: retried later
+
+
+def expired_dumps(dumps: list[DumpInfo], policy: RetentionConfig, now: float
+                  ) -> list[DumpInfo]:
+    """The dumps the policy deletes, oldest first."""
+    by_table: dict[TableName, list[DumpInfo]] = {}
+    for dump in dumps:
+        by_table.setdefault(dump.table, []).append(dump)
+    doomed: dict[str, DumpInfo] = {}
+    survivors: list[DumpInfo] = []
+    for table_dumps in by_table.values():
+        *older, newest = table_dumps  # list_dumps gives them oldest first
+        for i, dump in enumerate(reversed(older), start=2):
+            too_many = policy.dumps_keep > 0 and i > policy.dumps_keep
+            too_old = policy.dumps_max_age > 0 and now - dump.modified > policy.dumps_max_age
+            if too_many or too_old:
+                doomed[dump.name] = dump
+            else:
+                survivors.append(dump)
+        survivors.append(newest)
+    if policy.dumps_max_bytes > 0:
+        total = sum(d.size for d in survivors)
+        newest_names = {ds[-1].name for ds in by_table.values()}
+        for dump in sorted(survivors, key=lambda d: d.modified):
+            if total <= policy.dumps_max_bytes:
+                break
+            if dump.name not in newest_names:
+                doomed[dump.name] = dump
+                total -= dump.size
+    return sorted(doomed.values(), key=lambda d: d.modified)
+
+
+def expired_versions(catalog: Catalog, dumps: list[DumpInfo], policy: RetentionConfig,
+                     now: float) -> list[VersionInfo]:
+    """The table versions the policy deletes, oldest first."""
+    if policy.versions_max_age <= 0 and policy.versions_max_bytes <= 0:
+        return []
+    floor = {d.table: d.header.stream_version for d in dumps}  # newest dump wins
+    replaced = []
+    for name, entry in catalog.tables.items():
+        latest = entry.latest()
+        for info in entry.versions.values():
+            if info is not latest and info.sealed and info.version < floor.get(name, 0):
+                replaced.append(info)
+    replaced.sort(key=_mtime)
+    doomed = {id(v): v for v in replaced
+              if policy.versions_max_age > 0 and now - _mtime(v) > policy.versions_max_age}
+    if policy.versions_max_bytes > 0:
+        total = sum(v.committed for e in catalog.tables.values() for v in e.versions.values())
+        total -= sum(v.committed for v in doomed.values())
+        for info in replaced:
+            if total <= policy.versions_max_bytes:
+                break
+            if id(info) not in doomed:
+                doomed[id(info)] = info
+                total -= info.committed
+    return sorted(doomed.values(), key=_mtime)
+
+
+def _mtime(info: VersionInfo) -> float:
+    try:
+        return os.path.getmtime(info.path)
+    except FileNotFoundError:
+        return 0.0
+
+
+class Cleaner:
+    def __init__(self, policy: RetentionConfig, data_dir: str, catalog: Catalog,
+                 index: Callable[[], StoreIndex | None]) -> None:
+        self.policy = policy
+        self.data_dir = data_dir
+        self.catalog = catalog
+        self.index = index
+        self._wake = asyncio.Event()
+        self.runs = 0
+
+    def wake(self) -> None:
+        """Run soon (a dump transfer just released its file)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self.clean()
+            except OSError as exc:
+                log.warning("cleaner: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.policy.interval)
+
+    async def clean(self) -> CleanReport:
+        report = CleanReport()
+        now = time.time()
+        dumps = await asyncio.to_thread(list_dumps, self.data_dir)
+        for dump in expired_dumps(dumps, self.policy, now):
+            deleted = await asyncio.to_thread(delete_unless_in_use, dump.path)
+            (report.deleted if deleted else report.in_use).append(dump.name)
+        for info in expired_versions(self.catalog, dumps, self.policy, now):
+            if self._delete_version(info):
+                report.deleted.append(os.path.basename(info.path))
+            else:
+                report.in_use.append(os.path.basename(info.path))
+        self.runs += 1
+        if report.deleted:
+            log.info("cleaner: deleted %s", ", ".join(report.deleted))
+        if report.in_use:
+            log.info("cleaner: in use, deleted later: %s", ", ".join(report.in_use))
+        return report
+
+    def _delete_version(self, info: VersionInfo) -> bool:
+        def forget() -> None:
+            self.catalog.remove_version(info.table, info.version)
+            index = self.index()
+            if index is not None:
+                index.drop_version(info.table, info.version)
+
+        if not delete_unless_in_use(info.path, forget):
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(info.path[: -len(".avro")] + ".avsc")
+        return True
