@@ -33,7 +33,7 @@ from cdcserver.replication.connection import SourceAddress
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
 from cdcserver.users import UsersFile
-from client.dump import DumpDecoder
+from client.dump import DumpDecoder, DumpRows
 from client.wire import auth_message
 
 TABLE = TableName("bench", "orders")
@@ -99,7 +99,8 @@ def decode_seconds(dump: DumpInfo) -> float:
     with open(dump.path, "rb") as f:
         while data := f.read(1 << 20):
             for item in decoder.feed(data):
-                rows += len(getattr(item, "rows", ()))
+                if isinstance(item, DumpRows):
+                    rows += len(item.rows)
     decoder.finish()
     seconds = time.perf_counter() - start
     assert rows == INSERTS

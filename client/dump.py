@@ -22,12 +22,13 @@ apply them in order, as upserts, to get the table at the header's position.
 from __future__ import annotations
 
 import base64
+import binascii
 import datetime as dt
 import hashlib
 import json
 import struct
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -97,31 +98,43 @@ def _time(text: str) -> dt.timedelta:
 
 def decode_value(f: Field, raw: bytes) -> Any:
     """A dump value (already base64-decoded) as the change stream's Python type."""
-    if f.kind == Kind.BYTES:
-        return raw
-    text = raw.decode("utf-8")
-    if f.kind in (Kind.INT, Kind.LONG):
-        return int(text)
-    if f.kind == Kind.DECIMAL:
-        return Decimal(text)
-    if f.kind == Kind.DOUBLE:
-        return float(text)
-    if f.kind == Kind.FLOAT:
-        return struct.unpack("<f", struct.pack("<f", float(text)))[0]
-    if f.kind == Kind.BOOLEAN:
-        return bool(int(text))
-    if f.kind == Kind.UUID:
-        return uuid.UUID(text)
-    if f.kind == Kind.TIME:
-        return _time(text)
-    if f.kind in (Kind.DATE, Kind.DATETIME, Kind.TIMESTAMP):
-        try:
-            value: Any = (dt.date.fromisoformat(text) if f.kind == Kind.DATE
-                          else dt.datetime.fromisoformat(text))
-        except ValueError:
-            return text  # a zero or partial date stays MariaDB's text, as in the stream
-        return value.replace(tzinfo=dt.UTC) if f.kind == Kind.TIMESTAMP else value
-    return text
+    return value_decoder(f)(raw)
+
+
+def value_decoder(f: Field) -> Callable[[bytes], Any]:
+    """The decoding of one column's values, chosen once (a dump has many rows)."""
+    kind = f.kind
+    if kind == Kind.BYTES:
+        return bytes
+    if kind in (Kind.INT, Kind.LONG):
+        return int  # int() reads ASCII digits from bytes
+    if kind == Kind.DECIMAL:
+        return lambda raw: Decimal(raw.decode("ascii"))
+    if kind == Kind.DOUBLE:
+        return float
+    if kind == Kind.FLOAT:
+        return lambda raw: _FLOAT32.unpack(_FLOAT32.pack(float(raw)))[0]
+    if kind == Kind.BOOLEAN:
+        return lambda raw: raw != b"0"
+    if kind == Kind.UUID:
+        return lambda raw: uuid.UUID(raw.decode("ascii"))
+    if kind == Kind.TIME:
+        return lambda raw: _time(raw.decode("ascii"))
+    if kind in (Kind.DATE, Kind.DATETIME, Kind.TIMESTAMP):
+        return lambda raw: _temporal(kind, raw.decode("ascii"))
+    return lambda raw: raw.decode("utf-8")
+
+
+_FLOAT32 = struct.Struct("<f")
+
+
+def _temporal(kind: Kind, text: str) -> Any:
+    try:
+        value: Any = (dt.date.fromisoformat(text) if kind == Kind.DATE
+                      else dt.datetime.fromisoformat(text))
+    except ValueError:
+        return text  # a zero or partial date stays MariaDB's text, as in the stream
+    return value.replace(tzinfo=dt.UTC) if kind == Kind.TIMESTAMP else value
 
 
 def encode_value(f: Field, value: Any) -> bytes:
@@ -165,15 +178,26 @@ def operation_line(action: str, rows: list[bytes]) -> bytes:
 # -- reading -----------------------------------------------------------------------------
 
 def parse_operation(header: DumpHeader, line: bytes) -> DumpRows:
-    doc = json.loads(line)
-    columns = header.columns
-    rows = []
-    for raw in doc["rows"]:
-        if len(raw) != len(columns):
-            raise ValueError(f"a dump row has {len(raw)} values for {len(columns)} columns")
-        rows.append({f.column: None if v is None else decode_value(f, base64.b64decode(v))
-                     for f, v in zip(columns, raw, strict=True)})
-    return DumpRows(doc["action"], rows)
+    return _OperationParser(header).parse(line)
+
+
+class _OperationParser:
+    def __init__(self, header: DumpHeader) -> None:
+        self.names = [f.column for f in header.columns]
+        self.decoders = [value_decoder(f) for f in header.columns]
+
+    def parse(self, line: bytes) -> DumpRows:
+        doc = json.loads(line)
+        names, decoders = self.names, self.decoders
+        width = len(names)
+        b64 = binascii.a2b_base64
+        rows = []
+        for raw in doc["rows"]:
+            if len(raw) != width:
+                raise ValueError(f"a dump row has {len(raw)} values for {width} columns")
+            rows.append({name: None if v is None else decode(b64(v))
+                         for name, decode, v in zip(names, decoders, raw)})  # noqa: B905
+        return DumpRows(doc["action"], rows)
 
 
 class DumpError(ValueError):
@@ -188,6 +212,7 @@ class DumpDecoder:
         self._buffer = bytearray()
         self._digest = hashlib.sha256()
         self.header: DumpHeader | None = None
+        self._parser: _OperationParser | None = None
         self.received = 0
 
     def feed(self, data: bytes) -> Iterator[DumpHeader | DumpRows]:
@@ -200,10 +225,12 @@ class DumpDecoder:
             del self._buffer[: newline + 1]
             if self.header is None:
                 self.header = DumpHeader.from_json(json.loads(line))
+                self._parser = _OperationParser(self.header)
                 self._digest.update(self._buffer)  # the body bytes already here
                 yield self.header
             elif line.strip():
-                yield parse_operation(self.header, line)
+                assert self._parser is not None
+                yield self._parser.parse(line)
 
     def finish(self) -> DumpHeader:
         if self.header is None or self._buffer.strip():
