@@ -448,8 +448,9 @@ async def test_request_data_after_a_gtid_state_is_exclusive_in_every_domain(
     await raw.close()
 
 
+@pytest.mark.parametrize("fmt", ["JSON", "AVRO"])
 async def test_follow_waits_for_a_table_that_had_no_changes_yet(cdc: RunningService,
-                                                                source: Source):
+                                                                source: Source, fmt: str):
     table = f"`{source.database}`.quiet"
     conn = source.server.connect()
     with conn.cursor() as cur:
@@ -462,7 +463,7 @@ async def test_follow_waits_for_a_table_that_had_no_changes_yet(cdc: RunningServ
     events: list[Any] = []
 
     async def follow() -> None:
-        async with CdcClient(cdc.host, cdc.port, USER, PASSWORD) as client:
+        async with CdcClient(cdc.host, cdc.port, USER, PASSWORD, format=fmt) as client:
             async for item in client.dump(f"{source.database}.quiet"):
                 events.append(item)
                 if isinstance(item, ChangeRecord):
@@ -476,3 +477,46 @@ async def test_follow_waits_for_a_table_that_had_no_changes_yet(cdc: RunningServ
     last = events[-1]
     assert isinstance(last, ChangeRecord) and last.values == {"id": 2, "v": 2}
     assert last.event_type == "update_before"
+
+
+async def test_the_cdc_and_cdcserver_commands(cdc: RunningService, source: Source, tmp_path):
+    table = _orders(source, 500)
+    await cdc.caught_up(source)
+    bin_dir = os.path.dirname(sys.executable)
+    data_dir = cdc.service.config.store.data_dir
+
+    async def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(subprocess.run, list(argv), capture_output=True,
+                                       text=True, timeout=120)
+
+    made = await run(f"{bin_dir}/cdcserver", "dump", f"{source.database}.*", "--source",
+                     source.url, "--data-dir", data_dir)
+    assert made.returncode == 0, made.stderr
+    assert "500 rows" in made.stdout
+    listed = await run(f"{bin_dir}/cdcserver", "dumps", "--data-dir", data_dir)
+    assert listed.returncode == 0 and f"{source.database}.orders." in listed.stdout
+    source.execute(f"UPDATE {table} SET name = 'after the dump' WHERE id = 7")
+    await cdc.caught_up(source)
+
+    saved = tmp_path / "orders.dump"
+    connection = ["-h", cdc.host, "-P", str(cdc.port), "-u", USER, "-p", PASSWORD]
+    fetched = await run(f"{bin_dir}/cdc", "dump", f"{source.database}.orders", "-o",
+                        str(saved), "--follow", "-t", "1", *connection)
+    assert fetched.returncode == 0, fetched.stderr
+    assert "saved" in fetched.stderr and "500 rows" in fetched.stderr
+    header = next(iter(read_dump(str(saved))))  # also checks the checksum, at the end
+    assert isinstance(header, DumpHeader) and header.rows == 500
+    lines = fetched.stdout.splitlines()
+    assert lines[0].startswith('{"namespace":')  # the stream after the dump: its schema,
+    assert "after the dump" in lines[-1]  # then only the change made after it
+    assert len(lines) == 3
+    dumps = await run(f"{bin_dir}/cdc", "dumps", f"{source.database}.orders", *connection)
+    assert dumps.returncode == 0 and '"rows": 500' in dumps.stdout
+    missing = await run(f"{bin_dir}/cdc", "dump", f"{source.database}.nothing", *connection)
+    assert missing.returncode == 1 and "NO-FILE" in missing.stderr
+
+    verified = await run(f"{bin_dir}/cdcserver", "verify", f"{source.database}.orders",
+                         "--dump", "newest", "--json", "--source", source.url,
+                         "--data-dir", data_dir)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert '"ok": true' in verified.stdout

@@ -129,6 +129,7 @@ class CdcServer:
         self.connections_total += 1
         try:
             await Connection(self, reader, writer, peer).run()
+            await _linger(reader, writer)
         except asyncio.CancelledError:
             # stop() cancels connections. The task ends normally: asyncio 3.11's
             # start_server callback would log a cancelled handler task as an error.
@@ -313,6 +314,22 @@ def _peer_name(writer: asyncio.StreamWriter) -> str:
     if isinstance(peer, tuple) and len(peer) >= 2:
         return f"{peer[0]}:{peer[1]}"
     return str(peer or "?")
+
+
+LINGER = 1.0
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Close our side first and let the client's last bytes arrive before the socket is
+    closed: closing a socket with unread input sends a reset, which can destroy our final
+    reply (``ERR TIMEOUT …``) before the client reads it. Bounded by LINGER seconds."""
+    with contextlib.suppress(ConnectionError, OSError, RuntimeError, TimeoutError):
+        if writer.is_closing() or not writer.can_write_eof():
+            return
+        writer.write_eof()
+        async with asyncio.timeout(LINGER):
+            while await reader.read(65536):
+                pass
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
