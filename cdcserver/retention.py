@@ -4,9 +4,10 @@ Dumps: per table, at most ``dumps_keep`` (newest first), none older than ``dumps
 and the oldest go first while all dumps together exceed ``dumps_max_bytes``. The newest dump
 of each table is always kept: it is what a new client starts from.
 
-Table versions: a version may go only when a newer dump replaces it, that is when the table's
-newest dump was taken in a later version (``stream_version``): every record of the old version
-precedes that dump's snapshot, so a client starting from the dump never needs it. Such
+Table versions: a version may go only when newer dumps replace it, that is when every kept
+dump of the table was taken in a later version (``stream_version``): every record of the old
+version precedes those dumps' snapshots, so a client starting from any of them never needs
+it. Such
 versions go when older than ``versions_max_age``, and oldest first while the Avro files exceed
 ``versions_max_bytes``. Without limits (the default) nothing is deleted.
 
@@ -73,10 +74,13 @@ def expired_dumps(dumps: list[DumpInfo], policy: RetentionConfig, now: float
 
 def expired_versions(catalog: Catalog, dumps: list[DumpInfo], policy: RetentionConfig,
                      now: float) -> list[VersionInfo]:
-    """The table versions the policy deletes, oldest first."""
+    """The table versions the policy deletes, oldest first (``dumps``: the dumps kept)."""
     if policy.versions_max_age <= 0 and policy.versions_max_bytes <= 0:
         return []
-    floor = {d.table: d.header.stream_version for d in dumps}  # newest dump wins
+    floor: dict[TableName, int] = {}  # the oldest version a kept dump continues in
+    for dump in dumps:
+        floor[dump.table] = min(floor.get(dump.table, dump.header.stream_version),
+                                dump.header.stream_version)
     replaced = []
     for name, entry in catalog.tables.items():
         latest = entry.latest()
@@ -124,10 +128,14 @@ class Cleaner:
             self._wake.clear()
             try:
                 await self.clean()
-            except OSError as exc:
-                log.warning("cleaner: %s", exc)
+            except Exception:  # the cleaner must outlive any one failure (logged)
+                log.exception("cleaner failed; it runs again in %.0fs", self.policy.interval)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation
+            # that arrives as the wake-up does, and the service's stop would wait a whole
+            # interval for the cleaner.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.policy.interval)
+                async with asyncio.timeout(self.policy.interval):
+                    await self._wake.wait()
 
     async def clean(self) -> CleanReport:
         report = CleanReport()
@@ -136,7 +144,8 @@ class Cleaner:
         for dump in expired_dumps(dumps, self.policy, now):
             deleted = await asyncio.to_thread(delete_unless_in_use, dump.path)
             (report.deleted if deleted else report.in_use).append(dump.name)
-        for info in expired_versions(self.catalog, dumps, self.policy, now):
+        kept = [d for d in dumps if d.name not in report.deleted]
+        for info in expired_versions(self.catalog, kept, self.policy, now):
             if self._delete_version(info):
                 report.deleted.append(os.path.basename(info.path))
             else:

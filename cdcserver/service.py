@@ -108,7 +108,8 @@ class Service:
         limits = ListenerLimits(cfg.max_line, cfg.auth_timeout, cfg.idle_timeout,
                                 cfg.max_connections, cfg.bad_command_limit)
         context = SessionContext(self.catalog, self.users, lambda: self.store.index,
-                                 cfg.bad_command_limit, self.config.store.data_dir)
+                                 cfg.bad_command_limit, self.config.store.data_dir,
+                                 self.wait_caught_up)
         server = CdcServer(context, limits, zone)
         server.dump_released = self.cleaner.wake
         return server

@@ -236,17 +236,19 @@ def _replay(data_dir: str, table: TableName, covered: GtidState, report: Report)
 
 def _replay_after_dump(data_dir: str, table: TableName, path: str, covered: GtidState,
                        report: Report) -> _Replay:
-    """The dump's rows, then the stream's records after the dump's GTID state. Versions
-    older than the dump's ``stream_version`` hold only changes the dump already has."""
+    """The dump's rows, then the stream's records after the dump's GTID state, from the
+    version the table was in at the dump's point (as ``REQUEST-DATA ... AFTER`` sends them):
+    earlier versions hold only changes the dump already has, and that version's creation
+    (a TRUNCATE, say) precedes the dump, so it does not empty the rows."""
     replay = _Replay()
     header = _load_dump(replay, path)
     in_dump = GtidState.parse(header.gtid)
-    for info, continues in table_life(data_dir, table):
-        if info.version < header.stream_version:
-            continue
-        created = info.schema.gtid
-        before_dump = bool(created) and in_dump.covers(Gtid.parse(created))
-        replay.use(info, continues=continues or before_dump)
+    life = table_life(data_dir, table)
+    before = [i for i, (info, _) in enumerate(life)
+              if info.schema.gtid and in_dump.covers(Gtid.parse(info.schema.gtid))]
+    start = before[-1] if before else 0
+    for i, (info, continues) in enumerate(life[start:]):
+        replay.use(info, continues=continues or (i == 0 and bool(before)))
         for record in committed_records(info):
             gtid = Gtid(record["domain"], record["server_id"], record["sequence"])
             if covered.covers(gtid) and not in_dump.covers(gtid):
@@ -261,6 +263,7 @@ def _replay_after_dump(data_dir: str, table: TableName, path: str, covered: Gtid
 
 
 def _load_dump(replay: _Replay, path: str) -> DumpHeader:
+    """Load a dump's rows, checking its checksum."""
     decoder = DumpDecoder()
     with open(path, "rb") as f:
         while data := f.read(1 << 20):
@@ -276,9 +279,10 @@ def _load_dump(replay: _Replay, path: str) -> DumpHeader:
                         replay.rows.pop(_key(replay, before), None)
                     if after is not None:
                         replay.rows[_key(replay, after)] = after
-    if decoder.header is None:
-        raise StoreError(f"{path} is not a dump (no header)")
-    return decoder.header
+    try:
+        return decoder.finish()
+    except ValueError as exc:
+        raise StoreError(f"{path}: {exc}") from exc
 
 
 def _changes(op: DumpRows, fields: tuple[Field, ...]) -> Iterator[tuple[Any, Any]]:

@@ -8,8 +8,9 @@
 
 The header describes a table consistent at one binlog position (``binlog``) and GTID state
 (``gtid``); ``schema`` is the table's Avro schema, as in the change stream; ``checksum`` covers
-every byte after the header line; ``stream_version`` is the table's stream version at the
-snapshot, where a client continues with ``REQUEST-DATA ... AFTER <gtid>``.
+every byte after the header line; ``stream_version`` is the table's newest stored version when
+the dump began (a hint: the changes after the dump, ``REQUEST-DATA db.table AFTER <gtid>``,
+start in that version or a later one).
 
 Each following line is one operation on some rows (the seed's RowsEvent: an action and rows).
 A value is the base64 of the column's text form as MariaDB prints it (binary columns: the raw
@@ -252,7 +253,9 @@ def read_dump(path: str) -> Iterator[DumpHeader | DumpRows]:
 
 
 def apply(rows: dict[tuple[Any, ...], dict[str, Any]], key: list[str], op: DumpRows) -> None:
-    """Apply an operation to a table held as {primary key: row} (upsert semantics)."""
+    """Apply an operation to a table held as {primary key: row} (upsert semantics). A table
+    without a primary key (``key`` empty) is keyed by whole rows, so identical rows count
+    once: keep such a table's dump rows as a list instead."""
     def pk(row: dict[str, Any]) -> tuple[Any, ...]:
         return tuple(row[k] for k in key) if key else tuple(row.values())
 

@@ -198,30 +198,35 @@ class Resume:
     transaction), so after ``REQUEST-DATA db.t.<version> <last gtid>`` the records of that
     transaction already delivered are dropped here, as is the repeated schema.
 
-    A stream that began ``AFTER`` a GTID state (after a dump) resumes the same way, exactly
-    in every domain: the state moves to just before the last delivered transaction, whose
-    delivered records are then dropped.
+    A stream that began ``AFTER`` a GTID state (after a dump) resumes exactly in every domain:
+    each transaction delivered whole joins the state, and the one being delivered when the
+    connection dropped is asked for again (its domain set just before it), with its records
+    already delivered dropped.
     """
 
     def __init__(self, version: int | None = None, gtid: str | None = None,
                  after: str | None = None) -> None:
         self.version = version
         self.gtid = gtid
-        self.after = after
+        self._after = _AfterState.parse(after) if after is not None else None
         self._last: tuple[int, int, int] | None = None  # (domain, sequence, event_number)
         self._schema_version: int | None = None
 
+    @property
+    def after(self) -> str | None:
+        return self._after.request() if self._after is not None else None
+
     def request(self) -> tuple[int | None, str | None, str | None]:
         """(version, gtid, after) for the next request."""
-        if self.after is not None:
-            return self.version, None, self.after
+        if self._after is not None:
+            return self.version, None, self._after.request()
         return self.version, self.gtid, None
 
     def accept(self, event: Event) -> bool:
         if isinstance(event, SchemaChange):
             if event.version == self._schema_version:
                 return False
-            if self._last is not None and self.after is None:
+            if self._last is not None and self._after is None:
                 # A new version after delivered records: nothing of it was delivered, so a
                 # resume starts at its beginning. (A GTID from the old version would skip the
                 # new version's records of other domains that precede that GTID's domain.)
@@ -229,23 +234,59 @@ class Resume:
                 self._last = None
             self._schema_version = self.version = event.version
             return True
+        if self._after is not None:
+            return self._after.accept(event)
         last = self._last
         if last is not None and event.domain == last[0] and (
                 event.sequence, event.event_number) <= (last[1], last[2]):
             return False
         self._last = event.position
         self.gtid = event.gtid
-        if self.after is not None:
-            self.after = state_before(self.after, event)
         return True
 
 
-def state_before(state: str, record: ChangeRecord) -> str:
-    """``state`` with the record's domain moved to just before the record's transaction."""
-    items = [i for i in state.split(",") if i]
-    if len(items) == 1 and ":" in items[0]:  # a MySQL source UUID: records are in domain 0
-        uuid = items[0].split(":", 1)[0]
-        return f"{uuid}:{record.sequence - 1}"
-    kept = [i for i in items if int(i.split("-", 1)[0]) != record.domain]
-    kept.append(f"{record.domain}-{record.server_id}-{record.sequence - 1}")
-    return ",".join(sorted(kept, key=lambda i: int(i.split("-", 1)[0])))
+class _AfterState:
+    """A GTID state (per domain: server_id, sequence) plus the transaction in delivery."""
+
+    def __init__(self, domains: dict[int, tuple[int, int]], uuid: str | None) -> None:
+        self.domains = domains
+        self.uuid = uuid  # a MySQL state: one source UUID, stored in domain 0
+        self.current: tuple[int, int, int] | None = None  # (domain, server_id, sequence)
+        self.event = 0  # the last event_number of ``current`` delivered
+
+    @classmethod
+    def parse(cls, text: str) -> _AfterState:
+        domains: dict[int, tuple[int, int]] = {}
+        uuid = None
+        for item in filter(None, (i.strip() for i in text.split(","))):
+            if ":" in item:
+                uuid, _, numbers = item.partition(":")
+                domains[0] = (0, int(numbers.rsplit("-", 1)[-1]))
+            else:
+                domain, server, sequence = (int(x) for x in item.split("-"))
+                domains[domain] = (server, sequence)
+        return cls(domains, uuid)
+
+    def accept(self, record: ChangeRecord) -> bool:
+        done = self.domains.get(record.domain)
+        if done is not None and record.sequence <= done[1]:
+            return False  # a transaction delivered whole, sent again
+        txn = (record.domain, record.server_id, record.sequence)
+        if txn == self.current:
+            if record.event_number <= self.event:
+                return False  # delivered before the reconnect
+        else:
+            if self.current is not None:  # the previous transaction was delivered whole
+                self.domains[self.current[0]] = self.current[1:]
+            self.current = txn
+        self.event = record.event_number
+        return True
+
+    def request(self) -> str:
+        state = dict(self.domains)
+        if self.current is not None:
+            domain, server, sequence = self.current
+            state[domain] = (server, sequence - 1)
+        if self.uuid is not None:
+            return f"{self.uuid}:{state.get(0, (0, 0))[1]}"
+        return ",".join(f"{d}-{s}-{n}" for d, (s, n) in sorted(state.items()))

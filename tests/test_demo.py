@@ -54,5 +54,5 @@ def test_demo_serves_the_sample_schema_and_stops_cleanly(tmp_path):
         demo.send_signal(signal.SIGTERM)
         output, _ = demo.communicate(timeout=60)
     assert demo.returncode == 0, output
-    leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "demo")], capture_output=True)
-    assert leftover.stdout == b"", "the demo left its MariaDB running"
+    leftover = subprocess.run(["pgrep", "-af", str(tmp_path / "demo")], capture_output=True)
+    assert leftover.stdout == b"", f"the demo left processes running: {leftover.stdout!r}"

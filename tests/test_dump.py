@@ -8,7 +8,6 @@ was taken. Checked two ways: against the table's rows directly, and with ``verif
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import signal
@@ -331,15 +330,27 @@ async def test_a_killed_dump_process_resumes_from_its_last_chunk(cdc: RunningSer
     command = [sys.executable, "-m", "cdcserver.cli", "dump", f"{source.database}.orders",
                "--source", source.url, "--data-dir", data_dir, "--chunk-rows", "100"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def kill_after_a_chunk() -> None:
+        """Look at the progress only while the process is stopped, so it cannot finish
+        between the look and the kill."""
+        while True:
+            process.send_signal(signal.SIGSTOP)
+            try:
+                with open(progress) as f:
+                    if '"rows": 0,' not in f.read():
+                        process.send_signal(signal.SIGKILL)
+                        return
+            except (FileNotFoundError, ValueError):
+                pass
+            assert process.poll() is None, "the dump finished before it could be killed"
+            process.send_signal(signal.SIGCONT)
+            threading.Event().wait(0.002)
+
     try:
-        def some_rows() -> bool:
-            with contextlib.suppress(FileNotFoundError, ValueError), open(progress) as f:
-                return '"rows": 0,' not in f.read()
-            return False
-        await asyncio.to_thread(wait_until, some_rows, 60, "a chunk to be written")
-        assert process.poll() is None, "the dump finished before it could be killed"
-        process.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(kill_after_a_chunk)
     finally:
+        process.kill()
         process.wait(30)
     assert files.list_dumps(data_dir, name) == []
     source.execute(f"DELETE FROM `{source.database}`.orders WHERE id <= 50")
@@ -520,3 +531,97 @@ async def test_the_cdc_and_cdcserver_commands(cdc: RunningService, source: Sourc
                          "--data-dir", data_dir)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert '"ok": true' in verified.stdout
+
+
+async def test_a_schema_change_between_the_snapshot_and_the_read_means_a_new_snapshot(
+        cdc: RunningService, source: Source, monkeypatch):
+    """An instant ALTER committed just after the snapshot opened, before the dump opened the
+    table: InnoDB hands the old read view the new layout without error, so the dump must
+    notice and take a new snapshot, whose point includes the ALTER."""
+    from cdcserver.dump import snapshot as snapshot_module
+    from cdcserver.gtid import GtidState
+
+    table = _orders(source, 100)
+    original = snapshot_module.Snapshot._open_mariadb
+    opened = []
+
+    def open_then_alter(self: Any) -> Any:
+        point = original(self)
+        opened.append(point)
+        if len(opened) == 1:
+            source.execute(f"ALTER TABLE {table} ADD COLUMN late INT DEFAULT 1, "
+                           "ALGORITHM=INSTANT")
+        return point
+
+    monkeypatch.setattr(snapshot_module.Snapshot, "_open_mariadb", open_then_alter)
+    results = await _dump(cdc, source, "orders")
+    assert len(opened) == 2
+    header = results[0].info.header
+    assert [f.column for f in header.columns][-1] == "late"
+    alter = next(iter(source.gtid_state()))
+    assert GtidState.parse(header.gtid).covers(alter)
+    assert not opened[0].gtid.covers(alter)
+
+
+async def test_following_starts_in_the_version_the_table_was_in_at_the_dump(
+        tmp_path, source: Source, users_file: str):
+    """The dump is taken while the service lags behind a TRUNCATE: the dump has the rows
+    after it, so the stream that follows must not announce that TRUNCATE (or anything
+    before it) as something that happened after the dump."""
+    from cdcserver.gtid import GtidState
+    from tests.conftest import make_config, start_service
+
+    config = make_config(os.path.join(tmp_path, "data"), source.url, users_file)
+    table = f"`{source.database}`.t"
+    running = await start_service(config)
+    source.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, v INT)",
+                   f"INSERT INTO {table} VALUES (1, 1), (2, 2)")
+    await running.caught_up(source)
+    await running.stop()
+    source.execute(f"TRUNCATE TABLE {table}", f"INSERT INTO {table} VALUES (10, 10), (11, 11)")
+    address = parse_source_url(source.url)
+    (result,) = await asyncio.to_thread(dump_tables, address, config.store.data_dir,
+                                        [TableName(source.database, "t")])
+    header = result.info.header
+    assert header.stream_version == 1  # all the stopped service knew: a lower bound
+    source.execute(f"INSERT INTO {table} VALUES (12, 12)")
+    running = await start_service(config)
+    try:
+        events: list[Any] = []
+        client = SyncCdcClient(running.host, running.port, USER, PASSWORD)
+
+        def follow() -> None:
+            for item in client.dump(f"{source.database}.t"):
+                events.append(item)
+                if isinstance(item, ChangeRecord):
+                    return
+
+        await asyncio.to_thread(follow)
+        schemas = [e for e in events if isinstance(e, SchemaChange)]
+        assert [s.version for s in schemas] == [2]
+        assert GtidState.parse(header.gtid).covers(next(iter(GtidState.parse(
+            schemas[0].gtid))))  # the version's TRUNCATE precedes the dump
+        rows = [r for e in events if isinstance(e, DumpRows) for r in e.rows]
+        assert sorted(r["id"] for r in rows) == [10, 11]
+        assert events[-1].values == {"id": 12, "v": 12}
+        report = await asyncio.to_thread(verify_table, address, config.store.data_dir,
+                                         TableName(source.database, "t"), 60.0,
+                                         result.info.path)
+        assert report.ok and report.source_rows == 3, report.lines()
+    finally:
+        await running.stop()
+
+
+async def test_a_client_that_only_shuts_down_its_sending_side_gets_the_whole_dump(
+        cdc: RunningService, source: Source):
+    _orders(source, 2000)
+    (result,) = await _dump(cdc, source, "orders")
+    with open(result.info.path, "rb") as f:
+        content = f.read()
+    client = await RawClient.connect(cdc.port)
+    await client.login()
+    await client.send(f"REQUEST-DUMP {source.database}.orders\n".encode())
+    client.writer.write_eof()  # as `nc -N` does after its input
+    assert (await client.line()).startswith(b"OK ")
+    assert await client.read_exactly(len(content)) == content
+    assert await client.closed() == b""

@@ -25,7 +25,7 @@ from cdcserver.store.inuse import delete_unless_in_use, in_use
 from cdcserver.store.naming import TableName
 from client import ChangeRecord, SyncCdcClient
 from client.dump import DumpHeader
-from client.wire import auth_message
+from client.wire import ProtocolError, auth_message
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import PASSWORD, USER, wait_until
 
@@ -278,5 +278,80 @@ async def test_scheduled_dumps_run_when_due_and_not_again_after_a_restart(
         assert scheduler is not None
         wait = await scheduler.run_due()
         assert 3500 < wait <= 3600 and len(list_dumps(data_dir)) == 2
+    finally:
+        await running.stop()
+
+
+@pytest.mark.mariadb
+async def test_versions_an_older_kept_dump_continues_in_are_kept(tmp_path, source: Source,
+                                                                 users_file: str):
+    config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
+                         retention={"versions_max_age": 0.001, "dumps_keep": 5,
+                                    "interval": 3600})
+    running = await start_service(config)
+    try:
+        table = f"`{source.database}`.t"
+        name = TableName(source.database, "t")
+        address = parse_source_url(source.url)
+        source.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY)",
+                       f"INSERT INTO {table} VALUES (1)")
+        await running.caught_up(source)
+        await asyncio.to_thread(dump_tables, address, config.store.data_dir, [name])
+        source.execute(f"ALTER TABLE {table} ADD COLUMN v INT", f"INSERT INTO {table} VALUES "
+                       "(2, 2)", f"ALTER TABLE {table} ADD COLUMN w INT")
+        await running.caught_up(source)
+        await asyncio.to_thread(dump_tables, address, config.store.data_dir, [name])
+        entry = running.service.catalog.get(name)
+        assert entry is not None and sorted(entry.versions) == [1, 2, 3]
+        report = await running.service.cleaner.clean()
+        assert report.deleted == [] and sorted(entry.versions) == [1, 2, 3]
+        first = list_dumps(config.store.data_dir, name)[0]
+        await asyncio.to_thread(delete_unless_in_use, first.path)  # the older dump goes
+        report = await running.service.cleaner.clean()
+        assert sorted(entry.versions) == [3]
+        # A stream from a version retention deleted is refused, not silently skipped.
+        client = SyncCdcClient(running.host, running.port, USER, PASSWORD)
+        with pytest.raises(ProtocolError, match="not found"):
+            await asyncio.to_thread(lambda: list(client.stream(f"{source.database}.t.000002",
+                                                               idle_timeout=1)))
+    finally:
+        await running.stop()
+
+
+@pytest.mark.mariadb
+async def test_a_stalled_transfer_is_ended_and_releases_the_dump(tmp_path, source: Source,
+                                                                 users_file: str):
+    config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
+                         listener={"idle_timeout": 1.0},
+                         retention={"dumps_keep": 1, "interval": 3600})
+    running = await start_service(config)
+    try:
+        _big_table(source)
+        old = await _take_dump(running, source)
+        await _take_dump(running, source)
+        sock, reader, _ = await asyncio.to_thread(_open_transfer, running, old.name)
+        try:
+            await asyncio.to_thread(wait_until, lambda: not os.path.exists(old.path), 30,
+                                    "the stalled transfer to end and its dump to go")
+        finally:
+            reader.close()
+            sock.close()
+    finally:
+        await running.stop()
+
+
+@pytest.mark.mariadb
+async def test_the_schedule_survives_a_table_that_cannot_be_dumped(tmp_path, source: Source,
+                                                                   users_file: str):
+    source.execute(f"CREATE TABLE `{source.database}`.a (id INT PRIMARY KEY)")
+    config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
+                         dump={"tables": f"{source.database}.missing, {source.database}.a",
+                               "interval": 3600})
+    running = await start_service(config)
+    try:
+        await asyncio.to_thread(wait_until, lambda: len(list_dumps(config.store.data_dir)) == 1,
+                                60, "the dump of the table that exists")
+        assert running.service.scheduler is not None
+        assert not running.task.done()
     finally:
         await running.stop()

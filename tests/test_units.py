@@ -313,19 +313,48 @@ def test_after_dump_and_list_dumps_grammar():
     assert parse_list_dumps("") is None and parse_list_dumps("a.b") == ("a", "b")
 
 
-def test_resuming_after_a_gtid_state_moves_only_the_delivered_domain():
+def test_resuming_after_a_gtid_state_is_exact_in_every_domain():
+    """A stream AFTER a state, cut after any record and resumed (the server filtering with
+    its real AFTER filter), delivers every record exactly once, across domains."""
+    from cdcserver.protocol.stream import _After
     from client.stream import ChangeRecord, Resume, SchemaChange
 
-    resume = Resume(3, None, "0-1-10,5-2-3")
-    assert resume.request() == (3, None, "0-1-10,5-2-3")
+    def record(domain: int, seq: int, event: int) -> ChangeRecord:
+        return ChangeRecord("db", "t", 3, domain, 1, seq, event, 0, "insert", {"n": seq})
+
+    stored = [record(0, 100, 1), record(0, 101, 1), record(0, 101, 2), record(7, 51, 1),
+              record(0, 102, 1), record(0, 103, 1), record(0, 103, 2), record(7, 52, 1)]
     schema = SchemaChange("db", "t", 3, "0-1-1", {}, ())
-    record = ChangeRecord("db", "t", 3, 5, 2, 7, 2, 0, "insert", {})
-    assert resume.accept(schema) and resume.accept(record)
-    assert resume.request() == (3, None, "0-1-10,5-2-6")  # transaction 7 is sent again
-    again = ChangeRecord("db", "t", 3, 5, 2, 7, 1, 0, "insert", {})
-    assert not resume.accept(again)  # and what was delivered of it is dropped
-    newer = SchemaChange("db", "t", 4, "0-1-11", {}, ())
-    assert resume.accept(newer) and resume.request() == (4, None, "0-1-10,5-2-6")
+
+    def served(after: str) -> list[ChangeRecord]:
+        wanted = _After.parse(after)
+        return [r for r in stored if wanted.accepts({"domain": r.domain,
+                                                       "sequence": r.sequence})]
+
+    for cut in range(1, len(stored) + 1):
+        resume = Resume(3, None, "0-1-100,7-1-50")
+        delivered = []
+        first = served("0-1-100,7-1-50")
+        for event in [schema, *first[:cut]]:
+            if resume.accept(event) and isinstance(event, ChangeRecord):
+                delivered.append(event)
+        version, gtid, after = resume.request()
+        assert version == 3 and gtid is None and after is not None
+        for event in [schema, *served(after)]:
+            if resume.accept(event) and isinstance(event, ChangeRecord):
+                delivered.append(event)
+        assert delivered == stored[1:], cut  # 0-1-100 was in the state already
+
+
+def test_an_after_state_for_a_mysql_source_resumes_by_its_uuid():
+    from client.stream import ChangeRecord, Resume
+
+    uuid = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
+    resume = Resume(None, None, f"{uuid}:1-57")
+    resume.accept(ChangeRecord("db", "t", 1, 0, 1, 58, 1, 0, "insert", {}))
+    assert resume.request() == (None, None, f"{uuid}:57")
+    resume.accept(ChangeRecord("db", "t", 1, 0, 1, 59, 1, 0, "insert", {}))
+    assert resume.request() == (None, None, f"{uuid}:58")
 
 
 def test_durations_and_sizes_in_the_configuration():

@@ -1,11 +1,12 @@
-"""Taking dumps: one snapshot, every requested table read into its own dump file.
+"""Taking dumps: per table, a consistent snapshot read into its own dump file.
 
-1. Note each table's newest stream version (before the snapshot, so it is one whose changes
-   all precede the snapshot: the version a client continues in).
-2. Open one consistent snapshot for all the tables (:mod:`cdcserver.dump.snapshot`).
-3. Per table: read its definition in the snapshot, derive its Avro schema (the change
-   stream's mapping), then write its rows chunk by chunk (:mod:`cdcserver.dump.scan`) into
-   ``<stem>.partial``, checkpointing progress after each chunk (:mod:`cdcserver.dump.partial`).
+1. Note the table's newest stream version (before the snapshot, so a version whose
+   changes all precede the snapshot; a hint, see protocol.md "Dumps").
+2. Open a consistent snapshot (:mod:`cdcserver.dump.snapshot`). Each table has its own, so
+   its metadata lock (which makes an ALTER of it wait) is held only while it is read.
+3. Read its definition in the snapshot, derive its Avro schema (the change stream's mapping),
+   then write its rows chunk by chunk (:mod:`cdcserver.dump.scan`) into ``<stem>.partial``,
+   checkpointing progress after each chunk (:mod:`cdcserver.dump.partial`).
 4. Write the header and rename the file to ``<stem>.<time>.dump``.
 
 A dump that finds an interrupted attempt of the same table continues it (unless told to
@@ -31,6 +32,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import pymysql
 
 from cdcserver.dump import files, fixups
 from cdcserver.dump.partial import HEADER_SLACK, PartialDump, Progress
@@ -97,37 +100,72 @@ def resolve_tables(address: SourceAddress, patterns: list[str]) -> list[TableNam
     return list(dict.fromkeys(names))
 
 
+class DumpFailed(SourceError):
+    """Some tables could not be dumped (the others were); ``results`` holds those."""
+
+    def __init__(self, message: str, results: list[DumpResult]) -> None:
+        super().__init__(message)
+        self.results = results
+
+
 def dump_tables(address: SourceAddress, data_dir: str, tables: list[TableName],
                 options: DumpOptions = DumpOptions(),
                 stream_versions: dict[TableName, int] | None = None,
                 progressed: Progressed | None = None,
                 stop: threading.Event | None = None) -> list[DumpResult]:
-    """Dump ``tables`` in one snapshot; returns the finished dumps. ``stream_versions``: each
+    """Dump each table in its own snapshot; returns the finished dumps. A table that fails
+    does not stop the others: DumpFailed at the end names it. ``stream_versions``: each
     table's newest version now (a running service passes its catalog's; by default they are
     read from the data directory). Setting ``stop`` interrupts it after the current batch."""
     directory = files.dump_dir(data_dir)
     os.makedirs(directory, exist_ok=True)
-    with contextlib.ExitStack() as locks:
-        for table in tables:
-            locks.enter_context(table_lock(directory, table))
-        versions = stream_versions if stream_versions is not None else \
-            newest_versions(_load_catalog(data_dir), tables)
-        results: list[DumpResult] = []
-        for attempt in range(3):
-            snapshot = Snapshot(address)
-            try:
-                log.info("dump snapshot at %s:%d (GTID %s)", snapshot.point.file,
-                         snapshot.point.pos, snapshot.point.gtid)
-                for table in tables[len(results):]:
-                    results.append(_dump_table(snapshot, data_dir, table, versions[table],
-                                               options, progressed, stop))
-                return results
-            except DefinitionChanged as exc:
-                if attempt == 2:
-                    raise SourceError(f"{exc}; gave up after 3 snapshots") from exc
-                log.info("%s; opening a new snapshot", exc)
-            finally:
-                snapshot.close()
+    versions = stream_versions if stream_versions is not None else \
+        newest_versions(_load_catalog(data_dir), tables)
+    results: list[DumpResult] = []
+    failures: list[str] = []
+    for table in tables:
+        try:
+            with table_lock(directory, table):
+                results.append(_dump_in_snapshot(address, data_dir, table,
+                                                 versions.get(table, 0), options,
+                                                 progressed, stop))
+        except DumpInterrupted:
+            raise
+        except CdcError as exc:
+            if len(tables) == 1:
+                raise
+            log.error("dump of %s failed: %s", table, exc)
+            failures.append(f"{table}: {exc}")
+    if failures:
+        raise DumpFailed("; ".join(failures), results)
+    return results
+
+
+def _dump_in_snapshot(address: SourceAddress, data_dir: str, table: TableName,
+                      stream_version: int, options: DumpOptions,
+                      progressed: Progressed | None,
+                      stop: threading.Event | None) -> DumpResult:
+    """One table, in a snapshot of its own (so its metadata lock is held only while it is
+    read); a new snapshot if the table changed while the first one opened."""
+    for attempt in range(1, 6):
+        try:
+            snapshot = Snapshot(address, table)
+        except DefinitionChanged as exc:
+            if attempt == 5:
+                raise SourceError(f"{exc}; gave up after {attempt} snapshots") from exc
+            log.info("%s; opening a new snapshot", exc)
+            continue
+        except pymysql.MySQLError as exc:
+            raise SourceError(f"{table}: {exc}") from exc
+        try:
+            log.info("dump of %s: snapshot at %s:%d (GTID %s)", table, snapshot.point.file,
+                     snapshot.point.pos, snapshot.point.gtid)
+            return _dump_table(snapshot, data_dir, table, stream_version, options,
+                               progressed, stop)
+        except pymysql.MySQLError as exc:
+            raise SourceError(f"the dump of {table} failed: {exc}") from exc
+        finally:
+            snapshot.close()
     raise AssertionError("unreachable")
 
 
@@ -165,7 +203,7 @@ def _dump_table(snapshot: Snapshot, data_dir: str, table: TableName, stream_vers
                 stop: threading.Event | None) -> DumpResult:
     started = time.monotonic()
     point = snapshot.point
-    definition, transactional = snapshot.definition(table)
+    definition, transactional = snapshot.definition()
     schema = TableSchema.from_layout(layout_of(table, definition), max(stream_version, 1),
                                      str(point.gtid))
     plan = ScanPlan(table, definition, schema.columns)
@@ -185,7 +223,7 @@ def _dump_table(snapshot: Snapshot, data_dir: str, table: TableName, stream_vers
             progress.consistent = progress.consistent and transactional
         _read_rows(snapshot, plan, partial, progress, options, progressed, stop)
         if progress.resumed:
-            progress.rows = snapshot.count(table)
+            progress.rows = snapshot.count()
         header = _header(table, schema, point, progress)
         path = partial.finish(header, files.new_name(table, point.taken))
     finally:

@@ -12,6 +12,7 @@ or whole under its final name.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -171,8 +172,11 @@ class PartialDump:
             self._file = None
 
     def discard(self) -> None:
+        """Remove this table's unfinished attempt, and what a crash in ``finish`` left."""
         self.close()
-        for path in (self.path, self.progress_path, self.progress_path + ".tmp"):
+        leftovers = glob.glob(os.path.join(glob.escape(self.directory),
+                                           f"{glob.escape(self.table.stem)}.*.dump.tmp"))
+        for path in (self.path, self.progress_path, self.progress_path + ".tmp", *leftovers):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 

@@ -46,8 +46,11 @@ class DumpScheduler:
         while self.enabled:
             try:
                 wait = await self.run_due()
-            except (CdcError, OSError) as exc:
+            except CdcError as exc:
                 log.warning("scheduled dump failed: %s; retrying in %.0fs", exc, RETRY)
+                wait = RETRY
+            except Exception:  # the schedule must outlive any one failure (logged)
+                log.exception("scheduled dump failed; retrying in %.0fs", RETRY)
                 wait = RETRY
             await asyncio.sleep(wait)
 
@@ -80,7 +83,7 @@ class DumpScheduler:
 
     def _remaining(self, table: TableName, now: dt.datetime) -> float:
         if os.path.exists(os.path.join(files.dump_dir(self.data_dir),
-                                       f"{table.stem}.progress")):
+                                       f"{table.stem}.partial")):
             return 0.0  # an interrupted dump: resume it now
         dumps = files.list_dumps(self.data_dir, table)
         if not dumps:

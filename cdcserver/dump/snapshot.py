@@ -8,8 +8,9 @@ transaction-with-consistent-snapshot/). ``BINLOG_GTID_POS()`` turns that positio
 state. No lock is held: writers carry on while the dump reads.
 
 MySQL has no such status variables, so the view is opened under a brief ``FLUSH TABLES WITH
-READ LOCK`` (held only while ``SHOW MASTER STATUS`` reads the position and GTID set, as
-``mysqldump --single-transaction --source-data`` does), then released before any row is read.
+READ LOCK`` (held only while ``SHOW MASTER STATUS`` reads the position and GTID set and the
+table's definition is read, as ``mysqldump --single-transaction --source-data`` does), then
+released before any row is read.
 
 The session reads TIMESTAMPs in UTC, and lifts the statement time limit: a dump's queries run
 as long as the table is large.
@@ -69,28 +70,46 @@ def qualified(table: TableName) -> str:
 
 
 class Snapshot:
-    """An open consistent snapshot on its own connection; close() ends it."""
+    """An open consistent snapshot of one table, on its own connection; close() ends it.
 
-    def __init__(self, address: SourceAddress) -> None:
+    InnoDB does not refuse to read a table through an older read view after an *instant*
+    ALTER (ADD/DROP COLUMN, widening a VARCHAR): the rows come back in the new layout. So a
+    schema change committed after the snapshot opened but before this connection took the
+    table's metadata lock must be detected: the definition is read before the snapshot and
+    again under the lock, and a difference means a new snapshot. (A second connection
+    holding the lock across the snapshot would deadlock: the snapshot's own lock request
+    queues behind an ALTER that waits for that connection.) MySQL: the brief global read
+    lock around the snapshot keeps schema changes out instead.
+    """
+
+    def __init__(self, address: SourceAddress, table: TableName) -> None:
+        self.table = table
         self.conn = source_sql.connect(address)
         try:
             self.info = source_sql.describe(self.conn)
-            self.point = self._open()
+            self._session()
+            if self.info.flavor == "mariadb":
+                before = ddl.parse(self._show_create(), table.database)
+                self.point = self._open_mariadb()
+                self.definition_read = self._read_definition()
+                if not isinstance(before, ddl.CreateTable) or \
+                        before.definition != self.definition_read[0]:
+                    raise DefinitionChanged(f"{table} changed while the snapshot opened")
+            else:
+                self.point = self._open_mysql()
         except BaseException:
             self.conn.close()
             raise
 
-    def _open(self) -> SnapshotPoint:
+    def _session(self) -> None:
         mariadb = self.info.flavor == "mariadb"
         for statement in ("SET SESSION time_zone = '+00:00'",
+                          "SET SESSION sql_mode = ''",  # e.g. no PAD_CHAR_TO_FULL_LENGTH
                           "SET SESSION net_write_timeout = 3600",
                           "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
                           "SET SESSION max_statement_time = 0" if mariadb
                           else "SET SESSION max_execution_time = 0"):
             source_sql.query(self.conn, statement)
-        if mariadb:
-            return self._open_mariadb()
-        return self._open_mysql()
 
     def _open_mariadb(self) -> SnapshotPoint:
         source_sql.query(self.conn, "START TRANSACTION WITH CONSISTENT SNAPSHOT")
@@ -117,36 +136,52 @@ class Snapshot:
             source_sql.query(self.conn, "START TRANSACTION WITH CONSISTENT SNAPSHOT")
             taken = dt.datetime.now(dt.UTC)
             position = source_sql.newest_position(self.conn, self.info)
+            # Under the read lock no schema change can commit: take the table's metadata
+            # lock now (see the class comment).
+            self.definition_read = self._read_definition()
         finally:
             source_sql.query(self.conn, "UNLOCK TABLES")
+        if not position.gtid_state and position.pos > 4:
+            raise SourceError("dumps of a MySQL source need GTIDs (gtid_mode=ON): without "
+                              "them the changes after a dump cannot be told apart")
         return SnapshotPoint(position.gtid_state, position.file, position.pos, taken)
 
-    def definition(self, table: TableName) -> tuple[TableDefinition, bool]:
+    def definition(self) -> tuple[TableDefinition, bool]:
         """The table's definition in this snapshot, and whether its engine is transactional
-        (only then are its rows exactly those of the snapshot).
+        (only then are its rows exactly those of the snapshot)."""
+        return self.definition_read
 
-        Opening the table takes its metadata lock for the rest of the transaction, so the
-        definition read next cannot change under the dump; if it changed between the
-        snapshot and here, InnoDB refuses the read (error 1412) and the caller retries."""
+    def _read_definition(self) -> tuple[TableDefinition, bool]:
+        """Open the table (its metadata lock is then held to the end of the snapshot, so the
+        definition cannot change under the dump) and read its definition."""
+        table = self.table
         try:
             source_sql.query(self.conn, f"SELECT 1 FROM {qualified(table)} LIMIT 0")
-            text = str(source_sql.query(self.conn, f"SHOW CREATE TABLE {qualified(table)}")
-                       [0][1])
         except pymysql.err.MySQLError as exc:
             code = exc.args[0] if exc.args else 0
             if code == ER_TABLE_DEF_CHANGED:
                 raise DefinitionChanged(f"{table} changed while the snapshot opened") from exc
-            if code == ER_NO_SUCH_TABLE:
-                raise SourceError(f"no table {table} on the source") from exc
-            raise SourceError(f"cannot read the definition of {table}: {exc}") from exc
+            raise SourceError(f"cannot read {table}: {exc}") from exc
+        text = self._show_create()
         statement = ddl.parse(text, table.database)
         if not isinstance(statement, ddl.CreateTable) or statement.definition is None:
             raise SourceError(f"cannot parse the definition of {table}: {text[:200]}")
         definition = statement.definition
         return definition, (definition.engine or "innodb") in TRANSACTIONAL_ENGINES
 
-    def count(self, table: TableName) -> int:
-        return int(source_sql.query(self.conn, f"SELECT COUNT(*) FROM {qualified(table)}")[0][0])
+    def _show_create(self) -> str:
+        try:
+            return str(source_sql.query(self.conn, f"SHOW CREATE TABLE {qualified(self.table)}"
+                                        )[0][1])
+        except pymysql.err.MySQLError as exc:
+            code = exc.args[0] if exc.args else 0
+            if code == ER_NO_SUCH_TABLE:
+                raise SourceError(f"no table {self.table} on the source") from exc
+            raise SourceError(f"cannot read the definition of {self.table}: {exc}") from exc
+
+    def count(self) -> int:
+        return int(source_sql.query(self.conn, f"SELECT COUNT(*) FROM {qualified(self.table)}"
+                                    )[0][0])
 
     def close(self) -> None:
         if not self.conn.open:

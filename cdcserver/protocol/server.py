@@ -209,8 +209,9 @@ class Connection:
             await self.writer.drain()
 
     async def _stream(self, start: StartStream) -> None:
-        streamer = Streamer(self.server.context.catalog, self.server.context.index(),
-                            start.request, start.format, self.writer, self.server.zone)
+        context = self.server.context
+        streamer = Streamer(context.catalog, context.index(), start.request, start.format,
+                            self.writer, self.server.zone, context.caught_up)
         log.info("%s: %s (%s)", self.peer, start.request.line(), start.format.value)
         stream_task = asyncio.create_task(streamer.run())
         input_task = asyncio.create_task(self._watch_input())
@@ -243,12 +244,14 @@ class Connection:
             with in_use(dump.path) as f:
                 size = os.fstat(f.fileno()).st_size
                 self.writer.write(f"OK {size} {dump.name}\n".encode())
-                transfer = asyncio.create_task(send_file(self.writer, f, size))
+                transfer = asyncio.create_task(
+                    send_file(self.writer, f, size, self.server.limits.idle_timeout))
                 input_task = asyncio.create_task(self.messages.next())
                 try:
                     await asyncio.wait({transfer, input_task},
                                        return_when=asyncio.FIRST_COMPLETED)
-                    if input_task.done() and not self._hold(input_task.result()):
+                    if input_task.done() and not transfer.done() and \
+                            not self._hold(input_task.result()):
                         log.info("%s: %s: transfer abandoned by the client", self.peer,
                                  dump.name)
                         return False
@@ -281,9 +284,13 @@ class Connection:
         return True
 
     def _hold(self, message: bytes | None) -> bool:
-        """A message read during a transfer: kept to be answered after it; False (and the
-        session ends) for a hang-up or CLOSE."""
-        if message is None or message.strip().upper() == b"CLOSE":
+        """A message read during a transfer: kept to be answered after it. CLOSE stops the
+        transfer (False); the end of the client's input lets it finish (the client may
+        have only shut down its sending side), and then the session ends."""
+        if message is None:
+            self.session.phase = Phase.CLOSED
+            return True
+        if message.strip().upper() == b"CLOSE":
             self.session.phase = Phase.CLOSED
             return False
         self._pending = message

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
 from cdcserver.dump.files import DumpInfo, list_dumps
-from cdcserver.gtid import Gtid
+from cdcserver.gtid import Gtid, GtidState
 from cdcserver.protocol.stream import check_after
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.index import StoreIndex, TransactionInfo
@@ -81,6 +81,8 @@ class SessionContext:
     index: Callable[[], StoreIndex | None]
     bad_command_limit: int = 10
     data_dir: str | None = None  # where dumps are; None: no dumps
+    # Waits until the service has stored every transaction up to a GTID state.
+    caught_up: Callable[[GtidState], Awaitable[None]] | None = None
 
 
 class Session:
@@ -190,8 +192,7 @@ class Session:
         follow = None
         if request.follow:
             h = dump.header
-            follow = DataRequest(h.database, h.table, h.stream_version or None, None,
-                                 h.gtid or None)
+            follow = DataRequest(h.database, h.table, None, None, h.gtid or None)
             self.phase = Phase.STREAMING
         return SendDump(dump, follow, self.format)
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn
 
 from cdcserver.gtid import Gtid, GtidState
 from cdcserver.protocol.records import compile_renderer, decode_records, encode_block
@@ -70,14 +71,24 @@ class _After:
     state, all its later records are too; when that holds for every domain of the state that
     the version has records of, the filter is settled and blocks go out as stored."""
 
-    def __init__(self, state: GtidState) -> None:
-        self.state = state
+    def __init__(self, state: GtidState, given: GtidState | None = None) -> None:
+        self.state = state  # in the domains records are stored with
+        self.given = given if given is not None else state  # as the client named it
         self.settled = not state
         self._pending: set[int] = set()
 
     @classmethod
     def parse(cls, text: str) -> _After:
-        return cls(check_after(text))
+        return cls(check_after(text), GtidState.parse(text))
+
+    def covers(self, gtid_text: str) -> bool:
+        """Whether a version's creating transaction precedes the state."""
+        if not gtid_text:
+            return False
+        gtid = Gtid.parse(gtid_text)
+        if gtid.source_uuid is not None:
+            gtid = Gtid(0, 0, gtid.sequence)
+        return self.state.covers(gtid)
 
     def version_started(self, index: StoreIndex | None, info: VersionInfo) -> None:
         if not self.state:
@@ -127,8 +138,10 @@ def check_after(text: str) -> GtidState:
 
 class Streamer:
     def __init__(self, catalog: Catalog, index: StoreIndex | None, request: DataRequest,
-                 fmt: Format, writer: asyncio.StreamWriter, zone: dt.tzinfo = dt.UTC) -> None:
+                 fmt: Format, writer: asyncio.StreamWriter, zone: dt.tzinfo = dt.UTC,
+                 caught_up: Callable[[GtidState], Awaitable[None]] | None = None) -> None:
         self.catalog = catalog
+        self.caught_up = caught_up  # waits until the service has stored up to a state
         self.index = index
         self.request = request
         self.format = fmt
@@ -144,11 +157,12 @@ class Streamer:
             self._filter = _Seek(Gtid.parse(request.gtid))
 
     async def run(self) -> None:
+        if isinstance(self._filter, _After) and self.caught_up is not None:
+            # Everything up to the state must be stored before the starting version is
+            # chosen: a version the source created before it may not be in the catalog yet.
+            await self.caught_up(self._filter.given)
         entry = await self._entry()
-        info = entry.versions.get(self.request.version) if self.request.version else \
-            entry.first()
-        if info is None and self.request.version is not None:
-            info = entry.after(self.request.version)  # retention removed it meanwhile
+        info = self._first_version(entry)
         while info is not None:
             try:
                 with in_use(info.path):  # the cleaner leaves it alone while it is sent
@@ -157,9 +171,33 @@ class Streamer:
                     await self._send_schema(info)
                     await self._follow(entry, info, self._start_offset(info))
             except FileNotFoundError:
-                log.info("%s version %d was removed by retention; skipping it", self.table,
-                         info.version)
-            info = entry.after(info.version)
+                self._deleted(info.version)
+            following = entry.after(info.version)
+            if following is not None and following.version != info.version + 1:
+                self._deleted(info.version + 1)  # versions are numbered without gaps
+            info = following
+
+    def _deleted(self, version: int) -> NoReturn:
+        raise ProtocolError(Code.NO_FILE, f"{self.table} version {version} was deleted by "
+                            "retention before it could be sent; start again from a newer "
+                            "dump", fatal=True)
+
+    def _first_version(self, entry: TableEntry) -> VersionInfo | None:
+        """The requested version; after a GTID state, the version the table was in at that
+        point (later versions were created after it, earlier ones were sealed before it);
+        otherwise the first one stored."""
+        if self.request.version is not None:
+            info = entry.versions.get(self.request.version)
+            if info is None:
+                name = self.table.file_name(self.request.version, "avro")
+                raise ProtocolError(Code.NO_FILE, f"File '{name}' not found.", fatal=True)
+            return info
+        if isinstance(self._filter, _After):
+            before = [v for v in sorted(entry.versions)
+                      if self._filter.covers(entry.versions[v].schema.gtid)]
+            if before:
+                return entry.versions[before[-1]]
+        return entry.first()
 
     async def _entry(self) -> TableEntry:
         """The table's catalog entry; with AFTER, wait for a table that has no version yet
