@@ -219,7 +219,7 @@ async def test_a_restarted_service_holds_no_stale_locks(tmp_path, source: Source
 
 
 @pytest.mark.mariadb
-async def test_versions_a_newer_dump_replaces_are_deleted_and_streams_skip_them(
+async def test_versions_a_newer_dump_replaces_are_deleted_and_streams_start_after_them(
         tmp_path, source: Source, users_file: str):
     config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
                          retention={"versions_max_age": 0.001, "interval": 3600})
