@@ -102,6 +102,8 @@ class Rows:
     kind: RowsKind
     timestamp: int
     rows: list[tuple[Any, ...]] = field(default_factory=list)
+    file: str = ""  # the binlog file and the event's end position (its header's log_pos)
+    pos: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +135,8 @@ class Ddl:
     timestamp: int
     kind: str = "query"
     changes: tuple[TableChange, ...] = ()
+    file: str = ""  # the binlog file and the event's end position (its header's log_pos)
+    pos: int = 0
 
 
 @dataclass(frozen=True, slots=True)

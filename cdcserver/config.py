@@ -116,6 +116,66 @@ class RetentionConfig:
 
 
 @dataclass(frozen=True)
+class KafkaConfig:
+    bootstrap: str = option("", "publish every change to Kafka: HOST:PORT[,HOST:PORT...] "
+                                "(empty: off)", cli="--kafka")
+    format: str = option("databus", "message format (protocol.md, \"Kafka\")",
+                         cli="--kafka-format", choices=("databus", "dip", "debezium",
+                                                        "maxscale"))
+    topic: str = option("{db}.{table}", "topic of a table's changes; {db} and {table} are "
+                                        "replaced (a fixed name: one topic)",
+                        cli="--kafka-topic")
+    ddl_topic: str = option("{db}", "topic of statements that change no table (CREATE "
+                                    "DATABASE...); table statements go to the table's topic")
+    key: str = option("position", "message key: the change's binlog position and action, or "
+                                  "the row's primary key", choices=("position", "primary-key"))
+    schema_topic: str = option("cdcserver-schemas", "topic of the tables' schemas, which "
+                                                    "clients use to type values ('': none)")
+    state_topic: str = option("cdcserver-state", "topic the sink also records its position in, "
+                                                 "read back if state/kafka.json is lost ('': "
+                                                 "none)")
+    create_topics: bool = option(True, "create missing topics")
+    partitions: int = option(3, "partitions of the topics it creates")
+    replication_factor: int = option(1, "replication factor of the topics it creates")
+    acks: str = option("all", "producer acks", choices=("all", "1", "0"))
+    idempotence: bool = option(True, "idempotent producer (turn off for brokers without it)",
+                               cli="--kafka-idempotence")
+    compression: str = option("none", "compression codec",
+                              choices=("none", "gzip", "snappy", "lz4", "zstd"))
+    linger_ms: int = option(5, "how long the producer waits to fill a batch")
+    max_batch_bytes: int = option(256 * 1024, "largest batch per partition")
+    max_buffer_bytes: int = option(64 * 1024 * 1024, "unacknowledged message bytes held; when "
+                                                     "full (a slow or absent broker), "
+                                                     "replication waits")
+    client_id: str = option("cdcserver", "client id, and the source name in Debezium messages")
+    security_protocol: str = option("PLAINTEXT", "", choices=("PLAINTEXT", "SSL",
+                                                               "SASL_PLAINTEXT", "SASL_SSL"))
+    ssl_cafile: str = option("", "CA bundle that signs the brokers' certificates")
+    ssl_certfile: str = option("", "client certificate (mutual TLS)")
+    ssl_keyfile: str = option("", "client certificate's key")
+    sasl_mechanism: str = option("PLAIN", "", choices=("PLAIN", "SCRAM-SHA-256",
+                                                        "SCRAM-SHA-512"))
+    sasl_username: str = option("", "SASL user")
+    sasl_password_file: str = option("", "file holding the SASL password (or "
+                                         "CDCSERVER_KAFKA_SASL_PASSWORD)", secret=True)
+    time_zone: str = option("UTC", "zone of the dip format's TIME field and of TIMESTAMP values "
+                                   "in the maxscale format")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.bootstrap.strip())
+
+    def sasl_password(self) -> str:
+        if self.sasl_password_file:
+            try:
+                with open(self.sasl_password_file, encoding="utf-8") as f:
+                    return f.read().rstrip("\n")
+            except OSError as exc:
+                raise ConfigError(f"kafka.sasl_password_file: {exc}") from exc
+        return os.environ.get("CDCSERVER_KAFKA_SASL_PASSWORD", "")
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: str = option("info", "log level", cli="--log-level",
                         choices=("debug", "info", "warning", "error"))
@@ -130,6 +190,7 @@ class Config:
     listener: ListenerConfig = field(default_factory=ListenerConfig)
     dump: DumpConfig = field(default_factory=DumpConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     @classmethod

@@ -129,15 +129,25 @@ class Pipeline:
             progress.set_result(None)
 
     async def flush(self) -> None:
-        for sink in self.sinks:
-            await sink.flush()
+        await asyncio.gather(*(sink.flush() for sink in self.sinks))
 
     async def _flush_periodically(self) -> None:
+        """Each sink on its own cadence: one waiting for a broker does not hold back the
+        others' checkpoints."""
+        loops = [asyncio.create_task(self._flush_loop(sink)) for sink in self.sinks]
+        try:
+            await asyncio.gather(*loops)
+        finally:
+            for loop in loops:
+                loop.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+
+    async def _flush_loop(self, sink: Sink) -> None:
         while True:
             await asyncio.sleep(self.flush_interval)
             try:
-                await self.flush()
+                await sink.flush()
             except CdcError as exc:
                 if not exc.retriable:
                     raise
-                log.warning("checkpoint not written, retrying: %s", exc)
+                log.warning("%s: checkpoint not written, retrying: %s", sink.name, exc)

@@ -14,7 +14,7 @@ import logging
 import os
 import zoneinfo
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from cdcserver.config import Config
 from cdcserver.dump.scheduler import DumpScheduler
@@ -33,6 +33,9 @@ from cdcserver.store.catalog import Catalog
 from cdcserver.store.store import AvroStore
 from cdcserver.users import UsersFile
 
+if TYPE_CHECKING:
+    from cdcserver.kafka.sink import KafkaSink
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -49,6 +52,13 @@ class Service:
         self.pipeline: Pipeline | None = None
         self.address: tuple[str, int] | None = None
         self.sinks: list[Sink] = [self.store]
+        self.kafka: KafkaSink | None = None
+        if config.kafka.enabled:
+            from cdcserver.kafka.sink import KafkaSink
+
+            self.kafka = KafkaSink(config.kafka, config.store.data_dir,
+                                   f"{config.kafka.client_id}:{config.source.server_id}")
+            self.sinks.append(self.kafka)
         self.replicating = asyncio.Event()  # set once the replicator is started
         self.cleaner = Cleaner(config.retention, config.store.data_dir, self.catalog,
                                lambda: self.store.index)
@@ -80,6 +90,8 @@ class Service:
         finally:
             if self.server is not None:
                 await self.server.stop()
+            if self.kafka is not None:
+                await self.kafka.close()
             self.store.close()
 
     def _housekeeping(self) -> list[asyncio.Task[None]]:
@@ -119,6 +131,9 @@ class Service:
         address = cfg.address()
         default, mariadb = await self._retrying(
             lambda: self._check_source_and_resolve_start(address))
+        if self.kafka is not None:
+            self.kafka.set_flavor(mariadb)
+            await self.kafka.open()  # waits for the broker; the listener serves meanwhile
         position = start_position(self.sinks, default)
         self.store.set_origin(position)
         start = position.gtid_state

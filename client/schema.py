@@ -141,8 +141,8 @@ def to_json_text(kind: Kind, value: Any, fsp: int = 0,
         return repr(value)
     if kind == Kind.FLOAT:
         return float32_text(value)
-    if kind == Kind.DECIMAL:
-        return format(value, "f")
+    if kind == Kind.DECIMAL:  # an int (BIGINT UNSIGNED, BIT) would go through float with "f"
+        return str(value) if isinstance(value, int) else format(value, "f")
     if kind == Kind.BYTES:
         return '"' + value.hex() + '"'
     if kind == Kind.UUID:

@@ -9,6 +9,7 @@ through their ``started`` callback, never by sleeping.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import os
 from collections.abc import AsyncIterator, Iterator
@@ -19,6 +20,7 @@ import pytest
 from cdcserver.config import (
     Config,
     DumpConfig,
+    KafkaConfig,
     ListenerConfig,
     RetentionConfig,
     SourceConfig,
@@ -29,6 +31,7 @@ from cdcserver.gtid import GtidState
 from cdcserver.service import Service
 from cdcserver.users import UsersFile
 from tests.helpers import PASSWORD, USER
+from tests.kafka_broker import Tansu
 
 _server_ids = itertools.count(5000)
 
@@ -64,11 +67,23 @@ class Source:
 
 @pytest.fixture
 def source(mariadb: EmbeddedMariaDB, request: pytest.FixtureRequest) -> Source:
-    database = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:50]
+    name = "".join(c if c.isalnum() else "_" for c in request.node.name)
+    if len(name) > 50:  # keep parametrized names apart: a topic or file may be named after it
+        name = name[:41] + "_" + hashlib.sha1(name.encode()).hexdigest()[:8]
+    database = "t_" + name
     existing = [row[0] for row in mariadb.query("SHOW DATABASES")]
     mariadb.execute(*(f"DROP DATABASE `{db}`" for db in existing if str(db).startswith("t_")))
     mariadb.execute("RESET MASTER", f"CREATE DATABASE `{database}`")
     return Source(mariadb, database)
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tansu]:
+    """One tansu broker for the session (tests use topics of their own)."""
+    broker = Tansu(str(tmp_path_factory.mktemp("tansu")))
+    broker.start()
+    yield broker
+    broker.stop()
 
 
 @pytest.fixture
@@ -132,7 +147,8 @@ def make_config(data_dir: str, source_url: str, users: str, **sections: dict[str
                   store=StoreConfig(**store_cfg),  # type: ignore[arg-type]
                   listener=ListenerConfig(**listener_cfg),  # type: ignore[arg-type]
                   dump=DumpConfig(**sections.get("dump", {})),  # type: ignore[arg-type]
-                  retention=RetentionConfig(**sections.get("retention", {})))  # type: ignore[arg-type]
+                  retention=RetentionConfig(**sections.get("retention", {})),  # type: ignore[arg-type]
+                  kafka=KafkaConfig(**sections.get("kafka", {})))  # type: ignore[arg-type]
 
 
 async def start_service(config: Config) -> RunningService:

@@ -20,6 +20,6 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test,kafka]'
 
 exec .venv/bin/python -m pytest "$@"

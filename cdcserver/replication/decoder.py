@@ -334,7 +334,7 @@ class EventDecoder:
             kind, changes = self.history.apply(sql, database, self._gtid)
             if changes:
                 self._layouts.clear()  # layouts were checked against the old definitions
-        out.append(Ddl(database, sql, timestamp, kind, changes))
+        out.append(Ddl(database, sql, timestamp, kind, changes, self.file, self._event_end))
         if self._standalone:
             self._commit(timestamp, out)
 
@@ -391,7 +391,8 @@ class EventDecoder:
             raise UndecodableEvent(
                 f"rows of {entry.layout.qualified_name} do not match its table map: {exc}"
             ) from exc
-        out.append(Rows(entry.layout, _ROWS_KINDS[kind], timestamp, rows))
+        out.append(Rows(entry.layout, _ROWS_KINDS[kind], timestamp, rows, self.file,
+                        self._event_end))
         self._written.add(TableName(entry.layout.database, entry.layout.table))
 
     @staticmethod

@@ -1,0 +1,65 @@
+"""Connections to Kafka from the configuration: producers, consumers, the admin client.
+
+aiokafka speaks the Kafka protocol; this module only turns ``[kafka]`` settings into its
+arguments (TLS context, SASL credentials, batching) in one place, so the sink, the position
+recovery and the tests connect the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from cdcserver.config import KafkaConfig
+
+
+def common(config: KafkaConfig) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"bootstrap_servers": config.bootstrap.split(","),
+                              "client_id": config.client_id,
+                              "security_protocol": config.security_protocol}
+    if config.security_protocol in ("SSL", "SASL_SSL"):
+        from aiokafka.helpers import create_ssl_context
+
+        kwargs["ssl_context"] = create_ssl_context(
+            cafile=config.ssl_cafile or None, certfile=config.ssl_certfile or None,
+            keyfile=config.ssl_keyfile or None)
+    if config.security_protocol.startswith("SASL"):
+        kwargs.update(sasl_mechanism=config.sasl_mechanism,
+                      sasl_plain_username=config.sasl_username,
+                      sasl_plain_password=config.sasl_password())
+    return kwargs
+
+
+def producer(config: KafkaConfig) -> AIOKafkaProducer:
+    acks: Any = "all" if config.acks == "all" else int(config.acks)
+    return AIOKafkaProducer(
+        **common(config), acks=acks, enable_idempotence=config.idempotence,
+        compression_type=None if config.compression == "none" else config.compression,
+        linger_ms=config.linger_ms, max_batch_size=config.max_batch_bytes,
+        max_request_size=max(config.max_batch_bytes, 1 << 20))
+
+
+def consumer(config: KafkaConfig, **kwargs: Any) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(**common(config), enable_auto_commit=False,
+                            auto_offset_reset="earliest", **kwargs)
+
+
+async def create_topics(config: KafkaConfig, names: list[str]) -> None:
+    """Create the topics that do not exist yet (with the configured partitions)."""
+    admin = AIOKafkaAdminClient(**common(config))
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [n for n in names if n not in existing]
+        if missing:
+            try:
+                await admin.create_topics([NewTopic(n, config.partitions,
+                                                    config.replication_factor)
+                                           for n in missing])
+            except TopicAlreadyExistsError:
+                pass  # created meanwhile
+    finally:
+        await admin.close()

@@ -1,0 +1,156 @@
+"""From the replicator's changes to per-row and per-statement events, ready to format.
+
+A Kafka message is about one row change (an update carries its before and after images) or
+one schema statement. :class:`EventBuilder` follows the transaction the changes describe and
+numbers its records exactly as the Avro store does (``event_number``: 1-based across the
+transaction, an update counting two: before and after), so a message can always be matched
+with the stream's records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from cdcserver.changes import Begin, Change, Commit, Ddl, Rows, RowsKind, TableLayout
+from cdcserver.gtid import BinlogPosition, Gtid
+from cdcserver.store.naming import TableName
+from cdcserver.store.schema import TableSchema
+from client.schema import Field
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """A table's columns as messages describe them: the stream's Avro schema and fields."""
+
+    table: TableName
+    schema: TableSchema
+    layout: TableLayout
+
+    @property
+    def fields(self) -> tuple[Field, ...]:
+        return self.schema.columns
+
+    @property
+    def primary_key(self) -> tuple[int, ...]:
+        return self.layout.primary_key
+
+    def key_values(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The row's primary key (the whole row for a table without one)."""
+        pk = self.layout.primary_key
+        return tuple(row[i] for i in pk) if pk else row
+
+
+@dataclass(frozen=True)
+class RowEvent:
+    shape: TableShape
+    action: str  # insert, update, delete
+    before: tuple[Any, ...] | None
+    after: tuple[Any, ...] | None
+    gtid: Gtid
+    event_number: int  # of the first record (an update's after image is event_number + 1)
+    timestamp: int  # the binlog event's, Unix seconds
+    file: str
+    pos: int  # the binlog event's end position
+    row: int  # the row's index within its binlog event
+
+    @property
+    def table(self) -> TableName:
+        return self.shape.table
+
+
+@dataclass(frozen=True)
+class StatementEvent:
+    """A schema statement, once per table it changed (``table`` None for one that changed
+    no table, such as CREATE DATABASE)."""
+
+    database: str
+    table: str | None  # for a rename, the new name
+    kind: str  # the statement's: create, alter, drop, rename, truncate, query
+    sql: str
+    gtid: Gtid
+    timestamp: int
+    file: str
+    pos: int
+    shape: TableShape | None  # the table's columns after the statement, when known
+    renamed_from: str = ""  # for a rename: the old name, "db.table"
+
+
+@dataclass(frozen=True)
+class CommitEvent:
+    position: BinlogPosition
+
+
+Event = RowEvent | StatementEvent | CommitEvent
+
+
+class EventBuilder:
+    def __init__(self) -> None:
+        self._shapes: dict[int, TableShape] = {}
+        self._gtid: Gtid | None = None
+        self._event_no = 0
+
+    def shape(self, layout: TableLayout) -> TableShape:
+        shape = self._shapes.get(id(layout))
+        if shape is None or shape.layout is not layout:
+            schema = TableSchema.from_layout(layout, 1, "")
+            shape = TableShape(TableName(layout.database, layout.table), schema, layout)
+            if len(self._shapes) > 4096:
+                self._shapes.clear()
+            self._shapes[id(layout)] = shape
+        return shape
+
+    def events(self, changes: list[Change]) -> Iterator[Event]:
+        for change in changes:
+            if isinstance(change, Rows):
+                yield from self._rows(change)
+            elif isinstance(change, Begin):
+                self._gtid = change.gtid
+                self._event_no = 0
+            elif isinstance(change, Ddl):
+                yield from self._statement(change)
+            elif isinstance(change, Commit):
+                self._gtid = None
+                yield CommitEvent(change.position)
+            else:  # Abort: the transaction is read again after a reconnect
+                self._gtid = None
+
+    def _rows(self, rows: Rows) -> Iterator[RowEvent]:
+        assert self._gtid is not None, "rows outside a transaction"
+        shape = self.shape(rows.layout)
+        gtid, values = self._gtid, rows.rows
+        if rows.kind == RowsKind.UPDATE:
+            for i in range(0, len(values) - 1, 2):
+                self._event_no += 2
+                yield RowEvent(shape, "update", values[i], values[i + 1], gtid,
+                               self._event_no - 1, rows.timestamp, rows.file, rows.pos, i // 2)
+            return
+        insert = rows.kind == RowsKind.INSERT
+        for i, row in enumerate(values):
+            self._event_no += 1
+            yield RowEvent(shape, "insert" if insert else "delete", None if insert else row,
+                           row if insert else None, gtid, self._event_no, rows.timestamp,
+                           rows.file, rows.pos, i)
+
+    def _statement(self, ddl: Ddl) -> Iterator[StatementEvent]:
+        assert self._gtid is not None, "a statement outside a transaction"
+        kind = ddl.kind if ddl.kind != "query" else _statement_kind(ddl.sql)
+        if not ddl.changes:
+            yield StatementEvent(ddl.database, None, kind, ddl.sql, self._gtid, ddl.timestamp,
+                                 ddl.file, ddl.pos, None)
+            return
+        for change in ddl.changes:
+            if kind == "rename" and change.kind == "drop":
+                continue  # a rename is told once, under the new name
+            shape = self.shape(change.layout) if change.layout is not None else None
+            yield StatementEvent(change.database, change.table, kind, ddl.sql, self._gtid,
+                                 ddl.timestamp, ddl.file, ddl.pos, shape,
+                                 change.renamed if kind == "rename" else "")
+
+
+def _statement_kind(sql: str) -> str:
+    """create/drop/alter for a statement that changed no known table (CREATE DATABASE...)."""
+    words = sql.lstrip("( \t\r\n").split(None, 1)
+    first = words[0].lower() if words else ""
+    return first if first in ("create", "drop", "alter", "rename", "truncate") else "query"

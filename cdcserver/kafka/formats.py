@@ -1,0 +1,303 @@
+"""Kafka message formats: what a row change or a schema statement looks like on a topic.
+
+``protocol.md`` ("Kafka") shows an example of each. In short:
+
+- ``databus`` (the user's mysql-databus transfer format): the value is the RowsEvent
+  ``{"Table": {...}, "Action": ..., "Rows": [[...]]}`` with every column value base64-encoded
+  before JSON (an update's rows are its before/after pair), or the QueryEvent
+  ``{"Table": ..., "Action": ..., "Query": base64(sql)}`` for a schema statement.
+- ``dip`` (a data platform's "official format one"): DML as ``BINLOG_NAME``, ``BINLOG_POS``,
+  ``DATABASE``, ``TABLE``, ``TYPE`` I/U/D, ``NEW_VALUES``/``OLD_VALUES`` (values as strings),
+  ``GLOBAL_ID`` (the GTID), ``TIME``; DDL in Canal's JSON (``type`` CREATE/ALTER/ERASE/...).
+- ``debezium``: the Debezium envelope (``before``, ``after``, ``source``, ``op``, ``ts_ms``) as
+  its JsonConverter writes it without schemas, values in Debezium's default encodings except
+  DECIMAL as a string.
+- ``maxscale``: MaxScale KafkaCDC's compact JSON record, one message per record, keyed
+  ``domain-server-sequence:event_number``; schema statements send the table's Avro schema.
+
+Every format but ``maxscale`` is keyed by position (the user's KafkaKey): ``{"Pos": {"Name":
+binlog file, "Pos": end position of the event}, "Action": ..., "GTID": ..., "Event": ...}``;
+``GTID`` and ``Event`` (the record's ``event_number``) make each key unique to one change, so
+a redelivered message is recognised by its key. ``key = "primary-key"`` keys row changes by
+their primary key instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+from collections.abc import Callable
+from typing import Any
+
+from cdcserver.kafka.events import RowEvent, StatementEvent, TableShape
+from client.dump import encode_value
+from client.schema import Field, Kind, float32_text, to_json_text
+
+Message = tuple[bytes, bytes]  # key, value
+RowMessage = tuple[bytes, bytes, int]  # key, value, the event_number of its first record
+
+_COMPACT = {"separators": (",", ":"), "ensure_ascii": False}
+
+
+def dumps(value: Any) -> bytes:
+    return json.dumps(value, **_COMPACT).encode("utf-8")  # type: ignore[arg-type]
+
+
+def position_key(action: str, file: str, pos: int, gtid: str, event: int) -> bytes:
+    return dumps({"Pos": {"Name": file, "Pos": pos}, "Action": action, "GTID": gtid,
+                  "Event": event})
+
+
+def text_value(f: Field, value: Any) -> str:
+    """A value's MariaDB text form as a string (binary data as hex)."""
+    if f.kind == Kind.BYTES:
+        return bytes(value).hex()
+    return encode_value(f, value).decode("utf-8")
+
+
+class MessageFormat:
+    name = ""
+
+    def __init__(self, key: str = "position", zone: dt.tzinfo = dt.UTC,
+                 source_name: str = "cdcserver", flavor: str = "mariadb") -> None:
+        self.key_style = key
+        self.zone = zone
+        self.source_name = source_name
+        self.flavor = flavor
+
+    def rows(self, e: RowEvent) -> list[RowMessage]:
+        return [(self.row_key(e), self.row_value(e), e.event_number)]
+
+    def row_key(self, e: RowEvent) -> bytes:
+        if self.key_style == "primary-key":
+            row = e.after if e.after is not None else e.before
+            assert row is not None
+            fields = e.shape.fields
+            columns = e.shape.primary_key or tuple(range(len(fields)))
+            return ("{" + ",".join(json.dumps(fields[i].column, ensure_ascii=False) + ":" +
+                                   to_json_text(fields[i].kind, row[i], fields[i].fsp)
+                                   for i in columns) + "}").encode("utf-8")
+        return position_key(e.action, e.file, e.pos, str(e.gtid), e.event_number)
+
+    def row_value(self, e: RowEvent) -> bytes:
+        raise NotImplementedError
+
+    def statement(self, e: StatementEvent) -> Message | None:
+        raise NotImplementedError
+
+    def statement_key(self, e: StatementEvent, action: str) -> bytes:
+        return position_key(action, e.file, e.pos, str(e.gtid), 0)
+
+
+# -- databus ------------------------------------------------------------------------------
+
+_GO_MYSQL_TYPES = {  # go-mysql's schema.TYPE_* constants
+    "tinyint": 1, "smallint": 1, "int": 1, "bigint": 1, "year": 1, "mediumint": 13,
+    "float": 2, "double": 2, "enum": 3, "set": 4, "datetime": 6, "timestamp": 7, "date": 8,
+    "time": 9, "bit": 10, "json": 11, "decimal": 12, "binary": 14, "varbinary": 14,
+    "tinyblob": 14, "blob": 14, "mediumblob": 14, "longblob": 14, "geometry": 15,
+}
+
+
+class Databus(MessageFormat):
+    name = "databus"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._tables: dict[int, bytes] = {}
+
+    def table_json(self, shape: TableShape) -> bytes:
+        cached = self._tables.get(id(shape))
+        if cached is not None:
+            return cached
+        layout = shape.layout
+        columns = []
+        for f, col in zip(shape.fields, layout.columns, strict=True):
+            raw = f.real_type + (" unsigned" if col.unsigned else "")
+            columns.append({"Name": f.column, "Type": _GO_MYSQL_TYPES.get(f.real_type, 5),
+                            "RawType": raw, "IsAuto": False,
+                            "EnumValues": list(col.enum_values) or None,
+                            "SetValues": list(col.set_values) or None})
+        pk = list(layout.primary_key)
+        indexes = [{"Name": "PRIMARY", "Columns": [shape.fields[i].column for i in pk],
+                    "Cardinality": [0] * len(pk)}] if pk else []
+        table = dumps({"Schema": shape.table.database, "Name": shape.table.table,
+                       "Columns": columns, "Indexes": indexes, "PKColumns": pk})
+        if len(self._tables) > 4096:
+            self._tables.clear()
+        self._tables[id(shape)] = table
+        return table
+
+    def row_value(self, e: RowEvent) -> bytes:
+        fields = e.shape.fields
+        rows = [r for r in (e.before, e.after) if r is not None]
+        encoded = b",".join(
+            b"[" + b",".join(b"null" if v is None else
+                             b'"' + base64.b64encode(encode_value(f, v)) + b'"'
+                             for f, v in zip(fields, row, strict=True)) + b"]"
+            for row in rows)
+        return (b'{"Table":' + self.table_json(e.shape) + b',"Action":"' +
+                e.action.encode() + b'","Rows":[' + encoded + b"]}")
+
+    def statement(self, e: StatementEvent) -> Message:
+        action = e.kind if e.kind != "query" else "query"
+        table = self.table_json(e.shape) if e.shape is not None else b"null"
+        value = (b'{"Table":' + table + b',"Action":' + dumps(action) + b',"Query":"' +
+                 base64.b64encode(e.sql.encode("utf-8")) + b'"}')
+        return self.statement_key(e, action), value
+
+
+# -- dip (official format one, with Canal's DDL) -------------------------------------------
+
+_CANAL_TYPES = {"create": "CREATE", "alter": "ALTER", "drop": "ERASE", "rename": "RENAME",
+                "truncate": "TRUNCATE"}
+
+
+class Dip(MessageFormat):
+    name = "dip"
+    _TYPES = {"insert": "I", "update": "U", "delete": "D"}
+
+    def _values(self, e: RowEvent, row: tuple[Any, ...] | None) -> dict[str, str | None] | None:
+        if row is None:
+            return None
+        return {f.column: None if v is None else text_value(f, v)
+                for f, v in zip(e.shape.fields, row, strict=True)}
+
+    def row_value(self, e: RowEvent) -> bytes:
+        when = dt.datetime.fromtimestamp(e.timestamp, self.zone).strftime("%Y%m%d%H%M%S")
+        return dumps({"BINLOG_NAME": e.file, "BINLOG_POS": e.pos,
+                      "DATABASE": e.table.database, "EVENT_SERVER_ID": None,
+                      "GLOBAL_ID": str(e.gtid), "GROUP_ID": None,
+                      "NEW_VALUES": self._values(e, e.after),
+                      "OLD_VALUES": self._values(e, e.before), "TABLE": e.table.table,
+                      "TIME": when, "TYPE": self._TYPES[e.action]})
+
+    def statement(self, e: StatementEvent) -> Message:
+        kind = _CANAL_TYPES.get(e.kind, "QUERY") if e.table is not None else "QUERY"
+        ms = e.timestamp * 1000
+        value = dumps({"data": None, "database": e.database, "es": ms, "id": 0, "isDdl": True,
+                       "mysqlType": None, "old": None, "pkNames": None, "sql": e.sql,
+                       "sqlType": None, "table": e.table or "",
+                       "ts": int(dt.datetime.now(dt.UTC).timestamp() * 1000), "type": kind})
+        return self.statement_key(e, e.kind), value
+
+
+# -- debezium -------------------------------------------------------------------------------
+
+_EPOCH = dt.datetime(1970, 1, 1)
+
+
+def _debezium_converter(f: Field) -> Callable[[Any], Any]:
+    k = f.kind
+    if k == Kind.DECIMAL:
+        return lambda v: format(v, "f") if f.real_type == "decimal" else int(v)
+    if k == Kind.FLOAT:
+        return lambda v: float(float32_text(v))
+    if k == Kind.BYTES:
+        if f.real_type == "geometry":
+            return lambda v: {"wkb": base64.b64encode(v[4:]).decode(),
+                              "srid": int.from_bytes(v[:4], "little")}
+        return lambda v: base64.b64encode(v).decode()
+    if k == Kind.DATE:
+        return lambda v: None if isinstance(v, str) else (v - _EPOCH.date()).days
+    if k == Kind.DATETIME:
+        scale = 1000 if f.fsp <= 3 else 1  # io.debezium.time.Timestamp / MicroTimestamp
+        return lambda v: None if isinstance(v, str) else (
+            (v - _EPOCH) // dt.timedelta(microseconds=1)) // scale
+    if k == Kind.TIMESTAMP:
+        return lambda v: None if isinstance(v, str) else (
+            v.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S") +
+            (f".{v.microsecond:06d}"[: f.fsp + 1] if f.fsp else "") + "Z")
+    if k == Kind.TIME:
+        return lambda v: v // dt.timedelta(microseconds=1)
+    if k == Kind.UUID:
+        return str
+    if k == Kind.BOOLEAN:  # BIT(1): the row holds the bit as an int
+        return bool
+    return lambda v: v
+
+
+class Debezium(MessageFormat):
+    name = "debezium"
+    _OPS = {"insert": "c", "update": "u", "delete": "d"}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._converters: dict[int, list[Callable[[Any], Any]]] = {}
+
+    def _row(self, e: RowEvent, row: tuple[Any, ...] | None) -> dict[str, Any] | None:
+        if row is None:
+            return None
+        converters = self._converters.get(id(e.shape))
+        if converters is None:
+            converters = [_debezium_converter(f) for f in e.shape.fields]
+            if len(self._converters) > 4096:
+                self._converters.clear()
+            self._converters[id(e.shape)] = converters
+        return {f.column: None if v is None else convert(v)
+                for f, v, convert in zip(e.shape.fields, row, converters, strict=True)}
+
+    def row_value(self, e: RowEvent) -> bytes:
+        source = {"version": "mariadb-cdc", "connector": self.flavor, "name": self.source_name,
+                  "ts_ms": e.timestamp * 1000, "snapshot": "false", "db": e.table.database,
+                  "sequence": None, "table": e.table.table, "server_id": e.gtid.server_id,
+                  "gtid": str(e.gtid), "file": e.file, "pos": e.pos, "row": e.row,
+                  "thread": None, "query": None}
+        return dumps({"before": self._row(e, e.before), "after": self._row(e, e.after),
+                      "source": source, "op": self._OPS[e.action],
+                      "ts_ms": int(dt.datetime.now(dt.UTC).timestamp() * 1000),
+                      "transaction": None})
+
+    def statement(self, e: StatementEvent) -> Message:
+        """Debezium's schema change event (its schema-history topic's shape, abridged)."""
+        value = dumps({"source": {"version": "mariadb-cdc", "connector": self.flavor,
+                                  "name": self.source_name, "ts_ms": e.timestamp * 1000,
+                                  "db": e.database, "table": e.table, "gtid": str(e.gtid),
+                                  "file": e.file, "pos": e.pos},
+                       "databaseName": e.database, "ddl": e.sql,
+                       "tableChanges": [{"type": e.kind.upper(), "id":
+                                         f'"{e.database}"."{e.table}"'}] if e.table else [],
+                       "ts_ms": int(dt.datetime.now(dt.UTC).timestamp() * 1000)})
+        return self.statement_key(e, e.kind), value
+
+
+# -- maxscale -------------------------------------------------------------------------------
+
+class MaxScale(MessageFormat):
+    name = "maxscale"
+
+    def rows(self, e: RowEvent) -> list[RowMessage]:
+        if e.action == "update":
+            return [self._record(e, e.before, "update_before", e.event_number),
+                    self._record(e, e.after, "update_after", e.event_number + 1)]
+        row = e.after if e.action == "insert" else e.before
+        return [self._record(e, row, e.action, e.event_number)]
+
+    def _record(self, e: RowEvent, row: tuple[Any, ...] | None, event_type: str,
+                number: int) -> RowMessage:
+        assert row is not None
+        g = e.gtid
+        head = (f'{{"domain":{g.domain},"server_id":{g.server_id},"sequence":{g.sequence},'
+                f'"event_number":{number},"timestamp":{e.timestamp},'
+                f'"event_type":"{event_type}","table_schema":'
+                f'{json.dumps(e.table.database, ensure_ascii=False)},"table_name":'
+                f'{json.dumps(e.table.table, ensure_ascii=False)}')
+        body = "".join("," + json.dumps(f.name, ensure_ascii=False) + ":" +
+                       to_json_text(f.kind, v, f.fsp, self.zone)
+                       for f, v in zip(e.shape.fields, row, strict=True))
+        key = f"{g}:{number}".encode() if self.key_style != "primary-key" else self.row_key(e)
+        return key, (head + body + "}").encode("utf-8"), number
+
+    def statement(self, e: StatementEvent) -> Message | None:
+        """KafkaCDC's schema message (its send_schema): the table's new schema, keyed by the
+        statement's GTID; nothing for statements that leave no table schema."""
+        if e.shape is None:
+            return None
+        schema = {**e.shape.schema.avsc, "gtid": str(e.gtid)}
+        return str(e.gtid).encode(), json.dumps(schema, separators=(",", ":"),
+                                                ensure_ascii=False).encode("utf-8")
+
+
+FORMATS: dict[str, type[MessageFormat]] = {f.name: f for f in (Databus, Dip, Debezium,
+                                                                MaxScale)}

@@ -1,0 +1,391 @@
+"""The Kafka sink: every committed change published, at least once, in order per row.
+
+**Topics and partitions.** A row change goes to its table's topic (``topic`` template), to the
+partition its primary key hashes to (murmur2, as Kafka's own partitioner), so each row's
+changes stay in order; an update that changes the key goes to both keys' partitions. A schema
+statement goes to every partition of the table's topic, so it is in order with every row's
+changes; a statement that changes no table goes to ``ddl_topic``. Every message carries the
+headers ``gtid``, ``event`` (the record's ``event_number``) and ``schema`` (the id of the
+table's schema on ``schema_topic``, which clients read to type the values).
+
+**Delivery.** Messages are handed to the producer as the pipeline applies changes and kept,
+with their delivery futures, in order until the broker acknowledges them; the end of each
+transaction is a marker among them. ``flush`` waits for the acknowledgements and moves the
+sink's checkpoint (``state/kafka.json``, and ``state_topic``) to the last transaction whose
+messages, and all before them, are acknowledged. After a crash replication resumes from there:
+nothing is lost, and what is sent again has the same key. If a delivery fails (the broker is
+gone longer than the producer retries), the sink starts a new producer, waiting for the broker
+as long as it takes, and sends everything not yet acknowledged again, in order: a partition
+may hold a message twice, never out of order for good. While the broker is away, up to
+``max_buffer_bytes`` of messages wait; then ``apply`` waits, which stops replication (the
+listener keeps serving what is stored).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import zoneinfo
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka.errors import KafkaError
+from aiokafka.partitioner import murmur2
+
+from cdcserver.changes import Change
+from cdcserver.config import KafkaConfig
+from cdcserver.errors import ConfigError
+from cdcserver.gtid import BinlogPosition
+from cdcserver.kafka import connect
+from cdcserver.kafka.events import (
+    CommitEvent,
+    EventBuilder,
+    RowEvent,
+    StatementEvent,
+    TableShape,
+)
+from cdcserver.kafka.formats import FORMATS, MessageFormat
+from cdcserver.store import checkpoint as ckpt
+from client.dump import encode_value
+
+log = logging.getLogger(__name__)
+
+RETRY_DELAYS = (0.5, 1.0, 2.0, 5.0, 10.0)
+_OVERHEAD = 128  # bytes counted per message beyond key and value
+
+
+@dataclass
+class _Message:
+    topic: str
+    partition: int
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    future: asyncio.Future[Any] | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.key) + len(self.value) + _OVERHEAD
+
+
+@dataclass
+class _Marker:
+    """The end of a transaction: once everything before it is acknowledged, the sink's
+    checkpoint may move to ``position``."""
+
+    position: BinlogPosition
+
+
+@dataclass
+class SinkStats:
+    messages: int = 0
+    acknowledged: int = 0
+    resent: int = 0
+    reconnects: int = 0
+    transactions: int = 0
+    topics: set[str] = field(default_factory=set)
+
+
+class KafkaSink:
+    name = "kafka"
+
+    def __init__(self, config: KafkaConfig, data_dir: str, state_key: str) -> None:
+        self.config = config
+        self.state_path = os.path.join(data_dir, "state", "kafka.json")
+        self.state_key = state_key
+        try:
+            zone: dt.tzinfo = zoneinfo.ZoneInfo(config.time_zone)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+            raise ConfigError(f"kafka.time_zone: unknown zone {config.time_zone!r}") from exc
+        self.format: MessageFormat = FORMATS[config.format](
+            key=config.key, zone=zone, source_name=config.client_id)
+        self.builder = EventBuilder()
+        self.durable: BinlogPosition | None = _load_state(self.state_path)
+        self.stats = SinkStats()
+        self._producer: Any = None
+        self._pending: collections.deque[_Message | _Marker] = collections.deque()
+        self._bytes = 0
+        self._partitions: dict[str, int] = {}
+        self._schemas: dict[int, str] = {}  # id(shape) -> schema id, once published
+        self._recovering = asyncio.Lock()
+        self._harvesting = asyncio.Lock()  # one writer of the checkpoint at a time
+        self._generation = 0  # producers started so far
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect (waiting for the broker) and, without local state, read the position back
+        from the state topic."""
+        await self._connect()
+        if self.durable is None and self.config.state_topic:
+            self.durable = await self._read_state_topic()
+            if self.durable is not None:
+                log.info("kafka: position %s read back from topic %s", self.durable.gtid_state,
+                         self.config.state_topic)
+
+    async def close(self) -> None:
+        if self._producer is not None:
+            with contextlib.suppress(KafkaError, OSError, TimeoutError):
+                async with asyncio.timeout(10):
+                    await self._producer.stop()
+            self._producer = None
+
+    def set_flavor(self, mariadb: bool) -> None:
+        self.format.flavor = "mariadb" if mariadb else "mysql"
+
+    # -- the Sink interface ----------------------------------------------------------------
+
+    async def apply(self, changes: list[Change]) -> None:
+        for event in self.builder.events(changes):
+            if isinstance(event, RowEvent):
+                await self._row(event)
+            elif isinstance(event, StatementEvent):
+                await self._statement(event)
+            elif isinstance(event, CommitEvent):
+                self._pending.append(_Marker(event.position))
+                self.stats.transactions += 1
+
+    async def flush(self) -> BinlogPosition | None:
+        """Wait until what was sent so far is acknowledged, then record the position."""
+        waiting = [e.future for e in self._pending if isinstance(e, _Message)
+                   and e.future is not None and not e.future.done()]
+        if waiting:
+            await asyncio.wait(waiting)
+        await self._harvest()
+        return self.durable
+
+    # -- producing -------------------------------------------------------------------------
+
+    async def _row(self, e: RowEvent) -> None:
+        topic = self._topic(e.table.database, e.table.table)
+        count = await self._partition_count(topic)
+        partitions = {self._partition(e.shape, row, count)
+                      for row in (e.before, e.after) if row is not None}
+        schema = await self._schema(e.shape)
+        for key, value, event in self.format.rows(e):
+            headers = self._headers(str(e.gtid), event, schema)
+            for partition in sorted(partitions):
+                await self._produce(_Message(topic, partition, key, value, headers))
+
+    async def _statement(self, e: StatementEvent) -> None:
+        message = self.format.statement(e)
+        if message is None:
+            return
+        key, value = message
+        schema = await self._schema(e.shape) if e.shape is not None else ""
+        headers = self._headers(str(e.gtid), 0, schema)
+        if e.table is None:
+            topic = self.config.ddl_topic.replace("{db}", e.database)
+            await self._partition_count(topic)
+            await self._produce(_Message(topic, 0, key, value, headers))
+            return
+        topic = self._topic(e.database, e.table)
+        for partition in range(await self._partition_count(topic)):
+            await self._produce(_Message(topic, partition, key, value, headers))
+
+    def _topic(self, database: str, table: str) -> str:
+        return self.config.topic.replace("{db}", database).replace("{table}", table)
+
+    def _partition(self, shape: TableShape, row: tuple[Any, ...], count: int) -> int:
+        fields = shape.fields
+        columns = shape.primary_key or tuple(range(len(fields)))
+        key = b"\x00".join([str(shape.table).encode(), *(
+            b"\x01" if row[i] is None else encode_value(fields[i], row[i]) for i in columns)])
+        return (murmur2(key) & 0x7FFFFFFF) % count
+
+    @staticmethod
+    def _headers(gtid: str, event: int, schema: str) -> list[tuple[str, bytes]]:
+        headers = [("gtid", gtid.encode()), ("event", str(event).encode())]
+        if schema:
+            headers.append(("schema", schema.encode()))
+        return headers
+
+    async def _schema(self, shape: TableShape) -> str:
+        """The schema's id; published on the schema topic the first time it is used."""
+        known = self._schemas.get(id(shape))
+        if known is not None:
+            return known
+        schema = shape.schema.avsc
+        text = json.dumps({k: schema[k] for k in ("database", "table", "fields")} |
+                          {"primary_key": schema.get("primary_key", [])},
+                          separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+        schema_id = hashlib.sha256(text.encode()).hexdigest()[:16]
+        if self.config.schema_topic:
+            await self._partition_count(self.config.schema_topic)
+            await self._produce(_Message(self.config.schema_topic, 0, schema_id.encode(),
+                                         text.encode(), []))
+        if len(self._schemas) > 4096:
+            self._schemas.clear()
+        self._schemas[id(shape)] = schema_id
+        return schema_id
+
+    async def _partition_count(self, topic: str) -> int:
+        count = self._partitions.get(topic)
+        if count is None:
+            if self.config.create_topics:
+                await self._retrying(lambda: connect.create_topics(self.config, [topic]))
+            partitions = await self._retrying(lambda: self._producer.partitions_for(topic))
+            count = self._partitions[topic] = len(partitions)
+            self.stats.topics.add(topic)
+        return count
+
+    async def _produce(self, message: _Message) -> None:
+        while self._bytes + message.size > self.config.max_buffer_bytes and self._pending:
+            await self._settle_oldest()
+        message.future = await self._send(message)
+        self._pending.append(message)
+        self._bytes += message.size
+        self.stats.messages += 1
+
+    async def _send(self, message: _Message) -> asyncio.Future[Any]:
+        try:
+            future: asyncio.Future[Any] = await self._producer.send(
+                message.topic, message.value, key=message.key, partition=message.partition,
+                headers=message.headers)
+            return future
+        except (KafkaError, OSError) as exc:  # the producer cannot take it: settle later
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
+
+    # -- acknowledgements -------------------------------------------------------------------
+
+    async def _settle_oldest(self) -> None:
+        """Wait for the oldest message's acknowledgement (resending on failure), then take
+        every acknowledged message and marker off the front."""
+        head = next((e for e in self._pending if isinstance(e, _Message)), None)
+        if head is not None and head.future is not None:
+            await asyncio.wait([head.future])
+        await self._harvest()
+
+    async def _harvest(self) -> None:
+        async with self._harvesting:
+            await self._harvest_locked()
+
+    async def _harvest_locked(self) -> None:
+        moved = None
+        while self._pending:
+            entry = self._pending[0]
+            if isinstance(entry, _Marker):
+                moved = entry.position
+                self._pending.popleft()
+                continue
+            future = entry.future
+            if future is None or not future.done():
+                break
+            if future.cancelled() or future.exception() is not None:
+                await self._recover(future.exception() if not future.cancelled() else None)
+                continue
+            self._pending.popleft()
+            self._bytes -= entry.size
+            self.stats.acknowledged += 1
+        if moved is not None:
+            self.durable = moved
+            await asyncio.to_thread(_save_state, self.state_path, moved)
+            self._record_state_in_kafka(moved)
+
+    async def _recover(self, error: BaseException | None) -> None:
+        """A delivery failed: reconnect and send everything unacknowledged again, in order."""
+        generation = self._generation
+        async with self._recovering:
+            if generation != self._generation:
+                return  # another waiter already recovered
+            log.warning("kafka: delivery failed (%s); reconnecting and sending the %d "
+                        "unacknowledged messages again", error or "cancelled",
+                        sum(isinstance(e, _Message) for e in self._pending))
+            self.stats.reconnects += 1
+            await self.close()
+            await self._connect()
+            for entry in self._pending:
+                if isinstance(entry, _Message):
+                    entry.future = await self._send(entry)
+                    self.stats.resent += 1
+
+    async def _connect(self) -> None:
+        attempt = 0
+        while True:
+            producer = connect.producer(self.config)
+            try:
+                await producer.start()
+            except (KafkaError, OSError) as exc:
+                with contextlib.suppress(KafkaError, OSError):
+                    await producer.stop()
+                if self.config.idempotence and "InitProducerId" in repr(exc):
+                    raise ConfigError("the Kafka broker refused an idempotent producer; set "
+                                      "kafka.idempotence = false for it") from exc
+                delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)]
+                attempt += 1
+                log.warning("kafka: cannot connect to %s (%s); retrying in %.1fs",
+                            self.config.bootstrap, exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            self._producer = producer
+            self._generation += 1
+            return
+
+    async def _retrying(self, action: Any) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return await action()
+            except (KafkaError, OSError) as exc:
+                delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)]
+                attempt += 1
+                log.warning("kafka: %s; retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+
+    # -- the position in Kafka -------------------------------------------------------------
+
+    def _record_state_in_kafka(self, position: BinlogPosition) -> None:
+        if not self.config.state_topic or self._producer is None:
+            return
+        value = json.dumps(position.to_json()).encode()
+        with contextlib.suppress(KafkaError, OSError):
+            task = asyncio.ensure_future(self._producer.send(
+                self.config.state_topic, value, key=self.state_key.encode(), partition=0))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _read_state_topic(self) -> BinlogPosition | None:
+        topic = self.config.state_topic
+        await self._partition_count(topic)
+        found: BinlogPosition | None = None
+        consumer = connect.consumer(self.config)
+        await consumer.start()
+        try:
+            from aiokafka import TopicPartition
+
+            tp = TopicPartition(topic, 0)
+            consumer.assign([tp])
+            end = (await consumer.end_offsets([tp]))[tp]
+            consumer.seek(tp, max(end - 1000, 0))
+            while True:
+                batch = await consumer.getmany(tp, timeout_ms=1000)
+                messages = batch.get(tp, [])
+                if not messages:
+                    break
+                for message in messages:
+                    if message.key == self.state_key.encode() and message.value:
+                        found = BinlogPosition.from_json(json.loads(message.value))
+        finally:
+            await consumer.stop()
+        return found
+
+
+def _load_state(path: str) -> BinlogPosition | None:
+    try:
+        with open(path, "rb") as f:
+            return BinlogPosition.from_json(json.loads(f.read())["position"])
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path} is unreadable: {exc}") from exc
+
+
+def _save_state(path: str, position: BinlogPosition) -> None:
+    ckpt.write_atomically(path, json.dumps({"position": position.to_json()}).encode())

@@ -1,0 +1,314 @@
+"""Reading the service's Kafka topics back as typed changes, in every message format.
+
+    reader = KafkaChangeReader("kafka:9092", ["shop.orders"], format="databus")
+    async for change in reader.changes(start="earliest"):
+        print(change.action, change.gtid, change.after)
+
+Values come back as the change stream's Python types (Decimal, datetime, bytes...): every
+message names its table's schema in its ``schema`` header, and the reader reads the schemas
+from the service's schema topic. :class:`KafkaDecoder` does the decoding without I/O.
+
+A start position is ``"earliest"``, ``"latest"``, ``{partition: offset}`` (for every topic
+read), or a GTID state (``"0-1-57"``): the changes of the transactions it does not cover, as
+after a dump (the reader scans from the beginning and skips the others).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import struct
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from client.dump import decode_value
+from client.schema import Field, Kind, fields_from_schema, from_json_value
+
+FORMATS = ("databus", "dip", "debezium", "maxscale")
+
+
+@dataclass(frozen=True)
+class KafkaChange:
+    """One message, decoded. ``action`` is insert, update or delete for a row change
+    (maxscale: the record's event type, so also update_before and update_after), or the
+    statement's kind (create, alter, drop, rename, truncate, query) with ``sql`` set."""
+
+    database: str
+    table: str
+    action: str
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    sql: str | None
+    gtid: str
+    event_number: int
+    topic: str = ""
+    partition: int = 0
+    offset: int = 0
+    key: bytes = b""
+
+    @property
+    def is_statement(self) -> bool:
+        return self.sql is not None
+
+
+class KafkaDecoder:
+    def __init__(self, format: str) -> None:
+        if format not in FORMATS:
+            raise ValueError(f"unknown format {format!r} (one of {', '.join(FORMATS)})")
+        self.format = format
+        self.schemas: dict[str, tuple[Field, ...]] = {}
+
+    def add_schema(self, schema_id: str, text: bytes | str) -> None:
+        schema = json.loads(text)
+        self.schemas[schema_id] = tuple(fields_from_schema({"fields": schema["fields"]}))[6:]
+
+    def decode(self, value: bytes, headers: dict[str, bytes], key: bytes = b"",
+               topic: str = "", partition: int = 0, offset: int = 0) -> KafkaChange | None:
+        """A message as a change; None for a message that is not one (a maxscale schema)."""
+        doc = json.loads(value, parse_float=Decimal)
+        fields = self.schemas.get(headers.get("schema", b"").decode())
+        gtid = headers.get("gtid", b"").decode()
+        event = int(headers.get("event", b"0") or 0)
+        decoded = getattr(self, f"_{self.format}")(doc, fields, gtid, event)
+        if decoded is None:
+            return None
+        database, table, action, before, after, sql = decoded
+        return KafkaChange(database, table, action, before, after, sql, gtid, event, topic,
+                           partition, offset, key)
+
+    # -- the formats ---------------------------------------------------------------------
+
+    def _databus(self, doc: dict[str, Any], fields: tuple[Field, ...] | None, gtid: str,
+                 event: int) -> tuple[Any, ...]:
+        table = doc.get("Table") or {}
+        database, name = table.get("Schema", ""), table.get("Name", "")
+        if "Query" in doc:
+            sql = base64.b64decode(doc["Query"]).decode("utf-8")
+            return database, name, doc["Action"], None, None, sql
+        fields = fields or _fields_from_databus(table)
+        rows = [{f.column: None if v is None else decode_value(f, base64.b64decode(v))
+                 for f, v in zip(fields, row, strict=True)} for row in doc["Rows"]]
+        action = doc["Action"]
+        before = rows[0] if action in ("update", "delete") else None
+        after = rows[-1] if action in ("update", "insert") else None
+        return database, name, action, before, after, None
+
+    def _dip(self, doc: dict[str, Any], fields: tuple[Field, ...] | None, gtid: str,
+             event: int) -> tuple[Any, ...]:
+        if doc.get("isDdl"):
+            kinds = {"CREATE": "create", "ALTER": "alter", "ERASE": "drop", "RENAME": "rename",
+                     "TRUNCATE": "truncate"}
+            return (doc["database"], doc["table"], kinds.get(doc["type"], "query"), None, None,
+                    doc["sql"])
+        action = {"I": "insert", "U": "update", "D": "delete"}[doc["TYPE"]]
+        by_name = {f.column: f for f in fields or ()}
+
+        def typed(values: dict[str, Any] | None) -> dict[str, Any] | None:
+            if values is None:
+                return None
+            return {c: _from_text(by_name.get(c), v) for c, v in values.items()}
+
+        return (doc["DATABASE"], doc["TABLE"], action, typed(doc["OLD_VALUES"]),
+                typed(doc["NEW_VALUES"]), None)
+
+    def _debezium(self, doc: dict[str, Any], fields: tuple[Field, ...] | None, gtid: str,
+                  event: int) -> tuple[Any, ...]:
+        source = doc.get("source", {})
+        if "ddl" in doc:
+            change = (doc.get("tableChanges") or [{}])[0]
+            return (source.get("db", ""), source.get("table") or "",
+                    str(change.get("type", "query")).lower(), None, None, doc["ddl"])
+        action = {"c": "insert", "u": "update", "d": "delete", "r": "insert"}[doc["op"]]
+        by_name = {f.column: f for f in fields or ()}
+
+        def typed(values: dict[str, Any] | None) -> dict[str, Any] | None:
+            if values is None:
+                return None
+            return {c: _from_debezium(by_name.get(c), v) for c, v in values.items()}
+
+        return (source.get("db", ""), source.get("table", ""), action, typed(doc["before"]),
+                typed(doc["after"]), None)
+
+    def _maxscale(self, doc: dict[str, Any], fields: tuple[Field, ...] | None, gtid: str,
+                  event: int) -> tuple[Any, ...] | None:
+        if "event_type" not in doc:
+            return None  # a schema message
+        kinds = {f.name: f.kind for f in fields or ()}
+        meta = ("domain", "server_id", "sequence", "event_number", "timestamp", "event_type",
+                "table_schema", "table_name")
+        values = {k: from_json_value(kinds[k], v) if k in kinds else v
+                  for k, v in doc.items() if k not in meta}
+        if fields is not None:  # column names, not Avro field names
+            names = {f.name: f.column for f in fields}
+            values = {names.get(k, k): v for k, v in values.items()}
+        kind = doc["event_type"]
+        before = values if kind in ("update_before", "delete") else None
+        after = values if kind in ("update_after", "insert") else None
+        return doc["table_schema"], doc["table_name"], kind, before, after, None
+
+
+def _from_text(f: Field | None, value: Any) -> Any:
+    if value is None or f is None:
+        return value
+    if f.kind == Kind.BYTES:
+        return bytes.fromhex(value)
+    return decode_value(f, value.encode("utf-8"))
+
+
+_EPOCH = dt.datetime(1970, 1, 1)
+
+
+def _from_debezium(f: Field | None, value: Any) -> Any:
+    if value is None or f is None:
+        return value
+    k = f.kind
+    if k == Kind.DECIMAL:
+        return Decimal(value) if f.real_type == "decimal" else Decimal(int(value))
+    if k == Kind.FLOAT:
+        return struct.unpack("<f", struct.pack("<f", float(value)))[0]
+    if k == Kind.DOUBLE:
+        return float(value)
+    if k == Kind.BYTES:
+        if isinstance(value, dict):  # geometry: {"wkb", "srid"}
+            return int(value["srid"]).to_bytes(4, "little") + base64.b64decode(value["wkb"])
+        return base64.b64decode(value)
+    if k == Kind.DATE:
+        return _EPOCH.date() + dt.timedelta(days=int(value))
+    if k == Kind.DATETIME:
+        unit = dt.timedelta(milliseconds=1) if f.fsp <= 3 else dt.timedelta(microseconds=1)
+        return _EPOCH + int(value) * unit
+    if k == Kind.TIMESTAMP:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if k == Kind.TIME:
+        return dt.timedelta(microseconds=int(value))
+    return from_json_value(k, value)
+
+
+def _fields_from_databus(table: dict[str, Any]) -> tuple[Field, ...]:
+    """Approximate kinds from go-mysql's column types, for a message without a schema."""
+    kinds = {1: Kind.LONG, 13: Kind.LONG, 2: Kind.DOUBLE, 12: Kind.DECIMAL, 6: Kind.DATETIME,
+             7: Kind.TIMESTAMP, 8: Kind.DATE, 9: Kind.TIME, 14: Kind.BYTES, 15: Kind.BYTES}
+    return tuple(Field(c["Name"], kinds.get(c["Type"], Kind.STRING), c["Name"],
+                       c.get("RawType", "").split(" ")[0]) for c in table.get("Columns", []))
+
+
+class KafkaChangeReader:
+    """Consume topics (aiokafka) and decode their messages."""
+
+    def __init__(self, bootstrap: str, topics: list[str], *, format: str = "databus",
+                 schema_topic: str = "cdcserver-schemas", **consumer_options: Any) -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.decoder = KafkaDecoder(format)
+        self.schema_topic = schema_topic
+        self.options = consumer_options
+
+    def _consumer(self) -> Any:
+        from aiokafka import AIOKafkaConsumer
+
+        return AIOKafkaConsumer(bootstrap_servers=self.bootstrap.split(","),
+                                enable_auto_commit=False, auto_offset_reset="earliest",
+                                **self.options)
+
+    async def load_schemas(self) -> None:
+        """Read the schema topic to its end."""
+        if not self.schema_topic:
+            return
+        from aiokafka import TopicPartition
+
+        consumer = self._consumer()
+        await consumer.start()
+        try:
+            if self.schema_topic not in await consumer.topics():
+                return
+            partitions = consumer.partitions_for_topic(self.schema_topic) or {0}
+            tps = [TopicPartition(self.schema_topic, p) for p in sorted(partitions)]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            while True:
+                batch = await consumer.getmany(*tps, timeout_ms=500)
+                if not any(batch.values()):
+                    break
+                for messages in batch.values():
+                    for m in messages:
+                        if m.key and m.value:
+                            self.decoder.add_schema(m.key.decode(), m.value)
+        finally:
+            await consumer.stop()
+
+    async def changes(self, start: str | dict[int, int] = "earliest",
+                      idle_timeout: float | None = None) -> AsyncIterator[KafkaChange]:
+        """The topics' changes from ``start``; with ``idle_timeout``, until nothing arrived
+        for that many seconds."""
+        from aiokafka import TopicPartition
+
+        from client.wire import is_gtid_state
+
+        await self.load_schemas()
+        skip: Callable[[str], bool] = lambda gtid: False  # noqa: E731
+        if isinstance(start, str) and is_gtid_state(start):
+            skip = _covered_by(start)
+            start = "earliest"
+        consumer = self._consumer()
+        await consumer.start()
+        try:
+            known = await consumer.topics()
+            tps = []
+            for topic in self.topics:
+                if topic not in known:
+                    raise LookupError(f"no topic {topic!r} on {self.bootstrap}")
+                partitions = consumer.partitions_for_topic(topic) or set()
+                tps += [TopicPartition(topic, p) for p in sorted(partitions)]
+            consumer.assign(tps)
+            if start == "latest":
+                await consumer.seek_to_end(*tps)
+            elif isinstance(start, dict):
+                for tp in tps:
+                    consumer.seek(tp, start.get(tp.partition, 0))
+            else:
+                await consumer.seek_to_beginning(*tps)
+            while True:
+                batch = await consumer.getmany(timeout_ms=int((idle_timeout or 1) * 1000))
+                if not any(batch.values()):
+                    if idle_timeout is not None:
+                        return
+                    continue
+                for tp, messages in batch.items():
+                    for m in messages:
+                        headers = {k: v for k, v in m.headers or ()}
+                        if headers.get("schema", b"").decode() not in self.decoder.schemas \
+                                and headers.get("schema"):
+                            await self.load_schemas()
+                        if skip(headers.get("gtid", b"").decode()):
+                            continue
+                        change = self.decoder.decode(m.value, headers, m.key or b"",
+                                                     tp.topic, tp.partition, m.offset)
+                        if change is not None:
+                            yield change
+        finally:
+            await consumer.stop()
+
+
+def _covered_by(state: str) -> Callable[[str], bool]:
+    last: dict[str, int] = {}
+    for item in state.split(","):
+        if ":" in item:  # MySQL uuid:1-N
+            uuid, _, numbers = item.partition(":")
+            last[uuid] = int(numbers.rsplit("-", 1)[-1])
+        else:
+            domain, _, seq = item.rpartition("-")
+            last[domain.split("-")[0]] = int(seq)
+
+    def covered(gtid: str) -> bool:
+        if not gtid:
+            return False
+        if ":" in gtid:
+            uuid, _, seq = gtid.partition(":")
+            return uuid in last and int(seq) <= last[uuid]
+        domain, _, rest = gtid.partition("-")
+        return domain in last and int(rest.rsplit("-", 1)[-1]) <= last[domain]
+
+    return covered
