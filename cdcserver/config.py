@@ -147,6 +147,9 @@ class KafkaConfig:
     max_buffer_bytes: int = option(64 * 1024 * 1024, "unacknowledged message bytes held; when "
                                                      "full (a slow or absent broker), "
                                                      "replication waits")
+    request_timeout: float = option(30.0, "how long a send waits for the broker's "
+                                          "acknowledgement; then the sink reconnects and "
+                                          "sends everything unacknowledged again")
     client_id: str = option("cdcserver", "client id, and the source name in Debezium messages")
     security_protocol: str = option("PLAINTEXT", "", choices=("PLAINTEXT", "SSL",
                                                                "SASL_PLAINTEXT", "SASL_SSL"))

@@ -37,8 +37,10 @@ class Load:
     transactions, updates, deletes, transactions over several tables, a big one now and
     then, and one schema change."""
 
-    def __init__(self, source: Source, seed: int) -> None:
+    def __init__(self, source: Source, seed: int, big: int = 3000, pause: float = 0.0) -> None:
         self.source = source
+        self.big = big  # rows of the occasional big transaction
+        self.pause = pause  # between transactions
         self.random = random.Random(seed)
         self.stop = threading.Event()
         self.transactions = 0
@@ -69,7 +71,7 @@ class Load:
             conn = self.source.server.connect(self.source.database)
             conn.autocommit(False)
             with conn.cursor() as cur:
-                while not self.stop.is_set():
+                while not self.stop.wait(self.pause):
                     self._transaction(cur)
                     conn.commit()
                     self.transactions += 1
@@ -81,7 +83,7 @@ class Load:
         r = self.random
         choice = r.random()
         if choice < 0.02:  # a big transaction
-            rows = [(self._id(), f"bulk-{i}", r.randint(1, 10**6) / 100) for i in range(3000)]
+            rows = [(self._id(), f"bulk-{i}", r.randint(1, 10**6) / 100) for i in range(self.big)]
             cur.executemany("INSERT INTO orders (id, customer, amount) VALUES (%s, %s, %s)",
                             rows)
         elif choice < 0.45:

@@ -136,6 +136,11 @@ class KafkaSink:
                     await self._producer.stop()
             self._producer = None
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of messages sent but not yet acknowledged."""
+        return self._bytes
+
     def set_flavor(self, mariadb: bool) -> None:
         self.format.flavor = "mariadb" if mariadb else "mysql"
 
