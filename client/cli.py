@@ -15,7 +15,13 @@ that many seconds. A rejected request prints the server's ``ERR`` line on stderr
         save a dump (a table's newest, or one by name) with a progress bar, check its
         checksum, then with --follow print the changes after it, as ``cdc DB.TABLE`` does
 
-The password can also come from the ``CDC_PASSWORD`` environment variable.
+    cdc kafka TOPIC... [-b BOOTSTRAP] [--kafka-format F] [--from START] [-t TIMEOUT]
+        read the service's Kafka topics back and print each change as a JSON line, values
+        typed from the schema topic and decoded (base64 and all) in every message format;
+        START is earliest (default), latest, PARTITION:OFFSET[,...] or a GTID state
+
+The password can also come from the ``CDC_PASSWORD`` environment variable (for ``cdc
+kafka``, the SASL password from ``CDC_KAFKA_PASSWORD``).
 """
 
 from __future__ import annotations
@@ -220,7 +226,14 @@ def _save_dump(conn: SyncCdcConnection, args: argparse.Namespace) -> tuple[DumpH
     return decoder.finish(), path
 
 
+def _kafka(argv: list[str]) -> int:
+    from client.kafka_cli import run
+
+    return run(argv)
+
+
 _COMMANDS = {
+    "kafka": _kafka,
     "auth-string": _auth_string,
     "last-transaction": _query("QUERY-LAST-TRANSACTION", False),
     "transaction": _query("QUERY-TRANSACTION", True),

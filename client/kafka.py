@@ -205,6 +205,7 @@ class KafkaChangeReader:
         self.decoder = KafkaDecoder(format)
         self.schema_topic = schema_topic
         self.options = consumer_options
+        self._looked_for: set[str] = set()  # schema ids not found by a reload
 
     def _consumer(self) -> Any:
         from aiokafka import AIOKafkaConsumer
@@ -279,9 +280,11 @@ class KafkaChangeReader:
                 for tp, messages in batch.items():
                     for m in messages:
                         headers = {k: v for k, v in m.headers or ()}
-                        if headers.get("schema", b"").decode() not in self.decoder.schemas \
-                                and headers.get("schema"):
-                            await self.load_schemas()
+                        schema = headers.get("schema", b"").decode()
+                        if schema and schema not in self.decoder.schemas \
+                                and schema not in self._looked_for:
+                            await self.load_schemas()  # published after we started
+                            self._looked_for.add(schema)
                         if skip(headers.get("gtid", b"").decode()):
                             continue
                         change = self.decoder.decode(m.value, headers, m.key or b"",

@@ -200,3 +200,46 @@ def _images(changes: list[KafkaChange]) -> dict[tuple[str, int], dict[str, Any]]
             assert values is not None
             images[(c.gtid, c.event_number)] = values
     return images
+
+
+async def test_cdc_kafka_prints_decoded_changes(tmp_path, source: Source, users_file: str,
+                                                kafka_broker: Tansu):
+    """``cdc kafka`` reads a table's topic back as JSON lines, from the beginning or after a
+    GTID state; an unknown topic is a clear error."""
+    import subprocess
+    import sys
+
+    db = f"`{source.database}`"
+    config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
+                         kafka=kafka_section(kafka_broker, source, format="dip"))
+    running = await start_service(config)
+    try:
+        source.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, price DECIMAL(10,2), "
+                       "raw VARBINARY(4))",
+                       f"INSERT INTO {db}.t VALUES (1, 12.30, x'0001')")
+        after_first = str(source.gtid_state())
+        source.execute(f"UPDATE {db}.t SET price = 4.56 WHERE id = 1")
+        await kafka_caught_up(running, source)
+    finally:
+        await running.stop()
+    cdc = os.path.join(os.path.dirname(sys.executable), "cdc")
+
+    def cdc_kafka(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([cdc, "kafka", "-b", kafka_broker.bootstrap, "--kafka-format",
+                               "dip", "--schema-topic", f"{source.database}.schemas", "-t",
+                               "1.5", *args], capture_output=True, text=True, timeout=60)
+
+    done = await asyncio.to_thread(cdc_kafka, f"{source.database}.t")
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    creates = [d for d in lines if d["action"] == "create"]
+    assert sorted(d["partition"] for d in creates) == [0, 1, 2]  # in order with every row
+    rows = [d for d in lines if "sql" not in d]
+    assert [(d["action"], d["after"]) for d in rows] == [
+        ("insert", {"id": 1, "price": "12.30", "raw": "0001"}),
+        ("update", {"id": 1, "price": "4.56", "raw": "0001"})]
+    assert rows[1]["before"] == {"id": 1, "price": "12.30", "raw": "0001"}
+    later = await asyncio.to_thread(cdc_kafka, "--from", after_first, f"{source.database}.t")
+    assert [json.loads(line)["action"] for line in later.stdout.splitlines()] == ["update"]
+    missing = await asyncio.to_thread(cdc_kafka, f"{source.database}.nothing")
+    assert missing.returncode == 1 and "no topic" in missing.stderr
