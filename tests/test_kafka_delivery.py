@@ -122,7 +122,9 @@ async def test_each_rows_changes_stay_in_order_in_one_partition(tmp_path, source
             continue
         key = json.loads(c.key)
         position = (key["Pos"]["Name"], key["Pos"]["Pos"])
-        assert position >= last_pos.get(c.partition, ("", 0)), "positions went back"
+        assert position >= last_pos.get(c.partition, ("", 0)), [
+            (x.offset, json.loads(x.key)["Pos"]["Pos"], x.gtid) for x in changes
+            if x.partition == c.partition]
         last_pos[c.partition] = position
         row = c.after or c.before
         assert row is not None

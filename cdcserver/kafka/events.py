@@ -10,7 +10,7 @@ with the stream's records.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cdcserver.changes import Begin, Change, Commit, Ddl, Rows, RowsKind, TableLayout
@@ -27,6 +27,9 @@ class TableShape:
     table: TableName
     schema: TableSchema
     layout: TableLayout
+    # What formats and the sink derive from the shape once (encoders, schema ids...), kept
+    # with it so it lives exactly as long as the shape.
+    cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def fields(self) -> tuple[Field, ...]:
@@ -54,6 +57,7 @@ class RowEvent:
     file: str
     pos: int  # the binlog event's end position
     row: int  # the row's index within its binlog event
+    gtid_text: str = ""  # str(gtid), made once per transaction
 
     @property
     def table(self) -> TableName:
@@ -89,6 +93,7 @@ class EventBuilder:
     def __init__(self) -> None:
         self._shapes: dict[int, TableShape] = {}
         self._gtid: Gtid | None = None
+        self._gtid_text = ""
         self._event_no = 0
 
     def shape(self, layout: TableLayout) -> TableShape:
@@ -107,6 +112,7 @@ class EventBuilder:
                 yield from self._rows(change)
             elif isinstance(change, Begin):
                 self._gtid = change.gtid
+                self._gtid_text = str(change.gtid)
                 self._event_no = 0
             elif isinstance(change, Ddl):
                 yield from self._statement(change)
@@ -119,19 +125,20 @@ class EventBuilder:
     def _rows(self, rows: Rows) -> Iterator[RowEvent]:
         assert self._gtid is not None, "rows outside a transaction"
         shape = self.shape(rows.layout)
-        gtid, values = self._gtid, rows.rows
+        gtid, text, values = self._gtid, self._gtid_text, rows.rows
         if rows.kind == RowsKind.UPDATE:
             for i in range(0, len(values) - 1, 2):
                 self._event_no += 2
                 yield RowEvent(shape, "update", values[i], values[i + 1], gtid,
-                               self._event_no - 1, rows.timestamp, rows.file, rows.pos, i // 2)
+                               self._event_no - 1, rows.timestamp, rows.file, rows.pos, i // 2,
+                               text)
             return
         insert = rows.kind == RowsKind.INSERT
         for i, row in enumerate(values):
             self._event_no += 1
             yield RowEvent(shape, "insert" if insert else "delete", None if insert else row,
                            row if insert else None, gtid, self._event_no, rows.timestamp,
-                           rows.file, rows.pos, i)
+                           rows.file, rows.pos, i, text)
 
     def _statement(self, ddl: Ddl) -> Iterator[StatementEvent]:
         assert self._gtid is not None, "a statement outside a transaction"

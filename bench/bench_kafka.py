@@ -1,0 +1,168 @@
+"""The Kafka sink's messages/s beside a bare aiokafka producer sending the same messages.
+
+    .venv/bin/python bench/bench_kafka.py [--runs N] [--format databus|dip|debezium|maxscale]
+
+The standard workload (bench/common.py) is read from the binlog once by the real replicator
+into memory (untimed). Then, against a local tansu broker, each run times:
+- the sink: ``KafkaSink.apply`` over every transaction (turning changes into messages in the
+  chosen format, partitioning, keeping them until acknowledged) and the final ``flush``
+  (every message acknowledged, the checkpoint written);
+- the reference: one ``AIOKafkaProducer`` with the same settings sending the very messages the
+  sink sent (topic, partition, key, value, headers), then waiting for every acknowledgement.
+Each gets a fresh topic of its own. A first, untimed round warms both up (the first pass
+over a fresh heap ran at 0.6 of the later ones). Prints both rates (medians) and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import OUT, ROW_CHANGES, line, peak_rss_mb, workload_server
+from cdcserver.changes import Change
+from cdcserver.config import Config, KafkaConfig, ListenerConfig, SourceConfig, StoreConfig
+from cdcserver.embedded import EmbeddedMariaDB
+from cdcserver.gtid import BinlogPosition, GtidState
+from cdcserver.kafka import connect
+from cdcserver.kafka.sink import KafkaSink, _Message
+from cdcserver.service import Service
+from cdcserver.users import UsersFile
+from tests.kafka_broker import Tansu
+
+
+class Recorder:
+    """A sink that keeps every batch of changes the pipeline hands it."""
+
+    name = "recorder"
+    durable: BinlogPosition | None = None
+
+    def __init__(self) -> None:
+        self.batches: list[list[Change]] = []
+
+    async def apply(self, changes: list[Change]) -> None:
+        self.batches.append(list(changes))
+
+    async def flush(self) -> BinlogPosition | None:
+        return None
+
+
+async def read_changes(server: EmbeddedMariaDB) -> list[list[Change]]:
+    data_dir = os.path.join(OUT, "kafka-data")
+    shutil.rmtree(data_dir, ignore_errors=True)
+    users = os.path.join(OUT, "cdcusers")
+    UsersFile(users).add("bench", "bench")
+    config = Config(source=SourceConfig(url=server.url(), server_id=9200, start_gtid="oldest"),
+                    store=StoreConfig(data_dir=data_dir),
+                    listener=ListenerConfig(listen="127.0.0.1:0", users_file=users))
+    service = Service(config)
+    recorder = Recorder()
+    service.sinks.append(recorder)  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    await service.wait_caught_up(GtidState.parse(
+        str(server.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0])))
+    stop.set()
+    await task
+    return recorder.batches
+
+
+class RecordingSink(KafkaSink):
+    """The sink, also keeping what it sent (a list append per message) for the reference."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[_Message] = []
+
+    async def _produce(self, message: _Message) -> None:
+        self.sent.append(message)
+        await super()._produce(message)
+
+
+async def sink_run(config: KafkaConfig, batches: list[list[Change]]) -> tuple[float, list[Any]]:
+    with tempfile.TemporaryDirectory(dir=OUT) as data_dir:
+        sink = RecordingSink(config, data_dir, "bench:1")
+        sink.set_flavor(True)
+        await sink.open()
+        for topic in ("bench.orders", config.schema_topic, config.state_topic):
+            await sink._partition_count(topic)  # topic creation is not what is measured
+        start = time.perf_counter()
+        for batch in batches:
+            await sink.apply(batch)
+        await sink.flush()
+        seconds = time.perf_counter() - start
+        await sink.close()
+    return seconds, sink.sent
+
+
+async def bare_run(config: KafkaConfig, messages: list[_Message], topic: str) -> float:
+    await connect.create_topics(config, [topic])
+    producer = connect.producer(config)
+    await producer.start()
+    await producer.partitions_for(topic)
+    try:
+        start = time.perf_counter()
+        futures = [await producer.send(topic, m.value, key=m.key, partition=m.partition,
+                                       headers=m.headers) for m in messages]
+        await asyncio.gather(*futures)
+        return time.perf_counter() - start
+    finally:
+        await producer.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=3, help="repetitions (medians are shown)")
+    parser.add_argument("--format", default="databus",
+                        choices=("databus", "dip", "debezium", "maxscale"))
+    args = parser.parse_args()
+    with workload_server() as server:
+        batches = asyncio.run(read_changes(server))
+    # The whole workload held in memory is this script's doing (the service streams it):
+    # keep the garbage collector from walking it again and again during the timed runs.
+    gc.collect()
+    gc.freeze()
+    broker = Tansu(OUT)
+    broker.start()
+    try:
+        sink_rates, bare_rates = [], []
+        for run in range(-1, args.runs):  # run -1 warms up (heap, broker) and is not shown
+            config = KafkaConfig(bootstrap=broker.bootstrap, format=args.format,
+                                 idempotence=False, topic=f"run{run}.{{table}}",
+                                 schema_topic=f"run{run}.schemas",
+                                 state_topic=f"run{run}.state")
+            seconds, sent = asyncio.run(sink_run(config, batches))
+            data = [m for m in sent if m.topic == f"run{run}.orders"]
+            bare = asyncio.run(bare_run(config, data, f"bare{run}.orders"))
+            count, bare_count = len(sent), len(data)
+            del sent, data
+            gc.collect()
+            if run < 0:
+                continue
+            sink_rates.append(count / seconds)
+            bare_rates.append(bare_count / bare)
+            line(f"run {run + 1}", f"sink {sink_rates[-1]:,.0f} msg/s ({count:,} messages "
+                                   f"for {ROW_CHANGES:,} row changes), bare producer "
+                                   f"{bare_rates[-1]:,.0f} msg/s")
+        sink, bare_rate = statistics.median(sink_rates), statistics.median(bare_rates)
+        line(f"bare aiokafka producer (reference), messages/s [{args.format}]",
+             f"{bare_rate:,.0f}")
+        line("Kafka sink, messages/s", f"{sink:,.0f}")
+        line("ratio sink / bare producer", f"{sink / bare_rate:.3f}")
+        line("peak RSS of this process, MB", f"{peak_rss_mb():.0f}")
+    finally:
+        broker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
