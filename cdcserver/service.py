@@ -54,7 +54,11 @@ class Service:
         self.sinks: list[Sink] = [self.store]
         self.kafka: KafkaSink | None = None
         if config.kafka.enabled:
-            from cdcserver.kafka.sink import KafkaSink
+            try:
+                from cdcserver.kafka.sink import KafkaSink
+            except ImportError as exc:
+                raise ConfigError(f"kafka.bootstrap is set but {exc.name} is not installed: "
+                                  "pip install 'mariadb-cdc[kafka]'") from exc
 
             self.kafka = KafkaSink(config.kafka, config.store.data_dir,
                                    f"{config.kafka.client_id}:{config.source.server_id}")
