@@ -69,6 +69,14 @@ def text_value(f: Field, value: Any) -> str:
     return encode_value(f, value).decode("utf-8")
 
 
+def _text(f: Field) -> Callable[[Any], str]:
+    """:func:`text_value` for one column, chosen once."""
+    if f.kind == Kind.BYTES:
+        return lambda v: bytes(v).hex()
+    encode = value_encoder(f)
+    return lambda v: encode(v).decode("utf-8")
+
+
 class MessageFormat:
     name = ""
 
@@ -166,8 +174,11 @@ class Dip(MessageFormat):
     def _values(self, e: RowEvent, row: tuple[Any, ...] | None) -> dict[str, str | None] | None:
         if row is None:
             return None
-        return {f.column: None if v is None else text_value(f, v)
-                for f, v in zip(e.shape.fields, row, strict=True)}
+        columns = e.shape.cache.get("dip.columns")
+        if columns is None:
+            columns = e.shape.cache["dip.columns"] = [(f.column, _text(f)) for f in e.shape.fields]
+        return {name: None if v is None else text(v)
+                for (name, text), v in zip(columns, row)}  # noqa: B905
 
     def row_value(self, e: RowEvent) -> bytes:
         when = dt.datetime.fromtimestamp(e.timestamp, self.zone).strftime("%Y%m%d%H%M%S")
