@@ -114,6 +114,14 @@ class Service:
         while not all(self.pipeline.state.covers(g) for g in target):
             await asyncio.shield(self.pipeline.progress())  # shared with other waiters
 
+    def stored_state(self) -> GtidState:
+        """Every transaction applied by every sink so far (before replication starts: the
+        store's checkpoint)."""
+        if self.pipeline is not None:
+            return self.pipeline.state
+        durable = self.store.durable
+        return durable.gtid_state if durable is not None else GtidState()
+
     def _listener(self) -> CdcServer:
         cfg = self.config.listener
         try:
@@ -125,7 +133,7 @@ class Service:
                                 cfg.max_connections, cfg.bad_command_limit)
         context = SessionContext(self.catalog, self.users, lambda: self.store.index,
                                  cfg.bad_command_limit, self.config.store.data_dir,
-                                 self.wait_caught_up)
+                                 self.wait_caught_up, self.stored_state)
         server = CdcServer(context, limits, zone)
         server.dump_released = self.cleaner.wake
         return server

@@ -163,21 +163,30 @@ class DataRequest:
     version: int | None
     gtid: str | None  # inclusive: from this transaction's first record (MaxScale's form)
     after: str | None = None  # exclusive: every transaction this GTID state does not cover
+    until: str | None = None  # bounded: only transactions this GTID state covers, then end
 
     def line(self) -> str:
         target = f"{self.database}.{self.table}"
         if self.version is not None:
             target += f".{self.version:06d}"
         if self.after:
-            return f"REQUEST-DATA {target} AFTER {self.after}"
-        return f"REQUEST-DATA {target}" + (f" {self.gtid}" if self.gtid else "")
+            line = f"REQUEST-DATA {target} AFTER {self.after}"
+        else:
+            line = f"REQUEST-DATA {target}" + (f" {self.gtid}" if self.gtid else "")
+        return line + (f" UNTIL {self.until}" if self.until else "")
 
 
 def parse_request_data(argument: str) -> DataRequest:
     parts = argument.split()
     if not parts:
         raise ProtocolError(Code.BAD_SYNTAX, "expected REQUEST-DATA db.table[.version] "
-                            "[gtid | AFTER gtid-state]")
+                            "[gtid | AFTER gtid-state] [UNTIL gtid-state]")
+    until = None
+    if len(parts) >= 3 and parts[-2].upper() == "UNTIL":
+        until, parts = parts[-1], parts[:-2]
+        if not is_gtid_state(until):
+            raise ProtocolError(Code.BAD_SYNTAX, f"not a GTID state: {until!r} (expected "
+                                "domain-server-seq[,domain-server-seq...])")
     m = _TABLE.match(parts[0])
     if m is None:
         raise ProtocolError(Code.NO_FILE, f"File '{parts[0]}' not found: expected "
@@ -199,7 +208,7 @@ def parse_request_data(argument: str) -> DataRequest:
     elif len(parts) > 1:
         raise ProtocolError(Code.BAD_SYNTAX, "expected REQUEST-DATA db.table[.version] "
                             "[gtid | AFTER gtid-state]")
-    return DataRequest(m["db"], m["table"], version, gtid, after)
+    return DataRequest(m["db"], m["table"], version, gtid, after, until)
 
 
 def is_gtid_state(text: str) -> bool:

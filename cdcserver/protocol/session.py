@@ -83,6 +83,8 @@ class SessionContext:
     data_dir: str | None = None  # where dumps are; None: no dumps
     # Waits until the service has stored every transaction up to a GTID state.
     caught_up: Callable[[GtidState], Awaitable[None]] | None = None
+    # The GTID state of everything stored so far (what a bounded read can end at).
+    stored_state: Callable[[], GtidState] | None = None
 
 
 class Session:
@@ -161,8 +163,14 @@ class Session:
         version_name = f"{request.database}.{request.table}.{request.version or 1:06d}.avro"
         if request.after:
             check_after(request.after)
+        if request.until:
+            check_after(request.until)
+            if self.format != Format.JSON:
+                raise ProtocolError(Code.BAD_SYNTAX, "UNTIL needs TYPE=JSON (a bounded "
+                                    "stream ends with a JSON line)")
         if entry is None or not entry.versions:
-            # After a dump, the table may not have changed yet: wait for its first change.
+            # After a dump, the table may not have changed yet: wait for its first change
+            # (a bounded read of it is empty).
             if not (request.after and request.version is None and self._dumps(table)):
                 raise ProtocolError(Code.NO_FILE, f"File '{version_name}' not found.")
         elif request.version is not None and request.version not in entry.versions:
@@ -218,6 +226,13 @@ class Session:
         if info is None:
             raise ProtocolError(Code.NO_TRANSACTION, f"no transaction {gtid} in the store")
         return Reply(_transaction_json(info))
+
+    def verb_QUERY_STATE(self, argument: str) -> Outcome:
+        """Extension: the GTID state of everything stored, where a bounded read can end."""
+        if argument.strip():
+            raise ProtocolError(Code.BAD_SYNTAX, "QUERY-STATE takes no argument")
+        state = self.context.stored_state() if self.context.stored_state else GtidState()
+        return Reply(json.dumps({"gtid_state": str(state)}).encode() + b"\n")
 
     def verb_CLOSE(self, argument: str) -> Outcome:
         self.phase = Phase.CLOSED

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
@@ -136,6 +137,36 @@ def check_after(text: str) -> GtidState:
     return state
 
 
+class _Until:
+    """``UNTIL <state>``: only records of transactions the state covers. Once a record past
+    the state has been seen in each of its domains, nothing later can be covered."""
+
+    def __init__(self, state: GtidState, given: GtidState) -> None:
+        self.state = state
+        self.given = given
+        self._open = {g.domain for g in state}
+
+    @classmethod
+    def parse(cls, text: str) -> _Until:
+        return cls(check_after(text), GtidState.parse(text))
+
+    @property
+    def done(self) -> bool:
+        return not self._open
+
+    def covers(self, record: dict[str, Any]) -> bool:
+        last = self.state.get(record["domain"])
+        if last is not None and record["sequence"] <= last.sequence:
+            return True
+        self._open.discard(record["domain"])
+        return False
+
+    def covers_version(self, gtid_text: str) -> bool:
+        """Whether the transaction that created a version is covered (else none of its
+        records are)."""
+        return _After(self.state).covers(gtid_text)
+
+
 class Streamer:
     def __init__(self, catalog: Catalog, index: StoreIndex | None, request: DataRequest,
                  fmt: Format, writer: asyncio.StreamWriter, zone: dt.tzinfo = dt.UTC,
@@ -157,6 +188,9 @@ class Streamer:
             self._filter = _Seek(Gtid.parse(request.gtid))
 
     async def run(self) -> None:
+        if self.request.until:
+            await self._run_bounded(_Until.parse(self.request.until))
+            return
         if isinstance(self._filter, _After) and self.caught_up is not None:
             # Everything up to the state must be stored before the starting version is
             # chosen: a version the source created before it may not be in the catalog yet.
@@ -176,6 +210,60 @@ class Streamer:
             if following is not None and following.version != info.version + 1:
                 self._deleted(info.version + 1)  # versions are numbered without gaps
             info = following
+
+    async def _run_bounded(self, until: _Until) -> None:
+        """``UNTIL``: once everything up to the state is stored, send the range's records
+        (each version's schema first), then one line ``{"end": state, "records": n}``;
+        the server closes the connection after it."""
+        if self.caught_up is not None:
+            await self.caught_up(until.given)
+            if self._filter is not None and isinstance(self._filter, _After):
+                await self.caught_up(self._filter.given)
+        entry = self.catalog.get(self.table)
+        info = self._first_version(entry) if entry is not None and entry.versions else None
+        first = True
+        while entry is not None and info is not None and not until.done:
+            if not first and not until.covers_version(info.schema.gtid):
+                break
+            first = False
+            try:
+                with in_use(info.path):
+                    if self._filter is not None:
+                        self._filter.version_started(self.index, info)
+                    await self._send_schema(info)
+                    await self._send_bounded(info, self._start_offset(info), info.committed,
+                                             until)
+            except FileNotFoundError:
+                self._deleted(info.version)
+            following = entry.after(info.version)
+            if following is not None and following.version != info.version + 1:
+                self._deleted(info.version + 1)
+            info = following
+        await self._write(json.dumps({"end": str(until.given),
+                                      "records": self.records_sent}).encode() + b"\n")
+
+    async def _send_bounded(self, info: VersionInfo, pos: int, end: int,
+                            until: _Until) -> None:
+        render = compile_renderer(info.header.schema_json, self.zone)
+        accepts = self._filter
+        out = bytearray()
+        for block in scan_blocks(info.path, info.header, pos, end):
+            for record in decode_records(info, block):
+                if accepts is not None and not accepts.settled and not accepts.accepts(record):
+                    continue
+                if not until.covers(record):
+                    if until.done:
+                        break
+                    continue
+                out += render(record)
+                self.records_sent += 1
+                if len(out) >= CHUNK:
+                    await self._write(bytes(out))
+                    out.clear()
+            if until.done:
+                break
+        if out:
+            await self._write(bytes(out))
 
     def _deleted(self, version: int) -> NoReturn:
         raise ProtocolError(Code.NO_FILE, f"{self.table} version {version} was deleted by "
