@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 from cdcserver.config import Config
 from cdcserver.dump.scheduler import DumpScheduler
 from cdcserver.errors import ConfigError, SourceUnavailable
-from cdcserver.gtid import BinlogPosition, GtidState
+from cdcserver.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.handoff import Handoff
 from cdcserver.pipeline import Pipeline, Sink, start_position
 from cdcserver.protocol.server import CdcServer, ListenerLimits
@@ -30,6 +30,7 @@ from cdcserver.replication.replicator import Backoff, Replicator
 from cdcserver.retention import Cleaner
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.store.catalog import Catalog
+from cdcserver.store.naming import TableName
 from cdcserver.store.store import AvroStore
 from cdcserver.users import UsersFile
 
@@ -62,6 +63,7 @@ class Service:
 
             self.kafka = KafkaSink(config.kafka, config.store.data_dir,
                                    f"{config.kafka.client_id}:{config.source.server_id}")
+            self.kafka.format.version_of = self._version_created_by
             self.sinks.append(self.kafka)
         self.replicating = asyncio.Event()  # set once the replicator is started
         self.cleaner = Cleaner(config.retention, config.store.data_dir, self.catalog,
@@ -113,6 +115,25 @@ class Service:
         assert self.pipeline is not None
         while not all(self.pipeline.state.covers(g) for g in target):
             await asyncio.shield(self.pipeline.progress())  # shared with other waiters
+
+    def _version_created_by(self, database: str, table: str, gtid: str) -> int | None:
+        """The store's version of a table current right after the transaction ``gtid``: the
+        newest whose schema was created at or before it (the store applies a batch before
+        the Kafka sink, and keeps versions across restarts, so a replay finds the same)."""
+        entry = self.catalog.get(TableName(database, table))
+        if entry is None or not entry.versions:
+            return None
+        target = Gtid.parse(gtid)
+
+        def at_or_before(created: str) -> bool:
+            try:
+                g = Gtid.parse(created)
+            except ValueError:
+                return True  # a version without a GTID (from a dump): the oldest kind
+            return g.key != target.key or g.sequence <= target.sequence
+
+        versions = [v for v, info in entry.versions.items() if at_or_before(info.schema.gtid)]
+        return max(versions) if versions else None
 
     def stored_state(self) -> GtidState:
         """Every transaction applied by every sink so far (before replication starts: the

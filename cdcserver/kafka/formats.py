@@ -86,6 +86,9 @@ class MessageFormat:
         self.zone = zone
         self.source_name = source_name
         self.flavor = flavor
+        # The Avro store's version number of a table's schema created by a GTID, when the
+        # store made one (set by the service; the maxscale format's schema says it).
+        self.version_of: Callable[[str, str, str], int | None] = lambda db, table, gtid: None
 
     def rows(self, e: RowEvent) -> list[RowMessage]:
         return [(self.row_key(e), self.row_value(e), e.event_number)]
@@ -309,6 +312,9 @@ class MaxScale(MessageFormat):
         if e.shape is None:
             return None
         schema = {**e.shape.schema.avsc, "gtid": str(e.gtid)}
+        version = self.version_of(e.database, e.table or "", str(e.gtid))
+        if version is not None:
+            schema["version"] = version
         return str(e.gtid).encode(), json.dumps(schema, separators=(",", ":"),
                                                 ensure_ascii=False).encode("utf-8")
 
