@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 
 from cdcserver.kafka.events import RowEvent, StatementEvent, TableShape
-from client.dump import encode_value, value_encoder
+from client.dump import value_encoder
 from client.schema import Field, Kind, float32_text, to_json_text
 
 Message = tuple[bytes, bytes]  # key, value
@@ -62,15 +62,8 @@ def primary_key(shape: TableShape, row: tuple[Any, ...]) -> bytes:
                            for i in columns) + "}").encode("utf-8")
 
 
-def text_value(f: Field, value: Any) -> str:
-    """A value's MariaDB text form as a string (binary data as hex)."""
-    if f.kind == Kind.BYTES:
-        return bytes(value).hex()
-    return encode_value(f, value).decode("utf-8")
-
-
 def _text(f: Field) -> Callable[[Any], str]:
-    """:func:`text_value` for one column, chosen once."""
+    """A value's MariaDB text form (binary data as hex), for one column, chosen once."""
     if f.kind == Kind.BYTES:
         return lambda v: bytes(v).hex()
     encode = value_encoder(f)

@@ -280,13 +280,7 @@ class KafkaSink:
         self._pending.append(message)
         self._bytes += message.size
         self.stats.messages += 1
-        batch = self._open.get((message.topic, message.partition))
-        if batch is None or batch.builder.append(timestamp=None, key=message.key,
-                                                 value=message.value,
-                                                 headers=message.headers) is None:
-            await self._add_to_new_batch(message)
-        else:
-            batch.messages.append(message)
+        await self._add_to_batch(message)
 
     async def _make_room(self, size: int) -> None:
         while self._bytes + size > self.config.max_buffer_bytes and self._pending:

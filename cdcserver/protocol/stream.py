@@ -244,26 +244,10 @@ class Streamer:
 
     async def _send_bounded(self, info: VersionInfo, pos: int, end: int,
                             until: _Until) -> None:
-        render = compile_renderer(info.header.schema_json, self.zone)
-        accepts = self._filter
-        out = bytearray()
         for block in scan_blocks(info.path, info.header, pos, end):
-            for record in decode_records(info, block):
-                if accepts is not None and not accepts.settled and not accepts.accepts(record):
-                    continue
-                if not until.covers(record):
-                    if until.done:
-                        break
-                    continue
-                out += render(record)
-                self.records_sent += 1
-                if len(out) >= CHUNK:
-                    await self._write(bytes(out))
-                    out.clear()
+            await self._send_json(info, block, until)
             if until.done:
-                break
-        if out:
-            await self._write(bytes(out))
+                return
 
     def _deleted(self, version: int) -> NoReturn:
         raise ProtocolError(Code.NO_FILE, f"{self.table} version {version} was deleted by "
@@ -335,12 +319,17 @@ class Streamer:
                 await self._send_avro_block(info, block)
         return end
 
-    async def _send_json(self, info: VersionInfo, block: Block) -> None:
+    async def _send_json(self, info: VersionInfo, block: Block,
+                         until: _Until | None = None) -> None:
         render = compile_renderer(info.header.schema_json, self.zone)
         accepts = self._filter
         out = bytearray()
         for record in decode_records(info, block):
             if accepts is not None and not accepts.settled and not accepts.accepts(record):
+                continue
+            if until is not None and not until.covers(record):
+                if until.done:
+                    break
                 continue
             out += render(record)
             self.records_sent += 1
