@@ -256,5 +256,42 @@ def parse_list_dumps(argument: str) -> tuple[str, str] | None:
     return m["db"], m["table"]
 
 
+@dataclass(frozen=True)
+class RangeQuery:
+    """``QUERY-RANGE db.table [AFTER gtid-state] [UNTIL gtid-state] LIMIT n``: where a
+    bounded read of the table that starts after the first state and holds at most ``n``
+    records can end (no further than the second state)."""
+
+    database: str
+    table: str
+    after: str
+    limit: int
+    until: str = ""
+
+    def line(self) -> str:
+        after = f" AFTER {self.after}" if self.after else ""
+        until = f" UNTIL {self.until}" if self.until else ""
+        return f"QUERY-RANGE {self.database}.{self.table}{after}{until} LIMIT {self.limit}"
+
+
+def parse_query_range(argument: str) -> RangeQuery:
+    usage = "expected QUERY-RANGE db.table [AFTER gtid-state] [UNTIL gtid-state] LIMIT n"
+    parts = argument.split()
+    if len(parts) < 3 or len(parts) % 2 == 0 or parts[-2].upper() != "LIMIT" \
+            or not parts[-1].isdigit() or int(parts[-1]) < 1:
+        raise ProtocolError(Code.BAD_SYNTAX, usage)
+    m = _TABLE.match(parts[0])
+    if m is None or m["version"]:
+        raise ProtocolError(Code.BAD_SYNTAX, usage)
+    states: dict[str, str] = {}
+    for word, state in zip(parts[1:-2:2], parts[2:-2:2], strict=True):
+        if word.upper() not in ("AFTER", "UNTIL") or word.upper() in states \
+                or not is_gtid_state(state):
+            raise ProtocolError(Code.BAD_SYNTAX, usage)
+        states[word.upper()] = state
+    return RangeQuery(m["db"], m["table"], states.get("AFTER", ""), int(parts[-1]),
+                      states.get("UNTIL", ""))
+
+
 def is_gtid(text: str) -> bool:
     return bool(_GTID.match(text))

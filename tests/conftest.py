@@ -172,3 +172,26 @@ async def cdc(tmp_path: os.PathLike[str], source: Source, users_file: str
     yield running
     if not running.task.done():
         await running.stop()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """A local Spark session (two executor threads) with the ``cdc`` data source registered.
+    Its Python workers run this interpreter, so they import the project from the venv."""
+    import sys
+
+    from pyspark.sql import SparkSession
+
+    from client.spark import register
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    session = (SparkSession.builder.master("local[2]").appName("cdc-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.sql.session.timeZone", "UTC")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()

@@ -44,7 +44,8 @@ class DumpInfo:
         h = self.header
         return {"name": self.name, "database": h.database, "table": h.table, "gtid": h.gtid,
                 "binlog": {"file": h.binlog_file, "pos": h.binlog_pos}, "rows": h.rows,
-                "bytes": self.size, "created": h.created, "stream_version": h.stream_version}
+                "bytes": self.size, "created": h.created, "stream_version": h.stream_version,
+                "schema": h.schema}
 
 
 def read_header(path: str) -> DumpHeader:

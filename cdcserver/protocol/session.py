@@ -20,7 +20,7 @@ from cdcserver.dump.files import DumpInfo, list_dumps
 from cdcserver.gtid import Gtid, GtidState
 from cdcserver.protocol.stream import check_after
 from cdcserver.store.catalog import Catalog
-from cdcserver.store.index import StoreIndex, TransactionInfo
+from cdcserver.store.index import RangePlan, StoreIndex, TransactionInfo
 from cdcserver.store.naming import TableName
 from cdcserver.users import UsersFile
 from client.wire import (
@@ -31,6 +31,7 @@ from client.wire import (
     ProtocolError,
     parse_auth,
     parse_list_dumps,
+    parse_query_range,
     parse_register,
     parse_request_data,
     parse_request_dump,
@@ -233,6 +234,40 @@ class Session:
             raise ProtocolError(Code.BAD_SYNTAX, "QUERY-STATE takes no argument")
         state = self.context.stored_state() if self.context.stored_state else GtidState()
         return Reply(json.dumps({"gtid_state": str(state)}).encode() + b"\n")
+
+    def verb_QUERY_RANGE(self, argument: str) -> Outcome:
+        """Extension: where a bounded read of a table holding at most n records can end."""
+        query = parse_query_range(argument)
+        check_after(query.after or "0-0-0")
+        index = self.context.index()
+        stored = self.context.stored_state() if self.context.stored_state else GtidState()
+        if query.until:
+            check_after(query.until)
+            stored = stored.minimum(GtidState.parse(query.until))
+        after = GtidState.parse(query.after)
+        if index is None:
+            plan = RangePlan(after, 0, None)
+        else:
+            plan = index.plan_range(f"{query.database}.{query.table}", after, stored,
+                                    query.limit)
+        following = None if plan.next is None else {"gtid": str(plan.next.gtid),
+                                                     "events": plan.next.events}
+        return Reply(json.dumps({"end": str(plan.end), "events": plan.events,
+                                 "next": following}).encode() + b"\n")
+
+    def verb_LIST_TABLES(self, argument: str) -> Outcome:
+        """Extension: every stored table, with the schema of each of its versions."""
+        if argument.strip():
+            raise ProtocolError(Code.BAD_SYNTAX, "LIST-TABLES takes no argument")
+        tables = []
+        catalog = self.context.catalog.tables
+        for name in sorted(catalog, key=str):
+            entry = catalog[name]
+            if entry.versions:
+                tables.append({"database": entry.name.database, "table": entry.name.table,
+                               "versions": [entry.versions[v].schema.avsc
+                                            for v in sorted(entry.versions)]})
+        return Reply(json.dumps({"tables": tables}, separators=(",", ":")).encode() + b"\n")
 
     def verb_CLOSE(self, argument: str) -> Outcome:
         self.phase = Phase.CLOSED

@@ -14,9 +14,11 @@ so a seek never misses recent data.
 
 from __future__ import annotations
 
+import heapq
 import json
 import sqlite3
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +50,17 @@ class TransactionInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class RangePlan:
+    """Where a bounded read of one table can end: the transactions after the start and up to
+    ``end`` that touch the table have ``events`` events in all; ``next`` is the first one
+    past ``end`` that does, when the limit stopped the plan before it."""
+
+    end: GtidState
+    events: int
+    next: TransactionInfo | None
+
+
+@dataclass(frozen=True, slots=True)
 class _BlockEntry:
     table: TableName
     version: int
@@ -68,6 +81,8 @@ class StoreIndex:
         self._pending_txns: list[TransactionInfo] = []
         self._last_indexed: dict[tuple[TableName, int, int], int] = {}
         self.last_transaction: TransactionInfo | None = self._newest_transaction()
+        self._sources: set[tuple[int, str]] = {
+            (d, s) for d, s in self._db.execute("SELECT DISTINCT domain, source FROM transactions")}
 
     def close(self) -> None:
         with self._lock:
@@ -91,6 +106,7 @@ class StoreIndex:
         self.last_transaction = info
         with self._lock:
             self._pending_txns.append(info)
+            self._sources.add((info.gtid.domain, info.gtid.source_uuid or ""))
 
     def persist(self) -> None:
         """Write pending entries (called from the flush thread, before the checkpoint)."""
@@ -180,6 +196,43 @@ class StoreIndex:
                 "FROM transactions WHERE domain=? AND source=? AND seq=?",
                 (gtid.domain, gtid.source_uuid or "", gtid.sequence)).fetchone()
         return _transaction(row) if row else None
+
+
+    def plan_range(self, table: str, after: GtidState, stored: GtidState, limit: int
+                   ) -> RangePlan:
+        """The furthest end state, within ``stored``, such that the transactions after
+        ``after`` up to it that touch ``table`` ("db.table") hold at most ``limit`` events
+        (a transaction's events over all its tables: never fewer than its records of one)."""
+        events, end = 0, after
+        with self._lock:
+            for info in self._transactions_after(after):
+                if not stored.covers(info.gtid):
+                    continue  # not applied by every sink yet; nor is anything later
+                if table in info.tables:
+                    if events + info.events > limit:
+                        return RangePlan(end, events, info)
+                    events += info.events
+                end = end.advanced(info.gtid)
+        for gtid in stored:  # up to everything stored, however it was recorded
+            if not end.covers(gtid):
+                end = end.advanced(gtid)
+        return RangePlan(end, events, None)
+
+    def _transactions_after(self, after: GtidState) -> Iterator[TransactionInfo]:
+        """The transactions ``after`` does not cover, in the order they were stored (each
+        domain's by sequence, merged by insertion order); the caller holds the lock."""
+        cursors = []
+        for domain, source in sorted(self._sources):
+            last = after.get(source or domain)
+            cursors.append(self._db.execute(
+                "SELECT rowid, domain, source, seq, server_id, timestamp, events, tables, file, "
+                "pos FROM transactions WHERE domain=? AND source=? AND seq>? ORDER BY seq",
+                (domain, source, last.sequence if last else -1)))
+        for row in heapq.merge(*cursors, key=lambda r: r[0]):
+            yield _transaction(row[1:])
+        for info in list(self._pending_txns):
+            if not after.covers(info.gtid):
+                yield info
 
 
 def _transaction(row: Any) -> TransactionInfo:

@@ -1,0 +1,235 @@
+"""Spark types for CDC records: the DataFrame schema of a set of table versions, and the
+conversion of each record (a JSON-mode line) into a row of it.
+
+The schema is MaxScale's metadata columns, then ``_table`` and ``_version`` (which table and
+table version a row comes from), then every column of every version read, by name, in the
+order they first appear. A column whose type changed between versions gets the wider type
+when one holds both (INT then BIGINT: bigint; DECIMAL(5,2) then DECIMAL(10,4):
+decimal(12,4)); otherwise :class:`SchemaError`. A column a version lacks is null in its rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable
+from decimal import Decimal
+from typing import Any
+
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    DataType,
+    DateType,
+    DayTimeIntervalType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    NullType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from client.schema import METADATA_FIELDS, Field, Kind, fields_from_schema
+
+METADATA = StructType([
+    StructField("domain", IntegerType(), False),
+    StructField("server_id", LongType(), False),
+    StructField("sequence", LongType(), False),
+    StructField("event_number", IntegerType(), False),
+    StructField("timestamp", LongType(), False),
+    StructField("event_type", StringType(), False),
+    StructField("_table", StringType(), False),
+    StructField("_version", IntegerType(), False),
+])
+MAX_DECIMAL = 38  # Spark's widest decimal
+
+
+class SchemaError(ValueError):
+    """The tables' versions cannot be read as one DataFrame without losing or mistyping data."""
+
+
+def spark_type(field: Field) -> DataType:
+    kind = field.kind
+    if kind == Kind.DECIMAL:
+        if field.precision == 0:  # BIGINT UNSIGNED and BIT(64): 20 digits
+            return DecimalType(20, 0)
+        if field.precision > MAX_DECIMAL:
+            return StringType()  # exact text: Spark has no decimal this wide
+        return DecimalType(field.precision, field.scale)
+    return _SIMPLE[kind]
+
+
+_SIMPLE: dict[Kind, DataType] = {
+    Kind.BOOLEAN: BooleanType(), Kind.INT: IntegerType(), Kind.LONG: LongType(),
+    Kind.FLOAT: FloatType(), Kind.DOUBLE: DoubleType(), Kind.STRING: StringType(),
+    Kind.BYTES: BinaryType(), Kind.UUID: StringType(), Kind.DATE: DateType(),
+    Kind.DATETIME: TimestampNTZType(), Kind.TIMESTAMP: TimestampType(),
+    Kind.TIME: DayTimeIntervalType(), Kind.ENUM: StringType(), Kind.NULL: NullType(),
+}
+
+
+def wider(a: DataType, b: DataType) -> DataType | None:
+    """The type that holds every value of both, or None."""
+    if a == b:
+        return a
+    if isinstance(a, NullType):
+        return b
+    if isinstance(b, NullType):
+        return a
+    pair = {type(a), type(b)}
+    if pair == {IntegerType, LongType}:
+        return LongType()
+    if pair == {FloatType, DoubleType}:
+        return DoubleType()
+    if isinstance(a, DecimalType) and isinstance(b, DecimalType):
+        scale = max(a.scale, b.scale)
+        digits = max(a.precision - a.scale, b.precision - b.scale) + scale
+        return DecimalType(digits, scale) if digits <= MAX_DECIMAL else None
+    integers = (IntegerType, LongType)
+    if (isinstance(a, integers) and isinstance(b, DecimalType)) or \
+            (isinstance(b, integers) and isinstance(a, DecimalType)):
+        dec = a if isinstance(a, DecimalType) else b
+        assert isinstance(dec, DecimalType)
+        digits = max(dec.precision - dec.scale, 19) + dec.scale
+        return DecimalType(digits, dec.scale) if digits <= MAX_DECIMAL else None
+    return None
+
+
+def table_schema(versions: Iterable[dict[str, Any]]) -> StructType:
+    """The DataFrame schema for reading these versions (of one or more tables)."""
+    columns: dict[str, tuple[DataType, str]] = {}
+    reserved = set(METADATA.fieldNames())
+    for avsc in versions:
+        where = f"{avsc['database']}.{avsc['table']} version {avsc['version']}"
+        for field in fields_from_schema(avsc)[len(METADATA_FIELDS):]:
+            if field.name in reserved:
+                raise SchemaError(f"{where}: column {field.name!r} has the name of a "
+                                  "metadata column")
+            new = spark_type(field)
+            if field.name not in columns:
+                columns[field.name] = (new, where)
+                continue
+            old, seen = columns[field.name]
+            merged = wider(old, new)
+            if merged is None:
+                raise SchemaError(
+                    f"column {field.name!r} is {old.simpleString()} in {seen} but "
+                    f"{new.simpleString()} in {where}: no Spark type holds both. Read the "
+                    "tables in separate queries, or start after the change")
+            columns[field.name] = (merged, seen)
+    return StructType(list(METADATA.fields) + [
+        StructField(name, dtype, True) for name, (dtype, _) in columns.items()])
+
+
+def fits(schema: StructType, avsc: dict[str, Any]) -> str | None:
+    """Why rows of this version cannot be read into ``schema`` (None: they can)."""
+    have = {f.name: f.dataType for f in schema.fields}
+    for field in fields_from_schema(avsc)[len(METADATA_FIELDS):]:
+        if field.name not in have:
+            return f"column {field.name!r} is not in the query's schema"
+        if wider(have[field.name], spark_type(field)) != have[field.name]:
+            return (f"column {field.name!r} is now {spark_type(field).simpleString()}, the "
+                    f"query reads {have[field.name].simpleString()}")
+    return None
+
+
+# -- values ----------------------------------------------------------------------------
+
+class ZeroDateError(ValueError):
+    pass
+
+
+def _date(zero_dates: str) -> Callable[[Any], Any]:
+    def convert(text: str) -> dt.date | None:
+        try:
+            return dt.date.fromisoformat(text)
+        except ValueError:
+            _invalid(text, zero_dates)
+            return None
+    return convert
+
+
+def _datetime(zero_dates: str) -> Callable[[Any], Any]:
+    def convert(text: str) -> dt.datetime | None:
+        try:
+            return dt.datetime.fromisoformat(text)
+        except ValueError:
+            _invalid(text, zero_dates)
+            return None
+    return convert
+
+
+def _invalid(text: str, zero_dates: str) -> None:
+    if zero_dates == "null":
+        return None
+    raise ZeroDateError(f"{text!r} is not a valid date (MariaDB's zero or partial date); "
+                        "Spark cannot hold it. Set the option zeroDates=null to read such "
+                        "values as null")
+
+
+def _time(text: str) -> dt.timedelta:
+    sign = -1 if text.startswith("-") else 1
+    hours, minutes, rest = text.lstrip("-").split(":")
+    seconds, _, frac = rest.partition(".")
+    micros = int((frac + "000000")[:6]) if frac else 0
+    return sign * dt.timedelta(hours=int(hours), minutes=int(minutes), seconds=int(seconds),
+                               microseconds=micros)
+
+
+def _decimal(value: Any) -> Decimal:
+    return value if isinstance(value, Decimal) else Decimal(value)
+
+
+def converter(field: Field, target: DataType, zero_dates: str) -> Callable[[Any], Any] | None:
+    """A function from the JSON value of ``field`` to the Spark value of ``target``; None
+    when the JSON value is already right (numbers, strings, booleans)."""
+    kind = field.kind
+    if isinstance(target, StringType):
+        return str if kind in (Kind.DECIMAL,) else None
+    if isinstance(target, DecimalType):
+        return _decimal
+    if isinstance(target, (FloatType, DoubleType)):
+        return float
+    if kind == Kind.BYTES:
+        return bytes.fromhex
+    if kind == Kind.DATE:
+        return _date(zero_dates)
+    if kind in (Kind.DATETIME, Kind.TIMESTAMP):
+        return _datetime(zero_dates)
+    if kind == Kind.TIME:
+        return _time
+    return None
+
+
+RowMaker = Callable[[dict[str, Any]], tuple[Any, ...]]
+
+
+def row_maker(schema: StructType, avsc: dict[str, Any], zero_dates: str) -> RowMaker:
+    """A function from one record of this version (parsed JSON) to a row of ``schema``."""
+    table = f"{avsc['database']}.{avsc['table']}"
+    version = int(avsc["version"])
+    by_name = {f.name: f for f in fields_from_schema(avsc)}
+    plan: list[tuple[str, Callable[[Any], Any] | None] | None] = []
+    for target in schema.fields[len(METADATA.fields):]:
+        field = by_name.get(target.name)
+        plan.append(None if field is None else
+                    (field.name, converter(field, target.dataType, zero_dates)))
+
+    def make(record: dict[str, Any]) -> tuple[Any, ...]:
+        row: list[Any] = [record["domain"], record["server_id"], record["sequence"],
+                          record["event_number"], record["timestamp"], record["event_type"],
+                          table, version]
+        for step in plan:
+            if step is None:
+                row.append(None)
+                continue
+            name, convert = step
+            value = record.get(name)
+            row.append(value if convert is None or value is None else convert(value))
+        return tuple(row)
+    return make
