@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import RunningService, Source
-from tests.helpers import PASSWORD, USER
+from tests.helpers import PASSWORD, USER, wait_until
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.spark]
 
@@ -67,3 +67,189 @@ async def test_a_batch_read_has_the_metadata_and_typed_columns(
     assert rows[2]["name"] == "b"
     gtids = source.query("SELECT @@gtid_binlog_pos")[0][0]
     assert f"{rows[-1]['domain']}-{rows[-1]['server_id']}-{rows[-1]['sequence']}" == gtids
+
+
+def _stream(spark: Any, options: dict[str, str], sink: str, checkpoint: str,
+            **trigger: Any) -> Any:
+    """Start a streaming read into Parquet files (a sink that survives restarts)."""
+    df = spark.readStream.format("cdc").options(**options).load()
+    return (df.writeStream.format("parquet").option("path", sink)
+            .option("checkpointLocation", checkpoint).trigger(**trigger).start())
+
+
+def _run_available_now(spark: Any, options: dict[str, str], sink: str, checkpoint: str
+                       ) -> list[dict[str, Any]]:
+    query = _stream(spark, options, sink, checkpoint, availableNow=True)
+    query.awaitTermination(120)
+    assert query.exception() is None, query.exception()
+    return [p for p in query.recentProgress if p["numInputRows"]]
+
+
+def _sink_rows(spark: Any, sink: str) -> list[tuple[Any, ...]]:
+    rows = spark.read.parquet(sink).collect()
+    return sorted((r["domain"], r["sequence"], r["event_number"], r["event_type"], r["id"])
+                  for r in rows)
+
+
+def _insert(source: Source, table: str, ids: range, per_transaction: int = 1) -> None:
+    for first in range(ids.start, ids.stop, per_transaction):
+        values = ",".join(f"({i}, 'v{i}')" for i in range(first,
+                                                           min(first + per_transaction, ids.stop)))
+        source.execute(f"INSERT INTO {table} VALUES {values}")
+
+
+async def test_available_now_then_a_restart_from_the_checkpoint_reads_each_change_once(
+        cdc: RunningService, source: Source, spark: Any, tmp_path: Any):
+    t = f"`{source.database}`.s"
+    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, v VARCHAR(10))")
+    _insert(source, t, range(1, 41), per_transaction=4)
+    source.execute(f"UPDATE {t} SET v = 'x' WHERE id <= 5")  # one transaction, 10 records
+    await cdc.caught_up(source)
+    options = _options(cdc, f"{source.database}.s", startingPosition="earliest",
+                       maxRowsPerBatch="7")
+    sink, checkpoint = str(tmp_path / "sink"), str(tmp_path / "checkpoint")
+
+    batches = await asyncio.to_thread(_run_available_now, spark, options, sink, checkpoint)
+    # 50 records in batches of at most 7; the 10-record update was cut by event number
+    assert sum(b["numInputRows"] for b in batches) == 50
+    assert max(b["numInputRows"] for b in batches) == 7 and len(batches) >= 8
+
+    _insert(source, t, range(41, 61), per_transaction=5)
+    source.execute(f"DELETE FROM {t} WHERE id > 55")
+    await cdc.caught_up(source)
+    batches = await asyncio.to_thread(_run_available_now, spark, options, sink, checkpoint)
+    assert sum(b["numInputRows"] for b in batches) == 25
+
+    rows = await asyncio.to_thread(_sink_rows, spark, sink)
+    assert len(rows) == len(set(rows)) == 75  # 40 + 10 + 20 + 5, none twice
+    assert sorted(r[4] for r in rows if r[3] == "insert") == list(range(1, 61))
+    assert sorted(r[4] for r in rows if r[3] == "delete") == list(range(56, 61))
+
+
+def _run_until(spark: Any, options: dict[str, str], sink: str, checkpoint: str,
+               rows: int) -> Any:
+    """A processingTime query, stopped once it has read ``rows`` rows."""
+    query = _stream(spark, options, sink, checkpoint, processingTime="200 milliseconds")
+    try:
+        def seen() -> int:
+            return sum(p["numInputRows"] for p in query.recentProgress)
+
+        wait_until(lambda: query.exception() is not None or seen() >= rows, timeout=120,
+                   what=f"the stream to read {rows} rows")
+        assert query.exception() is None, query.exception()
+        return list(query.recentProgress)
+    finally:
+        query.stop()
+
+
+async def test_processing_time_follows_new_changes_and_survives_a_stop_mid_stream(
+        cdc: RunningService, source: Source, spark: Any, tmp_path: Any):
+    t = f"`{source.database}`.live"
+    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, v VARCHAR(10))")
+    await cdc.caught_up(source)
+    options = _options(cdc, f"{source.database}.live", startingPosition="earliest",
+                       maxRowsPerBatch="10")
+    sink, checkpoint = str(tmp_path / "sink"), str(tmp_path / "checkpoint")
+
+    async def write_later() -> None:
+        for first in range(1, 36, 5):
+            await asyncio.to_thread(_insert, source, t, range(first, first + 5), 2)
+        await asyncio.to_thread(_insert, source, t, range(36, 61), 25)  # cut by event number
+    writer = asyncio.create_task(write_later())
+    progress = await asyncio.to_thread(_run_until, spark, options, sink, checkpoint, 45)
+    await writer
+    assert max(p["numInputRows"] for p in progress) == 10  # the limit, reached
+    first = sum(p["numInputRows"] for p in progress)  # stopped mid-stream, 45 to 60 read
+
+    _insert(source, t, range(61, 71), per_transaction=10)  # while it is stopped
+    await cdc.caught_up(source)
+    await asyncio.to_thread(_run_until, spark, options, sink, checkpoint, 70 - first)
+    rows = await asyncio.to_thread(_sink_rows, spark, sink)
+    assert [r[4] for r in rows] == list(range(1, 71))  # each once, none lost
+
+
+def _partition_tables(spark: Any, options: dict[str, str]) -> list[tuple[int, str, int]]:
+    from pyspark.sql import functions as F
+
+    df = spark.read.format("cdc").options(**options).load()
+    grouped = df.groupBy(F.spark_partition_id().alias("p"), "_table").count()
+    return sorted((r["p"], r["_table"], r["count"]) for r in grouped.collect())
+
+
+async def test_two_tables_are_read_in_parallel_partitions_and_a_large_one_in_ranges(
+        cdc: RunningService, source: Source, spark: Any):
+    db = source.database
+    for name in ("a", "b", "other"):
+        source.execute(f"CREATE TABLE `{db}`.{name} (id INT PRIMARY KEY, v VARCHAR(10))")
+    _insert(source, f"`{db}`.a", range(1, 31), per_transaction=3)
+    _insert(source, f"`{db}`.b", range(1, 6))
+    _insert(source, f"`{db}`.other", range(1, 4))
+    await cdc.caught_up(source)
+
+    # a pattern picks a and b (not "other"); a's 30 rows are cut in ranges of at most 12
+    parts = await asyncio.to_thread(_partition_tables, spark,
+                                    _options(cdc, f"{db}.?", maxRowsPerPartition="12"))
+    assert [(table, count) for _, table, count in parts] == \
+        [(f"{db}.a", 12), (f"{db}.a", 12), (f"{db}.a", 6), (f"{db}.b", 5)]
+    assert len({p for p, _, _ in parts}) == 4  # each range its own partition
+
+    _, rows = await asyncio.to_thread(_batch, spark, _options(cdc, f"{db}.a,{db}.b"))
+    assert sorted((r["_table"], r["id"]) for r in rows) == \
+        [(f"{db}.a", i) for i in range(1, 31)] + [(f"{db}.b", i) for i in range(1, 6)]
+
+
+async def test_a_new_column_fails_the_running_query_clearly_and_a_restart_reads_it(
+        cdc: RunningService, source: Source, spark: Any, tmp_path: Any):
+    t = f"`{source.database}`.evolving"
+    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, v VARCHAR(10))")
+    _insert(source, t, range(1, 4))
+    await cdc.caught_up(source)
+    options = _options(cdc, f"{source.database}.evolving", startingPosition="earliest")
+    sink, checkpoint = str(tmp_path / "sink"), str(tmp_path / "checkpoint")
+
+    def run_through_the_change() -> str:
+        """A running query (its schema has no price) meets the new version."""
+        query = _stream(spark, options, sink, checkpoint, processingTime="200 milliseconds")
+        try:
+            wait_until(lambda: sum(p["numInputRows"] for p in query.recentProgress) >= 3,
+                       timeout=120, what="the first rows")
+            source.execute(f"ALTER TABLE {t} ADD COLUMN price DECIMAL(8,2)",
+                           f"INSERT INTO {t} VALUES (4, 'v4', 9.99)")
+            wait_until(lambda: query.exception() is not None, timeout=120,
+                       what="the query to fail")
+            return str(query.exception())
+        finally:
+            query.stop()
+    error = await asyncio.to_thread(run_through_the_change)
+    assert "changed to version 2" in error and "column 'price' is not in the query's " \
+        "schema" in error and "Restart the query" in error
+
+    source.execute(f"ALTER TABLE {t} MODIFY COLUMN id BIGINT",  # widened: still fits
+                   f"INSERT INTO {t} VALUES (5, 'v5', 1.50)")
+    await cdc.caught_up(source)
+    await asyncio.to_thread(_run_available_now, spark, options, sink, checkpoint)
+    rows = await asyncio.to_thread(  # the sink's files have id INT, then BIGINT
+        lambda: sorted((r["id"], r["price"]) for r in spark.read.schema(
+            "id BIGINT, price DECIMAL(8,2)").parquet(sink).collect()))
+    assert rows == [(1, None), (2, None), (3, None), (4, Decimal("9.99")),
+                    (5, Decimal("1.50"))]  # each once: the failed batch was read again
+
+    from client.spark.types import SchemaError, table_schema
+    versions = await asyncio.to_thread(_versions, cdc, source.database, "evolving")
+    retyped = {**versions[1], "fields": [*versions[1]["fields"][:-1],
+                                         {"name": "price", "type": ["null", "string"]}]}
+    with pytest.raises(SchemaError, match=r"'price' is decimal\(8,2\) in .* but string"):
+        table_schema([versions[1], retyped])
+
+
+def _versions(cdc: RunningService, database: str, table: str) -> list[dict[str, Any]]:
+    from client.sync import SyncCdcConnection
+
+    conn = SyncCdcConnection.open(cdc.host, cdc.port, USER, PASSWORD)
+    try:
+        listed = conn.query("LIST-TABLES")["tables"]
+    finally:
+        conn.close()
+    versions: list[dict[str, Any]] = next(
+        t["versions"] for t in listed if (t["database"], t["table"]) == (database, table))
+    return versions

@@ -20,6 +20,7 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     InputPartition,
 )
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from pyspark.sql.types import (
     DataType,
     DateType,
@@ -92,11 +93,12 @@ class CdcBatchReader(DataSourceReader):
             yield from read_partition(self.options, self.schema, partition)
 
 
-class CdcStreamReader(DataSourceStreamReader):
+class CdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: plan.Options, schema: StructType) -> None:
         self.options = options
         self.schema = schema
         self._conn: Any = None
+        self._target: str | None = None  # availableNow: what was stored when it started
 
     def _query(self) -> Any:
         if self._conn is None:
@@ -117,6 +119,14 @@ class CdcStreamReader(DataSourceStreamReader):
             self._drop()
             raise
 
+    def prepareForTriggerAvailableNow(self) -> None:
+        """availableNow: read up to what is stored now, in batches of maxRowsPerBatch."""
+        try:
+            self._target = self._query().query("QUERY-STATE")["gtid_state"]
+        except BaseException:
+            self._drop()
+            raise
+
     def getDefaultReadLimit(self) -> Any:
         from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
@@ -126,7 +136,8 @@ class CdcStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:
         rows = getattr(limit, "max_rows", None)
         try:
-            ends = plan.end_positions(self._query(), start["tables"], self.options, rows)
+            ends = plan.end_positions(self._query(), start["tables"], self.options, rows,
+                                      self._target)
         except BaseException:
             self._drop()
             raise
