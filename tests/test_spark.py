@@ -253,3 +253,79 @@ def _versions(cdc: RunningService, database: str, table: str) -> list[dict[str, 
     versions: list[dict[str, Any]] = next(
         t["versions"] for t in listed if (t["database"], t["table"]) == (database, table))
     return versions
+
+
+async def _take_dump(cdc: RunningService, source: Source, table: str) -> None:
+    from cdcserver.config import parse_source_url
+    from cdcserver.dump.dumper import DumpOptions, dump_tables
+    from cdcserver.store.naming import TableName
+
+    await asyncio.to_thread(dump_tables, parse_source_url(source.url),
+                            cdc.service.config.store.data_dir,
+                            [TableName(source.database, table)], DumpOptions(chunk_rows=7))
+
+
+def _mirror_rows(spark: Any, path: str) -> list[tuple[Any, ...]]:
+    from client.spark.mirror import read_mirror
+
+    return sorted(tuple(r) for r in read_mirror(spark, path).select("id", "name", "qty")
+                  .collect())
+
+
+async def test_a_mirror_built_from_the_latest_dump_equals_the_source_table(
+        cdc: RunningService, source: Source, spark: Any, tmp_path: Any):
+    """The README's example pipeline: snapshot then stream, applied per micro-batch."""
+    from client.spark.mirror import start
+
+    t = f"`{source.database}`.stock"
+    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, name VARCHAR(20), qty INT)")
+    source.execute(f"INSERT INTO {t} VALUES " + ",".join(
+        f"({i}, 'item{i}', {i * 10})" for i in range(1, 41)))
+    await cdc.caught_up(source)
+    await _take_dump(cdc, source, "stock")
+    source.execute(f"UPDATE {t} SET qty = qty + 1 WHERE id % 3 = 0",  # after the dump
+                   f"DELETE FROM {t} WHERE id > 35",
+                   f"INSERT INTO {t} VALUES (100, 'new', 1)",
+                   f"UPDATE {t} SET id = 101 WHERE id = 1")  # a key change
+    await cdc.caught_up(source)
+
+    path, checkpoint = str(tmp_path / "mirror"), str(tmp_path / "checkpoint")
+    options = _options(cdc, "unused", startingPosition="dump", maxRowsPerBatch="25")
+
+    def run_once() -> int:
+        query = start(spark, options, f"{source.database}.stock", path, checkpoint,
+                      {"availableNow": True})
+        query.awaitTermination(180)
+        assert query.exception() is None, query.exception()
+        return len([p for p in query.recentProgress if p["numInputRows"]])
+
+    batches = await asyncio.to_thread(run_once)
+    assert batches >= 2  # the dump, then the changes after it
+    expected = sorted(source.query(f"SELECT id, name, qty FROM {t}"))
+    assert await asyncio.to_thread(_mirror_rows, spark, path) == expected
+
+    source.execute(f"UPDATE {t} SET name = 'renamed' WHERE id < 10",
+                   f"DELETE FROM {t} WHERE id = 20")
+    await cdc.caught_up(source)
+    await asyncio.to_thread(run_once)  # restarted from its checkpoint
+    expected = sorted(source.query(f"SELECT id, name, qty FROM {t}"))
+    assert await asyncio.to_thread(_mirror_rows, spark, path) == expected
+
+
+async def test_a_batch_read_from_the_dump_holds_the_dump_rows_then_the_changes(
+        cdc: RunningService, source: Source, spark: Any):
+    t = f"`{source.database}`.snap"
+    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, v VARCHAR(10))")
+    _insert(source, t, range(1, 11), per_transaction=10)
+    await cdc.caught_up(source)
+    await _take_dump(cdc, source, "snap")
+    _insert(source, t, range(11, 14))
+    await cdc.caught_up(source)
+
+    _, rows = await asyncio.to_thread(
+        _batch, spark, _options(cdc, f"{source.database}.snap", startingPosition="dump"))
+    dump_rows = [r for r in rows if r["sequence"] == rows[0]["sequence"]]
+    assert [r["id"] for r in dump_rows] == list(range(1, 11))
+    assert [r["event_number"] for r in dump_rows] == list(range(1, 11))
+    assert [r["id"] for r in rows[10:]] == [11, 12, 13]  # the changes after it, once
+    assert all(r["event_type"] == "insert" for r in rows)

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--path", required=True, help="the mirror's directory")
     parser.add_argument("--checkpoint", required=True, help="the query's checkpoint directory")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", default="4001")
+    parser.add_argument("-P", "--port", default="4001")
     parser.add_argument("--user", required=True)
     parser.add_argument("--password", default=os.environ.get("CDC_PASSWORD"))
     parser.add_argument("--starting-position", default="dump",

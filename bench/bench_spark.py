@@ -1,0 +1,194 @@
+"""The Spark source's rows/s into a ``noop`` sink, beside a trivial Python data source that
+yields the very same rows.
+
+    .venv/bin/python bench/bench_spark.py [--runs N] [--partitions P]
+
+The standard workload (bench/common.py: 300,000 records of ``bench.orders``) is replicated
+by the service, which then runs in a thread of this process with its listener on
+127.0.0.1. Untimed, the source's own partition reader turns each of P ranges into its rows,
+which are pickled to files. Then each run times, on a local[2] Spark session (a warm-up
+round first):
+- ``cdc``: ``spark.read.format("cdc")`` (P partitions, maxRowsPerPartition = records / P)
+  written to the ``noop`` sink: planning, P bounded reads from the service, JSON parsing,
+  conversion to Spark rows;
+- ``trivial``: a Python data source with the same schema and P partitions, each of which
+  unpickles its rows and yields them.
+Prints both rates (medians) and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import pickle
+import shutil
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import OUT, RECORDS, line, workload_server
+from cdcserver.config import Config, ListenerConfig, SourceConfig, StoreConfig
+from cdcserver.embedded import EmbeddedMariaDB
+from cdcserver.gtid import GtidState
+from cdcserver.service import Service
+from cdcserver.users import UsersFile
+
+USER = PASSWORD = "bench"
+
+
+class ServiceThread:
+    """The service in a thread of its own, caught up with the workload."""
+
+    def __init__(self, server: EmbeddedMariaDB, data_dir: str) -> None:
+        shutil.rmtree(data_dir, ignore_errors=True)
+        users = os.path.join(OUT, "cdcusers")
+        UsersFile(users).add(USER, PASSWORD)
+        self.config = Config(
+            source=SourceConfig(url=server.url(), server_id=9300, start_gtid="oldest"),
+            store=StoreConfig(data_dir=data_dir),
+            listener=ListenerConfig(listen="127.0.0.1:0", users_file=users))
+        self.target = GtidState.parse(str(server.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]))
+        self.ready = threading.Event()
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._loop.run_until_complete,
+                                        args=(self._run(),), daemon=True)
+
+    async def _run(self) -> None:
+        service = Service(self.config)
+        self._stop = asyncio.Event()
+        task = asyncio.create_task(service.run(self._stop))
+        await service.wait_caught_up(self.target)
+        await service.store.flush()
+        assert service.address is not None
+        self.port = service.address[1]
+        self.ready.set()
+        await task
+
+    def __enter__(self) -> ServiceThread:
+        self._thread.start()
+        if not self.ready.wait(600):
+            raise TimeoutError("the service did not catch up with the workload")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(60)
+
+
+def spark_session() -> Any:
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    spark = (SparkSession.builder.master("local[2]").appName("bench-spark")
+             .config("spark.ui.enabled", "false").config("spark.driver.memory", "2g")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def trivial_source(schema: Any, files: list[str]) -> Any:
+    """A Python data source yielding the rows pickled in ``files``, one partition each."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class FilePartition(InputPartition):
+        def __init__(self, path: str) -> None:
+            super().__init__(path)
+            self.path = path
+
+    class Reader(DataSourceReader):
+        def __init__(self, paths: list[str]) -> None:
+            self.paths = paths
+
+        def partitions(self) -> list[InputPartition]:
+            return [FilePartition(p) for p in self.paths]
+
+        def read(self, partition: Any) -> Iterator[tuple[Any, ...]]:
+            with open(partition.path, "rb") as f:
+                yield from pickle.load(f)
+
+    class Trivial(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "trivial"
+
+        def schema(self) -> Any:
+            return schema
+
+        def reader(self, schema: Any) -> DataSourceReader:
+            return Reader(self.options["files"].split(","))
+
+    return Trivial
+
+
+def pickle_partitions(options: dict[str, str], directory: str) -> tuple[Any, list[str], int]:
+    """The cdc source's schema, and each partition's rows pickled to a file (untimed)."""
+    from client.spark import plan
+    from client.spark.source import CdcBatchReader, CdcDataSource, read_partition
+
+    schema = CdcDataSource(options).schema()
+    parsed = plan.Options.parse(options, streaming=False)
+    parts = CdcBatchReader(parsed, schema).partitions()
+    files, total = [], 0
+    os.makedirs(directory, exist_ok=True)
+    for i, part in enumerate(parts):
+        assert isinstance(part, plan.RangePartition)
+        rows = list(read_partition(parsed, schema, part))
+        total += len(rows)
+        files.append(os.path.join(directory, f"part-{i}.pickle"))
+        with open(files[-1], "wb") as f:
+            pickle.dump(rows, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return schema, files, total
+
+
+def timed_noop(spark: Any, fmt: str, options: dict[str, str]) -> float:
+    start = time.perf_counter()
+    spark.read.format(fmt).options(**options).load().write.format("noop") \
+        .mode("overwrite").save()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--partitions", type=int, default=2)
+    args = parser.parse_args()
+    from client.spark import register
+
+    with workload_server() as server, \
+            ServiceThread(server, os.path.join(OUT, "spark-data")) as service:
+        options = {"host": "127.0.0.1", "port": str(service.port), "user": USER,
+                   "password": PASSWORD, "tables": "bench.orders",
+                   "maxRowsPerPartition": str(-(-RECORDS // args.partitions))}
+        schema, files, total = pickle_partitions(options, os.path.join(OUT, "spark-rows"))
+        assert total == RECORDS, f"{total} rows, expected {RECORDS}"
+        spark = spark_session()
+        register(spark)
+        spark.dataSource.register(trivial_source(schema, files))
+        trivial = {"files": ",".join(files)}
+        timed_noop(spark, "cdc", options)  # warm-up: JVM, Python workers
+        timed_noop(spark, "trivial", trivial)
+        cdc_times, trivial_times = [], []
+        for _ in range(args.runs):
+            cdc_times.append(timed_noop(spark, "cdc", options))
+            trivial_times.append(timed_noop(spark, "trivial", trivial))
+        spark.stop()
+    cdc_rate = RECORDS / statistics.median(cdc_times)
+    trivial_rate = RECORDS / statistics.median(trivial_times)
+    line(f"rows: {RECORDS:,} in {len(files)} partitions, local[2], runs: {args.runs}", "")
+    line("cdc source -> noop (rows/s)", f"{cdc_rate:,.0f}")
+    line("trivial Python source, same rows -> noop (rows/s)", f"{trivial_rate:,.0f}")
+    line("ratio cdc / trivial (issue 6 target: >= 0.7)", f"{cdc_rate / trivial_rate:.2f}")
+
+
+if __name__ == "__main__":
+    main()
