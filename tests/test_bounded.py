@@ -111,3 +111,72 @@ async def test_until_needs_json(cdc: RunningService, source: Source):
     await client.send(f"REQUEST-DATA {source.database}.t UNTIL {source.gtid_state()}".encode())
     assert (await client.line()).startswith(b"ERR BAD-SYNTAX UNTIL needs TYPE=JSON")
     await client.close()
+
+
+async def _query(cdc: RunningService, line: str) -> dict[str, Any]:
+    client = await RawClient.connect(cdc.port)
+    await client.login("JSON")
+    await client.send(line.encode())
+    reply = await client.json_line()
+    await client.close()
+    return reply
+
+
+async def test_query_range_plans_ranges_of_at_most_n_events_from_the_transaction_log(
+        cdc: RunningService, source: Source):
+    db = source.database
+    source.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY)",
+                   f"CREATE TABLE `{db}`.u (id INT PRIMARY KEY)")
+    start = str(source.gtid_state())
+    source.execute(f"INSERT INTO `{db}`.t VALUES (1), (2), (3)",  # 3 events
+                   f"INSERT INTO `{db}`.u VALUES (1)",  # another table: no events for t
+                   f"INSERT INTO `{db}`.t VALUES (4), (5)")  # 2 events
+    after_first = f"0-1-{int(start.split('-')[2]) + 1}"
+    after_u = f"0-1-{int(start.split('-')[2]) + 2}"
+    source.execute(f"INSERT INTO `{db}`.t VALUES " + ",".join(f"({i})" for i in range(6, 16)))
+    await cdc.caught_up(source)
+    stored = str(source.gtid_state())
+
+    assert await _query(cdc, f"QUERY-RANGE {db}.t AFTER {start} LIMIT 4") == {
+        "end": after_u, "events": 3, "next": {"gtid": _next(after_u), "events": 2}}
+    assert await _query(cdc, f"QUERY-RANGE {db}.t AFTER {start} LIMIT 5") == {
+        "end": _next(after_u), "events": 5, "next": {"gtid": stored, "events": 10}}
+    assert await _query(cdc, f"QUERY-RANGE {db}.t AFTER {_next(after_u)} LIMIT 9") == {
+        "end": _next(after_u), "events": 0, "next": {"gtid": stored, "events": 10}}
+    assert await _query(cdc, f"QUERY-RANGE {db}.t AFTER {start} LIMIT 100") == {
+        "end": stored, "events": 15, "next": None}
+    assert await _query(cdc, f"QUERY-RANGE {db}.t AFTER {start} UNTIL {after_first} "
+                             "LIMIT 100") == {"end": after_first, "events": 3, "next": None}
+    # a bounded read up to a planned end holds what the plan counted
+    lines = await _bounded(cdc, f"REQUEST-DATA {db}.t AFTER {start} UNTIL {_next(after_u)}")
+    assert [r["id"] for r in _records(lines)] == [1, 2, 3, 4, 5]
+
+
+def _next(gtid: str) -> str:
+    domain, server, sequence = gtid.split("-")
+    return f"{domain}-{server}-{int(sequence) + 1}"
+
+
+async def test_list_tables_gives_every_version_schema(cdc: RunningService, source: Source):
+    t = f"`{source.database}`.t"
+    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY)", f"INSERT INTO {t} VALUES (1)",
+                   f"ALTER TABLE {t} ADD COLUMN v INT", f"INSERT INTO {t} VALUES (2, 2)")
+    await cdc.caught_up(source)
+    listed = (await _query(cdc, "LIST-TABLES"))["tables"]
+    mine = [t for t in listed if t["database"] == source.database]
+    assert [(t["table"], [v["version"] for v in t["versions"]]) for t in mine] == \
+        [("t", [1, 2])]
+    assert [f["name"] for f in mine[0]["versions"][1]["fields"]][-2:] == ["id", "v"]
+    assert mine[0]["versions"][1]["primary_key"] == ["id"]
+
+
+@pytest.mark.parametrize("line", ["QUERY-RANGE db.t LIMIT 0", "QUERY-RANGE db.t LIMIT x",
+                                  "QUERY-RANGE db.t AFTER nonsense LIMIT 5",
+                                  "QUERY-RANGE db.t AFTER 0-1-1 AFTER 0-1-2 LIMIT 5",
+                                  "QUERY-RANGE db.t", "LIST-TABLES db"])
+async def test_bad_range_queries_are_clear_errors(cdc: RunningService, line: str):
+    client = await RawClient.connect(cdc.port)
+    await client.login("JSON")
+    await client.send(line.encode())
+    assert (await client.line()).startswith(b"ERR BAD-SYNTAX ")
+    await client.close()
