@@ -34,7 +34,14 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from client.schema import Field, Kind, datetime_text, fields_from_schema, time_text
+from client.schema import (
+    Field,
+    Kind,
+    datetime_text,
+    fields_from_schema,
+    parse_time,
+    time_text,
+)
 
 FORMAT = "cdc-dump/1"
 
@@ -88,15 +95,6 @@ class DumpRows:
 
 # -- values ------------------------------------------------------------------------------
 
-def _time(text: str) -> dt.timedelta:
-    sign = -1 if text.startswith("-") else 1
-    hours, minutes, rest = text.lstrip("-").split(":")
-    seconds, _, frac = rest.partition(".")
-    micros = int((frac + "000000")[:6]) if frac else 0
-    return sign * dt.timedelta(hours=int(hours), minutes=int(minutes), seconds=int(seconds),
-                               microseconds=micros)
-
-
 def decode_value(f: Field, raw: bytes) -> Any:
     """A dump value (already base64-decoded) as the change stream's Python type."""
     return value_decoder(f)(raw)
@@ -120,7 +118,7 @@ def value_decoder(f: Field) -> Callable[[bytes], Any]:
     if kind == Kind.UUID:
         return lambda raw: uuid.UUID(raw.decode("ascii"))
     if kind == Kind.TIME:
-        return lambda raw: _time(raw.decode("ascii"))
+        return lambda raw: parse_time(raw.decode("ascii"))
     if kind in (Kind.DATE, Kind.DATETIME, Kind.TIMESTAMP):
         return lambda raw: _temporal(kind, raw.decode("ascii"))
     return lambda raw: raw.decode("utf-8")

@@ -163,7 +163,8 @@ def to_json_text(kind: Kind, value: Any, fsp: int = 0,
 
 # -- JSON decoding (client side) -------------------------------------------------------
 
-def _parse_time(text: str) -> dt.timedelta:
+def parse_time(text: str) -> dt.timedelta:
+    """MariaDB's TIME text (``[-]HH:MM:SS[.fraction]``, hours may exceed 24)."""
     sign = -1 if text.startswith("-") else 1
     hours, minutes, rest = text.lstrip("-").split(":")
     seconds, _, frac = rest.partition(".")
@@ -201,7 +202,7 @@ def from_json_value(kind: Kind, value: Any) -> Any:
     if kind in (Kind.DATETIME, Kind.TIMESTAMP):
         return _parse_datetime(value)
     if kind == Kind.TIME:
-        return _parse_time(value)
+        return parse_time(value)
     return value
 
 
@@ -211,7 +212,7 @@ def from_avro_value(kind: Kind, value: Any) -> Any:
         return dt.timedelta(hours=value.hour, minutes=value.minute, seconds=value.second,
                             microseconds=value.microsecond)
     if kind == Kind.TIME and isinstance(value, str):
-        return _parse_time(value)
+        return parse_time(value)
     if kind == Kind.UUID and isinstance(value, str):
         return uuid.UUID(value)
     return value

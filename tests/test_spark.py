@@ -329,3 +329,19 @@ async def test_a_batch_read_from_the_dump_holds_the_dump_rows_then_the_changes(
     assert [r["event_number"] for r in dump_rows] == list(range(1, 11))
     assert [r["id"] for r in rows[10:]] == [11, 12, 13]  # the changes after it, once
     assert all(r["event_type"] == "insert" for r in rows)
+
+
+async def test_zero_dates_fail_the_read_clearly_unless_read_as_null(
+        cdc: RunningService, source: Source, spark: Any):
+    t = f"`{source.database}`.zero"
+    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, d DATE, dtm DATETIME)",
+                   "SET SESSION sql_mode = ''",
+                   f"INSERT INTO {t} VALUES (1, '0000-00-00', '2024-00-10 10:00:00'), "
+                   "(2, '2024-01-02', '2024-01-02 03:04:05')")
+    await cdc.caught_up(source)
+    options = _options(cdc, f"{source.database}.zero")
+    with pytest.raises(Exception, match=r"'0000-00-00' is not a valid date .* zeroDates=null"):
+        await asyncio.to_thread(_batch, spark, options)
+    _, rows = await asyncio.to_thread(_batch, spark, {**options, "zeroDates": "null"})
+    assert [(r["id"], r["d"], r["dtm"]) for r in rows] == [
+        (1, None, None), (2, dt.date(2024, 1, 2), dt.datetime(2024, 1, 2, 3, 4, 5))]

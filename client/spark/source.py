@@ -33,7 +33,15 @@ from pyspark.sql.types import (
 from client.dump import DumpHeader, DumpRows
 from client.ranges import Position, Schema, read
 from client.spark import plan
-from client.spark.types import METADATA, RowMaker, SchemaError, fits, row_maker, table_schema
+from client.spark.types import (
+    METADATA,
+    RowMaker,
+    SchemaError,
+    fits,
+    invalid_date,
+    row_maker,
+    table_schema,
+)
 from client.sync import SyncCdcClient
 
 
@@ -265,9 +273,7 @@ def _dump_value(target: DataType, zero_dates: str) -> Any:
             return str(value)
         if isinstance(target, (DateType, TimestampType, TimestampNTZType)) \
                 and isinstance(value, str):
-            if zero_dates == "null":
-                return None
-            raise ValueError(f"{value!r} is not a valid date (MariaDB's zero or partial "
-                             "date); set the option zeroDates=null to read it as null")
+            invalid_date(value, zero_dates)
+            return None
         return value
     return fix

@@ -34,7 +34,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from client.schema import METADATA_FIELDS, Field, Kind, fields_from_schema
+from client.schema import METADATA_FIELDS, Field, Kind, fields_from_schema, parse_time
 
 METADATA = StructType([
     StructField("domain", IntegerType(), False),
@@ -149,7 +149,7 @@ def _date(zero_dates: str) -> Callable[[Any], Any]:
         try:
             return dt.date.fromisoformat(text)
         except ValueError:
-            _invalid(text, zero_dates)
+            invalid_date(text, zero_dates)
             return None
     return convert
 
@@ -159,26 +159,18 @@ def _datetime(zero_dates: str) -> Callable[[Any], Any]:
         try:
             return dt.datetime.fromisoformat(text)
         except ValueError:
-            _invalid(text, zero_dates)
+            invalid_date(text, zero_dates)
             return None
     return convert
 
 
-def _invalid(text: str, zero_dates: str) -> None:
+def invalid_date(text: str, zero_dates: str) -> None:
+    """A date Spark cannot hold: None with zeroDates=null, else ZeroDateError."""
     if zero_dates == "null":
         return None
     raise ZeroDateError(f"{text!r} is not a valid date (MariaDB's zero or partial date); "
                         "Spark cannot hold it. Set the option zeroDates=null to read such "
                         "values as null")
-
-
-def _time(text: str) -> dt.timedelta:
-    sign = -1 if text.startswith("-") else 1
-    hours, minutes, rest = text.lstrip("-").split(":")
-    seconds, _, frac = rest.partition(".")
-    micros = int((frac + "000000")[:6]) if frac else 0
-    return sign * dt.timedelta(hours=int(hours), minutes=int(minutes), seconds=int(seconds),
-                               microseconds=micros)
 
 
 def _decimal(value: Any) -> Decimal:
@@ -202,7 +194,7 @@ def converter(field: Field, target: DataType, zero_dates: str) -> Callable[[Any]
     if kind in (Kind.DATETIME, Kind.TIMESTAMP):
         return _datetime(zero_dates)
     if kind == Kind.TIME:
-        return _time
+        return parse_time
     return None
 
 
