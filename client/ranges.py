@@ -44,13 +44,20 @@ def advance(state: str, gtid: str) -> str:
     return ",".join(items[k] for k in sorted(items))
 
 
-def _transaction_key(gtid: str) -> tuple[int, int]:
-    """(domain, sequence) of a GTID, as records carry them (MySQL's are in domain 0)."""
+def gtid_parts(gtid: str) -> tuple[int, int, int]:
+    """(domain, server_id, sequence) of a GTID (or a one-item state) as records carry them
+    (a MySQL ``uuid:N`` is domain 0, server 0)."""
     if m := _MARIADB.match(gtid):
-        return int(m[1]), int(m[3])
+        return int(m[1]), int(m[2]), int(m[3])
     if m := _MYSQL.match(gtid):
-        return 0, int(m[2])
+        return 0, 0, int(m[2])
     raise ValueError(f"not a GTID: {gtid!r}")
+
+
+def _transaction_key(gtid: str) -> tuple[int, int]:
+    """(domain, sequence): what identifies a transaction's records."""
+    domain, _, sequence = gtid_parts(gtid)
+    return domain, sequence
 
 
 @dataclass(frozen=True)

@@ -238,7 +238,8 @@ class Session:
     def verb_QUERY_RANGE(self, argument: str) -> Outcome:
         """Extension: where a bounded read of a table holding at most n records can end."""
         query = parse_query_range(argument)
-        check_after(query.after or "0-0-0")
+        if query.after:
+            check_after(query.after)
         index = self.context.index()
         stored = self.context.stored_state() if self.context.stored_state else GtidState()
         if query.until:

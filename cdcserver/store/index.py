@@ -146,8 +146,7 @@ class StoreIndex:
     def drop_transactions_after(self, covered: GtidState) -> None:
         """Forget transactions the checkpoint does not cover (they will be replayed)."""
         with self._lock:
-            pairs = self._db.execute("SELECT DISTINCT domain, source FROM transactions")
-            for domain, source in pairs.fetchall():
+            for domain, source in sorted(self._sources):
                 last = covered.get(source or domain)
                 self._db.execute("DELETE FROM transactions WHERE domain=? AND source=? AND seq>?",
                                  (domain, source, last.sequence if last else -1))
@@ -197,7 +196,6 @@ class StoreIndex:
                 (gtid.domain, gtid.source_uuid or "", gtid.sequence)).fetchone()
         return _transaction(row) if row else None
 
-
     def plan_range(self, table: str, after: GtidState, stored: GtidState, limit: int
                    ) -> RangePlan:
         """The furthest end state, within ``stored``, such that the transactions after
@@ -207,7 +205,7 @@ class StoreIndex:
         with self._lock:
             for info in self._transactions_after(after):
                 if not stored.covers(info.gtid):
-                    continue  # not applied by every sink yet; nor is anything later
+                    continue  # not applied by every sink yet, nor is the rest of its domain
                 if table in info.tables:
                     if events + info.events > limit:
                         return RangePlan(end, events, info)

@@ -81,11 +81,9 @@ def _point_to(path: str, name: str) -> None:
 
 def primary_key(spark_options: dict[str, str], table: str) -> list[str]:
     """The table's primary key (its newest version's), as field names."""
-    from client.sync import SyncCdcConnection
+    from client.spark.plan import Options
 
-    conn = SyncCdcConnection.open(spark_options.get("host", "127.0.0.1"),
-                                  int(spark_options.get("port", 4001)),
-                                  spark_options["user"], spark_options["password"])
+    conn = Options.parse({**spark_options, "tables": table}, streaming=True).connect()
     try:
         tables = conn.query("LIST-TABLES")["tables"]
     finally:

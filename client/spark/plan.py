@@ -174,9 +174,7 @@ def _cut(conn: SyncCdcConnection, table: str, start: Position, budget: int | Non
 
 
 def same_position(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    def strip(p: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in p.items() if k != "splits"}
-    return strip(a) == strip(b)
+    return _bare(a) == _bare(b)
 
 
 # -- partitions ----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from pyspark.sql.types import (
 )
 
 from client.dump import DumpHeader, DumpRows
-from client.ranges import Position, Schema, read
+from client.ranges import Position, Schema, gtid_parts, read
 from client.spark import plan
 from client.spark.types import (
     METADATA,
@@ -216,14 +216,15 @@ def read_dump(options: plan.Options, schema: StructType, name: str
     header: DumpHeader | None = None
     number = 0
     convert: list[tuple[str, Any]] = []
+    stamp: tuple[Any, ...] = ()
     for item in client.dump(name, follow=False):
         if isinstance(item, DumpHeader):
             header = item
             _check_fits(schema, header.schema)
             convert = _dump_plan(schema, header, options.zero_dates)
+            stamp = _dump_stamp(header)
             continue
         assert header is not None and isinstance(item, DumpRows)
-        stamp = _dump_stamp(header)
         for row, event_type in zip(item.rows, _dump_event_types(item.action, len(item.rows)),
                                    strict=True):
             number += 1
@@ -235,11 +236,7 @@ def read_dump(options: plan.Options, schema: StructType, name: str
 def _dump_stamp(header: DumpHeader) -> tuple[Any, ...]:
     """(domain, server_id, sequence, timestamp, table, version) of a dump's rows: its GTID
     (the first domain's), its creation time and its schema's version."""
-    first = header.gtid.split(",")[0]
-    if first.count("-") == 2:
-        domain, server_id, sequence = (int(p) for p in first.split("-"))
-    else:  # MySQL: uuid:1-N, stored in domain 0
-        domain, server_id, sequence = 0, 0, int(first.rsplit("-", 1)[-1].rsplit(":")[-1])
+    domain, server_id, sequence = gtid_parts(header.gtid.split(",")[0])
     created = int(dt.datetime.fromisoformat(header.created).timestamp())
     return (domain, server_id, sequence, created, f"{header.database}.{header.table}",
             int(header.schema.get("version", 0)))
