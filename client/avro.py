@@ -35,6 +35,29 @@ def read_varint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int
             raise AvroFormatError("varint too long")
 
 
+def write_varint(value: int) -> bytes:
+    """A zig-zag encoded Avro long."""
+    z = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def container_header(schema_json: str, codec: str, sync: bytes) -> bytes:
+    """A container file's header: magic, metadata (schema and codec), sync marker."""
+    out = bytearray(MAGIC)
+    meta = {"avro.schema": schema_json.encode("utf-8"), "avro.codec": codec.encode("ascii")}
+    out += write_varint(len(meta))
+    for key, value in meta.items():
+        out += write_varint(len(key)) + key.encode("ascii")
+        out += write_varint(len(value)) + value
+    out += write_varint(0)
+    return bytes(out + sync)
+
+
 @dataclass(frozen=True)
 class Header:
     schema_json: str

@@ -4,21 +4,33 @@ A :class:`Position` is where a reader of one table stands: every transaction its
 covers has been read, and of the transaction ``txn`` (the next one, when a range had to cut a
 transaction larger than its limit) the records numbered up to ``event``. A range is two
 positions of one table; reading it is ``REQUEST-DATA db.t AFTER start UNTIL end`` (the bounded
-read extension) with the two cut transactions trimmed by event number, so the same range
-always yields the same records. Planning one is ``QUERY-RANGE`` plus that cut.
+read extension) in AVRO mode, which the server answers mostly by copying its stored blocks,
+with the two cut transactions trimmed by event number, so the same range always yields the
+same records. Planning one is ``QUERY-RANGE`` plus that cut.
 
 The Spark source is built on this; so can any reader that works in batches.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from client.avro import (
+    MAGIC,
+    SYNC_SIZE,
+    AvroFormatError,
+    Header,
+    container_header,
+    parse_header,
+    read_varint,
+)
 from client.sync import SyncCdcConnection
-from client.wire import DataRequest, RangeQuery
+from client.wire import Code, DataRequest, Format, ProtocolError, RangeQuery, parse_reply
 
 _MARIADB = re.compile(r"^(\d+)-(\d+)-(\d+)$")
 _MYSQL = re.compile(r"^([0-9a-fA-F-]{36}):(?:\d+-)?(\d+)$")
@@ -106,32 +118,167 @@ def plan(conn: SyncCdcConnection, table: str, start: Position, limit: int,
 
 @dataclass(frozen=True)
 class Schema:
-    """A version's schema line, as a bounded read sends it before the version's records."""
+    """A version's schema, as a bounded read announces it (in the version's container header)
+    before the version's records."""
 
     avsc: dict[str, Any]
+    header: Header
 
 
-def read(conn: SyncCdcConnection, table: str, start: Position, end: Position,
-         loads: Any) -> Iterator[Schema | dict[str, Any]]:
-    """The records of ``table`` after ``start`` up to ``end``, each version's schema first.
-    ``loads`` parses one JSON line. Raises ConnectionError if the range was cut short."""
+@dataclass(frozen=True)
+class Blocks:
+    """Whole Avro blocks of the version last announced, as stored: what follows its
+    container header in a file, ``count`` records in all."""
+
+    data: bytes
+    count: int
+
+
+@dataclass(frozen=True)
+class Trim:
+    """The records of a range's two cut transactions that lie outside it: of ``skip``'s
+    (domain, sequence) those numbered up to its event number, of ``stop``'s those past it."""
+
+    skip: tuple[int, int, int] | None = None
+    stop: tuple[int, int, int] | None = None
+
+    @classmethod
+    def of(cls, start: Position, end: Position) -> Trim:
+        return cls((*_transaction_key(start.txn), start.event) if start.txn else None,
+                   (*_transaction_key(end.txn), end.event) if end.txn else None)
+
+    def __bool__(self) -> bool:
+        return self.skip is not None or self.stop is not None
+
+    def keeps(self, record: dict[str, Any]) -> bool:
+        key = (record["domain"], record["sequence"])
+        if self.skip is not None and key == self.skip[:2] and \
+                record["event_number"] <= self.skip[2]:
+            return False
+        return not (self.stop is not None and key == self.stop[:2] and
+                    record["event_number"] > self.stop[2])
+
+
+class _BoundedStream:
+    """Splits a bounded AVRO-mode read into its parts: a container header per version, whole
+    blocks (gathered into chunks of about ``chunk_size`` bytes), and the end line. None of
+    the three (nor an ``ERR`` line) can start with a byte that begins a block: an odd first
+    byte is a negative block count."""
+
+    def __init__(self, chunk_size: int) -> None:
+        self.chunk_size = chunk_size
+        self.end: dict[str, Any] | None = None
+        self._buffer = bytearray()
+        self._header: Header | None = None
+        self._blocks: list[bytes] = []
+        self._count = self._size = 0
+
+    def feed(self, data: bytes) -> Iterator[Schema | Blocks]:
+        self._buffer += data
+        pos = 0
+        try:
+            while pos < len(self._buffer) and self.end is None:
+                first = self._buffer[pos]
+                if first == MAGIC[0]:
+                    used = self._schema(pos)
+                    if used and self._blocks:
+                        yield self._chunk()
+                    if used:
+                        assert self._header is not None
+                        yield Schema(json.loads(self._header.schema_json), self._header)
+                elif first in b"{E":
+                    used = self._line(pos)
+                else:
+                    used = self._block(pos)
+                if not used:
+                    break
+                pos += used
+                if self._size >= self.chunk_size:
+                    yield self._chunk()
+        finally:
+            del self._buffer[:pos]
+        if self.end is not None and self._blocks:
+            yield self._chunk()
+
+    def _schema(self, pos: int) -> int:
+        try:
+            self._header = parse_header(self._buffer[pos:])
+        except IndexError:
+            return 0
+        return self._header.size
+
+    def _line(self, pos: int) -> int:
+        newline = self._buffer.find(b"\n", pos)
+        if newline < 0:
+            return 0
+        line = bytes(self._buffer[pos:newline])
+        if line.startswith(b"ERR"):
+            _, code, message = parse_reply(line)
+            raise ProtocolError(code or Code.INTERNAL, message)
+        self.end = json.loads(line)
+        return newline + 1 - pos
+
+    def _block(self, pos: int) -> int:
+        if self._header is None:
+            raise AvroFormatError("a block arrived before its version's header")
+        try:
+            count, data = read_varint(self._buffer, pos)
+            size, data = read_varint(self._buffer, data)
+        except IndexError:
+            return 0
+        end = data + size + SYNC_SIZE
+        if count < 0 or size < 0:
+            raise AvroFormatError("malformed block header in a bounded read")
+        if end > len(self._buffer):
+            return 0
+        if self._buffer[end - SYNC_SIZE:end] != self._header.sync:
+            raise AvroFormatError("sync marker mismatch in a bounded read")
+        self._blocks.append(bytes(self._buffer[pos:end]))
+        self._count += count
+        self._size += end - pos
+        return end - pos
+
+    def _chunk(self) -> Blocks:
+        chunk = Blocks(b"".join(self._blocks), self._count)
+        self._blocks, self._count, self._size = [], 0, 0
+        return chunk
+
+
+def read_blocks(conn: SyncCdcConnection, table: str, start: Position, end: Position,
+                chunk_size: int = 1 << 20) -> Iterator[Schema | Blocks]:
+    """The stored blocks of ``table`` after ``start`` up to ``end`` (``REQUEST-DATA db.t
+    AFTER start UNTIL end`` on a ``TYPE=AVRO`` connection), each version's schema first. The
+    two cut transactions are whole: :class:`Trim` says which of their records to drop.
+    Raises ConnectionError if the range was cut short."""
+    if conn.format != Format.AVRO:
+        raise ValueError("reading blocks needs a TYPE=AVRO connection")
     if end.read_state == "" or start == end:
         return
     database, _, name = table.partition(".")
+    stream = _BoundedStream(chunk_size)
     request = DataRequest(database, name, None, None, start.state or None, end.read_state)
-    skip = _transaction_key(start.txn) if start.txn else None
-    stop = _transaction_key(end.txn) if end.txn else None
-    for line in conn.lines(request):
-        data = loads(line)
-        if "event_type" in data:
-            key = (data["domain"], data["sequence"])
-            if key == skip and data["event_number"] <= start.event:
-                continue
-            if key == stop and data["event_number"] > end.event:
-                continue
-            yield data
-        elif "fields" in data:
-            yield Schema(data)
-        elif "end" in data:
+    for data in conn.chunks(request):
+        yield from stream.feed(data)
+        if stream.end is not None:
             return
     raise ConnectionError(f"the bounded read of {table} ended without its end line")
+
+
+def read(conn: SyncCdcConnection, table: str, start: Position, end: Position
+         ) -> Iterator[Schema | dict[str, Any]]:
+    """The records of ``table`` after ``start`` up to ``end``, decoded (fastavro's types:
+    Decimal, datetime, ...), each version's schema first."""
+    import fastavro
+
+    trim = Trim.of(start, end)
+    header = b""
+    for item in read_blocks(conn, table, start, end):
+        if isinstance(item, Schema):
+            header = container_header(item.header.schema_json, item.header.codec,
+                                      item.header.sync)
+            yield item
+            continue
+        for record in fastavro.reader(io.BytesIO(header + item.data)):
+            assert isinstance(record, dict)
+            if not trim or trim.keeps(record):
+                yield record

@@ -103,27 +103,17 @@ class SyncCdcConnection:
             if not data:
                 raise ConnectionError("the server closed the stream")
 
-    def lines(self, request: DataRequest) -> Iterator[bytes]:
-        """Send a request (JSON mode) and yield each line of the reply, without its newline,
-        until the server closes the connection; an error reply raises :class:`ProtocolError`,
-        a connection closed mid-line ConnectionError."""
+    def chunks(self, request: DataRequest) -> Iterator[bytes]:
+        """Send a request and yield the reply's bytes as they arrive, until the server closes
+        the connection (a bounded read ends so). Replies are the caller's to parse."""
         self.sock.sendall(request.line().encode())
-        tail, self._pending = bytes(self._pending), bytearray()
-        first = True
+        data, self._pending = bytes(self._pending), bytearray()
         while True:
+            if data:
+                yield data
             data = self.sock.recv(1 << 18)
             if not data:
-                if tail:
-                    raise ConnectionError("the server closed the connection mid-line")
                 return
-            lines = (tail + data).split(b"\n")
-            tail = lines.pop()
-            if first and lines:
-                first = False
-                if lines[0].startswith(b"ERR"):
-                    _, code, message = parse_reply(lines[0])
-                    raise ProtocolError(code or Code.INTERNAL, message)
-            yield from lines
 
     def list_dumps(self, table: str | None = None) -> list[dict[str, Any]]:
         dumps: list[dict[str, Any]] = self.query("LIST-DUMPS" + (f" {table}" if table

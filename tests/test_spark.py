@@ -345,3 +345,25 @@ async def test_zero_dates_fail_the_read_clearly_unless_read_as_null(
     _, rows = await asyncio.to_thread(_batch, spark, {**options, "zeroDates": "null"})
     assert [(r["id"], r["d"], r["dtm"]) for r in rows] == [
         (1, None, None), (2, dt.date(2024, 1, 2), dt.datetime(2024, 1, 2, 3, 4, 5))]
+
+
+async def test_widened_columns_keep_every_versions_values_exactly(
+        cdc: RunningService, source: Source, spark: Any):
+    """One DataFrame over three versions: DECIMAL(5,2) then DECIMAL(10,4) (rescaled), INT
+    then BIGINT, FLOAT then DOUBLE, and a column only the last version has."""
+    t = f"`{source.database}`.wide"
+    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, price DECIMAL(5,2), f FLOAT)",
+                   f"INSERT INTO {t} VALUES (1, -123.45, 0.5), (2, NULL, NULL)",
+                   f"ALTER TABLE {t} MODIFY price DECIMAL(10,4), MODIFY id BIGINT",
+                   f"INSERT INTO {t} VALUES (3000000000, 123456.7891, 1.25)",
+                   f"ALTER TABLE {t} MODIFY f DOUBLE, ADD COLUMN note TEXT",
+                   f"INSERT INTO {t} VALUES (4, 0.0001, 0.1, 'n')")
+    await cdc.caught_up(source)
+    types, rows = await asyncio.to_thread(_batch, spark,
+                                          _options(cdc, f"{source.database}.wide"))
+    assert (types["id"], types["price"], types["f"], types["note"]) == \
+        ("bigint", "decimal(10,4)", "double", "string")
+    assert [(r["_version"], r["id"], r["price"], r["f"], r["note"]) for r in rows] == [
+        (1, 1, Decimal("-123.4500"), 0.5, None), (1, 2, None, None, None),
+        (2, 3000000000, Decimal("123456.7891"), 1.25, None),
+        (3, 4, Decimal("0.0001"), 0.1, "n")]

@@ -166,9 +166,6 @@ class Session:
             check_after(request.after)
         if request.until:
             check_after(request.until)
-            if self.format != Format.JSON:
-                raise ProtocolError(Code.BAD_SYNTAX, "UNTIL needs TYPE=JSON (a bounded "
-                                    "stream ends with a JSON line)")
         if entry is None or not entry.versions:
             # After a dump, the table may not have changed yet: wait for its first change
             # (a bounded read of it is empty).

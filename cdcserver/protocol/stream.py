@@ -13,6 +13,11 @@ stream starts at the first record of that domain whose sequence is at or after t
 not cover, in every domain: what follows a dump. In AVRO mode a block that holds records
 before the starting point is re-encoded without them.
 
+``UNTIL <state>`` (an extension) bounds the stream to the transactions the state covers and
+ends it with a JSON line. In AVRO mode the blocks the index proves covered go out as stored,
+so a bounded read costs the server a file copy, not a decode; only the blocks around the end
+are decoded and re-encoded with the records the range holds.
+
 Each version file is marked in use while it is sent, so retention does not delete it under
 the stream; a version retention already removed is skipped.
 
@@ -145,6 +150,7 @@ class _Until:
         self.state = state
         self.given = given
         self._open = {g.domain for g in state}
+        self.domains: set[int] | None = None  # the current version's, when the index knows
 
     @classmethod
     def parse(cls, text: str) -> _Until:
@@ -160,6 +166,28 @@ class _Until:
             return True
         self._open.discard(record["domain"])
         return False
+
+    def version_started(self, index: StoreIndex | None, info: VersionInfo) -> None:
+        """Only the domains the version has records of can still close the range."""
+        if index is None:
+            return
+        self.domains = index.domains(info.table, info.version)
+        self._open = {g.domain for g in self.state} & self.domains
+
+    def covered_prefix(self, index: StoreIndex | None, info: VersionInfo) -> int:
+        """An offset of ``info``'s file before which every record is covered (the file's
+        header size when the index cannot tell): in each domain of the version, the indexed
+        block at or before the state's last transaction."""
+        if index is None or self.domains is None or not self.domains:
+            return info.header.size
+        offsets = []
+        for domain in self.domains:
+            last = self.state.get(domain)
+            if last is None:  # a domain the state does not name: none of its records are
+                return info.header.size
+            offset = index.seek_offset(info.table, info.version, domain, last.sequence + 1)
+            offsets.append(info.header.size if offset is None else offset)
+        return min(offsets)
 
     def covers_version(self, gtid_text: str) -> bool:
         """Whether the transaction that created a version is covered (else none of its
@@ -230,6 +258,7 @@ class Streamer:
                 with in_use(info.path):
                     if self._filter is not None:
                         self._filter.version_started(self.index, info)
+                    until.version_started(self.index, info)
                     await self._send_schema(info)
                     await self._send_bounded(info, self._start_offset(info), info.committed,
                                              until)
@@ -244,8 +273,18 @@ class Streamer:
 
     async def _send_bounded(self, info: VersionInfo, pos: int, end: int,
                             until: _Until) -> None:
+        """In AVRO mode, the blocks before the covered prefix go out as stored (once the
+        start filter is settled); the rest are decoded and re-encoded with the records the
+        range holds, up to the first block past the end state."""
+        covered = until.covered_prefix(self.index, info) if self.format == Format.AVRO else 0
         for block in scan_blocks(info.path, info.header, pos, end):
-            await self._send_json(info, block, until)
+            if self.format == Format.JSON:
+                await self._send_json(info, block, until)
+            elif block.end <= covered and (self._filter is None or self._filter.settled):
+                await self._write(self._read(info, block.offset, block.end - block.offset))
+                self.records_sent += block.count
+            else:
+                await self._send_avro_block(info, block, until)
             if until.done:
                 return
 
@@ -339,12 +378,17 @@ class Streamer:
         if out:
             await self._write(bytes(out))
 
-    async def _send_avro_block(self, info: VersionInfo, block: Block) -> None:
-        """A block seen while a GTID filter is not settled: send it as stored if it keeps all
-        its records, re-encoded with only those it keeps otherwise, or not at all."""
-        assert self._filter is not None
+    async def _send_avro_block(self, info: VersionInfo, block: Block,
+                               until: _Until | None = None) -> None:
+        """A block seen while a GTID filter is not settled, or at the end of a bounded read:
+        send it as stored if it keeps all its records, re-encoded with only those it keeps
+        otherwise, or not at all."""
         records = list(decode_records(info, block))
-        kept = [r for r in records if self._filter.accepts(r)]
+        kept = records
+        if self._filter is not None:
+            kept = [r for r in kept if self._filter.accepts(r)]
+        if until is not None:
+            kept = [r for r in kept if until.covers(r)]
         if len(kept) == len(records):
             await self._write(self._read(info, block.offset, block.end - block.offset))
         elif kept:

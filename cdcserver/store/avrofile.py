@@ -16,18 +16,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cdcserver.errors import StoreError
-from cdcserver.store.encoder import encode_string, varint
+from cdcserver.store.encoder import varint
 from client.avro import (
     MAGIC,
     SYNC_SIZE,
     AvroFormatError,
     Header,
+    container_header,
     decompress,
     parse_header,
     read_varint,
 )
 
-__all__ = ["MAGIC", "SYNC_SIZE", "Header", "decompress", "parse_header", "read_varint"]
+__all__ = ["MAGIC", "SYNC_SIZE", "Header", "container_header", "decompress", "parse_header",
+           "read_varint"]
 
 CODECS = ("null", "deflate", "snappy", "zstandard")
 
@@ -46,19 +48,6 @@ def compress(codec: str, data: bytes | bytearray) -> bytes:
     if codec == "zstandard":
         return bytes(cramjam.zstd.compress(bytes(data)))
     raise StoreError(f"unknown Avro codec {codec!r}; choose one of {', '.join(CODECS)}")
-
-
-def container_header(schema_json: str, codec: str, sync: bytes) -> bytes:
-    meta = {"avro.schema": schema_json.encode("utf-8"), "avro.codec": codec.encode("ascii")}
-    out = bytearray(MAGIC)
-    out += varint(len(meta))
-    for key, value in meta.items():
-        out += encode_string(key)
-        out += varint(len(value))
-        out += value
-    out += varint(0)
-    out += sync
-    return bytes(out)
 
 
 def read_header(path: str) -> Header:

@@ -71,9 +71,10 @@ class Options:
                    number("maxRowsPerPartition", 1_000_000) or 1_000_000,
                    zero_dates, float(o.get("timeout", 30)))
 
-    def connect(self) -> SyncCdcConnection:
+    def connect(self, format: str = "JSON") -> SyncCdcConnection:
+        """A connection for queries (JSON), or for bounded reads of blocks (AVRO)."""
         return SyncCdcConnection.open(self.host, self.port, self.user, self.password,
-                                      timeout=self.timeout)
+                                      format=format, timeout=self.timeout)
 
 
 @dataclass

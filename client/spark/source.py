@@ -8,12 +8,11 @@ connection, with the bounded read extension (:mod:`client.ranges`), or one whole
 from __future__ import annotations
 
 import datetime as dt
-import json
 import uuid
 from collections.abc import Iterator
-from decimal import Decimal
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -31,17 +30,10 @@ from pyspark.sql.types import (
 )
 
 from client.dump import DumpHeader, DumpRows
-from client.ranges import Position, Schema, gtid_parts, read
+from client.ranges import Position, Schema, Trim, gtid_parts, read_blocks
 from client.spark import plan
-from client.spark.types import (
-    METADATA,
-    RowMaker,
-    SchemaError,
-    fits,
-    invalid_date,
-    row_maker,
-    table_schema,
-)
+from client.spark.arrow import BatchMaker
+from client.spark.types import METADATA, SchemaError, fits, invalid_date, table_schema
 from client.sync import SyncCdcClient
 
 
@@ -95,7 +87,7 @@ class CdcBatchReader(DataSourceReader):
         parts += plan.partitions(changes, end)
         return parts or [plan.RangePartition("", {}, {})]  # Spark needs one, even empty
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...] | pa.RecordBatch]:
         assert isinstance(partition, plan.RangePartition)
         if partition.table:
             yield from read_partition(self.options, self.schema, partition)
@@ -157,7 +149,7 @@ class CdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                    ) -> list[InputPartition]:
         return list(plan.partitions(start["tables"], end["tables"]))
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...] | pa.RecordBatch]:
         assert isinstance(partition, plan.RangePartition)
         yield from read_partition(self.options, self.schema, partition)
 
@@ -170,30 +162,31 @@ class CdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 # -- executors -------------------------------------------------------------------------------
 
-def _loads(line: bytes) -> Any:
-    return json.loads(line, parse_float=Decimal)
-
-
-def read_partition(options: plan.Options, schema: StructType,
-                   partition: plan.RangePartition) -> Iterator[tuple[Any, ...]]:
+def read_partition(options: plan.Options, schema: StructType, partition: plan.RangePartition
+                   ) -> Iterator[tuple[Any, ...] | pa.RecordBatch]:
+    """A range's records as Arrow record batches; a dump's rows as tuples."""
     if "dump" in partition.start:
         yield from read_dump(options, schema, partition.start["dump"])
         return
-    conn = options.connect()
+    start, end = Position.from_json(partition.start), Position.from_json(partition.end)
+    trim = Trim.of(start, end)
+    conn = options.connect("AVRO")
     try:
-        makers: dict[int, RowMaker] = {}
-        make: RowMaker | None = None
-        for item in read(conn, partition.table, Position.from_json(partition.start),
-                         Position.from_json(partition.end), _loads):
+        makers: dict[int, BatchMaker] = {}
+        make: BatchMaker | None = None
+        for item in read_blocks(conn, partition.table, start, end):
             if isinstance(item, Schema):
                 version = int(item.avsc["version"])
                 if version not in makers:
                     _check_fits(schema, item.avsc)
-                    makers[version] = row_maker(schema, item.avsc, options.zero_dates)
+                    makers[version] = BatchMaker(schema, item.avsc, item.header,
+                                                 options.zero_dates)
                 make = makers[version]
                 continue
-            assert make is not None, "a record arrived before its schema"
-            yield make(item)
+            assert make is not None, "blocks arrived before their schema"
+            batch = make(item, trim)
+            if batch is not None:
+                yield batch
     finally:
         conn.close()
 

@@ -1,5 +1,5 @@
-"""Spark types for CDC records: the DataFrame schema of a set of table versions, and the
-conversion of each record (a JSON-mode line) into a row of it.
+"""Spark types for CDC records: the DataFrame schema of a set of table versions, and whether
+a version's records fit it (:mod:`client.spark.arrow` builds the rows).
 
 The schema is MaxScale's metadata columns, then ``_table`` and ``_version`` (which table and
 table version a row comes from), then every column of every version read, by name, in the
@@ -10,9 +10,7 @@ decimal(12,4)); otherwise :class:`SchemaError`. A column a version lacks is null
 
 from __future__ import annotations
 
-import datetime as dt
-from collections.abc import Callable, Iterable
-from decimal import Decimal
+from collections.abc import Iterable
 from typing import Any
 
 from pyspark.sql.types import (
@@ -34,7 +32,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from client.schema import METADATA_FIELDS, Field, Kind, fields_from_schema, parse_time
+from client.schema import METADATA_FIELDS, Field, Kind, fields_from_schema
 
 METADATA = StructType([
     StructField("domain", IntegerType(), False),
@@ -144,26 +142,6 @@ class ZeroDateError(ValueError):
     pass
 
 
-def _date(zero_dates: str) -> Callable[[Any], Any]:
-    def convert(text: str) -> dt.date | None:
-        try:
-            return dt.date.fromisoformat(text)
-        except ValueError:
-            invalid_date(text, zero_dates)
-            return None
-    return convert
-
-
-def _datetime(zero_dates: str) -> Callable[[Any], Any]:
-    def convert(text: str) -> dt.datetime | None:
-        try:
-            return dt.datetime.fromisoformat(text)
-        except ValueError:
-            invalid_date(text, zero_dates)
-            return None
-    return convert
-
-
 def invalid_date(text: str, zero_dates: str) -> None:
     """A date Spark cannot hold: None with zeroDates=null, else ZeroDateError."""
     if zero_dates == "null":
@@ -171,57 +149,3 @@ def invalid_date(text: str, zero_dates: str) -> None:
     raise ZeroDateError(f"{text!r} is not a valid date (MariaDB's zero or partial date); "
                         "Spark cannot hold it. Set the option zeroDates=null to read such "
                         "values as null")
-
-
-def _decimal(value: Any) -> Decimal:
-    return value if isinstance(value, Decimal) else Decimal(value)
-
-
-def converter(field: Field, target: DataType, zero_dates: str) -> Callable[[Any], Any] | None:
-    """A function from the JSON value of ``field`` to the Spark value of ``target``; None
-    when the JSON value is already right (numbers, strings, booleans)."""
-    kind = field.kind
-    if isinstance(target, StringType):
-        return str if kind in (Kind.DECIMAL,) else None
-    if isinstance(target, DecimalType):
-        return _decimal
-    if isinstance(target, (FloatType, DoubleType)):
-        return float
-    if kind == Kind.BYTES:
-        return bytes.fromhex
-    if kind == Kind.DATE:
-        return _date(zero_dates)
-    if kind in (Kind.DATETIME, Kind.TIMESTAMP):
-        return _datetime(zero_dates)
-    if kind == Kind.TIME:
-        return parse_time
-    return None
-
-
-RowMaker = Callable[[dict[str, Any]], tuple[Any, ...]]
-
-
-def row_maker(schema: StructType, avsc: dict[str, Any], zero_dates: str) -> RowMaker:
-    """A function from one record of this version (parsed JSON) to a row of ``schema``."""
-    table = f"{avsc['database']}.{avsc['table']}"
-    version = int(avsc["version"])
-    by_name = {f.name: f for f in fields_from_schema(avsc)}
-    plan: list[tuple[str, Callable[[Any], Any] | None] | None] = []
-    for target in schema.fields[len(METADATA.fields):]:
-        field = by_name.get(target.name)
-        plan.append(None if field is None else
-                    (field.name, converter(field, target.dataType, zero_dates)))
-
-    def make(record: dict[str, Any]) -> tuple[Any, ...]:
-        row: list[Any] = [record["domain"], record["server_id"], record["sequence"],
-                          record["event_number"], record["timestamp"], record["event_type"],
-                          table, version]
-        for step in plan:
-            if step is None:
-                row.append(None)
-                continue
-            name, convert = step
-            value = record.get(name)
-            row.append(value if convert is None or value is None else convert(value))
-        return tuple(row)
-    return make

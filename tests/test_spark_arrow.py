@@ -1,0 +1,115 @@
+"""Stored Avro blocks into Arrow batches (client/spark/arrow.py), with each decoder and every
+block codec the store writes. Pure functions over bytes: no service or Spark session needed;
+the Spark tests run the same code against the real service."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("cavro")
+
+import fastavro
+
+from cdcserver.store.avrofile import compress
+from client.avro import (
+    SYNC_SIZE,
+    container_header,
+    parse_header,
+    read_varint,
+    write_varint,
+)
+from client.ranges import Blocks, Trim
+from client.spark import arrow
+from client.spark.types import ZeroDateError, table_schema
+
+AVSC: dict[str, Any] = {
+    "namespace": "MaxScaleChangeDataSchema.avro", "type": "record", "name": "ChangeRecord",
+    "table": "t", "database": "db", "version": 3, "gtid": "0-1-1",
+    "fields": [
+        {"name": "domain", "type": "int"}, {"name": "server_id", "type": "int"},
+        {"name": "sequence", "type": "long"}, {"name": "event_number", "type": "int"},
+        {"name": "timestamp", "type": "long"},
+        {"name": "event_type", "type": {"type": "enum", "name": "EVENT_TYPES", "symbols": [
+            "insert", "update_before", "update_after", "delete"]}},
+        {"name": "id", "type": ["null", "int"]},
+        {"name": "price", "type": ["null", {"type": "bytes", "logicalType": "decimal",
+                                            "precision": 10, "scale": 2}]},
+        {"name": "wide", "type": ["null", {"type": "bytes", "logicalType": "decimal",
+                                           "precision": 60, "scale": 3}]},
+        {"name": "name", "type": ["null", "string"]},
+        {"name": "key", "type": ["null", {"type": "string", "logicalType": "uuid"}]},
+        {"name": "d", "type": ["null", {"type": "int", "logicalType": "date"}, "string"]},
+        {"name": "at", "type": ["null", {"type": "long", "logicalType": "timestamp-micros"},
+                                "string"]},
+        {"name": "tm", "type": ["null", {"type": "long", "logicalType": "time-micros"},
+                                "string"]},
+        {"name": "raw", "type": ["null", "bytes"]},
+    ]}
+KEY = uuid.UUID("12345678-1234-5678-1234-567812345678")
+RECORDS = [
+    {"domain": 0, "server_id": 1, "sequence": 7, "event_number": 1, "timestamp": 100,
+     "event_type": "insert", "id": 1, "price": Decimal("-12345678.91"),
+     "wide": Decimal("123456789012345678901234567890123456789012.345"), "name": "ä€",
+     "key": str(KEY), "d": dt.date(2024, 2, 29),
+     "at": dt.datetime(2024, 3, 1, 0, 0, 1, 500000, tzinfo=dt.UTC),
+     "tm": 3_020_399_000_000, "raw": b"\x00\xff"},
+    {"domain": 0, "server_id": 1, "sequence": 7, "event_number": 2, "timestamp": 100,
+     "event_type": "delete", "id": 2, "price": None, "wide": None, "name": None, "key": None,
+     "d": ("string", "0000-00-00"), "at": None, "tm": ("string", "-838:59:59"), "raw": None},
+]
+
+
+def _blocks(codec: str) -> tuple[Any, Blocks]:
+    """RECORDS in blocks of one record each, compressed the way the store does."""
+    out = io.BytesIO()
+    fastavro.writer(out, fastavro.parse_schema(AVSC), RECORDS, sync_interval=1)
+    data = out.getvalue()
+    plain = parse_header(data)
+    body, pos = bytearray(), plain.size
+    while pos < len(data):
+        count, start = read_varint(data, pos)
+        size, start = read_varint(data, start)
+        packed = compress(codec, data[start:start + size])
+        body += write_varint(count) + write_varint(len(packed)) + packed + plain.sync
+        pos = start + size + SYNC_SIZE
+    header = parse_header(container_header(plain.schema_json, codec, plain.sync))
+    return header, Blocks(bytes(body), len(RECORDS))
+
+
+@pytest.mark.parametrize("codec", ["null", "deflate", "snappy", "zstandard"])
+@pytest.mark.parametrize("decoder", ["_decode_cavro", "_decode_fastavro"])
+def test_blocks_become_a_batch_of_the_spark_schema(codec: str, decoder: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(arrow, "decode", getattr(arrow, decoder))
+    header, blocks = _blocks(codec)
+    schema = table_schema([AVSC])
+    batch = arrow.BatchMaker(schema, AVSC, header, "null")(blocks, Trim())
+    assert batch is not None
+    first, second = batch.to_pylist()
+    assert (first["_table"], first["_version"], first["event_type"]) == ("db.t", 3, "insert")
+    assert (first["price"], first["wide"]) == \
+        (Decimal("-12345678.91"), "123456789012345678901234567890123456789012.345")
+    assert (first["name"], first["key"], first["raw"]) == ("ä€", str(KEY), b"\x00\xff")
+    assert first["d"] == dt.date(2024, 2, 29)
+    assert first["at"] == dt.datetime(2024, 3, 1, 0, 0, 1, 500000, tzinfo=dt.UTC)
+    assert first["tm"] == dt.timedelta(hours=838, minutes=59, seconds=59)
+    assert second["tm"] == -dt.timedelta(hours=838, minutes=59, seconds=59)  # stored as text
+    assert (second["d"], second["price"], second["name"]) == (None, None, None)  # zero date
+
+
+def test_a_trim_drops_the_records_outside_the_range_and_zero_dates_can_fail() -> None:
+    header, blocks = _blocks("null")
+    maker = arrow.BatchMaker(table_schema([AVSC]), AVSC, header, "null")
+    batch = maker(blocks, Trim(skip=(0, 7, 1)))
+    assert batch is not None and batch.column("event_number").to_pylist() == [2]
+    assert maker(blocks, Trim(stop=(0, 7, 0))) is None
+    strict = arrow.BatchMaker(table_schema([AVSC]), AVSC, header, "error")
+    with pytest.raises(ZeroDateError, match="'0000-00-00' is not a valid date"):
+        strict(blocks, Trim())
