@@ -7,6 +7,7 @@ import io
 import json
 from collections.abc import Callable, Iterator
 from functools import lru_cache
+from json.encoder import encode_basestring
 from typing import Any
 
 import fastavro
@@ -57,12 +58,18 @@ def encode_block(info: VersionInfo, records: list[Record]) -> bytes:
 _SIMPLE_META = ("domain", "server_id", "sequence", "event_number", "timestamp")
 
 
+# Kinds whose values are always of one Python type, rendered without to_json_text's dispatch
+# (the same text: ``esc`` is what json.dumps(ensure_ascii=False) calls for a str).
+_DIRECT = {Kind.INT: "str", Kind.LONG: "str", Kind.DOUBLE: "repr", Kind.STRING: "esc"}
+
+
 @lru_cache(maxsize=1024)
 def compile_renderer(schema_json: str, zone: dt.tzinfo = dt.UTC) -> Renderer:
     """``record -> b'{"domain": 0, ...}\\n'``: one JSON object per line, keys in schema order,
     jansson's default separators (what MaxScale sends)."""
     schema = TableSchema.from_avsc(json.loads(schema_json))
-    ns: dict[str, Any] = {"tj": to_json_text, "zone": zone, "str": str, "Kind": Kind}
+    ns: dict[str, Any] = {"tj": to_json_text, "zone": zone, "str": str, "Kind": Kind,
+                          "esc": encode_basestring, "repr": repr}
     pieces = []
     for i, field in enumerate(schema.fields):
         key = json.dumps(field.name, ensure_ascii=False)
@@ -71,6 +78,9 @@ def compile_renderer(schema_json: str, zone: dt.tzinfo = dt.UTC) -> Renderer:
             value = f"str(r[{field.name!r}])"
         elif field.name == "event_type" and i < 6:
             value = "'\"' + r['event_type'] + '\"'"
+        elif field.kind in _DIRECT:
+            value = f"('null' if (v{i} := r[{field.name!r}]) is None else " \
+                    f"{_DIRECT[field.kind]}(v{i}))"
         else:
             ns[f"k{i}"] = field.kind
             value = f"tj(k{i}, r[{field.name!r}], {field.fsp}, zone)"
