@@ -99,6 +99,25 @@ def parse_header(data: bytes | bytearray | memoryview) -> Header:
                   sync, pos + SYNC_SIZE)
 
 
+def block_at(buf: bytes | bytearray, pos: int, sync: bytes) -> tuple[int, int, int] | None:
+    """The container block at ``pos``: (record count, where its data starts, where the block
+    ends after its sync marker); None when ``buf`` ends inside it. A malformed block header
+    or a wrong sync marker raises AvroFormatError."""
+    try:
+        count, start = read_varint(buf, pos)
+        size, start = read_varint(buf, start)
+    except IndexError:
+        return None
+    if count < 0 or size < 0:
+        raise AvroFormatError(f"malformed block header at byte {pos}")
+    end = start + size + SYNC_SIZE
+    if end > len(buf):
+        return None
+    if buf[end - SYNC_SIZE:end] != sync:
+        raise AvroFormatError(f"sync marker mismatch after the block at byte {pos}")
+    return count, start, end
+
+
 def decompress(codec: str, data: bytes) -> bytes:
     if codec == "null":
         return data

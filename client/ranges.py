@@ -22,12 +22,11 @@ from typing import Any
 
 from client.avro import (
     MAGIC,
-    SYNC_SIZE,
     AvroFormatError,
     Header,
+    block_at,
     container_header,
     parse_header,
-    read_varint,
 )
 from client.sync import SyncCdcConnection
 from client.wire import Code, DataRequest, Format, ProtocolError, RangeQuery, parse_reply
@@ -221,18 +220,10 @@ class _BoundedStream:
     def _block(self, pos: int) -> int:
         if self._header is None:
             raise AvroFormatError("a block arrived before its version's header")
-        try:
-            count, data = read_varint(self._buffer, pos)
-            size, data = read_varint(self._buffer, data)
-        except IndexError:
+        block = block_at(self._buffer, pos, self._header.sync)
+        if block is None:
             return 0
-        end = data + size + SYNC_SIZE
-        if count < 0 or size < 0:
-            raise AvroFormatError("malformed block header in a bounded read")
-        if end > len(self._buffer):
-            return 0
-        if self._buffer[end - SYNC_SIZE:end] != self._header.sync:
-            raise AvroFormatError("sync marker mismatch in a bounded read")
+        count, _, end = block
         self._blocks.append(bytes(self._buffer[pos:end]))
         self._count += count
         self._size += end - pos

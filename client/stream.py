@@ -22,11 +22,10 @@ from typing import Any
 from client.avro import (
     MAGIC,
     SYNC_SIZE,
-    AvroFormatError,
     Header,
+    block_at,
     decompress,
     parse_header,
-    read_varint,
 )
 from client.schema import (
     METADATA_FIELDS,
@@ -169,18 +168,10 @@ class AvroStreamDecoder:
 
     def _read_block(self) -> list[ChangeRecord] | None:
         assert self._header is not None and self.schema is not None
-        try:
-            count, pos = read_varint(self._buffer, 0)
-            size, pos = read_varint(self._buffer, pos)
-        except IndexError:
+        block = block_at(self._buffer, 0, self._header.sync)
+        if block is None:
             return None
-        end = pos + size + SYNC_SIZE
-        if count < 0 or size < 0:
-            raise AvroFormatError("malformed block header in the stream")
-        if len(self._buffer) < end:
-            return None
-        if bytes(self._buffer[end - SYNC_SIZE : end]) != self._header.sync:
-            raise AvroFormatError("sync marker mismatch in the stream")
+        count, pos, end = block
         data = io.BytesIO(decompress(self._header.codec, bytes(self._buffer[pos : end -
                                                                              SYNC_SIZE])))
         del self._buffer[:end]

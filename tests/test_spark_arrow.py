@@ -20,9 +20,9 @@ import fastavro
 from cdcserver.store.avrofile import compress
 from client.avro import (
     SYNC_SIZE,
+    block_at,
     container_header,
     parse_header,
-    read_varint,
     write_varint,
 )
 from client.ranges import Blocks, Trim
@@ -73,12 +73,10 @@ def _blocks(codec: str) -> tuple[Any, Blocks]:
     data = out.getvalue()
     plain = parse_header(data)
     body, pos = bytearray(), plain.size
-    while pos < len(data):
-        count, start = read_varint(data, pos)
-        size, start = read_varint(data, start)
-        packed = compress(codec, data[start:start + size])
+    while (block := block_at(data, pos, plain.sync)) is not None:
+        count, start, pos = block
+        packed = compress(codec, data[start:pos - SYNC_SIZE])
         body += write_varint(count) + write_varint(len(packed)) + packed + plain.sync
-        pos = start + size + SYNC_SIZE
     header = parse_header(container_header(plain.schema_json, codec, plain.sync))
     return header, Blocks(bytes(body), len(RECORDS))
 

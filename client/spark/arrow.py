@@ -24,10 +24,11 @@ from pyspark.sql.types import DataType, DecimalType, StringType, StructType
 
 from client.avro import (
     SYNC_SIZE,
+    AvroFormatError,
     Header,
+    block_at,
     container_header,
     decompress,
-    read_varint,
     write_varint,
 )
 from client.ranges import Blocks, Trim
@@ -106,11 +107,12 @@ class BatchMaker:
             return data
         out, pos = bytearray(), 0
         while pos < len(data):
-            count, start = read_varint(data, pos)
-            size, start = read_varint(data, start)
-            plain = decompress(self._codec, data[start:start + size])
+            block = block_at(data, pos, self._sync)
+            if block is None:
+                raise AvroFormatError("a chunk of blocks ends inside a block")
+            count, start, pos = block
+            plain = decompress(self._codec, data[start:pos - SYNC_SIZE])
             out += write_varint(count) + write_varint(len(plain)) + plain + self._sync
-            pos = start + size + SYNC_SIZE
         return bytes(out)
 
 
