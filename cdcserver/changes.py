@@ -12,6 +12,7 @@ the Python types listed in ``protocol.md`` ("Type mapping").
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -96,14 +97,19 @@ class Begin:
 @dataclass(slots=True)
 class Rows:
     """The rows of one binlog row event. For UPDATE, ``rows`` alternates before and after
-    images: ``[before1, after1, before2, after2, ...]``."""
+    images: ``[before1, after1, before2, after2, ...]``.
+
+    ``avro``, when the decoder could transcode the images (``store/transcoder.py``), holds the
+    rows' columns already Avro-encoded and where each row's ends; ``rows`` then decodes the
+    images only when something reads it."""
 
     layout: TableLayout
     kind: RowsKind
     timestamp: int
-    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    rows: Sequence[tuple[Any, ...]] = field(default_factory=list)
     file: str = ""  # the binlog file and the event's end position (its header's log_pos)
     pos: int = 0
+    avro: tuple[bytes, bytes] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import struct
 import zlib
+from typing import Any
 
 from cdcserver.changes import (
     Abort,
@@ -46,10 +47,11 @@ from cdcserver.replication.constants import (
     EventKind,
 )
 from cdcserver.replication.cursor import Cursor
-from cdcserver.replication.rowcodec import RowsDecoder, compile_rows_decoder
+from cdcserver.replication.rowcodec import DeferredRows, RowsDecoder, compile_rows_decoder
 from cdcserver.replication.tablemap import parse_table_map
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.store.naming import TableName
+from cdcserver.store.transcoder import Transcoder, compile_transcoder
 
 HEADER = struct.Struct("<IBIIIH")  # timestamp, type, server_id, event_size, log_pos, flags
 HEADER_SIZE = 19
@@ -90,11 +92,12 @@ _STATUS_SIZES = {0: 4, 1: 8, 3: 4, 4: 6, 7: 2, 8: 2, 9: 8, 10: 4, 13: 3, 16: 1, 
 
 
 class _TableMapEntry:
-    __slots__ = ("decode", "layout")
+    __slots__ = ("decode", "layout", "transcoder")
 
-    def __init__(self, layout: TableLayout, decode: RowsDecoder) -> None:
+    def __init__(self, layout: TableLayout) -> None:
         self.layout = layout
-        self.decode = decode
+        self.decode: RowsDecoder = compile_rows_decoder(layout.columns)
+        self.transcoder: Transcoder | None = compile_transcoder(layout.columns)
 
 
 class EventDecoder:
@@ -202,7 +205,7 @@ class EventDecoder:
             elif layout.metadata != "full":
                 raise SchemaError(f"the binlog has no column names for {layout.qualified_name}:"
                                   " set binlog_row_metadata=FULL on the source")
-            entry = _TableMapEntry(layout, compile_rows_decoder(layout.columns))
+            entry = _TableMapEntry(layout)
             self._layouts[key] = entry
         self._tables[table_id] = entry
 
@@ -385,14 +388,19 @@ class EventDecoder:
         if kind in _COMPRESSED_ROWS:
             data = compression.mariadb_uncompress(buf[start:stop])
             start, stop = 0, len(data)
-        try:
-            rows = entry.decode(data, start, stop)
-        except (ValueError, IndexError, struct.error, UnicodeDecodeError) as exc:
-            raise UndecodableEvent(
-                f"rows of {entry.layout.qualified_name} do not match its table map: {exc}"
-            ) from exc
+        avro = entry.transcoder.rows(data, start, stop) if entry.transcoder else None
+        rows: list[tuple[Any, ...]] | DeferredRows
+        if avro is not None:
+            rows = DeferredRows(entry.decode, data, start, stop, len(avro[1]) // 4)
+        else:
+            try:
+                rows = entry.decode(data, start, stop)
+            except (ValueError, IndexError, struct.error, UnicodeDecodeError) as exc:
+                raise UndecodableEvent(
+                    f"rows of {entry.layout.qualified_name} do not match its table map: {exc}"
+                ) from exc
         out.append(Rows(entry.layout, _ROWS_KINDS[kind], timestamp, rows, self.file,
-                        self._event_end))
+                        self._event_end, avro))
         self._written.add(TableName(entry.layout.database, entry.layout.table))
 
     @staticmethod

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, overload
 
 from cdcserver.changes import ColumnDef
 from cdcserver.errors import UndecodableEvent
@@ -262,3 +262,53 @@ def _compile(columns: tuple[ColumnDef, ...]) -> RowsDecoder:
     exec(compile("\n".join(src), "<rowcodec>", "exec"), ns)
     decoder: RowsDecoder = ns["decode_rows"]
     return decoder
+
+
+class DeferredRows(Sequence[tuple[Any, ...]]):
+    """Row images decoded the first time they are read. The decoder hands these out beside
+    the rows' Avro encoding (``store/transcoder.py``): the Avro store needs only the count, so
+    the tuples are made only for the sinks that read values."""
+
+    __slots__ = ("_args", "_count", "_decode", "_rows")
+
+    def __init__(self, decode: RowsDecoder, buf: bytes, pos: int, end: int, count: int) -> None:
+        self._decode = decode
+        self._args: tuple[bytes, int, int] | None = (buf, pos, end)
+        self._count = count
+        self._rows: list[tuple[Any, ...]] = []
+
+    def _decoded(self) -> list[tuple[Any, ...]]:
+        if self._args is not None:
+            buf, pos, end = self._args
+            try:
+                self._rows = self._decode(buf, pos, end)
+            except (ValueError, IndexError, struct.error, UnicodeDecodeError) as exc:
+                # The transcoder accepted these images, so this is a bug, not bad input.
+                raise UndecodableEvent(f"rows the transcoder accepted do not decode: {exc}"
+                                       ) from exc
+            self._args = None
+        return self._rows
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[Any, ...]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[Any, ...]]: ...
+    def __getitem__(self, index: int | slice) -> tuple[Any, ...] | list[tuple[Any, ...]]:
+        return self._decoded()[index]
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self._decoded())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return self._decoded() == list(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        raise TypeError("DeferredRows is unhashable")
+
+    def __repr__(self) -> str:
+        return f"DeferredRows({self._decoded()!r})"

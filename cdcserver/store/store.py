@@ -44,6 +44,7 @@ from cdcserver.store.encoder import RecordsEncoder, compile_encoder, record_head
 from cdcserver.store.index import StoreIndex, TransactionInfo
 from cdcserver.store.naming import MAX_VERSION, TableName, parse_version_file
 from cdcserver.store.schema import TableSchema
+from cdcserver.store.transcoder import records
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +248,10 @@ class AvroStore:
         kinds = _TAILS[rows.kind]
         tails = (record_tail(rows.timestamp, kinds[0]), record_tail(rows.timestamp, kinds[1]))
         writer = target.writer
-        txn.event_no = route.encode(writer.buffer, txn.head, tails, rows.rows, txn.event_no)
+        if rows.avro is not None:
+            txn.event_no = records(writer.buffer, txn.head, tails, *rows.avro, txn.event_no)
+        else:
+            txn.event_no = route.encode(writer.buffer, txn.head, tails, rows.rows, txn.event_no)
         writer.count += len(rows.rows)
         if len(writer.buffer) >= self.block_size:
             writer.end_block()

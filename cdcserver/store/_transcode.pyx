@@ -1,0 +1,631 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Binlog row images straight to Avro, in C.
+
+``Transcoder.rows`` reads a rows event's row images (the format ``rowcodec.py`` documents) and
+writes the Avro encoding of each row's columns, creating no Python object per value. It handles
+the column types whose Avro form is a plain function of their bytes; ``transcoder.py`` builds
+its program and keeps every other table on the Python path. Wherever the Python decoder would
+raise or produce a value that needs Python to render (an impossible date, invalid UTF-8, a
+truncated row, a negative TIME) it returns None and the caller takes the Python path for the
+whole event, so both paths give identical bytes and identical errors.
+
+``records`` then prefixes each row's columns with the record's metadata fields.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy, memset
+
+# Column operations (transcoder.py names them; keep in step).
+cdef enum:
+    OP_INT8 = 1
+    OP_UINT8 = 2
+    OP_INT16 = 3
+    OP_UINT16 = 4
+    OP_INT24 = 5
+    OP_UINT24 = 6
+    OP_INT32 = 7
+    OP_UINT32 = 8
+    OP_INT64 = 9
+    OP_UINT64 = 10     # BIGINT UNSIGNED: Avro decimal(20, 0)
+    OP_FLOAT = 11
+    OP_DOUBLE = 12
+    OP_YEAR = 13
+    OP_DECIMAL = 14    # a: digits of the leading group, b: full groups, c: digits of the last
+    OP_UTF8 = 15       # a: bytes of the length prefix
+    OP_BYTES = 16      # a: bytes of the length prefix
+    OP_BINARY = 17     # a: bytes of the length prefix, b: the column's length (NUL padded)
+    OP_CHARMAP = 18    # a: bytes of the length prefix; a single-byte character set
+    OP_ENUM = 19       # a: bytes of the index
+    OP_BIT_BOOL = 20   # a: bytes
+    OP_BIT_LONG = 21   # a: bytes
+    OP_BIT_U64 = 22    # a: bytes
+    OP_DATE = 23
+    OP_DATETIME2 = 24  # a: fractional-second precision
+    OP_TIMESTAMP2 = 25 # a: fractional-second precision
+    OP_TIME2 = 26      # a: fractional-second precision
+
+cdef int64_t _DAY_MICROS = 86400000000
+cdef int64_t[10] _POW10 = [1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000,
+                           1000000000]
+cdef int[10] _DIG2BYTES = [0, 1, 1, 2, 2, 3, 3, 4, 4, 4]
+cdef int[13] _MONTH_DAYS = [0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
+
+
+cdef struct Out:
+    char *data
+    Py_ssize_t size
+    Py_ssize_t capacity
+
+
+cdef int _reserve(Out *out, Py_ssize_t extra) except -1:
+    cdef Py_ssize_t want = out.size + extra
+    cdef Py_ssize_t capacity
+    cdef char *grown
+    if want <= out.capacity:
+        return 0
+    capacity = out.capacity * 2 if out.capacity else 4096
+    while capacity < want:
+        capacity *= 2
+    grown = <char *>realloc(out.data, capacity)
+    if grown == NULL:
+        raise MemoryError()
+    out.data = grown
+    out.capacity = capacity
+    return 0
+
+
+cdef inline void _byte(Out *out, uint8_t b) noexcept:
+    out.data[out.size] = <char>b
+    out.size += 1
+
+
+cdef inline void _varint(Out *out, uint64_t z) noexcept:
+    while z > 0x7F:
+        out.data[out.size] = <char>((z & 0x7F) | 0x80)
+        out.size += 1
+        z >>= 7
+    out.data[out.size] = <char>z
+    out.size += 1
+
+
+cdef inline void _long(Out *out, int64_t v) noexcept:
+    _varint(out, (<uint64_t>v << 1) ^ <uint64_t>(v >> 63))
+
+
+cdef inline void _raw(Out *out, const uint8_t *p, Py_ssize_t n) noexcept:
+    memcpy(out.data + out.size, p, n)
+    out.size += n
+
+
+cdef inline uint64_t _be(const uint8_t *p, int n) noexcept:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(n):
+        v = (v << 8) | p[i]
+    return v
+
+
+cdef inline uint64_t _le(const uint8_t *p, int n) noexcept:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(n - 1, -1, -1):
+        v = (v << 8) | p[i]
+    return v
+
+
+cdef inline int _bit_length(uint64_t v) noexcept:
+    cdef int n = 0
+    while v:
+        n += 1
+        v >>= 1
+    return n
+
+
+cdef int _signed_decimal(Out *out, int64_t v) except -1:
+    """Avro bytes: the shortest big-endian two's complement of v (encoder.decimal_bytes)."""
+    cdef int size = _bit_length(<uint64_t>(v ^ (v >> 63))) // 8 + 1
+    cdef int i
+    _reserve(out, 16)
+    _varint(out, <uint64_t>size << 1)
+    for i in range(size - 1, -1, -1):
+        _byte(out, <uint8_t>((<uint64_t>v >> (8 * i)) & 0xFF) if i < 8 else
+              (0xFF if v < 0 else 0))
+    return 0
+
+
+cdef int _unsigned_decimal(Out *out, uint64_t v) except -1:
+    cdef int size = _bit_length(v) // 8 + 1
+    cdef int i
+    _reserve(out, 16)
+    _varint(out, <uint64_t>size << 1)
+    for i in range(size - 1, -1, -1):
+        _byte(out, <uint8_t>((v >> (8 * i)) & 0xFF) if i < 8 else 0)
+    return 0
+
+
+cdef bint _utf8_valid(const uint8_t *p, Py_ssize_t n) noexcept:
+    """Python's strict UTF-8 decoder accepts exactly these sequences (RFC 3629: no overlong
+    forms, no surrogates, nothing above U+10FFFF)."""
+    cdef Py_ssize_t i = 0
+    cdef uint8_t c, c1
+    while i < n:
+        c = p[i]
+        if c < 0x80:
+            i += 1
+            continue
+        if c < 0xC2:
+            return False
+        if c < 0xE0:
+            if i + 1 >= n or (p[i + 1] & 0xC0) != 0x80:
+                return False
+            i += 2
+            continue
+        if c < 0xF0:
+            if i + 2 >= n:
+                return False
+            c1 = p[i + 1]
+            if (c1 & 0xC0) != 0x80 or (p[i + 2] & 0xC0) != 0x80:
+                return False
+            if (c == 0xE0 and c1 < 0xA0) or (c == 0xED and c1 > 0x9F):
+                return False
+            i += 3
+            continue
+        if c > 0xF4 or i + 3 >= n:
+            return False
+        c1 = p[i + 1]
+        if ((c1 & 0xC0) != 0x80 or (p[i + 2] & 0xC0) != 0x80
+                or (p[i + 3] & 0xC0) != 0x80):
+            return False
+        if (c == 0xF0 and c1 < 0x90) or (c == 0xF4 and c1 > 0x8F):
+            return False
+        i += 4
+    return True
+
+
+cdef inline bint _leap(int64_t year) noexcept:
+    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+
+
+cdef inline bint _valid_date(int64_t year, int64_t month, int64_t day) noexcept:
+    """What ``datetime.date`` accepts."""
+    if year < 1 or year > 9999 or month < 1 or month > 12 or day < 1:
+        return False
+    if month == 2 and _leap(year):
+        return day <= 29
+    return day <= _MONTH_DAYS[month]
+
+
+cdef inline int64_t _days(int64_t y, int64_t m, int64_t d) noexcept:
+    """Days since 1970-01-01 in the proleptic Gregorian calendar (H. Hinnant's
+    days_from_civil), as ``date.toordinal() - 719163``."""
+    if m <= 2:
+        y -= 1
+    cdef int64_t era = y // 400
+    cdef int64_t yoe = y - era * 400
+    cdef int64_t mp = m - 3 if m > 2 else m + 9
+    cdef int64_t doy = (153 * mp + 2) // 5 + d - 1
+    cdef int64_t doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+cdef int _text(Out *out, bytes text) except -1:
+    """The union's string branch (index 2) holding ``text``."""
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(text)
+    _reserve(out, n + 12)
+    _byte(out, 4)
+    _varint(out, <uint64_t>n << 1)
+    _raw(out, <const uint8_t *>PyBytes_AS_STRING(text), n)
+    return 0
+
+
+cdef inline int64_t _frac_micros(const uint8_t *p, int fsp) noexcept:
+    """Signed big-endian fractional seconds of (fsp + 1) // 2 bytes, as microseconds."""
+    cdef int n = (fsp + 1) // 2
+    cdef int64_t v
+    if n == 0:
+        return 0
+    v = <int64_t>_be(p, n)
+    if v >= (<int64_t>1 << (8 * n - 1)):
+        v -= <int64_t>1 << (8 * n)
+    if n == 1:
+        return v * 10000
+    if n == 2:
+        return v * 100
+    return v
+
+
+cdef class Transcoder:
+    """Row images of one table layout to the Avro encoding of their columns."""
+
+    cdef int ncols
+    cdef int bitmap_bytes
+    cdef int *ops
+    cdef int *a
+    cdef int *b
+    cdef int *c
+    cdef bint *nullable
+    cdef list extras  # per column: ENUM labels (encoded) or a character set's table
+
+    def __cinit__(self, list program):
+        cdef int i, n = len(program)
+        self.ncols = n
+        self.bitmap_bytes = (n + 7) // 8
+        self.ops = <int *>malloc(sizeof(int) * (n + 1))
+        self.a = <int *>malloc(sizeof(int) * (n + 1))
+        self.b = <int *>malloc(sizeof(int) * (n + 1))
+        self.c = <int *>malloc(sizeof(int) * (n + 1))
+        self.nullable = <bint *>malloc(sizeof(bint) * (n + 1))
+        if (self.ops == NULL or self.a == NULL or self.b == NULL or self.c == NULL
+                or self.nullable == NULL):
+            raise MemoryError()
+        self.extras = []
+        for i in range(n):
+            op, nullable, a, b, c, extra = program[i]
+            self.ops[i] = op
+            self.nullable[i] = nullable
+            self.a[i] = a
+            self.b[i] = b
+            self.c[i] = c
+            self.extras.append(extra)
+
+    def __dealloc__(self):
+        free(self.ops)
+        free(self.a)
+        free(self.b)
+        free(self.c)
+        free(self.nullable)
+
+    def rows(self, buf, Py_ssize_t pos, Py_ssize_t end):
+        """``(columns, ends)`` for the row images in ``buf[pos:end]``: the rows' Avro column
+        encodings back to back and, as little-endian uint32s, where each row's ends. None when
+        an image needs the Python path."""
+        cdef const uint8_t[::1] view = buf
+        cdef Out out
+        cdef Out ends
+        cdef int ok
+        if end > view.shape[0] or pos < 0 or pos > end:
+            return None
+        if pos == end:
+            return (b"", b"")
+        out.data = NULL
+        out.size = out.capacity = 0
+        ends.data = NULL
+        ends.size = ends.capacity = 0
+        try:
+            ok = self._rows(&view[0], pos, end, &out, &ends)
+            if not ok:
+                return None
+            return (PyBytes_FromStringAndSize(out.data, out.size),
+                    PyBytes_FromStringAndSize(ends.data, ends.size))
+        finally:
+            free(out.data)
+            free(ends.data)
+
+    cdef int _rows(self, const uint8_t *p, Py_ssize_t pos, Py_ssize_t end, Out *out,
+                   Out *ends) except -1:
+        cdef const uint8_t *null_bytes
+        cdef int i
+        cdef uint32_t row_end
+        while pos < end:
+            if pos + self.bitmap_bytes > end:
+                return 0
+            null_bytes = p + pos
+            pos += self.bitmap_bytes
+            for i in range(self.ncols):
+                if self.nullable[i] and (null_bytes[i >> 3] >> (i & 7)) & 1:
+                    _reserve(out, 1)
+                    _byte(out, 0)
+                    continue
+                pos = self._column(i, p, pos, end, out)
+                if pos < 0:
+                    return 0
+            _reserve(ends, 4)
+            row_end = <uint32_t>out.size
+            memcpy(ends.data + ends.size, &row_end, 4)
+            ends.size += 4
+        return pos == end
+
+    cdef Py_ssize_t _column(self, int i, const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
+                            Out *out) except -2:
+        """Append column i's union branch and value; the position after it, or -1 when the
+        value needs the Python path."""
+        cdef int op = self.ops[i]
+        cdef int a = self.a[i]
+        cdef int64_t v
+        cdef uint64_t u
+        cdef Py_ssize_t n
+        _reserve(out, 32)
+        if op <= OP_INT64:
+            if op == OP_INT8 or op == OP_UINT8:
+                n = 1
+            elif op == OP_INT16 or op == OP_UINT16:
+                n = 2
+            elif op == OP_INT24 or op == OP_UINT24:
+                n = 3
+            elif op == OP_INT32 or op == OP_UINT32:
+                n = 4
+            else:
+                n = 8
+            if pos + n > end:
+                return -1
+            u = _le(p + pos, <int>n)
+            if op % 2 == 1 and n < 8 and u >> (8 * n - 1):  # signed and negative
+                v = <int64_t>u - (<int64_t>1 << (8 * n))
+            else:
+                v = <int64_t>u
+            _byte(out, 2)
+            _long(out, v)
+            return pos + n
+        if op == OP_UINT64:
+            if pos + 8 > end:
+                return -1
+            _byte(out, 2)
+            _unsigned_decimal(out, _le(p + pos, 8))
+            return pos + 8
+        if op == OP_FLOAT or op == OP_DOUBLE:
+            n = 4 if op == OP_FLOAT else 8
+            if pos + n > end:
+                return -1
+            _byte(out, 2)
+            _raw(out, p + pos, n)
+            return pos + n
+        if op == OP_YEAR:
+            if pos + 1 > end:
+                return -1
+            v = p[pos]
+            _byte(out, 2)
+            _long(out, v + 1900 if v else 0)
+            return pos + 1
+        if op == OP_DECIMAL:
+            return self._decimal(i, p, pos, end, out)
+        if op == OP_UTF8 or op == OP_BYTES or op == OP_BINARY or op == OP_CHARMAP:
+            return self._string(i, p, pos, end, out)
+        if op == OP_ENUM:
+            if pos + a > end:
+                return -1
+            v = <int64_t>_le(p + pos, a)
+            labels = <tuple>self.extras[i]
+            label = <bytes>(labels[v - 1] if 0 < v <= len(labels) else b"\x00")
+            n = PyBytes_GET_SIZE(label)
+            _reserve(out, n + 1)
+            _byte(out, 2)
+            _raw(out, <const uint8_t *>PyBytes_AS_STRING(label), n)
+            return pos + a
+        if op == OP_BIT_BOOL or op == OP_BIT_LONG or op == OP_BIT_U64:
+            if pos + a > end:
+                return -1
+            u = _be(p + pos, a)
+            _byte(out, 2)
+            if op == OP_BIT_BOOL:
+                _byte(out, 1 if u else 0)
+            elif op == OP_BIT_LONG:
+                _long(out, <int64_t>u)
+            else:
+                _unsigned_decimal(out, u)
+            return pos + a
+        if op == OP_DATE:
+            return self._date(p, pos, end, out)
+        if op == OP_DATETIME2:
+            return self._datetime2(a, p, pos, end, out)
+        if op == OP_TIMESTAMP2:
+            return self._timestamp2(a, p, pos, end, out)
+        if op == OP_TIME2:
+            return self._time2(a, p, pos, end, out)
+        return -1
+
+    cdef Py_ssize_t _decimal(self, int i, const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
+                             Out *out) except -2:
+        """DECIMAL of at most 18 digits (DecimalFormat.unscaled, exactly)."""
+        cdef int lead = self.a[i], full = self.b[i], last = self.c[i]
+        cdef int size = _DIG2BYTES[lead] + 4 * full + _DIG2BYTES[last]
+        cdef uint8_t raw[32]
+        cdef bint negative
+        cdef int k, at = 0
+        cdef uint64_t group
+        cdef int64_t value = 0
+        if pos + size > end or size > 32:
+            return -1
+        memcpy(raw, p + pos, size)
+        negative = not (raw[0] & 0x80)
+        raw[0] ^= 0x80
+        if negative:
+            for k in range(size):
+                raw[k] ^= 0xFF
+        if lead:
+            group = _be(raw, _DIG2BYTES[lead])
+            if group >= <uint64_t>_POW10[lead]:
+                return -1
+            value = <int64_t>group
+            at = _DIG2BYTES[lead]
+        for k in range(full):
+            group = _be(raw + at, 4)
+            if group >= 1000000000:
+                return -1
+            value = value * 1000000000 + <int64_t>group
+            at += 4
+        if last:
+            group = _be(raw + at, _DIG2BYTES[last])
+            if group >= <uint64_t>_POW10[last]:
+                return -1
+            value = value * _POW10[last] + <int64_t>group
+        _byte(out, 2)
+        _signed_decimal(out, -value if negative else value)
+        return pos + size
+
+    cdef Py_ssize_t _string(self, int i, const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
+                            Out *out) except -2:
+        cdef int op = self.ops[i]
+        cdef int prefix = self.a[i]
+        cdef Py_ssize_t n, padded, k, grown
+        cdef const uint8_t *data
+        cdef const char *table
+        cdef const uint8_t *entry
+        if pos + prefix > end:
+            return -1
+        n = <Py_ssize_t>_le(p + pos, prefix)
+        pos += prefix
+        if n > end - pos:
+            return -1
+        data = p + pos
+        if op == OP_UTF8:
+            if not _utf8_valid(data, n):
+                return -1
+        elif op == OP_BINARY:
+            padded = self.b[i] if self.b[i] > n else n
+            _reserve(out, padded + 12)
+            _byte(out, 2)
+            _varint(out, <uint64_t>padded << 1)
+            _raw(out, data, n)
+            memset(out.data + out.size, 0, padded - n)
+            out.size += padded - n
+            return pos + n
+        elif op == OP_CHARMAP:
+            # 256 entries of 4 bytes: the UTF-8 length, then up to 3 bytes (0: undecodable)
+            table = PyBytes_AS_STRING(<bytes>self.extras[i])
+            grown = 0
+            for k in range(n):
+                entry = <const uint8_t *>table + 4 * data[k]
+                if entry[0] == 0:
+                    return -1
+                grown += entry[0]
+            _reserve(out, grown + 12)
+            _byte(out, 2)
+            _varint(out, <uint64_t>grown << 1)
+            for k in range(n):
+                entry = <const uint8_t *>table + 4 * data[k]
+                _raw(out, entry + 1, entry[0])
+            return pos + n
+        _reserve(out, n + 12)
+        _byte(out, 2)
+        _varint(out, <uint64_t>n << 1)
+        _raw(out, data, n)
+        return pos + n
+
+    cdef Py_ssize_t _date(self, const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
+                          Out *out) except -2:
+        cdef uint64_t v
+        cdef int64_t day, month, year
+        if pos + 3 > end:
+            return -1
+        v = _le(p + pos, 3)
+        day, month, year = v & 31, (v >> 5) & 15, v >> 9
+        if month > 12:
+            return -1
+        if _valid_date(year, month, day):
+            _byte(out, 2)
+            _long(out, _days(year, month, day))
+        else:
+            _text(out, f"{year:04d}-{month:02d}-{day:02d}".encode())
+        return pos + 3
+
+    cdef Py_ssize_t _datetime2(self, int fsp, const uint8_t *p, Py_ssize_t pos,
+                               Py_ssize_t end, Out *out) except -2:
+        cdef Py_ssize_t size = 5 + (fsp + 1) // 2
+        cdef int64_t packed, ymd, hms, year_month, year, month, day, hour, minute, second
+        cdef int64_t micros
+        if pos + size > end:
+            return -1
+        packed = <int64_t>_be(p + pos, 5) - 0x8000000000
+        micros = _frac_micros(p + pos + 5, fsp)
+        if packed < 0 or micros < 0 or micros > 999999:
+            return -1
+        ymd, hms = packed >> 17, packed & 0x1FFFF
+        year_month, day = ymd >> 5, ymd & 31
+        year, month = year_month // 13, year_month % 13
+        hour, minute, second = hms >> 12, (hms >> 6) & 63, hms & 63
+        if month > 12 or day > 31 or hour > 23 or minute > 59 or second > 59:
+            return -1
+        if _valid_date(year, month, day):
+            _byte(out, 2)
+            _long(out, ((_days(year, month, day) * 86400 + hour * 3600 + minute * 60 + second)
+                        * 1000000 + micros))
+        else:
+            text = f"{year:04d}-{month:02d}-{day:02d} {hour:02d}:{minute:02d}:{second:02d}"
+            if fsp:
+                text += f".{micros:06d}"[: fsp + 1]
+            _text(out, text.encode())
+        return pos + size
+
+    cdef Py_ssize_t _timestamp2(self, int fsp, const uint8_t *p, Py_ssize_t pos,
+                                Py_ssize_t end, Out *out) except -2:
+        cdef Py_ssize_t size = 4 + (fsp + 1) // 2
+        cdef int64_t seconds, micros
+        if pos + size > end:
+            return -1
+        seconds = <int64_t>_be(p + pos, 4)
+        micros = _frac_micros(p + pos + 4, fsp)
+        if seconds == 0 and micros == 0:
+            _text(out, (b"0000-00-00 00:00:00" + (b"." + b"0" * fsp if fsp else b"")))
+        else:
+            _byte(out, 2)
+            _long(out, seconds * 1000000 + micros)
+        return pos + size
+
+    cdef Py_ssize_t _time2(self, int fsp, const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
+                           Out *out) except -2:
+        """TIME2 within 0..24h (values.time2, then the encoder's ``0 <= t < DAY`` test);
+        anything else takes the Python path for its text form."""
+        cdef int fb = (fsp + 1) // 2
+        cdef int64_t packed, intpart, frac, hms, micros, t
+        if pos + 3 + fb > end:
+            return -1
+        if fb == 3:
+            packed = <int64_t>_be(p + pos, 6) - 0x800000000000
+        else:
+            intpart = <int64_t>_be(p + pos, 3) - 0x800000
+            frac = <int64_t>_be(p + pos + 3, fb) if fb else 0
+            if intpart < 0 and frac:
+                intpart += 1
+                frac -= 0x100 if fb == 1 else 0x10000
+            packed = intpart * (1 << 24) + frac * (10000 if fb == 1 else 100)
+        if packed < 0:
+            return -1
+        hms, micros = packed >> 24, packed & 0xFFFFFF
+        t = ((((hms >> 12) & 0x3FF) * 60 + ((hms >> 6) & 63)) * 60 + (hms & 63)) * 1000000
+        t += micros
+        if t >= _DAY_MICROS:
+            return -1
+        _byte(out, 2)
+        _long(out, t)
+        return pos + 3 + fb
+
+
+def records(bytearray out, bytes head, bytes tail_even, bytes tail_odd, bytes columns,
+            bytes ends, int64_t event_no):
+    """Append one Avro record per row: ``head`` (domain, server_id, sequence), the event
+    number, the tail (timestamp, event_type; even and odd rows differ for updates) and the
+    row's columns. Returns the next event number."""
+    cdef Py_ssize_t count = PyBytes_GET_SIZE(ends) // 4
+    cdef Py_ssize_t nhead = PyBytes_GET_SIZE(head)
+    cdef Py_ssize_t ntail0 = PyBytes_GET_SIZE(tail_even), ntail1 = PyBytes_GET_SIZE(tail_odd)
+    cdef Py_ssize_t ncols = PyBytes_GET_SIZE(columns)
+    cdef Py_ssize_t start = PyByteArray_GET_SIZE(out)
+    cdef Py_ssize_t bound = count * (nhead + 10 + max(ntail0, ntail1)) + ncols
+    cdef const uint8_t *cols = <const uint8_t *>PyBytes_AS_STRING(columns)
+    cdef const char *e = PyBytes_AS_STRING(ends)
+    cdef uint32_t row_start = 0, row_end = 0
+    cdef Py_ssize_t r
+    cdef Out w
+    PyByteArray_Resize(out, start + bound)
+    w.data = PyByteArray_AS_STRING(out)
+    w.size = start
+    w.capacity = start + bound
+    for r in range(count):
+        memcpy(&row_end, e + 4 * r, 4)
+        if row_end < row_start or row_end > ncols:
+            PyByteArray_Resize(out, start)
+            raise ValueError("row ends out of order")
+        _raw(&w, <const uint8_t *>PyBytes_AS_STRING(head), nhead)
+        _long(&w, event_no)
+        event_no += 1
+        if r & 1:
+            _raw(&w, <const uint8_t *>PyBytes_AS_STRING(tail_odd), ntail1)
+        else:
+            _raw(&w, <const uint8_t *>PyBytes_AS_STRING(tail_even), ntail0)
+        _raw(&w, cols + row_start, row_end - row_start)
+        row_start = row_end
+    PyByteArray_Resize(out, w.size)
+    return event_no
