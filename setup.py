@@ -1,12 +1,15 @@
-"""Builds the optional C extension (cdcserver/store/_transcode.pyx); everything else is in
-pyproject.toml. Without a C compiler the build goes on without it and the service takes its
-pure-Python path (cdcserver/store/transcoder.py)."""
+"""Builds the optional C extensions (binlog rows to Avro: cdcserver/store/_transcode.pyx;
+Avro blocks to JSON lines: cdcserver/protocol/_jsonlines.pyx); everything else is in
+pyproject.toml. Without a C compiler the build goes on without them and the service takes its
+pure-Python paths."""
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 extensions = cythonize(
     [Extension("cdcserver.store._transcode", ["cdcserver/store/_transcode.pyx"],
+               optional=True),
+     Extension("cdcserver.protocol._jsonlines", ["cdcserver/protocol/_jsonlines.pyx"],
                optional=True)],
     compiler_directives={"language_level": "3"},
 )

@@ -1,7 +1,9 @@
-"""The compiled transcoder (binlog row images straight to Avro) against the Python path.
+"""The C extensions against the Python paths they replace.
 
-The same binlog is replicated twice by a real service: once with the transcoder, once with
-``CDC_PURE_PYTHON`` set, and the Avro files must hold identical bytes. The table has every
+The transcoder (binlog row images straight to Avro): the same binlog is replicated twice by a
+real service, once with the transcoder and once with ``CDC_PURE_PYTHON`` set, and the Avro
+files must hold identical bytes. The JSON block renderer: every block of those files rendered
+by it and record by record by ``compile_renderer`` must give identical lines. The table has every
 column type the transcoder takes, filled with edge values (zero dates, the extremes, NULLs,
 values the transcoder hands back to Python such as negative TIMEs) and a few thousand random
 rows, in inserts, updates and deletes.
@@ -10,12 +12,15 @@ rows, in inserts, updates and deletes.
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 import os
 import random
 
+import fastavro
 import pytest
 
+from cdcserver.protocol.records import compile_block_renderer, compile_renderer
 from cdcserver.store import store as store_module
 from cdcserver.store import transcoder
 from client.avro import block_at, decompress, parse_header
@@ -148,17 +153,22 @@ def _fill(source: Source) -> None:
     conn.close()
 
 
-def _records(data_dir: str, name: str) -> bytes:
-    """Every record of the table's first version, as the Avro bytes the store wrote."""
+def _blocks(data_dir: str, name: str) -> tuple[str, list[tuple[int, bytes]]]:
+    """The schema and the blocks (record count, decompressed records) of the table's first
+    version, as the store wrote them."""
     path = os.path.join(data_dir, "avro", f"{name}.000001.avro")
     with open(path, "rb") as f:
         data = f.read()
     header = parse_header(data)
-    out, pos = bytearray(), header.size
+    blocks, pos = [], header.size
     while (block := block_at(data, pos, header.sync)) is not None:
-        _, start, pos = block
-        out += decompress(header.codec, data[start : pos - len(header.sync)])
-    return bytes(out)
+        count, start, pos = block
+        blocks.append((count, decompress(header.codec, data[start : pos - len(header.sync)])))
+    return header.schema_json, blocks
+
+
+def _records(data_dir: str, name: str) -> bytes:
+    return b"".join(records for _, records in _blocks(data_dir, name)[1])
 
 
 async def _replicate(path: str, source: Source, users: str) -> bytes:
@@ -189,3 +199,27 @@ async def test_transcoded_avro_equals_the_python_path(source: Source, users_file
 
     assert transcoded > 20  # most events took the compiled path...
     assert len(fast) > 2_000_000 and fast == slow  # ...and wrote the very same bytes
+
+
+async def test_json_block_renderer_writes_the_python_renderers_lines(
+        source: Source, users_file: str, tmp_path):
+    _fill(source)
+    path = str(tmp_path / "data")
+    await _replicate(path, source, users_file)
+    schema_json, blocks = _blocks(path, f"{source.database}.t")
+    renderer = compile_block_renderer(schema_json)
+    assert renderer is not None
+    render = compile_renderer(schema_json)
+    reader = fastavro.parse_schema(json.loads(schema_json))
+    rendered = 0
+    for count, data in blocks:
+        lines = renderer.render(data, count)
+        stream = io.BytesIO(data)
+        expected = b"".join(render(fastavro.schemaless_reader(stream, reader, None))
+                            for _ in range(count))
+        if lines is not None:  # None: a value it leaves to Python (a float32 NaN, say)
+            assert lines == expected
+            rendered += count
+    assert rendered > 0.9 * sum(count for count, _ in blocks)
+    # and a zone other than UTC for TIMESTAMPs is left to the Python renderer
+    assert compile_block_renderer(schema_json, dt.timezone(dt.timedelta(hours=2))) is None

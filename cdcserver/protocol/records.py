@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable, Iterator
 from functools import lru_cache
 from json.encoder import encode_basestring
-from typing import Any
+from typing import Any, Protocol
 
 import fastavro
 
@@ -16,6 +16,11 @@ from cdcserver.store.avrofile import Block, Header, decompress
 from cdcserver.store.catalog import VersionInfo
 from cdcserver.store.schema import TableSchema
 from client.schema import Kind, to_json_text
+
+try:
+    from cdcserver.protocol import _jsonlines  # type: ignore[attr-defined]
+except ImportError:  # built without a C compiler: compile_renderer alone
+    _jsonlines = None
 
 Record = dict[str, Any]
 Renderer = Callable[[Record], bytes]
@@ -39,6 +44,15 @@ def decode_records(info: VersionInfo, block: Block) -> Iterator[Record]:
     for _ in range(block.count):
         record: Record = reader(data, schema, None)  # type: ignore[assignment]
         yield record
+
+
+def rendered_block(info: VersionInfo, block: Block, zone: dt.tzinfo) -> bytes | None:
+    """A whole block as JSON lines by the C renderer; None when it does not take the block
+    (then render its records one by one with ``compile_renderer``)."""
+    renderer = compile_block_renderer(info.header.schema_json, zone)
+    if renderer is None:
+        return None
+    return renderer.render(read_block(info.path, info.header, block), block.count)
 
 
 def encode_block(info: VersionInfo, records: list[Record]) -> bytes:
@@ -89,3 +103,60 @@ def compile_renderer(schema_json: str, zone: dt.tzinfo = dt.UTC) -> Renderer:
     exec(compile(src, "<json-renderer>", "exec"), ns)
     renderer: Renderer = ns["render"]
     return renderer
+
+
+class BlockRenderer(Protocol):
+    def render(self, data: bytes, count: int) -> bytes | None: ...
+
+
+# Value operations of _jsonlines.pyx (its enum), by kind.
+_BLOCK_OPS = {Kind.INT: 1, Kind.LONG: 1, Kind.BOOLEAN: 3, Kind.FLOAT: 4, Kind.DOUBLE: 5,
+              Kind.DECIMAL: 6, Kind.STRING: 7, Kind.BYTES: 8, Kind.UUID: 9, Kind.DATE: 10,
+              Kind.DATETIME: 11, Kind.TIMESTAMP: 12, Kind.TIME: 13, Kind.NULL: 14}
+_R_LONG, _R_ENUM = 1, 2
+_PLAIN, _NULLABLE, _WITH_TEXT = 0, 1, 2
+
+
+@lru_cache(maxsize=1024)
+def compile_block_renderer(schema_json: str, zone: dt.tzinfo = dt.UTC) -> BlockRenderer | None:
+    """The C renderer of whole blocks (``_jsonlines.pyx``) for a version's schema: the lines
+    ``compile_renderer`` writes, several times faster. None without the extension, with
+    ``CDC_PURE_PYTHON`` set, or for a schema it does not take (a TIMESTAMP shown in a zone
+    other than UTC, a union of another shape)."""
+    from cdcserver.store.transcoder import available
+
+    if _jsonlines is None or not available():
+        return None
+    avsc = json.loads(schema_json)
+    fields = TableSchema.from_avsc(avsc).fields
+    program: list[tuple[int, int, int, bytes, tuple[bytes, ...] | None]] = []
+    for i, (field, spec) in enumerate(zip(fields, avsc["fields"], strict=True)):
+        prefix = (("{" if i == 0 else ", ") + json.dumps(field.name, ensure_ascii=False)
+                  + ": ").encode("utf-8")
+        if i < 6 and field.name in _SIMPLE_META:
+            program.append((_R_LONG, _PLAIN, 0, prefix, None))
+            continue
+        if i < 6 and field.name == "event_type":
+            symbols = tuple(f'"{s}"'.encode() for s in spec["type"]["symbols"])
+            program.append((_R_ENUM, _PLAIN, 0, prefix, symbols))
+            continue
+        union = _union_shape(spec["type"])
+        if union is None or field.kind not in _BLOCK_OPS:
+            return None
+        if field.kind == Kind.TIMESTAMP and zone.utcoffset(None) != dt.timedelta(0):
+            return None
+        arg = field.scale if field.kind == Kind.DECIMAL else field.fsp
+        program.append((_BLOCK_OPS[field.kind], union, arg, prefix, None))
+    renderer: BlockRenderer = _jsonlines.BlockRenderer(program)
+    return renderer
+
+
+def _union_shape(avro_type: Any) -> int | None:
+    """The shapes the store writes: ["null"], ["null", T] and ["null", T, "string"]."""
+    if not isinstance(avro_type, list) or not avro_type or avro_type[0] != "null":
+        return None
+    if len(avro_type) <= 2:
+        return _NULLABLE
+    if len(avro_type) == 3 and avro_type[2] == "string":
+        return _WITH_TEXT
+    return None

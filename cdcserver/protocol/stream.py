@@ -36,7 +36,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 from cdcserver.gtid import Gtid, GtidState
-from cdcserver.protocol.records import compile_renderer, decode_records, encode_block
+from cdcserver.protocol.records import (
+    compile_renderer,
+    decode_records,
+    encode_block,
+    rendered_block,
+)
 from cdcserver.store.avrofile import Block, scan_blocks
 from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.index import StoreIndex
@@ -360,6 +365,12 @@ class Streamer:
 
     async def _send_json(self, info: VersionInfo, block: Block,
                          until: _Until | None = None) -> None:
+        if until is None and (self._filter is None or self._filter.settled):
+            lines = rendered_block(info, block, self.zone)
+            if lines is not None:
+                await self._write(lines)
+                self.records_sent += block.count
+                return
         render = compile_renderer(info.header.schema_json, self.zone)
         accepts = self._filter
         out = bytearray()

@@ -1,0 +1,542 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""A block of stored Avro records straight to JSON lines, in C.
+
+``BlockRenderer.render`` walks the records of one (decompressed) block with a program built
+by ``records.py`` from the version's schema and writes each as the line ``compile_renderer``
+would: the same keys, separators and value texts (``client.schema.to_json_text``), without a
+Python object per value. It returns None wherever it cannot be sure of that (malformed data,
+invalid UTF-8, a value outside what the store writes), and the caller renders the block in
+Python instead, which then reports the problem as before.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.mem cimport PyMem_Free
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc, strtod
+from libc.string cimport memcpy, strlen
+
+cdef extern from "Python.h":
+    char *PyOS_double_to_string(double val, char format_code, int precision, int flags,
+                                int *ptype) except NULL
+    int Py_DTSF_ADD_DOT_0
+
+cdef extern from *:
+    """
+    typedef __int128 cdc_int128;
+    typedef unsigned __int128 cdc_uint128;
+    """
+    ctypedef long long cdc_int128
+    ctypedef unsigned long long cdc_uint128
+
+# Value operations (records.py names them; keep in step).
+cdef enum:
+    R_LONG = 1
+    R_ENUM = 2
+    R_BOOLEAN = 3
+    R_FLOAT = 4
+    R_DOUBLE = 5
+    R_DECIMAL = 6     # a: scale
+    R_STRING = 7
+    R_BYTES = 8
+    R_UUID = 9
+    R_DATE = 10
+    R_DATETIME = 11   # a: fsp
+    R_TIMESTAMP = 12  # a: fsp (rendered in UTC)
+    R_TIME = 13       # a: fsp
+    R_NULL = 14
+
+# Union shapes
+cdef enum:
+    PLAIN = 0         # not a union (the metadata fields)
+    NULLABLE = 1      # ["null", T]
+    WITH_TEXT = 2     # ["null", T, "string"]: the string branch holds MariaDB's own text
+
+cdef int64_t _DAY_MICROS = 86400000000
+cdef const char *_HEX = b"0123456789abcdef"
+
+
+cdef struct Out:
+    char *data
+    Py_ssize_t size
+    Py_ssize_t capacity
+
+
+cdef int _reserve(Out *out, Py_ssize_t extra) except -1:
+    cdef Py_ssize_t want = out.size + extra
+    cdef Py_ssize_t capacity
+    cdef char *grown
+    if want <= out.capacity:
+        return 0
+    capacity = out.capacity * 2 if out.capacity else 65536
+    while capacity < want:
+        capacity *= 2
+    grown = <char *>realloc(out.data, capacity)
+    if grown == NULL:
+        raise MemoryError()
+    out.data = grown
+    out.capacity = capacity
+    return 0
+
+
+cdef inline void _put(Out *out, const char *p, Py_ssize_t n) noexcept:
+    memcpy(out.data + out.size, p, n)
+    out.size += n
+
+
+cdef inline void _digits(Out *out, uint64_t v, int width) noexcept:
+    """v in decimal, zero-padded to ``width`` digits."""
+    cdef char buf[24]
+    cdef int n = 0
+    while True:
+        buf[23 - n] = <char>(48 + v % 10)
+        v //= 10
+        n += 1
+        if not v and n >= width:
+            break
+    _put(out, buf + 24 - n, n)
+
+
+cdef inline void _signed(Out *out, int64_t v) noexcept:
+    if v < 0:
+        out.data[out.size] = b'-'
+        out.size += 1
+        _digits(out, <uint64_t>0 - <uint64_t>v, 1)
+    else:
+        _digits(out, <uint64_t>v, 1)
+
+
+cdef struct Cursor:
+    const uint8_t *p
+    Py_ssize_t pos
+    Py_ssize_t end
+    bint bad
+
+
+cdef inline int64_t _long(Cursor *c) noexcept:
+    cdef uint64_t z = 0
+    cdef int shift = 0
+    cdef uint8_t b
+    while True:
+        if c.pos >= c.end or shift > 63:
+            c.bad = True
+            return 0
+        b = c.p[c.pos]
+        c.pos += 1
+        z |= (<uint64_t>(b & 0x7F)) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+    return <int64_t>(z >> 1) ^ -(<int64_t>(z & 1))
+
+
+cdef inline const uint8_t *_take(Cursor *c, Py_ssize_t n) noexcept:
+    cdef const uint8_t *at
+    if n < 0 or n > c.end - c.pos:
+        c.bad = True
+        return NULL
+    at = c.p + c.pos
+    c.pos += n
+    return at
+
+
+cdef bint _utf8_valid(const uint8_t *p, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t i = 0
+    cdef uint8_t c, c1
+    while i < n:
+        c = p[i]
+        if c < 0x80:
+            i += 1
+            continue
+        if c < 0xC2:
+            return False
+        if c < 0xE0:
+            if i + 1 >= n or (p[i + 1] & 0xC0) != 0x80:
+                return False
+            i += 2
+            continue
+        if c < 0xF0:
+            if i + 2 >= n:
+                return False
+            c1 = p[i + 1]
+            if (c1 & 0xC0) != 0x80 or (p[i + 2] & 0xC0) != 0x80:
+                return False
+            if (c == 0xE0 and c1 < 0xA0) or (c == 0xED and c1 > 0x9F):
+                return False
+            i += 3
+            continue
+        if c > 0xF4 or i + 3 >= n:
+            return False
+        c1 = p[i + 1]
+        if ((c1 & 0xC0) != 0x80 or (p[i + 2] & 0xC0) != 0x80
+                or (p[i + 3] & 0xC0) != 0x80):
+            return False
+        if (c == 0xF0 and c1 < 0x90) or (c == 0xF4 and c1 > 0x8F):
+            return False
+        i += 4
+    return True
+
+
+cdef int _json_string(Out *out, const uint8_t *p, Py_ssize_t n) except -1:
+    """A JSON string as json.dumps(ensure_ascii=False) writes it; 0 if not UTF-8."""
+    cdef Py_ssize_t i
+    cdef uint8_t b
+    if not _utf8_valid(p, n):
+        return 0
+    _reserve(out, 6 * n + 2)
+    out.data[out.size] = b'"'
+    out.size += 1
+    for i in range(n):
+        b = p[i]
+        if b >= 0x20 and b != 34 and b != 92:
+            out.data[out.size] = <char>b
+            out.size += 1
+        elif b == 34:
+            _put(out, b'\\"', 2)
+        elif b == 92:
+            _put(out, b'\\\\', 2)
+        elif b == 10:
+            _put(out, b'\\n', 2)
+        elif b == 13:
+            _put(out, b'\\r', 2)
+        elif b == 9:
+            _put(out, b'\\t', 2)
+        elif b == 8:
+            _put(out, b'\\b', 2)
+        elif b == 12:
+            _put(out, b'\\f', 2)
+        else:
+            _put(out, b'\\u00', 4)
+            out.data[out.size] = _HEX[b >> 4]
+            out.data[out.size + 1] = _HEX[b & 15]
+            out.size += 2
+    out.data[out.size] = b'"'
+    out.size += 1
+    return 1
+
+
+cdef inline void _civil(int64_t days, int64_t *year, int64_t *month, int64_t *day) noexcept:
+    """H. Hinnant's civil_from_days: days since 1970-01-01 to a proleptic Gregorian date."""
+    days += 719468
+    cdef int64_t era = (days if days >= 0 else days - 146096) // 146097
+    cdef int64_t doe = days - era * 146097
+    cdef int64_t yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    cdef int64_t doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    cdef int64_t mp = (5 * doy + 2) // 153
+    day[0] = doy - (153 * mp + 2) // 5 + 1
+    month[0] = mp + 3 if mp < 10 else mp - 9
+    year[0] = yoe + era * 400 + (1 if month[0] <= 2 else 0)
+
+
+cdef inline void _fraction(Out *out, int64_t micros, int fsp) noexcept:
+    """``f".{micros:06d}"[: fsp + 1] if fsp``"""
+    cdef char buf[6]
+    cdef int i
+    if not fsp:
+        return
+    for i in range(5, -1, -1):
+        buf[i] = <char>(48 + micros % 10)
+        micros //= 10
+    out.data[out.size] = b'.'
+    out.size += 1
+    _put(out, buf, fsp if fsp <= 6 else 6)
+
+
+cdef int _moment(Out *out, int64_t micros, int fsp, bint utc) except -1:
+    """A local-timestamp-micros (or, with ``utc``, timestamp-micros) value as datetime_text;
+    0 outside datetime's years 1..9999."""
+    cdef int64_t days, rest, year, month, day
+    days = micros // _DAY_MICROS if micros >= 0 else -((-micros + _DAY_MICROS - 1)
+                                                         // _DAY_MICROS)
+    rest = micros - days * _DAY_MICROS
+    _civil(days, &year, &month, &day)
+    if year < 1 or year > 9999:
+        return 0
+    _reserve(out, 40)
+    out.data[out.size] = b'"'
+    out.size += 1
+    _digits(out, <uint64_t>year, 4)
+    out.data[out.size] = b'-'
+    out.size += 1
+    _digits(out, <uint64_t>month, 2)
+    out.data[out.size] = b'-'
+    out.size += 1
+    _digits(out, <uint64_t>day, 2)
+    out.data[out.size] = b' '
+    out.size += 1
+    _clock(out, rest, fsp)
+    if utc:
+        _put(out, b"+00:00", 6)
+    out.data[out.size] = b'"'
+    out.size += 1
+    return 1
+
+
+cdef inline void _clock(Out *out, int64_t micros, int fsp) noexcept:
+    cdef int64_t seconds = micros // 1000000
+    _digits(out, <uint64_t>(seconds // 3600), 2)
+    out.data[out.size] = b':'
+    out.size += 1
+    _digits(out, <uint64_t>(seconds % 3600 // 60), 2)
+    out.data[out.size] = b':'
+    out.size += 1
+    _digits(out, <uint64_t>(seconds % 60), 2)
+    _fraction(out, micros % 1000000, fsp)
+
+
+cdef int _decimal(Out *out, const uint8_t *p, Py_ssize_t n, int scale) except -1:
+    """format(Decimal(unscaled).scaleb(-scale), "f"); 0 beyond 16 bytes."""
+    cdef cdc_int128 v = 0
+    cdef cdc_uint128 u
+    cdef char buf[48]
+    cdef int len_ = 0, i
+    if n < 1 or n > 16:
+        return 0
+    v = -1 if p[0] & 0x80 else 0
+    for i in range(n):
+        v = (v << 8) | p[i]
+    u = <cdc_uint128>(-v) if v < 0 else <cdc_uint128>v
+    while u or len_ <= scale:
+        buf[47 - len_] = <char>(48 + <int>(u % 10))
+        u //= 10
+        len_ += 1
+    _reserve(out, 52)
+    if v < 0:
+        out.data[out.size] = b'-'
+        out.size += 1
+    _put(out, buf + 48 - len_, len_ - scale)
+    if scale:
+        out.data[out.size] = b'.'
+        out.size += 1
+        _put(out, buf + 48 - scale, scale)
+    return 1
+
+
+cdef int _float32(Out *out, const uint8_t *p) except -1:
+    """client.schema.float32_text: the shortest %g that reads back as the same float32."""
+    cdef float f
+    cdef double d
+    cdef char *text
+    cdef int digits
+    cdef Py_ssize_t n
+    memcpy(&f, p, 4)
+    d = <double>f
+    if d != d or d == 1.0 / 0.0 or d == -1.0 / 0.0:
+        return 0  # float32_text raises for these: the Python path says so
+    for digits in range(1, 10):
+        text = PyOS_double_to_string(d, b'g', digits, 0, NULL)
+        try:
+            if <float>strtod(text, NULL) == f:
+                n = <Py_ssize_t>strlen(text)
+                _reserve(out, n)
+                _put(out, text, n)
+                return 1
+        finally:
+            PyMem_Free(text)
+    text = PyOS_double_to_string(d, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
+    try:
+        n = <Py_ssize_t>strlen(text)
+        _reserve(out, n)
+        _put(out, text, n)
+    finally:
+        PyMem_Free(text)
+    return 1
+
+
+cdef class BlockRenderer:
+    """The records of one table version's blocks to JSON lines."""
+
+    cdef int nfields
+    cdef int *ops
+    cdef int *unions
+    cdef int *args
+    cdef list prefixes  # bytes: '{"name": ' or ', "name": '
+    cdef list symbols   # per field: rendered enum symbols, or None
+
+    def __cinit__(self, list program):
+        cdef int i, n = len(program)
+        self.nfields = n
+        self.ops = <int *>malloc(sizeof(int) * (n + 1))
+        self.unions = <int *>malloc(sizeof(int) * (n + 1))
+        self.args = <int *>malloc(sizeof(int) * (n + 1))
+        if self.ops == NULL or self.unions == NULL or self.args == NULL:
+            raise MemoryError()
+        self.prefixes = []
+        self.symbols = []
+        for i in range(n):
+            op, union, arg, prefix, symbols = program[i]
+            self.ops[i] = op
+            self.unions[i] = union
+            self.args[i] = arg
+            self.prefixes.append(prefix)
+            self.symbols.append(symbols)
+
+    def __dealloc__(self):
+        free(self.ops)
+        free(self.unions)
+        free(self.args)
+
+    def render(self, bytes data, Py_ssize_t count):
+        """The JSON lines of the ``count`` records in ``data`` (a block's decompressed
+        records), or None when the Python renderer must do it."""
+        cdef Out out
+        cdef Cursor c
+        cdef Py_ssize_t r
+        cdef int i
+        out.data = NULL
+        out.size = out.capacity = 0
+        c.p = <const uint8_t *>PyBytes_AS_STRING(data)
+        c.pos = 0
+        c.end = PyBytes_GET_SIZE(data)
+        c.bad = False
+        try:
+            for r in range(count):
+                for i in range(self.nfields):
+                    if not self._field(i, &c, &out) or c.bad:
+                        return None
+                _reserve(&out, 2)
+                _put(&out, b"}\n", 2)
+            if c.pos != c.end:
+                return None
+            return PyBytes_FromStringAndSize(out.data, out.size)
+        finally:
+            free(out.data)
+
+    cdef int _field(self, int i, Cursor *c, Out *out) except -1:
+        cdef bytes prefix = <bytes>self.prefixes[i]
+        cdef int union = self.unions[i]
+        cdef int64_t branch = 1
+        cdef Py_ssize_t n
+        cdef const uint8_t *p
+        _reserve(out, PyBytes_GET_SIZE(prefix) + 48)
+        _put(out, PyBytes_AS_STRING(prefix), PyBytes_GET_SIZE(prefix))
+        if union != PLAIN:
+            branch = _long(c)
+            if branch == 0:
+                _put(out, b"null", 4)
+                return 1
+            if branch == 2 and union == WITH_TEXT:
+                n = <Py_ssize_t>_long(c)
+                p = _take(c, n)
+                return 0 if c.bad else _json_string(out, p, n)
+            if branch != 1:
+                return 0
+        return self._value(i, c, out)
+
+    cdef int _value(self, int i, Cursor *c, Out *out) except -1:
+        cdef int op = self.ops[i]
+        cdef int arg = self.args[i]
+        cdef int64_t v, year, month, day
+        cdef Py_ssize_t n, k
+        cdef const uint8_t *p
+        cdef char *text
+        cdef double d
+        if op == R_LONG:
+            _signed(out, _long(c))
+            return 1
+        if op == R_STRING:
+            n = <Py_ssize_t>_long(c)
+            p = _take(c, n)
+            return 0 if c.bad else _json_string(out, p, n)
+        if op == R_DECIMAL:
+            n = <Py_ssize_t>_long(c)
+            p = _take(c, n)
+            return 0 if c.bad else _decimal(out, p, n, arg)
+        if op == R_DOUBLE:
+            p = _take(c, 8)
+            if c.bad:
+                return 0
+            memcpy(&d, p, 8)
+            text = PyOS_double_to_string(d, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
+            try:
+                n = <Py_ssize_t>strlen(text)
+                _reserve(out, n)
+                _put(out, text, n)
+            finally:
+                PyMem_Free(text)
+            return 1
+        if op == R_DATETIME or op == R_TIMESTAMP:
+            v = _long(c)
+            return 0 if c.bad else _moment(out, v, arg, op == R_TIMESTAMP)
+        if op == R_ENUM:
+            v = _long(c)
+            symbols = <tuple>self.symbols[i]
+            if c.bad or v < 0 or v >= len(symbols):
+                return 0
+            symbol = <bytes>symbols[v]
+            _reserve(out, PyBytes_GET_SIZE(symbol))
+            _put(out, PyBytes_AS_STRING(symbol), PyBytes_GET_SIZE(symbol))
+            return 1
+        if op == R_BOOLEAN:
+            p = _take(c, 1)
+            if c.bad or p[0] > 1:
+                return 0
+            _put(out, b"true" if p[0] else b"false", 4 if p[0] else 5)
+            return 1
+        if op == R_FLOAT:
+            p = _take(c, 4)
+            return 0 if c.bad else _float32(out, p)
+        if op == R_BYTES:
+            n = <Py_ssize_t>_long(c)
+            p = _take(c, n)
+            if c.bad:
+                return 0
+            _reserve(out, 2 * n + 2)
+            out.data[out.size] = b'"'
+            out.size += 1
+            for k in range(n):
+                out.data[out.size] = _HEX[p[k] >> 4]
+                out.data[out.size + 1] = _HEX[p[k] & 15]
+                out.size += 2
+            out.data[out.size] = b'"'
+            out.size += 1
+            return 1
+        if op == R_UUID:
+            n = <Py_ssize_t>_long(c)
+            p = _take(c, n)
+            if c.bad or n != 36:
+                return 0
+            for k in range(36):  # canonical lowercase text only: str(UUID(text)) is itself
+                if k in (8, 13, 18, 23):
+                    if p[k] != 45:
+                        return 0
+                elif not (48 <= p[k] <= 57 or 97 <= p[k] <= 102):
+                    return 0
+            _reserve(out, 38)
+            out.data[out.size] = b'"'
+            memcpy(out.data + out.size + 1, p, 36)
+            out.data[out.size + 37] = b'"'
+            out.size += 38
+            return 1
+        if op == R_DATE:
+            v = _long(c)
+            if c.bad:
+                return 0
+            _civil(v, &year, &month, &day)
+            if year < 1 or year > 9999:
+                return 0
+            out.data[out.size] = b'"'
+            out.size += 1
+            _digits(out, <uint64_t>year, 4)
+            out.data[out.size] = b'-'
+            out.size += 1
+            _digits(out, <uint64_t>month, 2)
+            out.data[out.size] = b'-'
+            out.size += 1
+            _digits(out, <uint64_t>day, 2)
+            out.data[out.size] = b'"'
+            out.size += 1
+            return 1
+        if op == R_TIME:
+            v = _long(c)
+            if c.bad or v < 0 or v >= _DAY_MICROS:
+                return 0
+            out.data[out.size] = b'"'
+            out.size += 1
+            _clock(out, v, arg)
+            out.data[out.size] = b'"'
+            out.size += 1
+            return 1
+        if op == R_NULL:
+            _put(out, b"null", 4)
+            return 1
+        return 0
