@@ -4,7 +4,9 @@ changes: framing, phases, errors, limits. No MariaDB needed."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -293,3 +295,62 @@ async def test_a_corrupt_file_is_an_internal_error_not_a_hang(listener: Listener
     await client.send(b"REQUEST-DATA shop.items\n")
     await client.json_line()  # the schema
     assert (await client.closed()).startswith(b"ERR INTERNAL")
+
+
+def _stuck_client(port: int, fmt: str) -> socket.socket:
+    """A client that requests the table and then does not read (a small receive buffer)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(auth_message(USER, PASSWORD) + f"\nREGISTER UUID=stuck, TYPE={fmt}\n"
+                 "REQUEST-DATA shop.items\n".encode())
+    return sock
+
+
+def _ids_from(sock: socket.socket, count: int) -> list[int]:
+    """Read the two OKs, the schema and ``count`` record lines; their ids in order."""
+    sock.settimeout(30)
+    reader = sock.makefile("rb")
+    assert [reader.readline() for _ in range(2)] == [b"OK\n", b"OK\n"]
+    assert json.loads(reader.readline())["table"] == "items"
+    return [json.loads(reader.readline())["id"] for _ in range(count)]
+
+
+async def test_a_tailing_client_that_stops_reading_leaves_the_shared_tail_and_loses_nothing(
+        listener: Listener):
+    """Clients at the end of a table share one reader (protocol/tail.py). One that stops
+    reading must neither hold the others back nor make the server buffer without bound: it
+    is dropped from the shared tail and later gets every record, in order, from its own
+    stream."""
+    stuck = await asyncio.to_thread(_stuck_client, listener.port, "JSON")
+    reader = await RawClient.connect(listener.port)
+    await reader.login()
+    await reader.send(b"REQUEST-DATA shop.items\n")
+    assert (await reader.json_line())["table"] == "items"
+    assert [(await reader.json_line())["id"] for _ in range(2)] == [1, 2]
+    await pace(0.2)  # the stuck client's request is served: both wait at the end
+    ids = [1, 2]
+    for i in range(400):  # 40 MB: far more than the tail buffers and the socket holds
+        rows = [(100 + i * 50 + j, "x" * 2000) for j in range(50)]
+        await listener.commit_rows(*rows)
+        ids += [row[0] for row in rows]
+        got = [(await reader.json_line())["id"] for _ in rows]
+        assert got == [row[0] for row in rows]
+    assert await asyncio.to_thread(_ids_from, stuck, len(ids)) == ids
+    stuck.close()
+    await reader.close()
+
+
+async def test_an_avro_client_at_the_end_gets_the_file_byte_for_byte(listener: Listener):
+    client = await RawClient.connect(listener.port)
+    await client.login("AVRO")
+    await client.send(b"REQUEST-DATA shop.items\n")
+    info = listener.server.context.catalog.tables[TableName("shop", "items")].latest()
+    assert info is not None
+    received = await client.read_exactly(info.committed)
+    for i in range(20):
+        await listener.commit_rows((10 + i, "tail"))
+        received += await client.read_exactly(info.committed - len(received))
+    with open(info.path, "rb") as f:
+        assert received == f.read()
+    await client.close()

@@ -26,7 +26,8 @@ from cdcserver.protocol.session import (
     SessionContext,
     StartStream,
 )
-from cdcserver.protocol.stream import Streamer
+from cdcserver.protocol.stream import Streamer, read_range
+from cdcserver.protocol.tail import Tails
 from cdcserver.store.inuse import in_use
 from client.wire import Code, ProtocolError, error_line
 
@@ -90,6 +91,7 @@ class CdcServer:
         self.records_sent = 0
         self.dumps_sent = 0
         self.dump_released: Callable[[], None] | None = None  # wakes the cleaner
+        self.tails = Tails(read_range)  # one reader per table end, for the clients there
 
     @property
     def connections(self) -> int:
@@ -112,6 +114,7 @@ class CdcServer:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=self.limits.shutdown_grace)
+        await self.tails.stop()
         await self._server.wait_closed()
         self._server = None
 
@@ -204,6 +207,8 @@ class Connection:
             return await self.messages.next()
 
     async def _send(self, data: bytes) -> None:
+        if self.writer.is_closing():
+            return  # the client went away (uvloop raises RuntimeError on such a write)
         with contextlib.suppress(ConnectionError):
             self.writer.write(data)
             await self.writer.drain()
@@ -211,7 +216,8 @@ class Connection:
     async def _stream(self, start: StartStream) -> None:
         context = self.server.context
         streamer = Streamer(context.catalog, context.index(), start.request, start.format,
-                            self.writer, self.server.zone, context.caught_up)
+                            self.writer, self.server.zone, context.caught_up,
+                            self.server.tails)
         log.info("%s: %s (%s)", self.peer, start.request.line(), start.format.value)
         stream_task = asyncio.create_task(streamer.run())
         input_task = asyncio.create_task(self._watch_input())

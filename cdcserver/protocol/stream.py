@@ -42,6 +42,7 @@ from cdcserver.protocol.records import (
     encode_block,
     rendered_block,
 )
+from cdcserver.protocol.tail import Tails
 from cdcserver.store.avrofile import Block, scan_blocks
 from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.index import StoreIndex
@@ -200,11 +201,30 @@ class _Until:
         return _After(self.state).covers(gtid_text)
 
 
+def read_range(info: VersionInfo, pos: int, end: int, fmt: Format, zone: dt.tzinfo
+               ) -> tuple[bytes, int]:
+    """The bytes an unfiltered stream sends for ``info`` from ``pos`` to ``end`` (block
+    boundaries), and how many records they hold (JSON; AVRO copies bytes and counts 0)."""
+    if fmt == Format.AVRO:
+        return Streamer._read(info, pos, end - pos), 0
+    out, count = bytearray(), 0
+    for block in scan_blocks(info.path, info.header, pos, end):
+        lines = rendered_block(info, block, zone)
+        if lines is None:
+            render = compile_renderer(info.header.schema_json, zone)
+            lines = b"".join(render(record) for record in decode_records(info, block))
+        out += lines
+        count += block.count
+    return bytes(out), count
+
+
 class Streamer:
     def __init__(self, catalog: Catalog, index: StoreIndex | None, request: DataRequest,
                  fmt: Format, writer: asyncio.StreamWriter, zone: dt.tzinfo = dt.UTC,
-                 caught_up: Callable[[GtidState], Awaitable[None]] | None = None) -> None:
+                 caught_up: Callable[[GtidState], Awaitable[None]] | None = None,
+                 tails: Tails | None = None) -> None:
         self.catalog = catalog
+        self.tails = tails  # shared readers for sessions waiting at a version's end
         self.caught_up = caught_up  # waits until the service has stored up to a state
         self.index = index
         self.request = request
@@ -339,6 +359,13 @@ class Streamer:
                 continue
             if info.sealed:
                 return
+            if self.tails is not None and (self._filter is None or self._filter.settled):
+                follower = await self.tails.follow(self.writer.transport, entry, info, pos,
+                                                   self.format, self.zone)
+                self.bytes_sent += follower.bytes_sent
+                self.records_sent += follower.records_sent
+                pos = follower.returned.result()
+                continue
             # Shared by every session tailing the table: shield it, or one session
             # leaving would cancel the others' wait.
             await asyncio.shield(entry.changed())
@@ -413,6 +440,11 @@ class Streamer:
             return f.read(size)
 
     async def _write(self, data: bytes) -> None:
+        if self.writer.is_closing():  # uvloop would raise RuntimeError, not ConnectionError
+            raise ConnectionResetError("the client closed the connection")
         self.writer.write(data)
         self.bytes_sent += len(data)
         await self.writer.drain()
+        # drain() returns at once below the high-water mark: yield anyway, so a stream
+        # sending a whole file does not hold the loop (replication, other clients).
+        await asyncio.sleep(0)

@@ -1,0 +1,142 @@
+"""One reader for every client waiting at the end of a table version.
+
+Clients that have caught up with a table (the usual state of a CDC consumer) all want the
+same bytes when a transaction commits. Instead of every session waking up, reading the new
+blocks and rendering them, a ``Tail`` per (version file, format, time zone) does it once and
+writes the result to each waiting session's transport: a commit costs one render and one
+``write`` per client.
+
+A session hands itself over with ``Tails.follow`` when it stands at the version's committed
+end with no filter left to apply, and gets its position back (it then continues alone) when:
+the version is sealed; its client reads too slowly (more than ``MAX_BUFFERED`` bytes wait in
+its transport: it falls back to its own stream, whose writes await ``drain()``); a commit
+adds more than ``MAX_RANGE`` bytes (each session streams that in bounded chunks); or it is
+cancelled (the client sent a command or left). Bytes go out in commit order either way: the
+tail writes only at the position the session stood at, and the session resumes where the
+tail stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cdcserver.store.catalog import TableEntry, VersionInfo
+from client.wire import Format
+
+log = logging.getLogger(__name__)
+
+MAX_BUFFERED = 1 << 20
+MAX_RANGE = 1 << 20
+
+# (data, records) for the bytes of a version from one offset to another, as a stream sends them
+RangeReader = Callable[[VersionInfo, int, int, Format, dt.tzinfo], tuple[bytes, int]]
+
+
+@dataclass(eq=False)
+class Follower:
+    """A session handed over to a tail: where to write, and what it has been sent."""
+
+    transport: asyncio.WriteTransport
+    returned: asyncio.Future[int]  # the position the session continues from
+    bytes_sent: int = 0
+    records_sent: int = 0
+
+
+class Tail:
+    def __init__(self, tails: Tails, key: tuple[str, Format, dt.tzinfo], entry: TableEntry,
+                 info: VersionInfo, pos: int) -> None:
+        self.tails = tails
+        self.key = key
+        self.entry = entry
+        self.info = info
+        self.pos = pos
+        self.followers: set[Follower] = set()
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            while self.followers:
+                end = self.info.committed
+                if end > self.pos:
+                    if end - self.pos > MAX_RANGE:
+                        break
+                    self._broadcast(end)
+                    continue
+                if self.info.sealed:
+                    break
+                await asyncio.shield(self.entry.changed())
+        except Exception:
+            log.exception("tail of %s failed; its clients continue alone", self.info.path)
+        finally:
+            self.tails.ended(self)
+            for follower in list(self.followers):
+                self._release(follower)
+
+    def _broadcast(self, end: int) -> None:
+        data, records = self.tails.read_range(self.info, self.pos, end, self.key[1], self.key[2])
+        for follower in list(self.followers):
+            transport = follower.transport
+            if transport.is_closing():
+                self.followers.discard(follower)
+                if not follower.returned.done():
+                    follower.returned.set_exception(
+                        ConnectionResetError("the client closed the connection"))
+            elif transport.get_write_buffer_size() > MAX_BUFFERED:
+                self._release(follower)  # a slow reader: it continues alone, with drain()
+            else:
+                transport.write(data)
+                follower.bytes_sent += len(data)
+                follower.records_sent += records
+        self.pos = end
+
+    def _release(self, follower: Follower) -> None:
+        self.followers.discard(follower)
+        if not follower.returned.done():
+            follower.returned.set_result(self.pos)
+
+
+class Tails:
+    """The tails of one listener."""
+
+    def __init__(self, read_range: RangeReader) -> None:
+        self.read_range = read_range
+        self._tails: dict[tuple[str, Format, dt.tzinfo], Tail] = {}
+
+    async def follow(self, transport: asyncio.WriteTransport, entry: TableEntry,
+                     info: VersionInfo, pos: int, fmt: Format, zone: dt.tzinfo) -> Follower:
+        """Wait at ``pos`` (the version's committed end) and let the tail send what commits
+        next; returns when the session should continue alone from ``returned``'s result."""
+        key = (info.path, fmt, zone)
+        tail = self._tails.get(key)
+        if tail is None or tail.info is not info:
+            tail = self._tails[key] = Tail(self, key, entry, info, pos)
+        follower = Follower(transport, asyncio.get_running_loop().create_future())
+        if tail.pos != pos:
+            # The tail is before or past this session (a commit is on its way to it): wait
+            # for that commit, then catch up alone and come back.
+            await asyncio.shield(entry.changed())
+            follower.returned.set_result(pos)
+            return follower
+        tail.followers.add(follower)
+        try:
+            await follower.returned
+        finally:
+            tail.followers.discard(follower)
+        return follower
+
+    def ended(self, tail: Tail) -> None:
+        if self._tails.get(tail.key) is tail:
+            del self._tails[tail.key]
+
+    async def stop(self) -> None:
+        tasks = [tail.task for tail in self._tails.values()]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
