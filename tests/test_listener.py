@@ -354,3 +354,29 @@ async def test_an_avro_client_at_the_end_gets_the_file_byte_for_byte(listener: L
     with open(info.path, "rb") as f:
         assert received == f.read()
     await client.close()
+
+
+def _avro_bytes(port: int, size: int) -> bytes:
+    """An AVRO-mode client with a small receive buffer reading ``size`` bytes of data in
+    small pieces: the server's socket fills and sendfile(2) has to wait for it."""
+    sock = _stuck_client(port, "AVRO")
+    sock.settimeout(30)
+    reader = sock.makefile("rb", buffering=0)
+    assert [reader.readline() for _ in range(2)] == [b"OK\n", b"OK\n"]
+    data = bytearray()
+    while len(data) < size:
+        piece = sock.recv(min(4096, size - len(data)))
+        assert piece, "the server closed the connection"
+        data += piece
+    sock.close()
+    return bytes(data)
+
+
+async def test_a_large_file_in_avro_mode_arrives_whole_to_a_slow_reader(listener: Listener):
+    for i in range(200):
+        await listener.commit_rows(*[(100 + i * 50 + j, "y" * 2000) for j in range(50)])
+    info = listener.server.context.catalog.tables[TableName("shop", "items")].latest()
+    assert info is not None and info.committed > 20_000_000
+    received = await asyncio.to_thread(_avro_bytes, listener.port, info.committed)
+    with open(info.path, "rb") as f:
+        assert received == f.read()

@@ -32,6 +32,7 @@ import asyncio
 import datetime as dt
 import json
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
@@ -53,6 +54,7 @@ from client.wire import Code, DataRequest, Format, ProtocolError
 log = logging.getLogger(__name__)
 
 CHUNK = 64 * 1024
+SENDFILE_MAX = 4 << 20  # bytes per sendfile(2) call
 
 
 class _Seek:
@@ -378,10 +380,7 @@ class Streamer:
 
     async def _send_range(self, info: VersionInfo, pos: int, end: int) -> int:
         if self.format == Format.AVRO and (self._filter is None or self._filter.settled):
-            while pos < end:
-                size = min(CHUNK, end - pos)
-                await self._write(self._read(info, pos, size))
-                pos += size
+            await self._send_file(info, pos, end)
             return end
         for block in scan_blocks(info.path, info.header, pos, end):
             if self.format == Format.JSON:
@@ -432,6 +431,46 @@ class Streamer:
         elif kept:
             await self._write(encode_block(info, kept))
         self.records_sent += len(kept)
+
+    async def _send_file(self, info: VersionInfo, pos: int, end: int) -> None:
+        """Stored bytes as they are: with sendfile(2) from the page cache to the socket when
+        the transport is a plain TCP socket, else read and written in chunks."""
+        transport = self.writer.transport
+        sock = transport.get_extra_info("socket")
+        if sock is None or transport.get_extra_info("sslcontext") is not None:
+            while pos < end:
+                size = min(CHUNK, end - pos)
+                await self._write(self._read(info, pos, size))
+                pos += size
+            return
+        # With both limits at 0, drain() returns only once the transport has nothing queued,
+        # so bytes sent past it can never overtake bytes it still holds.
+        transport.set_write_buffer_limits(high=0, low=0)
+        fd = os.open(info.path, os.O_RDONLY)
+        try:
+            while pos < end:
+                await self.writer.drain()
+                if transport.is_closing():
+                    raise ConnectionResetError("the client closed the connection")
+                try:
+                    sent = os.sendfile(sock.fileno(), fd, pos, min(end - pos, SENDFILE_MAX))
+                except BlockingIOError:
+                    sent = 0
+                if sent == 0:
+                    # The socket is full: queue a chunk with the transport, whose drain()
+                    # waits until the client has taken it.
+                    data = os.pread(fd, min(CHUNK, end - pos), pos)
+                    if not data:
+                        raise FileNotFoundError(f"{info.path} is shorter than committed")
+                    self.writer.write(data)
+                    sent = len(data)
+                pos += sent
+                self.bytes_sent += sent
+                await asyncio.sleep(0)  # let replication and other clients run
+        finally:
+            os.close(fd)
+            transport.set_write_buffer_limits()
+        await self.writer.drain()
 
     @staticmethod
     def _read(info: VersionInfo, offset: int, size: int) -> bytes:
