@@ -61,6 +61,13 @@ def _parser() -> argparse.ArgumentParser:
     cfg.add_arguments(run)
     run.set_defaults(handler=cmd_run)
 
+    check = commands.add_parser("check", help="preflight: is the source ready to be "
+                                              "captured, and the SQL that fixes what is not")
+    _source_and_store_options(check)
+    check.add_argument("--server-id", dest="source.server_id", type=int,
+                       default=argparse.SUPPRESS, help="the id the service registers with")
+    check.set_defaults(handler=cmd_check)
+
     users = commands.add_parser("users", help="manage the users file")
     users_commands = users.add_subparsers(metavar="ACTION", required=True)
     for action, handler, helptext in (("add", cmd_users_add, "add or replace a user"),
@@ -202,6 +209,18 @@ def _table_name(text: str) -> TableName:
     if not dot or not database or not table:
         raise ConfigError(f"expected DB.TABLE, not {text!r}")
     return TableName(database, table)
+
+
+# -- check -----------------------------------------------------------------------------
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Exit 0 when the source is ready (warnings included), 1 on a fatal finding."""
+    from cdcserver.preflight import check_source
+
+    config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
+    report = check_source(config.source.address(), config.source.server_id)
+    print(report.text())
+    return EXIT_FAILED if report.fatal else EXIT_OK
 
 
 # -- verify, schema ------------------------------------------------------------------------

@@ -16,9 +16,10 @@ import zoneinfo
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from cdcserver import preflight
 from cdcserver.config import Config
 from cdcserver.dump.scheduler import DumpScheduler
-from cdcserver.errors import ConfigError, SourceUnavailable
+from cdcserver.errors import ConfigError, SourceError, SourceUnavailable
 from cdcserver.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.handoff import Handoff
 from cdcserver.pipeline import Pipeline, Sink, start_position
@@ -193,8 +194,14 @@ class Service:
         """Where to start without a checkpoint, and whether the source is MariaDB."""
         conn = source.connect(address)
         try:
+            report = preflight.check_connection(conn, address.describe(),
+                                                self.config.source.server_id)
+            if report.fatal:
+                raise SourceError(report.refusal() + "\n(`cdcserver check` prints every "
+                                  "finding)")
+            for finding in report.warnings:
+                log.warning("preflight: %s", finding.text())
             info = source.describe(conn)
-            source.require_row_binlog(info)
             mariadb = info.flavor == "mariadb"
             wanted = self.config.source.start_gtid.strip()
             if wanted == "oldest":

@@ -53,16 +53,6 @@ def describe(conn: Any) -> SourceInfo:
     return SourceInfo(version, flavor, variables)
 
 
-def require_row_binlog(info: SourceInfo) -> None:
-    """The settings without which rows cannot be captured exactly."""
-    wanted = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL"}
-    problems = [f"{k}={info.variables.get(k, '?')} (need {v})" for k, v in wanted.items()
-                if info.variables.get(k, "").upper() != v]
-    if problems:
-        raise SourceError("the source cannot be captured: " + ", ".join(problems)
-                          + ". Run `cdcserver check` for the statements that fix it.")
-
-
 def collations(conn: Any) -> CollationTable:
     rows = query(conn, "SELECT ID, CHARACTER_SET_NAME FROM information_schema.COLLATIONS")
     return CollationTable({int(i): str(name) for i, name in rows if i is not None})
