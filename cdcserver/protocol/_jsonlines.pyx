@@ -12,8 +12,10 @@ Python instead, which then reports the problem as before.
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Free
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc, strtod
+from libc.stdlib cimport free, malloc, strtod
 from libc.string cimport memcpy, strlen
+
+from cdcserver._cbuffer cimport Out, reserve as _reserve, utf8_valid as _utf8_valid
 
 cdef extern from "Python.h":
     char *PyOS_double_to_string(double val, char format_code, int precision, int flags,
@@ -53,29 +55,6 @@ cdef enum:
 
 cdef int64_t _DAY_MICROS = 86400000000
 cdef const char *_HEX = b"0123456789abcdef"
-
-
-cdef struct Out:
-    char *data
-    Py_ssize_t size
-    Py_ssize_t capacity
-
-
-cdef int _reserve(Out *out, Py_ssize_t extra) except -1:
-    cdef Py_ssize_t want = out.size + extra
-    cdef Py_ssize_t capacity
-    cdef char *grown
-    if want <= out.capacity:
-        return 0
-    capacity = out.capacity * 2 if out.capacity else 65536
-    while capacity < want:
-        capacity *= 2
-    grown = <char *>realloc(out.data, capacity)
-    if grown == NULL:
-        raise MemoryError()
-    out.data = grown
-    out.capacity = capacity
-    return 0
 
 
 cdef inline void _put(Out *out, const char *p, Py_ssize_t n) noexcept:
@@ -137,43 +116,6 @@ cdef inline const uint8_t *_take(Cursor *c, Py_ssize_t n) noexcept:
     at = c.p + c.pos
     c.pos += n
     return at
-
-
-cdef bint _utf8_valid(const uint8_t *p, Py_ssize_t n) noexcept:
-    cdef Py_ssize_t i = 0
-    cdef uint8_t c, c1
-    while i < n:
-        c = p[i]
-        if c < 0x80:
-            i += 1
-            continue
-        if c < 0xC2:
-            return False
-        if c < 0xE0:
-            if i + 1 >= n or (p[i + 1] & 0xC0) != 0x80:
-                return False
-            i += 2
-            continue
-        if c < 0xF0:
-            if i + 2 >= n:
-                return False
-            c1 = p[i + 1]
-            if (c1 & 0xC0) != 0x80 or (p[i + 2] & 0xC0) != 0x80:
-                return False
-            if (c == 0xE0 and c1 < 0xA0) or (c == 0xED and c1 > 0x9F):
-                return False
-            i += 3
-            continue
-        if c > 0xF4 or i + 3 >= n:
-            return False
-        c1 = p[i + 1]
-        if ((c1 & 0xC0) != 0x80 or (p[i + 2] & 0xC0) != 0x80
-                or (p[i + 3] & 0xC0) != 0x80):
-            return False
-        if (c == 0xF0 and c1 < 0x90) or (c == 0xF4 and c1 > 0x8F):
-            return False
-        i += 4
-    return True
 
 
 cdef int _json_string(Out *out, const uint8_t *p, Py_ssize_t n) except -1:

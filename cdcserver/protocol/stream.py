@@ -21,9 +21,12 @@ are decoded and re-encoded with the records the range holds.
 Each version file is marked in use while it is sent, so retention does not delete it under
 the stream; a version retention already removed is skipped.
 
-Waiting is on the catalog's per-table change future: no polling. Every write awaits
-``drain()``, so a client that does not read slows only its own stream, with at most one chunk
-in memory.
+Waiting is on the catalog's per-table change future: no polling. A session at the newest
+version's end with no filter left hands itself to the table's shared tail (``tail.py``),
+which renders each commit once for every client there. Every write of a session's own
+stream awaits ``drain()``, so a client that does not read slows only its own stream, with at
+most one chunk in memory. AVRO mode sends stored bytes with ``sendfile(2)``; JSON mode renders
+whole blocks in C where it can (``records.rendered_block``).
 """
 
 from __future__ import annotations

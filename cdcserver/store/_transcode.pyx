@@ -15,8 +15,10 @@ whole event, so both paths give identical bytes and identical errors.
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
+
+from cdcserver._cbuffer cimport Out, reserve as _reserve, utf8_valid as _utf8_valid
 
 # Column operations (transcoder.py names them; keep in step).
 cdef enum:
@@ -52,29 +54,6 @@ cdef int64_t[10] _POW10 = [1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 1
                            1000000000]
 cdef int[10] _DIG2BYTES = [0, 1, 1, 2, 2, 3, 3, 4, 4, 4]
 cdef int[13] _MONTH_DAYS = [0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
-
-
-cdef struct Out:
-    char *data
-    Py_ssize_t size
-    Py_ssize_t capacity
-
-
-cdef int _reserve(Out *out, Py_ssize_t extra) except -1:
-    cdef Py_ssize_t want = out.size + extra
-    cdef Py_ssize_t capacity
-    cdef char *grown
-    if want <= out.capacity:
-        return 0
-    capacity = out.capacity * 2 if out.capacity else 4096
-    while capacity < want:
-        capacity *= 2
-    grown = <char *>realloc(out.data, capacity)
-    if grown == NULL:
-        raise MemoryError()
-    out.data = grown
-    out.capacity = capacity
-    return 0
 
 
 cdef inline void _byte(Out *out, uint8_t b) noexcept:
@@ -144,45 +123,6 @@ cdef int _unsigned_decimal(Out *out, uint64_t v) except -1:
     for i in range(size - 1, -1, -1):
         _byte(out, <uint8_t>((v >> (8 * i)) & 0xFF) if i < 8 else 0)
     return 0
-
-
-cdef bint _utf8_valid(const uint8_t *p, Py_ssize_t n) noexcept:
-    """Python's strict UTF-8 decoder accepts exactly these sequences (RFC 3629: no overlong
-    forms, no surrogates, nothing above U+10FFFF)."""
-    cdef Py_ssize_t i = 0
-    cdef uint8_t c, c1
-    while i < n:
-        c = p[i]
-        if c < 0x80:
-            i += 1
-            continue
-        if c < 0xC2:
-            return False
-        if c < 0xE0:
-            if i + 1 >= n or (p[i + 1] & 0xC0) != 0x80:
-                return False
-            i += 2
-            continue
-        if c < 0xF0:
-            if i + 2 >= n:
-                return False
-            c1 = p[i + 1]
-            if (c1 & 0xC0) != 0x80 or (p[i + 2] & 0xC0) != 0x80:
-                return False
-            if (c == 0xE0 and c1 < 0xA0) or (c == 0xED and c1 > 0x9F):
-                return False
-            i += 3
-            continue
-        if c > 0xF4 or i + 3 >= n:
-            return False
-        c1 = p[i + 1]
-        if ((c1 & 0xC0) != 0x80 or (p[i + 2] & 0xC0) != 0x80
-                or (p[i + 3] & 0xC0) != 0x80):
-            return False
-        if (c == 0xF0 and c1 < 0x90) or (c == 0xF4 and c1 > 0x8F):
-            return False
-        i += 4
-    return True
 
 
 cdef inline bint _leap(int64_t year) noexcept:
