@@ -107,7 +107,8 @@ class ServiceProcess:
         self.log_path = os.path.join(OUT, f"listener-{name}.log")
         exe = os.path.join(os.path.dirname(sys.executable), "cdcserver")
         self.args = [exe, "run", "--source", server.url(), "--data-dir", self.data_dir,
-                     "--listen", "127.0.0.1:0", "--users-file", USERS,
+                     "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                     "--users-file", USERS,
                      "--server-id", str(server_id), "--start-gtid", start_gtid,
                      "--log-level", "info"]
         self.process: subprocess.Popen[bytes] | None = None

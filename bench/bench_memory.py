@@ -38,7 +38,8 @@ def run_service(server: EmbeddedMariaDB, name: str) -> tuple[float, float, int]:
     target = GtidState.parse(str(server.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]))
     start = time.perf_counter()
     process = subprocess.Popen([exe, "run", "--source", server.url(), "--data-dir", data_dir,
-                                "--listen", "127.0.0.1:0", "--users-file", users,
+                                "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                                "--users-file", users,
                                 "--server-id", "9200", "--log-level", "warning"])
     checkpoint = os.path.join(data_dir, "state", "checkpoint.json")
     peak = 0.0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
+import json
 import logging
 import signal
 import sys
@@ -67,6 +68,14 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--server-id", dest="source.server_id", type=int,
                        default=argparse.SUPPRESS, help="the id the service registers with")
     check.set_defaults(handler=cmd_check)
+
+    status = commands.add_parser("status", help="how a running service is doing (from its "
+                                                "/health endpoint)")
+    status.add_argument("--config", help="the service's TOML file (for metrics.listen)")
+    status.add_argument("--metrics-url", help="the service's monitoring endpoint, e.g. "
+                        "http://127.0.0.1:4002 (default: from metrics.listen)")
+    status.add_argument("--json", action="store_true", help="print the health document as is")
+    status.set_defaults(handler=cmd_status)
 
     users = commands.add_parser("users", help="manage the users file")
     users_commands = users.add_subparsers(metavar="ACTION", required=True)
@@ -221,6 +230,24 @@ def cmd_check(args: argparse.Namespace) -> int:
     report = check_source(config.source.address(), config.source.server_id)
     print(report.text())
     return EXIT_FAILED if report.fatal else EXIT_OK
+
+
+# -- status ----------------------------------------------------------------------------
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Exit 0 when healthy, 1 when degraded or unreachable."""
+    from cdcserver.status import fetch_health, render_health
+
+    url = args.metrics_url
+    if not url:
+        where = cfg.Config.load(args.config).metrics.host_port()
+        if where is None:
+            raise ConfigError("metrics.listen is off: give --metrics-url")
+        host = "127.0.0.1" if where[0] in ("0.0.0.0", "::") else where[0]
+        url = f"http://{host}:{where[1]}"
+    healthy, document = fetch_health(url)
+    print(json.dumps(document, indent=1) if args.json else render_health(url, document))
+    return EXIT_OK if healthy else EXIT_FAILED
 
 
 # -- verify, schema ------------------------------------------------------------------------

@@ -179,6 +179,24 @@ class KafkaConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    listen: str = option("127.0.0.1:4002", "HOST:PORT of the HTTP endpoint serving /metrics "
+                                           "(Prometheus) and /health; '' turns it off",
+                         cli="--metrics-listen")
+    lag_interval: float = option(5.0, "seconds between asking the source how far ahead it is")
+    max_lag: float = option(300.0, "replication lag (seconds) above which /health says "
+                                   "degraded")
+
+    def host_port(self) -> tuple[str, int] | None:
+        if not self.listen:
+            return None
+        host, sep, port = self.listen.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ConfigError(f"metrics.listen must be HOST:PORT or '', not {self.listen!r}")
+        return host.strip("[]") or "0.0.0.0", int(port)
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: str = option("info", "log level", cli="--log-level",
                         choices=("debug", "info", "warning", "error"))
@@ -194,6 +212,7 @@ class Config:
     dump: DumpConfig = field(default_factory=DumpConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     @classmethod

@@ -16,7 +16,14 @@ import random
 import socket
 
 from cdcserver.cli import run_until_signalled
-from cdcserver.config import Config, DumpConfig, ListenerConfig, SourceConfig, StoreConfig
+from cdcserver.config import (
+    Config,
+    DumpConfig,
+    ListenerConfig,
+    MetricsConfig,
+    SourceConfig,
+    StoreConfig,
+)
 from cdcserver.embedded import EmbeddedMariaDB, ensure_mariadb_installed
 from cdcserver.gtid import GtidState
 from cdcserver.service import Service
@@ -67,7 +74,9 @@ def run_demo(directory: str, listen: str, mariadb_port: int, trickle: float) -> 
             source=SourceConfig(url=db.url(), server_id=4001, start_gtid="oldest"),
             store=StoreConfig(data_dir=os.path.join(directory, "data")),
             listener=ListenerConfig(listen=listen, users_file=users_file),
-            dump=DumpConfig(tables="shop.*", interval=86400.0))  # a dump of each table daily
+            dump=DumpConfig(tables="shop.*", interval=86400.0),  # a dump of each table daily
+            metrics=MetricsConfig(listen="127.0.0.1:4002" if _port_free(4002) else
+                                  "127.0.0.1:0"))
         return run_until_signalled(lambda stop: _serve(config, db, trickle, stop))
     finally:
         db.stop()
@@ -103,6 +112,8 @@ def _print_instructions(service: Service, db: EmbeddedMariaDB) -> None:
     assert service.address is not None
     host, port = service.address
     auth = auth_message(DEMO_USER, DEMO_PASSWORD).decode()
+    assert service.monitoring_address is not None
+    metrics = "http://{}:{}".format(*service.monitoring_address)
     print(f"""
 The CDC service is listening on {host}:{port} (user {DEMO_USER}, password {DEMO_PASSWORD}).
 
@@ -121,6 +132,9 @@ The CDC service is listening on {host}:{port} (user {DEMO_USER}, password {DEMO_
 
   Make your own changes in the demo database:
     mariadb --no-defaults -uroot -h127.0.0.1 -P{db.port} shop
+
+  How the service is doing (Prometheus metrics at {metrics}/metrics):
+    .venv/bin/cdcserver status --metrics-url {metrics}
 
 Press Ctrl-C to stop.
 """, flush=True)

@@ -85,6 +85,7 @@ class Pipeline:
                          for s in sinks]
         self.state = start  # after the last transaction every sink has applied
         self.transactions = 0
+        self.last_commit_timestamp: int | None = None  # the source's, of the newest applied
         self._progress: asyncio.Future[None] | None = None
 
     def progress(self) -> asyncio.Future[None]:
@@ -124,6 +125,7 @@ class Pipeline:
             if isinstance(change, Commit):
                 self.state = change.position.gtid_state
                 self.transactions += 1
+                self.last_commit_timestamp = change.timestamp
         progress, self._progress = self._progress, None
         if progress is not None and not progress.done():
             progress.set_result(None)

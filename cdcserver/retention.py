@@ -118,6 +118,7 @@ class Cleaner:
         self.index = index
         self._wake = asyncio.Event()
         self.runs = 0
+        self.deleted = 0  # files deleted since start
 
     def wake(self) -> None:
         """Run soon (a dump transfer just released its file)."""
@@ -151,6 +152,7 @@ class Cleaner:
             else:
                 report.in_use.append(os.path.basename(info.path))
         self.runs += 1
+        self.deleted += len(report.deleted)
         if report.deleted:
             log.info("cleaner: deleted %s", ", ".join(report.deleted))
         if report.in_use:

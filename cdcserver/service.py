@@ -16,12 +16,17 @@ import zoneinfo
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from prometheus_client.registry import CollectorRegistry
+
 from cdcserver import preflight
 from cdcserver.config import Config
 from cdcserver.dump.scheduler import DumpScheduler
 from cdcserver.errors import ConfigError, SourceError, SourceUnavailable
 from cdcserver.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.handoff import Handoff
+from cdcserver.lag import LagProbe
+from cdcserver.metrics import ServiceCollector, health
+from cdcserver.monitoring import MonitoringServer
 from cdcserver.pipeline import Pipeline, Sink, start_position
 from cdcserver.protocol.server import CdcServer, ListenerLimits
 from cdcserver.protocol.session import SessionContext
@@ -70,6 +75,10 @@ class Service:
         self.cleaner = Cleaner(config.retention, config.store.data_dir, self.catalog,
                                lambda: self.store.index)
         self.scheduler: DumpScheduler | None = None
+        self.handoff: Handoff | None = None
+        self.lag: LagProbe | None = None
+        self.monitoring: MonitoringServer | None = None
+        self.monitoring_address: tuple[str, int] | None = None
 
     async def run(self, stop: asyncio.Event, started: Callable[[Service], None] | None = None
                   ) -> None:
@@ -80,6 +89,7 @@ class Service:
             self.server = self._listener()
             host, port = self.config.listener.host_port()
             self.address = await self.server.start(host, port)
+            await self._start_monitoring()
             if started is not None:
                 started(self)
             housekeeping = self._housekeeping()
@@ -97,13 +107,38 @@ class Service:
         finally:
             if self.server is not None:
                 await self.server.stop()
+            if self.monitoring is not None:
+                await self.monitoring.stop()
             if self.kafka is not None:
                 await self.kafka.close()
             self.store.close()
 
+    async def _start_monitoring(self) -> None:
+        """/metrics and /health, unless metrics.listen is empty."""
+        where = self.config.metrics.host_port()
+        if where is None:
+            return
+        registry = CollectorRegistry()
+        registry.register(ServiceCollector(self))
+        self.monitoring = MonitoringServer(
+            registry, lambda: health(self, self.config.metrics.max_lag))
+        try:
+            self.monitoring_address = await self.monitoring.start(*where)
+        except OSError as exc:
+            raise ConfigError(f"metrics.listen {self.config.metrics.listen}: {exc.strerror}; "
+                              "choose another HOST:PORT (--metrics-listen) or '' to turn the "
+                              "endpoint off") from exc
+
+    def _last_commit(self) -> float | None:
+        return self.pipeline.last_commit_timestamp if self.pipeline is not None else None
+
     def _housekeeping(self) -> list[asyncio.Task[None]]:
-        """The cleaner, and the dump schedule if one is configured."""
+        """The cleaner, the lag probe, and the dump schedule if one is configured."""
         tasks = [asyncio.create_task(self.cleaner.run(), name="cleaner")]
+        if self.monitoring is not None:
+            self.lag = LagProbe(self.config.source.address(), self.stored_state,
+                                self._last_commit, self.config.metrics.lag_interval)
+            tasks.append(asyncio.create_task(self.lag.run(), name="lag probe"))
         if self.config.dump.tables and self.config.dump.interval > 0:
             self.scheduler = DumpScheduler(self.config.dump, self.config.source.address(),
                                            self.config.store.data_dir, self.catalog)
@@ -175,7 +210,7 @@ class Service:
                                              "schema_history.jsonl"))
         await asyncio.to_thread(history.load, start)
         loop = asyncio.get_running_loop()
-        handoff = Handoff(loop)
+        handoff = self.handoff = Handoff(loop)
         self.replicator = Replicator(address, cfg.server_id, handoff, start,
                                      heartbeat=cfg.heartbeat, backoff=Backoff(),
                                      report_host=cfg.report_host, history=history,

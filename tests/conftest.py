@@ -22,6 +22,7 @@ from cdcserver.config import (
     DumpConfig,
     KafkaConfig,
     ListenerConfig,
+    MetricsConfig,
     RetentionConfig,
     SourceConfig,
     StoreConfig,
@@ -142,13 +143,16 @@ def make_config(data_dir: str, source_url: str, users: str, **sections: dict[str
     store_cfg: dict[str, object] = dict(data_dir=data_dir, flush_interval=0.05)
     store_cfg.update(sections.get("store", {}))
     listener_cfg: dict[str, object] = dict(listen="127.0.0.1:0", users_file=users)
+    metrics_cfg: dict[str, object] = dict(listen="127.0.0.1:0", lag_interval=0.5)
+    metrics_cfg.update(sections.get("metrics", {}))
     listener_cfg.update(sections.get("listener", {}))
     return Config(source=SourceConfig(**source_cfg),  # type: ignore[arg-type]
                   store=StoreConfig(**store_cfg),  # type: ignore[arg-type]
                   listener=ListenerConfig(**listener_cfg),  # type: ignore[arg-type]
                   dump=DumpConfig(**sections.get("dump", {})),  # type: ignore[arg-type]
                   retention=RetentionConfig(**sections.get("retention", {})),  # type: ignore[arg-type]
-                  kafka=KafkaConfig(**sections.get("kafka", {})))  # type: ignore[arg-type]
+                  kafka=KafkaConfig(**sections.get("kafka", {})),  # type: ignore[arg-type]
+                  metrics=MetricsConfig(**metrics_cfg))  # type: ignore[arg-type]
 
 
 async def start_service(config: Config) -> RunningService:

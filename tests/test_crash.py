@@ -138,8 +138,9 @@ class ServiceProcess:
 def _service_args(data_dir: str, source: Source, users: str) -> list[str]:
     exe = os.path.join(os.path.dirname(sys.executable), "cdcserver")
     return [exe, "run", "--source", source.url, "--data-dir", data_dir, "--listen",
-            "127.0.0.1:0", "--users-file", users, "--server-id", "6001", "--flush-interval",
-            "0.05", "--start-gtid", "oldest", "--log-level", "warning"]
+            "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--users-file", users,
+            "--server-id", "6001", "--flush-interval", "0.05", "--start-gtid", "oldest",
+            "--log-level", "warning"]
 
 
 def _verify_all(source: Source, data_dir: str) -> list[Report]:

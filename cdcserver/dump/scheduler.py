@@ -37,6 +37,7 @@ class DumpScheduler:
         self.catalog = catalog
         self.patterns = [p.strip() for p in config.tables.split(",") if p.strip()]
         self.runs = 0
+        self.running = False  # a dump is being taken
 
     @property
     def enabled(self) -> bool:
@@ -71,6 +72,7 @@ class DumpScheduler:
             stop = threading.Event()
             work = asyncio.ensure_future(asyncio.to_thread(
                 dump_tables, self.address, self.data_dir, due, options, versions, None, stop))
+            self.running = True
             try:
                 await asyncio.shield(work)
             except asyncio.CancelledError:
@@ -78,6 +80,8 @@ class DumpScheduler:
                 with contextlib.suppress(CdcError, OSError):
                     await work
                 raise
+            finally:
+                self.running = False
             self.runs += 1
         return max(wait, 1.0)
 

@@ -27,7 +27,7 @@ from cdcserver.protocol.session import (
     StartStream,
 )
 from cdcserver.protocol.stream import Streamer, read_range
-from cdcserver.protocol.tail import Tails
+from cdcserver.protocol.tail import Tails, Traffic
 from cdcserver.store.inuse import in_use
 from client.wire import Code, ProtocolError, error_line
 
@@ -87,15 +87,18 @@ class CdcServer:
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.connections_total = 0
-        self.bytes_sent = 0
-        self.records_sent = 0
+        self.traffic = Traffic()  # bytes and records sent, counted as they are written
         self.dumps_sent = 0
         self.dump_released: Callable[[], None] | None = None  # wakes the cleaner
-        self.tails = Tails(read_range)  # one reader per table end, for the clients there
+        self.tails = Tails(read_range, self.traffic)  # one reader per table end
 
     @property
     def connections(self) -> int:
         return len(self._connections)
+
+    @property
+    def login_failures(self) -> int:
+        return self.context.login_failures
 
     async def start(self, host: str, port: int, *, ssl: object = None) -> tuple[str, int]:
         self._server = await asyncio.start_server(self._accept, host, port, ssl=ssl,
@@ -217,7 +220,7 @@ class Connection:
         context = self.server.context
         streamer = Streamer(context.catalog, context.index(), start.request, start.format,
                             self.writer, self.server.zone, context.caught_up,
-                            self.server.tails)
+                            self.server.tails, self.server.traffic)
         log.info("%s: %s (%s)", self.peer, start.request.line(), start.format.value)
         stream_task = asyncio.create_task(streamer.run())
         input_task = asyncio.create_task(self._watch_input())
@@ -238,8 +241,8 @@ class Connection:
         finally:
             for task in (stream_task, input_task):
                 task.cancel()
-            self.server.bytes_sent += streamer.bytes_sent
-            self.server.records_sent += streamer.records_sent
+            log.info("%s: stream ended: %d records, %d bytes", self.peer,
+                     streamer.records_sent, streamer.bytes_sent)
 
     async def _send_dump(self, outcome: SendDump) -> bool:
         """``OK <bytes> <name>``, then the file, marked in use throughout. True if it was
@@ -284,7 +287,7 @@ class Connection:
                 self.server.dump_released()
         self._last_command = asyncio.get_running_loop().time()  # the transfer was not idle
         self.server.dumps_sent += 1
-        self.server.bytes_sent += sent
+        self.server.traffic.bytes_sent += sent
         log.info("%s: sent %s (%d bytes in %.2fs)", self.peer, dump.name, sent,
                  time.monotonic() - started)
         return True

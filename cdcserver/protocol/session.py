@@ -86,6 +86,7 @@ class SessionContext:
     caught_up: Callable[[GtidState], Awaitable[None]] | None = None
     # The GTID state of everything stored so far (what a bounded read can end at).
     stored_state: Callable[[], GtidState] | None = None
+    login_failures: int = 0  # counted for the metrics
 
 
 class Session:
@@ -141,6 +142,7 @@ class Session:
         user, digest = parse_auth(message)
         if not self.context.users.verify(user, digest):
             log.warning("%s: authentication failed for user %r", self.peer, user)
+            self.context.login_failures += 1
             raise ProtocolError(Code.AUTH_FAILED, "Authentication failed")
         self.user = user
         self.phase = Phase.REGISTER

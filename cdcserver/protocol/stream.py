@@ -46,7 +46,7 @@ from cdcserver.protocol.records import (
     encode_block,
     rendered_block,
 )
-from cdcserver.protocol.tail import Tails
+from cdcserver.protocol.tail import Tails, Traffic
 from cdcserver.store.avrofile import Block, scan_blocks
 from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.index import StoreIndex
@@ -227,7 +227,7 @@ class Streamer:
     def __init__(self, catalog: Catalog, index: StoreIndex | None, request: DataRequest,
                  fmt: Format, writer: asyncio.StreamWriter, zone: dt.tzinfo = dt.UTC,
                  caught_up: Callable[[GtidState], Awaitable[None]] | None = None,
-                 tails: Tails | None = None) -> None:
+                 tails: Tails | None = None, traffic: Traffic | None = None) -> None:
         self.catalog = catalog
         self.tails = tails  # shared readers for sessions waiting at a version's end
         self.caught_up = caught_up  # waits until the service has stored up to a state
@@ -237,8 +237,9 @@ class Streamer:
         self.writer = writer
         self.zone = zone
         self.table = TableName(request.database, request.table)
-        self.records_sent = 0
+        self.records_sent = 0  # by this stream (and the tails it followed)
         self.bytes_sent = 0
+        self.traffic = traffic if traffic is not None else Traffic()  # the listener's totals
         self._filter: _Seek | _After | None = None
         if request.after:
             self._filter = _After.parse(request.after)
@@ -312,7 +313,7 @@ class Streamer:
                 await self._send_json(info, block, until)
             elif block.end <= covered and (self._filter is None or self._filter.settled):
                 await self._write(self._read(info, block.offset, block.end - block.offset))
-                self.records_sent += block.count
+                self._sent_records(block.count)
             else:
                 await self._send_avro_block(info, block, until)
             if until.done:
@@ -398,7 +399,7 @@ class Streamer:
             lines = rendered_block(info, block, self.zone)
             if lines is not None:
                 await self._write(lines)
-                self.records_sent += block.count
+                self._sent_records(block.count)
                 return
         render = compile_renderer(info.header.schema_json, self.zone)
         accepts = self._filter
@@ -411,7 +412,7 @@ class Streamer:
                     break
                 continue
             out += render(record)
-            self.records_sent += 1
+            self._sent_records(1)
             if len(out) >= CHUNK:
                 await self._write(bytes(out))
                 out.clear()
@@ -433,7 +434,7 @@ class Streamer:
             await self._write(self._read(info, block.offset, block.end - block.offset))
         elif kept:
             await self._write(encode_block(info, kept))
-        self.records_sent += len(kept)
+        self._sent_records(len(kept))
 
     async def _send_file(self, info: VersionInfo, pos: int, end: int) -> None:
         """Stored bytes as they are: with sendfile(2) from the page cache to the socket when
@@ -468,12 +469,20 @@ class Streamer:
                     self.writer.write(data)
                     sent = len(data)
                 pos += sent
-                self.bytes_sent += sent
+                self._sent_bytes(sent)
                 await asyncio.sleep(0)  # let replication and other clients run
         finally:
             os.close(fd)
             transport.set_write_buffer_limits()
         await self.writer.drain()
+
+    def _sent_records(self, count: int) -> None:
+        self.records_sent += count
+        self.traffic.records_sent += count
+
+    def _sent_bytes(self, count: int) -> None:
+        self.bytes_sent += count
+        self.traffic.bytes_sent += count
 
     @staticmethod
     def _read(info: VersionInfo, offset: int, size: int) -> bytes:
@@ -485,7 +494,7 @@ class Streamer:
         if self.writer.is_closing():  # uvloop would raise RuntimeError, not ConnectionError
             raise ConnectionResetError("the client closed the connection")
         self.writer.write(data)
-        self.bytes_sent += len(data)
+        self._sent_bytes(len(data))
         await self.writer.drain()
         # drain() returns at once below the high-water mark: yield anyway, so a stream
         # sending a whole file does not hold the loop (replication, other clients).

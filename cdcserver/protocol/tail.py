@@ -37,6 +37,14 @@ MAX_RANGE = 1 << 20
 RangeReader = Callable[[VersionInfo, int, int, Format, dt.tzinfo], tuple[bytes, int]]
 
 
+@dataclass
+class Traffic:
+    """What a listener has sent, counted as it is written (the metrics read it)."""
+
+    bytes_sent: int = 0
+    records_sent: int = 0
+
+
 @dataclass(eq=False)
 class Follower:
     """A session handed over to a tail: where to write, and what it has been sent."""
@@ -92,6 +100,8 @@ class Tail:
                 transport.write(data)
                 follower.bytes_sent += len(data)
                 follower.records_sent += records
+                self.tails.traffic.bytes_sent += len(data)
+                self.tails.traffic.records_sent += records
         self.pos = end
 
     def _release(self, follower: Follower) -> None:
@@ -103,8 +113,9 @@ class Tail:
 class Tails:
     """The tails of one listener."""
 
-    def __init__(self, read_range: RangeReader) -> None:
+    def __init__(self, read_range: RangeReader, traffic: Traffic | None = None) -> None:
         self.read_range = read_range
+        self.traffic = traffic if traffic is not None else Traffic()
         self._tails: dict[tuple[str, Format, dt.tzinfo], Tail] = {}
 
     async def follow(self, transport: asyncio.WriteTransport, entry: TableEntry,

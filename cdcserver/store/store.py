@@ -20,6 +20,7 @@ import asyncio
 import fcntl
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -97,6 +98,8 @@ class AvroStore:
         self.index: StoreIndex | None = None
         self.position: BinlogPosition | None = None  # after the last committed transaction
         self.durable: BinlogPosition | None = None  # what the checkpoint covers
+        self.records_written = 0  # since start, for the metrics
+        self._undurable_since: float | None = None  # monotonic: first commit not durable yet
         self.origin: BinlogPosition | None = None  # where the store began replicating
         self._writers: dict[tuple[TableName, int], VersionFileWriter] = {}
         self._routes: dict[int, _Route] = {}
@@ -253,6 +256,7 @@ class AvroStore:
         else:
             txn.event_no = route.encode(writer.buffer, txn.head, tails, rows.rows, txn.event_no)
         writer.count += len(rows.rows)
+        self.records_written += len(rows.rows)
         if len(writer.buffer) >= self.block_size:
             writer.end_block()
 
@@ -298,6 +302,8 @@ class AvroStore:
             else:
                 self._fresh.discard(table)
         self.position = commit.position
+        if self._undurable_since is None:
+            self._undurable_since = time.monotonic()
         self._open = None
         self.catalog.notify(touched)
 
@@ -428,8 +434,16 @@ class AvroStore:
                 self._new_files |= new_files
                 raise
             self.durable = position
+            if self.position == position:
+                self._undurable_since = None
             self._close_sealed()
             return position
+
+    def checkpoint_age(self) -> float:
+        """Seconds the oldest applied transaction not yet covered by the checkpoint has
+        waited (0 when the checkpoint covers everything applied)."""
+        since = self._undurable_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def _make_durable(self, dirty: list[VersionFileWriter], new_files: bool,
                       checkpoint: Checkpoint) -> None:

@@ -1,0 +1,119 @@
+"""The monitoring endpoint: ``GET /metrics`` (Prometheus text format) and ``GET /health``.
+
+A few routes on the service's own event loop (so reading its state needs no locks), HTTP/1.1
+with ``Connection: close``. prometheus_client renders the metrics; the request handling is
+small enough not to need a web framework, and it is bounded like the CDC listener: a request
+head of at most 8 KiB, 5 seconds to send it, 64 connections at once.
+
+``/health`` answers 200 with ``{"status": "ok", ...}`` while replication is connected and
+within the lag limit, and 503 with ``"status": "degraded"`` and the problems otherwise, so a
+load balancer or an orchestrator's probe can act on the status code alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import CollectorRegistry
+
+log = logging.getLogger(__name__)
+
+MAX_HEAD = 8192
+REQUEST_TIMEOUT = 5.0
+MAX_CONNECTIONS = 64
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            500: "Internal Server Error", 503: "Service Unavailable"}
+
+Health = Callable[[], tuple[bool, dict[str, Any]]]
+
+
+class MonitoringServer:
+    def __init__(self, registry: CollectorRegistry, health: Health) -> None:
+        self.registry = registry
+        self.health = health
+        self._server: asyncio.base_events.Server | None = None
+        self._open = 0
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        self._server = await asyncio.start_server(self._handle, host, port, limit=MAX_HEAD)
+        sockname = self._server.sockets[0].getsockname()
+        log.info("metrics and health on http://%s:%d/metrics, /health", sockname[0],
+                 sockname[1])
+        return sockname[0], sockname[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                      ) -> None:
+        self._open += 1
+        try:
+            if self._open > MAX_CONNECTIONS:
+                return
+            try:
+                async with asyncio.timeout(REQUEST_TIMEOUT):
+                    method, path = await _request_head(reader)
+            except (TimeoutError, ValueError, asyncio.LimitOverrunError,
+                    asyncio.IncompleteReadError, ConnectionError):
+                await _respond(writer, 400, b"bad request\n", "text/plain")
+                return
+            try:
+                status, body, content_type = self._route(method, path)
+            except Exception:  # a bug in a collector must not take the endpoint down
+                log.exception("monitoring: %s %s failed", method, path)
+                status, body, content_type = 500, b"internal error; see the log\n", \
+                    "text/plain"
+            await _respond(writer, status, b"" if method == "HEAD" else body, content_type,
+                           length=len(body))
+        finally:
+            self._open -= 1
+            writer.close()
+            with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+                await writer.wait_closed()
+
+    def _route(self, method: str, path: str) -> tuple[int, bytes, str]:
+        if method not in ("GET", "HEAD"):
+            return 405, b"only GET and HEAD\n", "text/plain"
+        if path == "/metrics":
+            return 200, generate_latest(self.registry), CONTENT_TYPE_LATEST
+        if path == "/health":
+            healthy, document = self.health()
+            body = json.dumps(document, indent=1).encode() + b"\n"
+            return (200 if healthy else 503), body, "application/json"
+        return 404, b"try /metrics or /health\n", "text/plain"
+
+
+async def _request_head(reader: asyncio.StreamReader) -> tuple[str, str]:
+    """The method and path of a request; its headers are read and ignored."""
+    request_line = (await reader.readuntil(b"\n")).decode("latin-1").strip()
+    parts = request_line.split()
+    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+        raise ValueError(request_line)
+    total = len(request_line)
+    while True:
+        line = await reader.readuntil(b"\n")
+        total += len(line)
+        if total > MAX_HEAD:
+            raise ValueError("request head too long")
+        if not line.strip():
+            break
+    return parts[0].upper(), parts[1].split("?", 1)[0]
+
+
+async def _respond(writer: asyncio.StreamWriter, status: int, body: bytes, content_type: str,
+                   length: int | None = None) -> None:
+    head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body) if length is None else length}\r\n"
+            "Connection: close\r\n\r\n")
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        writer.write(head.encode() + body)
+        await writer.drain()

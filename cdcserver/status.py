@@ -1,0 +1,58 @@
+"""``cdcserver status``: a running service's /health document, for a person."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+TIMEOUT = 5.0
+
+
+def fetch_health(url: str) -> tuple[bool, dict[str, Any]]:
+    """(healthy, document); an unreachable service is unhealthy with the reason."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=TIMEOUT) as response:
+            return True, json.loads(response.read())
+    except urllib.error.HTTPError as exc:  # 503: degraded, with its document
+        with exc:
+            try:
+                return False, json.loads(exc.read())
+            except ValueError:
+                return False, {"status": "unreachable", "problems": [f"HTTP {exc.code}"]}
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return False, {"status": "unreachable", "problems": [f"{url}: {reason}"]}
+
+
+def render_health(url: str, doc: dict[str, Any]) -> str:
+    lines = [f"service at {url}: {doc.get('status', '?').upper()}"]
+    lines += [f"  ! {problem}" for problem in doc.get("problems", [])]
+    replication = doc.get("replication")
+    if replication:
+        lines.append(f"  replication  {'connected' if replication['connected'] else 'DOWN'}, "
+                     f"applied up to {replication['applied'] or '(nothing yet)'}")
+        lines.append(f"  lag          {_lag(replication)}")
+    if "checkpoint_age_seconds" in doc:
+        lines.append(f"  checkpoint   {_age(doc['checkpoint_age_seconds'])}")
+        lines.append(f"  tables       {doc['tables']}")
+        lines.append(f"  clients      {doc['clients']} connected; {doc['records_sent']:,} "
+                     f"records, {doc['bytes_sent']:,} bytes sent since start")
+    return "\n".join(lines)
+
+
+def _lag(replication: dict[str, Any]) -> str:
+    seconds, transactions = replication["lag_seconds"], replication["lag_transactions"]
+    if transactions is None:
+        return "not measured yet"
+    measured = replication.get("lag_measured_at")
+    when = (f" (measured {dt.datetime.fromtimestamp(measured).strftime('%H:%M:%S')})"
+            if measured else "")
+    age = "?" if seconds is None else f"{seconds:.1f} s"
+    return f"{transactions:,} transactions, {age}{when}"
+
+
+def _age(seconds: float) -> str:
+    return "covers everything applied" if not seconds else f"{seconds:.1f} s behind the data"

@@ -1,0 +1,128 @@
+"""/metrics, /health and `cdcserver status` on a real service replicating the real MariaDB."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cdcserver.cli import main as cdcserver_main
+from client.wire import auth_message
+from tests.conftest import RunningService, Source, make_config, start_service
+from tests.helpers import USER, RawClient
+
+pytestmark = pytest.mark.mariadb
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read()
+
+
+async def _metrics(cdc: RunningService) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    host, port = cdc.service.monitoring_address  # type: ignore[misc]
+    status, body = await asyncio.to_thread(_get, f"http://{host}:{port}/metrics")
+    assert status == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(body.decode())
+            for s in family.samples}
+
+
+async def _health(cdc: RunningService) -> tuple[int, dict]:
+    host, port = cdc.service.monitoring_address  # type: ignore[misc]
+    status, body = await asyncio.to_thread(_get, f"http://{host}:{port}/health")
+    return status, json.loads(body)
+
+
+async def test_metrics_count_what_went_in_and_out(cdc: RunningService, source: Source):
+    table = f"`{source.database}`.t"
+    source.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, v VARCHAR(20))",
+                   f"INSERT INTO {table} VALUES (1, 'a'), (2, 'b'), (3, 'c')",
+                   f"UPDATE {table} SET v = 'z' WHERE id = 1")
+    await cdc.caught_up(source)
+    await cdc.service.lag.measure()  # type: ignore[union-attr]
+    before = await _metrics(cdc)
+    assert before["cdc_rows_in_total", ()] == 5  # three inserts, an update's two images
+    assert before["cdc_table_version", (("table", f"{source.database}.t"),)] == 1
+    assert before["cdc_replication_connected", ()] == 1
+    assert before["cdc_replication_lag_transactions", ()] == 0
+    assert before["cdc_replication_lag_seconds", ()] == 0
+    assert before["cdc_transactions_total", ()] >= 3
+
+    client = await RawClient.connect(cdc.port)
+    await client.send(auth_message(USER, "wrong password"))
+    assert (await client.line()).startswith(b"ERR AUTH-FAILED")
+    await client.close()
+    client = await RawClient.connect(cdc.port)
+    await client.login()
+    await client.send(f"REQUEST-DATA {source.database}.t\n".encode())
+    lines = [await client.line() for _ in range(1 + 5)]
+    during = await _metrics(cdc)
+    await client.close()
+    assert during["cdc_clients_connected", ()] == 1
+    assert during["cdc_rows_out_total", ()] - before["cdc_rows_out_total", ()] == 5
+    assert during["cdc_sent_bytes_total", ()] - before["cdc_sent_bytes_total", ()] == \
+        sum(len(line) for line in lines)
+    assert during["cdc_login_failures_total", ()] == before["cdc_login_failures_total", ()] + 1
+
+
+async def test_health_and_status_of_a_healthy_service(cdc: RunningService, source: Source,
+                                                      capsys):
+    await cdc.caught_up(source)
+    await cdc.service.lag.measure()  # type: ignore[union-attr]
+    status, doc = await _health(cdc)
+    assert status == 200 and doc["status"] == "ok" and doc["problems"] == []
+    assert doc["replication"]["connected"] and doc["replication"]["lag_transactions"] == 0
+    host, port = cdc.service.monitoring_address  # type: ignore[misc]
+    code = await asyncio.to_thread(cdcserver_main,
+                                   ["status", "--metrics-url", f"http://{host}:{port}"])
+    out = capsys.readouterr().out
+    assert code == 0 and ": OK" in out and "0 transactions, 0.0 s" in out
+
+
+async def test_health_is_503_while_the_source_is_unreachable(tmp_path, users_file: str,
+                                                              capsys):
+    config = make_config(str(tmp_path / "data"), "mysql://root@127.0.0.1:1", users_file)
+    running = await start_service(config)
+    try:
+        status, doc = await _health(running)
+        assert status == 503 and doc["status"] == "degraded"
+        assert any("not started" in p for p in doc["problems"])
+        host, port = running.service.monitoring_address  # type: ignore[misc]
+        code = await asyncio.to_thread(cdcserver_main,
+                                       ["status", "--metrics-url", f"http://{host}:{port}"])
+        assert code == 1 and "DEGRADED" in capsys.readouterr().out
+    finally:
+        await running.stop()
+
+
+async def test_the_endpoint_refuses_what_is_not_a_monitoring_request(cdc: RunningService):
+    host, port = cdc.service.monitoring_address  # type: ignore[misc]
+    assert (await asyncio.to_thread(_get, f"http://{host}:{port}/nothing"))[0] == 404
+    request = urllib.request.Request(f"http://{host}:{port}/metrics", data=b"x", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        await asyncio.to_thread(urllib.request.urlopen, request, timeout=10)
+    refused.value.close()
+    assert refused.value.code == 405
+    for garbage in (b"hello\r\n\r\n", b"GET /metrics HTTP/1.1\r\n" + b"X: " + b"y" * 9000
+                    + b"\r\n\r\n"):
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(garbage)
+        reply = await asyncio.wait_for(reader.read(), 10)
+        assert reply.startswith(b"HTTP/1.1 400 ")
+        writer.close()
+    assert (await _health(cdc))[0] in (200, 503)  # still serving
+
+
+async def test_status_says_when_nothing_answers(capsys):
+    code = await asyncio.to_thread(cdcserver_main,
+                                   ["status", "--metrics-url", "http://127.0.0.1:1"])
+    assert code == 1 and "UNREACHABLE" in capsys.readouterr().out
