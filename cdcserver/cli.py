@@ -34,6 +34,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        _hide_secrets_from_process_title(sys.argv)
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
@@ -50,6 +52,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_FAILED
+
+
+def _hide_secrets_from_process_title(argv: list[str]) -> None:
+    """A password in a source URL on the command line would show in ``ps`` to every user of
+    the machine: rewrite the process title (what /proc/PID/cmdline shows) without it."""
+    masked = [logs.mask_secrets(arg) for arg in argv]
+    if masked != argv:
+        import setproctitle
+
+        setproctitle.setproctitle(" ".join(["cdcserver", *masked[1:]]))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,6 +101,10 @@ def _parser() -> argparse.ArgumentParser:
         if action == "add":
             sub.add_argument("--password-stdin", action="store_true",
                              help="read the password from standard input instead of a prompt")
+            sub.add_argument("--tables", metavar="LIST",
+                             help="the tables the user may read, comma-separated db.table, "
+                                  "db.* or * (default: every table for a new user, unchanged "
+                                  "for an existing one)")
         sub.set_defaults(handler=handler)
 
     verify = commands.add_parser("verify", help="compare tables with their streams")
@@ -346,7 +362,7 @@ def cmd_users_add(args: argparse.Namespace) -> int:
         if getpass.getpass("Again: ") != password:
             print("cdcserver: the passwords differ", file=sys.stderr)
             return EXIT_USAGE
-    replaced = UsersFile(args.users_file).add(args.name, password)
+    replaced = UsersFile(args.users_file).add(args.name, password, args.tables)
     print(f"{'replaced' if replaced else 'added'} user {args.name} in {args.users_file}")
     return EXIT_OK
 
@@ -360,8 +376,8 @@ def cmd_users_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_users_list(args: argparse.Namespace) -> int:
-    for name in UsersFile(args.users_file).names():
-        print(name)
+    for name, account in sorted(UsersFile(args.users_file).load().items()):
+        print(f"{name}  {account.tables.text() if account.tables else '*'}")
     return EXIT_OK
 
 

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import os
 import re
+import ssl
 import tomllib
 import urllib.parse
 from dataclasses import dataclass, field
@@ -82,12 +83,32 @@ class ListenerConfig:
     bad_command_limit: int = option(10, "bad commands before the server hangs up")
     timestamp_zone: str = option("UTC", "zone TIMESTAMP values are shown in, in JSON mode",
                                  cli="--timestamp-zone")
+    login_failures: int = option(5, "failed logins from one address within a minute before "
+                                    "its logins are refused")
+    login_lockout: float = option(60.0, "seconds an address's logins are refused after that")
+    tls_cert: str = option("", "PEM certificate chain: the listener speaks TLS only "
+                               "('' : plain TCP)", cli="--tls-cert")
+    tls_key: str = option("", "the certificate's PEM private key", cli="--tls-key")
 
     def host_port(self) -> tuple[str, int]:
         host, sep, port = self.listen.rpartition(":")
         if not sep or not port.isdigit():
             raise ConfigError(f"listen must be HOST:PORT, not {self.listen!r}")
         return host.strip("[]") or "0.0.0.0", int(port)
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The listener's TLS settings (TLS 1.2 or newer), or None for plain TCP."""
+        if not self.tls_cert:
+            if self.tls_key:
+                raise ConfigError("listener.tls_key is set without listener.tls_cert")
+            return None
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            context.load_cert_chain(self.tls_cert, self.tls_key or None)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"listener.tls_cert/tls_key: {exc}") from exc
+        return context
 
 
 @dataclass(frozen=True)

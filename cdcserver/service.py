@@ -30,6 +30,7 @@ from cdcserver.monitoring import MonitoringServer
 from cdcserver.pipeline import Pipeline, Sink, start_position
 from cdcserver.protocol.server import CdcServer, ListenerLimits
 from cdcserver.protocol.session import SessionContext
+from cdcserver.protocol.throttle import LoginThrottle
 from cdcserver.replication import source
 from cdcserver.replication.connection import SourceAddress
 from cdcserver.replication.replicator import Backoff, Replicator
@@ -88,7 +89,8 @@ class Service:
         try:
             self.server = self._listener()
             host, port = self.config.listener.host_port()
-            self.address = await self.server.start(host, port)
+            self.address = await self.server.start(
+                host, port, ssl=self.config.listener.tls_context())
             await self._start_monitoring()
             if started is not None:
                 started(self)
@@ -190,7 +192,9 @@ class Service:
                                 cfg.max_connections, cfg.bad_command_limit)
         context = SessionContext(self.catalog, self.users, lambda: self.store.index,
                                  cfg.bad_command_limit, self.config.store.data_dir,
-                                 self.wait_caught_up, self.stored_state)
+                                 self.wait_caught_up, self.stored_state,
+                                 throttle=LoginThrottle(cfg.login_failures,
+                                                        lockout=cfg.login_lockout))
         server = CdcServer(context, limits, zone)
         server.dump_released = self.cleaner.wake
         return server

@@ -4,6 +4,10 @@ One user per line: ``name:HASH`` where HASH is the uppercase hex of SHA1(SHA1(pa
 what MaxScale's ``cdc_users.py`` prints and ``maxctrl call command cdc add_user`` appends.
 Blank lines and lines starting with ``#`` are ignored. Passwords are never stored or printed;
 the server checks SHA1(the client's SHA1(password)) against HASH in constant time.
+
+Extension: ``name:HASH:TABLES`` limits the user to the tables listed, comma-separated, each
+``db.table``, ``db.*`` or ``*``. A line without the third field (every MaxScale line) may read
+every table.
 """
 
 from __future__ import annotations
@@ -13,24 +17,59 @@ import os
 import re
 import stat
 import threading
+from dataclasses import dataclass
 
 from cdcserver.errors import ConfigError
 from cdcserver.store.checkpoint import write_atomically
+from cdcserver.store.naming import TableName
 from client.wire import digest_hash, password_hash
 
 _HASH = re.compile(r"^[0-9A-F]{40}$")
 _NAME = re.compile(r"^[^:\s]{1,43}$")  # MaxScale's auth message allows 43-byte names
+_PATTERN = re.compile(r"^(\*|[^.,:\s*]+\.(\*|[^.,:\s*]+))$")
+
+
+@dataclass(frozen=True)
+class TableGrant:
+    """The tables a user may read."""
+
+    patterns: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> TableGrant:
+        patterns = tuple(p.strip() for p in text.split(",") if p.strip())
+        bad = [p for p in patterns if not _PATTERN.match(p)]
+        if bad or not patterns:
+            raise ConfigError(f"invalid table list {text!r}: comma-separated db.table, db.* "
+                              "or *")
+        return cls(patterns)
+
+    def allows(self, table: TableName) -> bool:
+        for pattern in self.patterns:
+            database, _, name = pattern.partition(".")
+            if pattern == "*" or (database == table.database and name in ("*", table.table)):
+                return True
+        return False
+
+    def text(self) -> str:
+        return ",".join(self.patterns)
+
+
+@dataclass(frozen=True)
+class Account:
+    hash: str
+    tables: TableGrant | None = None  # None: every table
 
 
 class UsersFile:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._users: dict[str, str] = {}
-        self._mtime: float | None = None
+        self._users: dict[str, Account] = {}
+        self._signature: tuple[int, int, int] | None = None
 
-    def load(self) -> dict[str, str]:
-        users: dict[str, str] = {}
+    def load(self) -> dict[str, Account]:
+        users: dict[str, Account] = {}
         try:
             with open(self.path, encoding="utf-8") as f:
                 lines = f.read().splitlines()
@@ -40,46 +79,67 @@ class UsersFile:
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
-            name, sep, hashed = line.partition(":")
-            hashed = hashed.split(":", 1)[0].strip()
+            name, sep, rest = line.partition(":")
+            hashed, _, tables = rest.partition(":")
+            hashed = hashed.strip()
             if not sep or not _NAME.match(name) or not _HASH.match(hashed):
                 raise ConfigError(f"{self.path}:{number}: expected name:HASH (40 uppercase hex "
-                                  "digits of SHA1(SHA1(password)))")
-            users[name] = hashed
+                                  "digits of SHA1(SHA1(password))), optionally :TABLES")
+            try:
+                grant = TableGrant.parse(tables) if tables.strip() else None
+            except ConfigError as exc:
+                raise ConfigError(f"{self.path}:{number}: {exc}") from None
+            users[name] = Account(hashed, grant)
         return users
 
-    def _current(self) -> dict[str, str]:
-        """The users, reloaded when the file changed (MaxScale reloads after a failed check)."""
+    def _current(self) -> dict[str, Account]:
+        """The users, reloaded when the file changed (MaxScale reloads after a failed check).
+        The file is replaced by rename, so its inode tells a change that happened within the
+        same mtime tick."""
         try:
-            mtime = os.stat(self.path).st_mtime
+            st = os.stat(self.path)
+            signature: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
         except FileNotFoundError:
-            mtime = None
+            signature = None
         with self._lock:
-            if mtime != self._mtime:
+            if signature != self._signature:
                 self._users = self.load()
-                self._mtime = mtime
+                self._signature = signature
             return self._users
 
     def verify(self, user: str, password_sha1: bytes) -> bool:
-        expected = self._current().get(user)
+        account = self._current().get(user)
         candidate = digest_hash(password_sha1)
         # Compare even for unknown users so timing does not reveal who exists.
-        return hmac.compare_digest(candidate, expected or "0" * 40) and expected is not None
+        expected = account.hash if account is not None else "0" * 40
+        return hmac.compare_digest(candidate, expected) and account is not None
 
-    def names(self) -> list[str]:
-        return sorted(self.load())
+    def may_read(self, user: str, table: TableName) -> bool:
+        """Whether ``user`` may read ``table`` (as the file says now: a grant removed from
+        the file applies to the user's next request)."""
+        account = self._current().get(user)
+        if account is None:
+            return False
+        return account.tables is None or account.tables.allows(table)
 
-    def add(self, name: str, password: str) -> bool:
-        """Add or replace a user; True if it replaced an existing one."""
+    def add(self, name: str, password: str, tables: str | None = None) -> bool:
+        """Add or replace a user; True if it replaced an existing one. ``tables`` limits the
+        user (``*``: every table); None keeps a replaced user's list (every table for a new
+        one), so changing a password never widens what a user may read."""
         if not _NAME.match(name):
             raise ConfigError(f"invalid user name {name!r}: 1-43 characters, no ':' or spaces")
         if not password:
             raise ConfigError("the password must not be empty")
+        grant = TableGrant.parse(tables) if tables is not None else None
         users = self.load()
-        replaced = name in users
-        users[name] = password_hash(password)
+        previous = users.get(name)
+        if tables is None and previous is not None:
+            grant = previous.tables
+        if grant is not None and "*" in grant.patterns:
+            grant = None
+        users[name] = Account(password_hash(password), grant)
         self._save(users)
-        return replaced
+        return previous is not None
 
     def remove(self, name: str) -> bool:
         users = self.load()
@@ -89,9 +149,10 @@ class UsersFile:
         self._save(users)
         return True
 
-    def _save(self, users: dict[str, str]) -> None:
+    def _save(self, users: dict[str, Account]) -> None:
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
-        text = "".join(f"{n}:{h}\n" for n, h in sorted(users.items()))
+        text = "".join(f"{n}:{a.hash}" + (f":{a.tables.text()}" if a.tables else "") + "\n"
+                       for n, a in sorted(users.items()))
         write_atomically(self.path, text.encode("utf-8"))
         os.chmod(self.path, stat.S_IRUSR | stat.S_IWUSR)

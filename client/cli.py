@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import sys
 
 from client.dump import DumpDecoder, DumpError, DumpHeader
@@ -55,6 +56,11 @@ def _connection_options(parser: argparse.ArgumentParser) -> None:
                         help="stream format")
     parser.add_argument("-t", "--timeout", type=float, default=0,
                         help="exit after this many seconds without data (0: never)")
+    parser.add_argument("--tls", action="store_true",
+                        help="connect with TLS, verifying the server's certificate")
+    parser.add_argument("--tls-ca", metavar="FILE",
+                        help="the CA bundle that signed the server's certificate (implies "
+                             "--tls; default: the system's)")
     parser.add_argument("--help", action="help", help="show this help and exit")
 
 
@@ -90,8 +96,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _open(args: argparse.Namespace) -> SyncCdcConnection:
     password = args.password if args.password is not None else os.environ.get("CDC_PASSWORD", "")
+    tls = None
+    if args.tls or args.tls_ca:
+        tls = ssl.create_default_context(cafile=args.tls_ca)
     return SyncCdcConnection.open(args.host, args.port, args.user, password,
-                                  format=Format(args.format),
+                                  format=Format(args.format), ssl=tls,
                                   timeout=args.timeout or 10.0)
 
 

@@ -101,8 +101,9 @@ class CdcServer:
         return self.context.login_failures
 
     async def start(self, host: str, port: int, *, ssl: object = None) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._accept, host, port, ssl=ssl,
-                                                  limit=self.limits.max_line + 1, backlog=1024)
+        self._server = await asyncio.start_server(
+            self._accept, host, port, ssl=ssl, limit=self.limits.max_line + 1, backlog=1024,
+            ssl_handshake_timeout=self.limits.auth_timeout if ssl is not None else None)
         sockname = self._server.sockets[0].getsockname()
         log.info("listening on %s:%d", sockname[0], sockname[1])
         return sockname[0], sockname[1]

@@ -10,15 +10,17 @@ socket and executes the outcomes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from cdcserver.dump.files import DumpInfo, list_dumps
 from cdcserver.gtid import Gtid, GtidState
 from cdcserver.protocol.stream import check_after
+from cdcserver.protocol.throttle import LoginThrottle
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.index import RangePlan, StoreIndex, TransactionInfo
 from cdcserver.store.naming import TableName
@@ -87,6 +89,7 @@ class SessionContext:
     # The GTID state of everything stored so far (what a bounded read can end at).
     stored_state: Callable[[], GtidState] | None = None
     login_failures: int = 0  # counted for the metrics
+    throttle: LoginThrottle = field(default_factory=LoginThrottle)
 
 
 class Session:
@@ -139,11 +142,19 @@ class Session:
     # -- phases --------------------------------------------------------------------------
 
     def _authenticate(self, message: bytes) -> Outcome:
+        host = self.peer.rpartition(":")[0] or self.peer
+        throttle = self.context.throttle
+        wait = throttle.wait(host)
+        if wait:
+            raise ProtocolError(Code.THROTTLED, f"too many failed logins from {host}; try "
+                                f"again in {wait:.0f}s", fatal=True)
         user, digest = parse_auth(message)
         if not self.context.users.verify(user, digest):
             log.warning("%s: authentication failed for user %r", self.peer, user)
             self.context.login_failures += 1
+            throttle.failed(host)
             raise ProtocolError(Code.AUTH_FAILED, "Authentication failed")
+        throttle.succeeded(host)
         self.user = user
         self.phase = Phase.REGISTER
         log.info("%s: authenticated as %r", self.peer, user)
@@ -162,6 +173,7 @@ class Session:
     def verb_REQUEST_DATA(self, argument: str) -> Outcome:
         request = parse_request_data(argument)
         table = TableName(request.database, request.table)
+        self._require_access(table)
         entry = self.context.catalog.get(table)
         version_name = f"{request.database}.{request.table}.{request.version or 1:06d}.avro"
         if request.after:
@@ -182,7 +194,9 @@ class Session:
         """Extension: the complete dumps, oldest first, as one JSON line."""
         parsed = parse_list_dumps(argument)
         table = TableName(*parsed) if parsed else None
-        dumps = [d.summary() for d in self._dumps(table)]
+        if table is not None:
+            self._require_access(table)
+        dumps = [d.summary() for d in self._dumps(table) if self._may_read(d.table)]
         return Reply(json.dumps({"dumps": dumps}, separators=(",", ":")).encode() + b"\n")
 
     def verb_REQUEST_DUMP(self, argument: str) -> Outcome:
@@ -194,7 +208,9 @@ class Session:
             dump = found[-1] if found else None
         else:
             dump = next((d for d in self._dumps(None) if d.name == request.target), None)
-        if dump is None:
+        if dump is None or not self._may_read(dump.table):
+            if named is not None:
+                self._require_access(TableName(*named))
             raise ProtocolError(Code.NO_FILE, f"no dump {'of' if named else 'named'} "
                                 f"{request.target}")
         follow = None
@@ -203,6 +219,21 @@ class Session:
             follow = DataRequest(h.database, h.table, None, None, h.gtid or None)
             self.phase = Phase.STREAMING
         return SendDump(dump, follow, self.format)
+
+    def _may_read(self, table: TableName) -> bool:
+        return self.user is not None and self.context.users.may_read(self.user, table)
+
+    def _require_access(self, table: TableName) -> None:
+        """FORBIDDEN (the connection stays open) unless the users file lets this user read
+        the table."""
+        if not self._may_read(table):
+            log.warning("%s: user %r may not read %s", self.peer, self.user, table)
+            raise ProtocolError(Code.FORBIDDEN, f"user {self.user} may not read {table}")
+
+    def _visible(self, info: TransactionInfo) -> bytes:
+        """A transaction's reply, naming only the tables this user may read."""
+        tables = tuple(t for t in info.tables if self._may_read(_table_name(t)))
+        return _transaction_json(dataclasses.replace(info, tables=tables))
 
     def _dumps(self, table: TableName | None) -> list[DumpInfo]:
         if self.context.data_dir is None:
@@ -214,7 +245,7 @@ class Session:
         info = index.last_transaction if index else None
         if info is None:
             raise ProtocolError(Code.NO_TRANSACTION, "no transaction has been replicated yet")
-        return Reply(_transaction_json(info))
+        return Reply(self._visible(info))
 
     def verb_QUERY_TRANSACTION(self, argument: str) -> Outcome:
         try:
@@ -225,7 +256,7 @@ class Session:
         info = index.transaction(gtid) if index else None
         if info is None:
             raise ProtocolError(Code.NO_TRANSACTION, f"no transaction {gtid} in the store")
-        return Reply(_transaction_json(info))
+        return Reply(self._visible(info))
 
     def verb_QUERY_STATE(self, argument: str) -> Outcome:
         """Extension: the GTID state of everything stored, where a bounded read can end."""
@@ -237,6 +268,7 @@ class Session:
     def verb_QUERY_RANGE(self, argument: str) -> Outcome:
         """Extension: where a bounded read of a table holding at most n records can end."""
         query = parse_query_range(argument)
+        self._require_access(TableName(query.database, query.table))
         if query.after:
             check_after(query.after)
         index = self.context.index()
@@ -263,7 +295,7 @@ class Session:
         catalog = self.context.catalog.tables
         for name in sorted(catalog, key=str):
             entry = catalog[name]
-            if entry.versions:
+            if entry.versions and self._may_read(name):
                 tables.append({"database": entry.name.database, "table": entry.name.table,
                                "versions": [entry.versions[v].schema.avsc
                                             for v in sorted(entry.versions)]})
@@ -272,6 +304,11 @@ class Session:
     def verb_CLOSE(self, argument: str) -> Outcome:
         self.phase = Phase.CLOSED
         return Reply(b"", close=True)
+
+
+def _table_name(text: str) -> TableName:
+    database, _, table = text.partition(".")
+    return TableName(database, table)
 
 
 def _transaction_json(info: TransactionInfo) -> bytes:

@@ -1,0 +1,203 @@
+"""Security: per-user table permissions, login throttling, TLS on the listener and to MariaDB,
+and no password in the process title."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import ssl
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cdcserver.config import ListenerConfig
+from cdcserver.embedded import EmbeddedMariaDB
+from cdcserver.gtid import GtidState
+from cdcserver.protocol.server import ListenerLimits
+from cdcserver.protocol.throttle import LoginThrottle
+from cdcserver.store.naming import TableName
+from cdcserver.users import UsersFile
+from client import SyncCdcClient
+from client.wire import auth_message
+from tests.conftest import make_config, start_service
+from tests.helpers import PASSWORD, USER, RawClient, wait_until
+from tests.test_listener import Listener, _listener
+
+
+@pytest.fixture
+async def listener(tmp_path) -> Listener:
+    running = await _listener(str(tmp_path), ListenerLimits(auth_timeout=5, idle_timeout=5))
+    await running.commit_rows((1, "one"))
+    yield running
+    await running.server.stop()
+    running.store.close()
+
+
+async def _logged_in(port: int, user: str, password: str) -> RawClient:
+    client = await RawClient.connect(port)
+    await client.send(auth_message(user, password))
+    assert await client.line() == b"OK\n"
+    await client.send(b"REGISTER UUID=sec, TYPE=JSON")
+    assert await client.line() == b"OK\n"
+    return client
+
+
+async def test_a_user_reads_only_the_tables_the_users_file_lists(listener: Listener, tmp_path):
+    users = UsersFile(str(tmp_path / "cdcusers"))
+    users.add("alice", "pw-a", "shop.other,crm.*")
+    alice = await _logged_in(listener.port, "alice", "pw-a")
+    await alice.send(b"REQUEST-DATA shop.items\n")
+    assert await alice.line() == b"ERR FORBIDDEN user alice may not read shop.items\n"
+    await alice.send(b"LIST-TABLES\n")  # the connection stays usable
+    assert (await alice.json_line())["tables"] == []
+    await alice.send(b"QUERY-LAST-TRANSACTION\n")
+    assert (await alice.json_line())["tables"] == []
+    await alice.send(b"QUERY-RANGE shop.items LIMIT 10\n")
+    assert (await alice.line()).startswith(b"ERR FORBIDDEN")
+    await alice.close()
+
+    users.add("alice", "pw-a", "shop.*")  # granted: the next request sees it
+    alice = await _logged_in(listener.port, "alice", "pw-a")
+    await alice.send(b"REQUEST-DATA shop.items\n")
+    assert (await alice.json_line())["table"] == "items"
+    assert (await alice.json_line())["id"] == 1
+    await alice.close()
+
+    # A MaxScale line (no table list) reads everything, as before the extension.
+    everyone = await _logged_in(listener.port, USER, PASSWORD)
+    await everyone.send(b"LIST-TABLES\n")
+    assert [t["table"] for t in (await everyone.json_line())["tables"]] == ["items"]
+    await everyone.close()
+
+
+def test_users_file_table_lists_round_trip_and_are_validated(tmp_path):
+    path = tmp_path / "cdcusers"
+    users = UsersFile(str(path))
+    users.add("bob", "pw", "shop.orders, crm.*")
+    users.add("bob", "new password")  # a new password keeps bob's tables
+    assert path.read_text().splitlines()[0].endswith(":shop.orders,crm.*")
+    users.add("bob", "pw", "*")  # every table: a plain MaxScale line again
+    assert path.read_text().count(":") == 1
+    for bad in ("shop", "shop.", ".t", "a.b.c", "sh op.t"):
+        with pytest.raises(Exception, match="invalid table list"):
+            users.add("bob", "pw", bad)
+
+
+def test_the_throttle_locks_an_address_out_and_lets_it_back(tmp_path):
+    now = [1000.0]
+    throttle = LoginThrottle(limit=3, window=60, lockout=30, clock=lambda: now[0])
+    for _ in range(2):
+        throttle.failed("10.0.0.1")
+    assert throttle.wait("10.0.0.1") == 0
+    throttle.failed("10.0.0.1")
+    assert throttle.wait("10.0.0.1") == 30 and throttle.wait("10.0.0.2") == 0
+    now[0] += 31
+    assert throttle.wait("10.0.0.1") == 0
+    throttle.failed("10.0.0.1")  # the count started again
+    assert throttle.wait("10.0.0.1") == 0
+    now[0] += 61
+    throttle.failed("10.0.0.1")
+    throttle.failed("10.0.0.1")  # failures older than the window do not count
+    assert throttle.wait("10.0.0.1") == 0
+
+
+async def test_repeated_failed_logins_are_refused_without_being_checked(listener: Listener):
+    for _ in range(5):
+        client = await RawClient.connect(listener.port)
+        await client.send(auth_message(USER, "guess"))
+        assert (await client.line()).startswith(b"ERR AUTH-FAILED")
+        await client.close()
+    client = await RawClient.connect(listener.port)
+    await client.send(auth_message(USER, PASSWORD))  # even the right password now
+    reply = await client.line()
+    assert reply.startswith(b"ERR THROTTLED too many failed logins from 127.0.0.1")
+    assert await client.closed() == b""
+
+
+def _certificate(directory: str) -> tuple[str, str]:
+    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext",
+                    "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key, "-out", cert],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+async def test_the_listener_speaks_tls_and_refuses_plain_tcp(tmp_path):
+    cert, key = _certificate(str(tmp_path))
+    running = await _listener(str(tmp_path), ListenerLimits(auth_timeout=5, idle_timeout=5))
+    await running.server.stop()  # again, with TLS
+    tls = ListenerConfig(tls_cert=cert, tls_key=key).tls_context()
+    _, port = await running.server.start("127.0.0.1", 0, ssl=tls)
+    await running.commit_rows((7, "secret row"))
+    try:
+        context = ssl.create_default_context(cafile=cert)
+        records = await asyncio.to_thread(_stream_over_tls, port, context)
+        assert [r.values["id"] for r in records] == [7]
+        plain = await RawClient.connect(port)
+        await plain.send(auth_message(USER, PASSWORD))
+        assert b"OK" not in await plain.closed()  # no TLS handshake, nothing served
+    finally:
+        await running.server.stop()
+        running.store.close()
+
+
+def _stream_over_tls(port: int, context: ssl.SSLContext) -> list:
+    with SyncCdcClient("127.0.0.1", port, USER, PASSWORD, ssl=context) as client:
+        return [e for e in client.stream("shop.items", idle_timeout=1)
+                if hasattr(e, "values")]
+
+
+@pytest.mark.mariadb
+async def test_replication_over_tls_to_a_mariadb_that_requires_it(tmp_path, users_file: str):
+    cert, key = _certificate(str(tmp_path))
+    server = EmbeddedMariaDB(str(tmp_path / "tls-mariadb"), port=0, server_id=77, extra_args=[
+        f"--ssl-cert={cert}", f"--ssl-key={key}", "--require-secure-transport=ON"])
+    server.start()
+    try:
+        server.create_replication_user("tlsrepl", "tlspw")
+        server.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY)",
+                       "INSERT INTO d.t VALUES (1), (2)")
+        plain = server.url("tlsrepl", "tlspw", tcp=True)
+        config = make_config(str(tmp_path / "data"), plain + f"?ssl_ca={cert}", users_file)
+        running = await start_service(config)
+        try:
+            await running.replicating()
+            await running.service.wait_caught_up(GtidState.parse(
+                str(server.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0])))
+            entry = running.service.catalog.get(TableName("d", "t"))
+            assert entry is not None and entry.latest() is not None
+        finally:
+            await running.stop()
+    finally:
+        server.stop()
+
+
+def test_a_password_on_the_command_line_is_not_in_the_process_title(tmp_path):
+    exe = os.path.join(os.path.dirname(sys.executable), "cdcserver")
+    process = subprocess.Popen(
+        [exe, "run", "--source", "mysql://cdc:s3cret-pw@127.0.0.1:1", "--data-dir",
+         str(tmp_path / "data"), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+         "--users-file", str(tmp_path / "users")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    logged = b""
+    try:
+        def title() -> bytes:
+            with open(f"/proc/{process.pid}/cmdline", "rb") as f:
+                return f.read()
+
+        wait_until(lambda: b"cdc:***@127.0.0.1" in title(), what="the masked title")
+        assert b"s3cret-pw" not in title()
+        assert process.stderr is not None
+        deadline = time.monotonic() + 30
+        while b"retrying" not in logged and time.monotonic() < deadline:  # a connect failure
+            ready, _, _ = select.select([process.stderr], [], [], 1)
+            if ready:
+                logged += os.read(process.stderr.fileno(), 65536)
+    finally:
+        process.terminate()
+        logged += process.communicate(timeout=30)[1]
+    assert b"cdc@127.0.0.1:1" in logged and b"s3cret-pw" not in logged
