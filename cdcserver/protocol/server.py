@@ -44,6 +44,9 @@ class ListenerLimits:
     shutdown_grace: float = 5.0
 
 
+_READ_SIZE = 65536
+
+
 class MessageReader:
     """Frames messages: ``\\n``-terminated lines (``\\r\\n`` accepted), or the bytes of one
     write when they carry no newline at all (MaxScale's cdc.py and connector never send one)."""
@@ -57,7 +60,7 @@ class MessageReader:
     async def next(self) -> bytes | None:
         """The next message, or None at end of input."""
         while not self._ready:
-            data = await self._reader.read(65536)
+            data = await self._reader.read(_READ_SIZE)
             if not data:
                 if self._buffer:
                     rest, self._buffer = bytes(self._buffer), bytearray()
@@ -67,8 +70,9 @@ class MessageReader:
             *lines, tail = self._buffer.split(b"\n")
             self._ready.extend(bytes(line.rstrip(b"\r")) for line in lines)
             self._buffer = bytearray(tail)
-            if tail and not data.endswith(b"\n") and b"\n" not in data:
-                # One write without a newline: a whole MaxScale-style command.
+            if tail and b"\n" not in data and len(data) < _READ_SIZE:
+                # One write without a newline: a whole MaxScale-style command. (A read that
+                # filled the buffer is part of something longer: keep reading.)
                 self._ready.append(bytes(tail))
                 self._buffer.clear()
             if len(self._buffer) > self._max_line or any(

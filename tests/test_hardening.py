@@ -1,0 +1,53 @@
+"""Hardening: fuzzing, many connections, slow and abusive clients, hostile arguments, all
+against the real listener on 127.0.0.1. Sized for CI; bench/hardening.py runs the same
+scenarios (tests/hardening.py) at the issue's sizes and prints the figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import hardening
+
+
+@pytest.fixture
+async def running(tmp_path):
+    listener = await hardening.listener(str(tmp_path), auth_timeout=1.0, idle_timeout=5.0)
+    yield listener
+    await listener.server.stop()
+    listener.store.close()
+
+
+async def test_fuzzed_sessions_reply_in_the_grammar_and_never_crash(running):
+    figures = hardening.fuzz_sessions(running, examples=3_000)
+    assert figures.tried >= 3_000 and figures.survived > 0
+
+
+async def test_fuzzed_bytes_over_real_sockets(running):
+    figures = await hardening.fuzz_sockets(running, connections=200)
+    assert figures.tried == figures.survived >= 200
+
+
+async def test_a_thousand_concurrent_connections_all_get_a_commit(running):
+    figures = await hardening.hold_connections(running, 1_000)
+    assert figures.survived == 1_000 and figures.lost == 0
+
+
+@pytest.mark.slow
+async def test_clients_that_never_read_cost_bounded_memory(running):
+    figures = await hardening.slow_readers(running, clients=10, megabytes=20)
+    assert figures.lost == 0
+
+
+async def test_slowloris_is_cut_at_the_authentication_deadline(running):
+    figures = await hardening.slowloris(running, connections=50, auth_timeout=1.0)
+    assert figures.survived == 50
+
+
+async def test_oversized_lines_are_refused_and_closed(running):
+    figures = await hardening.oversized_lines(running, count=5, size=1 << 20)
+    assert figures.survived == 5
+
+
+async def test_paths_in_every_argument_are_refused(running):
+    figures = await hardening.path_traversal(running)
+    assert figures.tried == len(hardening.TRAVERSALS) * len(hardening._TRAVERSAL_COMMANDS)
