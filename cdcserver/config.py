@@ -67,6 +67,8 @@ class StoreConfig:
                              cli="--block-size")
     flush_interval: float = option(0.2, "seconds between checkpoints (fsync + checkpoint file)",
                                    cli="--flush-interval")
+    disk_full_retry: float = option(5.0, "seconds between checks for room while replication "
+                                         "is paused by a full data directory")
 
 
 @dataclass(frozen=True)

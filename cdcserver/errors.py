@@ -48,6 +48,7 @@ class StoreError(CdcError):
 
 
 class DiskFull(StoreError):
-    """Writing to the data directory failed for lack of space: pause and retry."""
+    """The data directory's file system is full (ENOSPC) or over quota (EDQUOT). The store
+    undid the transaction it was writing; replication pauses until there is room again."""
 
     retriable = True

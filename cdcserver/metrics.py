@@ -38,6 +38,8 @@ class ServiceCollector(Collector):
                      1 if replicator is not None and replicator.connected.is_set() else 0)
         yield _counter("cdc_replication_reconnects", "replication connections re-established",
                        replicator.reconnects if replicator is not None else 0)
+        yield _gauge("cdc_replication_paused", "1 while replication waits for room in the "
+                     "data directory", 1 if s.paused else 0)
         yield _gauge("cdc_replication_lag_seconds", "age of the newest applied commit while "
                      "the source has transactions not applied yet (0 when caught up)",
                      _nan_if_none(lag.seconds if lag else None))
@@ -97,7 +99,9 @@ def health(service: Service, max_lag: float) -> tuple[bool, dict[str, Any]]:
     lag is known and at most ``max_lag`` seconds."""
     replicator, lag = service.replicator, service.lag.lag if service.lag else None
     problems = []
-    if replicator is None:
+    if service.paused:
+        problems.append(service.paused)
+    elif replicator is None:
         problems.append("replication has not started (checking the source, or waiting for it)")
     elif not replicator.connected.is_set():
         problems.append("the replication connection is down (reconnecting)")

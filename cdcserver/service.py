@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, TypeVar
 from prometheus_client.registry import CollectorRegistry
 
 from cdcserver import preflight
+from cdcserver.changes import Abort
 from cdcserver.config import Config
 from cdcserver.dump.scheduler import DumpScheduler
-from cdcserver.errors import ConfigError, SourceError, SourceUnavailable
+from cdcserver.errors import ConfigError, DiskFull, SourceError, SourceUnavailable
 from cdcserver.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.handoff import Handoff
 from cdcserver.lag import LagProbe
@@ -38,7 +39,7 @@ from cdcserver.retention import Cleaner
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
-from cdcserver.store.store import AvroStore
+from cdcserver.store.store import DISK_FULL_ERRNOS, AvroStore
 from cdcserver.users import UsersFile
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ class Service:
         self.cleaner = Cleaner(config.retention, config.store.data_dir, self.catalog,
                                lambda: self.store.index)
         self.scheduler: DumpScheduler | None = None
+        self.paused = ""  # why replication is paused (a full disk), "" while it runs
+        self._replaced: asyncio.Future[None] | None = None
         self.handoff: Handoff | None = None
         self.lag: LagProbe | None = None
         self.monitoring: MonitoringServer | None = None
@@ -152,7 +155,18 @@ class Service:
         await self.replicating.wait()
         assert self.pipeline is not None
         while not all(self.pipeline.state.covers(g) for g in target):
-            await asyncio.shield(self.pipeline.progress())  # shared with other waiters
+            # Shared with other waiters (shielded); a new pipeline (after a pause) has its
+            # own progress, so a replacement wakes the waiters too.
+            progress = asyncio.shield(self.pipeline.progress())
+            replaced = asyncio.shield(self._pipeline_replaced())
+            await asyncio.wait({progress, replaced}, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in (progress, replaced):
+                waiter.cancel()
+
+    def _pipeline_replaced(self) -> asyncio.Future[None]:
+        if self._replaced is None or self._replaced.done():
+            self._replaced = asyncio.get_running_loop().create_future()
+        return self._replaced
 
     def _version_created_by(self, database: str, table: str, gtid: str) -> int | None:
         """The store's version of a table current right after the transaction ``gtid``: the
@@ -207,6 +221,44 @@ class Service:
         if self.kafka is not None:
             self.kafka.set_flavor(mariadb)
             await self.kafka.open()  # waits for the broker; the listener serves meanwhile
+        while True:
+            try:
+                await self._replicate_from(address, default, mariadb)
+                return
+            except (DiskFull, OSError) as exc:
+                if isinstance(exc, OSError) and exc.errno not in DISK_FULL_ERRNOS:
+                    raise
+                await self._pause_until_room(exc)
+
+    async def _pause_until_room(self, cause: Exception) -> None:
+        """The data directory is full: every sink has dropped its open transaction; wait
+        until a write fits again, then replication starts over from what they applied. The
+        listener serves meanwhile (from the committed data, which nothing touched)."""
+        self.paused = f"replication paused: {cause}"
+        log.error("%s; resuming when %s has room again", self.paused,
+                  self.config.store.data_dir)
+        for sink in self.sinks[1:]:  # the store undid its own already
+            with contextlib.suppress(Exception):
+                await sink.apply([Abort("the data directory is full")])
+        probe = os.path.join(self.config.store.data_dir, "state", ".room-probe")
+        while True:
+            await _poll(lambda: _room_for(probe, ROOM_NEEDED), self.config.store.disk_full_retry)
+            try:
+                # Checkpoints must cover everything applied: replication restarts from them,
+                # and nothing may be applied twice.
+                for sink in self.sinks:
+                    await sink.flush()
+                break
+            except DiskFull:
+                continue
+        log.warning("the data directory has room again: resuming replication")
+        self.paused = ""
+
+    async def _replicate_from(self, address: SourceAddress, default: BinlogPosition,
+                              mariadb: bool) -> None:
+        """Replicate from where every sink stands (``default`` for a new store) until the
+        stream ends or fails."""
+        cfg = self.config.source
         position = start_position(self.sinks, default)
         self.store.set_origin(position)
         start = position.gtid_state
@@ -220,6 +272,8 @@ class Service:
                                      report_host=cfg.report_host, history=history,
                                      mariadb=mariadb, file=position.file, pos=position.pos)
         self.pipeline = Pipeline(handoff, self.sinks, start, self.config.store.flush_interval)
+        if self._replaced is not None and not self._replaced.done():
+            self._replaced.set_result(None)
         self.replicator.start()
         self.replicating.set()
         try:
@@ -286,3 +340,32 @@ class Service:
                 with contextlib.suppress(asyncio.CancelledError):
                     await replication
         await self.store.flush()
+
+
+async def _poll(check: Callable[[], bool], every: float) -> None:
+    """Until ``check`` (run in a thread) holds: the file system sends no event for "space
+    was freed", so polling is the only way to learn it."""
+    while True:
+        if await asyncio.to_thread(check):
+            return
+        await asyncio.sleep(every)
+
+
+ROOM_NEEDED = 16 << 20  # bytes a probe write must fit before replication resumes
+
+
+def _room_for(probe: str, size: int) -> bool:
+    """Whether ``size`` bytes can be written beside the data (then removed again)."""
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError:
+        return False
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(probe)

@@ -26,16 +26,17 @@ def test_add_list_remove_through_the_command(tmp_path):
     assert added.returncode == 0, added.stderr
     assert "s3cret-pass" not in added.stdout + added.stderr
     assert _cli("users", "add", "bob", "--users-file", path, "--password-stdin",
-                stdin="other\n").returncode == 0
-    assert _cli("users", "list", "--users-file", path).stdout.split() == ["alice", "bob"]
+                "--tables", "shop.*", stdin="other\n").returncode == 0
+    listed = _cli("users", "list", "--users-file", path).stdout.splitlines()
+    assert [line.split() for line in listed] == [["alice", "*"], ["bob", "shop.*"]]
     with open(path) as f:
         text = f.read()
     assert "s3cret-pass" not in text
     expected = hashlib.sha1(hashlib.sha1(b"s3cret-pass").digest()).hexdigest().upper()
-    assert f"alice:{expected}\n" in text
+    assert f"alice:{expected}\n" in text and ":shop.*\n" in text
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
     assert _cli("users", "remove", "alice", "--users-file", path).returncode == 0
-    assert _cli("users", "list", "--users-file", path).stdout.split() == ["bob"]
+    assert _cli("users", "list", "--users-file", path).stdout.split() == ["bob", "shop.*"]
     missing = _cli("users", "remove", "alice", "--users-file", path)
     assert missing.returncode == 1 and "no user alice" in missing.stderr
 

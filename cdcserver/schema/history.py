@@ -62,6 +62,11 @@ class SchemaHistory:
             for line in f:
                 if not line.strip():
                     continue
+                if not line.endswith("\n"):
+                    # A torn last line (a crash or a full disk while appending): its
+                    # transaction was not applied, so the entry is replayed.
+                    log.warning("schema history: ignoring an incomplete last line")
+                    break
                 entry = json.loads(line)
                 if entry["gtid"] and not start.covers(Gtid.parse(entry["gtid"])):
                     continue
@@ -88,7 +93,12 @@ class SchemaHistory:
                            "definition": definition.to_json() if definition else None})
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, (line + "\n").encode("utf-8"))
+            size = os.fstat(fd).st_size
+            try:
+                os.write(fd, (line + "\n").encode("utf-8"))
+            except OSError:
+                os.ftruncate(fd, size)  # no torn line (a full disk): the caller stops
+                raise
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -126,7 +126,12 @@ class VersionFileWriter:
     def create(cls, path: str, schema_json: str, codec: str) -> VersionFileWriter:
         header_bytes = container_header(schema_json, codec, os.urandom(SYNC_SIZE))
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        _write_all(fd, header_bytes)
+        try:
+            _write_all(fd, header_bytes)
+        except OSError:
+            os.close(fd)
+            os.unlink(path)
+            raise
         writer = cls(path, parse_header(header_bytes), fd, len(header_bytes))
         writer.dirty = True
         return writer
@@ -142,7 +147,11 @@ class VersionFileWriter:
             return
         data = compress(self.header.codec, self.buffer)
         block = varint(self.count) + varint(len(data)) + data + self.header.sync
-        _write_all(self.fd, block)
+        try:
+            _write_all(self.fd, block)
+        except OSError:
+            os.ftruncate(self.fd, self.size)  # no partial block may stay (disk full)
+            raise
         self.size += len(block)
         self.buffer.clear()
         self.count = 0
@@ -155,7 +164,7 @@ class VersionFileWriter:
     def rollback(self) -> None:
         self.buffer.clear()
         self.count = 0
-        if self.size != self.committed:
+        if self.size != self.committed or os.fstat(self.fd).st_size != self.committed:
             os.ftruncate(self.fd, self.committed)
             self.size = self.committed
 

@@ -94,8 +94,11 @@ def write_atomically(path: str, data: bytes) -> None:
         while view:
             view = view[os.write(fd, view):]
         os.fsync(fd)
-    finally:
+    except OSError:
         os.close(fd)
+        os.unlink(tmp)  # the old file stays whole; give back the space (a full disk)
+        raise
+    os.close(fd)
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path) or ".")
 

@@ -127,7 +127,8 @@ class StoreIndex:
                       t.timestamp, t.events, json.dumps(t.tables), t.file, t.pos) for t in txns])
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:  # SQLite ends it itself on a full disk
+                    self._db.execute("ROLLBACK")
                 self._pending_blocks[:0] = blocks
                 self._pending_txns[:0] = txns
                 raise

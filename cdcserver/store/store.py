@@ -17,9 +17,12 @@ the checkpoint and produces the same bytes again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import fcntl
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,7 +38,7 @@ from cdcserver.changes import (
     RowsKind,
     TableLayout,
 )
-from cdcserver.errors import StoreError
+from cdcserver.errors import DiskFull, StoreError
 from cdcserver.gtid import BinlogPosition, GtidState
 from cdcserver.store import checkpoint as ckpt
 from cdcserver.store.avrofile import VersionFileWriter, last_valid_end, read_header
@@ -48,6 +51,8 @@ from cdcserver.store.schema import TableSchema
 from cdcserver.store.transcoder import records
 
 log = logging.getLogger(__name__)
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 _TAILS = {RowsKind.INSERT: (EventType.INSERT, EventType.INSERT),
           RowsKind.DELETE: (EventType.DELETE, EventType.DELETE),
@@ -224,6 +229,15 @@ class AvroStore:
         self.apply_now(changes)
 
     def apply_now(self, changes: list[Change]) -> None:
+        try:
+            self._apply(changes)
+        except OSError as exc:
+            if exc.errno not in DISK_FULL_ERRNOS:
+                raise
+            self.abort(Abort("the data directory is full"))
+            raise DiskFull(f"{self.data_dir}: {exc.strerror}") from exc
+
+    def _apply(self, changes: list[Change]) -> None:
         for change in changes:
             if isinstance(change, Rows):
                 self.rows(change)
@@ -285,6 +299,8 @@ class AvroStore:
         txn = self._require_open()
         assert self.index is not None
         touched: list[TableName] = []
+        for target in txn.targets.values():
+            target.writer.end_block()  # all the I/O first: a failure leaves nothing visible
         for (table, version), target in txn.targets.items():
             target.writer.commit()
             if target.new:
@@ -376,9 +392,14 @@ class AvroStore:
             assert base is not None
             schema = base.successor(version, gtid, ddl)
         avsc_path = os.path.join(self.avro_dir, table.file_name(version, "avsc"))
-        ckpt.write_atomically(avsc_path, schema.text().encode("utf-8") + b"\n")
         path = os.path.join(self.avro_dir, table.file_name(version, "avro"))
-        writer = VersionFileWriter.create(path, schema.text(), self.codec)
+        try:
+            ckpt.write_atomically(avsc_path, schema.text().encode("utf-8") + b"\n")
+            writer = VersionFileWriter.create(path, schema.text(), self.codec)
+        except OSError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(avsc_path)
+            raise
         self._writers[(table, version)] = writer
         self._new_files = True
         self._drop_table_routes(table)
@@ -425,13 +446,15 @@ class AvroStore:
                 await asyncio.shield(work)
             except asyncio.CancelledError:
                 # The thread cannot be cancelled: hold the lock until it is done, so two
-                # checkpoint writes never overlap.
-                await work
+                # checkpoint writes never overlap. Its own failure must not replace the
+                # cancellation (a caller that retries failures would never stop).
+                try:
+                    await work
+                except Exception:  # noqa: BLE001 - logged by the next flush, which retries
+                    self._not_durable(dirty, new_files)
                 raise
             except BaseException:
-                for writer in dirty:  # still not known to be on disk
-                    writer.dirty = True
-                self._new_files |= new_files
+                self._not_durable(dirty, new_files)
                 raise
             self.durable = position
             if self.position == position:
@@ -445,15 +468,36 @@ class AvroStore:
         since = self._undurable_since
         return 0.0 if since is None else time.monotonic() - since
 
+    def _not_durable(self, dirty: list[VersionFileWriter], new_files: bool) -> None:
+        for writer in dirty:  # still not known to be on disk
+            writer.dirty = True
+        self._new_files |= new_files
+
     def _make_durable(self, dirty: list[VersionFileWriter], new_files: bool,
                       checkpoint: Checkpoint) -> None:
         assert self.index is not None
         for writer in dirty:
-            writer.fsync()
+            try:
+                writer.fsync()
+            except OSError as exc:
+                # After a failed fsync the kernel may have dropped the pages: retrying could
+                # "succeed" without the data. Stop; a restart recovers from the checkpoint.
+                raise StoreError(f"fsync of {writer.path} failed ({exc.strerror}); restart "
+                                 "the service to recover from the checkpoint") from exc
         if new_files:
             ckpt.fsync_dir(self.avro_dir)
-        self.index.persist()
-        ckpt.save(self.checkpoint_path, checkpoint)
+        try:
+            self.index.persist()
+            ckpt.save(self.checkpoint_path, checkpoint)
+        except OSError as exc:
+            if exc.errno not in DISK_FULL_ERRNOS:
+                raise
+            raise DiskFull(f"{self.data_dir}: {exc.strerror}; checkpoint not written") from exc
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_FULL:
+                raise
+            raise DiskFull(f"{self.data_dir}: the index's disk is full; checkpoint not "
+                           "written") from exc
 
     def _close_sealed(self) -> None:
         """After a flush: close the writers no transaction will write again."""

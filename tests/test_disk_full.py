@@ -1,0 +1,97 @@
+"""A full data directory: replication pauses without corrupting anything, clients are still
+served, and replication resumes, losing and duplicating nothing, once there is room.
+
+The data directory is a real, small tmpfs (mounting one needs root, which the suite's machines
+give; elsewhere the test is skipped and says so)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator
+
+import fastavro
+import pytest
+
+from cdcserver.config import parse_source_url
+from cdcserver.store.naming import TableName
+from cdcserver.verify import verify_table
+from tests.conftest import Source, make_config, start_service
+from tests.helpers import RawClient
+
+pytestmark = [pytest.mark.mariadb, pytest.mark.slow]
+
+SIZE_MIB = 64
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator[str]:
+    mount_point = str(tmp_path / "data")
+    os.makedirs(mount_point)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE_MIB}m", "tmpfs",
+                             mount_point], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip()}): needs root")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", mount_point], check=False)
+
+
+def _fill(path: str) -> None:
+    """Take every free byte (a ballast file)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for chunk in (1 << 20, 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, b"\0" * chunk)
+    finally:
+        os.close(fd)
+
+
+async def test_a_full_disk_pauses_replication_and_loses_nothing(small_disk: str,
+                                                                 source: Source,
+                                                                 users_file: str):
+    table = f"`{source.database}`.t"
+    source.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, body TEXT)",
+                   f"INSERT INTO {table} VALUES (1, 'before')")
+    config = make_config(small_disk, source.url, users_file,
+                         store={"disk_full_retry": 0.1})
+    cdc = await start_service(config)
+    try:
+        await cdc.caught_up(source)
+        ballast = os.path.join(small_disk, "ballast")
+        await asyncio.to_thread(_fill, ballast)
+
+        for i in range(2, 62):  # 60 transactions of 60 KB: far more than is left
+            source.execute(f"INSERT INTO {table} VALUES ({i}, REPEAT('x', 60000))")
+        while not cdc.service.paused:
+            await asyncio.wait({cdc.task}, timeout=0.05)
+            assert not cdc.task.done(), "the service stopped instead of pausing"
+        assert "paused" in cdc.service.paused
+
+        # Serving continues from what was committed.
+        client = await RawClient.connect(cdc.port)
+        await client.login()
+        await client.send(f"REQUEST-DATA {source.database}.t\n".encode())
+        assert (await client.json_line())["table"] == "t"
+        assert (await client.json_line())["body"] == "before"
+        await client.close()
+
+        os.unlink(ballast)  # room again
+        await cdc.caught_up(source, timeout=120)
+        assert not cdc.service.paused
+    finally:
+        await cdc.stop()
+
+    report = await asyncio.to_thread(verify_table, parse_source_url(source.url), small_disk,
+                                     TableName(source.database, "t"))
+    assert report.ok and report.duplicates == 0, "\n".join(report.lines())
+    assert report.source_rows == report.stream_rows == 61
+    for name in os.listdir(os.path.join(small_disk, "avro")):
+        if name.endswith(".avro"):
+            with open(os.path.join(small_disk, "avro", name), "rb") as f:
+                assert sum(1 for _ in fastavro.reader(f)) > 0
