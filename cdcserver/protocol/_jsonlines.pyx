@@ -62,6 +62,11 @@ cdef inline void _put(Out *out, const char *p, Py_ssize_t n) noexcept:
     out.size += n
 
 
+cdef inline void _char(Out *out, char c) noexcept:
+    out.data[out.size] = c
+    out.size += 1
+
+
 cdef inline void _digits(Out *out, uint64_t v, int width) noexcept:
     """v in decimal, zero-padded to ``width`` digits."""
     cdef char buf[24]
@@ -77,8 +82,7 @@ cdef inline void _digits(Out *out, uint64_t v, int width) noexcept:
 
 cdef inline void _signed(Out *out, int64_t v) noexcept:
     if v < 0:
-        out.data[out.size] = b'-'
-        out.size += 1
+        _char(out, b'-')
         _digits(out, <uint64_t>0 - <uint64_t>v, 1)
     else:
         _digits(out, <uint64_t>v, 1)
@@ -125,13 +129,11 @@ cdef int _json_string(Out *out, const uint8_t *p, Py_ssize_t n) except -1:
     if not _utf8_valid(p, n):
         return 0
     _reserve(out, 6 * n + 2)
-    out.data[out.size] = b'"'
-    out.size += 1
+    _char(out, b'"')
     for i in range(n):
         b = p[i]
         if b >= 0x20 and b != 34 and b != 92:
-            out.data[out.size] = <char>b
-            out.size += 1
+            _char(out, <char>b)
         elif b == 34:
             _put(out, b'\\"', 2)
         elif b == 92:
@@ -151,8 +153,7 @@ cdef int _json_string(Out *out, const uint8_t *p, Py_ssize_t n) except -1:
             out.data[out.size] = _HEX[b >> 4]
             out.data[out.size + 1] = _HEX[b & 15]
             out.size += 2
-    out.data[out.size] = b'"'
-    out.size += 1
+    _char(out, b'"')
     return 1
 
 
@@ -178,49 +179,48 @@ cdef inline void _fraction(Out *out, int64_t micros, int fsp) noexcept:
     for i in range(5, -1, -1):
         buf[i] = <char>(48 + micros % 10)
         micros //= 10
-    out.data[out.size] = b'.'
-    out.size += 1
+    _char(out, b'.')
     _put(out, buf, fsp if fsp <= 6 else 6)
 
 
-cdef int _moment(Out *out, int64_t micros, int fsp, bint utc) except -1:
-    """A local-timestamp-micros (or, with ``utc``, timestamp-micros) value as datetime_text;
-    0 outside datetime's years 1..9999."""
-    cdef int64_t days, rest, year, month, day
-    days = micros // _DAY_MICROS if micros >= 0 else -((-micros + _DAY_MICROS - 1)
-                                                         // _DAY_MICROS)
-    rest = micros - days * _DAY_MICROS
+cdef int _date(Out *out, int64_t days) except -1:
+    """``date.isoformat()`` of a day count since 1970-01-01; 0 outside years 1..9999."""
+    cdef int64_t year, month, day
     _civil(days, &year, &month, &day)
     if year < 1 or year > 9999:
         return 0
-    _reserve(out, 40)
-    out.data[out.size] = b'"'
-    out.size += 1
+    _reserve(out, 12)
     _digits(out, <uint64_t>year, 4)
-    out.data[out.size] = b'-'
-    out.size += 1
+    _char(out, b'-')
     _digits(out, <uint64_t>month, 2)
-    out.data[out.size] = b'-'
-    out.size += 1
+    _char(out, b'-')
     _digits(out, <uint64_t>day, 2)
-    out.data[out.size] = b' '
-    out.size += 1
-    _clock(out, rest, fsp)
+    return 1
+
+
+cdef int _moment(Out *out, int64_t micros, int fsp, bint utc) except -1:
+    """A local-timestamp-micros (or, with ``utc``, timestamp-micros) value as datetime_text,
+    quoted; 0 outside datetime's years 1..9999."""
+    cdef int64_t days = micros // _DAY_MICROS if micros >= 0 else -(
+        (-micros + _DAY_MICROS - 1) // _DAY_MICROS)
+    _reserve(out, 40)
+    _char(out, b'"')
+    if not _date(out, days):
+        return 0
+    _char(out, b' ')
+    _clock(out, micros - days * _DAY_MICROS, fsp)
     if utc:
         _put(out, b"+00:00", 6)
-    out.data[out.size] = b'"'
-    out.size += 1
+    _char(out, b'"')
     return 1
 
 
 cdef inline void _clock(Out *out, int64_t micros, int fsp) noexcept:
     cdef int64_t seconds = micros // 1000000
     _digits(out, <uint64_t>(seconds // 3600), 2)
-    out.data[out.size] = b':'
-    out.size += 1
+    _char(out, b':')
     _digits(out, <uint64_t>(seconds % 3600 // 60), 2)
-    out.data[out.size] = b':'
-    out.size += 1
+    _char(out, b':')
     _digits(out, <uint64_t>(seconds % 60), 2)
     _fraction(out, micros % 1000000, fsp)
 
@@ -243,12 +243,10 @@ cdef int _decimal(Out *out, const uint8_t *p, Py_ssize_t n, int scale) except -1
         len_ += 1
     _reserve(out, 52)
     if v < 0:
-        out.data[out.size] = b'-'
-        out.size += 1
+        _char(out, b'-')
     _put(out, buf + 48 - len_, len_ - scale)
     if scale:
-        out.data[out.size] = b'.'
-        out.size += 1
+        _char(out, b'.')
         _put(out, buf + 48 - scale, scale)
     return 1
 
@@ -367,7 +365,7 @@ cdef class BlockRenderer:
     cdef int _value(self, int i, Cursor *c, Out *out) except -1:
         cdef int op = self.ops[i]
         cdef int arg = self.args[i]
-        cdef int64_t v, year, month, day
+        cdef int64_t v
         cdef Py_ssize_t n, k
         cdef const uint8_t *p
         cdef char *text
@@ -423,14 +421,12 @@ cdef class BlockRenderer:
             if c.bad:
                 return 0
             _reserve(out, 2 * n + 2)
-            out.data[out.size] = b'"'
-            out.size += 1
+            _char(out, b'"')
             for k in range(n):
                 out.data[out.size] = _HEX[p[k] >> 4]
                 out.data[out.size + 1] = _HEX[p[k] & 15]
                 out.size += 2
-            out.data[out.size] = b'"'
-            out.size += 1
+            _char(out, b'"')
             return 1
         if op == R_UUID:
             n = <Py_ssize_t>_long(c)
@@ -453,30 +449,18 @@ cdef class BlockRenderer:
             v = _long(c)
             if c.bad:
                 return 0
-            _civil(v, &year, &month, &day)
-            if year < 1 or year > 9999:
+            _char(out, b'"')
+            if not _date(out, v):
                 return 0
-            out.data[out.size] = b'"'
-            out.size += 1
-            _digits(out, <uint64_t>year, 4)
-            out.data[out.size] = b'-'
-            out.size += 1
-            _digits(out, <uint64_t>month, 2)
-            out.data[out.size] = b'-'
-            out.size += 1
-            _digits(out, <uint64_t>day, 2)
-            out.data[out.size] = b'"'
-            out.size += 1
+            _char(out, b'"')
             return 1
         if op == R_TIME:
             v = _long(c)
             if c.bad or v < 0 or v >= _DAY_MICROS:
                 return 0
-            out.data[out.size] = b'"'
-            out.size += 1
+            _char(out, b'"')
             _clock(out, v, arg)
-            out.data[out.size] = b'"'
-            out.size += 1
+            _char(out, b'"')
             return 1
         if op == R_NULL:
             _put(out, b"null", 4)
