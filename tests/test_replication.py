@@ -114,16 +114,19 @@ async def test_start_gtid_explicit_state(tmp_path: os.PathLike[str], source: Sou
     assert ids == [2, 3]
 
 
-def _read_whole_binlog(source: Source, fix: bool) -> list:
-    """A non-blocking GTID-mode dump over TCP by a slow reader (a 4 KiB receive buffer keeps
-    the server's send queue full). A server socket closed with unread input sends TCP RST and
-    drops its send queue, so with the library's stray byte the tail of the dump is lost."""
+def _read_whole_binlog(source: Source, fix: bool, slow: bool = False) -> list:
+    """A non-blocking GTID-mode dump over TCP; ``slow``: by a slow reader (a 4 KiB receive
+    buffer keeps the server's send queue full). A server socket closed with unread input
+    sends TCP RST and drops its send queue, so with the library's stray byte the tail of the
+    dump is lost."""
     from cdcserver.config import parse_source_url
 
     conn = BinlogConnection(parse_source_url(source.server.url(tcp=True)), 7001, GtidState(),
                             blocking=False, fix_dump_framing=fix)
     conn.open()
-    conn._stream._stream_connection._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    if slow:
+        conn._stream._stream_connection._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF,
+                                                         4096)
     decoder = EventDecoder(CollationTable.defaults(), GtidState(), checksums=conn.checksums)
     changes: list = []
     try:
@@ -134,12 +137,18 @@ def _read_whole_binlog(source: Source, fix: bool) -> list:
     return changes
 
 
+BUSY_ROWS = 50_000
+
+
 @pytest.fixture
 def busy_binlog(source: Source) -> Source:
     table = _make_table(source)
-    sequence = f"`{source.database}`.seq_1_to_2000"  # MariaDB's SEQUENCE engine
+    # 2 MB of binlog in one transaction: more than any TCP window, so the server still holds
+    # part of it when it closes (MariaDB's SEQUENCE engine makes the rows)
+    sequence = f"`{source.database}`.seq_1_to_{BUSY_ROWS - 100}"
     source.execute(f"INSERT INTO {table} SELECT seq, REPEAT('x', 20) FROM {sequence}",
-                   *(f"INSERT INTO {table} VALUES ({i}, 'y')" for i in range(2001, 2101)))
+                   *(f"INSERT INTO {table} VALUES ({i}, 'y')"
+                     for i in range(BUSY_ROWS - 99, BUSY_ROWS + 1)))
     return source
 
 
@@ -149,7 +158,7 @@ def test_non_blocking_gtid_dump_reads_the_whole_binlog(busy_binlog: Source):
     changes = _read_whole_binlog(busy_binlog, fix=True)
     commits = [c for c in changes if isinstance(c, Commit)]
     assert commits[-1].position.gtid_state == busy_binlog.gtid_state()
-    assert sum(len(c.rows) for c in changes if isinstance(c, Rows)) == 2100
+    assert sum(len(c.rows) for c in changes if isinstance(c, Rows)) == BUSY_ROWS
 
 
 def test_the_unfixed_dump_request_loses_data(busy_binlog: Source):
@@ -157,7 +166,7 @@ def test_the_unfixed_dump_request_loses_data(busy_binlog: Source):
     close resets the connection and the tail of the dump is lost. If this starts failing,
     upstream fixed the bug and the override in cdcserver/replication/connection.py can go."""
     with pytest.raises(SourceUnavailable, match=r"Connection reset|Lost connection"):
-        _read_whole_binlog(busy_binlog, fix=False)
+        _read_whole_binlog(busy_binlog, fix=False, slow=True)
 
 
 def test_the_dump_request_declares_its_true_length():
