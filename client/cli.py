@@ -73,7 +73,37 @@ def _stream_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _without_password(argv: list[str]) -> list[str]:
+    """``argv`` with the value of ``-p``/``--password`` replaced by ``***``."""
+    masked, hide_next = [], False
+    for arg in argv:
+        if hide_next:
+            masked.append("***")
+            hide_next = False
+        elif arg in ("-p", "--password"):
+            masked.append(arg)
+            hide_next = True
+        elif arg.startswith("--password="):
+            masked.append("--password=***")
+        elif arg.startswith("-p") and len(arg) > 2:
+            masked.append("-p***")
+        else:
+            masked.append(arg)
+    return masked
+
+
+def _hide_password_from_process_title(argv: list[str]) -> None:
+    """A password given with -p would show in ``ps`` to every user of the machine."""
+    masked = _without_password(argv)
+    if masked != argv:
+        import setproctitle
+
+        setproctitle.setproctitle(" ".join(["cdc", *masked]))
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        _hide_password_from_process_title(sys.argv[1:])
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in _COMMANDS:
         return _COMMANDS[argv[0]](argv[1:])

@@ -201,3 +201,19 @@ def test_a_password_on_the_command_line_is_not_in_the_process_title(tmp_path):
         process.terminate()
         logged += process.communicate(timeout=30)[1]
     assert b"cdc@127.0.0.1:1" in logged and b"s3cret-pw" not in logged
+
+
+async def test_the_clients_password_option_is_not_in_its_process_title(listener: Listener):
+    exe = os.path.join(os.path.dirname(sys.executable), "cdc")
+    process = await asyncio.create_subprocess_exec(
+        exe, "-h", "127.0.0.1", "-P", str(listener.port), "-u", USER, "-p", PASSWORD,
+        "shop.items", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert process.stdout is not None
+        await asyncio.wait_for(process.stdout.readline(), 30)  # the schema: it is streaming
+        with open(f"/proc/{process.pid}/cmdline", "rb") as f:
+            title = f.read()
+        assert PASSWORD.encode() not in title and b"-p ***" in title
+    finally:
+        process.terminate()
+        await process.wait()
