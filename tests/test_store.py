@@ -136,3 +136,40 @@ def test_resume_keeps_the_requested_gtid_until_a_record_arrives(given: str | Non
     resume = Resume(gtid=given)
     assert resume.accept(_schema(1)) and resume.accept(_schema(2))
     assert resume.request() == (2, given, None)
+
+
+async def test_a_flush_cancelled_twice_still_holds_off_the_next_checkpoint_write(
+        tmp_path, monkeypatch):
+    """Shutting down cancels the periodic flush twice (its loop, then gather's cleanup). The
+    flush's thread cannot stop: until it is done no other checkpoint write may start, or the
+    two race on checkpoint.json.tmp (seen in CI as FileNotFoundError on the rename)."""
+    store = _open(str(tmp_path))
+    feed = _Feed()
+    await store.apply(feed.transaction(Rows(_layout("a"), RowsKind.INSERT, 0, [(1,)])))  # type: ignore[arg-type]
+    proceed = threading.Event()
+    real_fsync = avrofile.VersionFileWriter.fsync
+    writes_at_once, most_at_once = [0], [0]
+
+    def slow_fsync(writer: avrofile.VersionFileWriter) -> None:
+        writes_at_once[0] += 1
+        most_at_once[0] = max(most_at_once[0], writes_at_once[0])
+        assert proceed.wait(10)
+        real_fsync(writer)
+        writes_at_once[0] -= 1
+
+    monkeypatch.setattr(avrofile.VersionFileWriter, "fsync", slow_fsync)
+    first = asyncio.create_task(store.flush())
+    await asyncio.sleep(0.05)  # its thread is in fsync
+    first.cancel()
+    await asyncio.sleep(0)
+    first.cancel()  # again, while it waits for its thread
+    await store.apply(feed.transaction(Rows(_layout("a"), RowsKind.INSERT, 0, [(2,)])))  # type: ignore[arg-type]
+    second = asyncio.create_task(store.flush())
+    await asyncio.sleep(0.05)
+    assert not second.done()  # waiting for the first thread, not writing beside it
+    proceed.set()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert await second == store.position
+    assert most_at_once[0] == 1
+    store.close()

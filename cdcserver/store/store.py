@@ -446,11 +446,11 @@ class AvroStore:
                 await asyncio.shield(work)
             except asyncio.CancelledError:
                 # The thread cannot be cancelled: hold the lock until it is done, so two
-                # checkpoint writes never overlap. Its own failure must not replace the
-                # cancellation (a caller that retries failures would never stop).
-                try:
-                    await work
-                except Exception:  # noqa: BLE001 - logged by the next flush, which retries
+                # checkpoint writes never overlap, however often this task is cancelled
+                # meanwhile. Its own failure must not replace the cancellation (a caller
+                # that retries failures would never stop).
+                await _outlast(work)
+                if work.exception() is not None:
                     self._not_durable(dirty, new_files)
                 raise
             except BaseException:
@@ -511,6 +511,13 @@ class AvroStore:
                     and (self._open is None or key not in self._open.targets):
                 writer.close()
                 del self._writers[key]
+
+
+async def _outlast(work: asyncio.Future[None]) -> None:
+    """Wait until ``work`` is done, through any number of cancellations of the caller."""
+    while not work.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({work})
 
 
 def _same_columns(current: TableSchema, candidate: TableSchema) -> bool:
