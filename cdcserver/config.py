@@ -22,6 +22,14 @@ from cdcserver.errors import ConfigError
 from cdcserver.replication.connection import SourceAddress
 
 
+def host_and_port(text: str, expected: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:4001`` for IPv6; an empty host is every address)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"{expected}, not {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
 def option(default: Any, help: str, cli: str | None = None,
            choices: tuple[str, ...] | None = None, secret: bool = False) -> Any:
     return field(default=default,
@@ -93,10 +101,7 @@ class ListenerConfig:
     tls_key: str = option("", "the certificate's PEM private key", cli="--tls-key")
 
     def host_port(self) -> tuple[str, int]:
-        host, sep, port = self.listen.rpartition(":")
-        if not sep or not port.isdigit():
-            raise ConfigError(f"listen must be HOST:PORT, not {self.listen!r}")
-        return host.strip("[]") or "0.0.0.0", int(port)
+        return host_and_port(self.listen, "listen must be HOST:PORT")
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The listener's TLS settings (TLS 1.2 or newer), or None for plain TCP."""
@@ -213,10 +218,7 @@ class MetricsConfig:
     def host_port(self) -> tuple[str, int] | None:
         if not self.listen:
             return None
-        host, sep, port = self.listen.rpartition(":")
-        if not sep or not port.isdigit():
-            raise ConfigError(f"metrics.listen must be HOST:PORT or '', not {self.listen!r}")
-        return host.strip("[]") or "0.0.0.0", int(port)
+        return host_and_port(self.listen, "metrics.listen must be HOST:PORT or ''")
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,12 @@ cdef enum:
 
 cdef int64_t _DAY_MICROS = 86400000000
 cdef const char *_HEX = b"0123456789abcdef"
+# What follows the backslash for each byte JSON escapes (json.encoder's ESCAPE_DCT): a short
+# escape letter, 'u' for \u00XX, 0 for a byte written as it is.
+cdef bytes _ESCAPES = bytes(
+    ord({0x22: '"', 0x5C: "\\", 0x0A: "n", 0x0D: "r", 0x09: "t", 0x08: "b", 0x0C: "f"}.get(
+        b, "u")) if b < 0x20 or b in (0x22, 0x5C) else 0 for b in range(256))
+cdef const char *_ESCAPE = _ESCAPES
 
 
 cdef inline void _put(Out *out, const char *p, Py_ssize_t n) noexcept:
@@ -126,33 +132,23 @@ cdef int _json_string(Out *out, const uint8_t *p, Py_ssize_t n) except -1:
     """A JSON string as json.dumps(ensure_ascii=False) writes it; 0 if not UTF-8."""
     cdef Py_ssize_t i
     cdef uint8_t b
+    cdef char escape
     if not _utf8_valid(p, n):
         return 0
     _reserve(out, 6 * n + 2)
     _char(out, b'"')
     for i in range(n):
         b = p[i]
-        if b >= 0x20 and b != 34 and b != 92:
+        escape = _ESCAPE[b]
+        if not escape:
             _char(out, <char>b)
-        elif b == 34:
-            _put(out, b'\\"', 2)
-        elif b == 92:
-            _put(out, b'\\\\', 2)
-        elif b == 10:
-            _put(out, b'\\n', 2)
-        elif b == 13:
-            _put(out, b'\\r', 2)
-        elif b == 9:
-            _put(out, b'\\t', 2)
-        elif b == 8:
-            _put(out, b'\\b', 2)
-        elif b == 12:
-            _put(out, b'\\f', 2)
-        else:
-            _put(out, b'\\u00', 4)
-            out.data[out.size] = _HEX[b >> 4]
-            out.data[out.size + 1] = _HEX[b & 15]
-            out.size += 2
+            continue
+        _char(out, b'\\')
+        _char(out, escape)
+        if escape == b'u':
+            _put(out, b"00", 2)
+            _char(out, _HEX[b >> 4])
+            _char(out, _HEX[b & 15])
     _char(out, b'"')
     return 1
 

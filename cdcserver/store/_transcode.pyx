@@ -103,25 +103,17 @@ cdef inline int _bit_length(uint64_t v) noexcept:
     return n
 
 
-cdef int _signed_decimal(Out *out, int64_t v) except -1:
-    """Avro bytes: the shortest big-endian two's complement of v (encoder.decimal_bytes)."""
-    cdef int size = _bit_length(<uint64_t>(v ^ (v >> 63))) // 8 + 1
+cdef int _decimal_bytes(Out *out, uint64_t bits, bint negative) except -1:
+    """Avro bytes: the shortest big-endian two's complement (encoder.decimal_bytes) of a
+    value given as its 64 low bits and its sign: an int64 (``negative`` = v < 0) or a
+    uint64 (``negative`` False), which may need a ninth byte."""
+    cdef int size = _bit_length(~bits if negative else bits) // 8 + 1
     cdef int i
     _reserve(out, 16)
     _varint(out, <uint64_t>size << 1)
     for i in range(size - 1, -1, -1):
-        _byte(out, <uint8_t>((<uint64_t>v >> (8 * i)) & 0xFF) if i < 8 else
-              (0xFF if v < 0 else 0))
-    return 0
-
-
-cdef int _unsigned_decimal(Out *out, uint64_t v) except -1:
-    cdef int size = _bit_length(v) // 8 + 1
-    cdef int i
-    _reserve(out, 16)
-    _varint(out, <uint64_t>size << 1)
-    for i in range(size - 1, -1, -1):
-        _byte(out, <uint8_t>((v >> (8 * i)) & 0xFF) if i < 8 else 0)
+        _byte(out, <uint8_t>((bits >> (8 * i)) & 0xFF) if i < 8 else
+              (0xFF if negative else 0))
     return 0
 
 
@@ -303,7 +295,7 @@ cdef class Transcoder:
             if pos + 8 > end:
                 return -1
             _byte(out, 2)
-            _unsigned_decimal(out, _le(p + pos, 8))
+            _decimal_bytes(out, _le(p + pos, 8), False)
             return pos + 8
         if op == OP_FLOAT or op == OP_DOUBLE:
             n = 4 if op == OP_FLOAT else 8
@@ -344,7 +336,7 @@ cdef class Transcoder:
             elif op == OP_BIT_LONG:
                 _long(out, <int64_t>u)
             else:
-                _unsigned_decimal(out, u)
+                _decimal_bytes(out, u, False)
             return pos + a
         if op == OP_DATE:
             return self._date(p, pos, end, out)
@@ -392,7 +384,8 @@ cdef class Transcoder:
                 return -1
             value = value * _POW10[last] + <int64_t>group
         _byte(out, 2)
-        _signed_decimal(out, -value if negative else value)
+        value = -value if negative else value
+        _decimal_bytes(out, <uint64_t>value, value < 0)
         return pos + size
 
     cdef Py_ssize_t _string(self, int i, const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
