@@ -146,26 +146,34 @@ async def test_a_flush_cancelled_twice_still_holds_off_the_next_checkpoint_write
     store = _open(str(tmp_path))
     feed = _Feed()
     await store.apply(feed.transaction(Rows(_layout("a"), RowsKind.INSERT, 0, [(1,)])))  # type: ignore[arg-type]
-    proceed = threading.Event()
+    proceed, entered = threading.Event(), threading.Event()
     real_fsync = avrofile.VersionFileWriter.fsync
     writes_at_once, most_at_once = [0], [0]
 
     def slow_fsync(writer: avrofile.VersionFileWriter) -> None:
         writes_at_once[0] += 1
         most_at_once[0] = max(most_at_once[0], writes_at_once[0])
+        entered.set()
         assert proceed.wait(10)
         real_fsync(writer)
         writes_at_once[0] -= 1
 
+    async def turns(count: int) -> None:
+        """Let the loop run ``count`` times: a cancellation takes a few turns to unwind."""
+        for _ in range(count):
+            await asyncio.sleep(0)
+
     monkeypatch.setattr(avrofile.VersionFileWriter, "fsync", slow_fsync)
     first = asyncio.create_task(store.flush())
-    await asyncio.sleep(0.05)  # its thread is in fsync
+    assert await asyncio.to_thread(entered.wait, 10)  # its thread is in fsync
     first.cancel()
-    await asyncio.sleep(0)
+    await turns(1)
     first.cancel()  # again, while it waits for its thread
+    await turns(10)
+    assert not first.done() and store._flush_lock.locked()  # still holding off others
     await store.apply(feed.transaction(Rows(_layout("a"), RowsKind.INSERT, 0, [(2,)])))  # type: ignore[arg-type]
     second = asyncio.create_task(store.flush())
-    await asyncio.sleep(0.05)
+    await turns(10)
     assert not second.done()  # waiting for the first thread, not writing beside it
     proceed.set()
     with pytest.raises(asyncio.CancelledError):
