@@ -230,10 +230,10 @@ def _source_and_store_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _table_name(text: str) -> TableName:
-    database, dot, table = text.partition(".")
-    if not dot or not database or not table:
-        raise ConfigError(f"expected DB.TABLE, not {text!r}")
-    return TableName(database, table)
+    try:
+        return TableName.parse(text)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 # -- check -----------------------------------------------------------------------------

@@ -85,7 +85,7 @@ class EmbeddedMariaDB:
         # mariadbd cannot bind port 0 and report the port, so try free ports until one
         # stays free long enough for it to bind.
         for attempt in range(5):
-            self.port = _free_port()
+            self.port = free_port()
             try:
                 self._launch(self.port, timeout)
                 return self
@@ -208,7 +208,8 @@ def running(base_dir: str, **kwargs: Any) -> Iterator[EmbeddedMariaDB]:
         server.stop()
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (at the time of asking)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]

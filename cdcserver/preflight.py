@@ -54,6 +54,7 @@ class Finding:
 class Report:
     source: str
     findings: tuple[Finding, ...]
+    info: source_sql.SourceInfo | None = None  # what the server said it is (if it answered)
 
     @property
     def fatal(self) -> list[Finding]:
@@ -87,11 +88,12 @@ def check_source(address: SourceAddress, replica_server_id: int | None = None) -
 
 
 def check_connection(conn: Any, name: str, replica_server_id: int | None = None) -> Report:
-    return Report(name, tuple(_findings(conn, replica_server_id)))
-
-
-def _findings(conn: Any, replica_server_id: int | None) -> list[Finding]:
     info = source_sql.describe(conn)
+    return Report(name, tuple(_findings(conn, info, replica_server_id)), info)
+
+
+def _findings(conn: Any, info: source_sql.SourceInfo, replica_server_id: int | None
+              ) -> list[Finding]:
     v = info.variables
     account = _account(conn)
     found = [_version(info.version, info.flavor)]

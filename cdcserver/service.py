@@ -294,7 +294,8 @@ class Service:
                                   "finding)")
             for finding in report.warnings:
                 log.warning("preflight: %s", finding.text())
-            info = source.describe(conn)
+            info = report.info
+            assert info is not None
             mariadb = info.flavor == "mariadb"
             wanted = self.config.source.start_gtid.strip()
             if wanted == "oldest":

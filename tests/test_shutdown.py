@@ -14,7 +14,9 @@ import urllib.request
 
 import pytest
 
+from cdcserver.embedded import free_port
 from cdcserver.gtid import GtidState
+from cdcserver.status import fetch_health
 from client.wire import auth_message
 from tests.conftest import Source
 from tests.helpers import PASSWORD, USER, wait_until
@@ -25,19 +27,13 @@ pytestmark = [pytest.mark.mariadb, pytest.mark.slow]
 EXIT_WITHIN = 30.0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Service:
     """``cdcserver run`` with known ports, its log in a file."""
 
     def __init__(self, tmp_path, source_url: str, users: str, *extra: str) -> None:
         self.data_dir = str(tmp_path / "data")
         self.log = str(tmp_path / "service.log")
-        self.port, self.metrics = _free_port(), _free_port()
+        self.port, self.metrics = free_port(), free_port()
         exe = os.path.join(os.path.dirname(sys.executable), "cdcserver")
         self.args = [exe, "run", "--source", source_url, "--data-dir", self.data_dir,
                      "--listen", f"127.0.0.1:{self.port}", "--metrics-listen",
@@ -53,20 +49,10 @@ class Service:
 
     def _answers(self) -> bool:
         assert self.process is not None and self.process.poll() is None, self.log_text()
-        try:
-            self.health()
-        except OSError:
-            return False
-        return True
+        return self.health()["status"] != "unreachable"
 
     def health(self) -> dict:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/health",
-                                        timeout=5) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            with exc:
-                return json.loads(exc.read())
+        return fetch_health(f"http://127.0.0.1:{self.metrics}")[1]
 
     def metric(self, name: str) -> float:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/metrics",

@@ -232,7 +232,7 @@ class Session:
 
     def _visible(self, info: TransactionInfo) -> bytes:
         """A transaction's reply, naming only the tables this user may read."""
-        tables = tuple(t for t in info.tables if self._may_read(_table_name(t)))
+        tables = tuple(t for t in info.tables if self._may_read(TableName.parse(t)))
         return _transaction_json(dataclasses.replace(info, tables=tables))
 
     def _dumps(self, table: TableName | None) -> list[DumpInfo]:
@@ -304,11 +304,6 @@ class Session:
     def verb_CLOSE(self, argument: str) -> Outcome:
         self.phase = Phase.CLOSED
         return Reply(b"", close=True)
-
-
-def _table_name(text: str) -> TableName:
-    database, _, table = text.partition(".")
-    return TableName(database, table)
 
 
 def _transaction_json(info: TransactionInfo) -> bytes:

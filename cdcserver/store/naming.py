@@ -61,6 +61,14 @@ class TableName:
     def __str__(self) -> str:
         return f"{self.database}.{self.table}"
 
+    @classmethod
+    def parse(cls, text: str) -> TableName:
+        """``db.table`` (``str()``'s inverse); ValueError without both parts."""
+        database, dot, table = text.partition(".")
+        if not dot or not database or not table:
+            raise ValueError(f"expected DB.TABLE, not {text!r}")
+        return cls(database, table)
+
     def file_name(self, version: int, suffix: str) -> str:
         if not 1 <= version <= MAX_VERSION:
             raise ValueError(f"version {version} out of range 1..{MAX_VERSION}")
