@@ -37,16 +37,18 @@ async def listener_figures(args: argparse.Namespace) -> list[hardening.Figures]:
     with tempfile.TemporaryDirectory(prefix="cdc-hardening-") as tmp:
         scenarios = [
             ("fuzz", lambda r: asyncio.to_thread(hardening.fuzz_sessions, r,
-                                                 args.fuzz_examples)),
-            ("sockets", lambda r: hardening.fuzz_sockets(r, args.socket_scripts)),
-            ("connections", lambda r: hardening.hold_connections(r, args.connections)),
-            ("slow", lambda r: hardening.slow_readers(r, clients=20, megabytes=50)),
-            ("slowloris", lambda r: hardening.slowloris(r, connections=200, auth_timeout=1.0)),
-            ("oversized", lambda r: hardening.oversized_lines(r, count=20, size=8 << 20)),
-            ("traversal", hardening.path_traversal),
-        ]
-        for name, scenario in scenarios:
-            running = await hardening.listener(os.path.join(tmp, name), auth_timeout=1.0)
+                                                 args.fuzz_examples), 1.0),
+            ("sockets", lambda r: hardening.fuzz_sockets(r, args.socket_scripts), 1.0),
+            ("connections", lambda r: hardening.hold_connections(r, args.connections), 5.0),
+            ("slow", lambda r: hardening.slow_readers(r, clients=20, megabytes=50), 1.0),
+            ("slowloris", lambda r: hardening.slowloris(r, connections=200, auth_timeout=1.0),
+             1.0),
+            ("oversized", lambda r: hardening.oversized_lines(r, count=20, size=8 << 20), 1.0),
+            ("traversal", hardening.path_traversal, 1.0),
+        ]  # (name, scenario, authentication timeout)
+        for name, scenario, auth_timeout in scenarios:
+            running = await hardening.listener(os.path.join(tmp, name),
+                                               auth_timeout=auth_timeout)
             started = time.monotonic()
             try:
                 figures = await scenario(running)

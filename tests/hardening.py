@@ -176,22 +176,27 @@ async def hold_connections(running: Listener, count: int) -> Figures:
     """``count`` clients logged in and tailing a table at once; a commit reaches every one."""
     raise_fd_limit(4 * count + 256)
     figures = Figures(f"{count:,} concurrent connections")
-    clients = await asyncio.gather(*(RawClient.connect(running.port) for _ in range(count)))
+    clients: list[RawClient] = []
 
-    async def tail(client: RawClient) -> None:
+    async def tail() -> RawClient:
+        client = await RawClient.connect(running.port)
+        clients.append(client)  # closed below whatever happens
         await client.login()
         await client.send(b"REQUEST-DATA shop.items\n")
         for _ in range(3):
             await client.json_line(timeout=60)
+        return client
 
-    await asyncio.gather(*(tail(c) for c in clients))
-    assert running.server.connections == count
-    figures.tried = count
-    await running.commit_rows((100, "to everyone"))
-    got = await asyncio.gather(*(c.json_line(timeout=60) for c in clients))
-    figures.survived = sum(1 for g in got if g["id"] == 100)
-    figures.lost = count - figures.survived
-    await asyncio.gather(*(c.close() for c in clients))
+    try:
+        tailing = await asyncio.gather(*(tail() for _ in range(count)))
+        assert running.server.connections == count
+        figures.tried = count
+        await running.commit_rows((100, "to everyone"))
+        got = await asyncio.gather(*(c.json_line(timeout=60) for c in tailing))
+        figures.survived = sum(1 for g in got if g["id"] == 100)
+        figures.lost = count - figures.survived
+    finally:
+        await asyncio.gather(*(c.close() for c in clients))
     return figures
 
 
