@@ -287,14 +287,21 @@ async def test_a_corrupt_file_is_an_internal_error_not_a_hang(listener: Listener
     assert entry is not None
     info = entry.latest()
     assert info is not None
-    with open(info.path, "r+b") as f:  # break the first block's sync marker
+    with open(info.path, "r+b") as f:  # break the block's sync marker
         f.seek(info.committed - 1)
-        f.write(b"X")
+        last = f.read(1)[0]
+        f.seek(info.committed - 1)
+        f.write(bytes([last ^ 0xFF]))  # (writing a fixed byte: a no-op 1 time in 256)
     client = await RawClient.connect(listener.port)
-    await client.login()
-    await client.send(b"REQUEST-DATA shop.items\n")
-    await client.json_line()  # the schema
-    assert (await client.closed()).startswith(b"ERR INTERNAL")
+    try:
+        await client.login()
+        await client.send(b"REQUEST-DATA shop.items\n")
+        await client.json_line()  # the schema
+        reply = await client.line()
+        assert reply.startswith(b"ERR INTERNAL"), reply  # not a record, not silence
+        assert await client.closed() == b""  # and the server hangs up
+    finally:
+        await client.close()
 
 
 def _stuck_client(port: int, fmt: str) -> socket.socket:
