@@ -272,11 +272,14 @@ async def test_empty_lines_do_not_extend_the_authentication_timeout(tmp_path):
         reply = asyncio.ensure_future(client.closed(timeout=5))
         sent = 0
         while not reply.done() and sent < 10:  # a slowloris: an empty line every 0.2 s
-            await client.send(b"\n")
+            try:
+                await client.send(b"\n")
+            except ConnectionError:
+                break  # the server hung up before our reader saw it (a busy machine)
             sent += 1
             await pace(0.2)
-        assert reply.done(), "empty lines kept an unauthenticated connection open"
-        assert sent <= 5 and (await reply).startswith(b"ERR TIMEOUT authentication")
+        assert sent <= 5, "empty lines kept an unauthenticated connection open"
+        assert (await reply).startswith(b"ERR TIMEOUT authentication")
     finally:
         await running.server.stop()
         running.store.close()
