@@ -1,0 +1,268 @@
+"""An oracle that shares no code with the service: rebuild a table from its JSON stream and
+compare it with ``SELECT`` on the source, value by value.
+
+The stream is read over a raw socket (the login and the commands are written here, not taken
+from ``client/``), each record is applied as a consumer would (``insert`` and ``update_after``
+upsert the row, ``update_before`` and ``delete`` remove it; a version whose ``ddl`` says the
+table was truncated, dropped or created empties it), and both sides are brought to one plain
+form per MariaDB column type, decided from the source's own ``information_schema``:
+
+- integers, ``YEAR``, ``BIT``: Python ``int``;
+- ``DECIMAL``: its exact text (``12.50``);
+- ``FLOAT``: its 32-bit pattern; ``DOUBLE``: the float;
+- character data, ``ENUM``, ``SET``, ``JSON``: the text;
+- binary data and geometry: lowercase hex;
+- temporal types, ``INET4``, ``INET6``, ``UUID``: MariaDB's text in a UTC session.
+
+A table without a primary key is compared as a multiset of rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import decimal
+import hashlib
+import json
+import struct
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+MISSING = "<missing>"  # a column the stream never gave a value for (added later, no row since)
+
+
+@dataclass
+class Rebuilt:
+    """A table as a consumer of the stream holds it."""
+
+    key: tuple[str, ...]  # column names; () for a multiset of whole rows
+    rows: dict[Any, dict[str, Any]] = field(default_factory=dict)
+    bag: Counter[Any] = field(default_factory=Counter)
+    records: list[dict[str, Any]] = field(default_factory=list)  # every record line read
+    schemas: list[dict[str, Any]] = field(default_factory=list)  # every schema line read
+
+    def apply(self, columns: dict[str, str], record: dict[str, Any]) -> None:
+        self.records.append(record)
+        row = {column: record[name] for name, column in columns.items() if name in record}
+        upsert = record["event_type"] in ("insert", "update_after")
+        if self.key:
+            key = tuple(_hashable(row.get(c, MISSING)) for c in self.key)
+            if upsert:
+                self.rows[key] = row
+            else:
+                self.rows.pop(key, None)
+            return
+        frozen = tuple(sorted((k, _hashable(v)) for k, v in row.items()))
+        if upsert:
+            self.bag[frozen] += 1
+        elif self.bag[frozen] > 0:
+            self.bag[frozen] -= 1
+            if not self.bag[frozen]:
+                del self.bag[frozen]
+
+    def clear(self) -> None:
+        self.rows.clear()
+        self.bag.clear()
+
+
+def _hashable(value: Any) -> Any:
+    return json.dumps(value, sort_keys=True, default=str) if isinstance(value, (dict, list)) \
+        else value
+
+
+def auth_message(user: str, password: str) -> bytes:
+    return (user + ":").encode().hex().encode() + hashlib.sha1(password.encode()).hexdigest(
+    ).encode()
+
+
+async def read_stream(port: int, table: str, *, user: str, password: str,
+                      quiet: float = 1.0, first_line_timeout: float = 30.0,
+                      request: str | None = None) -> list[dict[str, Any]]:
+    """Every JSON line of ``REQUEST-DATA table`` until the server has been quiet for
+    ``quiet`` seconds (call it once the service has stored what the test wrote)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 26)
+    try:
+        writer.write(auth_message(user, password))
+        assert await reader.readline() == b"OK\n"
+        writer.write(b"REGISTER UUID=oracle, TYPE=JSON\n")
+        assert await reader.readline() == b"OK\n"
+        writer.write(f"{request or 'REQUEST-DATA ' + table}\n".encode())
+        lines = []
+        timeout = first_line_timeout
+        while True:
+            try:
+                line = await asyncio.wait_for(reader.readline(), timeout)
+            except TimeoutError:
+                return lines
+            if not line:
+                return lines
+            if line.startswith(b"ERR"):
+                raise AssertionError(f"the server answered {line!r}")
+            lines.append(json.loads(line, parse_float=decimal.Decimal))
+            timeout = quiet
+    finally:
+        writer.close()
+
+
+def rebuild(lines: list[dict[str, Any]], key: tuple[str, ...]) -> Rebuilt:
+    table = Rebuilt(key)
+    columns: dict[str, str] = {}
+    for line in lines:
+        if "fields" in line:
+            table.schemas.append(line)
+            columns = {f["name"]: f.get("column", f["name"]) for f in line["fields"][6:]}
+            ddl = line.get("ddl") or {}
+            if ddl.get("kind") in ("truncate", "drop") or (
+                    ddl.get("kind") == "create" and not ddl.get("renamed_from")):
+                table.clear()
+            continue
+        table.apply(columns, line)
+    return table
+
+
+# -- the source side ---------------------------------------------------------------------
+
+_INTEGERS = {"tinyint", "smallint", "mediumint", "int", "bigint", "year"}
+_TEXT = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set", "json"}
+_BINARY = {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "geometry",
+           "point", "linestring", "polygon", "multipoint", "multilinestring", "multipolygon",
+           "geometrycollection", "geomcollection"}
+
+
+def _select_expression(column: str, data_type: str) -> str:
+    quoted = "`" + column.replace("`", "``") + "`"
+    if data_type in _INTEGERS or data_type == "double":
+        return quoted
+    if data_type == "bit":
+        return f"CAST({quoted} AS UNSIGNED)"
+    if data_type == "float":
+        return f"CAST({quoted} AS DOUBLE)"
+    if data_type in _TEXT:
+        return f"CONVERT({quoted} USING utf8mb4)"
+    if data_type in _BINARY:
+        return f"LOWER(HEX({quoted}))"
+    return f"CAST({quoted} AS CHAR)"  # decimal, temporal, inet4, inet6, uuid
+
+
+def canonical(data_type: str, value: Any) -> Any:
+    """One value in the plain form both sides are compared in."""
+    if value is None or value == MISSING:
+        return value
+    if data_type in _INTEGERS or data_type == "bit":
+        return int(value)
+    if data_type == "float":
+        return struct.pack("<f", float(value))
+    if data_type == "double":
+        return float(value)
+    if data_type == "decimal":
+        return format(value, "f") if isinstance(value, decimal.Decimal) else str(value)
+    if data_type == "timestamp" and isinstance(value, str) and value.endswith("+00:00"):
+        return value[: -len("+00:00")]
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8")
+    return value
+
+
+def column_types(conn: Any, database: str, table: str) -> dict[str, str]:
+    with conn.cursor() as cur:
+        cur.execute("SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS "
+                    "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+                    (database, table))
+        return {str(name): str(kind).lower() for name, kind in cur.fetchall()}
+
+
+def primary_key(conn: Any, database: str, table: str) -> tuple[str, ...]:
+    with conn.cursor() as cur:
+        cur.execute("SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE "
+                    "TABLE_SCHEMA = %s AND TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' "
+                    "ORDER BY SEQ_IN_INDEX", (database, table))
+        return tuple(str(row[0]) for row in cur.fetchall())
+
+
+def source_rows(conn: Any, database: str, table: str, types: dict[str, str], *,
+                from_clause: str | None = None) -> list[dict[str, Any]]:
+    """The table's rows on the source, each value in its canonical form."""
+    exprs = ", ".join(_select_expression(c, t) for c, t in types.items())
+    source = from_clause or f"`{database}`.`{table}`"
+    with conn.cursor() as cur:
+        cur.execute("SET time_zone = '+00:00'")
+        cur.execute(f"SELECT {exprs} FROM {source}")
+        return [{c: canonical(t, v) for (c, t), v in zip(types.items(), row, strict=True)}
+                for row in cur.fetchall()]
+
+
+# -- the comparison ----------------------------------------------------------------------
+
+@dataclass
+class Comparison:
+    missing: list[Any] = field(default_factory=list)  # in the table, not the stream
+    extra: list[Any] = field(default_factory=list)  # in the stream, not the table
+    different: list[tuple[Any, dict[str, Any], dict[str, Any]]] = field(default_factory=list)
+
+    @property
+    def equal(self) -> bool:
+        return not (self.missing or self.extra or self.different)
+
+    def __str__(self) -> str:
+        parts = []
+        if self.missing:
+            parts.append(f"{len(self.missing)} rows missing from the stream: {self.missing[:5]}")
+        if self.extra:
+            parts.append(f"{len(self.extra)} rows only in the stream: {self.extra[:5]}")
+        for key, table_row, stream_row in self.different[:5]:
+            diff = {c: (table_row[c], stream_row.get(c, MISSING)) for c in table_row
+                    if table_row[c] != stream_row.get(c, MISSING)}
+            parts.append(f"key {key}: (table, stream) {diff}")
+        return "; ".join(parts) or "equal"
+
+
+def compare(stream: Rebuilt, table_rows: list[dict[str, Any]], types: dict[str, str]
+            ) -> Comparison:
+    result = Comparison()
+
+    def from_stream(row: dict[str, Any]) -> dict[str, Any]:
+        return {c: canonical(t, row.get(c, MISSING)) for c, t in types.items()}
+
+    if stream.key:
+        ours = {}
+        for row in stream.rows.values():
+            canon = from_stream(row)
+            ours[tuple(_hashable(canon[c]) for c in stream.key)] = canon
+        theirs = {tuple(_hashable(r[c]) for c in stream.key): r for r in table_rows}
+        for key, row in theirs.items():
+            mine = ours.get(key)
+            if mine is None:
+                result.missing.append(key)
+            elif mine != row:
+                result.different.append((key, row, mine))
+        result.extra = [key for key in ours if key not in theirs]
+        return result
+    mine_bag = Counter(tuple(sorted((c, _hashable(v)) for c, v in from_stream(dict(r)).items()))
+                       for r, n in stream.bag.items() for _ in range(n))
+    theirs = Counter(tuple(sorted((c, _hashable(v)) for c, v in row.items()))
+                     for row in table_rows)
+    result.missing = list((theirs - mine_bag).elements())
+    result.extra = list((mine_bag - theirs).elements())
+    return result
+
+
+async def assert_stream_equals_table(port: int, conn: Any, database: str, table: str, *,
+                                     user: str, password: str, key: tuple[str, ...] | None = None,
+                                     extra_columns: dict[str, str] | None = None,
+                                     from_clause: str | None = None,
+                                     quiet: float = 1.0) -> Rebuilt:
+    """Rebuild ``database.table`` from its JSON stream and assert it equals the table.
+    ``extra_columns`` adds columns ``information_schema`` does not list (a system-versioned
+    table's ``row_start``/``row_end``), ``from_clause`` reads another row set (``FOR
+    SYSTEM_TIME ALL``)."""
+    types = column_types(conn, database, table)
+    types.update(extra_columns or {})
+    names = primary_key(conn, database, table) if key is None else key
+    lines = await read_stream(port, f"{database}.{table}", user=user, password=password,
+                              quiet=quiet)
+    rebuilt = rebuild(lines, names)
+    table_rows = await asyncio.to_thread(source_rows, conn, database, table, types,
+                                         from_clause=from_clause)
+    comparison = compare(rebuilt, table_rows, types)
+    assert comparison.equal, f"{database}.{table}: {comparison}"
+    return rebuilt
