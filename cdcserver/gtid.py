@@ -112,6 +112,23 @@ class GtidState:
         )
 
 
+def same_transaction(a: Gtid | None, b: Gtid | None) -> bool:
+    """Whether two GTIDs name one transaction (a MySQL GTID is its source UUID and number;
+    a state parsed from ``uuid:1-N`` does not know the server_id)."""
+    if a is None or b is None:
+        return False
+    if a.source_uuid is not None or b.source_uuid is not None:
+        return a.key == b.key and a.sequence == b.sequence
+    return a == b
+
+
+def same_state(a: GtidState, b: GtidState) -> bool:
+    """Whether two states name the same last transaction in every domain."""
+    keys = {g.key for g in a}
+    return keys == {g.key for g in b} and all(same_transaction(a.get(k), b.get(k))
+                                              for k in keys)
+
+
 def binlog_ordinal(file: str, pos: int) -> tuple[int, int]:
     """A binlog position as something that orders: (the file's number, the offset)."""
     return (int(file.rsplit(".", 1)[-1]) if file and "." in file else 0), pos

@@ -15,9 +15,9 @@ import contextlib
 import logging
 from typing import Protocol
 
-from cdcserver.changes import Begin, Change, Commit
-from cdcserver.errors import CdcError
-from cdcserver.gtid import BinlogPosition, GtidState, binlog_ordinal
+from cdcserver.changes import Abort, Begin, Change, Commit
+from cdcserver.errors import CdcError, SourceError
+from cdcserver.gtid import BinlogPosition, Gtid, GtidState, binlog_ordinal, same_transaction
 from cdcserver.handoff import Handoff
 
 log = logging.getLogger(__name__)
@@ -34,12 +34,17 @@ class Sink(Protocol):
 
 def start_position(sinks: list[Sink], default: BinlogPosition) -> BinlogPosition:
     """Where replication resumes: the earliest checkpoint of all sinks (a sink without one
-    starts where configured). The binlog file/pos is the earliest too; it is what a MySQL
+    starts where configured). When every checkpoint has a binlog position, the earliest by
+    position is taken whole (its GTID state with it): with ``gtid_strict_mode=OFF`` a domain's
+    sequence numbers can go down, so "the lower number" is not "the earlier transaction".
+    Otherwise the GTID states are combined per domain; the binlog file/pos is what a MySQL
     source without GTIDs resumes from."""
     positions = [s.durable for s in sinks if s.durable is not None]
     if len(positions) < len(sinks):
         positions.append(default)
     earliest = min(positions, key=lambda p: binlog_ordinal(p.file, p.pos))
+    if all(p.file for p in positions):
+        return earliest
     return BinlogPosition(min_state([p.gtid_state for p in positions]), earliest.file,
                           earliest.pos)
 
@@ -52,27 +57,63 @@ def min_state(states: list[GtidState]) -> GtidState:
 
 
 class _ReplayFilter:
-    """Drops the transactions a sink's checkpoint already covers."""
+    """Drops, for one sink, the transactions its checkpoint already covers.
 
-    def __init__(self, covered: GtidState | None) -> None:
-        self.covered = covered
-        self.skipping = False
+    Replication starts at the earliest checkpoint of all sinks, so a sink further ahead is
+    handed again what it applied before the restart. In each domain its checkpoint names the
+    last transaction it applied: the stream's transactions of that domain are dropped up to
+    and including that exact GTID, and none after it. Sequence numbers are never compared:
+    with ``gtid_strict_mode=OFF`` (MariaDB's default) a session may set a lower
+    ``gtid_seq_no`` and servers sharing a domain count on their own, so a lower number can
+    come later in the binlog. If the stream passes the checkpoint's binlog position while a
+    domain still waits for its GTID, the checkpoint does not belong to this binlog: replication
+    stops rather than guess."""
+
+    def __init__(self, name: str, durable: BinlogPosition | None, start: GtidState) -> None:
+        self.name = name
+        self.durable = durable
+        self._waiting: dict[int | str, Gtid] = {}
+        if durable is not None:
+            self._waiting = {g.key: g for g in durable.gtid_state
+                             if not same_transaction(start.get(g.key), g)}
+        self._skipping: Gtid | None = None  # the open transaction, being dropped
 
     def __call__(self, changes: list[Change]) -> list[Change]:
-        if self.covered is None:
+        if not self._waiting and self._skipping is None:
             return changes
         kept: list[Change] = []
         skipped = False
         for change in changes:
-            if isinstance(change, Begin):
-                self.skipping = self.covered.covers(change.gtid)
-            if self.skipping:
-                skipped = True
+            if isinstance(change, Begin) and change.gtid.key in self._waiting:
+                self._skipping = change.gtid
+            if self._skipping is None:
                 if isinstance(change, Commit):
-                    self.skipping = False
+                    self._check_not_passed(change.position)
+                kept.append(change)
                 continue
-            kept.append(change)
+            skipped = True
+            if isinstance(change, Commit):
+                if same_transaction(self._waiting.get(self._skipping.key), self._skipping):
+                    del self._waiting[self._skipping.key]
+                self._skipping = None
+            elif isinstance(change, Abort):
+                self._skipping = None  # it will be read again whole
         return kept if skipped else changes
+
+    def _check_not_passed(self, position: BinlogPosition) -> None:
+        durable = self.durable
+        if not self._waiting or durable is None or not durable.file or not position.file:
+            return
+        if binlog_ordinal(position.file, position.pos) > binlog_ordinal(durable.file,
+                                                                         durable.pos):
+            missing = ",".join(str(g) for g in self._waiting.values())
+            raise SourceError(
+                f"{self.name}: the binlog passed this sink's checkpoint ({durable.file}:"
+                f"{durable.pos}) without the transaction it names ({missing}); the source's "
+                "binlog is not the one the checkpoint was taken from (reset, restored or "
+                "another server). Replication stops so that nothing is applied twice or "
+                "skipped; start the sink from a new data directory, or set its checkpoint "
+                "to a position of this source.")
 
 
 class Pipeline:
@@ -81,8 +122,7 @@ class Pipeline:
         self.handoff = handoff
         self.sinks = sinks
         self.flush_interval = flush_interval
-        self._filters = [_ReplayFilter(s.durable.gtid_state if s.durable else None)
-                         for s in sinks]
+        self._filters = [_ReplayFilter(s.name, s.durable, start) for s in sinks]
         self.state = start  # after the last transaction every sink has applied
         self.transactions = 0
         self.last_commit_timestamp: int | None = None  # the source's, of the newest applied

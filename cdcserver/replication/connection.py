@@ -90,23 +90,28 @@ class _ReplicaStream(BinLogStreamReader):
 class BinlogConnection:
     """One replication connection. Iterate :meth:`packets`.
 
-    MariaDB is always positioned by GTID state (``@slave_connect_state``). MySQL is positioned
-    by its GTID set (COM_BINLOG_DUMP_GTID) when it has GTIDs, else by ``file``/``pos``.
+    MariaDB is positioned by ``file``/``pos`` when ``by_position`` (the replicator checked that
+    the source's binlog is at the start state there), else by GTID state
+    (``@slave_connect_state``); either way it sends its GTID events (``@mariadb_slave_capability
+    =4``). MySQL is positioned by its GTID set (COM_BINLOG_DUMP_GTID) when it has GTIDs, else by
+    ``file``/``pos``.
     """
 
     def __init__(self, address: SourceAddress, server_id: int, start: GtidState, *,
                  blocking: bool = True, heartbeat: float = 5.0, report_host: str = "cdcserver",
                  fix_dump_framing: bool = True, mariadb: bool = True, file: str = "",
-                 pos: int = 4) -> None:
+                 pos: int = 4, by_position: bool = False) -> None:
         settings = address.pymysql_kwargs()
         # A dead connection shows as a missing heartbeat: read_timeout ends the wait.
         if blocking:
             settings["read_timeout"] = heartbeat * 3
         settings.pop("charset")
-        by_gtid = mariadb or bool(start) or not file
+        by_gtid = not (by_position and file) and (mariadb or bool(start) or not file)
+        # python-mysql-replication sends MariaDB's GTID-positioned dump whenever is_mariadb
+        # is set; the plain COM_BINLOG_DUMP with file and position works on both servers.
         self._stream = _ReplicaStream(
             connection_settings=settings, server_id=server_id, blocking=blocking,
-            is_mariadb=mariadb, auto_position=str(start) if by_gtid else None,
+            is_mariadb=mariadb and by_gtid, auto_position=str(start) if by_gtid else None,
             log_file=None if by_gtid else file, log_pos=None if by_gtid else pos,
             resume_stream=not by_gtid, slave_heartbeat=heartbeat,
             report_slave=(report_host, "", "", 0), enable_logging=False)
@@ -139,6 +144,9 @@ class BinlogConnection:
             try:
                 packet = conn._read_packet()
             except pymysql.err.OperationalError as exc:
+                code = exc.args[0] if exc.args else 0
+                if code in _FATAL_SERVER_ERRORS:  # e.g. 1236: the position is not there
+                    raise SourceError(f"the source refused replication: {exc}") from exc
                 raise SourceUnavailable(f"replication connection lost: {exc}") from exc
             except _CONNECTION_ERRORS as exc:
                 raise SourceUnavailable(f"replication connection lost: {exc}") from exc

@@ -21,7 +21,7 @@ import pymysql
 
 from cdcserver.changes import Change
 from cdcserver.errors import CdcError, SourceUnavailable
-from cdcserver.gtid import GtidState
+from cdcserver.gtid import GtidState, same_state
 from cdcserver.handoff import Handoff, HandoffClosed
 from cdcserver.replication import source
 from cdcserver.replication.charsets import CollationTable
@@ -124,24 +124,60 @@ class Replicator:
 
     def _show_create_table(self, table: TableName) -> str | None:
         """The table's definition on the source now (the schema history's bootstrap)."""
+        try:
+            rows = self._control_query(f"SHOW CREATE TABLE `{_quote(table.database)}`"
+                                       f".`{_quote(table.table)}`")
+        except pymysql.err.ProgrammingError as exc:
+            if exc.args and exc.args[0] == 1146:  # no such table (any more)
+                return None
+            raise
+        return str(rows[0][1]) if rows else None
+
+    def _control_query(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+        """A query on this thread's ordinary SQL connection to the source (reconnected once
+        if it dropped)."""
         for attempt in range(2):
             try:
                 if self._control is None:
                     self._control = source.connect(self.address)
-                rows = source.query(self._control, f"SHOW CREATE TABLE `{_quote(table.database)}`"
-                                    f".`{_quote(table.table)}`")
-                return str(rows[0][1]) if rows else None
-            except pymysql.err.ProgrammingError as exc:
-                if exc.args and exc.args[0] == 1146:  # no such table (any more)
-                    return None
-                raise
+                return source.query(self._control, sql, args)
             except (pymysql.err.OperationalError, pymysql.err.InterfaceError, SourceUnavailable):
                 if self._control is not None:
                     self._control.close()
                 self._control = None
                 if attempt:
                     raise
-        return None
+        return []
+
+    def _anchored(self) -> bool:
+        """Whether the source's binlog is at exactly ``self.state`` at ``self.file:self.pos``.
+        Then replication resumes there by position, which is exact whatever order the GTIDs
+        came in; otherwise (another server, a purged or reset binlog) by GTID state, which
+        MariaDB can only position when each domain's sequence numbers grew
+        (``gtid_strict_mode``)."""
+        if not self.mariadb or not self.file:
+            return False
+        try:
+            rows = self._control_query("SELECT BINLOG_GTID_POS(%s, %s)", (self.file, self.pos))
+        except (pymysql.err.OperationalError, pymysql.err.InterfaceError) as exc:
+            raise SourceUnavailable(f"cannot ask {self.address.describe()} for its binlog "
+                                    f"position: {exc}") from exc
+        except pymysql.err.MySQLError as exc:
+            log.warning("cannot check %s:%d against the source (%s); resuming by GTID",
+                        self.file, self.pos, exc)
+            return False
+        found = rows[0][0] if rows else None
+        if found is None:
+            log.info("the source no longer has %s:%d; resuming by GTID state '%s'", self.file,
+                     self.pos, self.state)
+            return False
+        at = GtidState.parse(str(found))
+        if not same_state(at, self.state):
+            log.warning("the source's binlog at %s:%d is at GTID state '%s', not '%s' (another "
+                        "server or a reset binlog); resuming by GTID state", self.file,
+                        self.pos, at, self.state)
+            return False
+        return True
 
     def _collations(self) -> CollationTable:
         conn = source.connect(self.address)
@@ -151,10 +187,11 @@ class Replicator:
             conn.close()
 
     def _stream(self, collations: CollationTable) -> bool:
+        by_position = self._anchored()
         conn = BinlogConnection(self.address, self.server_id, self.state,
                                 blocking=self.blocking, heartbeat=self.heartbeat,
                                 report_host=self.report_host, mariadb=self.mariadb,
-                                file=self.file, pos=self.pos)
+                                file=self.file, pos=self.pos, by_position=by_position)
         self._conn = conn
         batch: list[Change] = []
         weight = 0
@@ -163,8 +200,9 @@ class Replicator:
             conn.open()
             decoder = EventDecoder(collations, self.state, checksums=conn.checksums,
                                    history=self.history)
-            log.info("replicating from %s as server_id %d, after GTID state '%s'",
-                     self.address.describe(), self.server_id, self.state)
+            log.info("replicating from %s as server_id %d, after GTID state '%s'%s",
+                     self.address.describe(), self.server_id, self.state,
+                     f" at {self.file}:{self.pos}" if by_position else "")
             self.connected.set()
             self._attempt = 0
             for packet in conn.packets():

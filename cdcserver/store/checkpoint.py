@@ -40,6 +40,9 @@ class Checkpoint:
     fresh: frozenset[TableName] = frozenset()  # re-created tables awaiting their first rows
     # Where the store began replicating: nothing before it is stored (None: not recorded).
     origin: BinlogPosition | None = None
+    # The ordinal of the last transaction in the index's log that the checkpoint covers
+    # (None in checkpoints written before ordinals were kept).
+    index_ordinal: int | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -52,6 +55,7 @@ class Checkpoint:
             "fresh": [[t.database, t.table] for t in sorted(self.fresh)],
             "written_at": self.written_at,
             "origin": self.origin.to_json() if self.origin else None,
+            "index_ordinal": self.index_ordinal,
         }
 
     @classmethod
@@ -67,8 +71,10 @@ class Checkpoint:
         position = BinlogPosition.from_json(raw) if raw else None  # type: ignore[arg-type]
         fresh = frozenset(TableName(*t) for t in data.get("fresh", []))  # type: ignore[attr-defined]
         origin = data.get("origin")
+        ordinal = data.get("index_ordinal")
         return cls(position, tables, float(data.get("written_at", 0.0)),  # type: ignore[arg-type]
-                   fresh, BinlogPosition.from_json(origin) if origin else None)  # type: ignore[arg-type]
+                   fresh, BinlogPosition.from_json(origin) if origin else None,  # type: ignore[arg-type]
+                   int(ordinal) if ordinal is not None else None)  # type: ignore[call-overload]
 
 
 def load(path: str) -> Checkpoint | None:

@@ -2,9 +2,17 @@
 
 ``blocks`` is sparse: for each table version and replication domain it records a block's offset
 and the GTID sequence of its first transaction, at most once per ``spacing`` bytes of that
-domain's data. Within a domain sequence numbers grow with the file, so a seek for ``D-S-N`` is
+domain's data. Where a domain's sequence numbers grow with the file, a seek for ``D-S-N`` is
 the largest indexed offset of domain D whose sequence is below N, plus a short scan of at most
-``spacing`` bytes (``seek_offset``). ``transactions`` answers ``QUERY-TRANSACTION``.
+``spacing`` bytes (``seek_offset``).
+
+``transactions`` is every transaction the store applied, numbered in the order it applied them
+(``id``, its *ordinal*): it answers ``QUERY-TRANSACTION`` and ``QUERY-RANGE``, and it is what
+"before" and "after" mean in a domain whose sequence numbers did not grow. With
+``gtid_strict_mode=OFF`` (MariaDB's default) a session may set a lower ``gtid_seq_no``, even one
+already used, and servers sharing a domain count on their own; such a domain is recorded in
+``unordered`` the first time its number does not grow, and from then on positions in it are
+compared by ordinal, never by sequence number (``covers``).
 
 New entries are kept in memory and written in one SQLite transaction by ``persist()``, which the
 store calls from its flush, before the checkpoint. A crash can leave entries for data past the
@@ -16,14 +24,17 @@ from __future__ import annotations
 
 import heapq
 import json
+import logging
 import sqlite3
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cdcserver.gtid import Gtid, GtidState
 from cdcserver.store.naming import TableName
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 PRAGMA journal_mode=WAL;
@@ -32,11 +43,16 @@ CREATE TABLE IF NOT EXISTS blocks (
     domain INTEGER NOT NULL, seq INTEGER NOT NULL,
     PRIMARY KEY (db, tbl, version, domain, offset));
 CREATE TABLE IF NOT EXISTS transactions (
+    id INTEGER PRIMARY KEY,
     domain INTEGER NOT NULL, source TEXT NOT NULL, seq INTEGER NOT NULL, server_id INTEGER NOT NULL,
     timestamp INTEGER NOT NULL, events INTEGER NOT NULL, tables TEXT NOT NULL,
-    file TEXT NOT NULL, pos INTEGER NOT NULL,
-    PRIMARY KEY (domain, source, seq));
+    file TEXT NOT NULL, pos INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS transactions_gtid ON transactions (domain, source, seq);
+CREATE TABLE IF NOT EXISTS unordered (
+    domain INTEGER NOT NULL, source TEXT NOT NULL, PRIMARY KEY (domain, source));
 """
+_VERSION = 2  # PRAGMA user_version: 1 keyed transactions by (domain, source, seq)
+_COLUMNS = "id, domain, source, seq, server_id, timestamp, events, tables, file, pos"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +63,7 @@ class TransactionInfo:
     tables: tuple[str, ...]
     file: str
     pos: int
+    ordinal: int = 0  # its place in the order the store applied transactions (from 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,15 +91,30 @@ class StoreIndex:
         self.path = path
         self.spacing = spacing
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        _migrate(self._db)
         self._db.executescript(_SCHEMA)
+        self._db.execute(f"PRAGMA user_version={_VERSION}")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._lock = threading.Lock()  # guards the pending lists and the connection
+        # Guards the pending lists and the connection; reentrant, as ``covers`` is used
+        # while transactions are walked.
+        self._lock = threading.RLock()
         self._pending_blocks: list[_BlockEntry] = []
         self._pending_txns: list[TransactionInfo] = []
+        self._pending_unordered: set[tuple[int, str]] = set()
         self._last_indexed: dict[tuple[TableName, int, int], int] = {}
+        self._load_transaction_state()
+
+    def _load_transaction_state(self) -> None:
         self.last_transaction: TransactionInfo | None = self._newest_transaction()
+        self.last_id = self.last_transaction.ordinal if self.last_transaction else 0
         self._sources: set[tuple[int, str]] = {
             (d, s) for d, s in self._db.execute("SELECT DISTINCT domain, source FROM transactions")}
+        self._unordered: set[tuple[int, str]] = {
+            (d, s) for d, s in self._db.execute("SELECT domain, source FROM unordered")}
+        self._last_seq: dict[tuple[int, str], int] = {
+            (d, s): q for d, s, q in self._db.execute(
+                "SELECT t.domain, t.source, t.seq FROM transactions t JOIN (SELECT MAX(id) AS id "
+                "FROM transactions GROUP BY domain, source) m ON t.id = m.id")}
 
     def close(self) -> None:
         with self._lock:
@@ -102,18 +134,32 @@ class StoreIndex:
             self._pending_blocks.append(_BlockEntry(table, version, offset, gtid.domain,
                                                     gtid.sequence))
 
-    def note_transaction(self, info: TransactionInfo) -> None:
-        self.last_transaction = info
+    def note_transaction(self, info: TransactionInfo) -> TransactionInfo:
+        """Log a transaction the store applied; returns it with its ordinal."""
         with self._lock:
+            self.last_id += 1
+            info = replace(info, ordinal=self.last_id)
+            self.last_transaction = info
+            key = (info.gtid.domain, info.gtid.source_uuid or "")
+            last = self._last_seq.get(key)
+            if last is not None and info.gtid.sequence <= last and key not in self._unordered:
+                log.info("GTID domain %s: %s follows sequence number %d; from now on its "
+                         "transactions are ordered by the order they were stored in",
+                         key[1] or key[0], info.gtid, last)
+                self._unordered.add(key)
+                self._pending_unordered.add(key)
+            self._last_seq[key] = info.gtid.sequence
             self._pending_txns.append(info)
-            self._sources.add((info.gtid.domain, info.gtid.source_uuid or ""))
+            self._sources.add(key)
+            return info
 
     def persist(self) -> None:
         """Write pending entries (called from the flush thread, before the checkpoint)."""
         with self._lock:
             blocks, self._pending_blocks = self._pending_blocks, []
             txns, self._pending_txns = self._pending_txns, []
-            if not blocks and not txns:
+            unordered, self._pending_unordered = self._pending_unordered, set()
+            if not blocks and not txns and not unordered:
                 return
             try:
                 self._db.execute("BEGIN")
@@ -122,15 +168,20 @@ class StoreIndex:
                     [(b.table.database, b.table.table, b.version, b.offset, b.domain, b.seq)
                      for b in blocks])
                 self._db.executemany(
-                    "INSERT OR REPLACE INTO transactions VALUES (?,?,?,?,?,?,?,?,?)",
-                    [(t.gtid.domain, t.gtid.source_uuid or "", t.gtid.sequence, t.gtid.server_id,
-                      t.timestamp, t.events, json.dumps(t.tables), t.file, t.pos) for t in txns])
+                    f"INSERT OR REPLACE INTO transactions ({_COLUMNS}) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    [(t.ordinal, t.gtid.domain, t.gtid.source_uuid or "", t.gtid.sequence,
+                      t.gtid.server_id, t.timestamp, t.events, json.dumps(t.tables), t.file,
+                      t.pos) for t in txns])
+                self._db.executemany("INSERT OR IGNORE INTO unordered VALUES (?,?)",
+                                     sorted(unordered))
                 self._db.execute("COMMIT")
             except BaseException:
                 if self._db.in_transaction:  # SQLite ends it itself on a full disk
                     self._db.execute("ROLLBACK")
                 self._pending_blocks[:0] = blocks
                 self._pending_txns[:0] = txns
+                self._pending_unordered |= unordered
                 raise
 
     def truncate(self, table: TableName, version: int, size: int) -> None:
@@ -144,21 +195,29 @@ class StoreIndex:
             self._db.execute("DELETE FROM blocks WHERE db=? AND tbl=? AND version=?",
                              (table.database, table.table, version))
 
-    def drop_transactions_after(self, covered: GtidState) -> None:
-        """Forget transactions the checkpoint does not cover (they will be replayed)."""
+    def drop_transactions_after(self, covered: GtidState, last_id: int | None) -> None:
+        """Forget transactions the checkpoint does not cover (they will be replayed):
+        those logged after ``last_id``, the checkpoint's last ordinal. (A checkpoint written
+        before ordinals were kept has none: then by sequence number.)"""
         with self._lock:
-            for domain, source in sorted(self._sources):
-                last = covered.get(source or domain)
-                self._db.execute("DELETE FROM transactions WHERE domain=? AND source=? AND seq>?",
-                                 (domain, source, last.sequence if last else -1))
-            self.last_transaction = self._newest_transaction()
+            if last_id is not None:
+                self._db.execute("DELETE FROM transactions WHERE id>?", (last_id,))
+            else:
+                for domain, source in sorted(self._sources):
+                    last = covered.get(source or domain)
+                    self._db.execute(
+                        "DELETE FROM transactions WHERE domain=? AND source=? AND seq>?",
+                        (domain, source, last.sequence if last else -1))
+            self._load_transaction_state()
 
     # -- reading -----------------------------------------------------------------------
 
     def seek_offset(self, table: TableName, version: int, domain: int, seq: int) -> int | None:
         """The offset to scan from for the first record of ``domain`` with sequence >= seq:
         no record of that domain with a sequence >= seq lies before it. None means from the
-        start of the version."""
+        start of the version (always, in a domain whose numbers did not grow)."""
+        if not self.ordered(domain):
+            return None
         with self._lock:
             row = self._db.execute(
                 "SELECT MAX(offset) FROM blocks WHERE db=? AND tbl=? AND version=? AND domain=? "
@@ -168,6 +227,52 @@ class StoreIndex:
                        and b.seq < seq]
         candidates = [o for o in (row[0], *pending) if o is not None]
         return max(candidates) if candidates else None
+
+    # -- order -------------------------------------------------------------------------
+
+    def ordered(self, domain: int, source: str = "") -> bool:
+        """Whether the domain's sequence numbers have grown with every transaction stored."""
+        return (domain, source) not in self._unordered
+
+    def ordinal(self, gtid: Gtid) -> int | None:
+        """The ordinal of the newest stored transaction with this GTID (None: not stored)."""
+        source = gtid.source_uuid or ""
+        with self._lock:
+            for info in reversed(self._pending_txns):
+                if _same(info.gtid, gtid):
+                    return info.ordinal
+            if gtid.source_uuid is not None:
+                row = self._db.execute(
+                    "SELECT MAX(id) FROM transactions WHERE domain=? AND source=? AND seq=?",
+                    (gtid.domain, source, gtid.sequence)).fetchone()
+            else:
+                row = self._db.execute(
+                    "SELECT MAX(id) FROM transactions WHERE domain=? AND source=? AND seq=? "
+                    "AND server_id=?", (gtid.domain, source, gtid.sequence,
+                                        gtid.server_id)).fetchone()
+        return row[0] if row and row[0] is not None else None
+
+    def covers(self, state: GtidState, gtid: Gtid) -> bool:
+        """Whether the transaction ``gtid`` is at or before ``state`` in its domain: by
+        sequence number where the domain's numbers grew, else by the order the store applied
+        them (by number if either transaction is not in the log)."""
+        last = state.get(gtid.key)
+        if last is None:
+            return False
+        if self.ordered(gtid.domain, gtid.source_uuid or ""):
+            return last.sequence >= gtid.sequence
+        mine, theirs = self.ordinal(gtid), self.ordinal(last)
+        if mine is None or theirs is None:
+            return last.sequence >= gtid.sequence
+        return mine <= theirs
+
+    def reached(self, state: GtidState, gtid: Gtid) -> bool:
+        """Like :meth:`covers`, for waiting: in a domain whose numbers did not grow, a
+        transaction not stored yet is not reached, whatever its number."""
+        if not self.ordered(gtid.domain, gtid.source_uuid or "") and \
+                self.ordinal(gtid) is None:
+            return False
+        return self.covers(state, gtid)
 
     def domains(self, table: TableName, version: int) -> set[int]:
         """The replication domains with records in a version (each domain's first block is
@@ -182,19 +287,26 @@ class StoreIndex:
 
     def _newest_transaction(self) -> TransactionInfo | None:
         row = self._db.execute(
-            "SELECT domain, source, seq, server_id, timestamp, events, tables, file, pos "
-            "FROM transactions ORDER BY rowid DESC LIMIT 1").fetchone()
+            f"SELECT {_COLUMNS} FROM transactions ORDER BY id DESC LIMIT 1").fetchone()
         return _transaction(row) if row else None
 
     def transaction(self, gtid: Gtid) -> TransactionInfo | None:
+        """The newest stored transaction with this GTID (with this domain and sequence
+        number, if none has its server_id)."""
+        ordinal = self.ordinal(gtid)
         with self._lock:
             for info in reversed(self._pending_txns):
-                if info.gtid.key == gtid.key and info.gtid.sequence == gtid.sequence:
+                if info.ordinal == ordinal if ordinal is not None else (
+                        info.gtid.key == gtid.key and info.gtid.sequence == gtid.sequence):
                     return info
-            row = self._db.execute(
-                "SELECT domain, source, seq, server_id, timestamp, events, tables, file, pos "
-                "FROM transactions WHERE domain=? AND source=? AND seq=?",
-                (gtid.domain, gtid.source_uuid or "", gtid.sequence)).fetchone()
+            if ordinal is not None:
+                row = self._db.execute(f"SELECT {_COLUMNS} FROM transactions WHERE id=?",
+                                       (ordinal,)).fetchone()
+            else:
+                row = self._db.execute(
+                    f"SELECT {_COLUMNS} FROM transactions WHERE domain=? AND source=? AND "
+                    "seq=? ORDER BY id DESC LIMIT 1",
+                    (gtid.domain, gtid.source_uuid or "", gtid.sequence)).fetchone()
         return _transaction(row) if row else None
 
     def plan_range(self, table: str, after: GtidState, stored: GtidState, limit: int
@@ -205,36 +317,73 @@ class StoreIndex:
         events, end = 0, after
         with self._lock:
             for info in self._transactions_after(after):
-                if not stored.covers(info.gtid):
+                if not self.covers(stored, info.gtid):
                     continue  # not applied by every sink yet, nor is the rest of its domain
                 if table in info.tables:
                     if events + info.events > limit:
                         return RangePlan(end, events, info)
                     events += info.events
                 end = end.advanced(info.gtid)
-        for gtid in stored:  # up to everything stored, however it was recorded
-            if not end.covers(gtid):
-                end = end.advanced(gtid)
+            for gtid in stored:  # up to everything stored, however it was recorded
+                if not self.covers(end, gtid):
+                    end = end.advanced(gtid)
         return RangePlan(end, events, None)
 
     def _transactions_after(self, after: GtidState) -> Iterator[TransactionInfo]:
-        """The transactions ``after`` does not cover, in the order they were stored (each
-        domain's by sequence, merged by insertion order); the caller holds the lock."""
+        """The transactions ``after`` does not cover, in the order they were stored; the
+        caller holds the lock."""
         cursors = []
         for domain, source in sorted(self._sources):
             last = after.get(source or domain)
+            start = self.ordinal(last) if last is not None and \
+                not self.ordered(domain, source) else None
+            if start is not None:
+                where, value = "id>?", start
+            else:
+                where, value = "seq>?", last.sequence if last else -1
             cursors.append(self._db.execute(
-                "SELECT rowid, domain, source, seq, server_id, timestamp, events, tables, file, "
-                "pos FROM transactions WHERE domain=? AND source=? AND seq>? ORDER BY seq",
-                (domain, source, last.sequence if last else -1)))
+                f"SELECT {_COLUMNS} FROM transactions WHERE domain=? AND source=? AND {where} "
+                "ORDER BY id", (domain, source, value)))
         for row in heapq.merge(*cursors, key=lambda r: r[0]):
-            yield _transaction(row[1:])
+            yield _transaction(row)
         for info in list(self._pending_txns):
-            if not after.covers(info.gtid):
+            if not self.covers(after, info.gtid):
                 yield info
 
 
+def _same(a: Gtid, b: Gtid) -> bool:
+    """One transaction's GTID (a MySQL one is its source UUID and number)."""
+    if a.source_uuid is not None or b.source_uuid is not None:
+        return a.key == b.key and a.sequence == b.sequence
+    return a == b
+
+
 def _transaction(row: Any) -> TransactionInfo:
-    domain, source, seq, server_id, timestamp, events, tables, file, pos = row
+    ordinal, domain, source, seq, server_id, timestamp, events, tables, file, pos = row
     return TransactionInfo(Gtid(domain, server_id, seq, source or None), timestamp, events,
-                           tuple(json.loads(tables)), file, pos)
+                           tuple(json.loads(tables)), file, pos, ordinal)
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Bring an index written by an older version to this layout: the transaction log of
+    version 1 had no ordinals (its insertion order is kept as theirs)."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    columns = [r[1] for r in db.execute("PRAGMA table_info(transactions)")]
+    if version >= _VERSION or not columns or "id" in columns:
+        return
+    db.executescript(f"""
+        BEGIN;
+        ALTER TABLE transactions RENAME TO transactions_v1;
+        {_SCHEMA.replace("PRAGMA journal_mode=WAL;", "")}
+        INSERT INTO transactions (domain, source, seq, server_id, timestamp, events, tables,
+                                  file, pos)
+            SELECT domain, source, seq, server_id, timestamp, events, tables, file, pos
+            FROM transactions_v1 ORDER BY rowid;
+        DROP TABLE transactions_v1;
+        INSERT OR IGNORE INTO unordered
+            SELECT DISTINCT domain, source FROM (
+                SELECT domain, source, seq, LAG(seq) OVER (PARTITION BY domain, source
+                                                           ORDER BY id) AS previous
+                FROM transactions) WHERE previous >= seq;
+        COMMIT;
+    """)

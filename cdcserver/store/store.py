@@ -187,7 +187,7 @@ class AvroStore:
                 raise StoreError(f"the checkpoint covers {table} version {mark.version}, "
                                  "but its file is missing")
         covered = checkpoint.position.gtid_state if checkpoint.position else GtidState()
-        self.index.drop_transactions_after(covered)
+        self.index.drop_transactions_after(covered, checkpoint.index_ordinal)
 
     def _version_files(self) -> dict[TableName, dict[int, str]]:
         files: dict[TableName, dict[int, str]] = {}
@@ -438,8 +438,9 @@ class AvroStore:
                      for name, entry in self.catalog.tables.items()
                      if (latest := entry.latest()) is not None}
             new_files, self._new_files = self._new_files, False
+            assert self.index is not None
             checkpoint = Checkpoint(position, marks, fresh=frozenset(self._fresh),
-                                    origin=self.origin)
+                                    origin=self.origin, index_ordinal=self.index.last_id)
             work = asyncio.ensure_future(asyncio.to_thread(
                 self._make_durable, dirty, new_files, checkpoint))
             try:
