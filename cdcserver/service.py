@@ -153,8 +153,9 @@ class Service:
     async def wait_caught_up(self, target: GtidState) -> None:
         """Return once every sink has applied all transactions up to ``target``."""
         await self.replicating.wait()
-        assert self.pipeline is not None
-        while not all(self.pipeline.state.covers(g) for g in target):
+        assert self.pipeline is not None and self.store.index is not None
+        index = self.store.index
+        while not all(index.reached(self.pipeline.state, g) for g in target):
             # Shared with other waiters (shielded); a new pipeline (after a pause) has its
             # own progress, so a replacement wakes the waiters too.
             progress = asyncio.shield(self.pipeline.progress())

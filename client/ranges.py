@@ -65,10 +65,12 @@ def gtid_parts(gtid: str) -> tuple[int, int, int]:
     raise ValueError(f"not a GTID: {gtid!r}")
 
 
-def _transaction_key(gtid: str) -> tuple[int, int]:
-    """(domain, sequence): what identifies a transaction's records."""
-    domain, _, sequence = gtid_parts(gtid)
-    return domain, sequence
+def _transaction_key(gtid: str) -> tuple[int, int | None, int]:
+    """(domain, server_id, sequence): what identifies a transaction's records (servers that
+    share a domain without gtid_strict_mode count on their own, so the server_id is part of
+    it; a MySQL GTID's records carry the server_id its GTID does not name: None)."""
+    domain, server_id, sequence = gtid_parts(gtid)
+    return domain, None if _MYSQL.match(gtid) else server_id, sequence
 
 
 @dataclass(frozen=True)
@@ -136,10 +138,11 @@ class Blocks:
 @dataclass(frozen=True)
 class Trim:
     """The records of a range's two cut transactions that lie outside it: of ``skip``'s
-    (domain, sequence) those numbered up to its event number, of ``stop``'s those past it."""
+    (domain, server_id, sequence) those numbered up to its event number, of ``stop``'s those
+    past it."""
 
-    skip: tuple[int, int, int] | None = None
-    stop: tuple[int, int, int] | None = None
+    skip: tuple[int, int | None, int, int] | None = None
+    stop: tuple[int, int | None, int, int] | None = None
 
     @classmethod
     def of(cls, start: Position, end: Position) -> Trim:
@@ -150,12 +153,17 @@ class Trim:
         return self.skip is not None or self.stop is not None
 
     def keeps(self, record: dict[str, Any]) -> bool:
-        key = (record["domain"], record["sequence"])
-        if self.skip is not None and key == self.skip[:2] and \
-                record["event_number"] <= self.skip[2]:
+        if self.skip is not None and _of(record, self.skip) and \
+                record["event_number"] <= self.skip[3]:
             return False
-        return not (self.stop is not None and key == self.stop[:2] and
-                    record["event_number"] > self.stop[2])
+        return not (self.stop is not None and _of(record, self.stop) and
+                    record["event_number"] > self.stop[3])
+
+
+def _of(record: dict[str, Any], txn: tuple[int, int | None, int, int]) -> bool:
+    """Whether a record belongs to the transaction ``txn`` names."""
+    return record["domain"] == txn[0] and record["sequence"] == txn[2] and (
+        txn[1] is None or record["server_id"] == txn[1])
 
 
 class _BoundedStream:

@@ -78,7 +78,9 @@ class ChangeRecord:
 
     @property
     def position(self) -> tuple[int, int, int]:
-        """(domain, sequence, event_number): the record's place in its domain's history."""
+        """(domain, sequence, event_number): the record's place in its domain's history, where
+        the domain's sequence numbers grow (``gtid_strict_mode``; without it a number can go
+        down, and only the stream's order tells)."""
         return self.domain, self.sequence, self.event_number
 
 
@@ -191,8 +193,11 @@ class Resume:
 
     A stream that began ``AFTER`` a GTID state (after a dump) resumes exactly in every domain:
     each transaction delivered whole joins the state, and the one being delivered when the
-    connection dropped is asked for again (its domain set just before it), with its records
-    already delivered dropped.
+    connection dropped is asked for again (its domain at the transaction delivered before
+    it), with its records already delivered dropped.
+
+    Sequence numbers are never compared: with ``gtid_strict_mode=OFF`` a domain's numbers can
+    go down, and the server answers both requests by the order it stored transactions in.
     """
 
     def __init__(self, version: int | None = None, gtid: str | None = None,
@@ -200,7 +205,8 @@ class Resume:
         self.version = version
         self.gtid = gtid
         self._after = _AfterState.parse(after) if after is not None else None
-        self._last: tuple[int, int, int] | None = None  # (domain, sequence, event_number)
+        # (domain, server_id, sequence, event_number) of the last record delivered
+        self._last: tuple[int, int, int, int] | None = None
         self._schema_version: int | None = None
 
     @property
@@ -228,10 +234,10 @@ class Resume:
         if self._after is not None:
             return self._after.accept(event)
         last = self._last
-        if last is not None and event.domain == last[0] and (
-                event.sequence, event.event_number) <= (last[1], last[2]):
-            return False
-        self._last = event.position
+        if last is not None and (event.domain, event.server_id, event.sequence) == last[:3] \
+                and event.event_number <= last[3]:
+            return False  # the seek is inclusive: this transaction's records were delivered
+        self._last = (event.domain, event.server_id, event.sequence, event.event_number)
         self.gtid = event.gtid
         return True
 
@@ -259,9 +265,6 @@ class _AfterState:
         return cls(domains, uuid)
 
     def accept(self, record: ChangeRecord) -> bool:
-        done = self.domains.get(record.domain)
-        if done is not None and record.sequence <= done[1]:
-            return False  # a transaction delivered whole, sent again
         txn = (record.domain, record.server_id, record.sequence)
         if txn == self.current:
             if record.event_number <= self.event:
@@ -274,10 +277,9 @@ class _AfterState:
         return True
 
     def request(self) -> str:
+        # The transaction in delivery is asked for again: its domain stays at the one
+        # delivered before it (or, if none was, is left out: all of it is wanted).
         state = dict(self.domains)
-        if self.current is not None:
-            domain, server, sequence = self.current
-            state[domain] = (server, sequence - 1)
         if self.uuid is not None:
             return f"{self.uuid}:{state.get(0, (0, 0))[1]}"
         return ",".join(f"{d}-{s}-{n}" for d, (s, n) in sorted(state.items()))

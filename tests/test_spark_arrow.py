@@ -105,9 +105,9 @@ def test_blocks_become_a_batch_of_the_spark_schema(codec: str, decoder: str,
 def test_a_trim_drops_the_records_outside_the_range_and_zero_dates_can_fail() -> None:
     header, blocks = _blocks("null")
     maker = arrow.BatchMaker(table_schema([AVSC]), AVSC, header, "null")
-    batch = maker(blocks, Trim(skip=(0, 7, 1)))
+    batch = maker(blocks, Trim(skip=(0, None, 7, 1)))
     assert batch is not None and batch.column("event_number").to_pylist() == [2]
-    assert maker(blocks, Trim(stop=(0, 7, 0))) is None
+    assert maker(blocks, Trim(stop=(0, None, 7, 0))) is None
     strict = arrow.BatchMaker(table_schema([AVSC]), AVSC, header, "error")
     with pytest.raises(ZeroDateError, match="'0000-00-00' is not a valid date"):
         strict(blocks, Trim())

@@ -275,7 +275,8 @@ class Session:
         stored = self.context.stored_state() if self.context.stored_state else GtidState()
         if query.until:
             check_after(query.until)
-            stored = stored.minimum(GtidState.parse(query.until))
+            until = GtidState.parse(query.until)
+            stored = stored.minimum(until) if index is None else index.earliest(stored, until)
         after = GtidState.parse(query.after)
         if index is None:
             plan = RangePlan(after, 0, None)

@@ -8,7 +8,10 @@ sent, the stream moves on, so a client learns of a schema change in-band.
 
 A GTID positions the stream in both modes: the index gives an offset to scan from and the
 stream starts at the first record of that domain whose sequence is at or after the GTID's
-(inclusive, as MaxScale; any server_id, unlike MaxScale, so a seek survives a failover).
+(inclusive, as MaxScale; any server_id, unlike MaxScale, so a seek survives a failover). In a
+domain whose sequence numbers did not grow (``gtid_strict_mode=OFF``), "at or after" is by the
+order the store applied transactions in (:class:`_Order`), and a seek for a stored GTID starts
+at that very transaction.
 ``AFTER <state>`` (an extension) sends exactly the records of transactions the GTID state does
 not cover, in every domain: what follows a dump. In AVRO mode a block that holds records
 before the starting point is re-encoded without them.
@@ -60,18 +63,70 @@ CHUNK = 64 * 1024
 SENDFILE_MAX = 4 << 20  # bytes per sendfile(2) call
 
 
+class _Order:
+    """Whether a record comes after a transaction in its domain: by sequence number while the
+    domain's numbers grew, else by the store's ordinals (``store/index.py``). Records are
+    stored in ordinal order, so while a version is read from its start, the transaction of
+    each record is the first with its GTID at or after the previous record's."""
+
+    def __init__(self, index: StoreIndex | None) -> None:
+        self.index = index
+        self._floor = 0
+        self._last: tuple[tuple[int, int, int], int | None] | None = None
+        self._named: dict[Gtid, int | None] = {}
+
+    def version_started(self) -> None:
+        self._floor = 0
+        self._last = None
+
+    def ordered(self, domain: int) -> bool:
+        return self.index is None or self.index.ordered(domain)
+
+    def compare(self, record: dict[str, Any], gtid: Gtid) -> int:
+        """<0, 0 or >0 as the record's transaction is before, is, or is after ``gtid``."""
+        if not self.ordered(record["domain"]):
+            mine, theirs = self._record_ordinal(record), self._ordinal(gtid)
+            if mine is not None and theirs is not None:
+                return mine - theirs
+        return record["sequence"] - gtid.sequence
+
+    def covers(self, state: GtidState, gtid: Gtid) -> bool:
+        if self.index is None:
+            return state.covers(gtid)
+        return self.index.covers(state, gtid)
+
+    def _ordinal(self, gtid: Gtid) -> int | None:
+        if gtid not in self._named:
+            assert self.index is not None
+            self._named[gtid] = self.index.ordinal(gtid)
+        return self._named[gtid]
+
+    def _record_ordinal(self, record: dict[str, Any]) -> int | None:
+        key = (record["domain"], record["server_id"], record["sequence"])
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        assert self.index is not None
+        ordinal = self.index.ordinal(Gtid(*key), at_least=self._floor)
+        if ordinal is not None:
+            self._floor = ordinal
+        self._last = (key, ordinal)
+        return ordinal
+
+
 class _Seek:
     """MaxScale's GTID position (inclusive): from the first record of the GTID's domain at or
     after its sequence, everything."""
 
-    def __init__(self, gtid: Gtid) -> None:
+    def __init__(self, gtid: Gtid, order: _Order | None = None) -> None:
+        self.gtid = gtid
         self.domain = gtid.domain
         self.sequence = gtid.sequence
+        self.order = order or _Order(None)
         self.settled = False  # every record from here on is sent
 
     def accepts(self, record: dict[str, Any]) -> bool:
         if not self.settled and record["domain"] == self.domain and \
-                record["sequence"] >= self.sequence:
+                self.order.compare(record, self.gtid) >= 0:
             self.settled = True
         return self.settled
 
@@ -79,24 +134,27 @@ class _Seek:
         return index.seek_offset(info.table, info.version, self.domain, self.sequence)
 
     def version_started(self, index: StoreIndex | None, info: VersionInfo) -> None:
-        pass
+        self.order.version_started()
 
 
 class _After:
     """``AFTER <state>`` (exclusive): every record of a transaction the state does not cover.
-    Within a domain sequences grow with the file, so once a domain has had a record after the
-    state, all its later records are too; when that holds for every domain of the state that
-    the version has records of, the filter is settled and blocks go out as stored."""
+    Within a domain records are stored in commit order, so once a domain has had a record
+    after the state, all its later records are too; when that holds for every domain of the
+    state that the version has records of, the filter is settled and blocks go out as
+    stored."""
 
-    def __init__(self, state: GtidState, given: GtidState | None = None) -> None:
+    def __init__(self, state: GtidState, given: GtidState | None = None,
+                 order: _Order | None = None) -> None:
         self.state = state  # in the domains records are stored with
         self.given = given if given is not None else state  # as the client named it
+        self.order = order or _Order(None)
         self.settled = not state
         self._pending: set[int] = set()
 
     @classmethod
-    def parse(cls, text: str) -> _After:
-        return cls(check_after(text), GtidState.parse(text))
+    def parse(cls, text: str, order: _Order | None = None) -> _After:
+        return cls(check_after(text), GtidState.parse(text), order)
 
     def covers(self, gtid_text: str) -> bool:
         """Whether a version's creating transaction precedes the state."""
@@ -105,9 +163,10 @@ class _After:
         gtid = Gtid.parse(gtid_text)
         if gtid.source_uuid is not None:
             gtid = Gtid(0, 0, gtid.sequence)
-        return self.state.covers(gtid)
+        return self.order.covers(self.state, gtid)
 
     def version_started(self, index: StoreIndex | None, info: VersionInfo) -> None:
+        self.order.version_started()
         if not self.state:
             return
         domains = {g.domain for g in self.state}
@@ -120,7 +179,7 @@ class _After:
         if self.settled:
             return True
         last = self.state.get(record["domain"])
-        if last is not None and record["sequence"] <= last.sequence:
+        if last is not None and self.order.compare(record, last) <= 0:
             return False
         self._pending.discard(record["domain"])
         self.settled = not self._pending
@@ -157,15 +216,16 @@ class _Until:
     """``UNTIL <state>``: only records of transactions the state covers. Once a record past
     the state has been seen in each of its domains, nothing later can be covered."""
 
-    def __init__(self, state: GtidState, given: GtidState) -> None:
+    def __init__(self, state: GtidState, given: GtidState, order: _Order | None = None) -> None:
         self.state = state
         self.given = given
+        self.order = order or _Order(None)
         self._open = {g.domain for g in state}
         self.domains: set[int] | None = None  # the current version's, when the index knows
 
     @classmethod
-    def parse(cls, text: str) -> _Until:
-        return cls(check_after(text), GtidState.parse(text))
+    def parse(cls, text: str, order: _Order | None = None) -> _Until:
+        return cls(check_after(text), GtidState.parse(text), order)
 
     @property
     def done(self) -> bool:
@@ -173,13 +233,14 @@ class _Until:
 
     def covers(self, record: dict[str, Any]) -> bool:
         last = self.state.get(record["domain"])
-        if last is not None and record["sequence"] <= last.sequence:
+        if last is not None and self.order.compare(record, last) <= 0:
             return True
         self._open.discard(record["domain"])
         return False
 
     def version_started(self, index: StoreIndex | None, info: VersionInfo) -> None:
         """Only the domains the version has records of can still close the range."""
+        self.order.version_started()
         if index is None:
             return
         self.domains = index.domains(info.table, info.version)
@@ -203,7 +264,7 @@ class _Until:
     def covers_version(self, gtid_text: str) -> bool:
         """Whether the transaction that created a version is covered (else none of its
         records are)."""
-        return _After(self.state).covers(gtid_text)
+        return _After(self.state, order=self.order).covers(gtid_text)
 
 
 def read_range(info: VersionInfo, pos: int, end: int, fmt: Format, zone: dt.tzinfo
@@ -242,13 +303,13 @@ class Streamer:
         self.traffic = traffic if traffic is not None else Traffic()  # the listener's totals
         self._filter: _Seek | _After | None = None
         if request.after:
-            self._filter = _After.parse(request.after)
+            self._filter = _After.parse(request.after, _Order(index))
         elif request.gtid:
-            self._filter = _Seek(Gtid.parse(request.gtid))
+            self._filter = _Seek(Gtid.parse(request.gtid), _Order(index))
 
     async def run(self) -> None:
         if self.request.until:
-            await self._run_bounded(_Until.parse(self.request.until))
+            await self._run_bounded(_Until.parse(self.request.until, _Order(self.index)))
             return
         if isinstance(self._filter, _After) and self.caught_up is not None:
             # Everything up to the state must be stored before the starting version is

@@ -234,23 +234,29 @@ class StoreIndex:
         """Whether the domain's sequence numbers have grown with every transaction stored."""
         return (domain, source) not in self._unordered
 
-    def ordinal(self, gtid: Gtid) -> int | None:
-        """The ordinal of the newest stored transaction with this GTID (None: not stored)."""
+    def ordinal(self, gtid: Gtid, at_least: int | None = None) -> int | None:
+        """The ordinal of the newest stored transaction with this GTID, or with
+        ``at_least``, of the first one from that ordinal on (a GTID used twice, which MariaDB
+        allows without strict mode, names two transactions). None: not stored."""
         source = gtid.source_uuid or ""
         with self._lock:
-            for info in reversed(self._pending_txns):
-                if _same(info.gtid, gtid):
-                    return info.ordinal
-            if gtid.source_uuid is not None:
-                row = self._db.execute(
-                    "SELECT MAX(id) FROM transactions WHERE domain=? AND source=? AND seq=?",
-                    (gtid.domain, source, gtid.sequence)).fetchone()
-            else:
-                row = self._db.execute(
-                    "SELECT MAX(id) FROM transactions WHERE domain=? AND source=? AND seq=? "
-                    "AND server_id=?", (gtid.domain, source, gtid.sequence,
-                                        gtid.server_id)).fetchone()
-        return row[0] if row and row[0] is not None else None
+            pending = [i.ordinal for i in self._pending_txns if _same(i.gtid, gtid) and
+                       (at_least is None or i.ordinal >= at_least)]
+            if pending and at_least is None:
+                return pending[-1]
+            where = "domain=? AND source=? AND seq=?"
+            args: tuple[object, ...] = (gtid.domain, source, gtid.sequence)
+            if gtid.source_uuid is None:
+                where, args = where + " AND server_id=?", (*args, gtid.server_id)
+            if at_least is not None:
+                where, args = where + " AND id>=?", (*args, at_least)
+            row = self._db.execute(
+                f"SELECT {'MIN' if at_least is not None else 'MAX'}(id) FROM transactions "
+                f"WHERE {where}", args).fetchone()
+        stored = row[0] if row and row[0] is not None else None
+        if stored is None and pending:
+            return pending[0]
+        return stored
 
     def covers(self, state: GtidState, gtid: Gtid) -> bool:
         """Whether the transaction ``gtid`` is at or before ``state`` in its domain: by
@@ -265,6 +271,17 @@ class StoreIndex:
         if mine is None or theirs is None:
             return last.sequence >= gtid.sequence
         return mine <= theirs
+
+    def earliest(self, a: GtidState, b: GtidState) -> GtidState:
+        """Per domain named by both, the earlier of the two (a domain missing on either side
+        is dropped, as in :meth:`GtidState.minimum`)."""
+        keys = {g.key for g in a} & {g.key for g in b}
+        chosen = []
+        for key in keys:
+            x, y = a.get(key), b.get(key)
+            assert x is not None and y is not None
+            chosen.append(x if self.covers(b, x) else y)
+        return GtidState(chosen)
 
     def reached(self, state: GtidState, gtid: Gtid) -> bool:
         """Like :meth:`covers`, for waiting: in a domain whose numbers did not grow, a
