@@ -110,6 +110,9 @@ class Rows:
     file: str = ""  # the binlog file and the event's end position (its header's log_pos)
     pos: int = 0
     avro: tuple[bytes, bytes] | None = None
+    # Why these rows are here when the binlog did not carry them (a repair: see Rowless);
+    # empty for the rows of a row event.
+    repair: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +131,9 @@ class TableChange:
     note: str = ""
     changed: bool = True  # the table's definition changed (False for index-only ALTERs)
     renamed: str = ""  # for a rename: the table's other name, "db.table"
+    # Why the statement changed stored rows without row events (partition maintenance, a
+    # value-rewriting ALTER...), for people; empty when it changed no stored value.
+    rewrites: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +152,46 @@ class Ddl:
 
 
 @dataclass(frozen=True, slots=True)
+class ForeignKeyEdge:
+    """A foreign key along which a change to ``parent``'s rows reaches ``child``'s: the
+    child's ``columns`` reference the parent's ``parent_columns``; ``on_delete`` and
+    ``on_update`` are the referential actions (``cascade``, ``set null``, ``set default``,
+    ``restrict``, ``no action``). ``layout`` is the child's columns when known."""
+
+    parent: str  # "db.table"
+    child: str
+    columns: tuple[str, ...]
+    parent_columns: tuple[str, ...]
+    on_delete: str
+    on_update: str
+    layout: TableLayout | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rowless:
+    """Rows of a table changed in this transaction without row events, recognised where it
+    happened: a foreign key's cascade, or a statement that rewrote or removed stored rows.
+
+    ``reason`` says what did it, for people. ``columns``/``values`` say which rows: those
+    whose ``columns`` held one of ``values`` before (a foreign key's columns and the parent
+    keys the transaction deleted or changed); no ``columns``: any row of the table.
+    ``layout`` is the table's columns as they are after the change, when known; ``edges`` the
+    cascading foreign keys a repair of these rows may in turn follow."""
+
+    database: str
+    table: str
+    reason: str
+    columns: tuple[str, ...] = ()
+    values: tuple[tuple[Any, ...], ...] = ()
+    layout: TableLayout | None = None
+    edges: tuple[ForeignKeyEdge, ...] = ()
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.database}.{self.table}"
+
+
+@dataclass(frozen=True, slots=True)
 class Commit:
     """The transaction is complete; ``position`` is where the replica stands after it."""
 
@@ -160,4 +206,4 @@ class Abort:
     reason: str
 
 
-Change = Begin | Rows | Ddl | Commit | Abort
+Change = Begin | Rows | Ddl | Rowless | Commit | Abort

@@ -27,6 +27,7 @@ class ServiceCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         yield from self._replication()
+        yield from self._repairs()
         yield from self._store()
         yield from self._listener()
         yield from self._housekeeping()
@@ -51,6 +52,27 @@ class ServiceCollector(Collector):
                      "applied yet", s.handoff.in_flight if s.handoff is not None else 0)
         yield _gauge("cdc_queue_capacity_bytes", "the most binlog bytes held in flight",
                      s.handoff.capacity if s.handoff is not None else 0)
+
+    def _repairs(self) -> Iterator[Any]:
+        stats = self.service.repair_stats
+        rowless = CounterMetricFamily(
+            "cdc_rowless_changes", "changes made without row events that replication "
+            "recognised (a foreign key's cascade, or a statement that rewrote stored rows)",
+            labels=["cause"])
+        for cause in ("foreign key", "statement"):
+            rowless.add_metric([cause], stats.rowless.get(cause, 0))
+        yield rowless
+        yield _counter("cdc_repairs", "repairs attached to the stream (rows re-read from the "
+                       "source at a watermark)", stats.repairs)
+        records = CounterMetricFamily("cdc_repair_records", "records a repair added to the "
+                                      "stream, by kind of row change", labels=["change"])
+        for change in ("insert", "update", "delete"):
+            records.add_metric([change], stats.records.get(change, 0))
+        yield records
+        yield _gauge("cdc_repair_pending", "1 while a repair waits for the stream to reach its "
+                     "watermark (no checkpoint is written meanwhile)",
+                     1 if self.service.pipeline is not None and
+                     self.service.pipeline.repair_pending else 0)
 
     def _store(self) -> Iterator[Any]:
         store = self.service.store

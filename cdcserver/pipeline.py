@@ -13,12 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cdcserver.changes import Abort, Begin, Change, Commit
 from cdcserver.errors import CdcError, SourceError
 from cdcserver.gtid import BinlogPosition, Gtid, GtidState, binlog_ordinal, same_transaction
 from cdcserver.handoff import Handoff
+
+if TYPE_CHECKING:
+    from cdcserver.reread.repair import Repairer
 
 log = logging.getLogger(__name__)
 
@@ -118,9 +121,10 @@ class _ReplayFilter:
 
 class Pipeline:
     def __init__(self, handoff: Handoff, sinks: list[Sink], start: GtidState,
-                 flush_interval: float = 0.2) -> None:
+                 flush_interval: float = 0.2, repairer: Repairer | None = None) -> None:
         self.handoff = handoff
         self.sinks = sinks
+        self.repairer = repairer  # turns changes without binlog rows into records
         self.flush_interval = flush_interval
         self._filters = [_ReplayFilter(s.name, s.durable, start) for s in sinks]
         self.state = start  # after the last transaction every sink has applied
@@ -157,6 +161,8 @@ class Pipeline:
         await self.flush()
 
     async def _apply(self, batch: list[Change]) -> None:
+        if self.repairer is not None:
+            batch = await self.repairer.process(batch)
         for sink, keep in zip(self.sinks, self._filters, strict=True):
             changes = keep(batch)
             if changes:
@@ -170,7 +176,17 @@ class Pipeline:
         if progress is not None and not progress.done():
             progress.set_result(None)
 
+    @property
+    def repair_pending(self) -> bool:
+        """While a repair waits for its watermark no checkpoint is written (it would pass the
+        change being repaired; a restart replays from the last one instead)."""
+        return self.repairer is not None and self.repairer.pending
+
     async def flush(self) -> None:
+        if self.repair_pending:
+            log.warning("a repair waits for its watermark: no checkpoint now; a restart "
+                        "replays from the last one")
+            return
         await asyncio.gather(*(sink.flush() for sink in self.sinks))
 
     async def _flush_periodically(self) -> None:
@@ -187,6 +203,8 @@ class Pipeline:
     async def _flush_loop(self, sink: Sink) -> None:
         while True:
             await asyncio.sleep(self.flush_interval)
+            if self.repair_pending:
+                continue
             try:
                 await sink.flush()
             except CdcError as exc:

@@ -35,6 +35,8 @@ from cdcserver.protocol.throttle import LoginThrottle
 from cdcserver.replication import source
 from cdcserver.replication.connection import SourceAddress
 from cdcserver.replication.replicator import Backoff, Replicator
+from cdcserver.reread.repair import Repairer, RepairStats
+from cdcserver.reread.view import Views
 from cdcserver.retention import Cleaner
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.store.catalog import Catalog
@@ -78,6 +80,7 @@ class Service:
                                lambda: self.store.index)
         self.scheduler: DumpScheduler | None = None
         self.paused = ""  # why replication is paused (a full disk), "" while it runs
+        self.repair_stats = RepairStats()  # changes without binlog rows, and their repairs
         self._replaced: asyncio.Future[None] | None = None
         self.handoff: Handoff | None = None
         self.lag: LagProbe | None = None
@@ -272,7 +275,12 @@ class Service:
                                      heartbeat=cfg.heartbeat, backoff=Backoff(),
                                      report_host=cfg.report_host, history=history,
                                      mariadb=mariadb, file=position.file, pos=position.pos)
-        self.pipeline = Pipeline(handoff, self.sinks, start, self.config.store.flush_interval)
+        views = Views(os.path.join(self.config.store.data_dir, "state", "views.sqlite"))
+        repairer = Repairer(address, self.catalog, views, self.repair_stats)
+        if self.pipeline is not None and self.pipeline.repairer is not None:
+            repairer.take_over(self.pipeline.repairer.carry_over())  # after a pause
+        self.pipeline = Pipeline(handoff, self.sinks, start, self.config.store.flush_interval,
+                                 repairer)
         if self._replaced is not None and not self._replaced.done():
             self._replaced.set_result(None)
         self.replicator.start()
@@ -282,6 +290,7 @@ class Service:
         finally:
             handoff.close()
             await asyncio.to_thread(self.replicator.stop)
+            views.close()
 
     def _check_source_and_resolve_start(self, address: SourceAddress
                                         ) -> tuple[BinlogPosition, bool]:

@@ -71,6 +71,9 @@ class ChangeRecord:
     timestamp: int
     event_type: str
     values: dict[str, Any]  # by column name
+    # Set on a record the binlog did not carry: the service re-read the row from the source
+    # to repair a change made without row events ({"reason": ..., "cause": GTID}).
+    repair: dict[str, Any] | None = None
 
     @property
     def gtid(self) -> str:
@@ -85,13 +88,14 @@ class ChangeRecord:
 
 
 Event = SchemaChange | ChangeRecord
+REPAIR_KEY = "cdc:repair"  # in JSON mode, on a record a repair added (protocol.md)
 
 
 def _record(schema: SchemaChange, data: dict[str, Any], convert: Any) -> ChangeRecord:
     values = {f.column: convert(f.kind, data.get(f.name)) for f in schema.columns}
     return ChangeRecord(schema.database, schema.table, schema.version, data["domain"],
                         data["server_id"], data["sequence"], data["event_number"],
-                        data["timestamp"], data["event_type"], values)
+                        data["timestamp"], data["event_type"], values, data.get(REPAIR_KEY))
 
 
 class JsonStreamDecoder:

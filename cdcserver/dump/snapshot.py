@@ -61,6 +61,34 @@ class DefinitionChanged(SourceError):
     """The table's definition changed after the snapshot was opened: open a new one."""
 
 
+def prepare_session(conn: Any, mariadb: bool) -> None:
+    """A session for long consistent reads: UTC TIMESTAMPs, no statement time limit."""
+    for statement in ("SET SESSION time_zone = '+00:00'",
+                      "SET SESSION sql_mode = ''",  # e.g. no PAD_CHAR_TO_FULL_LENGTH
+                      "SET SESSION net_write_timeout = 3600",
+                      "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+                      "SET SESSION max_statement_time = 0" if mariadb
+                      else "SET SESSION max_execution_time = 0"):
+        source_sql.query(conn, statement)
+
+
+def open_mariadb_point(conn: Any) -> SnapshotPoint:
+    """Open a consistent snapshot and say where in the binlog it is (MariaDB)."""
+    source_sql.query(conn, "START TRANSACTION WITH CONSISTENT SNAPSHOT")
+    taken = dt.datetime.now(dt.UTC)
+    status = {str(k).lower(): v for k, v in
+              source_sql.query(conn, "SHOW STATUS LIKE 'binlog_snapshot_%'")}
+    file = str(status.get("binlog_snapshot_file") or "")
+    if not file:
+        raise SourceError("the source reports no binlog snapshot position (is log_bin on?)")
+    pos = int(status["binlog_snapshot_position"])
+    gtid = source_sql.query(conn, "SELECT BINLOG_GTID_POS(%s, %s)", (file, pos))[0][0]
+    if gtid is None:
+        raise SourceError(f"BINLOG_GTID_POS({file!r}, {pos}) is NULL: the snapshot's "
+                          "binlog position is not valid on the source")
+    return SnapshotPoint(GtidState.parse(str(gtid)), file, pos, taken)
+
+
 def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
@@ -102,29 +130,10 @@ class Snapshot:
             raise
 
     def _session(self) -> None:
-        mariadb = self.info.flavor == "mariadb"
-        for statement in ("SET SESSION time_zone = '+00:00'",
-                          "SET SESSION sql_mode = ''",  # e.g. no PAD_CHAR_TO_FULL_LENGTH
-                          "SET SESSION net_write_timeout = 3600",
-                          "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
-                          "SET SESSION max_statement_time = 0" if mariadb
-                          else "SET SESSION max_execution_time = 0"):
-            source_sql.query(self.conn, statement)
+        prepare_session(self.conn, self.info.flavor == "mariadb")
 
     def _open_mariadb(self) -> SnapshotPoint:
-        source_sql.query(self.conn, "START TRANSACTION WITH CONSISTENT SNAPSHOT")
-        taken = dt.datetime.now(dt.UTC)
-        status = {str(k).lower(): v for k, v in
-                  source_sql.query(self.conn, "SHOW STATUS LIKE 'binlog_snapshot_%'")}
-        file = str(status.get("binlog_snapshot_file") or "")
-        if not file:
-            raise SourceError("the source reports no binlog snapshot position (is log_bin on?)")
-        pos = int(status["binlog_snapshot_position"])
-        gtid = source_sql.query(self.conn, "SELECT BINLOG_GTID_POS(%s, %s)", (file, pos))[0][0]
-        if gtid is None:
-            raise SourceError(f"BINLOG_GTID_POS({file!r}, {pos}) is NULL: the snapshot's "
-                              "binlog position is not valid on the source")
-        return SnapshotPoint(GtidState.parse(str(gtid)), file, pos, taken)
+        return open_mariadb_point(self.conn)
 
     def _open_mysql(self) -> SnapshotPoint:
         try:

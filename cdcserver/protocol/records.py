@@ -46,6 +46,34 @@ def decode_records(info: VersionInfo, block: Block) -> Iterator[Record]:
         yield record
 
 
+REPAIR_KEY = b"cdc:repair"  # no field is named so: field names are [A-Za-z0-9_]
+
+
+def repair_suffix(info: VersionInfo, block: Block) -> bytes | None:
+    """For a block of a repair's records (``cdcserver/reread``): the key each of its JSON
+    records ends with, saying why it is there; None for any other block."""
+    note = info.notes.get(block.offset)
+    return None if note is None else b', "' + REPAIR_KEY + b'": ' + note.encode() + b"}\n"
+
+
+def with_suffix(line: bytes, suffix: bytes | None) -> bytes:
+    """A rendered record line (``{...}\n``) with the repair key added at its end."""
+    return line if suffix is None else line[:-2] + suffix
+
+
+def json_block(info: VersionInfo, block: Block, zone: dt.tzinfo) -> bytes:
+    """A whole block as JSON lines: by the C renderer where it takes the block, record by
+    record otherwise (and for a repair's block, whose records carry the repair key)."""
+    suffix = repair_suffix(info, block)
+    if suffix is None:
+        lines = rendered_block(info, block, zone)
+        if lines is not None:
+            return lines
+    render = compile_renderer(info.header.schema_json, zone)
+    return b"".join(with_suffix(render(record), suffix)
+                    for record in decode_records(info, block))
+
+
 def rendered_block(info: VersionInfo, block: Block, zone: dt.tzinfo) -> bytes | None:
     """A whole block as JSON lines by the C renderer; None when it does not take the block
     (then render its records one by one with ``compile_renderer``)."""

@@ -47,7 +47,9 @@ from cdcserver.protocol.records import (
     compile_renderer,
     decode_records,
     encode_block,
-    rendered_block,
+    json_block,
+    repair_suffix,
+    with_suffix,
 )
 from cdcserver.protocol.tail import Tails, Traffic
 from cdcserver.store.avrofile import Block, scan_blocks
@@ -275,11 +277,7 @@ def read_range(info: VersionInfo, pos: int, end: int, fmt: Format, zone: dt.tzin
         return Streamer._read(info, pos, end - pos), 0
     out, count = bytearray(), 0
     for block in scan_blocks(info.path, info.header, pos, end):
-        lines = rendered_block(info, block, zone)
-        if lines is None:
-            render = compile_renderer(info.header.schema_json, zone)
-            lines = b"".join(render(record) for record in decode_records(info, block))
-        out += lines
+        out += json_block(info, block, zone)
         count += block.count
     return bytes(out), count
 
@@ -457,12 +455,11 @@ class Streamer:
     async def _send_json(self, info: VersionInfo, block: Block,
                          until: _Until | None = None) -> None:
         if until is None and (self._filter is None or self._filter.settled):
-            lines = rendered_block(info, block, self.zone)
-            if lines is not None:
-                await self._write(lines)
-                self._sent_records(block.count)
-                return
+            await self._write(json_block(info, block, self.zone))
+            self._sent_records(block.count)
+            return
         render = compile_renderer(info.header.schema_json, self.zone)
+        suffix = repair_suffix(info, block)
         accepts = self._filter
         out = bytearray()
         for record in decode_records(info, block):
@@ -472,7 +469,7 @@ class Streamer:
                 if until.done:
                     break
                 continue
-            out += render(record)
+            out += with_suffix(render(record), suffix)
             self._sent_records(1)
             if len(out) >= CHUNK:
                 await self._write(bytes(out))

@@ -73,6 +73,7 @@ LOG_EVENT_IGNORABLE_F = 0x80
 
 # Rows event flag: the last rows event of a statement.
 STMT_END_F = 0x01
+NO_FOREIGN_KEY_CHECKS_F = 0x02  # the session had foreign_key_checks=0: no cascades ran
 
 # MariaDB GTID event flags (sql/log_event.h, Gtid_log_event).
 FL_STANDALONE = 0x01

@@ -44,10 +44,12 @@ from cdcserver.replication.constants import (
     FL_PREPARED_XA,
     FL_STANDALONE,
     LOG_EVENT_IGNORABLE_F,
+    NO_FOREIGN_KEY_CHECKS_F,
     EventKind,
 )
 from cdcserver.replication.cursor import Cursor
 from cdcserver.replication.rowcodec import DeferredRows, RowsDecoder, compile_rows_decoder
+from cdcserver.replication.rowless import CascadeFinder, statement_markers
 from cdcserver.replication.tablemap import parse_table_map
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.store.naming import TableName
@@ -108,6 +110,7 @@ class EventDecoder:
                  history: SchemaHistory | None = None) -> None:
         self.collations = collations
         self.history = history
+        self.cascades = CascadeFinder(history) if history is not None else None
         self.gtid_state = start
         self.verify_checksums = verify_checksums
         self.file = ""
@@ -338,6 +341,7 @@ class EventDecoder:
             if changes:
                 self._layouts.clear()  # layouts were checked against the old definitions
         out.append(Ddl(database, sql, timestamp, kind, changes, self.file, self._event_end))
+        out += statement_markers(changes, sql)
         if self._standalone:
             self._commit(timestamp, out)
 
@@ -369,7 +373,7 @@ class EventDecoder:
               out: list[Change]) -> None:
         head = Cursor(buf, pos, end)
         table_id = head.uint(self.table_id_size)
-        head.u16()  # flags
+        flags = head.u16()
         if kind in _V2_ROWS:
             head.take(head.u16() - 2)  # extra data
         count = head.lenenc()
@@ -399,9 +403,18 @@ class EventDecoder:
                 raise UndecodableEvent(
                     f"rows of {entry.layout.qualified_name} do not match its table map: {exc}"
                 ) from exc
-        out.append(Rows(entry.layout, _ROWS_KINDS[kind], timestamp, rows, self.file,
-                        self._event_end, avro))
+        change = Rows(entry.layout, _ROWS_KINDS[kind], timestamp, rows, self.file,
+                      self._event_end, avro)
+        out.append(change)
         self._written.add(TableName(entry.layout.database, entry.layout.table))
+        if self.cascades is not None and not flags & NO_FOREIGN_KEY_CHECKS_F:
+            out += self.cascades.markers(entry.layout, change.kind, change.rows,
+                                         self._mapped_layouts)
+
+    def _mapped_layouts(self) -> dict[TableName, TableLayout]:
+        """The layouts of the tables mapped so far (this transaction's among them)."""
+        return {TableName(e.layout.database, e.layout.table): e.layout
+                for e in self._tables.values()}
 
     @staticmethod
     def _require_full_image(bitmap: bytes, count: int, layout: TableLayout) -> None:

@@ -26,6 +26,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from cdcserver.changes import ColumnDef, TableChange, TableLayout
 from cdcserver.errors import SchemaError
@@ -272,6 +273,11 @@ class SchemaHistory:
 
     def forget(self, table: TableName) -> None:
         self._forget(table, None, "forgotten on request")
+
+    def children_of(self, parent: TableName) -> list[tuple[TableName, Any]]:
+        """The known foreign keys whose parent is ``parent`` (placeholder until the history
+        keeps foreign keys)."""
+        return []
 
 
 # -- definitions and layouts ---------------------------------------------------------------

@@ -27,6 +27,8 @@ class VersionInfo:
     header: Header
     committed: int
     sealed: bool = False  # a newer version exists: this file will not grow again
+    # Blocks holding a repair's records (offset -> why): records the binlog did not carry.
+    notes: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass

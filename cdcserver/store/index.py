@@ -6,6 +6,9 @@ domain's data. Where a domain's sequence numbers grow with the file, a seek for 
 the largest indexed offset of domain D whose sequence is below N, plus a short scan of at most
 ``spacing`` bytes (``seek_offset``).
 
+``notes`` marks the blocks that hold a repair's records (records the binlog did not carry, see
+``cdcserver/reread``) with why they are there; the JSON stream shows it on each such record.
+
 ``transactions`` is every transaction the store applied, numbered in the order it applied them
 (``id``, its *ordinal*): it answers ``QUERY-TRANSACTION`` and ``QUERY-RANGE``, and it is what
 "before" and "after" mean in a domain whose sequence numbers did not grow. With
@@ -50,6 +53,9 @@ CREATE TABLE IF NOT EXISTS transactions (
 CREATE INDEX IF NOT EXISTS transactions_gtid ON transactions (domain, source, seq);
 CREATE TABLE IF NOT EXISTS unordered (
     domain INTEGER NOT NULL, source TEXT NOT NULL, PRIMARY KEY (domain, source));
+CREATE TABLE IF NOT EXISTS notes (
+    db TEXT NOT NULL, tbl TEXT NOT NULL, version INTEGER NOT NULL, offset INTEGER NOT NULL,
+    note TEXT NOT NULL, PRIMARY KEY (db, tbl, version, offset));
 """
 _VERSION = 2  # PRAGMA user_version: 1 keyed transactions by (domain, source, seq)
 _COLUMNS = "id, domain, source, seq, server_id, timestamp, events, tables, file, pos"
@@ -101,6 +107,7 @@ class StoreIndex:
         self._pending_blocks: list[_BlockEntry] = []
         self._pending_txns: list[TransactionInfo] = []
         self._pending_unordered: set[tuple[int, str]] = set()
+        self._pending_notes: list[tuple[TableName, int, int, str]] = []
         self._last_indexed: dict[tuple[TableName, int, int], int] = {}
         self._load_transaction_state()
 
@@ -134,6 +141,21 @@ class StoreIndex:
             self._pending_blocks.append(_BlockEntry(table, version, offset, gtid.domain,
                                                     gtid.sequence))
 
+    def note_repair(self, table: TableName, version: int, offset: int, note: str) -> None:
+        """The block at ``offset`` holds a repair's records."""
+        with self._lock:
+            self._pending_notes.append((table, version, offset, note))
+
+    def notes(self, table: TableName, version: int) -> dict[int, str]:
+        """The repair notes of a version's blocks, by offset."""
+        with self._lock:
+            found = {offset: note for offset, note in self._db.execute(
+                "SELECT offset, note FROM notes WHERE db=? AND tbl=? AND version=?",
+                (table.database, table.table, version))}
+            found.update({o: n for t, v, o, n in self._pending_notes
+                          if t == table and v == version})
+        return found
+
     def note_transaction(self, info: TransactionInfo) -> TransactionInfo:
         """Log a transaction the store applied; returns it with its ordinal."""
         with self._lock:
@@ -159,7 +181,8 @@ class StoreIndex:
             blocks, self._pending_blocks = self._pending_blocks, []
             txns, self._pending_txns = self._pending_txns, []
             unordered, self._pending_unordered = self._pending_unordered, set()
-            if not blocks and not txns and not unordered:
+            notes, self._pending_notes = self._pending_notes, []
+            if not blocks and not txns and not unordered and not notes:
                 return
             try:
                 self._db.execute("BEGIN")
@@ -175,6 +198,8 @@ class StoreIndex:
                       t.pos) for t in txns])
                 self._db.executemany("INSERT OR IGNORE INTO unordered VALUES (?,?)",
                                      sorted(unordered))
+                self._db.executemany("INSERT OR REPLACE INTO notes VALUES (?,?,?,?,?)",
+                                     [(t.database, t.table, v, o, n) for t, v, o, n in notes])
                 self._db.execute("COMMIT")
             except BaseException:
                 if self._db.in_transaction:  # SQLite ends it itself on a full disk
@@ -182,18 +207,21 @@ class StoreIndex:
                 self._pending_blocks[:0] = blocks
                 self._pending_txns[:0] = txns
                 self._pending_unordered |= unordered
+                self._pending_notes[:0] = notes
                 raise
 
     def truncate(self, table: TableName, version: int, size: int) -> None:
         """Forget entries at or past ``size`` of a version (recovery)."""
         with self._lock:
-            self._db.execute("DELETE FROM blocks WHERE db=? AND tbl=? AND version=? AND offset>=?",
-                             (table.database, table.table, version, size))
+            for kind in ("blocks", "notes"):
+                self._db.execute(f"DELETE FROM {kind} WHERE db=? AND tbl=? AND version=? AND "
+                                 "offset>=?", (table.database, table.table, version, size))
 
     def drop_version(self, table: TableName, version: int) -> None:
         with self._lock:
-            self._db.execute("DELETE FROM blocks WHERE db=? AND tbl=? AND version=?",
-                             (table.database, table.table, version))
+            for kind in ("blocks", "notes"):
+                self._db.execute(f"DELETE FROM {kind} WHERE db=? AND tbl=? AND version=?",
+                                 (table.database, table.table, version))
 
     def drop_transactions_after(self, covered: GtidState, last_id: int | None) -> None:
         """Forget transactions the checkpoint does not cover (they will be replayed):

@@ -86,6 +86,7 @@ class _Open:
     targets: dict[tuple[TableName, int], _Target] = field(default_factory=dict)
     created: dict[TableName, VersionInfo] = field(default_factory=dict)  # new versions
     fresh: dict[TableName, bool] = field(default_factory=dict)  # re-created: True, served: False
+    notes: list[tuple[VersionInfo, int, str]] = field(default_factory=list)  # repair blocks
 
 
 class AvroStore:
@@ -129,6 +130,9 @@ class AvroStore:
             checkpoint = Checkpoint(None)
             ckpt.save(self.checkpoint_path, checkpoint)
         self.catalog.load()
+        for entry in self.catalog.tables.values():
+            for info in entry.versions.values():
+                info.notes = self.index.notes(info.table, info.version)
         self.position = self.durable = checkpoint.position
         self._fresh = set(checkpoint.fresh)
         self.origin = checkpoint.origin
@@ -265,13 +269,16 @@ class AvroStore:
         kinds = _TAILS[rows.kind]
         tails = (record_tail(rows.timestamp, kinds[0]), record_tail(rows.timestamp, kinds[1]))
         writer = target.writer
+        if rows.repair:  # a block of its own, so the stream can say why it is there
+            writer.end_block()
+            txn.notes.append((target.info, writer.size, rows.repair))
         if rows.avro is not None:
             txn.event_no = records(writer.buffer, txn.head, tails, *rows.avro, txn.event_no)
         else:
             txn.event_no = route.encode(writer.buffer, txn.head, tails, rows.rows, txn.event_no)
         writer.count += len(rows.rows)
         self.records_written += len(rows.rows)
-        if len(writer.buffer) >= self.block_size:
+        if rows.repair or len(writer.buffer) >= self.block_size:
             writer.end_block()
 
     def ddl(self, ddl: Ddl) -> None:
@@ -308,6 +315,9 @@ class AvroStore:
             target.info.committed = target.writer.committed
             self.index.note_block(table, version, target.start, txn.begin.gtid)
             touched.append(table)
+        for info, offset, note in txn.notes:
+            info.notes[offset] = note
+            self.index.note_repair(info.table, info.version, offset, note)
         self.index.note_transaction(TransactionInfo(
             txn.begin.gtid, txn.begin.timestamp, txn.event_no - 1,
             tuple(str(t) for t in dict.fromkeys(touched)), commit.position.file,

@@ -1,0 +1,119 @@
+"""Recognising, where they happen, the changes the binlog carries no rows for.
+
+InnoDB performs a foreign key's ``ON DELETE``/``ON UPDATE`` action (``CASCADE``, ``SET NULL``,
+``SET DEFAULT``) inside the storage engine: the binlog holds the parent's row event and, as a
+hint, the child's table map, but not one row of the child (a replica repeats the cascade
+itself; a change stream cannot). ``REPLACE`` on a parent deletes and re-inserts the row and so
+cascades too, though it is logged as a ``Write_rows`` event. A session with
+``foreign_key_checks=0`` runs no cascade, and its row events say so (``NO_FOREIGN_KEY_CHECKS_F``).
+
+Statements can change stored rows too: partition maintenance, ALTERs that rewrite values,
+``DROP SYSTEM VERSIONING``; the schema history says which (``TableChange.rewrites``).
+
+Each becomes a :class:`~cdcserver.changes.Rowless` marker in the transaction, which the
+pipeline's repair stage (:mod:`cdcserver.reread.repair`) turns into change records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from cdcserver.changes import ForeignKeyEdge, Rowless, RowsKind, TableChange, TableLayout
+from cdcserver.store.naming import TableName
+
+if TYPE_CHECKING:
+    from cdcserver.schema.history import SchemaHistory
+
+_CASCADING = frozenset({"cascade", "set null", "set default"})
+
+
+def statement_markers(changes: Sequence[TableChange], sql: str) -> list[Rowless]:
+    """A marker for each table whose stored rows a schema statement rewrote or removed."""
+    statement = " ".join(sql.split())
+    if len(statement) > 200:
+        statement = statement[:197] + "..."
+    return [Rowless(c.database, c.table, f"{c.rewrites}: {statement}", layout=c.layout)
+            for c in changes if c.rewrites]
+
+
+class CascadeFinder:
+    """Which child rows a parent's row event can have reached, from the foreign keys the
+    schema history knows."""
+
+    def __init__(self, history: SchemaHistory) -> None:
+        self.history = history
+
+    def markers(self, layout: TableLayout, kind: RowsKind, rows: Sequence[tuple[Any, ...]],
+                table_maps: Callable[[], dict[TableName, TableLayout]]) -> list[Rowless]:
+        """``table_maps``: the layouts of the tables mapped so far (a child's is there when
+        the server logged its table map with the parent's, and is exactly the binlog's)."""
+        parent = TableName(layout.database, layout.table)
+        children = self.history.children_of(parent)
+        if not children:
+            return []
+        mapped = table_maps()
+        names = [c.name.lower() for c in layout.columns]
+        edges = self._edges(parent, mapped)
+        markers = []
+        for child, fk in children:
+            action = fk.on_update if kind == RowsKind.UPDATE else fk.on_delete
+            if action not in _CASCADING:
+                continue
+            try:
+                index = [names.index(c.lower()) for c in fk.parent_columns]
+            except ValueError:
+                continue  # the history's key names a column the table map lacks
+            values = _referenced(kind, rows, index)
+            if not values:
+                continue
+            verb = "UPDATE" if kind == RowsKind.UPDATE else "DELETE"
+            how = "REPLACE" if kind == RowsKind.INSERT else verb
+            markers.append(Rowless(
+                child.database, child.table,
+                f"ON {verb} {action.upper()} of {parent} ({how} of {len(values)} rows)",
+                tuple(fk.columns), tuple(values), self._layout(child, mapped), edges))
+        return markers
+
+    def _edges(self, root: TableName, mapped: dict[TableName, TableLayout]
+               ) -> tuple[ForeignKeyEdge, ...]:
+        """Every cascading foreign key reachable from ``root``."""
+        edges: list[ForeignKeyEdge] = []
+        queue, seen = [root], {root}
+        while queue:
+            parent = queue.pop(0)
+            for child, fk in self.history.children_of(parent):
+                if fk.on_delete not in _CASCADING and fk.on_update not in _CASCADING:
+                    continue
+                edges.append(ForeignKeyEdge(str(parent), str(child), tuple(fk.columns),
+                                            tuple(fk.parent_columns), fk.on_delete,
+                                            fk.on_update, self._layout(child, mapped)))
+                if child not in seen:
+                    seen.add(child)
+                    queue.append(child)
+        return tuple(edges)
+
+    def _layout(self, table: TableName, mapped: dict[TableName, TableLayout]
+                ) -> TableLayout | None:
+        if table in mapped:
+            return mapped[table]
+        from cdcserver.schema.history import layout_of
+
+        definition = self.history.tables.get(table)
+        return layout_of(table, definition) if definition is not None else None
+
+
+def _referenced(kind: RowsKind, rows: Sequence[tuple[Any, ...]], index: list[int]
+                ) -> list[tuple[Any, ...]]:
+    """The parent key values the rows event took away: deleted rows' keys, the old keys of
+    updated rows whose key changed, and (``REPLACE``) inserted rows' keys."""
+    found: dict[tuple[Any, ...], None] = {}
+    if kind == RowsKind.UPDATE:
+        for before, after in zip(rows[::2], rows[1::2], strict=True):
+            old = tuple(before[i] for i in index)
+            if old != tuple(after[i] for i in index):
+                found[old] = None
+    else:
+        for row in rows:
+            found[tuple(row[i] for i in index)] = None
+    return [k for k in found if not any(v is None for v in k)]

@@ -1,0 +1,159 @@
+"""One consistent read of the source at a watermark, with rows in the replication's values.
+
+A :class:`ReadView` is a transaction on its own connection: on MariaDB ``START TRANSACTION WITH
+CONSISTENT SNAPSHOT``, whose binlog position and GTID state the server reports
+(``dump/snapshot.py`` explains how); on MySQL the same under a brief ``FLUSH TABLES WITH READ
+LOCK``. That position is the watermark: the rows read are exactly the table's rows after every
+transaction before it and none after. The tables to be read are opened (their metadata lock
+taken) right after the view opens, and their definitions are read before and after: InnoDB
+would otherwise let an *instant* ALTER committed in between show rows in a layout the view
+does not know (:class:`DefinitionChanged`: open a new view).
+
+Values are selected in the dump's text forms (``dump/scan.py``) and converted to the types the
+binlog decoder gives (:mod:`.values`).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pymysql
+
+from cdcserver.changes import TableLayout
+from cdcserver.dump import rawrows
+from cdcserver.dump.scan import select_expression
+from cdcserver.dump.snapshot import (
+    DefinitionChanged,
+    SnapshotPoint,
+    open_mariadb_point,
+    prepare_session,
+    qualified,
+    quote,
+)
+from cdcserver.errors import SourceError
+from cdcserver.replication import source as source_sql
+from cdcserver.replication.connection import SourceAddress
+from cdcserver.reread.values import from_text
+from cdcserver.store.naming import TableName
+from cdcserver.store.schema import TableSchema
+from client.schema import Field
+
+ER_NO_SUCH_TABLE = 1146
+KEYS_PER_QUERY = 500
+
+Row = tuple[Any, ...]
+
+
+class ReadView:
+    """A consistent read of ``tables`` on the source; ``close()`` ends it."""
+
+    def __init__(self, address: SourceAddress, tables: Iterable[TableName]) -> None:
+        self.tables = tuple(dict.fromkeys(tables))
+        self.conn = source_sql.connect(address)
+        try:
+            info = source_sql.describe(self.conn)
+            mariadb = info.flavor == "mariadb"
+            prepare_session(self.conn, mariadb)
+            if mariadb:
+                before = {t: self._show_create(t) for t in self.tables}
+                self.point = open_mariadb_point(self.conn)
+                self.definitions = self._open_tables()
+                if before != self.definitions:
+                    raise DefinitionChanged("a table's definition changed while the read view "
+                                            "opened")
+            else:
+                self.point = self._open_mysql(info)
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def _open_mysql(self, info: source_sql.SourceInfo) -> SnapshotPoint:
+        try:
+            source_sql.query(self.conn, "FLUSH TABLES WITH READ LOCK")
+        except pymysql.err.OperationalError as exc:
+            raise SourceError(f"re-reading rows from MySQL needs the RELOAD privilege for a "
+                              f"brief FLUSH TABLES WITH READ LOCK: {exc}") from exc
+        try:
+            source_sql.query(self.conn, "START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            taken = dt.datetime.now(dt.UTC)
+            position = source_sql.newest_position(self.conn, info)
+            self.definitions = self._open_tables()
+        finally:
+            source_sql.query(self.conn, "UNLOCK TABLES")
+        return SnapshotPoint(position.gtid_state, position.file, position.pos, taken)
+
+    def _open_tables(self) -> dict[TableName, str | None]:
+        """Take each table's metadata lock (held to the end of the view), then read its
+        definition (None: the table does not exist at the watermark)."""
+        definitions: dict[TableName, str | None] = {}
+        for table in self.tables:
+            try:
+                source_sql.query(self.conn, f"SELECT 1 FROM {qualified(table)} LIMIT 0")
+            except pymysql.err.MySQLError as exc:
+                if exc.args and exc.args[0] == ER_NO_SUCH_TABLE:
+                    definitions[table] = None
+                    continue
+                raise
+            definitions[table] = self._show_create(table)
+        return definitions
+
+    def _show_create(self, table: TableName) -> str | None:
+        try:
+            return str(source_sql.query(self.conn, f"SHOW CREATE TABLE {qualified(table)}"
+                                        )[0][1])
+        except pymysql.err.MySQLError as exc:
+            if exc.args and exc.args[0] == ER_NO_SUCH_TABLE:
+                return None
+            raise
+
+    def rows(self, layout: TableLayout, key: Sequence[int] = (),
+             keys: Sequence[Row] | None = None) -> list[Row]:
+        """The table's rows, or (``keys``) those whose columns ``key`` (indexes into the
+        layout) hold one of the given values, in ``layout``'s column order."""
+        table = TableName(layout.database, layout.table)
+        if self.definitions.get(table) is None:
+            return []
+        fields = TableSchema.from_layout(layout, 0, "").columns
+        select = f"SELECT {', '.join(select_expression(f) for f in fields)} FROM " \
+                 f"{qualified(table)}"
+        if keys is None:
+            return self._query(select, fields)
+        rows: list[Row] = []
+        names = ", ".join(quote(layout.columns[i].name) for i in key)
+        for start in range(0, len(keys), KEYS_PER_QUERY):
+            chunk = keys[start:start + KEYS_PER_QUERY]
+            values = ", ".join("(" + ", ".join(self._literal(v) for v in k) + ")"
+                               for k in chunk)
+            rows += self._query(f"{select} WHERE ({names}) IN ({values})", fields)
+        return rows
+
+    def _query(self, sql: str, fields: tuple[Field, ...]) -> list[Row]:
+        converters = [from_text(f) for f in fields]
+        rows = []
+        for batch in rawrows.query_rows(self.conn, sql):
+            for raw in batch:
+                values = json.loads(raw)
+                rows.append(tuple(convert(None if v is None else base64.b64decode(v))
+                                  for convert, v in zip(converters, values, strict=True)))
+        return rows
+
+    def _literal(self, value: Any) -> str:
+        if isinstance(value, dt.datetime) and value.tzinfo is not None:
+            value = value.astimezone(dt.UTC).replace(tzinfo=None)  # the session is in UTC
+        literal: str = self.conn.escape(value)
+        return literal
+
+    def close(self) -> None:
+        if not self.conn.open:
+            return
+        try:
+            source_sql.query(self.conn, "COMMIT")
+        except pymysql.err.MySQLError:
+            pass
+        finally:
+            if self.conn.open:
+                self.conn.close()

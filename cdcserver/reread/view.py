@@ -1,0 +1,256 @@
+"""The stream's own rows of a table: what a consumer that applies the stream holds.
+
+A consumer applies each record (``insert`` and ``update_after`` store the row under its key,
+``update_before`` and ``delete`` remove it) and empties the table when a version says it was
+truncated, dropped or created afresh (``protocol.md``, "Schemas"). A :class:`TableView` is that
+consumer's table, kept by the service so that a repair can compare it with the source: built
+the first time it is needed by folding the table's stored versions (:meth:`Views.fold`), then
+kept up to date with every change the pipeline passes on.
+
+Rows are kept in SQLite (``state/views.sqlite``, rebuilt on every start: it is derived data)
+under their primary key, as dictionaries of column name to the replication's Python values; a
+table without a primary key is a multiset of whole rows. For foreign-key cascades a view can
+find the rows whose columns hold given values (:meth:`TableView.matching`); the match is loose
+(case and trailing spaces are ignored in text) because the source's collation decides
+equality and the repair re-reads every candidate anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sqlite3
+from collections.abc import Iterator, Sequence
+from decimal import Decimal
+from typing import Any
+
+from cdcserver.changes import Rows, RowsKind, TableLayout
+from cdcserver.protocol.records import decode_records
+from cdcserver.reread.values import from_avro
+from cdcserver.store.avrofile import scan_blocks
+from cdcserver.store.catalog import Catalog, VersionInfo
+from cdcserver.store.naming import TableName
+
+Row = dict[str, Any]
+_CLEARING = ("truncate", "drop")
+
+
+class TableView:
+    """One table's rows as the stream has them; ``key`` names the primary key's columns
+    (empty: a multiset of whole rows)."""
+
+    def __init__(self, db: sqlite3.Connection, number: int, table: TableName,
+                 key: tuple[str, ...]) -> None:
+        self.db = db
+        self.id = number
+        self.table = table
+        self.key = key
+        self._indexes: dict[tuple[str, ...], int] = {}  # matched columns -> index number
+
+    # -- keys --------------------------------------------------------------------------
+
+    def key_of(self, row: Row) -> bytes:
+        if self.key:
+            return _pack(tuple(row.get(c) for c in self.key))
+        return _pack(tuple(sorted(row.items())))
+
+    # -- changes -----------------------------------------------------------------------
+
+    def apply(self, rows: Rows) -> None:
+        names = [c.name for c in rows.layout.columns]
+        images = [dict(zip(names, r, strict=True)) for r in rows.rows]
+        if rows.kind == RowsKind.INSERT:
+            for row in images:
+                self.put(row)
+        elif rows.kind == RowsKind.DELETE:
+            for row in images:
+                self.remove(row)
+        else:
+            for before, after in zip(images[::2], images[1::2], strict=True):
+                self.remove(before)
+                self.put(after)
+
+    def put(self, row: Row) -> None:
+        key = self.key_of(row)
+        if self.key:
+            self._drop_index_entries(key)
+            self.db.execute("INSERT OR REPLACE INTO rows VALUES (?, ?, ?, 1)",
+                            (self.id, key, _pack(row)))
+        else:
+            self.db.execute("INSERT INTO rows VALUES (?, ?, ?, 1) ON CONFLICT DO UPDATE "
+                            "SET count = count + 1", (self.id, key, _pack(row)))
+        for columns, number in self._indexes.items():
+            self._index(number, columns, key, row)
+
+    def remove(self, row: Row) -> None:
+        key = self.key_of(row)
+        if self.key:
+            self.db.execute("DELETE FROM rows WHERE view = ? AND key = ?", (self.id, key))
+            self._drop_index_entries(key)
+            return
+        self.db.execute("UPDATE rows SET count = count - 1 WHERE view = ? AND key = ?",
+                        (self.id, key))
+        gone = self.db.execute("DELETE FROM rows WHERE view = ? AND key = ? AND count <= 0",
+                               (self.id, key)).rowcount
+        if gone:
+            self._drop_index_entries(key)
+
+    def clear(self) -> None:
+        self.db.execute("DELETE FROM rows WHERE view = ?", (self.id,))
+        self.db.execute("DELETE FROM matches WHERE view = ?", (self.id,))
+
+    # -- reading -----------------------------------------------------------------------
+
+    def get(self, key: bytes) -> Row | None:
+        found = self.db.execute("SELECT row FROM rows WHERE view = ? AND key = ?",
+                                (self.id, key)).fetchone()
+        return pickle.loads(found[0]) if found else None
+
+    def rows(self) -> Iterator[tuple[Row, int]]:
+        """Every row, with how many times it is there (1 with a primary key)."""
+        for row, count in self.db.execute("SELECT row, count FROM rows WHERE view = ?",
+                                          (self.id,)):
+            yield pickle.loads(row), count
+
+    def matching(self, columns: tuple[str, ...], values: Sequence[tuple[Any, ...]]
+                 ) -> list[Row]:
+        """The rows whose ``columns`` hold (loosely) one of ``values``."""
+        number = self._indexes.get(columns)
+        if number is None:
+            number = self._indexes[columns] = len(self._indexes)
+            for row, _ in list(self.rows()):
+                self._index(number, columns, self.key_of(row), row)
+        found: dict[bytes, Row] = {}
+        for value in values:
+            loose = _pack(tuple(_loose(v) for v in value))
+            for key, in self.db.execute(
+                    "SELECT key FROM matches WHERE view = ? AND number = ? AND value = ?",
+                    (self.id, number, loose)).fetchall():
+                stored = self.get(key)
+                if stored is not None:
+                    found[key] = stored
+        return list(found.values())
+
+    def _index(self, number: int, columns: tuple[str, ...], key: bytes, row: Row) -> None:
+        values = tuple(row.get(c) for c in columns)
+        if any(v is None for v in values):
+            return  # NULL references nothing
+        self.db.execute("INSERT INTO matches VALUES (?, ?, ?, ?)",
+                        (self.id, number, _pack(tuple(_loose(v) for v in values)), key))
+
+    def _drop_index_entries(self, key: bytes) -> None:
+        if self._indexes:
+            self.db.execute("DELETE FROM matches WHERE view = ? AND key = ?", (self.id, key))
+
+
+class Views:
+    """The views of the tables being watched, in one scratch SQLite file."""
+
+    def __init__(self, path: str) -> None:
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            if os.path.exists(path + suffix):
+                os.unlink(path + suffix)
+        self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self.db.executescript("""
+            PRAGMA journal_mode = OFF;
+            PRAGMA synchronous = OFF;
+            CREATE TABLE rows (view INTEGER, key BLOB, row BLOB, count INTEGER,
+                               PRIMARY KEY (view, key));
+            CREATE TABLE matches (view INTEGER, number INTEGER, value BLOB, key BLOB);
+            CREATE INDEX matches_value ON matches (view, number, value);
+            CREATE INDEX matches_key ON matches (view, key);
+        """)
+        self.tables: dict[TableName, TableView] = {}
+        self._next = 0
+
+    def get(self, table: TableName) -> TableView | None:
+        return self.tables.get(table)
+
+    def new(self, table: TableName, key: tuple[str, ...]) -> TableView:
+        self.drop(table)
+        self._next += 1
+        view = self.tables[table] = TableView(self.db, self._next, table, key)
+        return view
+
+    def drop(self, table: TableName) -> None:
+        view = self.tables.pop(table, None)
+        if view is not None:
+            view.clear()
+
+    def apply(self, rows: Rows) -> None:
+        """Keep a watched table's view up to date with a change the stream carries."""
+        view = self.tables.get(TableName(rows.layout.database, rows.layout.table))
+        if view is not None:
+            if view.key != key_names(rows.layout):
+                self.drop(view.table)  # a new primary key: fold again when needed
+            else:
+                view.apply(rows)
+
+    def fold(self, catalog: Catalog, table: TableName, key: tuple[str, ...]) -> TableView:
+        """A view built from the table's stored versions, as a consumer reading the stream
+        from its first version holds it now."""
+        view = self.new(table, key)
+        self.db.execute("BEGIN")
+        try:
+            _fold_into(view, catalog, table)
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return view
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def key_names(layout: TableLayout) -> tuple[str, ...]:
+    return tuple(layout.columns[i].name for i in layout.primary_key)
+
+
+def _fold_into(view: TableView, catalog: Catalog, table: TableName,
+               renamed_to: tuple[str, str] | None = None) -> None:
+    """Apply ``table``'s versions; with ``renamed_to`` (the new name and the rename's GTID),
+    only up to the rename that gave its rows to that table."""
+    entry = catalog.get(table)
+    if entry is None:
+        return
+    for number in sorted(entry.versions):
+        info = entry.versions[number]
+        ddl = info.schema.avsc.get("ddl") or {}
+        if renamed_to is not None and ddl.get("renamed_to") == renamed_to[0] and \
+                info.schema.gtid == renamed_to[1]:
+            return
+        if ddl.get("kind") in _CLEARING:
+            view.clear()
+        elif ddl.get("kind") == "create":
+            view.clear()
+            if ddl.get("renamed_from"):  # the renamed table's rows, as they were then
+                _fold_into(view, catalog, TableName.parse(ddl["renamed_from"]),
+                           (str(table), info.schema.gtid))
+        _fold_version(view, info)
+
+
+def _fold_version(view: TableView, info: VersionInfo) -> None:
+    fields = info.schema.columns
+    converters = [(f.name, f.column, from_avro(f)) for f in fields]
+    for block in scan_blocks(info.path, info.header, info.header.size, info.committed):
+        for record in decode_records(info, block):
+            row = {column: convert(record.get(name)) for name, column, convert in converters}
+            if record["event_type"] in ("insert", "update_after"):
+                view.put(row)
+            else:
+                view.remove(row)
+
+
+def _loose(value: Any) -> Any:
+    """A value as a foreign key may match it under any collation: text without case or
+    trailing spaces."""
+    if isinstance(value, str):
+        return value.rstrip(" ").casefold()
+    if isinstance(value, Decimal):
+        return value.normalize()
+    return value
+
+
+def _pack(value: Any) -> bytes:
+    return pickle.dumps(value, protocol=5)
