@@ -70,6 +70,8 @@ class TableLayout:
     # ENUM/SET labels, primary key), "minimal" (signedness, character sets) or "none". The
     # schema history supplies the rest.
     metadata: str = "full"
+    # A SEQUENCE: one row, which each write replaces (logged as an insert).
+    sequence: bool = False
 
     @property
     def qualified_name(self) -> str:

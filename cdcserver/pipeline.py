@@ -15,7 +15,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Protocol
 
-from cdcserver.changes import Abort, Begin, Change, Commit
+from cdcserver.changes import Abort, Begin, Change, Commit, Ddl
 from cdcserver.errors import CdcError, SourceError
 from cdcserver.gtid import BinlogPosition, Gtid, GtidState, binlog_ordinal, same_transaction
 from cdcserver.handoff import Handoff
@@ -119,6 +119,22 @@ class _ReplayFilter:
                 "to a position of this source.")
 
 
+def segments(batch: list[Change]) -> list[list[Change]]:
+    """The batch cut after each transaction holding a schema statement: the repair stage
+    builds a table's view from the store, which must then hold the statement."""
+    parts: list[list[Change]] = []
+    start, schema = 0, False
+    for i, change in enumerate(batch):
+        if isinstance(change, Ddl):
+            schema = True
+        elif isinstance(change, (Commit, Abort)) and schema:
+            parts.append(batch[start:i + 1])
+            start, schema = i + 1, False
+    if start < len(batch):
+        parts.append(batch[start:])
+    return parts or [batch]
+
+
 class Pipeline:
     def __init__(self, handoff: Handoff, sinks: list[Sink], start: GtidState,
                  flush_interval: float = 0.2, repairer: Repairer | None = None) -> None:
@@ -161,8 +177,13 @@ class Pipeline:
         await self.flush()
 
     async def _apply(self, batch: list[Change]) -> None:
-        if self.repairer is not None:
-            batch = await self.repairer.process(batch)
+        if self.repairer is None:
+            await self._apply_part(batch)
+            return
+        for part in segments(batch):
+            await self._apply_part(await self.repairer.process(part))
+
+    async def _apply_part(self, batch: list[Change]) -> None:
         for sink, keep in zip(self.sinks, self._filters, strict=True):
             changes = keep(batch)
             if changes:

@@ -46,7 +46,9 @@ class Rebuilt:
         row = {column: record[name] for name, column in columns.items() if name in record}
         upsert = record["event_type"] in ("insert", "update_after")
         if self.key:
-            key = tuple(_hashable(row.get(c, MISSING)) for c in self.key)
+            # A key column the record's version did not have yet is NULL in a consumer's
+            # table (it added the column): records of later versions find the row by it.
+            key = tuple(_hashable(row.get(c)) for c in self.key)
             if upsert:
                 self.rows[key] = row
             else:
@@ -171,6 +173,16 @@ def column_types(conn: Any, database: str, table: str) -> dict[str, str]:
         return {str(name): str(kind).lower() for name, kind in cur.fetchall()}
 
 
+def null_by_default(conn: Any, database: str, table: str) -> set[str]:
+    """The columns a consumer holds NULL in for a row the stream gave before the column was
+    added: nullable, with no default (any other default is a value the stream never sent)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s"
+                    " AND TABLE_NAME = %s AND IS_NULLABLE = 'YES' AND (COLUMN_DEFAULT IS NULL"
+                    " OR COLUMN_DEFAULT = 'NULL')", (database, table))
+        return {str(row[0]) for row in cur.fetchall()}
+
+
 def primary_key(conn: Any, database: str, table: str) -> tuple[str, ...]:
     with conn.cursor() as cur:
         cur.execute("SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE "
@@ -216,12 +228,13 @@ class Comparison:
         return "; ".join(parts) or "equal"
 
 
-def compare(stream: Rebuilt, table_rows: list[dict[str, Any]], types: dict[str, str]
-            ) -> Comparison:
+def compare(stream: Rebuilt, table_rows: list[dict[str, Any]], types: dict[str, str],
+            null_when_absent: set[str] | frozenset[str] = frozenset()) -> Comparison:
     result = Comparison()
 
     def from_stream(row: dict[str, Any]) -> dict[str, Any]:
-        return {c: canonical(t, row.get(c, MISSING)) for c, t in types.items()}
+        return {c: canonical(t, row.get(c, None if c in null_when_absent else MISSING))
+                for c, t in types.items()}
 
     if stream.key:
         ours = {}
@@ -263,6 +276,7 @@ async def assert_stream_equals_table(port: int, conn: Any, database: str, table:
     rebuilt = rebuild(lines, names)
     table_rows = await asyncio.to_thread(source_rows, conn, database, table, types,
                                          from_clause=from_clause)
-    comparison = compare(rebuilt, table_rows, types)
+    comparison = compare(rebuilt, table_rows, types,
+                         await asyncio.to_thread(null_by_default, conn, database, table))
     assert comparison.equal, f"{database}.{table}: {comparison}"
     return rebuilt

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import struct
 import zlib
+from dataclasses import replace
 from typing import Any
 
 from cdcserver.changes import (
@@ -49,7 +50,12 @@ from cdcserver.replication.constants import (
 )
 from cdcserver.replication.cursor import Cursor
 from cdcserver.replication.rowcodec import DeferredRows, RowsDecoder, compile_rows_decoder
-from cdcserver.replication.rowless import CascadeFinder, statement_markers
+from cdcserver.replication.rowless import (
+    CascadeFinder,
+    sequence_markers,
+    statement_dml_markers,
+    statement_markers,
+)
 from cdcserver.replication.tablemap import parse_table_map
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.store.naming import TableName
@@ -205,6 +211,8 @@ class EventDecoder:
                                         self.collations, mariadb=self.mariadb)
             if self.history is not None:
                 layout = self.history.reconcile(layout, self._gtid)
+                if self.history.is_sequence(TableName(layout.database, layout.table)):
+                    layout = replace(layout, sequence=True)
             elif layout.metadata != "full":
                 raise SchemaError(f"the binlog has no column names for {layout.qualified_name}:"
                                   " set binlog_row_metadata=FULL on the source")
@@ -326,6 +334,11 @@ class EventDecoder:
         if _TRANSACTION_CONTROL.match(sql):
             return
         if _STATEMENT_DML.match(sql):
+            markers = statement_dml_markers(sql, database, self.history) \
+                if self.history is not None and self.in_transaction else None
+            if markers is not None:
+                out += markers
+                return
             raise UndecodableEvent(
                 "a data change was logged as an SQL statement (binlog_format is not ROW): "
                 f"{sql[:120]!r}; run SET GLOBAL binlog_format=ROW on the source")
@@ -342,6 +355,8 @@ class EventDecoder:
                 self._layouts.clear()  # layouts were checked against the old definitions
         out.append(Ddl(database, sql, timestamp, kind, changes, self.file, self._event_end))
         out += statement_markers(changes, sql)
+        if self.history is not None:
+            out += sequence_markers(changes, self.history)
         if self._standalone:
             self._commit(timestamp, out)
 

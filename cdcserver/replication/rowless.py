@@ -8,7 +8,9 @@ cascades too, though it is logged as a ``Write_rows`` event. A session with
 ``foreign_key_checks=0`` runs no cascade, and its row events say so (``NO_FOREIGN_KEY_CHECKS_F``).
 
 Statements can change stored rows too: partition maintenance, ALTERs that rewrite values,
-``DROP SYSTEM VERSIONING``; the schema history says which (``TableChange.rewrites``).
+``DROP SYSTEM VERSIONING``, ``ALTER SEQUENCE``; the schema history says which
+(``TableChange.rewrites``). ``CREATE SEQUENCE`` makes the sequence's one row without a row
+event.
 
 Each becomes a :class:`~cdcserver.changes.Rowless` marker in the transaction, which the
 pipeline's repair stage (:mod:`cdcserver.reread.repair`) turns into change records.
@@ -16,7 +18,9 @@ pipeline's repair stage (:mod:`cdcserver.reread.repair`) turns into change recor
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from cdcserver.changes import ForeignKeyEdge, Rowless, RowsKind, TableChange, TableLayout
@@ -35,6 +39,43 @@ def statement_markers(changes: Sequence[TableChange], sql: str) -> list[Rowless]
         statement = statement[:197] + "..."
     return [Rowless(c.database, c.table, f"{c.rewrites}: {statement}", layout=c.layout)
             for c in changes if c.rewrites]
+
+
+def sequence_markers(changes: Sequence[TableChange], history: SchemaHistory) -> list[Rowless]:
+    """``CREATE SEQUENCE`` gives the sequence its row without a row event."""
+    return [Rowless(c.database, c.table, "CREATE SEQUENCE makes its row without a row event",
+                    layout=replace(c.layout, sequence=True))
+            for c in changes if c.kind == "create" and c.layout is not None
+            and history.is_sequence(TableName(c.database, c.table))]
+
+
+_DML_TARGET = re.compile(
+    r"^\s*(?:/\*.*?\*/\s*)*(?:INSERT|REPLACE|UPDATE|DELETE(?:\s+HISTORY)?)"
+    r"(?:\s+(?:LOW_PRIORITY|DELAYED|HIGH_PRIORITY|QUICK|IGNORE))*(?:\s+(?:INTO|FROM))?\s+"
+    r"(`(?:[^`]|``)+`|\w+)(?:\s*\.\s*(`(?:[^`]|``)+`|\w+))?(?=\s|\(|$)", re.I | re.S)
+
+
+def statement_dml_markers(sql: str, database: str, history: SchemaHistory
+                          ) -> list[Rowless] | None:
+    """MariaDB logs the changes to a table versioned by transaction ids (a ``BIGINT
+    UNSIGNED`` period) as statements even with ``binlog_format=ROW``. Such a statement
+    changed rows of its table without row events: a marker for it. None when the statement
+    is not one of those (its table is not such a table, or cannot be told)."""
+    m = _DML_TARGET.match(sql)
+    if m is None:
+        return None
+    first, second = (p.strip("`").replace("``", "`") if p else p for p in m.groups())
+    table = TableName(first, second) if second else TableName(database, first)
+    definition = history.tables.get(table)
+    if definition is None or definition.period is None:
+        return None
+    start = definition.columns[definition.index(definition.period[0])]
+    if start.type != "bigint":
+        return None
+    from cdcserver.schema.history import layout_of
+
+    return [Rowless(table.database, table.table, "a table versioned by transaction ids has "
+                    "its changes logged as statements", layout=layout_of(table, definition))]
 
 
 class CascadeFinder:

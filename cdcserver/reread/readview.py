@@ -120,6 +120,8 @@ class ReadView:
         fields = TableSchema.from_layout(layout, 0, "").columns
         select = f"SELECT {', '.join(select_expression(f) for f in fields)} FROM " \
                  f"{qualified(table)}"
+        if "WITH SYSTEM VERSIONING" in (self.definitions.get(table) or ""):
+            select += " FOR SYSTEM_TIME ALL"  # its history rows are rows of its stream
         if keys is None:
             return self._query(select, fields)
         rows: list[Row] = []

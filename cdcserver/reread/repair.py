@@ -33,7 +33,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pymysql
@@ -43,6 +43,7 @@ from cdcserver.changes import (
     Begin,
     Change,
     Commit,
+    Ddl,
     Rowless,
     Rows,
     RowsKind,
@@ -103,7 +104,9 @@ class Repairer:
         self._begin: Begin | None = None
         self._found: list[Rowless] = []  # in the open transaction
         self._txn_rows: list[Rows] = []  # of the open transaction
+        self._sequence_rows: dict[TableName, Row] = {}  # sequences it wrote, their new row
         self._batch_rows: list[Rows] = []  # committed earlier in this batch (not in the store)
+        self._reissue: list[tuple[list[Rowless], str]] = []  # to read again at this commit
 
     @property
     def pending(self) -> bool:
@@ -129,7 +132,10 @@ class Repairer:
         for change in batch:
             if isinstance(change, Begin):
                 self._begin, self._found, self._txn_rows = change, [], []
+                self._sequence_rows = {}
             elif isinstance(change, Rows):
+                if change.layout.sequence and change.kind == RowsKind.INSERT:
+                    change = await asyncio.to_thread(self._sequence_write, change)
                 self._txn_rows.append(change)
                 self._merge(change)
             elif isinstance(change, Rowless):
@@ -139,8 +145,11 @@ class Repairer:
                 log.debug("%s: rows changed without row events (%s) in %s",
                           change.qualified_name, change.reason,
                           self._begin.gtid if self._begin else "?")
+            elif isinstance(change, Ddl):
+                self._schema_changed(change)
             elif isinstance(change, Abort):
                 self._begin, self._found, self._txn_rows = None, [], []
+                self._sequence_rows = {}
             elif isinstance(change, Commit):
                 out += await self._committing(change)
             out.append(change)
@@ -153,6 +162,9 @@ class Repairer:
         if watched:
             await asyncio.to_thread(_apply_all, self.views, watched)
         found, self._found = self._found, []
+        again, self._reissue = self._reissue, []
+        for markers, cause in again:
+            await self._start(markers, cause, commit)
         if found:
             assert self._begin is not None
             await self._start(found, str(self._begin.gtid), commit)
@@ -160,6 +172,45 @@ class Repairer:
         self._txn_rows = []
         self._begin = None
         return await self._attach_due(commit)
+
+    def _schema_changed(self, ddl: Ddl) -> None:
+        """A statement renamed, dropped, emptied or altered tables. Their views are built
+        again from the store when next needed (the pipeline stores each such statement's
+        transaction before the next: :func:`cdcserver.pipeline.segments`). A repair whose
+        rows were read after the statement (its watermark is later) read the table as the
+        statement left it, not as the stream has it before the statement: it is read again
+        once the statement has passed, under the table's new name and columns (a dropped or
+        truncated table needs no repair any more)."""
+        touched = {TableName(c.database, c.table): c for c in ddl.changes}
+        for table in touched:
+            self.views.drop(table)
+        for pending in list(self._pending):
+            if _after(ddl.file, ddl.pos, pending.point) or \
+                    not any(s.table in touched for s in pending.scopes):
+                continue
+            self._pending.remove(pending)
+            markers = [m for m in (_retarget(m, ddl) for m in pending.markers) if m is not None]
+            if markers:
+                self._reissue.append((markers, pending.cause))
+
+    def _sequence_write(self, rows: Rows) -> Rows:
+        """A sequence has one row; MariaDB logs each write of it (NEXTVAL past the cache,
+        SETVAL) as an insert. In the stream it is what it is: an update of that row."""
+        table = _name(rows.layout)
+        names = [c.name for c in rows.layout.columns]
+        current = self._sequence_rows.get(table)  # written earlier in this transaction
+        if current is None:
+            found = [row for row, count in self._view(table, rows.layout).rows()
+                     for _ in range(count)]
+            if len(found) != 1:
+                return rows  # no row yet (or a view that cannot tell): an insert
+            current = found[0]
+        pairs: list[tuple[Any, ...]] = []
+        for after in rows.rows:
+            pairs += [tuple(current.get(n) for n in names), tuple(after)]
+            current = dict(zip(names, after, strict=True))
+        self._sequence_rows[table] = current
+        return Rows(rows.layout, RowsKind.UPDATE, rows.timestamp, pairs, rows.file, rows.pos)
 
     # -- 1 and 2: what to read, and reading it ---------------------------------------------
 
@@ -332,7 +383,7 @@ def _cascades(marker: Rowless, changed: list[tuple[Row | None, Row | None]]) -> 
     for edge in marker.edges:
         if edge.parent != table:
             continue
-        values = []
+        values, events = [], set()
         for mine, theirs in changed:
             if mine is None:
                 continue
@@ -344,12 +395,33 @@ def _cascades(marker: Rowless, changed: list[tuple[Row | None, Row | None]]) -> 
                 before != tuple(theirs.get(c) for c in edge.parent_columns)
             if deleted or rekeyed:
                 values.append(before)
+                events.add(f"ON DELETE {edge.on_delete.upper()}" if deleted
+                           else f"ON UPDATE {edge.on_update.upper()}")
         if values:
             database, _, name = edge.child.partition(".")
-            action = edge.on_delete if any(t is None for _, t in changed) else edge.on_update
-            follow.append(Rowless(database, name, f"ON {action.upper()} of {table}",
+            follow.append(Rowless(database, name, f"{', '.join(sorted(events))} of {table}",
                                   edge.columns, tuple(values), edge.layout, marker.edges))
     return follow
+
+
+def _retarget(marker: Rowless, ddl: Ddl) -> Rowless | None:
+    """``marker`` after ``ddl``: under the table's new name and columns; None when the
+    statement dropped or emptied the table (and with it the rows to repair)."""
+    table = marker.qualified_name
+    for change in ddl.changes:
+        if f"{change.database}.{change.table}" != table:
+            continue
+        if change.kind == "drop" and change.renamed:
+            new = next((c for c in ddl.changes if c.kind == "create"
+                        and f"{c.database}.{c.table}" == change.renamed), None)
+            if new is None or new.layout is None:
+                return None
+            return replace(marker, database=new.database, table=new.table, layout=new.layout)
+        if change.kind in ("drop", "truncate", "create"):
+            return None
+        if change.layout is not None:
+            marker = replace(marker, layout=change.layout)
+    return marker
 
 
 def _apply_all(views: Views, rows: list[Rows]) -> None:
@@ -430,6 +502,8 @@ def _records(scope: _Scope, view: TableView, note: str, commit: Commit) -> list[
             deletes.append(values(mine))
         elif mine is not None and theirs is not None:
             updates += [values(mine), values(theirs)]
+    if layout.sequence and len(deletes) == len(inserts) == 1:  # its one row, changed
+        updates, deletes, inserts = [deletes[0], inserts[0]], [], []
     out = []
     for kind, rows in ((RowsKind.DELETE, deletes), (RowsKind.UPDATE, updates),
                        (RowsKind.INSERT, inserts)):

@@ -16,9 +16,14 @@ from dataclasses import dataclass, field, replace
 from cdcserver.schema.definition import (
     BINARY_TYPES,
     CHARACTER_TYPES,
+    IMPLICIT_ROW_END,
+    IMPLICIT_ROW_START,
+    SEQUENCE_COLUMNS,
     ColumnSpec,
+    ForeignKey,
     TableDefinition,
     canonical_type,
+    named,
 )
 from cdcserver.schema.tokens import SqlSyntaxError, Token, TokenStream, tokenize
 from cdcserver.store.naming import TableName
@@ -130,6 +135,44 @@ class SetEngine:
 
 
 @dataclass(frozen=True)
+class AddForeignKey:
+    key: ForeignKey  # name "" when the statement gave none: MariaDB names it table_ibfk_N
+
+
+@dataclass(frozen=True)
+class DropForeignKey:
+    name: str
+
+
+@dataclass(frozen=True)
+class AddPeriod:
+    """``ADD PERIOD FOR SYSTEM_TIME (start, end)``."""
+
+    start: str
+    end: str
+
+
+@dataclass(frozen=True)
+class SetVersioning:
+    """``ADD SYSTEM VERSIONING`` (on) or ``DROP SYSTEM VERSIONING``."""
+
+    on: bool
+
+
+@dataclass(frozen=True)
+class RowsChanged:
+    """An action that changes stored rows without row events: partition maintenance
+    (``TRUNCATE``, ``DROP``, ``EXCHANGE``, ``CONVERT PARTITION``), ``IMPORT TABLESPACE``,
+    ``ALTER SEQUENCE``. ``other`` is the second table it moves rows to or from, and
+    ``other_fate`` what becomes of it: ``changed``, ``created`` (with this table's columns)
+    or ``dropped``."""
+
+    reason: str
+    other: TableName | None = None
+    other_fate: str = "changed"
+
+
+@dataclass(frozen=True)
 class UnknownAction:
     text: str
 
@@ -161,6 +204,10 @@ class _Parser:
     ts: TokenStream
     database: str
     _pk: list[str] = field(default_factory=list)
+    _fks: list[ForeignKey] = field(default_factory=list)
+    _period: list[str | None] = field(default_factory=lambda: [None, None])  # AS ROW START/END
+    _versioned: bool = False  # WITH SYSTEM VERSIONING, on the table or on a column
+    _table: TableName | None = None  # the table being created or altered
 
     def statement(self) -> Statement:
         ts = self.ts
@@ -170,6 +217,8 @@ class _Parser:
                 return NoTableChange()  # not logged in row format; never replicated
             if ts.accept_word("TABLE"):
                 return self.create_table(replace_)
+            if ts.accept_word("SEQUENCE"):
+                return self.create_sequence(replace_)
             if ts.accept_word("DATABASE", "SCHEMA"):
                 return NoTableChange()
             return NoTableChange()  # INDEX, VIEW, TRIGGER, PROCEDURE, USER, ...
@@ -178,6 +227,11 @@ class _Parser:
             ts.accept_word("IGNORE")
             if ts.accept_word("TABLE"):
                 return self.alter_table()
+            if ts.accept_word("SEQUENCE"):
+                if_exists = self.if_exists()
+                table = self.table_name()
+                return AlterTable(table, (RowsChanged("ALTER SEQUENCE sets its row"),),
+                                  if_exists)
             return NoTableChange()
         if ts.accept_word("RENAME"):
             if ts.accept_word("TABLE", "TABLES"):
@@ -185,7 +239,7 @@ class _Parser:
             return NoTableChange()  # RENAME USER
         if ts.accept_word("DROP"):
             ts.accept_word("TEMPORARY")
-            if ts.accept_word("TABLE", "TABLES"):
+            if ts.accept_word("TABLE", "TABLES", "SEQUENCE"):
                 return self.drop_tables()
             if ts.accept_word("DATABASE", "SCHEMA"):
                 self.if_exists()
@@ -216,6 +270,7 @@ class _Parser:
         ts = self.ts
         if_not_exists = self.if_not_exists()
         table = self.table_name()
+        self._table = table
         if ts.accept_word("LIKE"):
             return CreateTable(table, None, self.table_name(), replace_, if_not_exists)
         if ts.accept_symbol("("):
@@ -226,12 +281,84 @@ class _Parser:
             columns = self.create_elements()
         else:
             return Unparsed("CREATE TABLE without a column list", (table,))
-        charset, engine = self.table_options()
+        options = self.table_options()
+        charset = options.get("charset")
         columns = tuple(_apply_default_charset(c, charset) for c in columns)
         pk = tuple(self._pk)
         columns = tuple(replace(c, nullable=False) if c.name in pk else c for c in columns)
-        return CreateTable(table, TableDefinition(columns, pk, charset, engine), None, replace_,
-                           if_not_exists)
+        definition = TableDefinition(columns, pk, charset, options.get("engine"),
+                                     foreign_keys=self.named_keys(table),
+                                     sequence=options.get("sequence") not in (None, "0"))
+        start, end = self._period
+        if start is not None and end is not None:
+            definition = definition.versioned((start, end), implicit=False)
+        elif self._versioned or "versioning" in options:
+            definition = definition.versioned((IMPLICIT_ROW_START, IMPLICIT_ROW_END),
+                                              implicit=True)
+        return CreateTable(table, definition, None, replace_, if_not_exists)
+
+    def named_keys(self, table: TableName) -> tuple[ForeignKey, ...]:
+        """The foreign keys read, each unnamed one named as InnoDB names it."""
+        keys: tuple[ForeignKey, ...] = ()
+        for key in self._fks:
+            keys = (*keys, named(key, table.table, keys))
+        return keys
+
+    def create_sequence(self, replace_: bool) -> Statement:
+        """``CREATE SEQUENCE``: a table of one row, SEQUENCE_COLUMNS. A value type (``AS
+        INT``, MariaDB 11.5) changes the columns: such a sequence is learned from the
+        source instead."""
+        if_not_exists = self.if_not_exists()
+        table = self.table_name()
+        if any(t.is_word("AS") for t in self.ts.until_top_level(";")):
+            return Unparsed("CREATE SEQUENCE ... AS type", (table,))
+        return CreateTable(table, TableDefinition(SEQUENCE_COLUMNS, engine=None, sequence=True),
+                           None, replace_, if_not_exists)
+
+    def foreign_key(self, name: str) -> ForeignKey:
+        """``FOREIGN KEY [index name] (columns) REFERENCES parent (columns) [ON ...]``, after
+        the words FOREIGN KEY."""
+        ts = self.ts
+        token = ts.peek()
+        if token is not None and not token.is_symbol("("):
+            index_name = ts.identifier()
+            name = name or index_name
+        columns = tuple(self.index_columns())
+        ts.expect_word("REFERENCES")
+        return self.references(name, columns)
+
+    def references(self, name: str, columns: tuple[str, ...]) -> ForeignKey:
+        """``parent (columns) [MATCH ...] [ON DELETE action] [ON UPDATE action]``, after
+        REFERENCES. An unqualified parent is in the child's database."""
+        ts = self.ts
+        first = ts.identifier()
+        if ts.accept_symbol("."):
+            parent = (first, ts.identifier())
+        else:
+            parent = ((self._table or TableName(self.database, "")).database, first)
+        parent_columns = tuple(self.index_columns()) if ts.peek() is not None and \
+            ts.peek().is_symbol("(") else ()  # type: ignore[union-attr]
+        actions = {"delete": "restrict", "update": "restrict"}
+        while True:
+            if ts.accept_word("MATCH"):
+                ts.next()
+            elif ts.accept_word("ON"):
+                event = ts.next().text.lower()
+                if ts.accept_word("CASCADE", "RESTRICT"):
+                    action = ts.tokens[ts.pos - 1].text.lower()
+                elif ts.accept_words("SET", "NULL"):
+                    action = "set null"
+                elif ts.accept_words("SET", "DEFAULT"):
+                    action = "set default"
+                elif ts.accept_words("NO", "ACTION"):
+                    action = "no action"
+                else:
+                    raise SqlSyntaxError(f"unknown referential action after ON {event}")
+                actions[event] = action
+            else:
+                break
+        return ForeignKey(name, columns, parent, parent_columns or columns,
+                          actions["delete"], actions["update"])
 
     def create_elements(self) -> tuple[ColumnSpec, ...]:
         columns: list[ColumnSpec] = []
@@ -247,13 +374,24 @@ class _Parser:
         next element is a column."""
         ts = self.ts
         start = ts.pos
+        constraint = ""
         if ts.accept_word("CONSTRAINT"):
             token = ts.peek()
             if token is not None and not token.is_word("PRIMARY", "UNIQUE", "FOREIGN",
                                                         "CHECK"):
-                ts.next()  # the constraint's name
+                constraint = ts.next().text  # the constraint's name
         if ts.accept_words("PRIMARY", "KEY"):
             self._pk = self.index_columns()
+            ts.until_top_level(",", ")")
+            return True
+        if ts.accept_words("FOREIGN", "KEY"):
+            self._fks.append(self.foreign_key(constraint))
+            ts.until_top_level(",", ")")
+            return True
+        if ts.accept_words("PERIOD", "FOR", "SYSTEM_TIME"):
+            ts.expect_symbol("(")
+            names = [t.text for t in ts.skip_balanced() if not t.is_symbol(",")]
+            self._period = [names[0], names[1]]
             ts.until_top_level(",", ")")
             return True
         # These are reserved words: a column with such a name is backquoted (an "ident"
@@ -278,24 +416,31 @@ class _Parser:
                 names.append(part[0].text)
         return names
 
-    def table_options(self) -> tuple[str | None, str | None]:
-        """The table's default character set and storage engine, when stated."""
-        charset = engine = None
+    def table_options(self) -> dict[str, str]:
+        """The table options this reader needs, when stated: ``charset`` (the default
+        character set), ``engine``, ``sequence`` (its value) and ``versioning`` (WITH SYSTEM
+        VERSIONING). The partitioning that may follow changes no column."""
+        options: dict[str, str] = {}
         tokens = self.ts.until_top_level(";")
         for i, token in enumerate(tokens):
+            if token.is_word("PARTITION"):
+                break
+            if token.is_word("SYSTEM") and i > 0 and tokens[i - 1].is_word("WITH") and \
+                    i + 1 < len(tokens) and tokens[i + 1].is_word("VERSIONING"):
+                options["versioning"] = "on"
+                continue
             is_charset = token.is_word("CHARSET") or (token.is_word("SET") and i > 0 and
                                                        tokens[i - 1].is_word("CHARACTER"))
-            if not (is_charset or token.is_word("ENGINE", "TYPE")):
+            option = "charset" if is_charset else "engine" if token.is_word(
+                "ENGINE", "TYPE") else "sequence" if token.is_word("SEQUENCE") else None
+            if option is None:
                 continue
             j = i + 1
             if j < len(tokens) and tokens[j].is_symbol("="):
                 j += 1
             if j < len(tokens):
-                if is_charset:
-                    charset = tokens[j].text.lower()
-                else:
-                    engine = tokens[j].text.lower()
-        return charset, engine
+                options[option] = tokens[j].text.lower()
+        return options
 
     # -- column definitions ---------------------------------------------------------------
 
@@ -344,12 +489,20 @@ class _Parser:
             elif ts.accept_words("ON", "UPDATE"):
                 self.skip_expression()
             elif ts.accept_word("AS"):
-                ts.expect_symbol("(")
-                ts.skip_balanced()
-            elif ts.accept_word("REFERENCES"):
-                self.table_name()
-                if ts.accept_symbol("("):
+                if ts.accept_word("ROW"):  # GENERATED ALWAYS AS ROW START/END
+                    end = ts.expect_word("START", "END").upper() == "END"
+                    self._period[end] = spec.name
+                    spec = replace(spec, nullable=False)
+                else:
+                    ts.expect_symbol("(")
                     ts.skip_balanced()
+            elif ts.accept_words("WITH", "SYSTEM", "VERSIONING"):
+                self._versioned = True  # a column's: the table is versioned
+            elif ts.accept_words("WITHOUT", "SYSTEM", "VERSIONING"):
+                pass
+            elif ts.accept_word("REFERENCES"):
+                # InnoDB makes a foreign key of a column's REFERENCES too (MariaDB 10.5+)
+                self._fks.append(self.references("", (spec.name,)))
             elif ts.accept_symbol("("):
                 ts.skip_balanced()
             else:
@@ -376,6 +529,7 @@ class _Parser:
     def alter_table(self) -> Statement:
         if_exists = self.if_exists()
         table = self.table_name()
+        self._table = table
         actions: list[object] = []
         while not self.ts.at_end():
             actions.append(self.alter_action())
@@ -389,11 +543,7 @@ class _Parser:
         ts = self.ts
         if ts.accept_word("ADD"):
             if self.at_index_keyword():
-                if ts.accept_words("PRIMARY", "KEY") or (ts.accept_word("CONSTRAINT") and
-                                                         self.constraint_is_primary()):
-                    return SetPrimaryKey(tuple(self.index_columns()))
-                ts.until_top_level(",", ";")
-                return None
+                return self.add_index_or_constraint()
             ts.accept_word("COLUMN")
             if_not_exists = self.if_not_exists()
             if ts.accept_symbol("("):
@@ -403,8 +553,24 @@ class _Parser:
         if ts.accept_word("DROP"):
             if ts.accept_words("PRIMARY", "KEY"):
                 return SetPrimaryKey(())
-            if ts.accept_word("INDEX", "KEY", "FOREIGN", "CONSTRAINT", "CHECK", "PARTITION",
-                              "SYSTEM", "PERIOD"):
+            if ts.accept_words("FOREIGN", "KEY"):
+                self.if_exists()
+                name = ts.identifier()
+                ts.until_top_level(",", ";")
+                return DropForeignKey(name)
+            if ts.accept_words("SYSTEM", "VERSIONING"):
+                return SetVersioning(False)
+            if ts.accept_word("PARTITION"):
+                ts.until_top_level(";")  # p1, p2: partition maintenance stands alone
+                return RowsChanged("ALTER TABLE ... DROP PARTITION removes the partition's rows")
+            if ts.accept_word("CONSTRAINT"):
+                # DROP CONSTRAINT names a foreign key or a CHECK; dropping an unknown name
+                # changes nothing this history keeps.
+                self.if_exists()
+                name = ts.identifier()
+                ts.until_top_level(",", ";")
+                return DropForeignKey(name)
+            if ts.accept_word("INDEX", "KEY", "CHECK", "PERIOD"):
                 ts.until_top_level(",", ";")
                 return None
             ts.accept_word("COLUMN")
@@ -433,6 +599,35 @@ class _Parser:
                 return None
             ts.accept_word("TO", "AS")
             return RenameTo(self.table_name())
+        if ts.accept_words("CONVERT", "PARTITION"):
+            ts.identifier()
+            ts.expect_word("TO")
+            ts.expect_word("TABLE")
+            other = self.table_name()
+            ts.until_top_level(";")
+            return RowsChanged("ALTER TABLE ... CONVERT PARTITION moves the partition's rows "
+                               f"to {other}", other, "created")
+        if ts.accept_words("CONVERT", "TABLE"):
+            other = self.table_name()
+            ts.until_top_level(";")
+            return RowsChanged(f"ALTER TABLE ... CONVERT TABLE moves the rows of {other} into "
+                               "a partition", other, "dropped")
+        if ts.accept_word("TRUNCATE"):
+            ts.expect_word("PARTITION")
+            ts.until_top_level(";")
+            return RowsChanged("ALTER TABLE ... TRUNCATE PARTITION removes rows")
+        if ts.accept_word("EXCHANGE"):
+            ts.expect_word("PARTITION")
+            ts.identifier()
+            ts.expect_word("WITH")
+            ts.expect_word("TABLE")
+            other = self.table_name()
+            ts.until_top_level(";")
+            return RowsChanged(f"ALTER TABLE ... EXCHANGE PARTITION swaps rows with {other}",
+                               other)
+        if ts.accept_word("IMPORT"):  # [PARTITION p] TABLESPACE
+            ts.until_top_level(",", ";")
+            return RowsChanged("ALTER TABLE ... IMPORT TABLESPACE replaces the rows")
         if ts.accept_word("CONVERT"):
             ts.expect_word("TO")
             ts.accept_words("CHARACTER", "SET") or ts.accept_word("CHARSET")
@@ -450,9 +645,9 @@ class _Parser:
             return SetEngine(engine)
         if ts.accept_word("ALGORITHM", "LOCK", "FORCE", "COMMENT", "AUTO_INCREMENT",
                           "ROW_FORMAT", "KEY_BLOCK_SIZE", "STATS_PERSISTENT", "PAGE_COMPRESSED",
-                          "ENCRYPTED", "ORDER", "ENABLE", "DISABLE", "DISCARD", "IMPORT",
+                          "ENCRYPTED", "ORDER", "ENABLE", "DISABLE", "DISCARD",
                           "ANALYZE", "CHECK", "OPTIMIZE", "REBUILD", "REPAIR", "COALESCE",
-                          "REORGANIZE", "EXCHANGE", "REMOVE", "TRUNCATE", "WAIT", "NOWAIT",
+                          "REORGANIZE", "REMOVE", "WAIT", "NOWAIT",
                           "DEFAULT", "CHARACTER", "CHARSET", "COLLATE", "PARTITION",
                           "ADD_COLUMN"):
             ts.until_top_level(",", ";")  # table options and maintenance: no column change
@@ -465,11 +660,34 @@ class _Parser:
             "PRIMARY", "UNIQUE", "INDEX", "KEY", "FULLTEXT", "SPATIAL", "FOREIGN", "CONSTRAINT",
             "CHECK", "PARTITION", "PERIOD", "SYSTEM")
 
-    def constraint_is_primary(self) -> bool:
+    def add_index_or_constraint(self) -> object:
+        """``ADD PRIMARY KEY``, ``ADD [CONSTRAINT [name]] FOREIGN KEY``, ``ADD PERIOD FOR
+        SYSTEM_TIME``, ``ADD SYSTEM VERSIONING``; other indexes, checks and partitions
+        change no column."""
         ts = self.ts
-        if not ts.peek() or not ts.peek().is_word("PRIMARY"):  # type: ignore[union-attr]
-            ts.next()  # the constraint's name
-        return ts.accept_words("PRIMARY", "KEY")
+        name = ""
+        if ts.accept_word("CONSTRAINT"):
+            self.if_not_exists()
+            token = ts.peek()
+            if token is not None and not token.is_word("PRIMARY", "UNIQUE", "FOREIGN",
+                                                        "CHECK"):
+                name = ts.next().text
+        if ts.accept_words("PRIMARY", "KEY"):
+            return SetPrimaryKey(tuple(self.index_columns()))
+        if ts.accept_words("FOREIGN", "KEY"):
+            self.if_not_exists()
+            self._fks = [self.foreign_key(name)]
+            ts.until_top_level(",", ";")
+            return AddForeignKey(self._fks[0])
+        if ts.accept_words("PERIOD", "FOR", "SYSTEM_TIME"):
+            ts.expect_symbol("(")
+            names = [t.text for t in ts.skip_balanced() if not t.is_symbol(",")]
+            ts.until_top_level(",", ";")
+            return AddPeriod(names[0], names[1])
+        if ts.accept_words("SYSTEM", "VERSIONING"):
+            return SetVersioning(True)
+        ts.until_top_level(",", ";")
+        return None
 
     def position(self) -> Position | None:
         if self.ts.accept_word("FIRST"):

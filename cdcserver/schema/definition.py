@@ -127,11 +127,73 @@ class ColumnSpec:
 
 
 @dataclass(frozen=True)
+class ForeignKey:
+    """``columns`` of the table reference ``parent_columns`` of ``parent``; ``on_delete`` and
+    ``on_update`` are the referential actions, lowercase (``cascade``, ``set null``,
+    ``set default``, ``restrict``, ``no action``)."""
+
+    name: str
+    columns: tuple[str, ...]
+    parent: tuple[str, str]  # (database, table)
+    parent_columns: tuple[str, ...]
+    on_delete: str = "restrict"
+    on_update: str = "restrict"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "columns": list(self.columns), "parent": list(self.parent),
+                "parent_columns": list(self.parent_columns), "on_delete": self.on_delete,
+                "on_update": self.on_update}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ForeignKey:
+        return cls(data["name"], tuple(data["columns"]), (data["parent"][0], data["parent"][1]),
+                   tuple(data["parent_columns"]), data["on_delete"], data["on_update"])
+
+
+def named(key: ForeignKey, table: str, existing: tuple[ForeignKey, ...]) -> ForeignKey:
+    """``key`` with a name: its own, or the one InnoDB gives an unnamed key of ``table``,
+    ``table_ibfk_N`` (N one more than the keys already so named)."""
+    if key.name:
+        return key
+    taken = {k.name.lower() for k in existing}
+    n = 1 + sum(1 for k in existing if k.name.lower().startswith(f"{table.lower()}_ibfk_"))
+    while f"{table}_ibfk_{n}".lower() in taken:
+        n += 1
+    return replace(key, name=f"{table}_ibfk_{n}")
+
+
+# The columns MariaDB gives a table made WITH SYSTEM VERSIONING without naming its own: at
+# the end of the row, after every column added later, and the row end in every unique key.
+IMPLICIT_ROW_START = "row_start"
+IMPLICIT_ROW_END = "row_end"
+IMPLICIT_PERIOD = (ColumnSpec(IMPLICIT_ROW_START, "timestamp", ("6",), nullable=False),
+                   ColumnSpec(IMPLICIT_ROW_END, "timestamp", ("6",), nullable=False))
+
+# A SEQUENCE is a table of one row with these columns (MariaDB 10.3 to 11.4).
+SEQUENCE_COLUMNS = (
+    ColumnSpec("next_not_cached_value", "bigint", ("21",), nullable=False),
+    ColumnSpec("minimum_value", "bigint", ("21",), nullable=False),
+    ColumnSpec("maximum_value", "bigint", ("21",), nullable=False),
+    ColumnSpec("start_value", "bigint", ("21",), nullable=False),
+    ColumnSpec("increment", "bigint", ("21",), nullable=False),
+    ColumnSpec("cache_size", "bigint", ("21",), unsigned=True, nullable=False),
+    ColumnSpec("cycle_option", "tinyint", ("1",), unsigned=True, nullable=False),
+    ColumnSpec("cycle_count", "bigint", ("21",), nullable=False),
+)
+
+
+@dataclass(frozen=True)
 class TableDefinition:
     columns: tuple[ColumnSpec, ...]
     primary_key: tuple[str, ...] = ()
     default_charset: str | None = None
     engine: str | None = None  # lowercase; None when the statement did not say
+    foreign_keys: tuple[ForeignKey, ...] = ()
+    # WITH SYSTEM VERSIONING: the row start and row end columns; ``implicit_period`` when
+    # MariaDB made them (IMPLICIT_PERIOD, hidden from SHOW CREATE TABLE).
+    period: tuple[str, str] | None = None
+    implicit_period: bool = False
+    sequence: bool = False  # a SEQUENCE (CREATE SEQUENCE, or a table with SEQUENCE=1)
 
     def index(self, name: str) -> int:
         lowered = name.lower()
@@ -147,11 +209,48 @@ class TableDefinition:
         return tuple(c.column_def() for c in self.columns)
 
     def to_json(self) -> dict[str, Any]:
-        return {"columns": [c.to_json() for c in self.columns],
-                "primary_key": list(self.primary_key), "default_charset": self.default_charset,
-                "engine": self.engine}
+        data: dict[str, Any] = {
+            "columns": [c.to_json() for c in self.columns],
+            "primary_key": list(self.primary_key), "default_charset": self.default_charset,
+            "engine": self.engine}
+        if self.foreign_keys:
+            data["foreign_keys"] = [k.to_json() for k in self.foreign_keys]
+        if self.period is not None:
+            data["period"] = list(self.period)
+            data["implicit_period"] = self.implicit_period
+        if self.sequence:
+            data["sequence"] = True
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TableDefinition:
+        period = data.get("period")
         return cls(tuple(ColumnSpec.from_json(c) for c in data["columns"]),
-                   tuple(data["primary_key"]), data.get("default_charset"), data.get("engine"))
+                   tuple(data["primary_key"]), data.get("default_charset"), data.get("engine"),
+                   tuple(ForeignKey.from_json(k) for k in data.get("foreign_keys", ())),
+                   (period[0], period[1]) if period else None,
+                   data.get("implicit_period", False), data.get("sequence", False))
+
+    def versioned(self, period: tuple[str, str], *, implicit: bool) -> TableDefinition:
+        """This table WITH SYSTEM VERSIONING: the implicit columns added at the end when
+        ``implicit``, and the row end in the primary key (MariaDB adds it to every unique
+        key, so that a row's history rows can share its key)."""
+        columns = self.columns + (IMPLICIT_PERIOD if implicit else ())
+        pk = self.primary_key
+        if pk and period[1].lower() not in (c.lower() for c in pk):
+            pk = (*pk, period[1])
+        return replace(self, columns=columns, primary_key=pk, period=period,
+                       implicit_period=implicit)
+
+    def unversioned(self) -> TableDefinition:
+        """This table after DROP SYSTEM VERSIONING: the implicit columns go, the row end
+        leaves the primary key (explicit row start/end columns are dropped by the statement's
+        own DROP COLUMN)."""
+        if self.period is None:
+            return self
+        end = self.period[1].lower()
+        columns = tuple(c for c in self.columns if not self.implicit_period
+                        or c.name.lower() not in (IMPLICIT_ROW_START, IMPLICIT_ROW_END))
+        pk = tuple(c for c in self.primary_key if c.lower() != end)
+        return replace(self, columns=columns, primary_key=pk, period=None,
+                       implicit_period=False)

@@ -26,7 +26,6 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from cdcserver.changes import ColumnDef, TableChange, TableLayout
 from cdcserver.errors import SchemaError
@@ -34,7 +33,16 @@ from cdcserver.gtid import Gtid, GtidState
 from cdcserver.replication.charsets import codec_for
 from cdcserver.replication.constants import ColumnType as T
 from cdcserver.schema import ddl
-from cdcserver.schema.definition import CHARACTER_TYPES, ColumnSpec, TableDefinition
+from cdcserver.schema.definition import (
+    CHARACTER_TYPES,
+    IMPLICIT_ROW_END,
+    IMPLICIT_ROW_START,
+    ColumnSpec,
+    ForeignKey,
+    TableDefinition,
+    named,
+)
+from cdcserver.schema.rewrites import action_rewrites
 from cdcserver.store.checkpoint import write_atomically
 from cdcserver.store.naming import TableName
 from cdcserver.store.schema import map_column
@@ -158,14 +166,22 @@ class SchemaHistory:
     def _alter(self, statement: ddl.AlterTable, gtid: Gtid | None
                ) -> tuple[str, tuple[TableChange, ...]]:
         table = statement.table
-        definition = self.tables.get(table)
+        before = definition = self.tables.get(table)
         renamed_to = None
+        moved: list[ddl.RowsChanged] = []
+        rewrites: list[str] = []
         for action in statement.actions:
             if isinstance(action, ddl.RenameTo):
                 renamed_to = action.table
+            elif isinstance(action, ddl.RowsChanged):
+                moved.append(action)
             elif definition is not None:
+                rewrites += action_rewrites(definition, action)
+                renamed = _renamed_column(definition, action)
+                if renamed is not None:
+                    self._rename_referenced(table, *renamed, gtid)
                 try:
-                    definition = _alter(definition, action)
+                    definition = _alter(table, definition, action)
                 except (KeyError, ValueError) as exc:
                     log.warning("schema history: %s: %s", table, exc)
                     definition = None
@@ -175,16 +191,41 @@ class SchemaHistory:
                     tuple(self._move(table, renamed_to, definition, gtid)))
         if definition is None:
             self._forget(table, gtid, "altered while unknown or in a way not understood")
-            return "alter", (TableChange("alter", table.database, table.table),)
-        before = self.tables.get(table)
-        changed = before is None or (definition.columns, definition.primary_key) != (
+            return "alter", (TableChange("alter", table.database, table.table,
+                                         rewrites="; ".join(m.reason for m in moved)),)
+        rewrites = [m.reason for m in moved] + rewrites
+        changed = before is None or bool(rewrites) or (
+            definition.columns, definition.primary_key) != (
             before.columns, before.primary_key)  # not for indexes, engine or options
         self._record(table, definition, gtid)
-        return "alter", (TableChange("alter", table.database, table.table,
-                                     self._layout(table), changed=changed),)
+        changes = [TableChange("alter", table.database, table.table, self._layout(table),
+                               changed=changed, rewrites="; ".join(rewrites))]
+        for move in moved:
+            if move.other is not None:
+                changes += self._moved_rows(move, definition, gtid)
+        return "alter", tuple(changes)
+
+    def _moved_rows(self, move: ddl.RowsChanged, definition: TableDefinition,
+                    gtid: Gtid | None) -> list[TableChange]:
+        """The other table of a partition exchange or conversion."""
+        other = move.other
+        assert other is not None
+        if move.other_fate == "dropped":
+            return [self._drop(other, gtid)]
+        if move.other_fate == "created":
+            self._record(other, replace(definition, foreign_keys=()), gtid)
+            return [TableChange("create", other.database, other.table, self._layout(other),
+                                rewrites=move.reason)]
+        return [TableChange("alter", other.database, other.table, self._layout(other),
+                            rewrites=move.reason)]
 
     def _move(self, old: TableName, new: TableName, definition: TableDefinition | None,
               gtid: Gtid | None) -> list[TableChange]:
+        self._repoint(old, new, gtid)
+        if definition is not None:  # a key of the table on itself follows it too
+            definition = replace(definition, foreign_keys=tuple(
+                replace(k, parent=(new.database, new.table)) if TableName(*k.parent) == old
+                else k for k in definition.foreign_keys))
         self._record(old, None, gtid)
         self.unknown.discard(old)
         if definition is None:
@@ -274,10 +315,44 @@ class SchemaHistory:
     def forget(self, table: TableName) -> None:
         self._forget(table, None, "forgotten on request")
 
-    def children_of(self, parent: TableName) -> list[tuple[TableName, Any]]:
-        """The known foreign keys whose parent is ``parent`` (placeholder until the history
-        keeps foreign keys)."""
-        return []
+    def is_sequence(self, table: TableName) -> bool:
+        """Whether the table is a SEQUENCE (one row, which each write replaces)."""
+        definition = self.tables.get(table)
+        return definition is not None and definition.sequence
+
+    def children_of(self, parent: TableName) -> list[tuple[TableName, ForeignKey]]:
+        """The known foreign keys whose parent is ``parent``: each child table with its key.
+        Only InnoDB (and kin) keep foreign keys; other engines parse and ignore them."""
+        found = []
+        for child, definition in self.tables.items():
+            if definition.engine is not None and definition.engine not in \
+                    TRANSACTIONAL_ENGINES:
+                continue
+            for key in definition.foreign_keys:
+                if TableName(*key.parent) == parent:
+                    found.append((child, key))
+        return found
+
+    def _rename_referenced(self, parent: TableName, old: str, new: str,
+                           gtid: Gtid | None) -> None:
+        """A parent's column renamed: the foreign keys on it name the new column."""
+        for child, definition in list(self.tables.items()):
+            if child == parent:
+                continue
+            keys = tuple(replace(k, parent_columns=tuple(
+                new if c.lower() == old.lower() else c for c in k.parent_columns))
+                if TableName(*k.parent) == parent else k for k in definition.foreign_keys)
+            if keys != definition.foreign_keys:
+                self._record(child, replace(definition, foreign_keys=keys), gtid)
+
+    def _repoint(self, old: TableName, new: TableName, gtid: Gtid | None) -> None:
+        """A renamed table's children reference it by its new name (InnoDB does so)."""
+        for child, definition in list(self.tables.items()):
+            if any(TableName(*k.parent) == old for k in definition.foreign_keys):
+                keys = tuple(replace(k, parent=(new.database, new.table))
+                             if TableName(*k.parent) == old else k
+                             for k in definition.foreign_keys)
+                self._record(child, replace(definition, foreign_keys=keys), gtid)
 
 
 # -- definitions and layouts ---------------------------------------------------------------
@@ -285,7 +360,7 @@ class SchemaHistory:
 def layout_of(table: TableName, definition: TableDefinition) -> TableLayout:
     columns = definition.column_defs()
     pk = tuple(definition.index(name) for name in definition.primary_key)
-    return TableLayout(table.database, table.table, columns, pk)
+    return TableLayout(table.database, table.table, columns, pk, sequence=definition.sequence)
 
 
 _OLD_TEMPORAL = frozenset({T.TIME, T.DATETIME, T.TIMESTAMP})
@@ -357,7 +432,34 @@ def _describe(columns: tuple[ColumnDef, ...]) -> str:
                      for c in columns)
 
 
-def _alter(definition: TableDefinition, action: object) -> TableDefinition:
+def _renamed_column(definition: TableDefinition, action: object) -> tuple[str, str] | None:
+    """(old, new) when ``action`` renames a column of the table."""
+    if isinstance(action, ddl.RenameColumn):
+        return action.old, action.new
+    if isinstance(action, ddl.ChangeColumn) and action.old.lower() != \
+            action.column.name.lower() and definition.has(action.old):
+        return action.old, action.column.name
+    return None
+
+
+def _alter(table: TableName, definition: TableDefinition, action: object) -> TableDefinition:
+    renamed = _renamed_column(definition, action)
+    if renamed is not None or isinstance(action, ddl.DropColumn):
+        definition = _keys_after_column_change(table, definition, action, renamed)
+    if isinstance(action, ddl.AddForeignKey):
+        key = named(action.key, table.table, definition.foreign_keys)
+        return replace(definition, foreign_keys=(*definition.foreign_keys, key))
+    if isinstance(action, ddl.DropForeignKey):
+        return replace(definition, foreign_keys=tuple(
+            k for k in definition.foreign_keys if k.name.lower() != action.name.lower()))
+    if isinstance(action, ddl.AddPeriod):
+        return replace(definition, period=(action.start, action.end), implicit_period=False)
+    if isinstance(action, ddl.SetVersioning):
+        if not action.on:
+            return definition.unversioned()
+        if definition.period is not None:  # ADD PERIOD FOR SYSTEM_TIME named the columns
+            return definition.versioned(definition.period, implicit=False)
+        return definition.versioned((IMPLICIT_ROW_START, IMPLICIT_ROW_END), implicit=True)
     columns = list(definition.columns)
     pk = list(definition.primary_key)
     if isinstance(action, ddl.AddColumns):
@@ -405,7 +507,11 @@ def _alter(definition: TableDefinition, action: object) -> TableDefinition:
             definition.index(name)
         columns = [replace(c, nullable=False) if c.name in action.columns else c
                    for c in columns]
-        return replace(definition, columns=tuple(columns), primary_key=action.columns)
+        primary = action.columns
+        end = definition.period[1] if definition.period is not None else None
+        if primary and end is not None and end.lower() not in (c.lower() for c in primary):
+            primary += (end,)  # a versioned table's unique keys end with its row end
+        return replace(definition, columns=tuple(columns), primary_key=primary)
     if isinstance(action, ddl.ConvertCharset):
         columns = [replace(c, charset=action.charset, binary=action.charset == "binary")
                    if c.type in CHARACTER_TYPES else c for c in columns]
@@ -417,9 +523,31 @@ def _alter(definition: TableDefinition, action: object) -> TableDefinition:
     raise ValueError(f"unexpected action {action!r}")
 
 
+def _keys_after_column_change(table: TableName, definition: TableDefinition, action: object,
+                              renamed: tuple[str, str] | None) -> TableDefinition:
+    """The table's own foreign keys after a column is renamed or dropped (a key on a
+    dropped column goes with it)."""
+    keys = []
+    for key in definition.foreign_keys:
+        if renamed is not None:
+            old, new = renamed
+            key = replace(key, columns=tuple(new if c.lower() == old.lower() else c
+                                             for c in key.columns))
+            if TableName(*key.parent) == table:
+                key = replace(key, parent_columns=tuple(
+                    new if c.lower() == old.lower() else c for c in key.parent_columns))
+        elif isinstance(action, ddl.DropColumn) and action.name.lower() in (
+                c.lower() for c in key.columns):
+            continue
+        keys.append(key)
+    return replace(definition, foreign_keys=tuple(keys))
+
+
 def _insert(columns: list[ColumnSpec], column: ColumnSpec, position: ddl.Position | None,
             definition: TableDefinition) -> None:
-    if position is None:
+    if position is None and definition.implicit_period:
+        columns.insert(definition.index(IMPLICIT_ROW_START), column)  # they stay last
+    elif position is None:
         columns.append(column)
     elif position[0] == "first":
         columns.insert(0, column)

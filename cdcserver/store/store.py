@@ -294,6 +294,8 @@ class AvroStore:
                 about["note"] = change.note
             if change.renamed:
                 about["renamed_to" if change.kind == "drop" else "renamed_from"] = change.renamed
+            if change.rewrites:  # rows changed without row events: a repair follows
+                about["rewrites"] = change.rewrites
             if change.layout is not None:
                 if change.kind == "create" or current is None or change.changed:
                     self._new_version(table, txn, layout=change.layout, ddl=about)
