@@ -458,6 +458,7 @@ class _Parser:
         if ts.accept_symbol("("):
             args = tuple(t.text for t in ts.skip_balanced() if not t.is_symbol(","))
         spec = ColumnSpec(name, kind, args)
+        spec.column_def()  # a type this reader does not know: ValueError, the statement unread
         if kind == "serial":  # BIGINT UNSIGNED NOT NULL AUTO_INCREMENT UNIQUE
             spec = replace(spec, unsigned=True, nullable=False)
         return self.column_attributes(spec)

@@ -59,6 +59,9 @@ class SchemaHistory:
         self.lookup = lookup
         self.tables: dict[TableName, TableDefinition] = {}
         self.unknown: set[TableName] = set()
+        # what a table was before it became unknown: its columns' types are kept by name
+        self.last_known: dict[TableName, TableDefinition] = {}
+        self._looked_up: dict[TableName, TableDefinition | None] = {}  # by the last bootstrap
 
     # -- persistence ---------------------------------------------------------------------
 
@@ -115,6 +118,7 @@ class SchemaHistory:
     def _forget(self, table: TableName, gtid: Gtid | None, why: str) -> None:
         if table in self.tables:
             log.warning("schema history: %s is now unknown (%s)", table, why)
+            self.last_known[table] = self.tables[table]
         self._record(table, None, gtid)
         self.unknown.add(table)
 
@@ -270,8 +274,29 @@ class SchemaHistory:
                     f"the binlog has no column names for {table} and the schema history "
                     "cannot supply them: set binlog_row_metadata=FULL on the source "
                     "(SET GLOBAL binlog_row_metadata=FULL)")
-            return layout
+            return self._typed_by_name(table, layout)
         return enrich(layout, definition)
+
+    def _typed_by_name(self, table: TableName, layout: TableLayout) -> TableLayout:
+        """An unknown table's layout, each column with the type only DDL can tell (UUID,
+        INET4, INET6, JSON) that the source's definition now, or the table's last known
+        definition, gives a column of that name and binlog type: a value's type does not
+        change because a statement could not be read."""
+        described = layout.metadata != "none"
+        sources = [d for d in (self._looked_up.get(table), self.last_known.get(table))
+                   if d is not None]
+        columns = []
+        for column in layout.columns:
+            precise = column.binlog_type not in _OLD_TEMPORAL
+            mine = _signature(column, described, precise)
+            for definition in sources:
+                if definition.has(column.name):
+                    spec = definition.columns[definition.index(column.name)]
+                    if _signature(spec.column_def(), described, precise) == mine:
+                        column = replace(column, extended=spec.extended)
+                        break
+            columns.append(column)
+        return replace(layout, columns=tuple(columns))
 
     def _bootstrap(self, table: TableName, layout: TableLayout, gtid: Gtid | None
                    ) -> TableDefinition | None:
@@ -286,6 +311,7 @@ class SchemaHistory:
         if not isinstance(statement, ddl.CreateTable) or statement.definition is None:
             self.unknown.add(table)
             return None
+        self._looked_up[table] = statement.definition
         if not agrees(layout, statement.definition):
             if table not in self.unknown:
                 log.info("schema history: %s has changed since the position being "
