@@ -481,10 +481,9 @@ def _differences(view: TableView, scope: _Scope) -> list[tuple[Row | None, Row |
 
 
 def _same_row(mine: Row, theirs: Row) -> bool:
-    return all(mine.get(name, _ABSENT) == value for name, value in theirs.items())
-
-
-_ABSENT = object()
+    """A column the stream's row lacks (added after the row was sent) is NULL to a
+    consumer: the same as the source's NULL, different from any default value."""
+    return all(mine.get(name) == value for name, value in theirs.items())
 
 
 def _records(scope: _Scope, view: TableView, note: str, commit: Commit) -> list[Rows]:
