@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import struct
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Context, Decimal
@@ -32,13 +33,17 @@ import pymysql
 from cdcserver.dump.scan import select_expression
 from cdcserver.errors import StoreError
 from cdcserver.gtid import Gtid, GtidState
+from cdcserver.protocol.records import decode_records
 from cdcserver.replication import source as source_sql
 from cdcserver.replication.connection import SourceAddress
+from cdcserver.schema import ddl
+from cdcserver.store.avrofile import scan_blocks
 from cdcserver.store.catalog import VersionInfo
 from cdcserver.store.naming import TableName
 from cdcserver.store.reader import (
     committed_records,
     gtid_state_at,
+    repair_blocks,
     table_life,
     wait_for_checkpoint,
 )
@@ -94,9 +99,11 @@ def canonical(kind: Kind, value: Any, scale: int = 0) -> Any:
     if kind == Kind.FLOAT:
         return struct.pack("<f", value)
     if kind == Kind.DECIMAL:
-        if scale == 0:
-            return int(value)
-        return str(_WIDE.quantize(Decimal(value), Decimal(1).scaleb(-scale)))
+        # the number, whatever its column's scale: a row sent before a widening has fewer
+        # digits after the point than the table shows now
+        number = Decimal(value) if scale == 0 else \
+            _WIDE.quantize(Decimal(value), Decimal(1).scaleb(-scale))
+        return format(number.normalize(_WIDE), "f")
     if kind == Kind.BOOLEAN:
         return int(value)
     if kind == Kind.TIMESTAMP and isinstance(value, dt.datetime):
@@ -135,6 +142,11 @@ class _Replay:
         self.records = 0
         self.duplicates = 0
         self._seen: set[tuple[int, int, int, int]] = set()  # (domain, server, seq, event)
+        # update_before/delete records that did not match, not yet explained by a repair
+        self._unexplained: list[str] = []
+        self.explained = 0  # such records a later repair of the table explains
+        self.keyless = False  # no primary key: rows are (row, n), the nth of equal rows
+        self.counts: Counter[tuple[Any, ...]] = Counter()
 
     def use(self, info: VersionInfo, *, continues: bool = False) -> None:
         """Switch to ``info``'s columns. A TRUNCATE, DROP or re-creation empties the table,
@@ -143,19 +155,35 @@ class _Replay:
         ddl = info.schema.avsc.get("ddl") or {}
         if ddl.get("kind") in ("truncate", "drop", "create") and not continues:
             self.rows.clear()
+            self.counts.clear()
         fields = info.schema.columns
         names = [f.column for f in fields]
         pk = info.schema.avsc.get("primary_key") or []
         key = tuple(names.index(n) for n in pk if n in names) or tuple(range(len(names)))
-        if self.fields and [f.column for f in fields] != [f.column for f in self.fields]:
-            old = {f.column: i for i, f in enumerate(self.fields)}
-            carried = {}
-            for row in self.rows.values():
-                new = tuple(row[old[n]] if n in old else UNKNOWN for n in names)
-                self.partial += any(v is UNKNOWN for v in new)
-                carried[tuple(new[i] for i in key)] = new
-            self.rows = carried
+        rows = list(self.rows.values())
+        if self.fields and ([(f.column, f.kind) for f in fields] !=
+                            [(f.column, f.kind) for f in self.fields]):
+            # new columns or types: rows keep the values of the columns that remain (under
+            # their new names; a value whose kind changed is unknown)
+            renamed = _column_renames(ddl.get("statement") or "", info.table.database)
+            kinds = {f.column: f.kind for f in fields}
+            old = {renamed.get(f.column.lower(), f.column): i for i, f in enumerate(self.fields)
+                   if kinds.get(renamed.get(f.column.lower(), f.column)) == f.kind}
+            rows = [tuple(row[old[n]] if n in old else UNKNOWN for n in names)
+                    for row in rows]
+            self.partial += sum(any(v is UNKNOWN for v in row) for row in rows)
         self.fields, self.key = fields, key
+        self.keyless = len(key) != len(pk) or not pk
+        self.rows, self.counts = {}, Counter()
+        for row in rows:
+            self._put(row)
+
+    def _put(self, row: tuple[Any, ...]) -> None:
+        key = tuple(row[i] for i in self.key)
+        if self.keyless:  # a table without a key holds equal rows: the nth is (row, n)
+            self.counts[key] += 1
+            key = (*key, self.counts[key])
+        self.rows[key] = row
 
     def row(self, record: dict[str, Any]) -> tuple[Any, ...]:
         return tuple(canonical(f.kind, from_avro_value(f.kind, record.get(f.name)), f.scale)
@@ -175,14 +203,35 @@ class _Replay:
         kind = record["event_type"]
         where = f"{record['domain']}-{record['server_id']}-{record['sequence']}" \
                 f":{record['event_number']}"
+        if self.keyless:
+            count = self.counts[key]
+            if kind in ("insert", "update_after"):
+                self._put(row)
+            elif count == 0:
+                self._unexplained.append(f"{kind} at {where} matches no row")
+            else:
+                self.counts[key] = count - 1
+                self.rows.pop((*key, count), None)
+            return
         if kind in ("insert", "update_after"):
             self.rows[key] = row
         elif kind in ("update_before", "delete"):
             known = self.rows.get(key)
             if known is None or not _same(known, row):
-                self.inconsistent.append(f"{kind} at {where} does not match the row for key "
+                self._unexplained.append(f"{kind} at {where} does not match the row for key "
                                          f"{key!r}")
             self.rows.pop(key, None)
+
+    def repaired(self) -> None:
+        """A repair's records follow: rows had changed without row events since some earlier
+        point, and records between that change and the repair carry the binlog's row images
+        (protocol.md, "Changes without binlog rows"): mismatches so far are explained."""
+        self.explained += len(self._unexplained)
+        self._unexplained = []
+
+    def finish(self) -> None:
+        self.inconsistent += self._unexplained
+        self._unexplained = []
 
 
 # -- the verification ----------------------------------------------------------------------
@@ -199,7 +248,10 @@ def verify_table(address: SourceAddress, data_dir: str, table: TableName,
         status = dict(source_sql.query(conn, "SHOW STATUS LIKE 'binlog_snapshot_%'"))
         snapshot = (str(status["Binlog_snapshot_file"]), int(status["Binlog_snapshot_position"]))
         report = Report(table, snapshot)
-        wait_for_checkpoint(data_dir, *snapshot, timeout)
+        at = source_sql.query(conn, "SELECT BINLOG_GTID_POS(%s, %s)", snapshot)[0][0] \
+            if source_sql.describe(conn).flavor == "mariadb" else None
+        wait_for_checkpoint(data_dir, *snapshot, timeout,
+                            GtidState.parse(str(at)) if at is not None else None)
         covered = gtid_state_at(data_dir, *snapshot)
         if dump is not None:
             replay = _replay_after_dump(data_dir, table, dump, covered, report)
@@ -215,14 +267,26 @@ def verify_table(address: SourceAddress, data_dir: str, table: TableName,
 
 def _replay(data_dir: str, table: TableName, covered: GtidState, report: Report) -> _Replay:
     replay = _Replay()
+    repairs = repair_blocks(data_dir, table)
     for info, continues in table_life(data_dir, table):
         replay.use(info, continues=continues)
-        for record in committed_records(info):
-            gtid = Gtid(record["domain"], record["server_id"], record["sequence"])
-            if covered.covers(gtid):
-                replay.apply(record)
+        noted = repairs.get((str(info.table), info.version), set())
+        for block in scan_blocks(info.path, info.header, info.header.size, info.committed):
+            if block.offset in noted:
+                replay.repaired()
+            for record in decode_records(info, block):
+                gtid = Gtid(record["domain"], record["server_id"], record["sequence"])
+                if covered.covers(gtid):
+                    replay.apply(record)
+            if block.offset in noted:  # its own before images are in the new columns'
+                replay.repaired()     # types: a narrowed value shows as the table has it
     if not replay.fields:
         raise StoreError(f"{table} has no stream in {data_dir}")
+    replay.finish()
+    if replay.explained:
+        report.notes.append(f"{replay.explained} update_before/delete records between a change "
+                            "without binlog rows and its repair show the row as the source had "
+                            "it then (expected)")
     report.inconsistent = replay.inconsistent
     report.duplicates = replay.duplicates
     report.records = replay.records
@@ -253,6 +317,7 @@ def _replay_after_dump(data_dir: str, table: TableName, path: str, covered: Gtid
             gtid = Gtid(record["domain"], record["server_id"], record["sequence"])
             if covered.covers(gtid) and not in_dump.covers(gtid):
                 replay.apply(record)
+    replay.finish()
     report.inconsistent = replay.inconsistent
     report.duplicates = replay.duplicates
     report.records = replay.records
@@ -296,6 +361,21 @@ def _changes(op: DumpRows, fields: tuple[Field, ...]) -> Iterator[tuple[Any, Any
         yield from zip(rows[0::2], rows[1::2], strict=True)
 
 
+def _column_renames(statement: str, database: str) -> dict[str, str]:
+    """The columns an ALTER TABLE renamed: lowercase old name -> new name."""
+    parsed = ddl.parse(statement, database) if statement else None
+    if not isinstance(parsed, ddl.AlterTable):
+        return {}
+    renames = {}
+    for action in parsed.actions:
+        if isinstance(action, ddl.RenameColumn):
+            renames[action.old.lower()] = action.new
+        elif isinstance(action, ddl.ChangeColumn) and action.old.lower() != \
+                action.column.name.lower():
+            renames[action.old.lower()] = action.column.name
+    return renames
+
+
 def _key(replay: _Replay, values: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(values[i] for i in replay.key)
 
@@ -304,13 +384,21 @@ def _source_rows(conn: Any, table: TableName, replay: _Replay
                  ) -> dict[tuple[Any, ...], tuple[Any, ...]]:
     columns = ", ".join(select_expression(f) for f in replay.fields)
     name = f"`{table.database.replace('`', '``')}`.`{table.table.replace('`', '``')}`"
+    definition = str(source_sql.query(conn, f"SHOW CREATE TABLE {name}")[0][1])
+    if "WITH SYSTEM VERSIONING" in definition:
+        name += " FOR SYSTEM_TIME ALL"  # its history rows are rows of its stream
     rows = {}
+    seen: dict[tuple[Any, ...], int] = {}
     with conn.cursor(pymysql.cursors.SSCursor) as cur:  # streamed, not buffered twice
         cur.execute(f"SELECT {columns} FROM {name}")
         for raw in cur:
             row = tuple(canonical(f.kind, _from_source(f, v), f.scale)
                         for f, v in zip(replay.fields, raw, strict=True))
-            rows[tuple(row[i] for i in replay.key)] = row
+            key = tuple(row[i] for i in replay.key)
+            if replay.keyless:  # equal rows are counted: the nth is (row, n)
+                seen[key] = n = seen.get(key, 0) + 1
+                key += (n,)
+            rows[key] = row
     return rows
 
 

@@ -53,9 +53,9 @@ def table_life(data_dir: str, table: TableName) -> list[tuple[VersionInfo, bool]
     checkpoint = ckpt.load(os.path.join(data_dir, "state", "checkpoint.json"))
     chain: list[tuple[VersionInfo, bool]] = []
     end: int | None = None  # for an older table: the version that renamed it away
-    seen: set[TableName] = set()
-    while table not in seen:
-        seen.add(table)
+    seen: set[tuple[TableName, int | None]] = set()  # a name has several lives (swaps)
+    while (table, end) not in seen:
+        seen.add((table, end))
         versions = _table_versions(catalog, checkpoint, table)[:end]
         if not versions:
             break
@@ -67,10 +67,11 @@ def table_life(data_dir: str, table: TableName) -> list[tuple[VersionInfo, bool]
         if not origin:
             break
         chain[0] = (chain[0][0], True)
-        newer, table = table, TableName(*origin.split(".", 1))
+        newer, table = table, TableName.parse(origin)
         older = _table_versions(catalog, checkpoint, table)
-        end = next((i for i, v in enumerate(older)
-                    if version_ddl(v).get("renamed_to") == str(newer)), None)
+        end = next((i for i, v in enumerate(older)  # the version the same rename made
+                    if version_ddl(v).get("renamed_to") == str(newer)
+                    and v.schema.gtid == life[0].schema.gtid), None)
         if end is None:
             break
     return chain
@@ -81,6 +82,25 @@ def committed_records(info: VersionInfo, start: int | None = None) -> Iterator[d
     for block in scan_blocks(info.path, info.header, start or info.header.size,
                              info.committed):
         yield from decode_records(info, block)
+
+
+def repair_blocks(data_dir: str, table: TableName) -> dict[tuple[str, int], set[int]]:
+    """The offsets of the blocks holding repair records, by (table, version), for ``table``
+    and the tables its life began as (renames)."""
+    path = os.path.join(data_dir, "state", "index.sqlite")
+    if not os.path.exists(path):
+        return {}
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT db, tbl, version, offset FROM notes").fetchall()
+    except sqlite3.OperationalError:  # an index from before repairs
+        rows = []
+    finally:
+        db.close()
+    found: dict[tuple[str, int], set[int]] = {}
+    for database, name, version, offset in rows:
+        found.setdefault((str(TableName(database, name)), version), set()).add(offset)
+    return found
 
 
 def gtid_state_at(data_dir: str, file: str, pos: int) -> GtidState:
@@ -102,15 +122,20 @@ def gtid_state_at(data_dir: str, file: str, pos: int) -> GtidState:
     return GtidState(state.values())
 
 
-def wait_for_checkpoint(data_dir: str, file: str, pos: int, timeout: float) -> ckpt.Checkpoint:
-    """Wait until the store's checkpoint is at or past a binlog position."""
+def wait_for_checkpoint(data_dir: str, file: str, pos: int, timeout: float,
+                        state: GtidState | None = None) -> ckpt.Checkpoint:
+    """Wait until the store's checkpoint is at or past a binlog position, or (``state``:
+    the source's GTID state there) holds every transaction before it. An idle source whose
+    binlog rotated stands in a file no transaction has reached: the state tells."""
     path = os.path.join(data_dir, "state", "checkpoint.json")
     deadline = time.monotonic() + timeout
     target = binlog_ordinal(file, pos)
     while True:
         checkpoint = ckpt.load(path)
         position = checkpoint.position if checkpoint is not None else None
-        if position is not None and binlog_ordinal(position.file, position.pos) >= target:
+        if position is not None and (
+                binlog_ordinal(position.file, position.pos) >= target or
+                (state is not None and all(position.gtid_state.covers(g) for g in state))):
             assert checkpoint is not None
             return checkpoint
         if time.monotonic() > deadline:
