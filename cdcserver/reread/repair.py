@@ -54,9 +54,11 @@ from cdcserver.errors import SchemaError, SourceError, SourceUnavailable
 from cdcserver.gtid import BinlogPosition, binlog_ordinal, same_state
 from cdcserver.replication.connection import SourceAddress
 from cdcserver.reread.readview import ReadView
+from cdcserver.reread.values import from_text
 from cdcserver.reread.view import Row, TableView, Views, key_names
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
+from cdcserver.store.schema import TableSchema
 
 log = logging.getLogger(__name__)
 
@@ -494,13 +496,17 @@ def _records(scope: _Scope, view: TableView, note: str, commit: Commit) -> list[
         return tuple(row.get(n) for n in names)
 
     inserts, updates, deletes = [], [], []
-    for mine, theirs in _differences(view, scope):
+    changed = _differences(view, scope)
+    sample = {n: type(r[n]) for _, r in changed if r is not None for n in names
+              if r.get(n) is not None}
+    fit = _Fit(layout, sample)
+    for mine, theirs in changed:
         if mine is None and theirs is not None:
             inserts.append(values(theirs))
         elif theirs is None and mine is not None:
-            deletes.append(values(mine))
+            deletes.append(values(fit(mine, None)))
         elif mine is not None and theirs is not None:
-            updates += [values(mine), values(theirs)]
+            updates += [values(fit(mine, theirs)), values(theirs)]
     if layout.sequence and len(deletes) == len(inserts) == 1:  # its one row, changed
         updates, deletes, inserts = [deletes[0], inserts[0]], [], []
     out = []
@@ -510,6 +516,31 @@ def _records(scope: _Scope, view: TableView, note: str, commit: Commit) -> list[
             out.append(Rows(layout, kind, commit.timestamp, _sorted(rows, layout, kind),
                             commit.position.file, commit.position.pos, repair=note))
     return out
+
+
+class _Fit:
+    """A row as the stream last had it, in the table's columns now: a value of a column
+    whose type an ALTER changed is converted the way its text reads in the new type (or,
+    failing that, is the source's value, or NULL), so that the store can write it."""
+
+    def __init__(self, layout: TableLayout, sample: dict[str, type]) -> None:
+        fields = TableSchema.from_layout(layout, 0, "").columns
+        self.converters = {f.column: from_text(f) for f in fields}
+        self.sample = sample
+
+    def __call__(self, mine: Row, theirs: Row | None) -> Row:
+        row = dict(mine)
+        for name, value in mine.items():
+            expected = self.sample.get(name)
+            if value is None or expected is None or isinstance(value, expected) or \
+                    name not in self.converters:
+                continue
+            try:
+                text = value if isinstance(value, bytes) else str(value).encode("utf-8")
+                row[name] = self.converters[name](text)
+            except (ValueError, TypeError, ArithmeticError):
+                row[name] = theirs.get(name) if theirs is not None else None
+        return row
 
 
 def _sorted(rows: list[tuple[Any, ...]], layout: TableLayout, kind: RowsKind
