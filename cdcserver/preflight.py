@@ -2,9 +2,9 @@
 
 ``cdcserver check`` prints every finding with the SQL (or configuration) that fixes it; ``run``
 refuses to start on a fatal one with the same text. Each check asks the server what it is,
-never assumes: the variables, the privileges of the account the service uses (tried, not
-parsed from ``SHOW GRANTS``, where roles and wildcards make parsing unreliable), the binlogs
-on disk and how long they are kept.
+never assumes: the variables, the privileges of the account the service uses (tried where a
+statement needs just that privilege, else read from ``SHOW GRANTS``, privilege by privilege),
+the binlogs on disk and how long they are kept.
 
 Fatal: rows could not be captured exactly (no binlog, not ROW, not a FULL image, no
 replication privilege, a server too old, the service's own server_id). Warnings: it works,
@@ -28,6 +28,12 @@ from cdcserver.replication.connection import SourceAddress
 MIN_RETENTION_SECONDS = 24 * 3600
 _MIN_VERSION = {"mariadb": (10, 3), "mysql": (5, 7)}
 _ER_ACCESS = (1044, 1045, 1142, 1227, 1370)  # access denied, command denied, need privilege
+# One line of SHOW GRANTS: "GRANT SELECT, REPLICATION SLAVE ON *.* TO `u`@`%` ..." (a role's
+# line, "GRANT `r` TO `u`@`%`", has no ON and grants nothing by itself).
+_GRANT = re.compile(r"^GRANT (?P<privileges>.+?) ON (?P<target>(?:`(?:[^`]|``)*`|[^\s`])+) TO ",
+                    re.I)
+_REPLICATION = frozenset({"REPLICATION SLAVE", "REPLICATION REPLICA", "ALL PRIVILEGES", "ALL"})
+_SELECT = frozenset({"SELECT", "ALL PRIVILEGES", "ALL"})
 
 
 class Severity(StrEnum):
@@ -191,9 +197,9 @@ def _gtid(conn: Any, v: dict[str, str], flavor: str) -> Finding:
 
 def _privileges(conn: Any, account: str, flavor: str) -> list[Finding]:
     found = []
-    grants = " ".join(str(r[0]).upper() for r in source_sql.query(conn, "SHOW GRANTS"))
-    replication = any(p in grants for p in ("REPLICATION SLAVE", "REPLICATION REPLICA",
-                                            "ALL PRIVILEGES"))
+    grants = _grants(conn)
+    everywhere = grants.get("*.*", set())
+    replication = bool(everywhere & _REPLICATION)
     found.append(Finding("privilege REPLICATION SLAVE",
                          Severity.OK if replication else Severity.FATAL,
                          "granted" if replication else
@@ -207,14 +213,31 @@ def _privileges(conn: Any, account: str, flavor: str) -> list[Finding]:
         found.append(Finding(f"privilege {monitor}", Severity.FATAL,
                              f"{account} may not list the binlogs (SHOW BINARY LOGS)",
                              f"GRANT {monitor} ON *.* TO {account};"))
-    if "SELECT ON *.*" in grants or "ALL PRIVILEGES ON *.*" in grants:
+    if everywhere & _SELECT:
         found.append(Finding("privilege SELECT", Severity.OK, "granted on *.*"))
     else:
+        some = sorted(t for t, p in grants.items() if p & _SELECT)
         found.append(Finding("privilege SELECT", Severity.WARNING,
-                             f"{account} has no SELECT on *.*: dumps and `cdcserver verify` "
-                             "need it for the tables they read",
+                             f"{account} has no SELECT on *.*"
+                             + (f" (only on {', '.join(some)})" if some else "")
+                             + ": dumps and `cdcserver verify` need it for the tables they read",
                              f"GRANT SELECT ON *.* TO {account};  -- or on each db.table"))
     return found
+
+
+def _grants(conn: Any) -> dict[str, set[str]]:
+    """The privileges SHOW GRANTS lists, by what they are granted on (``*.*``, ```db`.*``):
+    the account's and its current role's (MariaDB lists the role's grants there too, as
+    ``GRANT ... TO `role```). Column privileges (``SELECT (`a`, `b`)``) grant no table."""
+    grants: dict[str, set[str]] = {}
+    for row in source_sql.query(conn, "SHOW GRANTS"):
+        m = _GRANT.match(str(row[0]))
+        if m is None:
+            continue
+        listed = re.split(r",(?![^()]*\))", m["privileges"])  # not at a column list's commas
+        privileges = {" ".join(p.split()).upper() for p in listed if "(" not in p}
+        grants.setdefault(m["target"], set()).update(privileges)
+    return grants
 
 
 def _allowed(conn: Any, sql: str) -> bool:

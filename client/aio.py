@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from client.dump import DumpDecoder, DumpHeader, DumpRows
+from client.names import Table, TableRef, as_table
 from client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
 from client.wire import (
     Code,
@@ -100,8 +101,8 @@ class CdcConnection:
             for event in decoder.feed(data):
                 yield event
 
-    async def list_dumps(self, table: str | None = None) -> list[dict[str, Any]]:
-        reply = await self.query("LIST-DUMPS" + (f" {table}" if table else ""))
+    async def list_dumps(self, table: Table | None = None) -> list[dict[str, Any]]:
+        reply = await self.query("LIST-DUMPS" + (f" {as_table(table)}" if table else ""))
         dumps: list[dict[str, Any]] = reply["dumps"]
         return dumps
 
@@ -154,19 +155,23 @@ class CdcClient:
         return await CdcConnection.open(self.host, self.port, self.user, self.password,
                                         format=self.format, ssl=self.ssl, timeout=self.timeout)
 
-    async def stream(self, table: str, *, version: int | None = None,
+    async def stream(self, table: Table, *, version: int | None = None,
                      gtid: str | None = None, after: str | None = None
                      ) -> AsyncIterator[Event]:
-        """Every record of ``db.table`` from ``version`` (or the first) or ``gtid`` on (or,
-        an extension, of the transactions the GTID state ``after`` does not cover), then new
-        ones as they commit, forever; reconnects after a dropped connection."""
-        async for event in self._follow(table, Resume(version, gtid, after)):
+        """Every record of ``table`` from ``version`` (or the first) or ``gtid`` on (or, an
+        extension, of the transactions the GTID state ``after`` does not cover), then new
+        ones as they commit, forever; reconnects after a dropped connection. ``table`` is
+        ``db.table[.version]`` as commands write it (```my db`.t``, protocol.md's quoting)
+        or the pair of names (``("my db", "t")``)."""
+        ref = as_table(table, version=True)
+        resume = Resume(ref.version if version is None else version, gtid, after)
+        async for event in self._follow(ref, resume):
             yield event
 
-    async def _follow(self, table: str, resume: Resume, conn: CdcConnection | None = None
-                      ) -> AsyncIterator[Event]:
+    async def _follow(self, table: TableRef, resume: Resume,
+                      conn: CdcConnection | None = None) -> AsyncIterator[Event]:
         """The stream, resumed after each failure; ``conn`` is one already streaming."""
-        database, _, name = table.partition(".")
+        database, name = table.database, table.table
         failures = 0
         while True:
             if conn is None:
@@ -200,7 +205,7 @@ class CdcClient:
 
     # -- dumps (extensions) ------------------------------------------------------------
 
-    async def list_dumps(self, table: str | None = None) -> list[dict[str, Any]]:
+    async def list_dumps(self, table: Table | None = None) -> list[dict[str, Any]]:
         """The server's complete dumps (of ``table``), oldest first."""
         conn = await self.connect()
         try:
@@ -208,14 +213,14 @@ class CdcClient:
         finally:
             await conn.close()
 
-    async def fetch_dump(self, target: str, path: str,
+    async def fetch_dump(self, target: Table, path: str,
                          progress: Callable[[int, int], None] | None = None) -> DumpHeader:
         """Save a dump (``db.table`` for its newest, or a dump name) to ``path`` as the
         server has it, checking its checksum; ``progress(received, total)`` after each
         piece."""
         conn = await self.connect()
         try:
-            size, _ = await conn.request_dump(DumpRequest(target))
+            size, _ = await conn.request_dump(DumpRequest.of(target))
             decoder = DumpDecoder()
             out = await asyncio.to_thread(open, path, "wb")
             try:
@@ -231,7 +236,7 @@ class CdcClient:
         finally:
             await conn.close()
 
-    async def dump(self, target: str, *, follow: bool = True,
+    async def dump(self, target: Table, *, follow: bool = True,
                    progress: Callable[[int, int], None] | None = None
                    ) -> AsyncIterator[DumpHeader | DumpRows | Event]:
         """A table's newest dump (or the dump named ``target``): its header, its row
@@ -239,7 +244,7 @@ class CdcClient:
         :meth:`stream` does). The dump plus what follows is the table."""
         conn = await self.connect()
         try:
-            size, _ = await conn.request_dump(DumpRequest(target, follow))
+            size, _ = await conn.request_dump(DumpRequest.of(target, follow))
             decoder = DumpDecoder()
             async for data in conn.read_dump(size):
                 for item in decoder.feed(data):
@@ -254,7 +259,8 @@ class CdcClient:
             await conn.close()
             return
         resume = Resume(header.stream_version or None, None, header.gtid or None)
-        async for event in self._follow(f"{header.database}.{header.table}", resume, conn):
+        async for event in self._follow(TableRef(header.database, header.table), resume,
+                                        conn):
             yield event
 
     async def _backoff(self, failures: int, exc: BaseException) -> int:

@@ -6,6 +6,8 @@
 takes ``cdc.py``'s arguments and prints what the server sends, unchanged (JSON lines, or the
 Avro container stream), until the server hangs up or, with ``-t``, until nothing arrived for
 that many seconds. A rejected request prints the server's ``ERR`` line on stderr and exits 1.
+A database or table name holding a space, a dot, a comma or a quote is quoted as in MariaDB
+(protocol.md, "Table names"): ``cdc -u U -p P '`my db`.`my.table`'``.
 
     cdc auth-string -u USER -p PASSWORD      the first line to send with netcat
     cdc last-transaction [connection options]     QUERY-LAST-TRANSACTION
@@ -33,6 +35,7 @@ import ssl
 import sys
 
 from client.dump import DumpDecoder, DumpError, DumpHeader
+from client.names import BadTableRef, parse_table
 from client.sync import SyncCdcConnection
 from client.wire import (
     DataRequest,
@@ -203,6 +206,12 @@ def _dumps(argv: list[str]) -> int:
     _connection_options(parser)
     parser.add_argument("TABLE", nargs="?", help="only this DATABASE.TABLE's")
     args = parser.parse_args(argv)
+    try:
+        if args.TABLE:
+            parse_table(args.TABLE)
+    except BadTableRef as exc:
+        print(f"cdc: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         conn = _open(args)
         try:

@@ -28,6 +28,7 @@ from client.avro import (
     container_header,
     parse_header,
 )
+from client.names import Table, as_table
 from client.sync import SyncCdcConnection
 from client.wire import Code, DataRequest, Format, ProtocolError, RangeQuery, parse_reply
 
@@ -95,13 +96,13 @@ class Position:
         return advance(self.state, self.txn) if self.txn else self.state
 
 
-def plan(conn: SyncCdcConnection, table: str, start: Position, limit: int,
+def plan(conn: SyncCdcConnection, table: Table, start: Position, limit: int,
          until: str | None = None) -> tuple[Position, int]:
     """The furthest end position after ``start`` such that the range holds at most ``limit``
     records of ``table``, within what the service has stored (and within the GTID state
     ``until``, if given), with the number of events it holds (at least its records). A
     transaction bigger than the limit is cut by event number."""
-    database, _, name = table.partition(".")
+    ref = as_table(table)
     base, budget = start.state, limit
     if start.txn:
         events = int(conn.query(f"QUERY-TRANSACTION {start.txn}")["events"])
@@ -110,7 +111,7 @@ def plan(conn: SyncCdcConnection, table: str, start: Position, limit: int,
         base, budget = advance(start.state, start.txn), limit - (events - start.event)
         if budget == 0:
             return Position(base), limit
-    reply = conn.query(RangeQuery(database, name, base, budget, until or "").line())
+    reply = conn.query(RangeQuery(ref.database, ref.table, base, budget, until or "").line())
     end, following, used = reply["end"], reply["next"], limit - budget + reply["events"]
     if reply["events"] or following is None or budget < limit:
         return Position(end), used
@@ -243,7 +244,7 @@ class _BoundedStream:
         return chunk
 
 
-def read_blocks(conn: SyncCdcConnection, table: str, start: Position, end: Position,
+def read_blocks(conn: SyncCdcConnection, table: Table, start: Position, end: Position,
                 chunk_size: int = 1 << 20) -> Iterator[Schema | Blocks]:
     """The stored blocks of ``table`` after ``start`` up to ``end`` (``REQUEST-DATA db.t
     AFTER start UNTIL end`` on a ``TYPE=AVRO`` connection), each version's schema first. The
@@ -253,17 +254,18 @@ def read_blocks(conn: SyncCdcConnection, table: str, start: Position, end: Posit
         raise ValueError("reading blocks needs a TYPE=AVRO connection")
     if end.read_state == "" or start == end:
         return
-    database, _, name = table.partition(".")
+    ref = as_table(table)
     stream = _BoundedStream(chunk_size)
-    request = DataRequest(database, name, None, None, start.state or None, end.read_state)
+    request = DataRequest(ref.database, ref.table, None, None, start.state or None,
+                          end.read_state)
     for data in conn.chunks(request):
         yield from stream.feed(data)
         if stream.end is not None:
             return
-    raise ConnectionError(f"the bounded read of {table} ended without its end line")
+    raise ConnectionError(f"the bounded read of {ref} ended without its end line")
 
 
-def read(conn: SyncCdcConnection, table: str, start: Position, end: Position
+def read(conn: SyncCdcConnection, table: Table, start: Position, end: Position
          ) -> Iterator[Schema | dict[str, Any]]:
     """The records of ``table`` after ``start`` up to ``end``, decoded (fastavro's types:
     Decimal, datetime, ...), each version's schema first."""

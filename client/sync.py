@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from client.dump import DumpDecoder, DumpHeader, DumpRows
+from client.names import Table, TableRef, as_table
 from client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
 from client.wire import (
     Code,
@@ -115,9 +116,9 @@ class SyncCdcConnection:
             if not data:
                 return
 
-    def list_dumps(self, table: str | None = None) -> list[dict[str, Any]]:
-        dumps: list[dict[str, Any]] = self.query("LIST-DUMPS" + (f" {table}" if table
-                                                                  else ""))["dumps"]
+    def list_dumps(self, table: Table | None = None) -> list[dict[str, Any]]:
+        dumps: list[dict[str, Any]] = self.query(
+            "LIST-DUMPS" + (f" {as_table(table)}" if table else ""))["dumps"]
         return dumps
 
     def request_dump(self, request: DumpRequest) -> tuple[int, str]:
@@ -173,16 +174,18 @@ class SyncCdcClient:
         return SyncCdcConnection.open(self.host, self.port, self.user, self.password,
                                       format=self.format, ssl=self.ssl, timeout=self.timeout)
 
-    def stream(self, table: str, *, version: int | None = None, gtid: str | None = None,
+    def stream(self, table: Table, *, version: int | None = None, gtid: str | None = None,
                after: str | None = None, idle_timeout: float | None = None
                ) -> Iterator[Event]:
         """Like :meth:`client.aio.CdcClient.stream`; with ``idle_timeout`` the iterator ends
         once nothing new arrived for that long."""
-        yield from self._follow(table, Resume(version, gtid, after), idle_timeout)
+        ref = as_table(table, version=True)
+        resume = Resume(ref.version if version is None else version, gtid, after)
+        yield from self._follow(ref, resume, idle_timeout)
 
-    def _follow(self, table: str, resume: Resume, idle_timeout: float | None,
+    def _follow(self, table: TableRef, resume: Resume, idle_timeout: float | None,
                 conn: SyncCdcConnection | None = None) -> Iterator[Event]:
-        database, _, name = table.partition(".")
+        database, name = table.database, table.table
         failures = 0
         while True:
             try:
@@ -211,19 +214,19 @@ class SyncCdcClient:
 
     # -- dumps (extensions) ------------------------------------------------------------
 
-    def list_dumps(self, table: str | None = None) -> list[dict[str, Any]]:
+    def list_dumps(self, table: Table | None = None) -> list[dict[str, Any]]:
         conn = self.connect()
         try:
             return conn.list_dumps(table)
         finally:
             conn.close()
 
-    def fetch_dump(self, target: str, path: str,
+    def fetch_dump(self, target: Table, path: str,
                    progress: Callable[[int, int], None] | None = None) -> DumpHeader:
         """Like :meth:`client.aio.CdcClient.fetch_dump`."""
         conn = self.connect()
         try:
-            size, _ = conn.request_dump(DumpRequest(target))
+            size, _ = conn.request_dump(DumpRequest.of(target))
             decoder = DumpDecoder()
             with open(path, "wb") as out:
                 for data in conn.read_dump(size):
@@ -236,7 +239,7 @@ class SyncCdcClient:
         finally:
             conn.close()
 
-    def dump(self, target: str, *, follow: bool = True,
+    def dump(self, target: Table, *, follow: bool = True,
              progress: Callable[[int, int], None] | None = None,
              idle_timeout: float | None = None) -> Iterator[DumpHeader | DumpRows | Event]:
         """Like :meth:`client.aio.CdcClient.dump`; with ``idle_timeout`` the iterator ends
@@ -244,7 +247,7 @@ class SyncCdcClient:
         conn: SyncCdcConnection | None = self.connect()
         assert conn is not None
         try:
-            size, _ = conn.request_dump(DumpRequest(target, follow))
+            size, _ = conn.request_dump(DumpRequest.of(target, follow))
             decoder = DumpDecoder()
             for data in conn.read_dump(size):
                 yield from decoder.feed(data)
@@ -258,7 +261,7 @@ class SyncCdcClient:
             conn.close()
             return
         resume = Resume(header.stream_version or None, None, header.gtid or None)
-        yield from self._follow(f"{header.database}.{header.table}", resume, idle_timeout,
+        yield from self._follow(TableRef(header.database, header.table), resume, idle_timeout,
                                 conn)
 
     def last_transaction(self) -> dict[str, Any]:

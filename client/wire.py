@@ -15,6 +15,17 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from client.names import (
+    SPACE_RULE,
+    BadTableRef,
+    Table,
+    TableRef,
+    parse_table,
+    read_table,
+    spaced_hint,
+    table_ref,
+)
+
 
 class Code(StrEnum):
     """Every error code the server sends, and what it means."""
@@ -61,8 +72,9 @@ class ProtocolError(Exception):
 
 
 def error_line(code: Code, message: str) -> bytes:
-    # One line, whatever the message contains.
-    clean = " ".join(message.split())
+    # One line, whatever the message contains; other white space is kept, since a message
+    # may quote a name (`my  db`) for the client to send back.
+    clean = " ".join(message.splitlines()).strip()
     return f"ERR {code.value} {clean}\n".encode("utf-8", "replace")
 
 
@@ -132,7 +144,6 @@ class Format(StrEnum):
 _REGISTER = re.compile(r"^REGISTER\s+UUID=([^,\s]*)\s*,\s*TYPE=(\S+)\s*$", re.I)
 _GTID = re.compile(r"^(\d+)-(\d+)-(\d+)$|^[0-9a-fA-F-]{36}:\d+$")
 _GTID_STATE_ITEM = re.compile(r"^\d+-\d+-\d+$|^[0-9a-fA-F-]{36}:(?:\d+-)?\d+$")
-_TABLE = re.compile(r"^(?P<db>[^.\s]+)\.(?P<table>[^.\s]+)(?:\.(?P<version>\d{6}))?$")
 
 
 @dataclass(frozen=True)
@@ -168,9 +179,7 @@ class DataRequest:
     until: str | None = None  # bounded: only transactions this GTID state covers, then end
 
     def line(self) -> str:
-        target = f"{self.database}.{self.table}"
-        if self.version is not None:
-            target += f".{self.version:06d}"
+        target = str(TableRef(self.database, self.table, self.version))
         if self.after:
             line = f"REQUEST-DATA {target} AFTER {self.after}"
         else:
@@ -178,39 +187,29 @@ class DataRequest:
         return line + (f" UNTIL {self.until}" if self.until else "")
 
 
+_REQUEST_DATA = "REQUEST-DATA db.table[.version] [gtid | AFTER gtid-state] [UNTIL gtid-state]"
+
+
 def parse_request_data(argument: str) -> DataRequest:
-    parts = argument.split()
-    if not parts:
-        raise ProtocolError(Code.BAD_SYNTAX, "expected REQUEST-DATA db.table[.version] "
-                            "[gtid | AFTER gtid-state] [UNTIL gtid-state]")
-    until = None
-    if len(parts) >= 3 and parts[-2].upper() == "UNTIL":
-        until, parts = parts[-1], parts[:-2]
-        if not is_gtid_state(until):
-            raise ProtocolError(Code.BAD_SYNTAX, f"not a GTID state: {until!r} (expected "
-                                "domain-server-seq[,domain-server-seq...])")
-    m = _TABLE.match(parts[0])
-    if m is None:
-        raise ProtocolError(Code.NO_FILE, f"File '{parts[0]}' not found: expected "
-                            "db.table or db.table.NNNNNN")
-    version = int(m["version"]) if m["version"] else None
-    if version == 0:
+    # A bare reference that names no table is MaxScale's NO-FILE (cdc.py prints it).
+    ref, words = _table(argument, _REQUEST_DATA, Code.NO_FILE, {"AFTER", "UNTIL"},
+                        version=True)
+    until = after = gtid = None
+    if len(words) >= 2 and words[-2].upper() == "UNTIL":
+        until, words = _gtid_state(words[-1]), words[:-2]
+    if ref.version == 0:
         raise ProtocolError(Code.NO_FILE, "versions start at 000001")
-    gtid = after = None
-    if len(parts) == 3 and parts[1].upper() == "AFTER":
-        after = parts[2]
-        if not is_gtid_state(after):
-            raise ProtocolError(Code.BAD_SYNTAX, f"not a GTID state: {after!r} (expected "
-                                "domain-server-seq[,domain-server-seq...])")
-    elif len(parts) == 2:
-        gtid = parts[1]
-        if not _GTID.match(gtid):
+    if len(words) == 2 and words[0].upper() == "AFTER":
+        after = _gtid_state(words[1])
+    elif len(words) == 1 and _GTID.match(words[0]):
+        gtid = words[0]
+    elif words:
+        hint = _spaced(argument, ref, {"AFTER", "UNTIL"}, version=True)
+        if hint is None and len(words) == 1 and _positional(words[0]):
             raise ProtocolError(Code.BAD_SYNTAX,
-                                f"not a GTID: {gtid!r} (expected domain-server-seq)")
-    elif len(parts) > 1:
-        raise ProtocolError(Code.BAD_SYNTAX, "expected REQUEST-DATA db.table[.version] "
-                            "[gtid | AFTER gtid-state]")
-    return DataRequest(m["db"], m["table"], version, gtid, after, until)
+                                f"not a GTID: {words[0]!r} (expected domain-server-seq)")
+        raise _misplaced(hint, _REQUEST_DATA)
+    return DataRequest(ref.database, ref.table, ref.version, gtid, after, until)
 
 
 def is_gtid_state(text: str) -> bool:
@@ -218,12 +217,74 @@ def is_gtid_state(text: str) -> bool:
     return bool(text) and all(_GTID_STATE_ITEM.match(i) for i in items)
 
 
+def _gtid_state(text: str) -> str:
+    if not is_gtid_state(text):
+        raise ProtocolError(Code.BAD_SYNTAX, f"not a GTID state: {text!r} (expected "
+                            "domain-server-seq[,domain-server-seq...])")
+    return text
+
+
+def _table(argument: str, usage: str, code: Code, keywords: set[str], *,
+           version: bool = False) -> tuple[TableRef, list[str]]:
+    """The table a command's argument names first, and the words after it. A bare reference
+    that names no table is ``code``; a quoting mistake, or a name with a space sent bare,
+    is BAD-SYNTAX, saying how to quote it."""
+    if not argument.strip():
+        raise ProtocolError(Code.BAD_SYNTAX, f"expected {usage}")
+    try:
+        ref, rest = read_table(argument, version=version)
+    except BadTableRef as exc:
+        hint = _spaced(argument, None, keywords, version=version)
+        if hint is not None:
+            raise _misplaced(hint, usage) from None
+        raise ProtocolError(Code.BAD_SYNTAX if exc.quoted else code, str(exc)) from None
+    return ref, rest.split()
+
+
+def _spaced(argument: str, ref: TableRef | None, keywords: set[str], *,
+            version: bool = False) -> str | None:
+    """The reference a bare request most likely meant when it sent a name holding a space
+    bare (``REQUEST-DATA db.my table``): its words up to the first that a command takes
+    after a table (a keyword, a GTID, a number), quoted. None if there is no such name."""
+    if ref is not None and ref.quoted:
+        return None
+    end = 0
+    for m in re.finditer(r"\S+", argument):
+        if m[0].upper() in keywords or _positional(m[0]):
+            break
+        end = m.end()
+    return spaced_hint(argument[:end], version=version)
+
+
+def _positional(word: str) -> bool:
+    """A GTID, a GTID state or a number (what follows a table in a command), even a
+    malformed one: digits with dashes, colons and commas, or a MySQL source UUID's."""
+    return _POSITIONAL.fullmatch(word) is not None
+
+
+_POSITIONAL = re.compile(r"[0-9][0-9:,-]*|[0-9a-fA-F-]{36}:[0-9:,-]*")
+
+
+def _misplaced(hint: str | None, usage: str) -> ProtocolError:
+    """Words where none belong: most often the rest of a name with a space, sent bare."""
+    if hint is not None:
+        return ProtocolError(Code.BAD_SYNTAX, f"{SPACE_RULE}: {hint}")
+    return ProtocolError(Code.BAD_SYNTAX, f"expected {usage}")
+
+
 @dataclass(frozen=True)
 class DumpRequest:
-    """``REQUEST-DUMP <name | db.table> [FOLLOW]``: a dump by file name, or a table's newest."""
+    """``REQUEST-DUMP <name | db.table> [FOLLOW]``: a dump by file name, or a table's newest
+    (``target`` as the command carries it: :meth:`of` quotes a table's names)."""
 
     target: str
     follow: bool = False
+
+    @classmethod
+    def of(cls, target: Table, follow: bool = False) -> DumpRequest:
+        """A request for a dump name or a reference as commands write it, or for the newest
+        dump of the table the two names name."""
+        return cls(table_ref(*target) if isinstance(target, tuple) else target, follow)
 
     def line(self) -> str:
         return f"REQUEST-DUMP {self.target}" + (" FOLLOW" if self.follow else "")
@@ -231,31 +292,47 @@ class DumpRequest:
     @property
     def table(self) -> tuple[str, str] | None:
         """(database, table) when the target names a table rather than a file."""
-        m = _TABLE.match(self.target)
-        return (m["db"], m["table"]) if m and not m["version"] else None
+        if _DUMP_NAME.match(self.target):
+            return None
+        try:
+            ref = parse_table(self.target)
+        except BadTableRef:
+            return None
+        return ref.database, ref.table
 
 
-_DUMP_NAME = re.compile(r"^[^.\s/]+\.[^.\s/]+\.\d{8}T\d{6}-\d{6}Z\.dump$")
+# Dump files are named as version files are, their names escaped: no dot, space or slash.
+_DUMP_NAME = re.compile(r"^[^.\s/`\"]+\.[^.\s/]+\.\d{8}T\d{6}-\d{6}Z\.dump$")
+_REQUEST_DUMP = "REQUEST-DUMP <dump name | db.table> [FOLLOW]"
 
 
 def parse_request_dump(argument: str) -> DumpRequest:
-    parts = argument.split()
-    usage = "expected REQUEST-DUMP <dump name | db.table> [FOLLOW]"
-    if not parts or len(parts) > 2 or (len(parts) == 2 and parts[1].upper() != "FOLLOW"):
-        raise ProtocolError(Code.BAD_SYNTAX, usage)
-    request = DumpRequest(parts[0], len(parts) == 2)
-    if request.table is None and not _DUMP_NAME.match(parts[0]):
-        raise ProtocolError(Code.NO_FILE, f"'{parts[0]}' is neither db.table nor a dump name")
-    return request
+    words = argument.split()
+    if words and _DUMP_NAME.match(words[0]):
+        target, words = words[0], words[1:]
+        ref = None
+    else:
+        try:
+            ref, words = _table(argument, _REQUEST_DUMP, Code.NO_FILE, {"FOLLOW"})
+        except ProtocolError as exc:
+            if exc.code != Code.NO_FILE:
+                raise
+            if words[1:] and [w.upper() for w in words[1:]] != ["FOLLOW"]:
+                raise ProtocolError(Code.BAD_SYNTAX, f"expected {_REQUEST_DUMP}") from None
+            raise ProtocolError(Code.NO_FILE, f"not a dump name, and {exc.message}") from None
+        target = table_ref(ref.database, ref.table)
+    if words and [w.upper() for w in words] != ["FOLLOW"]:
+        raise _misplaced(_spaced(argument, ref, {"FOLLOW"}) if ref else None, _REQUEST_DUMP)
+    return DumpRequest(target, bool(words))
 
 
 def parse_list_dumps(argument: str) -> tuple[str, str] | None:
-    if not argument:
+    if not argument.strip():
         return None
-    m = _TABLE.match(argument)
-    if m is None or m["version"]:
-        raise ProtocolError(Code.BAD_SYNTAX, "expected LIST-DUMPS [db.table]")
-    return m["db"], m["table"]
+    ref, words = _table(argument, "LIST-DUMPS [db.table]", Code.BAD_SYNTAX, set())
+    if words:
+        raise _misplaced(_spaced(argument, ref, set()), "LIST-DUMPS [db.table]")
+    return ref.database, ref.table
 
 
 @dataclass(frozen=True)
@@ -273,25 +350,26 @@ class RangeQuery:
     def line(self) -> str:
         after = f" AFTER {self.after}" if self.after else ""
         until = f" UNTIL {self.until}" if self.until else ""
-        return f"QUERY-RANGE {self.database}.{self.table}{after}{until} LIMIT {self.limit}"
+        return f"QUERY-RANGE {table_ref(self.database, self.table)}{after}{until} " \
+               f"LIMIT {self.limit}"
+
+
+_QUERY_RANGE = "QUERY-RANGE db.table [AFTER gtid-state] [UNTIL gtid-state] LIMIT n"
+_RANGE_WORDS = {"AFTER", "UNTIL", "LIMIT"}
 
 
 def parse_query_range(argument: str) -> RangeQuery:
-    usage = "expected QUERY-RANGE db.table [AFTER gtid-state] [UNTIL gtid-state] LIMIT n"
-    parts = argument.split()
-    if len(parts) < 3 or len(parts) % 2 == 0 or parts[-2].upper() != "LIMIT" \
-            or not parts[-1].isdigit() or int(parts[-1]) < 1:
-        raise ProtocolError(Code.BAD_SYNTAX, usage)
-    m = _TABLE.match(parts[0])
-    if m is None or m["version"]:
-        raise ProtocolError(Code.BAD_SYNTAX, usage)
+    ref, words = _table(argument, _QUERY_RANGE, Code.BAD_SYNTAX, _RANGE_WORDS)
+    if len(words) < 2 or len(words) % 2 or words[-2].upper() != "LIMIT":
+        raise _misplaced(_spaced(argument, ref, _RANGE_WORDS), _QUERY_RANGE)
+    if not re.fullmatch("[0-9]+", words[-1]) or int(words[-1]) < 1:
+        raise ProtocolError(Code.BAD_SYNTAX, f"LIMIT is a positive number, not {words[-1]!r}")
     states: dict[str, str] = {}
-    for word, state in zip(parts[1:-2:2], parts[2:-2:2], strict=True):
-        if word.upper() not in ("AFTER", "UNTIL") or word.upper() in states \
-                or not is_gtid_state(state):
-            raise ProtocolError(Code.BAD_SYNTAX, usage)
-        states[word.upper()] = state
-    return RangeQuery(m["db"], m["table"], states.get("AFTER", ""), int(parts[-1]),
+    for word, state in zip(words[:-2:2], words[1:-2:2], strict=True):
+        if word.upper() not in ("AFTER", "UNTIL") or word.upper() in states:
+            raise _misplaced(_spaced(argument, ref, _RANGE_WORDS), _QUERY_RANGE)
+        states[word.upper()] = _gtid_state(state)
+    return RangeQuery(ref.database, ref.table, states.get("AFTER", ""), int(words[-1]),
                       states.get("UNTIL", ""))
 
 

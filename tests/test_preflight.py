@@ -103,3 +103,64 @@ def test_short_retention_and_the_services_own_server_id(source: Source):
         found = _severities(source.url, source_id)
     assert found["binlog retention"] == Severity.WARNING
     assert found["server_id"] == Severity.FATAL
+
+
+@contextlib.contextmanager
+def account(server: EmbeddedMariaDB, name: str, *grants: str, role: str | None = None
+            ) -> Iterator[str]:
+    """A real user (at every host the service may connect from) given ``grants`` (``{u}``
+    is the user), and optionally ``role``'s grants through a default role; its URL."""
+    hosts = ("localhost", "127.0.0.1")
+    drop = [f"DROP USER IF EXISTS '{name}'@'{h}'" for h in hosts]
+    if role:
+        drop.append(f"DROP ROLE IF EXISTS {role}")
+    server.execute(*drop)
+    try:
+        if role:
+            server.execute(f"CREATE ROLE {role}")
+        for host in hosts:
+            user = f"'{name}'@'{host}'"
+            server.execute(f"CREATE USER {user} IDENTIFIED BY 'pw'",
+                           *(g.format(u=user) for g in grants))
+        yield server.url(name, "pw")
+    finally:
+        server.execute(*drop)
+
+
+def test_select_granted_with_other_privileges_or_through_a_role_is_no_warning(source: Source):
+    """SHOW GRANTS lists SELECT among others ("GRANT SELECT, REPLICATION SLAVE, BINLOG
+    MONITOR ON *.*"), or on the current role's line: either way the account has it."""
+    server = source.server
+    together = ("GRANT SELECT, REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO {u}",)
+    with account(server, "together", *together) as url:
+        found = _severities(url)
+        assert found["privilege SELECT"] == Severity.OK
+        assert found["privilege REPLICATION SLAVE"] == Severity.OK
+    last = ("GRANT REPLICATION SLAVE, BINLOG MONITOR, SELECT ON *.* TO {u}",)
+    with account(server, "last", *last) as url:
+        assert _severities(url)["privilege SELECT"] == Severity.OK
+    by_role = ("GRANT SELECT ON *.* TO reader", "GRANT REPLICATION SLAVE ON *.* TO {u}",
+               "GRANT reader TO {u}", "SET DEFAULT ROLE reader FOR {u}")
+    with account(server, "by_role", *by_role, role="reader") as url:
+        assert _severities(url)["privilege SELECT"] == Severity.OK
+
+
+def test_select_really_missing_is_still_a_warning(source: Source):
+    """SELECT on one database, on a column, or through a role that is not enabled is not
+    SELECT on *.*; REPLICATION SLAVE ADMIN is not REPLICATION SLAVE."""
+    server = source.server
+    db = source.database
+    server.execute(f"CREATE TABLE `{db}`.t (a INT, b INT)")
+    partial = (f"GRANT SELECT ON `{db}`.* TO {{u}}", f"GRANT SELECT (a, b) ON `{db}`.t TO {{u}}",
+               "GRANT REPLICATION SLAVE ADMIN, BINLOG MONITOR ON *.* TO {u}")
+    with account(server, "partial", *partial) as url:
+        report = check_source(parse_source_url(url))
+        findings = {f.check: f for f in report.findings}
+        select = findings["privilege SELECT"]
+        assert select.severity == Severity.WARNING
+        assert "has no SELECT on *.* (only on `" + db + "`.*)" in select.detail
+        assert findings["privilege REPLICATION SLAVE"].severity == Severity.FATAL
+    idle_role = ("GRANT SELECT ON *.* TO idle", "GRANT REPLICATION SLAVE ON *.* TO {u}",
+                 "GRANT idle TO {u}")
+    with account(server, "idle_role", *idle_role, role="idle") as url:
+        assert _severities(url)["privilege SELECT"] == Severity.WARNING

@@ -25,6 +25,7 @@ from cdcserver.store.catalog import Catalog
 from cdcserver.store.index import RangePlan, StoreIndex, TransactionInfo
 from cdcserver.store.naming import TableName
 from cdcserver.users import UsersFile
+from client.names import table_ref
 from client.wire import (
     OK,
     Code,
@@ -175,7 +176,6 @@ class Session:
         table = TableName(request.database, request.table)
         self._require_access(table)
         entry = self.context.catalog.get(table)
-        version_name = f"{request.database}.{request.table}.{request.version or 1:06d}.avro"
         if request.after:
             check_after(request.after)
         if request.until:
@@ -184,9 +184,12 @@ class Session:
             # After a dump, the table may not have changed yet: wait for its first change
             # (a bounded read of it is empty).
             if not (request.after and request.version is None and self._dumps(table)):
-                raise ProtocolError(Code.NO_FILE, f"File '{version_name}' not found.")
+                raise _no_file(request, f"unknown table {_ref(table)}")
         elif request.version is not None and request.version not in entry.versions:
-            raise ProtocolError(Code.NO_FILE, f"File '{version_name}' not found.")
+            first, last = min(entry.versions), max(entry.versions)
+            stored = f"version {first:06d}" if first == last else \
+                f"versions {first:06d} to {last:06d}"
+            raise _no_file(request, f"{_ref(table)} has {stored}")
         self.phase = Phase.STREAMING
         return StartStream(request, self.format)
 
@@ -196,7 +199,9 @@ class Session:
         table = TableName(*parsed) if parsed else None
         if table is not None:
             self._require_access(table)
-        dumps = [d.summary() for d in self._dumps(table) if self._may_read(d.table)]
+        # "ref": the table as commands name it (protocol.md, "Table names")
+        dumps = [{**d.summary(), "ref": _ref(d.table)} for d in self._dumps(table)
+                 if self._may_read(d.table)]
         return Reply(json.dumps({"dumps": dumps}, separators=(",", ":")).encode() + b"\n")
 
     def verb_REQUEST_DUMP(self, argument: str) -> Outcome:
@@ -211,8 +216,8 @@ class Session:
         if dump is None or not self._may_read(dump.table):
             if named is not None:
                 self._require_access(TableName(*named))
-            raise ProtocolError(Code.NO_FILE, f"no dump {'of' if named else 'named'} "
-                                f"{request.target}")
+            raise ProtocolError(Code.NO_FILE, f"no dump of {table_ref(*named)}" if named
+                                else f"no dump named {request.target}")
         follow = None
         if request.follow:
             h = dump.header
@@ -227,13 +232,22 @@ class Session:
         """FORBIDDEN (the connection stays open) unless the users file lets this user read
         the table."""
         if not self._may_read(table):
-            log.warning("%s: user %r may not read %s", self.peer, self.user, table)
-            raise ProtocolError(Code.FORBIDDEN, f"user {self.user} may not read {table}")
+            log.warning("%s: user %r may not read %s", self.peer, self.user, _ref(table))
+            raise ProtocolError(Code.FORBIDDEN, f"user {self.user} may not read {_ref(table)}")
 
     def _visible(self, info: TransactionInfo) -> bytes:
-        """A transaction's reply, naming only the tables this user may read."""
-        tables = tuple(t for t in info.tables if self._may_read(TableName.parse(t)))
-        return _transaction_json(dataclasses.replace(info, tables=tables))
+        """A transaction's reply, naming only the tables this user may read, each as
+        commands name it (the same text as the index's for ordinary names)."""
+        tables = (self._indexed(t) for t in info.tables)
+        readable = tuple(_ref(t) for t in tables if self._may_read(t))
+        return _transaction_json(dataclasses.replace(info, tables=readable))
+
+    def _indexed(self, text: str) -> TableName:
+        """A table as the index records it, ``db.table`` with the names as they are: split
+        at the dot that gives a stored table (a name may hold dots), else at the first."""
+        known = self.context.catalog.tables
+        splits = (TableName(text[:i], text[i + 1:]) for i, c in enumerate(text) if c == ".")
+        return next((t for t in splits if t in known), None) or TableName.parse(text)
 
     def _dumps(self, table: TableName | None) -> list[DumpInfo]:
         if self.context.data_dir is None:
@@ -297,14 +311,25 @@ class Session:
         for name in sorted(catalog, key=str):
             entry = catalog[name]
             if entry.versions and self._may_read(name):
+                # "ref": the table as commands name it (protocol.md, "Table names")
+                versions = [entry.versions[v].schema.avsc for v in sorted(entry.versions)]
                 tables.append({"database": entry.name.database, "table": entry.name.table,
-                               "versions": [entry.versions[v].schema.avsc
-                                            for v in sorted(entry.versions)]})
+                               "ref": _ref(name), "versions": versions})
         return Reply(json.dumps({"tables": tables}, separators=(",", ":")).encode() + b"\n")
 
     def verb_CLOSE(self, argument: str) -> Outcome:
         self.phase = Phase.CLOSED
         return Reply(b"", close=True)
+
+
+def _ref(table: TableName) -> str:
+    return table_ref(table.database, table.table)
+
+
+def _no_file(request: DataRequest, cause: str) -> ProtocolError:
+    """MaxScale's reply for a version file it does not have, and why."""
+    name = f"{_ref(TableName(request.database, request.table))}.{request.version or 1:06d}"
+    return ProtocolError(Code.NO_FILE, f"File '{name}.avro' not found: {cause}")
 
 
 def _transaction_json(info: TransactionInfo) -> bytes:

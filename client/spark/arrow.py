@@ -31,6 +31,7 @@ from client.avro import (
     decompress,
     write_varint,
 )
+from client.names import table_ref
 from client.ranges import Blocks, Trim
 from client.schema import Field, Kind, fields_from_schema, parse_time
 from client.spark.types import invalid_date
@@ -71,7 +72,8 @@ class BatchMaker:
         self._header = container_header(json.dumps(plain_reader_schema(avsc)), "null",
                                         header.sync)
         self._codec, self._sync = header.codec, header.sync
-        table, version = f"{avsc['database']}.{avsc['table']}", int(avsc["version"])
+        # _table: the table as commands name it, the same text as the offsets' keys
+        table, version = table_ref(avsc["database"], avsc["table"]), int(avsc["version"])
         by_name = {f.name: f for f in fields_from_schema(avsc)}
         self._read = [f.name for f in by_name.values()]  # the stored fields, in order
         self._columns: list[tuple[int | None, Column]] = []  # (stored field, builder)

@@ -20,6 +20,7 @@ import shutil
 import sys
 from typing import Any
 
+from client.names import parse_table
 from client.spark.types import METADATA
 
 CURRENT = "CURRENT"
@@ -83,13 +84,14 @@ def primary_key(spark_options: dict[str, str], table: str) -> list[str]:
     """The table's primary key (its newest version's), as field names."""
     from client.spark.plan import Options
 
+    wanted = parse_table(table)
     conn = Options.parse({**spark_options, "tables": table}, streaming=True).connect()
     try:
         tables = conn.query("LIST-TABLES")["tables"]
     finally:
         conn.close()
     for t in tables:
-        if f"{t['database']}.{t['table']}" == table:
+        if (t["database"], t["table"]) == (wanted.database, wanted.table):
             avsc = t["versions"][-1]
             names = {f.get("column", f["name"]): f["name"] for f in avsc["fields"]}
             key = [names[c] for c in avsc.get("primary_key", [])]
@@ -113,7 +115,8 @@ def start(spark: Any, options: dict[str, str], table: str, path: str, checkpoint
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m client.spark.mirror",
                                      description="Keep a Parquet mirror of a table")
-    parser.add_argument("--table", required=True, help="db.table")
+    parser.add_argument("--table", required=True,
+                        help="db.table (a name with a space or a dot quoted: `my db`.t)")
     parser.add_argument("--path", required=True, help="the mirror's directory")
     parser.add_argument("--checkpoint", required=True, help="the query's checkpoint directory")
     parser.add_argument("--host", default="127.0.0.1")

@@ -1,7 +1,8 @@
 """What a Spark query reads, decided on the driver: its options, its tables and their schema,
 where each table starts, and how a span of offsets is cut into partitions.
 
-Offsets are JSON objects ``{"tables": {"db.t": position, ...}}`` where a position is a
+Offsets are JSON objects ``{"tables": {"db.t": position, ...}}``, each table named as commands
+name it (``client.names``: ```my db`.t`` for a name that must be quoted), where a position is a
 :class:`client.ranges.Position` (``gtid_state``, and ``txn``/``event`` inside a cut
 transaction), or ``{"dump": name, "gtid_state": g}`` for a table whose dump is still to be
 read. An end offset also lists, per table, the positions its range is cut at (``splits``):
@@ -18,6 +19,7 @@ from typing import Any
 
 from pyspark.sql.datasource import InputPartition
 
+from client.names import BadTableRef, parse_table, split_list, table_ref
 from client.ranges import Position, advance, plan
 from client.sync import SyncCdcConnection
 
@@ -34,7 +36,7 @@ class Options:
     port: int
     user: str
     password: str
-    tables: tuple[str, ...]  # names or fnmatch patterns (shop.orders, shop.order_*)
+    tables: tuple[str, ...]  # names or fnmatch patterns (shop.orders, shop.order_*, `my db`.*)
     starting: str  # earliest | latest | dump | a GTID state
     ending: str  # batch reads: latest | a GTID state
     max_rows_per_batch: int | None  # streaming: all tables together
@@ -54,10 +56,11 @@ class Options:
                 raise OptionError(f"option {name} must be a positive integer, not {text!r}")
             return int(text)
 
-        tables = tuple(t.strip() for t in o.get("tables", "").split(",") if t.strip())
+        tables = tuple(split_list(o.get("tables", "")))  # commas inside quotes are names
         if not tables:
             raise OptionError("option tables is required: db.table, a list, or a pattern "
-                              "such as shop.*")
+                              "such as shop.* (a name with a space, a dot or a comma is "
+                              "quoted: `my db`.`my.table`)")
         for required in ("user", "password"):
             if required not in o:
                 raise OptionError(f"option {required} is required")
@@ -86,17 +89,19 @@ class Catalog:
 
     @classmethod
     def load(cls, conn: SyncCdcConnection, options: Options) -> Catalog:
-        listed = {f"{t['database']}.{t['table']}": t["versions"]
+        listed = {(t["database"], t["table"]): t["versions"]
                   for t in conn.query("LIST-TABLES")["tables"]}
-        dumps: dict[str, list[dict[str, Any]]] = {}
+        dumps: dict[tuple[str, str], list[dict[str, Any]]] = {}
         if options.starting == DUMP:
             for d in conn.list_dumps():
-                dumps.setdefault(f"{d['database']}.{d['table']}", []).append(d)
-        names = sorted({n for n in (*listed, *dumps)
-                        if any(fnmatch.fnmatchcase(n, p) for p in options.tables)})
+                dumps.setdefault((d["database"], d["table"]), []).append(d)
+        found = sorted({n for n in (*listed, *dumps)
+                        if any(matches(n, p) for p in options.tables)})
+        names = [table_ref(*n) for n in found]
         if not names:
             raise OptionError(f"no stored table matches {', '.join(options.tables)}")
-        return cls({n: listed.get(n, []) for n in names}, {n: dumps.get(n, []) for n in names})
+        return cls({r: listed.get(n, []) for r, n in zip(names, found, strict=True)},
+                   {r: dumps.get(n, []) for r, n in zip(names, found, strict=True)})
 
     @property
     def tables(self) -> list[str]:
@@ -110,6 +115,19 @@ class Catalog:
             if dumps:
                 found.append(dumps[-1]["schema"])
         return found
+
+
+def matches(table: tuple[str, str], pattern: str) -> bool:
+    """Whether a pattern of the ``tables`` option names a table: matched with fnmatch against
+    the reference (``shop.order_*``), or name by name (```my db`.a*`` matches ``a b``)."""
+    if fnmatch.fnmatchcase(table_ref(*table), pattern):
+        return True
+    try:
+        ref = parse_table(pattern)
+    except BadTableRef:
+        return False
+    return fnmatch.fnmatchcase(table[0], ref.database) and \
+        fnmatch.fnmatchcase(table[1], ref.table)
 
 
 # -- offsets -------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from pyspark.sql.types import (
 )
 
 from client.dump import DumpHeader, DumpRows
+from client.names import table_ref
 from client.ranges import Position, Schema, Trim, gtid_parts, read_blocks
 from client.spark import plan
 from client.spark.arrow import BatchMaker
@@ -39,7 +40,8 @@ from client.sync import SyncCdcClient
 
 class CdcDataSource(DataSource):
     """Options: host, port, user, password, tables (``db.t``, a comma-separated list, or
-    fnmatch patterns such as ``shop.order_*``), startingPosition (earliest, latest, dump, or
+    fnmatch patterns such as ``shop.order_*``; a name with a space, a dot or a comma quoted as
+    in MariaDB: ```my db`.t``), startingPosition (earliest, latest, dump, or
     a GTID state), endingPosition (batch reads: latest or a GTID state), maxRowsPerBatch
     (streaming), maxRowsPerPartition, zeroDates (error or null), timeout (seconds)."""
 
@@ -195,7 +197,7 @@ def _check_fits(schema: StructType, avsc: dict[str, Any]) -> None:
     problem = fits(schema, avsc)
     if problem is not None:
         raise SchemaError(
-            f"{avsc['database']}.{avsc['table']} changed to version {avsc['version']} "
+            f"{table_ref(avsc['database'], avsc['table'])} changed to version {avsc['version']} "
             f"(GTID {avsc.get('gtid')}): {problem}. Restart the query (from its checkpoint) "
             "to read on with the new schema")
 
@@ -231,7 +233,7 @@ def _dump_stamp(header: DumpHeader) -> tuple[Any, ...]:
     (the first domain's), its creation time and its schema's version."""
     domain, server_id, sequence = gtid_parts(header.gtid.split(",")[0])
     created = int(dt.datetime.fromisoformat(header.created).timestamp())
-    return (domain, server_id, sequence, created, f"{header.database}.{header.table}",
+    return (domain, server_id, sequence, created, table_ref(header.database, header.table),
             int(header.schema.get("version", 0)))
 
 

@@ -32,6 +32,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from client.names import table_ref
 from client.schema import METADATA_FIELDS, Field, Kind, fields_from_schema
 
 METADATA = StructType([
@@ -103,7 +104,7 @@ def table_schema(versions: Iterable[dict[str, Any]]) -> StructType:
     columns: dict[str, tuple[DataType, str]] = {}
     reserved = set(METADATA.fieldNames())
     for avsc in versions:
-        where = f"{avsc['database']}.{avsc['table']} version {avsc['version']}"
+        where = f"{table_ref(avsc['database'], avsc['table'])} version {avsc['version']}"
         for field in fields_from_schema(avsc)[len(METADATA_FIELDS):]:
             if field.name in reserved:
                 raise SchemaError(f"{where}: column {field.name!r} has the name of a "
