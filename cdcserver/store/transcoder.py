@@ -19,13 +19,13 @@ path (``available()`` says which).
 
 from __future__ import annotations
 
-import codecs
 import os
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Protocol
 
 from cdcserver.changes import ColumnDef
+from cdcserver.replication.charsets import single_byte_table
 from cdcserver.replication.constants import ColumnType as T
 from cdcserver.store.encoder import encode_string
 from cdcserver.store.schema import map_column
@@ -56,8 +56,6 @@ OP_DATE, OP_DATETIME2, OP_TIMESTAMP2, OP_TIME2 = 23, 24, 25, 26
 _UTF8_CODECS = frozenset({"utf-8", "utf8"})
 _MAX_DECIMAL_DIGITS = 18  # the unscaled value fits an int64
 # Character sets whose characters are one byte each: a 256-entry table transcodes them.
-_SINGLE_BYTE_PREFIXES = ("ascii", "mariadb_latin1", "latin", "iso8859", "cp125", "cp85",
-                         "cp866", "koi8", "mac_")
 
 Step = tuple[int, bool, int, int, int, Any]
 
@@ -150,17 +148,13 @@ def _text(col: ColumnDef, prefix: int, step: Any) -> Step | None:
 @lru_cache(maxsize=64)
 def charmap_table(codec: str) -> bytes | None:
     """For a single-byte character set: each byte's UTF-8 encoding as 4 bytes (length, then
-    up to 3 bytes; length 0 where the codec rejects the byte). None for other codecs."""
-    name = codecs.lookup(codec).name
-    if not name.startswith(_SINGLE_BYTE_PREFIXES) and not codec.startswith(
-            _SINGLE_BYTE_PREFIXES):
+    up to 3 bytes), from MariaDB's table (``replication/charsets.py``). None for other codecs."""
+    chars = single_byte_table(codec)
+    if chars is None:
         return None
     table = bytearray()
-    for byte in range(256):
-        try:
-            utf8 = bytes([byte]).decode(codec).encode("utf-8")
-        except UnicodeDecodeError:
-            utf8 = b""
+    for char in chars:
+        utf8 = char.encode("utf-8")
         if len(utf8) > 3:
             return None
         table += bytes([len(utf8)]) + utf8.ljust(3, b"\0")
