@@ -90,6 +90,9 @@ class AddColumns:
     columns: tuple[ColumnSpec, ...]
     position: Position | None = None
     if_not_exists: bool = False
+    # the columns that give the rows already there a value other than NULL: a DEFAULT other
+    # than NULL, NOT NULL (the type's zero), AUTO_INCREMENT, a generated column (AS (...))
+    filled: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,7 @@ class _Parser:
     _period: list[str | None] = field(default_factory=lambda: [None, None])  # AS ROW START/END
     _versioned: bool = False  # WITH SYSTEM VERSIONING, on the table or on a column
     _table: TableName | None = None  # the table being created or altered
+    _filled: list[str] = field(default_factory=list)  # see AddColumns.filled
 
     def statement(self) -> Statement:
         ts = self.ts
@@ -472,6 +476,14 @@ class _Parser:
                 spec = replace(spec, unsigned=True)
             elif ts.accept_words("NOT", "NULL"):
                 spec = replace(spec, nullable=False)
+                self._filled.append(spec.name)
+            elif ts.accept_word("AUTO_INCREMENT"):
+                self._filled.append(spec.name)
+            elif ts.accept_word("DEFAULT"):
+                ts.accept_symbol("=")
+                if not ts.accept_word("NULL"):
+                    self._filled.append(spec.name)
+                    self.skip_expression()
             elif ts.accept_words("CHARACTER", "SET") or ts.accept_word("CHARSET") or \
                     ts.accept_words("CHAR", "SET"):
                 ts.accept_symbol("=")
@@ -480,7 +492,7 @@ class _Parser:
             elif ts.accept_words("PRIMARY", "KEY") or ts.accept_word("KEY"):
                 self._pk = [spec.name]
                 spec = replace(spec, nullable=False)
-            elif ts.accept_word("DEFAULT", "COMMENT", "COLLATE", "COLUMN_FORMAT", "STORAGE",
+            elif ts.accept_word("COMMENT", "COLLATE", "COLUMN_FORMAT", "STORAGE",
                                 "COMPRESSED"):
                 ts.accept_symbol("=")
                 self.skip_expression()
@@ -497,6 +509,7 @@ class _Parser:
                 else:
                     ts.expect_symbol("(")
                     ts.skip_balanced()
+                    self._filled.append(spec.name)
             elif ts.accept_words("WITH", "SYSTEM", "VERSIONING"):
                 self._versioned = True  # a column's: the table is versioned
             elif ts.accept_words("WITHOUT", "SYSTEM", "VERSIONING"):
@@ -547,10 +560,12 @@ class _Parser:
                 return self.add_index_or_constraint()
             ts.accept_word("COLUMN")
             if_not_exists = self.if_not_exists()
+            self._filled = []
             if ts.accept_symbol("("):
-                return AddColumns(self.create_elements(), None, if_not_exists)
+                columns = self.create_elements()
+                return AddColumns(columns, None, if_not_exists, tuple(self._filled))
             column = self.column_spec()
-            return AddColumns((column,), self.position(), if_not_exists)
+            return AddColumns((column,), self.position(), if_not_exists, tuple(self._filled))
         if ts.accept_word("DROP"):
             if ts.accept_words("PRIMARY", "KEY"):
                 return SetPrimaryKey(())

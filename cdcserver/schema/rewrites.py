@@ -7,8 +7,9 @@ appended) the rows a consumer holds are still the table's. Anything else may hav
 stored values: a narrower type truncates or clips them under a permissive ``sql_mode``,
 ``NOT NULL`` turns NULLs into zeros, another character set replaces characters it lacks with
 ``?``, FLOAT to DOUBLE exposes the float's binary value, a temporal type changes the text of
-every value. Those actions are named here, so that the stream re-reads the table
-(:mod:`cdcserver.replication.rowless`).
+every value. An added column with a value other than NULL (a DEFAULT, NOT NULL, AUTO_INCREMENT,
+a generated column) gives every existing row that value. Those actions are named here, so
+that the stream re-reads the table (:mod:`cdcserver.replication.rowless`).
 
 This errs on the side of re-reading: a re-read that finds nothing different costs a read of
 the table and adds no record.
@@ -52,6 +53,10 @@ def action_rewrites(definition: TableDefinition, action: object) -> list[str]:
         if not holds_every_value(old, new):
             return [f"{'MODIFY' if old.name == new.name else 'CHANGE'} {old.name} "
                     f"{_describe(old)} to {_describe(new)} rewrites its values"]
+    if isinstance(action, ddl.AddColumns):
+        return [f"ADD COLUMN {name} gives the rows already there a value"
+                for name in dict.fromkeys(action.filled)
+                if not (action.if_not_exists and definition.has(name))]
     if isinstance(action, ddl.ConvertCharset):
         return [f"CONVERT TO CHARACTER SET {action.charset} rewrites {c.name}"
                 for c in definition.columns
