@@ -33,8 +33,8 @@ from cdcserver.replication.connection import SourceAddress
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
 from cdcserver.users import UsersFile
-from client.dump import DumpDecoder, DumpRows
-from client.wire import auth_message
+from client.format.dump import DumpDecoder, DumpRows
+from client.format.wire import auth_message
 
 TABLE = TableName("bench", "orders")
 

@@ -82,7 +82,7 @@ from bench.common import OUT, RECORDS, line, load_workload
 from cdcserver.embedded import EmbeddedMariaDB
 from cdcserver.gtid import GtidState
 from cdcserver.users import UsersFile
-from client.wire import auth_message
+from client.format.wire import auth_message
 
 USER = PASSWORD = "bench"
 MIB = 1 << 20

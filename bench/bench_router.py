@@ -36,7 +36,7 @@ from cdcserver.embedded import EmbeddedMariaDB
 from cdcserver.gtid import GtidState
 from cdcserver.service import Service
 from cdcserver.users import UsersFile
-from client.wire import auth_message
+from client.format.wire import auth_message
 
 
 async def service_to_durable_avro(server: EmbeddedMariaDB, data_dir: str) -> tuple[float, int]:

@@ -13,24 +13,20 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import getpass
 import json
 import logging
-import signal
 import sys
-from collections.abc import Callable, Coroutine
-from typing import Any
 
 from cdcserver import config as cfg
 from cdcserver import logs
 from cdcserver.errors import CdcError, ConfigError
+from cdcserver.process import EXIT_FAILED, EXIT_OK, EXIT_USAGE, run_until_signalled
 from cdcserver.store.naming import TableName
 from cdcserver.users import UsersFile
 
 log = logging.getLogger("cdcserver")
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,63 +158,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     service = Service(config)
     return run_until_signalled(lambda stop: service.run(stop))
-
-
-def run_until_signalled(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> int:
-    """Run ``main(stop)`` on uvloop (when installed) until it returns or SIGTERM/SIGINT."""
-
-    async def wrapper() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        watchdog = asyncio.create_task(_report_slow_shutdown(stop))
-        try:
-            await main(stop)
-        finally:
-            watchdog.cancel()
-
-    try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(wrapper())
-    except CdcError as exc:
-        log.error("%s", exc)
-        return EXIT_FAILED if not isinstance(exc, ConfigError) else EXIT_USAGE
-    return EXIT_OK
-
-
-SLOW_SHUTDOWN = 15.0
-
-
-async def _report_slow_shutdown(stop: asyncio.Event) -> None:
-    """If stopping takes long, say what is still running (every SLOW_SHUTDOWN seconds)."""
-    await stop.wait()
-    while True:
-        await asyncio.sleep(SLOW_SHUTDOWN)
-        current = asyncio.current_task()
-        waiting = [f"{task.get_name()}: {_awaiting(task.get_coro())}"
-                   for task in asyncio.all_tasks() if task is not current]
-        log.warning("still stopping after %.0fs; waiting for: %s", SLOW_SHUTDOWN,
-                    "; ".join(waiting) or "nothing")
-
-
-def _awaiting(coro: Any) -> str:
-    """Where a coroutine is suspended, following what it awaits."""
-    chain = []
-    while coro is not None and hasattr(coro, "cr_frame") and coro.cr_frame is not None:
-        frame = coro.cr_frame
-        chain.append(f"{frame.f_code.co_name} ({frame.f_code.co_filename.rsplit('/', 1)[-1]}"
-                     f":{frame.f_lineno})")
-        coro = coro.cr_await
-    return " -> ".join(chain) or "?"
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 def _source_and_store_options(parser: argparse.ArgumentParser) -> None:

@@ -15,7 +15,6 @@ import os
 import random
 import socket
 
-from cdcserver.cli import run_until_signalled
 from cdcserver.config import (
     Config,
     DumpConfig,
@@ -26,9 +25,10 @@ from cdcserver.config import (
 )
 from cdcserver.embedded import EmbeddedMariaDB, ensure_mariadb_installed
 from cdcserver.gtid import GtidState
+from cdcserver.process import run_until_signalled
 from cdcserver.service import Service
 from cdcserver.users import UsersFile
-from client.wire import auth_message
+from client.format.wire import auth_message
 
 DEMO_USER, DEMO_PASSWORD = "cdcuser", "cdcpass"
 

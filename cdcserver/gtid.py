@@ -12,15 +12,11 @@ which is exact for a replica that reads one binlog in order.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from cdcserver.errors import ConfigError
-
-_MARIADB_GTID = re.compile(r"^(\d+)-(\d+)-(\d+)$")
-_MYSQL_GTID = re.compile(r"^([0-9a-fA-F-]{36}):(\d+)$")
-_MYSQL_SET_ITEM = re.compile(r"^([0-9a-fA-F-]{36}):(?:1-)?(\d+)$")
+from client.format.gtid import MARIADB_GTID, MYSQL_GTID, MYSQL_SET_ITEM
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,9 +30,9 @@ class Gtid:
     def parse(cls, text: str) -> Gtid:
         """Parse ``D-S-N`` (MariaDB) or ``uuid:N`` (MySQL)."""
         text = text.strip()
-        if m := _MARIADB_GTID.match(text):
+        if m := MARIADB_GTID.match(text):
             return cls(int(m[1]), int(m[2]), int(m[3]))
-        if m := _MYSQL_GTID.match(text):
+        if m := MYSQL_GTID.match(text):
             return cls(0, 0, int(m[2]), m[1].lower())
         raise ValueError(f"not a GTID: {text!r} (expected domain-server_id-sequence)")
 
@@ -64,7 +60,7 @@ class GtidState:
         """Parse MariaDB's ``0-1-5,1-2-9`` or a MySQL set ``uuid:1-9,uuid2:1-3``."""
         gtids = []
         for item in filter(None, (p.strip() for p in text.replace("\n", "").split(","))):
-            if m := _MYSQL_SET_ITEM.match(item):
+            if m := MYSQL_SET_ITEM.match(item):
                 gtids.append(Gtid(0, 0, int(m[2]), m[1].lower()))
             else:
                 gtids.append(Gtid.parse(item))

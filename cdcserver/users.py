@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from cdcserver.errors import ConfigError
 from cdcserver.store.checkpoint import write_atomically
 from cdcserver.store.naming import TableName
-from client.wire import digest_hash, password_hash
+from client.format.wire import digest_hash, password_hash
 
 _HASH = re.compile(r"^[0-9A-F]{40}$")
 _NAME = re.compile(r"^[^:\s]{1,43}$")  # MaxScale's auth message allows 43-byte names

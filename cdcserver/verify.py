@@ -47,8 +47,8 @@ from cdcserver.store.reader import (
     table_life,
     wait_for_checkpoint,
 )
-from client.dump import DumpDecoder, DumpHeader, DumpRows
-from client.schema import Field, Kind, from_avro_value
+from client.format.dump import DumpDecoder, DumpHeader, DumpRows
+from client.format.schema import Field, Kind, from_avro_value
 
 CHUNK_ROWS = 1000
 _WIDE = Context(prec=100)  # DECIMAL(65,30) exceeds the default context's 28 digits

@@ -8,14 +8,42 @@
                 print("version", event.version, [f.column for f in event.columns])
             else:
                 print(event.event_type, event.gtid, event.values)
+
+The names below are loaded when first used, so that importing :mod:`client.format` (the wire
+format the service shares) loads nothing else.
 """
 
-from client.aio import CdcClient, CdcConnection
-from client.stream import ChangeRecord, Event, SchemaChange
-from client.sync import SyncCdcClient, SyncCdcConnection
-from client.wire import Code, Format, ProtocolError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "CdcClient": "client.aio", "CdcConnection": "client.aio",
+    "ChangeRecord": "client.stream", "Event": "client.stream", "SchemaChange": "client.stream",
+    "SyncCdcClient": "client.sync", "SyncCdcConnection": "client.sync",
+    "Code": "client.format.wire", "Format": "client.format.wire",
+    "ProtocolError": "client.format.wire",
+    "table_ref": "client.format.names", "parse_table": "client.format.names",
+}
 
 __all__ = [
     "CdcClient", "CdcConnection", "ChangeRecord", "Code", "Event", "Format", "ProtocolError",
-    "SchemaChange", "SyncCdcClient", "SyncCdcConnection",
+    "SchemaChange", "SyncCdcClient", "SyncCdcConnection", "parse_table", "table_ref",
 ]
+
+if TYPE_CHECKING:
+    from client.aio import CdcClient, CdcConnection
+    from client.format.names import parse_table, table_ref
+    from client.format.wire import Code, Format, ProtocolError
+    from client.stream import ChangeRecord, Event, SchemaChange
+    from client.sync import SyncCdcClient, SyncCdcConnection
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'client' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -34,10 +34,9 @@ import os
 import ssl
 import sys
 
-from client.dump import DumpDecoder, DumpError, DumpHeader
-from client.names import BadTableRef, parse_table
-from client.sync import SyncCdcConnection
-from client.wire import (
+from client.format.dump import DumpDecoder, DumpError, DumpHeader
+from client.format.names import BadTableRef, parse_table
+from client.format.wire import (
     DataRequest,
     DumpRequest,
     Format,
@@ -45,6 +44,7 @@ from client.wire import (
     auth_message,
     parse_request_data,
 )
+from client.sync import SyncCdcConnection
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 

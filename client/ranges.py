@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from client.avro import (
+from client.format.avro import (
     MAGIC,
     AvroFormatError,
     Header,
@@ -28,9 +28,9 @@ from client.avro import (
     container_header,
     parse_header,
 )
-from client.names import Table, as_table
+from client.format.names import Table, as_table
+from client.format.wire import Code, DataRequest, Format, ProtocolError, RangeQuery, parse_reply
 from client.sync import SyncCdcConnection
-from client.wire import Code, DataRequest, Format, ProtocolError, RangeQuery, parse_reply
 
 _MARIADB = re.compile(r"^(\d+)-(\d+)-(\d+)$")
 _MYSQL = re.compile(r"^([0-9a-fA-F-]{36}):(?:\d+-)?(\d+)$")

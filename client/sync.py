@@ -18,10 +18,9 @@ import uuid as uuidlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from client.dump import DumpDecoder, DumpHeader, DumpRows
-from client.names import Table, TableRef, as_table
-from client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
-from client.wire import (
+from client.format.dump import DumpDecoder, DumpHeader, DumpRows
+from client.format.names import Table, TableRef, as_table
+from client.format.wire import (
     Code,
     DataRequest,
     DumpRequest,
@@ -30,6 +29,7 @@ from client.wire import (
     auth_message,
     parse_reply,
 )
+from client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
 
 log = logging.getLogger(__name__)
 

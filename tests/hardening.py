@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from cdcserver.protocol.server import ListenerLimits
 from cdcserver.protocol.session import Reply, SendDump, Session, StartStream
-from client.wire import Code, auth_message
+from client.format.wire import Code, auth_message
 from tests.helpers import PASSWORD, USER, RawClient
 from tests.test_listener import Listener, _listener
 

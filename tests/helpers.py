@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from client.wire import auth_message
+from client.format.wire import auth_message
 
 USER, PASSWORD = "cdcuser", "cdcpass"
 

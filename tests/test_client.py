@@ -16,7 +16,7 @@ import pytest
 
 from client import CdcClient, ChangeRecord, ProtocolError, SchemaChange, SyncCdcClient
 from client.cli import main as cdc_main
-from client.wire import Code
+from client.format.wire import Code
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER
 

@@ -13,7 +13,7 @@ import pytest
 
 from cdcserver.demo import DEMO_PASSWORD, DEMO_USER
 from client import ChangeRecord, SchemaChange, SyncCdcClient
-from client.dump import DumpHeader, DumpRows
+from client.format.dump import DumpHeader, DumpRows
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.slow]

@@ -16,7 +16,7 @@ import yaml
 from cdcserver.config import Config, parse_source_url
 from cdcserver.store.naming import TableName
 from cdcserver.users import UsersFile
-from client.wire import password_hash
+from client.format.wire import password_hash
 
 ROOT = Path(__file__).parent.parent
 DOCKER = ROOT / "docker"

@@ -21,7 +21,7 @@ from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
 from cdcserver.store.store import AvroStore
 from cdcserver.users import UsersFile
-from client.wire import Code, auth_message
+from client.format.wire import Code, auth_message
 from tests.helpers import PASSWORD, USER, RawClient, pace
 
 LAYOUT = TableLayout("shop", "items", (

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from client.names import (
+from client.format.names import (
     BadTableRef,
     TableRef,
     parse_table,
@@ -17,7 +17,7 @@ from client.names import (
     split_list,
     table_ref,
 )
-from client.wire import (
+from client.format.wire import (
     Code,
     DataRequest,
     DumpRequest,

@@ -21,7 +21,7 @@ from cdcserver.protocol.throttle import LoginThrottle
 from cdcserver.store.naming import TableName
 from cdcserver.users import UsersFile
 from client import SyncCdcClient
-from client.wire import auth_message
+from client.format.wire import auth_message
 from tests.conftest import make_config, start_service
 from tests.helpers import PASSWORD, USER, RawClient, wait_until
 from tests.test_listener import Listener, _listener

@@ -17,7 +17,7 @@ import pytest
 from cdcserver.embedded import free_port
 from cdcserver.gtid import GtidState
 from cdcserver.status import fetch_health
-from client.wire import auth_message
+from client.format.wire import auth_message
 from tests.conftest import Source
 from tests.helpers import PASSWORD, USER, wait_until
 from tests.test_crash import TABLES, Load, _assert_exact, _verify_all

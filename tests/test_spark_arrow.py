@@ -18,7 +18,7 @@ pytest.importorskip("cavro")
 import fastavro
 
 from cdcserver.store.avrofile import compress
-from client.avro import (
+from client.format.avro import (
     SYNC_SIZE,
     block_at,
     container_header,

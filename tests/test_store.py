@@ -26,7 +26,7 @@ from cdcserver.store import avrofile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
 from cdcserver.store.store import AvroStore
-from client.schema import Field, Kind
+from client.format.schema import Field, Kind
 from client.stream import ChangeRecord, Resume, SchemaChange
 
 

@@ -23,7 +23,7 @@ import pytest
 from cdcserver.protocol.records import compile_block_renderer, compile_renderer
 from cdcserver.store import store as store_module
 from cdcserver.store import transcoder
-from client.avro import block_at, decompress, parse_header
+from client.format.avro import block_at, decompress, parse_header
 from tests.conftest import Source, make_config, start_service
 
 pytestmark = pytest.mark.mariadb

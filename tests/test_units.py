@@ -27,7 +27,14 @@ from cdcserver.store.naming import (
     parse_version_file,
 )
 from cdcserver.store.schema import TableSchema
-from client.wire import Code, Format, ProtocolError, parse_auth, parse_register, parse_request_data
+from client.format.wire import (
+    Code,
+    Format,
+    ProtocolError,
+    parse_auth,
+    parse_register,
+    parse_request_data,
+)
 
 # -- binlog value formats ----------------------------------------------------------------
 
@@ -289,7 +296,7 @@ def test_replication_starts_at_the_earliest_sink_checkpoint():
 
 
 def test_after_dump_and_list_dumps_grammar():
-    from client.wire import parse_list_dumps, parse_request_dump
+    from client.format.wire import parse_list_dumps, parse_request_dump
 
     request = parse_request_data("db.t AFTER 0-1-5,3-2-9")
     assert request.after == "0-1-5,3-2-9" and request.gtid is None
@@ -368,8 +375,8 @@ def test_durations_and_sizes_in_the_configuration():
 
 
 def test_dump_values_encode_and_decode_to_the_stream_types():
-    from client.dump import decode_value, encode_value
-    from client.schema import Field, Kind
+    from client.format.dump import decode_value, encode_value
+    from client.format.schema import Field, Kind
 
     cases = [
         (Field("d", Kind.DECIMAL, "d", scale=2), Decimal("-12.50")),

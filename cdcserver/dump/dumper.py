@@ -45,7 +45,7 @@ from cdcserver.schema.history import layout_of
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
 from cdcserver.store.schema import TableSchema
-from client.dump import FORMAT, operation_line
+from client.format.dump import FORMAT, operation_line
 
 log = logging.getLogger(__name__)
 

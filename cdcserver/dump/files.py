@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 from cdcserver.store.naming import TableName, decode_identifier
-from client.dump import DumpHeader
+from client.format.dump import DumpHeader
 
 log = logging.getLogger(__name__)
 

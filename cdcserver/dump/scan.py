@@ -1,6 +1,6 @@
 """Reading a table's rows for a dump: the select list, and primary-key chunks.
 
-Each column is selected in the text form the dump stores (see :mod:`client.dump`): FLOAT as
+Each column is selected in the text form the dump stores (see :mod:`client.format.dump`): FLOAT as
 ``CAST(f AS DOUBLE)`` (the text protocol prints FLOAT with only 6 digits; the double holds its
 32-bit value exactly), BIT as the number, ENUM/SET/INET/UUID as their text.
 
@@ -28,7 +28,7 @@ from cdcserver.dump import rawrows
 from cdcserver.dump.snapshot import qualified, quote
 from cdcserver.schema.definition import BINARY_TYPES, TableDefinition
 from cdcserver.store.naming import TableName
-from client.schema import Field, Kind
+from client.format.schema import Field, Kind
 
 _NUMERIC_KEY = frozenset({"tinyint", "smallint", "mediumint", "int", "bigint", "decimal",
                           "year", "serial"})

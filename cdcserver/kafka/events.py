@@ -17,7 +17,7 @@ from cdcserver.changes import Begin, Change, Commit, Ddl, Rows, RowsKind, TableL
 from cdcserver.gtid import BinlogPosition, Gtid
 from cdcserver.store.naming import TableName
 from cdcserver.store.schema import TableSchema
-from client.schema import Field
+from client.format.schema import Field
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ from typing import Any
 import orjson
 
 from cdcserver.kafka.events import RowEvent, StatementEvent, TableShape
-from client.dump import value_encoder
-from client.schema import Field, Kind, float32_text, to_json_text
+from client.format.dump import value_encoder
+from client.format.schema import Field, Kind, float32_text, to_json_text
 
 Message = tuple[bytes, bytes]  # key, value
 RowMessage = tuple[bytes, bytes, int]  # key, value, the event_number of its first record

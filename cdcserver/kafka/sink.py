@@ -55,7 +55,7 @@ from cdcserver.kafka.events import (
 )
 from cdcserver.kafka.formats import FORMATS, MessageFormat, primary_key
 from cdcserver.store import checkpoint as ckpt
-from client.dump import value_encoder
+from client.format.dump import value_encoder
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import fastavro
 from cdcserver.store.avrofile import Block, Header, decompress
 from cdcserver.store.catalog import VersionInfo
 from cdcserver.store.schema import TableSchema
-from client.schema import Kind, to_json_text
+from client.format.schema import Kind, to_json_text
 
 try:
     from cdcserver.protocol import _jsonlines  # type: ignore[attr-defined]

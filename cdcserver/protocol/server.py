@@ -29,7 +29,7 @@ from cdcserver.protocol.session import (
 from cdcserver.protocol.stream import Streamer, read_range
 from cdcserver.protocol.tail import Tails, Traffic
 from cdcserver.store.inuse import in_use
-from client.wire import Code, ProtocolError, error_line
+from client.format.wire import Code, ProtocolError, error_line
 
 log = logging.getLogger(__name__)
 

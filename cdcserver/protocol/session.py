@@ -25,8 +25,8 @@ from cdcserver.store.catalog import Catalog
 from cdcserver.store.index import RangePlan, StoreIndex, TransactionInfo
 from cdcserver.store.naming import TableName
 from cdcserver.users import UsersFile
-from client.names import table_ref
-from client.wire import (
+from client.format.names import table_ref
+from client.format.wire import (
     OK,
     Code,
     DataRequest,

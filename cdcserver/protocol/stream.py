@@ -57,7 +57,7 @@ from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.index import StoreIndex
 from cdcserver.store.inuse import in_use
 from cdcserver.store.naming import TableName
-from client.wire import Code, DataRequest, Format, ProtocolError
+from client.format.wire import Code, DataRequest, Format, ProtocolError
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cdcserver.store.catalog import TableEntry, VersionInfo
-from client.wire import Format
+from client.format.wire import Format
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from cdcserver.errors import StoreError
 from cdcserver.store.encoder import varint
-from client.avro import (
+from client.format.avro import (
     MAGIC,
     SYNC_SIZE,
     AvroFormatError,

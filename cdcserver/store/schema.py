@@ -19,7 +19,7 @@ from typing import Any
 from cdcserver.changes import ColumnDef, TableLayout
 from cdcserver.replication.constants import ColumnType as T
 from cdcserver.store.naming import TableName
-from client.schema import EVENT_TYPES, METADATA_FIELDS, Field, Kind, fields_from_schema
+from client.format.schema import EVENT_TYPES, METADATA_FIELDS, Field, Kind, fields_from_schema
 
 NAMESPACE = "MaxScaleChangeDataSchema.avro"
 _RESERVED = {name.lower() for name in METADATA_FIELDS}

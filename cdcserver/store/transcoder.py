@@ -29,7 +29,7 @@ from cdcserver.replication.charsets import single_byte_table
 from cdcserver.replication.constants import ColumnType as T
 from cdcserver.store.encoder import encode_string
 from cdcserver.store.schema import map_column
-from client.schema import Kind
+from client.format.schema import Kind
 
 try:
     from cdcserver.store import _transcode  # type: ignore[attr-defined]

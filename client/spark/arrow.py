@@ -22,7 +22,7 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import DataType, DecimalType, StringType, StructType
 
-from client.avro import (
+from client.format.avro import (
     SYNC_SIZE,
     AvroFormatError,
     Header,
@@ -31,9 +31,9 @@ from client.avro import (
     decompress,
     write_varint,
 )
-from client.names import table_ref
+from client.format.names import table_ref
+from client.format.schema import Field, Kind, fields_from_schema, parse_time
 from client.ranges import Blocks, Trim
-from client.schema import Field, Kind, fields_from_schema, parse_time
 from client.spark.types import invalid_date
 
 Records = list[dict[str, Any]]

@@ -20,7 +20,7 @@ import shutil
 import sys
 from typing import Any
 
-from client.names import parse_table
+from client.format.names import parse_table
 from client.spark.types import METADATA
 
 CURRENT = "CURRENT"

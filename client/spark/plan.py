@@ -2,7 +2,8 @@
 where each table starts, and how a span of offsets is cut into partitions.
 
 Offsets are JSON objects ``{"tables": {"db.t": position, ...}}``, each table named as commands
-name it (``client.names``: ```my db`.t`` for a name that must be quoted), where a position is a
+name it (``client.format.names``: ```my db`.t`` for a name that must be quoted), where a
+position is a
 :class:`client.ranges.Position` (``gtid_state``, and ``txn``/``event`` inside a cut
 transaction), or ``{"dump": name, "gtid_state": g}`` for a table whose dump is still to be
 read. An end offset also lists, per table, the positions its range is cut at (``splits``):
@@ -19,7 +20,7 @@ from typing import Any
 
 from pyspark.sql.datasource import InputPartition
 
-from client.names import BadTableRef, parse_table, split_list, table_ref
+from client.format.names import BadTableRef, parse_table, split_list, table_ref
 from client.ranges import Position, advance, plan
 from client.sync import SyncCdcConnection
 

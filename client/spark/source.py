@@ -29,8 +29,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from client.dump import DumpHeader, DumpRows
-from client.names import table_ref
+from client.format.dump import DumpHeader, DumpRows
+from client.format.names import table_ref
 from client.ranges import Position, Schema, Trim, gtid_parts, read_blocks
 from client.spark import plan
 from client.spark.arrow import BatchMaker

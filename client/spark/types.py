@@ -32,8 +32,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from client.names import table_ref
-from client.schema import METADATA_FIELDS, Field, Kind, fields_from_schema
+from client.format.names import table_ref
+from client.format.schema import METADATA_FIELDS, Field, Kind, fields_from_schema
 
 METADATA = StructType([
     StructField("domain", IntegerType(), False),

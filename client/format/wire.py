@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from client.names import (
+from client.format.gtid import is_gtid, is_gtid_state
+from client.format.names import (
     SPACE_RULE,
     BadTableRef,
     Table,
@@ -142,8 +143,6 @@ class Format(StrEnum):
 
 
 _REGISTER = re.compile(r"^REGISTER\s+UUID=([^,\s]*)\s*,\s*TYPE=(\S+)\s*$", re.I)
-_GTID = re.compile(r"^(\d+)-(\d+)-(\d+)$|^[0-9a-fA-F-]{36}:\d+$")
-_GTID_STATE_ITEM = re.compile(r"^\d+-\d+-\d+$|^[0-9a-fA-F-]{36}:(?:\d+-)?\d+$")
 
 
 @dataclass(frozen=True)
@@ -201,7 +200,7 @@ def parse_request_data(argument: str) -> DataRequest:
         raise ProtocolError(Code.NO_FILE, "versions start at 000001")
     if len(words) == 2 and words[0].upper() == "AFTER":
         after = _gtid_state(words[1])
-    elif len(words) == 1 and _GTID.match(words[0]):
+    elif len(words) == 1 and is_gtid(words[0]):
         gtid = words[0]
     elif words:
         hint = _spaced(argument, ref, {"AFTER", "UNTIL"}, version=True)
@@ -210,11 +209,6 @@ def parse_request_data(argument: str) -> DataRequest:
                                 f"not a GTID: {words[0]!r} (expected domain-server-seq)")
         raise _misplaced(hint, _REQUEST_DATA)
     return DataRequest(ref.database, ref.table, ref.version, gtid, after, until)
-
-
-def is_gtid_state(text: str) -> bool:
-    items = text.split(",")
-    return bool(text) and all(_GTID_STATE_ITEM.match(i) for i in items)
 
 
 def _gtid_state(text: str) -> str:
@@ -371,7 +365,3 @@ def parse_query_range(argument: str) -> RangeQuery:
         states[word.upper()] = _gtid_state(state)
     return RangeQuery(ref.database, ref.table, states.get("AFTER", ""), int(words[-1]),
                       states.get("UNTIL", ""))
-
-
-def is_gtid(text: str) -> bool:
-    return bool(_GTID.match(text))

@@ -1,0 +1,10 @@
+"""What the service and its clients must agree on, byte for byte, and nothing else: no I/O,
+no client, no server. The service imports only this package from ``client``.
+
+- :mod:`client.format.wire`: the command grammar, replies, error codes, the login hash;
+- :mod:`client.format.gtid`: GTID and GTID-state syntax;
+- :mod:`client.format.names`: table references (``db.table``, quoted names);
+- :mod:`client.format.schema`: MariaDB types to Avro and JSON, metadata fields, value texts;
+- :mod:`client.format.avro`: Avro object-container framing (header, blocks, sync markers);
+- :mod:`client.format.dump`: the dump format (header, operations, value texts).
+"""

@@ -1,0 +1,109 @@
+"""The tree's structure holds: the service imports only the shared format from the client
+side, the format loads nothing else, and no module of the service imports itself back."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """What a module imports anywhere in it (a function-level import is still a
+    dependency), except under ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text(), str(path))
+    names: set[str] = set()
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for n in ast.walk(node))
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _graph(package: str) -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in (ROOT / package).rglob("*.py")}
+    # a module's own packages are not dependencies: Python imports them first anyway
+    return {name: {m for m in _imports(path) if m in modules and m != name
+                   and not name.startswith(m + ".")}
+            for name, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each strongly connected group of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_no_module_of_the_service_or_the_client_imports_itself_back():
+    assert _cycles(_graph("cdcserver")) == []
+    assert _cycles(_graph("client")) == []
+
+
+def test_the_service_imports_only_the_shared_format_from_the_client():
+    offending = {}
+    for path in (ROOT / "cdcserver").rglob("*.py"):
+        outside = {m for m in _imports(path)
+                   if m.split(".")[0] == "client" and not m.startswith("client.format")}
+        if outside:
+            offending[_module_name(path)] = sorted(outside)
+    assert offending == {}
+
+
+def test_the_shared_format_loads_nothing_but_itself():
+    code = ("import sys, pkgutil, importlib, cdcserver\n"
+            "for m in pkgutil.walk_packages(cdcserver.__path__, 'cdcserver.'):\n"
+            "    importlib.import_module(m.name)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'client'))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    loaded = eval(out)  # a printed list of module names
+    assert [m for m in loaded if m != "client" and not m.startswith("client.format")] == []
+    for path in (ROOT / "client" / "format").glob("*.py"):
+        imported = {m.split(".")[0] for m in _imports(path)}
+        # cramjam: the snappy and zstd block codecs, bytes to bytes
+        assert imported <= set(sys.stdlib_module_names) | {"client", "cramjam"}, (path, imported)
