@@ -22,6 +22,7 @@ from cdcserver import config as cfg
 from cdcserver import logs
 from cdcserver.errors import CdcError, ConfigError
 from cdcserver.process import EXIT_FAILED, EXIT_OK, EXIT_USAGE, run_until_signalled
+from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
 from cdcserver.users import UsersFile
 
@@ -273,19 +274,18 @@ def cmd_dumps(args: argparse.Namespace) -> int:
 
 def cmd_schema_forget(args: argparse.Namespace) -> int:
     import fcntl
-    import os
 
     from cdcserver.schema.history import SchemaHistory
 
     config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
-    state = os.path.join(config.store.data_dir, "state")
-    with open(os.path.join(state, "writer.lock"), "a+b") as lock:
+    layout = DataDir(config.store.data_dir)
+    with open(layout.writer_lock, "a+b") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise CdcError("the service is running on this data directory; stop it first") \
                 from None
-        SchemaHistory(os.path.join(state, "schema_history.jsonl")).forget(
+        SchemaHistory(layout.schema_history).forget(
             _table_name(args.table))
     print(f"forgot {args.table}; the service will re-learn it from the source")
     return EXIT_OK

@@ -40,6 +40,7 @@ from cdcserver.reread.view import Views
 from cdcserver.retention import Cleaner
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.store.catalog import Catalog
+from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
 from cdcserver.store.store import DISK_FULL_ERRNOS, AvroStore
 from cdcserver.users import UsersFile
@@ -54,7 +55,8 @@ T = TypeVar("T")
 class Service:
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.catalog = Catalog(f"{config.store.data_dir}/avro")
+        self.layout = DataDir(config.store.data_dir)
+        self.catalog = Catalog(self.layout.avro)
         self.store = AvroStore(config.store.data_dir, self.catalog, codec=config.store.codec,
                                block_size=config.store.block_size)
         self.users = UsersFile(config.listener.users_file)
@@ -244,7 +246,7 @@ class Service:
         for sink in self.sinks[1:]:  # the store undid its own already
             with contextlib.suppress(Exception):
                 await sink.apply([Abort("the data directory is full")])
-        probe = os.path.join(self.config.store.data_dir, "state", ".room-probe")
+        probe = self.layout.room_probe
         while True:
             await _poll(lambda: _room_for(probe, ROOM_NEEDED), self.config.store.disk_full_retry)
             try:
@@ -266,8 +268,7 @@ class Service:
         position = start_position(self.sinks, default)
         self.store.set_origin(position)
         start = position.gtid_state
-        history = SchemaHistory(os.path.join(self.config.store.data_dir, "state",
-                                             "schema_history.jsonl"))
+        history = SchemaHistory(self.layout.schema_history)
         await asyncio.to_thread(history.load, start)
         loop = asyncio.get_running_loop()
         handoff = self.handoff = Handoff(loop)
@@ -275,7 +276,7 @@ class Service:
                                      heartbeat=cfg.heartbeat, backoff=Backoff(),
                                      report_host=cfg.report_host, history=history,
                                      mariadb=mariadb, file=position.file, pos=position.pos)
-        views = Views(os.path.join(self.config.store.data_dir, "state", "views.sqlite"))
+        views = Views(self.layout.views)
         repairer = Repairer(address, self.catalog, views, self.repair_stats)
         if self.pipeline is not None and self.pipeline.repairer is not None:
             repairer.take_over(self.pipeline.repairer.carry_over())  # after a pause

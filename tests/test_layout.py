@@ -107,3 +107,25 @@ def test_the_shared_format_loads_nothing_but_itself():
         imported = {m.split(".")[0] for m in _imports(path)}
         # cramjam: the snappy and zstd block codecs, bytes to bytes
         assert imported <= set(sys.stdlib_module_names) | {"client", "cramjam"}, (path, imported)
+
+
+_DATA_DIR_NAMES = {"avro", "dump", "state", "checkpoint.json", "index.sqlite", "views.sqlite",
+                   "schema_history.jsonl", "kafka.json", "writer.lock", ".room-probe"}
+
+
+def test_only_the_layout_names_the_data_directorys_paths():
+    """Every path into the data directory comes from cdcserver/store/layout.py."""
+    offending = []
+    for path in (ROOT / "cdcserver").rglob("*.py"):
+        if path.name == "layout.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "os.path.join":
+                literals = {a.value for a in node.args if isinstance(a, ast.Constant)}
+                if literals & _DATA_DIR_NAMES:
+                    offending.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            elif isinstance(node, ast.JoinedStr) and any(
+                    isinstance(v, ast.Constant) and str(v.value).strip("/") in _DATA_DIR_NAMES
+                    for v in node.values):
+                offending.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offending == []

@@ -43,6 +43,7 @@ from cdcserver.errors import CdcError, SourceError
 from cdcserver.replication.connection import SourceAddress
 from cdcserver.schema.history import layout_of
 from cdcserver.store.catalog import Catalog
+from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
 from cdcserver.store.schema import TableSchema
 from client.format.dump import FORMAT, operation_line
@@ -183,7 +184,7 @@ def table_lock(directory: str, table: TableName) -> Iterator[None]:
 
 
 def _load_catalog(data_dir: str) -> Catalog:
-    catalog = Catalog(os.path.join(data_dir, "avro"))
+    catalog = Catalog(DataDir(data_dir).avro)
     if os.path.isdir(catalog.avro_dir):
         catalog.load()
     return catalog

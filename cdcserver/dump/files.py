@@ -14,6 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName, decode_identifier
 from client.format.dump import DumpHeader
 
@@ -24,7 +25,7 @@ _NAME = re.compile(r"^([^.]+)\.([^.]+)\.(\d{8}T\d{6}-\d{6}Z)\.dump$")
 
 
 def dump_dir(data_dir: str) -> str:
-    return os.path.join(data_dir, "dump")
+    return DataDir(data_dir).dumps
 
 
 def new_name(table: TableName, when: dt.datetime) -> str:

@@ -15,13 +15,13 @@ carries). Otherwise :class:`Unavailable` says why and the dump starts over.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 from cdcserver.errors import StoreError
 from cdcserver.gtid import Gtid, GtidState
 from cdcserver.store import checkpoint as ckpt
+from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
 from cdcserver.store.reader import (
     committed_records,
@@ -52,7 +52,7 @@ def changes_between(data_dir: str, table: TableName, fields: list[dict[str, Any]
         checkpoint = wait_for_checkpoint(data_dir, *until_at, timeout)
     except StoreError as exc:
         raise Unavailable(str(exc)) from exc
-    _check_origin(checkpoint, since, os.path.join(data_dir, "state", "checkpoint.json"))
+    _check_origin(checkpoint, since, DataDir(data_dir).checkpoint)
     versions = [info for info, _ in table_life(data_dir, table)]
     for info in versions:
         created = info.schema.gtid

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdcserver.errors import StoreError
+from cdcserver.store.durable import fsync_dir
 from cdcserver.store.naming import TableName
 
 HEADER_SLACK = 4096
@@ -126,7 +127,7 @@ class PartialDump:
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, self.progress_path)
-        _fsync_directory(self.directory)
+        fsync_dir(self.directory)
 
     def finish(self, header: dict[str, Any], name: str) -> str:
         """Write the header, give the file its final name; returns the final path."""
@@ -147,7 +148,7 @@ class PartialDump:
             self._rewrite(line, final)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.progress_path)
-        _fsync_directory(self.directory)
+        fsync_dir(self.directory)
         return final
 
     def _rewrite(self, line: bytes, final: str) -> None:
@@ -179,11 +180,3 @@ class PartialDump:
         for path in (self.path, self.progress_path, self.progress_path + ".tmp", *leftovers):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-
-
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -54,7 +54,8 @@ from cdcserver.kafka.events import (
     TableShape,
 )
 from cdcserver.kafka.formats import FORMATS, MessageFormat, primary_key
-from cdcserver.store import checkpoint as ckpt
+from cdcserver.store.durable import write_atomically
+from cdcserver.store.layout import DataDir
 from client.format.dump import value_encoder
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ class KafkaSink:
 
     def __init__(self, config: KafkaConfig, data_dir: str, state_key: str) -> None:
         self.config = config
-        self.state_path = os.path.join(data_dir, "state", "kafka.json")
+        self.state_path = DataDir(data_dir).kafka_state
         self.state_key = state_key
         try:
             zone: dt.tzinfo = zoneinfo.ZoneInfo(config.time_zone)
@@ -474,4 +475,4 @@ def _load_state(path: str) -> BinlogPosition | None:
 
 def _save_state(path: str, position: BinlogPosition) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    ckpt.write_atomically(path, json.dumps({"position": position.to_json()}).encode())
+    write_atomically(path, json.dumps({"position": position.to_json()}).encode())

@@ -43,7 +43,7 @@ from cdcserver.schema.definition import (
     named,
 )
 from cdcserver.schema.rewrites import action_rewrites
-from cdcserver.store.checkpoint import write_atomically
+from cdcserver.store.durable import write_atomically
 from cdcserver.store.naming import TableName
 from cdcserver.store.schema import map_column
 

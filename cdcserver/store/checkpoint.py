@@ -12,12 +12,12 @@ after the checkpoint is read again from the binlog.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 
 from cdcserver.errors import StoreError
 from cdcserver.gtid import BinlogPosition
+from cdcserver.store.durable import write_atomically
 from cdcserver.store.naming import TableName
 
 FORMAT = 1
@@ -90,28 +90,3 @@ def load(path: str) -> Checkpoint | None:
 def save(path: str, checkpoint: Checkpoint) -> None:
     data = dict(checkpoint.to_json(), written_at=time.time())
     write_atomically(path, json.dumps(data, indent=1).encode("utf-8"))
-
-
-def write_atomically(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    except OSError:
-        os.close(fd)
-        os.unlink(tmp)  # the old file stays whole; give back the space (a full disk)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path) or ".")
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

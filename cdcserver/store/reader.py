@@ -19,6 +19,7 @@ from cdcserver.protocol.records import decode_records
 from cdcserver.store import checkpoint as ckpt
 from cdcserver.store.avrofile import scan_blocks
 from cdcserver.store.catalog import Catalog, VersionInfo
+from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
 
 
@@ -48,9 +49,9 @@ def table_life(data_dir: str, table: TableName) -> list[tuple[VersionInfo, bool]
     flag that is True when it continues a renamed table's rows. Only the table's current
     life counts (from its last creation); when it was created by a rename, the life of the
     table it was renamed from comes first."""
-    catalog = Catalog(os.path.join(data_dir, "avro"))
+    catalog = Catalog(DataDir(data_dir).avro)
     catalog.load()
-    checkpoint = ckpt.load(os.path.join(data_dir, "state", "checkpoint.json"))
+    checkpoint = ckpt.load(DataDir(data_dir).checkpoint)
     chain: list[tuple[VersionInfo, bool]] = []
     end: int | None = None  # for an older table: the version that renamed it away
     seen: set[tuple[TableName, int | None]] = set()  # a name has several lives (swaps)
@@ -87,7 +88,7 @@ def committed_records(info: VersionInfo, start: int | None = None) -> Iterator[d
 def repair_blocks(data_dir: str, table: TableName) -> dict[tuple[str, int], set[int]]:
     """The offsets of the blocks holding repair records, by (table, version), for ``table``
     and the tables its life began as (renames)."""
-    path = os.path.join(data_dir, "state", "index.sqlite")
+    path = DataDir(data_dir).index
     if not os.path.exists(path):
         return {}
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -105,8 +106,7 @@ def repair_blocks(data_dir: str, table: TableName) -> dict[tuple[str, int], set[
 
 def gtid_state_at(data_dir: str, file: str, pos: int) -> GtidState:
     """The GTIDs of the stored transactions at or before a binlog position."""
-    db = sqlite3.connect(f"file:{os.path.join(data_dir, 'state', 'index.sqlite')}?mode=ro",
-                         uri=True)
+    db = sqlite3.connect(f"file:{DataDir(data_dir).index}?mode=ro", uri=True)
     try:
         rows = db.execute("SELECT domain, source, server_id, seq, file, pos FROM transactions"
                           ).fetchall()
@@ -127,7 +127,7 @@ def wait_for_checkpoint(data_dir: str, file: str, pos: int, timeout: float,
     """Wait until the store's checkpoint is at or past a binlog position, or (``state``:
     the source's GTID state there) holds every transaction before it. An idle source whose
     binlog rotated stands in a file no transaction has reached: the state tells."""
-    path = os.path.join(data_dir, "state", "checkpoint.json")
+    path = DataDir(data_dir).checkpoint
     deadline = time.monotonic() + timeout
     target = binlog_ordinal(file, pos)
     while True:

@@ -44,8 +44,10 @@ from cdcserver.store import checkpoint as ckpt
 from cdcserver.store.avrofile import VersionFileWriter, last_valid_end, read_header
 from cdcserver.store.catalog import Catalog, VersionInfo
 from cdcserver.store.checkpoint import Checkpoint, TableMark
+from cdcserver.store.durable import fsync_dir, write_atomically
 from cdcserver.store.encoder import RecordsEncoder, compile_encoder, record_head, record_tail
 from cdcserver.store.index import StoreIndex, TransactionInfo
+from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import MAX_VERSION, TableName, parse_version_file
 from cdcserver.store.schema import TableSchema
 from cdcserver.store.transcoder import records
@@ -95,9 +97,10 @@ class AvroStore:
     def __init__(self, data_dir: str, catalog: Catalog, *, codec: str = "null",
                  block_size: int = 64 * 1024) -> None:
         self.data_dir = data_dir
-        self.avro_dir = os.path.join(data_dir, "avro")
-        self.state_dir = os.path.join(data_dir, "state")
-        self.checkpoint_path = os.path.join(self.state_dir, "checkpoint.json")
+        self.layout = DataDir(data_dir)
+        self.avro_dir = self.layout.avro
+        self.state_dir = self.layout.state
+        self.checkpoint_path = self.layout.checkpoint
         self.catalog = catalog
         self.codec = codec
         self.block_size = block_size
@@ -123,7 +126,7 @@ class AvroStore:
         os.makedirs(self.avro_dir, exist_ok=True)
         os.makedirs(self.state_dir, exist_ok=True)
         self._lock_directory()
-        self.index = StoreIndex(os.path.join(self.state_dir, "index.sqlite"))
+        self.index = StoreIndex(self.layout.index)
         checkpoint = ckpt.load(self.checkpoint_path)
         self._recover(checkpoint)
         if checkpoint is None:  # a new directory: checkpoint "nothing" before any data
@@ -156,7 +159,7 @@ class AvroStore:
             self._lock_fd = -1
 
     def _lock_directory(self) -> None:
-        path = os.path.join(self.state_dir, "writer.lock")
+        path = self.layout.writer_lock
         self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -198,13 +201,12 @@ class AvroStore:
         for file_name in os.listdir(self.avro_dir):
             parsed = parse_version_file(file_name)
             if parsed is not None and parsed[2] == "avro":
-                files.setdefault(parsed[0], {})[parsed[1]] = os.path.join(self.avro_dir,
-                                                                          file_name)
+                files.setdefault(parsed[0], {})[parsed[1]] = self.layout.avro_file(file_name)
         return files
 
     def _cut_back(self, table: TableName, version: int, size: int) -> None:
         assert self.index is not None
-        path = os.path.join(self.avro_dir, table.file_name(version, "avro"))
+        path = self.layout.table_file(table, version, "avro")
         actual = os.path.getsize(path)
         if actual < size:
             raise StoreError(f"{path} is {actual} bytes but the checkpoint says {size}: "
@@ -222,7 +224,7 @@ class AvroStore:
         assert self.index is not None
         for suffix in ("avro", "avsc"):
             try:
-                os.unlink(os.path.join(self.avro_dir, table.file_name(version, suffix)))
+                os.unlink(self.layout.table_file(table, version, suffix))
             except FileNotFoundError:
                 pass
         self.index.drop_version(table, version)
@@ -403,10 +405,10 @@ class AvroStore:
         else:
             assert base is not None
             schema = base.successor(version, gtid, ddl)
-        avsc_path = os.path.join(self.avro_dir, table.file_name(version, "avsc"))
-        path = os.path.join(self.avro_dir, table.file_name(version, "avro"))
+        avsc_path = self.layout.table_file(table, version, "avsc")
+        path = self.layout.table_file(table, version, "avro")
         try:
-            ckpt.write_atomically(avsc_path, schema.text().encode("utf-8") + b"\n")
+            write_atomically(avsc_path, schema.text().encode("utf-8") + b"\n")
             writer = VersionFileWriter.create(path, schema.text(), self.codec)
         except OSError:
             with contextlib.suppress(FileNotFoundError):
@@ -498,7 +500,7 @@ class AvroStore:
                 raise StoreError(f"fsync of {writer.path} failed ({exc.strerror}); restart "
                                  "the service to recover from the checkpoint") from exc
         if new_files:
-            ckpt.fsync_dir(self.avro_dir)
+            fsync_dir(self.avro_dir)
         try:
             self.index.persist()
             ckpt.save(self.checkpoint_path, checkpoint)
