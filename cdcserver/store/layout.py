@@ -7,7 +7,7 @@ names under the data directory.
 
     <data_dir>/
       avro/     db.table.NNNNNN.avro and .avsc: the change stream, a file per table version
-      dump/     db.table.<time>.dump (complete), .partial (being written), .lock (in use)
+      dump/     db.table.<time>.dump (complete), .partial and .progress (being written)
       state/    checkpoint.json      the durable position and each table's durable length
                 index.sqlite         transactions, their tables and positions (the GTID index)
                 schema_history.jsonl every schema change, with its GTID
