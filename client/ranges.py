@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,21 +27,19 @@ from client.format.avro import (
     container_header,
     parse_header,
 )
+from client.format.gtid import MARIADB_GTID, MYSQL_STATE_ITEM
 from client.format.names import Table, as_table
 from client.format.wire import Code, DataRequest, Format, ProtocolError, RangeQuery, parse_reply
 from client.sync import SyncCdcConnection
-
-_MARIADB = re.compile(r"^(\d+)-(\d+)-(\d+)$")
-_MYSQL = re.compile(r"^([0-9a-fA-F-]{36}):(?:\d+-)?(\d+)$")
 
 
 def _state_items(state: str) -> dict[str, str]:
     """A GTID state's items by what it keeps one of: the domain, or a MySQL source UUID."""
     items = {}
     for item in filter(None, (i.strip() for i in state.split(","))):
-        if m := _MARIADB.match(item):
+        if m := MARIADB_GTID.match(item):
             items[m[1]] = item
-        elif m := _MYSQL.match(item):
+        elif m := MYSQL_STATE_ITEM.match(item):
             items[m[1].lower()] = f"{m[1].lower()}:1-{m[2]}"
         else:
             raise ValueError(f"not a GTID state: {state!r}")
@@ -59,9 +56,9 @@ def advance(state: str, gtid: str) -> str:
 def gtid_parts(gtid: str) -> tuple[int, int, int]:
     """(domain, server_id, sequence) of a GTID (or a one-item state) as records carry them
     (a MySQL ``uuid:N`` is domain 0, server 0)."""
-    if m := _MARIADB.match(gtid):
+    if m := MARIADB_GTID.match(gtid):
         return int(m[1]), int(m[2]), int(m[3])
-    if m := _MYSQL.match(gtid):
+    if m := MYSQL_STATE_ITEM.match(gtid):
         return 0, 0, int(m[2])
     raise ValueError(f"not a GTID: {gtid!r}")
 
@@ -71,7 +68,7 @@ def _transaction_key(gtid: str) -> tuple[int, int | None, int]:
     share a domain without gtid_strict_mode count on their own, so the server_id is part of
     it; a MySQL GTID's records carry the server_id its GTID does not name: None)."""
     domain, server_id, sequence = gtid_parts(gtid)
-    return domain, None if _MYSQL.match(gtid) else server_id, sequence
+    return domain, None if MYSQL_STATE_ITEM.match(gtid) else server_id, sequence
 
 
 @dataclass(frozen=True)

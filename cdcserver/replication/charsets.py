@@ -57,11 +57,6 @@ def _tables() -> dict[str, Any]:
         return json.load(f)["charsets"]
 
 
-def tabulated() -> frozenset[str]:
-    """The character sets decoded by MariaDB's table."""
-    return frozenset(_tables())
-
-
 def codec_for(charset_name: str) -> str | None:
     """The Python codec of a server character set; None for ``binary``."""
     if charset_name == BINARY:

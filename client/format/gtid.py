@@ -11,7 +11,7 @@ import re
 MARIADB_GTID = re.compile(r"^(\d+)-(\d+)-(\d+)$")
 MYSQL_GTID = re.compile(r"^([0-9a-fA-F-]{36}):(\d+)$")
 MYSQL_SET_ITEM = re.compile(r"^([0-9a-fA-F-]{36}):(?:1-)?(\d+)$")  # what the service stores
-_STATE_ITEM = re.compile(r"^\d+-\d+-\d+$|^[0-9a-fA-F-]{36}:(?:\d+-)?\d+$")  # what it accepts
+MYSQL_STATE_ITEM = re.compile(r"^([0-9a-fA-F-]{36}):(?:\d+-)?(\d+)$")  # what commands accept
 
 
 def is_gtid(text: str) -> bool:
@@ -21,4 +21,5 @@ def is_gtid(text: str) -> bool:
 
 def is_gtid_state(text: str) -> bool:
     """A non-empty comma-separated list of GTIDs (MySQL: ``uuid:N`` or ``uuid:M-N``)."""
-    return bool(text) and all(_STATE_ITEM.match(item) for item in text.split(","))
+    return bool(text) and all(MARIADB_GTID.match(item) or MYSQL_STATE_ITEM.match(item)
+                              for item in text.split(","))
