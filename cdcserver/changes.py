@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from cdcserver.gtid import BinlogPosition, Gtid
 
@@ -96,14 +96,22 @@ class Begin:
     commit_id: int | None = None  # MariaDB group commit id, when the primary recorded one
 
 
+class RowImages(NamedTuple):
+    """A row event's row images as the binlog has them (uncompressed): ``data[start:stop]``."""
+
+    data: bytes
+    start: int
+    stop: int
+
+
 @dataclass(slots=True)
 class Rows:
     """The rows of one binlog row event. For UPDATE, ``rows`` alternates before and after
     images: ``[before1, after1, before2, after2, ...]``.
 
-    ``avro``, when the decoder could transcode the images (``store/transcoder.py``), holds the
-    rows' columns already Avro-encoded and where each row's ends; ``rows`` then decodes the
-    images only when something reads it."""
+    ``images``, when set, are the event's row images undecoded, for a sink that writes them
+    without Python values in between (the Avro store's compiled path); ``rows`` then decodes
+    them the first time something reads it."""
 
     layout: TableLayout
     kind: RowsKind
@@ -111,7 +119,7 @@ class Rows:
     rows: Sequence[tuple[Any, ...]] = field(default_factory=list)
     file: str = ""  # the binlog file and the event's end position (its header's log_pos)
     pos: int = 0
-    avro: tuple[bytes, bytes] | None = None
+    images: RowImages | None = None
     # Why these rows are here when the binlog did not carry them (a repair: see Rowless);
     # empty for the rows of a row event.
     repair: str = ""

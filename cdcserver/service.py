@@ -39,6 +39,7 @@ from cdcserver.reread.repair import Repairer, RepairStats
 from cdcserver.reread.view import Views
 from cdcserver.retention import Cleaner
 from cdcserver.schema.history import SchemaHistory
+from cdcserver.store import transcoder
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
@@ -275,7 +276,8 @@ class Service:
         self.replicator = Replicator(address, cfg.server_id, handoff, start,
                                      heartbeat=cfg.heartbeat, backoff=Backoff(),
                                      report_host=cfg.report_host, history=history,
-                                     mariadb=mariadb, file=position.file, pos=position.pos)
+                                     mariadb=mariadb, file=position.file, pos=position.pos,
+                                     defer_decoding=transcoder.takes)
         views = Views(self.layout.views)
         repairer = Repairer(address, self.catalog, views, self.repair_stats)
         if self.pipeline is not None and self.pipeline.repairer is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -28,8 +29,10 @@ from cdcserver.changes import (
     Abort,
     Begin,
     Change,
+    ColumnDef,
     Commit,
     Ddl,
+    RowImages,
     Rows,
     RowsKind,
     TableChange,
@@ -59,7 +62,6 @@ from cdcserver.replication.rowless import (
 from cdcserver.replication.tablemap import parse_table_map
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.store.naming import TableName
-from cdcserver.store.transcoder import Transcoder, compile_transcoder
 
 HEADER = struct.Struct("<IBIIIH")  # timestamp, type, server_id, event_size, log_pos, flags
 HEADER_SIZE = 19
@@ -99,22 +101,31 @@ _STATUS_SIZES = {0: 4, 1: 8, 3: 4, 4: 6, 7: 2, 8: 2, 9: 8, 10: 4, 13: 3, 16: 1, 
                  19: 1, 20: 1, 128: 3, 129: 8, 130: 1}
 
 
-class _TableMapEntry:
-    __slots__ = ("decode", "layout", "transcoder")
+DeferDecoding = Callable[[tuple[ColumnDef, ...]], bool]
 
-    def __init__(self, layout: TableLayout) -> None:
+
+class _TableMapEntry:
+    __slots__ = ("decode", "deferred", "layout")
+
+    def __init__(self, layout: TableLayout, defer: DeferDecoding | None) -> None:
         self.layout = layout
         self.decode: RowsDecoder = compile_rows_decoder(layout.columns)
-        self.transcoder: Transcoder | None = compile_transcoder(layout.columns)
+        self.deferred = defer is not None and defer(layout.columns)
 
 
 class EventDecoder:
-    """Stateful decoder for one replication connection's event stream."""
+    """Stateful decoder for one replication connection's event stream.
+
+    ``defer_decoding`` says which layouts' row images are handed over undecoded (a sink
+    writes them directly; see :class:`~cdcserver.changes.Rows`); the others' are decoded
+    here, so that images which do not decode stop replication at this event."""
 
     def __init__(self, collations: CollationTable, start: GtidState, *,
                  checksums: bool, verify_checksums: bool = True,
-                 history: SchemaHistory | None = None) -> None:
+                 history: SchemaHistory | None = None,
+                 defer_decoding: DeferDecoding | None = None) -> None:
         self.collations = collations
+        self.defer_decoding = defer_decoding
         self.history = history
         self.cascades = CascadeFinder(history) if history is not None else None
         self.gtid_state = start
@@ -216,7 +227,7 @@ class EventDecoder:
             elif layout.metadata != "full":
                 raise SchemaError(f"the binlog has no column names for {layout.qualified_name}:"
                                   " set binlog_row_metadata=FULL on the source")
-            entry = _TableMapEntry(layout)
+            entry = _TableMapEntry(layout, self.defer_decoding)
             self._layouts[key] = entry
         self._tables[table_id] = entry
 
@@ -398,8 +409,8 @@ class EventDecoder:
         if count != len(entry.layout.columns):
             raise UndecodableEvent(f"rows event for {entry.layout.qualified_name} has {count} "
                                    f"columns, its table map {len(entry.layout.columns)}")
-        images = 2 if _ROWS_KINDS[kind] == RowsKind.UPDATE else 1
-        for _ in range(images):
+        bitmaps = 2 if _ROWS_KINDS[kind] == RowsKind.UPDATE else 1
+        for _ in range(bitmaps):
             self._require_full_image(head.take((count + 7) // 8), count, entry.layout)
         if not self.in_transaction:
             raise UndecodableEvent("row event outside a transaction")
@@ -407,10 +418,12 @@ class EventDecoder:
         if kind in _COMPRESSED_ROWS:
             data = compression.mariadb_uncompress(buf[start:stop])
             start, stop = 0, len(data)
-        avro = entry.transcoder.rows(data, start, stop) if entry.transcoder else None
+        images: RowImages | None = None
         rows: list[tuple[Any, ...]] | DeferredRows
-        if avro is not None:
-            rows = DeferredRows(entry.decode, data, start, stop, len(avro[1]) // 4)
+        if entry.deferred:
+            images = RowImages(data, start, stop)
+            rows = DeferredRows(entry.decode, images, entry.layout.qualified_name, self.file,
+                                self.pos)
         else:
             try:
                 rows = entry.decode(data, start, stop)
@@ -419,7 +432,7 @@ class EventDecoder:
                     f"rows of {entry.layout.qualified_name} do not match its table map: {exc}"
                 ) from exc
         change = Rows(entry.layout, _ROWS_KINDS[kind], timestamp, rows, self.file,
-                      self._event_end, avro)
+                      self._event_end, images)
         out.append(change)
         self._written.add(TableName(entry.layout.database, entry.layout.table))
         if self.cascades is not None and not flags & NO_FOREIGN_KEY_CHECKS_F:

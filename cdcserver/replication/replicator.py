@@ -26,7 +26,7 @@ from cdcserver.handoff import Handoff, HandoffClosed
 from cdcserver.replication import source
 from cdcserver.replication.charsets import CollationTable
 from cdcserver.replication.connection import BinlogConnection, SourceAddress
-from cdcserver.replication.decoder import EventDecoder
+from cdcserver.replication.decoder import DeferDecoding, EventDecoder
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.store.naming import TableName
 
@@ -57,7 +57,8 @@ class Replicator:
                  start: GtidState, *, blocking: bool = True, heartbeat: float = 5.0,
                  backoff: Backoff = Backoff(), report_host: str = "cdcserver",
                  history: SchemaHistory | None = None, mariadb: bool = True,
-                 file: str = "", pos: int = 4) -> None:
+                 file: str = "", pos: int = 4,
+                 defer_decoding: DeferDecoding | None = None) -> None:
         self.address = address
         self.server_id = server_id
         self.handoff = handoff
@@ -69,6 +70,7 @@ class Replicator:
         self.backoff = backoff
         self.report_host = report_host
         self.history = history
+        self.defer_decoding = defer_decoding  # layouts whose row images go over undecoded
         if history is not None:
             history.lookup = self._show_create_table
         self._control: Any = None  # SQL connection for SHOW CREATE TABLE, in this thread
@@ -199,7 +201,7 @@ class Replicator:
         try:
             conn.open()
             decoder = EventDecoder(collations, self.state, checksums=conn.checksums,
-                                   history=self.history)
+                                   history=self.history, defer_decoding=self.defer_decoding)
             log.info("replicating from %s as server_id %d, after GTID state '%s'%s",
                      self.address.describe(), self.server_id, self.state,
                      f" at {self.file}:{self.pos}" if by_position else "")

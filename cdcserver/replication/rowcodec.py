@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, overload
 
-from cdcserver.changes import ColumnDef
+from cdcserver.changes import ColumnDef, RowImages
 from cdcserver.errors import UndecodableEvent
 from cdcserver.replication import values
 from cdcserver.replication.constants import ColumnType as T
@@ -265,16 +265,19 @@ def _compile(columns: tuple[ColumnDef, ...]) -> RowsDecoder:
 
 
 class DeferredRows(Sequence[tuple[Any, ...]]):
-    """Row images decoded the first time they are read. The decoder hands these out beside
-    the rows' Avro encoding (``store/transcoder.py``): the Avro store needs only the count, so
-    the tuples are made only for the sinks that read values."""
+    """Row images decoded the first time they are read. The replicator hands these over for
+    layouts whose images a sink writes directly (the Avro store's compiled path,
+    ``store/transcoder.py``): the tuples are made only for the sinks that read values. Images
+    that do not decode raise :class:`UndecodableEvent` naming the event, wherever they are
+    first read; the transaction's ``Commit`` is then never applied."""
 
-    __slots__ = ("_args", "_count", "_decode", "_rows")
+    __slots__ = ("_args", "_decode", "_rows", "_where")
 
-    def __init__(self, decode: RowsDecoder, buf: bytes, pos: int, end: int, count: int) -> None:
+    def __init__(self, decode: RowsDecoder, images: RowImages, table: str, file: str,
+                 pos: int) -> None:
         self._decode = decode
-        self._args: tuple[bytes, int, int] | None = (buf, pos, end)
-        self._count = count
+        self._args: RowImages | None = images
+        self._where = (table, file, pos)
         self._rows: list[tuple[Any, ...]] = []
 
     def _decoded(self) -> list[tuple[Any, ...]]:
@@ -283,14 +286,14 @@ class DeferredRows(Sequence[tuple[Any, ...]]):
             try:
                 self._rows = self._decode(buf, pos, end)
             except (ValueError, IndexError, struct.error, UnicodeDecodeError) as exc:
-                # The transcoder accepted these images, so this is a bug, not bad input.
-                raise UndecodableEvent(f"rows the transcoder accepted do not decode: {exc}"
-                                       ) from exc
+                table, file, at = self._where
+                raise UndecodableEvent(f"rows of {table} do not match its table map: {exc}",
+                                       file=file, pos=at) from exc
             self._args = None
         return self._rows
 
     def __len__(self) -> int:
-        return self._count
+        return len(self._decoded())
 
     @overload
     def __getitem__(self, index: int) -> tuple[Any, ...]: ...

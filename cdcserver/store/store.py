@@ -50,7 +50,7 @@ from cdcserver.store.index import StoreIndex, TransactionInfo
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import MAX_VERSION, TableName, parse_version_file
 from cdcserver.store.schema import TableSchema
-from cdcserver.store.transcoder import records
+from cdcserver.store.transcoder import Transcoder, compile_transcoder, records
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ class _Route:
     layout: TableLayout
     info: VersionInfo
     encode: RecordsEncoder
+    transcode: Transcoder | None  # the compiled path, for rows handed over as images
 
 
 @dataclass
@@ -274,12 +275,17 @@ class AvroStore:
         if rows.repair:  # a block of its own, so the stream can say why it is there
             writer.end_block()
             txn.notes.append((target.info, writer.size, rows.repair))
-        if rows.avro is not None:
-            txn.event_no = records(writer.buffer, txn.head, tails, *rows.avro, txn.event_no)
+        avro = None
+        if rows.images is not None and route.transcode is not None:
+            avro = route.transcode.rows(*rows.images)
+        if avro is not None:
+            txn.event_no = records(writer.buffer, txn.head, tails, *avro, txn.event_no)
+            count = len(avro[1]) // 4
         else:
             txn.event_no = route.encode(writer.buffer, txn.head, tails, rows.rows, txn.event_no)
-        writer.count += len(rows.rows)
-        self.records_written += len(rows.rows)
+            count = len(rows.rows)
+        writer.count += count
+        self.records_written += count
         if rows.repair or len(writer.buffer) >= self.block_size:
             writer.end_block()
 
@@ -368,10 +374,12 @@ class AvroStore:
         if current is not None and not fresh and _same_columns(current.schema, candidate):
             info = current
         else:
-            info = self._new_version(table, txn, layout=layout)
+            info = self._new_version(table, txn, base=candidate)
             if fresh:
                 txn.fresh[table] = False
-        route = _Route(layout, info, compile_encoder(info.schema.columns, layout.columns))
+        fields = info.schema.columns
+        route = _Route(layout, info, compile_encoder(fields, layout.columns),
+                       compile_transcoder(fields, layout.columns))
         self._routes[id(layout)] = route
         return route
 

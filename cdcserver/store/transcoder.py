@@ -4,8 +4,9 @@ The Python path decodes each row image into a tuple of Python values (``rowcodec
 encodes the tuple (``encoder.py``): two calls per value and an object for every DECIMAL and
 DATETIME. For a table whose every column has a fixed Avro form of its binlog bytes, the C
 extension ``_transcode`` writes the Avro encoding straight from the image instead, several
-times faster. The decoder then keeps the image so the tuples can still be made when a sink
-wants them (Kafka, for instance); the Avro store only needs the bytes.
+times faster. The replicator hands such rows over undecoded (``takes()`` tells it which
+layouts qualify), so the tuples are made only when a sink wants them (Kafka, for instance);
+the Avro store only needs the bytes.
 
 Columns the extension does not take (MySQL's binary JSON, SET, INET4/6, UUID, the pre-5.6
 temporal formats, DECIMALs wider than 18 digits, multi-byte character sets other than UTF-8)
@@ -28,8 +29,7 @@ from cdcserver.changes import ColumnDef
 from cdcserver.replication.charsets import single_byte_table
 from cdcserver.replication.constants import ColumnType as T
 from cdcserver.store.encoder import encode_string
-from cdcserver.store.schema import map_column
-from client.format.schema import Kind
+from client.format.schema import Field, Kind
 
 try:
     from cdcserver.store import _transcode  # type: ignore[attr-defined]
@@ -51,6 +51,7 @@ _INT_OPS = {(T.TINY, False): 1, (T.TINY, True): 2, (T.SHORT, False): 3, (T.SHORT
 OP_FLOAT, OP_DOUBLE, OP_YEAR, OP_DECIMAL = 11, 12, 13, 14
 OP_UTF8, OP_BYTES, OP_BINARY, OP_CHARMAP, OP_ENUM = 15, 16, 17, 18, 19
 OP_BIT_BOOL, OP_BIT_LONG, OP_BIT_U64 = 20, 21, 22
+_BIT = -1  # a BIT column: which of the three operations depends on its Avro type
 OP_DATE, OP_DATETIME2, OP_TIMESTAMP2, OP_TIME2 = 23, 24, 25, 26
 
 _UTF8_CODECS = frozenset({"utf-8", "utf8"})
@@ -58,26 +59,37 @@ _MAX_DECIMAL_DIGITS = 18  # the unscaled value fits an int64
 # Character sets whose characters are one byte each: a 256-entry table transcodes them.
 
 Step = tuple[int, bool, int, int, int, Any]
+_BIT_OPS = {Kind.BOOLEAN: OP_BIT_BOOL, Kind.LONG: OP_BIT_LONG}
 
 
 def available() -> bool:
     return _transcode is not None and not os.environ.get(DISABLE_ENV)
 
 
-def compile_transcoder(columns: tuple[ColumnDef, ...]) -> Transcoder | None:
-    """The compiled transcoder for a table layout, or None when it takes the Python path."""
-    if not available():
+@lru_cache(maxsize=4096)
+def takes(columns: tuple[ColumnDef, ...]) -> bool:
+    """Whether rows of this layout take the compiled path (their images can be handed over
+    undecoded)."""
+    return available() and all(_step(col) is not None for col in columns)
+
+
+def compile_transcoder(fields: tuple[Field, ...], columns: tuple[ColumnDef, ...]
+                       ) -> Transcoder | None:
+    """The compiled transcoder writing rows of ``columns`` as the Avro ``fields`` of their
+    table version, or None when they take the Python path."""
+    if not takes(columns):
         return None
-    return _compile(columns)
+    return _compile(fields, columns)
 
 
 @lru_cache(maxsize=4096)
-def _compile(columns: tuple[ColumnDef, ...]) -> Transcoder | None:
+def _compile(fields: tuple[Field, ...], columns: tuple[ColumnDef, ...]) -> Transcoder:
     program = []
-    for col in columns:
+    for field, col in zip(fields, columns, strict=True):
         step = _step(col)
-        if step is None:
-            return None
+        assert step is not None
+        if step[0] == _BIT:
+            step = (_BIT_OPS.get(field.kind, OP_BIT_U64), *step[1:])
         program.append(step)
     assert _transcode is not None
     transcoder: Transcoder = _transcode.Transcoder(program)
@@ -90,7 +102,6 @@ def _step(col: ColumnDef) -> Step | None:
     t, meta = T(col.binlog_type), col.meta
     if col.extended in ("inet4", "inet6", "uuid") or t == T.JSON:
         return None
-    kind = map_column(col).kind
 
     def step(op: int, a: int = 0, b: int = 0, c: int = 0, extra: Any = None) -> Step:
         return (op, col.nullable, a, b, c, extra)
@@ -122,9 +133,7 @@ def _step(col: ColumnDef) -> Step | None:
         labels = tuple(encode_string(label) for label in col.enum_values)
         return step(OP_ENUM, 1 if meta == 1 else 2, extra=labels)
     if t == T.BIT:
-        nbytes = (meta >> 8) + (1 if meta & 0xFF else 0)
-        op = {Kind.BOOLEAN: OP_BIT_BOOL, Kind.LONG: OP_BIT_LONG}.get(kind, OP_BIT_U64)
-        return step(op, nbytes)
+        return step(_BIT, (meta >> 8) + (1 if meta & 0xFF else 0))
     if t == T.DATE:
         return step(OP_DATE)
     if t == T.DATETIME2:
