@@ -35,6 +35,7 @@ from cdcserver.embedded import EmbeddedMariaDB
 from cdcserver.gtid import BinlogPosition, GtidState
 from cdcserver.kafka import connect
 from cdcserver.kafka.sink import KafkaSink, _Message
+from cdcserver.pipeline import SourceInfo
 from cdcserver.service import Service
 from cdcserver.users import UsersFile
 from tests.kafka_broker import Tansu
@@ -44,10 +45,20 @@ class Recorder:
     """A sink that keeps every batch of changes the pipeline hands it."""
 
     name = "recorder"
+    after: tuple[str, ...] = ()
     durable: BinlogPosition | None = None
 
     def __init__(self) -> None:
         self.batches: list[list[Change]] = []
+
+    async def open(self, source: SourceInfo) -> None:
+        pass
+
+    def starting_at(self, position: BinlogPosition) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
 
     async def apply(self, changes: list[Change]) -> None:
         self.batches.append(list(changes))
@@ -66,7 +77,7 @@ async def read_changes(server: EmbeddedMariaDB) -> list[list[Change]]:
                     listener=ListenerConfig(listen="127.0.0.1:0", users_file=users))
     service = Service(config)
     recorder = Recorder()
-    service.sinks.append(recorder)  # type: ignore[arg-type]
+    service.sinks.append(recorder)
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(stop))
     await service.wait_caught_up(GtidState.parse(
@@ -91,8 +102,7 @@ class RecordingSink(KafkaSink):
 async def sink_run(config: KafkaConfig, batches: list[list[Change]]) -> tuple[float, list[Any]]:
     with tempfile.TemporaryDirectory(dir=OUT) as data_dir:
         sink = RecordingSink(config, data_dir, "bench:1")
-        sink.set_flavor(True)
-        await sink.open()
+        await sink.open(SourceInfo(mariadb=True))
         for topic in ("bench.orders", config.schema_topic, config.state_topic):
             await sink._partition_count(topic)  # topic creation is not what is measured
         start = time.perf_counter()

@@ -1,7 +1,10 @@
 """The change pipeline: from the replicator's hand-off to every sink, checkpointing by flushes.
 
-Every sink implements :class:`Sink`: ``apply`` writes changes (not necessarily durably),
-``flush`` makes everything applied durable and returns the position it covers. Each sink keeps
+Every sink implements :class:`Sink`: ``open`` gets it ready for a source (a broker is waited
+for there), ``starting_at`` says where replication starts, ``apply`` writes changes (not
+necessarily durably), ``flush`` makes everything applied durable and returns the position it
+covers, ``close`` lets go of what ``open`` took. A sink that reads another's results names it in
+``after`` and is given each batch after it. Each sink keeps
 its own checkpoint; replication starts from the earliest of them, and a sink is not given a
 transaction its own checkpoint already covers, so a restart after a crash duplicates nothing in
 any sink. Flushes run every ``flush_interval`` seconds in the background, so checkpoint I/O
@@ -13,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from cdcserver.changes import Abort, Begin, Change, Commit, Ddl
@@ -26,16 +31,32 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class SourceInfo:
+    """What the sinks learn about the source before replication starts."""
+
+    mariadb: bool  # MariaDB (True) or MySQL
+
+
 class Sink(Protocol):
     name: str
-    durable: BinlogPosition | None
+    after: tuple[str, ...]  # the sinks that apply each batch before this one
+
+    @property
+    def durable(self) -> BinlogPosition | None: ...
+
+    async def open(self, source: SourceInfo) -> None: ...
+
+    def starting_at(self, position: BinlogPosition) -> None: ...
 
     async def apply(self, changes: list[Change]) -> None: ...
 
     async def flush(self) -> BinlogPosition | None: ...
 
+    async def close(self) -> None: ...
 
-def start_position(sinks: list[Sink], default: BinlogPosition) -> BinlogPosition:
+
+def start_position(sinks: Sequence[Sink], default: BinlogPosition) -> BinlogPosition:
     """Where replication resumes: the earliest checkpoint of all sinks (a sink without one
     starts where configured). When every checkpoint has a binlog position, the earliest by
     position is taken whole (its GTID state with it): with ``gtid_strict_mode=OFF`` a domain's

@@ -112,7 +112,7 @@ class RunningService:
 
     async def replicating(self, timeout: float = 60.0) -> None:
         """Wait until the replicator has resolved its start position and is running."""
-        await self._unless_stopped(self.service.replicating.wait(), timeout)
+        await self._unless_stopped(self.service.replication.replicating.wait(), timeout)
 
     async def caught_up(self, source: Source, timeout: float = 60.0) -> None:
         """Wait until every sink has applied everything the source has logged so far: the
@@ -124,7 +124,7 @@ class RunningService:
         service = self.service
         await service.wait_caught_up(target)
         while True:
-            pipeline = service.pipeline
+            pipeline = service.replication.pipeline
             assert pipeline is not None
             if all(same_transaction(pipeline.state.get(g.key), g) for g in target):
                 return

@@ -68,10 +68,10 @@ async def test_a_full_disk_pauses_replication_and_loses_nothing(small_disk: str,
 
         for i in range(2, 62):  # 60 transactions of 60 KB: far more than is left
             source.execute(f"INSERT INTO {table} VALUES ({i}, REPEAT('x', 60000))")
-        while not cdc.service.paused:
+        while not cdc.service.replication.paused:
             await asyncio.wait({cdc.task}, timeout=0.05)
             assert not cdc.task.done(), "the service stopped instead of pausing"
-        assert "paused" in cdc.service.paused
+        assert "paused" in cdc.service.replication.paused
 
         # Serving continues from what was committed.
         client = await RawClient.connect(cdc.port)
@@ -83,7 +83,7 @@ async def test_a_full_disk_pauses_replication_and_loses_nothing(small_disk: str,
 
         os.unlink(ballast)  # room again
         await cdc.caught_up(source, timeout=120)
-        assert not cdc.service.paused
+        assert not cdc.service.replication.paused
     finally:
         await cdc.stop()
 

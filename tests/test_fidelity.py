@@ -89,7 +89,7 @@ async def test_rollback_to_a_savepoint_stops_replication(cdc: RunningService, so
                    f"CREATE TABLE {myisam} (id INT PRIMARY KEY) ENGINE=MyISAM",
                    f"INSERT INTO {innodb} VALUES (0)")
     await cdc.caught_up(source)
-    before = cdc.service.pipeline.state  # type: ignore[union-attr]
+    before = cdc.service.replication.pipeline.state  # type: ignore[union-attr]
     conn = source.server.connect()
     with conn.cursor() as cur:
         for statement in ("BEGIN", f"INSERT INTO {innodb} VALUES (10)", "SAVEPOINT s",

@@ -42,7 +42,7 @@ async def kafka_caught_up(running: RunningService, source: Source,
     """Until the sink's checkpoint covers everything the source has logged."""
     await running.caught_up(source, timeout)
     target = source.gtid_state()
-    sink = running.service.kafka
+    sink = running.service.sink("kafka")
     assert sink is not None
     deadline = asyncio.get_running_loop().time() + timeout
     while sink.durable is None or not all(sink.durable.gtid_state.covers(g) for g in target):

@@ -243,7 +243,7 @@ async def test_broker_outage_stalls_with_bounded_memory_and_loses_nothing(
         writer = threading.Thread(target=write, daemon=True)
         writer.start()
         await pace(1.0)
-        sink = running.service.kafka
+        sink = running.service.sink("kafka")
         assert sink is not None
         proxy.refuse = True
         proxy.cut()
@@ -301,8 +301,8 @@ async def test_position_is_read_back_from_the_state_topic(tmp_path, source: Sour
     running = await start_service(config)
     try:
         await running.replicating()
-        assert running.service.kafka is not None
-        durable = running.service.kafka.durable
+        assert running.service.sink("kafka") is not None
+        durable = running.service.sink("kafka").durable
         assert durable is not None and durable.gtid_state == source.gtid_state()
         source.execute(f"INSERT INTO {db}.t VALUES (101)")
         await kafka_caught_up(running, source)

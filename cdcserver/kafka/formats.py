@@ -37,6 +37,9 @@ from cdcserver.kafka.events import RowEvent, StatementEvent, TableShape
 from client.format.dump import value_encoder
 from client.format.schema import Field, Kind, float32_text, to_json_text
 
+# (database, table, GTID) -> the table version current right after that transaction
+VersionLookup = Callable[[str, str, str], int | None]
+
 Message = tuple[bytes, bytes]  # key, value
 RowMessage = tuple[bytes, bytes, int]  # key, value, the event_number of its first record
 
@@ -81,7 +84,7 @@ class MessageFormat:
         self.flavor = flavor
         # The Avro store's version number of a table's schema created by a GTID, when the
         # store made one (set by the service; the maxscale format's schema says it).
-        self.version_of: Callable[[str, str, str], int | None] = lambda db, table, gtid: None
+        self.version_of: VersionLookup = lambda db, table, gtid: None
 
     def rows(self, e: RowEvent) -> list[RowMessage]:
         return [(self.row_key(e), self.row_value(e), e.event_number)]

@@ -53,7 +53,8 @@ from cdcserver.kafka.events import (
     StatementEvent,
     TableShape,
 )
-from cdcserver.kafka.formats import FORMATS, MessageFormat, primary_key
+from cdcserver.kafka.formats import FORMATS, MessageFormat, VersionLookup, primary_key
+from cdcserver.pipeline import SourceInfo
 from cdcserver.store.durable import write_atomically
 from cdcserver.store.layout import DataDir
 from client.format.dump import value_encoder
@@ -107,7 +108,10 @@ class SinkStats:
 class KafkaSink:
     name = "kafka"
 
-    def __init__(self, config: KafkaConfig, data_dir: str, state_key: str) -> None:
+    def __init__(self, config: KafkaConfig, data_dir: str, state_key: str,
+                 versions: VersionLookup | None = None) -> None:
+        """``versions`` numbers the table versions in messages as the Avro store created
+        them; the store then applies each batch first."""
         self.config = config
         self.state_path = DataDir(data_dir).kafka_state
         self.state_key = state_key
@@ -117,6 +121,10 @@ class KafkaSink:
             raise ConfigError(f"kafka.time_zone: unknown zone {config.time_zone!r}") from exc
         self.format: MessageFormat = FORMATS[config.format](
             key=config.key, zone=zone, source_name=config.client_id)
+        self.after: tuple[str, ...] = ()
+        if versions is not None:
+            self.format.version_of = versions
+            self.after = ("avro",)
         self.builder = EventBuilder()
         self.durable: BinlogPosition | None = _load_state(self.state_path)
         self.stats = SinkStats()
@@ -132,9 +140,10 @@ class KafkaSink:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    async def open(self) -> None:
+    async def open(self, source: SourceInfo) -> None:
         """Connect (waiting for the broker) and, without local state, read the position back
         from the state topic."""
+        self.format.flavor = "mariadb" if source.mariadb else "mysql"
         await self._connect()
         if self.durable is None and self.config.state_topic:
             self.durable = await self._read_state_topic()
@@ -154,8 +163,8 @@ class KafkaSink:
         """Bytes of messages sent but not yet acknowledged."""
         return self._bytes
 
-    def set_flavor(self, mariadb: bool) -> None:
-        self.format.flavor = "mariadb" if mariadb else "mysql"
+    def starting_at(self, position: BinlogPosition) -> None:
+        """Nothing to record: the checkpoint says where this sink stands."""
 
     # -- the Sink interface ----------------------------------------------------------------
 

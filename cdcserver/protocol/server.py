@@ -44,6 +44,18 @@ class ListenerLimits:
     shutdown_grace: float = 5.0
 
 
+@dataclass(frozen=True)
+class ListenerStats:
+    """What the listener has done, for /metrics and /health."""
+
+    clients: int = 0  # connections open
+    connections: int = 0  # accepted since start
+    records_sent: int = 0
+    bytes_sent: int = 0
+    login_failures: int = 0
+    dumps_sent: int = 0
+
+
 _READ_SIZE = 65536
 
 
@@ -103,6 +115,11 @@ class CdcServer:
     @property
     def login_failures(self) -> int:
         return self.context.login_failures
+
+    def stats(self) -> ListenerStats:
+        return ListenerStats(self.connections, self.connections_total,
+                             self.traffic.records_sent, self.traffic.bytes_sent,
+                             self.login_failures, self.dumps_sent)
 
     async def start(self, host: str, port: int, *, ssl: object = None) -> tuple[str, int]:
         self._server = await asyncio.start_server(

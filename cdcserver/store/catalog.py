@@ -13,6 +13,7 @@ import asyncio
 import os
 from dataclasses import dataclass, field
 
+from cdcserver.gtid import Gtid
 from cdcserver.store.avrofile import Header, read_header
 from cdcserver.store.naming import TableName, parse_version_file
 from cdcserver.store.schema import TableSchema
@@ -91,6 +92,25 @@ class Catalog:
         if self._appeared is None or self._appeared.done():
             self._appeared = asyncio.get_running_loop().create_future()
         return self._appeared
+
+    def version_created_by(self, database: str, table: str, gtid: str) -> int | None:
+        """The version of a table current right after the transaction ``gtid``: the newest
+        whose schema was created at or before it (versions are kept across restarts, so a
+        replay finds the same)."""
+        entry = self.get(TableName(database, table))
+        if entry is None or not entry.versions:
+            return None
+        target = Gtid.parse(gtid)
+
+        def at_or_before(created: str) -> bool:
+            try:
+                g = Gtid.parse(created)
+            except ValueError:
+                return True  # a version without a GTID (from a dump): the oldest kind
+            return g.key != target.key or g.sequence <= target.sequence
+
+        versions = [v for v, info in entry.versions.items() if at_or_before(info.schema.gtid)]
+        return max(versions) if versions else None
 
     def remove_version(self, name: TableName, version: int) -> None:
         entry = self.tables.get(name)

@@ -81,6 +81,16 @@ class _Route:
     transcode: Transcoder | None  # the compiled path, for rows handed over as images
 
 
+@dataclass(frozen=True)
+class StoreStats:
+    """What the store has written, for /metrics and /health."""
+
+    records_written: int
+    checkpoint_age: float  # seconds the oldest applied transaction has waited for one
+    tables: int
+    versions: dict[str, int]  # the newest version of each table
+
+
 @dataclass
 class _Open:
     begin: Begin
@@ -484,6 +494,15 @@ class AvroStore:
                 self._undurable_since = None
             self._close_sealed()
             return position
+
+    def stats(self) -> StoreStats:
+        versions = {}
+        for name, entry in self.catalog.tables.items():
+            latest = entry.latest()
+            if latest is not None:
+                versions[str(name)] = latest.version
+        return StoreStats(self.records_written, self.checkpoint_age(),
+                          len(self.catalog.tables), versions)
 
     def checkpoint_age(self) -> float:
         """Seconds the oldest applied transaction not yet covered by the checkpoint has

@@ -1,0 +1,283 @@
+"""Replication from start to stop: where to start, the replicator and pipeline, retries, a full
+disk.
+
+The runner checks the source (preflight) and resolves where a new store starts, retrying while
+the source does not answer; opens every sink; then runs a replicator and a pipeline from the
+earliest sink checkpoint until the stream ends or fails. A full data directory pauses it: every
+sink drops its open transaction, and once a probe write fits again replication starts over from
+what the sinks applied. What it is doing is readable at any time from :meth:`stats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from cdcserver import preflight
+from cdcserver.changes import Abort
+from cdcserver.config import SourceConfig
+from cdcserver.errors import ConfigError, DiskFull, SourceError, SourceUnavailable
+from cdcserver.gtid import BinlogPosition, GtidState
+from cdcserver.handoff import Handoff
+from cdcserver.pipeline import Pipeline, Sink, SourceInfo, start_position
+from cdcserver.replication import source
+from cdcserver.replication.connection import SourceAddress
+from cdcserver.replication.decoder import DeferDecoding
+from cdcserver.replication.replicator import Backoff, Replicator
+from cdcserver.reread.repair import Repairer, RepairStats
+from cdcserver.reread.view import Views
+from cdcserver.schema.history import SchemaHistory
+from cdcserver.store.catalog import Catalog
+from cdcserver.store.layout import DataDir
+from cdcserver.store.store import DISK_FULL_ERRNOS
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+ROOM_NEEDED = 16 << 20  # bytes a probe write must fit before replication resumes
+
+
+@dataclass(frozen=True)
+class ReplicationStats:
+    """What replication is doing, for /metrics and /health."""
+
+    started: bool  # the start position is resolved and a replicator runs
+    connected: bool
+    reconnects: int
+    paused: str  # why replication is paused (a full disk), "" while it runs
+    transactions: int  # applied by every sink
+    queue_bytes: int
+    queue_capacity: int
+    repair_pending: bool
+
+
+class ReplicationRunner:
+    def __init__(self, config: SourceConfig, data_dir: DataDir, catalog: Catalog,
+                 sinks: list[Sink], *, flush_interval: float, disk_full_retry: float,
+                 defer_decoding: DeferDecoding | None = None) -> None:
+        self.config = config
+        self.data_dir = data_dir
+        self.catalog = catalog
+        self.sinks = sinks  # read when replication (re)starts: a sink may be added before
+        self.flush_interval = flush_interval
+        self.disk_full_retry = disk_full_retry
+        self.defer_decoding = defer_decoding
+        self.replicator: Replicator | None = None
+        self.pipeline: Pipeline | None = None
+        self.handoff: Handoff | None = None
+        self.paused = ""
+        self.repair_stats = RepairStats()  # changes without binlog rows, and their repairs
+        self.replicating = asyncio.Event()  # set once the replicator is started
+        self._replaced: asyncio.Future[None] | None = None
+
+    # -- what it is doing --------------------------------------------------------------
+
+    def stats(self) -> ReplicationStats:
+        replicator, pipeline, handoff = self.replicator, self.pipeline, self.handoff
+        return ReplicationStats(
+            started=replicator is not None,
+            connected=replicator is not None and replicator.connected.is_set(),
+            reconnects=replicator.reconnects if replicator is not None else 0,
+            paused=self.paused,
+            transactions=pipeline.transactions if pipeline is not None else 0,
+            queue_bytes=handoff.in_flight if handoff is not None else 0,
+            queue_capacity=handoff.capacity if handoff is not None else 0,
+            repair_pending=pipeline is not None and pipeline.repair_pending)
+
+    def applied(self, before_start: Callable[[], GtidState]) -> GtidState:
+        """Every transaction applied by every sink (``before_start`` until replication
+        runs)."""
+        return self.pipeline.state if self.pipeline is not None else before_start()
+
+    def last_commit(self) -> float | None:
+        return self.pipeline.last_commit_timestamp if self.pipeline is not None else None
+
+    async def wait_applied(self, reached: Callable[[GtidState], bool]) -> None:
+        """Return once what every sink has applied satisfies ``reached``."""
+        await self.replicating.wait()
+        assert self.pipeline is not None
+        while not reached(self.pipeline.state):
+            # Shared with other waiters (shielded); a new pipeline (after a pause) has its
+            # own progress, so a replacement wakes the waiters too.
+            progress = asyncio.shield(self.pipeline.progress())
+            replaced = asyncio.shield(self._pipeline_replaced())
+            await asyncio.wait({progress, replaced}, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in (progress, replaced):
+                waiter.cancel()
+
+    def _pipeline_replaced(self) -> asyncio.Future[None]:
+        if self._replaced is None or self._replaced.done():
+            self._replaced = asyncio.get_running_loop().create_future()
+        return self._replaced
+
+    # -- running -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Until the stream ends; raises when replication fails for good."""
+        address = self.config.address()
+        default, info = await self._retrying(lambda: self._check_source(address))
+        for sink in self.sinks:
+            await sink.open(info)  # a broker is waited for here; the listener serves meanwhile
+        while True:
+            try:
+                await self._replicate_from(address, default, info)
+                return
+            except (DiskFull, OSError) as exc:
+                if isinstance(exc, OSError) and exc.errno not in DISK_FULL_ERRNOS:
+                    raise
+                await self._pause_until_room(exc)
+
+    async def stop(self) -> None:
+        """Stop reading the binlog; the pipeline then ends after its final flush."""
+        if self.replicator is not None:
+            await asyncio.to_thread(self.replicator.stop)
+
+    async def _replicate_from(self, address: SourceAddress, default: BinlogPosition,
+                              info: SourceInfo) -> None:
+        """Replicate from where every sink stands (``default`` for a new store) until the
+        stream ends or fails."""
+        cfg = self.config
+        sinks = ordered(self.sinks)
+        position = start_position(sinks, default)
+        for sink in sinks:
+            sink.starting_at(position)
+        start = position.gtid_state
+        history = SchemaHistory(self.data_dir.schema_history)
+        await asyncio.to_thread(history.load, start)
+        handoff = self.handoff = Handoff(asyncio.get_running_loop())
+        self.replicator = Replicator(address, cfg.server_id, handoff, start,
+                                     heartbeat=cfg.heartbeat, backoff=Backoff(),
+                                     report_host=cfg.report_host, history=history,
+                                     mariadb=info.mariadb, file=position.file,
+                                     pos=position.pos, defer_decoding=self.defer_decoding)
+        views = Views(self.data_dir.views)
+        repairer = Repairer(address, self.catalog, views, self.repair_stats)
+        if self.pipeline is not None and self.pipeline.repairer is not None:
+            repairer.take_over(self.pipeline.repairer.carry_over())  # after a pause
+        self.pipeline = Pipeline(handoff, sinks, start, self.flush_interval, repairer)
+        if self._replaced is not None and not self._replaced.done():
+            self._replaced.set_result(None)
+        self.replicator.start()
+        self.replicating.set()
+        try:
+            await self.pipeline.run()
+        finally:
+            handoff.close()
+            await asyncio.to_thread(self.replicator.stop)
+            views.close()
+
+    async def _pause_until_room(self, cause: Exception) -> None:
+        """The data directory is full: every sink drops its open transaction; wait until a
+        write fits again, then replication starts over from what they applied. The listener
+        serves meanwhile (from the committed data, which nothing touched)."""
+        self.paused = f"replication paused: {cause}"
+        log.error("%s; resuming when %s has room again", self.paused, self.data_dir.root)
+        for sink in self.sinks:
+            with contextlib.suppress(Exception):
+                await sink.apply([Abort("the data directory is full")])
+        probe = self.data_dir.room_probe
+        while True:
+            await _poll(lambda: _room_for(probe, ROOM_NEEDED), self.disk_full_retry)
+            try:
+                # Checkpoints must cover everything applied: replication restarts from them,
+                # and nothing may be applied twice.
+                for sink in self.sinks:
+                    await sink.flush()
+                break
+            except DiskFull:
+                continue
+        log.warning("the data directory has room again: resuming replication")
+        self.paused = ""
+
+    def _check_source(self, address: SourceAddress) -> tuple[BinlogPosition, SourceInfo]:
+        """Where to start without a checkpoint, and what the source is."""
+        conn = source.connect(address)
+        try:
+            report = preflight.check_connection(conn, address.describe(), self.config.server_id)
+            if report.fatal:
+                raise SourceError(report.refusal() + "\n(`cdcserver check` prints every "
+                                  "finding)")
+            for finding in report.warnings:
+                log.warning("preflight: %s", finding.text())
+            info = report.info
+            assert info is not None
+            flavor = SourceInfo(mariadb=info.flavor == "mariadb")
+            wanted = self.config.start_gtid.strip()
+            if wanted == "oldest":
+                return source.oldest_position(conn, info), flavor
+            if wanted == "newest":
+                return source.newest_position(conn, info), flavor
+            try:
+                return BinlogPosition(GtidState.parse(wanted), "", 4), flavor
+            except ValueError as exc:
+                raise ConfigError(f"source.start_gtid: {exc}") from exc
+        finally:
+            conn.close()
+
+    async def _retrying(self, action: Callable[[], T]) -> T:
+        """Run ``action`` in a thread until the source answers (the listener keeps serving)."""
+        delays = Backoff().delays()
+        attempt = 0
+        while True:
+            try:
+                return await asyncio.to_thread(action)
+            except SourceUnavailable as exc:
+                delay = delays[min(attempt, len(delays) - 1)]
+                attempt += 1
+                log.warning("%s; retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+
+
+def ordered(sinks: Sequence[Sink]) -> list[Sink]:
+    """The sinks in the order they must apply a batch: each after the sinks its ``after``
+    names (the Kafka sink numbers versions as the store created them), otherwise as given."""
+    by_name = {sink.name: sink for sink in sinks}
+    result: list[Sink] = []
+    visiting: set[str] = set()
+
+    def place(sink: Sink) -> None:
+        if sink in result:
+            return
+        if sink.name in visiting:
+            raise ConfigError(f"sinks wait for each other: {sorted(visiting)}")
+        visiting.add(sink.name)
+        for name in sink.after:
+            if name in by_name:
+                place(by_name[name])
+        visiting.discard(sink.name)
+        result.append(sink)
+
+    for sink in sinks:
+        place(sink)
+    return result
+
+
+async def _poll(check: Callable[[], bool], every: float) -> None:
+    """Until ``check`` (run in a thread) holds: the file system sends no event for "space
+    was freed", so polling is the only way to learn it."""
+    while True:
+        if await asyncio.to_thread(check):
+            return
+        await asyncio.sleep(every)
+
+
+def _room_for(probe: str, size: int) -> bool:
+    """Whether ``size`` bytes can be written beside the data (then removed again)."""
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError:
+        return False
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(probe)

@@ -1,0 +1,40 @@
+"""The Avro store as a sink of the pipeline.
+
+The store itself lives as long as the service (the listener serves from it even while the
+source is unreachable); this is its part in replication: it applies changes, writes
+checkpoints, and records where a new store started.
+"""
+
+from __future__ import annotations
+
+from cdcserver.changes import Change
+from cdcserver.gtid import BinlogPosition
+from cdcserver.pipeline import SourceInfo
+from cdcserver.store.store import AvroStore
+
+
+class StoreSink:
+    name = "avro"
+    after: tuple[str, ...] = ()
+
+    def __init__(self, store: AvroStore) -> None:
+        self.store = store
+
+    @property
+    def durable(self) -> BinlogPosition | None:
+        return self.store.durable
+
+    async def open(self, source: SourceInfo) -> None:
+        """Nothing to wait for: the service opened the store before the listener."""
+
+    def starting_at(self, position: BinlogPosition) -> None:
+        self.store.set_origin(position)
+
+    async def apply(self, changes: list[Change]) -> None:
+        self.store.apply_now(changes)
+
+    async def flush(self) -> BinlogPosition | None:
+        return await self.store.flush()
+
+    async def close(self) -> None:
+        """Nothing to let go of: the service closes the store after the listener."""
