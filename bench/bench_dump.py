@@ -63,7 +63,7 @@ async def transfer_seconds(data_dir: str, dump: DumpInfo) -> float:
     catalog = Catalog(os.path.join(data_dir, "avro"))
     users_file = UsersFile(users)
     users_file.load()
-    server = CdcServer(SessionContext(catalog, users_file, lambda: None, 10, data_dir))
+    server = CdcServer(SessionContext(catalog, users_file, lambda: None, data_dir))
     _, port = await server.start("127.0.0.1", 0)
     try:
         return await asyncio.to_thread(_receive, port, dump)

@@ -29,7 +29,6 @@ from cdcserver.users import UsersFile
 log = logging.getLogger("cdcserver")
 
 
-
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         _hide_secrets_from_process_title(sys.argv)
@@ -73,9 +72,7 @@ def _parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check", help="preflight: is the source ready to be "
                                               "captured, and the SQL that fixes what is not")
-    _source_and_store_options(check)
-    check.add_argument("--server-id", dest="source.server_id", type=int,
-                       default=argparse.SUPPRESS, help="the id the service registers with")
+    _source_and_store_options(check, "source.server_id")
     check.set_defaults(handler=cmd_check)
 
     status = commands.add_parser("status", help="how a running service is doing (from its "
@@ -94,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
         sub = users_commands.add_parser(action, help=helptext)
         if action != "list":
             sub.add_argument("name")
-        sub.add_argument("--users-file", default="users/cdcusers")
+        cfg.add_arguments(sub, ["listener.users_file"])
         if action == "add":
             sub.add_argument("--password-stdin", action="store_true",
                              help="read the password from standard input instead of a prompt")
@@ -118,11 +115,9 @@ def _parser() -> argparse.ArgumentParser:
     dump = commands.add_parser("dump", help="take consistent dumps of tables (resumes an "
                                             "interrupted one)")
     dump.add_argument("tables", nargs="+", metavar="DB.TABLE|DB.*")
-    _source_and_store_options(dump)
+    _source_and_store_options(dump, "dump.chunk_rows")
     dump.add_argument("--restart", action="store_true",
                       help="discard an interrupted dump instead of continuing it")
-    dump.add_argument("--chunk-rows", dest="dump.chunk_rows", type=int,
-                      default=argparse.SUPPRESS, help="rows per primary-key chunk")
     dump.add_argument("--json", action="store_true", help="one JSON line per dump")
     dump.set_defaults(handler=cmd_dump)
 
@@ -161,12 +156,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_until_signalled(lambda stop: service.run(stop))
 
 
-def _source_and_store_options(parser: argparse.ArgumentParser) -> None:
+def _source_and_store_options(parser: argparse.ArgumentParser, *more: str) -> None:
+    """--config, and the flags of the source and data directory settings (and ``more``), as
+    config.py declares them."""
     parser.add_argument("--config", help="the service's TOML file")
-    parser.add_argument("--source", dest="source.url", default=argparse.SUPPRESS)
-    parser.add_argument("--source-password-file", dest="source.password_file",
-                        default=argparse.SUPPRESS)
-    parser.add_argument("--data-dir", dest="store.data_dir", default=argparse.SUPPRESS)
+    cfg.add_arguments(parser, ["source.url", "source.password_file", "store.data_dir", *more])
 
 
 def _table_name(text: str) -> TableName:
@@ -293,7 +287,13 @@ def cmd_schema_forget(args: argparse.Namespace) -> int:
 
 # -- users -----------------------------------------------------------------------------
 
+def _users_file(args: argparse.Namespace) -> str:
+    """--users-file, else the environment's, else the default (config.py)."""
+    return str(cfg.Config.load(None, cfg.overrides_from_args(args)).listener.users_file)
+
+
 def cmd_users_add(args: argparse.Namespace) -> int:
+    args.users_file = _users_file(args)
     if args.password_stdin:
         password = sys.stdin.readline().rstrip("\r\n")
     else:
@@ -307,6 +307,7 @@ def cmd_users_add(args: argparse.Namespace) -> int:
 
 
 def cmd_users_remove(args: argparse.Namespace) -> int:
+    args.users_file = _users_file(args)
     if not UsersFile(args.users_file).remove(args.name):
         print(f"cdcserver: no user {args.name} in {args.users_file}", file=sys.stderr)
         return EXIT_FAILED
@@ -315,7 +316,7 @@ def cmd_users_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_users_list(args: argparse.Namespace) -> int:
-    for name, account in sorted(UsersFile(args.users_file).load().items()):
+    for name, account in sorted(UsersFile(_users_file(args)).load().items()):
         print(f"{name}  {account.tables.text() if account.tables else '*'}")
     return EXIT_OK
 

@@ -1,9 +1,12 @@
 """Configuration, declared once.
 
-Each section is a frozen dataclass whose fields carry their default, help text and command-line
-flag. The same declaration drives the TOML file (``--config``, one table per section, unknown
-keys rejected), the environment (``CDCSERVER_<SECTION>_<KEY>``) and the command line, with the
-precedence defaults < TOML < environment < command line.
+Each section is a frozen dataclass whose fields carry their type, default, help text,
+command-line flag and the check a value must pass. A setting with a fixed set of values has a
+``Literal`` type: the choices are the type's. The same declaration drives the TOML file
+(``--config``, one table per section, unknown keys rejected), the environment
+(``CDCSERVER_<SECTION>_<KEY>``) and every command's flags (:func:`add_arguments`), with the
+precedence defaults < TOML < environment < command line. Every value is checked when the
+configuration is loaded, so a mistake is reported at start, naming the setting.
 """
 
 from __future__ import annotations
@@ -15,11 +18,16 @@ import re
 import ssl
 import tomllib
 import urllib.parse
+import zoneinfo
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from cdcserver.errors import ConfigError
+from cdcserver.gtid import GtidState
 from cdcserver.replication.connection import SourceAddress
+
+Check = Callable[[Any], str | None]  # a value's problem, or None
 
 
 def host_and_port(text: str, expected: str) -> tuple[str, int]:
@@ -30,10 +38,53 @@ def host_and_port(text: str, expected: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def option(default: Any, help: str, cli: str | None = None,
-           choices: tuple[str, ...] | None = None, secret: bool = False) -> Any:
+def option(default: Any, help: str, cli: str | None = None, secret: bool = False,
+           check: Check | None = None) -> Any:
     return field(default=default,
-                 metadata={"help": help, "cli": cli, "choices": choices, "secret": secret})
+                 metadata={"help": help, "cli": cli, "secret": secret, "check": check})
+
+
+def positive(value: float) -> str | None:
+    return None if value > 0 else "must be more than 0"
+
+
+def not_negative(value: float) -> str | None:
+    return None if value >= 0 else "must not be negative"
+
+
+def time_zone(value: str) -> str | None:
+    try:
+        zoneinfo.ZoneInfo(value)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return f"unknown time zone {value!r}"
+    return None
+
+
+def host_port(value: str) -> str | None:
+    try:
+        host_and_port(value, "must be HOST:PORT")
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def host_port_or_off(value: str) -> str | None:
+    return host_port(value) if value else None
+
+
+def start_position(value: str) -> str | None:
+    if value.strip() in ("oldest", "newest"):
+        return None
+    try:
+        GtidState.parse(value.strip())
+    except ValueError as exc:
+        return f"'oldest', 'newest' or a GTID state: {exc}"
+    return None
+
+
+def choices(kind: Any) -> tuple[Any, ...]:
+    """The values a ``Literal`` type allows (empty for other types)."""
+    return get_args(kind) if get_origin(kind) is Literal else ()
 
 
 @dataclass(frozen=True)
@@ -44,12 +95,13 @@ class SourceConfig:
     password_file: str = option("", "read the source password from this file (keeps it out of "
                                     "the command line)", cli="--source-password-file")
     server_id: int = option(1234, "replica server_id to register with (unique among the "
-                                  "primary's replicas)", cli="--server-id")
+                                  "primary's replicas)", cli="--server-id", check=positive)
     start_gtid: str = option("oldest", "where to start without a checkpoint: a GTID state, "
                                        "'oldest' (the oldest binlog) or 'newest'",
-                             cli="--start-gtid")
+                             cli="--start-gtid", check=start_position)
     heartbeat: float = option(5.0, "heartbeat period in seconds; a connection silent for 3 "
-                                   "periods is considered dead", cli="--heartbeat")
+                                   "periods is considered dead", cli="--heartbeat",
+                              check=positive)
     report_host: str = option("cdcserver", "host name shown in the primary's SHOW SLAVE HOSTS")
 
     def address(self) -> SourceAddress:
@@ -69,33 +121,37 @@ class SourceConfig:
 class StoreConfig:
     data_dir: str = option("./data", "the data directory (avro/, dump/, state/)",
                            cli="--data-dir")
-    codec: str = option("null", "Avro block codec", cli="--codec",
-                        choices=("null", "deflate", "snappy", "zstandard"))
+    codec: Literal["null", "deflate", "snappy", "zstandard"] = option(
+        "null", "Avro block codec", cli="--codec")
     block_size: int = option(64 * 1024, "bytes of records per Avro block before it is written",
-                             cli="--block-size")
+                             cli="--block-size", check=positive)
     flush_interval: float = option(0.2, "seconds between checkpoints (fsync + checkpoint file)",
-                                   cli="--flush-interval")
+                                   cli="--flush-interval", check=positive)
     disk_full_retry: float = option(5.0, "seconds between checks for room while replication "
-                                         "is paused by a full data directory")
+                                         "is paused by a full data directory", check=positive)
 
 
 @dataclass(frozen=True)
 class ListenerConfig:
     listen: str = option("127.0.0.1:4001", "HOST:PORT for CDC clients (port 0: any free port)",
-                         cli="--listen")
+                         cli="--listen", check=host_port)
     users_file: str = option("users/cdcusers", "users file in MaxScale's cdcusers format",
                              cli="--users-file")
-    max_connections: int = option(2048, "connections served at once", cli="--max-connections")
-    max_line: int = option(64 * 1024, "longest command accepted, in bytes")
-    auth_timeout: float = option(10.0, "seconds a new connection has to authenticate")
+    max_connections: int = option(2048, "connections served at once", cli="--max-connections",
+                                  check=positive)
+    max_line: int = option(64 * 1024, "longest command accepted, in bytes", check=positive)
+    auth_timeout: float = option(10.0, "seconds a new connection has to authenticate",
+                                 check=positive)
     idle_timeout: float = option(600.0, "seconds without a command before hanging up "
-                                        "(streams are never idle)")
-    bad_command_limit: int = option(10, "bad commands before the server hangs up")
+                                        "(streams are never idle)", check=positive)
+    bad_command_limit: int = option(10, "bad commands before the server hangs up",
+                                    check=positive)
     timestamp_zone: str = option("UTC", "zone TIMESTAMP values are shown in, in JSON mode",
-                                 cli="--timestamp-zone")
+                                 cli="--timestamp-zone", check=time_zone)
     login_failures: int = option(5, "failed logins from one address within a minute before "
-                                    "its logins are refused")
-    login_lockout: float = option(60.0, "seconds an address's logins are refused after that")
+                                    "its logins are refused", check=positive)
+    login_lockout: float = option(60.0, "seconds an address's logins are refused after that",
+                                  check=not_negative)
     tls_cert: str = option("", "PEM certificate chain: the listener speaks TLS only "
                                "('' : plain TCP)", cli="--tls-cert")
     tls_key: str = option("", "the certificate's PEM private key", cli="--tls-key")
@@ -106,8 +162,6 @@ class ListenerConfig:
     def tls_context(self) -> ssl.SSLContext | None:
         """The listener's TLS settings (TLS 1.2 or newer), or None for plain TCP."""
         if not self.tls_cert:
-            if self.tls_key:
-                raise ConfigError("listener.tls_key is set without listener.tls_cert")
             return None
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -123,9 +177,9 @@ class DumpConfig:
     tables: str = option("", "tables the service dumps on a schedule: db.table or db.* , "
                              "comma-separated")
     interval: float = option(0.0, "time between scheduled dumps of each table (e.g. 24h); "
-                                  "0: no schedule")
+                                  "0: no schedule", check=not_negative)
     chunk_rows: int = option(50_000, "rows per primary-key chunk (a crash loses at most one)",
-                             cli="--chunk-rows")
+                             cli="--chunk-rows", check=positive)
 
 
 @dataclass(frozen=True)
@@ -140,36 +194,37 @@ class RetentionConfig:
     versions_max_bytes: int = option(0, "delete the oldest replaced table versions while "
                                         "the Avro files take more than this (0: no limit)")
     interval: float = option(300.0, "time between cleaner runs (it also runs after each "
-                                    "dump transfer)")
+                                    "dump transfer)", check=positive)
 
 
 @dataclass(frozen=True)
 class KafkaConfig:
     bootstrap: str = option("", "publish every change to Kafka: HOST:PORT[,HOST:PORT...] "
                                 "(empty: off)", cli="--kafka")
-    format: str = option("databus", "message format (protocol.md, \"Kafka\")",
-                         cli="--kafka-format", choices=("databus", "dip", "debezium",
-                                                        "maxscale"))
+    format: Literal["databus", "dip", "debezium", "maxscale"] = option(
+        "databus", "message format (cdcserver/kafka/README.md)", cli="--kafka-format")
     topic: str = option("{db}.{table}", "topic of a table's changes; {db} and {table} are "
                                         "replaced (a fixed name: one topic)",
                         cli="--kafka-topic")
     ddl_topic: str = option("{db}", "topic of statements that change no table (CREATE "
                                     "DATABASE...); table statements go to the table's topic")
-    key: str = option("position", "message key: the change's binlog position and action, or "
-                                  "the row's primary key", choices=("position", "primary-key"))
+    key: Literal["position", "primary-key"] = option(
+        "position", "message key: the change's binlog position and action, or the row's "
+        "primary key")
     schema_topic: str = option("cdcserver-schemas", "topic of the tables' schemas, which "
                                                     "clients use to type values ('': none)")
     state_topic: str = option("cdcserver-state", "topic the sink also records its position in, "
                                                  "read back if state/kafka.json is lost ('': "
                                                  "none)")
     create_topics: bool = option(True, "create missing topics")
-    partitions: int = option(3, "partitions of the topics it creates")
-    replication_factor: int = option(1, "replication factor of the topics it creates")
-    acks: str = option("all", "producer acks", choices=("all", "1", "0"))
+    partitions: int = option(3, "partitions of the topics it creates", check=positive)
+    replication_factor: int = option(1, "replication factor of the topics it creates",
+                                     check=positive)
+    acks: Literal["all", "1", "0"] = option("all", "producer acks")
     idempotence: bool = option(True, "idempotent producer (turn off for brokers without it)",
                                cli="--kafka-idempotence")
-    compression: str = option("none", "compression codec",
-                              choices=("none", "gzip", "snappy", "lz4", "zstd"))
+    compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = option(
+        "none", "compression codec")
     linger_ms: int = option(5, "how long the producer waits to fill a batch")
     max_batch_bytes: int = option(256 * 1024, "largest batch per partition")
     max_buffer_bytes: int = option(64 * 1024 * 1024, "unacknowledged message bytes held; when "
@@ -179,18 +234,18 @@ class KafkaConfig:
                                           "acknowledgement; then the sink reconnects and "
                                           "sends everything unacknowledged again")
     client_id: str = option("cdcserver", "client id, and the source name in Debezium messages")
-    security_protocol: str = option("PLAINTEXT", "", choices=("PLAINTEXT", "SSL",
-                                                               "SASL_PLAINTEXT", "SASL_SSL"))
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = option(
+        "PLAINTEXT", "how the producer talks to the brokers")
     ssl_cafile: str = option("", "CA bundle that signs the brokers' certificates")
     ssl_certfile: str = option("", "client certificate (mutual TLS)")
     ssl_keyfile: str = option("", "client certificate's key")
-    sasl_mechanism: str = option("PLAIN", "", choices=("PLAIN", "SCRAM-SHA-256",
-                                                        "SCRAM-SHA-512"))
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = option(
+        "PLAIN", "SASL mechanism")
     sasl_username: str = option("", "SASL user")
     sasl_password_file: str = option("", "file holding the SASL password (or "
                                          "CDCSERVER_KAFKA_SASL_PASSWORD)", secret=True)
     time_zone: str = option("UTC", "zone of the dip format's TIME field and of TIMESTAMP values "
-                                   "in the maxscale format")
+                                   "in the maxscale format", check=time_zone)
 
     @property
     def enabled(self) -> bool:
@@ -210,10 +265,11 @@ class KafkaConfig:
 class MetricsConfig:
     listen: str = option("127.0.0.1:4002", "HOST:PORT of the HTTP endpoint serving /metrics "
                                            "(Prometheus) and /health; '' turns it off",
-                         cli="--metrics-listen")
-    lag_interval: float = option(5.0, "seconds between asking the source how far ahead it is")
+                         cli="--metrics-listen", check=host_port_or_off)
+    lag_interval: float = option(5.0, "seconds between asking the source how far ahead it is",
+                                 check=positive)
     max_lag: float = option(300.0, "replication lag (seconds) above which /health says "
-                                   "degraded")
+                                   "degraded", check=positive)
 
     def host_port(self) -> tuple[str, int] | None:
         if not self.listen:
@@ -223,10 +279,9 @@ class MetricsConfig:
 
 @dataclass(frozen=True)
 class LogConfig:
-    level: str = option("info", "log level", cli="--log-level",
-                        choices=("debug", "info", "warning", "error"))
-    format: str = option("text", "log line format", cli="--log-format",
-                         choices=("text", "json"))
+    level: Literal["debug", "info", "warning", "error"] = option(
+        "info", "log level", cli="--log-level")
+    format: Literal["text", "json"] = option("text", "log line format", cli="--log-format")
 
 
 @dataclass(frozen=True)
@@ -257,7 +312,21 @@ class Config:
         sections = {}
         for name, section_type in cls.sections().items():
             sections[name] = _build(section_type, values[name], name)
-        return cls(**sections)
+        config = cls(**sections)
+        config.check()
+        return config
+
+    def check(self) -> None:
+        """Every value passes its declared check (defaults included)."""
+        for name in self.sections():
+            section = getattr(self, name)
+            for f in dataclasses.fields(section):
+                check = f.metadata.get("check")
+                problem = check(getattr(section, f.name)) if check else None
+                if problem:
+                    raise ConfigError(f"{name}.{f.name}: {problem}")
+        if self.listener.tls_key and not self.listener.tls_cert:
+            raise ConfigError("listener.tls_key is set without listener.tls_cert")
 
 
 def _read_toml(path: str) -> dict[str, Any]:
@@ -295,9 +364,9 @@ def _build(section_type: type[Any], values: dict[str, Any], section: str) -> Any
         if key not in known:
             raise ConfigError(f"unknown setting {section}.{key}")
         kwargs[key] = _coerce(hints[key], value, f"{section}.{key}")
-        choices = known[key].metadata.get("choices")
-        if choices and kwargs[key] not in choices:
-            raise ConfigError(f"{section}.{key} must be one of {', '.join(choices)}, "
+        allowed = choices(hints[key])
+        if allowed and kwargs[key] not in allowed:
+            raise ConfigError(f"{section}.{key} must be one of {', '.join(allowed)}, "
                               f"not {kwargs[key]!r}")
     return section_type(**kwargs)
 
@@ -329,30 +398,37 @@ def _coerce(kind: Any, value: Any, name: str) -> Any:
             return value.lower() in ("1", "true", "yes", "on")
         if kind in (int, float, str, bool):
             return kind(value)
+        if choices(kind):
+            return str(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{name}: {value!r} is not a valid {kind.__name__}") from None
     return value
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per option that declares one; values land in ``dest='section.key'``."""
+def add_arguments(parser: argparse.ArgumentParser, settings: Iterable[str] | None = None,
+                  flags: dict[str, str] | None = None) -> None:
+    """One flag per setting that declares one (or, with ``settings``, for those
+    ``section.key`` names only; ``flags`` gives a flag to a setting that has none); values land
+    in ``dest='section.key'`` for :func:`overrides_from_args`."""
+    wanted = None if settings is None else set(settings)
     for section, section_type in Config.sections().items():
         hints = get_type_hints(section_type)
         for f in dataclasses.fields(section_type):
-            flag = f.metadata.get("cli")
-            if not flag:
+            name = f"{section}.{f.name}"
+            flag = (flags or {}).get(name) or f.metadata.get("cli")
+            if not flag or (wanted is not None and name not in wanted):
                 continue
             kind = hints[f.name]
-            kwargs: dict[str, Any] = {"dest": f"{section}.{f.name}", "default": argparse.SUPPRESS,
+            kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS,
                                       "help": f"{f.metadata['help']} (default: {f.default!r})"
                                       if not f.metadata.get("secret") else f.metadata["help"]}
             if kind is bool:
                 kwargs["action"] = argparse.BooleanOptionalAction
+            elif choices(kind):
+                kwargs["choices"] = choices(kind)
             else:
                 kwargs["type"] = kind
                 kwargs["metavar"] = f.name.upper()
-                if f.metadata.get("choices"):
-                    kwargs["choices"] = f.metadata["choices"]
             parser.add_argument(flag, **kwargs)
 
 

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 class Service:
     def __init__(self, config: Config) -> None:
+        config.check()  # a Config built in code is checked as a loaded one is
         self.config = config
         self.layout = DataDir(config.store.data_dir)
         self.catalog = Catalog(self.layout.avro)
@@ -170,19 +171,13 @@ class Service:
 
     def _listener(self) -> CdcServer:
         cfg = self.config.listener
-        try:
-            zone = zoneinfo.ZoneInfo(cfg.timestamp_zone)
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
-            raise ConfigError(f"listener.timestamp_zone: unknown zone {cfg.timestamp_zone!r}"
-                              ) from exc
-        limits = ListenerLimits(cfg.max_line, cfg.auth_timeout, cfg.idle_timeout,
-                                cfg.max_connections, cfg.bad_command_limit)
         context = SessionContext(self.catalog, self.users, lambda: self.store.index,
-                                 cfg.bad_command_limit, self.config.store.data_dir,
-                                 self.wait_caught_up, self.stored_state,
+                                 self.config.store.data_dir, self.wait_caught_up,
+                                 self.stored_state,
                                  throttle=LoginThrottle(cfg.login_failures,
                                                         lockout=cfg.login_lockout))
-        server = CdcServer(context, limits, zone)
+        server = CdcServer(context, ListenerLimits.from_config(cfg),
+                           zoneinfo.ZoneInfo(cfg.timestamp_zone))
         server.dump_released = self.cleaner.wake
         return server
 

@@ -53,7 +53,7 @@ async def _listener(tmp_path: str, limits: ListenerLimits) -> Listener:
     store.open()
     users = UsersFile(os.path.join(tmp_path, "cdcusers"))
     users.add(USER, PASSWORD)
-    context = SessionContext(catalog, users, lambda: store.index, limits.bad_command_limit)
+    context = SessionContext(catalog, users, lambda: store.index)
     server = CdcServer(context, limits)
     _, port = await server.start("127.0.0.1", 0)
     return Listener(server, store, port)

@@ -196,6 +196,33 @@ def test_config_precedence_and_validation(tmp_path):
         Config.load(str(path), environ={})
 
 
+@pytest.mark.parametrize(("section", "key", "value", "complaint"), [
+    ("listener", "timestamp_zone", "Mars/Olympus", "unknown time zone"),
+    ("listener", "listen", "4001", "HOST:PORT"),
+    ("metrics", "listen", "localhost", "HOST:PORT"),
+    ("source", "start_gtid", "yesterday", "GTID state"),
+    ("store", "flush_interval", "0", "more than 0"),
+    ("listener", "max_connections", "-1", "more than 0"),
+    ("kafka", "time_zone", "Nowhere", "unknown time zone"),
+    ("log", "level", "loud", "one of debug, info, warning, error"),
+])
+def test_every_value_is_checked_when_the_configuration_loads(section, key, value, complaint):
+    with pytest.raises(ConfigError, match=rf"{section}\.{key}.*{complaint}"):
+        Config.load(None, {section: {key: value}}, environ={})
+
+
+def test_commands_take_their_flags_from_the_configuration():
+    from cdcserver.cli import _parser
+
+    parser = _parser()
+    args = parser.parse_args(["check", "--source", "mysql://u@h", "--server-id", "12"])
+    assert vars(args)["source.url"] == "mysql://u@h" and vars(args)["source.server_id"] == 12
+    args = parser.parse_args(["dump", "db.t", "--chunk-rows", "7", "--data-dir", "/d"])
+    assert vars(args)["dump.chunk_rows"] == 7 and vars(args)["store.data_dir"] == "/d"
+    with pytest.raises(SystemExit):  # a typed choice: argparse refuses what is not one
+        parser.parse_args(["run", "--codec", "lzma"])
+
+
 def test_source_urls():
     address = parse_source_url("mysql://repl:p%40ss@db.example:3307")
     assert (address.user, address.password, address.host, address.port) == (

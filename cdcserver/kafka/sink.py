@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import datetime as dt
 import hashlib
 import json
 import logging
@@ -115,10 +114,7 @@ class KafkaSink:
         self.config = config
         self.state_path = DataDir(data_dir).kafka_state
         self.state_key = state_key
-        try:
-            zone: dt.tzinfo = zoneinfo.ZoneInfo(config.time_zone)
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
-            raise ConfigError(f"kafka.time_zone: unknown zone {config.time_zone!r}") from exc
+        zone = zoneinfo.ZoneInfo(config.time_zone)  # checked when the configuration loaded
         self.format: MessageFormat = FORMATS[config.format](
             key=config.key, zone=zone, source_name=config.client_id)
         self.after: tuple[str, ...] = ()

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cdcserver.config import ListenerConfig
 from cdcserver.dump.transfer import send_file
 from cdcserver.protocol.session import (
     Phase,
@@ -36,12 +37,19 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ListenerLimits:
-    max_line: int = 64 * 1024
-    auth_timeout: float = 10.0
-    idle_timeout: float = 600.0
-    max_connections: int = 2048
-    bad_command_limit: int = 10
+    """The listener's bounds; the defaults are the configuration's (config.py)."""
+
+    max_line: int = ListenerConfig.max_line
+    auth_timeout: float = ListenerConfig.auth_timeout
+    idle_timeout: float = ListenerConfig.idle_timeout
+    max_connections: int = ListenerConfig.max_connections
+    bad_command_limit: int = ListenerConfig.bad_command_limit
     shutdown_grace: float = 5.0
+
+    @classmethod
+    def from_config(cls, config: ListenerConfig) -> ListenerLimits:
+        return cls(config.max_line, config.auth_timeout, config.idle_timeout,
+                   config.max_connections, config.bad_command_limit)
 
 
 @dataclass(frozen=True)
@@ -175,7 +183,7 @@ class Connection:
         self.writer = writer
         self.peer = peer
         self.messages = MessageReader(reader, server.limits.max_line)
-        self.session = Session(server.context, peer)
+        self.session = Session(server.context, peer, server.limits.bad_command_limit)
         loop = asyncio.get_running_loop()
         # One deadline for the whole authentication phase; after it, the idle deadline moves
         # only with real commands (empty lines do not keep a connection alive).

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from cdcserver.config import ListenerConfig
 from cdcserver.dump.files import DumpInfo, list_dumps
 from cdcserver.gtid import Gtid, GtidState
 from cdcserver.protocol.stream import check_after
@@ -83,7 +84,6 @@ class SessionContext:
     catalog: Catalog
     users: UsersFile
     index: Callable[[], StoreIndex | None]
-    bad_command_limit: int = 10
     data_dir: str | None = None  # where dumps are; None: no dumps
     # Waits until the service has stored every transaction up to a GTID state.
     caught_up: Callable[[GtidState], Awaitable[None]] | None = None
@@ -94,9 +94,11 @@ class SessionContext:
 
 
 class Session:
-    def __init__(self, context: SessionContext, peer: str) -> None:
+    def __init__(self, context: SessionContext, peer: str,
+                 bad_command_limit: int = ListenerConfig.bad_command_limit) -> None:
         self.context = context
         self.peer = peer
+        self.bad_command_limit = bad_command_limit
         self.phase = Phase.AUTH
         self.user: str | None = None
         self.client_uuid: str | None = None
@@ -134,7 +136,7 @@ class Session:
         log.info("%s: %s", self.peer, exc)
         if exc.fatal:
             return Reply(exc.reply(), close=True)
-        if self.bad_commands >= self.context.bad_command_limit:
+        if self.bad_commands >= self.bad_command_limit:
             return Reply(exc.reply() + ProtocolError(
                 Code.TOO_MANY_ERRORS, f"{self.bad_commands} bad commands; closing").reply(),
                 close=True)
