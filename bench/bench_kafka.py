@@ -29,15 +29,15 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import OUT, ROW_CHANGES, line, peak_rss_mb, workload_server
-from cdcserver.changes import Change
-from cdcserver.config import Config, KafkaConfig, ListenerConfig, SourceConfig, StoreConfig
-from cdcserver.embedded import EmbeddedMariaDB
-from cdcserver.gtid import BinlogPosition, GtidState
+from cdcserver.app.config import Config, KafkaConfig, ListenerConfig, SourceConfig, StoreConfig
+from cdcserver.app.embedded import EmbeddedMariaDB
+from cdcserver.app.service import Service
+from cdcserver.core.changes import Change
+from cdcserver.core.gtid import BinlogPosition, GtidState
+from cdcserver.core.pipeline import SourceInfo
 from cdcserver.kafka import connect
 from cdcserver.kafka.sink import KafkaSink, _Message
-from cdcserver.pipeline import SourceInfo
-from cdcserver.service import Service
-from cdcserver.users import UsersFile
+from cdcserver.protocol.users import UsersFile
 from tests.kafka_broker import Tansu
 
 

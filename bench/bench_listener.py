@@ -79,9 +79,9 @@ from typing import Any, cast
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import OUT, RECORDS, line, load_workload
-from cdcserver.embedded import EmbeddedMariaDB
-from cdcserver.gtid import GtidState
-from cdcserver.users import UsersFile
+from cdcserver.app.embedded import EmbeddedMariaDB
+from cdcserver.core.gtid import GtidState
+from cdcserver.protocol.users import UsersFile
 from client.format.wire import auth_message
 
 USER = PASSWORD = "bench"

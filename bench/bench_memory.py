@@ -21,9 +21,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import OUT, line
-from cdcserver.embedded import EmbeddedMariaDB
-from cdcserver.gtid import GtidState
-from cdcserver.users import UsersFile
+from cdcserver.app.embedded import EmbeddedMariaDB
+from cdcserver.core.gtid import GtidState
+from cdcserver.protocol.users import UsersFile
 
 MIB = 1 << 20
 

@@ -31,11 +31,11 @@ from bench.common import (
     peak_rss_mb,
     workload_server,
 )
-from cdcserver.config import Config, ListenerConfig, SourceConfig, StoreConfig
-from cdcserver.embedded import EmbeddedMariaDB
-from cdcserver.gtid import GtidState
-from cdcserver.service import Service
-from cdcserver.users import UsersFile
+from cdcserver.app.config import Config, ListenerConfig, SourceConfig, StoreConfig
+from cdcserver.app.embedded import EmbeddedMariaDB
+from cdcserver.app.service import Service
+from cdcserver.core.gtid import GtidState
+from cdcserver.protocol.users import UsersFile
 from client.format.wire import auth_message
 
 

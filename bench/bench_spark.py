@@ -33,11 +33,11 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import OUT, RECORDS, line, workload_server
-from cdcserver.config import Config, ListenerConfig, SourceConfig, StoreConfig
-from cdcserver.embedded import EmbeddedMariaDB
-from cdcserver.gtid import GtidState
-from cdcserver.service import Service
-from cdcserver.users import UsersFile
+from cdcserver.app.config import Config, ListenerConfig, SourceConfig, StoreConfig
+from cdcserver.app.embedded import EmbeddedMariaDB
+from cdcserver.app.service import Service
+from cdcserver.core.gtid import GtidState
+from cdcserver.protocol.users import UsersFile
 
 USER = PASSWORD = "bench"
 

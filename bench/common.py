@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from cdcserver.embedded import EmbeddedMariaDB
+from cdcserver.app.embedded import EmbeddedMariaDB
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
 INSERTS, UPDATES, BATCH = 200_000, 50_000, 1_000

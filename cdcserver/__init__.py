@@ -1,0 +1,15 @@
+"""The CDC service: MariaDB/MySQL binlog in, versioned Avro files and MaxScale's CDC protocol out.
+
+One package per concern (each ``__init__`` says what it owns):
+
+- ``core``: the change records, GTIDs, errors, the hand-off and the pipeline to the sinks;
+- ``replication``: reading the source (binlog connection, event decoding, preflight);
+- ``schema``: the schema history that gives the binlog's columns names and types;
+- ``reread``: repairs of changes the binlog carries no rows for;
+- ``store``: the data directory: Avro version files, index, checkpoints, retention;
+- ``kafka``: the Kafka sink and its message formats;
+- ``dump``: consistent snapshots of tables;
+- ``protocol``: the listener: MaxScale's CDC protocol, its users, streams and dumps;
+- ``ops``: what operators look at: metrics, /health, lag, status, verify;
+- ``app``: the assembled service, its configuration and command line, the demo.
+"""

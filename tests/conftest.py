@@ -1,6 +1,6 @@
 """Fixtures: a real MariaDB for the session, and the service started on port 0 per test.
 
-The MariaDB server is Debian's ``mariadbd``, started privately by :mod:`cdcserver.embedded`
+The MariaDB server is Debian's ``mariadbd``, started privately by :mod:`cdcserver.app.embedded`
 with the binlog settings CDC needs; ``source`` gives each test a clean binlog (``RESET MASTER``)
 and a database of its own. Services run in the test's event loop and are awaited to readiness
 through their ``started`` callback, never by sleeping.
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cdcserver.config import (
+from cdcserver.app.config import (
     Config,
     DumpConfig,
     KafkaConfig,
@@ -27,10 +27,10 @@ from cdcserver.config import (
     SourceConfig,
     StoreConfig,
 )
-from cdcserver.embedded import EmbeddedMariaDB
-from cdcserver.gtid import GtidState, same_transaction
-from cdcserver.service import Service
-from cdcserver.users import UsersFile
+from cdcserver.app.embedded import EmbeddedMariaDB
+from cdcserver.app.service import Service
+from cdcserver.core.gtid import GtidState, same_transaction
+from cdcserver.protocol.users import UsersFile
 from tests.helpers import PASSWORD, USER
 from tests.kafka_broker import Tansu
 

@@ -20,9 +20,9 @@ import fastavro
 import pymysql
 import pytest
 
-from cdcserver.config import parse_source_url
+from cdcserver.app.config import parse_source_url
+from cdcserver.ops.verify import Report, verify_table
 from cdcserver.store.naming import TableName
-from cdcserver.verify import Report, verify_table
 from tests.conftest import Source, make_config, start_service
 from tests.helpers import TcpProxy
 

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from cdcserver.config import parse_source_url
+from cdcserver.app.config import parse_source_url
+from cdcserver.ops.verify import verify_table
 from cdcserver.schema import ddl
 from cdcserver.schema.history import SchemaHistory, agrees
 from cdcserver.store.naming import TableName
-from cdcserver.verify import verify_table
 from client import ChangeRecord, SchemaChange, SyncCdcClient
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER
@@ -118,7 +118,7 @@ async def test_ddl_sequence_versions_and_records(cdc: RunningService, source: So
 
     history = SchemaHistory(os.path.join(cdc.service.config.store.data_dir, "state",
                                          "schema_history.jsonl"))
-    from cdcserver.gtid import GtidState
+    from cdcserver.core.gtid import GtidState
 
     history.load(GtidState.parse(str(source.gtid_state())))
     for table in SURVIVORS:

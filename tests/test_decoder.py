@@ -7,9 +7,9 @@ import struct
 
 import pytest
 
-from cdcserver.changes import Abort, Begin, Commit, Ddl, Rows
-from cdcserver.errors import UndecodableEvent
-from cdcserver.gtid import Gtid, GtidState
+from cdcserver.core.changes import Abort, Begin, Commit, Ddl, Rows
+from cdcserver.core.errors import UndecodableEvent
+from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.replication.charsets import CollationTable
 from cdcserver.replication.constants import ColumnType as T
 from cdcserver.replication.decoder import EventDecoder

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from cdcserver.demo import DEMO_PASSWORD, DEMO_USER
+from cdcserver.app.demo import DEMO_PASSWORD, DEMO_USER
 from client import ChangeRecord, SchemaChange, SyncCdcClient
 from client.format.dump import DumpHeader, DumpRows
 from tests.helpers import wait_until

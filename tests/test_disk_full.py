@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import fastavro
 import pytest
 
-from cdcserver.config import parse_source_url
+from cdcserver.app.config import parse_source_url
+from cdcserver.ops.verify import verify_table
 from cdcserver.store.naming import TableName
-from cdcserver.verify import verify_table
 from tests.conftest import Source, make_config, start_service
 from tests.helpers import RawClient
 

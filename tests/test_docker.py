@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from cdcserver.config import Config, parse_source_url
+from cdcserver.app.config import Config, parse_source_url
+from cdcserver.protocol.users import UsersFile
 from cdcserver.store.naming import TableName
-from cdcserver.users import UsersFile
 from client.format.wire import password_hash
 
 ROOT = Path(__file__).parent.parent

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from cdcserver.config import parse_source_url
+from cdcserver.app.config import parse_source_url
 from cdcserver.dump import files
 from cdcserver.dump.dumper import (
     DumpBusy,
@@ -28,8 +28,8 @@ from cdcserver.dump.dumper import (
     dump_tables,
     resolve_tables,
 )
+from cdcserver.ops.verify import verify_table
 from cdcserver.store.naming import TableName
-from cdcserver.verify import verify_table
 from client import CdcClient, ChangeRecord, SchemaChange, SyncCdcClient
 from client.dump import DumpHeader, DumpRows, apply, read_dump
 from tests.conftest import RunningService, Source
@@ -327,7 +327,7 @@ async def test_a_killed_dump_process_resumes_from_its_last_chunk(cdc: RunningSer
     data_dir = cdc.service.config.store.data_dir
     name = TableName(source.database, "orders")
     progress = os.path.join(files.dump_dir(data_dir), f"{name.stem}.progress")
-    command = [sys.executable, "-m", "cdcserver.cli", "dump", f"{source.database}.orders",
+    command = [sys.executable, "-m", "cdcserver.app.cli", "dump", f"{source.database}.orders",
                "--source", source.url, "--data-dir", data_dir, "--chunk-rows", "100"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -386,7 +386,7 @@ async def test_database_patterns_and_unknown_tables(cdc: RunningService, source:
     address = parse_source_url(source.url)
     names = await asyncio.to_thread(resolve_tables, address, [f"{source.database}.*"])
     assert names == [TableName(source.database, "a"), TableName(source.database, "b")]
-    from cdcserver.errors import SourceError
+    from cdcserver.core.errors import SourceError
 
     with pytest.raises(SourceError, match="no table"):
         await _dump(cdc, source, "missing")
@@ -538,8 +538,8 @@ async def test_a_schema_change_between_the_snapshot_and_the_read_means_a_new_sna
     """An instant ALTER committed just after the snapshot opened, before the dump opened the
     table: InnoDB hands the old read view the new layout without error, so the dump must
     notice and take a new snapshot, whose point includes the ALTER."""
+    from cdcserver.core.gtid import GtidState
     from cdcserver.dump import snapshot as snapshot_module
-    from cdcserver.gtid import GtidState
 
     table = _orders(source, 100)
     original = snapshot_module.Snapshot._open_mariadb
@@ -568,7 +568,7 @@ async def test_following_starts_in_the_version_the_table_was_in_at_the_dump(
     """The dump is taken while the service lags behind a TRUNCATE: the dump has the rows
     after it, so the stream that follows must not announce that TRUNCATE (or anything
     before it) as something that happened after the dump."""
-    from cdcserver.gtid import GtidState
+    from cdcserver.core.gtid import GtidState
     from tests.conftest import make_config, start_service
 
     config = make_config(os.path.join(tmp_path, "data"), source.url, users_file)

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from cdcserver.config import parse_source_url
-from cdcserver.errors import UndecodableEvent
+from cdcserver.app.config import parse_source_url
+from cdcserver.core.errors import UndecodableEvent
+from cdcserver.ops.verify import verify_table
 from cdcserver.store.naming import TableName
-from cdcserver.verify import verify_table
 from client import ChangeRecord, SyncCdcClient
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from cdcserver.gtid import Gtid, GtidState
+from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.store.index import StoreIndex, TransactionInfo
 
 

@@ -12,15 +12,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from cdcserver.changes import Begin, ColumnDef, Commit, Rows, RowsKind, TableLayout
-from cdcserver.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.core.changes import Begin, ColumnDef, Commit, Rows, RowsKind, TableLayout
+from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.protocol.server import CdcServer, ListenerLimits
 from cdcserver.protocol.session import SessionContext
+from cdcserver.protocol.users import UsersFile
 from cdcserver.replication.constants import ColumnType
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
 from cdcserver.store.store import AvroStore
-from cdcserver.users import UsersFile
 from client.format.wire import Code, auth_message
 from tests.helpers import PASSWORD, USER, RawClient, pace
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from cdcserver.changes import Begin, Commit, Rowless, Rows, RowsKind, TableLayout
-from cdcserver.config import parse_source_url
-from cdcserver.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.app.config import parse_source_url
+from cdcserver.core.changes import Begin, Commit, Rowless, Rows, RowsKind, TableLayout
+from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.replication.charsets import CollationTable
 from cdcserver.replication.connection import BinlogConnection
 from cdcserver.replication.decoder import EventDecoder

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from cdcserver.config import parse_source_url
+from cdcserver.app.config import parse_source_url
+from cdcserver.ops.verify import verify_table
 from cdcserver.store.naming import TableName
-from cdcserver.verify import verify_table
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import PASSWORD, USER
 from tests.oracle import Rebuilt, assert_stream_equals_table

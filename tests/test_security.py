@@ -13,13 +13,13 @@ import time
 
 import pytest
 
-from cdcserver.config import ListenerConfig
-from cdcserver.embedded import EmbeddedMariaDB
-from cdcserver.gtid import GtidState
+from cdcserver.app.config import ListenerConfig
+from cdcserver.app.embedded import EmbeddedMariaDB
+from cdcserver.core.gtid import GtidState
 from cdcserver.protocol.server import ListenerLimits
 from cdcserver.protocol.throttle import LoginThrottle
+from cdcserver.protocol.users import UsersFile
 from cdcserver.store.naming import TableName
-from cdcserver.users import UsersFile
 from client import SyncCdcClient
 from client.format.wire import auth_message
 from tests.conftest import make_config, start_service

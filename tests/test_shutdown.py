@@ -14,9 +14,9 @@ import urllib.request
 
 import pytest
 
-from cdcserver.embedded import free_port
-from cdcserver.gtid import GtidState
-from cdcserver.status import fetch_health
+from cdcserver.app.embedded import free_port
+from cdcserver.core.gtid import GtidState
+from cdcserver.ops.status import fetch_health
 from client.format.wire import auth_message
 from tests.conftest import Source
 from tests.helpers import PASSWORD, USER, wait_until

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from cdcserver.changes import (
+from cdcserver.core.changes import (
     Abort,
     Begin,
     ColumnDef,
@@ -20,7 +20,7 @@ from cdcserver.changes import (
     TableChange,
     TableLayout,
 )
-from cdcserver.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.replication.constants import ColumnType
 from cdcserver.store import avrofile
 from cdcserver.store.catalog import Catalog

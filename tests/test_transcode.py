@@ -20,7 +20,7 @@ import random
 import fastavro
 import pytest
 
-from cdcserver.protocol.records import compile_block_renderer, compile_renderer
+from cdcserver.protocol.render import compile_block_renderer, compile_renderer
 from cdcserver.store import store as store_module
 from cdcserver.store import transcoder
 from client.format.avro import block_at, decompress, parse_header

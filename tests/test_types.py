@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from cdcserver.config import parse_source_url
+from cdcserver.app.config import parse_source_url
+from cdcserver.ops.verify import verify_table
 from cdcserver.store.naming import TableName
-from cdcserver.verify import verify_table
 from client import ChangeRecord, SyncCdcClient
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER, RawClient

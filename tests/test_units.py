@@ -11,11 +11,11 @@ from decimal import Decimal
 import fastavro
 import pytest
 
-from cdcserver.changes import ColumnDef, EventType, TableLayout
-from cdcserver.config import Config, parse_source_url
-from cdcserver.errors import ConfigError
-from cdcserver.gtid import Gtid, GtidState
-from cdcserver.handoff import Handoff
+from cdcserver.app.config import Config, parse_source_url
+from cdcserver.core.changes import ColumnDef, EventType, TableLayout
+from cdcserver.core.errors import ConfigError
+from cdcserver.core.gtid import Gtid, GtidState
+from cdcserver.core.handoff import Handoff
 from cdcserver.protocol.server import MessageReader
 from cdcserver.replication import values
 from cdcserver.replication.constants import ColumnType as T
@@ -212,7 +212,7 @@ def test_every_value_is_checked_when_the_configuration_loads(section, key, value
 
 
 def test_commands_take_their_flags_from_the_configuration():
-    from cdcserver.cli import _parser
+    from cdcserver.app.cli import _parser
 
     parser = _parser()
     args = parser.parse_args(["check", "--source", "mysql://u@h", "--server-id", "12"])
@@ -306,8 +306,8 @@ async def test_handoff_blocks_the_producer_when_full_and_delivers_in_order():
 def test_replication_starts_at_the_earliest_sink_checkpoint():
     from dataclasses import dataclass as dc
 
-    from cdcserver.gtid import BinlogPosition
-    from cdcserver.pipeline import start_position
+    from cdcserver.core.gtid import BinlogPosition
+    from cdcserver.core.pipeline import start_position
 
     @dc
     class _Sink:

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from cdcserver.cli import main
-from cdcserver.errors import ConfigError
-from cdcserver.users import UsersFile
+from cdcserver.app.cli import main
+from cdcserver.core.errors import ConfigError
+from cdcserver.protocol.users import UsersFile
 
 
 def _cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from cdcserver.config import parse_source_url
+from cdcserver.app.config import parse_source_url
+from cdcserver.ops.verify import verify_table
 from cdcserver.store.naming import TableName
-from cdcserver.verify import verify_table
 from tests.conftest import RunningService, Source
 from tests.test_rowless import _equal, _run, _verified
 

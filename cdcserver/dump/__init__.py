@@ -1,0 +1,1 @@
+"""Consistent snapshots of tables (dumps): taking them, their files, and the schedule."""

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from cdcserver.errors import StoreError
-from cdcserver.gtid import Gtid, GtidState
+from cdcserver.core.errors import StoreError
+from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.store import checkpoint as ckpt
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName

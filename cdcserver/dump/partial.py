@@ -20,7 +20,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
-from cdcserver.errors import StoreError
+from cdcserver.core.errors import StoreError
 from cdcserver.store.durable import fsync_dir
 from cdcserver.store.naming import TableName
 

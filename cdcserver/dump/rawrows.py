@@ -17,7 +17,7 @@ from typing import Any
 import pymysql
 from pymysql.constants import COMMAND
 
-from cdcserver.errors import SourceError
+from cdcserver.core.errors import SourceError
 
 _NULL = 0xFB
 _EOF = 0xFE

@@ -15,10 +15,10 @@ import logging
 import os
 import threading
 
-from cdcserver.config import DumpConfig
+from cdcserver.app.config import DumpConfig
+from cdcserver.core.errors import CdcError
 from cdcserver.dump import files
 from cdcserver.dump.dumper import DumpOptions, dump_tables, newest_versions, resolve_tables
-from cdcserver.errors import CdcError
 from cdcserver.replication.connection import SourceAddress
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName

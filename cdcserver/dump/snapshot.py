@@ -25,8 +25,8 @@ from typing import Any
 
 import pymysql
 
-from cdcserver.errors import SourceError
-from cdcserver.gtid import GtidState
+from cdcserver.core.errors import SourceError
+from cdcserver.core.gtid import GtidState
 from cdcserver.replication import source as source_sql
 from cdcserver.replication.connection import SourceAddress
 from cdcserver.schema import ddl

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdcserver.changes import Begin, Change, Commit, Ddl, Rows, RowsKind, TableLayout
-from cdcserver.gtid import BinlogPosition, Gtid
+from cdcserver.core.changes import Begin, Change, Commit, Ddl, Rows, RowsKind, TableLayout
+from cdcserver.core.gtid import BinlogPosition, Gtid
 from cdcserver.store.naming import TableName
 from cdcserver.store.schema import TableSchema
 from client.format.schema import Field

@@ -40,10 +40,11 @@ from typing import Any
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 
-from cdcserver.changes import Change
-from cdcserver.config import KafkaConfig
-from cdcserver.errors import ConfigError
-from cdcserver.gtid import BinlogPosition
+from cdcserver.app.config import KafkaConfig
+from cdcserver.core.changes import Change
+from cdcserver.core.errors import ConfigError
+from cdcserver.core.gtid import BinlogPosition
+from cdcserver.core.pipeline import SourceInfo
 from cdcserver.kafka import connect
 from cdcserver.kafka.events import (
     CommitEvent,
@@ -53,7 +54,6 @@ from cdcserver.kafka.events import (
     TableShape,
 )
 from cdcserver.kafka.formats import FORMATS, MessageFormat, VersionLookup, primary_key
-from cdcserver.pipeline import SourceInfo
 from cdcserver.store.durable import write_atomically
 from cdcserver.store.layout import DataDir
 from client.format.dump import value_encoder

@@ -2,7 +2,7 @@
 """A block of stored Avro records straight to JSON lines, in C.
 
 ``BlockRenderer.render`` walks the records of one (decompressed) block with a program built
-by ``records.py`` from the version's schema and writes each as the line ``compile_renderer``
+by ``render.py`` from the version's schema and writes each as the line ``compile_renderer``
 would: the same keys, separators and value texts (``client.format.schema.to_json_text``), without a
 Python object per value. It returns None wherever it cannot be sure of that (malformed data,
 invalid UTF-8, a value outside what the store writes), and the caller renders the block in
@@ -30,7 +30,7 @@ cdef extern from *:
     ctypedef long long cdc_int128
     ctypedef unsigned long long cdc_uint128
 
-# Value operations (records.py names them; keep in step).
+# Value operations (render.py names them; keep in step).
 cdef enum:
     R_LONG = 1
     R_ENUM = 2

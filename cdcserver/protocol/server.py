@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cdcserver.config import ListenerConfig
+from cdcserver.app.config import ListenerConfig
 from cdcserver.dump.transfer import send_file
 from cdcserver.protocol.session import (
     Phase,

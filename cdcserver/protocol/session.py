@@ -17,15 +17,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from cdcserver.config import ListenerConfig
+from cdcserver.app.config import ListenerConfig
+from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.dump.files import DumpInfo, list_dumps
-from cdcserver.gtid import Gtid, GtidState
 from cdcserver.protocol.stream import check_after
 from cdcserver.protocol.throttle import LoginThrottle
+from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.index import RangePlan, StoreIndex, TransactionInfo
 from cdcserver.store.naming import TableName
-from cdcserver.users import UsersFile
 from client.format.names import table_ref
 from client.format.wire import (
     OK,

@@ -29,7 +29,7 @@ version's end with no filter left hands itself to the table's shared tail (``tai
 which renders each commit once for every client there. Every write of a session's own
 stream awaits ``drain()``, so a client that does not read slows only its own stream, with at
 most one chunk in memory. AVRO mode sends stored bytes with ``sendfile(2)``; JSON mode renders
-whole blocks in C where it can (``records.rendered_block``).
+whole blocks in C where it can (``render.rendered_block``).
 """
 
 from __future__ import annotations
@@ -42,21 +42,15 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
-from cdcserver.gtid import Gtid, GtidState
-from cdcserver.protocol.records import (
-    compile_renderer,
-    decode_records,
-    encode_block,
-    json_block,
-    repair_suffix,
-    with_suffix,
-)
+from cdcserver.core.gtid import Gtid, GtidState
+from cdcserver.protocol.render import compile_renderer, json_block, repair_suffix, with_suffix
 from cdcserver.protocol.tail import Tails, Traffic
 from cdcserver.store.avrofile import Block, scan_blocks
 from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.index import StoreIndex
 from cdcserver.store.inuse import in_use
 from cdcserver.store.naming import TableName
+from cdcserver.store.records import decode_records, encode_block
 from client.format.wire import Code, DataRequest, Format, ProtocolError
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import zlib
 
-from cdcserver.errors import UndecodableEvent
+from cdcserver.core.errors import UndecodableEvent
 from cdcserver.replication.cursor import Cursor
 
 _ZLIB = 0

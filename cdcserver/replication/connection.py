@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import pymysql
 from pymysqlreplication import BinLogStreamReader
 
-from cdcserver.errors import SourceError, SourceUnavailable
-from cdcserver.gtid import GtidState
+from cdcserver.core.errors import SourceError, SourceUnavailable
+from cdcserver.core.gtid import GtidState
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from cdcserver.errors import UndecodableEvent
+from cdcserver.core.errors import UndecodableEvent
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")

@@ -2,7 +2,7 @@
 
 ``EventDecoder.feed()`` takes one replication packet (as the server sends it: an OK byte, the
 19-byte event header, the body, and a CRC32 when checksums are on) and appends the resulting
-:mod:`cdcserver.changes` records to a list. It keeps the state a replica needs between events:
+:mod:`cdcserver.core.changes` records to a list. It keeps the state a replica needs between events:
 the checksum setting, the current binlog file, the table-id map and the open transaction.
 
 Transaction framing, MariaDB: a GTID event opens every transaction (it replaces BEGIN); XID or a
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from cdcserver.changes import (
+from cdcserver.core.changes import (
     Abort,
     Begin,
     Change,
@@ -38,8 +38,8 @@ from cdcserver.changes import (
     TableChange,
     TableLayout,
 )
-from cdcserver.errors import CdcError, SchemaError, UndecodableEvent
-from cdcserver.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.core.errors import CdcError, SchemaError, UndecodableEvent
+from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.replication import compression
 from cdcserver.replication.charsets import CollationTable, codec_for
 from cdcserver.replication.constants import (
@@ -117,7 +117,7 @@ class EventDecoder:
     """Stateful decoder for one replication connection's event stream.
 
     ``defer_decoding`` says which layouts' row images are handed over undecoded (a sink
-    writes them directly; see :class:`~cdcserver.changes.Rows`); the others' are decoded
+    writes them directly; see :class:`~cdcserver.core.changes.Rows`); the others' are decoded
     here, so that images which do not decode stop replication at this event."""
 
     def __init__(self, collations: CollationTable, start: GtidState, *,

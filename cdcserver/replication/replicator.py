@@ -1,7 +1,7 @@
 """The replicator: a worker thread that reads the binlog and hands plain changes to the loop.
 
 python-mysql-replication blocks, so it runs in its own thread. The thread decodes each packet
-into :mod:`cdcserver.changes` records and puts them into the bounded :class:`Handoff` a
+into :mod:`cdcserver.core.changes` records and puts them into the bounded :class:`Handoff` a
 transaction at a time (a big transaction in 1 MiB slices). It owns the reconnect policy: when the
 connection drops it ends the open transaction with ``Abort`` and reconnects, with exponential
 backoff, from the GTID state after the last transaction it handed over; the transaction is read
@@ -19,10 +19,10 @@ from typing import Any
 
 import pymysql
 
-from cdcserver.changes import Change
-from cdcserver.errors import CdcError, SourceUnavailable
-from cdcserver.gtid import GtidState, same_state
-from cdcserver.handoff import Handoff, HandoffClosed
+from cdcserver.core.changes import Change
+from cdcserver.core.errors import CdcError, SourceUnavailable
+from cdcserver.core.gtid import GtidState, same_state
+from cdcserver.core.handoff import Handoff, HandoffClosed
 from cdcserver.replication import source
 from cdcserver.replication.charsets import CollationTable
 from cdcserver.replication.connection import BinlogConnection, SourceAddress

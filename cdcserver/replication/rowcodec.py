@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, overload
 
-from cdcserver.changes import ColumnDef, RowImages
-from cdcserver.errors import UndecodableEvent
+from cdcserver.core.changes import ColumnDef, RowImages
+from cdcserver.core.errors import UndecodableEvent
 from cdcserver.replication import values
 from cdcserver.replication.constants import ColumnType as T
 

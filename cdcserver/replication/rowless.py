@@ -12,7 +12,7 @@ Statements can change stored rows too: partition maintenance, ALTERs that rewrit
 (``TableChange.rewrites``). ``CREATE SEQUENCE`` makes the sequence's one row without a row
 event.
 
-Each becomes a :class:`~cdcserver.changes.Rowless` marker in the transaction, which the
+Each becomes a :class:`~cdcserver.core.changes.Rowless` marker in the transaction, which the
 pipeline's repair stage (:mod:`cdcserver.reread.repair`) turns into change records.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from cdcserver.changes import ForeignKeyEdge, Rowless, RowsKind, TableChange, TableLayout
+from cdcserver.core.changes import ForeignKeyEdge, Rowless, RowsKind, TableChange, TableLayout
 from cdcserver.store.naming import TableName
 
 if TYPE_CHECKING:

@@ -8,8 +8,8 @@ from typing import Any
 
 import pymysql
 
-from cdcserver.errors import SourceError, SourceUnavailable
-from cdcserver.gtid import BinlogPosition, GtidState
+from cdcserver.core.errors import SourceError, SourceUnavailable
+from cdcserver.core.gtid import BinlogPosition, GtidState
 from cdcserver.replication.charsets import CollationTable
 from cdcserver.replication.connection import SourceAddress
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cdcserver.changes import ColumnDef, TableLayout
-from cdcserver.errors import SchemaError, UndecodableEvent
+from cdcserver.core.changes import ColumnDef, TableLayout
+from cdcserver.core.errors import SchemaError, UndecodableEvent
 from cdcserver.replication.charsets import CollationTable, codec_for
 from cdcserver.replication.constants import (
     BINARY_COLLATION_ID,

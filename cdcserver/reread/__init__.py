@@ -4,7 +4,7 @@ Some changes reach a table without any row event: InnoDB's foreign-key cascades,
 maintenance (``TRUNCATE``/``DROP``/``EXCHANGE PARTITION``), ALTERs that rewrite stored values
 (a narrower type under a permissive ``sql_mode``, ``CONVERT TO CHARACTER SET``), ``DROP SYSTEM
 VERSIONING``. The decoder recognises each where it happens and hands the pipeline a
-:class:`~cdcserver.changes.Rowless` marker. This package brings the stream back to the table:
+:class:`~cdcserver.core.changes.Rowless` marker. This package brings the stream back to the table:
 
 - :mod:`.view`: the stream's own rows of a table, as a consumer that applies the stream holds
   them (folded from the store, then kept up to date);

@@ -23,7 +23,8 @@ from typing import Any
 
 import pymysql
 
-from cdcserver.changes import TableLayout
+from cdcserver.core.changes import TableLayout
+from cdcserver.core.errors import SourceError
 from cdcserver.dump import rawrows
 from cdcserver.dump.scan import select_expression
 from cdcserver.dump.snapshot import (
@@ -34,7 +35,6 @@ from cdcserver.dump.snapshot import (
     qualified,
     quote,
 )
-from cdcserver.errors import SourceError
 from cdcserver.replication import source as source_sql
 from cdcserver.replication.connection import SourceAddress
 from cdcserver.reread.values import from_text

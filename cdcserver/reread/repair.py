@@ -1,7 +1,7 @@
 """The repair stage: changes the binlog carries no rows for become ordinary change records.
 
 The pipeline passes every batch through :meth:`Repairer.process` before the sinks. Where a
-transaction holds :class:`~cdcserver.changes.Rowless` markers (the decoder recognised a foreign
+transaction holds :class:`~cdcserver.core.changes.Rowless` markers (the decoder recognised a foreign
 key's cascade, a partition's truncation, a value-rewriting ALTER...), the stage, before the
 transaction goes on:
 
@@ -38,7 +38,7 @@ from typing import Any
 
 import pymysql
 
-from cdcserver.changes import (
+from cdcserver.core.changes import (
     Abort,
     Begin,
     Change,
@@ -49,9 +49,9 @@ from cdcserver.changes import (
     RowsKind,
     TableLayout,
 )
+from cdcserver.core.errors import SchemaError, SourceError, SourceUnavailable
+from cdcserver.core.gtid import BinlogPosition, binlog_ordinal, same_state
 from cdcserver.dump.snapshot import DefinitionChanged, SnapshotPoint
-from cdcserver.errors import SchemaError, SourceError, SourceUnavailable
-from cdcserver.gtid import BinlogPosition, binlog_ordinal, same_state
 from cdcserver.replication.connection import SourceAddress
 from cdcserver.reread.readview import ReadView
 from cdcserver.reread.values import from_text
@@ -178,7 +178,7 @@ class Repairer:
     def _schema_changed(self, ddl: Ddl) -> None:
         """A statement renamed, dropped, emptied or altered tables. Their views are built
         again from the store when next needed (the pipeline stores each such statement's
-        transaction before the next: :func:`cdcserver.pipeline.segments`). A repair whose
+        transaction before the next: :func:`cdcserver.core.pipeline.segments`). A repair whose
         rows were read after the statement (its watermark is later) read the table as the
         statement left it, not as the stream has it before the statement: it is read again
         once the statement has passed, under the table's new name and columns (a dropped or

@@ -24,12 +24,12 @@ from collections.abc import Iterator, Sequence
 from decimal import Decimal
 from typing import Any
 
-from cdcserver.changes import Rows, RowsKind, TableLayout
-from cdcserver.protocol.records import decode_records
+from cdcserver.core.changes import Rows, RowsKind, TableLayout
 from cdcserver.reread.values import from_avro
 from cdcserver.store.avrofile import scan_blocks
 from cdcserver.store.catalog import Catalog, VersionInfo
 from cdcserver.store.naming import TableName
+from cdcserver.store.records import decode_records
 
 Row = dict[str, Any]
 _CLEARING = ("truncate", "drop")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cdcserver.changes import ColumnDef
+from cdcserver.core.changes import ColumnDef
 from cdcserver.replication.constants import ColumnType as T
 
 # SQL type name (lowercase, aliases resolved) -> binlog type

@@ -27,9 +27,9 @@ import os
 from collections.abc import Callable
 from dataclasses import replace
 
-from cdcserver.changes import ColumnDef, TableChange, TableLayout
-from cdcserver.errors import SchemaError
-from cdcserver.gtid import Gtid, GtidState
+from cdcserver.core.changes import ColumnDef, TableChange, TableLayout
+from cdcserver.core.errors import SchemaError
+from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.replication.charsets import codec_for
 from cdcserver.replication.constants import ColumnType as T
 from cdcserver.schema import ddl

@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from cdcserver.errors import StoreError
+from cdcserver.core.errors import StoreError
 from cdcserver.store.encoder import varint
 from client.format.avro import (
     MAGIC,

@@ -13,7 +13,7 @@ import asyncio
 import os
 from dataclasses import dataclass, field
 
-from cdcserver.gtid import Gtid
+from cdcserver.core.gtid import Gtid
 from cdcserver.store.avrofile import Header, read_header
 from cdcserver.store.naming import TableName, parse_version_file
 from cdcserver.store.schema import TableSchema

@@ -15,8 +15,8 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from cdcserver.errors import StoreError
-from cdcserver.gtid import BinlogPosition
+from cdcserver.core.errors import StoreError
+from cdcserver.core.gtid import BinlogPosition
 from cdcserver.store.durable import write_atomically
 from cdcserver.store.naming import TableName
 

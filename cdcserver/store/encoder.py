@@ -17,7 +17,7 @@ from decimal import Context, Decimal
 from functools import lru_cache
 from typing import Any
 
-from cdcserver.changes import ColumnDef, EventType
+from cdcserver.core.changes import ColumnDef, EventType
 from client.format.schema import Field, Kind, time_text
 
 RecordsEncoder = Callable[[bytearray, bytes, tuple[bytes, bytes], Sequence[tuple[Any, ...]], int],

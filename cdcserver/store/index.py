@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cdcserver.gtid import Gtid, GtidState
+from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.store.naming import TableName
 
 log = logging.getLogger(__name__)

@@ -13,14 +13,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from cdcserver.errors import StoreError
-from cdcserver.gtid import Gtid, GtidState, binlog_ordinal
-from cdcserver.protocol.records import decode_records
+from cdcserver.core.errors import StoreError
+from cdcserver.core.gtid import Gtid, GtidState, binlog_ordinal
 from cdcserver.store import checkpoint as ckpt
 from cdcserver.store.avrofile import scan_blocks
 from cdcserver.store.catalog import Catalog, VersionInfo
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
+from cdcserver.store.records import decode_records
 
 
 def version_ddl(info: VersionInfo) -> dict[str, str]:

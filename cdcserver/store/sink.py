@@ -7,9 +7,9 @@ checkpoints, and records where a new store started.
 
 from __future__ import annotations
 
-from cdcserver.changes import Change
-from cdcserver.gtid import BinlogPosition
-from cdcserver.pipeline import SourceInfo
+from cdcserver.core.changes import Change
+from cdcserver.core.gtid import BinlogPosition
+from cdcserver.core.pipeline import SourceInfo
 from cdcserver.store.store import AvroStore
 
 

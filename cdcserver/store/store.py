@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cdcserver.changes import (
+from cdcserver.core.changes import (
     Abort,
     Begin,
     Change,
@@ -38,8 +38,8 @@ from cdcserver.changes import (
     RowsKind,
     TableLayout,
 )
-from cdcserver.errors import DiskFull, StoreError
-from cdcserver.gtid import BinlogPosition, GtidState
+from cdcserver.core.errors import DiskFull, StoreError
+from cdcserver.core.gtid import BinlogPosition, GtidState
 from cdcserver.store import checkpoint as ckpt
 from cdcserver.store.avrofile import VersionFileWriter, last_valid_end, read_header
 from cdcserver.store.catalog import Catalog, VersionInfo

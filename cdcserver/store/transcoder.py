@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Protocol
 
-from cdcserver.changes import ColumnDef
+from cdcserver.core.changes import ColumnDef
 from cdcserver.replication.charsets import single_byte_table
 from cdcserver.replication.constants import ColumnType as T
 from cdcserver.store.encoder import encode_string

@@ -15,7 +15,7 @@ import os
 import random
 import socket
 
-from cdcserver.config import (
+from cdcserver.app.config import (
     Config,
     DumpConfig,
     ListenerConfig,
@@ -23,11 +23,11 @@ from cdcserver.config import (
     SourceConfig,
     StoreConfig,
 )
-from cdcserver.embedded import EmbeddedMariaDB, ensure_mariadb_installed
-from cdcserver.gtid import GtidState
-from cdcserver.process import run_until_signalled
-from cdcserver.service import Service
-from cdcserver.users import UsersFile
+from cdcserver.app.embedded import EmbeddedMariaDB, ensure_mariadb_installed
+from cdcserver.app.process import run_until_signalled
+from cdcserver.app.service import Service
+from cdcserver.core.gtid import GtidState
+from cdcserver.protocol.users import UsersFile
 from client.format.wire import auth_message
 
 DEMO_USER, DEMO_PASSWORD = "cdcuser", "cdcpass"

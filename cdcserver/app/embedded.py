@@ -23,7 +23,7 @@ from typing import Any
 
 import pymysql
 
-from cdcserver.errors import ConfigError
+from cdcserver.core.errors import ConfigError
 
 CDC_SETTINGS = (
     "--log-bin=mysql-bin", "--binlog-format=ROW", "--binlog-row-image=FULL",

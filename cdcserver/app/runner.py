@@ -18,14 +18,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from cdcserver import preflight
-from cdcserver.changes import Abort
-from cdcserver.config import SourceConfig
-from cdcserver.errors import ConfigError, DiskFull, SourceError, SourceUnavailable
-from cdcserver.gtid import BinlogPosition, GtidState
-from cdcserver.handoff import Handoff
-from cdcserver.pipeline import Pipeline, Sink, SourceInfo, start_position
-from cdcserver.replication import source
+from cdcserver.app.config import SourceConfig
+from cdcserver.core.changes import Abort
+from cdcserver.core.errors import ConfigError, DiskFull, SourceError, SourceUnavailable
+from cdcserver.core.gtid import BinlogPosition, GtidState
+from cdcserver.core.handoff import Handoff
+from cdcserver.core.pipeline import Pipeline, Sink, SourceInfo, start_position
+from cdcserver.replication import preflight, source
 from cdcserver.replication.connection import SourceAddress
 from cdcserver.replication.decoder import DeferDecoding
 from cdcserver.replication.replicator import Backoff, Replicator

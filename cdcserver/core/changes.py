@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-from cdcserver.gtid import BinlogPosition, Gtid
+from cdcserver.core.gtid import BinlogPosition, Gtid
 
 
 class EventType(StrEnum):

@@ -1,19 +1,18 @@
-"""Reading committed records back out of a version file, and rendering them as JSON lines."""
+"""Stored records as the JSON lines clients receive: one compiled renderer per schema, and
+whole blocks rendered in C where the extension is built (``_jsonlines.pyx``)."""
 
 from __future__ import annotations
 
 import datetime as dt
-import io
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import lru_cache
 from json.encoder import encode_basestring
 from typing import Any, Protocol
 
-import fastavro
-
-from cdcserver.store.avrofile import Block, Header, decompress
+from cdcserver.store.avrofile import Block
 from cdcserver.store.catalog import VersionInfo
+from cdcserver.store.records import Record, decode_records, read_block
 from cdcserver.store.schema import TableSchema
 from client.format.schema import Kind, to_json_text
 
@@ -22,28 +21,7 @@ try:
 except ImportError:  # built without a C compiler: compile_renderer alone
     _jsonlines = None
 
-Record = dict[str, Any]
 Renderer = Callable[[Record], bytes]
-
-
-@lru_cache(maxsize=1024)
-def _parsed(schema_json: str) -> Any:
-    return fastavro.parse_schema(json.loads(schema_json))
-
-
-def read_block(path: str, header: Header, block: Block) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(block.data_start)
-        return decompress(header.codec, f.read(block.data_size))
-
-
-def decode_records(info: VersionInfo, block: Block) -> Iterator[Record]:
-    schema = _parsed(info.header.schema_json)
-    data = io.BytesIO(read_block(info.path, info.header, block))
-    reader = fastavro.schemaless_reader
-    for _ in range(block.count):
-        record: Record = reader(data, schema, None)  # type: ignore[assignment]
-        yield record
 
 
 REPAIR_KEY = b"cdc:repair"  # no field is named so: field names are [A-Za-z0-9_]
@@ -81,20 +59,6 @@ def rendered_block(info: VersionInfo, block: Block, zone: dt.tzinfo) -> bytes | 
     if renderer is None:
         return None
     return renderer.render(read_block(info.path, info.header, block), block.count)
-
-
-def encode_block(info: VersionInfo, records: list[Record]) -> bytes:
-    """A new block of ``records`` for ``info``'s file (used to drop the records before a GTID
-    seek point in AVRO mode without sending a partial block)."""
-    from cdcserver.store.avrofile import compress
-    from cdcserver.store.encoder import varint
-
-    schema = _parsed(info.header.schema_json)
-    out = io.BytesIO()
-    for record in records:
-        fastavro.schemaless_writer(out, schema, record)
-    data = compress(info.header.codec, out.getvalue())
-    return varint(len(records)) + varint(len(data)) + data + info.header.sync
 
 
 _SIMPLE_META = ("domain", "server_id", "sequence", "event_number", "timestamp")

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from cdcserver.changes import Abort, Begin, Change, Commit, Ddl
-from cdcserver.errors import CdcError, SourceError
-from cdcserver.gtid import BinlogPosition, Gtid, GtidState, binlog_ordinal, same_transaction
-from cdcserver.handoff import Handoff
+from cdcserver.core.changes import Abort, Begin, Change, Commit, Ddl
+from cdcserver.core.errors import CdcError, SourceError
+from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState, binlog_ordinal, same_transaction
+from cdcserver.core.handoff import Handoff
 
 if TYPE_CHECKING:
     from cdcserver.reread.repair import Repairer

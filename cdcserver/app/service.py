@@ -16,25 +16,25 @@ from collections.abc import Callable
 
 from prometheus_client.registry import CollectorRegistry
 
-from cdcserver.config import Config
+from cdcserver.app.config import Config
+from cdcserver.app.runner import ReplicationRunner
+from cdcserver.core.errors import ConfigError
+from cdcserver.core.gtid import GtidState
+from cdcserver.core.pipeline import Sink
 from cdcserver.dump.scheduler import DumpScheduler
-from cdcserver.errors import ConfigError
-from cdcserver.gtid import GtidState
-from cdcserver.lag import LagProbe
-from cdcserver.metrics import HousekeepingStats, ServiceCollector, ServiceStats, health
-from cdcserver.monitoring import MonitoringServer
-from cdcserver.pipeline import Sink
+from cdcserver.ops.lag import LagProbe
+from cdcserver.ops.metrics import HousekeepingStats, ServiceCollector, ServiceStats, health
+from cdcserver.ops.monitoring import MonitoringServer
 from cdcserver.protocol.server import CdcServer, ListenerLimits, ListenerStats
 from cdcserver.protocol.session import SessionContext
 from cdcserver.protocol.throttle import LoginThrottle
-from cdcserver.retention import Cleaner
-from cdcserver.runner import ReplicationRunner
+from cdcserver.protocol.users import UsersFile
 from cdcserver.store import transcoder
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
+from cdcserver.store.retention import Cleaner
 from cdcserver.store.sink import StoreSink
 from cdcserver.store.store import AvroStore
-from cdcserver.users import UsersFile
 
 log = logging.getLogger(__name__)
 

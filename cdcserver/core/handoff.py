@@ -12,7 +12,7 @@ import asyncio
 import threading
 from collections import deque
 
-from cdcserver.changes import Change
+from cdcserver.core.changes import Change
 
 
 class HandoffClosed(Exception):

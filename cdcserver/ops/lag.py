@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cdcserver.errors import CdcError
-from cdcserver.gtid import GtidState
+from cdcserver.core.errors import CdcError
+from cdcserver.core.gtid import GtidState
 from cdcserver.replication import source as source_sql
 from cdcserver.replication.connection import SourceAddress
 

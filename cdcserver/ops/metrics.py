@@ -16,10 +16,10 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from cdcserver.lag import Lag
+from cdcserver.app.runner import ReplicationStats
+from cdcserver.ops.lag import Lag
 from cdcserver.protocol.server import ListenerStats
 from cdcserver.reread.repair import RepairStats
-from cdcserver.runner import ReplicationStats
 from cdcserver.store.store import StoreStats
 
 _NAN = float("nan")

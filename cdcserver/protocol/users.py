@@ -19,7 +19,7 @@ import stat
 import threading
 from dataclasses import dataclass
 
-from cdcserver.errors import ConfigError
+from cdcserver.core.errors import ConfigError
 from cdcserver.store.durable import write_atomically
 from cdcserver.store.naming import TableName
 from client.format.wire import digest_hash, password_hash

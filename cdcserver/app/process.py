@@ -9,7 +9,7 @@ import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from cdcserver.errors import CdcError, ConfigError
+from cdcserver.core.errors import CdcError, ConfigError
 
 log = logging.getLogger("cdcserver")
 

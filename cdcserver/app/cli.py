@@ -18,13 +18,13 @@ import json
 import logging
 import sys
 
-from cdcserver import config as cfg
-from cdcserver import logs
-from cdcserver.errors import CdcError, ConfigError
-from cdcserver.process import EXIT_FAILED, EXIT_OK, EXIT_USAGE, run_until_signalled
+from cdcserver.app import config as cfg
+from cdcserver.app import logs
+from cdcserver.app.process import EXIT_FAILED, EXIT_OK, EXIT_USAGE, run_until_signalled
+from cdcserver.core.errors import CdcError, ConfigError
+from cdcserver.protocol.users import UsersFile
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
-from cdcserver.users import UsersFile
 
 log = logging.getLogger("cdcserver")
 
@@ -150,7 +150,7 @@ def _parser() -> argparse.ArgumentParser:
 def cmd_run(args: argparse.Namespace) -> int:
     config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
     logs.setup(config.log.level, config.log.format)
-    from cdcserver.service import Service
+    from cdcserver.app.service import Service
 
     service = Service(config)
     return run_until_signalled(lambda stop: service.run(stop))
@@ -174,7 +174,7 @@ def _table_name(text: str) -> TableName:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Exit 0 when the source is ready (warnings included), 1 on a fatal finding."""
-    from cdcserver.preflight import check_source
+    from cdcserver.replication.preflight import check_source
 
     config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
     report = check_source(config.source.address(), config.source.server_id)
@@ -186,7 +186,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Exit 0 when healthy, 1 when degraded or unreachable."""
-    from cdcserver.status import fetch_health, render_health
+    from cdcserver.ops.status import fetch_health, render_health
 
     url = args.metrics_url
     if not url:
@@ -203,7 +203,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 # -- verify, schema ------------------------------------------------------------------------
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from cdcserver.verify import format_json, verify_table
+    from cdcserver.ops.verify import format_json, verify_table
 
     config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
     address = config.source.address()
@@ -324,7 +324,7 @@ def cmd_users_list(args: argparse.Namespace) -> int:
 # -- demo ------------------------------------------------------------------------------
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from cdcserver.demo import run_demo
+    from cdcserver.app.demo import run_demo
 
     logs.setup("info")
     return run_demo(args.dir, args.listen, args.mariadb_port, args.trickle)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from cdcserver.errors import ConfigError
+from cdcserver.core.errors import ConfigError
 from client.format.gtid import MARIADB_GTID, MYSQL_GTID, MYSQL_SET_ITEM
 
 

@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from cdcserver.errors import ConfigError
-from cdcserver.gtid import GtidState
+from cdcserver.core.errors import ConfigError
+from cdcserver.core.gtid import GtidState
 from cdcserver.replication.connection import SourceAddress
 
 Check = Callable[[Any], str | None]  # a value's problem, or None

@@ -30,10 +30,9 @@ from typing import Any
 
 import pymysql
 
+from cdcserver.core.errors import StoreError
+from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.dump.scan import select_expression
-from cdcserver.errors import StoreError
-from cdcserver.gtid import Gtid, GtidState
-from cdcserver.protocol.records import decode_records
 from cdcserver.replication import source as source_sql
 from cdcserver.replication.connection import SourceAddress
 from cdcserver.schema import ddl
@@ -47,6 +46,7 @@ from cdcserver.store.reader import (
     table_life,
     wait_for_checkpoint,
 )
+from cdcserver.store.records import decode_records
 from client.format.dump import DumpDecoder, DumpHeader, DumpRows
 from client.format.schema import Field, Kind, from_avro_value
 

@@ -1,0 +1,2 @@
+"""The assembled service: configuration, the replication runner, the command line, the demo
+and its private MariaDB."""
