@@ -1,6 +1,6 @@
 """Kafka message formats: what a row change or a schema statement looks like on a topic.
 
-``protocol.md`` ("Kafka") shows an example of each. In short:
+``cdcserver/kafka/README.md`` shows an example of each. In short:
 
 - ``databus`` (the user's mysql-databus transfer format): the value is the RowsEvent
   ``{"Table": {...}, "Action": ..., "Rows": [[...]]}`` with every column value base64-encoded
