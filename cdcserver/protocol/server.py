@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 from cdcserver.app.config import ListenerConfig
 from cdcserver.dump.transfer import send_file
+from cdcserver.protocol.outbox import Outbox
 from cdcserver.protocol.session import (
+    Blocking,
     Phase,
     Reply,
     SendDump,
@@ -157,8 +159,8 @@ class CdcServer:
         peer = _peer_name(writer)
         if len(self._connections) >= self.limits.max_connections:
             log.warning("%s: refused, %d connections open", peer, len(self._connections))
-            writer.write(error_line(Code.TOO_MANY_CONNECTIONS,
-                                    f"the server allows {self.limits.max_connections}"))
+            Outbox(writer, self.traffic).last_words(error_line(
+                Code.TOO_MANY_CONNECTIONS, f"the server allows {self.limits.max_connections}"))
             await _close(writer)
             return
         self._connections.add(task)
@@ -169,8 +171,8 @@ class CdcServer:
         except asyncio.CancelledError:
             # stop() cancels connections. The task ends normally: asyncio 3.11's
             # start_server callback would log a cancelled handler task as an error.
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                writer.write(error_line(Code.SHUTTING_DOWN, "the server is stopping"))
+            Outbox(writer, self.traffic).last_words(
+                error_line(Code.SHUTTING_DOWN, "the server is stopping"))
         finally:
             self._connections.discard(task)
             await _close(writer)
@@ -180,7 +182,7 @@ class Connection:
     def __init__(self, server: CdcServer, reader: asyncio.StreamReader,
                  writer: asyncio.StreamWriter, peer: str) -> None:
         self.server = server
-        self.writer = writer
+        self.out = Outbox(writer, server.traffic)
         self.peer = peer
         self.messages = MessageReader(reader, server.limits.max_line)
         self.session = Session(server.context, peer, server.limits.bad_command_limit)
@@ -201,6 +203,8 @@ class Connection:
                 if message.strip():
                     self._last_command = asyncio.get_running_loop().time()
                 outcome = self.session.receive(message)
+                if isinstance(outcome, Blocking):
+                    outcome = await asyncio.to_thread(outcome.run)
                 if isinstance(outcome, Reply):
                     if outcome.data:
                         await self._send(outcome.data)
@@ -240,18 +244,13 @@ class Connection:
             return await self.messages.next()
 
     async def _send(self, data: bytes) -> None:
-        if self.writer.is_closing():
-            return  # the client went away (uvloop raises RuntimeError on such a write)
-        with contextlib.suppress(ConnectionError):
-            self.writer.write(data)
-            await self.writer.drain()
+        await self.out.reply(data)
 
     async def _stream(self, start: StartStream) -> None:
         context = self.server.context
         streamer = Streamer(context.catalog, context.index(), start.request, start.format,
-                            self.writer, self.server.zone, context.caught_up,
-                            self.server.tails, self.server.traffic)
-        log.info("%s: %s (%s)", self.peer, start.request.line(), start.format.value)
+                            self.out, self.server.zone, context.caught_up, self.server.tails)
+        log.info("%s: %s (%s)", self.peer, start.request.line, start.format.value)
         stream_task = asyncio.create_task(streamer.run())
         input_task = asyncio.create_task(self._watch_input())
         try:
@@ -282,9 +281,9 @@ class Connection:
         try:
             with in_use(dump.path) as f:
                 size = os.fstat(f.fileno()).st_size
-                self.writer.write(f"OK {size} {dump.name}\n".encode())
+                await self.out.reply(f"OK {size} {dump.name}\n".encode())
                 transfer = asyncio.create_task(
-                    send_file(self.writer, f, size, self.server.limits.idle_timeout))
+                    send_file(self.out.writer, f, size, self.server.limits.idle_timeout))
                 input_task = asyncio.create_task(self.messages.next())
                 try:
                     await asyncio.wait({transfer, input_task},
@@ -317,7 +316,7 @@ class Connection:
                 self.server.dump_released()
         self._last_command = asyncio.get_running_loop().time()  # the transfer was not idle
         self.server.dumps_sent += 1
-        self.server.traffic.bytes_sent += sent
+        self.out.sent(sent)
         log.info("%s: sent %s (%d bytes in %.2fs)", self.peer, dump.name, sent,
                  time.monotonic() - started)
         return True

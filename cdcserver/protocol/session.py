@@ -1,11 +1,13 @@
 """One client's protocol state machine, with no I/O.
 
 ``Session.receive(message)`` takes one framed message and returns what to do: a reply (and
-whether to hang up afterwards) or a request to start streaming. The phases are MaxScale's:
-authenticate, register, then commands. Verbs are methods named ``verb_<VERB>`` (``-`` becomes
-``_``), found by name; ``receive`` alone does the checks before dispatch (phase, unknown verb,
-the budget of bad commands). The connection task in :mod:`cdcserver.protocol.server` owns the
-socket and executes the outcomes.
+whether to hang up afterwards), a stream to start, a dump to send, or :class:`Blocking` work
+(listing dump files, querying the index) that the connection runs off the event loop and
+that returns one of the others. The phases are MaxScale's: authenticate, register, then
+commands. Verbs are methods named ``verb_<VERB>`` (``-`` becomes ``_``), found by name;
+``receive`` alone does the checks before dispatch (phase, unknown verb, the budget of bad
+commands). The connection task in :mod:`cdcserver.protocol.server` owns the socket and
+executes the outcomes.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from enum import StrEnum
 from cdcserver.app.config import ListenerConfig
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.dump.files import DumpInfo, list_dumps
-from cdcserver.protocol.stream import check_after
+from cdcserver.protocol.requests import StreamRequest, state_bound, stream_request
 from cdcserver.protocol.throttle import LoginThrottle
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
@@ -31,8 +33,10 @@ from client.format.wire import (
     OK,
     Code,
     DataRequest,
+    DumpRequest,
     Format,
     ProtocolError,
+    RangeQuery,
     parse_auth,
     parse_list_dumps,
     parse_query_range,
@@ -61,7 +65,7 @@ class Reply:
 
 @dataclass(frozen=True)
 class StartStream:
-    request: DataRequest
+    request: StreamRequest
     format: Format
 
 
@@ -70,11 +74,19 @@ class SendDump:
     """Send a dump file; then, with ``follow``, stream the changes after it."""
 
     dump: DumpInfo
-    follow: DataRequest | None
+    follow: StreamRequest | None
     format: Format
 
 
-Outcome = Reply | StartStream | SendDump
+@dataclass(frozen=True)
+class Blocking:
+    """Work that reads files or the index: run it off the event loop (``run`` never raises a
+    protocol error; it returns the reply for one)."""
+
+    run: Callable[[], Reply | StartStream | SendDump]
+
+
+Outcome = Reply | StartStream | SendDump | Blocking
 
 
 @dataclass
@@ -174,26 +186,43 @@ class Session:
     # -- commands ------------------------------------------------------------------------
 
     def verb_REQUEST_DATA(self, argument: str) -> Outcome:
-        request = parse_request_data(argument)
-        table = TableName(request.database, request.table)
+        parsed = parse_request_data(argument)
+        table = TableName(parsed.database, parsed.table)
         self._require_access(table)
+        request = stream_request(parsed)
         entry = self.context.catalog.get(table)
-        if request.after:
-            check_after(request.after)
-        if request.until:
-            check_after(request.until)
         if entry is None or not entry.versions:
             # After a dump, the table may not have changed yet: wait for its first change
             # (a bounded read of it is empty).
-            if not (request.after and request.version is None and self._dumps(table)):
+            if not (request.after and request.version is None):
                 raise _no_file(request, f"unknown table {_ref(table)}")
-        elif request.version is not None and request.version not in entry.versions:
+            return self._blocking(lambda: self._start_after_dump(request))
+        if request.version is not None and request.version not in entry.versions:
             first, last = min(entry.versions), max(entry.versions)
             stored = f"version {first:06d}" if first == last else \
                 f"versions {first:06d} to {last:06d}"
             raise _no_file(request, f"{_ref(table)} has {stored}")
+        return self._start(request)
+
+    def _start_after_dump(self, request: StreamRequest) -> Outcome:
+        if not self._dumps(request.table):
+            raise _no_file(request, f"unknown table {_ref(request.table)}")
+        return self._start(request)
+
+    def _start(self, request: StreamRequest) -> StartStream:
         self.phase = Phase.STREAMING
         return StartStream(request, self.format)
+
+    def _blocking(self, work: Callable[[], Outcome]) -> Blocking:
+        def run() -> Reply | StartStream | SendDump:
+            try:
+                outcome = work()
+            except ProtocolError as exc:
+                return self._bad(exc)
+            assert not isinstance(outcome, Blocking)
+            return outcome
+
+        return Blocking(run)
 
     def verb_LIST_DUMPS(self, argument: str) -> Outcome:
         """Extension: the complete dumps, oldest first, as one JSON line."""
@@ -201,6 +230,9 @@ class Session:
         table = TableName(*parsed) if parsed else None
         if table is not None:
             self._require_access(table)
+        return self._blocking(lambda: self._list_dumps(table))
+
+    def _list_dumps(self, table: TableName | None) -> Reply:
         # "ref": the table as commands name it (protocol.md, "Table names")
         dumps = [{**d.summary(), "ref": _ref(d.table)} for d in self._dumps(table)
                  if self._may_read(d.table)]
@@ -209,6 +241,9 @@ class Session:
     def verb_REQUEST_DUMP(self, argument: str) -> Outcome:
         """Extension: send a dump (by name, or a table's newest), then optionally follow."""
         request = parse_request_dump(argument)
+        return self._blocking(lambda: self._send_dump(request))
+
+    def _send_dump(self, request: DumpRequest) -> SendDump:
         named = request.table
         if named is not None:
             found = self._dumps(TableName(*named))
@@ -223,7 +258,7 @@ class Session:
         follow = None
         if request.follow:
             h = dump.header
-            follow = DataRequest(h.database, h.table, None, None, h.gtid or None)
+            follow = stream_request(DataRequest(h.database, h.table, None, None, h.gtid or None))
             self.phase = Phase.STREAMING
         return SendDump(dump, follow, self.format)
 
@@ -268,6 +303,9 @@ class Session:
             gtid = Gtid.parse(argument)
         except ValueError:
             raise ProtocolError(Code.BAD_SYNTAX, "expected QUERY-TRANSACTION <gtid>") from None
+        return self._blocking(lambda: self._transaction(gtid))
+
+    def _transaction(self, gtid: Gtid) -> Reply:
         index = self.context.index()
         info = index.transaction(gtid) if index else None
         if info is None:
@@ -285,15 +323,16 @@ class Session:
         """Extension: where a bounded read of a table holding at most n records can end."""
         query = parse_query_range(argument)
         self._require_access(TableName(query.database, query.table))
-        if query.after:
-            check_after(query.after)
+        after = state_bound(query.after).given if query.after else GtidState()
+        until = state_bound(query.until).given if query.until else None
+        return self._blocking(lambda: self._plan_range(query, after, until))
+
+    def _plan_range(self, query: RangeQuery, after: GtidState, until: GtidState | None
+                    ) -> Reply:
         index = self.context.index()
         stored = self.context.stored_state() if self.context.stored_state else GtidState()
-        if query.until:
-            check_after(query.until)
-            until = GtidState.parse(query.until)
+        if until is not None:
             stored = stored.minimum(until) if index is None else index.earliest(stored, until)
-        after = GtidState.parse(query.after)
         if index is None:
             plan = RangePlan(after, 0, None)
         else:
@@ -328,9 +367,9 @@ def _ref(table: TableName) -> str:
     return table_ref(table.database, table.table)
 
 
-def _no_file(request: DataRequest, cause: str) -> ProtocolError:
+def _no_file(request: StreamRequest, cause: str) -> ProtocolError:
     """MaxScale's reply for a version file it does not have, and why."""
-    name = f"{_ref(TableName(request.database, request.table))}.{request.version or 1:06d}"
+    name = f"{_ref(request.table)}.{request.version or 1:06d}"
     return ProtocolError(Code.NO_FILE, f"File '{name}.avro' not found: {cause}")
 
 

@@ -43,15 +43,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 from cdcserver.core.gtid import Gtid, GtidState
+from cdcserver.protocol.outbox import Outbox
 from cdcserver.protocol.render import compile_renderer, json_block, repair_suffix, with_suffix
-from cdcserver.protocol.tail import Tails, Traffic
+from cdcserver.protocol.requests import StreamRequest, state_bound
+from cdcserver.protocol.tail import Tails
 from cdcserver.store.avrofile import Block, scan_blocks
 from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.index import StoreIndex
 from cdcserver.store.inuse import in_use
-from cdcserver.store.naming import TableName
 from cdcserver.store.records import decode_records, encode_block
-from client.format.wire import Code, DataRequest, Format, ProtocolError
+from client.format.wire import Code, Format, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,8 @@ class _After:
 
     @classmethod
     def parse(cls, text: str, order: _Order | None = None) -> _After:
-        return cls(check_after(text), GtidState.parse(text), order)
+        bound = state_bound(text)
+        return cls(bound.stored, bound.given, order)
 
     def covers(self, gtid_text: str) -> bool:
         """Whether a version's creating transaction precedes the state."""
@@ -193,21 +195,6 @@ class _After:
         return min(offsets) if offsets else None
 
 
-def check_after(text: str) -> GtidState:
-    """An ``AFTER`` GTID state, in the domains records are stored with. A MySQL state may name
-    one source UUID (its transactions are stored in domain 0)."""
-    try:
-        state = GtidState.parse(text)
-    except ValueError as exc:
-        raise ProtocolError(Code.BAD_SYNTAX, str(exc)) from None
-    uuids = [g for g in state if g.source_uuid]
-    if uuids:
-        if len(list(state)) > 1:
-            raise ProtocolError(Code.BAD_SYNTAX, "AFTER takes one MySQL source UUID")
-        state = GtidState([Gtid(0, 0, uuids[0].sequence)])
-    return state
-
-
 class _Until:
     """``UNTIL <state>``: only records of transactions the state covers. Once a record past
     the state has been seen in each of its domains, nothing later can be covered."""
@@ -218,10 +205,6 @@ class _Until:
         self.order = order or _Order(None)
         self._open = {g.domain for g in state}
         self.domains: set[int] | None = None  # the current version's, when the index knows
-
-    @classmethod
-    def parse(cls, text: str, order: _Order | None = None) -> _Until:
-        return cls(check_after(text), GtidState.parse(text), order)
 
     @property
     def done(self) -> bool:
@@ -277,83 +260,76 @@ def read_range(info: VersionInfo, pos: int, end: int, fmt: Format, zone: dt.tzin
 
 
 class Streamer:
-    def __init__(self, catalog: Catalog, index: StoreIndex | None, request: DataRequest,
-                 fmt: Format, writer: asyncio.StreamWriter, zone: dt.tzinfo = dt.UTC,
+    def __init__(self, catalog: Catalog, index: StoreIndex | None, request: StreamRequest,
+                 fmt: Format, out: Outbox, zone: dt.tzinfo = dt.UTC,
                  caught_up: Callable[[GtidState], Awaitable[None]] | None = None,
-                 tails: Tails | None = None, traffic: Traffic | None = None) -> None:
+                 tails: Tails | None = None) -> None:
         self.catalog = catalog
         self.tails = tails  # shared readers for sessions waiting at a version's end
         self.caught_up = caught_up  # waits until the service has stored up to a state
         self.index = index
         self.request = request
         self.format = fmt
-        self.writer = writer
+        self.out = out
         self.zone = zone
-        self.table = TableName(request.database, request.table)
+        self.table = request.table
         self.records_sent = 0  # by this stream (and the tails it followed)
         self.bytes_sent = 0
-        self.traffic = traffic if traffic is not None else Traffic()  # the listener's totals
         self._filter: _Seek | _After | None = None
-        if request.after:
-            self._filter = _After.parse(request.after, _Order(index))
-        elif request.gtid:
-            self._filter = _Seek(Gtid.parse(request.gtid), _Order(index))
+        if request.after is not None:
+            self._filter = _After(request.after.stored, request.after.given, _Order(index))
+        elif request.seek is not None:
+            self._filter = _Seek(request.seek, _Order(index))
+        self._until: _Until | None = None
+        if request.until is not None:
+            self._until = _Until(request.until.stored, request.until.given, _Order(index))
 
     async def run(self) -> None:
-        if self.request.until:
-            await self._run_bounded(_Until.parse(self.request.until, _Order(self.index)))
-            return
-        if isinstance(self._filter, _After) and self.caught_up is not None:
-            # Everything up to the state must be stored before the starting version is
-            # chosen: a version the source created before it may not be in the catalog yet.
-            await self.caught_up(self._filter.given)
-        entry = await self._entry()
-        info = self._first_version(entry)
-        while info is not None:
+        """Each version of the table from the first the request wants: its schema, then its
+        records. Unbounded, the newest version is followed as it grows, until the client
+        hangs up. With ``UNTIL``, once everything up to the state is stored, the range's
+        records, then one line ``{"end": state, "records": n}``; the server closes the
+        connection after it."""
+        until = self._until
+        await self._wait_stored()
+        entry = await self._entry() if until is None else self.catalog.get(self.table)
+        info = self._first_version(entry) if entry is not None and entry.versions else None
+        first = True
+        while entry is not None and info is not None:
+            if until is not None and (until.done or not (
+                    first or until.covers_version(info.schema.gtid))):
+                break
+            first = False
             try:
                 with in_use(info.path):  # the cleaner leaves it alone while it is sent
                     if self._filter is not None:
                         self._filter.version_started(self.index, info)
                     await self._send_schema(info)
-                    await self._follow(entry, info, self._start_offset(info))
+                    if until is None:
+                        await self._follow(entry, info, self._start_offset(info))
+                    else:
+                        until.version_started(self.index, info)
+                        await self._send_bounded(info, self._start_offset(info),
+                                                 info.committed, until)
             except FileNotFoundError:
                 self._deleted(info.version)
             following = entry.after(info.version)
             if following is not None and following.version != info.version + 1:
                 self._deleted(info.version + 1)  # versions are numbered without gaps
             info = following
+        if until is not None:
+            await self._write(json.dumps({"end": str(until.given),
+                                          "records": self.records_sent}).encode() + b"\n")
 
-    async def _run_bounded(self, until: _Until) -> None:
-        """``UNTIL``: once everything up to the state is stored, send the range's records
-        (each version's schema first), then one line ``{"end": state, "records": n}``;
-        the server closes the connection after it."""
-        if self.caught_up is not None:
-            await self.caught_up(until.given)
-            if self._filter is not None and isinstance(self._filter, _After):
-                await self.caught_up(self._filter.given)
-        entry = self.catalog.get(self.table)
-        info = self._first_version(entry) if entry is not None and entry.versions else None
-        first = True
-        while entry is not None and info is not None and not until.done:
-            if not first and not until.covers_version(info.schema.gtid):
-                break
-            first = False
-            try:
-                with in_use(info.path):
-                    if self._filter is not None:
-                        self._filter.version_started(self.index, info)
-                    until.version_started(self.index, info)
-                    await self._send_schema(info)
-                    await self._send_bounded(info, self._start_offset(info), info.committed,
-                                             until)
-            except FileNotFoundError:
-                self._deleted(info.version)
-            following = entry.after(info.version)
-            if following is not None and following.version != info.version + 1:
-                self._deleted(info.version + 1)
-            info = following
-        await self._write(json.dumps({"end": str(until.given),
-                                      "records": self.records_sent}).encode() + b"\n")
+    async def _wait_stored(self) -> None:
+        """Everything up to the request's states must be stored before the starting version
+        is chosen: a version the source created before them may not be in the catalog yet."""
+        if self.caught_up is None:
+            return
+        if self._until is not None:
+            await self.caught_up(self._until.given)
+        if isinstance(self._filter, _After):
+            await self.caught_up(self._filter.given)
 
     async def _send_bounded(self, info: VersionInfo, pos: int, end: int,
                             until: _Until) -> None:
@@ -419,7 +395,7 @@ class Streamer:
             if info.sealed:
                 return
             if self.tails is not None and (self._filter is None or self._filter.settled):
-                follower = await self.tails.follow(self.writer.transport, entry, info, pos,
+                follower = await self.tails.follow(self.out.transport, entry, info, pos,
                                                    self.format, self.zone)
                 self.bytes_sent += follower.bytes_sent
                 self.records_sent += follower.records_sent
@@ -491,7 +467,7 @@ class Streamer:
     async def _send_file(self, info: VersionInfo, pos: int, end: int) -> None:
         """Stored bytes as they are: with sendfile(2) from the page cache to the socket when
         the transport is a plain TCP socket, else read and written in chunks."""
-        transport = self.writer.transport
+        transport = self.out.transport
         sock = transport.get_extra_info("socket")
         if sock is None or transport.get_extra_info("sslcontext") is not None:
             while pos < end:
@@ -505,7 +481,7 @@ class Streamer:
         fd = os.open(info.path, os.O_RDONLY)
         try:
             while pos < end:
-                await self.writer.drain()
+                await self.out.writer.drain()
                 if transport.is_closing():
                     raise ConnectionResetError("the client closed the connection")
                 try:
@@ -518,7 +494,7 @@ class Streamer:
                     data = os.pread(fd, min(CHUNK, end - pos), pos)
                     if not data:
                         raise FileNotFoundError(f"{info.path} is shorter than committed")
-                    self.writer.write(data)
+                    self.out.writer.write(data)
                     sent = len(data)
                 pos += sent
                 self._sent_bytes(sent)
@@ -526,15 +502,15 @@ class Streamer:
         finally:
             os.close(fd)
             transport.set_write_buffer_limits()
-        await self.writer.drain()
+        await self.out.writer.drain()
 
     def _sent_records(self, count: int) -> None:
         self.records_sent += count
-        self.traffic.records_sent += count
+        self.out.traffic.records_sent += count
 
     def _sent_bytes(self, count: int) -> None:
         self.bytes_sent += count
-        self.traffic.bytes_sent += count
+        self.out.sent(count)
 
     @staticmethod
     def _read(info: VersionInfo, offset: int, size: int) -> bytes:
@@ -543,11 +519,5 @@ class Streamer:
             return f.read(size)
 
     async def _write(self, data: bytes) -> None:
-        if self.writer.is_closing():  # uvloop would raise RuntimeError, not ConnectionError
-            raise ConnectionResetError("the client closed the connection")
-        self.writer.write(data)
-        self._sent_bytes(len(data))
-        await self.writer.drain()
-        # drain() returns at once below the high-water mark: yield anyway, so a stream
-        # sending a whole file does not hold the loop (replication, other clients).
-        await asyncio.sleep(0)
+        self.bytes_sent += len(data)
+        await self.out.send(data)
