@@ -25,12 +25,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import INSERTS, OUT, line, workload_server
 from cdcserver.app.embedded import EmbeddedMariaDB
+from cdcserver.core.config import SourceAddress
 from cdcserver.dump.dumper import DumpOptions, dump_tables
 from cdcserver.dump.files import DumpInfo
 from cdcserver.protocol.server import CdcServer
 from cdcserver.protocol.session import SessionContext
 from cdcserver.protocol.users import UsersFile
-from cdcserver.replication.connection import SourceAddress
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
 from client.format.dump import DumpDecoder, DumpRows

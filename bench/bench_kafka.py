@@ -29,10 +29,10 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import OUT, ROW_CHANGES, line, peak_rss_mb, workload_server
-from cdcserver.app.config import Config, KafkaConfig, ListenerConfig, SourceConfig, StoreConfig
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.app.service import Service
 from cdcserver.core.changes import Change
+from cdcserver.core.config import Config, KafkaConfig, ListenerConfig, SourceConfig, StoreConfig
 from cdcserver.core.gtid import BinlogPosition, GtidState
 from cdcserver.core.pipeline import SourceInfo
 from cdcserver.kafka import connect

@@ -31,9 +31,9 @@ from bench.common import (
     peak_rss_mb,
     workload_server,
 )
-from cdcserver.app.config import Config, ListenerConfig, SourceConfig, StoreConfig
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.app.service import Service
+from cdcserver.core.config import Config, ListenerConfig, SourceConfig, StoreConfig
 from cdcserver.core.gtid import GtidState
 from cdcserver.protocol.users import UsersFile
 from client.format.wire import auth_message

@@ -33,9 +33,9 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import OUT, RECORDS, line, workload_server
-from cdcserver.app.config import Config, ListenerConfig, SourceConfig, StoreConfig
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.app.service import Service
+from cdcserver.core.config import Config, ListenerConfig, SourceConfig, StoreConfig
 from cdcserver.core.gtid import GtidState
 from cdcserver.protocol.users import UsersFile
 

@@ -2,14 +2,15 @@
 
 One package per concern (each ``__init__`` says what it owns):
 
-- ``core``: the change records, GTIDs, errors, the hand-off and the pipeline to the sinks;
+- ``core``: the change records, GTIDs, errors, the configuration, the pipeline to the sinks;
+- ``mariadb``: what MariaDB's formats mean (column types, event kinds, character sets);
 - ``replication``: reading the source (binlog connection, event decoding, preflight);
 - ``schema``: the schema history that gives the binlog's columns names and types;
 - ``reread``: repairs of changes the binlog carries no rows for;
-- ``store``: the data directory: Avro version files, index, checkpoints, retention;
+- ``store``: the data directory: Avro version files, index, checkpoints;
 - ``kafka``: the Kafka sink and its message formats;
-- ``dump``: consistent snapshots of tables;
+- ``dump``: consistent snapshots of tables, and retention;
 - ``protocol``: the listener: MaxScale's CDC protocol, its users, streams and dumps;
 - ``ops``: what operators look at: metrics, /health, lag, status, verify;
-- ``app``: the assembled service, its configuration and command line, the demo.
+- ``app``: the assembled service, its replication runner and command line, the demo.
 """

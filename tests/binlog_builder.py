@@ -11,7 +11,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 
-from cdcserver.replication.constants import EventKind
+from cdcserver.mariadb.constants import EventKind
 
 
 def lenenc(n: int) -> bytes:

@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
-from cdcserver.app.config import (
+from cdcserver.app.embedded import EmbeddedMariaDB
+from cdcserver.app.service import Service
+from cdcserver.core.config import (
     Config,
     DumpConfig,
     KafkaConfig,
@@ -27,8 +29,6 @@ from cdcserver.app.config import (
     SourceConfig,
     StoreConfig,
 )
-from cdcserver.app.embedded import EmbeddedMariaDB
-from cdcserver.app.service import Service
 from cdcserver.core.gtid import GtidState, same_transaction
 from cdcserver.protocol.users import UsersFile
 from tests.helpers import PASSWORD, USER

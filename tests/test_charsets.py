@@ -16,8 +16,8 @@ import json
 
 import pytest
 
-from cdcserver.replication import charsets as charsets_module
-from cdcserver.replication.charmaps_generate import generate
+from cdcserver.mariadb import charsets as charsets_module
+from cdcserver.mariadb.charmaps_generate import generate
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER
 from tests.oracle import read_stream

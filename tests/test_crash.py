@@ -20,7 +20,7 @@ import fastavro
 import pymysql
 import pytest
 
-from cdcserver.app.config import parse_source_url
+from cdcserver.core.config import parse_source_url
 from cdcserver.ops.verify import Report, verify_table
 from cdcserver.store.naming import TableName
 from tests.conftest import Source, make_config, start_service

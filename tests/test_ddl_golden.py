@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from cdcserver.app.config import parse_source_url
+from cdcserver.core.config import parse_source_url
 from cdcserver.ops.verify import verify_table
 from cdcserver.schema import ddl
 from cdcserver.schema.history import SchemaHistory, agrees

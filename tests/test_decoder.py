@@ -10,8 +10,8 @@ import pytest
 from cdcserver.core.changes import Abort, Begin, Commit, Ddl, Rows
 from cdcserver.core.errors import UndecodableEvent
 from cdcserver.core.gtid import Gtid, GtidState
-from cdcserver.replication.charsets import CollationTable
-from cdcserver.replication.constants import ColumnType as T
+from cdcserver.mariadb.charsets import CollationTable
+from cdcserver.mariadb.constants import ColumnType as T
 from cdcserver.replication.decoder import EventDecoder
 from cdcserver.replication.mysqljson import binary_json_to_text
 from cdcserver.schema.history import SchemaHistory

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import fastavro
 import pytest
 
-from cdcserver.app.config import parse_source_url
+from cdcserver.core.config import parse_source_url
 from cdcserver.ops.verify import verify_table
 from cdcserver.store.naming import TableName
 from tests.conftest import Source, make_config, start_service

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cdcserver.app.config import Config, parse_source_url
+from cdcserver.core.config import Config, parse_source_url
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.naming import TableName
 from client.format.wire import password_hash

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from cdcserver.app.config import parse_source_url
+from cdcserver.core.config import parse_source_url
 from cdcserver.dump import files
 from cdcserver.dump.dumper import (
     DumpBusy,

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cdcserver.app.config import parse_source_url
+from cdcserver.core.config import parse_source_url
 from cdcserver.core.errors import UndecodableEvent
 from cdcserver.ops.verify import verify_table
 from cdcserver.store.naming import TableName

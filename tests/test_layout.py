@@ -84,6 +84,18 @@ def test_no_module_of_the_service_or_the_client_imports_itself_back():
     assert _cycles(_graph("client")) == []
 
 
+def test_the_services_packages_depend_on_each_other_one_way():
+    """core, mariadb, store, ... app: a package never imports one that imports it back."""
+    modules = _graph("cdcserver")
+    packages: dict[str, set[str]] = {}
+    for name, imported in modules.items():
+        home = name.split(".")[1] if name.count(".") else name
+        packages.setdefault(home, set()).update(
+            m.split(".")[1] for m in imported if m.count(".") and m.split(".")[1] != home)
+    assert _cycles({p: {i for i in deps if i in packages} for p, deps in packages.items()}) \
+        == []
+
+
 def test_the_service_imports_only_the_shared_format_from_the_client():
     offending = {}
     for path in (ROOT / "cdcserver").rglob("*.py"):

@@ -14,10 +14,10 @@ import pytest
 
 from cdcserver.core.changes import Begin, ColumnDef, Commit, Rows, RowsKind, TableLayout
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.mariadb.constants import ColumnType
 from cdcserver.protocol.server import CdcServer, ListenerLimits
 from cdcserver.protocol.session import SessionContext
 from cdcserver.protocol.users import UsersFile
-from cdcserver.replication.constants import ColumnType
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
 from cdcserver.store.store import AvroStore

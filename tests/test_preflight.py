@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from cdcserver.app.cli import main as cdcserver_main
-from cdcserver.app.config import parse_source_url
 from cdcserver.app.embedded import EmbeddedMariaDB
+from cdcserver.core.config import parse_source_url
 from cdcserver.core.errors import SourceError
 from cdcserver.replication.preflight import Severity, check_source
 from tests.conftest import Source, make_config, start_service

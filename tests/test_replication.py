@@ -12,7 +12,7 @@ from cdcserver.core.changes import Begin, Commit, Rows
 from cdcserver.core.errors import SourceUnavailable
 from cdcserver.core.gtid import GtidState
 from cdcserver.core.handoff import Handoff
-from cdcserver.replication.charsets import CollationTable
+from cdcserver.mariadb.charsets import CollationTable
 from cdcserver.replication.connection import BinlogConnection
 from cdcserver.replication.decoder import EventDecoder
 from cdcserver.replication.replicator import Replicator
@@ -119,7 +119,7 @@ def _read_whole_binlog(source: Source, fix: bool, slow: bool = False) -> list:
     buffer keeps the server's send queue full). A server socket closed with unread input
     sends TCP RST and drops its send queue, so with the library's stray byte the tail of the
     dump is lost."""
-    from cdcserver.app.config import parse_source_url
+    from cdcserver.core.config import parse_source_url
 
     conn = BinlogConnection(parse_source_url(source.server.url(tcp=True)), 7001, GtidState(),
                             blocking=False, fix_dump_framing=fix)
@@ -194,7 +194,7 @@ def test_the_dump_request_declares_its_true_length():
 
 async def test_replicator_reconnects_after_the_connection_is_killed(source: Source):
     table = _make_table(source)
-    from cdcserver.app.config import parse_source_url
+    from cdcserver.core.config import parse_source_url
 
     handoff = Handoff(asyncio.get_running_loop())
     replicator = Replicator(parse_source_url(source.url), 7002, handoff, GtidState(),

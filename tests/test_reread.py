@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from cdcserver.app.config import parse_source_url
 from cdcserver.core.changes import Begin, Commit, Rowless, Rows, RowsKind, TableLayout
+from cdcserver.core.config import parse_source_url
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
-from cdcserver.replication.charsets import CollationTable
+from cdcserver.mariadb.charsets import CollationTable
 from cdcserver.replication.connection import BinlogConnection
 from cdcserver.replication.decoder import EventDecoder
 from cdcserver.reread.readview import ReadView

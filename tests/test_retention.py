@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from cdcserver.app.config import RetentionConfig, parse_source_url
+from cdcserver.core.config import RetentionConfig, parse_source_url
 from cdcserver.dump.dumper import DumpOptions, dump_tables
 from cdcserver.dump.files import DumpInfo, list_dumps
+from cdcserver.dump.retention import expired_dumps
 from cdcserver.store.inuse import delete_unless_in_use, in_use
 from cdcserver.store.naming import TableName
-from cdcserver.store.retention import expired_dumps
 from client import ChangeRecord, SyncCdcClient
 from client.format.dump import DumpHeader
 from client.format.wire import ProtocolError, auth_message

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cdcserver.app.config import parse_source_url
+from cdcserver.core.config import parse_source_url
 from cdcserver.ops.verify import verify_table
 from cdcserver.store.naming import TableName
 from tests.conftest import RunningService, Source, make_config, start_service

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from cdcserver.app.config import ListenerConfig
 from cdcserver.app.embedded import EmbeddedMariaDB
+from cdcserver.core.config import ListenerConfig
 from cdcserver.core.gtid import GtidState
 from cdcserver.protocol.server import ListenerLimits
 from cdcserver.protocol.throttle import LoginThrottle

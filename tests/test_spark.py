@@ -256,7 +256,7 @@ def _versions(cdc: RunningService, database: str, table: str) -> list[dict[str, 
 
 
 async def _take_dump(cdc: RunningService, source: Source, table: str) -> None:
-    from cdcserver.app.config import parse_source_url
+    from cdcserver.core.config import parse_source_url
     from cdcserver.dump.dumper import DumpOptions, dump_tables
     from cdcserver.store.naming import TableName
 

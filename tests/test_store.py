@@ -21,7 +21,7 @@ from cdcserver.core.changes import (
     TableLayout,
 )
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
-from cdcserver.replication.constants import ColumnType
+from cdcserver.mariadb.constants import ColumnType
 from cdcserver.store import avrofile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName

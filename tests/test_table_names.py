@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cdcserver.app.config import parse_source_url
+from cdcserver.core.config import parse_source_url
 from cdcserver.dump.dumper import dump_tables
 from cdcserver.store.naming import TableName
 from client import ChangeRecord, SyncCdcClient

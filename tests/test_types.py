@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from cdcserver.app.config import parse_source_url
+from cdcserver.core.config import parse_source_url
 from cdcserver.ops.verify import verify_table
 from cdcserver.store.naming import TableName
 from client import ChangeRecord, SyncCdcClient

@@ -11,14 +11,14 @@ from decimal import Decimal
 import fastavro
 import pytest
 
-from cdcserver.app.config import Config, parse_source_url
 from cdcserver.core.changes import ColumnDef, EventType, TableLayout
+from cdcserver.core.config import Config, parse_source_url
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.core.handoff import Handoff
+from cdcserver.mariadb.constants import ColumnType as T
 from cdcserver.protocol.server import MessageReader
 from cdcserver.replication import values
-from cdcserver.replication.constants import ColumnType as T
 from cdcserver.store.encoder import compile_encoder, record_head, record_tail
 from cdcserver.store.naming import (
     TableName,

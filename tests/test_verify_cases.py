@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from cdcserver.app.config import parse_source_url
+from cdcserver.core.config import parse_source_url
 from cdcserver.ops.verify import verify_table
 from cdcserver.store.naming import TableName
 from tests.conftest import RunningService, Source

@@ -18,9 +18,9 @@ import json
 import logging
 import sys
 
-from cdcserver.app import config as cfg
 from cdcserver.app import logs
 from cdcserver.app.process import EXIT_FAILED, EXIT_OK, EXIT_USAGE, run_until_signalled
+from cdcserver.core import config as cfg
 from cdcserver.core.errors import CdcError, ConfigError
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.layout import DataDir

@@ -15,7 +15,10 @@ import os
 import random
 import socket
 
-from cdcserver.app.config import (
+from cdcserver.app.embedded import EmbeddedMariaDB, ensure_mariadb_installed
+from cdcserver.app.process import run_until_signalled
+from cdcserver.app.service import Service
+from cdcserver.core.config import (
     Config,
     DumpConfig,
     ListenerConfig,
@@ -23,9 +26,6 @@ from cdcserver.app.config import (
     SourceConfig,
     StoreConfig,
 )
-from cdcserver.app.embedded import EmbeddedMariaDB, ensure_mariadb_installed
-from cdcserver.app.process import run_until_signalled
-from cdcserver.app.service import Service
 from cdcserver.core.gtid import GtidState
 from cdcserver.protocol.users import UsersFile
 from client.format.wire import auth_message

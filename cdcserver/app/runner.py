@@ -15,17 +15,16 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 
-from cdcserver.app.config import SourceConfig
 from cdcserver.core.changes import Abort
+from cdcserver.core.config import SourceAddress, SourceConfig
 from cdcserver.core.errors import ConfigError, DiskFull, SourceError, SourceUnavailable
 from cdcserver.core.gtid import BinlogPosition, GtidState
 from cdcserver.core.handoff import Handoff
 from cdcserver.core.pipeline import Pipeline, Sink, SourceInfo, start_position
+from cdcserver.ops.metrics import ReplicationStats
 from cdcserver.replication import preflight, source
-from cdcserver.replication.connection import SourceAddress
 from cdcserver.replication.decoder import DeferDecoding
 from cdcserver.replication.replicator import Backoff, Replicator
 from cdcserver.reread.repair import Repairer, RepairStats
@@ -39,20 +38,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 ROOM_NEEDED = 16 << 20  # bytes a probe write must fit before replication resumes
-
-
-@dataclass(frozen=True)
-class ReplicationStats:
-    """What replication is doing, for /metrics and /health."""
-
-    started: bool  # the start position is resolved and a replicator runs
-    connected: bool
-    reconnects: int
-    paused: str  # why replication is paused (a full disk), "" while it runs
-    transactions: int  # applied by every sink
-    queue_bytes: int
-    queue_capacity: int
-    repair_pending: bool
 
 
 class ReplicationRunner:

@@ -16,11 +16,12 @@ from collections.abc import Callable
 
 from prometheus_client.registry import CollectorRegistry
 
-from cdcserver.app.config import Config
 from cdcserver.app.runner import ReplicationRunner
+from cdcserver.core.config import Config
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import GtidState
 from cdcserver.core.pipeline import Sink
+from cdcserver.dump.retention import Cleaner
 from cdcserver.dump.scheduler import DumpScheduler
 from cdcserver.ops.lag import LagProbe
 from cdcserver.ops.metrics import HousekeepingStats, ServiceCollector, ServiceStats, health
@@ -32,7 +33,6 @@ from cdcserver.protocol.users import UsersFile
 from cdcserver.store import transcoder
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
-from cdcserver.store.retention import Cleaner
 from cdcserver.store.sink import StoreSink
 from cdcserver.store.store import AvroStore
 

@@ -35,12 +35,12 @@ from typing import Any
 
 import pymysql
 
+from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import CdcError, SourceError
 from cdcserver.dump import files, fixups
 from cdcserver.dump.partial import HEADER_SLACK, PartialDump, Progress
 from cdcserver.dump.scan import ChunkEnd, ScanPlan
 from cdcserver.dump.snapshot import DefinitionChanged, Snapshot, SnapshotPoint
-from cdcserver.replication.connection import SourceAddress
 from cdcserver.schema.history import layout_of
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir

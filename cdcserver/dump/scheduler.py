@@ -15,11 +15,10 @@ import logging
 import os
 import threading
 
-from cdcserver.app.config import DumpConfig
+from cdcserver.core.config import DumpConfig, SourceAddress
 from cdcserver.core.errors import CdcError
 from cdcserver.dump import files
 from cdcserver.dump.dumper import DumpOptions, dump_tables, newest_versions, resolve_tables
-from cdcserver.replication.connection import SourceAddress
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
 

@@ -25,10 +25,10 @@ from typing import Any
 
 import pymysql
 
+from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import SourceError
 from cdcserver.core.gtid import GtidState
 from cdcserver.replication import source as source_sql
-from cdcserver.replication.connection import SourceAddress
 from cdcserver.schema import ddl
 from cdcserver.schema.definition import TableDefinition
 from cdcserver.schema.history import TRANSACTIONAL_ENGINES

@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from cdcserver.app.config import KafkaConfig
+from cdcserver.core.config import KafkaConfig
 
 
 def common(config: KafkaConfig) -> dict[str, Any]:

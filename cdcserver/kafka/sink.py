@@ -40,8 +40,8 @@ from typing import Any
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 
-from cdcserver.app.config import KafkaConfig
 from cdcserver.core.changes import Change
+from cdcserver.core.config import KafkaConfig
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import BinlogPosition
 from cdcserver.core.pipeline import SourceInfo

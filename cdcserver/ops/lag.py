@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import CdcError
 from cdcserver.core.gtid import GtidState
 from cdcserver.replication import source as source_sql
-from cdcserver.replication.connection import SourceAddress
 
 log = logging.getLogger(__name__)
 

@@ -16,13 +16,26 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from cdcserver.app.runner import ReplicationStats
 from cdcserver.ops.lag import Lag
 from cdcserver.protocol.server import ListenerStats
 from cdcserver.reread.repair import RepairStats
 from cdcserver.store.store import StoreStats
 
 _NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class ReplicationStats:
+    """What replication is doing, for /metrics and /health."""
+
+    started: bool  # the start position is resolved and a replicator runs
+    connected: bool
+    reconnects: int
+    paused: str  # why replication is paused (a full disk), "" while it runs
+    transactions: int  # applied by every sink
+    queue_bytes: int
+    queue_capacity: int
+    repair_pending: bool
 
 
 @dataclass(frozen=True)

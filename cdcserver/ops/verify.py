@@ -30,11 +30,11 @@ from typing import Any
 
 import pymysql
 
+from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import StoreError
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.dump.scan import select_expression
 from cdcserver.replication import source as source_sql
-from cdcserver.replication.connection import SourceAddress
 from cdcserver.schema import ddl
 from cdcserver.store.avrofile import scan_blocks
 from cdcserver.store.catalog import VersionInfo

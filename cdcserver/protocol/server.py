@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cdcserver.app.config import ListenerConfig
+from cdcserver.core.config import ListenerConfig
 from cdcserver.dump.transfer import send_file
 from cdcserver.protocol.outbox import Outbox
 from cdcserver.protocol.session import (

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from cdcserver.app.config import ListenerConfig
+from cdcserver.core.config import ListenerConfig
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.dump.files import DumpInfo, list_dumps
 from cdcserver.protocol.requests import StreamRequest, state_bound, stream_request

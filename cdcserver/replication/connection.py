@@ -22,11 +22,11 @@ import logging
 import socket
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
 
+from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import SourceError, SourceUnavailable
 from cdcserver.core.gtid import GtidState
 
@@ -39,33 +39,6 @@ _CONNECTION_ERRORS = (pymysql.err.OperationalError, pymysql.err.InterfaceError, 
                       struct.error)
 
 
-@dataclass(frozen=True)
-class SourceAddress:
-    """How to reach the primary. ``unix_socket`` wins over host/port when set."""
-
-    host: str = "127.0.0.1"
-    port: int = 3306
-    user: str = "root"
-    password: str = ""
-    unix_socket: str | None = None
-    ssl: dict[str, str] | None = None
-    connect_timeout: float = 10.0
-
-    def pymysql_kwargs(self) -> dict[str, object]:
-        kwargs: dict[str, object] = {"user": self.user, "password": self.password,
-                                     "connect_timeout": self.connect_timeout,
-                                     "charset": "utf8mb4"}
-        if self.unix_socket:
-            kwargs["unix_socket"] = self.unix_socket
-        else:
-            kwargs["host"], kwargs["port"] = self.host, self.port
-        if self.ssl:
-            kwargs["ssl"] = self.ssl
-        return kwargs
-
-    def describe(self) -> str:
-        where = self.unix_socket or f"{self.host}:{self.port}"
-        return f"{self.user}@{where}"
 
 
 class _ReplicaStream(BinLogStreamReader):

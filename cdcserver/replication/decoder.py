@@ -40,9 +40,8 @@ from cdcserver.core.changes import (
 )
 from cdcserver.core.errors import CdcError, SchemaError, UndecodableEvent
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
-from cdcserver.replication import compression
-from cdcserver.replication.charsets import CollationTable, codec_for
-from cdcserver.replication.constants import (
+from cdcserver.mariadb.charsets import CollationTable, codec_for
+from cdcserver.mariadb.constants import (
     FL_COMPLETED_XA,
     FL_GROUP_COMMIT_ID,
     FL_PREPARED_XA,
@@ -51,6 +50,7 @@ from cdcserver.replication.constants import (
     NO_FOREIGN_KEY_CHECKS_F,
     EventKind,
 )
+from cdcserver.replication import compression
 from cdcserver.replication.cursor import Cursor
 from cdcserver.replication.rowcodec import DeferredRows, RowsDecoder, compile_rows_decoder
 from cdcserver.replication.rowless import (

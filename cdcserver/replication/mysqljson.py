@@ -18,8 +18,8 @@ import json
 import struct
 from typing import Any
 
+from cdcserver.mariadb.constants import ColumnType as T
 from cdcserver.replication import values
-from cdcserver.replication.constants import ColumnType as T
 
 _SMALL_OBJECT, _LARGE_OBJECT, _SMALL_ARRAY, _LARGE_ARRAY = 0x00, 0x01, 0x02, 0x03
 _LITERAL, _INT16, _UINT16, _INT32, _UINT32 = 0x04, 0x05, 0x06, 0x07, 0x08

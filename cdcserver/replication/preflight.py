@@ -21,8 +21,8 @@ from typing import Any
 
 import pymysql
 
+from cdcserver.core.config import SourceAddress
 from cdcserver.replication import source as source_sql
-from cdcserver.replication.connection import SourceAddress
 
 # A day of binlogs: shorter, and an outage over a weekend loses the position.
 MIN_RETENTION_SECONDS = 24 * 3600

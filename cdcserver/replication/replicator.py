@@ -20,12 +20,13 @@ from typing import Any
 import pymysql
 
 from cdcserver.core.changes import Change
+from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import CdcError, SourceUnavailable
 from cdcserver.core.gtid import GtidState, same_state
 from cdcserver.core.handoff import Handoff, HandoffClosed
+from cdcserver.mariadb.charsets import CollationTable
 from cdcserver.replication import source
-from cdcserver.replication.charsets import CollationTable
-from cdcserver.replication.connection import BinlogConnection, SourceAddress
+from cdcserver.replication.connection import BinlogConnection
 from cdcserver.replication.decoder import DeferDecoding, EventDecoder
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.store.naming import TableName

@@ -21,8 +21,8 @@ from typing import Any, overload
 
 from cdcserver.core.changes import ColumnDef, RowImages
 from cdcserver.core.errors import UndecodableEvent
+from cdcserver.mariadb.constants import ColumnType as T
 from cdcserver.replication import values
-from cdcserver.replication.constants import ColumnType as T
 
 RowsDecoder = Callable[[bytes, int, int], list[tuple[Any, ...]]]
 

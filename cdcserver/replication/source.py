@@ -8,10 +8,10 @@ from typing import Any
 
 import pymysql
 
+from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import SourceError, SourceUnavailable
 from cdcserver.core.gtid import BinlogPosition, GtidState
-from cdcserver.replication.charsets import CollationTable
-from cdcserver.replication.connection import SourceAddress
+from cdcserver.mariadb.charsets import CollationTable
 
 _GTID_LIST_INFO = re.compile(r"\[(.*)\]")
 

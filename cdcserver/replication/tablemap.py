@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from cdcserver.core.changes import ColumnDef, TableLayout
 from cdcserver.core.errors import SchemaError, UndecodableEvent
-from cdcserver.replication.charsets import CollationTable, codec_for
-from cdcserver.replication.constants import (
+from cdcserver.mariadb.charsets import CollationTable, codec_for
+from cdcserver.mariadb.constants import (
     BINARY_COLLATION_ID,
     CHARACTER_TYPES,
     NUMERIC_TYPES,

@@ -24,6 +24,7 @@ from typing import Any
 import pymysql
 
 from cdcserver.core.changes import TableLayout
+from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import SourceError
 from cdcserver.dump import rawrows
 from cdcserver.dump.scan import select_expression
@@ -36,7 +37,6 @@ from cdcserver.dump.snapshot import (
     quote,
 )
 from cdcserver.replication import source as source_sql
-from cdcserver.replication.connection import SourceAddress
 from cdcserver.reread.values import from_text
 from cdcserver.store.naming import TableName
 from cdcserver.store.schema import TableSchema

@@ -49,10 +49,10 @@ from cdcserver.core.changes import (
     RowsKind,
     TableLayout,
 )
+from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import SchemaError, SourceError, SourceUnavailable
 from cdcserver.core.gtid import BinlogPosition, binlog_ordinal, same_state
 from cdcserver.dump.snapshot import DefinitionChanged, SnapshotPoint
-from cdcserver.replication.connection import SourceAddress
 from cdcserver.reread.readview import ReadView
 from cdcserver.reread.values import from_text
 from cdcserver.reread.view import Row, TableView, Views, key_names

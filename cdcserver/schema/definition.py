@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cdcserver.core.changes import ColumnDef
-from cdcserver.replication.constants import ColumnType as T
+from cdcserver.mariadb.constants import ColumnType as T
 
 # SQL type name (lowercase, aliases resolved) -> binlog type
 _INTEGERS = {"tinyint": T.TINY, "smallint": T.SHORT, "mediumint": T.INT24, "int": T.LONG,

@@ -30,8 +30,8 @@ from dataclasses import replace
 from cdcserver.core.changes import ColumnDef, TableChange, TableLayout
 from cdcserver.core.errors import SchemaError
 from cdcserver.core.gtid import Gtid, GtidState
-from cdcserver.replication.charsets import codec_for
-from cdcserver.replication.constants import ColumnType as T
+from cdcserver.mariadb.charsets import codec_for
+from cdcserver.mariadb.constants import ColumnType as T
 from cdcserver.schema import ddl
 from cdcserver.schema.definition import (
     CHARACTER_TYPES,

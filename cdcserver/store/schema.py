@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdcserver.core.changes import ColumnDef, TableLayout
-from cdcserver.replication.constants import ColumnType as T
+from cdcserver.mariadb.constants import ColumnType as T
 from cdcserver.store.naming import TableName
 from client.format.schema import EVENT_TYPES, METADATA_FIELDS, Field, Kind, fields_from_schema
 

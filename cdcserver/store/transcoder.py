@@ -26,8 +26,8 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 from cdcserver.core.changes import ColumnDef
-from cdcserver.replication.charsets import single_byte_table
-from cdcserver.replication.constants import ColumnType as T
+from cdcserver.mariadb.charsets import single_byte_table
+from cdcserver.mariadb.constants import ColumnType as T
 from cdcserver.store.encoder import encode_string
 from client.format.schema import Field, Kind
 

@@ -18,7 +18,7 @@ The Unicode character sets (utf8mb3, utf8mb4, ucs2, utf16, utf16le, utf32) and `
 not tabulated: they are Unicode encodings Python decodes exactly. Run against the oldest
 supported server after a MariaDB upgrade adds or changes a character set::
 
-    python -m cdcserver.replication.charmaps_generate --socket /run/mysqld/mysqld.sock
+    python -m cdcserver.mariadb.charmaps_generate --socket /run/mysqld/mysqld.sock
 """
 
 from __future__ import annotations

@@ -25,10 +25,37 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import GtidState
-from cdcserver.replication.connection import SourceAddress
 
 Check = Callable[[Any], str | None]  # a value's problem, or None
 
+
+@dataclass(frozen=True)
+class SourceAddress:
+    """How to reach the primary. ``unix_socket`` wins over host/port when set."""
+
+    host: str = "127.0.0.1"
+    port: int = 3306
+    user: str = "root"
+    password: str = ""
+    unix_socket: str | None = None
+    ssl: dict[str, str] | None = None
+    connect_timeout: float = 10.0
+
+    def pymysql_kwargs(self) -> dict[str, object]:
+        kwargs: dict[str, object] = {"user": self.user, "password": self.password,
+                                     "connect_timeout": self.connect_timeout,
+                                     "charset": "utf8mb4"}
+        if self.unix_socket:
+            kwargs["unix_socket"] = self.unix_socket
+        else:
+            kwargs["host"], kwargs["port"] = self.host, self.port
+        if self.ssl:
+            kwargs["ssl"] = self.ssl
+        return kwargs
+
+    def describe(self) -> str:
+        where = self.unix_socket or f"{self.host}:{self.port}"
+        return f"{self.user}@{where}"
 
 def host_and_port(text: str, expected: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:4001`` for IPv6; an empty host is every address)."""

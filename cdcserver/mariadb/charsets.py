@@ -66,8 +66,8 @@ def codec_for(charset_name: str) -> str | None:
     if charset_name in _tables():
         return _PREFIX + charset_name
     raise LookupError(f"character set {charset_name!r} is not one this service knows; "
-                      "regenerate cdcserver/replication/charmaps.json.gz from the source "
-                      "(python -m cdcserver.replication.charmaps_generate)")
+                      "regenerate cdcserver/mariadb/charmaps.json.gz from the source "
+                      "(python -m cdcserver.mariadb.charmaps_generate)")
 
 
 def single_byte_table(codec: str) -> str | None:

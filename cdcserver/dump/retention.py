@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cdcserver.app.config import RetentionConfig
+from cdcserver.core.config import RetentionConfig
 from cdcserver.dump.files import DumpInfo, list_dumps
 from cdcserver.store.catalog import Catalog, VersionInfo
 from cdcserver.store.index import StoreIndex
