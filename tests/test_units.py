@@ -223,6 +223,18 @@ def test_commands_take_their_flags_from_the_configuration():
         parser.parse_args(["run", "--codec", "lzma"])
 
 
+def test_passwords_kept_in_files(tmp_path):
+    from cdcserver.core.config import KafkaConfig, SourceConfig
+
+    secret = tmp_path / "secret"
+    secret.write_text("p@ss word\n")
+    assert SourceConfig(url="mysql://u@h", password_file=str(secret)).address().password == \
+        "p@ss word"
+    assert KafkaConfig(sasl_password_file=str(secret)).sasl_password() == "p@ss word"
+    with pytest.raises(ConfigError, match=r"kafka\.sasl_password_file"):
+        KafkaConfig(sasl_password_file=str(tmp_path / "missing")).sasl_password()
+
+
 def test_source_urls():
     address = parse_source_url("mysql://repl:p%40ss@db.example:3307")
     assert (address.user, address.password, address.host, address.port) == (

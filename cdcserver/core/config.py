@@ -57,6 +57,15 @@ class SourceAddress:
         where = self.unix_socket or f"{self.host}:{self.port}"
         return f"{self.user}@{where}"
 
+def read_secret(path: str, setting: str) -> str:
+    """A password kept in a file (one line; the newline is not part of it)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().rstrip("\n")
+    except OSError as exc:
+        raise ConfigError(f"{setting}: {exc}") from exc
+
+
 def host_and_port(text: str, expected: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:4001`` for IPv6; an empty host is every address)."""
     host, sep, port = text.rpartition(":")
@@ -136,11 +145,7 @@ class SourceConfig:
 
     def _password(self) -> str | None:
         if self.password_file:
-            try:
-                with open(self.password_file, encoding="utf-8") as f:
-                    return f.read().rstrip("\n")
-            except OSError as exc:
-                raise ConfigError(f"source.password_file: {exc}") from exc
+            return read_secret(self.password_file, "source.password_file")
         return os.environ.get("CDCSERVER_SOURCE_PASSWORD")
 
 
@@ -280,11 +285,7 @@ class KafkaConfig:
 
     def sasl_password(self) -> str:
         if self.sasl_password_file:
-            try:
-                with open(self.sasl_password_file, encoding="utf-8") as f:
-                    return f.read().rstrip("\n")
-            except OSError as exc:
-                raise ConfigError(f"kafka.sasl_password_file: {exc}") from exc
+            return read_secret(self.sasl_password_file, "kafka.sasl_password_file")
         return os.environ.get("CDCSERVER_KAFKA_SASL_PASSWORD", "")
 
 
