@@ -4,6 +4,7 @@ changes: framing, phases, errors, limits. No MariaDB needed."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import socket
@@ -97,6 +98,51 @@ async def test_wrong_password_is_refused_and_can_be_retried(listener: Listener):
     await client.send(auth_message(USER, PASSWORD))
     assert await client.line() == b"OK\n"
     await client.close()
+
+
+@pytest.mark.parametrize("cuts", [(len(USER) * 2 + 2,), (3,), (5, 17, 40)])
+async def test_a_login_sent_in_several_writes_is_assembled(listener: Listener, cuts):
+    """bborbe's Go client writes hex(user:) and the digest's hex separately, without a
+    newline: the service waits for the rest instead of judging the first write alone.
+    (The pause makes the server read each write on its own.)"""
+    message = auth_message(USER, PASSWORD)
+    client = await RawClient.connect(listener.port)
+    start = 0
+    for cut in cuts:
+        await client.send(message[start:cut])
+        await asyncio.sleep(0.2)
+        start = cut
+    await client.send(message[start:])
+    assert await client.line() == b"OK\n"
+    await client.send(b"REGISTER UUID=split, TYPE=JSON")
+    assert await client.line() == b"OK\n"
+    await client.close()
+
+
+async def test_a_login_that_never_completes_times_out(tmp_path: os.PathLike[str]):
+    running = await _listener(str(tmp_path), ListenerLimits(auth_timeout=0.5))
+    try:
+        client = await RawClient.connect(running.port)
+        await client.send(auth_message(USER, PASSWORD)[:20])  # hex of "user:" and a bit
+        assert b"ERR TIMEOUT" in await client.closed()
+    finally:
+        await running.server.stop()
+        running.store.close()
+
+
+async def test_a_bad_line_added_to_the_users_file_locks_nobody_out(listener: Listener):
+    """A line with a lowercase hash and a malformed one, added while the service runs: the
+    lowercase one logs in, everyone else still does, the malformed one is skipped (it used to
+    fail every login with ERR INTERNAL until it was removed)."""
+    path = listener.server.context.users.path
+    lowercase = hashlib.sha1(hashlib.sha1(b"pw2").digest()).hexdigest()
+    with open(path, "a") as f:
+        f.write(f"second:{lowercase}\nnot a user line\n")
+    for user, password in ((USER, PASSWORD), ("second", "pw2")):
+        client = await RawClient.connect(listener.port)
+        await client.send(auth_message(user, password))
+        assert await client.line() == b"OK\n", user
+        await client.close()
 
 
 async def test_malformed_auth_message(listener: Listener):

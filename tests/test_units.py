@@ -31,6 +31,7 @@ from client.format.wire import (
     Code,
     Format,
     ProtocolError,
+    auth_message,
     parse_auth,
     parse_register,
     parse_request_data,
@@ -118,6 +119,17 @@ def test_gtid_states():
 
 
 # -- the wire grammar ------------------------------------------------------------------
+
+def test_when_an_auth_message_is_only_the_start_of_one():
+    from client.format.wire import auth_incomplete
+
+    message = auth_message("foobar", "pw")
+    assert not auth_incomplete(message) and not auth_incomplete(message + b"0")
+    for cut in range(1, len(message)):
+        assert auth_incomplete(message[:cut]), cut
+    for judged_now in (b"not hex", b"", message + b"00" * 300, b"3a" + b"00" * 21):
+        assert not auth_incomplete(judged_now)
+
 
 def test_auth_message_parsing_is_as_lenient_as_maxscale():
     message = b"666f6f6261723a96c86eb4479c9e3142111cf29d931bcddf248783"

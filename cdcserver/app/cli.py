@@ -16,6 +16,7 @@ import argparse
 import getpass
 import json
 import logging
+import os
 import sys
 
 from cdcserver.app import logs
@@ -87,10 +88,16 @@ def _parser() -> argparse.ArgumentParser:
     users_commands = users.add_subparsers(metavar="ACTION", required=True)
     for action, handler, helptext in (("add", cmd_users_add, "add or replace a user"),
                                       ("remove", cmd_users_remove, "remove a user"),
-                                      ("list", cmd_users_list, "list user names")):
+                                      ("list", cmd_users_list, "list user names"),
+                                      ("check", cmd_users_check, "report the lines of a users "
+                                       "file the service skips (exit 1 if any)")):
         sub = users_commands.add_parser(action, help=helptext)
-        if action != "list":
+        if action in ("add", "remove"):
             sub.add_argument("name")
+        if action == "check":
+            sub.add_argument("file", nargs="?", metavar="FILE",
+                             help="the users file (default: --users-file, else the "
+                                  "configuration's)")
         cfg.add_arguments(sub, ["listener.users_file"])
         if action == "add":
             sub.add_argument("--password-stdin", action="store_true",
@@ -313,6 +320,19 @@ def cmd_users_remove(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     print(f"removed user {args.name} from {args.users_file}")
     return EXIT_OK
+
+
+def cmd_users_check(args: argparse.Namespace) -> int:
+    path = args.file or _users_file(args)
+    if not os.path.exists(path):
+        print(f"cdcserver: {path}: no such file", file=sys.stderr)
+        return EXIT_FAILED
+    users, problems = UsersFile(path).check()
+    for problem in problems:
+        print(problem)
+    print(f"{path}: {len(users)} users, {len(problems)} "
+          f"{'problem' if len(problems) == 1 else 'problems'}")
+    return EXIT_FAILED if problems else EXIT_OK
 
 
 def cmd_users_list(args: argparse.Namespace) -> int:

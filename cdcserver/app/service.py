@@ -81,7 +81,7 @@ class Service:
     async def run(self, stop: asyncio.Event, started: Callable[[Service], None] | None = None
                   ) -> None:
         """Serve until ``stop`` is set; raises if replication fails for good."""
-        self.users.load()  # a malformed users file is a start-up error, not a login failure
+        self.users.load()  # warns, at start, about each malformed line (which it skips)
         self.store.open()
         try:
             self.server = self._listener()

@@ -32,7 +32,7 @@ from cdcserver.protocol.session import (
 from cdcserver.protocol.stream import Streamer, read_range
 from cdcserver.protocol.tail import Tails, Traffic
 from cdcserver.store.inuse import in_use
-from client.format.wire import Code, ProtocolError, error_line
+from client.format.wire import Code, ProtocolError, auth_incomplete, error_line
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,9 @@ _READ_SIZE = 65536
 
 class MessageReader:
     """Frames messages: ``\\n``-terminated lines (``\\r\\n`` accepted), or the bytes of one
-    write when they carry no newline at all (MaxScale's cdc.py and connector never send one)."""
+    write when they carry no newline at all (MaxScale's cdc.py and connector never send one).
+    With ``incomplete``, such bytes are joined with the next write while it says they are only
+    the start of a message (a login sent in two writes, as bborbe's Go client does)."""
 
     def __init__(self, reader: asyncio.StreamReader, max_line: int) -> None:
         self._reader = reader
@@ -79,7 +81,7 @@ class MessageReader:
         self._buffer = bytearray()
         self._ready: list[bytes] = []
 
-    async def next(self) -> bytes | None:
+    async def next(self, incomplete: Callable[[bytes], bool] | None = None) -> bytes | None:
         """The next message, or None at end of input."""
         while not self._ready:
             data = await self._reader.read(_READ_SIZE)
@@ -92,7 +94,8 @@ class MessageReader:
             *lines, tail = self._buffer.split(b"\n")
             self._ready.extend(bytes(line.rstrip(b"\r")) for line in lines)
             self._buffer = bytearray(tail)
-            if tail and b"\n" not in data and len(data) < _READ_SIZE:
+            if tail and b"\n" not in data and len(data) < _READ_SIZE and not (
+                    incomplete is not None and not lines and incomplete(bytes(tail))):
                 # One write without a newline: a whole MaxScale-style command. (A read that
                 # filled the buffer is part of something longer: keep reading.)
                 self._ready.append(bytes(tail))
@@ -237,10 +240,9 @@ class Connection:
             message, self._pending = self._pending, None
             return message
         if self.session.phase == Phase.AUTH:
-            deadline = self._auth_deadline
-        else:
-            deadline = self._last_command + self.server.limits.idle_timeout
-        async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout_at(self._auth_deadline):
+                return await self.messages.next(auth_incomplete)
+        async with asyncio.timeout_at(self._last_command + self.server.limits.idle_timeout):
             return await self.messages.next()
 
     async def _send(self, data: bytes) -> None:

@@ -1,8 +1,10 @@
 """The users file, in MaxScale's ``cdcusers`` format, so an existing one works unchanged.
 
-One user per line: ``name:HASH`` where HASH is the uppercase hex of SHA1(SHA1(password)),
-what MaxScale's ``cdc_users.py`` prints and ``maxctrl call command cdc add_user`` appends.
-Blank lines and lines starting with ``#`` are ignored. Passwords are never stored or printed;
+One user per line: ``name:HASH`` where HASH is the hex of SHA1(SHA1(password)) (uppercase is
+what MaxScale's ``cdc_users.py`` prints and ``maxctrl call command cdc add_user`` appends;
+lowercase is accepted too). Blank lines and lines starting with ``#`` are ignored. A malformed
+line is skipped with a warning naming it, at start and on every reload: the other users keep
+working (``cdcserver users check`` lists the problems). Passwords are never stored or printed;
 the server checks SHA1(the client's SHA1(password)) against HASH in constant time.
 
 Extension: ``name:HASH:TABLES`` limits the user to the tables listed, comma-separated, each
@@ -13,6 +15,7 @@ every table.
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import re
 import stat
@@ -24,7 +27,9 @@ from cdcserver.store.durable import write_atomically
 from cdcserver.store.naming import TableName
 from client.format.wire import digest_hash, password_hash
 
-_HASH = re.compile(r"^[0-9A-F]{40}$")
+log = logging.getLogger(__name__)
+
+_HASH = re.compile(r"^[0-9A-Fa-f]{40}$")
 _NAME = re.compile(r"^[^:\s]{1,43}$")  # MaxScale's auth message allows 43-byte names
 _PATTERN = re.compile(r"^(\*|[^.,:\s*]+\.(\*|[^.,:\s*]+))$")
 
@@ -69,28 +74,34 @@ class UsersFile:
         self._signature: tuple[int, int, int] | None = None
 
     def load(self) -> dict[str, Account]:
+        """The users the file holds now; a malformed line is skipped with a warning."""
+        users, problems = self.check()
+        for problem in problems:
+            log.warning("%s (line skipped; the other users are loaded)", problem)
+        return users
+
+    def check(self) -> tuple[dict[str, Account], list[str]]:
+        """The users, and each malformed line's problem as ``path:line: what``."""
         users: dict[str, Account] = {}
+        problems: list[str] = []
         try:
-            with open(self.path, encoding="utf-8") as f:
+            with open(self.path, encoding="utf-8", errors="replace") as f:
                 lines = f.read().splitlines()
         except FileNotFoundError:
-            return users
+            return users, problems
         for number, line in enumerate(lines, 1):
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
-            name, sep, rest = line.partition(":")
-            hashed, _, tables = rest.partition(":")
-            hashed = hashed.strip()
-            if not sep or not _NAME.match(name) or not _HASH.match(hashed):
-                raise ConfigError(f"{self.path}:{number}: expected name:HASH (40 uppercase hex "
-                                  "digits of SHA1(SHA1(password))), optionally :TABLES")
             try:
-                grant = TableGrant.parse(tables) if tables.strip() else None
+                name, account = _parse_line(line)
             except ConfigError as exc:
-                raise ConfigError(f"{self.path}:{number}: {exc}") from None
-            users[name] = Account(hashed, grant)
-        return users
+                problems.append(f"{self.path}:{number}: {exc}")
+                continue
+            if name in users:
+                problems.append(f"{self.path}:{number}: user {name} again (this line wins)")
+            users[name] = account
+        return users, problems
 
     def _current(self) -> dict[str, Account]:
         """The users, reloaded when the file changed (MaxScale reloads after a failed check).
@@ -131,7 +142,7 @@ class UsersFile:
         if not password:
             raise ConfigError("the password must not be empty")
         grant = TableGrant.parse(tables) if tables is not None else None
-        users = self.load()
+        users = self._editable()
         previous = users.get(name)
         if tables is None and previous is not None:
             grant = previous.tables
@@ -142,12 +153,21 @@ class UsersFile:
         return previous is not None
 
     def remove(self, name: str) -> bool:
-        users = self.load()
+        users = self._editable()
         if name not in users:
             return False
         del users[name]
         self._save(users)
         return True
+
+    def _editable(self) -> dict[str, Account]:
+        """The users, for a change that rewrites the file: refused while a line is malformed,
+        which the rewrite would drop."""
+        users, problems = self.check()
+        if problems:
+            raise ConfigError("fix the users file first (a rewrite would drop these lines): "
+                              + "; ".join(problems))
+        return users
 
     def _save(self, users: dict[str, Account]) -> None:
         directory = os.path.dirname(os.path.abspath(self.path))
@@ -156,3 +176,18 @@ class UsersFile:
                        for n, a in sorted(users.items()))
         write_atomically(self.path, text.encode("utf-8"))
         os.chmod(self.path, stat.S_IRUSR | stat.S_IWUSR)
+
+
+def _parse_line(line: str) -> tuple[str, Account]:
+    name, sep, rest = line.partition(":")
+    hashed, _, tables = rest.partition(":")
+    hashed = hashed.strip()
+    if not sep or not _NAME.match(name):
+        raise ConfigError("expected name:HASH[:TABLES], a name of 1-43 characters without ':' "
+                          "or spaces")
+    if not _HASH.match(hashed):
+        raise ConfigError(f"user {name}: the hash must be 40 hex digits of "
+                          "SHA1(SHA1(password))")
+    grant = TableGrant.parse(tables) if tables.strip() else None
+    return name, Account(hashed.upper(), grant)
+

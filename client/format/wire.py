@@ -126,6 +126,22 @@ def parse_auth(message: bytes) -> tuple[str, bytes]:
         raise ProtocolError(Code.BAD_AUTH, "the user name is not UTF-8") from None
 
 
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+_LONGEST_AUTH = 2 * (256 + 1 + 20) + 1  # hex of a generous user name, ':', the digest
+
+
+def auth_incomplete(message: bytes) -> bool:
+    """Whether an auth message that arrived without a newline is only the start of one: hex
+    that does not yet hold ``user:`` and 20 digest bytes. A client may send the login in
+    several writes; anything else (complete, or not hex at all) is judged as it is."""
+    data = message.strip()
+    if not data or len(data) > _LONGEST_AUTH or not _HEX.issuperset(data):
+        return False
+    raw = binascii.a2b_hex(data[:len(data) - len(data) % 2])
+    _, sep, digest = raw.partition(b":")
+    return not sep or len(digest) < 20
+
+
 def password_hash(password: str) -> str:
     """The users file's form: uppercase hex of SHA1(SHA1(password)) (MaxScale's cdcusers)."""
     return digest_hash(hashlib.sha1(password.encode("utf-8")).digest())
