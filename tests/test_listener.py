@@ -16,13 +16,13 @@ import pytest
 from cdcserver.core.changes import Begin, ColumnDef, Commit, Rows, RowsKind, TableLayout
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.mariadb.constants import ColumnType
-from cdcserver.protocol.server import CdcServer, ListenerLimits
+from cdcserver.protocol.server import CdcServer, ListenerLimits, MessageReader
 from cdcserver.protocol.session import SessionContext
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
 from cdcserver.store.store import AvroStore
-from client.format.wire import Code, auth_message
+from client.format.wire import Code, auth_incomplete, auth_message
 from tests.helpers import PASSWORD, USER, RawClient, pace
 
 LAYOUT = TableLayout("shop", "items", (
@@ -101,18 +101,30 @@ async def test_wrong_password_is_refused_and_can_be_retried(listener: Listener):
 
 
 @pytest.mark.parametrize("cuts", [(len(USER) * 2 + 2,), (3,), (5, 17, 40)])
-async def test_a_login_sent_in_several_writes_is_assembled(listener: Listener, cuts):
+async def test_the_reader_joins_a_login_sent_in_several_writes(cuts):
     """bborbe's Go client writes hex(user:) and the digest's hex separately, without a
-    newline: the service waits for the rest instead of judging the first write alone.
-    (The pause makes the server read each write on its own.)"""
+    newline. The reader is driven step by step: after each write but the last it must be
+    waiting for more, not hand over the part it has."""
     message = auth_message(USER, PASSWORD)
-    client = await RawClient.connect(listener.port)
+    stream = asyncio.StreamReader()
+    reading = MessageReader(stream, 1024).next(auth_incomplete)
     start = 0
     for cut in cuts:
-        await client.send(message[start:cut])
-        await asyncio.sleep(0.2)
+        stream.feed_data(message[start:cut])
+        waiting = reading.send(None)  # runs until it waits for the next write
+        assert isinstance(waiting, asyncio.Future) and not waiting.done()
         start = cut
-    await client.send(message[start:])
+    stream.feed_data(message[start:])
+    with pytest.raises(StopIteration) as whole:
+        reading.send(None)
+    assert whole.value.value == message
+
+
+async def test_a_login_sent_in_several_writes_logs_in(listener: Listener):
+    message = auth_message(USER, PASSWORD)
+    client = await RawClient.connect(listener.port)
+    for start in range(0, len(message), 16):  # four writes, each drained before the next
+        await client.send(message[start:start + 16])
     assert await client.line() == b"OK\n"
     await client.send(b"REGISTER UUID=split, TYPE=JSON")
     assert await client.line() == b"OK\n"

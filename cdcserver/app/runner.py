@@ -191,15 +191,12 @@ class ReplicationRunner:
             info = report.info
             assert info is not None
             flavor = SourceInfo(mariadb=info.flavor == "mariadb")
-            wanted = self.config.start_gtid.strip()
+            wanted = self.config.start_gtid.strip()  # checked when the configuration loaded
             if wanted == "oldest":
                 return source.oldest_position(conn, info), flavor
             if wanted == "newest":
                 return source.newest_position(conn, info), flavor
-            try:
-                return BinlogPosition(GtidState.parse(wanted), "", 4), flavor
-            except ValueError as exc:
-                raise ConfigError(f"source.start_gtid: {exc}") from exc
+            return BinlogPosition(GtidState.parse(wanted), "", 4), flavor
         finally:
             conn.close()
 

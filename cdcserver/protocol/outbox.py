@@ -26,9 +26,6 @@ class Outbox:
     def transport(self) -> asyncio.WriteTransport:
         return self.writer.transport
 
-    def closing(self) -> bool:
-        return self.writer.is_closing()
-
     async def send(self, data: bytes, *, counted: bool = True) -> None:
         """Stream data: raises ConnectionResetError once the client has gone."""
         if self.writer.is_closing():

@@ -210,7 +210,7 @@ class Connection:
                     outcome = await asyncio.to_thread(outcome.run)
                 if isinstance(outcome, Reply):
                     if outcome.data:
-                        await self._send(outcome.data)
+                        await self.out.reply(outcome.data)
                     if outcome.close:
                         break
                 elif isinstance(outcome, StartStream):
@@ -224,15 +224,15 @@ class Connection:
                     await self._stream(StartStream(outcome.follow, outcome.format))
                     break
         except ProtocolError as exc:
-            await self._send(exc.reply())
+            await self.out.reply(exc.reply())
         except TimeoutError:
             phase = "authentication" if self.session.phase == Phase.AUTH else "idle"
-            await self._send(error_line(Code.TIMEOUT, f"{phase} timeout"))
+            await self.out.reply(error_line(Code.TIMEOUT, f"{phase} timeout"))
         except ConnectionError as exc:
             log.debug("%s: connection lost: %s", self.peer, exc)
         except Exception:
             log.exception("%s: internal error", self.peer)
-            await self._send(error_line(Code.INTERNAL, "internal error; see the server's log"))
+            await self.out.reply(error_line(Code.INTERNAL, "internal error; see the server's log"))
         log.debug("%s: closed", self.peer)
 
     async def _next_message(self) -> bytes | None:
@@ -244,9 +244,6 @@ class Connection:
                 return await self.messages.next(auth_incomplete)
         async with asyncio.timeout_at(self._last_command + self.server.limits.idle_timeout):
             return await self.messages.next()
-
-    async def _send(self, data: bytes) -> None:
-        await self.out.reply(data)
 
     async def _stream(self, start: StartStream) -> None:
         context = self.server.context
@@ -266,7 +263,7 @@ class Connection:
                 with contextlib.suppress(asyncio.CancelledError):
                     await stream_task
                 if reply:
-                    await self._send(reply)
+                    await self.out.reply(reply)
         except ConnectionError:
             pass
         finally:
@@ -311,7 +308,7 @@ class Connection:
                                                  OSError):
                             await task
         except FileNotFoundError:
-            await self._send(error_line(Code.NO_FILE, f"{dump.name} was deleted meanwhile"))
+            await self.out.reply(error_line(Code.NO_FILE, f"{dump.name} was deleted meanwhile"))
             return False
         finally:
             if self.server.dump_released is not None:

@@ -25,49 +25,30 @@ from dataclasses import dataclass
 from cdcserver.store.naming import TableName
 
 
+class _Path:
+    """A path under the data directory, declared once as its parts."""
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+
+    def __get__(self, data_dir: DataDir, owner: type | None = None) -> str:
+        return os.path.join(data_dir.root, *self.parts)
+
+
 @dataclass(frozen=True)
 class DataDir:
     root: str
 
-    @property
-    def avro(self) -> str:
-        return os.path.join(self.root, "avro")
-
-    @property
-    def dumps(self) -> str:
-        return os.path.join(self.root, "dump")
-
-    @property
-    def state(self) -> str:
-        return os.path.join(self.root, "state")
-
-    @property
-    def checkpoint(self) -> str:
-        return os.path.join(self.state, "checkpoint.json")
-
-    @property
-    def index(self) -> str:
-        return os.path.join(self.state, "index.sqlite")
-
-    @property
-    def schema_history(self) -> str:
-        return os.path.join(self.state, "schema_history.jsonl")
-
-    @property
-    def views(self) -> str:
-        return os.path.join(self.state, "views.sqlite")
-
-    @property
-    def kafka_state(self) -> str:
-        return os.path.join(self.state, "kafka.json")
-
-    @property
-    def writer_lock(self) -> str:
-        return os.path.join(self.state, "writer.lock")
-
-    @property
-    def room_probe(self) -> str:
-        return os.path.join(self.state, ".room-probe")
+    avro = _Path("avro")
+    dumps = _Path("dump")
+    state = _Path("state")
+    checkpoint = _Path("state", "checkpoint.json")
+    index = _Path("state", "index.sqlite")
+    schema_history = _Path("state", "schema_history.jsonl")
+    views = _Path("state", "views.sqlite")
+    kafka_state = _Path("state", "kafka.json")
+    writer_lock = _Path("state", "writer.lock")
+    room_probe = _Path("state", ".room-probe")
 
     def table_file(self, table: TableName, version: int, suffix: str) -> str:
         """A table version's file in ``avro/`` (``suffix``: ``avro`` or ``avsc``)."""
