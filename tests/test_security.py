@@ -86,35 +86,89 @@ def test_users_file_table_lists_round_trip_and_are_validated(tmp_path):
             users.add("bob", "pw", bad)
 
 
-def test_the_throttle_locks_an_address_out_and_lets_it_back(tmp_path):
+WRONG = [bytes([n]) * 20 for n in range(10)]  # ten distinct wrong SHA1 digests
+
+
+def test_a_repeated_wrong_password_counts_once_and_never_slows_anyone():
     now = [1000.0]
-    throttle = LoginThrottle(limit=3, window=60, lockout=30, clock=lambda: now[0])
-    for _ in range(2):
-        throttle.failed("10.0.0.1")
-    assert throttle.wait("10.0.0.1") == 0
-    throttle.failed("10.0.0.1")
-    assert throttle.wait("10.0.0.1") == 30 and throttle.wait("10.0.0.2") == 0
-    now[0] += 31
-    assert throttle.wait("10.0.0.1") == 0
-    throttle.failed("10.0.0.1")  # the count started again
-    assert throttle.wait("10.0.0.1") == 0
-    now[0] += 61
-    throttle.failed("10.0.0.1")
-    throttle.failed("10.0.0.1")  # failures older than the window do not count
-    assert throttle.wait("10.0.0.1") == 0
+    throttle = LoginThrottle(limit=3, window=60, max_wait=60, clock=lambda: now[0])
+    for _ in range(50):  # a misconfigured client retrying one stale password
+        turn = throttle.turn("10.0.0.1", "etl", WRONG[0])
+        assert turn.wait == 0 and not turn.refused
+        throttle.failed("10.0.0.1", "etl", WRONG[0])
+        now[0] += 0.1
+    good = throttle.turn("10.0.0.1", "etl", WRONG[9])  # the right password, same user
+    assert good.wait == 0 and not good.refused
+    throttle.succeeded("10.0.0.1", "etl", good)
+    assert throttle.delayed == throttle.refused == 0
 
 
-async def test_repeated_failed_logins_are_refused_without_being_checked(listener: Listener):
-    for _ in range(5):
-        client = await RawClient.connect(listener.port)
-        await client.send(auth_message(USER, "guess"))
-        assert (await client.line()).startswith(b"ERR AUTH-FAILED")
+def test_new_passwords_beyond_the_budget_wait_their_turn_in_order():
+    now = [1000.0]
+    throttle = LoginThrottle(limit=3, window=60, max_wait=60, clock=lambda: now[0])
+    waits = []
+    for digest in WRONG[:7]:  # a guesser with many connections at once
+        turn = throttle.turn("10.0.0.1", "root", digest)
+        waits.append(None if turn.refused else turn.wait)
+    # Three a minute: three now, three a minute later, the seventh two minutes away: refused.
+    assert waits == [0, 0, 0, 60, 60, 60, None]
+    assert throttle.turn("10.0.0.1", "root", WRONG[6]).wait == 120  # says when to come back
+    # Other users from that address and that user from elsewhere are not slowed.
+    assert throttle.turn("10.0.0.1", "app", WRONG[0]).wait == 0
+    assert throttle.turn("10.0.0.2", "root", WRONG[7]).wait == 0
+    for digest in WRONG[:3]:
+        throttle.failed("10.0.0.1", "root", digest)
+    assert throttle.turn("10.0.0.1", "root", WRONG[1]).wait == 0  # known wrong: at once
+    now[0] += 121  # every turn has left the window
+    assert throttle.turn("10.0.0.1", "root", WRONG[8]).wait == 0
+    assert throttle.delayed == 3 and throttle.refused == 2
+
+
+def test_a_correct_password_gives_its_turn_back():
+    now = [1000.0]
+    throttle = LoginThrottle(limit=2, window=60, max_wait=60, clock=lambda: now[0])
+    for _ in range(5):  # the right password, many times: never counted
+        turn = throttle.turn("10.0.0.1", "app", WRONG[9])
+        assert turn.wait == 0
+        throttle.succeeded("10.0.0.1", "app", turn)
+    assert throttle.turn("10.0.0.1", "app", WRONG[0]).wait == 0
+    assert throttle.turn("10.0.0.1", "app", WRONG[1]).wait == 0
+    assert throttle.turn("10.0.0.1", "app", WRONG[2]).wait == 60
+
+
+async def _login(port: int, password: str) -> bytes:
+    client = await RawClient.connect(port)
+    try:
+        await client.send(auth_message(USER, password))
+        return await client.line()
+    finally:
         await client.close()
-    client = await RawClient.connect(listener.port)
-    await client.send(auth_message(USER, PASSWORD))  # even the right password now
-    reply = await client.line()
-    assert reply.startswith(b"ERR THROTTLED too many failed logins from 127.0.0.1")
-    assert await client.closed() == b""
+
+
+async def test_a_client_retrying_a_wrong_password_never_locks_out_the_right_one(
+        listener: Listener):
+    for _ in range(12):  # one misconfigured executor behind the same address
+        assert (await _login(listener.port, "stale")).startswith(b"ERR AUTH-FAILED")
+    started = time.monotonic()
+    assert await _login(listener.port, PASSWORD) == b"OK\n"
+    assert time.monotonic() - started < 1  # not made to wait either
+    assert listener.server.context.throttle.delayed == 0
+
+
+async def test_guessing_is_slowed_to_the_budget_and_the_right_password_waits_its_turn(
+        listener: Listener):
+    listener.server.context.throttle = LoginThrottle(limit=2, window=1.5, max_wait=2)
+    guesses = await asyncio.gather(*(_login(listener.port, f"guess{n}") for n in range(4)))
+    # Two checked at once, two a window later, however many connections ask at once.
+    assert all(reply.startswith(b"ERR AUTH-FAILED") for reply in guesses)
+    assert listener.server.context.throttle.delayed == 2
+    started = time.monotonic()
+    assert await _login(listener.port, PASSWORD) == b"OK\n"  # still never refused...
+    assert time.monotonic() - started >= 0.5  # ...but it waited behind the guesses
+    refused = await asyncio.gather(*(_login(listener.port, f"more{n}") for n in range(6)))
+    # The turns now lie beyond max_wait: refused unchecked, with when to come back.
+    assert sum(r.startswith(b"ERR THROTTLED too many new passwords tried for 'cdcuser' "
+                            b"from 127.0.0.1; try again in") for r in refused) >= 2
 
 
 def _certificate(directory: str) -> tuple[str, str]:

@@ -175,7 +175,7 @@ class Service:
                                  self.config.store.data_dir, self.wait_caught_up,
                                  self.stored_state,
                                  throttle=LoginThrottle(cfg.login_failures,
-                                                        lockout=cfg.login_lockout))
+                                                        max_wait=cfg.login_lockout))
         server = CdcServer(context, ListenerLimits.from_config(cfg),
                            zoneinfo.ZoneInfo(cfg.timestamp_zone))
         server.dump_released = self.cleaner.wake

@@ -180,10 +180,11 @@ class ListenerConfig:
                                     check=positive)
     timestamp_zone: str = option("UTC", "zone TIMESTAMP values are shown in, in JSON mode",
                                  cli="--timestamp-zone", check=time_zone)
-    login_failures: int = option(5, "failed logins from one address within a minute before "
-                                    "its logins are refused", check=positive)
-    login_lockout: float = option(60.0, "seconds an address's logins are refused after that",
-                                  check=not_negative)
+    login_failures: int = option(5, "new wrong passwords a minute, per user and address, "
+                                    "checked at once; further ones wait their turn",
+                                 check=positive)
+    login_lockout: float = option(60.0, "longest a login waits for its turn; past that it "
+                                        "gets ERR THROTTLED", check=not_negative)
     tls_cert: str = option("", "PEM certificate chain: the listener speaks TLS only "
                                "('' : plain TCP)", cli="--tls-cert")
     tls_key: str = option("", "the certificate's PEM private key", cli="--tls-key")

@@ -135,6 +135,10 @@ def _listener(listener: ListenerStats) -> Iterator[Any]:
                    listener.bytes_sent)
     yield _counter("cdc_login_failures", "failed authentications",
                    listener.login_failures)
+    yield _counter("cdc_logins_delayed", "logins that waited for their turn (too many new "
+                   "passwords tried for the user from the address)", listener.logins_delayed)
+    yield _counter("cdc_logins_throttled", "logins refused unchecked (ERR THROTTLED)",
+                   listener.logins_throttled)
     yield _counter("cdc_dumps_sent", "dump files sent to clients", listener.dumps_sent)
 
 

@@ -22,6 +22,7 @@ from cdcserver.dump.transfer import send_file
 from cdcserver.protocol.outbox import Outbox
 from cdcserver.protocol.session import (
     Blocking,
+    Delay,
     Phase,
     Reply,
     SendDump,
@@ -64,6 +65,8 @@ class ListenerStats:
     bytes_sent: int = 0
     login_failures: int = 0
     dumps_sent: int = 0
+    logins_delayed: int = 0
+    logins_throttled: int = 0
 
 
 _READ_SIZE = 65536
@@ -132,7 +135,8 @@ class CdcServer:
     def stats(self) -> ListenerStats:
         return ListenerStats(self.connections, self.connections_total,
                              self.traffic.records_sent, self.traffic.bytes_sent,
-                             self.login_failures, self.dumps_sent)
+                             self.login_failures, self.dumps_sent,
+                             self.context.throttle.delayed, self.context.throttle.refused)
 
     async def start(self, host: str, port: int, *, ssl: object = None) -> tuple[str, int]:
         self._server = await asyncio.start_server(
@@ -206,6 +210,9 @@ class Connection:
                 if message.strip():
                     self._last_command = asyncio.get_running_loop().time()
                 outcome = self.session.receive(message)
+                if isinstance(outcome, Delay):
+                    await asyncio.sleep(outcome.seconds)
+                    outcome = outcome.then()
                 if isinstance(outcome, Blocking):
                     outcome = await asyncio.to_thread(outcome.run)
                 if isinstance(outcome, Reply):

@@ -23,7 +23,7 @@ from cdcserver.core.config import ListenerConfig
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.dump.files import DumpInfo, list_dumps
 from cdcserver.protocol.requests import StreamRequest, state_bound, stream_request
-from cdcserver.protocol.throttle import LoginThrottle
+from cdcserver.protocol.throttle import LoginThrottle, Turn
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.index import RangePlan, StoreIndex, TransactionInfo
@@ -86,7 +86,15 @@ class Blocking:
     run: Callable[[], Reply | StartStream | SendDump]
 
 
-Outcome = Reply | StartStream | SendDump | Blocking
+@dataclass(frozen=True)
+class Delay:
+    """Wait ``seconds`` (without blocking other connections), then take ``then``'s outcome."""
+
+    seconds: float
+    then: Callable[[], Reply]
+
+
+Outcome = Reply | StartStream | SendDump | Blocking | Delay
 
 
 @dataclass
@@ -158,18 +166,25 @@ class Session:
 
     def _authenticate(self, message: bytes) -> Outcome:
         host = self.peer.rpartition(":")[0] or self.peer
-        throttle = self.context.throttle
-        wait = throttle.wait(host)
-        if wait:
-            raise ProtocolError(Code.THROTTLED, f"too many failed logins from {host}; try "
-                                f"again in {wait:.0f}s", fatal=True)
         user, digest = parse_auth(message)
+        turn = self.context.throttle.turn(host, user, digest)
+        if turn.refused:
+            raise ProtocolError(Code.THROTTLED, f"too many new passwords tried for {user!r} "
+                                f"from {host}; try again in {turn.wait:.0f}s", fatal=True)
+        if turn.wait:
+            log.info("%s: login as %r waits %.1fs for its turn (too many new passwords "
+                     "tried for it from %s)", self.peer, user, turn.wait, host)
+            return Delay(turn.wait, lambda: self._check(host, user, digest, turn))
+        return self._check(host, user, digest, turn)
+
+    def _check(self, host: str, user: str, digest: bytes, turn: Turn) -> Reply:
+        throttle = self.context.throttle
         if not self.context.users.verify(user, digest):
             log.warning("%s: authentication failed for user %r", self.peer, user)
             self.context.login_failures += 1
-            throttle.failed(host)
-            raise ProtocolError(Code.AUTH_FAILED, "Authentication failed")
-        throttle.succeeded(host)
+            throttle.failed(host, user, digest)
+            return self._bad(ProtocolError(Code.AUTH_FAILED, "Authentication failed"))
+        throttle.succeeded(host, user, turn)
         self.user = user
         self.phase = Phase.REGISTER
         log.info("%s: authenticated as %r", self.peer, user)

@@ -40,7 +40,7 @@ class Code(StrEnum):
     NO_FILE = "NO-FILE"  # no such table, version or dump (MaxScale's code)
     NO_TRANSACTION = "NO-TRANSACTION"  # QUERY-TRANSACTION for a GTID the service has not seen
     FORBIDDEN = "FORBIDDEN"  # the user may not read that table
-    THROTTLED = "THROTTLED"  # too many failed logins from this address: the server hangs up
+    THROTTLED = "THROTTLED"  # too many new passwords tried for this user from this address
     LINE_TOO_LONG = "LINE-TOO-LONG"
     TOO_MANY_ERRORS = "TOO-MANY-ERRORS"  # the bad-command budget is spent: the server hangs up
     TIMEOUT = "TIMEOUT"  # authentication or idle timeout: the server hangs up
