@@ -234,7 +234,7 @@ class Session:
                 outcome = work()
             except ProtocolError as exc:
                 return self._bad(exc)
-            assert not isinstance(outcome, Blocking)
+            assert not isinstance(outcome, Blocking | Delay)
             return outcome
 
         return Blocking(run)
