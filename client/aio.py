@@ -20,6 +20,7 @@ from typing import Any
 from client.format.dump import DumpDecoder, DumpHeader, DumpRows
 from client.format.names import Table, TableRef, as_table
 from client.format.wire import (
+    CLIENT_DIALECT,
     Code,
     DataRequest,
     DumpRequest,
@@ -27,6 +28,7 @@ from client.format.wire import (
     ProtocolError,
     auth_message,
     parse_reply,
+    register_line,
 )
 from client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
 
@@ -55,8 +57,8 @@ class CdcConnection:
         conn = cls(reader, writer, fmt, timeout)
         try:
             await conn.command(auth_message(user, password), timeout)
-            await conn.command(
-                f"REGISTER UUID={uuid or uuidlib.uuid4()}, TYPE={fmt.value}".encode(), timeout)
+            register = register_line(uuid or str(uuidlib.uuid4()), fmt, CLIENT_DIALECT[fmt])
+            await conn.command(register.encode(), timeout)
         except BaseException:
             await conn.close()
             raise

@@ -21,6 +21,7 @@ from typing import Any
 from client.format.dump import DumpDecoder, DumpHeader, DumpRows
 from client.format.names import Table, TableRef, as_table
 from client.format.wire import (
+    CLIENT_DIALECT,
     Code,
     DataRequest,
     DumpRequest,
@@ -28,6 +29,7 @@ from client.format.wire import (
     ProtocolError,
     auth_message,
     parse_reply,
+    register_line,
 )
 from client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
 
@@ -52,7 +54,8 @@ class SyncCdcConnection:
         conn = cls(sock, fmt)
         try:
             conn.command(auth_message(user, password))
-            conn.command(f"REGISTER UUID={uuid or uuidlib.uuid4()}, TYPE={fmt.value}".encode())
+            register = register_line(uuid or str(uuidlib.uuid4()), fmt, CLIENT_DIALECT[fmt])
+            conn.command(register.encode())
         except BaseException:
             conn.close()
             raise

@@ -48,11 +48,14 @@ class RawClient:
         await self.close()
         return data
 
-    async def login(self, fmt: str = "JSON", user: str = USER, password: str = PASSWORD) -> None:
-        """Authenticate and register the way MaxScale's cdc.py does: one write each, no newline."""
+    async def login(self, fmt: str = "JSON", user: str = USER, password: str = PASSWORD,
+                    dialect: str | None = None) -> None:
+        """Authenticate and register the way MaxScale's cdc.py does: one write each, no newline
+        (``dialect``: ask for a JSON dialect, an extension; None: the server's default)."""
         await self.send(auth_message(user, password))
         assert await self.line() == b"OK\n"
-        await self.send(f"REGISTER UUID=test-client, TYPE={fmt}".encode())
+        extension = f", DIALECT={dialect}" if dialect else ""
+        await self.send(f"REGISTER UUID=test-client, TYPE={fmt}{extension}".encode())
         assert await self.line() == b"OK\n"
 
     async def close(self) -> None:

@@ -86,7 +86,7 @@ async def read_stream(port: int, table: str, *, user: str, password: str,
     try:
         writer.write(auth_message(user, password))
         assert await reader.readline() == b"OK\n"
-        writer.write(b"REGISTER UUID=oracle, TYPE=JSON\n")
+        writer.write(b"REGISTER UUID=oracle, TYPE=JSON, DIALECT=EXACT\n")
         assert await reader.readline() == b"OK\n"
         writer.write(f"{request or 'REQUEST-DATA ' + table}\n".encode())
         lines = []

@@ -20,10 +20,12 @@ import random
 import fastavro
 import pytest
 
-from cdcserver.protocol.render import compile_block_renderer, compile_renderer
+from cdcserver.protocol.dialect import JsonStyle
+from cdcserver.protocol.render import EXACT, compile_block_renderer, compile_renderer
 from cdcserver.store import store as store_module
 from cdcserver.store import transcoder
 from client.format.avro import block_at, decompress, parse_header
+from client.format.wire import Dialect
 from tests.conftest import Source, make_config, start_service
 
 pytestmark = pytest.mark.mariadb
@@ -207,19 +209,22 @@ async def test_json_block_renderer_writes_the_python_renderers_lines(
     path = str(tmp_path / "data")
     await _replicate(path, source, users_file)
     schema_json, blocks = _blocks(path, f"{source.database}.t")
-    renderer = compile_block_renderer(schema_json)
-    assert renderer is not None
-    render = compile_renderer(schema_json)
     reader = fastavro.parse_schema(json.loads(schema_json))
-    rendered = 0
-    for count, data in blocks:
-        lines = renderer.render(data, count)
-        stream = io.BytesIO(data)
-        expected = b"".join(render(fastavro.schemaless_reader(stream, reader, None))
-                            for _ in range(count))
-        if lines is not None:  # None: a value it leaves to Python (a float32 NaN, say)
-            assert lines == expected
-            rendered += count
-    assert rendered > 0.9 * sum(count for count, _ in blocks)
+    for style in (EXACT, JsonStyle(Dialect.MAXSCALE)):
+        renderer = compile_block_renderer(schema_json, style)
+        assert renderer is not None
+        render = compile_renderer(schema_json, style)
+        rendered = 0
+        for count, data in blocks:
+            lines = renderer.render(data, count)
+            stream = io.BytesIO(data)
+            expected = b"".join(render(fastavro.schemaless_reader(stream, reader, None))
+                                for _ in range(count))
+            if lines is not None:  # None: a value it leaves to Python (a float32 NaN, say)
+                assert lines == expected
+                rendered += count
+        assert rendered > 0.9 * sum(count for count, _ in blocks)
     # and a zone other than UTC for TIMESTAMPs is left to the Python renderer
-    assert compile_block_renderer(schema_json, dt.timezone(dt.timedelta(hours=2))) is None
+    for dialect in Dialect:
+        zone = dt.timezone(dt.timedelta(hours=2))
+        assert compile_block_renderer(schema_json, JsonStyle(dialect, zone)) is None

@@ -17,6 +17,7 @@ import re
 import uuid
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,7 @@ from cdcserver.core.config import parse_source_url
 from cdcserver.ops.verify import verify_table
 from cdcserver.store.naming import TableName
 from client import ChangeRecord, SyncCdcClient
+from client.format.schema import Kind, from_json_value
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER, RawClient
 
@@ -105,10 +107,12 @@ def _fill(source: Source) -> str:
     return f"{source.database}.types"
 
 
-async def _json_lines(cdc: RunningService, name: str, count: int) -> list[str]:
-    """The lines exactly as sent (parsing them with json would round the decimals)."""
+async def _json_lines(cdc: RunningService, name: str, count: int,
+                      dialect: str | None = "EXACT") -> list[str]:
+    """The lines exactly as sent (parsing them with json would round the decimals);
+    ``dialect`` None: what a client that does not ask gets (MaxScale's clients)."""
     client = await RawClient.connect(cdc.port)
-    await client.login("JSON")
+    await client.login("JSON", dialect=dialect)
     await client.send(f"REQUEST-DATA {name}".encode())
     lines = [(await client.line()).decode("utf-8").rstrip("\n") for _ in range(count)]
     await client.close()
@@ -182,3 +186,124 @@ async def test_inet6_text_matches_mariadb(cdc: RunningService, source: Source):
     ours = [r.values["a"] for r in await asyncio.to_thread(_typed, cdc.port,
                                                            f"{source.database}.ips", "AVRO")]
     assert ours == theirs
+
+
+GOLDEN_MAXSCALE = Path(__file__).parent / "golden" / "types-maxscale.jsonl"
+INT64 = range(-(1 << 63), 1 << 63)
+
+
+def _jansson_loads(line: str) -> Any:
+    """json.loads with the limits of jansson (MaxScale's C++ connector): an integer outside
+    int64 is an error ("too big integer"); reals are doubles."""
+    def integer(text: str) -> int:
+        if int(text) not in INT64:
+            raise ValueError(f"too big integer: {text}")
+        return int(text)
+    return json.loads(line, parse_int=integer)
+
+
+def _gomaxscale_frames(stream: str) -> list[str]:
+    """gomaxscale's framing (stream.go): objects are cut by counting every { and } byte,
+    those inside strings included."""
+    frames, depth, current = [], 0, []
+    for ch in stream:
+        if ch in "{}":
+            depth += 1 if ch == "{" else -1
+        if depth or current or ch == "}":
+            current.append(ch)
+        if ch == "}" and depth == 0:
+            frames.append("".join(current))
+            current = []
+    return frames
+
+
+def _gomaxscale_schema_ok(schema: dict[str, Any]) -> None:
+    """gomaxscale's DDLEventField.UnmarshalJSON: a type is a string, a list of strings, or an
+    enum object; anything else fails the whole batch."""
+    for field in schema["fields"]:
+        t = field["type"]
+        if isinstance(t, list):
+            assert all(isinstance(b, str) for b in t), field
+            assert len(t) <= 2 and t[0] == "null", field  # MaxScale's ["null", T]
+        elif isinstance(t, dict):
+            assert t["type"] == "enum" and field["name"] == "event_type", field
+        else:
+            assert isinstance(t, str), field
+        assert field.get("length", -1) == -1 and isinstance(field.get("real_type", ""), str)
+
+
+def _from_maxscale(field: dict[str, Any], value: Any) -> Any:
+    """A MaxScale-dialect value as the exact dialect's typed value, by protocol.md's table."""
+    if value is None:
+        return None
+    real, primitive = field.get("real_type"), field["type"][1]
+    if real == "decimal" or field.get("beyond_long"):
+        return Decimal(str(value))
+    if real == "year":
+        return int(value)
+    if real in ("datetime", "timestamp") and not value.startswith("0000") and \
+            "-00" not in value[:10]:
+        moment = dt.datetime.fromisoformat(value)
+        return moment.replace(tzinfo=dt.UTC) if real == "timestamp" else moment
+    if real == "time":
+        return from_json_value(Kind.TIME, value)
+    if real == "date" and "-00" not in value and not value.startswith("0000"):
+        return dt.date.fromisoformat(value)
+    if real == "uuid":
+        return uuid.UUID(value)
+    if primitive == "bytes":
+        return bytes.fromhex(value)
+    if primitive == "float":
+        return from_json_value(Kind.FLOAT, value)
+    if primitive == "double":
+        return float(value)
+    return value
+
+
+def _zero_date_text(exact: Any, ours: Any, field: dict[str, Any]) -> bool:
+    """Zero and partial dates travel as MariaDB's text in both dialects."""
+    return isinstance(exact, str) and exact == ours and field.get("real_type") in (
+        "date", "datetime", "timestamp")
+
+
+async def test_every_type_reads_in_the_maxscale_dialect_as_maxscale_clients_parse(
+        cdc: RunningService, source: Source):
+    """What a client that cannot ask (cdc.py, gomaxscale, the C++ connector) gets by default:
+    MaxScale's schema shape, values each client's parser takes, and the same values as the
+    exact dialect (which test (3) above checks against the table)."""
+    name = _fill(source)
+    await cdc.caught_up(source)
+    records = 6 + 2 + 1
+    lines = await _json_lines(cdc, name, 1 + records, dialect=None)
+
+    # The rendering, against the reviewed golden file.
+    rendered = [re.sub(r'"timestamp": \d+', '"timestamp": 0', line) for line in lines]
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN_MAXSCALE.write_text("\n".join(rendered) + "\n", encoding="utf-8")
+    assert rendered == GOLDEN_MAXSCALE.read_text(encoding="utf-8").splitlines()
+
+    # gomaxscale: its regexes, its schema decoder, its brace-counting framer.
+    assert lines[0].startswith('{"namespace":') and all(
+        line.startswith('{"domain":') for line in lines[1:])
+    schema = json.loads(lines[0])
+    _gomaxscale_schema_ok(schema)
+    assert list(schema)[:8] == ["namespace", "type", "name", "table", "database", "version",
+                                "gtid", "fields"]
+    assert _gomaxscale_frames("\n".join(lines)) == lines
+    # The C++ connector: jansson's integer range, a schema it recognises, every key present.
+    parsed = [_jansson_loads(line) for line in lines]
+    assert parsed[0]["fields"][0]["name"] == "domain"
+    fields = {f["name"]: f for f in schema["fields"]}
+    assert all(set(fields) <= set(row) for row in parsed[1:])
+    # cdc.py / Python: the same values as the exact dialect, nothing lost.
+    exact = await asyncio.to_thread(_typed, cdc.port, name, "JSON")
+    assert len(exact) == records
+    for row, record in zip((json.loads(line, parse_float=Decimal) for line in lines[1:]),
+                           exact, strict=True):
+        for column, value in record.values.items():
+            field = fields[column]
+            ours = _from_maxscale(field, row[column])
+            assert ours == value or _zero_date_text(value, ours, field), (column, value, ours)
+    assert fields["biu"]["type"] == ["null", "long"] and fields["biu"]["beyond_long"] == "string"
+    assert fields["d"]["type"] == ["null", "string"] and fields["d2"]["type"] == ["null", "double"]
+    assert parsed[2]["biu"] == "18446744073709551615" and parsed[3]["biu"] == 0

@@ -29,8 +29,10 @@ from cdcserver.store.naming import (
 from cdcserver.store.schema import TableSchema
 from client.format.wire import (
     Code,
+    Dialect,
     Format,
     ProtocolError,
+    Registration,
     auth_message,
     parse_auth,
     parse_register,
@@ -143,11 +145,17 @@ def test_auth_message_parsing_is_as_lenient_as_maxscale():
 
 
 def test_register_and_request_data_grammar():
-    assert parse_register("REGISTER UUID=11ec2300-2e23, TYPE=AVRO") == ("11ec2300-2e23",
-                                                                        Format.AVRO)
-    assert parse_register("register uuid=x,type=json") == ("x", Format.JSON)
-    with pytest.raises(ProtocolError):
-        parse_register("REGISTER TYPE=JSON")
+    assert parse_register("REGISTER UUID=11ec2300-2e23, TYPE=AVRO") == Registration(
+        "11ec2300-2e23", Format.AVRO)
+    assert parse_register("register uuid=x,type=json") == Registration("x", Format.JSON)
+    assert parse_register("REGISTER UUID=x, TYPE=JSON, DIALECT=EXACT") == Registration(
+        "x", Format.JSON, Dialect.EXACT)
+    assert parse_register("REGISTER UUID=x,TYPE=JSON,dialect=maxscale").dialect == \
+        Dialect.MAXSCALE
+    for bad in ("REGISTER TYPE=JSON", "REGISTER UUID=x, TYPE=JSON, DIALECT=fast",
+                "REGISTER UUID=x, TYPE=JSON, DIALECT="):
+        with pytest.raises(ProtocolError):
+            parse_register(bad)
     request = parse_request_data("db2.table4 0-11-345")
     assert (request.database, request.table, request.version, request.gtid) == (
         "db2", "table4", None, "0-11-345")

@@ -26,6 +26,7 @@ from cdcserver.core.errors import CdcError, ConfigError
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
+from client.format.wire import Dialect
 
 log = logging.getLogger("cdcserver")
 
@@ -106,6 +107,10 @@ def _parser() -> argparse.ArgumentParser:
                              help="the tables the user may read, comma-separated db.table, "
                                   "db.* or * (default: every table for a new user, unchanged "
                                   "for an existing one)")
+            sub.add_argument("--json", choices=[d.value for d in Dialect], metavar="DIALECT",
+                             help="the JSON dialect of this user's clients when they do not "
+                                  "ask for one: exact or maxscale (default: the listener's "
+                                  "json_dialect; unchanged for an existing user)")
         sub.set_defaults(handler=handler)
 
     verify = commands.add_parser("verify", help="compare tables with their streams")
@@ -308,7 +313,8 @@ def cmd_users_add(args: argparse.Namespace) -> int:
         if getpass.getpass("Again: ") != password:
             print("cdcserver: the passwords differ", file=sys.stderr)
             return EXIT_USAGE
-    replaced = UsersFile(args.users_file).add(args.name, password, args.tables)
+    dialect = Dialect(args.json) if args.json else None
+    replaced = UsersFile(args.users_file).add(args.name, password, args.tables, dialect)
     print(f"{'replaced' if replaced else 'added'} user {args.name} in {args.users_file}")
     return EXIT_OK
 

@@ -35,6 +35,7 @@ from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
 from cdcserver.store.sink import StoreSink
 from cdcserver.store.store import AvroStore
+from client.format.wire import Dialect
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +175,7 @@ class Service:
         context = SessionContext(self.catalog, self.users, lambda: self.store.index,
                                  self.config.store.data_dir, self.wait_caught_up,
                                  self.stored_state,
+                                 dialect=Dialect(cfg.json_dialect),
                                  throttle=LoginThrottle(cfg.login_failures,
                                                         max_wait=cfg.login_lockout))
         server = CdcServer(context, ListenerLimits.from_config(cfg),

@@ -178,6 +178,9 @@ class ListenerConfig:
                                         "(streams are never idle)", check=positive)
     bad_command_limit: int = option(10, "bad commands before the server hangs up",
                                     check=positive)
+    json_dialect: Literal["maxscale", "exact"] = option(
+        "maxscale", "JSON mode for clients that do not ask (REGISTER ... DIALECT=) and whose "
+        "user has none: maxscale (what MaxScale's clients parse) or exact", cli="--json-dialect")
     timestamp_zone: str = option("UTC", "zone TIMESTAMP values are shown in, in JSON mode",
                                  cli="--timestamp-zone", check=time_zone)
     login_failures: int = option(5, "new wrong passwords a minute, per user and address, "

@@ -46,6 +46,9 @@ cdef enum:
     R_TIMESTAMP = 12  # a: fsp (rendered in UTC)
     R_TIME = 13       # a: fsp
     R_NULL = 14
+    R_U64 = 15        # decimal(20,0): a number within int64, else a string of the digits
+    R_DECIMAL_TEXT = 16  # a: scale; the decimal as a string
+    R_YEAR = 17       # an int as a four-digit string
 
 # Union shapes
 cdef enum:
@@ -61,6 +64,10 @@ cdef bytes _ESCAPES = bytes(
     ord({0x22: '"', 0x5C: "\\", 0x0A: "n", 0x0D: "r", 0x09: "t", 0x08: "b", 0x0C: "f"}.get(
         b, "u")) if b < 0x20 or b in (0x22, 0x5C) else 0 for b in range(256))
 cdef const char *_ESCAPE = _ESCAPES
+# The same, with { and } escaped too (the MaxScale dialect: gomaxscale counts braces).
+cdef bytes _ESCAPES_BRACES = bytes(
+    ord("u") if b in (0x7B, 0x7D) else _ESCAPES[b] for b in range(256))
+cdef const char *_ESCAPE_BRACES = _ESCAPES_BRACES
 
 
 cdef inline void _put(Out *out, const char *p, Py_ssize_t n) noexcept:
@@ -128,8 +135,9 @@ cdef inline const uint8_t *_take(Cursor *c, Py_ssize_t n) noexcept:
     return at
 
 
-cdef int _json_string(Out *out, const uint8_t *p, Py_ssize_t n) except -1:
-    """A JSON string as json.dumps(ensure_ascii=False) writes it; 0 if not UTF-8."""
+cdef int _json_string(Out *out, const uint8_t *p, Py_ssize_t n, const char *table) except -1:
+    """A JSON string as json.dumps(ensure_ascii=False) writes it (``table``: _ESCAPE, or
+    _ESCAPE_BRACES for the MaxScale dialect); 0 if not UTF-8."""
     cdef Py_ssize_t i
     cdef uint8_t b
     cdef char escape
@@ -139,7 +147,7 @@ cdef int _json_string(Out *out, const uint8_t *p, Py_ssize_t n) except -1:
     _char(out, b'"')
     for i in range(n):
         b = p[i]
-        escape = _ESCAPE[b]
+        escape = table[b]
         if not escape:
             _char(out, <char>b)
             continue
@@ -247,6 +255,19 @@ cdef int _decimal(Out *out, const uint8_t *p, Py_ssize_t n, int scale) except -1
     return 1
 
 
+cdef inline bint _within_int64(const uint8_t *p, Py_ssize_t n) noexcept:
+    """Whether a big-endian two's-complement integer of ``n`` bytes fits in int64."""
+    cdef Py_ssize_t i
+    cdef uint8_t sign
+    if n <= 8:
+        return True
+    sign = 0xFF if p[0] & 0x80 else 0
+    for i in range(n - 8):
+        if p[i] != sign:
+            return False
+    return (p[n - 8] & 0x80) == (sign & 0x80)
+
+
 cdef int _float32(Out *out, const uint8_t *p) except -1:
     """client.format.schema.float32_text: the shortest %g that reads back as the same float32."""
     cdef float f
@@ -287,8 +308,9 @@ cdef class BlockRenderer:
     cdef int *args
     cdef list prefixes  # bytes: '{"name": ' or ', "name": '
     cdef list symbols   # per field: rendered enum symbols, or None
+    cdef const char *escapes  # how strings are escaped
 
-    def __cinit__(self, list program):
+    def __cinit__(self, list program, bint braces=False):
         cdef int i, n = len(program)
         self.nfields = n
         self.ops = <int *>malloc(sizeof(int) * (n + 1))
@@ -296,6 +318,7 @@ cdef class BlockRenderer:
         self.args = <int *>malloc(sizeof(int) * (n + 1))
         if self.ops == NULL or self.unions == NULL or self.args == NULL:
             raise MemoryError()
+        self.escapes = _ESCAPE_BRACES if braces else _ESCAPE
         self.prefixes = []
         self.symbols = []
         for i in range(n):
@@ -353,7 +376,7 @@ cdef class BlockRenderer:
             if branch == 2 and union == WITH_TEXT:
                 n = <Py_ssize_t>_long(c)
                 p = _take(c, n)
-                return 0 if c.bad else _json_string(out, p, n)
+                return 0 if c.bad else _json_string(out, p, n, self.escapes)
             if branch != 1:
                 return 0
         return self._value(i, c, out)
@@ -372,7 +395,7 @@ cdef class BlockRenderer:
         if op == R_STRING:
             n = <Py_ssize_t>_long(c)
             p = _take(c, n)
-            return 0 if c.bad else _json_string(out, p, n)
+            return 0 if c.bad else _json_string(out, p, n, self.escapes)
         if op == R_DECIMAL:
             n = <Py_ssize_t>_long(c)
             p = _take(c, n)
@@ -460,5 +483,36 @@ cdef class BlockRenderer:
             return 1
         if op == R_NULL:
             _put(out, b"null", 4)
+            return 1
+        if op == R_U64:
+            n = <Py_ssize_t>_long(c)
+            p = _take(c, n)
+            if c.bad:
+                return 0
+            if _within_int64(p, n):
+                return _decimal(out, p, n, 0)
+            _char(out, b'"')
+            if not _decimal(out, p, n, 0):
+                return 0
+            _char(out, b'"')
+            return 1
+        if op == R_DECIMAL_TEXT:
+            n = <Py_ssize_t>_long(c)
+            p = _take(c, n)
+            if c.bad:
+                return 0
+            _char(out, b'"')
+            if not _decimal(out, p, n, arg):
+                return 0
+            _char(out, b'"')
+            return 1
+        if op == R_YEAR:
+            v = _long(c)
+            if c.bad or v < 0 or v > 9999:
+                return 0
+            _reserve(out, 6)
+            _char(out, b'"')
+            _digits(out, <uint64_t>v, 4)
+            _char(out, b'"')
             return 1
         return 0

@@ -10,11 +10,19 @@ from functools import lru_cache
 from json.encoder import encode_basestring
 from typing import Any, Protocol
 
+from cdcserver.protocol.dialect import (
+    JsonStyle,
+    braceless,
+    maxscale_text,
+    maxscale_type,
+    unsigned_64,
+)
 from cdcserver.store.avrofile import Block
 from cdcserver.store.catalog import VersionInfo
 from cdcserver.store.records import Record, decode_records, read_block
 from cdcserver.store.schema import TableSchema
-from client.format.schema import Kind, to_json_text
+from client.format.schema import Field, Kind, to_json_text
+from client.format.wire import Dialect
 
 try:
     from cdcserver.protocol import _jsonlines  # type: ignore[attr-defined]
@@ -22,16 +30,21 @@ except ImportError:  # built without a C compiler: compile_renderer alone
     _jsonlines = None
 
 Renderer = Callable[[Record], bytes]
+EXACT = JsonStyle()  # the exact dialect, TIMESTAMPs in UTC
 
 
 REPAIR_KEY = b"cdc:repair"  # no field is named so: field names are [A-Za-z0-9_]
 
 
-def repair_suffix(info: VersionInfo, block: Block) -> bytes | None:
+def repair_suffix(info: VersionInfo, block: Block, dialect: Dialect) -> bytes | None:
     """For a block of a repair's records (``cdcserver/reread``): the key each of its JSON
     records ends with, saying why it is there; None for any other block."""
     note = info.notes.get(block.offset)
-    return None if note is None else b', "' + REPAIR_KEY + b'": ' + note.encode() + b"}\n"
+    if note is None:
+        return None
+    if dialect == Dialect.MAXSCALE:
+        note = braceless(note)
+    return b', "' + REPAIR_KEY + b'": ' + note.encode() + b"}\n"
 
 
 def with_suffix(line: bytes, suffix: bytes | None) -> bytes:
@@ -39,23 +52,23 @@ def with_suffix(line: bytes, suffix: bytes | None) -> bytes:
     return line if suffix is None else line[:-2] + suffix
 
 
-def json_block(info: VersionInfo, block: Block, zone: dt.tzinfo) -> bytes:
+def json_block(info: VersionInfo, block: Block, style: JsonStyle) -> bytes:
     """A whole block as JSON lines: by the C renderer where it takes the block, record by
     record otherwise (and for a repair's block, whose records carry the repair key)."""
-    suffix = repair_suffix(info, block)
+    suffix = repair_suffix(info, block, style.dialect)
     if suffix is None:
-        lines = rendered_block(info, block, zone)
+        lines = rendered_block(info, block, style)
         if lines is not None:
             return lines
-    render = compile_renderer(info.header.schema_json, zone)
+    render = compile_renderer(info.header.schema_json, style)
     return b"".join(with_suffix(render(record), suffix)
                     for record in decode_records(info, block))
 
 
-def rendered_block(info: VersionInfo, block: Block, zone: dt.tzinfo) -> bytes | None:
+def rendered_block(info: VersionInfo, block: Block, style: JsonStyle) -> bytes | None:
     """A whole block as JSON lines by the C renderer; None when it does not take the block
     (then render its records one by one with ``compile_renderer``)."""
-    renderer = compile_block_renderer(info.header.schema_json, zone)
+    renderer = compile_block_renderer(info.header.schema_json, style)
     if renderer is None:
         return None
     return renderer.render(read_block(info.path, info.header, block), block.count)
@@ -70,12 +83,13 @@ _DIRECT = {Kind.INT: "str", Kind.LONG: "str", Kind.DOUBLE: "repr", Kind.STRING: 
 
 
 @lru_cache(maxsize=1024)
-def compile_renderer(schema_json: str, zone: dt.tzinfo = dt.UTC) -> Renderer:
+def compile_renderer(schema_json: str, style: JsonStyle = EXACT) -> Renderer:
     """``record -> b'{"domain": 0, ...}\\n'``: one JSON object per line, keys in schema order,
-    jansson's default separators (what MaxScale sends)."""
+    jansson's default separators (what MaxScale sends), values in ``style``'s dialect."""
     schema = TableSchema.from_avsc(json.loads(schema_json))
-    ns: dict[str, Any] = {"tj": to_json_text, "zone": zone, "str": str, "Kind": Kind,
-                          "esc": encode_basestring, "repr": repr}
+    maxscale = style.dialect == Dialect.MAXSCALE
+    ns: dict[str, Any] = {"tj": to_json_text, "mt": maxscale_text, "zone": style.zone,
+                          "str": str, "Kind": Kind, "esc": encode_basestring, "repr": repr}
     pieces = []
     for i, field in enumerate(schema.fields):
         key = json.dumps(field.name, ensure_ascii=False)
@@ -84,6 +98,10 @@ def compile_renderer(schema_json: str, zone: dt.tzinfo = dt.UTC) -> Renderer:
             value = f"str(r[{field.name!r}])"
         elif field.name == "event_type" and i < 6:
             value = "'\"' + r['event_type'] + '\"'"
+        elif (maxscale and field.kind not in (Kind.INT, Kind.LONG, Kind.DOUBLE)) or \
+                (maxscale and field.real_type == "year"):
+            ns[f"f{i}"] = field
+            value = f"mt(f{i}, r[{field.name!r}], zone)"
         elif field.kind in _DIRECT:
             value = f"('null' if (v{i} := r[{field.name!r}]) is None else " \
                     f"{_DIRECT[field.kind]}(v{i}))"
@@ -105,12 +123,14 @@ class BlockRenderer(Protocol):
 _BLOCK_OPS = {Kind.INT: 1, Kind.LONG: 1, Kind.BOOLEAN: 3, Kind.FLOAT: 4, Kind.DOUBLE: 5,
               Kind.DECIMAL: 6, Kind.STRING: 7, Kind.BYTES: 8, Kind.UUID: 9, Kind.DATE: 10,
               Kind.DATETIME: 11, Kind.TIMESTAMP: 12, Kind.TIME: 13, Kind.NULL: 14}
+_OP_DATETIME, _OP_U64, _OP_DECIMAL_TEXT, _OP_YEAR = 11, 15, 16, 17
 _R_LONG, _R_ENUM = 1, 2
 _PLAIN, _NULLABLE, _WITH_TEXT = 0, 1, 2
 
 
 @lru_cache(maxsize=1024)
-def compile_block_renderer(schema_json: str, zone: dt.tzinfo = dt.UTC) -> BlockRenderer | None:
+def compile_block_renderer(schema_json: str, style: JsonStyle = EXACT
+                           ) -> BlockRenderer | None:
     """The C renderer of whole blocks (``_jsonlines.pyx``) for a version's schema: the lines
     ``compile_renderer`` writes, several times faster. None without the extension, with
     ``CDC_PURE_PYTHON`` set, or for a schema it does not take (a TIMESTAMP shown in a zone
@@ -135,12 +155,29 @@ def compile_block_renderer(schema_json: str, zone: dt.tzinfo = dt.UTC) -> BlockR
         union = _union_shape(spec["type"])
         if union is None or field.kind not in _BLOCK_OPS:
             return None
-        if field.kind == Kind.TIMESTAMP and zone.utcoffset(None) != dt.timedelta(0):
+        if field.kind == Kind.TIMESTAMP and style.zone.utcoffset(None) != dt.timedelta(0):
             return None
         arg = field.scale if field.kind == Kind.DECIMAL else field.fsp
-        program.append((_BLOCK_OPS[field.kind], union, arg, prefix, None))
-    renderer: BlockRenderer = _jsonlines.BlockRenderer(program)
+        op = _BLOCK_OPS[field.kind]
+        if style.dialect == Dialect.MAXSCALE:
+            op, arg = _maxscale_op(field, op, arg)
+        program.append((op, union, arg, prefix, None))
+    renderer: BlockRenderer = _jsonlines.BlockRenderer(
+        program, style.dialect == Dialect.MAXSCALE)
     return renderer
+
+
+def _maxscale_op(field: Field, op: int, arg: int) -> tuple[int, int]:
+    """The C renderer's operation for a column in the MaxScale dialect (``maxscale_text``)."""
+    if field.kind == Kind.DECIMAL:
+        if unsigned_64(field):
+            return _OP_U64, 0
+        return (op, arg) if maxscale_type(field) == "double" else (_OP_DECIMAL_TEXT, arg)
+    if field.real_type == "year":
+        return _OP_YEAR, 0
+    if field.kind == Kind.TIMESTAMP:  # in UTC, without the offset
+        return _OP_DATETIME, arg
+    return op, arg
 
 
 def _union_shape(avro_type: Any) -> int | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from cdcserver.core.config import ListenerConfig
 from cdcserver.dump.transfer import send_file
+from cdcserver.protocol.dialect import JsonStyle
 from cdcserver.protocol.outbox import Outbox
 from cdcserver.protocol.session import (
     Blocking,
@@ -228,7 +229,7 @@ class Connection:
                     if not sent or outcome.follow is None or \
                             self.session.phase == Phase.CLOSED:
                         continue
-                    await self._stream(StartStream(outcome.follow, outcome.format))
+                    await self._stream(StartStream(outcome.follow, outcome.format, outcome.dialect))
                     break
         except ProtocolError as exc:
             await self.out.reply(exc.reply())
@@ -255,7 +256,8 @@ class Connection:
     async def _stream(self, start: StartStream) -> None:
         context = self.server.context
         streamer = Streamer(context.catalog, context.index(), start.request, start.format,
-                            self.out, self.server.zone, context.caught_up, self.server.tails)
+                            self.out, JsonStyle(start.dialect, self.server.zone),
+                            context.caught_up, self.server.tails)
         log.info("%s: %s (%s)", self.peer, start.request.line, start.format.value)
         stream_task = asyncio.create_task(streamer.run())
         input_task = asyncio.create_task(self._watch_input())

@@ -33,6 +33,7 @@ from client.format.wire import (
     OK,
     Code,
     DataRequest,
+    Dialect,
     DumpRequest,
     Format,
     ProtocolError,
@@ -67,6 +68,7 @@ class Reply:
 class StartStream:
     request: StreamRequest
     format: Format
+    dialect: Dialect = Dialect.MAXSCALE  # JSON mode
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class SendDump:
     dump: DumpInfo
     follow: StreamRequest | None
     format: Format
+    dialect: Dialect = Dialect.MAXSCALE  # JSON mode
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,8 @@ class SessionContext:
     caught_up: Callable[[GtidState], Awaitable[None]] | None = None
     # The GTID state of everything stored so far (what a bounded read can end at).
     stored_state: Callable[[], GtidState] | None = None
+    # The JSON dialect of a client that does not ask for one and whose user has none.
+    dialect: Dialect = Dialect.MAXSCALE
     login_failures: int = 0  # counted for the metrics
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
 
@@ -123,6 +128,7 @@ class Session:
         self.user: str | None = None
         self.client_uuid: str | None = None
         self.format = Format.JSON
+        self.dialect = context.dialect
         self.bad_commands = 0
         self._verbs: dict[str, Callable[[str], Outcome]] = {
             name[len("verb_"):].replace("_", "-"): getattr(self, name)
@@ -191,11 +197,16 @@ class Session:
         return Reply(OK)
 
     def verb_REGISTER(self, line: str) -> Outcome:
-        uuid, fmt = parse_register(line)
-        self.client_uuid = uuid
-        self.format = fmt
+        registration = parse_register(line)
+        self.client_uuid = registration.uuid
+        self.format = registration.format
+        assert self.user is not None
+        self.dialect = (registration.dialect or self.context.users.dialect(self.user)
+                        or self.context.dialect)
         self.phase = Phase.READY
-        log.info("%s: registered %r, format %s", self.peer, uuid, fmt.value)
+        log.info("%s: registered %r, format %s%s", self.peer, registration.uuid,
+                 registration.format.value, f", {self.dialect.value} JSON"
+                 if registration.format == Format.JSON else "")
         return Reply(OK)
 
     # -- commands ------------------------------------------------------------------------
@@ -226,7 +237,7 @@ class Session:
 
     def _start(self, request: StreamRequest) -> StartStream:
         self.phase = Phase.STREAMING
-        return StartStream(request, self.format)
+        return StartStream(request, self.format, self.dialect)
 
     def _blocking(self, work: Callable[[], Outcome]) -> Blocking:
         def run() -> Reply | StartStream | SendDump:
@@ -275,7 +286,7 @@ class Session:
             h = dump.header
             follow = stream_request(DataRequest(h.database, h.table, None, None, h.gtid or None))
             self.phase = Phase.STREAMING
-        return SendDump(dump, follow, self.format)
+        return SendDump(dump, follow, self.format, self.dialect)
 
     def _may_read(self, table: TableName) -> bool:
         return self.user is not None and self.context.users.may_read(self.user, table)

@@ -35,7 +35,6 @@ whole blocks in C where it can (``render.rendered_block``).
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 import logging
 import os
@@ -43,8 +42,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 from cdcserver.core.gtid import Gtid, GtidState
+from cdcserver.protocol.dialect import JsonStyle, schema_line
 from cdcserver.protocol.outbox import Outbox
-from cdcserver.protocol.render import compile_renderer, json_block, repair_suffix, with_suffix
+from cdcserver.protocol.render import (
+    EXACT,
+    compile_renderer,
+    json_block,
+    repair_suffix,
+    with_suffix,
+)
 from cdcserver.protocol.requests import StreamRequest, state_bound
 from cdcserver.protocol.tail import Tails
 from cdcserver.store.avrofile import Block, scan_blocks
@@ -246,7 +252,7 @@ class _Until:
         return _After(self.state, order=self.order).covers(gtid_text)
 
 
-def read_range(info: VersionInfo, pos: int, end: int, fmt: Format, zone: dt.tzinfo
+def read_range(info: VersionInfo, pos: int, end: int, fmt: Format, style: JsonStyle
                ) -> tuple[bytes, int]:
     """The bytes an unfiltered stream sends for ``info`` from ``pos`` to ``end`` (block
     boundaries), and how many records they hold (JSON; AVRO copies bytes and counts 0)."""
@@ -254,14 +260,14 @@ def read_range(info: VersionInfo, pos: int, end: int, fmt: Format, zone: dt.tzin
         return Streamer._read(info, pos, end - pos), 0
     out, count = bytearray(), 0
     for block in scan_blocks(info.path, info.header, pos, end):
-        out += json_block(info, block, zone)
+        out += json_block(info, block, style)
         count += block.count
     return bytes(out), count
 
 
 class Streamer:
     def __init__(self, catalog: Catalog, index: StoreIndex | None, request: StreamRequest,
-                 fmt: Format, out: Outbox, zone: dt.tzinfo = dt.UTC,
+                 fmt: Format, out: Outbox, style: JsonStyle = EXACT,
                  caught_up: Callable[[GtidState], Awaitable[None]] | None = None,
                  tails: Tails | None = None) -> None:
         self.catalog = catalog
@@ -271,7 +277,7 @@ class Streamer:
         self.request = request
         self.format = fmt
         self.out = out
-        self.zone = zone
+        self.style = style  # JSON mode: dialect and time zone
         self.table = request.table
         self.records_sent = 0  # by this stream (and the tails it followed)
         self.bytes_sent = 0
@@ -396,7 +402,7 @@ class Streamer:
                 return
             if self.tails is not None and (self._filter is None or self._filter.settled):
                 follower = await self.tails.follow(self.out.transport, entry, info, pos,
-                                                   self.format, self.zone)
+                                                   self.format, self.style)
                 self.bytes_sent += follower.bytes_sent
                 self.records_sent += follower.records_sent
                 pos = follower.returned.result()
@@ -407,7 +413,8 @@ class Streamer:
 
     async def _send_schema(self, info: VersionInfo) -> None:
         if self.format == Format.JSON:
-            await self._write(info.schema.text().encode("utf-8") + b"\n")
+            await self._write(schema_line(info.schema.avsc, info.schema.fields,
+                                          self.style.dialect))
         else:
             await self._write(self._read(info, 0, info.header.size))
 
@@ -425,11 +432,11 @@ class Streamer:
     async def _send_json(self, info: VersionInfo, block: Block,
                          until: _Until | None = None) -> None:
         if until is None and (self._filter is None or self._filter.settled):
-            await self._write(json_block(info, block, self.zone))
+            await self._write(json_block(info, block, self.style))
             self._sent_records(block.count)
             return
-        render = compile_renderer(info.header.schema_json, self.zone)
-        suffix = repair_suffix(info, block)
+        render = compile_renderer(info.header.schema_json, self.style)
+        suffix = repair_suffix(info, block, self.style.dialect)
         accepts = self._filter
         out = bytearray()
         for record in decode_records(info, block):

@@ -2,7 +2,7 @@
 
 Clients that have caught up with a table (the usual state of a CDC consumer) all want the
 same bytes when a transaction commits. Instead of every session waking up, reading the new
-blocks and rendering them, a ``Tail`` per (version file, format, time zone) does it once and
+blocks and rendering them, a ``Tail`` per (version file, format, JSON style) does it once and
 writes the result to each waiting session's transport: a commit costs one render and one
 ``write`` per client.
 
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cdcserver.protocol.dialect import JsonStyle
 from cdcserver.store.catalog import TableEntry, VersionInfo
 from client.format.wire import Format
 
@@ -34,7 +34,7 @@ MAX_BUFFERED = 1 << 20
 MAX_RANGE = 1 << 20
 
 # (data, records) for the bytes of a version from one offset to another, as a stream sends them
-RangeReader = Callable[[VersionInfo, int, int, Format, dt.tzinfo], tuple[bytes, int]]
+RangeReader = Callable[[VersionInfo, int, int, Format, JsonStyle], tuple[bytes, int]]
 
 
 @dataclass
@@ -56,7 +56,7 @@ class Follower:
 
 
 class Tail:
-    def __init__(self, tails: Tails, key: tuple[str, Format, dt.tzinfo], entry: TableEntry,
+    def __init__(self, tails: Tails, key: tuple[str, Format, JsonStyle], entry: TableEntry,
                  info: VersionInfo, pos: int) -> None:
         self.tails = tails
         self.key = key
@@ -116,13 +116,13 @@ class Tails:
     def __init__(self, read_range: RangeReader, traffic: Traffic | None = None) -> None:
         self.read_range = read_range
         self.traffic = traffic if traffic is not None else Traffic()
-        self._tails: dict[tuple[str, Format, dt.tzinfo], Tail] = {}
+        self._tails: dict[tuple[str, Format, JsonStyle], Tail] = {}
 
     async def follow(self, transport: asyncio.WriteTransport, entry: TableEntry,
-                     info: VersionInfo, pos: int, fmt: Format, zone: dt.tzinfo) -> Follower:
+                     info: VersionInfo, pos: int, fmt: Format, style: JsonStyle) -> Follower:
         """Wait at ``pos`` (the version's committed end) and let the tail send what commits
         next; returns when the session should continue alone from ``returned``'s result."""
-        key = (info.path, fmt, zone)
+        key = (info.path, fmt, style)
         tail = self._tails.get(key)
         if tail is None or tail.info is not info:
             tail = self._tails[key] = Tail(self, key, entry, info, pos)

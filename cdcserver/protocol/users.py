@@ -9,7 +9,8 @@ the server checks SHA1(the client's SHA1(password)) against HASH in constant tim
 
 Extension: ``name:HASH:TABLES`` limits the user to the tables listed, comma-separated, each
 ``db.table``, ``db.*`` or ``*``. A line without the third field (every MaxScale line) may read
-every table.
+every table. A fourth field sets the user's JSON dialect when its clients do not ask for one:
+``name:HASH:*:json=exact`` (or ``json=maxscale``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from cdcserver.core.errors import ConfigError
 from cdcserver.store.durable import write_atomically
 from cdcserver.store.naming import TableName
-from client.format.wire import digest_hash, password_hash
+from client.format.wire import Dialect, digest_hash, password_hash
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,15 @@ class TableGrant:
 class Account:
     hash: str
     tables: TableGrant | None = None  # None: every table
+    dialect: Dialect | None = None  # None: the listener's
+
+    def line(self, name: str) -> str:
+        fields = [name, self.hash]
+        if self.tables or self.dialect:
+            fields.append(self.tables.text() if self.tables else "*")
+        if self.dialect:
+            fields.append(f"json={self.dialect.value}")
+        return ":".join(fields)
 
 
 class UsersFile:
@@ -125,6 +135,11 @@ class UsersFile:
         expected = account.hash if account is not None else "0" * 40
         return hmac.compare_digest(candidate, expected) and account is not None
 
+    def dialect(self, user: str) -> Dialect | None:
+        """The JSON dialect the file sets for ``user`` (None: the listener's default)."""
+        account = self._current().get(user)
+        return account.dialect if account is not None else None
+
     def may_read(self, user: str, table: TableName) -> bool:
         """Whether ``user`` may read ``table`` (as the file says now: a grant removed from
         the file applies to the user's next request)."""
@@ -133,10 +148,12 @@ class UsersFile:
             return False
         return account.tables is None or account.tables.allows(table)
 
-    def add(self, name: str, password: str, tables: str | None = None) -> bool:
+    def add(self, name: str, password: str, tables: str | None = None,
+            dialect: Dialect | None = None) -> bool:
         """Add or replace a user; True if it replaced an existing one. ``tables`` limits the
         user (``*``: every table); None keeps a replaced user's list (every table for a new
-        one), so changing a password never widens what a user may read."""
+        one), so changing a password never widens what a user may read. ``dialect``: the
+        user's JSON dialect (None keeps a replaced user's)."""
         if not _NAME.match(name):
             raise ConfigError(f"invalid user name {name!r}: 1-43 characters, no ':' or spaces")
         if not password:
@@ -148,7 +165,9 @@ class UsersFile:
             grant = previous.tables
         if grant is not None and "*" in grant.patterns:
             grant = None
-        users[name] = Account(password_hash(password), grant)
+        if dialect is None and previous is not None:
+            dialect = previous.dialect
+        users[name] = Account(password_hash(password), grant, dialect)
         self._save(users)
         return previous is not None
 
@@ -172,22 +191,37 @@ class UsersFile:
     def _save(self, users: dict[str, Account]) -> None:
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
-        text = "".join(f"{n}:{a.hash}" + (f":{a.tables.text()}" if a.tables else "") + "\n"
-                       for n, a in sorted(users.items()))
+        text = "".join(a.line(n) + "\n" for n, a in sorted(users.items()))
         write_atomically(self.path, text.encode("utf-8"))
         os.chmod(self.path, stat.S_IRUSR | stat.S_IWUSR)
 
 
 def _parse_line(line: str) -> tuple[str, Account]:
     name, sep, rest = line.partition(":")
-    hashed, _, tables = rest.partition(":")
+    hashed, _, rest = rest.partition(":")
+    tables, _, options = rest.partition(":")
     hashed = hashed.strip()
     if not sep or not _NAME.match(name):
-        raise ConfigError("expected name:HASH[:TABLES], a name of 1-43 characters without ':' "
-                          "or spaces")
+        raise ConfigError("expected name:HASH[:TABLES[:json=DIALECT]], a name of 1-43 "
+                          "characters without ':' or spaces")
     if not _HASH.match(hashed):
         raise ConfigError(f"user {name}: the hash must be 40 hex digits of "
                           "SHA1(SHA1(password))")
     grant = TableGrant.parse(tables) if tables.strip() else None
-    return name, Account(hashed.upper(), grant)
+    if grant is not None and "*" in grant.patterns:
+        grant = None
+    return name, Account(hashed.upper(), grant, _parse_options(name, options))
+
+
+def _parse_options(name: str, text: str) -> Dialect | None:
+    key, sep, value = text.strip().partition("=")
+    if not text.strip():
+        return None
+    if not sep or key.strip() != "json":
+        raise ConfigError(f"user {name}: the fourth field must be json=exact or json=maxscale")
+    try:
+        return Dialect(value.strip().lower())
+    except ValueError:
+        raise ConfigError(f"user {name}: unknown JSON dialect {value.strip()!r} "
+                          "(exact or maxscale)") from None
 

@@ -158,7 +158,15 @@ class Format(StrEnum):
     AVRO = "AVRO"
 
 
-_REGISTER = re.compile(r"^REGISTER\s+UUID=([^,\s]*)\s*,\s*TYPE=(\S+)\s*$", re.I)
+class Dialect(StrEnum):
+    """How JSON mode renders schemas and values (protocol.md, "JSON dialects")."""
+
+    MAXSCALE = "maxscale"  # what MaxScale's clients parse: primitive types only
+    EXACT = "exact"  # logical types, every value exact in its own type
+
+
+_REGISTER = re.compile(r"^REGISTER\s+UUID=([^,\s]*)\s*,\s*TYPE=([^,\s]+)"
+                       r"(?:\s*,\s*DIALECT=(\S+))?\s*$", re.I)
 
 
 @dataclass(frozen=True)
@@ -172,16 +180,41 @@ def split_command(line: str) -> Command:
     return Command(verb.upper(), rest.strip())
 
 
-def parse_register(line: str) -> tuple[str, Format]:
+@dataclass(frozen=True)
+class Registration:
+    uuid: str
+    format: Format
+    dialect: Dialect | None = None  # None: the server's choice for this user
+
+
+def parse_register(line: str) -> Registration:
+    """``REGISTER UUID=id, TYPE=JSON|AVRO`` and the extension ``, DIALECT=EXACT|MAXSCALE``
+    (MaxScale reads only the four bytes after ``TYPE=``, so it ignores the extension)."""
     m = _REGISTER.match(line.strip())
     if m is None:
         raise ProtocolError(Code.REGISTRATION_FAILED,
-                            "expected REGISTER UUID=<id>, TYPE=JSON|AVRO")
+                            "expected REGISTER UUID=<id>, TYPE=JSON|AVRO[, DIALECT=EXACT|MAXSCALE]")
     try:
-        return m[1], Format(m[2].upper())
+        fmt = Format(m[2].upper())
     except ValueError:
         raise ProtocolError(Code.REGISTRATION_FAILED,
                             f"TYPE must be JSON or AVRO, not {m[2]!r}") from None
+    try:
+        dialect = Dialect(m[3].lower()) if m[3] else None
+    except ValueError:
+        raise ProtocolError(Code.REGISTRATION_FAILED,
+                            f"DIALECT must be EXACT or MAXSCALE, not {m[3]!r}") from None
+    return Registration(m[1], fmt, dialect)
+
+
+# What the project's own clients ask for: the exact dialect, so nothing they return depends on
+# the server's default (AVRO mode has no dialect).
+CLIENT_DIALECT = {Format.JSON: Dialect.EXACT, Format.AVRO: None}
+
+
+def register_line(uuid: str, fmt: Format, dialect: Dialect | None = None) -> str:
+    line = f"REGISTER UUID={uuid}, TYPE={fmt.value}"
+    return line if dialect is None else f"{line}, DIALECT={dialect.value.upper()}"
 
 
 @dataclass(frozen=True)
