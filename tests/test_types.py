@@ -15,6 +15,7 @@ import json
 import os
 import re
 import uuid
+import warnings
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -307,3 +308,45 @@ async def test_every_type_reads_in_the_maxscale_dialect_as_maxscale_clients_pars
     assert fields["biu"]["type"] == ["null", "long"] and fields["biu"]["beyond_long"] == "string"
     assert fields["d"]["type"] == ["null", "string"] and fields["d2"]["type"] == ["null", "double"]
     assert parsed[2]["biu"] == "18446744073709551615" and parsed[3]["biu"] == 0
+
+
+def _micros_since_epoch(moment: dt.datetime) -> int:
+    return (moment - dt.datetime(1970, 1, 1)) // dt.timedelta(microseconds=1)
+
+
+async def test_the_stored_files_read_the_same_in_apache_avro(cdc: RunningService,
+                                                             source: Source):
+    """A second, independent Avro reader (Apache's ``avro`` package) reads the stored file:
+    the same records as fastavro, logical types and unions included. (It does not know
+    local-timestamp-micros and, as the Avro specification says, reads its long: the same
+    microseconds.)"""
+    import fastavro
+    from avro.datafile import DataFileReader
+    from avro.errors import IgnoredLogicalType
+    from avro.io import DatumReader
+
+    name = _fill(source)
+    await cdc.caught_up(source)
+    entry = cdc.service.catalog.get(TableName(*name.split(".")))
+    assert entry is not None and list(entry.versions) == [1]
+    path = entry.versions[1].path
+    with open(path, "rb") as f, warnings.catch_warnings():
+        # It warns that it reads local-timestamp-micros as its long (the spec's rule).
+        warnings.simplefilter("ignore", IgnoredLogicalType)
+        theirs = list(DataFileReader(f, DatumReader()))
+    with open(path, "rb") as f:
+        ours = list(fastavro.reader(f))
+    assert len(ours) == 9
+    checked = set()
+    for apache, fast in zip(theirs, ours, strict=True):
+        assert apache.keys() == fast.keys()
+        for key, value in fast.items():
+            other = apache[key]
+            if isinstance(value, dt.datetime) and value.tzinfo is None:
+                value = _micros_since_epoch(value)  # local-timestamp-micros: its long
+            elif isinstance(value, uuid.UUID):
+                other = uuid.UUID(other)
+            assert other == value, (key, other, value)
+            checked.add(type(value))
+    # decimals, dates, times, instants, strings of zero dates, bytes, floats: all compared
+    assert {Decimal, dt.date, dt.time, dt.datetime, str, bytes, float, int} <= checked
