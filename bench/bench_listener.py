@@ -79,7 +79,7 @@ from typing import Any, cast
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import OUT, RECORDS, line, load_workload
+from bench.common import OUT, RECORDS, code_path, line, load_workload
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.core.gtid import GtidState
 from cdcserver.protocol.users import UsersFile
@@ -784,6 +784,7 @@ def main() -> int:
     args = parser.parse_args()
     os.makedirs(OUT, exist_ok=True)
     UsersFile(USERS).add(USER, PASSWORD)
+    line("code path", code_path())
     with private_server(workload=args.only != "latency") as server:
         if args.only != "latency":
             bulk_parts(server, args)

@@ -89,3 +89,16 @@ def peak_rss_mb() -> float:
 
 def line(label: str, value: str) -> None:
     print(f"{label:<58} {value}", flush=True)
+
+
+def code_path() -> str:
+    """Which path the service measured runs: the compiled extensions (the JSON block renderer
+    and the transcoder) or the pure-Python fallbacks, and where the package was loaded from."""
+    import cdcserver
+    from cdcserver.protocol import render
+    from cdcserver.store import transcoder
+
+    where = os.path.dirname(cdcserver.__file__)
+    if render._jsonlines is not None and transcoder.available():
+        return f"compiled extensions (C JSON renderer, transcoder), from {where}"
+    return f"pure Python (extensions not built or CDC_PURE_PYTHON set), from {where}"
