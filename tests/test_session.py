@@ -30,7 +30,7 @@ from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
 from cdcserver.store.store import AvroStore
-from client.format.wire import Format, auth_message
+from client.format.wire import Dialect, Format, auth_message
 from tests.helpers import PASSWORD, USER
 from tests.test_listener import LAYOUT
 
@@ -155,3 +155,30 @@ def test_bad_command_budget_and_close(context):
     assert isinstance(second, Reply) and second.close and b"ERR TOO-MANY-ERRORS" in second.data
     closing = _outcome(_ready(context), b"CLOSE\n")
     assert isinstance(closing, Reply) and closing.close and closing.data == b""
+
+
+def _dialect(context: SessionContext, register: str, user: str = USER,
+             password: str = PASSWORD) -> Dialect:
+    session = Session(context, "10.0.0.1:5000")
+    assert _reply(session, auth_message(user, password)) == b"OK\n"
+    assert _reply(session, register.encode()) == b"OK\n"
+    outcome = _outcome(session, b"REQUEST-DATA shop.items")
+    assert isinstance(outcome, StartStream)
+    return outcome.dialect
+
+
+def test_a_connection_gets_its_json_dialect_from_register_then_its_user_then_the_listener(
+        context):
+    plain = "REGISTER UUID=t1, TYPE=JSON"
+    # MaxScale's clients send nothing new: the listener's default, maxscale unless set.
+    assert _dialect(context, plain) == Dialect.MAXSCALE
+    assert _dialect(context, plain + ", DIALECT=EXACT") == Dialect.EXACT
+    context.users.add("etl", "pw", dialect=Dialect.EXACT)  # the users file's json=exact
+    assert _dialect(context, plain, "etl", "pw") == Dialect.EXACT
+    assert _dialect(context, plain + ", DIALECT=maxscale", "etl", "pw") == Dialect.MAXSCALE
+    context.dialect = Dialect.EXACT  # [listener] json_dialect = "exact"
+    assert _dialect(context, plain) == Dialect.EXACT
+    session = Session(context, "10.0.0.1:5000")
+    assert _reply(session, auth_message(USER, PASSWORD)) == b"OK\n"
+    assert _reply(session, b"REGISTER UUID=t1, TYPE=JSON, DIALECT=fast").startswith(
+        b"ERR REGISTRATION-FAILED DIALECT must be EXACT or MAXSCALE")

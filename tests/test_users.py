@@ -12,6 +12,7 @@ import pytest
 from cdcserver.app.cli import main
 from cdcserver.core.errors import ConfigError
 from cdcserver.protocol.users import UsersFile
+from client.format.wire import Dialect
 
 
 def _cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
@@ -108,3 +109,27 @@ def test_invalid_names_and_empty_passwords_are_refused(tmp_path):
 
 def test_cli_main_returns_usage_without_a_command(capsys):
     assert main([]) == 2
+
+
+def test_a_users_json_dialect_is_a_fourth_field_kept_across_password_changes(tmp_path):
+    path = str(tmp_path / "cdcusers")
+    assert _cli("users", "add", "etl", "--users-file", path, "--password-stdin",
+                "--json", "exact", stdin="pw\n").returncode == 0
+    assert _cli("users", "add", "bi", "--users-file", path, "--password-stdin",
+                "--tables", "shop.*", "--json", "maxscale", stdin="pw\n").returncode == 0
+    with open(path) as f:
+        lines = f.read().splitlines()
+    assert lines[0].startswith("bi:") and lines[0].endswith(":shop.*:json=maxscale")
+    assert lines[1].startswith("etl:") and lines[1].endswith(":*:json=exact")
+    users = UsersFile(path)
+    users.add("etl", "new password")  # keeps the dialect, as it keeps the tables
+    assert users.dialect("etl") == Dialect.EXACT and users.dialect("bi") == Dialect.MAXSCALE
+    assert users.verify("etl", hashlib.sha1(b"new password").digest())
+    bad = _cli("users", "add", "x", "--users-file", path, "--password-stdin", "--json", "fast",
+               stdin="pw\n")
+    assert bad.returncode != 0 and "invalid choice" in bad.stderr
+    with open(path, "a") as f:  # a hand-written line with an unknown dialect is skipped
+        f.write("odd:534EBD301EF499621802C63709693765CB5E81E0:*:json=fast\n")
+    loaded, problems = users.check()
+    assert "odd" not in loaded and "etl" in loaded
+    assert problems == [f"{path}:3: user odd: unknown JSON dialect 'fast' (exact or maxscale)"]
