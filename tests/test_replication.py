@@ -224,3 +224,30 @@ async def _collect(handoff: Handoff, seen: list[int], count: int) -> None:
                     if isinstance(change, Rows):
                         seen.extend(row[0] for row in change.rows)
                     assert not isinstance(change, Begin) or change.gtid.sequence > 0
+
+
+async def test_changes_carry_where_their_event_and_their_transaction_start(source: Source):
+    """Begin says where the transaction's GTID event starts, a row event where it starts (and
+    ends), a statement where its event starts: the offsets SHOW BINLOG EVENTS lists (the
+    positions mysql-databus and the data platform's consumers search for)."""
+    from cdcserver.core.changes import Ddl
+
+    table = _make_table(source)
+    source.execute(f"INSERT INTO {table} VALUES (1, 'a'), (2, 'b')",
+                   f"UPDATE {table} SET v = 'c' WHERE id = 1")
+    changes = await asyncio.to_thread(_read_whole_binlog, source, True)
+    events: dict[tuple[str, int], tuple[str, int]] = {}  # (file, start) -> (type, end)
+    for log in source.query("SHOW BINARY LOGS"):
+        for row in source.query(f"SHOW BINLOG EVENTS IN '{log[0]}'"):
+            events[(log[0], row[1])] = (row[2], row[4])
+    begins = [c for c in changes if isinstance(c, Begin)]
+    rows = [c for c in changes if isinstance(c, Rows)]
+    ddls = [c for c in changes if isinstance(c, Ddl)]
+    assert begins and rows and ddls
+    assert all(events[(b.file, b.pos)][0] == "Gtid" for b in begins)
+    assert all(events[(r.file, r.start)] in (("Write_rows_v1", r.pos), ("Update_rows_v1", r.pos))
+               for r in rows)
+    assert all(events[(d.file, d.start)][0] == "Query" for d in ddls)
+    # A transaction starts at its GTID event, before its rows.
+    ours = [c for c in changes if isinstance(c, Begin | Rows)][-4:]
+    assert isinstance(ours[0], Begin) and isinstance(ours[1], Rows) and ours[0].pos < ours[1].start

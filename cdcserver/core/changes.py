@@ -94,6 +94,8 @@ class Begin:
     timestamp: int
     standalone: bool = False  # MariaDB FL_STANDALONE: a DDL or non-transactional statement
     commit_id: int | None = None  # MariaDB group commit id, when the primary recorded one
+    file: str = ""  # where the transaction starts: its GTID event's binlog file and offset
+    pos: int = 0
 
 
 class RowImages(NamedTuple):
@@ -123,6 +125,7 @@ class Rows:
     # Why these rows are here when the binlog did not carry them (a repair: see Rowless);
     # empty for the rows of a row event.
     repair: str = ""
+    start: int = 0  # where the row event starts in ``file`` (0: not from a row event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +162,7 @@ class Ddl:
     changes: tuple[TableChange, ...] = ()
     file: str = ""  # the binlog file and the event's end position (its header's log_pos)
     pos: int = 0
+    start: int = 0  # where the statement's event starts in ``file``
 
 
 @dataclass(frozen=True, slots=True)

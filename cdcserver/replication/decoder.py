@@ -143,6 +143,8 @@ class EventDecoder:
         self._pending_mysql_gtid: Gtid | None = None
         self._standalone = False
         self._event_end = 0
+        self._event_start = 0  # where the current event starts in its binlog file
+        self._transaction_start = 0  # where the open (or pending MySQL) transaction's GTID is
         self._written: set[TableName] = set()  # tables with rows in the open transaction
         self.in_transaction = False
 
@@ -168,6 +170,8 @@ class EventDecoder:
                 return
             raise self._error(f"unknown binlog event type 0x{kind_raw:02x}") from None
         self._event_end = log_pos
+        if not enclosing_end:  # an event inside a transaction payload starts where it does
+            self._event_start = log_pos - size if log_pos >= size else 0
         try:
             self._dispatch(kind, buf, start + HEADER_SIZE, end, timestamp, server_id, out)
         except UndecodableEvent as exc:
@@ -250,24 +254,29 @@ class EventDecoder:
             # No GTID: number the transaction by its binlog position, which is monotonic
             # within the primary's binlog sequence (documented in protocol.md).
             self._pending_mysql_gtid = Gtid(0, server_id, self._anonymous_sequence())
+            self._transaction_start = self._event_start
             return
         uuid = sid.hex()
         uuid = f"{uuid[:8]}-{uuid[8:12]}-{uuid[12:16]}-{uuid[16:20]}-{uuid[20:]}"
         self._pending_mysql_gtid = Gtid(0, server_id, gno, uuid)
+        self._transaction_start = self._event_start
 
     def _anonymous_sequence(self) -> int:
         number = int(self.file.rsplit(".", 1)[-1]) if "." in self.file else 0
         return (number << 32) | self.pos
 
     def _open(self, gtid: Gtid, timestamp: int, out: list[Change], *, standalone: bool,
-              commit_id: int | None = None) -> None:
+              commit_id: int | None = None, again: bool = False) -> None:
         if self.in_transaction:
             raise UndecodableEvent(f"transaction {gtid} starts inside open transaction "
                                    f"{self._gtid}")
         self._gtid = gtid
         self._standalone = standalone
         self.in_transaction = True
-        out.append(Begin(gtid, timestamp, standalone, commit_id))
+        if self._pending_mysql_gtid is None and not again:  # MariaDB: this GTID event
+            self._transaction_start = self._event_start
+        out.append(Begin(gtid, timestamp, standalone, commit_id, self.file,
+                         self._transaction_start))
 
     def _commit(self, timestamp: int, out: list[Change]) -> None:
         if not self.in_transaction or self._gtid is None:
@@ -294,7 +303,7 @@ class EventDecoder:
             out.append(Abort("rolled back on the primary"))
             self._reset_transaction()
             assert gtid is not None
-            self._open(gtid, timestamp, out, standalone=standalone)
+            self._open(gtid, timestamp, out, standalone=standalone, again=True)
         self._commit(timestamp, out)
 
     def _reset_transaction(self) -> None:
@@ -364,7 +373,8 @@ class EventDecoder:
             kind, changes = self.history.apply(sql, database, self._gtid)
             if changes:
                 self._layouts.clear()  # layouts were checked against the old definitions
-        out.append(Ddl(database, sql, timestamp, kind, changes, self.file, self._event_end))
+        out.append(Ddl(database, sql, timestamp, kind, changes, self.file, self._event_end,
+                       self._event_start))
         out += statement_markers(changes, sql)
         if self.history is not None:
             out += sequence_markers(changes, self.history)
@@ -432,7 +442,7 @@ class EventDecoder:
                     f"rows of {entry.layout.qualified_name} do not match its table map: {exc}"
                 ) from exc
         change = Rows(entry.layout, _ROWS_KINDS[kind], timestamp, rows, self.file,
-                      self._event_end, images)
+                      self._event_end, images, start=self._event_start)
         out.append(change)
         self._written.add(TableName(entry.layout.database, entry.layout.table))
         if self.cascades is not None and not flags & NO_FOREIGN_KEY_CHECKS_F:

@@ -212,7 +212,8 @@ class Repairer:
             pairs += [tuple(current.get(n) for n in names), tuple(after)]
             current = dict(zip(names, after, strict=True))
         self._sequence_rows[table] = current
-        return Rows(rows.layout, RowsKind.UPDATE, rows.timestamp, pairs, rows.file, rows.pos)
+        return Rows(rows.layout, RowsKind.UPDATE, rows.timestamp, pairs, rows.file, rows.pos,
+                    start=rows.start)
 
     # -- 1 and 2: what to read, and reading it ---------------------------------------------
 
