@@ -58,10 +58,20 @@ class RowEvent:
     pos: int  # the binlog event's end position
     row: int  # the row's index within its binlog event
     gtid_text: str = ""  # str(gtid), made once per transaction
+    start: int = 0  # where the binlog event starts
+    transaction_start: int = 0  # where the transaction's GTID event starts
 
     @property
     def table(self) -> TableName:
         return self.shape.table
+
+
+@dataclass(frozen=True)
+class RowBatch:
+    """The row changes of one binlog row event, in order (formats that send one message per
+    row event, as mysql-databus's RowsEvent is, need them together)."""
+
+    rows: tuple[RowEvent, ...]
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,8 @@ class StatementEvent:
     pos: int
     shape: TableShape | None  # the table's columns after the statement, when known
     renamed_from: str = ""  # for a rename: the old name, "db.table"
+    start: int = 0  # where the statement's binlog event starts
+    transaction_start: int = 0  # where its transaction's GTID event starts
 
 
 @dataclass(frozen=True)
@@ -86,7 +98,7 @@ class CommitEvent:
     position: BinlogPosition
 
 
-Event = RowEvent | StatementEvent | CommitEvent
+Event = RowBatch | StatementEvent | CommitEvent
 
 
 class EventBuilder:
@@ -95,6 +107,7 @@ class EventBuilder:
         self._gtid: Gtid | None = None
         self._gtid_text = ""
         self._event_no = 0
+        self._transaction_start = 0
 
     def shape(self, layout: TableLayout) -> TableShape:
         shape = self._shapes.get(id(layout))
@@ -109,11 +122,12 @@ class EventBuilder:
     def events(self, changes: list[Change]) -> Iterator[Event]:
         for change in changes:
             if isinstance(change, Rows):
-                yield from self._rows(change)
+                yield RowBatch(tuple(self._rows(change)))
             elif isinstance(change, Begin):
                 self._gtid = change.gtid
                 self._gtid_text = str(change.gtid)
                 self._event_no = 0
+                self._transaction_start = change.pos
             elif isinstance(change, Ddl):
                 yield from self._statement(change)
             elif isinstance(change, Commit):
@@ -131,21 +145,22 @@ class EventBuilder:
                 self._event_no += 2
                 yield RowEvent(shape, "update", values[i], values[i + 1], gtid,
                                self._event_no - 1, rows.timestamp, rows.file, rows.pos, i // 2,
-                               text)
+                               text, rows.start, self._transaction_start)
             return
         insert = rows.kind == RowsKind.INSERT
         for i, row in enumerate(values):
             self._event_no += 1
             yield RowEvent(shape, "insert" if insert else "delete", None if insert else row,
                            row if insert else None, gtid, self._event_no, rows.timestamp,
-                           rows.file, rows.pos, i, text)
+                           rows.file, rows.pos, i, text, rows.start, self._transaction_start)
 
     def _statement(self, ddl: Ddl) -> Iterator[StatementEvent]:
         assert self._gtid is not None, "a statement outside a transaction"
         kind = ddl.kind if ddl.kind != "query" else _statement_kind(ddl.sql)
         if not ddl.changes:
             yield StatementEvent(ddl.database, None, kind, ddl.sql, self._gtid, ddl.timestamp,
-                                 ddl.file, ddl.pos, None)
+                                 ddl.file, ddl.pos, None, "", ddl.start,
+                                 self._transaction_start)
             return
         for change in ddl.changes:
             if kind == "rename" and change.kind == "drop":
@@ -153,7 +168,8 @@ class EventBuilder:
             shape = self.shape(change.layout) if change.layout is not None else None
             yield StatementEvent(change.database, change.table, kind, ddl.sql, self._gtid,
                                  ddl.timestamp, ddl.file, ddl.pos, shape,
-                                 change.renamed if kind == "rename" else "")
+                                 change.renamed if kind == "rename" else "", ddl.start,
+                                 self._transaction_start)
 
 
 def _statement_kind(sql: str) -> str:

@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from cdcserver.kafka.events import RowEvent, StatementEvent, TableShape
+from cdcserver.kafka.events import RowBatch, RowEvent, StatementEvent, TableShape
 from client.format.dump import value_encoder
 from client.format.schema import Field, Kind, float32_text, to_json_text
 
@@ -86,8 +86,14 @@ class MessageFormat:
         # store made one (set by the service; the maxscale format's schema says it).
         self.version_of: VersionLookup = lambda db, table, gtid: None
 
+    # True: one message per binlog row event (``row_event``), else per row (``rows``).
+    per_row_event = False
+
     def rows(self, e: RowEvent) -> list[RowMessage]:
         return [(self.row_key(e), self.row_value(e), e.event_number)]
+
+    def row_event(self, batch: RowBatch) -> RowMessage:
+        raise NotImplementedError
 
     def row_key(self, e: RowEvent) -> bytes:
         if self.key_style == "primary-key":

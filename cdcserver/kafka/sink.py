@@ -49,6 +49,7 @@ from cdcserver.kafka import connect
 from cdcserver.kafka.events import (
     CommitEvent,
     EventBuilder,
+    RowBatch,
     RowEvent,
     StatementEvent,
     TableShape,
@@ -166,8 +167,12 @@ class KafkaSink:
 
     async def apply(self, changes: list[Change]) -> None:
         for event in self.builder.events(changes):
-            if isinstance(event, RowEvent):
-                await self._row(event)
+            if isinstance(event, RowBatch):
+                if self.format.per_row_event:
+                    await self._row_event(event)
+                else:
+                    for row in event.rows:
+                        await self._row(row)
             elif isinstance(event, StatementEvent):
                 await self._statement(event)
             elif isinstance(event, CommitEvent):
@@ -189,12 +194,7 @@ class KafkaSink:
 
     async def _row(self, e: RowEvent) -> None:
         shape = e.shape
-        route = shape.cache.get("kafka.route")
-        if route is None:
-            topic = self._topic(shape.table.database, shape.table.table)
-            route = shape.cache["kafka.route"] = (
-                topic, await self._partition_count(topic), (await self._schema(shape)).encode())
-        topic, count, schema = route
+        topic, count, schema = await self._route(shape)
         before, after = e.before, e.after
         if before is None or after is None:
             row = after if before is None else before
@@ -209,6 +209,30 @@ class KafkaSink:
                 if schema else [("gtid", gtid), ("event", b"%d" % event)]
             for partition in partitions:
                 await self._produce(_Message(topic, partition, key, value, headers))
+
+    async def _row_event(self, batch: RowBatch) -> None:
+        """One message for a whole binlog row event, to the partition its first row hashes
+        to (the databus format: a consumer of that format reads one partition)."""
+        if not batch.rows:
+            return
+        first = batch.rows[0]
+        topic, count, schema = await self._route(first.shape)
+        row = first.after if first.after is not None else first.before
+        assert row is not None
+        partition = self._partition(first.shape, row, count)
+        key, value, event = self.format.row_event(batch)
+        gtid = first.gtid_text.encode()
+        headers = [("gtid", gtid), ("event", b"%d" % event), ("schema", schema)] \
+            if schema else [("gtid", gtid), ("event", b"%d" % event)]
+        await self._produce(_Message(topic, partition, key, value, headers))
+
+    async def _route(self, shape: TableShape) -> tuple[str, int, bytes]:
+        route: tuple[str, int, bytes] | None = shape.cache.get("kafka.route")
+        if route is None:
+            topic = self._topic(shape.table.database, shape.table.table)
+            route = shape.cache["kafka.route"] = (
+                topic, await self._partition_count(topic), (await self._schema(shape)).encode())
+        return route
 
     async def _statement(self, e: StatementEvent) -> None:
         message = self.format.statement(e)
