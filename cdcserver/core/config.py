@@ -281,7 +281,9 @@ class KafkaConfig:
     sasl_password_file: str = option("", "file holding the SASL password (or "
                                          "CDCSERVER_KAFKA_SASL_PASSWORD)", secret=True)
     time_zone: str = option("UTC", "zone of the dip format's TIME field and of TIMESTAMP values "
-                                   "in the maxscale format", check=time_zone)
+                                   "in the maxscale format (the data platform's examples are in "
+                                   "UTC+8: Asia/Shanghai)", cli="--kafka-time-zone",
+                            check=time_zone)
 
     @property
     def enabled(self) -> bool:
