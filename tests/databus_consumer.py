@@ -5,10 +5,11 @@ wrong JSON type is an error (as ``json.Unmarshal`` reports it), keys match field
 regard to case, unknown keys are ignored, ``[]byte`` is standard base64. Nothing here imports
 the service: it is the oracle's reader.
 
-    type KafkaKey struct { Pos mysql.Position; Action string }      // Position{Name string; Pos uint32}
+    type KafkaKey struct { Pos mysql.Position; Action string }  // Position{Name; Pos uint32}
     type RowsEvent struct { Table *schema.Table; Action string; Rows [][]interface{} }
     type QueryEvent struct { Table *schema.Table; Action string; Query []byte }
-    type Table struct { Schema, Name string; Columns []TableColumn; Indexes []*Index; PKColumns []int }
+    type Table struct { Schema, Name string; Columns []TableColumn; Indexes []*Index;
+                        PKColumns []int }
     type TableColumn struct { Name string; Type int; RawType string; IsAuto bool;
                               EnumValues, SetValues []string }
     type Index struct { Name string; Columns []string; Cardinality []uint64 }
