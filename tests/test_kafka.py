@@ -116,8 +116,10 @@ SCENARIO = [
 @pytest.mark.parametrize("fmt", FORMATS)
 async def test_golden_messages(tmp_path, source: Source, users_file: str, kafka_broker: Tansu,
                                fmt: str):
+    # client_id names the source in Debezium's messages, and its schema change topic.
     config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
-                         kafka=kafka_section(kafka_broker, source, format=fmt, partitions=1))
+                         kafka=kafka_section(kafka_broker, source, format=fmt, partitions=1,
+                                             client_id=source.database))
     running = await start_service(config)
     try:
         table = f"`{source.database}`.t"
@@ -126,6 +128,8 @@ async def test_golden_messages(tmp_path, source: Source, users_file: str, kafka_
     finally:
         await running.stop()
     messages = await raw_messages(kafka_broker, f"{source.database}.t")
+    if fmt == "debezium":  # its statements are on the schema change topic, after the rows
+        messages += await raw_messages(kafka_broker, source.database)
     lines, gtids = [], []
     for m in messages:
         headers = {k: v.decode() for k, v in m.headers}
@@ -243,3 +247,46 @@ async def test_cdc_kafka_prints_decoded_changes(tmp_path, source: Source, users_
     assert [json.loads(line)["action"] for line in later.stdout.splitlines()] == ["update"]
     missing = await asyncio.to_thread(cdc_kafka, f"{source.database}.nothing")
     assert missing.returncode == 1 and "no topic" in missing.stderr
+
+
+async def test_debezium_keys_and_schema_changes_as_debezium_documents_them(
+        tmp_path, source: Source, users_file: str, kafka_broker: Tansu):
+    """Debezium's MySQL connector documentation: a change event's key is the row's primary
+    key, with JsonConverter's schemas.enable a {"schema", "payload"} pair whose schema is a
+    struct named <topic.prefix>.<db>.<table>.Key; schema changes go to the topic named
+    <topic.prefix>, keyed {"databaseName": db} (io.debezium.connector.mysql.SchemaChangeKey),
+    not to the tables' topics."""
+    db = source.database
+    config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
+                         kafka=kafka_section(kafka_broker, source, format="debezium",
+                                             partitions=1, client_id=f"{db}-server",
+                                             key_schema=True))
+    running = await start_service(config)
+    try:
+        source.execute(f"CREATE TABLE `{db}`.customers (id INT PRIMARY KEY, "
+                       "email VARCHAR(255) NOT NULL)",
+                       f"INSERT INTO `{db}`.customers VALUES (1001, 'sally@example.com')")
+        await kafka_caught_up(running, source)
+    finally:
+        await running.stop()
+    rows = await raw_messages(kafka_broker, f"{db}.customers")
+    assert [json.loads(m.key) for m in rows] == [{
+        "schema": {"type": "struct", "fields": [
+            {"type": "int32", "optional": False, "field": "id"}],
+            "optional": False, "name": f"{db}-server.{db}.customers.Key"},
+        "payload": {"id": 1001}}]
+    assert json.loads(rows[0].value)["op"] == "c"
+    changes = await raw_messages(kafka_broker, f"{db}-server")
+    create = [m for m in changes if b"CREATE TABLE" in m.value]
+    assert len(create) == 1 and json.loads(create[0].key) == {
+        "schema": {"type": "struct", "fields": [
+            {"type": "string", "optional": False, "field": "databaseName"}],
+            "optional": False, "name": "io.debezium.connector.mysql.SchemaChangeKey"},
+        "payload": {"databaseName": db}}
+    value = json.loads(create[0].value)
+    assert {"source", "ts_ms", "databaseName", "schemaName", "ddl", "tableChanges"} <= set(value)
+    table = value["tableChanges"][0]
+    assert table["type"] == "CREATE" and table["id"] == f'"{db}"."customers"'
+    assert table["table"]["primaryKeyColumnNames"] == ["id"]
+    assert [(c["name"], c["jdbcType"], c["position"], c["optional"])
+            for c in table["table"]["columns"]] == [("id", 4, 1, False), ("email", 12, 2, False)]

@@ -244,9 +244,12 @@ class KafkaConfig:
                         cli="--kafka-topic")
     ddl_topic: str = option("{db}", "topic of statements that change no table (CREATE "
                                     "DATABASE...); table statements go to the table's topic")
-    key: Literal["position", "primary-key"] = option(
-        "position", "message key: the change's binlog position and action, or the row's "
-        "primary key")
+    key: Literal["auto", "position", "primary-key"] = option(
+        "auto", "message key: the change's binlog position and action, or the row's primary "
+        "key; auto: the format's own (debezium: the primary key; the others: the position)")
+    key_schema: bool = option(False, "debezium: keys as Kafka Connect's JsonConverter writes "
+                                     "them with schemas.enable ({\"schema\": ..., "
+                                     "\"payload\": ...})")
     schema_topic: str = option("cdcserver-schemas", "topic of the tables' schemas, which "
                                                     "clients use to type values ('': none)")
     state_topic: str = option("cdcserver-state", "topic the sink also records its position in, "

@@ -76,9 +76,16 @@ def _text(f: Field) -> Callable[[Any], str]:
 class MessageFormat:
     name = ""
 
-    def __init__(self, key: str = "position", zone: dt.tzinfo = dt.UTC,
-                 source_name: str = "cdcserver", flavor: str = "mariadb") -> None:
-        self.key_style = key
+    default_key = "position"  # what key = "auto" means for this format
+    # A topic all of the format's schema statements go to (partition 0), instead of the
+    # tables' topics; "" for the tables' topics.
+    statement_topic = ""
+
+    def __init__(self, key: str = "auto", zone: dt.tzinfo = dt.UTC,
+                 source_name: str = "cdcserver", flavor: str = "mariadb",
+                 key_schema: bool = False) -> None:
+        self.key_style = self.default_key if key == "auto" else key
+        self.key_schema = key_schema
         self.zone = zone
         self.source_name = source_name
         self.flavor = flavor
@@ -254,7 +261,23 @@ def _debezium_converter(f: Field) -> Callable[[Any], Any]:
 
 class Debezium(MessageFormat):
     name = "debezium"
+    default_key = "primary-key"
     _OPS = {"insert": "c", "update": "u", "delete": "d"}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Debezium writes schema changes to the topic named after the server (topic.prefix).
+        self.statement_topic = self.source_name
+
+    def row_key(self, e: RowEvent) -> bytes:
+        key = super().row_key(e)
+        if not self.key_schema or self.key_style != "primary-key":
+            return key
+        schema = e.shape.cache.get("debezium.key_schema")
+        if schema is None:
+            schema = e.shape.cache["debezium.key_schema"] = dumps(_connect_key_schema(
+                e.shape, f"{self.source_name}.{e.table.database}.{e.table.table}.Key"))
+        return b'{"schema":' + schema + b',"payload":' + key + b"}"
 
     def _row(self, e: RowEvent, row: tuple[Any, ...] | None) -> dict[str, Any] | None:
         if row is None:
@@ -278,16 +301,91 @@ class Debezium(MessageFormat):
                       "transaction": None})
 
     def statement(self, e: StatementEvent) -> Message:
-        """Debezium's schema change event (its schema-history topic's shape, abridged)."""
+        """Debezium's schema change event, on its schema change topic, keyed by the
+        database as Debezium keys it."""
         value = dumps({"source": {"version": "mariadb-cdc", "connector": self.flavor,
                                   "name": self.source_name, "ts_ms": e.timestamp * 1000,
                                   "db": e.database, "table": e.table, "gtid": str(e.gtid),
                                   "file": e.file, "pos": e.pos},
-                       "databaseName": e.database, "ddl": e.sql,
-                       "tableChanges": [{"type": e.kind.upper(), "id":
-                                         f'"{e.database}"."{e.table}"'}] if e.table else [],
-                       "ts_ms": int(dt.datetime.now(dt.UTC).timestamp() * 1000)})
-        return self.statement_key(e, e.kind), value
+                       "ts_ms": int(dt.datetime.now(dt.UTC).timestamp() * 1000),
+                       "databaseName": e.database, "schemaName": None, "ddl": e.sql,
+                       "tableChanges": [_table_change(e)] if e.table else []})
+        key = dumps({"databaseName": e.database})
+        if self.key_schema:
+            key = b'{"schema":' + dumps(_SCHEMA_CHANGE_KEY) + b',"payload":' + key + b"}"
+        return key, value
+
+
+# Kafka Connect schemas of Debezium's keys (its MySQL connector's default modes, with
+# decimal.handling.mode=string, as the values are).
+_SCHEMA_CHANGE_KEY = {"type": "struct", "fields": [
+    {"type": "string", "optional": False, "field": "databaseName"}], "optional": False,
+    "name": "io.debezium.connector.mysql.SchemaChangeKey"}
+_CONNECT_INTS = {"tinyint": "int16", "smallint": "int16", "mediumint": "int32",
+                 "int": "int32", "year": "int32", "bigint": "int64", "bit": "int64"}
+_CONNECT_NAMES = {Kind.DATE: ("int32", "io.debezium.time.Date"),
+                  Kind.TIME: ("int64", "io.debezium.time.MicroTime"),
+                  Kind.TIMESTAMP: ("string", "io.debezium.time.ZonedTimestamp")}
+
+
+def _connect_type(f: Field, unsigned: bool) -> dict[str, Any]:
+    kind = f.kind
+    if kind in (Kind.INT, Kind.LONG):
+        t = _CONNECT_INTS.get(f.real_type, "int64")
+        if unsigned and t != "int64":  # an unsigned column takes the next wider type
+            t = {"int16": "int32", "int32": "int64"}[t]
+        return {"type": t}
+    if kind == Kind.DECIMAL:
+        return {"type": "int64"} if f.real_type in ("bigint", "bit") else {"type": "string"}
+    if kind == Kind.DATETIME:
+        return {"type": "int64", "name": "io.debezium.time.Timestamp" if f.fsp <= 3
+                else "io.debezium.time.MicroTimestamp"}
+    if kind in _CONNECT_NAMES:
+        t, name = _CONNECT_NAMES[kind]
+        return {"type": t, "name": name}
+    simple = {Kind.BOOLEAN: "boolean", Kind.FLOAT: "float32", Kind.DOUBLE: "float64",
+              Kind.BYTES: "bytes"}
+    return {"type": simple.get(kind, "string")}
+
+
+def _connect_key_schema(shape: TableShape, name: str) -> dict[str, Any]:
+    columns = shape.primary_key or tuple(range(len(shape.fields)))
+    fields = [{**_connect_type(shape.fields[i], shape.layout.columns[i].unsigned),
+               "optional": not shape.primary_key, "field": shape.fields[i].column}
+              for i in columns]
+    return {"type": "struct", "fields": fields, "optional": False, "name": name}
+
+
+_JDBC_TYPES = {"tinyint": -6, "smallint": 5, "mediumint": 4, "int": 4, "bigint": -5,
+               "float": 7, "double": 8, "decimal": 3, "date": 91, "time": 92,
+               "datetime": 93, "timestamp": 2014, "year": 4, "char": 1, "varchar": 12,
+               "binary": -2, "varbinary": -3, "tinyblob": -4, "blob": -4, "mediumblob": -4,
+               "longblob": -4, "tinytext": -1, "text": -1, "mediumtext": -1, "longtext": -1,
+               "enum": 1, "set": 1, "bit": -7, "json": 12, "geometry": 1111}
+
+
+def _table_change(e: StatementEvent) -> dict[str, Any]:
+    """One entry of a schema change event's ``tableChanges``: the table after the statement
+    (Debezium's shape; the columns as the binlog and the schema history describe them)."""
+    change: dict[str, Any] = {"type": {"create": "CREATE", "drop": "DROP"}.get(e.kind, "ALTER"),
+                              "id": f'"{e.database}"."{e.table}"'}
+    if e.shape is None or e.kind == "drop":
+        change["table"] = None
+        return change
+    columns = []
+    for position, (f, col) in enumerate(zip(e.shape.fields, e.shape.layout.columns,
+                                            strict=True), 1):
+        type_name = f.real_type.upper() + (" UNSIGNED" if col.unsigned else "")
+        columns.append({"name": f.column, "jdbcType": _JDBC_TYPES.get(f.real_type, 1111),
+                        "nativeType": None, "typeName": type_name,
+                        "typeExpression": type_name, "charsetName": None,
+                        "length": f.precision or None, "scale": f.scale or None,
+                        "position": position, "optional": col.nullable,
+                        "autoIncremented": False, "generated": False})
+    change["table"] = {"defaultCharsetName": None, "primaryKeyColumnNames":
+                       [e.shape.fields[i].column for i in e.shape.primary_key],
+                       "columns": columns}
+    return change
 
 
 # -- maxscale -------------------------------------------------------------------------------

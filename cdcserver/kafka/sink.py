@@ -117,7 +117,8 @@ class KafkaSink:
         self.state_key = state_key
         zone = zoneinfo.ZoneInfo(config.time_zone)  # checked when the configuration loaded
         self.format: MessageFormat = FORMATS[config.format](
-            key=config.key, zone=zone, source_name=config.client_id)
+            key=config.key, zone=zone, source_name=config.client_id,
+            key_schema=config.key_schema)
         self.after: tuple[str, ...] = ()
         if versions is not None:
             self.format.version_of = versions
@@ -241,6 +242,10 @@ class KafkaSink:
         key, value = message
         schema = await self._schema(e.shape) if e.shape is not None else ""
         headers = self._headers(str(e.gtid), 0, schema)  # once per statement
+        if self.format.statement_topic:  # the format's schema-change topic, once
+            await self._partition_count(self.format.statement_topic)
+            await self._produce(_Message(self.format.statement_topic, 0, key, value, headers))
+            return
         if e.table is None:
             topic = self.config.ddl_topic.replace("{db}", e.database)
             await self._partition_count(topic)
