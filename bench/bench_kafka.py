@@ -115,7 +115,7 @@ async def sink_run(config: KafkaConfig, batches: list[list[Change]]) -> tuple[fl
 
 
 async def bare_run(config: KafkaConfig, messages: list[_Message], topic: str) -> float:
-    await connect.create_topics(config, [topic])
+    await connect.create_topics(config, [topic], config.partitions or 1)
     producer = connect.producer(config)
     await producer.start()
     await producer.partitions_for(topic)

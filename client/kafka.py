@@ -67,34 +67,53 @@ class KafkaDecoder:
 
     def decode(self, value: bytes, headers: dict[str, bytes], key: bytes = b"",
                topic: str = "", partition: int = 0, offset: int = 0) -> KafkaChange | None:
-        """A message as a change; None for a message that is not one (a maxscale schema)."""
+        """A message as one change; None for a message that is not one (a maxscale schema).
+        A databus message holds a whole binlog row event: use :meth:`decode_all`."""
+        changes = self.decode_all(value, headers, key, topic, partition, offset)
+        return changes[0] if changes else None
+
+    def decode_all(self, value: bytes, headers: dict[str, bytes], key: bytes = b"",
+                   topic: str = "", partition: int = 0, offset: int = 0) -> list[KafkaChange]:
+        """The changes a message holds, in order: one for most formats, every row of its
+        binlog row event for databus (numbered from the ``event`` header on, an update's
+        before and after counting two, as the change stream numbers records)."""
         doc = json.loads(value, parse_float=Decimal)
         fields = self.schemas.get(headers.get("schema", b"").decode())
         gtid = headers.get("gtid", b"").decode()
         event = int(headers.get("event", b"0") or 0)
         decoded = getattr(self, f"_{self.format}")(doc, fields, gtid, event)
         if decoded is None:
-            return None
-        database, table, action, before, after, sql = decoded
-        return KafkaChange(database, table, action, before, after, sql, gtid, event, topic,
-                           partition, offset, key)
+            return []
+        changes = []
+        for database, table, action, before, after, sql in (
+                decoded if isinstance(decoded, list) else [decoded]):
+            changes.append(KafkaChange(database, table, action, before, after, sql, gtid,
+                                       event, topic, partition, offset, key))
+            event += 2 if action == "update" else 1
+        return changes
 
     # -- the formats ---------------------------------------------------------------------
 
     def _databus(self, doc: dict[str, Any], fields: tuple[Field, ...] | None, gtid: str,
-                 event: int) -> tuple[Any, ...]:
+                 event: int) -> tuple[Any, ...] | list[tuple[Any, ...]]:
         table = doc.get("Table") or {}
         database, name = table.get("Schema", ""), table.get("Name", "")
         if "Query" in doc:
             sql = base64.b64decode(doc["Query"]).decode("utf-8")
             return database, name, doc["Action"], None, None, sql
         fields = fields or _fields_from_databus(table)
-        rows = [{f.column: None if v is None else decode_value(f, base64.b64decode(v))
-                 for f, v in zip(fields, row, strict=True)} for row in doc["Rows"]]
+        labels = [_databus_labels(c) for c in table.get("Columns") or []]
+        rows = [{f.column: None if v is None else decode_value(
+                    f, label(base64.b64decode(v)) if label else base64.b64decode(v))
+                 for f, v, label in zip(fields, row, labels or [None] * len(fields),
+                                        strict=True)}
+                for row in doc["Rows"]]
         action = doc["Action"]
-        before = rows[0] if action in ("update", "delete") else None
-        after = rows[-1] if action in ("update", "insert") else None
-        return database, name, action, before, after, None
+        if action == "update":
+            return [(database, name, action, rows[i], rows[i + 1], None)
+                    for i in range(0, len(rows) - 1, 2)]
+        return [(database, name, action, row if action == "delete" else None,
+                 row if action == "insert" else None, None) for row in rows]
 
     def _dip(self, doc: dict[str, Any], fields: tuple[Field, ...] | None, gtid: str,
              event: int) -> tuple[Any, ...]:
@@ -185,6 +204,27 @@ def _from_debezium(f: Field | None, value: Any) -> Any:
     if k == Kind.TIME:
         return dt.timedelta(microseconds=int(value))
     return from_json_value(k, value)
+
+
+def _databus_labels(column: dict[str, Any]) -> Callable[[bytes], bytes] | None:
+    """go-mysql's ENUM index and SET bitmask back to labels (a label stays a label: the
+    service's ``databus_labels`` option sends them)."""
+    enum, members = column.get("EnumValues") or [], column.get("SetValues") or []
+    if enum:
+        def label(text: bytes) -> bytes:
+            if not text.isdigit():
+                return text
+            n = int(text)
+            return enum[n - 1].encode() if 0 < n <= len(enum) else b""
+        return label
+    if members:
+        def chosen(text: bytes) -> bytes:
+            if not text.isdigit():
+                return text
+            mask = int(text)
+            return ",".join(m for i, m in enumerate(members) if mask >> i & 1).encode()
+        return chosen
+    return None
 
 
 def _fields_from_databus(table: dict[str, Any]) -> tuple[Field, ...]:
@@ -287,9 +327,9 @@ class KafkaChangeReader:
                             self._looked_for.add(schema)
                         if skip(headers.get("gtid", b"").decode()):
                             continue
-                        change = self.decoder.decode(m.value, headers, m.key or b"",
-                                                     tp.topic, tp.partition, m.offset)
-                        if change is not None:
+                        for change in self.decoder.decode_all(
+                                m.value, headers, m.key or b"", tp.topic, tp.partition,
+                                m.offset):
                             yield change
         finally:
             await consumer.stop()

@@ -31,8 +31,11 @@ FORMATS = ["databus", "dip", "debezium", "maxscale"]
 
 def kafka_section(broker: Tansu, source: Source, **extra: Any) -> dict[str, Any]:
     db = source.database
+    # A topic per table and three partitions unless a test says otherwise (the databus
+    # format's own default, one topic for everything, is tested on its own).
     section = {"bootstrap": broker.bootstrap, "idempotence": False,
-               "schema_topic": f"{db}.schemas", "state_topic": f"{db}.state"}
+               "schema_topic": f"{db}.schemas", "state_topic": f"{db}.state",
+               "topic": "{db}.{table}", "partitions": 3}
     section.update(extra)
     return section
 

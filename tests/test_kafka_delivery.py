@@ -21,7 +21,7 @@ import fastavro
 import pytest
 
 from cdcserver.kafka.sink import _load_state
-from client.kafka import KafkaChange, KafkaChangeReader
+from client.kafka import KafkaChange, KafkaChangeReader, KafkaDecoder
 from tests.conftest import Source, make_config, start_service
 from tests.helpers import TcpProxy, pace
 from tests.kafka_broker import Tansu
@@ -76,12 +76,13 @@ def message_positions(changes: list[KafkaChange], table: str) -> set[tuple[str, 
 
 
 def assert_duplicates_identical(changes: list[KafkaChange]) -> int:
-    """Messages with the same key (and partition) carry the same change; returns how many
-    duplicates there were."""
-    first: dict[tuple[str, int, bytes], KafkaChange] = {}
+    """Messages with the same key (and partition) carry the same changes; returns how many
+    duplicates there were (a databus message holds a row event: its changes are told apart
+    by their event numbers)."""
+    first: dict[tuple[str, int, bytes, int], KafkaChange] = {}
     duplicates = 0
     for c in changes:
-        seen = first.setdefault((c.topic, c.partition, c.key), c)
+        seen = first.setdefault((c.topic, c.partition, c.key, c.event_number), c)
         if seen is not c:
             duplicates += 1
             assert (seen.action, seen.before, seen.after) == (c.action, c.before, c.after)
@@ -98,10 +99,13 @@ async def test_each_rows_changes_stay_in_order_in_one_partition(tmp_path, source
                                                                 kafka_broker: Tansu):
     """40 rows updated 30 times each, in transactions that touch many rows: every row's
     messages are in one partition, in commit order; binlog positions only grow there; a
-    key-changing update reaches both keys' partitions; the rows land in all 3 partitions."""
+    key-changing update reaches both keys' partitions; the rows land in all 3 partitions.
+    (A format with a message per row: dip. databus sends a message per row event, and a
+    table's row events to one partition; test_kafka_databus.py.)"""
     db = f"`{source.database}`"
     config = make_config(str(tmp_path / "data"), source.url, users_file,
-                         kafka=kafka_section(kafka_broker, source, partitions=3))
+                         kafka=kafka_section(kafka_broker, source, partitions=3,
+                                             format="dip"))
     running = await start_service(config)
     try:
         source.execute(f"CREATE TABLE {db}.counters (id INT PRIMARY KEY, n INT)",
@@ -113,7 +117,7 @@ async def test_each_rows_changes_stay_in_order_in_one_partition(tmp_path, source
         await kafka_caught_up(running, source)
     finally:
         await running.stop()
-    changes = await read_changes(kafka_broker, source, ("counters",))
+    changes = await read_changes(kafka_broker, source, ("counters",), "dip")
     partitions_of: dict[int, set[int]] = defaultdict(set)
     last_n: dict[tuple[int, int], int] = {}
     last_pos: dict[int, tuple[str, int]] = {}
@@ -153,7 +157,7 @@ async def test_kill_9_under_load_loses_nothing(tmp_path, source: Source, users_f
     db = source.database
     config.write_text(f'[kafka]\nbootstrap = "{kafka_broker.bootstrap}"\nidempotence = false\n'
                       f'schema_topic = "{db}.schemas"\nstate_topic = "{db}.state"\n'
-                      f'linger_ms = 20\n')
+                      f'linger_ms = 20\ntopic = "{{db}}.{{table}}"\npartitions = 3\n')
     load = Load(source, seed=5, big=500, pause=0.002)
     load.create()
     load.start()
@@ -309,6 +313,7 @@ async def test_position_is_read_back_from_the_state_topic(tmp_path, source: Sour
     finally:
         await running.stop()
     messages = await raw_messages(kafka_broker, f"{source.database}.t")
-    keys = [(k["GTID"], k["Event"]) for k in (json.loads(m.key) for m in messages)
-            if k["Action"] == "insert"]
+    decoder = KafkaDecoder("databus")
+    keys = [(c.gtid, c.event_number) for m in messages
+            for c in decoder.decode_all(m.value, dict(m.headers)) if c.action == "insert"]
     assert len(keys) == len(set(keys)) == 101  # nothing sent twice

@@ -239,14 +239,17 @@ class KafkaConfig:
                                 "(empty: off)", cli="--kafka")
     format: Literal["databus", "dip", "debezium", "maxscale"] = option(
         "databus", "message format (cdcserver/kafka/README.md)", cli="--kafka-format")
-    topic: str = option("{db}.{table}", "topic of a table's changes; {db} and {table} are "
-                                        "replaced (a fixed name: one topic)",
-                        cli="--kafka-topic")
-    ddl_topic: str = option("{db}", "topic of statements that change no table (CREATE "
-                                    "DATABASE...); table statements go to the table's topic")
+    topic: str = option("auto", "topic of a table's changes; {db} and {table} are replaced (a "
+                                "fixed name: one topic); auto: the format's ('databus' for "
+                                "databus, else '{db}.{table}')", cli="--kafka-topic")
+    ddl_topic: str = option("auto", "topic of statements that change no table (CREATE "
+                                    "DATABASE...); table statements go to the table's topic; "
+                                    "auto: the format's (databus: its one topic, else '{db}')")
     key: Literal["auto", "position", "primary-key"] = option(
         "auto", "message key: the change's binlog position and action, or the row's primary "
         "key; auto: the format's own (debezium: the primary key; the others: the position)")
+    databus_labels: bool = option(False, "databus: ENUM and SET values as their labels instead "
+                                         "of go-mysql's index and bitmask")
     key_schema: bool = option(False, "debezium: keys as Kafka Connect's JsonConverter writes "
                                      "them with schemas.enable ({\"schema\": ..., "
                                      "\"payload\": ...})")
@@ -256,7 +259,9 @@ class KafkaConfig:
                                                  "read back if state/kafka.json is lost ('': "
                                                  "none)")
     create_topics: bool = option(True, "create missing topics")
-    partitions: int = option(3, "partitions of the topics it creates", check=positive)
+    partitions: int = option(0, "partitions of the topics it creates (0: the format's: 1 for "
+                                "databus, whose consumers read partition 0; else 3)",
+                             check=not_negative)
     replication_factor: int = option(1, "replication factor of the topics it creates",
                                      check=positive)
     acks: Literal["all", "1", "0"] = option("all", "producer acks")

@@ -48,8 +48,8 @@ def consumer(config: KafkaConfig, **kwargs: Any) -> AIOKafkaConsumer:
                             auto_offset_reset="earliest", **kwargs)
 
 
-async def create_topics(config: KafkaConfig, names: list[str]) -> None:
-    """Create the topics that do not exist yet (with the configured partitions)."""
+async def create_topics(config: KafkaConfig, names: list[str], partitions: int) -> None:
+    """Create the topics that do not exist yet, with ``partitions`` partitions."""
     admin = AIOKafkaAdminClient(**common(config))
     await admin.start()
     try:
@@ -57,7 +57,7 @@ async def create_topics(config: KafkaConfig, names: list[str]) -> None:
         missing = [n for n in names if n not in existing]
         if missing:
             try:
-                await admin.create_topics([NewTopic(n, config.partitions,
+                await admin.create_topics([NewTopic(n, partitions,
                                                     config.replication_factor)
                                            for n in missing])
             except TopicAlreadyExistsError:

@@ -77,15 +77,19 @@ class MessageFormat:
     name = ""
 
     default_key = "position"  # what key = "auto" means for this format
+    default_topic = "{db}.{table}"  # what topic = "auto" means
+    default_ddl_topic = "{db}"  # ... and ddl_topic = "auto" ("auto": the one topic)
+    default_partitions = 3  # ... and partitions = 0
     # A topic all of the format's schema statements go to (partition 0), instead of the
     # tables' topics; "" for the tables' topics.
     statement_topic = ""
 
     def __init__(self, key: str = "auto", zone: dt.tzinfo = dt.UTC,
                  source_name: str = "cdcserver", flavor: str = "mariadb",
-                 key_schema: bool = False) -> None:
+                 key_schema: bool = False, labels: bool = False) -> None:
         self.key_style = self.default_key if key == "auto" else key
         self.key_schema = key_schema
+        self.labels = labels  # databus: ENUM/SET labels instead of index/bitmask
         self.zone = zone
         self.source_name = source_name
         self.flavor = flavor
@@ -130,7 +134,15 @@ _GO_MYSQL_TYPES = {  # go-mysql's schema.TYPE_* constants
 
 
 class Databus(MessageFormat):
+    """mysql-databus's messages (seed 001): one per binlog row event, a ``RowsEvent`` with all
+    its rows, and a ``QueryEvent`` per statement, keyed ``KafkaKey{Pos, Action}`` with
+    ``Action`` ``DML`` or ``DDL`` and ``Pos`` where the event starts; all on one topic,
+    partition 0, which is where its SDK reads."""
+
     name = "databus"
+    default_topic = "databus"
+    default_ddl_topic = "auto"
+    default_partitions = 1
 
     def table_json(self, shape: TableShape) -> bytes:
         cached: bytes | None = shape.cache.get("databus.table")
@@ -152,25 +164,69 @@ class Databus(MessageFormat):
         shape.cache["databus.table"] = table
         return table
 
-    def row_value(self, e: RowEvent) -> bytes:
-        encoders = e.shape.cache.get("databus.encoders")
+    def _encoders(self, shape: TableShape) -> list[Callable[[Any], bytes]]:
+        encoders: list[Callable[[Any], bytes]] | None = shape.cache.get("databus.encoders")
         if encoders is None:
-            encoders = e.shape.cache["databus.encoders"] = [value_encoder(f)
-                                                             for f in e.shape.fields]
+            encoders = shape.cache["databus.encoders"] = [
+                self._encoder(f, col) for f, col in zip(shape.fields, shape.layout.columns,
+                                                        strict=True)]
+        return encoders
+
+    def _encoder(self, f: Field, col: Any) -> Callable[[Any], bytes]:
+        """A value's text as go-mysql gave it: ENUM as its index, SET as its bitmask (unless
+        ``labels``); everything else MariaDB's text form, binary data as it is."""
+        text = value_encoder(f)
+        if self.labels or f.real_type not in ("enum", "set"):
+            return text
+        if f.real_type == "enum":
+            index = {label: n for n, label in enumerate(col.enum_values, 1)}
+            return lambda v: b"%d" % index.get(v, 0)
+        bits = {label: 1 << n for n, label in enumerate(col.set_values)}
+        return lambda v: b"%d" % sum(bits.get(label, 0) for label in v.split(",") if label)
+
+    def row_event(self, batch: RowBatch) -> RowMessage:
+        first = batch.rows[0]
+        encoders = self._encoders(first.shape)
         b64 = binascii.b2a_base64
-        encoded = b",".join([
-            b"[" + b",".join([b"null" if v is None else b'"' + b64(enc(v), newline=False) + b'"'
-                              for enc, v in zip(encoders, row)]) + b"]"  # noqa: B905
-            for row in (e.before, e.after) if row is not None])
-        return (b'{"Table":' + self.table_json(e.shape) + b',"Action":"' +
-                e.action.encode() + b'","Rows":[' + encoded + b"]}")
+        rows = []
+        for e in batch.rows:
+            for row in (e.before, e.after):
+                if row is not None:
+                    rows.append(b"[" + b",".join([
+                        b"null" if v is None else b'"' + b64(enc(v), newline=False) + b'"'
+                        for enc, v in zip(encoders, row)]) + b"]")  # noqa: B905
+        value = (b'{"Table":' + self.table_json(first.shape) + b',"Action":"' +
+                 first.action.encode() + b'","Rows":[' + b",".join(rows) + b"]}")
+        return self.event_key("DML", first.file, first.start, first.gtid_text,
+                              first.event_number), value, first.event_number
+
+    def row_value(self, e: RowEvent) -> bytes:
+        return self.row_event(RowBatch((e,)))[1]
+
+    @property
+    def per_row_event(self) -> bool:  # type: ignore[override]
+        """A message per row event; per row when keyed by primary key (one key per row)."""
+        return self.key_style != "primary-key"
+
+    def row_key(self, e: RowEvent) -> bytes:
+        if self.key_style == "primary-key":
+            return super().row_key(e)
+        return self.event_key("DML", e.file, e.start, e.gtid_text, e.event_number)
+
+    @staticmethod
+    def event_key(action: str, file: str, start: int, gtid: str, event: int) -> bytes:
+        return position_key(action, file, start, gtid, event)
 
     def statement(self, e: StatementEvent) -> Message:
         action = e.kind if e.kind != "query" else "query"
-        table = self.table_json(e.shape) if e.shape is not None else b"null"
+        if e.shape is not None:
+            table = self.table_json(e.shape)
+        else:  # never null: the SDK reads Table.Schema of every QueryEvent
+            table = dumps({"Schema": e.database, "Name": e.table or "", "Columns": [],
+                           "Indexes": [], "PKColumns": []})
         value = (b'{"Table":' + table + b',"Action":' + dumps(action) + b',"Query":"' +
                  base64.b64encode(e.sql.encode("utf-8")) + b'"}')
-        return self.statement_key(e, action), value
+        return position_key("DDL", e.file, e.start, str(e.gtid), 0), value
 
 
 # -- dip (official format one, with Canal's DDL) -------------------------------------------

@@ -118,7 +118,14 @@ class KafkaSink:
         zone = zoneinfo.ZoneInfo(config.time_zone)  # checked when the configuration loaded
         self.format: MessageFormat = FORMATS[config.format](
             key=config.key, zone=zone, source_name=config.client_id,
-            key_schema=config.key_schema)
+            key_schema=config.key_schema, labels=config.databus_labels)
+        fmt = self.format
+        self.topic = fmt.default_topic if config.topic == "auto" else config.topic
+        self.ddl_topic = fmt.default_ddl_topic if config.ddl_topic == "auto" \
+            else config.ddl_topic
+        if self.ddl_topic == "auto":  # the format's one topic
+            self.ddl_topic = self.topic
+        self.partitions = config.partitions or fmt.default_partitions
         self.after: tuple[str, ...] = ()
         if versions is not None:
             self.format.version_of = versions
@@ -212,15 +219,14 @@ class KafkaSink:
                 await self._produce(_Message(topic, partition, key, value, headers))
 
     async def _row_event(self, batch: RowBatch) -> None:
-        """One message for a whole binlog row event, to the partition its first row hashes
-        to (the databus format: a consumer of that format reads one partition)."""
+        """One message for a whole binlog row event (the databus format). Its rows may hash
+        to different partitions, so a table's row events all go to one partition (the CRC-32
+        of its name), which keeps every row's changes in order."""
         if not batch.rows:
             return
         first = batch.rows[0]
         topic, count, schema = await self._route(first.shape)
-        row = first.after if first.after is not None else first.before
-        assert row is not None
-        partition = self._partition(first.shape, row, count)
+        partition = zlib.crc32(str(first.shape.table).encode()) % count
         key, value, event = self.format.row_event(batch)
         gtid = first.gtid_text.encode()
         headers = [("gtid", gtid), ("event", b"%d" % event), ("schema", schema)] \
@@ -247,7 +253,7 @@ class KafkaSink:
             await self._produce(_Message(self.format.statement_topic, 0, key, value, headers))
             return
         if e.table is None:
-            topic = self.config.ddl_topic.replace("{db}", e.database)
+            topic = self.ddl_topic.replace("{db}", e.database)
             await self._partition_count(topic)
             await self._produce(_Message(topic, 0, key, value, headers))
             return
@@ -256,7 +262,7 @@ class KafkaSink:
             await self._produce(_Message(topic, partition, key, value, headers))
 
     def _topic(self, database: str, table: str) -> str:
-        return self.config.topic.replace("{db}", database).replace("{table}", table)
+        return self.topic.replace("{db}", database).replace("{table}", table)
 
     def _partition(self, shape: TableShape, row: tuple[Any, ...], count: int) -> int:
         """With primary-key message keys, Kafka's own partitioner (murmur2 of the key), so
@@ -303,7 +309,8 @@ class KafkaSink:
         count = self._partitions.get(topic)
         if count is None:
             if self.config.create_topics:
-                await self._retrying(lambda: connect.create_topics(self.config, [topic]))
+                await self._retrying(lambda: connect.create_topics(self.config, [topic],
+                                                                   self.partitions))
             partitions = await self._retrying(lambda: self._producer.partitions_for(topic))
             count = self._partitions[topic] = len(partitions)
             self.stats.topics.add(topic)
