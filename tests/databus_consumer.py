@@ -203,6 +203,25 @@ def decode_query_event(data: bytes) -> QueryEvent:
                       _bytes(_field(obj, "Query"), "QueryEvent.Query"))
 
 
+def go_mysql_type(raw_type: str) -> int:
+    """TableColumn.Type as siddontang/go-mysql 3ca161f's AddColumn sets it from RawType
+    (schema/schema.go), but matching the type's name only, not ENUM/SET labels."""
+    name = raw_type.split("(")[0]
+    if "int" in name or name.startswith("year"):
+        return 1  # TYPE_NUMBER
+    if name.startswith(("float", "double", "decimal")):
+        return 2  # TYPE_FLOAT
+    checks = [("enum", 3), ("set", 4), ("datetime", 6), ("timestamp", 7), ("time", 9)]
+    for prefix, code in checks:
+        if name.startswith(prefix):
+            return code
+    if name == "date":
+        return 8
+    if name.startswith("bit"):
+        return 10
+    return 11 if name.startswith("json") else 5  # TYPE_JSON, TYPE_STRING
+
+
 def column_text(value: Any) -> str | None:
     """A column value as the client gets it: base64 undone (seed 001), as text."""
     if value is None:
@@ -220,6 +239,7 @@ class Replica:
     rows: dict[tuple[str | None, ...], list[str | None]] = field(default_factory=dict)
     events: int = 0
     statements: list[str] = field(default_factory=list)
+    table: Table | None = None  # the last RowsEvent's
 
     def apply(self, key: KafkaKey, value: bytes) -> None:
         if key.action == "DDL":
@@ -235,6 +255,7 @@ class Replica:
         if table is None:
             raise GoJSONError("a RowsEvent without a Table")
         self.events += 1
+        self.table = table
         rows = [[column_text(v) for v in row] for row in rows_event.rows]
         if rows_event.action == "update":
             if len(rows) % 2:

@@ -41,14 +41,16 @@ async def test_a_databus_consumer_rebuilds_the_table_from_the_default_topic(
     t = f"`{db}`.items"
     try:
         source.execute(
-            f"CREATE TABLE {t} (id INT PRIMARY KEY, name VARCHAR(20), price DECIMAL(8,2), "
-            "size ENUM('s','m','l'), tags SET('new','sale','eco'), at DATETIME(3), raw BLOB)",
+            f"CREATE TABLE {t} (id INT AUTO_INCREMENT PRIMARY KEY, name VARCHAR(20), "
+            "price DECIMAL(8,2), size ENUM('s','m','l'), tags SET('new','sale','eco'), "
+            "at DATETIME(3), raw BLOB, UNIQUE KEY (name), KEY by_size (size, price))",
             f"INSERT INTO {t} VALUES (1, 'pen', 1.50, 'm', 'new,eco', '2024-01-02 03:04:05.6', "
             "x'00ff'), (2, 'ink', 12.00, 's', '', NULL, NULL), (3, 'pad', NULL, NULL, "
             "'sale', NULL, '')",
             f"UPDATE {t} SET price = price * 2, tags = 'sale,eco' WHERE id IN (1, 2)",
             f"DELETE FROM {t} WHERE id = 3",
             f"ALTER TABLE {t} ADD COLUMN note TEXT",
+            f"USE `{db}`", "CREATE INDEX ix_at ON items (at)",
             f"INSERT INTO {t} (id, name, note) VALUES (4, 'cup', 'après')",
             f"CREATE DATABASE `{db}_other`", f"DROP DATABASE `{db}_other`")
         await kafka_caught_up(running, source)
@@ -74,8 +76,11 @@ async def test_a_databus_consumer_rebuilds_the_table_from_the_default_topic(
             "delete": "Delete_rows_v1"}[databus.decode_rows_event(m.value).action]), kind
         replica.apply(key, m.value)
     # One message per row event: the 3-row insert and the 2-row update are one each.
-    assert replica.events == 4 and ours == 4 + 5  # and CREATE, ALTER, CREATE/DROP DATABASE
+    # and CREATE TABLE, ALTER TABLE, CREATE INDEX, CREATE/DROP DATABASE
+    assert replica.events == 4 and ours == 4 + 6
     assert any(s.startswith("ALTER TABLE") for s in replica.statements)
+    # Query runs as it is: the table it names carries its database ("schema wrapped in").
+    assert f"CREATE INDEX ix_at ON `{db}`.items (at)" in replica.statements
     rows = source.query(f"SELECT CAST(id AS CHAR), name, CAST(price AS CHAR), size + 0, "
                         f"tags + 0, CAST(at AS CHAR), raw, note FROM {t}")
     expected = {(row[0],): [None if v is None else v if isinstance(v, bytes) else str(v)
@@ -86,3 +91,23 @@ async def test_a_databus_consumer_rebuilds_the_table_from_the_default_topic(
                    for i, v in enumerate(row)] + [None] * (8 - len(row))
                for k, row in replica.rows.items()}
     assert rebuilt == expected
+
+    # The table as go-mysql's schema.Table describes it, read from the server itself:
+    # SHOW FULL COLUMNS' Type and Extra, SHOW INDEX's keys in order.
+    table = replica.table
+    assert table is not None
+    columns = source.query(f"SHOW FULL COLUMNS FROM {t}")
+    assert [(c.name, c.raw_type, c.is_auto) for c in table.columns] == [
+        (str(c[0]), str(c[1]), str(c[6]) == "auto_increment") for c in columns]
+    assert [c.type for c in table.columns] == [databus.go_mysql_type(str(c[1]))
+                                               for c in columns]
+    assert [c.type for c in table.columns] == [1, 5, 2, 3, 4, 6, 5, 5]
+    shown: list[tuple[str, list[str]]] = []
+    for row in source.query(f"SHOW INDEX FROM {t}"):
+        if not shown or shown[-1][0] != row[2]:
+            shown.append((str(row[2]), []))
+        shown[-1][1].append(str(row[4]))
+    assert [(i.name, i.columns) for i in table.indexes] == shown
+    assert shown == [("PRIMARY", ["id"]), ("name", ["name"]), ("by_size", ["size", "price"]),
+                     ("ix_at", ["at"])]
+    assert table.pk_columns == [0]

@@ -59,6 +59,28 @@ class ColumnDef:
 
 
 @dataclass(frozen=True, slots=True)
+class Index:
+    """An index as ``SHOW INDEX`` lists it: ``kind`` is "fulltext" or "spatial", or "" for
+    an ordinary (B-tree or hash) index."""
+
+    name: str
+    columns: tuple[str, ...]
+    unique: bool = False
+    kind: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TableDescription:
+    """What a table's DDL says and its table map cannot: each column's type as ``SHOW
+    COLUMNS`` shows it (``int(11)``, ``varchar(255)``, ``enum('a','b')``), the AUTO_INCREMENT
+    column, and every index, PRIMARY first, in ``SHOW INDEX`` order."""
+
+    column_types: tuple[str, ...]
+    auto_increment: str | None
+    indexes: tuple[Index, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class TableLayout:
     """A table's columns at one point in the binlog."""
 
@@ -72,6 +94,8 @@ class TableLayout:
     metadata: str = "full"
     # A SEQUENCE: one row, which each write replaces (logged as an insert).
     sequence: bool = False
+    # The schema history's description of the table, when it knows the table.
+    description: TableDescription | None = field(default=None, compare=False)
 
     @property
     def qualified_name(self) -> str:

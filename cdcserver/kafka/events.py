@@ -91,6 +91,7 @@ class StatementEvent:
     renamed_from: str = ""  # for a rename: the old name, "db.table"
     start: int = 0  # where the statement's binlog event starts
     transaction_start: int = 0  # where its transaction's GTID event starts
+    session_database: str = ""  # the database the statement ran in (its USE)
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ class EventBuilder:
         if not ddl.changes:
             yield StatementEvent(ddl.database, None, kind, ddl.sql, self._gtid, ddl.timestamp,
                                  ddl.file, ddl.pos, None, "", ddl.start,
-                                 self._transaction_start)
+                                 self._transaction_start, ddl.database)
             return
         for change in ddl.changes:
             if kind == "rename" and change.kind == "drop":
@@ -169,7 +170,7 @@ class EventBuilder:
             yield StatementEvent(change.database, change.table, kind, ddl.sql, self._gtid,
                                  ddl.timestamp, ddl.file, ddl.pos, shape,
                                  change.renamed if kind == "rename" else "", ddl.start,
-                                 self._transaction_start)
+                                 self._transaction_start, ddl.database)
 
 
 def _statement_kind(sql: str) -> str:

@@ -34,6 +34,7 @@ from typing import Any
 import orjson
 
 from cdcserver.kafka.events import RowBatch, RowEvent, StatementEvent, TableShape
+from cdcserver.schema.ddl import qualified
 from client.format.dump import value_encoder
 from client.format.schema import Field, Kind, float32_text, to_json_text
 
@@ -125,12 +126,25 @@ class MessageFormat:
 
 # -- databus ------------------------------------------------------------------------------
 
-_GO_MYSQL_TYPES = {  # go-mysql's schema.TYPE_* constants
-    "tinyint": 1, "smallint": 1, "int": 1, "bigint": 1, "year": 1, "mediumint": 13,
-    "float": 2, "double": 2, "enum": 3, "set": 4, "datetime": 6, "timestamp": 7, "date": 8,
-    "time": 9, "bit": 10, "json": 11, "decimal": 12, "binary": 14, "varbinary": 14,
-    "tinyblob": 14, "blob": 14, "mediumblob": 14, "longblob": 14, "geometry": 15,
-}
+def go_mysql_type(raw_type: str) -> int:
+    """The ``schema.TYPE_*`` code go-mysql gives a column of this ``SHOW COLUMNS`` type, as
+    siddontang/go-mysql 3ca161f (2017-03-26) does, the last version whose ``TableColumn`` is
+    the seed's (Name, Type, RawType, IsAuto, EnumValues, SetValues): NUMBER 1, FLOAT 2
+    (DECIMAL too), ENUM 3, SET 4, STRING 5 (every other type), DATETIME 6, TIMESTAMP 7,
+    DATE 8, TIME 9, BIT 10, JSON 11. Matched on the type's name, not on ENUM labels (a label
+    containing "int" made that version say NUMBER)."""
+    name = raw_type.split("(", 1)[0].split(" ", 1)[0]
+    if "int" in name or name.startswith("year"):
+        return 1
+    if name.startswith(("float", "double", "decimal")):
+        return 2
+    for prefix, code in (("enum", 3), ("set", 4), ("datetime", 6), ("timestamp", 7),
+                         ("time", 9)):
+        if name.startswith(prefix):
+            return code
+    if name == "date":
+        return 8
+    return 10 if name.startswith("bit") else 11 if name.startswith("json") else 5
 
 
 class Databus(MessageFormat):
@@ -145,22 +159,38 @@ class Databus(MessageFormat):
     default_partitions = 1
 
     def table_json(self, shape: TableShape) -> bytes:
+        """go-mysql's ``schema.Table``: each column's ``RawType`` as ``SHOW FULL COLUMNS``
+        shows it and ``IsAuto``, every index as ``SHOW INDEX`` lists it (``Cardinality``:
+        each column's position, what go-mysql gives before the server has statistics), from
+        the schema history; from the table map alone when the history does not know the
+        table (then ``RawType`` is the bare type name and only the primary key is listed)."""
         cached: bytes | None = shape.cache.get("databus.table")
         if cached is not None:
             return cached
         layout = shape.layout
-        columns = []
-        for f, col in zip(shape.fields, layout.columns, strict=True):
-            raw = f.real_type + (" unsigned" if col.unsigned else "")
-            columns.append({"Name": f.column, "Type": _GO_MYSQL_TYPES.get(f.real_type, 5),
-                            "RawType": raw, "IsAuto": False,
-                            "EnumValues": list(col.enum_values) or None,
-                            "SetValues": list(col.set_values) or None})
-        pk = list(layout.primary_key)
-        indexes = [{"Name": "PRIMARY", "Columns": [shape.fields[i].column for i in pk],
-                    "Cardinality": [0] * len(pk)}] if pk else []
+        described = layout.description
+        if described is not None:
+            raw_types = described.column_types
+            auto = described.auto_increment
+            indexes = [(i.name, list(i.columns)) for i in described.indexes]
+        else:
+            raw_types = tuple(f.real_type + (" unsigned" if col.unsigned else "")
+                              for f, col in zip(shape.fields, layout.columns, strict=True))
+            auto = None
+            pk_names = [shape.fields[i].column for i in layout.primary_key]
+            indexes = [("PRIMARY", pk_names)] if pk_names else []
+        columns = [{"Name": f.column, "Type": go_mysql_type(raw), "RawType": raw,
+                    "IsAuto": f.column == auto,
+                    "EnumValues": list(col.enum_values) or None,
+                    "SetValues": list(col.set_values) or None}
+                   for f, col, raw in zip(shape.fields, layout.columns, raw_types,
+                                          strict=True)]
         table = dumps({"Schema": shape.table.database, "Name": shape.table.table,
-                       "Columns": columns, "Indexes": indexes, "PKColumns": pk})
+                       "Columns": columns,
+                       "Indexes": [{"Name": name, "Columns": cols,
+                                    "Cardinality": list(range(1, len(cols) + 1))}
+                                   for name, cols in indexes],
+                       "PKColumns": list(layout.primary_key)})
         shape.cache["databus.table"] = table
         return table
 
@@ -224,8 +254,10 @@ class Databus(MessageFormat):
         else:  # never null: the SDK reads Table.Schema of every QueryEvent
             table = dumps({"Schema": e.database, "Name": e.table or "", "Columns": [],
                            "Indexes": [], "PKColumns": []})
+        # "Query is a DDL statement that can be run as it is, the schema already wrapped in"
+        sql = qualified(e.sql, e.session_database)
         value = (b'{"Table":' + table + b',"Action":' + dumps(action) + b',"Query":"' +
-                 base64.b64encode(e.sql.encode("utf-8")) + b'"}')
+                 base64.b64encode(sql.encode("utf-8")) + b'"}')
         return position_key("DDL", e.file, e.start, str(e.gtid), 0), value
 
 

@@ -3,9 +3,12 @@
 ``parse(sql, database)`` returns one of the statement dataclasses below. The grammar covered
 is what changes a table's columns or existence (MariaDB 10.11 ``CREATE TABLE``, ``ALTER
 TABLE``, ``RENAME TABLE``, ``DROP TABLE``, ``TRUNCATE``, ``DROP DATABASE``); every other
-statement is :class:`NoTableChange`. A statement about tables that this reader cannot follow
-is :class:`Unparsed`, naming the tables it can identify, so the schema history forgets them
-instead of guessing (https://mariadb.com/kb/en/create-table/, .../alter-table/).
+statement is :class:`NoTableChange`. Indexes and AUTO_INCREMENT columns are read too
+(``CREATE INDEX`` and ``DROP INDEX`` are the table's ``ALTER``), for consumers that describe
+a table as ``SHOW COLUMNS`` and ``SHOW INDEX`` would. A statement about tables that this
+reader cannot follow is :class:`Unparsed`, naming the tables it can identify, so the schema
+history forgets them instead of guessing
+(https://mariadb.com/kb/en/create-table/, .../alter-table/).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from cdcserver.core.changes import Index
 from cdcserver.schema.definition import (
     BINARY_TYPES,
     CHARACTER_TYPES,
@@ -24,6 +28,8 @@ from cdcserver.schema.definition import (
     TableDefinition,
     canonical_type,
     named,
+    with_foreign_key_index,
+    with_index,
 )
 from cdcserver.schema.tokens import SqlSyntaxError, Token, TokenStream, tokenize
 from cdcserver.store.naming import TableName
@@ -71,7 +77,7 @@ class DropDatabase:
 
 @dataclass(frozen=True)
 class NoTableChange:
-    """A statement that changes no table's columns (GRANT, CREATE INDEX, CREATE VIEW, ...)."""
+    """A statement that changes no table (GRANT, CREATE VIEW, ...)."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +131,27 @@ class RenameTo:
 @dataclass(frozen=True)
 class SetPrimaryKey:
     columns: tuple[str, ...]  # () drops it
+
+
+@dataclass(frozen=True)
+class AddIndex:
+    """ADD INDEX/KEY/UNIQUE/FULLTEXT/SPATIAL, CREATE INDEX; an unnamed index has name ""."""
+
+    index: Index
+    if_not_exists: bool = False
+    replace: bool = False  # CREATE OR REPLACE INDEX
+
+
+@dataclass(frozen=True)
+class DropIndex:
+    name: str
+    if_exists: bool = False
+
+
+@dataclass(frozen=True)
+class RenameIndex:
+    old: str
+    new: str
 
 
 @dataclass(frozen=True)
@@ -190,6 +217,25 @@ def parse(sql: str, database: str) -> Statement:
         return Unparsed(f"cannot read {sql[:80]!r}: {exc}", _mentioned_tables(sql, database))
 
 
+def qualified(sql: str, database: str) -> str:
+    """The statement with every table it creates, alters, renames, drops or truncates named
+    with its database, so that it runs the same wherever it is run (mysql-databus's
+    QueryEvent, "the schema already wrapped in"). A statement this reader cannot follow, or
+    one naming no table, is returned as it is."""
+    if not database:
+        return sql
+    try:
+        parser = _Parser(TokenStream(tokenize(sql)), database)
+        parser.statement()
+    except (SqlSyntaxError, IndexError, ValueError):
+        return sql
+    prefix = "`" + database.replace("`", "``") + "`."
+    for start in sorted(set(parser.unqualified), reverse=True):
+        if start >= 0:
+            sql = sql[:start] + prefix + sql[start:]
+    return sql
+
+
 _TABLE_MENTION = re.compile(r"\b(?:TABLE|INTO|TO)\s+(?:IF\s+(?:NOT\s+)?EXISTS\s+)?"
                             r"(`(?:[^`]|``)+`|\w+)(?:\.(`(?:[^`]|``)+`|\w+))?", re.I)
 
@@ -212,6 +258,11 @@ class _Parser:
     _versioned: bool = False  # WITH SYSTEM VERSIONING, on the table or on a column
     _table: TableName | None = None  # the table being created or altered
     _filled: list[str] = field(default_factory=list)  # see AddColumns.filled
+    # CREATE TABLE's indexes in the order stated, each with whether a foreign key made it
+    # (dropped when another index starts with its columns, as MariaDB does)
+    _indexes: list[tuple[Index, bool]] = field(default_factory=list)
+    # where the statement names a table without its database (see ``qualified``)
+    unqualified: list[int] = field(default_factory=list)
 
     def statement(self) -> Statement:
         ts = self.ts
@@ -225,7 +276,12 @@ class _Parser:
                 return self.create_sequence(replace_)
             if ts.accept_word("DATABASE", "SCHEMA"):
                 return NoTableChange()
-            return NoTableChange()  # INDEX, VIEW, TRIGGER, PROCEDURE, USER, ...
+            token = ts.peek()
+            kind = ts.next().text if token is not None and token.is_word(
+                "UNIQUE", "FULLTEXT", "SPATIAL") else ""
+            if ts.accept_word("INDEX"):
+                return self.create_index(kind, replace_)
+            return NoTableChange()  # VIEW, TRIGGER, PROCEDURE, USER, ...
         if ts.accept_word("ALTER"):
             ts.accept_word("ONLINE")
             ts.accept_word("IGNORE")
@@ -248,6 +304,11 @@ class _Parser:
             if ts.accept_word("DATABASE", "SCHEMA"):
                 self.if_exists()
                 return DropDatabase(ts.identifier())
+            if ts.accept_word("INDEX"):
+                if_exists = self.if_exists()
+                name = ts.identifier()
+                ts.expect_word("ON")
+                return AlterTable(self.table_name(), (DropIndex(name, if_exists),))
             return NoTableChange()
         if ts.accept_word("TRUNCATE"):
             ts.accept_word("TABLE")
@@ -257,9 +318,12 @@ class _Parser:
     # -- names -----------------------------------------------------------------------
 
     def table_name(self) -> TableName:
+        token = self.ts.peek()
         first = self.ts.identifier()
         if self.ts.accept_symbol("."):
             return TableName(first, self.ts.identifier())
+        if token is not None:
+            self.unqualified.append(token.start)
         return TableName(self.database, first)
 
     def if_exists(self) -> bool:
@@ -293,6 +357,7 @@ class _Parser:
         definition = TableDefinition(columns, pk, charset, options.get("engine"),
                                      foreign_keys=self.named_keys(table),
                                      sequence=options.get("sequence") not in (None, "0"))
+        definition = self.with_indexes(definition)
         start, end = self._period
         if start is not None and end is not None:
             definition = definition.versioned((start, end), implicit=False)
@@ -300,6 +365,43 @@ class _Parser:
             definition = definition.versioned((IMPLICIT_ROW_START, IMPLICIT_ROW_END),
                                               implicit=True)
         return CreateTable(table, definition, None, replace_, if_not_exists)
+
+    def with_indexes(self, definition: TableDefinition) -> TableDefinition:
+        """The indexes read, named as MariaDB names them; a foreign key's own index only
+        when no other index starts with its columns."""
+        stated = tuple(index for index, generated in self._indexes if not generated)
+        for index, generated in self._indexes:
+            if not generated:
+                definition = with_index(definition, index)
+            elif not any(_starts_with(other.columns, index.columns) for other in stated):
+                definition = with_foreign_key_index(definition, index)
+        return definition.with_keys_sorted()
+
+    def create_index(self, kind: str, replace_: bool) -> Statement:
+        """``CREATE [UNIQUE|FULLTEXT|SPATIAL] INDEX [IF NOT EXISTS] name [USING type] ON
+        table (columns)``, after the word INDEX: the table's ALTER ... ADD INDEX."""
+        ts = self.ts
+        if_not_exists = self.if_not_exists()
+        name = ts.identifier()
+        while not ts.accept_word("ON"):
+            ts.next()  # USING BTREE
+        table = self.table_name()
+        columns = tuple(self.index_columns())
+        return AlterTable(table, (AddIndex(_index(name, columns, kind), if_not_exists,
+                                           replace_),))
+
+    def index_definition(self, kind: str, constraint: str = "") -> tuple[Index, bool]:
+        """``[INDEX|KEY] [IF NOT EXISTS] [name] [USING type] (columns)`` after UNIQUE,
+        FULLTEXT, SPATIAL, INDEX or KEY (without a name the constraint's), and whether it
+        said IF NOT EXISTS."""
+        ts = self.ts
+        ts.accept_word("INDEX", "KEY")
+        if_not_exists = self.if_not_exists()
+        name = constraint
+        token = ts.peek()
+        if token is not None and not token.is_symbol("(") and not token.is_word("USING"):
+            name = ts.identifier()
+        return _index(name, tuple(self.index_columns()), kind), if_not_exists
 
     def named_keys(self, table: TableName) -> tuple[ForeignKey, ...]:
         """The foreign keys read, each unnamed one named as InnoDB names it."""
@@ -335,11 +437,14 @@ class _Parser:
         """``parent (columns) [MATCH ...] [ON DELETE action] [ON UPDATE action]``, after
         REFERENCES. An unqualified parent is in the child's database."""
         ts = self.ts
+        token = ts.peek()
         first = ts.identifier()
         if ts.accept_symbol("."):
             parent = (first, ts.identifier())
         else:
             parent = ((self._table or TableName(self.database, "")).database, first)
+            if token is not None and parent[0] == self.database:
+                self.unqualified.append(token.start)
         parent_columns = tuple(self.index_columns()) if ts.peek() is not None and \
             ts.peek().is_symbol("(") else ()  # type: ignore[union-attr]
         actions = {"delete": "restrict", "update": "restrict"}
@@ -389,7 +494,16 @@ class _Parser:
             ts.until_top_level(",", ")")
             return True
         if ts.accept_words("FOREIGN", "KEY"):
-            self._fks.append(self.foreign_key(constraint))
+            key = self.foreign_key(constraint)
+            self._fks.append(key)
+            self._indexes.append((Index(key.name, key.columns), True))
+            ts.until_top_level(",", ")")
+            return True
+        token = ts.peek()
+        if token is not None and token.is_word("UNIQUE", "KEY", "INDEX", "FULLTEXT",
+                                               "SPATIAL"):
+            kind = ts.next().text if token.is_word("UNIQUE", "FULLTEXT", "SPATIAL") else ""
+            self._indexes.append((self.index_definition(kind, constraint)[0], False))
             ts.until_top_level(",", ")")
             return True
         if ts.accept_words("PERIOD", "FOR", "SYSTEM_TIME"):
@@ -403,8 +517,7 @@ class _Parser:
         token = ts.peek()
         period = token is not None and token.is_word("PERIOD") and \
             ts.peek(1) is not None and ts.peek(1).is_word("FOR")  # type: ignore[union-attr]
-        if period or (token is not None and token.is_word(
-                "UNIQUE", "KEY", "INDEX", "FULLTEXT", "SPATIAL", "FOREIGN", "CHECK")):
+        if period or (token is not None and token.is_word("FOREIGN", "CHECK")):
             ts.until_top_level(",", ")")
             return True
         ts.pos = start
@@ -464,7 +577,10 @@ class _Parser:
         spec = ColumnSpec(name, kind, args)
         spec.column_def()  # a type this reader does not know: ValueError, the statement unread
         if kind == "serial":  # BIGINT UNSIGNED NOT NULL AUTO_INCREMENT UNIQUE
-            spec = replace(spec, unsigned=True, nullable=False)
+            spec = replace(spec, unsigned=True, nullable=False, auto_increment=True)
+            self._indexes.append((Index("", (name,), unique=True), False))
+        elif type_name.lower() in ("bool", "boolean"):
+            spec = replace(spec, args=("1",))
         return self.column_attributes(spec)
 
     def column_attributes(self, spec: ColumnSpec) -> ColumnSpec:
@@ -472,12 +588,15 @@ class _Parser:
         while (token := ts.peek()) is not None and not (
                 token.is_symbol(",") or token.is_symbol(")") or token.is_symbol(";")
                 or token.is_word("FIRST", "AFTER")):
-            if ts.accept_word("UNSIGNED", "ZEROFILL"):
+            if ts.accept_word("UNSIGNED"):
                 spec = replace(spec, unsigned=True)
+            elif ts.accept_word("ZEROFILL"):
+                spec = replace(spec, unsigned=True, zerofill=True)
             elif ts.accept_words("NOT", "NULL"):
                 spec = replace(spec, nullable=False)
                 self._filled.append(spec.name)
             elif ts.accept_word("AUTO_INCREMENT"):
+                spec = replace(spec, auto_increment=True)
                 self._filled.append(spec.name)
             elif ts.accept_word("DEFAULT"):
                 ts.accept_symbol("=")
@@ -492,6 +611,9 @@ class _Parser:
             elif ts.accept_words("PRIMARY", "KEY") or ts.accept_word("KEY"):
                 self._pk = [spec.name]
                 spec = replace(spec, nullable=False)
+            elif ts.accept_word("UNIQUE"):
+                ts.accept_word("KEY")
+                self._indexes.append((Index("", (spec.name,), unique=True), False))
             elif ts.accept_word("COMMENT", "COLLATE", "COLUMN_FORMAT", "STORAGE",
                                 "COMPRESSED"):
                 ts.accept_symbol("=")
@@ -517,6 +639,7 @@ class _Parser:
             elif ts.accept_word("REFERENCES"):
                 # InnoDB makes a foreign key of a column's REFERENCES too (MariaDB 10.5+)
                 self._fks.append(self.references("", (spec.name,)))
+                self._indexes.append((Index("", (spec.name,)), True))
             elif ts.accept_symbol("("):
                 ts.skip_balanced()
             else:
@@ -586,7 +709,12 @@ class _Parser:
                 name = ts.identifier()
                 ts.until_top_level(",", ";")
                 return DropForeignKey(name)
-            if ts.accept_word("INDEX", "KEY", "CHECK", "PERIOD"):
+            if ts.accept_word("INDEX", "KEY"):
+                if_exists = self.if_exists()
+                name = ts.identifier()
+                ts.until_top_level(",", ";")
+                return DropIndex(name, if_exists)
+            if ts.accept_word("CHECK", "PERIOD"):
                 ts.until_top_level(",", ";")
                 return None
             ts.accept_word("COLUMN")
@@ -611,8 +739,9 @@ class _Parser:
                 ts.expect_word("TO")
                 return RenameColumn(old, ts.identifier())
             if ts.accept_word("INDEX", "KEY"):
-                ts.until_top_level(",", ";")
-                return None
+                old = ts.identifier()
+                ts.expect_word("TO")
+                return RenameIndex(old, ts.identifier())
             ts.accept_word("TO", "AS")
             return RenameTo(self.table_name())
         if ts.accept_words("CONVERT", "PARTITION"):
@@ -702,6 +831,13 @@ class _Parser:
             return AddPeriod(names[0], names[1])
         if ts.accept_words("SYSTEM", "VERSIONING"):
             return SetVersioning(True)
+        token = ts.peek()
+        if token is not None and token.is_word("UNIQUE", "KEY", "INDEX", "FULLTEXT",
+                                               "SPATIAL"):
+            kind = ts.next().text if token.is_word("UNIQUE", "FULLTEXT", "SPATIAL") else ""
+            index, if_not_exists = self.index_definition(kind, name)
+            ts.until_top_level(",", ";")
+            return AddIndex(index, if_not_exists)
         ts.until_top_level(",", ";")
         return None
 
@@ -731,6 +867,17 @@ class _Parser:
         while self.ts.accept_symbol(","):
             tables.append(self.table_name())
         return DropTables(tuple(tables))
+
+
+def _index(name: str, columns: tuple[str, ...], kind: str) -> Index:
+    """An index of ``kind`` UNIQUE, FULLTEXT, SPATIAL or "" (an ordinary one)."""
+    kind = kind.lower()
+    return Index(name, columns, kind == "unique", kind if kind in ("fulltext", "spatial")
+                 else "")
+
+
+def _starts_with(columns: tuple[str, ...], prefix: tuple[str, ...]) -> bool:
+    return [c.lower() for c in columns[:len(prefix)]] == [c.lower() for c in prefix]
 
 
 def _split_top_level(tokens: list[Token]) -> list[list[Token]]:

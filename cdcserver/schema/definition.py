@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cdcserver.core.changes import ColumnDef
+from cdcserver.core.changes import ColumnDef, Index, TableDescription
 from cdcserver.mariadb.constants import ColumnType as T
 
 # SQL type name (lowercase, aliases resolved) -> binlog type
@@ -34,6 +34,9 @@ _BLOBS = {"tinyblob": 1, "blob": 2, "mediumblob": 3, "longblob": 4,
 _GEOMETRIES = frozenset({"geometry", "point", "linestring", "polygon", "multipoint",
                          "multilinestring", "multipolygon", "geometrycollection"})
 _EXTENDED_SIZES = {"inet4": 4, "inet6": 16, "uuid": 16}
+# an integer's display width when the DDL gives none (one less when unsigned, but BIGINT's)
+_DISPLAY_WIDTHS = {"tinyint": 4, "smallint": 6, "mediumint": 9, "int": 11, "bigint": 20}
+_NUMBERS = frozenset({*_INTEGERS, "decimal", "float", "double"})
 BINARY_TYPES = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
 CHARACTER_TYPES = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext",
                              "enum", "set"})
@@ -54,17 +57,53 @@ class ColumnSpec:
     nullable: bool = True
     json_check: bool = False  # CHECK (json_valid(col)): MariaDB's JSON alias
     charset: str | None = None  # the column's or its table's character set, when stated
+    auto_increment: bool = False
+    zerofill: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "type": self.type, "args": list(self.args),
+        data = {"name": self.name, "type": self.type, "args": list(self.args),
                 "unsigned": self.unsigned, "binary": self.binary, "nullable": self.nullable,
                 "json_check": self.json_check, "charset": self.charset}
+        if self.auto_increment:
+            data["auto_increment"] = True
+        if self.zerofill:
+            data["zerofill"] = True
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ColumnSpec:
         return cls(data["name"], data["type"], tuple(data["args"]), data["unsigned"],
                    data["binary"], data["nullable"], data.get("json_check", False),
-                   data.get("charset"))
+                   data.get("charset"), data.get("auto_increment", False),
+                   data.get("zerofill", False))
+
+    def column_type(self) -> str:
+        """The type as MariaDB's ``SHOW COLUMNS`` shows it: ``int(11)``, ``int(10) unsigned
+        zerofill``, ``decimal(10,0)``, ``varchar(255)``, ``enum('a','b')``, ``longtext`` for
+        JSON."""
+        kind, args = self.type, self.args
+        if kind == "serial":
+            return "bigint(20) unsigned"
+        if kind in ("enum", "set"):
+            return kind + "(" + ",".join("'" + a.replace("'", "''") + "'" for a in args) + ")"
+        if kind == "json":
+            kind = "longtext"
+        elif kind == "float" and len(args) == 1:
+            kind, args = ("double" if int(args[0]) > 24 else "float"), ()
+        elif kind in _DISPLAY_WIDTHS and not args:
+            args = (str(_DISPLAY_WIDTHS[kind] - (self.unsigned and kind != "bigint")),)
+        elif kind == "decimal":
+            args = (args[0] if args else "10", args[1] if len(args) > 1 else "0")
+        elif kind in ("char", "binary", "bit") and not args:
+            args = ("1",)
+        elif kind == "year":
+            args = ("4",)
+        elif kind in ("datetime", "timestamp", "time") and args == ("0",):
+            args = ()
+        text = kind + ("(" + ",".join(args) + ")" if args else "")
+        if self.unsigned and kind in _NUMBERS:
+            text += " unsigned"
+        return text + (" zerofill" if self.zerofill else "")
 
     @property
     def extended(self) -> str | None:
@@ -150,6 +189,29 @@ class ForeignKey:
                    tuple(data["parent_columns"]), data["on_delete"], data["on_update"])
 
 
+def with_index(definition: TableDefinition, index: Index) -> TableDefinition:
+    """The table with ``index`` added; an unnamed index is named after its first column,
+    with ``_2``, ``_3``... when that name is taken, as MariaDB names it."""
+    name = index.name
+    if not name:
+        taken = {"primary"} | {i.name.lower() for i in definition.indexes}
+        name, n = index.columns[0], 1
+        while name.lower() in taken:
+            n += 1
+            name = f"{index.columns[0]}_{n}"
+    return replace(definition, indexes=(*definition.indexes, replace(index, name=name)))
+
+
+def with_foreign_key_index(definition: TableDefinition, index: Index) -> TableDefinition:
+    """The table with the index a foreign key makes (named after its constraint, else its
+    first column), unless an index already starts with the key's columns."""
+    wanted = [c.lower() for c in index.columns]
+    for columns in (definition.primary_key, *(i.columns for i in definition.indexes)):
+        if [c.lower() for c in columns[:len(wanted)]] == wanted:
+            return definition
+    return with_index(definition, index)
+
+
 def named(key: ForeignKey, table: str, existing: tuple[ForeignKey, ...]) -> ForeignKey:
     """``key`` with a name: its own, or the one InnoDB gives an unnamed key of ``table``,
     ``table_ibfk_N`` (N one more than the keys already so named)."""
@@ -194,6 +256,7 @@ class TableDefinition:
     period: tuple[str, str] | None = None
     implicit_period: bool = False
     sequence: bool = False  # a SEQUENCE (CREATE SEQUENCE, or a table with SEQUENCE=1)
+    indexes: tuple[Index, ...] = ()  # every index but the primary key, each named
 
     def index(self, name: str) -> int:
         lowered = name.lower()
@@ -220,6 +283,9 @@ class TableDefinition:
             data["implicit_period"] = self.implicit_period
         if self.sequence:
             data["sequence"] = True
+        if self.indexes:
+            data["indexes"] = [{"name": i.name, "columns": list(i.columns), "unique": i.unique,
+                                "kind": i.kind} for i in self.indexes]
         return data
 
     @classmethod
@@ -229,7 +295,36 @@ class TableDefinition:
                    tuple(data["primary_key"]), data.get("default_charset"), data.get("engine"),
                    tuple(ForeignKey.from_json(k) for k in data.get("foreign_keys", ())),
                    (period[0], period[1]) if period else None,
-                   data.get("implicit_period", False), data.get("sequence", False))
+                   data.get("implicit_period", False), data.get("sequence", False),
+                   tuple(Index(i["name"], tuple(i["columns"]), i["unique"], i["kind"])
+                         for i in data.get("indexes", ())))
+
+    def describe(self) -> TableDescription:
+        """The table as ``SHOW COLUMNS`` and ``SHOW INDEX`` would show it, but for the
+        columns of an implicit system-versioning period: hidden from both, they are in
+        every row image, so they are listed (and stay out of the keys, as shown)."""
+        auto = next((c.name for c in self.columns if c.auto_increment), None)
+        keys: tuple[Index, ...] = (Index("PRIMARY", self.primary_key, True),) \
+            if self.primary_key else ()
+        keys += self.indexes
+        if self.implicit_period:
+            keys = tuple(replace(k, columns=tuple(c for c in k.columns
+                                                  if c.lower() != IMPLICIT_ROW_END))
+                         for k in keys)
+        return TableDescription(tuple(c.column_type() for c in self.columns), auto, keys)
+
+    def with_keys_sorted(self) -> TableDefinition:
+        """The indexes in MariaDB's order, which it sets at the end of every CREATE and ALTER
+        (``sort_keys``): unique keys first, those with a NULL-able column after the others;
+        full-text keys last; otherwise the order they had, new ones after."""
+        nullable = {c.name.lower() for c in self.columns if c.nullable}
+
+        def rank(index: Index) -> int:
+            if index.unique:
+                return any(c.lower() in nullable for c in index.columns)
+            return 3 if index.kind == "fulltext" else 2
+
+        return replace(self, indexes=tuple(sorted(self.indexes, key=rank)))
 
     def versioned(self, period: tuple[str, str], *, implicit: bool) -> TableDefinition:
         """This table WITH SYSTEM VERSIONING: the implicit columns added at the end when
@@ -239,8 +334,11 @@ class TableDefinition:
         pk = self.primary_key
         if pk and period[1].lower() not in (c.lower() for c in pk):
             pk = (*pk, period[1])
+        indexes = tuple(replace(i, columns=(*i.columns, period[1])) if i.unique and
+                        period[1].lower() not in (c.lower() for c in i.columns) else i
+                        for i in self.indexes)
         return replace(self, columns=columns, primary_key=pk, period=period,
-                       implicit_period=implicit)
+                       implicit_period=implicit, indexes=indexes)
 
     def unversioned(self) -> TableDefinition:
         """This table after DROP SYSTEM VERSIONING: the implicit columns go, the row end
@@ -252,5 +350,21 @@ class TableDefinition:
         columns = tuple(c for c in self.columns if not self.implicit_period
                         or c.name.lower() not in (IMPLICIT_ROW_START, IMPLICIT_ROW_END))
         pk = tuple(c for c in self.primary_key if c.lower() != end)
+        indexes = tuple(replace(i, columns=tuple(c for c in i.columns if c.lower() != end))
+                        if i.unique else i for i in self.indexes)
         return replace(self, columns=columns, primary_key=pk, period=None,
-                       implicit_period=False)
+                       implicit_period=False, indexes=indexes)
+
+    def without_column(self, name: str) -> TableDefinition:
+        """The indexes once column ``name`` is dropped: it leaves every index, and an index
+        left without columns goes (MariaDB's rule)."""
+        lowered = name.lower()
+        indexes = tuple(replace(i, columns=tuple(c for c in i.columns if c.lower() != lowered))
+                        for i in self.indexes)
+        return replace(self, indexes=tuple(i for i in indexes if i.columns))
+
+    def with_renamed_column(self, old: str, new: str) -> TableDefinition:
+        """The indexes once column ``old`` is named ``new``."""
+        return replace(self, indexes=tuple(
+            replace(i, columns=tuple(new if c.lower() == old.lower() else c
+                                     for c in i.columns)) for i in self.indexes))

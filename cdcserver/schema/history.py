@@ -27,7 +27,7 @@ import os
 from collections.abc import Callable
 from dataclasses import replace
 
-from cdcserver.core.changes import ColumnDef, TableChange, TableLayout
+from cdcserver.core.changes import ColumnDef, Index, TableChange, TableLayout
 from cdcserver.core.errors import SchemaError
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.mariadb.charsets import codec_for
@@ -41,6 +41,8 @@ from cdcserver.schema.definition import (
     ForeignKey,
     TableDefinition,
     named,
+    with_foreign_key_index,
+    with_index,
 )
 from cdcserver.schema.rewrites import action_rewrites
 from cdcserver.store.durable import write_atomically
@@ -189,6 +191,8 @@ class SchemaHistory:
                 except (KeyError, ValueError) as exc:
                     log.warning("schema history: %s: %s", table, exc)
                     definition = None
+        if definition is not None:
+            definition = definition.with_keys_sorted()
         if renamed_to is not None:
             only_rename = all(isinstance(a, ddl.RenameTo) for a in statement.actions)
             return ("rename" if only_rename else "alter",
@@ -198,9 +202,8 @@ class SchemaHistory:
             return "alter", (TableChange("alter", table.database, table.table,
                                          rewrites="; ".join(m.reason for m in moved)),)
         rewrites = [m.reason for m in moved] + rewrites
-        changed = before is None or bool(rewrites) or (
-            definition.columns, definition.primary_key) != (
-            before.columns, before.primary_key)  # not for indexes, engine or options
+        changed = before is None or bool(rewrites) or _stored_shape(definition) != \
+            _stored_shape(before)
         self._record(table, definition, gtid)
         changes = [TableChange("alter", table.database, table.table, self._layout(table),
                                changed=changed, rewrites="; ".join(rewrites))]
@@ -383,10 +386,18 @@ class SchemaHistory:
 
 # -- definitions and layouts ---------------------------------------------------------------
 
+def _stored_shape(definition: TableDefinition) -> tuple[object, ...]:
+    """What a new table version follows: the columns and the primary key; not indexes,
+    AUTO_INCREMENT, the engine or other options."""
+    return (tuple(replace(c, auto_increment=False) for c in definition.columns),
+            definition.primary_key)
+
+
 def layout_of(table: TableName, definition: TableDefinition) -> TableLayout:
     columns = definition.column_defs()
     pk = tuple(definition.index(name) for name in definition.primary_key)
-    return TableLayout(table.database, table.table, columns, pk, sequence=definition.sequence)
+    return TableLayout(table.database, table.table, columns, pk, sequence=definition.sequence,
+                       description=definition.describe())
 
 
 _OLD_TEMPORAL = frozenset({T.TIME, T.DATETIME, T.TIMESTAMP})
@@ -436,7 +447,8 @@ def enrich(layout: TableLayout, definition: TableDefinition) -> TableLayout:
             column = replace(column, meta=history.meta)  # MariaDB's own fractional format
         columns.append(column)
     pk = layout.primary_key or tuple(definition.index(n) for n in definition.primary_key)
-    return replace(layout, columns=tuple(columns), primary_key=pk)
+    return replace(layout, columns=tuple(columns), primary_key=pk,
+                   description=definition.describe())
 
 
 def _codec(layout: TableLayout, spec: ColumnSpec) -> str:
@@ -472,9 +484,15 @@ def _alter(table: TableName, definition: TableDefinition, action: object) -> Tab
     renamed = _renamed_column(definition, action)
     if renamed is not None or isinstance(action, ddl.DropColumn):
         definition = _keys_after_column_change(table, definition, action, renamed)
+    if renamed is not None:
+        definition = definition.with_renamed_column(*renamed)
     if isinstance(action, ddl.AddForeignKey):
+        definition = with_foreign_key_index(definition, Index(action.key.name,
+                                                              action.key.columns))
         key = named(action.key, table.table, definition.foreign_keys)
         return replace(definition, foreign_keys=(*definition.foreign_keys, key))
+    if isinstance(action, (ddl.AddIndex, ddl.DropIndex, ddl.RenameIndex)):
+        return _indexes_altered(definition, action)
     if isinstance(action, ddl.DropForeignKey):
         return replace(definition, foreign_keys=tuple(
             k for k in definition.foreign_keys if k.name.lower() != action.name.lower()))
@@ -505,7 +523,8 @@ def _alter(table: TableName, definition: TableDefinition, action: object) -> Tab
             raise KeyError(f"no column {action.name}")
         del columns[definition.index(action.name)]
         pk = [c for c in pk if c.lower() != action.name.lower()]
-        return replace(definition, columns=tuple(columns), primary_key=tuple(pk))
+        return replace(definition.without_column(action.name), columns=tuple(columns),
+                       primary_key=tuple(pk))
     if isinstance(action, ddl.ChangeColumn):
         if not definition.has(action.old):
             if action.if_exists:
@@ -547,6 +566,34 @@ def _alter(table: TableName, definition: TableDefinition, action: object) -> Tab
     if isinstance(action, ddl.UnknownAction):
         raise ValueError(f"ALTER TABLE action not understood: {action.text[:60]!r}")
     raise ValueError(f"unexpected action {action!r}")
+
+
+def _indexes_altered(definition: TableDefinition,
+                     action: ddl.AddIndex | ddl.DropIndex | ddl.RenameIndex) -> TableDefinition:
+    names = [i.name.lower() for i in definition.indexes]
+    if isinstance(action, ddl.AddIndex):
+        name = action.index.name.lower()
+        if name and name in names:
+            if action.if_not_exists:
+                return definition
+            if not action.replace:
+                raise ValueError(f"index {action.index.name} already exists")
+            definition = replace(definition, indexes=tuple(
+                i for i in definition.indexes if i.name.lower() != name))
+        for column in action.index.columns:
+            definition.index(column)  # KeyError: no such column
+        return with_index(definition, action.index)
+    old = action.name if isinstance(action, ddl.DropIndex) else action.old
+    if old.lower() not in names:
+        if isinstance(action, ddl.DropIndex) and action.if_exists:
+            return definition
+        raise KeyError(f"no index {old}")
+    if isinstance(action, ddl.DropIndex):
+        return replace(definition, indexes=tuple(
+            i for i in definition.indexes if i.name.lower() != old.lower()))
+    return replace(definition, indexes=tuple(
+        replace(i, name=action.new) if i.name.lower() == old.lower() else i
+        for i in definition.indexes))
 
 
 def _keys_after_column_change(table: TableName, definition: TableDefinition, action: object,

@@ -9,7 +9,7 @@ numbers, ``--``/``#``/``/* */`` comments, and executable comments (``/*!50100 ..
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _TOKEN = re.compile(
     r"""
@@ -32,6 +32,7 @@ _TOKEN = re.compile(
 class Token:
     kind: str  # "word", "ident" (backquoted), "string", "number", "symbol"
     text: str  # for ident/string: the unquoted value
+    start: int = field(default=-1, compare=False)  # its offset in the statement
 
     def is_word(self, *words: str) -> bool:
         return self.kind == "word" and self.text.upper() in words
@@ -77,11 +78,11 @@ def tokenize(sql: str) -> list[Token]:
             in_executable_comment -= 1
             continue
         if kind == "quoted":
-            tokens.append(Token("ident", text[1:-1].replace("``", "`")))
+            tokens.append(Token("ident", text[1:-1].replace("``", "`"), m.start()))
         elif kind == "string":
-            tokens.append(Token("string", _unquote_string(text)))
+            tokens.append(Token("string", _unquote_string(text), m.start()))
         else:
-            tokens.append(Token(kind or "symbol", text))
+            tokens.append(Token(kind or "symbol", text, m.start()))
     return tokens
 
 
