@@ -11,12 +11,17 @@ as ``SHOW BINLOG EVENTS`` lists it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
 
+from cdcserver.core.config import parse_source_url
+from cdcserver.dump.dumper import DumpOptions, dump_tables
+from cdcserver.store.naming import TableName
 from tests import databus_consumer as databus
 from tests.conftest import Source, make_config, start_service
+from tests.helpers import RawClient
 from tests.test_kafka import kafka_caught_up, raw_messages
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.kafka]
@@ -111,3 +116,68 @@ async def test_a_databus_consumer_rebuilds_the_table_from_the_default_topic(
     assert shown == [("PRIMARY", ["id"]), ("name", ["name"]), ("by_size", ["size", "price"]),
                      ("ix_at", ["at"])]
     assert table.pk_columns == [0]
+
+
+async def test_a_databus_consumer_loads_the_dump_then_kafka_after_its_position(
+        tmp_path, source: Source, users_file: str, kafka_broker):
+    """The seed's initial load: the dump, served in the seed's layout (every line a RowsEvent
+    with its Table), then the Kafka messages from the dump's binlog position on."""
+    db = source.database
+    config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
+                         kafka={"bootstrap": kafka_broker.bootstrap, "format": "databus",
+                                "idempotence": False, "schema_topic": f"{db}.schemas",
+                                "state_topic": f"{db}.state"})
+    running = await start_service(config)
+    t = f"`{db}`.items"
+    try:
+        source.execute(
+            f"CREATE TABLE {t} (id INT PRIMARY KEY, name VARCHAR(20), price DECIMAL(8,2), "
+            "size ENUM('s','m','l'), tags SET('new','sale','eco'), raw BLOB)",
+            *(f"INSERT INTO {t} VALUES ({i}, 'n{i}', {i}.5, '{'sml'[i % 3]}', "
+              f"'{['', 'new', 'sale,eco'][i % 3]}', x'{i:02x}00')" for i in range(1, 8)))
+        await kafka_caught_up(running, source)
+        await asyncio.to_thread(dump_tables, parse_source_url(source.url),
+                                config.store.data_dir, [TableName(db, "items")],
+                                DumpOptions(batch_rows=3))
+        source.execute(f"UPDATE {t} SET size = 'l', tags = 'new,eco' WHERE id <= 2",
+                       f"DELETE FROM {t} WHERE id = 3",
+                       f"INSERT INTO {t} VALUES (9, 'late', 0.10, 'm', 'sale', NULL)")
+        await kafka_caught_up(running, source)
+        client = await RawClient.connect(running.port)
+        await client.login()
+        await client.send(f"REQUEST-DUMP {db}.items DATABUS FOLLOW\n".encode())
+        assert (await client.line()).startswith(b"ERR BAD-SYNTAX DATABUS and FOLLOW")
+        await client.send(b"LIST-DUMPS\n")
+        (listed,) = (await client.json_line())["dumps"]
+        await client.send(f"REQUEST-DUMP {db}.items DATABUS\n".encode())
+        ok, size, name = (await client.line()).split()
+        assert ok == b"OK" and name.decode() == listed["name"]
+        dump = await client.read_exactly(int(size))
+        await client.close()
+    finally:
+        await running.stop()
+
+    replica = databus.Replica()
+    lines = dump.splitlines()
+    assert len(lines) == 3  # 7 rows in batches of 3: every line a RowsEvent, no header
+    for line in lines:
+        event = databus.decode_rows_event(line)
+        assert event.table is not None and event.table.name == "items"
+        assert event.action == "insert"
+        replica.apply(databus.KafkaKey(databus.Position("", 0), "DML"), line)
+    after = (listed["binlog"]["file"], listed["binlog"]["pos"])
+    for m in await raw_messages(kafka_broker, "databus"):
+        key = databus.decode_key(m.key)
+        event = (databus.decode_query_event(m.value) if key.action == "DDL"
+                 else databus.decode_rows_event(m.value))
+        assert event.table is not None
+        if event.table.schema == db and (key.pos.name, key.pos.pos) >= after:
+            replica.apply(key, m.value)
+    assert replica.events == 3 + 3  # the dump's lines, then UPDATE, DELETE and INSERT
+    rows = source.query(f"SELECT CAST(id AS CHAR), name, CAST(price AS CHAR), size + 0, "
+                        f"tags + 0, raw FROM {t}")
+    expected = {(row[0],): [None if v is None else v if isinstance(v, bytes) else str(v)
+                            for v in row] for row in rows}
+    rebuilt = {k: [v.encode("utf-8", "surrogateescape") if i == 5 and v is not None else v
+                   for i, v in enumerate(row)] for k, row in replica.rows.items()}
+    assert rebuilt == expected

@@ -41,6 +41,7 @@ from cdcserver.dump import files, fixups
 from cdcserver.dump.partial import HEADER_SLACK, PartialDump, Progress
 from cdcserver.dump.scan import ChunkEnd, ScanPlan
 from cdcserver.dump.snapshot import DefinitionChanged, Snapshot, SnapshotPoint
+from cdcserver.schema.definition import TableDefinition
 from cdcserver.schema.history import layout_of
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
@@ -217,7 +218,7 @@ def _dump_table(snapshot: Snapshot, data_dir: str, table: TableName, stream_vers
                            options)
         if progress is None:
             progress = Progress(table, point.to_json(), fingerprint, stream_version,
-                                _reserve(schema, point), consistent=transactional)
+                                _reserve(schema, point, definition), consistent=transactional)
             partial.create(progress)
         else:
             progress.stream_version = min(progress.stream_version, stream_version)
@@ -225,7 +226,7 @@ def _dump_table(snapshot: Snapshot, data_dir: str, table: TableName, stream_vers
         _read_rows(snapshot, plan, partial, progress, options, progressed, stop)
         if progress.resumed:
             progress.rows = snapshot.count()
-        header = _header(table, schema, point, progress)
+        header = _header(table, schema, point, progress, definition)
         path = partial.finish(header, files.new_name(table, point.taken))
     finally:
         partial.close()
@@ -294,18 +295,20 @@ def _read_rows(snapshot: Snapshot, plan: ScanPlan, partial: PartialDump, progres
         progress.rows += len(item)
 
 
-def _reserve(schema: TableSchema, point: SnapshotPoint) -> int:
+def _reserve(schema: TableSchema, point: SnapshotPoint, definition: TableDefinition) -> int:
     """Room for the final header: its size with today's values, plus slack for a longer GTID
     state or counts after a resume."""
-    sample = json.dumps({"schema": schema.avsc, "gtid": str(point.gtid)})
+    sample = json.dumps({"schema": schema.avsc, "gtid": str(point.gtid),
+                         "definition": definition.to_json()})
     return len(sample.encode("utf-8")) + HEADER_SLACK
 
 
-def _header(table: TableName, schema: TableSchema, point: SnapshotPoint, progress: Progress
-            ) -> dict[str, Any]:
+def _header(table: TableName, schema: TableSchema, point: SnapshotPoint, progress: Progress,
+            definition: TableDefinition) -> dict[str, Any]:
     avsc = {**schema.avsc, "version": max(progress.stream_version, 1), "gtid": str(point.gtid)}
     return {"format": FORMAT, "database": table.database, "table": table.table,
             "gtid": str(point.gtid), "binlog": {"file": point.file, "pos": point.pos},
             "rows": progress.rows, "created": point.taken.astimezone(dt.UTC).isoformat(),
             "stream_version": progress.stream_version, "consistent": progress.consistent,
-            "resumed": progress.resumed, "schema": avsc}
+            "resumed": progress.resumed, "schema": avsc,
+            "definition": definition.to_json()}

@@ -194,7 +194,7 @@ class Databus(MessageFormat):
         shape.cache["databus.table"] = table
         return table
 
-    def _encoders(self, shape: TableShape) -> list[Callable[[Any], bytes]]:
+    def value_encoders(self, shape: TableShape) -> list[Callable[[Any], bytes]]:
         encoders: list[Callable[[Any], bytes]] | None = shape.cache.get("databus.encoders")
         if encoders is None:
             encoders = shape.cache["databus.encoders"] = [
@@ -216,7 +216,7 @@ class Databus(MessageFormat):
 
     def row_event(self, batch: RowBatch) -> RowMessage:
         first = batch.rows[0]
-        encoders = self._encoders(first.shape)
+        encoders = self.value_encoders(first.shape)
         b64 = binascii.b2a_base64
         rows = []
         for e in batch.rows:

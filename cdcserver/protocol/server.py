@@ -13,11 +13,14 @@ import contextlib
 import datetime as dt
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from cdcserver.core.config import ListenerConfig
+from cdcserver.dump.databus import NoDefinition, write_databus
 from cdcserver.dump.transfer import send_file
 from cdcserver.protocol.dialect import JsonStyle
 from cdcserver.protocol.outbox import Outbox
@@ -37,6 +40,10 @@ from cdcserver.store.inuse import in_use
 from client.format.wire import Code, ProtocolError, auth_incomplete, error_line
 
 log = logging.getLogger(__name__)
+
+
+class LayoutFailed(Exception):
+    """The databus layout of a dump could not be written (a full disk...)."""
 
 
 @dataclass(frozen=True)
@@ -287,7 +294,10 @@ class Connection:
         dump = outcome.dump
         started = time.monotonic()
         try:
-            with in_use(dump.path) as f:
+            with in_use(dump.path) as on_disk, contextlib.ExitStack() as stack:
+                f = on_disk
+                if outcome.databus:
+                    f = stack.enter_context(await self._databus_layout(on_disk, dump.path))
                 size = os.fstat(f.fileno()).st_size
                 await self.out.reply(f"OK {size} {dump.name}\n".encode())
                 transfer = asyncio.create_task(
@@ -319,6 +329,13 @@ class Connection:
         except FileNotFoundError:
             await self.out.reply(error_line(Code.NO_FILE, f"{dump.name} was deleted meanwhile"))
             return False
+        except NoDefinition as exc:
+            await self.out.reply(error_line(Code.NO_FILE, f"{dump.name}: {exc}"))
+            return False
+        except LayoutFailed as exc:
+            log.warning("%s: %s: %s", self.peer, dump.name, exc)
+            await self.out.reply(error_line(Code.INTERNAL, f"{dump.name}: {exc}"))
+            return False
         finally:
             if self.server.dump_released is not None:
                 self.server.dump_released()
@@ -328,6 +345,27 @@ class Connection:
         log.info("%s: sent %s (%d bytes in %.2fs)", self.peer, dump.name, sent,
                  time.monotonic() - started)
         return True
+
+    @staticmethod
+    async def _databus_layout(f: BinaryIO, path: str) -> BinaryIO:
+        """The dump in mysql-databus's layout, in a file without a name beside it (it
+        vanishes when closed, or with the process), its size known before the reply."""
+        try:
+            out = tempfile.TemporaryFile(dir=os.path.dirname(path))  # noqa: SIM115 - returned
+        except OSError as exc:
+            raise LayoutFailed(f"cannot make the databus layout: {exc.strerror or exc}") \
+                from exc
+        try:
+            await asyncio.to_thread(write_databus, f, out)
+            out.seek(0)
+        except OSError as exc:  # a full disk
+            out.close()
+            raise LayoutFailed(f"cannot make the databus layout: {exc.strerror or exc}") \
+                from exc
+        except BaseException:
+            out.close()
+            raise
+        return out
 
     def _hold(self, message: bytes | None) -> bool:
         """A message read during a transfer: kept to be answered after it. CLOSE stops the

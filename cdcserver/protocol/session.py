@@ -79,6 +79,7 @@ class SendDump:
     follow: StreamRequest | None
     format: Format
     dialect: Dialect = Dialect.MAXSCALE  # JSON mode
+    databus: bool = False  # in mysql-databus's layout (cdcserver.dump.databus)
 
 
 @dataclass(frozen=True)
@@ -286,7 +287,7 @@ class Session:
             h = dump.header
             follow = stream_request(DataRequest(h.database, h.table, None, None, h.gtid or None))
             self.phase = Phase.STREAMING
-        return SendDump(dump, follow, self.format, self.dialect)
+        return SendDump(dump, follow, self.format, self.dialect, request.databus)
 
     def _may_read(self, table: TableName) -> bool:
         return self.user is not None and self.context.users.may_read(self.user, table)

@@ -317,20 +317,25 @@ def _misplaced(hint: str | None, usage: str) -> ProtocolError:
 
 @dataclass(frozen=True)
 class DumpRequest:
-    """``REQUEST-DUMP <name | db.table> [FOLLOW]``: a dump by file name, or a table's newest
-    (``target`` as the command carries it: :meth:`of` quotes a table's names)."""
+    """``REQUEST-DUMP <name | db.table> [DATABUS | FOLLOW]``: a dump by file name, or a
+    table's newest (``target`` as the command carries it: :meth:`of` quotes a table's
+    names); ``databus``: in mysql-databus's layout (one RowsEvent per line) instead of
+    ``cdc-dump/1``."""
 
     target: str
     follow: bool = False
+    databus: bool = False
 
     @classmethod
-    def of(cls, target: Table, follow: bool = False) -> DumpRequest:
+    def of(cls, target: Table, follow: bool = False, databus: bool = False) -> DumpRequest:
         """A request for a dump name or a reference as commands write it, or for the newest
         dump of the table the two names name."""
-        return cls(table_ref(*target) if isinstance(target, tuple) else target, follow)
+        return cls(table_ref(*target) if isinstance(target, tuple) else target, follow,
+                   databus)
 
     def line(self) -> str:
-        return f"REQUEST-DUMP {self.target}" + (" FOLLOW" if self.follow else "")
+        return f"REQUEST-DUMP {self.target}" + (" FOLLOW" if self.follow else "") + (
+            " DATABUS" if self.databus else "")
 
     @property
     def table(self) -> tuple[str, str] | None:
@@ -346,7 +351,7 @@ class DumpRequest:
 
 # Dump files are named as version files are, their names escaped: no dot, space or slash.
 _DUMP_NAME = re.compile(r"^[^.\s/`\"]+\.[^.\s/]+\.\d{8}T\d{6}-\d{6}Z\.dump$")
-_REQUEST_DUMP = "REQUEST-DUMP <dump name | db.table> [FOLLOW]"
+_REQUEST_DUMP = "REQUEST-DUMP <dump name | db.table> [DATABUS | FOLLOW]"
 
 
 def parse_request_dump(argument: str) -> DumpRequest:
@@ -356,17 +361,25 @@ def parse_request_dump(argument: str) -> DumpRequest:
         ref = None
     else:
         try:
-            ref, words = _table(argument, _REQUEST_DUMP, Code.NO_FILE, {"FOLLOW"})
+            ref, words = _table(argument, _REQUEST_DUMP, Code.NO_FILE, _DUMP_WORDS)
         except ProtocolError as exc:
             if exc.code != Code.NO_FILE:
                 raise
-            if words[1:] and [w.upper() for w in words[1:]] != ["FOLLOW"]:
+            if words[1:] and [w.upper() for w in words[1:]] not in _DUMP_OPTIONS:
                 raise ProtocolError(Code.BAD_SYNTAX, f"expected {_REQUEST_DUMP}") from None
             raise ProtocolError(Code.NO_FILE, f"not a dump name, and {exc.message}") from None
         target = table_ref(ref.database, ref.table)
-    if words and [w.upper() for w in words] != ["FOLLOW"]:
-        raise _misplaced(_spaced(argument, ref, {"FOLLOW"}) if ref else None, _REQUEST_DUMP)
-    return DumpRequest(target, bool(words))
+    upper = [w.upper() for w in words]
+    if upper and upper not in _DUMP_OPTIONS:
+        if set(upper) == _DUMP_WORDS:
+            raise ProtocolError(Code.BAD_SYNTAX, "DATABUS and FOLLOW cannot be combined: a "
+                                "databus consumer follows a dump from Kafka")
+        raise _misplaced(_spaced(argument, ref, _DUMP_WORDS) if ref else None, _REQUEST_DUMP)
+    return DumpRequest(target, upper == ["FOLLOW"], upper == ["DATABUS"])
+
+
+_DUMP_WORDS = {"FOLLOW", "DATABUS"}
+_DUMP_OPTIONS = (["FOLLOW"], ["DATABUS"])
 
 
 def parse_list_dumps(argument: str) -> tuple[str, str] | None:
