@@ -12,11 +12,13 @@ as ``SHOW BINLOG EVENTS`` lists it.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
 import pytest
 
 from cdcserver.core.config import parse_source_url
+from cdcserver.dump.databus import NoDefinition, databus_lines
 from cdcserver.dump.dumper import DumpOptions, dump_tables
 from cdcserver.store.naming import TableName
 from tests import databus_consumer as databus
@@ -136,9 +138,9 @@ async def test_a_databus_consumer_loads_the_dump_then_kafka_after_its_position(
             *(f"INSERT INTO {t} VALUES ({i}, 'n{i}', {i}.5, '{'sml'[i % 3]}', "
               f"'{['', 'new', 'sale,eco'][i % 3]}', x'{i:02x}00')" for i in range(1, 8)))
         await kafka_caught_up(running, source)
-        await asyncio.to_thread(dump_tables, parse_source_url(source.url),
-                                config.store.data_dir, [TableName(db, "items")],
-                                DumpOptions(batch_rows=3))
+        (result,) = await asyncio.to_thread(dump_tables, parse_source_url(source.url),
+                                            config.store.data_dir, [TableName(db, "items")],
+                                            DumpOptions(batch_rows=3))
         source.execute(f"UPDATE {t} SET size = 'l', tags = 'new,eco' WHERE id <= 2",
                        f"DELETE FROM {t} WHERE id = 3",
                        f"INSERT INTO {t} VALUES (9, 'late', 0.10, 'm', 'sale', NULL)")
@@ -181,3 +183,13 @@ async def test_a_databus_consumer_loads_the_dump_then_kafka_after_its_position(
     rebuilt = {k: [v.encode("utf-8", "surrogateescape") if i == 5 and v is not None else v
                    for i, v in enumerate(row)] for k, row in replica.rows.items()}
     assert rebuilt == expected
+
+    # A dump from before dumps recorded their table's definition: a clear refusal.
+    with open(result.info.path, "rb") as f:
+        header = json.loads(f.readline())
+        rest = f.read()
+    del header["definition"]
+    old = tmp_path / "old.dump"
+    old.write_bytes(json.dumps(header).encode() + b"\n" + rest)
+    with open(old, "rb") as f, pytest.raises(NoDefinition, match="take a new dump"):
+        list(databus_lines(f))

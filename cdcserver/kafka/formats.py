@@ -461,6 +461,8 @@ def _table_change(e: StatementEvent) -> dict[str, Any]:
         change["table"] = None
         return change
     columns = []
+    described = e.shape.layout.description
+    auto = described.auto_increment if described is not None else None
     for position, (f, col) in enumerate(zip(e.shape.fields, e.shape.layout.columns,
                                             strict=True), 1):
         type_name = f.real_type.upper() + (" UNSIGNED" if col.unsigned else "")
@@ -469,7 +471,7 @@ def _table_change(e: StatementEvent) -> dict[str, Any]:
                         "typeExpression": type_name, "charsetName": None,
                         "length": f.precision or None, "scale": f.scale or None,
                         "position": position, "optional": col.nullable,
-                        "autoIncremented": False, "generated": False})
+                        "autoIncremented": f.column == auto, "generated": False})
     change["table"] = {"defaultCharsetName": None, "primaryKeyColumnNames":
                        [e.shape.fields[i].column for i in e.shape.primary_key],
                        "columns": columns}
