@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone on a fresh machine (Debian 12, as root): installs
-# what the tests need (Debian's mariadb-server, a Java runtime for Spark, the Python packages
-# into .venv), then runs pytest. The tests start their own private MariaDB and services; nothing needs to be running.
+# what the tests need (Debian's mariadb-server, a Java runtime for Spark, Go for the databus
+# consumer, the Python packages into .venv), then runs pytest. The tests start their own
+# private MariaDB and services; nothing needs to be running.
 # Extra arguments go to pytest, e.g. `bash tests/run.sh -k listener -x`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,7 @@ missing=()
 command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server mariadb-client)
 command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)  # local Spark
 command -v cc >/dev/null 2>&1 || missing+=(gcc)  # builds the transcoder (cdcserver/store/_transcode.pyx)
+command -v go >/dev/null 2>&1 || missing+=(golang-go)  # the Go databus consumer (tests/databus_go)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "tests/run.sh: please install ${missing[*]} (needs root)" >&2

@@ -14,6 +14,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,6 +172,7 @@ async def test_a_databus_consumer_loads_the_dump_then_kafka_after_its_position(
         assert event.action == "insert"
         replica.apply(databus.KafkaKey(databus.Position("", 0), "DML"), line)
     after = (listed["binlog"]["file"], listed["binlog"]["pos"])
+    followed = []
     for m in await raw_messages(kafka_broker, "databus"):
         key = databus.decode_key(m.key)
         event = (databus.decode_query_event(m.value) if key.action == "DDL"
@@ -175,6 +180,7 @@ async def test_a_databus_consumer_loads_the_dump_then_kafka_after_its_position(
         assert event.table is not None
         if event.table.schema == db and (key.pos.name, key.pos.pos) >= after:
             replica.apply(key, m.value)
+            followed.append((m.key, m.value))
     assert replica.events == 3 + 3  # the dump's lines, then UPDATE, DELETE and INSERT
     rows = source.query(f"SELECT CAST(id AS CHAR), name, CAST(price AS CHAR), size + 0, "
                         f"tags + 0, raw FROM {t}")
@@ -183,6 +189,14 @@ async def test_a_databus_consumer_loads_the_dump_then_kafka_after_its_position(
     rebuilt = {k: [v.encode("utf-8", "surrogateescape") if i == 5 and v is not None else v
                    for i, v in enumerate(row)] for k, row in replica.rows.items()}
     assert rebuilt == expected
+
+    # The same, by a consumer in Go (tests/databus_go: seed 001's structs, encoding/json).
+    go_rows, go_events = _go_consumer(tmp_path, [(b"", line) for line in lines] + followed)
+    assert go_events == 3 + 3
+    assert go_rows == sorted([[None if v is None else (v if isinstance(v, bytes) else
+                                                       v.encode()).hex() for v in row]
+                              for row in expected.values()],
+                             key=lambda row: bytes.fromhex(row[0]).decode())
 
     # A dump from before dumps recorded their table's definition: a clear refusal.
     with open(result.info.path, "rb") as f:
@@ -193,3 +207,21 @@ async def test_a_databus_consumer_loads_the_dump_then_kafka_after_its_position(
     old.write_bytes(json.dumps(header).encode() + b"\n" + rest)
     with open(old, "rb") as f, pytest.raises(NoDefinition, match="take a new dump"):
         list(databus_lines(f))
+
+
+def _go_consumer(tmp_path, messages: list[tuple[bytes, bytes]]) -> tuple[list[Any], int]:
+    """Run the Go consumer on (key, value) pairs (an empty key: a dump line); the rows it
+    rebuilt (values hex, ordered by primary key) and the RowsEvents it applied. Go is
+    Debian's golang-go, which tests/run.sh installs; nothing is downloaded."""
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("the Go consumer needs Debian's golang-go (tests/run.sh installs it)")
+    env = {**os.environ, "GOCACHE": str(tmp_path / "gocache"), "GOPROXY": "off",
+           "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local", "GO111MODULE": "on"}
+    stdin = b"".join(key.hex().encode() + b" " + value.hex().encode() + b"\n"
+                     for key, value in messages)
+    done = subprocess.run([go, "run", "."], input=stdin, capture_output=True, env=env,
+                          cwd=Path(__file__).parent / "databus_go", timeout=300, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    out = json.loads(done.stdout)
+    return out["Rows"], out["Events"]

@@ -1,0 +1,3 @@
+module databusconsumer
+
+go 1.19
