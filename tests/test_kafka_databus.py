@@ -73,6 +73,7 @@ async def test_a_databus_consumer_rebuilds_the_table_from_the_default_topic(
     starts = _event_starts(source)
     replica = databus.Replica()
     ours = 0
+    mine = []
     for m in messages:
         key = databus.decode_key(m.key)
         value_table = (databus.decode_query_event(m.value) if key.action == "DDL"
@@ -86,6 +87,7 @@ async def test_a_databus_consumer_rebuilds_the_table_from_the_default_topic(
             "insert": "Write_rows_v1", "update": "Update_rows_v1",
             "delete": "Delete_rows_v1"}[databus.decode_rows_event(m.value).action]), kind
         replica.apply(key, m.value)
+        mine.append((m.key, m.value))
     # One message per row event: the 3-row insert and the 2-row update are one each.
     # and CREATE TABLE, ALTER TABLE, CREATE INDEX, CREATE/DROP DATABASE
     assert replica.events == 4 and ours == 4 + 6
@@ -102,6 +104,10 @@ async def test_a_databus_consumer_rebuilds_the_table_from_the_default_topic(
                    for i, v in enumerate(row)] + [None] * (8 - len(row))
                for k, row in replica.rows.items()}
     assert rebuilt == expected
+    go_rows, go_events = _go_consumer(tmp_path, mine)
+    assert go_events == 4
+    assert go_rows == [[None if v is None else v.encode("utf-8", "surrogateescape").hex()
+                        for v in row] for _, row in sorted(replica.rows.items())]
 
     # The table as go-mysql's schema.Table describes it, read from the server itself:
     # SHOW FULL COLUMNS' Type and Extra, SHOW INDEX's keys in order.
