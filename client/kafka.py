@@ -19,6 +19,7 @@ import base64
 import datetime as dt
 import json
 import struct
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -246,6 +247,9 @@ class KafkaChangeReader:
         self.schema_topic = schema_topic
         self.options = consumer_options
         self._looked_for: set[str] = set()  # schema ids not found by a reload
+        # Statements are written to every partition of their topic, to stay in order with
+        # each partition's rows: the ones already yielded, so each is yielded once.
+        self._statements: OrderedDict[tuple[str, bytes, str, str, str], None] = OrderedDict()
 
     def _consumer(self) -> Any:
         from aiokafka import AIOKafkaConsumer
@@ -330,9 +334,25 @@ class KafkaChangeReader:
                         for change in self.decoder.decode_all(
                                 m.value, headers, m.key or b"", tp.topic, tp.partition,
                                 m.offset):
-                            yield change
+                            if change.sql is None or self._first_copy(change):
+                                yield change
         finally:
             await consumer.stop()
+
+
+    def _first_copy(self, change: KafkaChange) -> bool:
+        """Whether this statement message is the first of its copies (one per partition)."""
+        assert change.sql is not None
+        identity = (change.topic, change.key, change.database, change.table, change.sql)
+        if identity in self._statements:
+            return False
+        self._statements[identity] = None
+        if len(self._statements) > _STATEMENTS_REMEMBERED:
+            self._statements.popitem(last=False)
+        return True
+
+
+_STATEMENTS_REMEMBERED = 65536  # statements are rare: far more than partitions ever lag by
 
 
 def _covered_by(state: str) -> Callable[[str], bool]:
