@@ -10,14 +10,16 @@ server: nothing here shares code with the description.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
 from cdcserver.core.changes import Index, TableDescription
+from cdcserver.core.gtid import GtidState
 from cdcserver.schema import ddl
 from cdcserver.schema.definition import TableDefinition
-from cdcserver.schema.history import SchemaHistory
+from cdcserver.schema.history import SchemaHistory, layout_of
 from cdcserver.store.naming import TableName
 from tests.conftest import Source
 
@@ -131,3 +133,37 @@ def _shown(source: Source, table: TableName) -> TableDescription | None:
         tuple(Index(name, tuple(cols), unique,
                     kind if kind in ("fulltext", "spatial") else "")
               for name, cols, unique, kind in indexes))
+
+
+def test_a_definition_recorded_without_indexes_learns_them_from_the_source(
+        source: Source, tmp_path) -> None:
+    """A history written before it kept indexes and AUTO_INCREMENT: its tables learn them
+    from the source, when the source's definition agrees, and keep them from then on."""
+    database = source.database
+    source.execute(f"USE `{database}`",
+                   "CREATE TABLE t (id INT AUTO_INCREMENT PRIMARY KEY, a VARCHAR(10),"
+                   " UNIQUE KEY ua (a))")
+    table = TableName(database, "t")
+
+    def show_create(name: TableName) -> str:
+        return str(source.query(f"SHOW CREATE TABLE `{name.database}`.`{name.table}`")[0][1])
+
+    current = ddl.parse(show_create(table), database)
+    assert isinstance(current, ddl.CreateTable) and current.definition is not None
+    old = current.definition.to_json()
+    del old["indexes"]  # as the history recorded it before
+    for column in old["columns"]:
+        column.pop("auto_increment", None)
+    path = tmp_path / "schema_history.jsonl"
+    path.write_text(json.dumps({"gtid": "", "table": [database, "t"], "definition": old}) + "\n")
+
+    history = SchemaHistory(str(path), lookup=show_create)
+    history.load(GtidState.parse(""))
+    before = history.tables[table].describe()
+    assert [i.name for i in before.indexes] == ["PRIMARY"] and before.auto_increment is None
+    history.reconcile(layout_of(table, current.definition), None)
+    assert history.tables[table].describe() == _shown(source, table)
+
+    again = SchemaHistory(str(path))  # recorded: known without asking the source
+    again.load(GtidState.parse(""))
+    assert again.tables[table].describe() == _shown(source, table)

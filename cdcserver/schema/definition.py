@@ -257,6 +257,9 @@ class TableDefinition:
     implicit_period: bool = False
     sequence: bool = False  # a SEQUENCE (CREATE SEQUENCE, or a table with SEQUENCE=1)
     indexes: tuple[Index, ...] = ()  # every index but the primary key, each named
+    # False for a definition recorded before the history kept indexes and AUTO_INCREMENT
+    # (its ``indexes`` and ``auto_increment`` say nothing): re-learned when the source agrees.
+    described: bool = True
 
     def index(self, name: str) -> int:
         lowered = name.lower()
@@ -283,7 +286,7 @@ class TableDefinition:
             data["implicit_period"] = self.implicit_period
         if self.sequence:
             data["sequence"] = True
-        if self.indexes:
+        if self.described:
             data["indexes"] = [{"name": i.name, "columns": list(i.columns), "unique": i.unique,
                                 "kind": i.kind} for i in self.indexes]
         return data
@@ -297,7 +300,7 @@ class TableDefinition:
                    (period[0], period[1]) if period else None,
                    data.get("implicit_period", False), data.get("sequence", False),
                    tuple(Index(i["name"], tuple(i["columns"]), i["unique"], i["kind"])
-                         for i in data.get("indexes", ())))
+                         for i in data.get("indexes", ())), "indexes" in data)
 
     def describe(self) -> TableDescription:
         """The table as ``SHOW COLUMNS`` and ``SHOW INDEX`` would show it, but for the

@@ -263,6 +263,8 @@ class SchemaHistory:
         definition = self.tables.get(table)
         if definition is None:
             definition = self._bootstrap(table, layout, gtid)
+        elif not definition.described and agrees(layout, definition):
+            definition = self._describe(table, layout, definition, gtid)
         elif not agrees(layout, definition):
             raise SchemaError(
                 f"{table}: the binlog's table map ({_describe(layout.columns)}) disagrees with "
@@ -325,6 +327,34 @@ class SchemaHistory:
         self._record(table, statement.definition, gtid)
         log.info("schema history: learned %s from the source", table)
         return statement.definition
+
+    def _describe(self, table: TableName, layout: TableLayout, definition: TableDefinition,
+                  gtid: Gtid | None) -> TableDefinition:
+        """A definition recorded before the history kept indexes and AUTO_INCREMENT: the
+        source's, when it agrees with the table map and with the recorded columns (else it
+        stays as it is, and is tried again at the table's next layout)."""
+        if self.lookup is None:
+            return definition
+        try:
+            text = self.lookup(table)
+        except Exception as exc:  # noqa: BLE001 - a failed lookup leaves it as it is
+            log.warning("schema history: cannot read the definition of %s: %s", table, exc)
+            return definition
+        statement = ddl.parse(text, table.database) if text else None
+        if not isinstance(statement, ddl.CreateTable) or statement.definition is None:
+            return definition
+        found = statement.definition
+        if not agrees(layout, found) or [(c.name, c.type, c.args, c.unsigned) for c in
+                                         found.columns] != [(c.name, c.type, c.args, c.unsigned)
+                                                            for c in definition.columns]:
+            return definition
+        described = replace(definition, indexes=found.indexes, columns=tuple(
+            replace(mine, auto_increment=theirs.auto_increment, zerofill=theirs.zerofill)
+            for mine, theirs in zip(definition.columns, found.columns, strict=True)),
+            described=True)
+        self._record(table, described, gtid)
+        log.info("schema history: learned the indexes of %s from the source", table)
+        return described
 
     def transactional(self, table: TableName) -> bool:
         """Whether ``table`` is known to use an engine that rolls back (InnoDB and kin)."""
