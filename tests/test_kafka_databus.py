@@ -5,8 +5,8 @@ the default layout must be what mysql-databus's SDK reads (one topic, partition 
 strict consumer (``tests/databus_consumer.py``, Go's encoding/json rules) decodes every
 message, rebuilds the table the way the seed's ``Do()`` applies RowsEvents, and the result
 must equal ``SELECT`` on the source, value for value in go-mysql's text (ENUM as its index,
-SET as its bitmask, DECIMAL at its scale). Each key's ``Pos`` must be where its event starts,
-as ``SHOW BINLOG EVENTS`` lists it.
+SET as its bitmask, DECIMAL at its scale). Each key's ``Pos`` must be where its transaction
+starts: what ``SHOW MASTER STATUS`` said before it, a GTID event in ``SHOW BINLOG EVENTS``.
 """
 
 from __future__ import annotations
@@ -50,20 +50,27 @@ async def test_a_databus_consumer_rebuilds_the_table_from_the_default_topic(
                                 "state_topic": f"{db}.state"})
     running = await start_service(config)
     t = f"`{db}`.items"
+    # Each transaction's GTID -> where SHOW MASTER STATUS said the binlog was before it: the
+    # position mysql-databus's SDK is given and searches the keys for.
+    master_before: dict[str, tuple[str, int]] = {}
     try:
-        source.execute(
-            f"CREATE TABLE {t} (id INT AUTO_INCREMENT PRIMARY KEY, name VARCHAR(20), "
-            "price DECIMAL(8,2), size ENUM('s','m','l'), tags SET('new','sale','eco'), "
-            "at DATETIME(3), raw BLOB, UNIQUE KEY (name), KEY by_size (size, price))",
-            f"INSERT INTO {t} VALUES (1, 'pen', 1.50, 'm', 'new,eco', '2024-01-02 03:04:05.6', "
-            "x'00ff'), (2, 'ink', 12.00, 's', '', NULL, NULL), (3, 'pad', NULL, NULL, "
-            "'sale', NULL, '')",
-            f"UPDATE {t} SET price = price * 2, tags = 'sale,eco' WHERE id IN (1, 2)",
-            f"DELETE FROM {t} WHERE id = 3",
-            f"ALTER TABLE {t} ADD COLUMN note TEXT",
-            f"USE `{db}`", "CREATE INDEX ix_at ON items (at)",
-            f"INSERT INTO {t} (id, name, note) VALUES (4, 'cup', 'après')",
-            f"CREATE DATABASE `{db}_other`", f"DROP DATABASE `{db}_other`")
+        for statements in (
+                [f"CREATE TABLE {t} (id INT AUTO_INCREMENT PRIMARY KEY, name VARCHAR(20), "
+                 "price DECIMAL(8,2), size ENUM('s','m','l'), tags SET('new','sale','eco'), "
+                 "at DATETIME(3), raw BLOB, UNIQUE KEY (name), KEY by_size (size, price))"],
+                [f"INSERT INTO {t} VALUES (1, 'pen', 1.50, 'm', 'new,eco', "
+                 "'2024-01-02 03:04:05.6', x'00ff'), (2, 'ink', 12.00, 's', '', NULL, NULL), "
+                 "(3, 'pad', NULL, NULL, 'sale', NULL, '')"],
+                [f"UPDATE {t} SET price = price * 2, tags = 'sale,eco' WHERE id IN (1, 2)"],
+                [f"DELETE FROM {t} WHERE id = 3"],
+                [f"ALTER TABLE {t} ADD COLUMN note TEXT"],
+                [f"USE `{db}`", "CREATE INDEX ix_at ON items (at)"],
+                [f"INSERT INTO {t} (id, name, note) VALUES (4, 'cup', 'après')"],
+                [f"CREATE DATABASE `{db}_other`"], [f"DROP DATABASE `{db}_other`"]):
+            file, pos = source.query("SHOW MASTER STATUS")[0][:2]
+            source.execute(*statements)
+            gtid = str(source.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0])
+            master_before[gtid] = (str(file), int(pos))
         await kafka_caught_up(running, source)
     finally:
         await running.stop()
@@ -72,7 +79,7 @@ async def test_a_databus_consumer_rebuilds_the_table_from_the_default_topic(
     assert {m.partition for m in messages} == {0}  # one topic, partition 0
     starts = _event_starts(source)
     replica = databus.Replica()
-    ours = 0
+    ours = checked = 0
     mine = []
     for m in messages:
         key = databus.decode_key(m.key)
@@ -82,15 +89,17 @@ async def test_a_databus_consumer_rebuilds_the_table_from_the_default_topic(
         if not value_table.schema.startswith(db):
             continue  # another test's messages on the shared topic
         ours += 1
-        kind = starts[(key.pos.name, key.pos.pos)]  # Pos is where the event starts
-        assert kind == ("Query" if key.action == "DDL" else {
-            "insert": "Write_rows_v1", "update": "Update_rows_v1",
-            "delete": "Delete_rows_v1"}[databus.decode_rows_event(m.value).action]), kind
+        # Pos is where the transaction starts (its GTID event), as SHOW MASTER STATUS said
+        # (the fixture's CREATE DATABASE ran before this test could ask)
+        before = master_before.get(json.loads(m.key)["GTID"])
+        assert before is None or (key.pos.name, key.pos.pos) == before
+        checked += before is not None
+        assert starts[(key.pos.name, key.pos.pos)] == "Gtid"
         replica.apply(key, m.value)
         mine.append((m.key, m.value))
     # One message per row event: the 3-row insert and the 2-row update are one each.
     # and CREATE TABLE, ALTER TABLE, CREATE INDEX, CREATE/DROP DATABASE
-    assert replica.events == 4 and ours == 4 + 6
+    assert replica.events == 4 and ours == 4 + 6 and checked == ours - 1
     assert any(s.startswith("ALTER TABLE") for s in replica.statements)
     # Query runs as it is: the table it names carries its database ("schema wrapped in").
     assert f"CREATE INDEX ix_at ON `{db}`.items (at)" in replica.statements
@@ -188,6 +197,10 @@ async def test_a_databus_consumer_loads_the_dump_then_kafka_after_its_position(
             replica.apply(key, m.value)
             followed.append((m.key, m.value))
     assert replica.events == 3 + 3  # the dump's lines, then UPDATE, DELETE and INSERT
+    # The first transaction after the dump starts where the dump's snapshot is: the SDK
+    # finds it by an exact match of the dump's position.
+    first = databus.decode_key(followed[0][0])
+    assert (first.pos.name, first.pos.pos) == after
     rows = source.query(f"SELECT CAST(id AS CHAR), name, CAST(price AS CHAR), size + 0, "
                         f"tags + 0, raw FROM {t}")
     expected = {(row[0],): [None if v is None else v if isinstance(v, bytes) else str(v)

@@ -15,11 +15,13 @@
 - ``maxscale``: MaxScale KafkaCDC's compact JSON record, one message per record, keyed
   ``domain-server-sequence:event_number``; schema statements send the table's Avro schema.
 
-Every format but ``maxscale`` is keyed by position (the user's KafkaKey): ``{"Pos": {"Name":
-binlog file, "Pos": end position of the event}, "Action": ..., "GTID": ..., "Event": ...}``;
-``GTID`` and ``Event`` (the record's ``event_number``) make each key unique to one change, so
-a redelivered message is recognised by its key. ``key = "primary-key"`` keys row changes by
-their primary key instead.
+``databus`` and ``dip`` are keyed by position (the user's KafkaKey): ``{"Pos": {"Name":
+binlog file, "Pos": ...}, "Action": ..., "GTID": ..., "Event": ...}``, ``Pos`` the start of
+the change's transaction for ``databus`` (``Action`` DML or DDL), the end of its event for
+``dip``; ``GTID`` and ``Event`` (the record's ``event_number``) make each key unique to one
+message, so a redelivered message is recognised by its key. ``debezium`` is keyed by the
+row's primary key (``key = "primary-key"``, which any format can take), ``maxscale`` as
+KafkaCDC keys.
 """
 
 from __future__ import annotations
@@ -150,8 +152,9 @@ def go_mysql_type(raw_type: str) -> int:
 class Databus(MessageFormat):
     """mysql-databus's messages (seed 001): one per binlog row event, a ``RowsEvent`` with all
     its rows, and a ``QueryEvent`` per statement, keyed ``KafkaKey{Pos, Action}`` with
-    ``Action`` ``DML`` or ``DDL`` and ``Pos`` where the event starts; all on one topic,
-    partition 0, which is where its SDK reads."""
+    ``Action`` ``DML`` or ``DDL`` and ``Pos`` where the event's transaction starts: the
+    position ``SHOW MASTER STATUS`` gave before it, which is what its SDK searches Kafka for
+    (and a dump's position); all on one topic, partition 0, which is where its SDK reads."""
 
     name = "databus"
     default_topic = "databus"
@@ -227,7 +230,7 @@ class Databus(MessageFormat):
                         for enc, v in zip(encoders, row)]) + b"]")  # noqa: B905
         value = (b'{"Table":' + self.table_json(first.shape) + b',"Action":"' +
                  first.action.encode() + b'","Rows":[' + b",".join(rows) + b"]}")
-        return self.event_key("DML", first.file, first.start, first.gtid_text,
+        return self.event_key("DML", first.file, first.transaction_start, first.gtid_text,
                               first.event_number), value, first.event_number
 
     def row_value(self, e: RowEvent) -> bytes:
@@ -241,11 +244,12 @@ class Databus(MessageFormat):
     def row_key(self, e: RowEvent) -> bytes:
         if self.key_style == "primary-key":
             return super().row_key(e)
-        return self.event_key("DML", e.file, e.start, e.gtid_text, e.event_number)
+        return self.event_key("DML", e.file, e.transaction_start, e.gtid_text, e.event_number)
 
     @staticmethod
-    def event_key(action: str, file: str, start: int, gtid: str, event: int) -> bytes:
-        return position_key(action, file, start, gtid, event)
+    def event_key(action: str, file: str, transaction_start: int, gtid: str, event: int
+                  ) -> bytes:
+        return position_key(action, file, transaction_start, gtid, event)
 
     def statement(self, e: StatementEvent) -> Message:
         action = e.kind if e.kind != "query" else "query"
@@ -258,7 +262,7 @@ class Databus(MessageFormat):
         sql = qualified(e.sql, e.session_database)
         value = (b'{"Table":' + table + b',"Action":' + dumps(action) + b',"Query":"' +
                  base64.b64encode(sql.encode("utf-8")) + b'"}')
-        return position_key("DDL", e.file, e.start, str(e.gtid), 0), value
+        return position_key("DDL", e.file, e.transaction_start, str(e.gtid), 0), value
 
 
 # -- dip (official format one, with Canal's DDL) -------------------------------------------
