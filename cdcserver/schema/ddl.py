@@ -308,7 +308,7 @@ class _Parser:
                 if_exists = self.if_exists()
                 name = ts.identifier()
                 ts.expect_word("ON")
-                return AlterTable(self.table_name(), (DropIndex(name, if_exists),))
+                return AlterTable(self.table_name(), (_drop_index(name, if_exists),))
             return NoTableChange()
         if ts.accept_word("TRUNCATE"):
             ts.accept_word("TABLE")
@@ -529,7 +529,7 @@ class _Parser:
             ts.next()
         names = []
         for part in _split_top_level(ts.skip_balanced()):
-            if part and part[0].kind in ("word", "ident"):
+            if part and part[0].kind in ("word", "ident", "string"):  # "a": ANSI_QUOTES
                 names.append(part[0].text)
         return names
 
@@ -669,7 +669,8 @@ class _Parser:
         self._table = table
         actions: list[object] = []
         while not self.ts.at_end():
-            actions.append(self.alter_action())
+            action = self.alter_action()
+            actions += action if isinstance(action, tuple) else [action]
             if not self.ts.accept_symbol(",") and not self.ts.at_end():
                 # Whatever follows an action without a comma is not understood.
                 actions.append(UnknownAction(" ".join(t.text for t in
@@ -684,11 +685,14 @@ class _Parser:
             ts.accept_word("COLUMN")
             if_not_exists = self.if_not_exists()
             self._filled = []
+            self._start_keys()
             if ts.accept_symbol("("):
                 columns = self.create_elements()
-                return AddColumns(columns, None, if_not_exists, tuple(self._filled))
+                return (AddColumns(columns, None, if_not_exists, tuple(self._filled)),
+                        *self.keys_stated())
             column = self.column_spec()
-            return AddColumns((column,), self.position(), if_not_exists, tuple(self._filled))
+            return (AddColumns((column,), self.position(), if_not_exists, tuple(self._filled)),
+                    *self.keys_stated())
         if ts.accept_word("DROP"):
             if ts.accept_words("PRIMARY", "KEY"):
                 return SetPrimaryKey(())
@@ -703,17 +707,17 @@ class _Parser:
                 ts.until_top_level(";")  # p1, p2: partition maintenance stands alone
                 return RowsChanged("ALTER TABLE ... DROP PARTITION removes the partition's rows")
             if ts.accept_word("CONSTRAINT"):
-                # DROP CONSTRAINT names a foreign key or a CHECK; dropping an unknown name
-                # changes nothing this history keeps.
+                # DROP CONSTRAINT names a foreign key, a UNIQUE key or a CHECK; dropping an
+                # unknown name changes nothing this history keeps.
                 self.if_exists()
                 name = ts.identifier()
                 ts.until_top_level(",", ";")
-                return DropForeignKey(name)
+                return (DropForeignKey(name), DropIndex(name, if_exists=True))
             if ts.accept_word("INDEX", "KEY"):
                 if_exists = self.if_exists()
                 name = ts.identifier()
                 ts.until_top_level(",", ";")
-                return DropIndex(name, if_exists)
+                return _drop_index(name, if_exists)
             if ts.accept_word("CHECK", "PERIOD"):
                 ts.until_top_level(",", ";")
                 return None
@@ -725,14 +729,18 @@ class _Parser:
         if ts.accept_word("MODIFY"):
             ts.accept_word("COLUMN")
             if_exists = self.if_exists()
+            self._start_keys()
             column = self.column_spec()
-            return ChangeColumn(column.name, column, self.position(), if_exists)
+            return (ChangeColumn(column.name, column, self.position(), if_exists),
+                    *self.keys_stated())
         if ts.accept_word("CHANGE"):
             ts.accept_word("COLUMN")
             if_exists = self.if_exists()
             old = ts.identifier()
+            self._start_keys()
             column = self.column_spec()
-            return ChangeColumn(old, column, self.position(), if_exists)
+            return (ChangeColumn(old, column, self.position(), if_exists),
+                    *self.keys_stated())
         if ts.accept_word("RENAME"):
             if ts.accept_word("COLUMN"):
                 old = ts.identifier()
@@ -798,6 +806,21 @@ class _Parser:
             ts.until_top_level(",", ";")  # table options and maintenance: no column change
             return None
         return UnknownAction(" ".join(t.text for t in ts.until_top_level(",", ";")))
+
+    def _start_keys(self) -> None:
+        self._pk, self._fks, self._indexes = [], [], []
+
+    def keys_stated(self) -> tuple[object, ...]:
+        """The keys a column definition of ALTER TABLE states (``PRIMARY KEY``, ``UNIQUE``,
+        ``SERIAL``, ``REFERENCES``, or a key in ``ADD (..., UNIQUE KEY (a))``): actions of
+        their own, applied after the columns change, as MariaDB applies them."""
+        actions: list[object] = []
+        if self._pk:
+            actions.append(SetPrimaryKey(tuple(self._pk)))
+        actions += [AddForeignKey(key) for key in self._fks]
+        actions += [AddIndex(index, False) for index, generated in self._indexes
+                    if not generated]
+        return tuple(actions)
 
     def at_index_keyword(self) -> bool:
         token = self.ts.peek()
@@ -867,6 +890,11 @@ class _Parser:
         while self.ts.accept_symbol(","):
             tables.append(self.table_name())
         return DropTables(tuple(tables))
+
+
+def _drop_index(name: str, if_exists: bool) -> object:
+    """``DROP INDEX name``: the primary key's name is PRIMARY."""
+    return SetPrimaryKey(()) if name.upper() == "PRIMARY" else DropIndex(name, if_exists)
 
 
 def _index(name: str, columns: tuple[str, ...], kind: str) -> Index:

@@ -37,6 +37,31 @@ _EXTENDED_SIZES = {"inet4": 4, "inet6": 16, "uuid": 16}
 # an integer's display width when the DDL gives none (one less when unsigned, but BIGINT's)
 _DISPLAY_WIDTHS = {"tinyint": 4, "smallint": 6, "mediumint": 9, "int": 11, "bigint": 20}
 _NUMBERS = frozenset({*_INTEGERS, "decimal", "float", "double"})
+# The most bytes a character takes, for TEXT(n)'s size (a character set not listed: 4, as
+# utf8mb4, the default character set where the statement names none)
+_MAX_CHARACTER_BYTES = {"latin1": 1, "ascii": 1, "binary": 1, "latin2": 1, "cp1250": 1,
+                        "cp1251": 1, "cp1256": 1, "cp1257": 1, "greek": 1, "hebrew": 1,
+                        "koi8r": 1, "koi8u": 1, "swe7": 1, "dec8": 1, "cp850": 1, "hp8": 1,
+                        "ucs2": 2, "big5": 2, "gbk": 2, "sjis": 2, "cp932": 2, "euckr": 2,
+                        "gb2312": 2, "ujis": 3, "eucjpms": 3, "utf8": 3, "utf8mb3": 3,
+                        "utf8mb4": 4, "utf16": 4, "utf16le": 4, "utf32": 4}
+# CHARACTER SET binary makes a character column a byte column
+_AS_BYTES = {"char": "binary", "varchar": "varbinary", "tinytext": "tinyblob", "text": "blob",
+             "mediumtext": "mediumblob", "longtext": "longblob"}
+
+
+def _sized(kind: str, length: int, charset: str | None) -> str:
+    """TEXT(n) or BLOB(n): the smallest of the four sizes that holds n characters."""
+    size = length * (_MAX_CHARACTER_BYTES.get(charset or "utf8mb4", 4) if kind == "text"
+                     else 1)
+    tiers = ("tiny", "", "medium", "long")
+    base = kind
+    for tier, limit in zip(tiers, (255, 65535, 16777215, 1 << 32), strict=True):
+        if size <= limit:
+            return tier + base
+    return "long" + base
+
+
 BINARY_TYPES = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
 CHARACTER_TYPES = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext",
                              "enum", "set"})
@@ -81,11 +106,14 @@ class ColumnSpec:
         """The type as MariaDB's ``SHOW COLUMNS`` shows it: ``int(11)``, ``int(10) unsigned
         zerofill``, ``decimal(10,0)``, ``varchar(255)``, ``enum('a','b')``, ``longtext`` for
         JSON."""
-        kind, args = self.type, self.args
+        kind, args = self.sized()
         if kind == "serial":
             return "bigint(20) unsigned"
         if kind in ("enum", "set"):
-            return kind + "(" + ",".join("'" + a.replace("'", "''") + "'" for a in args) + ")"
+            return kind + "(" + ",".join(
+                "'" + a.replace("\\", "\\\\").replace("'", "''") + "'" for a in args) + ")"
+        if self.binary and kind in _AS_BYTES:
+            kind = _AS_BYTES[kind]
         if kind == "json":
             kind = "longtext"
         elif kind == "float" and len(args) == 1:
@@ -113,9 +141,15 @@ class ColumnSpec:
             return "json"
         return None
 
+    def sized(self) -> tuple[str, tuple[str, ...]]:
+        """The type and its arguments, TEXT(n) and BLOB(n) as the size they make."""
+        if self.type in ("text", "blob") and self.args and self.args[0].isdigit():
+            return _sized(self.type, int(self.args[0]), self.charset), ()
+        return self.type, self.args
+
     def column_def(self) -> ColumnDef:
         """The ColumnDef a FULL-metadata table map gives for this column."""
-        kind, args = self.type, self.args
+        kind, args = self.sized()
         number = int(args[0]) if args and args[0].isdigit() else None
         text = None if self.binary or kind in BINARY_TYPES else "utf-8"
         base = ColumnDef(self.name, int(T.NULL), nullable=self.nullable,
@@ -191,15 +225,23 @@ class ForeignKey:
 
 def with_index(definition: TableDefinition, index: Index) -> TableDefinition:
     """The table with ``index`` added; an unnamed index is named after its first column,
-    with ``_2``, ``_3``... when that name is taken, as MariaDB names it."""
+    with ``_2``, ``_3``... when that name is taken, as MariaDB names it. A foreign key's
+    own index gives way to a stated one that starts with its columns."""
+    kept = definition.indexes
+    if not index.generated:
+        kept = tuple(i for i in kept if not (i.generated and _prefix(i.columns, index.columns)))
     name = index.name
     if not name:
-        taken = {"primary"} | {i.name.lower() for i in definition.indexes}
+        taken = {"primary"} | {i.name.lower() for i in kept}
         name, n = index.columns[0], 1
         while name.lower() in taken:
             n += 1
             name = f"{index.columns[0]}_{n}"
-    return replace(definition, indexes=(*definition.indexes, replace(index, name=name)))
+    return replace(definition, indexes=(*kept, replace(index, name=name)))
+
+
+def _prefix(columns: tuple[str, ...], of: tuple[str, ...]) -> bool:
+    return [c.lower() for c in of[:len(columns)]] == [c.lower() for c in columns]
 
 
 def with_foreign_key_index(definition: TableDefinition, index: Index) -> TableDefinition:
@@ -209,7 +251,7 @@ def with_foreign_key_index(definition: TableDefinition, index: Index) -> TableDe
     for columns in (definition.primary_key, *(i.columns for i in definition.indexes)):
         if [c.lower() for c in columns[:len(wanted)]] == wanted:
             return definition
-    return with_index(definition, index)
+    return with_index(definition, replace(index, generated=True))
 
 
 def named(key: ForeignKey, table: str, existing: tuple[ForeignKey, ...]) -> ForeignKey:
@@ -288,7 +330,8 @@ class TableDefinition:
             data["sequence"] = True
         if self.described:
             data["indexes"] = [{"name": i.name, "columns": list(i.columns), "unique": i.unique,
-                                "kind": i.kind} for i in self.indexes]
+                                "kind": i.kind, **({"generated": True} if i.generated else {})}
+                               for i in self.indexes]
         return data
 
     @classmethod
@@ -299,7 +342,8 @@ class TableDefinition:
                    tuple(ForeignKey.from_json(k) for k in data.get("foreign_keys", ())),
                    (period[0], period[1]) if period else None,
                    data.get("implicit_period", False), data.get("sequence", False),
-                   tuple(Index(i["name"], tuple(i["columns"]), i["unique"], i["kind"])
+                   tuple(Index(i["name"], tuple(i["columns"]), i["unique"], i["kind"],
+                               i.get("generated", False))
                          for i in data.get("indexes", ())), "indexes" in data)
 
     def describe(self) -> TableDescription:

@@ -176,7 +176,7 @@ class SchemaHistory:
         renamed_to = None
         moved: list[ddl.RowsChanged] = []
         rewrites: list[str] = []
-        for action in statement.actions:
+        for action in sorted(statement.actions, key=_phase):
             if isinstance(action, ddl.RenameTo):
                 renamed_to = action.table
             elif isinstance(action, ddl.RowsChanged):
@@ -188,6 +188,10 @@ class SchemaHistory:
                     self._rename_referenced(table, *renamed, gtid)
                 try:
                     definition = _alter(table, definition, action)
+                except IndexesUnknown as exc:
+                    log.info("schema history: %s: %s; its indexes are re-learned from the "
+                             "source when it agrees", table, exc)
+                    definition = replace(definition, described=False)
                 except (KeyError, ValueError) as exc:
                     log.warning("schema history: %s: %s", table, exc)
                     definition = None
@@ -344,8 +348,8 @@ class SchemaHistory:
         if not isinstance(statement, ddl.CreateTable) or statement.definition is None:
             return definition
         found = statement.definition
-        if not agrees(layout, found) or [(c.name, c.type, c.args, c.unsigned) for c in
-                                         found.columns] != [(c.name, c.type, c.args, c.unsigned)
+        if not agrees(layout, found) or [(c.name.lower(), c.column_type()) for c in
+                                         found.columns] != [(c.name.lower(), c.column_type())
                                                             for c in definition.columns]:
             return definition
         described = replace(definition, indexes=found.indexes, columns=tuple(
@@ -510,7 +514,30 @@ def _renamed_column(definition: TableDefinition, action: object) -> tuple[str, s
     return None
 
 
+class IndexesUnknown(Exception):
+    """An index statement that does not fit the indexes the history has (a table learned
+    from the source after the statement ran, say): the columns are still known, the
+    indexes are not. Never a reason to forget the table."""
+
+
+_INDEX_ACTIONS = (ddl.AddIndex, ddl.DropIndex, ddl.RenameIndex)
+
+
+def _phase(action: object) -> int:
+    """The order MariaDB applies an ALTER TABLE's actions in, whatever order they are
+    written in: keys dropped and renamed, then columns changed, then keys added."""
+    if isinstance(action, (ddl.DropIndex, ddl.RenameIndex, ddl.DropForeignKey)):
+        return 0
+    if isinstance(action, ddl.SetPrimaryKey):
+        return 0 if not action.columns else 2
+    if isinstance(action, (ddl.AddIndex, ddl.AddForeignKey)):
+        return 2
+    return 1
+
+
 def _alter(table: TableName, definition: TableDefinition, action: object) -> TableDefinition:
+    if isinstance(action, _INDEX_ACTIONS) and not definition.described:
+        return definition  # re-learned from the source as a whole
     renamed = _renamed_column(definition, action)
     if renamed is not None or isinstance(action, ddl.DropColumn):
         definition = _keys_after_column_change(table, definition, action, renamed)
@@ -600,30 +627,46 @@ def _alter(table: TableName, definition: TableDefinition, action: object) -> Tab
 
 def _indexes_altered(definition: TableDefinition,
                      action: ddl.AddIndex | ddl.DropIndex | ddl.RenameIndex) -> TableDefinition:
+    """``definition`` with an index added, dropped or renamed; IndexesUnknown when the
+    statement does not fit the indexes known (a table learned from the source as it is
+    now meets the statements that made it so: those that already show change nothing)."""
     names = [i.name.lower() for i in definition.indexes]
     if isinstance(action, ddl.AddIndex):
-        name = action.index.name.lower()
+        index = _unique_with_row_end(definition, action.index)
+        name = index.name.lower()
         if name and name in names:
-            if action.if_not_exists:
+            if action.if_not_exists or index in definition.indexes:
                 return definition
             if not action.replace:
-                raise ValueError(f"index {action.index.name} already exists")
+                raise IndexesUnknown(f"index {index.name} already exists")
             definition = replace(definition, indexes=tuple(
                 i for i in definition.indexes if i.name.lower() != name))
-        for column in action.index.columns:
-            definition.index(column)  # KeyError: no such column
-        return with_index(definition, action.index)
+        if not index.columns or not all(definition.has(c) for c in index.columns):
+            raise IndexesUnknown(f"index {index.name or '?'} on columns not known")
+        return with_index(definition, index)
     old = action.name if isinstance(action, ddl.DropIndex) else action.old
     if old.lower() not in names:
         if isinstance(action, ddl.DropIndex) and action.if_exists:
             return definition
-        raise KeyError(f"no index {old}")
+        if isinstance(action, ddl.RenameIndex) and action.new.lower() in names:
+            return definition
+        raise IndexesUnknown(f"no index {old}")
     if isinstance(action, ddl.DropIndex):
         return replace(definition, indexes=tuple(
             i for i in definition.indexes if i.name.lower() != old.lower()))
     return replace(definition, indexes=tuple(
         replace(i, name=action.new) if i.name.lower() == old.lower() else i
         for i in definition.indexes))
+
+
+def _unique_with_row_end(definition: TableDefinition, index: Index) -> Index:
+    """A unique key of a system-versioned table ends with its row end (MariaDB adds it)."""
+    if not index.unique or definition.period is None:
+        return index
+    end = definition.period[1]
+    if end.lower() in (c.lower() for c in index.columns):
+        return index
+    return replace(index, columns=(*index.columns, end))
 
 
 def _keys_after_column_change(table: TableName, definition: TableDefinition, action: object,
