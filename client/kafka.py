@@ -61,6 +61,7 @@ class KafkaDecoder:
             raise ValueError(f"unknown format {format!r} (one of {', '.join(FORMATS)})")
         self.format = format
         self.schemas: dict[str, tuple[Field, ...]] = {}
+        self._labels = False
 
     def add_schema(self, schema_id: str, text: bytes | str) -> None:
         schema = json.loads(text)
@@ -82,6 +83,7 @@ class KafkaDecoder:
         fields = self.schemas.get(headers.get("schema", b"").decode())
         gtid = headers.get("gtid", b"").decode()
         event = int(headers.get("event", b"0") or 0)
+        self._labels = headers.get("values") == b"labels"  # databus: ENUM/SET as labels
         decoded = getattr(self, f"_{self.format}")(doc, fields, gtid, event)
         if decoded is None:
             return []
@@ -103,7 +105,8 @@ class KafkaDecoder:
             sql = base64.b64decode(doc["Query"]).decode("utf-8")
             return database, name, doc["Action"], None, None, sql
         fields = fields or _fields_from_databus(table)
-        labels = [_databus_labels(c) for c in table.get("Columns") or []]
+        labels = [None if self._labels else _databus_labels(c)
+                  for c in table.get("Columns") or []]
         rows = [{f.column: None if v is None else decode_value(
                     f, label(base64.b64decode(v)) if label else base64.b64decode(v))
                  for f, v, label in zip(fields, row, labels or [None] * len(fields),
@@ -208,8 +211,9 @@ def _from_debezium(f: Field | None, value: Any) -> Any:
 
 
 def _databus_labels(column: dict[str, Any]) -> Callable[[bytes], bytes] | None:
-    """go-mysql's ENUM index and SET bitmask back to labels (a label stays a label: the
-    service's ``databus_labels`` option sends them)."""
+    """go-mysql's ENUM index and SET bitmask back to labels. (Messages sent with the
+    service's ``databus_labels`` say so in their ``values`` header and are not read here;
+    a label in a message from before that header stays a label, unless it is a number.)"""
     enum, members = column.get("EnumValues") or [], column.get("SetValues") or []
     if enum:
         def label(text: bytes) -> bytes:
@@ -229,11 +233,38 @@ def _databus_labels(column: dict[str, Any]) -> Callable[[bytes], bytes] | None:
 
 
 def _fields_from_databus(table: dict[str, Any]) -> tuple[Field, ...]:
-    """Approximate kinds from go-mysql's column types, for a message without a schema."""
-    kinds = {1: Kind.LONG, 13: Kind.LONG, 2: Kind.DOUBLE, 12: Kind.DECIMAL, 6: Kind.DATETIME,
-             7: Kind.TIMESTAMP, 8: Kind.DATE, 9: Kind.TIME, 14: Kind.BYTES, 15: Kind.BYTES}
-    return tuple(Field(c["Name"], kinds.get(c["Type"], Kind.STRING), c["Name"],
-                       c.get("RawType", "").split(" ")[0]) for c in table.get("Columns", []))
+    """Each column's kind from its ``RawType`` (``SHOW COLUMNS``'s text), for a message
+    without a schema: go-mysql's type codes are too coarse (DECIMAL is FLOAT, BLOB is
+    STRING)."""
+    return tuple(Field(c["Name"], _kind_of_raw_type(c.get("RawType", "")), c["Name"],
+                       c.get("RawType", "").split("(")[0].split(" ")[0])
+                 for c in table.get("Columns", []))
+
+
+def _kind_of_raw_type(raw_type: str) -> Kind:
+    """The change stream's kind of a ``SHOW COLUMNS`` type: ``int(11)``, ``decimal(8,2)``,
+    ``bit(1)``, ``varbinary(16)``, ``datetime(3)``..."""
+    name, _, rest = raw_type.lower().partition("(")
+    name = name.split(" ")[0]
+    width = int(rest.split(")")[0]) if rest.split(")")[0].isdigit() else 0
+    if name.endswith("int") or name in ("integer", "year", "serial"):
+        return Kind.LONG
+    if name in ("float", "double", "real"):
+        return Kind.DOUBLE
+    if name in ("decimal", "numeric"):
+        return Kind.DECIMAL
+    if name == "bit":
+        return Kind.BOOLEAN if width == 1 else Kind.LONG if width < 64 else Kind.DECIMAL
+    kinds = {"date": Kind.DATE, "datetime": Kind.DATETIME, "timestamp": Kind.TIMESTAMP,
+             "time": Kind.TIME, "binary": Kind.BYTES, "varbinary": Kind.BYTES,
+             "uuid": Kind.UUID}
+    if name in kinds:
+        return kinds[name]
+    if name.endswith("blob") or name in ("geometry", "point", "linestring", "polygon",
+                                         "multipoint", "multilinestring", "multipolygon",
+                                         "geometrycollection"):
+        return Kind.BYTES
+    return Kind.STRING
 
 
 class KafkaChangeReader:
@@ -249,7 +280,7 @@ class KafkaChangeReader:
         self._looked_for: set[str] = set()  # schema ids not found by a reload
         # Statements are written to every partition of their topic, to stay in order with
         # each partition's rows: the ones already yielded, so each is yielded once.
-        self._statements: OrderedDict[tuple[str, bytes, str, str, str], None] = OrderedDict()
+        self._statements: OrderedDict[tuple[object, ...], None] = OrderedDict()
 
     def _consumer(self) -> Any:
         from aiokafka import AIOKafkaConsumer
@@ -343,7 +374,9 @@ class KafkaChangeReader:
     def _first_copy(self, change: KafkaChange) -> bool:
         """Whether this statement message is the first of its copies (one per partition)."""
         assert change.sql is not None
-        identity = (change.topic, change.key, change.database, change.table, change.sql)
+        # its transaction and event number tell a copy from the same statement run again
+        identity = (change.topic, change.key, change.gtid, change.event_number, change.database,
+                    change.table, change.sql)
         if identity in self._statements:
             return False
         self._statements[identity] = None

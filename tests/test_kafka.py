@@ -274,10 +274,18 @@ async def test_debezium_keys_and_schema_changes_as_debezium_documents_them(
     try:
         source.execute(f"CREATE TABLE `{db}`.customers (id INT PRIMARY KEY, "
                        "email VARCHAR(255) NOT NULL)",
-                       f"INSERT INTO `{db}`.customers VALUES (1001, 'sally@example.com')")
+                       f"INSERT INTO `{db}`.customers VALUES (1001, 'sally@example.com')",
+                       *[f"ALTER TABLE `{db}`.customers COMMENT 'again'"] * 2)
         await kafka_caught_up(running, source)
     finally:
         await running.stop()
+    # The same statement twice, under the same key ({"databaseName"}): the reader reports
+    # both (it folds only the copies of one statement written to several partitions).
+    reader = KafkaChangeReader(kafka_broker.bootstrap, [f"{db}-server"], format="debezium",
+                               schema_topic="")
+    read = [c async for c in reader.changes(idle_timeout=1.5)]
+    assert [c.sql for c in read if c.sql and "COMMENT" in c.sql] == [
+        f"ALTER TABLE `{db}`.customers COMMENT 'again'"] * 2
     rows = await raw_messages(kafka_broker, f"{db}.customers")
     assert [json.loads(m.key) for m in rows] == [{
         "schema": {"type": "struct", "fields": [

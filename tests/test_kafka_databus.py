@@ -12,6 +12,7 @@ starts: what ``SHOW MASTER STATUS`` said before it, a GTID event in ``SHOW BINLO
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import shutil
@@ -21,10 +22,12 @@ from typing import Any
 
 import pytest
 
-from cdcserver.core.config import parse_source_url
+from cdcserver.core.config import KafkaConfig, parse_source_url
 from cdcserver.dump.databus import NoDefinition, databus_lines
 from cdcserver.dump.dumper import DumpOptions, dump_tables
+from cdcserver.kafka.sink import KafkaSink
 from cdcserver.store.naming import TableName
+from client.kafka import KafkaChangeReader
 from tests import databus_consumer as databus
 from tests.conftest import Source, make_config, start_service
 from tests.helpers import RawClient
@@ -226,6 +229,54 @@ async def test_a_databus_consumer_loads_the_dump_then_kafka_after_its_position(
     old.write_bytes(json.dumps(header).encode() + b"\n" + rest)
     with open(old, "rb") as f, pytest.raises(NoDefinition, match="take a new dump"):
         list(databus_lines(f))
+
+    # With the sink's databus_labels, a dump's ENUM and SET values are labels, as in its
+    # messages.
+    with open(result.info.path, "rb") as f:
+        labelled = [row for line in databus_lines(f, labels=True)
+                    for row in json.loads(line)["Rows"]]
+    text = [tuple(base64.b64decode(row[k]).decode() for k in (0, 3, 4)) for row in labelled]
+    assert sorted(text) == [(str(i), "sml"[i % 3], ["", "new", "sale,eco"][i % 3])
+                            for i in range(1, 8)]  # values are []byte: base64 in JSON
+
+
+async def test_labels_that_are_numbers_read_back_as_labels(tmp_path, source: Source,
+                                                          users_file: str, kafka_broker):
+    """With ``databus_labels`` a message says its ENUM and SET values are labels (header
+    ``values: labels``): the reader does not take a label '2' for the second one."""
+    db = source.database
+    config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
+                         kafka={"bootstrap": kafka_broker.bootstrap, "format": "databus",
+                                "idempotence": False, "schema_topic": "",
+                                "state_topic": f"{db}.state", "topic": f"{db}.bus",
+                                "databus_labels": True})
+    running = await start_service(config)
+    try:
+        source.execute(f"CREATE TABLE `{db}`.n (id INT PRIMARY KEY, e ENUM('2','1','x'),"
+                       " s SET('4','1','2'))",
+                       f"INSERT INTO `{db}`.n VALUES (1, '1', '1,2'), (2, '2', '4'),"
+                       " (3, 'x', '')")
+        await kafka_caught_up(running, source)
+    finally:
+        await running.stop()
+    (message,) = [m for m in await raw_messages(kafka_broker, f"{db}.bus")
+                  if b'"Rows"' in m.value]
+    assert (b"values", b"labels") in [(k.encode(), v) for k, v in message.headers]
+    reader = KafkaChangeReader(kafka_broker.bootstrap, [f"{db}.bus"], format="databus",
+                               schema_topic="")
+    rows = [c.after async for c in reader.changes(idle_timeout=1.5) if c.after]
+    expected = source.query(f"SELECT id, e, s FROM `{db}`.n ORDER BY id")
+    assert [(r["id"], r["e"], r["s"]) for r in rows] == [tuple(r) for r in expected]
+
+
+def test_a_table_topic_sends_statements_to_its_database_part(tmp_path) -> None:
+    """databus sends statements to its one topic; a topic naming the table does not make a
+    topic literally named after the placeholder."""
+    for topic, ddl in (("cdc.{db}.{table}", "cdc.{db}"), ("{db}_{table}", "{db}"),
+                       ("{table}", "{db}"), ("bus", "bus")):
+        sink = KafkaSink(KafkaConfig(bootstrap="127.0.0.1:1", format="databus", topic=topic),
+                         str(tmp_path), "x")
+        assert sink.ddl_topic == ddl, topic
 
 
 def _go_consumer(tmp_path, messages: list[tuple[bytes, bytes]]) -> tuple[list[Any], int]:

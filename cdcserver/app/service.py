@@ -179,7 +179,8 @@ class Service:
                                  throttle=LoginThrottle(cfg.login_failures,
                                                         max_wait=cfg.login_lockout))
         server = CdcServer(context, ListenerLimits.from_config(cfg),
-                           zoneinfo.ZoneInfo(cfg.timestamp_zone))
+                           zoneinfo.ZoneInfo(cfg.timestamp_zone),
+                           databus_labels=self.config.kafka.databus_labels)
         server.dump_released = self.cleaner.wake
         return server
 

@@ -30,8 +30,9 @@ class NoDefinition(ValueError):
     """The dump was taken before dumps recorded their table's definition."""
 
 
-def databus_lines(f: BinaryIO) -> Iterator[bytes]:
-    """The lines of the dump open in ``f`` (at its start), in the databus layout."""
+def databus_lines(f: BinaryIO, labels: bool = False) -> Iterator[bytes]:
+    """The lines of the dump open in ``f`` (at its start), in the databus layout; ENUM and
+    SET values as their labels with ``labels`` (the Kafka sink's ``databus_labels``)."""
     header = orjson.loads(f.readline())
     if "definition" not in header:
         raise NoDefinition("this dump was taken by an older version and does not record its "
@@ -39,7 +40,7 @@ def databus_lines(f: BinaryIO) -> Iterator[bytes]:
     table = TableName(header["database"], header["table"])
     layout = layout_of(table, TableDefinition.from_json(header["definition"]))
     shape = TableShape(table, TableSchema.from_layout(layout, 1, ""), layout)
-    databus = Databus()
+    databus = Databus(labels=labels)
     prefix = b'{"Table":' + databus.table_json(shape) + b',"Action":"'
     recoders = _recoders(shape, databus)
     for line in f:
@@ -53,10 +54,10 @@ def databus_lines(f: BinaryIO) -> Iterator[bytes]:
                b"}\n")
 
 
-def write_databus(f: BinaryIO, out: BinaryIO) -> int:
+def write_databus(f: BinaryIO, out: BinaryIO, labels: bool = False) -> int:
     """Write the databus layout of the dump in ``f`` to ``out``; the number of bytes."""
     size = 0
-    for line in databus_lines(f):
+    for line in databus_lines(f, labels):
         out.write(line)
         size += len(line)
     out.flush()

@@ -82,6 +82,14 @@ class MessageFormat:
     default_key = "position"  # what key = "auto" means for this format
     default_topic = "{db}.{table}"  # what topic = "auto" means
     default_ddl_topic = "{db}"  # ... and ddl_topic = "auto" ("auto": the one topic)
+
+    @staticmethod
+    def default_ddl_topic_for(topic: str) -> str:
+        """Where statements that name no table go when the format sends them to its one
+        topic but ``topic`` names a table: the topic with its table part left out
+        (``cdc.{db}.{table}`` -> ``cdc.{db}``), never a topic literally named ``{table}``."""
+        cut = topic.replace(".{table}", "").replace("_{table}", "").replace("-{table}", "")
+        return cut.replace("{table}", "") or "{db}"
     default_partitions = 3  # ... and partitions = 0
     # A topic all of the format's schema statements go to (partition 0), instead of the
     # tables' topics; "" for the tables' topics.

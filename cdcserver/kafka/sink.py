@@ -6,7 +6,8 @@ order; an update that changes the key goes to both keys' partitions. A schema st
 to every partition of the table's topic, so it is in order with every row's changes; a
 statement that changes no table goes to ``ddl_topic``. Every message carries the headers
 ``gtid``, ``event`` (the record's ``event_number``) and ``schema`` (the id of the table's
-schema on ``schema_topic``, which clients read to type the values).
+schema on ``schema_topic``, which clients read to type the values); a databus message sent
+with ``databus_labels`` also ``values: labels``.
 
 **Delivery.** Messages are packed into one record batch per partition (aiokafka's batch
 API: one delivery future per batch instead of one per message, which halved the sink's cost
@@ -123,8 +124,9 @@ class KafkaSink:
         self.topic = fmt.default_topic if config.topic == "auto" else config.topic
         self.ddl_topic = fmt.default_ddl_topic if config.ddl_topic == "auto" \
             else config.ddl_topic
-        if self.ddl_topic == "auto":  # the format's one topic
-            self.ddl_topic = self.topic
+        if self.ddl_topic == "auto":  # the format's one topic, or its database's part
+            self.ddl_topic = self.topic if "{table}" not in self.topic else \
+                fmt.default_ddl_topic_for(self.topic)
         self.partitions = config.partitions or fmt.default_partitions
         self.after: tuple[str, ...] = ()
         if versions is not None:
@@ -231,6 +233,8 @@ class KafkaSink:
         gtid = first.gtid_text.encode()
         headers = [("gtid", gtid), ("event", b"%d" % event), ("schema", schema)] \
             if schema else [("gtid", gtid), ("event", b"%d" % event)]
+        if self.format.labels:  # ENUM and SET values are labels, not indexes and bitmasks
+            headers.append(("values", b"labels"))
         await self._produce(_Message(topic, partition, key, value, headers))
 
     async def _route(self, shape: TableShape) -> tuple[str, int, bytes]:

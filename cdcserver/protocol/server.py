@@ -120,10 +120,11 @@ class MessageReader:
 
 class CdcServer:
     def __init__(self, context: SessionContext, limits: ListenerLimits = ListenerLimits(),
-                 zone: dt.tzinfo = dt.UTC) -> None:
+                 zone: dt.tzinfo = dt.UTC, databus_labels: bool = False) -> None:
         self.context = context
         self.limits = limits
         self.zone = zone
+        self.databus_labels = databus_labels  # a dump's databus layout as the Kafka sink's
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.connections_total = 0
@@ -297,7 +298,8 @@ class Connection:
             with in_use(dump.path) as on_disk, contextlib.ExitStack() as stack:
                 f = on_disk
                 if outcome.databus:
-                    f = stack.enter_context(await self._databus_layout(on_disk, dump.path))
+                    f = stack.enter_context(await self._databus_layout(
+                        on_disk, dump.path, self.server.databus_labels))
                 size = os.fstat(f.fileno()).st_size
                 await self.out.reply(f"OK {size} {dump.name}\n".encode())
                 transfer = asyncio.create_task(
@@ -347,7 +349,7 @@ class Connection:
         return True
 
     @staticmethod
-    async def _databus_layout(f: BinaryIO, path: str) -> BinaryIO:
+    async def _databus_layout(f: BinaryIO, path: str, labels: bool) -> BinaryIO:
         """The dump in mysql-databus's layout, in a file without a name beside it (it
         vanishes when closed, or with the process), its size known before the reply."""
         try:
@@ -356,7 +358,7 @@ class Connection:
             raise LayoutFailed(f"cannot make the databus layout: {exc.strerror or exc}") \
                 from exc
         try:
-            await asyncio.to_thread(write_databus, f, out)
+            await asyncio.to_thread(write_databus, f, out, labels)
             out.seek(0)
         except OSError as exc:  # a full disk
             out.close()
