@@ -1,5 +1,6 @@
 """Builds the optional C extensions (binlog rows to Avro: cdcserver/store/_transcode.pyx;
-Avro blocks to JSON lines: cdcserver/protocol/_jsonlines.pyx); everything else is in
+Avro blocks to JSON lines: cdcserver/protocol/_jsonlines.pyx; a dump's result rows to its row
+form: cdcserver/dump/_rawrows.pyx); everything else is in
 pyproject.toml. Without a C compiler the build goes on without them and the service takes its
 pure-Python paths."""
 
@@ -10,7 +11,8 @@ extensions = cythonize(
     [Extension("cdcserver.store._transcode", ["cdcserver/store/_transcode.pyx"],
                optional=True),
      Extension("cdcserver.protocol._jsonlines", ["cdcserver/protocol/_jsonlines.pyx"],
-               optional=True)],
+               optional=True),
+     Extension("cdcserver.dump._rawrows", ["cdcserver/dump/_rawrows.pyx"], optional=True)],
     compiler_directives={"language_level": "3"},
 )
 for extension in extensions:

@@ -271,9 +271,9 @@ async def test_an_interrupted_dump_resumes_consistent_at_its_new_snapshot(
         if rows >= 2000:
             stop.set()
 
-    with pytest.raises(DumpInterrupted):
+    with pytest.raises(DumpInterrupted):  # the single-snapshot path (readers=0)
         await asyncio.to_thread(dump_tables, address, data_dir, [name],
-                                DumpOptions(chunk_rows=500), None, progressed, stop)
+                                DumpOptions(chunk_rows=500, readers=0), None, progressed, stop)
     partial = os.path.join(files.dump_dir(data_dir), f"{name.stem}.partial")
     with open(partial, "ab") as f:
         f.write(b'{"action":"insert","rows":[["torn')  # what a crash mid-write leaves
@@ -286,7 +286,7 @@ async def test_an_interrupted_dump_resumes_consistent_at_its_new_snapshot(
     await cdc.caught_up(source)
 
     results = await asyncio.to_thread(dump_tables, address, data_dir, [name],
-                                      DumpOptions(chunk_rows=500))
+                                      DumpOptions(chunk_rows=500, readers=0))
     assert results[0].resumed
     header = results[0].info.header
     assert header.resumed and header.rows == len(_table_rows(source, table))
@@ -328,7 +328,8 @@ async def test_a_killed_dump_process_resumes_from_its_last_chunk(cdc: RunningSer
     name = TableName(source.database, "orders")
     progress = os.path.join(files.dump_dir(data_dir), f"{name.stem}.progress")
     command = [sys.executable, "-m", "cdcserver.app.cli", "dump", f"{source.database}.orders",
-               "--source", source.url, "--data-dir", data_dir, "--chunk-rows", "100"]
+               "--source", source.url, "--data-dir", data_dir, "--readers", "0",
+               "--chunk-rows", "100"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def kill_after_a_chunk() -> None:
@@ -554,7 +555,7 @@ async def test_a_schema_change_between_the_snapshot_and_the_read_means_a_new_sna
         return point
 
     monkeypatch.setattr(snapshot_module.Snapshot, "_open_mariadb", open_then_alter)
-    results = await _dump(cdc, source, "orders")
+    results = await _dump(cdc, source, "orders", readers=0)
     assert len(opened) == 2
     header = results[0].info.header
     assert [f.column for f in header.columns][-1] == "late"

@@ -214,8 +214,15 @@ class DumpConfig:
                              "comma-separated")
     interval: float = option(0.0, "time between scheduled dumps of each table (e.g. 24h); "
                                   "0: no schedule", check=not_negative)
-    chunk_rows: int = option(50_000, "rows per primary-key chunk (a crash loses at most one)",
+    chunk_rows: int = option(50_000, "rows per primary-key chunk (a crash loses at most one; "
+                                     "with readers, an ALTER TABLE waits for one at most)",
                              cli="--chunk-rows", check=positive)
+    readers: int = option(2, "readers per table, each over its own key range, each chunk read "
+                             "in a short snapshot of its own with the changes between them "
+                             "merged in (needs the service replicating into the data "
+                             "directory); 0: the whole table in one snapshot, which holds its "
+                             "metadata lock for the whole read", cli="--readers",
+                          check=not_negative)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ import pymysql
 
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import CdcError, SourceError
-from cdcserver.dump import files, fixups
+from cdcserver.dump import chunked, files, fixups
 from cdcserver.dump.partial import HEADER_SLACK, PartialDump, Progress
 from cdcserver.dump.scan import ChunkEnd, ScanPlan
 from cdcserver.dump.snapshot import DefinitionChanged, Snapshot, SnapshotPoint
@@ -66,6 +66,9 @@ class DumpOptions:
     batch_rows: int = 500
     restart: bool = False  # discard an interrupted attempt instead of continuing it
     store_timeout: float = 60.0  # how long a resume waits for the store to reach its snapshot
+    # readers per table, each over its own key range, each chunk a short read of its own
+    # (cdcserver.dump.chunked); 0: one snapshot for the whole table
+    readers: int = 2
 
 
 @dataclass(frozen=True)
@@ -128,9 +131,8 @@ def dump_tables(address: SourceAddress, data_dir: str, tables: list[TableName],
     for table in tables:
         try:
             with table_lock(directory, table):
-                results.append(_dump_in_snapshot(address, data_dir, table,
-                                                 versions.get(table, 0), options,
-                                                 progressed, stop))
+                results.append(_dump_one(address, data_dir, table, versions.get(table, 0),
+                                         options, progressed, stop))
         except DumpInterrupted:
             raise
         except CdcError as exc:
@@ -141,6 +143,31 @@ def dump_tables(address: SourceAddress, data_dir: str, tables: list[TableName],
     if failures:
         raise DumpFailed("; ".join(failures), results)
     return results
+
+
+def _dump_one(address: SourceAddress, data_dir: str, table: TableName, stream_version: int,
+              options: DumpOptions, progressed: Progressed | None,
+              stop: threading.Event | None) -> DumpResult:
+    """In chunks when it can be (cdcserver.dump.chunked), else in one snapshot."""
+    if options.readers > 0:
+        started = time.monotonic()
+        try:
+            info = chunked.dump_table(
+                address, data_dir, table, stream_version,
+                chunked.ChunkedOptions(options.readers, options.chunk_rows, options.batch_rows,
+                                       options.restart, options.store_timeout),
+                progressed, stop)
+        except chunked.NotChunkable as exc:
+            log.info("dump of %s: read in one snapshot, which holds its metadata lock for the "
+                     "whole read (an ALTER TABLE of it waits): %s", table, exc)
+            chunked.discard(files.dump_dir(data_dir), table)
+        else:
+            if info is None:
+                raise DumpInterrupted(f"the dump of {table} was interrupted; it continues "
+                                      "next time")
+            return DumpResult(info, info.header.resumed, time.monotonic() - started)
+    return _dump_in_snapshot(address, data_dir, table, stream_version, options, progressed,
+                             stop)
 
 
 def _dump_in_snapshot(address: SourceAddress, data_dir: str, table: TableName,

@@ -63,6 +63,53 @@ def changes_between(data_dir: str, table: TableName, fields: list[dict[str, Any]
     return _operations(versions, fields, since, until)
 
 
+ChangeRecord = tuple[Gtid, str, bytes]  # (its transaction, insert/delete, the row's bytes)
+
+
+def records_between(data_dir: str, table: TableName, fields: list[dict[str, Any]],
+                    since: GtidState, until: GtidState, until_at: tuple[str, int],
+                    timeout: float) -> Iterator[ChangeRecord]:
+    """The table's row changes after ``since`` up to ``until``, in commit order, each row
+    image on its own: an insert or an update's after image as ``insert``, a delete or an
+    update's before image as ``delete`` (what a chunked dump merges into the rows it read,
+    each row by the transaction that last changed it). Unavailable as for
+    :func:`changes_between`."""
+    if any(g.source_uuid for g in (*since, *until)):
+        raise Unavailable("merging changes into a dump needs MariaDB GTIDs (records do not "
+                          "carry MySQL source UUIDs)")
+    try:
+        checkpoint = wait_for_checkpoint(data_dir, *until_at, timeout, until)
+    except StoreError as exc:
+        raise Unavailable(str(exc)) from exc
+    _check_origin(checkpoint, since, DataDir(data_dir).checkpoint)
+    versions = [info for info, _ in table_life(data_dir, table)]
+    for info in versions:
+        created = info.schema.gtid
+        if version_ddl(info) and created and not since.covers(Gtid.parse(created)) \
+                and until.covers(Gtid.parse(created)):
+            raise Unavailable(f"{table} version {info.version} began with a schema change "
+                              f"during the dump (at {created})")
+    return _records(versions, fields, since, until)
+
+
+def _records(versions: list[Any], fields: list[dict[str, Any]], since: GtidState,
+             until: GtidState) -> Iterator[ChangeRecord]:
+    for info in versions:
+        columns = info.schema.columns
+        same = info.schema.avsc["fields"][6:] == fields
+        for record in committed_records(info):
+            if not _between(record, since, until):
+                continue
+            if not same:
+                raise Unavailable(f"{info.table} version {info.version} has other columns "
+                                  "than the dump")
+            kind = record["event_type"]
+            values = {f.column: from_avro_value(f.kind, record.get(f.name)) for f in columns}
+            yield (Gtid(record["domain"], record["server_id"], record["sequence"]),
+                   "insert" if kind in ("insert", "update_after") else "delete",
+                   encode_row(columns, values))
+
+
 def _check_origin(checkpoint: ckpt.Checkpoint, since: GtidState, path: str) -> None:
     origin = checkpoint.origin
     if origin is None:

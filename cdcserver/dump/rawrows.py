@@ -19,6 +19,11 @@ from pymysql.constants import COMMAND
 
 from cdcserver.core.errors import SourceError
 
+try:  # the row path in C (cdcserver/dump/_rawrows.pyx); the same bytes as _row below
+    from cdcserver.dump import _rawrows as compiled  # type: ignore[attr-defined]
+except ImportError:  # not built: the pure-Python path
+    compiled = None
+
 _NULL = 0xFB
 _EOF = 0xFE
 _ERROR = 0xFF
@@ -56,6 +61,47 @@ class _Rows:
         self.buffer = bytearray()
 
     def __iter__(self) -> Iterator[list[bytes]]:
+        if compiled is not None:
+            return self._compiled()
+        return self._python()
+
+    def _compiled(self) -> Iterator[list[bytes]]:
+        assert compiled is not None
+        rows: list[bytes] = []
+        read = self.conn._rfile.read1
+        buf = self.buffer
+        pos = 0
+        while True:
+            try:
+                state, pos = compiled.parse_rows(buf, pos, self.columns, self.batch, rows)
+            except ValueError as exc:
+                raise SourceError(str(exc)) from exc
+            if state == compiled.FULL:
+                yield rows
+                rows = []
+            elif state == compiled.LONG:
+                pos = self._long_packet(pos, rows)
+                buf = self.buffer
+            elif state in (compiled.END, compiled.ERROR):
+                length = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
+                self.conn._next_seq_id = (buf[pos + 3] + 1) % 256
+                if state == compiled.ERROR:
+                    raise SourceError("the source stopped the dump query: "
+                                      f"{_error(bytes(buf[pos + 4:pos + 4 + length]))}")
+                if pos + 4 + length != len(buf):
+                    raise SourceError("unexpected data after the dump query's result")
+                if rows:
+                    yield rows
+                return
+            else:  # NEED_MORE
+                del buf[:pos]
+                pos = 0
+                data = read(1 << 20)
+                if not data:
+                    raise SourceError("the source closed the connection during the dump")
+                buf += data
+
+    def _python(self) -> Iterator[list[bytes]]:
         rows: list[bytes] = []
         read = self.conn._rfile.read1
         pos = 0
@@ -116,7 +162,8 @@ class _Rows:
             payload += buf[pos + 4 : pos + 4 + length]
             pos += 4 + length
             if length < _MAX_PACKET:
-                rows.append(_row(memoryview(payload), self.columns))
+                rows.append(_row(memoryview(payload), self.columns) if compiled is None
+                            else compiled.encode_row(payload, self.columns))
                 return pos
 
     def _more(self) -> bytes:

@@ -85,13 +85,45 @@ class ScanPlan:
     def chunked(self) -> bool:
         return bool(self.key)
 
-    def chunk_sql(self, after: tuple[bytes, ...] | None, limit: int) -> str:
+    def chunk_sql(self, after: tuple[bytes, ...] | None, limit: int,
+                  upto: tuple[bytes, ...] | None = None) -> str:
+        """The next ``limit`` rows in key order after key ``after`` (None: from the first),
+        up to key ``upto`` included (None: to the last)."""
         assert self.key
         sql = f"SELECT {self.columns} FROM {qualified(self.table)}"
-        if after is not None:
-            sql += f" WHERE {self._after(after)}"
+        terms = ([f"({self._after(after)})"] if after is not None else []) + \
+            ([f"({self._upto(upto)})"] if upto is not None else [])
+        if terms:
+            sql += " WHERE " + " AND ".join(terms)
         order = ", ".join(quote(k.name) for k in self.key)
         return f"{sql} ORDER BY {order} LIMIT {int(limit)}"
+
+    def key_sql(self, offset: int) -> str:
+        """The key of the row ``offset`` rows into the table, in key order (a boundary
+        between two readers' ranges)."""
+        assert self.key
+        order = ", ".join(quote(k.name) for k in self.key)
+        return (f"SELECT {order} FROM {qualified(self.table)} ORDER BY {order} "
+                f"LIMIT 1 OFFSET {int(offset)}")
+
+    def _upto(self, values: tuple[bytes, ...]) -> str:
+        """Key <= values, in the expanded form: a < x OR (a = x AND b <= y)."""
+        terms = []
+        last = len(self.key) - 1
+        for i, column in enumerate(self.key):
+            equal = [f"{quote(k.name)} = {k.literal(v)}"
+                     for k, v in zip(self.key[:i], values[:i], strict=True)]
+            op = "<=" if i == last else "<"
+            terms.append(" AND ".join([*equal, f"{quote(column.name)} {op} "
+                                                f"{column.literal(values[i])}"]))
+        return " OR ".join(f"({t})" for t in terms)
+
+    def key_text(self, row: bytes) -> tuple[bytes, ...]:
+        """The key of a row as :mod:`rawrows` writes it, as the row's own JSON texts (a
+        base64 text has no comma or quote, so the row splits on commas): what identifies a
+        row when a dump merges changes in, without decoding it."""
+        parts = row[1:-1].split(b",")
+        return tuple(parts[k.position] for k in self.key)
 
     def full_sql(self) -> str:
         return f"SELECT {self.columns} FROM {qualified(self.table)}"

@@ -66,7 +66,8 @@ class DumpScheduler:
             else:
                 wait = min(wait, remaining)
         if due:
-            options = DumpOptions(chunk_rows=self.config.chunk_rows)
+            options = DumpOptions(chunk_rows=self.config.chunk_rows,
+                                  readers=self.config.readers)
             versions = newest_versions(self.catalog, due)
             stop = threading.Event()
             work = asyncio.ensure_future(asyncio.to_thread(

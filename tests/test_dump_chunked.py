@@ -1,0 +1,288 @@
+"""Chunked dumps against a real MariaDB: short reads, several readers, changes merged in.
+
+A chunked dump reads each chunk in a snapshot of its own and merges the changes made between
+them from the store. The oracle is the table itself (``SELECT``) and ``verify --dump``: a
+client that loads the dump and follows the stream after it must hold exactly the table, with
+writes going on in every chunk; an ``ALTER TABLE`` during the dump must not wait for it; a
+dump killed with SIGKILL continues and still gives the table exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from cdcserver.core.config import parse_source_url
+from cdcserver.dump import files
+from cdcserver.dump.dumper import DumpOptions, dump_tables
+from cdcserver.ops.verify import verify_table
+from cdcserver.store.naming import TableName
+from client import SyncCdcClient
+from client.dump import DumpRows, apply, read_dump
+from tests.conftest import RunningService, Source
+from tests.helpers import PASSWORD, USER
+from tests.test_dump import Writer, _follow_until, _loaded, _orders, _table_rows
+
+pytestmark = pytest.mark.mariadb
+
+
+def _dumped(path: str, key: list[str]) -> tuple[dict[tuple[Any, ...], dict[str, Any]], set[str]]:
+    """The table a dump holds, and the actions its lines use."""
+    image: dict[tuple[Any, ...], dict[str, Any]] = {}
+    actions = set()
+    for item in read_dump(path):
+        if isinstance(item, DumpRows):
+            actions.add(item.action)
+            apply(image, key, item)
+    return image, actions
+
+
+async def test_a_chunked_dump_under_writes_in_every_chunk_then_follow_is_the_table(
+        cdc: RunningService, source: Source, caplog: pytest.LogCaptureFixture):
+    table = _orders(source, 20000)
+    await cdc.caught_up(source)
+    caplog.set_level(logging.INFO, logger="cdcserver.dump")
+    with Writer(source, table, 20000) as writer:
+        await asyncio.to_thread(writer.enough.wait, 30)
+        before = writer.transactions
+        results = await asyncio.to_thread(
+            dump_tables, parse_source_url(source.url), cdc.service.config.store.data_dir,
+            [TableName(source.database, "orders")], DumpOptions(chunk_rows=300, readers=2))
+        during = writer.transactions - before
+        writer.transactions = 0
+        writer.enough.clear()
+        await asyncio.to_thread(writer.enough.wait, 30)  # and after it
+    assert "2 readers over key ranges" in caplog.text
+    merged = [r.message for r in caplog.records if "changes merged" in r.message]
+    assert merged and " 0 changes merged" not in merged[0], merged
+    assert during > 20, "the writer must keep committing while the dump runs"
+    sentinel = 10_000_000
+    source.execute(f"INSERT INTO {table} (id, name) VALUES ({sentinel}, 'the end')")
+    await cdc.caught_up(source)
+
+    info = results[0].info
+    image, actions = _dumped(info.path, ["id"])
+    assert actions == {"insert"}  # as a single-snapshot dump: the table at one point
+    assert info.header.rows == len(image) and not info.header.resumed
+    followed: dict[tuple[Any, ...], dict[str, Any]] = {}
+    client = SyncCdcClient(cdc.host, cdc.port, USER, PASSWORD)
+    header, changes = await asyncio.to_thread(_follow_until, client,
+                                              f"{source.database}.orders", followed, sentinel)
+    assert header.checksum == info.header.checksum and changes > 0
+    assert _loaded(followed) == _table_rows(source, table)
+    report = await asyncio.to_thread(
+        verify_table, parse_source_url(source.url), cdc.service.config.store.data_dir,
+        TableName(source.database, "orders"), 60.0, info.path)
+    assert report.ok, report.lines()
+
+
+async def test_an_alter_table_during_a_chunked_dump_does_not_wait_for_it(
+        cdc: RunningService, source: Source):
+    """The ALTER waits for one chunk's read at most (SHOW PROCESSLIST shows how long it was
+    in 'Waiting for table metadata lock'); the dump starts the table over in its new
+    definition; a writer commits all along."""
+    table = _orders(source, 60000)
+    await cdc.caught_up(source)
+    data_dir = cdc.service.config.store.data_dir
+    name = TableName(source.database, "orders")
+    altered = threading.Event()
+    seconds: list[float] = []
+    waited: list[float] = []
+
+    def alter_once_under_way(_: TableName, rows: int) -> None:
+        if rows < 6000 or altered.is_set():
+            return
+        altered.set()
+        threading.Thread(target=alter, daemon=True).start()
+
+    def alter() -> None:
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        started = time.monotonic()
+        source.execute(f"ALTER TABLE {table} ADD COLUMN extra INT DEFAULT 7")
+        seconds.append(time.monotonic() - started)
+        watcher.join(5)
+
+    def watch() -> None:
+        while not seconds:
+            for row in source.query("SELECT STATE, TIME_MS FROM information_schema.PROCESSLIST"
+                                    " WHERE INFO LIKE 'ALTER TABLE%extra%'"):
+                if row[0] and "metadata lock" in str(row[0]):
+                    waited.append(float(row[1]) / 1000)
+            time.sleep(0.005)
+
+    with Writer(source, table, 60000) as writer:
+        await asyncio.to_thread(writer.enough.wait, 30)
+        before = writer.transactions
+        results = await asyncio.to_thread(
+            dump_tables, parse_source_url(source.url), data_dir, [name],
+            DumpOptions(chunk_rows=2000, readers=2), None, alter_once_under_way)
+        during = writer.transactions - before
+    assert altered.is_set() and seconds, "the ALTER must run while the dump is under way"
+    assert seconds[0] < 1.0, f"ALTER TABLE took {seconds[0]:.2f}s during the dump"
+    assert max(waited, default=0.0) < 1.0, waited
+    assert during > 20
+    info = results[0].info
+    assert [f.column for f in info.header.columns][-1] == "extra"  # started over, new version
+    image, actions = _dumped(info.path, ["id"])
+    assert actions == {"insert"}
+    assert len(image) == info.header.rows and all(r["extra"] == 7 for r in image.values())
+    report = await asyncio.to_thread(verify_table, parse_source_url(source.url), data_dir,
+                                     name, 60.0, info.path)
+    assert report.ok, "\n".join(report.lines())
+
+
+async def test_a_composite_string_key_is_ranged_by_sampled_boundaries(
+        cdc: RunningService, source: Source, caplog: pytest.LogCaptureFixture):
+    table = f"`{source.database}`.people"
+    source.execute(f"CREATE TABLE {table} (region VARCHAR(20) CHARACTER SET utf8mb4 "
+                   "COLLATE utf8mb4_general_ci, code VARBINARY(8), n INT, "
+                   "PRIMARY KEY (region, code))")
+    regions = ["abc", "ABD", "Ärger", "zeta", "o'brien", "back\\slash", "日本", "", "m", "Z"]
+    rows = [(r, f"{c:04x}", i) for i, (r, c) in
+            enumerate((r, c) for r in regions for c in range(0, 3000, 10))]
+    for start in range(0, len(rows), 500):
+        source.execute(f"INSERT INTO {table} VALUES " + ", ".join(
+            f"({source.query('SELECT QUOTE(%s)', (r,))[0][0]}, X'{c}', {n})"
+            for r, c, n in rows[start:start + 500]))
+    source.execute(f"ANALYZE TABLE {table}")
+    await cdc.caught_up(source)
+    caplog.set_level(logging.INFO, logger="cdcserver.dump")
+    stop = threading.Event()
+
+    def churn() -> None:  # changes in every range while the dump reads
+        i = 0
+        while not stop.is_set():
+            region = source.query("SELECT QUOTE(%s)", (regions[i % len(regions)],))[0][0]
+            source.execute(
+                f"UPDATE {table} SET n = n + 1000000 WHERE region = {region} AND "
+                f"code = X'{i % 300 * 10:04x}'",
+                f"DELETE FROM {table} WHERE n = {i * 7 % len(rows)}",
+                f"INSERT IGNORE INTO {table} VALUES ('new{i}', X'00', {-i})")
+            i += 1
+
+    churner = threading.Thread(target=churn, daemon=True)
+    churner.start()
+    try:
+        results = await asyncio.to_thread(
+            dump_tables, parse_source_url(source.url), cdc.service.config.store.data_dir,
+            [TableName(source.database, "people")], DumpOptions(chunk_rows=100, readers=3))
+    finally:
+        stop.set()
+        churner.join(30)
+    assert "3 readers over key ranges" in caplog.text
+    info = results[0].info
+    report = await asyncio.to_thread(
+        verify_table, parse_source_url(source.url), cdc.service.config.store.data_dir,
+        TableName(source.database, "people"), 60.0, info.path)
+    assert report.ok, report.lines()
+    image, actions = _dumped(info.path, ["region", "code"])
+    assert actions == {"insert"} and len(image) == info.header.rows
+
+
+async def test_a_table_without_a_key_keeps_the_single_read_and_says_so(
+        cdc: RunningService, source: Source, caplog: pytest.LogCaptureFixture):
+    table = f"`{source.database}`.log"
+    source.execute(f"CREATE TABLE {table} (msg VARCHAR(20), n INT)",
+                   f"INSERT INTO {table} VALUES ('a', 1), ('a', 1), ('b', NULL)")
+    await cdc.caught_up(source)
+    caplog.set_level(logging.INFO, logger="cdcserver.dump")
+    results = await asyncio.to_thread(
+        dump_tables, parse_source_url(source.url), cdc.service.config.store.data_dir,
+        [TableName(source.database, "log")], DumpOptions(chunk_rows=1, readers=2))
+    assert "read in one snapshot" in caplog.text and "no primary key" in caplog.text
+    assert results[0].info.header.rows == 3
+
+
+async def test_a_killed_chunked_dump_continues_and_gives_the_table(cdc: RunningService,
+                                                                   source: Source):
+    table = _orders(source, 30000)
+    await cdc.caught_up(source)
+    data_dir = cdc.service.config.store.data_dir
+    name = TableName(source.database, "orders")
+    record = os.path.join(files.dump_dir(data_dir), f"{name.stem}.chunked")
+    command = [sys.executable, "-m", "cdcserver.app.cli", "dump", f"{source.database}.orders",
+               "--source", source.url, "--data-dir", data_dir, "--readers", "2",
+               "--chunk-rows", "200"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def kill_after_some_chunks() -> None:
+        while True:
+            process.send_signal(signal.SIGSTOP)
+            try:
+                with open(record) as f:
+                    chunks = sum(len(r["chunks"]) for r in json.load(f)["ranges"])
+                if chunks >= 6:
+                    process.send_signal(signal.SIGKILL)
+                    return
+            except (FileNotFoundError, ValueError):
+                pass
+            assert process.poll() is None, "the dump finished before it could be killed"
+            process.send_signal(signal.SIGCONT)
+            threading.Event().wait(0.002)
+
+    try:
+        await asyncio.to_thread(kill_after_some_chunks)
+    finally:
+        process.kill()
+        process.wait(30)
+    assert files.list_dumps(data_dir, name) == []
+    # changes to rows already read and to rows not read yet, in both ranges
+    source.execute(f"DELETE FROM {table} WHERE id <= 50 OR id BETWEEN 20001 AND 20050",
+                   f"UPDATE {table} SET note = 'changed', amount = 1.23 WHERE id % 97 = 0",
+                   f"UPDATE {table} SET id = id + 100000 WHERE id IN (100, 29999)",
+                   f"INSERT INTO {table} (id, name) VALUES (-5, 'first'), (40000, 'last')")
+    await cdc.caught_up(source)
+    done = await asyncio.to_thread(subprocess.run, [*command, "--json"], capture_output=True,
+                                   text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert '"resumed": true' in done.stdout, done.stderr
+    (dump,) = files.list_dumps(data_dir, name)
+    image, actions = _dumped(dump.path, ["id"])
+    assert actions == {"insert"}
+    assert _loaded(image) == _table_rows(source, table)
+    assert dump.header.rows == len(image)
+    assert not os.path.exists(record)
+
+
+async def test_an_instant_alter_just_after_a_chunk_opened_its_snapshot_starts_over(
+        cdc: RunningService, source: Source, monkeypatch: pytest.MonkeyPatch):
+    """InnoDB hands an older read view the new layout of an instant ALTER without error: a
+    chunk must see the changed definition under its metadata lock and the dump start over,
+    with the ALTER before its point."""
+    from cdcserver.core.gtid import GtidState
+    from cdcserver.dump import chunked
+
+    table = _orders(source, 3000)
+    await cdc.caught_up(source)
+    original = chunked.open_mariadb_point
+    opened: list[Any] = []
+
+    def open_then_alter(conn: Any) -> Any:
+        point = original(conn)
+        opened.append(point)
+        if len(opened) == 3:  # a chunk's snapshot, after the first chunks were read
+            source.execute(f"ALTER TABLE {table} ADD COLUMN late INT DEFAULT 1, "
+                           "ALGORITHM=INSTANT")
+        return point
+
+    monkeypatch.setattr(chunked, "open_mariadb_point", open_then_alter)
+    results = await asyncio.to_thread(
+        dump_tables, parse_source_url(source.url), cdc.service.config.store.data_dir,
+        [TableName(source.database, "orders")], DumpOptions(chunk_rows=500, readers=1))
+    header = results[0].info.header
+    assert [f.column for f in header.columns][-1] == "late"
+    alter = next(iter(source.gtid_state()))
+    assert GtidState.parse(header.gtid).covers(alter) and not opened[2].gtid.covers(alter)
+    image, _ = _dumped(results[0].info.path, ["id"])
+    assert len(image) == 3000 and all(row["late"] == 1 for row in image.values())
