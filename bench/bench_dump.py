@@ -1,25 +1,38 @@
-"""Dump rows/s beside ``mariadb-dump --single-transaction``, on the same 200,000-row table.
+"""Dump rows/s beside ``mariadb-dump --single-transaction`` and ``mydumper``, same table, same run.
 
-    .venv/bin/python bench/bench_dump.py [--runs N]
+    .venv/bin/python bench/bench_dump.py [--runs N] [--readers 2] [--big 10000000]
 
 Prints, for ``bench.orders`` of the standard workload (bench/common.py), best of N runs each:
 - mariadb-dump --single-transaction rows/s (the C reference; SQL text to /dev/null);
-- ``cdcserver dump`` rows/s (snapshot, chunked read, base64 rows, fsynced file renamed into
-  place) and its ratio to the reference;
+- mydumper rows/s with as many threads as the dump has readers, the table split in chunks
+  (``--rows``; Debian's package; files to a directory), the parallel C reference;
+- ``cdcserver dump`` in one snapshot (``readers = 0``) and chunked (``readers = N``: short reads
+  over key ranges, the changes between them merged in from the store), each a durable dump
+  file renamed into place, with their ratios to both references. The service replicates into
+  the same data directory meanwhile (its own process), as it does in production: chunked
+  dumps take the changes between chunks from its store;
 - serving that dump to a client (REQUEST-DUMP: sendfile to a socket that discards it), MB/s;
 - the client library decoding it back to typed rows (DumpDecoder), rows/s.
+With ``--big N``: the same for a table of N rows (``bench.big``, made with the sequence engine),
+with the dump's peak RSS. The first line says which row path was measured (the compiled one,
+cdcserver/dump/_rawrows.pyx, or pure Python); the script refuses to compare on a path other
+than the installed one.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import resource
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -39,22 +52,125 @@ from client.format.wire import auth_message
 TABLE = TableName("bench", "orders")
 
 
-def mariadb_dump_seconds(server: EmbeddedMariaDB) -> float:
+def mariadb_dump_seconds(server: EmbeddedMariaDB, table: TableName, to_file: bool = False
+                         ) -> float:
+    """mariadb-dump's SQL to /dev/null, or (``to_file``) to a file in bench/out that is
+    then fsynced, as a dump kept on disk is (ours is durable before it is listed)."""
     cmd = ["mariadb-dump", "--no-defaults", "-h127.0.0.1", f"-P{server.port}", "-uroot",
-           "--single-transaction", "bench", "orders"]
+           "--single-transaction", table.database, table.table]
+    path = os.path.join(OUT, "mariadb-dump.sql")
+    start = time.perf_counter()
+    if not to_file:
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True)
+        return time.perf_counter() - start
+    with open(path, "wb") as out:
+        subprocess.run(cmd, stdout=out, check=True)
+        os.fsync(out.fileno())
+    seconds = time.perf_counter() - start
+    os.unlink(path)
+    return seconds
+
+
+def mydumper_seconds(server: EmbeddedMariaDB, table: TableName, threads: int,
+                     rows: int) -> float:
+    out = os.path.join(OUT, "mydumper")
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = ["mydumper", "-h", "127.0.0.1", "-P", str(server.port), "-u", "root",
+           "-B", table.database, "-T", table.table,
+           "-t", str(threads), "--rows", str(max(rows // (threads * 4), 1000)), "-o", out]
     start = time.perf_counter()
     subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    written = [name for name in os.listdir(out) if name.startswith(f"{table.database}."
+                                                                   f"{table.table}.")]
+    assert len(written) > 1, f"mydumper wrote no chunks of {table}: {os.listdir(out)}"
+    shutil.rmtree(out, ignore_errors=True)
+    return seconds
 
 
-def our_dump(server: EmbeddedMariaDB, data_dir: str) -> tuple[float, DumpInfo]:
+@contextlib.contextmanager
+def service_replicating(server: EmbeddedMariaDB, data_dir: str) -> Iterator[None]:
+    """``cdcserver run`` into ``data_dir`` (its own process group, killed however this
+    ends), caught up with the source."""
+    from cdcserver.core.gtid import GtidState
+    from cdcserver.store.reader import wait_for_checkpoint
+
     shutil.rmtree(data_dir, ignore_errors=True)
+    users = os.path.join(OUT, "cdcusers")
+    UsersFile(users).add("bench", "bench")
+    cdcserver = os.path.join(os.path.dirname(sys.executable), "cdcserver")
+    process = subprocess.Popen(
+        [cdcserver, "run", "--source", server.url(), "--data-dir", data_dir, "--listen",
+         "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--users-file", users,
+         "--server-id", "9300", "--start-gtid", "oldest", "--log-level", "warning"],
+        start_new_session=True)
+    try:
+        file, pos = server.query("SHOW MASTER STATUS")[0][:2]
+        state = GtidState.parse(str(server.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]))
+        wait_for_checkpoint(data_dir, str(file), int(pos), 600, state)
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def our_dump(server: EmbeddedMariaDB, data_dir: str, table: TableName, readers: int,
+             rows: int) -> tuple[float, DumpInfo]:
+    shutil.rmtree(os.path.join(data_dir, "dump"), ignore_errors=True)
     address = SourceAddress(host="127.0.0.1", port=server.port, user="root", password="")
     start = time.perf_counter()
-    (result,) = dump_tables(address, data_dir, [TABLE], DumpOptions())
+    (result,) = dump_tables(address, data_dir, [table], DumpOptions(readers=readers))
     seconds = time.perf_counter() - start
-    assert result.info.header.rows == INSERTS, result.info.header.rows
+    assert result.info.header.rows == rows, result.info.header.rows
     return seconds, result.info
+
+
+def row_path() -> str:
+    from cdcserver.dump import rawrows
+
+    where = os.path.dirname(rawrows.__file__)
+    if rawrows.compiled is not None:
+        return f"compiled (cdcserver/dump/_rawrows.pyx), from {where}"
+    return f"pure Python (cdcserver/dump/rawrows.py), from {where}"
+
+
+def big_table(server: EmbeddedMariaDB, rows: int) -> TableName:
+    server.execute(  # not in the binlog: gigabytes of it would measure the service instead
+        "SET SESSION sql_log_bin = 0",
+        "DROP TABLE IF EXISTS bench.big", "CREATE TABLE bench.big LIKE bench.orders",
+        "INSERT INTO bench.big (id, big, name, amount, created, body, score, attrs) "
+        "SELECT seq, seq * 7919, CONCAT('customer-', seq), seq % 100000 / 100, "
+        "'2024-05-06 12:34:56', REPEAT('lorem ipsum ', 9), seq / 3, "
+        f"CONCAT('{{\"k\": ', seq, '}}') FROM bench.seq_1_to_{int(rows)}",
+        "ANALYZE TABLE bench.big")
+    return TableName("bench", "big")
+
+
+def compare(server: EmbeddedMariaDB, data_dir: str, table: TableName, rows: int, runs: int,
+            readers: int) -> DumpInfo:
+    """One table: both references and both of ours, best of ``runs`` each, printed."""
+    reference = min(mariadb_dump_seconds(server, table) for _ in range(runs))
+    to_file = min(mariadb_dump_seconds(server, table, to_file=True) for _ in range(runs))
+    parallel = min(mydumper_seconds(server, table, readers, rows) for _ in range(runs))
+    single = min(our_dump(server, data_dir, table, 0, rows)[0] for _ in range(runs))
+    chunked_runs = [our_dump(server, data_dir, table, readers, rows) for _ in range(runs)]
+    chunked = min(s for s, _ in chunked_runs)
+    line(f"table {table}", f"{rows:,} rows, dump file {chunked_runs[-1][1].size / 1e6:.1f} MB")
+    line("mariadb-dump --single-transaction (reference)", f"{rows / reference:,.0f} rows/s")
+    line("  the same to a file, fsynced", f"{rows / to_file:,.0f} rows/s")
+    line(f"mydumper -t {readers} --rows (parallel reference)", f"{rows / parallel:,.0f} rows/s")
+    line("cdcserver dump, one snapshot (readers = 0)", f"{rows / single:,.0f} rows/s")
+    line(f"cdcserver dump, chunked (readers = {readers})", f"{rows / chunked:,.0f} rows/s")
+    line("  chunked / mariadb-dump (target >= 1.0)", f"{reference / chunked:.2f}")
+    line("  chunked / mariadb-dump to a file, fsynced", f"{to_file / chunked:.2f}")
+    line(f"  chunked / mydumper -t {readers} (target >= 0.7)", f"{parallel / chunked:.2f}")
+    line("  one snapshot / mariadb-dump", f"{reference / single:.2f}")
+    return chunked_runs[-1][1]
 
 
 async def transfer_seconds(data_dir: str, dump: DumpInfo) -> float:
@@ -111,22 +227,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--readers", type=int, default=2)
+    parser.add_argument("--big", type=int, default=0, metavar="ROWS",
+                        help="also a table of this many rows (e.g. 10000000)")
     args = parser.parse_args()
+    line("row path measured", row_path())
+    if os.environ.get("CDC_PURE_PYTHON") is None:
+        from cdcserver.dump import rawrows
+
+        if rawrows.compiled is None:
+            sys.exit("the compiled row path is not built here (pip install -e .); set "
+                     "CDC_PURE_PYTHON=1 to measure the pure-Python path on purpose")
     data_dir = os.path.join(OUT, "dump-data")
-    with workload_server() as server:
-        reference = min(mariadb_dump_seconds(server) for _ in range(args.runs))
-        ours_runs = [our_dump(server, data_dir) for _ in range(args.runs)]
-        ours = min(s for s, _ in ours_runs)
-        dump = ours_runs[-1][1]
+    with workload_server() as server, service_replicating(server, data_dir):
+        dump = compare(server, data_dir, TABLE, INSERTS, args.runs, args.readers)
         sent = min(asyncio.run(transfer_seconds(data_dir, dump)) for _ in range(args.runs))
         decoded = min(decode_seconds(dump) for _ in range(args.runs))
-    line("table", f"bench.orders, {INSERTS:,} rows, dump file {dump.size / 1e6:.1f} MB")
-    line("mariadb-dump --single-transaction (reference)", f"{INSERTS / reference:,.0f} rows/s")
-    line("cdcserver dump (snapshot -> durable dump file)", f"{INSERTS / ours:,.0f} rows/s")
-    line("  ratio to mariadb-dump (target >= 0.25)", f"{reference / ours:.2f}")
-    line("REQUEST-DUMP transfer to a client (sendfile)",
-         f"{dump.size / sent / 1e6:,.0f} MB/s ({INSERTS / sent:,.0f} rows/s)")
-    line("client DumpDecoder (bytes -> typed rows)", f"{INSERTS / decoded:,.0f} rows/s")
+        line("REQUEST-DUMP transfer to a client (sendfile)",
+             f"{dump.size / sent / 1e6:,.0f} MB/s ({INSERTS / sent:,.0f} rows/s)")
+        line("client DumpDecoder (bytes -> typed rows)", f"{INSERTS / decoded:,.0f} rows/s")
+        if args.big:
+            table = big_table(server, args.big)
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            compare(server, data_dir, table, args.big, 1, args.readers)
+            line("  peak RSS of the dumping process",
+                 f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB "
+                 f"(before the big table: {before:,.0f} MB)")
 
 
 if __name__ == "__main__":

@@ -127,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     dump = commands.add_parser("dump", help="take consistent dumps of tables (resumes an "
                                             "interrupted one)")
     dump.add_argument("tables", nargs="+", metavar="DB.TABLE|DB.*")
-    _source_and_store_options(dump, "dump.chunk_rows", "dump.readers")
+    _source_and_store_options(dump, "dump.chunk_rows", "dump.readers", "dump.sync_interval")
     dump.add_argument("--restart", action="store_true",
                       help="discard an interrupted dump instead of continuing it")
     dump.add_argument("--json", action="store_true", help="one JSON line per dump")
@@ -254,7 +254,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
     if not tables:
         raise CdcError(f"no tables match {' '.join(args.tables)}")
     options = DumpOptions(chunk_rows=config.dump.chunk_rows, restart=args.restart,
-                          readers=config.dump.readers)
+                          readers=config.dump.readers,
+                          sync_seconds=config.dump.sync_interval)
     for result in dump_tables(address, config.store.data_dir, tables, options):
         info = result.info
         if args.json:

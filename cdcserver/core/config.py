@@ -223,6 +223,10 @@ class DumpConfig:
                              "directory); 0: the whole table in one snapshot, which holds its "
                              "metadata lock for the whole read", cli="--readers",
                           check=not_negative)
+    sync_interval: float = option(2.0, "chunked dumps: how often each reader makes what it "
+                                       "read durable and records it (a killed dump loses at "
+                                       "most this much reading; 0: after every chunk)",
+                                  cli="--sync-interval", check=not_negative)
 
 
 @dataclass(frozen=True)

@@ -1,48 +1,56 @@
 """Chunked dumps: a table read in short consistent reads, with the changes between them merged
 in, so that no lock is held across chunks and a big table is read by several readers at once.
 
-1. The key space is split into one range per reader: an integer key arithmetically between
-   its smallest and largest value, any other key at sampled boundaries (the key ``n`` rows
-   in, ``LIMIT 1 OFFSET n``).
-2. Each reader walks its range in chunks of ``chunk_rows`` keys. Every chunk is its own
-   transaction: ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` gives the chunk's point (the
-   binlog position and GTID state its read view is at, taken under the binlog's commit lock:
-   an exact low watermark, with nothing written to the source), the table's definition is
-   checked under its metadata lock, the chunk is read in key order, and ``COMMIT`` releases
-   the lock. An ``ALTER TABLE`` waits for at most one chunk's read. The chunk's rows go to the
-   reader's spool file, which is fsynced before the chunk is recorded in ``<stem>.chunked``;
-   a killed dump continues from its last recorded chunk.
-3. When every range is read, the dump's point is taken (a last consistent snapshot: the high
-   watermark) and the table's changes from the earliest chunk's point to it are taken from the
-   store (:func:`cdcserver.dump.fixups.records_between`). For each key, the last change wins
-   over a chunk's row when the chunk's point does not include it; a key no chunk read exists
-   if its last change left it. The spools are copied into the dump with those rows replaced,
-   dropped or added: the result holds only ``insert`` lines, the table at the dump's point,
-   as a single-snapshot dump would (and untouched chunks are copied as they are).
+1. The key space is split into ranges in key order: an integer key arithmetically, in ranges
+   of about half ``chunk_rows`` rows (from its span and the table's estimated rows), which
+   the readers take in turn; any other key in one range per reader, at sampled keys (the key
+   ``n`` rows in, ``LIMIT 1 OFFSET n``).
+2. A reader reads its range in chunks of at most ``chunk_rows`` rows, each chunk its own
+   transaction: ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` gives the binlog position its
+   read view is at (taken under the binlog's commit lock: an exact low watermark, nothing is
+   written to the source), the table's definition is checked under its metadata lock, the
+   chunk is read in key order, and ``COMMIT`` releases the lock: an ``ALTER TABLE`` waits for
+   one chunk's read at most.
+3. The ranges go into the dump's body in key order, each as it is read when its turn has come
+   (the first range not finished), else into a buffer (memory, then a temporary file) until
+   it does: the body is written once, with no copy in the usual case. The body is made
+   durable and its chunks recorded in ``<stem>.chunked`` every ``sync_seconds``; a killed
+   dump continues after its last recorded chunk.
+4. When every range is read, the dump's point is taken once the store has caught up (so that
+   it is not between a change without binlog rows and its repair), and the table's changes
+   since the first chunk are taken from the store (:func:`cdcserver.dump.fixups.records_between`),
+   each with where its transaction ends in the binlog. A key's last change wins over the row a
+   chunk read before it; a key no chunk read exists if its last change left it. If any
+   change came, the body is written again with those rows replaced, dropped or added. The
+   result holds only ``insert`` lines: the table at the dump's point, as a single-snapshot
+   dump would.
 
 If the table's definition changes during the dump (a chunk finds another ``SHOW CREATE
 TABLE``, or the store holds a schema change between the chunks), the table's dump starts over
 in the new definition. The merge needs the service to be replicating into the same data
-directory: without a live store, or on MySQL, or for a table whose key cannot be ranged over
-(see :mod:`cdcserver.dump.scan`), the dump is read in one snapshot instead
-(:class:`NotChunkable` says why).
+directory: without it, on MySQL, or for a table whose key cannot be ranged over (see
+:mod:`cdcserver.dump.scan`), the dump is read in one snapshot instead (:class:`NotChunkable`
+says why).
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import glob
+import datetime as dt
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import re
+import sqlite3
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import pymysql
@@ -58,6 +66,7 @@ from cdcserver.dump.snapshot import (
     ER_TABLE_DEF_CHANGED,
     SnapshotPoint,
     open_mariadb_point,
+    open_snapshot_position,
     prepare_session,
     qualified,
 )
@@ -65,9 +74,10 @@ from cdcserver.replication import source as source_sql
 from cdcserver.schema import ddl
 from cdcserver.schema.definition import TableDefinition
 from cdcserver.schema.history import TRANSACTIONAL_ENGINES, layout_of
+from cdcserver.store import checkpoint as ckpt
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
-from cdcserver.store.reader import wait_for_checkpoint
+from cdcserver.store.reader import gtid_state_at, wait_for_checkpoint
 from cdcserver.store.schema import TableSchema
 from client.format.dump import FORMAT, operation_line
 
@@ -87,20 +97,18 @@ class TableChanged(SourceError):
 
 @dataclass
 class Chunk:
-    start: int  # its bytes in the reader's spool
+    start: int  # its bytes in the dump's body (offsets in the .partial file)
     end: int
     rows: int
-    gtid: str  # the point its read view was at
-    file: str
-    pos: int
+    file: str  # the binlog position its read view was at: it holds every transaction that
+    pos: int   # ends there or before
 
 
 @dataclass
 class KeyRange:
     lo: list[str] | None  # hex of the key values after which the range starts (None: first)
     hi: list[str] | None  # ... and of the last key it holds (None: to the table's end)
-    after: list[str] | None = None  # the last key read
-    spool: int = 0  # good bytes in its spool
+    after: list[str] | None = None  # the last key recorded
     rows: int = 0
     done: bool = False
     chunks: list[Chunk] = field(default_factory=list)
@@ -113,11 +121,15 @@ class KeyRange:
 
 @dataclass
 class ChunkedProgress:
+    """What a killed dump continues from: the ranges in key order, those done and the
+    chunks recorded of the one being appended; ``body``: the durable end of the body."""
+
     definition: str  # the SHOW CREATE TABLE the chunks were read with (normalised)
     fields: str  # fingerprint of the columns
     stream_version: int
     consistent: bool
     ranges: list[KeyRange]
+    body: int = 0  # bytes of the .partial file that are good (reserved header included)
     resumed: bool = False
 
     def to_json(self) -> dict[str, Any]:
@@ -127,7 +139,7 @@ class ChunkedProgress:
     def from_json(cls, data: dict[str, Any]) -> ChunkedProgress:
         return cls(data["definition"], data["fields"], int(data["stream_version"]),
                    bool(data["consistent"]), [KeyRange.from_json(r) for r in data["ranges"]],
-                   bool(data.get("resumed", False)))
+                   int(data["body"]), bool(data.get("resumed", False)))
 
 
 Progressed = Callable[[TableName, int], None]
@@ -139,16 +151,19 @@ def _progress_path(directory: str, table: TableName) -> str:
     return os.path.join(directory, f"{table.stem}.chunked")
 
 
-def _spool_path(directory: str, table: TableName, reader: int) -> str:
-    return os.path.join(directory, f"{table.stem}.r{reader}.spool")
+def _body_path(directory: str, table: TableName) -> str:
+    """The body read, renamed here while the changes made meanwhile are merged into a new
+    .partial."""
+    return os.path.join(directory, f"{table.stem}.body")
 
 
 def discard(directory: str, table: TableName) -> None:
-    """Remove a table's unfinished chunked dump (its record and spools)."""
-    paths = [_progress_path(directory, table), _progress_path(directory, table) + ".tmp",
-             *glob.glob(os.path.join(glob.escape(directory),
-                                     f"{glob.escape(table.stem)}.r*.spool"))]
-    for path in paths:
+    """Remove a table's unfinished chunked dump (its record and body; a single-snapshot
+    attempt's .partial stays)."""
+    if os.path.exists(_progress_path(directory, table)):
+        PartialDump(directory, table).discard()
+    for path in (_progress_path(directory, table), _progress_path(directory, table) + ".tmp",
+                 _body_path(directory, table)):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
@@ -222,61 +237,62 @@ def _describe(conn: Any, table: TableName, stream_version: int) -> _Table:
                   (definition.engine or "innodb") in TRANSACTIONAL_ENGINES)
 
 
-def _check_store(data_dir: str, conn: Any, timeout: float) -> None:
+def _check_store(data_dir: str) -> None:
     """The merge takes the changes between chunks from the store: the service must be
-    replicating into ``data_dir`` (it holds the store's writer lock) and keeping up."""
+    replicating into ``data_dir`` (it holds the store's writer lock; the merge waits for it
+    to reach the dump's point)."""
     if not _service_running(data_dir):
         raise NotChunkable(f"the service is not replicating into {data_dir}")
-    status = source_sql.query(conn, "SHOW MASTER STATUS")
-    if not status:
-        raise NotChunkable("the source has no binlog")
-    file, pos = str(status[0][0]), int(status[0][1])
-    state = GtidState.parse(str(source_sql.query(conn, "SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
-                                or ""))
-    try:
-        wait_for_checkpoint(data_dir, file, pos, timeout, state)
-    except CdcError as exc:
-        raise NotChunkable(f"the service is not replicating into {data_dir} ({exc})") from exc
+    if ckpt.load(DataDir(data_dir).checkpoint) is None:
+        raise NotChunkable(f"the service has stored nothing in {data_dir} yet")
 
 
 def _service_running(data_dir: str) -> bool:
-    """Whether a process holds the store's writer lock, read from /proc/locks (taking the
-    lock to see, even briefly, could make a starting service fail)."""
+    """Whether a process holds the store's writer lock: a shared lock cannot be had then.
+    (Had, it is let go at once; a service starting in that instant waits for it: see
+    Store._lock_directory.)"""
     try:
-        st = os.stat(DataDir(data_dir).writer_lock)
+        fd = os.open(DataDir(data_dir).writer_lock, os.O_RDONLY)
     except FileNotFoundError:
         return False
-    wanted = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     try:
-        with open("/proc/locks", encoding="ascii") as f:
-            return any(line.split()[1] == "FLOCK" and wanted in line.split() for line in f)
-    except OSError:  # no /proc: assume it runs; the checkpoint wait tells
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
         return True
+    finally:
+        os.close(fd)  # and with it the lock
+    return False
 
 
 # -- ranges ------------------------------------------------------------------------------
 
-def _split(conn: Any, plan: ScanPlan, table: TableName, readers: int) -> list[KeyRange]:
-    """One range per reader: an integer key split arithmetically, others at sampled keys."""
-    if readers <= 1:
-        return [KeyRange(None, None)]
+_INTEGER_KEYS = ("tinyint", "smallint", "mediumint", "int", "bigint", "serial")
+_MOST_RANGES = 100_000
+
+
+def _split(conn: Any, plan: ScanPlan, table: TableName, readers: int,
+           chunk_rows: int) -> list[KeyRange]:
+    """The key space in ranges, in key order: an integer key in ranges of about half
+    ``chunk_rows`` rows each (arithmetically, from its span and the table's estimated
+    rows), which the readers take in turn; any other key in one range per reader, split at
+    sampled keys (``LIMIT 1 OFFSET n`` on the key)."""
+    estimate = int(source_sql.query(
+        conn, "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
+              "AND TABLE_NAME = %s", (table.database, table.table))[0][0] or 0)
     key = plan.key
-    if len(key) == 1 and key[0].sql_type in ("tinyint", "smallint", "mediumint", "int",
-                                             "bigint", "serial"):
+    cuts: list[list[bytes]] = []
+    if len(key) == 1 and key[0].sql_type in _INTEGER_KEYS:
         column = f"`{key[0].name.replace('`', '``')}`"
         low, high = source_sql.query(conn, f"SELECT MIN({column}), MAX({column}) FROM "
                                            f"{qualified(table)}")[0]
-        if low is None or int(high) - int(low) < readers * 2:
-            return [KeyRange(None, None)]
-        step = (int(high) - int(low)) // readers
-        cuts = [[str(int(low) + step * i).encode()] for i in range(1, readers)]
-    else:
-        estimate = int(source_sql.query(
-            conn, "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
-                  "AND TABLE_NAME = %s", (table.database, table.table))[0][0] or 0)
-        if estimate < readers * 2:
-            return [KeyRange(None, None)]
-        cuts = []
+        if low is not None:
+            low, high = int(low), int(high)
+            # about half a chunk's rows each, so that one query usually reads a range
+            count = min(max(readers, -(-estimate * 2 // chunk_rows)), _MOST_RANGES,
+                        max(high - low, 1))
+            step = max((high - low) // count, 1)
+            cuts = [[str(low + step * i).encode()] for i in range(1, count)]
+    elif readers > 1 and estimate >= readers * 2:
         for i in range(1, readers):
             found = [row for batch in rawrows.query_rows(conn, plan.key_sql(
                 estimate * i // readers)) for row in batch]
@@ -294,61 +310,174 @@ def _values(hexed: list[str] | None) -> tuple[bytes, ...] | None:
 
 # -- reading -----------------------------------------------------------------------------
 
+class _Failed(Exception):
+    """Another reader failed: this one stops too."""
+
+
 @dataclass
 class _Run:
-    """One attempt's shared state: the progress record and who may write it."""
+    """One attempt's shared state. The ranges are appended to the body in key order: the
+    reader of the first range not done (the *turn*) writes straight into it; the others
+    keep what they read in a buffer (memory, then a temporary file) until their turn."""
 
     address: SourceAddress
     data_dir: str
     directory: str  # the dump directory
     table: _Table
     progress: ChunkedProgress
+    partial: PartialDump
     chunk_rows: int
     batch_rows: int
     stop: threading.Event | None
     progressed: Progressed | None
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    # the turn holder makes the body durable and records its chunks this often: a killed
+    # dump loses at most this much reading
+    sync_seconds: float = 2.0
+    buffer_bytes: int = 64 << 20
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    next_range: int = 0  # the next range a reader takes
+    failed: bool = False
+    rows_read: int = 0
+    synced: float = field(default_factory=time.monotonic)
 
-    def record(self, rng: KeyRange, chunk: Chunk | None, after: list[str] | None,
-               done: bool) -> None:
-        with self.lock:
-            if chunk is not None:
-                rng.chunks.append(chunk)
-                rng.spool, rng.rows = chunk.end, rng.rows + chunk.rows
-                rng.after = after
-            rng.done = done
-            _save(self.directory, self.table.name, self.progress)
-            rows = sum(r.rows for r in self.progress.ranges)
+    @property
+    def turn(self) -> int:
+        for i, rng in enumerate(self.progress.ranges):
+            if not rng.done:
+                return i
+        return len(self.progress.ranges)
+
+    def take(self) -> int | None:
+        """The next range to read, in key order (None: none left, or stopping)."""
+        with self.cond:
+            ranges = self.progress.ranges
+            while self.next_range < len(ranges) and ranges[self.next_range].done:
+                self.next_range += 1
+            if self.failed or self.next_range >= len(ranges) or (
+                    self.stop is not None and self.stop.is_set()):
+                return None
+            self.next_range += 1
+            return self.next_range - 1
+
+    def wait_turn(self, index: int) -> None:
+        with self.cond:
+            while self.turn != index and not self.failed:
+                self.cond.wait(0.5)
+            if self.failed:
+                raise _Failed
+
+    def fail(self) -> None:
+        with self.cond:
+            self.failed = True
+            self.cond.notify_all()
+
+    def sync(self) -> None:
+        """The body so far durable, then recorded (by the turn holder, or at the end)."""
+        self.partial.sync()
+        self.progress.body = self.partial.size
+        _save(self.directory, self.table.name, self.progress)
+        self.synced = time.monotonic()
+
+    def read(self, rows: int) -> None:
+        """``rows`` more rows read: the progress reported."""
+        with self.cond:
+            self.rows_read += rows
+            total = self.rows_read
         if self.progressed is not None:
-            self.progressed(self.table.name, rows)
+            self.progressed(self.table.name, total)
 
 
-def _read_range(run: _Run, index: int) -> None:
-    rng = run.progress.ranges[index]
-    if rng.done:
-        return
-    table = run.table
-    path = _spool_path(run.directory, table.name, index)
+def _reader(run: _Run) -> None:
     conn = source_sql.connect(run.address)
     try:
         prepare_session(conn, mariadb=True)
-        with open(path, "r+b" if os.path.exists(path) else "w+b") as spool:
-            spool.truncate(rng.spool)
-            spool.seek(rng.spool)
-            while not rng.done:
-                if run.stop is not None and run.stop.is_set():
-                    return
-                _read_chunk(run, conn, rng, spool)
+        while (index := run.take()) is not None:
+            _read_range(run, conn, index)
+    except _Failed:
+        pass
+    except BaseException:
+        run.fail()
+        raise
     finally:
         conn.close()
 
 
-def _read_chunk(run: _Run, conn: Any, rng: KeyRange, spool: Any) -> None:
-    """One chunk in its own consistent read, then committed (its metadata lock released)."""
+def _read_range(run: _Run, conn: Any, index: int) -> None:
+    """Read one range chunk by chunk, into the body when it is the turn, else into a
+    buffer appended when its turn comes; then pass the turn on."""
+    rng = run.progress.ranges[index]
+    buffer = tempfile.SpooledTemporaryFile(max_size=run.buffer_bytes,  # noqa: SIM115
+                                           dir=run.directory)
+    held: list[Chunk] = []  # read into the buffer: offsets in it
+    after = rng.after
+    try:
+        done = False
+        while not done:
+            if run.stop is not None and run.stop.is_set():
+                return
+            if run.failed:
+                raise _Failed
+            direct = run.turn == index
+            if direct and held:
+                _append_held(run, rng, buffer, held, after)
+                held = []
+            chunk, after, done = _read_chunk(run, conn, rng, after,
+                                             run.partial if direct else buffer)
+            if chunk is None:
+                continue
+            run.read(chunk.rows)
+            if direct:
+                _recorded(run, rng, [chunk], after)
+            else:
+                held.append(chunk)
+        run.wait_turn(index)
+        if held:
+            _append_held(run, rng, buffer, held, after)
+        with run.cond:
+            rng.after = after
+            rng.done = True
+            if time.monotonic() - run.synced >= run.sync_seconds:
+                run.sync()
+            run.cond.notify_all()
+    finally:
+        buffer.close()
+
+
+def _append_held(run: _Run, rng: KeyRange, buffer: Any, held: list[Chunk],
+                 after: list[str] | None) -> None:
+    """The turn has come: the chunks read into the buffer go into the body (``after``: the
+    key of their last row)."""
+    base = run.partial.size
+    buffer.seek(0)
+    while data := buffer.read(1 << 20):
+        run.partial.write(data)
+    buffer.seek(0)
+    buffer.truncate()
+    _recorded(run, rng, [replace(c, start=base + c.start, end=base + c.end) for c in held],
+              after)
+
+
+def _recorded(run: _Run, rng: KeyRange, chunks: list[Chunk], after: list[str] | None
+              ) -> None:
+    """Chunks now in the body: recorded (made durable at the sync interval)."""
+    with run.cond:
+        rng.chunks += chunks
+        rng.rows += sum(c.rows for c in chunks)
+        rng.after = after
+        if time.monotonic() - run.synced >= run.sync_seconds:
+            run.sync()
+
+
+def _read_chunk(run: _Run, conn: Any, rng: KeyRange, after: list[str] | None, out: Any
+                ) -> tuple[Chunk | None, list[str] | None, bool]:
+    """One chunk in its own consistent read, then committed (its metadata lock released),
+    written to ``out`` (the body or a buffer): the chunk (offsets in ``out``; None if no row
+    was left), the last key read, whether the range is done."""
     table = run.table
-    point = open_mariadb_point(conn)
-    start = rng.spool
-    written, count, last = start, 0, None
+    file, pos, _ = open_snapshot_position(conn)
+    count, last = 0, None
+    start = out.size if out is run.partial else out.tell()
+    written = start
     try:
         try:
             source_sql.query(conn, f"SELECT 1 FROM {qualified(table.name)} LIMIT 0")
@@ -359,71 +488,97 @@ def _read_chunk(run: _Run, conn: Any, rng: KeyRange, spool: Any) -> None:
             raise
         if _show_create(conn, table.name) != table.text:
             raise TableChanged(f"{table.name} changed during its dump")
-        sql = table.plan.chunk_sql(_values(rng.after if rng.after is not None else rng.lo),
+        sql = table.plan.chunk_sql(_values(after if after is not None else rng.lo),
                                    run.chunk_rows, _values(rng.hi))
         for batch in rawrows.query_rows(conn, sql, run.batch_rows):
             data = operation_line("insert", batch)
-            spool.write(data)
+            out.write(data)
             written += len(data)
             count += len(batch)
             last = batch[-1]
     finally:
         if conn.open:
             source_sql.query(conn, "COMMIT")
-    spool.flush()
-    os.fsync(spool.fileno())
     done = count < run.chunk_rows
     if last is None:
-        run.record(rng, None, rng.after, done)
-        return
-    chunk = Chunk(start, written, count, str(point.gtid), point.file, point.pos)
-    run.record(rng, chunk, [v.hex() for v in table.plan.key_of(last)], done)
+        return None, after, done
+    chunk = Chunk(start, written, count, file, pos)
+    return chunk, [v.hex() for v in table.plan.key_of(last)], done
 
 
 # -- merging -----------------------------------------------------------------------------
 
-Overlay = dict[tuple[bytes, ...], tuple[Gtid, str, bytes]]
+Position = tuple[int, int]  # binlog_ordinal(file, pos)
+Overlay = dict[tuple[bytes, ...], tuple[Position, str, bytes]]
 
 
 def _overlay(run: _Run, end: SnapshotPoint, timeout: float) -> Overlay:
-    """Each key's last change between the earliest chunk and the dump's point."""
+    """Each key's last change between the earliest chunk and the dump's point, with where
+    its transaction ends in the binlog (from the store's transaction log)."""
     chunks = [c for r in run.progress.ranges for c in r.chunks]
     if not chunks:
         return {}
     first = min(chunks, key=lambda c: binlog_ordinal(c.file, c.pos))
     overlay: Overlay = {}
     key_text = run.table.plan.key_text
+    ends = _TransactionEnds(run.data_dir)
     try:
+        wait_for_checkpoint(run.data_dir, end.file, end.pos, timeout, end.gtid)
+        since = gtid_state_at(run.data_dir, first.file, first.pos)
         for gtid, kind, row in fixups.records_between(
-                run.data_dir, run.table.name, run.table.fields, GtidState.parse(first.gtid),
-                end.gtid, (end.file, end.pos), timeout):
-            overlay[key_text(row)] = (gtid, kind, row)
-    except fixups.Unavailable as exc:
+                run.data_dir, run.table.name, run.table.fields, since, end.gtid,
+                (end.file, end.pos), timeout):
+            overlay[key_text(row)] = (ends.of(gtid), kind, row)
+    except (fixups.Unavailable, CdcError) as exc:
         raise TableChanged(f"the changes made during the dump are not available: {exc}") \
             from exc
+    finally:
+        ends.close()
     return overlay
 
 
-def _merged_lines(run: _Run, overlay: Overlay) -> Iterator[tuple[bytes, int]]:
-    """The dump's body: (line, rows in it)."""
+class _TransactionEnds:
+    """Where each stored transaction ends in the binlog (``transactions`` of the store's
+    index): a chunk read at a position holds every transaction ending there or before."""
+
+    def __init__(self, data_dir: str) -> None:
+        self._db = sqlite3.connect(f"file:{DataDir(data_dir).index}?mode=ro", uri=True)
+        self._known: dict[Gtid, Position] = {}
+
+    def of(self, gtid: Gtid) -> Position:
+        found = self._known.get(gtid)
+        if found is None:
+            row = self._db.execute(
+                "SELECT file, pos FROM transactions WHERE domain=? AND source=? AND seq=? "
+                "ORDER BY id DESC LIMIT 1",
+                (gtid.domain, gtid.source_uuid or "", gtid.sequence)).fetchone()
+            if row is None:
+                raise CdcError(f"the store's index does not know transaction {gtid}")
+            found = self._known[gtid] = binlog_ordinal(str(row[0]), int(row[1]))
+        return found
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _merged_lines(run: _Run, body: str, overlay: Overlay) -> Iterator[tuple[bytes, int]]:
+    """The dump's body with the changes merged in: (line, rows in it). ``body``: the file
+    the chunks were read into."""
     key_text = run.table.plan.key_text
     final_in_chunk: set[tuple[bytes, ...]] = set()
-    for index, rng in enumerate(run.progress.ranges):
-        with open(_spool_path(run.directory, run.table.name, index), "rb") as spool:
+    with open(body, "rb") as f:
+        for rng in run.progress.ranges:
             for chunk in rng.chunks:
-                spool.seek(chunk.start)
-                if not overlay:
-                    yield from _copied(spool, chunk)
-                    continue
-                point = GtidState.parse(chunk.gtid)
-                for line in _lines(spool, chunk):
+                f.seek(chunk.start)
+                read_at = binlog_ordinal(chunk.file, chunk.pos)
+                for line in _lines(f, chunk):
                     kept = []
                     for row in _rows_of(line):
                         key = key_text(row)
                         change = overlay.get(key)
                         if change is None:
                             kept.append(row)
-                        elif point.covers(change[0]):  # read after its last change
+                        elif change[0] <= read_at:  # read after its last change
                             kept.append(row)
                             final_in_chunk.add(key)
                     if kept:
@@ -437,18 +592,6 @@ def _merged_lines(run: _Run, overlay: Overlay) -> Iterator[tuple[bytes, int]]:
                 batch = []
     if batch:
         yield operation_line("insert", batch), len(batch)
-
-
-def _copied(spool: Any, chunk: Chunk) -> Iterator[tuple[bytes, int]]:
-    """A chunk no change touched, as it is (its rows counted once, with its first piece)."""
-    remaining, rows = chunk.end - chunk.start, chunk.rows
-    while remaining:
-        data = spool.read(min(remaining, 1 << 20))
-        if not data:
-            raise SourceError(f"{spool.name} is shorter than its chunk record says")
-        remaining -= len(data)
-        yield data, rows
-        rows = 0
 
 
 def _lines(spool: Any, chunk: Chunk) -> Iterator[bytes]:
@@ -478,6 +621,7 @@ class ChunkedOptions:
     batch_rows: int
     restart: bool
     store_timeout: float
+    sync_seconds: float = 2.0
 
 
 def dump_table(address: SourceAddress, data_dir: str, table: TableName, stream_version: int,
@@ -493,7 +637,7 @@ def dump_table(address: SourceAddress, data_dir: str, table: TableName, stream_v
         if info.flavor != "mariadb":
             raise NotChunkable("chunked reads need MariaDB's snapshot positions")
         prepare_session(conn, mariadb=True)
-        _check_store(data_dir, conn, min(options.store_timeout, 10.0))
+        _check_store(data_dir)
         for attempt in range(1, _ATTEMPTS + 1):
             try:
                 return _attempt(address, data_dir, conn, table, stream_version, options,
@@ -516,37 +660,57 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
     started = time.monotonic()
     described = _describe(conn, table, stream_version)
     progress = _load(directory, table)
-    if progress is not None and (options.restart or progress.definition != described.text
-                                 or progress.fields != described.fingerprint):
-        log.info("dump of %s: starting over (%s)", table, "--restart was given"
-                 if options.restart else "the table's definition changed")
+    partial = PartialDump(directory, table)
+    record = partial.load_progress()
+    why = "--restart was given" if options.restart else \
+        "the table's definition changed" if progress is not None and (
+            progress.definition != described.text or
+            progress.fields != described.fingerprint) else \
+        "its body is missing" if progress is not None and (
+            record is None or not os.path.exists(partial.path)) else \
+        "it stopped while merging" if os.path.exists(_body_path(directory, table)) else None
+    if progress is not None and why is not None:
+        log.info("dump of %s: starting over (%s)", table, why)
         discard(directory, table)
         progress = None
-    if progress is None:
-        PartialDump(directory, table).discard()  # a single-snapshot attempt, if any
-        ranges = _split(conn, described.plan, table, options.readers)
-        progress = ChunkedProgress(described.text, described.fingerprint, stream_version,
-                                   described.consistent, ranges)
+    if progress is None or record is None:
+        partial.discard()  # a single-snapshot attempt, if any
+        discard(directory, table)
+        ranges = _split(conn, described.plan, table, options.readers, options.chunk_rows)
+        start = _now(conn)
+        record = Progress(table, start.to_json(), described.fingerprint, stream_version,
+                          _reserve(described, start), consistent=described.consistent)
         os.makedirs(directory, exist_ok=True)
+        partial.create(record)
+        progress = ChunkedProgress(described.text, described.fingerprint, stream_version,
+                                   described.consistent, ranges, record.reserved)
         _save(directory, table, progress)
-        log.info("dump of %s: %d readers over key ranges, %d rows per chunk", table,
-                 len(ranges), options.chunk_rows)
+        log.info("dump of %s: %d readers over %d key ranges, %d rows per chunk", table,
+                 options.readers, len(ranges), options.chunk_rows)
     else:
+        record.body = progress.body - record.reserved  # what the chunk record vouches for
+        partial.reopen(record)
         progress.resumed = True
         progress.stream_version = min(progress.stream_version, stream_version)
         log.info("dump of %s: continuing after %d rows", table,
                  sum(r.rows for r in progress.ranges))
-    run = _Run(address, data_dir, directory, described, progress, options.chunk_rows,
-               options.batch_rows, stop, progressed)
-    with ThreadPoolExecutor(max_workers=len(progress.ranges),
-                            thread_name_prefix=f"dump-{table.stem}") as pool:
-        for future in [pool.submit(_read_range, run, i) for i in range(len(progress.ranges))]:
-            future.result()
-    if stop is not None and stop.is_set():
-        return None
-    end = _end_point(conn, data_dir, options.store_timeout)
-    overlay = _overlay(run, end, options.store_timeout)
-    path, rows = _write(run, end, overlay)
+    run = _Run(address, data_dir, directory, described, progress, partial, options.chunk_rows,
+               options.batch_rows, stop, progressed, options.sync_seconds,
+               rows_read=sum(r.rows for r in progress.ranges))
+    try:
+        readers = max(1, min(options.readers, len(progress.ranges)))
+        with ThreadPoolExecutor(max_workers=readers,
+                                thread_name_prefix=f"dump-{table.stem}") as pool:
+            for future in [pool.submit(_reader, run) for _ in range(readers)]:
+                future.result()
+        run.sync()
+        if stop is not None and stop.is_set():
+            return None
+        end = _end_point(conn, data_dir, options.store_timeout)
+        overlay = _overlay(run, end, options.store_timeout)
+        path, rows = _finish(run, end, overlay)
+    finally:
+        partial.close()
     discard(directory, table)
     log.info("dumped %s: %d rows in %d chunks, %d changes merged, %d bytes in %.1fs%s", table,
              rows, sum(len(r.chunks) for r in progress.ranges), len(overlay),
@@ -555,16 +719,34 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
     return files.read_info(path)
 
 
+def _now(conn: Any) -> SnapshotPoint:
+    """Where the source is, roughly (what the header's room is sized for)."""
+    file, pos, _ = source_sql.query(conn, "SHOW MASTER STATUS")[0][:3]
+    state = source_sql.query(conn, "SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+    return SnapshotPoint(GtidState.parse(str(state or "")), str(file), int(pos),
+                         dt.datetime.now(dt.UTC))
+
+
+def _reserve(described: _Table, point: SnapshotPoint) -> int:
+    """Room for the final header: its size with today's values, plus slack for a longer
+    GTID state at the dump's point."""
+    sample = json.dumps({"schema": described.schema.avsc, "gtid": str(point.gtid),
+                         "definition": described.definition.to_json()})
+    return len(sample.encode("utf-8")) + HEADER_SLACK
+
+
 def _end_point(conn: Any, data_dir: str, timeout: float) -> SnapshotPoint:
     """The dump's point, once the store has reached the source's position after the last
     chunk: a change without binlog rows (a value-filling ALTER, a cascade) before that
     position has then been repaired (the store's checkpoint never passes one that was not),
     so the dump's point is not between such a change and its repair, where the stream's
     before images would not match the dump's rows."""
-    reached = open_mariadb_point(conn)
+    file, pos, _ = open_snapshot_position(conn)
     source_sql.query(conn, "COMMIT")
+    state = GtidState.parse(str(source_sql.query(conn, "SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+                                or ""))  # at or after the position: enough to wait for
     try:
-        wait_for_checkpoint(data_dir, reached.file, reached.pos, timeout, reached.gtid)
+        wait_for_checkpoint(data_dir, file, pos, timeout, state)
     except CdcError as exc:
         raise TableChanged(f"the store did not reach the dump's point: {exc}") from exc
     end = open_mariadb_point(conn)
@@ -572,30 +754,33 @@ def _end_point(conn: Any, data_dir: str, timeout: float) -> SnapshotPoint:
     return end
 
 
-def _write(run: _Run, end: SnapshotPoint, overlay: Overlay) -> tuple[str, int]:
+def _finish(run: _Run, end: SnapshotPoint, overlay: Overlay) -> tuple[str, int]:
+    """The header at the dump's point, the file under its final name. Rows the changes
+    touched are replaced, dropped or added by writing the body again, merged (the body as
+    read is left alone when no change touched the table meanwhile)."""
     described, progress = run.table, run.progress
-    sample = json.dumps({"schema": described.schema.avsc, "gtid": str(end.gtid),
-                         "definition": described.definition.to_json()})
-    partial = PartialDump(run.directory, described.name)
-    record = Progress(described.name, end.to_json(), described.fingerprint,
-                      progress.stream_version, len(sample.encode()) + HEADER_SLACK,
-                      consistent=progress.consistent)
-    try:
+    partial = run.partial
+    rows = sum(r.rows for r in progress.ranges)
+    if overlay:
+        body = _body_path(run.directory, described.name)
+        partial.close()
+        os.replace(partial.path, body)
+        partial = run.partial = PartialDump(run.directory, described.name)
+        assert partial.progress is None
+        record = Progress(described.name, end.to_json(), described.fingerprint,
+                          progress.stream_version, _reserve(described, end),
+                          consistent=progress.consistent)
         partial.create(record)
         rows = 0
-        for data, count in _merged_lines(run, overlay):
+        for data, count in _merged_lines(run, body, overlay):
             partial.write(data)
             rows += count
-        record.rows = rows
-        avsc = {**described.schema.avsc, "version": max(progress.stream_version, 1),
-                "gtid": str(end.gtid)}
-        header = {"format": FORMAT, "database": described.name.database,
-                  "table": described.name.table, "gtid": str(end.gtid),
-                  "binlog": {"file": end.file, "pos": end.pos}, "rows": rows,
-                  "created": end.taken.isoformat(), "stream_version": progress.stream_version,
-                  "consistent": progress.consistent, "resumed": progress.resumed,
-                  "schema": avsc, "definition": described.definition.to_json()}
-        path = partial.finish(header, files.new_name(described.name, end.taken))
-    finally:
-        partial.close()
-    return path, rows
+    avsc = {**described.schema.avsc, "version": max(progress.stream_version, 1),
+            "gtid": str(end.gtid)}
+    header = {"format": FORMAT, "database": described.name.database,
+              "table": described.name.table, "gtid": str(end.gtid),
+              "binlog": {"file": end.file, "pos": end.pos}, "rows": rows,
+              "created": end.taken.isoformat(), "stream_version": progress.stream_version,
+              "consistent": progress.consistent, "resumed": progress.resumed,
+              "schema": avsc, "definition": described.definition.to_json()}
+    return partial.finish(header, files.new_name(described.name, end.taken)), rows

@@ -69,6 +69,7 @@ class DumpOptions:
     # readers per table, each over its own key range, each chunk a short read of its own
     # (cdcserver.dump.chunked); 0: one snapshot for the whole table
     readers: int = 2
+    sync_seconds: float = 2.0  # chunked: how often progress is made durable
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,8 @@ def _dump_one(address: SourceAddress, data_dir: str, table: TableName, stream_ve
             info = chunked.dump_table(
                 address, data_dir, table, stream_version,
                 chunked.ChunkedOptions(options.readers, options.chunk_rows, options.batch_rows,
-                                       options.restart, options.store_timeout),
+                                       options.restart, options.store_timeout,
+                                       options.sync_seconds),
                 progressed, stop)
         except chunked.NotChunkable as exc:
             log.info("dump of %s: read in one snapshot, which holds its metadata lock for the "

@@ -15,6 +15,8 @@ carries). Otherwise :class:`Unavailable` says why and the dump starts over.
 
 from __future__ import annotations
 
+import os
+import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
@@ -89,15 +91,15 @@ def records_between(data_dir: str, table: TableName, fields: list[dict[str, Any]
                 and until.covers(Gtid.parse(created)):
             raise Unavailable(f"{table} version {info.version} began with a schema change "
                               f"during the dump (at {created})")
-    return _records(versions, fields, since, until)
+    return _records(data_dir, versions, fields, since, until)
 
 
-def _records(versions: list[Any], fields: list[dict[str, Any]], since: GtidState,
-             until: GtidState) -> Iterator[ChangeRecord]:
+def _records(data_dir: str, versions: list[Any], fields: list[dict[str, Any]],
+             since: GtidState, until: GtidState) -> Iterator[ChangeRecord]:
     for info in versions:
         columns = info.schema.columns
         same = info.schema.avsc["fields"][6:] == fields
-        for record in committed_records(info):
+        for record in committed_records(info, _start(data_dir, info, since)):
             if not _between(record, since, until):
                 continue
             if not same:
@@ -108,6 +110,37 @@ def _records(versions: list[Any], fields: list[dict[str, Any]], since: GtidState
             yield (Gtid(record["domain"], record["server_id"], record["sequence"]),
                    "insert" if kind in ("insert", "update_after") else "delete",
                    encode_row(columns, values))
+
+
+def _start(data_dir: str, info: Any, since: GtidState) -> int | None:
+    """Where in a version the first record after ``since`` can be: the GTID index's block
+    before it in every domain the version holds (None: from the start), so that merging a
+    dump's window does not read the table's whole history."""
+    path = DataDir(data_dir).index
+    if not os.path.exists(path):
+        return None
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        key = (info.table.database, info.table.table, info.version)
+        offsets = []
+        for (domain,) in db.execute("SELECT DISTINCT domain FROM blocks WHERE db=? AND tbl=? "
+                                    "AND version=?", key).fetchall():
+            seen = since.get(domain)
+            unordered = db.execute("SELECT 1 FROM unordered WHERE domain=?",
+                                   (domain,)).fetchone()
+            if seen is None or unordered:
+                return None
+            (offset,) = db.execute("SELECT MAX(offset) FROM blocks WHERE db=? AND tbl=? AND "
+                                   "version=? AND domain=? AND seq<=?",
+                                   (*key, domain, seen.sequence + 1)).fetchone()
+            if offset is None:
+                return None
+            offsets.append(int(offset))
+        return min(offsets) if offsets else None
+    except sqlite3.Error:
+        return None
+    finally:
+        db.close()
 
 
 def _check_origin(checkpoint: ckpt.Checkpoint, since: GtidState, path: str) -> None:

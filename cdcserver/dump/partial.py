@@ -116,6 +116,18 @@ class PartialDump:
         self._hash.update(data)
         self.progress.body += len(data)
 
+    @property
+    def size(self) -> int:
+        """The file's length so far: the reserved header and the body."""
+        assert self.progress is not None
+        return self.progress.reserved + self.progress.body
+
+    def sync(self) -> None:
+        """Make the body so far durable, without recording it (a caller keeping its own
+        record of the body, as a chunked dump does)."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
     def checkpoint(self) -> None:
         """Make the body so far durable, then record it."""
         assert self.progress is not None

@@ -11,6 +11,7 @@ from the socket in large pieces and turns each row into ``["b64", null, ...]`` b
 from __future__ import annotations
 
 import binascii
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,8 @@ from cdcserver.core.errors import SourceError
 try:  # the row path in C (cdcserver/dump/_rawrows.pyx); the same bytes as _row below
     from cdcserver.dump import _rawrows as compiled  # type: ignore[attr-defined]
 except ImportError:  # not built: the pure-Python path
+    compiled = None
+if os.environ.get("CDC_PURE_PYTHON"):  # to measure or test the Python path
     compiled = None
 
 _NULL = 0xFB

@@ -67,7 +67,8 @@ class DumpScheduler:
                 wait = min(wait, remaining)
         if due:
             options = DumpOptions(chunk_rows=self.config.chunk_rows,
-                                  readers=self.config.readers)
+                                  readers=self.config.readers,
+                                  sync_seconds=self.config.sync_interval)
             versions = newest_versions(self.catalog, due)
             stop = threading.Event()
             work = asyncio.ensure_future(asyncio.to_thread(

@@ -170,14 +170,23 @@ class AvroStore:
             self._lock_fd = -1
 
     def _lock_directory(self) -> None:
+        """The data directory's writer lock. Held by another process for a second: in use
+        (a dump may hold it shared for an instant to see whether a service runs)."""
         path = self.layout.writer_lock
         self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
-            raise StoreError(f"{self.data_dir} is in use by another cdcserver process") from None
+        deadline = time.monotonic() + 1.0
+        while True:
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
+                os.close(self._lock_fd)
+                self._lock_fd = -1
+                raise StoreError(f"{self.data_dir} is in use by another cdcserver process") \
+                    from None
 
     # -- recovery ----------------------------------------------------------------------
 
