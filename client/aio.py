@@ -108,6 +108,13 @@ class CdcConnection:
         dumps: list[dict[str, Any]] = reply["dumps"]
         return dumps
 
+    async def start_dumps(self, *tables: Table | str) -> dict[str, list[str]]:
+        """START-DUMP: new dumps of ``tables`` (``db.table``, or ``"db.*"``) taken now;
+        ``{"started": [...], "under_way": [...]}``. LIST-DUMPS shows their progress."""
+        names = [t if isinstance(t, str) and t.endswith(".*") else str(as_table(t)) for t in tables]
+        reply: dict[str, list[str]] = await self.query("START-DUMP " + " ".join(names))
+        return reply
+
     async def request_dump(self, request: DumpRequest) -> tuple[int, str]:
         """Send REQUEST-DUMP; returns (size, name). Exactly ``size`` bytes of the file follow
         (read them with :meth:`read_dump`), then, with FOLLOW, the change stream."""

@@ -13,9 +13,10 @@ A database or table name holding a space, a dot, a comma or a quote is quoted as
     cdc last-transaction [connection options]     QUERY-LAST-TRANSACTION
     cdc transaction GTID [connection options]     QUERY-TRANSACTION
     cdc dumps [DB.TABLE] [connection options]     LIST-DUMPS (one JSON line per dump)
-    cdc dump DB.TABLE|NAME [-o FILE] [--follow] [connection options]
+    cdc dump DB.TABLE|NAME [-o FILE] [--follow] [--new] [connection options]
         save a dump (a table's newest, or one by name) with a progress bar, check its
-        checksum, then with --follow print the changes after it, as ``cdc DB.TABLE`` does
+        checksum, then with --follow print the changes after it, as ``cdc DB.TABLE`` does;
+        with --new the server takes a new dump of the table first (progress shown)
 
     cdc kafka TOPIC... [-b BOOTSTRAP] [--kafka-format F] [--from START] [-t TIMEOUT]
         read the service's Kafka topics back and print each change as a JSON line, values
@@ -33,6 +34,7 @@ import json
 import os
 import ssl
 import sys
+import time
 
 from client.format.dump import DumpDecoder, DumpError, DumpHeader
 from client.format.names import BadTableRef, parse_table
@@ -236,6 +238,9 @@ def _dump(argv: list[str]) -> int:
                         help="then print the changes after the dump to stdout")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="show a progress bar (default: when stderr is a terminal)")
+    parser.add_argument("--new", action="store_true",
+                        help="have the server take a new dump of the table first "
+                             "(START-DUMP; the stream goes on meanwhile), then save it")
     args = parser.parse_args(argv)
     try:
         conn = _open(args)
@@ -243,6 +248,8 @@ def _dump(argv: list[str]) -> int:
         print(f"cdc: {exc}", file=sys.stderr)
         return EXIT_ERROR
     try:
+        if args.new:
+            _take_new_dump(conn, args)
         header = _save_dump(conn, args)
         print(f"cdc: saved {header[1]} ({header[0].rows} rows at GTID "
               f"{header[0].gtid or '(none)'})", file=sys.stderr)
@@ -254,6 +261,31 @@ def _dump(argv: list[str]) -> int:
         return EXIT_ERROR
     finally:
         conn.close()
+
+
+def _take_new_dump(conn: SyncCdcConnection, args: argparse.Namespace) -> None:
+    """START-DUMP the table, then follow LIST-DUMPS (rows written of the rows the source
+    estimates) until its new dump is there."""
+    from tqdm import tqdm
+
+    table = args.TARGET
+    before = {d["name"] for d in conn.list_dumps(table)}
+    conn.start_dumps(table)
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    with tqdm(unit=" rows", unit_scale=True, desc=f"dumping {table}", disable=not show,
+              file=sys.stderr) as bar:
+        while True:
+            taking = conn.taking(table)
+            if taking and taking[0]["state"] == "failed":
+                raise DumpError(f"the dump of {table} failed: {taking[0].get('error', '')}")
+            if taking:
+                bar.total = max(int(taking[0]["estimated_rows"]), int(taking[0]["rows"])) \
+                    or None
+                bar.n = int(taking[0]["rows"])
+                bar.refresh()
+            elif {d["name"] for d in conn.list_dumps(table)} - before:
+                return
+            time.sleep(0.25)
 
 
 def _save_dump(conn: SyncCdcConnection, args: argparse.Namespace) -> tuple[DumpHeader, str]:

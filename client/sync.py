@@ -119,6 +119,18 @@ class SyncCdcConnection:
             if not data:
                 return
 
+    def start_dumps(self, *tables: Table | str) -> dict[str, list[str]]:
+        """START-DUMP: new dumps of ``tables`` (``db.table``, or ``"db.*"``) taken now."""
+        names = [t if isinstance(t, str) and t.endswith(".*") else str(as_table(t)) for t in tables]
+        reply: dict[str, list[str]] = self.query("START-DUMP " + " ".join(names))
+        return reply
+
+    def taking(self, table: Table | None = None) -> list[dict[str, Any]]:
+        """The dumps the server is taking (queued, running, or failed lately)."""
+        reply = self.query("LIST-DUMPS" + (f" {as_table(table)}" if table else ""))
+        taking: list[dict[str, Any]] = reply.get("taking", [])
+        return taking
+
     def list_dumps(self, table: Table | None = None) -> list[dict[str, Any]]:
         dumps: list[dict[str, Any]] = self.query(
             "LIST-DUMPS" + (f" {as_table(table)}" if table else ""))["dumps"]

@@ -287,3 +287,99 @@ async def test_an_instant_alter_just_after_a_chunk_opened_its_snapshot_starts_ov
     assert GtidState.parse(header.gtid).covers(alter) and not opened[2].covers(alter)
     image, _ = _dumped(results[0].info.path, ["id"])
     assert len(image) == 3000 and all(row["late"] == 1 for row in image.values())
+
+
+async def test_start_dump_over_the_protocol_while_the_stream_goes_on(
+        cdc: RunningService, source: Source, users_file: str):
+    """START-DUMP (extension): a new dump taken by the running service, its progress in
+    LIST-DUMPS and the metrics, permission-checked as REQUEST-DATA is; the stream goes on."""
+    from cdcserver.protocol.users import UsersFile
+    from tests.helpers import RawClient
+
+    db = source.database
+    table = _orders(source, 5000)
+    source.execute(f"CREATE TABLE `{db}`.secret (id INT PRIMARY KEY)")
+    await cdc.caught_up(source)
+    UsersFile(users_file).add("orders_only", "pw", tables=f"{db}.orders")
+    client = await RawClient.connect(cdc.port)
+    await client.login()
+    limited = await RawClient.connect(cdc.port)
+    await limited.login(user="orders_only", password="pw")
+    try:
+        await limited.send(f"START-DUMP {db}.secret\n".encode())
+        assert (await limited.line()).startswith(b"ERR FORBIDDEN")
+        await client.send(f"START-DUMP {db}.nothing\n".encode())
+        assert (await client.line()).startswith(b"ERR NO-FILE")
+        await client.send(b"START-DUMP\n")
+        assert (await client.line()).startswith(b"ERR BAD-SYNTAX")
+
+        # The table is locked: the dump starts and cannot read a row until it is let go.
+        locker = source.server.connect(db)
+        cur = locker.cursor()
+        cur.execute("LOCK TABLES orders WRITE")
+        try:
+            await limited.send(f"START-DUMP {db}.*\n".encode())  # only what it may read
+            assert await limited.json_line() == {"started": [f"{db}.orders"],
+                                                 "under_way": []}
+
+            async def taking() -> list[dict[str, Any]]:
+                await client.send(f"LIST-DUMPS {db}.orders\n".encode())
+                return list((await client.json_line())["taking"])
+
+            for _ in range(200):
+                now = await taking()
+                if now and now[0]["state"] == "running":
+                    break
+                await asyncio.sleep(0.05)
+            assert now[0]["state"] == "running" and now[0]["estimated_rows"] > 0, now
+            assert now[0]["rows"] == 0
+            stats = cdc.service.stats().housekeeping
+            assert stats.dump_running and sum(d.estimated_rows for d in stats.dumps) > 0
+            await client.send(f"START-DUMP {db}.orders\n".encode())  # once is enough
+            assert await client.json_line() == {"started": [], "under_way": [f"{db}.orders"]}
+        finally:
+            cur.execute("UNLOCK TABLES")
+            locker.close()
+        source.execute(f"INSERT INTO {table} (id, name) VALUES (99999, 'while dumping')")
+        for _ in range(400):
+            if not await taking():
+                break
+            await asyncio.sleep(0.05)
+        assert await taking() == []
+        await client.send(f"LIST-DUMPS {db}.orders\n".encode())
+        (made,) = (await client.json_line())["dumps"]
+    finally:
+        await client.close()
+        await limited.close()
+    await cdc.caught_up(source)
+    report = await asyncio.to_thread(
+        verify_table, parse_source_url(source.url), cdc.service.config.store.data_dir,
+        TableName(db, "orders"), 60.0,
+        os.path.join(files.dump_dir(cdc.service.config.store.data_dir), made["name"]))
+    assert report.ok, "\n".join(report.lines())
+
+
+async def test_cdc_dump_new_and_cdcserver_dump_show_progress(cdc: RunningService,
+                                                             source: Source, tmp_path):
+    db = source.database
+    _orders(source, 3000)
+    await cdc.caught_up(source)
+    cdc_command = os.path.join(os.path.dirname(sys.executable), "cdc")
+    out = tmp_path / "orders.dump"
+    done = await asyncio.to_thread(
+        subprocess.run, [cdc_command, "dump", f"{db}.orders", "--new", "--progress", "-o",
+                         str(out), "-P", str(cdc.port), "-u", USER, "-p", PASSWORD],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"dumping {db}.orders" in done.stderr and "saved" in done.stderr
+    image, _ = _dumped(str(out), ["id"])
+    assert len(image) == 3000
+
+    data_dir = cdc.service.config.store.data_dir
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "cdcserver.app.cli", "dump", f"{db}.orders",
+                         "--source", source.url, "--data-dir", data_dir, "--progress"],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"{db}.orders" in done.stderr and "3.00k" in done.stderr, done.stderr  # rows
+    assert len(files.list_dumps(data_dir, TableName(db, "orders"))) == 2

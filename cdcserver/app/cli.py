@@ -18,6 +18,9 @@ import json
 import logging
 import os
 import sys
+import threading
+from collections.abc import Callable
+from typing import Any
 
 from cdcserver.app import logs
 from cdcserver.app.process import EXIT_FAILED, EXIT_OK, EXIT_USAGE, run_until_signalled
@@ -131,6 +134,9 @@ def _parser() -> argparse.ArgumentParser:
     dump.add_argument("--restart", action="store_true",
                       help="discard an interrupted dump instead of continuing it")
     dump.add_argument("--json", action="store_true", help="one JSON line per dump")
+    dump.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                      help="show rows, rate and time left per table on stderr (default: "
+                           "when stderr is a terminal)")
     dump.set_defaults(handler=cmd_dump)
 
     dumps = commands.add_parser("dumps", help="list the complete dumps")
@@ -256,7 +262,11 @@ def cmd_dump(args: argparse.Namespace) -> int:
     options = DumpOptions(chunk_rows=config.dump.chunk_rows, restart=args.restart,
                           readers=config.dump.readers,
                           sync_seconds=config.dump.sync_interval)
-    for result in dump_tables(address, config.store.data_dir, tables, options):
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    with _DumpProgress(address, tables, show) as progressed:
+        results = dump_tables(address, config.store.data_dir, tables, options,
+                              progressed=progressed)
+    for result in results:
         info = result.info
         if args.json:
             print(json.dumps({**info.summary(), "resumed": result.resumed,
@@ -266,6 +276,43 @@ def cmd_dump(args: argparse.Namespace) -> int:
                   f"{info.header.gtid or '(none)'} ({result.seconds:.1f}s"
                   f"{', resumed' if result.resumed else ''})")
     return EXIT_OK
+
+
+class _DumpProgress:
+    """A progress bar per table on stderr: rows written of the rows the source estimates,
+    the rate, the time left."""
+
+    def __init__(self, address: cfg.SourceAddress, tables: list[TableName], show: bool
+                 ) -> None:
+        self.address, self.tables, self.show = address, tables, show
+        self.bars: dict[TableName, Any] = {}
+        self.estimates: dict[TableName, int] = {}
+        self.lock = threading.Lock()  # readers report from their threads
+
+    def __enter__(self) -> Callable[[TableName, int], None] | None:
+        if not self.show:
+            return None
+        from cdcserver.dump.dumper import estimate_rows
+
+        self.estimates = estimate_rows(self.address, self.tables)
+        return self.progressed
+
+    def progressed(self, table: TableName, rows: int) -> None:
+        from tqdm import tqdm
+
+        with self.lock:
+            bar = self.bars.get(table)
+            if bar is None:
+                bar = self.bars[table] = tqdm(total=self.estimates.get(table) or None,
+                                              desc=str(table), unit=" rows", unit_scale=True,
+                                              file=sys.stderr)
+            if bar.total is not None and rows > bar.total:
+                bar.total = rows  # the estimate was low
+            bar.update(rows - bar.n)
+
+    def __exit__(self, *exc: object) -> None:
+        for bar in self.bars.values():
+            bar.close()
 
 
 def cmd_dumps(args: argparse.Namespace) -> int:

@@ -139,7 +139,8 @@ class Service:
             housekeeping=HousekeepingStats(
                 self.cleaner.runs, self.cleaner.deleted,
                 scheduler.runs if scheduler is not None else 0,
-                scheduler is not None and scheduler.running))
+                scheduler is not None and scheduler.running,
+                scheduler.entries() if scheduler is not None else []))
 
     def _housekeeping(self) -> list[asyncio.Task[None]]:
         """The cleaner, the lag probe, and the dump schedule if one is configured."""
@@ -149,10 +150,11 @@ class Service:
                                 self.replication.last_commit,
                                 self.config.metrics.lag_interval)
             tasks.append(asyncio.create_task(self.lag.run(), name="lag probe"))
-        if self.config.dump.tables and self.config.dump.interval > 0:
-            self.scheduler = DumpScheduler(self.config.dump, self.config.source.address(),
-                                           self.config.store.data_dir, self.catalog)
-            tasks.append(asyncio.create_task(self.scheduler.run(), name="dump schedule"))
+        scheduler = self.scheduler
+        assert scheduler is not None
+        tasks.append(asyncio.create_task(scheduler.serve(), name="requested dumps"))
+        if scheduler.enabled:
+            tasks.append(asyncio.create_task(scheduler.run(), name="dump schedule"))
         return tasks
 
     async def wait_caught_up(self, target: GtidState) -> None:
@@ -172,12 +174,16 @@ class Service:
 
     def _listener(self) -> CdcServer:
         cfg = self.config.listener
+        if self.scheduler is None:
+            self.scheduler = DumpScheduler(self.config.dump, self.config.source.address(),
+                                           self.config.store.data_dir, self.catalog)
         context = SessionContext(self.catalog, self.users, lambda: self.store.index,
                                  self.config.store.data_dir, self.wait_caught_up,
                                  self.stored_state,
                                  dialect=Dialect(cfg.json_dialect),
                                  throttle=LoginThrottle(cfg.login_failures,
-                                                        max_wait=cfg.login_lockout))
+                                                        max_wait=cfg.login_lockout),
+                                 dumps=self.scheduler)
         server = CdcServer(context, ListenerLimits.from_config(cfg),
                            zoneinfo.ZoneInfo(cfg.timestamp_zone),
                            databus_labels=self.config.kafka.databus_labels)

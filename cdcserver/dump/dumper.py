@@ -106,6 +106,45 @@ def resolve_tables(address: SourceAddress, patterns: list[str]) -> list[TableNam
     return list(dict.fromkeys(names))
 
 
+def resolve_refs(address: SourceAddress, refs: list[tuple[str, str]]) -> list[TableName]:
+    """The base tables ``(db, table)`` and ``(db, "*")`` name on the source, in the order
+    given; a named table the source does not have is left out."""
+    from cdcserver.replication import source as source_sql
+
+    names: list[TableName] = []
+    conn = source_sql.connect(address)
+    try:
+        for database, table in refs:
+            sql = ("SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
+                   "AND TABLE_TYPE = 'BASE TABLE'")
+            args: tuple[str, ...] = (database,)
+            if table != "*":
+                sql, args = sql + " AND TABLE_NAME = %s", (database, table)
+            rows = source_sql.query(conn, sql + " ORDER BY TABLE_NAME", args)
+            names += [TableName(database, str(r[0])) for r in rows]
+    finally:
+        conn.close()
+    return list(dict.fromkeys(names))
+
+
+def estimate_rows(address: SourceAddress, tables: list[TableName]) -> dict[TableName, int]:
+    """The rows the source estimates each table holds (InnoDB's statistics; a progress
+    bar's total, not a count)."""
+    from cdcserver.replication import source as source_sql
+
+    found: dict[TableName, int] = {}
+    conn = source_sql.connect(address)
+    try:
+        for table in tables:
+            rows = source_sql.query(
+                conn, "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s"
+                      " AND TABLE_NAME = %s", (table.database, table.table))
+            found[table] = int(rows[0][0] or 0) if rows else 0
+    finally:
+        conn.close()
+    return found
+
+
 class DumpFailed(SourceError):
     """Some tables could not be dumped (the others were); ``results`` holds those."""
 

@@ -1,30 +1,75 @@
-"""Scheduled dumps inside the service: ``[dump] tables`` every ``[dump] interval``.
+"""Dumps inside the service: on a schedule, and on request while it streams.
 
-A table is due when its newest dump is ``interval`` old (or it has none), or when an
-interrupted dump of it is waiting to be resumed, so a restart neither skips nor repeats a
-dump. Due tables are dumped together, in one snapshot, in a worker thread; a failure (the
-source is down) is logged and retried after a minute.
+Scheduled: ``[dump] tables`` every ``[dump] interval``. A table is due when its newest dump is
+``interval`` old (or it has none), or when an interrupted dump of it is waiting to be resumed,
+so a restart neither skips nor repeats a dump. Due tables are dumped in a worker thread; a
+failure (the source is down) is logged and retried after a minute.
+
+On request (``START-DUMP`` in the protocol, :meth:`DumpScheduler.request`): the tables are
+queued and dumped in turn, without stopping replication. One dump pass runs at a time;
+:attr:`DumpScheduler.progress` says, per table, whether it is queued, running (rows written,
+rows the source estimates) or failed, for ``LIST-DUMPS`` and the metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import os
 import threading
+import time
+from dataclasses import dataclass
 
 from cdcserver.core.config import DumpConfig, SourceAddress
 from cdcserver.core.errors import CdcError
 from cdcserver.dump import files
-from cdcserver.dump.dumper import DumpOptions, dump_tables, newest_versions, resolve_tables
+from cdcserver.dump.dumper import (
+    DumpFailed,
+    DumpOptions,
+    dump_tables,
+    estimate_rows,
+    newest_versions,
+    resolve_refs,
+    resolve_tables,
+)
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
+from client.format.names import table_ref
 
 log = logging.getLogger(__name__)
 
 RETRY = 60.0
+
+
+FAILED_KEPT = 600.0  # seconds a failed requested dump stays listed
+
+
+@dataclass
+class TableProgress:
+    """A table's dump as LIST-DUMPS shows it while it is queued or running, or after it
+    failed."""
+
+    table: TableName
+    state: str  # "queued", "running" or "failed"
+    rows: int = 0  # written so far
+    estimated_rows: int = 0  # what the source estimates the table holds (0: unknown)
+    started: str = ""  # ISO 8601, UTC, once running
+    error: str = ""
+    ended: float = 0.0  # monotonic, once failed
+
+    def summary(self) -> dict[str, object]:
+        data: dict[str, object] = {"ref": table_ref(self.table.database, self.table.table),
+                                   "database": self.table.database, "table": self.table.table,
+                                   "state": self.state, "rows": self.rows,
+                                   "estimated_rows": self.estimated_rows}
+        if self.started:
+            data["started"] = self.started
+        if self.error:
+            data["error"] = self.error
+        return data
 
 
 class DumpScheduler:
@@ -37,10 +82,66 @@ class DumpScheduler:
         self.patterns = [p.strip() for p in config.tables.split(",") if p.strip()]
         self.runs = 0
         self.running = False  # a dump is being taken
+        self.progress: dict[TableName, TableProgress] = {}
+        self._progress_lock = threading.Lock()  # the dump thread writes rows
+        self._requests: asyncio.Queue[list[TableName]] = asyncio.Queue()
+        self._pass = asyncio.Lock()  # one dump pass at a time
+        self._loop: asyncio.AbstractEventLoop | None = None
+        with contextlib.suppress(RuntimeError):  # made in the service's loop: requests go there
+            self._loop = asyncio.get_running_loop()
 
     @property
     def enabled(self) -> bool:
         return bool(self.patterns) and self.config.interval > 0
+
+    # -- on request ------------------------------------------------------------------------
+
+    def request(self, tables: list[TableName]) -> list[TableName]:
+        """Queue dumps of ``tables`` (from any thread); returns those queued now (a table
+        already queued or running is not queued twice)."""
+        if self._loop is None:
+            raise CdcError("the service is not taking dumps yet")
+        with self._progress_lock:
+            fresh = [t for t in dict.fromkeys(tables) if t not in self.progress or
+                     self.progress[t].state == "failed"]
+            for table in fresh:
+                self.progress[table] = TableProgress(table, "queued")
+        if fresh:
+            self._loop.call_soon_threadsafe(self._requests.put_nowait, fresh)
+        return fresh
+
+    def resolve(self, refs: list[tuple[str, str]]) -> list[TableName]:
+        """The base tables that ``(db, table)`` and ``(db, "*")`` name on the source, in the
+        order given (blocking)."""
+        return resolve_refs(self.address, refs)
+
+    def listed(self) -> list[dict[str, object]]:
+        """The tables queued, running, or failed lately, as LIST-DUMPS shows them."""
+        return [p.summary() for p in self.entries()]
+
+    def entries(self) -> list[TableProgress]:
+        """The tables queued, running, or failed lately."""
+        now = time.monotonic()
+        with self._progress_lock:
+            for table in [t for t, p in self.progress.items()
+                          if p.state == "failed" and now - p.ended > FAILED_KEPT]:
+                del self.progress[table]
+            return [dataclasses.replace(p) for p in self.progress.values()]
+
+    async def serve(self) -> None:
+        """Take the requested dumps, in turn, for as long as the service runs."""
+        self._loop = asyncio.get_running_loop()
+        while True:
+            tables = await self._requests.get()
+            try:
+                await self._take(tables)
+            except CdcError as exc:
+                log.warning("requested dump failed: %s", exc)
+            except Exception as exc:  # a request must not stop the ones after it (logged)
+                log.exception("requested dump failed")
+                self._failed(tables, str(exc))
+
+    # -- on a schedule ---------------------------------------------------------------------
 
     async def run(self) -> None:
         while self.enabled:
@@ -66,13 +167,30 @@ class DumpScheduler:
             else:
                 wait = min(wait, remaining)
         if due:
+            with self._progress_lock:
+                for table in due:
+                    self.progress.setdefault(table, TableProgress(table, "queued"))
+            await self._take(due)
+        return max(wait, 1.0)
+
+    async def _take(self, tables: list[TableName]) -> None:
+        """Dump ``tables`` in a worker thread, one pass at a time; a cancelled service
+        leaves the dump to be resumed."""
+        async with self._pass:
+            estimates = await asyncio.to_thread(estimate_rows, self.address, tables)
+            started = dt.datetime.now(dt.UTC).isoformat()
+            with self._progress_lock:
+                for table in tables:
+                    self.progress[table] = TableProgress(table, "running", 0,
+                                                         estimates.get(table, 0), started)
             options = DumpOptions(chunk_rows=self.config.chunk_rows,
                                   readers=self.config.readers,
                                   sync_seconds=self.config.sync_interval)
-            versions = newest_versions(self.catalog, due)
+            versions = newest_versions(self.catalog, tables)
             stop = threading.Event()
             work = asyncio.ensure_future(asyncio.to_thread(
-                dump_tables, self.address, self.data_dir, due, options, versions, None, stop))
+                dump_tables, self.address, self.data_dir, tables, options, versions,
+                self._progressed, stop))
             self.running = True
             try:
                 await asyncio.shield(work)
@@ -81,10 +199,34 @@ class DumpScheduler:
                 with contextlib.suppress(CdcError, OSError):
                     await work
                 raise
+            except DumpFailed as exc:
+                done = {r.info.table for r in exc.results}
+                self._failed([t for t in tables if t not in done], str(exc))
+                with self._progress_lock:
+                    for table in done:
+                        self.progress.pop(table, None)
+                raise
+            except (CdcError, OSError) as exc:
+                self._failed(tables, str(exc))
+                raise
             finally:
                 self.running = False
+            with self._progress_lock:
+                for table in tables:
+                    self.progress.pop(table, None)
             self.runs += 1
-        return max(wait, 1.0)
+
+    def _progressed(self, table: TableName, rows: int) -> None:
+        with self._progress_lock:
+            entry = self.progress.get(table)
+            if entry is not None:
+                entry.rows = rows
+
+    def _failed(self, tables: list[TableName], error: str) -> None:
+        with self._progress_lock:
+            for table in tables:
+                self.progress[table] = TableProgress(table, "failed", error=error,
+                                                     ended=time.monotonic())
 
     def _remaining(self, table: TableName, now: dt.datetime) -> float:
         if os.path.exists(os.path.join(files.dump_dir(self.data_dir),

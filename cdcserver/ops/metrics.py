@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -44,6 +44,7 @@ class HousekeepingStats:
     cleaner_deleted: int
     dump_runs: int
     dump_running: bool
+    dumps: list[Any] = field(default_factory=list)  # TableProgress: queued, running, failed
 
 
 @dataclass(frozen=True)
@@ -146,9 +147,18 @@ def _housekeeping(h: HousekeepingStats) -> Iterator[Any]:
     yield _counter("cdc_cleaner_runs", "retention cleaner passes", h.cleaner_runs)
     yield _counter("cdc_cleaner_deleted_files", "files the retention cleaner deleted",
                    h.cleaner_deleted)
-    yield _counter("cdc_dump_runs", "scheduled dump passes", h.dump_runs)
-    yield _gauge("cdc_dump_running", "1 while a scheduled dump is being taken",
-                 1 if h.dump_running else 0)
+    yield _counter("cdc_dump_runs", "dump passes finished (scheduled or requested)",
+                   h.dump_runs)
+    yield _gauge("cdc_dump_running", "1 while a dump is being taken", 1 if h.dump_running else 0)
+    running = [d for d in h.dumps if d.state == "running"]
+    yield _gauge("cdc_dump_rows", "rows written by the dumps being taken",
+                 sum(d.rows for d in running))
+    yield _gauge("cdc_dump_rows_estimated", "rows the source estimates the tables being "
+                 "dumped hold", sum(d.estimated_rows for d in running))
+    yield _gauge("cdc_dumps_queued", "tables waiting for their dump",
+                 sum(1 for d in h.dumps if d.state == "queued"))
+    yield _gauge("cdc_dumps_failed", "requested dumps that failed in the last 10 minutes",
+                 sum(1 for d in h.dumps if d.state == "failed"))
 
 
 def health(stats: ServiceStats, max_lag: float) -> tuple[bool, dict[str, Any]]:

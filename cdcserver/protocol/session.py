@@ -18,8 +18,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol
 
 from cdcserver.core.config import ListenerConfig
+from cdcserver.core.errors import CdcError
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.dump.files import DumpInfo, list_dumps
 from cdcserver.protocol.requests import StreamRequest, state_bound, stream_request
@@ -44,6 +46,7 @@ from client.format.wire import (
     parse_register,
     parse_request_data,
     parse_request_dump,
+    parse_start_dump,
     split_command,
 )
 
@@ -101,6 +104,19 @@ class Delay:
 Outcome = Reply | StartStream | SendDump | Blocking | Delay
 
 
+class DumpControl(Protocol):
+    """The service's dumps, as sessions start and watch them (cdcserver.dump.scheduler)."""
+
+    def resolve(self, refs: list[tuple[str, str]]) -> list[TableName]:
+        """The tables that ``db.table`` and ``db.*`` name on the source (blocking)."""
+
+    def request(self, tables: list[TableName]) -> list[TableName]:
+        """Queue dumps; the tables queued now."""
+
+    def listed(self) -> list[dict[str, object]]:
+        """The dumps queued, running, or failed lately."""
+
+
 @dataclass
 class SessionContext:
     """What sessions read: shared by every connection of one server."""
@@ -117,6 +133,7 @@ class SessionContext:
     dialect: Dialect = Dialect.MAXSCALE
     login_failures: int = 0  # counted for the metrics
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    dumps: DumpControl | None = None  # None: no dumps on request
 
 
 class Session:
@@ -263,7 +280,50 @@ class Session:
         # "ref": the table as commands name it (protocol.md, "Table names")
         dumps = [{**d.summary(), "ref": _ref(d.table)} for d in self._dumps(table)
                  if self._may_read(d.table)]
-        return Reply(json.dumps({"dumps": dumps}, separators=(",", ":")).encode() + b"\n")
+        listing: dict[str, object] = {"dumps": dumps}
+        if self.context.dumps is not None:
+            taking = [(TableName(str(p["database"]), str(p["table"])), p)
+                      for p in self.context.dumps.listed()]
+            listing["taking"] = [p for name, p in taking if self._may_read(name)
+                                 and (table is None or name == table)]
+        return Reply(json.dumps(listing, separators=(",", ":")).encode() + b"\n")
+
+    def verb_START_DUMP(self, argument: str) -> Outcome:
+        """Extension: take new dumps of tables now, while the stream goes on; one JSON line
+        names those queued (``LIST-DUMPS`` shows their progress)."""
+        refs = parse_start_dump(argument)
+        for database, name in refs:
+            if name != "*":
+                self._require_access(TableName(database, name))
+        if self.context.dumps is None or self.context.data_dir is None:
+            raise ProtocolError(Code.NO_FILE, "this server takes no dumps on request")
+        return self._blocking(lambda: self._start_dumps(refs))
+
+    def _start_dumps(self, refs: list[tuple[str, str]]) -> Reply:
+        control = self.context.dumps
+        assert control is not None
+        try:
+            found = control.resolve(refs)
+        except CdcError as exc:
+            raise ProtocolError(Code.NO_FILE, f"cannot list the tables: {exc}") from None
+        tables = [t for t in found if self._may_read(t)]
+        missing = [table_ref(d, t) for d, t in refs
+                   if t != "*" and TableName(d, t) not in found]
+        if missing:
+            raise ProtocolError(Code.NO_FILE, f"no table {', '.join(missing)} on the source")
+        if not tables:
+            raise ProtocolError(Code.NO_FILE, "no table you may read matches "
+                                + " ".join(table_ref(d, t) if t != "*" else f"{d}.*"
+                                           for d, t in refs))
+        try:
+            queued = control.request(tables)
+        except CdcError as exc:
+            raise ProtocolError(Code.NO_FILE, str(exc)) from None
+        log.info("%s: user %r started dumps of %s", self.peer, self.user,
+                 ", ".join(_ref(t) for t in queued) or "(already under way)")
+        reply = {"started": [_ref(t) for t in queued],
+                 "under_way": [_ref(t) for t in tables if t not in queued]}
+        return Reply(json.dumps(reply, separators=(",", ":")).encode() + b"\n")
 
     def verb_REQUEST_DUMP(self, argument: str) -> Outcome:
         """Extension: send a dump (by name, or a table's newest), then optionally follow."""

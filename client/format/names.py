@@ -91,11 +91,11 @@ def read_table(text: str, *, version: bool = False) -> tuple[TableRef, str]:
     """The reference at the start of ``text`` (with ``version``, ``db.table.NNNNNN`` too)
     and the rest of the text, stripped. Raises BadTableRef."""
     text = text.lstrip()
-    database, pos, quoted = _read_name(text, 0)
+    database, pos, quoted = read_name(text, 0)
     if not text.startswith(".", pos) or (not database and not quoted):
         shown = text[:pos] or _word(text, 0)
         raise BadTableRef(f"{shown!r} is not db.table: expected {USAGE}", quoted=quoted)
-    table, pos, quoted_table = _read_name(text, pos + 1)
+    table, pos, quoted_table = read_name(text, pos + 1)
     quoted = quoted or quoted_table
     if not table and not quoted_table:
         raise BadTableRef(f"{_word(text, 0)!r} is not db.table: the table name is missing",
@@ -163,7 +163,7 @@ def split_list(text: str) -> list[str]:
 
 # -- one name ------------------------------------------------------------------------------
 
-def _read_name(text: str, pos: int) -> tuple[str, int, bool]:
+def read_name(text: str, pos: int) -> tuple[str, int, bool]:
     """(name, end, quoted) of the name at ``pos``; a bare name may be empty."""
     if text.startswith("`", pos):
         end = _quoted_end(text, pos)

@@ -22,6 +22,7 @@ from client.format.names import (
     Table,
     TableRef,
     parse_table,
+    read_name,
     read_table,
     spaced_hint,
     table_ref,
@@ -380,6 +381,33 @@ def parse_request_dump(argument: str) -> DumpRequest:
 
 _DUMP_WORDS = {"FOLLOW", "DATABUS"}
 _DUMP_OPTIONS = (["FOLLOW"], ["DATABUS"])
+
+
+_START_DUMP = "START-DUMP db.table|db.* [db.table|db.* ...]"
+
+
+def parse_start_dump(argument: str) -> list[tuple[str, str]]:
+    """``START-DUMP`` (extension): the tables to dump now, each ``db.table`` or ``db.*``
+    (every table of ``db``; the table part is then ``*``), separated by spaces (a bare name
+    may hold a comma, as everywhere in this protocol)."""
+    rest = argument.strip()
+    if not rest:
+        raise ProtocolError(Code.BAD_SYNTAX, f"expected {_START_DUMP}")
+    refs: list[tuple[str, str]] = []
+    while rest:
+        try:
+            database, pos, quoted = read_name(rest, 0)
+            if (database or quoted) and rest.startswith(".*", pos) and \
+                    rest[pos + 2:pos + 3] in ("", " ", "\t"):
+                refs.append((database, "*"))
+                rest = rest[pos + 2:]
+            else:
+                ref, rest = read_table(rest)
+                refs.append((ref.database, ref.table))
+        except BadTableRef as exc:
+            raise ProtocolError(Code.BAD_SYNTAX, f"{exc}; expected {_START_DUMP}") from None
+        rest = rest.lstrip(" \t")
+    return refs
 
 
 def parse_list_dumps(argument: str) -> tuple[str, str] | None:
