@@ -479,3 +479,23 @@ def test_the_compiled_dump_row_path_writes_the_same_bytes_as_the_python_one() ->
             rawrows._row(memoryview(payload), columns)
     with pytest.raises(ValueError, match="after its 1 columns"):
         rawrows.compiled.encode_row(b"\x01ab", 1)
+
+
+def test_a_chunked_dump_buffer_spills_to_a_file_and_drains_in_order(tmp_path) -> None:
+    """What a reader holds before its range's turn: pieces in memory, then a temporary file
+    past its limit; drained in the order written, empty after."""
+    from cdcserver.dump.chunked import _Buffer
+
+    buffer = _Buffer(10, str(tmp_path))
+    pieces = [b"abc", b"defgh", b"ijklmnop", b"q"]  # the third passes the limit
+    for piece in pieces:
+        buffer.write(piece)
+    assert buffer.tell() == 17 and buffer.spill is not None and not buffer.pieces
+    out: list[bytes] = []
+    buffer.drain(out.append)
+    assert b"".join(out) == b"".join(pieces) and buffer.tell() == 0
+    buffer.write(b"rs")  # in memory again
+    out.clear()
+    buffer.drain(out.append)
+    assert out == [b"rs"] and buffer.spill is None
+    buffer.close()

@@ -406,8 +406,7 @@ def _read_range(run: _Run, conn: Any, index: int) -> None:
     """Read one range chunk by chunk, into the body when it is the turn, else into a
     buffer appended when its turn comes; then pass the turn on."""
     rng = run.progress.ranges[index]
-    buffer = tempfile.SpooledTemporaryFile(max_size=run.buffer_bytes,  # noqa: SIM115
-                                           dir=run.directory)
+    buffer = _Buffer(run.buffer_bytes, run.directory)
     held: list[Chunk] = []  # read into the buffer: offsets in it
     after = rng.after
     try:
@@ -443,16 +442,55 @@ def _read_range(run: _Run, conn: Any, index: int) -> None:
         buffer.close()
 
 
+class _Buffer:
+    """What a reader reads before its range's turn: the pieces as they came (no copy, no
+    reallocation), moved to a temporary file beside the dump past ``limit`` bytes."""
+
+    def __init__(self, limit: int, directory: str) -> None:
+        self.limit, self.directory = limit, directory
+        self.pieces: list[bytes] = []
+        self.size = 0
+        self.spill: Any = None
+
+    def tell(self) -> int:
+        return self.size
+
+    def write(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.spill is not None:
+            self.spill.write(data)
+            return
+        self.pieces.append(data)
+        if self.size > self.limit:
+            self.spill = tempfile.TemporaryFile(dir=self.directory)  # noqa: SIM115
+            for piece in self.pieces:
+                self.spill.write(piece)
+            self.pieces = []
+
+    def drain(self, write: Callable[[bytes], None]) -> None:
+        """Everything held, in order, to ``write``; the buffer is empty after."""
+        if self.spill is not None:
+            self.spill.seek(0)
+            while data := self.spill.read(1 << 20):
+                write(data)
+            self.spill.close()
+            self.spill = None
+        for piece in self.pieces:
+            write(piece)
+        self.pieces, self.size = [], 0
+
+    def close(self) -> None:
+        if self.spill is not None:
+            self.spill.close()
+        self.pieces = []
+
+
 def _append_held(run: _Run, rng: KeyRange, buffer: Any, held: list[Chunk],
                  after: list[str] | None) -> None:
     """The turn has come: the chunks read into the buffer go into the body (``after``: the
     key of their last row)."""
     base = run.partial.size
-    buffer.seek(0)
-    while data := buffer.read(1 << 20):
-        run.partial.write(data)
-    buffer.seek(0)
-    buffer.truncate()
+    buffer.drain(run.partial.write)
     _recorded(run, rng, [replace(c, start=base + c.start, end=base + c.end) for c in held],
               after)
 
