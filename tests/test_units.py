@@ -480,6 +480,31 @@ def test_the_compiled_dump_row_path_writes_the_same_bytes_as_the_python_one() ->
     with pytest.raises(ValueError, match="after its 1 columns"):
         rawrows.compiled.encode_row(b"\x01ab", 1)
 
+    # whole insert lines, encoded without the GIL: the same as the rows joined in Python
+    for _ in range(200):
+        columns = rnd.randint(1, 6)
+        rows, packets = [], bytearray()
+        for _ in range(rnd.randint(1, 40)):
+            payload = b"".join(b"\xfb" if rnd.random() < 0.2 else
+                               prefixed(n := rnd.choice([0, 1, 2, 3, 250, 251, 300]))
+                               + os.urandom(n) for _ in range(columns))
+            packets += len(payload).to_bytes(3, "little") + b"\x00" + payload
+            rows.append(rawrows._row(memoryview(payload), columns))
+        packets += b"\x05\x00\x00\x00\xfe\x00\x00\x02\x00"  # the result's end
+        batch = rnd.randint(1, 50)
+        pos, lines = 0, []
+        while True:
+            state, pos, line, count, last = rawrows.compiled.parse_line(packets, pos, columns,
+                                                                        batch)
+            if line is not None:
+                lines.append((line, count, line[last:-3]))
+            if state != rawrows.compiled.FULL:
+                break
+        assert state == rawrows.compiled.END
+        assert lines == [(rawrows.INSERT_PREFIX + b",".join(rows[i:i + batch]) + b"]}\n",
+                          len(rows[i:i + batch]), rows[i:i + batch][-1])
+                         for i in range(0, len(rows), batch)]
+
 
 def test_a_chunked_dump_buffer_spills_to_a_file_and_drains_in_order(tmp_path) -> None:
     """What a reader holds before its range's turn: pieces in memory, then a temporary file

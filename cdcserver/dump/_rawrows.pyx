@@ -8,6 +8,13 @@ from libc.string cimport memcpy
 
 cdef const char *_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 
+cdef enum:  # the same, for code without the GIL
+    S_NEED_MORE = 0
+    S_END = 1
+    S_ERROR = 2
+    S_LONG = 3
+    S_FULL = 4
+
 # What parse_rows stopped at
 NEED_MORE = 0  # the buffer ends inside a packet
 END = 1  # the result's EOF packet, at ``pos``
@@ -151,3 +158,113 @@ def parse_rows(const unsigned char[:] buf, Py_ssize_t pos, int columns, int batc
         if len(rows) >= batch:
             return FULL, pos
     return NEED_MORE, pos
+
+
+cdef const char *_PREFIX = b'{"action":"insert","rows":['
+cdef Py_ssize_t _PREFIX_LEN = 27
+cdef const char *_SUFFIX = b"]}\n"
+
+
+cdef Py_ssize_t _row_size(const unsigned char *p, Py_ssize_t end, int columns) nogil:
+    """The size of a row packet's row form; -1 if the packet is malformed."""
+    cdef Py_ssize_t pos = 0, size = 2, n
+    cdef int c
+    for c in range(columns):
+        if pos >= end:
+            return -1
+        n = _length(p, &pos)
+        if n == -2:
+            return -1
+        if n == -1:
+            size += 4
+        else:
+            size += _encoded(n) + 2
+            pos += n
+        if c:
+            size += 1
+    if pos != end:
+        return -1
+    return size
+
+
+cdef Py_ssize_t _write_row(const unsigned char *p, int columns, char *w) nogil:
+    cdef Py_ssize_t pos = 0, o = 0, n
+    cdef int c
+    w[o] = 91
+    o += 1
+    for c in range(columns):
+        if c:
+            w[o] = 44
+            o += 1
+        n = _length(p, &pos)
+        if n == -1:
+            memcpy(w + o, b"null", 4)
+            o += 4
+        else:
+            w[o] = 34
+            o += 1
+            o += _base64(p + pos, n, w + o)
+            w[o] = 34
+            o += 1
+            pos += n
+    w[o] = 93
+    return o + 1
+
+
+def parse_line(const unsigned char[:] buf, Py_ssize_t pos, int columns, int batch):
+    """Up to ``batch`` row packets from ``buf[pos:]`` as one insert line of a dump
+    (``{"action":"insert","rows":[...]}`` and a newline), encoded without the GIL: returns
+    (what it stopped at, the position reached, the line or None, its rows, the offset of its
+    last row in it)."""
+    cdef Py_ssize_t end = buf.shape[0], length, at, size, row, o, last = 0
+    cdef const unsigned char *p
+    cdef int count = 0, state = S_NEED_MORE
+    cdef bint bad = False
+    if end == 0:
+        return S_NEED_MORE, pos, None, 0, 0
+    p = &buf[0]
+    at = pos
+    size = _PREFIX_LEN + 3
+    with nogil:
+        while True:
+            if count >= batch:
+                state = S_FULL
+                break
+            if end - at < 4:
+                break
+            length = p[at] | (p[at + 1] << 8) | (p[at + 2] << 16)
+            if end - at - 4 < length:
+                break
+            if length == 0xFFFFFF:
+                state = S_LONG
+                break
+            if length > 0 and ((p[at + 4] == 0xFE and length < 9) or p[at + 4] == 0xFF):
+                state = S_END if p[at + 4] == 0xFE else S_ERROR
+                break
+            row = _row_size(p + at + 4, length, columns)
+            if row < 0:
+                bad = True
+                break
+            size += row + (1 if count else 0)
+            count += 1
+            at += 4 + length
+    if bad:
+        raise ValueError(f"a result row does not hold its {columns} columns")
+    if count == 0:
+        return state, at, None, 0, 0
+    cdef bytes line = PyBytes_FromStringAndSize(NULL, size)
+    cdef char *w = PyBytes_AS_STRING(line)
+    cdef int i
+    with nogil:
+        memcpy(w, _PREFIX, _PREFIX_LEN)
+        o = _PREFIX_LEN
+        for i in range(count):
+            length = p[pos] | (p[pos + 1] << 8) | (p[pos + 2] << 16)
+            if i:
+                w[o] = 44
+                o += 1
+            last = o
+            o += _write_row(p + pos + 4, columns, w + o)
+            pos += 4 + length
+        memcpy(w + o, _SUFFIX, 3)
+    return state, at, line, count, last

@@ -513,7 +513,7 @@ def _read_chunk(run: _Run, conn: Any, rng: KeyRange, after: list[str] | None, ou
     was left), the last key read, whether the range is done."""
     table = run.table
     file, pos, _ = open_snapshot_position(conn)
-    count, last = 0, None
+    count, last = 0, b""
     start = out.size if out is run.partial else out.tell()
     written = start
     try:
@@ -528,17 +528,16 @@ def _read_chunk(run: _Run, conn: Any, rng: KeyRange, after: list[str] | None, ou
             raise TableChanged(f"{table.name} changed during its dump")
         sql = table.plan.chunk_sql(_values(after if after is not None else rng.lo),
                                    run.chunk_rows, _values(rng.hi))
-        for batch in rawrows.query_rows(conn, sql, run.batch_rows):
-            data = operation_line("insert", batch)
-            out.write(data)
-            written += len(data)
-            count += len(batch)
-            last = batch[-1]
+        for line, rows, final in rawrows.query_lines(conn, sql, run.batch_rows):
+            out.write(line)
+            written += len(line)
+            count += rows
+            last = final
     finally:
         if conn.open:
             source_sql.query(conn, "COMMIT")
     done = count < run.chunk_rows
-    if last is None:
+    if not count:
         return None, after, done
     chunk = Chunk(start, written, count, file, pos)
     return chunk, [v.hex() for v in table.plan.key_of(last)], done

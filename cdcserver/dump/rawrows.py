@@ -53,6 +53,37 @@ def query_rows(conn: Any, sql: str, batch: int = 500) -> Iterator[list[bytes]]:
             conn.close()
 
 
+INSERT_PREFIX = b'{"action":"insert","rows":['
+
+Line = tuple[bytes, int, bytes]  # an insert line of a dump, its rows, its last row
+
+
+def query_lines(conn: Any, sql: str, batch: int = 500) -> Iterator[Line]:
+    """Run ``sql`` and yield its rows as a dump's insert lines (``{"action":"insert",
+    "rows":[...]}`` and a newline, at most ``batch`` rows each), each with its row count and
+    its last row. The compiled path encodes a whole line without holding the GIL, so
+    readers in threads encode at once."""
+    if compiled is None:
+        for rows in query_rows(conn, sql, batch):
+            yield (INSERT_PREFIX + b",".join(rows) + b"]}\n", len(rows), rows[-1])
+        return
+    conn._execute_command(COMMAND.COM_QUERY, sql)
+    result = pymysql.connections.MySQLResult(conn)
+    conn._result = result
+    result.init_unbuffered_query()
+    if not result.unbuffered_active:
+        return
+    complete = False
+    try:
+        yield from _Rows(conn, result.field_count, batch).lines()
+        complete = True
+    finally:
+        result.unbuffered_active = False
+        conn._result = None
+        if not complete:
+            conn.close()
+
+
 class _Rows:
     """Row packets parsed where they lie in the receive buffer (MySQL packets: 3-byte
     length, sequence number, payload; a payload of 16 MiB or more continues in the next)."""
@@ -95,6 +126,44 @@ class _Rows:
                     raise SourceError("unexpected data after the dump query's result")
                 if rows:
                     yield rows
+                return
+            else:  # NEED_MORE
+                del buf[:pos]
+                pos = 0
+                data = read(1 << 20)
+                if not data:
+                    raise SourceError("the source closed the connection during the dump")
+                buf += data
+
+    def lines(self) -> Iterator[Line]:
+        """The rows as insert lines, each encoded in one call to the compiled path."""
+        assert compiled is not None
+        read = self.conn._rfile.read1
+        buf = self.buffer
+        pos = 0
+        while True:
+            try:
+                state, pos, line, count, last = compiled.parse_line(buf, pos, self.columns,
+                                                                    self.batch)
+            except ValueError as exc:
+                raise SourceError(str(exc)) from exc
+            if line is not None:
+                yield line, count, line[last:-3]
+            if state == compiled.FULL:
+                continue
+            if state == compiled.LONG:
+                rows: list[bytes] = []
+                pos = self._long_packet(pos, rows)
+                buf = self.buffer
+                yield INSERT_PREFIX + rows[0] + b"]}\n", 1, rows[0]
+            elif state in (compiled.END, compiled.ERROR):
+                length = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
+                self.conn._next_seq_id = (buf[pos + 3] + 1) % 256
+                if state == compiled.ERROR:
+                    raise SourceError("the source stopped the dump query: "
+                                      f"{_error(bytes(buf[pos + 4:pos + 4 + length]))}")
+                if pos + 4 + length != len(buf):
+                    raise SourceError("unexpected data after the dump query's result")
                 return
             else:  # NEED_MORE
                 del buf[:pos]
