@@ -47,7 +47,7 @@ from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
 from cdcserver.store.schema import TableSchema
-from client.format.dump import FORMAT, operation_line
+from client.format.dump import FORMAT
 
 log = logging.getLogger(__name__)
 
@@ -359,8 +359,9 @@ def _read_rows(snapshot: Snapshot, plan: ScanPlan, partial: PartialDump, progres
             if progressed is not None:
                 progressed(plan.table, progress.rows)
             continue
-        partial.write(operation_line("insert", item))
-        progress.rows += len(item)
+        line, rows, _ = item
+        partial.write(line)
+        progress.rows += rows
 
 
 def _reserve(schema: TableSchema, point: SnapshotPoint, definition: TableDefinition) -> int:

@@ -143,21 +143,22 @@ class ScanPlan:
         return tuple(base64.b64decode(values[k.position]) for k in self.key)
 
     def read(self, conn: Any, after: tuple[bytes, ...] | None, chunk_rows: int,
-             batch_rows: int) -> Iterator[list[bytes] | ChunkEnd]:
-        """Batches of rows, each chunk followed by a :class:`ChunkEnd` with the key of its
-        last row (an unchunked table is one chunk, with no key)."""
+             batch_rows: int) -> Iterator[rawrows.Line | ChunkEnd]:
+        """The rows as insert lines (each with its row count and last row), each chunk
+        followed by a :class:`ChunkEnd` with the key of its last row (an unchunked table is
+        one chunk, with no key)."""
         if not self.chunked:
-            yield from rawrows.query_rows(conn, self.full_sql(), batch_rows)
+            yield from rawrows.query_lines(conn, self.full_sql(), batch_rows)
             yield ChunkEnd(None)
             return
         while True:
             count = 0
             last: bytes | None = None
-            for batch in rawrows.query_rows(conn, self.chunk_sql(after, chunk_rows),
+            for line in rawrows.query_lines(conn, self.chunk_sql(after, chunk_rows),
                                             batch_rows):
-                count += len(batch)
-                last = batch[-1]
-                yield batch
+                count += line[1]
+                last = line[2]
+                yield line
             if last is None:
                 return
             after = self.key_of(last)
