@@ -372,9 +372,12 @@ class _Run:
             self.cond.notify_all()
 
     def sync(self) -> None:
-        """The body so far durable, then recorded (by the turn holder, or at the end)."""
+        """The body so far durable, then recorded (by the turn holder, or at the end). The
+        good body ends with the last recorded chunk: the next turn holder may already be
+        writing after it, and a resumed dump cuts that off."""
         self.partial.sync()
-        self.progress.body = self.partial.size
+        self.progress.body = max((c.end for r in self.progress.ranges for c in r.chunks),
+                                 default=self.partial.progress_reserved)
         _save(self.directory, self.table.name, self.progress)
         self.synced = time.monotonic()
 

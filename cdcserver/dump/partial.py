@@ -117,6 +117,12 @@ class PartialDump:
         self.progress.body += len(data)
 
     @property
+    def progress_reserved(self) -> int:
+        """Where the body starts: the room reserved for the header."""
+        assert self.progress is not None
+        return self.progress.reserved
+
+    @property
     def size(self) -> int:
         """The file's length so far: the reserved header and the body."""
         assert self.progress is not None
