@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from client.format.wire import auth_message
+
+T = TypeVar("T")
 
 USER, PASSWORD = "cdcuser", "cdcpass"
 
@@ -78,6 +82,40 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30.0, what: str =
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what or condition}")
         pause.wait(0.02)
+
+
+def kill_when(process: subprocess.Popen[Any], record: str, reached: Callable[[str], bool],
+              timeout: float = 60.0) -> None:
+    """SIGKILL ``process`` once the text of its progress file ``record`` says ``reached``,
+    looking only while the process is stopped (SIGSTOP), so it cannot finish between the
+    look and the kill. Fails if it finishes first or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        process.send_signal(signal.SIGSTOP)
+        try:
+            with open(record) as f:
+                if reached(f.read()):
+                    process.send_signal(signal.SIGKILL)
+                    return
+        except (FileNotFoundError, ValueError):
+            pass
+        assert process.poll() is None, "the process finished before it could be killed"
+        assert time.monotonic() < deadline, f"{record} never reached the point to kill at"
+        process.send_signal(signal.SIGCONT)
+        threading.Event().wait(0.002)
+
+
+async def eventually(check: Callable[[], Awaitable[T]], done: Callable[[T], bool],
+                     timeout: float = 30.0, what: str = "") -> T:
+    """Call ``check`` until ``done`` holds for what it returns (which is returned),
+    failing after ``timeout`` seconds: an async ``wait_until`` for conditions that are read
+    over a connection."""
+    deadline = time.monotonic() + timeout
+    while not done(found := await check()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what or done}: last {found!r}")
+        await pace(0.02)
+    return found
 
 
 async def pace(seconds: float) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -33,7 +32,7 @@ from cdcserver.store.naming import TableName
 from client import CdcClient, ChangeRecord, SchemaChange, SyncCdcClient
 from client.dump import DumpHeader, DumpRows, apply, read_dump
 from tests.conftest import RunningService, Source
-from tests.helpers import PASSWORD, USER, RawClient, wait_until
+from tests.helpers import PASSWORD, USER, RawClient, kill_when, wait_until
 
 pytestmark = pytest.mark.mariadb
 
@@ -332,24 +331,9 @@ async def test_a_killed_dump_process_resumes_from_its_last_chunk(cdc: RunningSer
                "--chunk-rows", "100"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def kill_after_a_chunk() -> None:
-        """Look at the progress only while the process is stopped, so it cannot finish
-        between the look and the kill."""
-        while True:
-            process.send_signal(signal.SIGSTOP)
-            try:
-                with open(progress) as f:
-                    if '"rows": 0,' not in f.read():
-                        process.send_signal(signal.SIGKILL)
-                        return
-            except (FileNotFoundError, ValueError):
-                pass
-            assert process.poll() is None, "the dump finished before it could be killed"
-            process.send_signal(signal.SIGCONT)
-            threading.Event().wait(0.002)
-
     try:
-        await asyncio.to_thread(kill_after_a_chunk)
+        await asyncio.to_thread(kill_when, process, progress,
+                                lambda text: '"rows": 0,' not in text)
     finally:
         process.kill()
         process.wait(30)

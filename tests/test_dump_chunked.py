@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -31,7 +30,7 @@ from cdcserver.store.naming import TableName
 from client import SyncCdcClient
 from client.dump import DumpRows, apply, read_dump
 from tests.conftest import RunningService, Source
-from tests.helpers import PASSWORD, USER
+from tests.helpers import PASSWORD, USER, eventually, kill_when
 from tests.test_dump import Writer, _follow_until, _loaded, _orders, _table_rows
 
 pytestmark = pytest.mark.mariadb
@@ -96,7 +95,7 @@ async def test_an_alter_table_during_a_chunked_dump_does_not_wait_for_it(
     await cdc.caught_up(source)
     data_dir = cdc.service.config.store.data_dir
     name = TableName(source.database, "orders")
-    altered = threading.Event()
+    altered, finished = threading.Event(), threading.Event()
     seconds: list[float] = []
     waited: list[float] = []
 
@@ -112,15 +111,15 @@ async def test_an_alter_table_during_a_chunked_dump_does_not_wait_for_it(
         started = time.monotonic()
         source.execute(f"ALTER TABLE {table} ADD COLUMN extra INT DEFAULT 7")
         seconds.append(time.monotonic() - started)
+        finished.set()
         watcher.join(5)
 
-    def watch() -> None:
-        while not seconds:
+    def watch() -> None:  # samples the ALTER's state until it is done
+        while not finished.wait(0.005):
             for row in source.query("SELECT STATE, TIME_MS FROM information_schema.PROCESSLIST"
                                     " WHERE INFO LIKE 'ALTER TABLE%extra%'"):
                 if row[0] and "metadata lock" in str(row[0]):
                     waited.append(float(row[1]) / 1000)
-            time.sleep(0.005)
 
     with Writer(source, table, 60000) as writer:
         await asyncio.to_thread(writer.enough.wait, 30)
@@ -217,23 +216,9 @@ async def test_a_killed_chunked_dump_continues_and_gives_the_table(cdc: RunningS
                "--sync-interval", "0", "--chunk-rows", "200"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def kill_after_some_chunks() -> None:
-        while True:
-            process.send_signal(signal.SIGSTOP)
-            try:
-                with open(record) as f:
-                    chunks = sum(len(r["chunks"]) for r in json.load(f)["ranges"])
-                if chunks >= 6:
-                    process.send_signal(signal.SIGKILL)
-                    return
-            except (FileNotFoundError, ValueError):
-                pass
-            assert process.poll() is None, "the dump finished before it could be killed"
-            process.send_signal(signal.SIGCONT)
-            threading.Event().wait(0.002)
-
     try:
-        await asyncio.to_thread(kill_after_some_chunks)
+        await asyncio.to_thread(kill_when, process, record, lambda text: sum(
+            len(r["chunks"]) for r in json.loads(text)["ranges"]) >= 6)
     finally:
         process.kill()
         process.wait(30)
@@ -326,12 +311,9 @@ async def test_start_dump_over_the_protocol_while_the_stream_goes_on(
                 await client.send(f"LIST-DUMPS {db}.orders\n".encode())
                 return list((await client.json_line())["taking"])
 
-            for _ in range(200):
-                now = await taking()
-                if now and now[0]["state"] == "running":
-                    break
-                await asyncio.sleep(0.05)
-            assert now[0]["state"] == "running" and now[0]["estimated_rows"] > 0, now
+            now = await eventually(taking, lambda t: bool(t) and t[0]["state"] == "running",
+                                   what="the requested dump to run")
+            assert now[0]["estimated_rows"] > 0, now
             assert now[0]["rows"] == 0
             stats = cdc.service.stats().housekeeping
             assert stats.dump_running and sum(d.estimated_rows for d in stats.dumps) > 0
@@ -341,11 +323,7 @@ async def test_start_dump_over_the_protocol_while_the_stream_goes_on(
             cur.execute("UNLOCK TABLES")
             locker.close()
         source.execute(f"INSERT INTO {table} (id, name) VALUES (99999, 'while dumping')")
-        for _ in range(400):
-            if not await taking():
-                break
-            await asyncio.sleep(0.05)
-        assert await taking() == []
+        assert await eventually(taking, lambda t: not t, what="the dump to end") == []
         await client.send(f"LIST-DUMPS {db}.orders\n".encode())
         (made,) = (await client.json_line())["dumps"]
     finally:

@@ -93,46 +93,17 @@ def encode_row(const unsigned char[:] payload, int columns):
 
 
 cdef bytes _row(const unsigned char *p, Py_ssize_t end, int columns):
-    cdef Py_ssize_t pos = 0, size = 2, n, start, o
-    cdef int c
-    # first pass: the size of the result, and the packet's consistency
-    for c in range(columns):
-        if pos >= end:
-            raise ValueError(f"a result row ends before its {columns} columns")
-        n = _length(p, &pos)
-        if n == -2:
-            raise ValueError("a result row has a malformed column length")
-        if n == -1:
-            size += 4
-        else:
-            size += _encoded(n) + 2
-            pos += n
-        if c:
-            size += 1
-    if pos != end:
-        raise ValueError(f"a result row has {end - pos} bytes after its {columns} columns")
+    cdef Py_ssize_t consumed = 0
+    cdef Py_ssize_t size = _row_size(p, end, columns, &consumed)
+    if size == -1:
+        raise ValueError(f"a result row ends before its {columns} columns")
+    if size == -2:
+        raise ValueError("a result row has a malformed column length")
+    if size == -3:
+        raise ValueError(f"a result row has {end - consumed} bytes after its {columns} "
+                         "columns")
     cdef bytes out = PyBytes_FromStringAndSize(NULL, size)
-    cdef char *w = PyBytes_AS_STRING(out)
-    pos = 0
-    o = 0
-    w[o] = 91  # '['
-    o += 1
-    for c in range(columns):
-        if c:
-            w[o] = 44  # ','
-            o += 1
-        n = _length(p, &pos)
-        if n == -1:
-            memcpy(w + o, b"null", 4)
-            o += 4
-        else:
-            w[o] = 34  # '"'
-            o += 1
-            o += _base64(p + pos, n, w + o)
-            w[o] = 34
-            o += 1
-            pos += n
-    w[o] = 93  # ']'
+    _write_row(p, columns, PyBytes_AS_STRING(out))
     return out
 
 
@@ -165,8 +136,10 @@ cdef Py_ssize_t _PREFIX_LEN = 27
 cdef const char *_SUFFIX = b"]}\n"
 
 
-cdef Py_ssize_t _row_size(const unsigned char *p, Py_ssize_t end, int columns) nogil:
-    """The size of a row packet's row form; -1 if the packet is malformed."""
+cdef Py_ssize_t _row_size(const unsigned char *p, Py_ssize_t end, int columns,
+                          Py_ssize_t *consumed) nogil:
+    """The size of a row packet's row form; -1 if it ends before its columns, -2 for a
+    malformed length, -3 if bytes follow them (``consumed``: where its columns end)."""
     cdef Py_ssize_t pos = 0, size = 2, n
     cdef int c
     for c in range(columns):
@@ -174,7 +147,7 @@ cdef Py_ssize_t _row_size(const unsigned char *p, Py_ssize_t end, int columns) n
             return -1
         n = _length(p, &pos)
         if n == -2:
-            return -1
+            return -2
         if n == -1:
             size += 4
         else:
@@ -182,8 +155,9 @@ cdef Py_ssize_t _row_size(const unsigned char *p, Py_ssize_t end, int columns) n
             pos += n
         if c:
             size += 1
+    consumed[0] = pos
     if pos != end:
-        return -1
+        return -3
     return size
 
 
@@ -216,7 +190,7 @@ def parse_line(const unsigned char[:] buf, Py_ssize_t pos, int columns, int batc
     (``{"action":"insert","rows":[...]}`` and a newline), encoded without the GIL: returns
     (what it stopped at, the position reached, the line or None, its rows, the offset of its
     last row in it)."""
-    cdef Py_ssize_t end = buf.shape[0], length, at, size, row, o, last = 0
+    cdef Py_ssize_t end = buf.shape[0], length, at, size, row, o, last = 0, consumed = 0
     cdef const unsigned char *p
     cdef int count = 0, state = S_NEED_MORE
     cdef bint bad = False
@@ -241,7 +215,7 @@ def parse_line(const unsigned char[:] buf, Py_ssize_t pos, int columns, int batc
             if length > 0 and ((p[at + 4] == 0xFE and length < 9) or p[at + 4] == 0xFF):
                 state = S_END if p[at + 4] == 0xFE else S_ERROR
                 break
-            row = _row_size(p + at + 4, length, columns)
+            row = _row_size(p + at + 4, length, columns, &consumed)
             if row < 0:
                 bad = True
                 break

@@ -83,7 +83,6 @@ from client.format.dump import FORMAT, operation_line
 
 log = logging.getLogger(__name__)
 
-_INSERT_PREFIX = b'{"action":"insert","rows":['
 _ATTEMPTS = 3  # a table whose definition keeps changing under its dump: given up after this
 
 
@@ -276,9 +275,7 @@ def _split(conn: Any, plan: ScanPlan, table: TableName, readers: int,
     ``chunk_rows`` rows each (arithmetically, from its span and the table's estimated
     rows), which the readers take in turn; any other key in one range per reader, split at
     sampled keys (``LIMIT 1 OFFSET n`` on the key)."""
-    estimate = int(source_sql.query(
-        conn, "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
-              "AND TABLE_NAME = %s", (table.database, table.table))[0][0] or 0)
+    estimate = source_sql.estimated_rows(conn, table.database, table.table)
     key = plan.key
     cuts: list[list[bytes]] = []
     if len(key) == 1 and key[0].sql_type in _INTEGER_KEYS:
@@ -647,8 +644,8 @@ def _lines(spool: Any, chunk: Chunk) -> Iterator[bytes]:
 def _rows_of(line: bytes) -> list[bytes]:
     """The rows of an insert line as rawrows wrote them (arrays of base64 texts and nulls,
     which hold no brackets)."""
-    assert line.startswith(_INSERT_PREFIX) and line.endswith(b"]]}\n"), line[:60]
-    body = line[len(_INSERT_PREFIX) + 1:-4]
+    assert line.startswith(rawrows.INSERT_PREFIX) and line.endswith(b"]]}\n"), line[:60]
+    body = line[len(rawrows.INSERT_PREFIX) + 1:-4]
     return [b"[" + part + b"]" for part in body.split(b"],[")]
 
 

@@ -136,10 +136,7 @@ def estimate_rows(address: SourceAddress, tables: list[TableName]) -> dict[Table
     conn = source_sql.connect(address)
     try:
         for table in tables:
-            rows = source_sql.query(
-                conn, "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s"
-                      " AND TABLE_NAME = %s", (table.database, table.table))
-            found[table] = int(rows[0][0] or 0) if rows else 0
+            found[table] = source_sql.estimated_rows(conn, table.database, table.table)
     finally:
         conn.close()
     return found

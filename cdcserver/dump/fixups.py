@@ -47,11 +47,23 @@ def changes_between(data_dir: str, table: TableName, fields: list[dict[str, Any]
                     since: GtidState, until: GtidState, until_at: tuple[str, int],
                     timeout: float) -> Iterator[bytes]:
     """Operation lines for the table's changes after ``since`` up to ``until``."""
+    versions = _versions_between(data_dir, table, since, until, until_at, timeout,
+                                 "resuming a dump", "between the snapshots")
+    return _operations(versions, fields, since, until)
+
+
+def _versions_between(data_dir: str, table: TableName, since: GtidState, until: GtidState,
+                      until_at: tuple[str, int], timeout: float, what: str, when: str,
+                      until_known: bool = False) -> list[Any]:
+    """The table's versions, once the store has reached ``until_at`` (or, ``until_known``,
+    holds ``until``); Unavailable if the store cannot hold every change after ``since``:
+    MySQL GTIDs, a store begun after ``since``, a schema change between the two."""
     if any(g.source_uuid for g in (*since, *until)):
-        raise Unavailable("resuming a dump needs MariaDB GTIDs (records do not carry MySQL "
-                          "source UUIDs)")
+        raise Unavailable(f"{what} needs MariaDB GTIDs (records do not carry MySQL source "
+                          "UUIDs)")
     try:
-        checkpoint = wait_for_checkpoint(data_dir, *until_at, timeout)
+        checkpoint = wait_for_checkpoint(data_dir, *until_at, timeout,
+                                         until if until_known else None)
     except StoreError as exc:
         raise Unavailable(str(exc)) from exc
     _check_origin(checkpoint, since, DataDir(data_dir).checkpoint)
@@ -61,8 +73,8 @@ def changes_between(data_dir: str, table: TableName, fields: list[dict[str, Any]
         if version_ddl(info) and created and not since.covers(Gtid.parse(created)) \
                 and until.covers(Gtid.parse(created)):
             raise Unavailable(f"{table} version {info.version} began with a schema change "
-                              f"between the snapshots (at {created})")
-    return _operations(versions, fields, since, until)
+                              f"{when} (at {created})")
+    return versions
 
 
 ChangeRecord = tuple[Gtid, str, bytes]  # (its transaction, insert/delete, the row's bytes)
@@ -76,21 +88,9 @@ def records_between(data_dir: str, table: TableName, fields: list[dict[str, Any]
     update's before image as ``delete`` (what a chunked dump merges into the rows it read,
     each row by the transaction that last changed it). Unavailable as for
     :func:`changes_between`."""
-    if any(g.source_uuid for g in (*since, *until)):
-        raise Unavailable("merging changes into a dump needs MariaDB GTIDs (records do not "
-                          "carry MySQL source UUIDs)")
-    try:
-        checkpoint = wait_for_checkpoint(data_dir, *until_at, timeout, until)
-    except StoreError as exc:
-        raise Unavailable(str(exc)) from exc
-    _check_origin(checkpoint, since, DataDir(data_dir).checkpoint)
-    versions = [info for info, _ in table_life(data_dir, table)]
-    for info in versions:
-        created = info.schema.gtid
-        if version_ddl(info) and created and not since.covers(Gtid.parse(created)) \
-                and until.covers(Gtid.parse(created)):
-            raise Unavailable(f"{table} version {info.version} began with a schema change "
-                              f"during the dump (at {created})")
+    versions = _versions_between(data_dir, table, since, until, until_at, timeout,
+                                 "merging changes into a dump", "during the dump",
+                                 until_known=True)
     return _records(data_dir, versions, fields, since, until)
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import binascii
 import os
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pymysql
 from pymysql.constants import COMMAND
@@ -27,6 +27,8 @@ except ImportError:  # not built: the pure-Python path
 if os.environ.get("CDC_PURE_PYTHON"):  # to measure or test the Python path
     compiled = None
 
+T = TypeVar("T")
+
 _NULL = 0xFB
 _EOF = 0xFE
 _ERROR = 0xFF
@@ -36,6 +38,13 @@ _MAX_PACKET = 0xFFFFFF
 def query_rows(conn: Any, sql: str, batch: int = 500) -> Iterator[list[bytes]]:
     """Run ``sql`` and yield batches of rows, each row the bytes of a JSON array of base64
     strings and nulls."""
+    yield from _query(conn, sql, batch, iter)
+
+
+def _query(conn: Any, sql: str, batch: int, read: Callable[[_Rows], Iterator[T]]
+           ) -> Iterator[T]:
+    """Run ``sql`` and yield what ``read`` makes of its rows; a result left unread closes
+    the connection (rows are still arriving: it cannot be reused)."""
     conn._execute_command(COMMAND.COM_QUERY, sql)
     result = pymysql.connections.MySQLResult(conn)
     conn._result = result
@@ -44,12 +53,12 @@ def query_rows(conn: Any, sql: str, batch: int = 500) -> Iterator[list[bytes]]:
         return  # not a result set
     complete = False
     try:
-        yield from _Rows(conn, result.field_count, batch)
+        yield from read(_Rows(conn, result.field_count, batch))
         complete = True
     finally:
         result.unbuffered_active = False
         conn._result = None
-        if not complete:  # rows are still arriving: the connection cannot be reused
+        if not complete:
             conn.close()
 
 
@@ -67,21 +76,7 @@ def query_lines(conn: Any, sql: str, batch: int = 500) -> Iterator[Line]:
         for rows in query_rows(conn, sql, batch):
             yield (INSERT_PREFIX + b",".join(rows) + b"]}\n", len(rows), rows[-1])
         return
-    conn._execute_command(COMMAND.COM_QUERY, sql)
-    result = pymysql.connections.MySQLResult(conn)
-    conn._result = result
-    result.init_unbuffered_query()
-    if not result.unbuffered_active:
-        return
-    complete = False
-    try:
-        yield from _Rows(conn, result.field_count, batch).lines()
-        complete = True
-    finally:
-        result.unbuffered_active = False
-        conn._result = None
-        if not complete:
-            conn.close()
+    yield from _query(conn, sql, batch, _Rows.lines)
 
 
 class _Rows:
@@ -102,12 +97,11 @@ class _Rows:
     def _compiled(self) -> Iterator[list[bytes]]:
         assert compiled is not None
         rows: list[bytes] = []
-        read = self.conn._rfile.read1
-        buf = self.buffer
         pos = 0
         while True:
             try:
-                state, pos = compiled.parse_rows(buf, pos, self.columns, self.batch, rows)
+                state, pos = compiled.parse_rows(self.buffer, pos, self.columns, self.batch,
+                                                 rows)
             except ValueError as exc:
                 raise SourceError(str(exc)) from exc
             if state == compiled.FULL:
@@ -115,36 +109,43 @@ class _Rows:
                 rows = []
             elif state == compiled.LONG:
                 pos = self._long_packet(pos, rows)
-                buf = self.buffer
             elif state in (compiled.END, compiled.ERROR):
-                length = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
-                self.conn._next_seq_id = (buf[pos + 3] + 1) % 256
-                if state == compiled.ERROR:
-                    raise SourceError("the source stopped the dump query: "
-                                      f"{_error(bytes(buf[pos + 4:pos + 4 + length]))}")
-                if pos + 4 + length != len(buf):
-                    raise SourceError("unexpected data after the dump query's result")
+                self._ended(pos, state == compiled.ERROR)
                 if rows:
                     yield rows
                 return
             else:  # NEED_MORE
-                del buf[:pos]
-                pos = 0
-                data = read(1 << 20)
-                if not data:
-                    raise SourceError("the source closed the connection during the dump")
-                buf += data
+                pos = self._refill(pos)
+
+    def _ended(self, pos: int, error: bool) -> None:
+        """The result's last packet (EOF or an error) at ``pos``: the connection's packet
+        sequence goes on after it; an error raises."""
+        buf = self.buffer
+        length = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
+        self.conn._next_seq_id = (buf[pos + 3] + 1) % 256
+        if error:
+            raise SourceError("the source stopped the dump query: "
+                              f"{_error(bytes(buf[pos + 4:pos + 4 + length]))}")
+        if pos + 4 + length != len(buf):
+            raise SourceError("unexpected data after the dump query's result")
+
+    def _refill(self, pos: int) -> int:
+        """Drop what was parsed (before ``pos``) and read more; the new position (0)."""
+        del self.buffer[:pos]
+        data = self.conn._rfile.read1(1 << 20)
+        if not data:
+            raise SourceError("the source closed the connection during the dump")
+        self.buffer += data
+        return 0
 
     def lines(self) -> Iterator[Line]:
         """The rows as insert lines, each encoded in one call to the compiled path."""
         assert compiled is not None
-        read = self.conn._rfile.read1
-        buf = self.buffer
         pos = 0
         while True:
             try:
-                state, pos, line, count, last = compiled.parse_line(buf, pos, self.columns,
-                                                                    self.batch)
+                state, pos, line, count, last = compiled.parse_line(self.buffer, pos,
+                                                                    self.columns, self.batch)
             except ValueError as exc:
                 raise SourceError(str(exc)) from exc
             if line is not None:
@@ -154,28 +155,15 @@ class _Rows:
             if state == compiled.LONG:
                 rows: list[bytes] = []
                 pos = self._long_packet(pos, rows)
-                buf = self.buffer
                 yield INSERT_PREFIX + rows[0] + b"]}\n", 1, rows[0]
             elif state in (compiled.END, compiled.ERROR):
-                length = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
-                self.conn._next_seq_id = (buf[pos + 3] + 1) % 256
-                if state == compiled.ERROR:
-                    raise SourceError("the source stopped the dump query: "
-                                      f"{_error(bytes(buf[pos + 4:pos + 4 + length]))}")
-                if pos + 4 + length != len(buf):
-                    raise SourceError("unexpected data after the dump query's result")
+                self._ended(pos, state == compiled.ERROR)
                 return
             else:  # NEED_MORE
-                del buf[:pos]
-                pos = 0
-                data = read(1 << 20)
-                if not data:
-                    raise SourceError("the source closed the connection during the dump")
-                buf += data
+                pos = self._refill(pos)
 
     def _python(self) -> Iterator[list[bytes]]:
         rows: list[bytes] = []
-        read = self.conn._rfile.read1
         pos = 0
         while True:
             buf = self.buffer
@@ -193,15 +181,9 @@ class _Rows:
                 payload = view[pos + 4 : pos + 4 + length]
                 first = payload[0]
                 if (first == _EOF and length < 9) or first == _ERROR:
-                    self.conn._next_seq_id = (buf[pos + 3] + 1) % 256
-                    done = first == _EOF
-                    message = "" if done else _error(bytes(payload))
                     payload.release()
                     view.release()
-                    if not done:
-                        raise SourceError(f"the source stopped the dump query: {message}")
-                    if pos + 4 + length != end:
-                        raise SourceError("unexpected data after the dump query's result")
+                    self._ended(pos, first == _ERROR)
                     if rows:
                         yield rows
                     return
@@ -214,12 +196,7 @@ class _Rows:
                     rows = []
                     view = memoryview(buf)
             view.release()
-            del buf[:pos]
-            pos = 0
-            data = read(1 << 20)
-            if not data:
-                raise SourceError("the source closed the connection during the dump")
-            buf += data
+            pos = self._refill(pos)
 
     def _long_packet(self, pos: int, rows: list[bytes]) -> int:
         """A row of 16 MiB or more: join its packets, then parse it."""

@@ -23,7 +23,7 @@ import json
 import os
 import struct
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Context, Decimal
 from typing import Any
@@ -269,16 +269,7 @@ def _replay(data_dir: str, table: TableName, covered: GtidState, report: Report)
     repairs = repair_blocks(data_dir, table)
     for info, continues in table_life(data_dir, table):
         replay.use(info, continues=continues)
-        noted = repairs.get((str(info.table), info.version), set())
-        for block in scan_blocks(info.path, info.header, info.header.size, info.committed):
-            if block.offset in noted:
-                replay.repaired()
-            for record in decode_records(info, block):
-                gtid = Gtid(record["domain"], record["server_id"], record["sequence"])
-                if covered.covers(gtid):
-                    replay.apply(record)
-            if block.offset in noted:  # its own before images are in the new columns'
-                replay.repaired()     # types: a narrowed value shows as the table has it
+        _replay_version(replay, info, repairs, covered.covers)
     if not replay.fields:
         raise StoreError(f"{table} has no stream in {data_dir}")
     replay.finish()
@@ -297,6 +288,22 @@ def _replay(data_dir: str, table: TableName, covered: GtidState, report: Report)
     return replay
 
 
+def _replay_version(replay: _Replay, info: Any, repairs: dict[tuple[str, int], set[int]],
+                    wanted: Callable[[Gtid], bool]) -> None:
+    """Apply a version's records of the transactions ``wanted``; a repair's block explains
+    the mismatches before it, and its own (its before images are in the new columns'
+    types: a narrowed value shows as the table has it)."""
+    noted = repairs.get((str(info.table), info.version), set())
+    for block in scan_blocks(info.path, info.header, info.header.size, info.committed):
+        if block.offset in noted:
+            replay.repaired()
+        for record in decode_records(info, block):
+            if wanted(Gtid(record["domain"], record["server_id"], record["sequence"])):
+                replay.apply(record)
+        if block.offset in noted:
+            replay.repaired()
+
+
 def _replay_after_dump(data_dir: str, table: TableName, path: str, covered: GtidState,
                        report: Report) -> _Replay:
     """The dump's rows, then the stream's records after the dump's GTID state, from the
@@ -313,16 +320,10 @@ def _replay_after_dump(data_dir: str, table: TableName, path: str, covered: Gtid
     repairs = repair_blocks(data_dir, table)
     for i, (info, continues) in enumerate(life[start:]):
         replay.use(info, continues=continues or (i == 0 and bool(before)))
-        noted = repairs.get((str(info.table), info.version), set())
-        for block in scan_blocks(info.path, info.header, info.header.size, info.committed):
-            if block.offset in noted:  # a dump taken between a change without binlog rows
-                replay.repaired()      # and its repair already has the rows it repairs
-            for record in decode_records(info, block):
-                gtid = Gtid(record["domain"], record["server_id"], record["sequence"])
-                if covered.covers(gtid) and not in_dump.covers(gtid):
-                    replay.apply(record)
-            if block.offset in noted:
-                replay.repaired()
+        # a dump taken between a change without binlog rows and its repair already has the
+        # rows the repair writes
+        _replay_version(replay, info, repairs,
+                        lambda gtid: covered.covers(gtid) and not in_dump.covers(gtid))
     replay.finish()
     if replay.explained:
         report.notes.append(f"{replay.explained} update_before/delete records of a repair "
