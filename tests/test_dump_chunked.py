@@ -361,3 +361,47 @@ async def test_cdc_dump_new_and_cdcserver_dump_show_progress(cdc: RunningService
     assert done.returncode == 0, done.stderr
     assert f"{db}.orders" in done.stderr and "3.00k" in done.stderr, done.stderr  # rows
     assert len(files.list_dumps(data_dir, TableName(db, "orders"))) == 2
+
+
+async def test_a_requested_dump_that_fails_is_listed_failed_with_its_error(
+        cdc: RunningService, source: Source):
+    """Two tables requested while the first is locked: the second waits (queued, in the
+    metrics); it is dropped meanwhile, so its dump fails and LIST-DUMPS says so, with the
+    error, while the first completes."""
+    from tests.helpers import RawClient
+
+    db = source.database
+    _orders(source, 200)
+    source.execute(f"CREATE TABLE `{db}`.gone (id INT PRIMARY KEY)",
+                   f"INSERT INTO `{db}`.gone VALUES (1)")
+    await cdc.caught_up(source)
+    client = await RawClient.connect(cdc.port)
+    await client.login()
+
+    async def taking() -> dict[str, dict[str, Any]]:
+        await client.send(b"LIST-DUMPS\n")
+        return {p["table"]: p for p in (await client.json_line())["taking"]}
+
+    locker = source.server.connect(db)
+    cur = locker.cursor()
+    cur.execute("LOCK TABLES orders WRITE")
+    try:
+        await client.send(f"START-DUMP {db}.orders\n".encode())
+        await client.json_line()
+        await eventually(taking, lambda t: t.get("orders", {}).get("state") == "running")
+        await client.send(f"START-DUMP {db}.gone\n".encode())
+        assert await client.json_line() == {"started": [f"{db}.gone"], "under_way": []}
+        assert (await taking())["gone"]["state"] == "queued"
+        housekeeping = cdc.service.stats().housekeeping
+        assert [d.state for d in housekeeping.dumps if d.table.table == "gone"] == ["queued"]
+        source.execute(f"DROP TABLE `{db}`.gone")
+    finally:
+        cur.execute("UNLOCK TABLES")
+        locker.close()
+    listed = await eventually(taking, lambda t: "orders" not in t and
+                              t.get("gone", {}).get("state") == "failed")
+    assert "gone" in listed["gone"]["error"], listed
+    assert [d.state for d in cdc.service.stats().housekeeping.dumps] == ["failed"]
+    await client.send(f"LIST-DUMPS {db}.orders\n".encode())
+    assert len((await client.json_line())["dumps"]) == 1
+    await client.close()
