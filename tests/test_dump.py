@@ -610,3 +610,50 @@ async def test_a_client_that_only_shuts_down_its_sending_side_gets_the_whole_dum
     assert (await client.line()).startswith(b"OK ")
     assert await client.read_exactly(len(content)) == content
     assert await client.closed() == b""
+
+
+@pytest.mark.parametrize("path", ["compiled", "python"])
+def test_the_row_reader_takes_empty_results_and_rows_larger_than_its_buffer(
+        source: Source, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rawrows reads result rows off the socket into its own buffer: an empty result ends
+    at once (its end packet may already sit in pymysql's reader), rows larger than the
+    buffer and a row over one 16 MiB packet come out whole, and the connection serves the
+    next query. The oracle: base64 of the text values read by a pymysql cursor."""
+    import base64
+    import json
+
+    from cdcserver.dump import rawrows
+    from cdcserver.replication import source as source_sql
+
+    if path == "python":
+        monkeypatch.setattr(rawrows, "compiled", None)
+    elif rawrows.compiled is None:
+        pytest.skip("the compiled row path is not built")
+    table = f"`{source.database}`.big"
+    source.execute("SET GLOBAL max_allowed_packet = 67108864")  # for the next sessions
+    source.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, body LONGBLOB, note VARCHAR(20))",
+                   f"INSERT INTO {table} VALUES (1, 'a', NULL), (2, REPEAT('b', 3000000), 'x'), "
+                   "(3, NULL, ''), (5, REPEAT('c', 1048570), 'y')",
+                   f"INSERT INTO {table} VALUES (4, REPEAT('d', 17000000), 'long')",
+                   f"INSERT INTO {table} SELECT seq + 10, REPEAT('e', seq % 300), seq FROM "
+                   f"`{source.database}`.seq_1_to_3000")
+    conn = source_sql.connect(parse_source_url(source.server.url()))
+    try:
+        assert list(rawrows.query_lines(conn, f"SELECT * FROM {table} WHERE id < 0")) == []
+        lines = list(rawrows.query_lines(conn, f"SELECT * FROM {table} ORDER BY id", 7))
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT CAST(id AS CHAR), body, note FROM {table} ORDER BY id")
+            expected = [[None if v is None else base64.b64encode(
+                v if isinstance(v, bytes) else str(v).encode()).decode() for v in row]
+                for row in cur.fetchall()]
+        rows = [row for data, _, _ in lines for line in data.splitlines()
+                for row in json.loads(line)["rows"]]
+        assert rows == expected
+        assert sum(count for _, count, _ in lines) == len(expected) == 3005
+        assert all(json.loads(last) == rows[sum(c for _, c, _ in lines[:i + 1]) - 1]
+                   for i, (_, _, last) in enumerate(lines))
+        assert all(line.count(b"],[") < 7 for data, _, _ in lines for line in data.splitlines())
+        assert source_sql.query(conn, "SELECT 1") == [(1,)]  # the connection goes on
+    finally:
+        conn.close()
+        source.execute("SET GLOBAL max_allowed_packet = 16777216")

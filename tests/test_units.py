@@ -480,7 +480,8 @@ def test_the_compiled_dump_row_path_writes_the_same_bytes_as_the_python_one() ->
     with pytest.raises(ValueError, match="after its 1 columns"):
         rawrows.compiled.encode_row(b"\x01ab", 1)
 
-    # whole insert lines, encoded without the GIL: the same as the rows joined in Python
+    # whole insert lines, encoded without the GIL: the same as the rows joined in Python,
+    # whatever the buffer's end cuts off (a packet cut short waits for more)
     for _ in range(200):
         columns = rnd.randint(1, 6)
         rows, packets = [], bytearray()
@@ -492,18 +493,29 @@ def test_the_compiled_dump_row_path_writes_the_same_bytes_as_the_python_one() ->
             rows.append(rawrows._row(memoryview(payload), columns))
         packets += b"\x05\x00\x00\x00\xfe\x00\x00\x02\x00"  # the result's end
         batch = rnd.randint(1, 50)
-        pos, lines = 0, []
-        while True:
-            state, pos, line, count, last = rawrows.compiled.parse_line(packets, pos, columns,
-                                                                        batch)
-            if line is not None:
-                lines.append((line, count, line[last:-3]))
-            if state != rawrows.compiled.FULL:
+        received = sorted(rnd.sample(range(1, len(packets)), min(3, len(packets) - 1)))
+        pos, lines, counts, state = 0, [], 0, None
+        for end in [*received, len(packets)]:
+            state, pos, data, count, last = rawrows.compiled.parse_lines(packets, pos, end,
+                                                                         columns, batch)
+            if data is not None:
+                lines.append(data)
+                counts += count
+                assert data[last:-3] == rows[counts - 1]
+            if state != rawrows.compiled.NEED_MORE:
                 break
-        assert state == rawrows.compiled.END
-        assert lines == [(rawrows.INSERT_PREFIX + b",".join(rows[i:i + batch]) + b"]}\n",
-                          len(rows[i:i + batch]), rows[i:i + batch][-1])
-                         for i in range(0, len(rows), batch)]
+        assert state == rawrows.compiled.END and counts == len(rows)
+        expected = [rawrows.INSERT_PREFIX + b",".join(rows[i:i + batch]) + b"]}\n"
+                    for i in range(0, len(rows), batch)]
+        # the pieces may cut lines differently where the data ended, never a row in two
+        assert b"".join(lines).replace(b"]}\n" + rawrows.INSERT_PREFIX, b",") == \
+            b"".join(expected).replace(b"]}\n" + rawrows.INSERT_PREFIX, b",")
+        assert all(piece.startswith(rawrows.INSERT_PREFIX) and piece.endswith(b"]}\n")
+                   for data in lines for piece in data.splitlines(keepends=True))
+        assert all(piece.count(b"],[") < batch for data in lines
+                   for piece in data.splitlines(keepends=True))
+    with pytest.raises(ValueError, match="outside the buffer"):
+        rawrows.compiled.parse_lines(b"abc", 0, 4, 1, 1)
 
 
 def test_a_chunked_dump_buffer_spills_to_a_file_and_drains_in_order(tmp_path) -> None:

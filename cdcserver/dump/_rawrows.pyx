@@ -20,7 +20,7 @@ NEED_MORE = 0  # the buffer ends inside a packet
 END = 1  # the result's EOF packet, at ``pos``
 ERROR = 2  # an error packet, at ``pos``
 LONG = 3  # a packet of 16 MiB or more starts at ``pos``: the caller joins it
-FULL = 4  # ``batch`` rows were parsed
+FULL = 4  # ``batch`` rows were parsed (parse_rows)
 
 
 cdef inline Py_ssize_t _encoded(Py_ssize_t n) nogil:
@@ -107,12 +107,14 @@ cdef bytes _row(const unsigned char *p, Py_ssize_t end, int columns):
     return out
 
 
-def parse_rows(const unsigned char[:] buf, Py_ssize_t pos, int columns, int batch,
-               list rows):
-    """Parse row packets from ``buf[pos:]`` into ``rows`` until one of NEED_MORE, END,
+def parse_rows(const unsigned char[:] buf, Py_ssize_t pos, Py_ssize_t end, int columns,
+               int batch, list rows):
+    """Parse row packets from ``buf[pos:end]`` into ``rows`` until one of NEED_MORE, END,
     ERROR, LONG or FULL; returns (that, the position reached)."""
-    cdef Py_ssize_t end = buf.shape[0], length
+    cdef Py_ssize_t length
     cdef const unsigned char *p
+    if end > buf.shape[0] or pos < 0 or pos > end:
+        raise ValueError("parse_rows: a position outside the buffer")
     if end == 0:
         return NEED_MORE, pos
     p = &buf[0]
@@ -185,25 +187,26 @@ cdef Py_ssize_t _write_row(const unsigned char *p, int columns, char *w) nogil:
     return o + 1
 
 
-def parse_line(const unsigned char[:] buf, Py_ssize_t pos, int columns, int batch):
-    """Up to ``batch`` row packets from ``buf[pos:]`` as one insert line of a dump
-    (``{"action":"insert","rows":[...]}`` and a newline), encoded without the GIL: returns
-    (what it stopped at, the position reached, the line or None, its rows, the offset of its
-    last row in it)."""
-    cdef Py_ssize_t end = buf.shape[0], length, at, size, row, o, last = 0, consumed = 0
+def parse_lines(const unsigned char[:] buf, Py_ssize_t pos, Py_ssize_t end, int columns,
+                int batch):
+    """Every whole row packet in ``buf[pos:end]`` as insert lines of a dump
+    (``{"action":"insert","rows":[...]}`` and a newline, at most ``batch`` rows each), all
+    encoded into one bytes object without the GIL: returns (what it stopped at: NEED_MORE,
+    END, ERROR or LONG; the position reached; the lines or None; their rows; the offset of
+    the last row in them, which ends 3 bytes before their end)."""
+    cdef Py_ssize_t length, at, size = 0, row, o, last = 0, consumed = 0
     cdef const unsigned char *p
-    cdef int count = 0, state = S_NEED_MORE
+    cdef Py_ssize_t count = 0
+    cdef int state = S_NEED_MORE, in_line = 0
     cdef bint bad = False
-    if end == 0:
+    if end > buf.shape[0] or pos < 0 or pos > end:
+        raise ValueError("parse_lines: a position outside the buffer")
+    if end == 0 or batch < 1:
         return S_NEED_MORE, pos, None, 0, 0
     p = &buf[0]
     at = pos
-    size = _PREFIX_LEN + 3
     with nogil:
         while True:
-            if count >= batch:
-                state = S_FULL
-                break
             if end - at < 4:
                 break
             length = p[at] | (p[at + 1] << 8) | (p[at + 2] << 16)
@@ -219,26 +222,40 @@ def parse_line(const unsigned char[:] buf, Py_ssize_t pos, int columns, int batc
             if row < 0:
                 bad = True
                 break
-            size += row + (1 if count else 0)
+            if in_line == 0:
+                size += _PREFIX_LEN + 3
+            else:
+                size += 1
+            size += row
+            in_line += 1
+            if in_line == batch:
+                in_line = 0
             count += 1
             at += 4 + length
     if bad:
         raise ValueError(f"a result row does not hold its {columns} columns")
     if count == 0:
         return state, at, None, 0, 0
-    cdef bytes line = PyBytes_FromStringAndSize(NULL, size)
-    cdef char *w = PyBytes_AS_STRING(line)
-    cdef int i
+    cdef bytes lines = PyBytes_FromStringAndSize(NULL, size)
+    cdef char *w = PyBytes_AS_STRING(lines)
+    cdef Py_ssize_t i
     with nogil:
-        memcpy(w, _PREFIX, _PREFIX_LEN)
-        o = _PREFIX_LEN
+        o = 0
+        in_line = 0
         for i in range(count):
             length = p[pos] | (p[pos + 1] << 8) | (p[pos + 2] << 16)
-            if i:
+            if in_line == 0:
+                memcpy(w + o, _PREFIX, _PREFIX_LEN)
+                o += _PREFIX_LEN
+            else:
                 w[o] = 44
                 o += 1
             last = o
             o += _write_row(p + pos + 4, columns, w + o)
             pos += 4 + length
-        memcpy(w + o, _SUFFIX, 3)
-    return state, at, line, count, last
+            in_line += 1
+            if in_line == batch or i == count - 1:
+                memcpy(w + o, _SUFFIX, 3)
+                o += 3
+                in_line = 0
+    return state, at, lines, count, last

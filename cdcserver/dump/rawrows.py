@@ -33,6 +33,7 @@ _NULL = 0xFB
 _EOF = 0xFE
 _ERROR = 0xFF
 _MAX_PACKET = 0xFFFFFF
+_BUFFER = 1 << 20  # bytes read from the socket at a time (more for a longer packet)
 
 
 def query_rows(conn: Any, sql: str, batch: int = 500) -> Iterator[list[bytes]]:
@@ -64,14 +65,15 @@ def _query(conn: Any, sql: str, batch: int, read: Callable[[_Rows], Iterator[T]]
 
 INSERT_PREFIX = b'{"action":"insert","rows":['
 
-Line = tuple[bytes, int, bytes]  # an insert line of a dump, its rows, its last row
+Line = tuple[bytes, int, bytes]  # insert lines of a dump, their rows, their last row
 
 
 def query_lines(conn: Any, sql: str, batch: int = 500) -> Iterator[Line]:
     """Run ``sql`` and yield its rows as a dump's insert lines (``{"action":"insert",
-    "rows":[...]}`` and a newline, at most ``batch`` rows each), each with its row count and
-    its last row. The compiled path encodes a whole line without holding the GIL, so
-    readers in threads encode at once."""
+    "rows":[...]}`` and a newline, at most ``batch`` rows each), one or more at a time, with
+    their row count and their last row. The compiled path encodes all the rows received at
+    once without holding the GIL, so readers in threads encode at once and hand over few,
+    large pieces."""
     if compiled is None:
         for rows in query_rows(conn, sql, batch):
             yield (INSERT_PREFIX + b",".join(rows) + b"]}\n", len(rows), rows[-1])
@@ -81,13 +83,17 @@ def query_lines(conn: Any, sql: str, batch: int = 500) -> Iterator[Line]:
 
 class _Rows:
     """Row packets parsed where they lie in the receive buffer (MySQL packets: 3-byte
-    length, sequence number, payload; a payload of 16 MiB or more continues in the next)."""
+    length, sequence number, payload; a payload of 16 MiB or more continues in the next).
+    The buffer is allocated once and read into in place (``buffer[:end]`` holds data): the
+    socket's bytes are copied once, with the GIL released."""
 
     def __init__(self, conn: Any, columns: int, batch: int) -> None:
         self.conn = conn
         self.columns = columns
         self.batch = batch
-        self.buffer = bytearray()
+        self.buffer = bytearray(_BUFFER)
+        self.end = 0
+        self.first = True  # pymysql's reader may hold the first rows
 
     def __iter__(self) -> Iterator[list[bytes]]:
         if compiled is not None:
@@ -100,8 +106,8 @@ class _Rows:
         pos = 0
         while True:
             try:
-                state, pos = compiled.parse_rows(self.buffer, pos, self.columns, self.batch,
-                                                 rows)
+                state, pos = compiled.parse_rows(self.buffer, pos, self.end, self.columns,
+                                                 self.batch, rows)
             except ValueError as exc:
                 raise SourceError(str(exc)) from exc
             if state == compiled.FULL:
@@ -126,32 +132,48 @@ class _Rows:
         if error:
             raise SourceError("the source stopped the dump query: "
                               f"{_error(bytes(buf[pos + 4:pos + 4 + length]))}")
-        if pos + 4 + length != len(buf):
+        if pos + 4 + length != self.end:
             raise SourceError("unexpected data after the dump query's result")
 
     def _refill(self, pos: int) -> int:
-        """Drop what was parsed (before ``pos``) and read more; the new position (0)."""
-        del self.buffer[:pos]
-        data = self.conn._rfile.read1(1 << 20)
-        if not data:
+        """Move what is not parsed yet (from ``pos``) to the front and read more after it
+        (the buffer doubled when a packet does not fit); the new position (0). The first
+        read takes what pymysql's reader holds (or reads once), the others go straight from
+        the socket into the buffer."""
+        buf = self.buffer
+        left = self.end - pos
+        if pos:
+            buf[:left] = buf[pos:self.end]
+        if left == len(buf):
+            buf.extend(bytes(len(buf)))
+        if self.first:
+            # BufferedReader.read1 returns what it holds without reading the socket, else
+            # reads it once, directly: either way nothing is left in it after
+            self.first = False
+            data = self.conn._rfile.read1(len(buf) - left)
+            got = len(data)
+            buf[left:left + got] = data
+        else:
+            with memoryview(buf) as view, view[left:] as free:
+                got = self.conn._sock.recv_into(free)
+        if not got:
             raise SourceError("the source closed the connection during the dump")
-        self.buffer += data
+        self.end = left + got
         return 0
 
     def lines(self) -> Iterator[Line]:
-        """The rows as insert lines, each encoded in one call to the compiled path."""
+        """The rows as insert lines, every whole packet received encoded in one call to the
+        compiled path."""
         assert compiled is not None
         pos = 0
         while True:
             try:
-                state, pos, line, count, last = compiled.parse_line(self.buffer, pos,
-                                                                    self.columns, self.batch)
+                state, pos, lines, count, last = compiled.parse_lines(
+                    self.buffer, pos, self.end, self.columns, self.batch)
             except ValueError as exc:
                 raise SourceError(str(exc)) from exc
-            if line is not None:
-                yield line, count, line[last:-3]
-            if state == compiled.FULL:
-                continue
+            if lines is not None:
+                yield lines, count, lines[last:-3]
             if state == compiled.LONG:
                 rows: list[bytes] = []
                 pos = self._long_packet(pos, rows)
@@ -168,7 +190,7 @@ class _Rows:
         while True:
             buf = self.buffer
             view = memoryview(buf)
-            end = len(buf)
+            end = self.end
             while end - pos >= 4:
                 length = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
                 if end - pos - 4 < length:
@@ -176,7 +198,7 @@ class _Rows:
                 if length == _MAX_PACKET:
                     view.release()
                     pos = self._long_packet(pos, rows)
-                    buf, view, end = self.buffer, memoryview(self.buffer), len(self.buffer)
+                    buf, view, end = self.buffer, memoryview(self.buffer), self.end
                     continue
                 payload = view[pos + 4 : pos + 4 + length]
                 first = payload[0]
@@ -199,27 +221,22 @@ class _Rows:
             pos = self._refill(pos)
 
     def _long_packet(self, pos: int, rows: list[bytes]) -> int:
-        """A row of 16 MiB or more: join its packets, then parse it."""
-        buf = self.buffer
+        """A row of 16 MiB or more: join its packets, then parse it; the position after it."""
         payload = bytearray()
         while True:
-            while len(buf) - pos < 4:
-                buf += self._more()
+            while self.end - pos < 4:
+                pos = self._refill(pos)
+            buf = self.buffer
             length = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
-            while len(buf) - pos - 4 < length:
-                buf += self._more()
+            while self.end - pos - 4 < length:
+                pos = self._refill(pos)
+                buf = self.buffer
             payload += buf[pos + 4 : pos + 4 + length]
             pos += 4 + length
             if length < _MAX_PACKET:
                 rows.append(_row(memoryview(payload), self.columns) if compiled is None
                             else compiled.encode_row(payload, self.columns))
                 return pos
-
-    def _more(self) -> bytes:
-        data: bytes = self.conn._rfile.read1(1 << 20)
-        if not data:
-            raise SourceError("the source closed the connection during the dump")
-        return data
 
 
 def _row(payload: memoryview, columns: int) -> bytes:
