@@ -13,17 +13,19 @@ in, so that no lock is held across chunks and a big table is read by several rea
    one chunk's read at most.
 3. The ranges go into the dump's body in key order, each as it is read when its turn has come
    (the first range not finished), else into a buffer (memory, then a temporary file) until
-   it does: the body is written once, with no copy in the usual case. The body is made
-   durable and its chunks recorded in ``<stem>.chunked`` every ``sync_seconds``; a killed
-   dump continues after its last recorded chunk.
-4. When every range is read, the dump's point is taken once the store has caught up (so that
-   it is not between a change without binlog rows and its repair), and the table's changes
-   since the first chunk are taken from the store (:func:`cdcserver.dump.fixups.records_between`),
-   each with where its transaction ends in the binlog. A key's last change wins over the row a
-   chunk read before it; a key no chunk read exists if its last change left it. If any
-   change came, the body is written again with those rows replaced, dropped or added. The
-   result holds only ``insert`` lines: the table at the dump's point, as a single-snapshot
-   dump would.
+   it does: the body is written once, with no copy in the usual case. A reader that
+   finishes a range before its turn leaves it to be appended and reads the next one. The
+   body is made durable and its chunks recorded in ``<stem>.chunked`` every
+   ``sync_seconds``; a killed dump continues after its last recorded chunk.
+4. When every range is read, the dump's point is the store's checkpoint once it has caught
+   up with the source (so that it is not between a change without binlog rows and its
+   repair), and the table's changes since the first chunk are taken from the store
+   (:func:`cdcserver.dump.fixups.records_between`), each with where its transaction ends in
+   the binlog (the store's transaction log, read back to the first chunk). A key's last
+   change wins over the row a chunk read before it; a key no chunk read exists if its last
+   change left it. If any change came, the body is written again with those rows
+   replaced, dropped or added. The result holds only ``insert`` lines: the table at the
+   dump's point, as a single-snapshot dump would.
 
 If the table's definition changes during the dump (a chunk finds another ``SHOW CREATE
 TABLE``, or the store holds a schema change between the chunks), the table's dump starts over
@@ -44,7 +46,6 @@ import json
 import logging
 import os
 import re
-import sqlite3
 import tempfile
 import threading
 import time
@@ -57,7 +58,7 @@ import pymysql
 
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import CdcError, SourceError
-from cdcserver.core.gtid import Gtid, GtidState, binlog_ordinal
+from cdcserver.core.gtid import GtidState, binlog_ordinal
 from cdcserver.dump import files, fixups, rawrows
 from cdcserver.dump.partial import HEADER_SLACK, PartialDump, Progress
 from cdcserver.dump.scan import ScanPlan
@@ -65,7 +66,6 @@ from cdcserver.dump.snapshot import (
     ER_NO_SUCH_TABLE,
     ER_TABLE_DEF_CHANGED,
     SnapshotPoint,
-    open_mariadb_point,
     open_snapshot_position,
     prepare_session,
     qualified,
@@ -75,9 +75,10 @@ from cdcserver.schema import ddl
 from cdcserver.schema.definition import TableDefinition
 from cdcserver.schema.history import TRANSACTIONAL_ENGINES, layout_of
 from cdcserver.store import checkpoint as ckpt
+from cdcserver.store import index as store_index
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
-from cdcserver.store.reader import gtid_state_at, wait_for_checkpoint
+from cdcserver.store.reader import wait_for_checkpoint
 from cdcserver.store.schema import TableSchema
 from client.format.dump import FORMAT, operation_line
 
@@ -312,10 +313,22 @@ class _Failed(Exception):
 
 
 @dataclass
+class _Done:
+    """A range read before its turn: its buffer and chunks, appended when its turn comes."""
+
+    buffer: _Buffer
+    held: list[Chunk]
+    after: list[str] | None
+
+
+@dataclass
 class _Run:
     """One attempt's shared state. The ranges are appended to the body in key order: the
     reader of the first range not done (the *turn*) writes straight into it; the others
-    keep what they read in a buffer (memory, then a temporary file) until their turn."""
+    keep what they read in a buffer (memory, then a temporary file) until their turn. A
+    reader that finishes a range before its turn leaves it in ``waiting`` and goes on to
+    the next range: whoever finishes the turn's range appends it. Readers run at most
+    ``ahead`` ranges past the turn, which bounds the memory held."""
 
     address: SourceAddress
     data_dir: str
@@ -331,42 +344,51 @@ class _Run:
     # dump loses at most this much reading
     sync_seconds: float = 2.0
     buffer_bytes: int = 64 << 20
+    ahead: int = 4
     cond: threading.Condition = field(default_factory=threading.Condition)
     next_range: int = 0  # the next range a reader takes
     failed: bool = False
     rows_read: int = 0
     synced: float = field(default_factory=time.monotonic)
+    waiting: dict[int, _Done] = field(default_factory=dict)
+    _turn: int = 0
 
     @property
     def turn(self) -> int:
-        for i, rng in enumerate(self.progress.ranges):
-            if not rng.done:
-                return i
-        return len(self.progress.ranges)
+        """The first range not done (ranges are done in key order, never undone)."""
+        ranges = self.progress.ranges
+        while self._turn < len(ranges) and ranges[self._turn].done:
+            self._turn += 1
+        return self._turn
 
     def take(self) -> int | None:
-        """The next range to read, in key order (None: none left, or stopping)."""
+        """The next range to read, in key order (None: none left, or stopping); waits while
+        readers are ``ahead`` ranges past the turn."""
         with self.cond:
             ranges = self.progress.ranges
-            while self.next_range < len(ranges) and ranges[self.next_range].done:
-                self.next_range += 1
-            if self.failed or self.next_range >= len(ranges) or (
-                    self.stop is not None and self.stop.is_set()):
-                return None
+            while True:
+                while self.next_range < len(ranges) and ranges[self.next_range].done:
+                    self.next_range += 1
+                if self.failed or self.next_range >= len(ranges) or (
+                        self.stop is not None and self.stop.is_set()):
+                    return None
+                if self.next_range - self.turn <= self.ahead:
+                    break
+                self.cond.wait(0.5)
             self.next_range += 1
             return self.next_range - 1
-
-    def wait_turn(self, index: int) -> None:
-        with self.cond:
-            while self.turn != index and not self.failed:
-                self.cond.wait(0.5)
-            if self.failed:
-                raise _Failed
 
     def fail(self) -> None:
         with self.cond:
             self.failed = True
             self.cond.notify_all()
+
+    def close(self) -> None:
+        """Buffers of ranges read and never appended (a failure, a stop) let go."""
+        with self.cond:
+            for done in self.waiting.values():
+                done.buffer.close()
+            self.waiting.clear()
 
     def sync(self) -> None:
         """The body so far durable, then recorded (by the turn holder, or at the end). The
@@ -404,9 +426,11 @@ def _reader(run: _Run) -> None:
 
 def _read_range(run: _Run, conn: Any, index: int) -> None:
     """Read one range chunk by chunk, into the body when it is the turn, else into a
-    buffer appended when its turn comes; then pass the turn on."""
+    buffer appended when its turn comes; then pass the turn on, or leave the range to
+    whoever holds the turn when it comes."""
     rng = run.progress.ranges[index]
     buffer = _Buffer(run.buffer_bytes, run.directory)
+    handed = False  # to whoever finishes the range before it
     held: list[Chunk] = []  # read into the buffer: offsets in it
     after = rng.after
     try:
@@ -429,7 +453,24 @@ def _read_range(run: _Run, conn: Any, index: int) -> None:
                 _recorded(run, rng, [chunk], after)
             else:
                 held.append(chunk)
-        run.wait_turn(index)
+        with run.cond:
+            if run.turn != index:  # appended by whoever finishes the range before it
+                run.waiting[index] = _Done(buffer, held, after)
+                handed = True
+                return
+        handed = True
+        _finish_range(run, index, buffer, held, after)
+    finally:
+        if not handed:
+            buffer.close()
+
+
+def _finish_range(run: _Run, index: int, buffer: _Buffer, held: list[Chunk],
+                  after: list[str] | None) -> None:
+    """The turn's range is read: what it holds appended, the range done; then each range
+    after it that was read before its turn, in order, the same way."""
+    while True:
+        rng = run.progress.ranges[index]
         if held:
             _append_held(run, rng, buffer, held, after)
         with run.cond:
@@ -438,8 +479,12 @@ def _read_range(run: _Run, conn: Any, index: int) -> None:
             if time.monotonic() - run.synced >= run.sync_seconds:
                 run.sync()
             run.cond.notify_all()
-    finally:
+            index = run.turn
+            done = run.waiting.pop(index, None)
         buffer.close()
+        if done is None:
+            return
+        buffer, held, after = done.buffer, done.held, done.after
 
 
 class _Buffer:
@@ -485,7 +530,7 @@ class _Buffer:
         self.pieces = []
 
 
-def _append_held(run: _Run, rng: KeyRange, buffer: Any, held: list[Chunk],
+def _append_held(run: _Run, rng: KeyRange, buffer: _Buffer, held: list[Chunk],
                  after: list[str] | None) -> None:
     """The turn has come: the chunks read into the buffer go into the body (``after``: the
     key of their last row)."""
@@ -549,53 +594,61 @@ Position = tuple[int, int]  # binlog_ordinal(file, pos)
 Overlay = dict[tuple[bytes, ...], tuple[Position, str, bytes]]
 
 
-def _overlay(run: _Run, end: SnapshotPoint, timeout: float) -> Overlay:
+def _overlay(run: _Run, end: _EndPoint, timeout: float) -> Overlay:
     """Each key's last change between the earliest chunk and the dump's point, with where
-    its transaction ends in the binlog (from the store's transaction log)."""
+    its transaction ends in the binlog (from the store's transaction log, read back from
+    its end to the earliest chunk). When no transaction in that window touched the table,
+    nothing is read from the table's files (its versions are still checked for a schema
+    change)."""
     chunks = [c for r in run.progress.ranges for c in r.chunks]
     if not chunks:
         return {}
     first = min(chunks, key=lambda c: binlog_ordinal(c.file, c.pos))
+    point = end.point
+    origin = end.checkpoint.origin
+    if origin is None or binlog_ordinal(origin.file, origin.pos) > \
+            binlog_ordinal(first.file, first.pos):
+        raise TableChanged("the changes made during the dump are not available: the store "
+                           "began replicating after its first chunk")
+    window = store_index.window(DataDir(run.data_dir).index, (first.file, first.pos),
+                                (point.file, point.pos))
+    ends = {t.gtid: binlog_ordinal(t.file, t.pos) for t in window.transactions}
+    since = _state_before(window, point.gtid, origin.gtid_state)
+    name = str(run.table.name)
     overlay: Overlay = {}
     key_text = run.table.plan.key_text
-    ends = _TransactionEnds(run.data_dir)
     try:
-        wait_for_checkpoint(run.data_dir, end.file, end.pos, timeout, end.gtid)
-        since = gtid_state_at(run.data_dir, first.file, first.pos)
+        if not any(name in t.tables for t in window.transactions):
+            fixups.check_versions(run.data_dir, run.table.name, since, point.gtid,
+                                  (point.file, point.pos), timeout)
+            return overlay
         for gtid, kind, row in fixups.records_between(
-                run.data_dir, run.table.name, run.table.fields, since, end.gtid,
-                (end.file, end.pos), timeout):
-            overlay[key_text(row)] = (ends.of(gtid), kind, row)
+                run.data_dir, run.table.name, run.table.fields, since, point.gtid,
+                (point.file, point.pos), timeout):
+            if gtid not in ends:
+                raise CdcError(f"the store's transaction log does not hold {gtid} between "
+                               f"{first.file}:{first.pos} and {point.file}:{point.pos}")
+            overlay[key_text(row)] = (ends[gtid], kind, row)
     except (fixups.Unavailable, CdcError) as exc:
         raise TableChanged(f"the changes made during the dump are not available: {exc}") \
             from exc
-    finally:
-        ends.close()
     return overlay
 
 
-class _TransactionEnds:
-    """Where each stored transaction ends in the binlog (``transactions`` of the store's
-    index): a chunk read at a position holds every transaction ending there or before."""
-
-    def __init__(self, data_dir: str) -> None:
-        self._db = sqlite3.connect(f"file:{DataDir(data_dir).index}?mode=ro", uri=True)
-        self._known: dict[Gtid, Position] = {}
-
-    def of(self, gtid: Gtid) -> Position:
-        found = self._known.get(gtid)
-        if found is None:
-            row = self._db.execute(
-                "SELECT file, pos FROM transactions WHERE domain=? AND source=? AND seq=? "
-                "ORDER BY id DESC LIMIT 1",
-                (gtid.domain, gtid.source_uuid or "", gtid.sequence)).fetchone()
-            if row is None:
-                raise CdcError(f"the store's index does not know transaction {gtid}")
-            found = self._known[gtid] = binlog_ordinal(str(row[0]), int(row[1]))
-        return found
-
-    def close(self) -> None:
-        self._db.close()
+def _state_before(window: store_index.Window, end: GtidState, origin: GtidState
+                  ) -> GtidState:
+    """The GTID state at the window's start: the end's, with each domain the window holds
+    set back to its last transaction before the window (or where the store began)."""
+    inside = {(t.gtid.domain, t.gtid.source_uuid or "") for t in window.transactions}
+    kept = [g for g in end if (g.domain, g.source_uuid or "") not in inside]
+    for key in inside:
+        earlier = window.before.get(key)
+        if earlier is None:
+            earlier = next((g for g in origin if (g.domain, g.source_uuid or "") == key),
+                           None)
+        if earlier is not None:
+            kept.append(earlier)
+    return GtidState(kept)
 
 
 def _merged_lines(run: _Run, body: str, overlay: Overlay) -> Iterator[tuple[bytes, int]]:
@@ -736,16 +789,19 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
                rows_read=sum(r.rows for r in progress.ranges))
     try:
         readers = max(1, min(options.readers, len(progress.ranges)))
-        with ThreadPoolExecutor(max_workers=readers,
-                                thread_name_prefix=f"dump-{table.stem}") as pool:
-            for future in [pool.submit(_reader, run) for _ in range(readers)]:
-                future.result()
+        try:
+            with ThreadPoolExecutor(max_workers=readers,
+                                    thread_name_prefix=f"dump-{table.stem}") as pool:
+                for future in [pool.submit(_reader, run) for _ in range(readers)]:
+                    future.result()
+        finally:
+            run.close()
         run.sync()
         if stop is not None and stop.is_set():
             return None
         end = _end_point(conn, data_dir, options.store_timeout)
         overlay = _overlay(run, end, options.store_timeout)
-        path, rows = _finish(run, end, overlay)
+        path, rows = _finish(run, end.point, overlay)
     finally:
         partial.close()
     discard(directory, table)
@@ -772,23 +828,29 @@ def _reserve(described: _Table, point: SnapshotPoint) -> int:
     return len(sample.encode("utf-8")) + HEADER_SLACK
 
 
-def _end_point(conn: Any, data_dir: str, timeout: float) -> SnapshotPoint:
-    """The dump's point, once the store has reached the source's position after the last
-    chunk: a change without binlog rows (a value-filling ALTER, a cascade) before that
-    position has then been repaired (the store's checkpoint never passes one that was not),
-    so the dump's point is not between such a change and its repair, where the stream's
-    before images would not match the dump's rows."""
-    file, pos, _ = open_snapshot_position(conn)
-    source_sql.query(conn, "COMMIT")
+@dataclass(frozen=True)
+class _EndPoint:
+    point: SnapshotPoint  # the dump's point: the store's checkpoint
+    checkpoint: ckpt.Checkpoint
+
+
+def _end_point(conn: Any, data_dir: str, timeout: float) -> _EndPoint:
+    """The dump's point: the store's checkpoint, once it has reached the source's position
+    after the last chunk. The checkpoint never passes a change without binlog rows (a
+    value-filling ALTER, a cascade) that was not repaired, so the dump's point is not
+    between such a change and its repair, where the stream's before images would not match
+    the dump's rows; and its GTID state is exactly the transactions up to its position."""
+    file, pos = source_sql.query(conn, "SHOW MASTER STATUS")[0][:2]
     state = GtidState.parse(str(source_sql.query(conn, "SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
                                 or ""))  # at or after the position: enough to wait for
     try:
-        wait_for_checkpoint(data_dir, file, pos, timeout, state)
+        checkpoint = wait_for_checkpoint(data_dir, str(file), int(pos), timeout, state)
     except CdcError as exc:
         raise TableChanged(f"the store did not reach the dump's point: {exc}") from exc
-    end = open_mariadb_point(conn)
-    source_sql.query(conn, "COMMIT")
-    return end
+    position = checkpoint.position
+    assert position is not None
+    return _EndPoint(SnapshotPoint(position.gtid_state, position.file, position.pos,
+                                   dt.datetime.now(dt.UTC)), checkpoint)
 
 
 def _finish(run: _Run, end: SnapshotPoint, overlay: Overlay) -> tuple[str, int]:

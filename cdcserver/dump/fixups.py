@@ -94,6 +94,14 @@ def records_between(data_dir: str, table: TableName, fields: list[dict[str, Any]
     return _records(data_dir, versions, fields, since, until)
 
 
+def check_versions(data_dir: str, table: TableName, since: GtidState, until: GtidState,
+                   until_at: tuple[str, int], timeout: float) -> None:
+    """Unavailable if no chunked dump of the table can hold between the two: as for
+    :func:`records_between`, when the caller knows no row of the table changed."""
+    _versions_between(data_dir, table, since, until, until_at, timeout,
+                      "merging changes into a dump", "during the dump", until_known=True)
+
+
 def _records(data_dir: str, versions: list[Any], fields: list[dict[str, Any]],
              since: GtidState, until: GtidState) -> Iterator[ChangeRecord]:
     for info in versions:

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cdcserver.core.gtid import Gtid, GtidState
+from cdcserver.core.gtid import Gtid, GtidState, binlog_ordinal
 from cdcserver.store.naming import TableName
 
 log = logging.getLogger(__name__)
@@ -394,6 +394,46 @@ class StoreIndex:
         for info in list(self._pending_txns):
             if not self.covers(after, info.gtid):
                 yield info
+
+
+@dataclass(frozen=True)
+class Window:
+    """The stored transactions that end between two binlog positions, in the order stored,
+    and for each (domain, source) among them the last stored transaction before them."""
+
+    transactions: list[TransactionInfo]
+    before: dict[tuple[int, str], Gtid]
+
+
+def window(path: str, after: tuple[str, int], upto: tuple[str, int]) -> Window:
+    """The transactions of the index at ``path`` that end after binlog position ``after``
+    and at or before ``upto``. The log is read back from its newest entry to the first
+    that ends at or before ``after``: the cost is the window's, not the history's (the
+    store applies one source's transactions in binlog order)."""
+    low, high = binlog_ordinal(*after), binlog_ordinal(*upto)
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        found: list[TransactionInfo] = []
+        first = None
+        for row in db.execute(f"SELECT {_COLUMNS} FROM transactions ORDER BY id DESC"):
+            info = _transaction(row)
+            at = binlog_ordinal(info.file, info.pos)
+            if at <= low:
+                break
+            first = info.ordinal
+            if at <= high:
+                found.append(info)
+        found.reverse()
+        before: dict[tuple[int, str], Gtid] = {}
+        for key in dict.fromkeys((t.gtid.domain, t.gtid.source_uuid or "") for t in found):
+            row = db.execute(
+                f"SELECT {_COLUMNS} FROM transactions WHERE domain=? AND source=? AND id<? "
+                "ORDER BY id DESC LIMIT 1", (*key, first)).fetchone()
+            if row is not None:
+                before[key] = _transaction(row).gtid
+        return Window(found, before)
+    finally:
+        db.close()
 
 
 def _same(a: Gtid, b: Gtid) -> bool:
