@@ -12,7 +12,7 @@ import fastavro
 import pytest
 
 from cdcserver.core.changes import ColumnDef, EventType, TableLayout
-from cdcserver.core.config import Config, parse_source_url
+from cdcserver.core.config import Config, SourceConfig, parse_source_url
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.core.handoff import Handoff
@@ -244,7 +244,7 @@ def test_commands_take_their_flags_from_the_configuration():
 
 
 def test_passwords_kept_in_files(tmp_path):
-    from cdcserver.core.config import KafkaConfig, SourceConfig
+    from cdcserver.core.config import KafkaConfig
 
     secret = tmp_path / "secret"
     secret.write_text("p@ss word\n")
@@ -263,6 +263,22 @@ def test_source_urls():
     assert local.unix_socket == "/run/mysqld.sock" and local.password == "fromfile"
     with pytest.raises(ConfigError):
         parse_source_url("postgres://x")
+
+
+def test_several_source_urls_in_order_each_with_the_password_setting(tmp_path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret\n")
+    config = SourceConfig(url=" mysql://cdc@db1:3306, mysql://cdc:own%2Cpw@db2,"
+                              "mariadb://cdc@localhost?socket=/run/db3.sock ",
+                          password_file=str(secret))
+    first, second, third = config.addresses()
+    assert (first.host, first.port, first.password) == ("db1", 3306, "s3cret")
+    assert (second.host, second.password) == ("db2", "own,pw")  # its own, comma encoded
+    assert (third.unix_socket, third.password) == ("/run/db3.sock", "s3cret")
+    assert config.address() == first
+    assert len(SourceConfig(url="mysql://cdc@db1").addresses()) == 1
+    with pytest.raises(ConfigError):
+        SourceConfig(url="mysql://a@db1,postgres://b@db2").addresses()
 
 
 # -- the Avro encoder --------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -27,10 +28,12 @@ from cdcserver.ops.metrics import ReplicationStats
 from cdcserver.replication import preflight, source
 from cdcserver.replication.decoder import DeferDecoding
 from cdcserver.replication.replicator import Backoff, Replicator
+from cdcserver.replication.sources import Sources
 from cdcserver.reread.repair import Repairer, RepairStats
 from cdcserver.reread.view import Views
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.store.catalog import Catalog
+from cdcserver.store.durable import write_atomically
 from cdcserver.store.layout import DataDir
 from cdcserver.store.store import DISK_FULL_ERRNOS
 
@@ -43,8 +46,10 @@ ROOM_NEEDED = 16 << 20  # bytes a probe write must fit before replication resume
 class ReplicationRunner:
     def __init__(self, config: SourceConfig, data_dir: DataDir, catalog: Catalog,
                  sinks: list[Sink], *, flush_interval: float, disk_full_retry: float,
-                 defer_decoding: DeferDecoding | None = None) -> None:
+                 defer_decoding: DeferDecoding | None = None,
+                 sources: Sources | None = None) -> None:
         self.config = config
+        self.sources = sources if sources is not None else Sources(config.addresses())
         self.data_dir = data_dir
         self.catalog = catalog
         self.sinks = sinks  # read when replication (re)starts: a sink may be added before
@@ -71,7 +76,10 @@ class ReplicationRunner:
             transactions=pipeline.transactions if pipeline is not None else 0,
             queue_bytes=handoff.in_flight if handoff is not None else 0,
             queue_capacity=handoff.capacity if handoff is not None else 0,
-            repair_pending=pipeline is not None and pipeline.repair_pending)
+            repair_pending=pipeline is not None and pipeline.repair_pending,
+            source=self.sources.current.describe(), sources=len(self.sources.addresses),
+            source_switches=self.sources.switches,
+            refused=[r.text() for r in self.sources.refusals])
 
     def applied(self, before_start: Callable[[], GtidState]) -> GtidState:
         """Every transaction applied by every sink (``before_start`` until replication
@@ -103,13 +111,12 @@ class ReplicationRunner:
 
     async def run(self) -> None:
         """Until the stream ends; raises when replication fails for good."""
-        address = self.config.address()
-        default, info = await self._retrying(lambda: self._check_source(address))
+        default, info = await self._retrying(self._check_sources)
         for sink in self.sinks:
             await sink.open(info)  # a broker is waited for here; the listener serves meanwhile
         while True:
             try:
-                await self._replicate_from(address, default, info)
+                await self._replicate_from(default, info)
                 return
             except (DiskFull, OSError) as exc:
                 if isinstance(exc, OSError) and exc.errno not in DISK_FULL_ERRNOS:
@@ -121,8 +128,7 @@ class ReplicationRunner:
         if self.replicator is not None:
             await asyncio.to_thread(self.replicator.stop)
 
-    async def _replicate_from(self, address: SourceAddress, default: BinlogPosition,
-                              info: SourceInfo) -> None:
+    async def _replicate_from(self, default: BinlogPosition, info: SourceInfo) -> None:
         """Replicate from where every sink stands (``default`` for a new store) until the
         stream ends or fails."""
         cfg = self.config
@@ -134,13 +140,15 @@ class ReplicationRunner:
         history = SchemaHistory(self.data_dir.schema_history)
         await asyncio.to_thread(history.load, start)
         handoff = self.handoff = Handoff(asyncio.get_running_loop())
-        self.replicator = Replicator(address, cfg.server_id, handoff, start,
+        self.replicator = Replicator(self.sources, cfg.server_id, handoff, start,
                                      heartbeat=cfg.heartbeat, backoff=Backoff(),
                                      report_host=cfg.report_host, history=history,
                                      mariadb=info.mariadb, file=position.file,
-                                     pos=position.pos, defer_decoding=self.defer_decoding)
+                                     pos=position.pos, defer_decoding=self.defer_decoding,
+                                     failover_after=cfg.failover_after,
+                                     connected_to=self._record_source)
         views = Views(self.data_dir.views)
-        repairer = Repairer(address, self.catalog, views, self.repair_stats)
+        repairer = Repairer(self.sources, self.catalog, views, self.repair_stats)
         if self.pipeline is not None and self.pipeline.repairer is not None:
             repairer.take_over(self.pipeline.repairer.carry_over())  # after a pause
         self.pipeline = Pipeline(handoff, sinks, start, self.flush_interval, repairer)
@@ -154,6 +162,12 @@ class ReplicationRunner:
             handoff.close()
             await asyncio.to_thread(self.replicator.stop)
             views.close()
+
+    def _record_source(self, address: SourceAddress, server_id: int) -> None:
+        """Which server replication reads (``state/source.json``): a chunked dump compares
+        binlog positions with the store's, which only holds on the same server."""
+        record = {"source": address.describe(), "server_id": server_id}
+        write_atomically(self.data_dir.source, json.dumps(record).encode() + b"\n")
 
     async def _pause_until_room(self, cause: Exception) -> None:
         """The data directory is full: every sink drops its open transaction; wait until a
@@ -177,6 +191,30 @@ class ReplicationRunner:
                 continue
         log.warning("the data directory has room again: resuming replication")
         self.paused = ""
+
+    def _check_sources(self) -> tuple[BinlogPosition, SourceInfo]:
+        """The first source, in order of preference, that answers and can be captured
+        becomes the one read; unavailable while none answers, refused if none can be
+        captured."""
+        failures: list[SourceError] = []
+        order = [self.sources.index] + [i for i in range(len(self.sources.addresses))
+                                        if i != self.sources.index]
+        for index in order:
+            try:
+                found = self._check_source(self.sources.addresses[index])
+            except SourceError as exc:
+                failures.append(exc)
+                continue
+            if self.sources.several and not found[1].mariadb:
+                raise ConfigError("several sources need MariaDB (its GTIDs name a transaction "
+                                  "on every server); give one MySQL source")
+            self.sources.switch(index)
+            for failure in failures:
+                log.warning("not reading it: %s", failure)
+            return found
+        if all(isinstance(f, SourceUnavailable) for f in failures):
+            raise failures[0]
+        raise next(f for f in failures if not isinstance(f, SourceUnavailable))
 
     def _check_source(self, address: SourceAddress) -> tuple[BinlogPosition, SourceInfo]:
         """Where to start without a checkpoint, and what the source is."""

@@ -30,6 +30,7 @@ from cdcserver.protocol.server import CdcServer, ListenerLimits, ListenerStats
 from cdcserver.protocol.session import SessionContext
 from cdcserver.protocol.throttle import LoginThrottle
 from cdcserver.protocol.users import UsersFile
+from cdcserver.replication.sources import Sources
 from cdcserver.store import transcoder
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
@@ -50,10 +51,12 @@ class Service:
                                block_size=config.store.block_size)
         self.users = UsersFile(config.listener.users_file)
         self.sinks: list[Sink] = [StoreSink(self.store), *self._configured_sinks()]
+        self.sources = Sources(config.source.addresses())  # the replicator moves between them
         self.replication = ReplicationRunner(
             config.source, self.layout, self.catalog, self.sinks,
             flush_interval=config.store.flush_interval,
-            disk_full_retry=config.store.disk_full_retry, defer_decoding=transcoder.takes)
+            disk_full_retry=config.store.disk_full_retry, defer_decoding=transcoder.takes,
+            sources=self.sources)
         self.cleaner = Cleaner(config.retention, config.store.data_dir, self.catalog,
                                lambda: self.store.index)
         self.server: CdcServer | None = None
@@ -146,7 +149,7 @@ class Service:
         """The cleaner, the lag probe, and the dump schedule if one is configured."""
         tasks = [asyncio.create_task(self.cleaner.run(), name="cleaner")]
         if self.monitoring is not None:
-            self.lag = LagProbe(self.config.source.address(), self.stored_state,
+            self.lag = LagProbe(self.sources, self.stored_state,
                                 self.replication.last_commit,
                                 self.config.metrics.lag_interval)
             tasks.append(asyncio.create_task(self.lag.run(), name="lag probe"))
@@ -175,7 +178,7 @@ class Service:
     def _listener(self) -> CdcServer:
         cfg = self.config.listener
         if self.scheduler is None:
-            self.scheduler = DumpScheduler(self.config.dump, self.config.source.address(),
+            self.scheduler = DumpScheduler(self.config.dump, self.sources,
                                            self.config.store.data_dir, self.catalog)
         context = SessionContext(self.catalog, self.users, lambda: self.store.index,
                                  self.config.store.data_dir, self.wait_caught_up,

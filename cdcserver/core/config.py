@@ -125,9 +125,10 @@ def choices(kind: Any) -> tuple[Any, ...]:
 
 @dataclass(frozen=True)
 class SourceConfig:
-    url: str = option("", "the primary, mysql://USER[:PASSWORD]@HOST[:PORT] or "
-                          "mysql://USER@localhost?socket=/path/to.sock", cli="--source",
-                      secret=True)
+    url: str = option("", "the source, mysql://USER[:PASSWORD]@HOST[:PORT] or "
+                          "mysql://USER@localhost?socket=/path/to.sock; or several, "
+                          "comma-separated (the primary and its replicas), in order of "
+                          "preference", cli="--source", secret=True)
     password_file: str = option("", "read the source password from this file (keeps it out of "
                                     "the command line)", cli="--source-password-file")
     server_id: int = option(1234, "replica server_id to register with (unique among the "
@@ -139,9 +140,18 @@ class SourceConfig:
                                    "periods is considered dead", cli="--heartbeat",
                               check=positive)
     report_host: str = option("cdcserver", "host name shown in the primary's SHOW SLAVE HOSTS")
+    failover_after: float = option(10.0, "with several sources: seconds the one being read may "
+                                         "be unreachable before the others are examined",
+                                   cli="--failover-after", check=positive)
 
     def address(self) -> SourceAddress:
-        return parse_source_url(self.url, self._password())
+        """The first source (the preferred one)."""
+        return self.addresses()[0]
+
+    def addresses(self) -> list[SourceAddress]:
+        """Every source, in order of preference."""
+        password = self._password()
+        return [parse_source_url(url, password) for url in split_source_urls(self.url)]
 
     def _password(self) -> str | None:
         if self.password_file:
@@ -492,6 +502,13 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             section, key = dest.split(".", 1)
             overrides.setdefault(section, {})[key] = value
     return overrides
+
+
+def split_source_urls(text: str) -> list[str]:
+    """``mysql://a,mysql://b`` as its URLs (a comma inside a URL, in a password, is
+    percent-encoded: ``%2C``)."""
+    urls = [u.strip() for u in re.split(r",\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)", text.strip())]
+    return [u for u in urls if u] or [""]
 
 
 def parse_source_url(url: str, password: str | None = None) -> SourceAddress:

@@ -28,6 +28,12 @@ class SourceUnavailable(SourceError):
     retriable = True
 
 
+class SourceRefused(SourceError):
+    """The server refused to replicate (its binlog does not hold the position asked for,
+    access denied, a replica with the same server_id): retrying that server cannot help,
+    another may."""
+
+
 class UndecodableEvent(SourceError):
     """A binlog event the service cannot decode. Replication stops *before* the checkpoint
     passes the event, so nothing is skipped; fix the cause and restart."""

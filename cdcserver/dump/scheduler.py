@@ -35,6 +35,7 @@ from cdcserver.dump.dumper import (
     resolve_refs,
     resolve_tables,
 )
+from cdcserver.replication.sources import Sources
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
 from client.format.names import table_ref
@@ -73,10 +74,10 @@ class TableProgress:
 
 
 class DumpScheduler:
-    def __init__(self, config: DumpConfig, address: SourceAddress, data_dir: str,
+    def __init__(self, config: DumpConfig, address: SourceAddress | Sources, data_dir: str,
                  catalog: Catalog) -> None:
         self.config = config
-        self.address = address
+        self.sources = Sources.of(address)
         self.data_dir = data_dir
         self.catalog = catalog
         self.patterns = [p.strip() for p in config.tables.split(",") if p.strip()]
@@ -89,6 +90,11 @@ class DumpScheduler:
         self._loop: asyncio.AbstractEventLoop | None = None
         with contextlib.suppress(RuntimeError):  # made in the service's loop: requests go there
             self._loop = asyncio.get_running_loop()
+
+    @property
+    def address(self) -> SourceAddress:
+        """The server being read now (it changes when the service moves to another)."""
+        return self.sources.current
 
     @property
     def enabled(self) -> bool:

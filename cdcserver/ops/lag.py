@@ -20,6 +20,7 @@ from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import CdcError
 from cdcserver.core.gtid import GtidState
 from cdcserver.replication import source as source_sql
+from cdcserver.replication.sources import Sources
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +43,18 @@ def transactions_behind(source: GtidState, applied: GtidState) -> int:
 
 
 class LagProbe:
-    def __init__(self, address: SourceAddress, applied: Callable[[], GtidState],
+    def __init__(self, address: SourceAddress | Sources, applied: Callable[[], GtidState],
                  last_commit: Callable[[], float | None], interval: float) -> None:
-        self.address = address
+        self.sources = Sources.of(address)
         self.applied = applied  # what every sink has applied
         self.last_commit = last_commit  # the source timestamp of the newest applied commit
         self.interval = interval
         self.lag = Lag()
+
+    @property
+    def address(self) -> SourceAddress:
+        """The server being read now (it changes when the service moves to another)."""
+        return self.sources.current
 
     async def run(self) -> None:
         while True:

@@ -36,6 +36,10 @@ class ReplicationStats:
     queue_bytes: int
     queue_capacity: int
     repair_pending: bool
+    source: str = ""  # the server being read
+    sources: int = 1  # servers it may read
+    source_switches: int = 0  # times it moved to another
+    refused: list[str] = field(default_factory=list)  # servers it could not take, and why
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,10 @@ def _replication(r: ReplicationStats, lag: Lag | None) -> Iterator[Any]:
                  1 if r.connected else 0)
     yield _counter("cdc_replication_reconnects", "replication connections re-established",
                    r.reconnects)
+    yield _counter("cdc_source_switches", "times replication moved to another source",
+                   r.source_switches)
+    yield _gauge("cdc_sources_refused", "sources that cannot continue the stream, as last "
+                 "examined (while the one being read is lost)", len(r.refused))
     yield _gauge("cdc_replication_paused", "1 while replication waits for room in the "
                  "data directory", 1 if r.paused else 0)
     yield _gauge("cdc_replication_lag_seconds", "age of the newest applied commit while "
@@ -170,6 +178,9 @@ def health(stats: ServiceStats, max_lag: float) -> tuple[bool, dict[str, Any]]:
         problems.append(replication.paused)
     elif not replication.started:
         problems.append("replication has not started (checking the source, or waiting for it)")
+    elif not replication.connected and replication.refused and len(replication.refused) >= \
+            replication.sources:
+        problems.append("no source can continue the stream: " + "; ".join(replication.refused))
     elif not replication.connected:
         problems.append("the replication connection is down (reconnecting)")
     if lag is not None and lag.error:
@@ -186,6 +197,8 @@ def health(stats: ServiceStats, max_lag: float) -> tuple[bool, dict[str, Any]]:
             "lag_transactions": lag.transactions if lag else None,
             "lag_measured_at": lag.measured_at if lag and lag.measured_at else None,
         },
+        "source": {"current": replication.source, "sources": replication.sources,
+                   "switches": replication.source_switches, "refused": replication.refused},
         "checkpoint_age_seconds": stats.store.checkpoint_age,
         "tables": stats.store.tables,
         "clients": stats.listener.clients,

@@ -27,7 +27,7 @@ import pymysql
 from pymysqlreplication import BinLogStreamReader
 
 from cdcserver.core.config import SourceAddress
-from cdcserver.core.errors import SourceError, SourceUnavailable
+from cdcserver.core.errors import SourceRefused, SourceUnavailable
 from cdcserver.core.gtid import GtidState
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class BinlogConnection:
         except pymysql.err.OperationalError as exc:
             self.close()
             code = exc.args[0] if exc.args else 0
-            error = SourceError if code in _FATAL_SERVER_ERRORS else SourceUnavailable
+            error = SourceRefused if code in _FATAL_SERVER_ERRORS else SourceUnavailable
             raise error(f"cannot start replication from {self.address.describe()}: "
                         f"{exc}") from exc
         except _CONNECTION_ERRORS as exc:
@@ -119,7 +119,7 @@ class BinlogConnection:
             except pymysql.err.OperationalError as exc:
                 code = exc.args[0] if exc.args else 0
                 if code in _FATAL_SERVER_ERRORS:  # e.g. 1236: the position is not there
-                    raise SourceError(f"the source refused replication: {exc}") from exc
+                    raise SourceRefused(f"the source refused replication: {exc}") from exc
                 raise SourceUnavailable(f"replication connection lost: {exc}") from exc
             except _CONNECTION_ERRORS as exc:
                 raise SourceUnavailable(f"replication connection lost: {exc}") from exc
@@ -130,7 +130,7 @@ class BinlogConnection:
                 errno = int.from_bytes(data[1:3], "little")
                 message = data[9:].decode("utf-8", "replace") if data[3:4] == b"#" \
                     else data[3:].decode("utf-8", "replace")
-                error = SourceError if errno in _FATAL_SERVER_ERRORS else SourceUnavailable
+                error = SourceRefused if errno in _FATAL_SERVER_ERRORS else SourceUnavailable
                 raise error(f"the source ended replication: ({errno}) {message}")
             yield data
 

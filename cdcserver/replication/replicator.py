@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,13 +22,14 @@ import pymysql
 
 from cdcserver.core.changes import Change
 from cdcserver.core.config import SourceAddress
-from cdcserver.core.errors import CdcError, SourceUnavailable
+from cdcserver.core.errors import CdcError, SourceError, SourceRefused, SourceUnavailable
 from cdcserver.core.gtid import GtidState, same_state
 from cdcserver.core.handoff import Handoff, HandoffClosed
 from cdcserver.mariadb.charsets import CollationTable
 from cdcserver.replication import source
 from cdcserver.replication.connection import BinlogConnection
 from cdcserver.replication.decoder import DeferDecoding, EventDecoder
+from cdcserver.replication.sources import Sources
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.store.naming import TableName
 
@@ -54,13 +56,19 @@ class Backoff:
 
 
 class Replicator:
-    def __init__(self, address: SourceAddress, server_id: int, handoff: Handoff,
+    def __init__(self, address: SourceAddress | Sources, server_id: int, handoff: Handoff,
                  start: GtidState, *, blocking: bool = True, heartbeat: float = 5.0,
                  backoff: Backoff = Backoff(), report_host: str = "cdcserver",
                  history: SchemaHistory | None = None, mariadb: bool = True,
                  file: str = "", pos: int = 4,
-                 defer_decoding: DeferDecoding | None = None) -> None:
-        self.address = address
+                 defer_decoding: DeferDecoding | None = None,
+                 failover_after: float = 10.0,
+                 connected_to: Callable[[SourceAddress, int], None] | None = None) -> None:
+        self.sources = Sources.of(address)
+        self.failover_after = failover_after
+        self.connected_to = connected_to  # told the server (and its server_id) on each connect
+        self._lost_since: float | None = None  # when the server being read was lost
+        self._no_source = ""  # the last "no source can continue" message logged
         self.server_id = server_id
         self.handoff = handoff
         self.state = start  # after the last transaction handed over
@@ -82,6 +90,11 @@ class Replicator:
         self._conn: BinlogConnection | None = None
         self._thread: threading.Thread | None = None
 
+    @property
+    def address(self) -> SourceAddress:
+        """The server being read (it changes when the replicator moves to another)."""
+        return self.sources.current
+
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="cdc-replicator", daemon=True)
@@ -102,14 +115,19 @@ class Replicator:
         try:
             collations = self._with_retries(self._collations)
             while not self._stop.is_set():
+                reading = self.sources.index
                 try:
                     if self._stream(collations):
                         break  # a non-blocking dump reached the end of the binlog
-                except SourceUnavailable as exc:
+                except (SourceUnavailable, SourceRefused) as exc:
                     self.connected.clear()
                     if self._stop.is_set():
                         break
-                    self._wait_to_reconnect(exc)
+                    if isinstance(exc, SourceRefused) and not self.sources.several:
+                        raise
+                    self._recover(exc)
+                if self.sources.index != reading:
+                    collations = self._with_retries(self._collations)
             self.handoff.finish()
         except HandoffClosed:
             pass
@@ -151,6 +169,13 @@ class Replicator:
                 if attempt:
                     raise
         return []
+
+    def _server_id(self) -> int:
+        try:
+            return int(self._control_query("SELECT @@GLOBAL.server_id")[0][0])
+        except (pymysql.err.MySQLError, OSError) as exc:
+            raise SourceUnavailable(f"cannot ask {self.address.describe()} for its server_id: "
+                                    f"{exc}") from exc
 
     def _anchored(self) -> bool:
         """Whether the source's binlog is at exactly ``self.state`` at ``self.file:self.pos``.
@@ -206,8 +231,12 @@ class Replicator:
             log.info("replicating from %s as server_id %d, after GTID state '%s'%s",
                      self.address.describe(), self.server_id, self.state,
                      f" at {self.file}:{self.pos}" if by_position else "")
+            if self.connected_to is not None:
+                self.connected_to(self.address, self._server_id())
             self.connected.set()
             self._attempt = 0
+            self._lost_since = None
+            self._no_source = ""
             for packet in conn.packets():
                 if self._stop.is_set():
                     raise SourceUnavailable("stopping")
@@ -243,6 +272,41 @@ class Replicator:
 
     _attempt = 0
 
+    def _recover(self, exc: SourceError) -> None:
+        """The server being read is lost: try it again with backoff; with several sources,
+        once it has been lost for ``failover_after`` seconds (at once if it refused the
+        stream), take the first server that continues the stream exactly."""
+        if not self.sources.several:
+            self._wait_to_reconnect(exc)
+            return
+        now = time.monotonic()
+        if self._lost_since is None:
+            self._lost_since = now
+        if not isinstance(exc, SourceRefused) and now - self._lost_since < self.failover_after:
+            self._wait_to_reconnect(exc)
+            return
+        before = self.sources.current
+        index = self.sources.choose(self.state, self.server_id)
+        if index is None:
+            message = (f"no source can continue the stream after GTID state '{self.state}' "
+                       f"({exc}): " + "; ".join(r.text() for r in self.sources.refusals))
+            if message != self._no_source:
+                log.error("%s; trying again every %.0fs", message, self.failover_after)
+                self._no_source = message
+            self.reconnects += 1
+            self._stop.wait(self.failover_after)
+            return
+        for refusal in self.sources.refusals:
+            log.warning("not reading %s", refusal.text())
+        if index != self.sources.index:
+            self.sources.switch(index)
+            log.warning("moving from %s to %s, after GTID state '%s' (%s)", before.describe(),
+                        self.address.describe(), self.state, exc)
+            if self._control is not None:
+                self._control.close()
+                self._control = None
+        self.reconnects += 1
+
     def _wait_to_reconnect(self, exc: Exception) -> None:
         delays = self.backoff.delays() or [self.backoff.maximum]
         delay = delays[min(self._attempt, len(delays) - 1)]
@@ -258,4 +322,4 @@ class Replicator:
             except SourceUnavailable as exc:
                 if self._stop.is_set():
                     raise
-                self._wait_to_reconnect(exc)
+                self._recover(exc)

@@ -53,6 +53,7 @@ from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import SchemaError, SourceError, SourceUnavailable
 from cdcserver.core.gtid import BinlogPosition, binlog_ordinal, same_state
 from cdcserver.dump.snapshot import DefinitionChanged, SnapshotPoint
+from cdcserver.replication.sources import Sources
 from cdcserver.reread.readview import ReadView
 from cdcserver.reread.values import from_text
 from cdcserver.reread.view import Row, TableView, Views, key_names
@@ -95,9 +96,9 @@ class _Pending:
 
 
 class Repairer:
-    def __init__(self, address: SourceAddress, catalog: Catalog, views: Views,
+    def __init__(self, address: SourceAddress | Sources, catalog: Catalog, views: Views,
                  stats: RepairStats | None = None) -> None:
-        self.address = address
+        self.sources = Sources.of(address)
         self.catalog = catalog
         self.views = views
         self.stats = stats if stats is not None else RepairStats()
@@ -109,6 +110,11 @@ class Repairer:
         self._sequence_rows: dict[TableName, Row] = {}  # sequences it wrote, their new row
         self._batch_rows: list[Rows] = []  # committed earlier in this batch (not in the store)
         self._reissue: list[tuple[list[Rowless], str]] = []  # to read again at this commit
+
+    @property
+    def address(self) -> SourceAddress:
+        """The server being read now (it changes when the service moves to another)."""
+        return self.sources.current
 
     @property
     def pending(self) -> bool:

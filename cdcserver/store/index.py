@@ -405,11 +405,15 @@ class Window:
     before: dict[tuple[int, str], Gtid]
 
 
-def window(path: str, after: tuple[str, int], upto: tuple[str, int]) -> Window:
+def window(path: str, after: tuple[str, int], upto: tuple[str, int], floor: GtidState
+           ) -> Window:
     """The transactions of the index at ``path`` that end after binlog position ``after``
-    and at or before ``upto``. The log is read back from its newest entry to the first
-    that ends at or before ``after``: the cost is the window's, not the history's (the
-    store applies one source's transactions in binlog order)."""
+    and at or before ``upto``, on the server whose GTID state was ``floor`` before
+    ``after``. The log is read back from its newest entry to the first that ``floor``
+    covers or that ends at or before ``after``: the cost is the window's, not the
+    history's (the store applies one server's transactions in binlog order; those it
+    applied from a server read before, whose positions are not comparable, are covered by
+    ``floor``)."""
     low, high = binlog_ordinal(*after), binlog_ordinal(*upto)
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
@@ -418,7 +422,7 @@ def window(path: str, after: tuple[str, int], upto: tuple[str, int]) -> Window:
         for row in db.execute(f"SELECT {_COLUMNS} FROM transactions ORDER BY id DESC"):
             info = _transaction(row)
             at = binlog_ordinal(info.file, info.pos)
-            if at <= low:
+            if at <= low or floor.covers(info.gtid):
                 break
             first = info.ordinal
             if at <= high:

@@ -13,6 +13,7 @@ names under the data directory.
                 schema_history.jsonl every schema change, with its GTID
                 views.sqlite         the stream's own view of tables, for repairs
                 kafka.json           what the Kafka sink has delivered
+                source.json          the server replication reads now (its server_id)
                 writer.lock          held by the one process that writes here
                 .room-probe          written and removed to tell a full disk has room again
 """
@@ -47,6 +48,7 @@ class DataDir:
     schema_history = _Path("state", "schema_history.jsonl")
     views = _Path("state", "views.sqlite")
     kafka_state = _Path("state", "kafka.json")
+    source = _Path("state", "source.json")
     writer_lock = _Path("state", "writer.lock")
     room_probe = _Path("state", ".room-probe")
 
