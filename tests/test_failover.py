@@ -195,7 +195,7 @@ async def _caught_up(cdc: RunningService, server: EmbeddedMariaDB) -> None:
 
 
 async def _assert_exactly_once(cdc: RunningService, server: EmbeddedMariaDB,
-                               writer: Writer) -> None:
+                               writer: Writer) -> Any:
     conn = server.connect()
     try:
         rebuilt = await assert_stream_equals_table(cdc.port, conn, "shop", "orders",
@@ -206,6 +206,7 @@ async def _assert_exactly_once(cdc: RunningService, server: EmbeddedMariaDB,
                   for r in rebuilt.records]
     assert len(identities) == len(set(identities)), "a record was delivered twice"
     assert len(rebuilt.records) == writer.records, (len(rebuilt.records), writer.records)
+    return rebuilt
 
 
 async def test_a_promotion_under_writes_continues_the_stream_exactly_once(
@@ -357,3 +358,45 @@ async def test_a_chunked_dump_after_a_move_reads_the_new_server_exactly(
             assert one_snapshot == (server is other), caplog.text
     finally:
         await cdc.stop()
+
+
+async def test_a_replica_is_a_source_only_if_it_logs_what_it_applies(
+        tmp_path: os.PathLike[str], topology: Topology, users_file: str) -> None:
+    """The recommended set-up: the service reads a replica (log_slave_updates), and the
+    stream is the primary's, with its GTIDs. A replica without log_slave_updates would give
+    a stream without the primary's writes: the preflight refuses it, with the fix."""
+    from cdcserver.core.config import parse_source_url
+    from cdcserver.replication.preflight import check_source
+
+    _create_table(topology)
+    replica = topology.servers[1]
+    topology.wait_replicated()
+    config = make_config(os.path.join(tmp_path, "data"), replica.url(), users_file)
+    cdc = await start_service(config)
+    try:
+        with Writer(topology) as writer:
+            await eventually(lambda: asyncio.sleep(0.1, writer.transactions),
+                             lambda n: n >= 100)
+            writer.pause()
+        topology.wait_replicated()
+        await _caught_up(cdc, replica)
+        rebuilt = await _assert_exactly_once(cdc, replica, writer)
+        assert {r["server_id"] for r in rebuilt.records} == {1}  # the primary's GTIDs
+    finally:
+        await cdc.stop()
+
+    lone = EmbeddedMariaDB(os.path.join(tmp_path, "lone"), port=0, server_id=9).start()
+    try:
+        topology.point(lone, topology.primary)
+        wait_until(lambda: gtid_binlog_pos(lone) == "" and bool(
+            lone.query("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA='shop'")),
+            30, "the replica without log_slave_updates has the table")
+        report = check_source(parse_source_url(lone.url()))
+        (finding,) = [f for f in report.fatal if f.check == "replica"]
+        assert "without log_slave_updates" in finding.detail
+        assert "log_slave_updates = ON" in finding.fix
+        report = check_source(parse_source_url(replica.url()))
+        assert not report.fatal and any(f.check == "replica" and "logs what it applies" in
+                                        f.detail for f in report.findings), report.text()
+    finally:
+        lone.kill()

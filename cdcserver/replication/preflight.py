@@ -108,6 +108,7 @@ def _findings(conn: Any, info: source_sql.SourceInfo, replica_server_id: int | N
     found.append(_gtid(conn, v, info.flavor))
     found += _privileges(conn, account, info.flavor)
     found.append(_retention(conn, info.flavor))
+    found.append(_replica(conn, v, info.flavor))
     if replica_server_id is not None:
         found.append(_server_id(v, replica_server_id))
     return found
@@ -272,6 +273,37 @@ def _retention_seconds(conn: Any, flavor: str) -> float:
     if values.get("binlog_expire_logs_seconds"):
         return values["binlog_expire_logs_seconds"]
     return values.get("expire_logs_days", 0.0) * 86400
+
+
+def replica_status(conn: Any, flavor: str) -> list[tuple[Any, ...]] | None:
+    """The server's replication connections (empty: not a replica; None: it would not say,
+    for want of the REPLICA MONITOR privilege)."""
+    try:
+        return source_sql.query(conn, "SHOW ALL SLAVES STATUS" if flavor == "mariadb"
+                                else "SHOW SLAVE STATUS")
+    except pymysql.err.MySQLError:
+        return None
+
+
+def _replica(conn: Any, v: dict[str, str], flavor: str) -> Finding:
+    """A replica can be the source only if it logs what it applies."""
+    logs = v.get("log_slave_updates", "").upper() in ("ON", "1")
+    status = replica_status(conn, flavor)
+    if status is None:
+        return Finding("replica", Severity.OK if logs else Severity.WARNING,
+                       "cannot tell whether the server is a replica (SHOW SLAVE STATUS needs "
+                       "the REPLICA MONITOR privilege)" + (
+                           "" if logs else "; if it is one, without log_slave_updates its "
+                           "binlog misses what it replicates"))
+    if not status:
+        return Finding("replica", Severity.OK, "not a replica")
+    if logs:
+        return Finding("replica", Severity.OK, "a replica that logs what it applies "
+                                               "(log_slave_updates)")
+    return Finding("replica", Severity.FATAL,
+                   "a replica without log_slave_updates: its binlog does not hold the "
+                   "transactions it replicates, so the stream would miss them",
+                   "in the replica's configuration, then restart it:\n  log_slave_updates = ON")
 
 
 def _server_id(v: dict[str, str], replica_server_id: int) -> Finding:

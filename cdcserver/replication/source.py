@@ -61,7 +61,7 @@ def query(conn: Any, sql: str, args: tuple[object, ...] = ()) -> list[tuple[Any,
 
 _VARIABLES = ("log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata",
               "gtid_strict_mode", "binlog_checksum", "server_id", "gtid_binlog_pos",
-              "log_bin_compress", "version_comment")
+              "log_bin_compress", "version_comment", "log_slave_updates")
 
 
 def estimated_rows(conn: Any, database: str, table: str) -> int:

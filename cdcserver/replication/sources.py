@@ -131,7 +131,7 @@ def _behind(conn: pymysql.connections.Connection, binlog: GtidState, stored: Gti
     text = (f"behind: its binlog ends at '{binlog}', without "
             f"{', '.join(str(g) for g in missing)} which the stream holds (stored: "
             f"'{stored}')")
-    replica = source_sql.query(conn, "SHOW ALL SLAVES STATUS")
+    replica = preflight.replica_status(conn, "mariadb")
     if replica:
         logs = str(source_sql.query(conn, "SELECT @@GLOBAL.log_slave_updates")[0][0])
         applied = str(source_sql.query(conn, "SELECT @@GLOBAL.gtid_slave_pos")[0][0] or "")
