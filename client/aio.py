@@ -17,6 +17,7 @@ import uuid as uuidlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from client.endpoints import Endpoints
 from client.format.dump import DumpDecoder, DumpHeader, DumpRows
 from client.format.names import Table, TableRef, as_table
 from client.format.wire import (
@@ -142,11 +143,14 @@ class CdcConnection:
 
 
 class CdcClient:
+    """``host`` may name several service instances, ``HOST[:PORT],...``
+    (:mod:`client.endpoints`): the client moves to the next when one fails."""
+
     def __init__(self, host: str, port: int, user: str, password: str, *,
                  format: str | Format = Format.JSON, ssl: Any = None,
                  timeout: float = 10.0, retry_delays: tuple[float, ...] = (0.1, 0.5, 1, 2, 5),
                  max_retries: int | None = None) -> None:
-        self.host, self.port = host, port
+        self.endpoints = Endpoints.of(host, port)
         self.user, self.password = user, password
         self.format = Format(format)
         self.ssl = ssl
@@ -160,9 +164,29 @@ class CdcClient:
     async def __aexit__(self, *exc: object) -> None:
         return None
 
+    @property
+    def host(self) -> str:
+        """The instance in use."""
+        return self.endpoints.current[0]
+
+    @property
+    def port(self) -> int:
+        return self.endpoints.current[1]
+
     async def connect(self) -> CdcConnection:
+        """A connection to the instance in use."""
         return await CdcConnection.open(self.host, self.port, self.user, self.password,
                                         format=self.format, ssl=self.ssl, timeout=self.timeout)
+
+    async def _connect_any(self) -> CdcConnection:
+        """A connection to the instance in use, else to each of the others in turn."""
+        for _ in range(len(self.endpoints.all) - 1):
+            try:
+                return await self.connect()
+            except RETRIABLE as exc:
+                log.warning("CDC connection to %s failed (%s)", self.endpoints.describe(), exc)
+                self.endpoints.failed()
+        return await self.connect()
 
     async def stream(self, table: Table, *, version: int | None = None,
                      gtid: str | None = None, after: str | None = None
@@ -200,6 +224,7 @@ class CdcClient:
             try:
                 async for event in conn.request(request):
                     failures = 0
+                    self.endpoints.succeeded()
                     if resume.accept(event):
                         yield event
             except RETRIABLE as exc:
@@ -216,7 +241,7 @@ class CdcClient:
 
     async def list_dumps(self, table: Table | None = None) -> list[dict[str, Any]]:
         """The server's complete dumps (of ``table``), oldest first."""
-        conn = await self.connect()
+        conn = await self._connect_any()
         try:
             return await conn.list_dumps(table)
         finally:
@@ -227,7 +252,7 @@ class CdcClient:
         """Save a dump (``db.table`` for its newest, or a dump name) to ``path`` as the
         server has it, checking its checksum; ``progress(received, total)`` after each
         piece."""
-        conn = await self.connect()
+        conn = await self._connect_any()
         try:
             size, _ = await conn.request_dump(DumpRequest.of(target))
             decoder = DumpDecoder()
@@ -251,7 +276,7 @@ class CdcClient:
         """A table's newest dump (or the dump named ``target``): its header, its row
         operations, then with ``follow`` the changes after it, forever (reconnecting as
         :meth:`stream` does). The dump plus what follows is the table."""
-        conn = await self.connect()
+        conn = await self._connect_any()
         try:
             size, _ = await conn.request_dump(DumpRequest.of(target, follow))
             decoder = DumpDecoder()
@@ -273,23 +298,30 @@ class CdcClient:
             yield event
 
     async def _backoff(self, failures: int, exc: BaseException) -> int:
+        """After a failure: the next instance at once, or (every one failed in a row) a
+        wait before the next round."""
         if self.max_retries is not None and failures >= self.max_retries:
             raise exc
-        delay = self.retry_delays[min(failures, len(self.retry_delays) - 1)]
-        log.warning("CDC connection to %s:%d failed (%s); retrying in %.1fs", self.host,
-                    self.port, exc, delay)
+        tried = self.endpoints.describe()
+        if not self.endpoints.failed():
+            log.warning("CDC connection to %s failed (%s); continuing on %s", tried, exc,
+                        self.endpoints.describe())
+            return failures + 1
+        rounds = failures // len(self.endpoints.all)
+        delay = self.retry_delays[min(rounds, len(self.retry_delays) - 1)]
+        log.warning("CDC connection to %s failed (%s); retrying in %.1fs", tried, exc, delay)
         await asyncio.sleep(delay)
         return failures + 1
 
     async def last_transaction(self) -> dict[str, Any]:
-        conn = await self.connect()
+        conn = await self._connect_any()
         try:
             return await conn.query("QUERY-LAST-TRANSACTION", self.timeout)
         finally:
             await conn.close()
 
     async def transaction(self, gtid: str) -> dict[str, Any]:
-        conn = await self.connect()
+        conn = await self._connect_any()
         try:
             return await conn.query(f"QUERY-TRANSACTION {gtid}", self.timeout)
         finally:

@@ -36,6 +36,7 @@ import ssl
 import sys
 import time
 
+from client.endpoints import Endpoints
 from client.format.dump import DumpDecoder, DumpError, DumpHeader
 from client.format.names import BadTableRef, parse_table
 from client.format.wire import (
@@ -52,7 +53,9 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 
 def _connection_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-h", "--host", default="localhost", help="server address")
+    parser.add_argument("-h", "--host", default="localhost",
+                        help="server address; several service instances as HOST[:PORT],... "
+                             "(the first that answers is used)")
     parser.add_argument("-P", "--port", type=int, default=4001, help="server port")
     parser.add_argument("-u", "--user", default="", help="user name")
     parser.add_argument("-p", "--password", default=None,
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         conn = _open(args)
-    except (ProtocolError, OSError) as exc:
+    except (ProtocolError, OSError, ValueError) as exc:
         print(f"cdc: {exc}", file=sys.stderr)
         return EXIT_ERROR
     try:
@@ -134,9 +137,19 @@ def _open(args: argparse.Namespace) -> SyncCdcConnection:
     tls = None
     if args.tls or args.tls_ca:
         tls = ssl.create_default_context(cafile=args.tls_ca)
-    return SyncCdcConnection.open(args.host, args.port, args.user, password,
-                                  format=Format(args.format), ssl=tls,
-                                  timeout=args.timeout or 10.0)
+    endpoints = Endpoints.of(args.host, args.port)
+    for _ in range(len(endpoints.all)):
+        host, port = endpoints.current
+        try:
+            return SyncCdcConnection.open(host, port, args.user, password,
+                                          format=Format(args.format), ssl=tls,
+                                          timeout=args.timeout or 10.0)
+        except OSError as exc:
+            tried = endpoints.describe()
+            if endpoints.failed():
+                raise
+            print(f"cdc: {tried}: {exc}; trying {endpoints.describe()}", file=sys.stderr)
+    raise AssertionError("unreachable")
 
 
 def _copy_stream(conn: SyncCdcConnection, request: DataRequest | None, timeout: float) -> int:
@@ -195,7 +208,7 @@ def _query(command: str, with_gtid: bool):  # type: ignore[no-untyped-def]
                 print(json.dumps(conn.query(line)))
             finally:
                 conn.close()
-        except (TimeoutError, ProtocolError, OSError) as exc:
+        except (TimeoutError, ProtocolError, OSError, ValueError) as exc:
             print(f"cdc: {exc}", file=sys.stderr)
             return EXIT_ERROR
         return EXIT_OK
@@ -221,7 +234,7 @@ def _dumps(argv: list[str]) -> int:
                 print(json.dumps(dump))
         finally:
             conn.close()
-    except (TimeoutError, ProtocolError, OSError) as exc:
+    except (TimeoutError, ProtocolError, OSError, ValueError) as exc:
         print(f"cdc: {exc}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK
@@ -244,7 +257,7 @@ def _dump(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         conn = _open(args)
-    except (ProtocolError, OSError) as exc:
+    except (ProtocolError, OSError, ValueError) as exc:
         print(f"cdc: {exc}", file=sys.stderr)
         return EXIT_ERROR
     try:

@@ -18,6 +18,7 @@ import uuid as uuidlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from client.endpoints import Endpoints
 from client.format.dump import DumpDecoder, DumpHeader, DumpRows
 from client.format.names import Table, TableRef, as_table
 from client.format.wire import (
@@ -171,7 +172,7 @@ class SyncCdcClient:
                  ssl: ssl_module.SSLContext | None = None, timeout: float = 10.0,
                  retry_delays: tuple[float, ...] = (0.1, 0.5, 1, 2, 5),
                  max_retries: int | None = None) -> None:
-        self.host, self.port = host, port
+        self.endpoints = Endpoints.of(host, port)  # several: see client.endpoints
         self.user, self.password = user, password
         self.format = Format(format)
         self.ssl = ssl
@@ -185,9 +186,29 @@ class SyncCdcClient:
     def __exit__(self, *exc: object) -> None:
         return None
 
+    @property
+    def host(self) -> str:
+        """The instance in use."""
+        return self.endpoints.current[0]
+
+    @property
+    def port(self) -> int:
+        return self.endpoints.current[1]
+
     def connect(self) -> SyncCdcConnection:
+        """A connection to the instance in use."""
         return SyncCdcConnection.open(self.host, self.port, self.user, self.password,
                                       format=self.format, ssl=self.ssl, timeout=self.timeout)
+
+    def _connect_any(self) -> SyncCdcConnection:
+        """A connection to the instance in use, else to each of the others in turn."""
+        for _ in range(len(self.endpoints.all) - 1):
+            try:
+                return self.connect()
+            except OSError as exc:
+                log.warning("CDC connection to %s failed (%s)", self.endpoints.describe(), exc)
+                self.endpoints.failed()
+        return self.connect()
 
     def stream(self, table: Table, *, version: int | None = None, gtid: str | None = None,
                after: str | None = None, idle_timeout: float | None = None
@@ -211,6 +232,7 @@ class SyncCdcClient:
                 try:
                     for event in conn.request(request, idle_timeout):
                         failures = 0
+                        self.endpoints.succeeded()
                         if resume.accept(event):
                             yield event
                     return
@@ -222,15 +244,22 @@ class SyncCdcClient:
                     raise
                 if self.max_retries is not None and failures >= self.max_retries:
                     raise
-                delay = self.retry_delays[min(failures, len(self.retry_delays) - 1)]
+                tried = self.endpoints.describe()
                 failures += 1
-                log.warning("CDC connection failed (%s); retrying in %.1fs", exc, delay)
+                if not self.endpoints.failed():  # the next instance at once
+                    log.warning("CDC connection to %s failed (%s); continuing on %s", tried,
+                                exc, self.endpoints.describe())
+                    continue
+                rounds = (failures - 1) // len(self.endpoints.all)
+                delay = self.retry_delays[min(rounds, len(self.retry_delays) - 1)]
+                log.warning("CDC connection to %s failed (%s); retrying in %.1fs", tried, exc,
+                            delay)
                 time.sleep(delay)
 
     # -- dumps (extensions) ------------------------------------------------------------
 
     def list_dumps(self, table: Table | None = None) -> list[dict[str, Any]]:
-        conn = self.connect()
+        conn = self._connect_any()
         try:
             return conn.list_dumps(table)
         finally:
@@ -239,7 +268,7 @@ class SyncCdcClient:
     def fetch_dump(self, target: Table, path: str,
                    progress: Callable[[int, int], None] | None = None) -> DumpHeader:
         """Like :meth:`client.aio.CdcClient.fetch_dump`."""
-        conn = self.connect()
+        conn = self._connect_any()
         try:
             size, _ = conn.request_dump(DumpRequest.of(target))
             decoder = DumpDecoder()
@@ -259,7 +288,7 @@ class SyncCdcClient:
              idle_timeout: float | None = None) -> Iterator[DumpHeader | DumpRows | Event]:
         """Like :meth:`client.aio.CdcClient.dump`; with ``idle_timeout`` the iterator ends
         once nothing new arrived for that long after the dump."""
-        conn: SyncCdcConnection | None = self.connect()
+        conn: SyncCdcConnection | None = self._connect_any()
         assert conn is not None
         try:
             size, _ = conn.request_dump(DumpRequest.of(target, follow))
@@ -280,14 +309,14 @@ class SyncCdcClient:
                                 conn)
 
     def last_transaction(self) -> dict[str, Any]:
-        conn = self.connect()
+        conn = self._connect_any()
         try:
             return conn.query("QUERY-LAST-TRANSACTION")
         finally:
             conn.close()
 
     def transaction(self, gtid: str) -> dict[str, Any]:
-        conn = self.connect()
+        conn = self._connect_any()
         try:
             return conn.query(f"QUERY-TRANSACTION {gtid}")
         finally:

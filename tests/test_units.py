@@ -552,3 +552,22 @@ def test_a_chunked_dump_buffer_spills_to_a_file_and_drains_in_order(tmp_path) ->
     buffer.drain(out.append)
     assert out == [b"rs"] and buffer.spill is None
     buffer.close()
+
+
+def test_several_service_endpoints_and_when_to_wait() -> None:
+    from client.endpoints import Endpoints, parse_endpoints
+
+    assert parse_endpoints("cdc1, cdc2:4002,[::1]:4003,::1", 4001) == [
+        ("cdc1", 4001), ("cdc2", 4002), ("::1", 4003), ("::1", 4001)]
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        parse_endpoints("cdc1:http", 4001)
+    with pytest.raises(ValueError, match="no server"):
+        parse_endpoints(" , ", 4001)
+    endpoints = Endpoints.of("a,b,c", 1)
+    # a failure moves to the next at once; a wait only after every one failed in a row
+    assert [endpoints.failed() for _ in range(6)] == [False, False, True] * 2
+    assert endpoints.current == ("a", 1)
+    endpoints.failed()
+    endpoints.succeeded()  # b delivered: a new round starts from it
+    assert [endpoints.failed() for _ in range(3)] == [False, False, True]
+    assert Endpoints.of("solo", 9).failed() is True  # one instance: always back off

@@ -1,0 +1,148 @@
+"""Service instances are interchangeable: two ``cdcserver run`` processes replicating the same
+source give the same stream, so a client given both follows a table across ``kill -9`` of the
+instance it reads, again and again, with nothing lost and nothing twice.
+
+The client library is what is tested here (``CdcClient`` with ``host="a:p1,b:p2"``); the
+oracle is the table itself: the records received are applied to a dict by key and compared
+with ``SELECT``, and their count with what the writer's statements made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pytest
+
+from cdcserver.app.embedded import free_port
+from client import CdcClient, ChangeRecord
+from tests.conftest import Source
+from tests.helpers import PASSWORD, USER, eventually
+
+pytestmark = pytest.mark.mariadb
+
+
+class Instance:
+    """One ``cdcserver run`` on a fixed port, restartable on it."""
+
+    def __init__(self, base: str, source: Source, users: str, server_id: int) -> None:
+        self.port = free_port()
+        exe = os.path.join(os.path.dirname(sys.executable), "cdcserver")
+        self.args = [exe, "run", "--source", source.url, "--data-dir",
+                     os.path.join(base, "data"), "--listen", f"127.0.0.1:{self.port}",
+                     "--metrics-listen", "", "--users-file", users, "--server-id",
+                     str(server_id), "--flush-interval", "0.05", "--start-gtid", "oldest",
+                     "--log-level", "warning"]
+        self.log = os.path.join(base, "service.log")
+        os.makedirs(base, exist_ok=True)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=log,
+                                            start_new_session=True)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(30)
+
+
+class Writer:
+    """Inserts, updates and deletes on ``orders`` in its own thread, counting the records
+    they make, until stopped."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.random = random.Random(5)
+        self.records = 0
+        self.next_id = 1
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        conn = self.source.server.connect(self.source.database)
+        rnd = self.random
+        try:
+            with conn.cursor() as cur:
+                while not self.stop.is_set():
+                    action = rnd.random()
+                    if action < 0.6 or self.next_id < 10:
+                        cur.execute("INSERT INTO orders VALUES (%s, %s)",
+                                    (self.next_id, rnd.randint(1, 1000)))
+                        self.next_id += 1
+                        self.records += 1
+                    elif action < 0.85:
+                        self.records += 2 * cur.execute(
+                            "UPDATE orders SET amount = amount + 1 WHERE id = %s",
+                            (rnd.randrange(1, self.next_id),))
+                    else:
+                        self.records += cur.execute("DELETE FROM orders WHERE id = %s",
+                                                    (rnd.randrange(1, self.next_id),))
+                    self.stop.wait(0.002)
+        finally:
+            conn.close()
+
+
+async def test_a_client_follows_two_instances_across_repeated_kill_9(
+        tmp_path: os.PathLike[str], source: Source, users_file: str) -> None:
+    source.execute(f"CREATE TABLE `{source.database}`.orders (id INT PRIMARY KEY, "
+                   "amount INT)")
+    instances = [Instance(os.path.join(tmp_path, name), source, users_file, server_id)
+                 for name, server_id in (("a", 6101), ("b", 6102))]
+    for instance in instances:
+        instance.start()
+    writer = Writer(source)
+    writer.thread.start()
+    received: list[ChangeRecord] = []
+    client = CdcClient(",".join(f"127.0.0.1:{i.port}" for i in instances), 0, USER, PASSWORD,
+                       retry_delays=(0.1, 0.2, 0.5))
+
+    async def follow() -> None:
+        async for event in client.stream(f"{source.database}.orders"):
+            if isinstance(event, ChangeRecord):
+                received.append(event)
+
+    following = asyncio.create_task(follow())
+    try:
+        await eventually(lambda: asyncio.sleep(0.1, len(received)), lambda n: n >= 200,
+                         timeout=60)
+        moves = []
+        for _ in range(3):  # kill the instance in use; the other takes over; restart it
+            in_use = instances[client.endpoints.index]
+            moves.append(in_use.port)
+            in_use.kill()
+            before = len(received)
+            await eventually(lambda: asyncio.sleep(0.1, len(received)),
+                             lambda n, b=before: n >= b + 200, timeout=60)
+            assert client.endpoints.current[1] != in_use.port
+            in_use.start()
+            await asyncio.sleep(1.0)
+        writer.stop.set()
+        writer.thread.join(30)
+        await eventually(lambda: asyncio.sleep(0.2, len(received)),
+                         lambda n: n >= writer.records, timeout=60)
+        await asyncio.sleep(1.0)  # anything more would be a duplicate
+    finally:
+        writer.stop.set()
+        following.cancel()
+        for instance in instances:
+            instance.kill()
+    assert len(set(moves)) == 2  # each instance was killed under the client
+    identities = [(r.domain, r.server_id, r.sequence, r.event_number) for r in received]
+    assert len(identities) == len(set(identities)), "a record arrived twice"
+    assert len(received) == writer.records
+    table: dict[int, Any] = {}
+    for record in received:
+        if record.event_type in ("insert", "update_after"):
+            table[record.values["id"]] = record.values["amount"]
+        else:
+            table.pop(record.values["id"], None)
+    rows = dict(source.query(f"SELECT id, amount FROM `{source.database}`.orders"))
+    assert table == rows
