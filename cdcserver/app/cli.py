@@ -7,6 +7,7 @@
     cdcserver dump DB.TABLE|DB.* [...] --source URL --data-dir DIR [--restart]
     cdcserver dumps [DB.TABLE] --data-dir DIR
     cdcserver schema forget DB.TABLE --data-dir DIR
+    cdcserver resync --source URL --data-dir DIR     after the source purged the binlog it needed
     cdcserver demo        a private MariaDB with sample data, and the service on top of it
 """
 
@@ -143,6 +144,15 @@ def _parser() -> argparse.ArgumentParser:
     dumps.add_argument("table", nargs="?", metavar="DB.TABLE")
     _source_and_store_options(dumps)
     dumps.set_defaults(handler=cmd_dumps)
+
+    resync = commands.add_parser(
+        "resync", help="the way out when the source purged the binlog the stream needs: a "
+                       "resync version of every table, dumps, and the stream from the source's "
+                       "position now (service stopped)")
+    _source_and_store_options(resync, "source.server_id")
+    resync.add_argument("--no-dumps", action="store_true",
+                        help="do not dump the tables (take them later with cdcserver dump)")
+    resync.set_defaults(handler=cmd_resync)
 
     schema = commands.add_parser("schema", help="the schema history")
     schema_commands = schema.add_subparsers(metavar="ACTION", required=True)
@@ -324,6 +334,24 @@ def cmd_dumps(args: argparse.Namespace) -> int:
         h = info.header
         print(f"{info.name}  {h.rows} rows  {info.size} bytes  GTID {h.gtid or '-'}  "
               f"stream version {h.stream_version}")
+    return EXIT_OK
+
+
+def cmd_resync(args: argparse.Namespace) -> int:
+    from cdcserver.ops.resync import resync
+
+    config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
+    logs.setup(config.log.level, config.log.format)
+    result = resync(config, dump=not args.no_dumps)
+    print(f"the source had purged the binlog after '{result.stored}': {result.reason}")
+    print(f"the stream continues at '{result.point.gtid_state}' ({result.point.file}:"
+          f"{result.point.pos}); a resync version for {len(result.versions)} tables"
+          + (f", {len(result.dropped)} dropped meanwhile" if result.dropped else ""))
+    for dumped in result.dumps:
+        info = dumped.info
+        print(f"{info.name}: {info.header.rows} rows at GTID {info.header.gtid or '(none)'}")
+    print("start the service: clients following a table see its resync version and reload "
+          "it from its dump")
     return EXIT_OK
 
 

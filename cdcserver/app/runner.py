@@ -20,7 +20,13 @@ from typing import TypeVar
 
 from cdcserver.core.changes import Abort
 from cdcserver.core.config import SourceAddress, SourceConfig
-from cdcserver.core.errors import ConfigError, DiskFull, SourceError, SourceUnavailable
+from cdcserver.core.errors import (
+    BinlogPurged,
+    ConfigError,
+    DiskFull,
+    SourceError,
+    SourceUnavailable,
+)
 from cdcserver.core.gtid import BinlogPosition, GtidState
 from cdcserver.core.handoff import Handoff
 from cdcserver.core.pipeline import Pipeline, Sink, SourceInfo, start_position
@@ -60,6 +66,8 @@ class ReplicationRunner:
         self.pipeline: Pipeline | None = None
         self.handoff: Handoff | None = None
         self.paused = ""
+        self.stopped = ""  # why replication stopped for good while the service serves on
+        self._halted = asyncio.Event()  # set by stop()
         self.repair_stats = RepairStats()  # changes without binlog rows, and their repairs
         self.replicating = asyncio.Event()  # set once the replicator is started
         self._replaced: asyncio.Future[None] | None = None
@@ -73,6 +81,7 @@ class ReplicationRunner:
             connected=replicator is not None and replicator.connected.is_set(),
             reconnects=replicator.reconnects if replicator is not None else 0,
             paused=self.paused,
+            stopped=self.stopped,
             transactions=pipeline.transactions if pipeline is not None else 0,
             queue_bytes=handoff.in_flight if handoff is not None else 0,
             queue_capacity=handoff.capacity if handoff is not None else 0,
@@ -118,6 +127,9 @@ class ReplicationRunner:
             try:
                 await self._replicate_from(default, info)
                 return
+            except BinlogPurged as exc:
+                await self._stopped_by_purge(exc)
+                return
             except (DiskFull, OSError) as exc:
                 if isinstance(exc, OSError) and exc.errno not in DISK_FULL_ERRNOS:
                     raise
@@ -125,6 +137,7 @@ class ReplicationRunner:
 
     async def stop(self) -> None:
         """Stop reading the binlog; the pipeline then ends after its final flush."""
+        self._halted.set()
         if self.replicator is not None:
             await asyncio.to_thread(self.replicator.stop)
 
@@ -162,6 +175,19 @@ class ReplicationRunner:
             handoff.close()
             await asyncio.to_thread(self.replicator.stop)
             views.close()
+
+    async def _stopped_by_purge(self, exc: BinlogPurged) -> None:
+        """The binlog after the stored state is gone: say so once, with the way out, and
+        serve what is stored until stopped (``/health`` says it too)."""
+        state = self.pipeline.state if self.pipeline is not None else None
+        self.stopped = (
+            f"replication stopped: the source no longer holds the binlog after GTID state "
+            f"'{state}' (purged), so the changes since then are lost to the stream. The way "
+            "out: stop the service and run `cdcserver resync` with its configuration (it "
+            "marks every table in the stream, dumps each, and replication continues from the "
+            "source's position then)")
+        log.error("%s [%s]", self.stopped, exc)
+        await self._halted.wait()
 
     def _record_source(self, address: SourceAddress, server_id: int) -> None:
         """Which server replication reads (``state/source.json``): a chunked dump compares

@@ -34,6 +34,11 @@ class SourceRefused(SourceError):
     another may."""
 
 
+class BinlogPurged(SourceRefused):
+    """The server no longer holds the binlog the stream needs next: the changes between
+    are lost to it (``cdcserver resync`` is the way out)."""
+
+
 class UndecodableEvent(SourceError):
     """A binlog event the service cannot decode. Replication stops *before* the checkpoint
     passes the event, so nothing is skipped; fix the cause and restart."""

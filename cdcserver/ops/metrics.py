@@ -36,6 +36,7 @@ class ReplicationStats:
     queue_bytes: int
     queue_capacity: int
     repair_pending: bool
+    stopped: str = ""  # why replication stopped for good (a purged binlog), "" otherwise
     source: str = ""  # the server being read
     sources: int = 1  # servers it may read
     source_switches: int = 0  # times it moved to another
@@ -82,6 +83,8 @@ def _replication(r: ReplicationStats, lag: Lag | None) -> Iterator[Any]:
                  1 if r.connected else 0)
     yield _counter("cdc_replication_reconnects", "replication connections re-established",
                    r.reconnects)
+    yield _gauge("cdc_replication_stopped", "1 once replication stopped for good (the binlog "
+                 "it needs was purged: see /health)", 1 if r.stopped else 0)
     yield _counter("cdc_source_switches", "times replication moved to another source",
                    r.source_switches)
     yield _gauge("cdc_sources_refused", "sources that cannot continue the stream, as last "
@@ -174,7 +177,9 @@ def health(stats: ServiceStats, max_lag: float) -> tuple[bool, dict[str, Any]]:
     lag is known and at most ``max_lag`` seconds."""
     replication, lag = stats.replication, stats.lag
     problems = []
-    if replication.paused:
+    if replication.stopped:
+        problems.append(replication.stopped)
+    elif replication.paused:
         problems.append(replication.paused)
     elif not replication.started:
         problems.append("replication has not started (checking the source, or waiting for it)")

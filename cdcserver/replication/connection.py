@@ -27,7 +27,7 @@ import pymysql
 from pymysqlreplication import BinLogStreamReader
 
 from cdcserver.core.config import SourceAddress
-from cdcserver.core.errors import SourceRefused, SourceUnavailable
+from cdcserver.core.errors import BinlogPurged, SourceRefused, SourceUnavailable
 from cdcserver.core.gtid import GtidState
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,20 @@ _CONNECTION_ERRORS = (pymysql.err.OperationalError, pymysql.err.InterfaceError, 
                       struct.error)
 
 
+
+
+# What MariaDB and MySQL answer (1236) when the binlog a replica asks for was purged
+_PURGED = ("purged", "could not find gtid state requested by slave in any binlog",
+           "could not find first log file name in binary log index file")
+
+
+def _refusal(code: int, message: str) -> type[SourceUnavailable] | type[SourceRefused]:
+    """The error class for a server error: retriable, refused, or refused for a purge."""
+    if code not in _FATAL_SERVER_ERRORS:
+        return SourceUnavailable
+    if code == 1236 and any(p in message.lower() for p in _PURGED):
+        return BinlogPurged
+    return SourceRefused
 
 
 class _ReplicaStream(BinLogStreamReader):
@@ -98,7 +112,7 @@ class BinlogConnection:
         except pymysql.err.OperationalError as exc:
             self.close()
             code = exc.args[0] if exc.args else 0
-            error = SourceRefused if code in _FATAL_SERVER_ERRORS else SourceUnavailable
+            error = _refusal(code, str(exc))
             raise error(f"cannot start replication from {self.address.describe()}: "
                         f"{exc}") from exc
         except _CONNECTION_ERRORS as exc:
@@ -119,7 +133,8 @@ class BinlogConnection:
             except pymysql.err.OperationalError as exc:
                 code = exc.args[0] if exc.args else 0
                 if code in _FATAL_SERVER_ERRORS:  # e.g. 1236: the position is not there
-                    raise SourceRefused(f"the source refused replication: {exc}") from exc
+                    raise _refusal(code, str(exc))(f"the source refused replication: {exc}") \
+                        from exc
                 raise SourceUnavailable(f"replication connection lost: {exc}") from exc
             except _CONNECTION_ERRORS as exc:
                 raise SourceUnavailable(f"replication connection lost: {exc}") from exc
@@ -130,7 +145,7 @@ class BinlogConnection:
                 errno = int.from_bytes(data[1:3], "little")
                 message = data[9:].decode("utf-8", "replace") if data[3:4] == b"#" \
                     else data[3:].decode("utf-8", "replace")
-                error = SourceRefused if errno in _FATAL_SERVER_ERRORS else SourceUnavailable
+                error = _refusal(errno, message)
                 raise error(f"the source ended replication: ({errno}) {message}")
             yield data
 

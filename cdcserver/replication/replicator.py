@@ -22,7 +22,13 @@ import pymysql
 
 from cdcserver.core.changes import Change
 from cdcserver.core.config import SourceAddress
-from cdcserver.core.errors import CdcError, SourceError, SourceRefused, SourceUnavailable
+from cdcserver.core.errors import (
+    BinlogPurged,
+    CdcError,
+    SourceError,
+    SourceRefused,
+    SourceUnavailable,
+)
 from cdcserver.core.gtid import GtidState, same_state
 from cdcserver.core.handoff import Handoff, HandoffClosed
 from cdcserver.mariadb.charsets import CollationTable
@@ -132,7 +138,8 @@ class Replicator:
         except HandoffClosed:
             pass
         except CdcError as exc:
-            log.error("replication stopped: %s", exc)
+            if not isinstance(exc, BinlogPurged):  # the runner says that, with the way out
+                log.error("replication stopped: %s", exc)
             self.handoff.finish(exc)
         except BaseException as exc:  # a bug: fail the pipeline loudly rather than hang it
             log.exception("replication thread crashed")
@@ -290,6 +297,8 @@ class Replicator:
         if index is None:
             message = (f"no source can continue the stream after GTID state '{self.state}' "
                        f"({exc}): " + "; ".join(r.text() for r in self.sources.refusals))
+            if all(r.reason.startswith("purged") for r in self.sources.refusals):
+                raise BinlogPurged(message)
             if message != self._no_source:
                 log.error("%s; trying again every %.0fs", message, self.failover_after)
                 self._no_source = message

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import pymysql
 
 from cdcserver.core.config import SourceAddress
-from cdcserver.core.errors import CdcError, SourceError, SourceUnavailable
+from cdcserver.core.errors import BinlogPurged, CdcError, SourceError, SourceUnavailable
 from cdcserver.core.gtid import GtidState
 from cdcserver.replication import preflight
 from cdcserver.replication import source as source_sql
@@ -153,6 +153,8 @@ def _diverged(address: SourceAddress, stored: GtidState, server_id: int) -> str 
         for _ in conn.packets():
             return None  # the first event: the dump was accepted
         return None
+    except BinlogPurged as exc:
+        return f"purged: it no longer holds the binlog after '{stored}': {exc}"
     except SourceError as exc:
         return f"diverged: it cannot continue after '{stored}': {exc}"
     except SourceUnavailable as exc:
