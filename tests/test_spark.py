@@ -367,3 +367,20 @@ async def test_widened_columns_keep_every_versions_values_exactly(
         (1, 1, Decimal("-123.4500"), 0.5, None), (1, 2, None, None, None),
         (2, 3000000000, Decimal("123456.7891"), 1.25, None),
         (3, 4, Decimal("0.0001"), 0.1, "n")]
+
+
+async def test_a_read_uses_the_first_instance_that_answers(
+        cdc: RunningService, source: Source, spark: Any):
+    """``host`` names several service instances: every read (the plan and each partition)
+    goes to the first that answers, here the second, the first being down."""
+    from cdcserver.app.embedded import free_port
+
+    t = f"`{source.database}`.t"
+    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, v INT)",
+                   f"INSERT INTO {t} VALUES (1, 1), (2, 2)", f"UPDATE {t} SET v = 3")
+    await cdc.caught_up(source)
+    options = {**_options(cdc, f"{source.database}.t"),
+               "host": f"127.0.0.1:{free_port()},{cdc.host}:{cdc.port}", "port": "1"}
+    _, rows = await asyncio.to_thread(_batch, spark, options)
+    _, direct = await asyncio.to_thread(_batch, spark, _options(cdc, f"{source.database}.t"))
+    assert rows == direct and len(rows) == 6

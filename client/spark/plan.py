@@ -20,6 +20,7 @@ from typing import Any
 
 from pyspark.sql.datasource import InputPartition
 
+from client.endpoints import Endpoints
 from client.format.names import BadTableRef, parse_table, split_list, table_ref
 from client.ranges import Position, advance, plan
 from client.sync import SyncCdcConnection
@@ -76,9 +77,21 @@ class Options:
                    zero_dates, float(o.get("timeout", 30)))
 
     def connect(self, format: str = "JSON") -> SyncCdcConnection:
-        """A connection for queries (JSON), or for bounded reads of blocks (AVRO)."""
-        return SyncCdcConnection.open(self.host, self.port, self.user, self.password,
-                                      format=format, timeout=self.timeout)
+        """A connection for queries (JSON), or for bounded reads of blocks (AVRO): to the
+        first instance ``host`` names (``HOST[:PORT],...``) that answers. Offsets are GTID
+        states and every read is bounded by them, so any instance that replicates the same
+        source serves it the same."""
+        endpoints = Endpoints.of(self.host, self.port)
+        for _ in range(len(endpoints.all) - 1):
+            host, port = endpoints.current
+            try:
+                return SyncCdcConnection.open(host, port, self.user, self.password,
+                                              format=format, timeout=self.timeout)
+            except OSError:
+                endpoints.failed()
+        host, port = endpoints.current
+        return SyncCdcConnection.open(host, port, self.user, self.password, format=format,
+                                      timeout=self.timeout)
 
 
 @dataclass
