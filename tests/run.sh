@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone on a fresh machine (Debian 12, as root): installs
-# what the tests need (Debian's mariadb-server, a Java runtime for Spark, Go for the databus
-# consumer, the Python packages into .venv), then runs pytest. The tests start their own
-# private MariaDB and services; nothing needs to be running.
+# what the tests need (Debian's mariadb-server and galera-4 with rsync, a Java runtime for
+# Spark, Go for the databus consumer, the Python packages into .venv), then runs pytest. The
+# tests start their own private MariaDB and services; nothing needs to be running.
 # Extra arguments go to pytest, e.g. `bash tests/run.sh -k listener -x`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +12,10 @@ command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(ma
 command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)  # local Spark
 command -v cc >/dev/null 2>&1 || missing+=(gcc)  # builds the transcoder (cdcserver/store/_transcode.pyx)
 command -v go >/dev/null 2>&1 || missing+=(golang-go)  # the Go databus consumer (tests/databus_go)
+[ -e /usr/lib/galera/libgalera_smm.so ] || missing+=(galera-4)  # tests/test_galera.py's cluster
+command -v rsync >/dev/null 2>&1 || missing+=(rsync)  # ... its state transfers
+command -v socat >/dev/null 2>&1 || missing+=(socat)
+command -v ss >/dev/null 2>&1 || missing+=(iproute2)  # the transfer script waits with ss
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "tests/run.sh: please install ${missing[*]} (needs root)" >&2

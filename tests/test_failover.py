@@ -92,9 +92,9 @@ def gtid_binlog_pos(server: EmbeddedMariaDB) -> str:
 
 @pytest.fixture
 def topology(tmp_path: os.PathLike[str]) -> Iterator[Topology]:
-    topology = Topology(os.path.join(tmp_path, "servers")).start()
-    try:
-        yield topology
+    topology = Topology(os.path.join(tmp_path, "servers"))
+    try:  # a server that failed to start is stopped with the others
+        yield topology.start()
     finally:
         topology.stop()
 

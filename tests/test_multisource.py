@@ -88,9 +88,9 @@ def _binlog_pos(server: EmbeddedMariaDB) -> str:
 
 @pytest.fixture
 def servers(tmp_path: os.PathLike[str]) -> Iterator[MultiSource]:
-    topology = MultiSource(os.path.join(tmp_path, "servers")).start()
-    try:
-        yield topology
+    topology = MultiSource(os.path.join(tmp_path, "servers"))
+    try:  # a server that failed to start is stopped with the others
+        yield topology.start()
     finally:
         topology.stop()
 

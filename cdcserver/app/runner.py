@@ -189,10 +189,10 @@ class ReplicationRunner:
         log.error("%s [%s]", self.stopped, exc)
         await self._halted.wait()
 
-    def _record_source(self, address: SourceAddress, server_id: int) -> None:
+    def _record_source(self, address: SourceAddress, identity: str) -> None:
         """Which server replication reads (``state/source.json``): a chunked dump compares
         binlog positions with the store's, which only holds on the same server."""
-        record = {"source": address.describe(), "server_id": server_id}
+        record = {"source": address.describe(), "server": identity}
         write_atomically(self.data_dir.source, json.dumps(record).encode() + b"\n")
 
     async def _pause_until_room(self, cause: Exception) -> None:

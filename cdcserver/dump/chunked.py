@@ -132,9 +132,9 @@ class ChunkedProgress:
     body: int = 0  # bytes of the .partial file that are good (reserved header included)
     resumed: bool = False
     # the source's GTID state before the first chunk (every transaction it covers is in
-    # every chunk), and the server_id of the server the chunks are read from
+    # every chunk), and the server the chunks are read from (server_id@host:port)
     floor: str = ""
-    server_id: int = 0
+    server: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,7 +144,7 @@ class ChunkedProgress:
         return cls(data["definition"], data["fields"], int(data["stream_version"]),
                    bool(data["consistent"]), [KeyRange.from_json(r) for r in data["ranges"]],
                    int(data["body"]), bool(data.get("resumed", False)),
-                   str(data.get("floor", "")), int(data.get("server_id", 0)))
+                   str(data.get("floor", "")), str(data.get("server", "")))
 
 
 Progressed = Callable[[TableName, int], None]
@@ -242,32 +242,31 @@ def _describe(conn: Any, table: TableName, stream_version: int) -> _Table:
                   (definition.engine or "innodb") in TRANSACTIONAL_ENGINES)
 
 
-def _check_store(conn: Any, data_dir: str) -> int:
+def _check_store(conn: Any, data_dir: str) -> str:
     """The merge takes the changes between chunks from the store: the service must be
     replicating into ``data_dir`` (it holds the store's writer lock; the merge waits for it
     to reach the dump's point), from the server the dump reads (binlog positions are
-    compared with the store's, which only holds on one server). Returns its server_id."""
+    compared with the store's, which only holds on one server). Returns which server it is."""
     if not _service_running(data_dir):
         raise NotChunkable(f"the service is not replicating into {data_dir}")
     if ckpt.load(DataDir(data_dir).checkpoint) is None:
         raise NotChunkable(f"the service has stored nothing in {data_dir} yet")
     reading = _service_source(data_dir)
-    here = int(source_sql.query(conn, "SELECT @@GLOBAL.server_id")[0][0])
+    here = source_sql.server_identity(conn)
     if reading is None or reading[1] != here:
         raise NotChunkable(
-            "the service reads another server" + (f" ({reading[0]}, server_id {reading[1]})"
+            "the service reads another server" + (f" ({reading[0]}, {reading[1]})"
                                                   if reading else "") +
-            f" than this dump (server_id {here}): binlog positions of two servers cannot be "
-            "compared")
+            f" than this dump ({here}): binlog positions of two servers cannot be compared")
     return here
 
 
-def _service_source(data_dir: str) -> tuple[str, int] | None:
+def _service_source(data_dir: str) -> tuple[str, str] | None:
     """The server the service reads (as it recorded when it connected), if it said."""
     try:
         with open(DataDir(data_dir).source, encoding="utf-8") as f:
             record = json.load(f)
-        return str(record["source"]), int(record["server_id"])
+        return str(record["source"]), str(record["server"])
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         return None
 
@@ -437,6 +436,10 @@ class _Run:
 def _reader(run: _Run) -> None:
     conn = source_sql.connect(run.address)
     try:
+        here = source_sql.server_identity(conn)
+        if here != run.progress.server:  # a proxy in front of several servers
+            raise NotChunkable(f"a reader's connection reached {here}, not "
+                               f"{run.progress.server}: the chunks must come from one server")
         prepare_session(conn, mariadb=True)
         while (index := run.take()) is not None:
             _read_range(run, conn, index)
@@ -752,11 +755,14 @@ def dump_table(address: SourceAddress, data_dir: str, table: TableName, stream_v
         if info.flavor != "mariadb":
             raise NotChunkable("chunked reads need MariaDB's snapshot positions")
         prepare_session(conn, mariadb=True)
-        server_id = _check_store(conn, data_dir)
+        server = _check_store(conn, data_dir)
         for attempt in range(1, _ATTEMPTS + 1):
             try:
                 return _attempt(address, data_dir, conn, table, stream_version, options,
-                                progressed, stop, server_id)
+                                progressed, stop, server)
+            except NotChunkable:
+                discard(directory, table)
+                raise
             except TableChanged as exc:
                 discard(directory, table)
                 if attempt == _ATTEMPTS:
@@ -770,7 +776,7 @@ def dump_table(address: SourceAddress, data_dir: str, table: TableName, stream_v
 
 def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
              stream_version: int, options: ChunkedOptions, progressed: Progressed | None,
-             stop: threading.Event | None, server_id: int) -> files.DumpInfo | None:
+             stop: threading.Event | None, server: str) -> files.DumpInfo | None:
     directory = files.dump_dir(data_dir)
     started = time.monotonic()
     described = _describe(conn, table, stream_version)
@@ -784,7 +790,7 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
         "its body is missing" if progress is not None and (
             record is None or not os.path.exists(partial.path)) else \
         "it was read from another server" if progress is not None and \
-        progress.server_id != server_id else \
+        progress.server != server else \
         "it stopped while merging" if os.path.exists(_body_path(directory, table)) else None
     if progress is not None and why is not None:
         log.info("dump of %s: starting over (%s)", table, why)
@@ -801,7 +807,7 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
         partial.create(record)
         progress = ChunkedProgress(described.text, described.fingerprint, stream_version,
                                    described.consistent, ranges, record.reserved,
-                                   floor=str(start.gtid), server_id=server_id)
+                                   floor=str(start.gtid), server=server)
         _save(directory, table, progress)
         log.info("dump of %s: %d readers over %d key ranges, %d rows per chunk", table,
                  options.readers, len(ranges), options.chunk_rows)
@@ -827,7 +833,7 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
         run.sync()
         if stop is not None and stop.is_set():
             return None
-        end = _end_point(conn, data_dir, options.store_timeout, server_id)
+        end = _end_point(conn, data_dir, options.store_timeout, server)
         overlay = _overlay(run, end, options.store_timeout)
         path, rows = _finish(run, end.point, overlay)
     finally:
@@ -862,7 +868,7 @@ class _EndPoint:
     checkpoint: ckpt.Checkpoint
 
 
-def _end_point(conn: Any, data_dir: str, timeout: float, server_id: int) -> _EndPoint:
+def _end_point(conn: Any, data_dir: str, timeout: float, server: str) -> _EndPoint:
     """The dump's point: the store's checkpoint, once it has reached the source's position
     after the last chunk. The checkpoint never passes a change without binlog rows (a
     value-filling ALTER, a cascade) that was not repaired, so the dump's point is not
@@ -878,7 +884,7 @@ def _end_point(conn: Any, data_dir: str, timeout: float, server_id: int) -> _End
     position = checkpoint.position
     assert position is not None
     reading = _service_source(data_dir)
-    if reading is None or reading[1] != server_id:
+    if reading is None or reading[1] != server:
         raise TableChanged("the service moved to another server during the dump")
     return _EndPoint(SnapshotPoint(position.gtid_state, position.file, position.pos,
                                    dt.datetime.now(dt.UTC)), checkpoint)

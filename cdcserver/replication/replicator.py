@@ -69,10 +69,10 @@ class Replicator:
                  file: str = "", pos: int = 4,
                  defer_decoding: DeferDecoding | None = None,
                  failover_after: float = 10.0,
-                 connected_to: Callable[[SourceAddress, int], None] | None = None) -> None:
+                 connected_to: Callable[[SourceAddress, str], None] | None = None) -> None:
         self.sources = Sources.of(address)
         self.failover_after = failover_after
-        self.connected_to = connected_to  # told the server (and its server_id) on each connect
+        self.connected_to = connected_to  # told the server (and its identity) on each connect
         self._lost_since: float | None = None  # when the server being read was lost
         self._no_source = ""  # the last "no source can continue" message logged
         self.server_id = server_id
@@ -177,12 +177,14 @@ class Replicator:
                     raise
         return []
 
-    def _server_id(self) -> int:
+    def _identity(self) -> str:
         try:
-            return int(self._control_query("SELECT @@GLOBAL.server_id")[0][0])
+            if self._control is None:
+                self._control = source.connect(self.address)
+            return source.server_identity(self._control)
         except (pymysql.err.MySQLError, OSError) as exc:
-            raise SourceUnavailable(f"cannot ask {self.address.describe()} for its server_id: "
-                                    f"{exc}") from exc
+            raise SourceUnavailable(f"cannot ask {self.address.describe()} which server it "
+                                    f"is: {exc}") from exc
 
     def _anchored(self) -> bool:
         """Whether the source's binlog is at exactly ``self.state`` at ``self.file:self.pos``.
@@ -239,7 +241,7 @@ class Replicator:
                      self.address.describe(), self.server_id, self.state,
                      f" at {self.file}:{self.pos}" if by_position else "")
             if self.connected_to is not None:
-                self.connected_to(self.address, self._server_id())
+                self.connected_to(self.address, self._identity())
             self.connected.set()
             self._attempt = 0
             self._lost_since = None

@@ -64,6 +64,14 @@ _VARIABLES = ("log_bin", "binlog_format", "binlog_row_image", "binlog_row_metada
               "log_bin_compress", "version_comment", "log_slave_updates")
 
 
+def server_identity(conn: Any) -> str:
+    """Which server a connection reached, as ``server_id@hostname:port``: the server_id
+    alone does not tell Galera nodes apart (they share one), and a proxy may send two
+    connections to two servers."""
+    server_id, host, port = query(conn, "SELECT @@GLOBAL.server_id, @@hostname, @@port")[0]
+    return f"{server_id}@{host}:{port}"
+
+
 def estimated_rows(conn: Any, database: str, table: str) -> int:
     """The rows the source estimates a table holds (InnoDB's statistics, not a count);
     0 for a table it does not have."""

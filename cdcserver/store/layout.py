@@ -13,7 +13,7 @@ names under the data directory.
                 schema_history.jsonl every schema change, with its GTID
                 views.sqlite         the stream's own view of tables, for repairs
                 kafka.json           what the Kafka sink has delivered
-                source.json          the server replication reads now (its server_id)
+                source.json          the server replication reads now (server_id@host:port)
                 writer.lock          held by the one process that writes here
                 .room-probe          written and removed to tell a full disk has room again
 """
