@@ -67,6 +67,8 @@ class ReplicationRunner:
         self.handoff: Handoff | None = None
         self.paused = ""
         self.stopped = ""  # why replication stopped for good while the service serves on
+        self.info: SourceInfo | None = None  # what the source is, once checked
+        self._restarting = False
         self._halted = asyncio.Event()  # set by stop()
         self.repair_stats = RepairStats()  # changes without binlog rows, and their repairs
         self.replicating = asyncio.Event()  # set once the replicator is started
@@ -121,11 +123,15 @@ class ReplicationRunner:
     async def run(self) -> None:
         """Until the stream ends; raises when replication fails for good."""
         default, info = await self._retrying(self._check_sources)
+        self.info = info
         for sink in self.sinks:
             await sink.open(info)  # a broker is waited for here; the listener serves meanwhile
         while True:
             try:
                 await self._replicate_from(default, info)
+                if self._restarting and not self._halted.is_set():
+                    self._restarting = False
+                    continue
                 return
             except BinlogPurged as exc:
                 await self._stopped_by_purge(exc)
@@ -134,6 +140,14 @@ class ReplicationRunner:
                 if isinstance(exc, OSError) and exc.errno not in DISK_FULL_ERRNOS:
                     raise
                 await self._pause_until_room(exc)
+
+    async def restart(self) -> None:
+        """Replication starts over from where every sink stands: after a sink was added
+        (it is fed from its own position; the others skip what they have) or removed."""
+        await self.replicating.wait()
+        self._restarting = True
+        if self.replicator is not None:
+            await asyncio.to_thread(self.replicator.stop)
 
     async def stop(self) -> None:
         """Stop reading the binlog; the pipeline then ends after its final flush."""

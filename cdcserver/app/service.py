@@ -23,6 +23,7 @@ from cdcserver.core.gtid import GtidState
 from cdcserver.core.pipeline import Sink
 from cdcserver.dump.retention import Cleaner
 from cdcserver.dump.scheduler import DumpScheduler
+from cdcserver.kafka.lease import PublisherLease
 from cdcserver.ops.lag import LagProbe
 from cdcserver.ops.metrics import HousekeepingStats, ServiceCollector, ServiceStats, health
 from cdcserver.ops.monitoring import MonitoringServer
@@ -50,8 +51,9 @@ class Service:
         self.store = AvroStore(config.store.data_dir, self.catalog, codec=config.store.codec,
                                block_size=config.store.block_size)
         self.users = UsersFile(config.listener.users_file)
-        self.sinks: list[Sink] = [StoreSink(self.store), *self._configured_sinks()]
         self.sources = Sources(config.source.addresses())  # the replicator moves between them
+        self.lease: PublisherLease | None = None  # [kafka] publisher_lock: who publishes
+        self.sinks: list[Sink] = [StoreSink(self.store), *self._configured_sinks()]
         self.replication = ReplicationRunner(
             config.source, self.layout, self.catalog, self.sinks,
             flush_interval=config.store.flush_interval,
@@ -71,13 +73,45 @@ class Service:
         if not self.config.kafka.enabled:
             return []
         try:
-            from cdcserver.kafka.sink import KafkaSink
+            from cdcserver.kafka.sink import KafkaSink  # noqa: F401 - installed?
         except ImportError as exc:
             raise ConfigError(f"kafka.bootstrap is set but {exc.name} is not installed: "
                               "pip install 'mariadb-cdc[kafka]'") from exc
-        return [KafkaSink(self.config.kafka, self.config.store.data_dir,
-                          f"{self.config.kafka.client_id}:{self.config.source.server_id}",
-                          versions=self.catalog.version_created_by)]
+        if self.config.kafka.publisher_lock:  # a sink only while this instance publishes
+            self.lease = PublisherLease(self.sources, self.config.kafka.publisher_lock)
+            return []
+        return [self._kafka_sink()]
+
+    def _kafka_sink(self) -> Sink:
+        from cdcserver.kafka.sink import KafkaSink
+
+        kafka = self.config.kafka
+        # instances that take turns publishing share one position in the state topic
+        key = f"{kafka.client_id}:{kafka.publisher_lock or self.config.source.server_id}"
+        return KafkaSink(kafka, self.config.store.data_dir, key,
+                         versions=self.catalog.version_created_by)
+
+    async def _publish(self) -> None:
+        """This instance holds the publisher lock: a Kafka sink from the position the last
+        publisher recorded in the state topic (never this directory's own, which may be
+        older), and replication feeds it from there."""
+        from cdcserver.kafka.sink import KafkaSink
+
+        sink = self._kafka_sink()
+        assert isinstance(sink, KafkaSink)
+        sink.durable = None
+        await self.replication.replicating.wait()
+        assert self.replication.info is not None
+        await sink.open(self.replication.info)
+        self.sinks.append(sink)
+        await self.replication.restart()
+
+    async def _stand_by(self) -> None:
+        sink = self.sink("kafka")
+        if sink is not None:
+            self.sinks.remove(sink)
+            await self.replication.restart()
+            await sink.close()
 
     def sink(self, name: str) -> Sink | None:
         return next((s for s in self.sinks if s.name == name), None)
@@ -139,6 +173,8 @@ class Service:
             lag=self.lag.lag if self.lag is not None else None,
             repairs=self.replication.repair_stats, store=self.store.stats(),
             listener=self.server.stats() if self.server is not None else ListenerStats(),
+            kafka_role="" if self.lease is None else
+            "publisher" if self.lease.held else "standby",
             housekeeping=HousekeepingStats(
                 self.cleaner.runs, self.cleaner.deleted,
                 scheduler.runs if scheduler is not None else 0,
@@ -148,6 +184,9 @@ class Service:
     def _housekeeping(self) -> list[asyncio.Task[None]]:
         """The cleaner, the lag probe, and the dump schedule if one is configured."""
         tasks = [asyncio.create_task(self.cleaner.run(), name="cleaner")]
+        if self.lease is not None:
+            tasks.append(asyncio.create_task(self.lease.run(self._publish, self._stand_by),
+                                             name="kafka publisher lease"))
         if self.monitoring is not None:
             self.lag = LagProbe(self.sources, self.stored_state,
                                 self.replication.last_commit,

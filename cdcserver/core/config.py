@@ -279,6 +279,11 @@ class KafkaConfig:
     state_topic: str = option("cdcserver-state", "topic the sink also records its position in, "
                                                  "read back if state/kafka.json is lost ('': "
                                                  "none)")
+    publisher_lock: str = option("", "with several service instances on one source: publish "
+                                     "only while holding this named lock on the source "
+                                     "(GET_LOCK); the others stand by and take over from "
+                                     "state_topic when it is free ('': always publish)",
+                                 cli="--kafka-publisher-lock")
     create_topics: bool = option(True, "create missing topics")
     partitions: int = option(0, "partitions of the topics it creates (0: the format's: 1 for "
                                 "databus, whose consumers read partition 0; else 3)",
@@ -390,6 +395,9 @@ class Config:
                     raise ConfigError(f"{name}.{f.name}: {problem}")
         if self.listener.tls_key and not self.listener.tls_cert:
             raise ConfigError("listener.tls_key is set without listener.tls_cert")
+        if self.kafka.publisher_lock and not self.kafka.state_topic:
+            raise ConfigError("kafka.publisher_lock needs kafka.state_topic: the instance that "
+                              "takes over reads the position there")
 
 
 def _read_toml(path: str) -> dict[str, Any]:

@@ -63,6 +63,7 @@ class ServiceStats:
     store: StoreStats
     listener: ListenerStats
     housekeeping: HousekeepingStats
+    kafka_role: str = ""  # with [kafka] publisher_lock: publisher or standby
 
 
 class ServiceCollector(Collector):
@@ -76,6 +77,10 @@ class ServiceCollector(Collector):
         yield from _store(stats.store)
         yield from _listener(stats.listener)
         yield from _housekeeping(stats.housekeeping)
+        if stats.kafka_role:
+            yield _gauge("cdc_kafka_publisher", "1 while this instance holds the Kafka "
+                         "publisher lock (publisher_lock), 0 while it stands by",
+                         1 if stats.kafka_role == "publisher" else 0)
 
 
 def _replication(r: ReplicationStats, lag: Lag | None) -> Iterator[Any]:
@@ -202,6 +207,7 @@ def health(stats: ServiceStats, max_lag: float) -> tuple[bool, dict[str, Any]]:
             "lag_transactions": lag.transactions if lag else None,
             "lag_measured_at": lag.measured_at if lag and lag.measured_at else None,
         },
+        **({"kafka": {"role": stats.kafka_role}} if stats.kafka_role else {}),
         "source": {"current": replication.source, "sources": replication.sources,
                    "switches": replication.source_switches, "refused": replication.refused},
         "checkpoint_age_seconds": stats.store.checkpoint_age,
