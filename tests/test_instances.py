@@ -146,3 +146,51 @@ async def test_a_client_follows_two_instances_across_repeated_kill_9(
             table.pop(record.values["id"], None)
     rows = dict(source.query(f"SELECT id, amount FROM `{source.database}`.orders"))
     assert table == rows
+
+
+async def test_two_instances_store_the_same_stream(tmp_path: os.PathLike[str], source: Source,
+                                                   users_file: str) -> None:
+    """Two instances replicating the same source from the same start send a table's stream
+    as the same JSON lines, byte for byte: versions, GTIDs, event numbers, values."""
+    from tests.conftest import make_config, start_service
+
+    db = source.database
+    source.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY, v VARCHAR(10), d DECIMAL(8,2))",
+                   f"INSERT INTO `{db}`.t SELECT seq, CONCAT('v', seq), seq / 7 FROM "
+                   f"`{db}`.seq_1_to_500",
+                   f"UPDATE `{db}`.t SET v = 'changed' WHERE id % 3 = 0",
+                   f"ALTER TABLE `{db}`.t ADD COLUMN extra INT DEFAULT 5",
+                   f"DELETE FROM `{db}`.t WHERE id % 5 = 0")
+    services = [await start_service(make_config(os.path.join(tmp_path, name), source.url,
+                                                users_file)) for name in ("a", "b")]
+    try:
+        streams = []
+        for service in services:
+            await service.caught_up(source)
+            streams.append(await _raw_lines(service.port, f"{db}.t"))
+        assert len(streams[0]) > 1000 and streams[0] == streams[1]
+    finally:
+        for service in services:
+            await service.stop()
+
+
+async def _raw_lines(port: int, table: str) -> list[bytes]:
+    from tests.oracle import auth_message
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 24)
+    try:
+        writer.write(auth_message(USER, PASSWORD))
+        assert await reader.readline() == b"OK\n"
+        writer.write(b"REGISTER UUID=same, TYPE=JSON\n")
+        assert await reader.readline() == b"OK\n"
+        writer.write(f"REQUEST-DATA {table}\n".encode())
+        lines = []
+        while True:
+            try:
+                line = await asyncio.wait_for(reader.readline(), 1.5)
+            except TimeoutError:
+                return lines
+            assert line and not line.startswith(b"ERR"), line
+            lines.append(line)
+    finally:
+        writer.close()

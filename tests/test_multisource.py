@@ -146,7 +146,7 @@ async def _written(writers: list[Writer], transactions: int) -> None:
 
 async def test_three_domains_through_a_restart_a_chunked_dump_and_bounded_reads(
         tmp_path: os.PathLike[str], servers: MultiSource, users_file: str,
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, spark: Any) -> None:
     data_dir = os.path.join(tmp_path, "data")
     config = make_config(data_dir, servers.primary.url(), users_file)
     cdc = await start_service(config)
@@ -227,6 +227,17 @@ async def test_three_domains_through_a_restart_a_chunked_dump_and_bounded_reads(
         want = [(r["domain"], r["sequence"], r["event_number"]) for r in records
                 if _covers(GtidState.parse(stop), r) and not _covers(GtidState.parse(start), r)]
         assert got == want and bounded[-1]["records"] == len(want)
+
+        # the Spark source's offsets are such states: a batch read between the two holds
+        # exactly those records, in every domain
+        options = {"host": "127.0.0.1", "port": str(cdc.port), "user": USER,
+                   "password": PASSWORD, "tables": "shop.orders", "startingPosition": start,
+                   "endingPosition": stop}
+        rows = await asyncio.to_thread(
+            lambda: spark.read.format("cdc").options(**options).load()
+            .select("domain", "sequence", "event_number").collect())
+        assert sorted((r["domain"], r["sequence"], r["event_number"]) for r in rows) == \
+            sorted(want)
     finally:
         await cdc.stop()
 
