@@ -35,7 +35,7 @@ from tests.conftest import make_config, start_service
 from tests.helpers import PASSWORD, USER, eventually, wait_until
 from tests.oracle import assert_stream_equals_table, read_stream
 
-pytestmark = pytest.mark.mariadb
+pytestmark = [pytest.mark.mariadb, pytest.mark.spark]
 
 TABLE = "CREATE TABLE IF NOT EXISTS shop.orders (id INT PRIMARY KEY, note VARCHAR(30), " \
         "amount DECIMAL(12,2))"
