@@ -35,6 +35,7 @@ import os
 import ssl
 import sys
 import time
+from typing import Any
 
 from client.endpoints import Endpoints
 from client.format.dump import DumpDecoder, DumpError, DumpHeader
@@ -47,6 +48,7 @@ from client.format.wire import (
     auth_message,
     parse_request_data,
 )
+from client.stream import JsonStreamDecoder, Resume
 from client.sync import SyncCdcConnection
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -122,6 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cdc: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
     try:
+        several = len(Endpoints.of(args.host, args.port).all) > 1
+    except ValueError as exc:
+        print(f"cdc: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if several and args.format == "JSON":
+        return _follow_instances(args, request)
+    try:
         conn = _open(args)
     except (ProtocolError, OSError, ValueError) as exc:
         print(f"cdc: {exc}", file=sys.stderr)
@@ -130,6 +139,85 @@ def main(argv: list[str] | None = None) -> int:
         return _copy_stream(conn, request, args.timeout)
     finally:
         conn.close()
+
+
+def _follow_instances(args: argparse.Namespace, request: DataRequest) -> int:
+    """JSON from several service instances: the lines as an instance sends them; when a
+    connection fails, the stream continues on the next instance right after the last record
+    printed (the library's Resume tells what is new), waiting only after every instance
+    failed in a row. Ends, like one connection, after ``-t`` seconds of silence."""
+    password = args.password if args.password is not None else os.environ.get("CDC_PASSWORD", "")
+    endpoints = Endpoints.of(args.host, args.port)
+    resume = Resume(request.version, request.gtid, request.after)
+    out = sys.stdout.buffer
+    delays = (0.1, 0.5, 1.0, 2.0, 5.0)
+    rounds = 0
+    while True:
+        host, port = endpoints.current
+        try:
+            conn = SyncCdcConnection.open(host, port, args.user, password,
+                                          format=Format.JSON, timeout=args.timeout or 10.0)
+        except ProtocolError as exc:
+            print(f"cdc: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        except OSError as exc:
+            failure: Exception = exc
+        else:
+            try:
+                failure, printed = _print_new_lines(conn, request, resume, out, args.timeout)
+            except ProtocolError as exc:
+                print(f"cdc: {exc}", file=sys.stderr)
+                return EXIT_ERROR
+            except _Quiet:
+                return EXIT_OK
+            finally:
+                conn.close()
+            if printed:
+                endpoints.succeeded()
+                rounds = 0
+        tried = endpoints.describe()
+        if endpoints.failed():
+            delay = delays[min(rounds, len(delays) - 1)]
+            rounds += 1
+            print(f"cdc: {tried}: {failure}; retrying in {delay:.1f}s", file=sys.stderr)
+            time.sleep(delay)
+        else:
+            print(f"cdc: {tried}: {failure}; continuing on {endpoints.describe()}",
+                  file=sys.stderr)
+
+
+class _Quiet(Exception):
+    """Nothing arrived for the ``-t`` timeout: the command ends, as with one connection."""
+
+
+def _print_new_lines(conn: SyncCdcConnection, request: DataRequest, resume: Resume, out: Any,
+                     timeout: float) -> tuple[Exception, int]:
+    """Print what is new of one connection's stream; returns why it ended, and how many
+    lines it printed."""
+    line = DataRequest(request.database, request.table, *resume.request()).line()
+    conn.sock.sendall(line.encode())
+    conn.sock.settimeout(timeout or None)
+    decoder = JsonStreamDecoder()
+    pending = bytearray(conn._pending)
+    conn._pending.clear()
+    printed = 0
+    while True:
+        while (newline := pending.find(b"\n")) >= 0:
+            raw = bytes(pending[:newline + 1])
+            del pending[:newline + 1]
+            if any([resume.accept(event) for event in decoder.feed(raw)]):
+                out.write(raw)
+                out.flush()
+                printed += 1
+        try:
+            data = conn.sock.recv(1 << 16)
+        except TimeoutError:
+            raise _Quiet from None
+        except OSError as exc:
+            return exc, printed
+        if not data:
+            return ConnectionError("the server closed the stream"), printed
+        pending += data
 
 
 def _open(args: argparse.Namespace) -> SyncCdcConnection:

@@ -194,3 +194,70 @@ async def _raw_lines(port: int, table: str) -> list[bytes]:
             lines.append(line)
     finally:
         writer.close()
+
+
+async def test_cdc_given_two_instances_continues_on_the_other_after_kill_9(
+        tmp_path: os.PathLike[str], source: Source, users_file: str) -> None:
+    """``cdc -h a,b`` prints the JSON stream as the server sends it; when the instance it
+    reads is killed it continues on the other after the last record printed: every record
+    printed once, the records rebuild the table, the schema line not repeated."""
+    import json
+
+    source.execute(f"CREATE TABLE `{source.database}`.orders (id INT PRIMARY KEY, "
+                   "amount INT)")
+    instances = [Instance(os.path.join(tmp_path, name), source, users_file, server_id)
+                 for name, server_id in (("a", 6201), ("b", 6202))]
+    for instance in instances:
+        instance.start()
+    writer = Writer(source)
+    writer.thread.start()
+    cdc = os.path.join(os.path.dirname(sys.executable), "cdc")
+    command = [cdc, "-h", ",".join(f"127.0.0.1:{i.port}" for i in instances), "-u", USER,
+               "-p", PASSWORD, "-t", "4", f"{source.database}.orders"]
+    printed: list[bytes] = []
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def collect() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            printed.append(line)
+
+    reading = threading.Thread(target=collect, daemon=True)
+    reading.start()
+    try:
+        await eventually(lambda: asyncio.sleep(0.1, len(printed)), lambda n: n >= 200,
+                         timeout=60)
+        instances[0].kill()
+        before = len(printed)
+        await eventually(lambda: asyncio.sleep(0.1, len(printed)),
+                         lambda n: n >= before + 200, timeout=60)
+    finally:
+        writer.stop.set()
+        writer.thread.join(30)
+    assert process.stdout is not None and process.stderr is not None
+    try:
+        await asyncio.to_thread(process.wait, 60)
+        reading.join(10)
+        errors = process.stderr.read()
+    finally:
+        process.kill()
+        process.wait()
+        process.stdout.close()
+        process.stderr.close()
+        for instance in instances:
+            instance.kill()
+    assert b"continuing on" in errors, errors
+    lines = [json.loads(line) for line in printed]
+    schemas = [line for line in lines if "fields" in line]
+    records = [line for line in lines if "fields" not in line]
+    assert len(schemas) == 1
+    identities = [(r["domain"], r["server_id"], r["sequence"], r["event_number"])
+                  for r in records]
+    assert len(identities) == len(set(identities)) and len(records) == writer.records
+    table: dict[int, Any] = {}
+    for record in records:
+        if record["event_type"] in ("insert", "update_after"):
+            table[record["id"]] = record["amount"]
+        else:
+            table.pop(record["id"], None)
+    assert table == dict(source.query(f"SELECT id, amount FROM `{source.database}`.orders"))
