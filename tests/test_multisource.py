@@ -228,6 +228,18 @@ async def test_three_domains_through_a_restart_a_chunked_dump_and_bounded_reads(
                 if _covers(GtidState.parse(stop), r) and not _covers(GtidState.parse(start), r)]
         assert got == want and bounded[-1]["records"] == len(want)
 
+        # an inclusive GTID seek in one domain starts at that transaction and sends every
+        # record stored after it, of every domain
+        target = next(r for r in middle[len(middle) // 2:] if r["domain"] == 2)
+        seek = f"{target['domain']}-{target['server_id']}-{target['sequence']}"
+        sought = await read_stream(cdc.port, "shop.orders", user=USER, password=PASSWORD,
+                                   request=f"REQUEST-DATA shop.orders {seek}")
+        at = next(i for i, r in enumerate(records) if (r["domain"], r["sequence"]) ==
+                  (target["domain"], target["sequence"]))
+        assert [(r["domain"], r["sequence"], r["event_number"]) for r in sought
+                if "fields" not in r] == \
+            [(r["domain"], r["sequence"], r["event_number"]) for r in records[at:]]
+
         # the Spark source's offsets are such states: a batch read between the two holds
         # exactly those records, in every domain
         options = {"host": "127.0.0.1", "port": str(cdc.port), "user": USER,
