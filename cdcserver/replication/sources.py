@@ -156,7 +156,10 @@ def _diverged(address: SourceAddress, stored: GtidState, server_id: int) -> str 
     except BinlogPurged as exc:
         return f"purged: it no longer holds the binlog after '{stored}': {exc}"
     except SourceError as exc:
-        return f"diverged: it cannot continue after '{stored}': {exc}"
+        # MariaDB's 1236 names the missing GTID; other refusals (access, a replica with
+        # the service's server_id) are not a divergence
+        kind = "diverged" if "not in the master's binlog" in str(exc) else "refused"
+        return f"{kind}: it cannot continue after '{stored}': {exc}"
     except SourceUnavailable as exc:
         return f"unreachable ({exc})"
     finally:
