@@ -571,3 +571,37 @@ def test_several_service_endpoints_and_when_to_wait() -> None:
     endpoints.succeeded()  # b delivered: a new round starts from it
     assert [endpoints.failed() for _ in range(3)] == [False, False, True]
     assert Endpoints.of("solo", 9).failed() is True  # one instance: always back off
+
+
+def test_writers_past_the_open_file_limit_are_parked_and_reopen_to_write(tmp_path) -> None:
+    """At most ``limit`` table files stay open; a parked one reopens to write, fsyncs by
+    opening its file, and rolls back as before."""
+    import json as _json
+    import os
+
+    from cdcserver.store.avrofile import OpenFiles, VersionFileWriter
+
+    schema = _json.dumps({"type": "record", "name": "r", "fields": [{"name": "b",
+                                                                     "type": "bytes"}]})
+    files = OpenFiles(2)
+    writers = [VersionFileWriter.create(str(tmp_path / f"w{i}.avro"), schema, "null", files)
+               for i in range(4)]
+    assert [w.fd >= 0 for w in writers] == [False, False, True, True] and len(files) == 2
+    first = writers[0]
+    first.buffer += b"\x02ab"
+    first.count = 1
+    first.commit()  # reopens it; the least recently used open one (w2) is parked
+    assert first.fd >= 0 and writers[2].fd < 0 and len(files) == 2
+    assert os.path.getsize(first.path) == first.size == first.committed
+    writers[2].fsync()  # parked and dirty: made durable through its path
+    assert writers[2].fd < 0
+    writers[1].buffer += b"\x02cd"
+    writers[1].count = 1
+    writers[1].end_block()
+    grown = writers[1].size
+    writers[1].park()
+    writers[1].rollback()  # cut back to what was committed, reopening to do it
+    assert grown > writers[1].size == writers[1].committed == os.path.getsize(writers[1].path)
+    for writer in writers:
+        writer.close()
+    assert len(files) == 0

@@ -49,7 +49,8 @@ class Service:
         self.layout = DataDir(config.store.data_dir)
         self.catalog = Catalog(self.layout.avro)
         self.store = AvroStore(config.store.data_dir, self.catalog, codec=config.store.codec,
-                               block_size=config.store.block_size)
+                               block_size=config.store.block_size,
+                               max_open_files=config.store.max_open_files)
         self.users = UsersFile(config.listener.users_file)
         self.sources = Sources(config.source.addresses())  # the replicator moves between them
         self.lease: PublisherLease | None = None  # [kafka] publisher_lock: who publishes

@@ -167,6 +167,10 @@ class StoreConfig:
         "null", "Avro block codec", cli="--codec")
     block_size: int = option(64 * 1024, "bytes of records per Avro block before it is written",
                              cli="--block-size", check=positive)
+    max_open_files: int = option(256, "table files held open for writing at most; the least "
+                                      "recently written are closed and reopened when "
+                                      "written again (keeps descriptors bounded with "
+                                      "thousands of tables)", check=positive)
     flush_interval: float = option(0.2, "seconds between checkpoints (fsync + checkpoint file)",
                                    cli="--flush-interval", check=positive)
     disk_full_retry: float = option(5.0, "seconds between checks for room while replication "

@@ -11,7 +11,9 @@ re-encodes or merges blocks after writing them.
 from __future__ import annotations
 
 import os
+import threading
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -105,14 +107,49 @@ def last_valid_end(path: str, header: Header, limit: int) -> int:
     return end
 
 
+class OpenFiles:
+    """At most ``limit`` writers hold their file open: using one makes it the most recent,
+    and opening one past the limit parks (closes) the least recently used, which reopen
+    when they next write. The data directory's descriptors then stay bounded however many
+    tables are written, as a process's limit (often 1024) needs."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(limit, 1)
+        self._open: OrderedDict[int, VersionFileWriter] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def used(self, writer: VersionFileWriter) -> None:
+        key = id(writer)
+        if key in self._open:
+            self._open.move_to_end(key)
+            return
+        self._open[key] = writer
+        excess = len(self._open) - self.limit
+        for key, oldest in list(self._open.items())[:-1]:
+            if excess <= 0:
+                break
+            if oldest.park(wait=False):  # one being fsynced stays open for now
+                del self._open[key]
+                excess -= 1
+
+    def closed(self, writer: VersionFileWriter) -> None:
+        self._open.pop(id(writer), None)
+
+
 class VersionFileWriter:
     """Appends blocks to one table version's container file.
 
     ``size`` counts bytes written; ``committed`` is what readers may see. A block is written
-    with one ``write`` call; ``rollback`` cuts the file back to the committed size.
+    with one ``write`` call; ``rollback`` cuts the file back to the committed size. With
+    ``files`` (an :class:`OpenFiles`), the file may be parked (closed) between writes, dirty
+    or not; it reopens to write, and an fsync of a parked file opens it for the fsync (which
+    makes the file's data durable whichever descriptor wrote it).
     """
 
-    def __init__(self, path: str, header: Header, fd: int, size: int) -> None:
+    def __init__(self, path: str, header: Header, fd: int, size: int,
+                 files: OpenFiles | None = None) -> None:
         self.path = path
         self.header = header
         self.fd = fd
@@ -121,9 +158,14 @@ class VersionFileWriter:
         self.buffer = bytearray()
         self.count = 0
         self.dirty = False  # written since the last fsync
+        self.files = files
+        self._lock = threading.Lock()  # the flush's fsync (a thread) against parking
+        if files is not None and fd >= 0:
+            files.used(self)
 
     @classmethod
-    def create(cls, path: str, schema_json: str, codec: str) -> VersionFileWriter:
+    def create(cls, path: str, schema_json: str, codec: str,
+               files: OpenFiles | None = None) -> VersionFileWriter:
         header_bytes = container_header(schema_json, codec, os.urandom(SYNC_SIZE))
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         try:
@@ -132,25 +174,35 @@ class VersionFileWriter:
             os.close(fd)
             os.unlink(path)
             raise
-        writer = cls(path, parse_header(header_bytes), fd, len(header_bytes))
+        writer = cls(path, parse_header(header_bytes), fd, len(header_bytes), files)
         writer.dirty = True
         return writer
 
     @classmethod
-    def open_existing(cls, path: str) -> VersionFileWriter:
+    def open_existing(cls, path: str, files: OpenFiles | None = None) -> VersionFileWriter:
         header = read_header(path)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        return cls(path, header, fd, os.fstat(fd).st_size)
+        return cls(path, header, fd, os.fstat(fd).st_size, files)
+
+    def _descriptor(self) -> int:
+        """The open file, reopened if it was parked."""
+        if self.fd < 0:
+            with self._lock:
+                self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        if self.files is not None:
+            self.files.used(self)
+        return self.fd
 
     def end_block(self) -> None:
         if not self.count:
             return
         data = compress(self.header.codec, self.buffer)
         block = varint(self.count) + varint(len(data)) + data + self.header.sync
+        fd = self._descriptor()
         try:
-            _write_all(self.fd, block)
+            _write_all(fd, block)
         except OSError:
-            os.ftruncate(self.fd, self.size)  # no partial block may stay (disk full)
+            os.ftruncate(fd, self.size)  # no partial block may stay (disk full)
             raise
         self.size += len(block)
         self.buffer.clear()
@@ -164,17 +216,38 @@ class VersionFileWriter:
     def rollback(self) -> None:
         self.buffer.clear()
         self.count = 0
-        if self.size != self.committed or os.fstat(self.fd).st_size != self.committed:
-            os.ftruncate(self.fd, self.committed)
+        if self.size != self.committed or os.stat(self.path).st_size != self.committed:
+            os.ftruncate(self._descriptor(), self.committed)
             self.size = self.committed
 
     def fsync(self) -> None:
-        os.fsync(self.fd)
+        with self._lock:
+            if self.fd >= 0:
+                os.fsync(self.fd)
+                return
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def park(self, wait: bool = True) -> bool:
+        """Close the file until the next write (its data stays; an fsync reopens it).
+        Without ``wait``, not while an fsync holds it (False)."""
+        if not self._lock.acquire(blocking=wait):
+            return False
+        try:
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+        finally:
+            self._lock.release()
+        return True
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self.park()
+        if self.files is not None:
+            self.files.closed(self)
 
 
 def _write_all(fd: int, data: bytes | bytearray) -> None:

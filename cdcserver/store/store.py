@@ -41,7 +41,7 @@ from cdcserver.core.changes import (
 from cdcserver.core.errors import DiskFull, StoreError
 from cdcserver.core.gtid import BinlogPosition, GtidState
 from cdcserver.store import checkpoint as ckpt
-from cdcserver.store.avrofile import VersionFileWriter, last_valid_end, read_header
+from cdcserver.store.avrofile import OpenFiles, VersionFileWriter, last_valid_end, read_header
 from cdcserver.store.catalog import Catalog, VersionInfo
 from cdcserver.store.checkpoint import Checkpoint, TableMark
 from cdcserver.store.durable import fsync_dir, write_atomically
@@ -106,7 +106,7 @@ class AvroStore:
     name = "avro"
 
     def __init__(self, data_dir: str, catalog: Catalog, *, codec: str = "null",
-                 block_size: int = 64 * 1024) -> None:
+                 block_size: int = 64 * 1024, max_open_files: int = 256) -> None:
         self.data_dir = data_dir
         self.layout = DataDir(data_dir)
         self.avro_dir = self.layout.avro
@@ -122,6 +122,7 @@ class AvroStore:
         self._undurable_since: float | None = None  # monotonic: first commit not durable yet
         self.origin: BinlogPosition | None = None  # where the store began replicating
         self._writers: dict[tuple[TableName, int], VersionFileWriter] = {}
+        self._files = OpenFiles(max_open_files)  # of the writers: the rest are parked
         self._routes: dict[int, _Route] = {}
         self._fresh: set[TableName] = set()  # re-created tables awaiting their first rows
         self._retired: list[VersionFileWriter] = []  # to close once no flush can use them
@@ -436,7 +437,7 @@ class AvroStore:
         path = self.layout.table_file(table, version, "avro")
         try:
             write_atomically(avsc_path, schema.text().encode("utf-8") + b"\n")
-            writer = VersionFileWriter.create(path, schema.text(), self.codec)
+            writer = VersionFileWriter.create(path, schema.text(), self.codec, self._files)
         except OSError:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(avsc_path)
@@ -455,7 +456,8 @@ class AvroStore:
         key = (info.table, info.version)
         writer = self._writers.get(key)
         if writer is None:
-            writer = self._writers[key] = VersionFileWriter.open_existing(info.path)
+            writer = self._writers[key] = VersionFileWriter.open_existing(info.path,
+                                                                          self._files)
         return writer
 
     def _drop_table_routes(self, table: TableName) -> None:
