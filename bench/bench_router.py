@@ -26,6 +26,7 @@ from bench.common import (
     OUT,
     RECORDS,
     ROW_CHANGES,
+    code_path,
     line,
     mariadb_binlog_rate,
     peak_rss_mb,
@@ -87,6 +88,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3, help="repetitions (the median is shown)")
     args = parser.parse_args()
+    path = code_path()
+    line("code path measured", path)
+    if path.startswith("pure") and not os.environ.get("CDC_PURE_PYTHON"):
+        sys.exit("the compiled extensions are not built here (pip install -e .): this would "
+                 "measure the pure-Python path; set CDC_PURE_PYTHON=1 to measure it on purpose")
     with workload_server() as server:
         binlog_mb = sum(int(r[1]) for r in server.query("SHOW BINARY LOGS")) / 1e6
         line("workload", f"{ROW_CHANGES:,} row changes ({RECORDS:,} records), "

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from cdcserver.app.embedded import EmbeddedMariaDB
+from cdcserver.app.embedded import EmbeddedMariaDB, kill_leftovers
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
 INSERTS, UPDATES, BATCH = 200_000, 50_000, 1_000
@@ -37,6 +37,7 @@ CREATE = """CREATE TABLE bench.orders (
 def workload_server() -> Iterator[EmbeddedMariaDB]:
     """A fresh MariaDB in bench/out with the standard workload as its whole binlog."""
     base = os.path.join(OUT, "mariadb")
+    kill_leftovers(os.path.join(base, "data"))  # a bench killed by a timeout left it running
     shutil.rmtree(base, ignore_errors=True)
     server = EmbeddedMariaDB(base, port=0)
     server.start()

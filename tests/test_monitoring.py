@@ -126,3 +126,27 @@ async def test_status_says_when_nothing_answers(capsys):
     code = await asyncio.to_thread(cdcserver_main,
                                    ["status", "--metrics-url", "http://127.0.0.1:1"])
     assert code == 1 and "UNREACHABLE" in capsys.readouterr().out
+
+
+async def test_a_service_that_dies_at_start_fails_its_waiters(tmp_path, source: Source,
+                                                              users_file: str) -> None:
+    """The metrics port is taken: the service stops at start with the reason, and a caller
+    waiting for it to catch up gets an error instead of waiting forever."""
+    import socket
+
+    from cdcserver.app.service import Service
+    from cdcserver.core.errors import CdcError, ConfigError
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        config = make_config(str(tmp_path / "data"), source.url, users_file,
+                             metrics={"listen": f"127.0.0.1:{taken}"})
+        service = Service(config)
+        waiter = asyncio.create_task(service.wait_caught_up(source.gtid_state()))
+        await asyncio.sleep(0)
+        with pytest.raises(ConfigError, match=r"metrics\.listen"):
+            await asyncio.wait_for(service.run(asyncio.Event()), 30)
+        with pytest.raises(CdcError, match="the service stopped"):
+            await asyncio.wait_for(waiter, 5)

@@ -49,6 +49,29 @@ def ensure_mariadb_installed() -> None:
                    check=True, env=env)
 
 
+def kill_leftovers(datadir: str) -> list[int]:
+    """Kill any ``mariadbd`` still serving ``datadir``: one left by a run that was itself
+    killed (the server runs in its own session, so it outlives it). A new server on the same
+    directory would otherwise wait on InnoDB's file locks. Returns the pids killed."""
+    wanted = f"--datadir={os.path.abspath(datadir)}".encode()
+    killed = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if wanted in args and os.path.basename(args[0]) in (b"mariadbd", b"mysqld"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    for pid in killed:
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return killed
+
+
 def _binary(name: str) -> str:
     return shutil.which(name) or f"/usr/sbin/{name}"
 
@@ -76,6 +99,7 @@ class EmbeddedMariaDB:
 
     def start(self, timeout: float = 60.0) -> EmbeddedMariaDB:
         ensure_mariadb_installed()
+        kill_leftovers(self.datadir)
         os.makedirs(self.run_dir, exist_ok=True)
         if not os.path.isdir(os.path.join(self.datadir, "mysql")):
             self._install_datadir()

@@ -18,7 +18,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from cdcserver.app.runner import ReplicationRunner
 from cdcserver.core.config import Config
-from cdcserver.core.errors import ConfigError
+from cdcserver.core.errors import CdcError, ConfigError
 from cdcserver.core.gtid import GtidState
 from cdcserver.core.pipeline import Sink
 from cdcserver.dump.retention import Cleaner
@@ -68,6 +68,7 @@ class Service:
         self.lag: LagProbe | None = None
         self.monitoring: MonitoringServer | None = None
         self.monitoring_address: tuple[str, int] | None = None
+        self._ended: asyncio.Future[None] | None = None  # when run() ends, and how
 
     def _configured_sinks(self) -> list[Sink]:
         """The sinks the configuration adds beside the store."""
@@ -120,6 +121,25 @@ class Service:
     async def run(self, stop: asyncio.Event, started: Callable[[Service], None] | None = None
                   ) -> None:
         """Serve until ``stop`` is set; raises if replication fails for good."""
+        ended = self._ending()
+        try:
+            await self._run(stop, started)
+        except BaseException as exc:
+            ended.set_exception(exc if isinstance(exc, Exception) else
+                                CdcError("the service was cancelled"))
+            ended.exception()  # retrieved: there may be no waiter
+            raise
+        else:
+            ended.set_result(None)
+
+    def _ending(self) -> asyncio.Future[None]:
+        """Resolved when run() ends (with its exception, if it failed)."""
+        if self._ended is None:
+            self._ended = asyncio.get_running_loop().create_future()
+        return self._ended
+
+    async def _run(self, stop: asyncio.Event, started: Callable[[Service], None] | None
+                   ) -> None:
         self.users.load()  # warns, at start, about each malformed line (which it skips)
         self.store.open()
         try:
@@ -201,7 +221,21 @@ class Service:
         return tasks
 
     async def wait_caught_up(self, target: GtidState) -> None:
-        """Return once every sink has applied all transactions up to ``target``."""
+        """Return once every sink has applied all transactions up to ``target``; raises
+        if the service ended first (it failed to start, or stopped), instead of waiting
+        forever."""
+        waiting = asyncio.ensure_future(self._caught_up(target))
+        ended = self._ending()
+        await asyncio.wait({waiting, ended}, return_when=asyncio.FIRST_COMPLETED)
+        if waiting.done():
+            waiting.result()
+            return
+        waiting.cancel()
+        if ended.exception() is not None:
+            raise CdcError(f"the service stopped: {ended.exception()}") from ended.exception()
+        raise CdcError("the service stopped before it caught up")
+
+    async def _caught_up(self, target: GtidState) -> None:
         await self.replication.replicating.wait()
         index = self.store.index
         assert index is not None
