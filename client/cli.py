@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"cdc: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if several and args.format == "JSON":
+    if several and args.format == "JSON" and not request.until:
         return _follow_instances(args, request)
     try:
         conn = _open(args)
@@ -149,6 +149,7 @@ def _follow_instances(args: argparse.Namespace, request: DataRequest) -> int:
     password = args.password if args.password is not None else os.environ.get("CDC_PASSWORD", "")
     endpoints = Endpoints.of(args.host, args.port)
     resume = Resume(request.version, request.gtid, request.after)
+    tls = ssl.create_default_context(cafile=args.tls_ca) if args.tls or args.tls_ca else None
     out = sys.stdout.buffer
     delays = (0.1, 0.5, 1.0, 2.0, 5.0)
     rounds = 0
@@ -156,7 +157,8 @@ def _follow_instances(args: argparse.Namespace, request: DataRequest) -> int:
         host, port = endpoints.current
         try:
             conn = SyncCdcConnection.open(host, port, args.user, password,
-                                          format=Format.JSON, timeout=args.timeout or 10.0)
+                                          format=Format.JSON, ssl=tls,
+                                          timeout=args.timeout or 10.0)
         except ProtocolError as exc:
             print(f"cdc: {exc}", file=sys.stderr)
             return EXIT_ERROR

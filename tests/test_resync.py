@@ -20,7 +20,7 @@ from cdcserver.dump import files
 from cdcserver.ops.metrics import health
 from cdcserver.store.naming import TableName
 from tests.conftest import Source, make_config, start_service
-from tests.helpers import PASSWORD, USER, eventually
+from tests.helpers import PASSWORD, USER, eventually, wait_until
 from tests.oracle import read_stream
 
 pytestmark = pytest.mark.mariadb
@@ -54,9 +54,18 @@ async def test_a_purged_binlog_stops_replication_loudly_and_resync_is_the_way_ou
     source.execute(f"UPDATE `{db}`.orders SET amount = 21 WHERE id = 2",
                    f"DELETE FROM `{db}`.orders WHERE id = 3",
                    f"INSERT INTO `{db}`.orders VALUES (4, 40)", f"DROP TABLE `{db}`.gone",
+                   f"CREATE TABLE `{db}`.born (id INT PRIMARY KEY, amount INT)",
+                   f"INSERT INTO `{db}`.born VALUES (7, 70), (8, 80)",
                    "FLUSH BINARY LOGS")
     newest = source.query("SHOW MASTER STATUS")[0][0]
-    source.execute(f"PURGE BINARY LOGS TO '{newest}'")
+
+    def purged() -> bool:
+        # MariaDB keeps a binlog until its binlog checkpoint (InnoDB has the transactions
+        # durable); purging again until it goes
+        source.execute(f"PURGE BINARY LOGS TO '{newest}'")
+        return [row[0] for row in source.query("SHOW BINARY LOGS")] == [newest]
+
+    wait_until(purged, 30, "the old binlog purged")
 
     cdc = await start_service(config)
     try:
@@ -96,6 +105,11 @@ async def test_a_purged_binlog_stops_replication_loudly_and_resync_is_the_way_ou
         assert "purged" in schemas[-1]["ddl"]["note"]
         gone = await read_stream(cdc.port, f"{db}.gone", user=USER, password=PASSWORD)
         assert [line["ddl"]["kind"] for line in gone if "fields" in line][-1] == "drop"
+        # a table created in the gap: never in the stream, now with a version and a dump
+        born = await read_stream(cdc.port, f"{db}.born", user=USER, password=PASSWORD)
+        assert [line["ddl"]["kind"] for line in born if "fields" in line] == ["resync"]
+        (first,) = files.list_dumps(data_dir, TableName(db, "born"))
+        assert _dumped(first.path) == {7: 70, 8: 80}
         # the dump resync took, plus the stream after it, is the table
         (dump,) = files.list_dumps(data_dir, TableName(db, "orders"))
         image = _dumped(dump.path)

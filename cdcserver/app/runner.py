@@ -69,6 +69,8 @@ class ReplicationRunner:
         self.stopped = ""  # why replication stopped for good while the service serves on
         self.info: SourceInfo | None = None  # what the source is, once checked
         self._restarting = False
+        self._setting_up = asyncio.Lock()
+        self._views: Views | None = None
         self._halted = asyncio.Event()  # set by stop()
         self.repair_stats = RepairStats()  # changes without binlog rows, and their repairs
         self.replicating = asyncio.Event()  # set once the replicator is started
@@ -143,11 +145,23 @@ class ReplicationRunner:
 
     async def restart(self) -> None:
         """Replication starts over from where every sink stands: after a sink was added
-        (it is fed from its own position; the others skip what they have) or removed."""
+        (it is fed from its own position; the others skip what they have) or removed.
+        Returns once the new pipeline runs (or the service stops): the old one no longer
+        uses a sink removed before."""
         await self.replicating.wait()
-        self._restarting = True
-        if self.replicator is not None:
-            await asyncio.to_thread(self.replicator.stop)
+        async with self._setting_up:  # not between reading the sinks and the replicator
+            replaced: asyncio.Future[None] = asyncio.shield(self._pipeline_replaced())
+            self._restarting = True
+            if self.replicator is not None:
+                await asyncio.to_thread(self.replicator.stop)
+        halted = asyncio.ensure_future(self._halted_wait())
+        try:
+            await asyncio.wait([replaced, halted], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            halted.cancel()
+
+    async def _halted_wait(self) -> None:
+        await self._halted.wait()
 
     async def stop(self) -> None:
         """Stop reading the binlog; the pipeline then ends after its final flush."""
@@ -158,9 +172,23 @@ class ReplicationRunner:
     async def _replicate_from(self, default: BinlogPosition, info: SourceInfo) -> None:
         """Replicate from where every sink stands (``default`` for a new store) until the
         stream ends or fails."""
+        async with self._setting_up:
+            await self._set_up(default, info)
+        try:
+            assert self.pipeline is not None
+            await self.pipeline.run()
+        finally:
+            assert self.handoff is not None and self.replicator is not None
+            self.handoff.close()
+            await asyncio.to_thread(self.replicator.stop)
+            if self._views is not None:
+                self._views.close()
+
+    async def _set_up(self, default: BinlogPosition, info: SourceInfo) -> None:
+        """The replicator and pipeline from where every sink stands, started."""
         cfg = self.config
         sinks = ordered(self.sinks)
-        position = start_position(sinks, default)
+        position = start_position(sinks, default, by_gtid=self.sources.several)
         for sink in sinks:
             sink.starting_at(position)
         start = position.gtid_state
@@ -174,7 +202,7 @@ class ReplicationRunner:
                                      pos=position.pos, defer_decoding=self.defer_decoding,
                                      failover_after=cfg.failover_after,
                                      connected_to=self._record_source)
-        views = Views(self.data_dir.views)
+        views = self._views = Views(self.data_dir.views)
         repairer = Repairer(self.sources, self.catalog, views, self.repair_stats)
         if self.pipeline is not None and self.pipeline.repairer is not None:
             repairer.take_over(self.pipeline.repairer.carry_over())  # after a pause
@@ -183,12 +211,6 @@ class ReplicationRunner:
             self._replaced.set_result(None)
         self.replicator.start()
         self.replicating.set()
-        try:
-            await self.pipeline.run()
-        finally:
-            handoff.close()
-            await asyncio.to_thread(self.replicator.stop)
-            views.close()
 
     async def _stopped_by_purge(self, exc: BinlogPurged) -> None:
         """The binlog after the stored state is gone: say so once, with the way out, and

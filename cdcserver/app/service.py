@@ -19,7 +19,7 @@ from prometheus_client.registry import CollectorRegistry
 from cdcserver.app.runner import ReplicationRunner
 from cdcserver.core.config import Config
 from cdcserver.core.errors import CdcError, ConfigError
-from cdcserver.core.gtid import GtidState
+from cdcserver.core.gtid import BinlogPosition, GtidState
 from cdcserver.core.pipeline import Sink
 from cdcserver.dump.retention import Cleaner
 from cdcserver.dump.scheduler import DumpScheduler
@@ -105,8 +105,15 @@ class Service:
         await self.replication.replicating.wait()
         assert self.replication.info is not None
         await sink.open(self.replication.info)
+        if sink.durable is not None:  # recorded by another instance, maybe on another server
+            sink.durable = BinlogPosition(sink.durable.gtid_state, "", 4)
         self.sinks.append(sink)
         await self.replication.restart()
+
+    def _can_publish(self) -> bool:
+        """Replication runs (not stopped for a purged binlog, nor paused for a full disk):
+        otherwise another instance should publish."""
+        return not (self.replication.stopped or self.replication.paused)
 
     async def _stand_by(self) -> None:
         sink = self.sink("kafka")
@@ -206,8 +213,9 @@ class Service:
         """The cleaner, the lag probe, and the dump schedule if one is configured."""
         tasks = [asyncio.create_task(self.cleaner.run(), name="cleaner")]
         if self.lease is not None:
-            tasks.append(asyncio.create_task(self.lease.run(self._publish, self._stand_by),
-                                             name="kafka publisher lease"))
+            tasks.append(asyncio.create_task(
+                self.lease.run(self._publish, self._stand_by, self._can_publish),
+                name="kafka publisher lease"))
         if self.monitoring is not None:
             self.lag = LagProbe(self.sources, self.stored_state,
                                 self.replication.last_commit,
@@ -226,11 +234,16 @@ class Service:
         forever."""
         waiting = asyncio.ensure_future(self._caught_up(target))
         ended = self._ending()
-        await asyncio.wait({waiting, ended}, return_when=asyncio.FIRST_COMPLETED)
-        if waiting.done():
+        finished = False
+        try:
+            await asyncio.wait({waiting, ended}, return_when=asyncio.FIRST_COMPLETED)
+            finished = waiting.done()
+        finally:
+            if not waiting.done():
+                waiting.cancel()
+        if finished:
             waiting.result()
             return
-        waiting.cancel()
         if ended.exception() is not None:
             raise CdcError(f"the service stopped: {ended.exception()}") from ended.exception()
         raise CdcError("the service stopped before it caught up")

@@ -56,7 +56,8 @@ class Sink(Protocol):
     async def close(self) -> None: ...
 
 
-def start_position(sinks: Sequence[Sink], default: BinlogPosition) -> BinlogPosition:
+def start_position(sinks: Sequence[Sink], default: BinlogPosition, *,
+                   by_gtid: bool = False) -> BinlogPosition:
     """Where replication resumes: the earliest checkpoint of all sinks (a sink without one
     starts where configured). When every checkpoint has a binlog position, the earliest by
     position is taken whole (its GTID state with it): with ``gtid_strict_mode=OFF`` a domain's
@@ -67,6 +68,8 @@ def start_position(sinks: Sequence[Sink], default: BinlogPosition) -> BinlogPosi
     if len(positions) < len(sinks):
         positions.append(default)
     earliest = min(positions, key=lambda p: binlog_ordinal(p.file, p.pos))
+    if by_gtid:  # the checkpoints may name positions in different servers' binlogs
+        return BinlogPosition(min_state([p.gtid_state for p in positions]), "", 4)
     if all(p.file for p in positions):
         return earliest
     return BinlogPosition(min_state([p.gtid_state for p in positions]), earliest.file,

@@ -34,11 +34,13 @@ class PublisherLease:
         self.held = False
 
     async def run(self, acquired: Callable[[], Awaitable[None]],
-                  lost: Callable[[], Awaitable[None]]) -> None:
-        """Forever: wait for the lock, call ``acquired``; when its connection fails, call
-        ``lost`` and wait for it again."""
+                  lost: Callable[[], Awaitable[None]],
+                  can_publish: Callable[[], bool] = lambda: True) -> None:
+        """Forever: wait for the lock (while ``can_publish``), call ``acquired``; when its
+        connection fails or this instance cannot publish any more, let it go, call ``lost``
+        and wait for it again. A failed ``acquired`` lets the lock go too (and says why)."""
         while True:
-            conn = await asyncio.to_thread(self._take)
+            conn = await asyncio.to_thread(self._take) if can_publish() else None
             if conn is None:
                 await asyncio.sleep(self.interval)
                 continue
@@ -49,8 +51,12 @@ class PublisherLease:
                 await acquired()
                 while True:  # a poll: the server tells no one when a connection fails
                     await asyncio.sleep(self.interval)
-                    if not await asyncio.to_thread(self._still_held, conn):
+                    if not can_publish() or \
+                            not await asyncio.to_thread(self._still_held, conn):
                         break
+            except (CdcError, OSError) as exc:
+                log.error("kafka: cannot publish (%s); letting the lock %r go", exc,
+                          self.name)
             finally:
                 self.held = False
                 await asyncio.to_thread(conn.close)

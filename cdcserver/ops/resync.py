@@ -83,7 +83,7 @@ def resync(config: Config, *, dump: bool = True) -> Resynced:
             changes = _table_changes(conn, store, stored, point, result)
         finally:
             conn.close()
-        _store_resync(store, point, changes)
+        _store_resync(store, stored, point, changes)
         history = SchemaHistory(layout.schema_history)
         for table in (*result.versions, *result.dropped):
             history.forget(table)
@@ -127,11 +127,15 @@ def _table_changes(conn: Any, store: AvroStore, stored: GtidState, point: Binlog
             f"changes up to '{point.gtid_state}' are not in the stream. Reload the table from "
             "a dump taken after this version began (cdcserver resync took one)")
     changes = []
-    for entry in sorted(store.catalog.tables.values(), key=lambda e: str(e.name)):
-        latest = entry.latest()
-        if latest is None or version_ddl(latest).get("kind") == "drop":
-            continue
-        table = entry.name
+    held = [entry.name for entry in store.catalog.tables.values()
+            if (latest := entry.latest()) is not None and
+            version_ddl(latest).get("kind") != "drop"]
+    # tables created in the gap (or again after a stored drop) are in no version yet
+    on_source = [TableName(str(db), str(name)) for db, name in source_sql.query(
+        conn, "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE "
+              "TABLE_TYPE IN ('BASE TABLE', 'SYSTEM VERSIONED') AND TABLE_SCHEMA NOT IN "
+              "('mysql', 'sys', 'information_schema', 'performance_schema')")]
+    for table in sorted({*held, *on_source}, key=str):
         text = _show_create(conn, table)
         if text is None:
             changes.append(TableChange("drop", table.database, table.table, note=note))
@@ -155,10 +159,15 @@ def _show_create(conn: Any, table: TableName) -> str | None:
         raise
 
 
-def _store_resync(store: AvroStore, point: BinlogPosition, changes: list[TableChange]) -> None:
+def _store_resync(store: AvroStore, stored: GtidState, point: BinlogPosition,
+                  changes: list[TableChange]) -> None:
     """One stored transaction at ``point`` with every table's new version, then the
-    checkpoint there."""
-    gtid = max(point.gtid_state, key=lambda g: g.sequence, default=Gtid(0, 0, 0))
+    checkpoint there. Its GTID is the last of a domain that moved since ``stored`` (one the
+    stream never held, so no seek can confuse the two)."""
+    moved = [g for g in point.gtid_state
+             if (was := stored.get(g.key)) is None or was.sequence < g.sequence]
+    gtid = max(moved or list(point.gtid_state), key=lambda g: g.sequence,
+               default=Gtid(0, 0, 0))
     stamp = int(time.time())
     store.apply_now([
         Begin(gtid, stamp, standalone=True, file=point.file, pos=point.pos),

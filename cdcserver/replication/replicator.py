@@ -309,6 +309,8 @@ class Replicator:
             return
         for refusal in self.sources.refusals:
             log.warning("not reading %s", refusal.text())
+        if index == self.sources.index and isinstance(exc, SourceRefused):
+            self._wait_to_reconnect(exc)  # it refused, then accepted a fresh dump: not at once
         if index != self.sources.index:
             self.sources.switch(index)
             log.warning("moving from %s to %s, after GTID state '%s' (%s)", before.describe(),

@@ -225,7 +225,10 @@ class VersionFileWriter:
             if self.fd >= 0:
                 os.fsync(self.fd)
                 return
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            except FileNotFoundError:  # its version was deleted (a rolled-back creation)
+                return
             try:
                 os.fsync(fd)
             finally:
