@@ -117,6 +117,7 @@ class Cleaner:
         self.catalog = catalog
         self.index = index
         self._wake = asyncio.Event()
+        self._pass = asyncio.Lock()  # one pass at a time: the timer's and an operator's
         self.runs = 0
         self.deleted = 0  # files deleted since start
 
@@ -139,6 +140,10 @@ class Cleaner:
                     await self._wake.wait()
 
     async def clean(self) -> CleanReport:
+        async with self._pass:
+            return await self._clean()
+
+    async def _clean(self) -> CleanReport:
         report = CleanReport()
         now = time.time()
         dumps = await asyncio.to_thread(list_dumps, self.data_dir)

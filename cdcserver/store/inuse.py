@@ -49,5 +49,8 @@ def delete_unless_in_use(path: str, before_delete: object = None) -> bool:
             return False
         if callable(before_delete):
             before_delete()
-        os.unlink(path)
+        # Another deleter (a second cleaner pass, `cdcserver dumps --delete`) may have
+        # unlinked it between our open and our lock: gone is what we wanted.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
     return True
