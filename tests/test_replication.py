@@ -18,7 +18,7 @@ from cdcserver.replication.decoder import EventDecoder
 from cdcserver.replication.replicator import Replicator
 from client.sync import SyncCdcClient
 from tests.conftest import RunningService, Source, make_config, start_service
-from tests.helpers import PASSWORD, USER
+from tests.helpers import PASSWORD, USER, wait_until
 
 pytestmark = pytest.mark.mariadb
 
@@ -214,6 +214,35 @@ async def test_replicator_reconnects_after_the_connection_is_killed(source: Sour
         await asyncio.to_thread(replicator.stop)
     assert seen == [1, 2]
     assert replicator.reconnects >= 1
+
+
+def _dump_threads(source: Source) -> set[int]:
+    return {row[0] for row in source.query(
+        "SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%'")}
+
+
+async def test_a_stopped_replicator_leaves_no_dump_thread_on_the_server(source: Source):
+    # The server's dump thread notices a replica that hung up only at its next write (a
+    # heartbeat, 30 s here); meanwhile a replica reconnecting with the same server_id waits
+    # for the server to kill it. Stopping ends it at once.
+    table = _make_table(source)
+    from cdcserver.core.config import parse_source_url
+
+    before = _dump_threads(source)
+    handoff = Handoff(asyncio.get_running_loop())
+    replicator = Replicator(parse_source_url(source.url), 7003, handoff, GtidState(),
+                            heartbeat=30.0)
+    replicator.start()
+    try:
+        source.execute(f"INSERT INTO {table} VALUES (1, 'a')")
+        await _collect(handoff, [], 1)
+        ours = _dump_threads(source) - before
+        assert len(ours) == 1
+    finally:
+        handoff.close()
+        await asyncio.to_thread(replicator.stop)
+    await asyncio.to_thread(wait_until, lambda: not ours & _dump_threads(source), 2.0,
+                            "the server's dump thread to end")
 
 
 async def _collect(handoff: Handoff, seen: list[int], count: int) -> None:

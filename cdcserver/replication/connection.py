@@ -29,6 +29,7 @@ from pymysqlreplication import BinLogStreamReader
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import BinlogPurged, SourceRefused, SourceUnavailable
 from cdcserver.core.gtid import GtidState
+from cdcserver.replication import source
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,8 @@ class BinlogConnection:
             is_mariadb=mariadb and by_gtid, auto_position=str(start) if by_gtid else None,
             log_file=None if by_gtid else file, log_pos=None if by_gtid else pos,
             resume_stream=not by_gtid, slave_heartbeat=heartbeat,
-            report_slave=(report_host, "", "", 0), enable_logging=False)
+            report_slave=(report_host, "", "", 0), enable_logging=False,
+            pymysql_wrapper=source.Connection)  # one TLS context for every connection
         self._stream.fix_dump_framing = fix_dump_framing
         self.address = address
         self.start = start
@@ -123,6 +125,12 @@ class BinlogConnection:
     @property
     def checksums(self) -> bool:
         return self._stream.checksums
+
+    @property
+    def server_thread(self) -> int | None:
+        """The id of the server's thread serving this dump (``KILL`` ends it)."""
+        conn = getattr(self._stream, "_stream_connection", None)
+        return conn.thread_id() if conn is not None else None
 
     def packets(self) -> Iterator[bytes]:
         """Raw event packets (OK byte first) until the server ends a non-blocking dump."""

@@ -25,7 +25,7 @@ class SourceInfo:
     variables: dict[str, str]
 
 
-class _Connection(pymysql.connections.Connection):
+class Connection(pymysql.connections.Connection):
     """pymysql's connection, sharing one TLS context among the connections that set no TLS
     options: without options pymysql tries TLS if the server offers it (unverified, as
     before), and made a context for every connection, loading the system's CA bundle each
@@ -37,15 +37,15 @@ class _Connection(pymysql.connections.Connection):
     def _create_ssl_ctx(self, sslp: Any) -> Any:
         if sslp != {}:
             return super()._create_ssl_ctx(sslp)
-        with _Connection._lock:
-            if _Connection._preferred is None:
-                _Connection._preferred = super()._create_ssl_ctx(sslp)
-            return _Connection._preferred
+        with Connection._lock:
+            if Connection._preferred is None:
+                Connection._preferred = super()._create_ssl_ctx(sslp)
+            return Connection._preferred
 
 
 def connect(address: SourceAddress) -> pymysql.connections.Connection:
     try:
-        return _Connection(**address.pymysql_kwargs(), autocommit=True)
+        return Connection(**address.pymysql_kwargs(), autocommit=True)
     except pymysql.err.OperationalError as exc:
         code = exc.args[0] if exc.args else 0
         if code in (1044, 1045):  # access denied
