@@ -161,6 +161,23 @@ def test_non_blocking_gtid_dump_reads_the_whole_binlog(busy_binlog: Source):
     assert sum(len(c.rows) for c in changes if isinstance(c, Rows)) == BUSY_ROWS
 
 
+def test_an_event_longer_than_one_packet_arrives_whole(source: Source):
+    """A rows event over 16 MiB comes in several packets; the reader joins them."""
+    table = f"`{source.database}`.big"
+    source.execute("SET GLOBAL max_allowed_packet = 67108864",
+                   f"CREATE TABLE {table} (id INT PRIMARY KEY, b LONGBLOB)")
+    conn = source.server.connect()  # a new session: the new max_allowed_packet
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"INSERT INTO {table} VALUES (1, REPEAT('ab', 10485760))")
+        conn.commit()
+    finally:
+        conn.close()
+    rows = [r for c in _read_whole_binlog(source, fix=True) if isinstance(c, Rows)
+            and c.layout.table == "big" for r in c.rows]
+    assert len(rows) == 1 and rows[0][1] == b"ab" * 10_485_760
+
+
 def test_the_unfixed_dump_request_loses_data(busy_binlog: Source):
     """Documents the library bug the adapter works around: without the fix the server's
     close resets the connection and the tail of the dump is lost. If this starts failing,

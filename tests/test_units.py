@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import io
+import itertools
+import socket
 import threading
 from decimal import Decimal
 
@@ -605,3 +607,64 @@ def test_writers_past_the_open_file_limit_are_parked_and_reopen_to_write(tmp_pat
     for writer in writers:
         writer.close()
     assert len(files) == 0
+
+
+# -- the replication connection's packet reader ----------------------------------------------
+
+def _framed(payload: bytes, seq: int = 0) -> bytes:
+    """MySQL packets for one payload: 16 MiB - 1 pieces, then the rest (maybe empty)."""
+    out = bytearray()
+    for start in range(0, len(payload) + 1, 0xFFFFFF):
+        piece = payload[start:start + 0xFFFFFF]
+        out += len(piece).to_bytes(3, "little") + bytes([seq % 256]) + piece
+        seq += 1
+        if len(piece) < 0xFFFFFF:
+            break
+    return bytes(out)
+
+
+class _PymysqlStandIn:  # the two members the reader takes from pymysql's connection
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._rfile = sock.makefile("rb")
+
+
+def test_the_packet_reader_frames_joins_and_ends_like_pymysql():
+    from cdcserver.replication.connection import _Packets
+
+    payloads = [b"\x00" + bytes([i % 251]) * size
+                for i, size in enumerate([0, 10, 4000, 70_000, 1 << 20, 0xFFFFFF - 1,
+                                          0xFFFFFF, 20 << 20, 3])]
+    wire = b"".join(_framed(p) for p in payloads) + _framed(b"\xfe\x00\x00\x02\x00")
+    here, there = socket.socketpair()
+    with here, there:
+        cuts = [*range(0, len(wire), 65_531), len(wire)]  # packets cut anywhere
+        sender = threading.Thread(target=lambda: [there.sendall(wire[a:b])
+                                                  for a, b in itertools.pairwise(cuts)])
+        sender.start()
+        try:
+            got = list(_Packets(_PymysqlStandIn(here)))
+        finally:
+            sender.join()
+    assert [len(p) for p in got] == [len(p) for p in payloads] and got == payloads
+
+
+def test_the_packet_reader_raises_the_servers_error_and_a_closed_connection():
+    from cdcserver.core.errors import BinlogPurged, SourceUnavailable
+    from cdcserver.replication.connection import _Packets
+
+    error = b"\xff" + (1236).to_bytes(2, "little") + b"#HY000" + \
+        b"Could not find GTID state requested by slave in any binlog files"
+    here, there = socket.socketpair()
+    with here, there:
+        there.sendall(_framed(b"\x00event") + _framed(error))
+        packets = iter(_Packets(_PymysqlStandIn(here)))
+        assert next(packets) == b"\x00event"
+        with pytest.raises(BinlogPurged, match="1236"):
+            next(packets)
+    here, there = socket.socketpair()
+    with here:
+        there.sendall(_framed(b"\x00event")[:7])
+        there.close()
+        with pytest.raises(SourceUnavailable, match="closed"):
+            list(_Packets(_PymysqlStandIn(here)))

@@ -22,6 +22,7 @@ import logging
 import socket
 import struct
 from collections.abc import Iterator
+from typing import Any
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
@@ -73,6 +74,82 @@ class _ReplicaStream(BinLogStreamReader):
     @property
     def checksums(self) -> bool:
         return bool(self._BinLogStreamReader__use_checksum)
+
+
+_BUFFER = 1 << 20  # bytes read from the socket at a time
+_MAX_PACKET = 0xFFFFFF  # a payload this long continues in the next packet
+
+
+class _Packets:
+    """The dump's packets (MySQL framing: 3-byte length, sequence number, payload), read
+    from the socket in pieces of up to 1 MiB into one buffer. pymysql reads each packet
+    with two calls, each releasing the GIL and then waiting to get it back from the event
+    loop (up to the 5 ms switch interval): most of the replicator's time in the profile of
+    a catch-up. The server sends nothing but the dump on this connection, so nothing is
+    left unread for pymysql."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.buffer = bytearray(_BUFFER)
+        self.pos = 0
+        self.end = 0
+        self.first = True  # pymysql's reader may hold the first bytes
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            payload = self._next()
+            if payload[0] == 0xFE and len(payload) < 9:  # EOF: a non-blocking dump's end
+                return
+            if payload[0] == 0xFF:  # an error packet: the server refused or ended the dump
+                errno = int.from_bytes(payload[1:3], "little")
+                message = payload[9:].decode("utf-8", "replace") if payload[3:4] == b"#" \
+                    else payload[3:].decode("utf-8", "replace")
+                error = _refusal(errno, message)
+                raise error(f"the source ended replication: ({errno}) {message}")
+            yield payload
+
+    def _next(self) -> bytes:
+        """The next payload (packets of 16 MiB continued in the next one, joined)."""
+        parts: list[bytes] = []
+        while True:
+            while self.end - self.pos < 4:
+                self._refill()
+            buf, pos = self.buffer, self.pos
+            length = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
+            while self.end - self.pos - 4 < length:
+                self._refill(length + 4)
+            buf, pos = self.buffer, self.pos
+            payload = bytes(buf[pos + 4 : pos + 4 + length])
+            self.pos = pos + 4 + length
+            if length < _MAX_PACKET and not parts:
+                return payload
+            parts.append(payload)
+            if length < _MAX_PACKET:
+                return b"".join(parts)
+
+    def _refill(self, need: int = 0) -> None:
+        """Keep what is not parsed yet at the front and read more after it (the buffer
+        grown to ``need`` bytes if a packet does not fit)."""
+        buf = self.buffer
+        left = self.end - self.pos
+        if self.pos:
+            buf[:left] = buf[self.pos : self.end]
+            self.pos, self.end = 0, left
+        if need > len(buf):
+            buf.extend(bytes(need - len(buf)))
+        if self.first:
+            # read1 returns what pymysql's reader holds without touching the socket, else
+            # reads the socket once: either way nothing is left in it afterwards
+            self.first = False
+            data = self.conn._rfile.read1(len(buf) - left)
+            got = len(data)
+            buf[left : left + got] = data
+        else:
+            with memoryview(buf) as view, view[left:] as free:
+                got = self.conn._sock.recv_into(free)
+        if not got:
+            raise SourceUnavailable("replication connection lost: the source closed it")
+        self.end = left + got
 
 
 class BinlogConnection:
@@ -134,28 +211,12 @@ class BinlogConnection:
 
     def packets(self) -> Iterator[bytes]:
         """Raw event packets (OK byte first) until the server ends a non-blocking dump."""
-        conn = self._stream._stream_connection
-        while True:
-            try:
-                packet = conn._read_packet()
-            except pymysql.err.OperationalError as exc:
-                code = exc.args[0] if exc.args else 0
-                if code in _FATAL_SERVER_ERRORS:  # e.g. 1236: the position is not there
-                    raise _refusal(code, str(exc))(f"the source refused replication: {exc}") \
-                        from exc
-                raise SourceUnavailable(f"replication connection lost: {exc}") from exc
-            except _CONNECTION_ERRORS as exc:
-                raise SourceUnavailable(f"replication connection lost: {exc}") from exc
-            if packet.is_eof_packet():
-                return
-            data: bytes = packet._data
-            if data[0] == 0xFF:  # an error packet: the server refused or ended the dump
-                errno = int.from_bytes(data[1:3], "little")
-                message = data[9:].decode("utf-8", "replace") if data[3:4] == b"#" \
-                    else data[3:].decode("utf-8", "replace")
-                error = _refusal(errno, message)
-                raise error(f"the source ended replication: ({errno}) {message}")
-            yield data
+        try:
+            yield from _Packets(self._stream._stream_connection)
+        except pymysql.err.OperationalError as exc:  # the first read, through pymysql
+            raise SourceUnavailable(f"replication connection lost: {exc}") from exc
+        except _CONNECTION_ERRORS as exc:
+            raise SourceUnavailable(f"replication connection lost: {exc}") from exc
 
     def interrupt(self) -> None:
         """Unblock a thread waiting in :meth:`packets` (called from another thread)."""

@@ -18,7 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cdcserver.core.errors import StoreError
+from cdcserver.store import transcoder
 from cdcserver.store.encoder import varint
+from cdcserver.store.transcoder import _transcode
 from client.format.avro import (
     MAGIC,
     SYNC_SIZE,
@@ -253,8 +255,12 @@ class VersionFileWriter:
             self.files.closed(self)
 
 
-def _write_all(fd: int, data: bytes | bytearray) -> None:
+def _write_all_released(fd: int, data: bytes | bytearray) -> None:
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
         view = view[written:]
+
+
+# Holding the GIL through the write where the extension is built (transcoder.py).
+_write_all = _transcode.write_all if transcoder.available() else _write_all_released
