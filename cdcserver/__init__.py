@@ -13,4 +13,25 @@ One package per concern (each ``__init__`` says what it owns):
 - ``protocol``: the listener: MaxScale's CDC protocol, its users, streams and dumps;
 - ``ops``: what operators look at: metrics, /health, lag, status, verify;
 - ``app``: the assembled service, its replication runner and command line, the demo.
+
+``__version__`` is the installed distribution's version (pyproject.toml's), loaded when first
+asked for.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    __version__: str
+
+
+def __getattr__(name: str) -> Any:
+    if name != "__version__":
+        raise AttributeError(f"module 'cdcserver' has no attribute {name!r}")
+    # One distribution holds both packages; ``client`` reads its version (the service already
+    # depends on ``client.format``, never the other way round).
+    import client
+
+    globals()[name] = version = client.__version__
+    return version

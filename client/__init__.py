@@ -10,13 +10,16 @@
                 print(event.event_type, event.gtid, event.values)
 
 The names below are loaded when first used, so that importing :mod:`client.format` (the wire
-format the service shares) loads nothing else.
+format the service shares) loads nothing else; so is ``__version__``, the installed
+distribution's version (pyproject.toml's).
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
+
+DISTRIBUTION = "mariadb-cdc"
 
 _EXPORTS = {
     "CdcClient": "client.aio", "CdcConnection": "client.aio",
@@ -33,17 +36,46 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from client.aio import CdcClient, CdcConnection
     from client.format.names import parse_table, table_ref
     from client.format.wire import Code, Format, ProtocolError
     from client.stream import ChangeRecord, Event, SchemaChange
     from client.sync import SyncCdcClient, SyncCdcConnection
 
+    __version__: str
+
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = version = _version()
+        return version
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'client' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def _version() -> str:
+    """pyproject.toml's version, as installed (one source of truth for ``cdcserver`` and
+    ``client``); in a source tree that was never installed, read from pyproject.toml itself."""
+    from importlib import metadata
+    from pathlib import Path
+
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return _source_tree_version(Path(__file__).resolve().parent.parent / "pyproject.toml")
+
+
+def _source_tree_version(pyproject: Path) -> str:
+    import tomllib
+
+    try:
+        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return "0+unknown"
+    return str(project["version"]) if project.get("name") == DISTRIBUTION else "0+unknown"

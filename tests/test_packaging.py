@@ -1,0 +1,94 @@
+"""Packaging: what a wheel built from this tree holds (no generated C, the licence, the project
+URLs) and where ``__version__`` comes from. No MariaDB needed; the wheel build compiles the C
+extensions, hence ``slow``."""
+
+from __future__ import annotations
+
+import email.parser
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from collections.abc import Iterator
+from email.message import Message
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+import cdcserver
+import client
+
+ROOT = Path(__file__).parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[zipfile.ZipFile]:
+    """A wheel built the way `pip install` builds one, from a copy of the files git would
+    commit (so nothing left over in this tree, a build/ directory or generated C, gets in)."""
+    tmp = tmp_path_factory.mktemp("packaging")
+    source = tmp / "src"
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], cwd=ROOT, check=True,
+                            capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
+                            "--wheel-dir", str(tmp / "dist"), str(source)],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout + built.stderr
+    (path,) = (tmp / "dist").glob("mariadb_cdc-*.whl")
+    with zipfile.ZipFile(path) as archive:
+        yield archive
+
+
+def _metadata(wheel: zipfile.ZipFile) -> Message:
+    (name,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    return email.parser.Parser().parsestr(wheel.read(name).decode())
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_no_generated_c_nor_cython_sources(wheel: zipfile.ZipFile):
+    names = wheel.namelist()
+    assert not [n for n in names if n.endswith((".c", ".pyx", ".pxd"))]
+    assert "cdcserver/py.typed" in names and "client/py.typed" in names
+    assert "cdcserver/mariadb/charmaps.json.gz" in names
+
+
+@pytest.mark.slow
+def test_the_wheel_carries_the_apache_licence(wheel: zipfile.ZipFile):
+    (licence,) = [n for n in wheel.namelist() if ".dist-info/" in n and n.endswith("/LICENSE")]
+    text = wheel.read(licence).decode()
+    assert text == (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text  # the whole text, not a notice
+    assert _metadata(wheel)["License-Expression"] == PYPROJECT["project"]["license"] \
+        == "Apache-2.0"
+
+
+@pytest.mark.slow
+def test_the_wheel_metadata_has_the_version_and_the_project_urls(wheel: zipfile.ZipFile):
+    info = _metadata(wheel)
+    assert info["Version"] == PYPROJECT["project"]["version"]
+    urls = dict(u.split(", ", 1) for u in info.get_all("Project-URL", []))
+    assert set(urls) >= {"Homepage", "Documentation", "Changelog", "Issues"}
+    assert all(u.startswith("https://github.com/mariadb-cdc/mariadb-cdc") for u in urls.values())
+    assert info.get_all("Classifier") and info["Keywords"]
+
+
+def test_version_is_the_installed_distributions():
+    assert cdcserver.__version__ == client.__version__ == metadata.version("mariadb-cdc") \
+        == PYPROJECT["project"]["version"]
+
+
+def test_version_in_a_source_tree_never_installed(monkeypatch: pytest.MonkeyPatch):
+    def not_installed(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    assert client._version() == PYPROJECT["project"]["version"]
+    assert client._source_tree_version(ROOT / "no-such-file.toml") == "0+unknown"
