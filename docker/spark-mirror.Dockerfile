@@ -11,7 +11,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app
-COPY pyproject.toml setup.py README.md protocol.md ./
+COPY pyproject.toml setup.py MANIFEST.in LICENSE README.md protocol.md ./
 COPY cdcserver ./cdcserver
 COPY client ./client
 RUN pip install --no-cache-dir '.[spark]' \

@@ -149,3 +149,84 @@ def test_the_spark_mirror_reaches_the_service_as_a_user_the_users_file_knows(
     assert account.tables is not None and account.tables.allows(TableName(database, table))
     assert option["--table"] in config.dump.tables  # it starts from the table's dump
     assert mirror["depends_on"]["cdc"]["condition"] == "service_healthy"
+
+
+def test_kafka_keeps_its_topics_on_its_volume(compose: dict[str, Any]):
+    """apache/kafka writes its logs (the topics) under /tmp unless KAFKA_LOG_DIRS says
+    otherwise; on the volume they survive a re-created container."""
+    kafka = compose["services"]["kafka"]
+    mounts = _mounts(kafka)
+    log_dirs = kafka["environment"]["KAFKA_LOG_DIRS"].split(",")
+    assert log_dirs == ["/var/lib/kafka/data"]
+    for log_dir in log_dirs:
+        assert mounts[log_dir] in compose["volumes"], log_dir  # a named volume, not a bind
+
+
+def _one_shot(name: str, service: dict[str, Any], compose: dict[str, Any]) -> bool:
+    """A service meant to finish: another waits for its success, or it runs `--once`."""
+    waited_for = any(d.get("condition") == "service_completed_successfully"
+                     for s in compose["services"].values()
+                     for n, d in s.get("depends_on", {}).items() if n == name)
+    return waited_for or "--once" in service.get("command", [])
+
+
+def test_every_long_running_service_restarts(compose: dict[str, Any]):
+    for name, service in compose["services"].items():
+        if not _one_shot(name, service, compose):
+            assert service.get("restart") in ("always", "unless-stopped", "on-failure"), name
+
+
+def _ignored(path: str, patterns: list[str]) -> bool:
+    """Whether .dockerignore keeps ``path`` (relative to the context) out: Docker's rules
+    (Go's filepath.Match, ``**`` for any directories, a matched directory takes its contents,
+    ``!`` re-includes, the last matching line wins)."""
+    ignored = False
+    for pattern in patterns:
+        negated, pattern = pattern.startswith("!"), pattern.lstrip("!").strip("/")
+        if re.fullmatch(rf"{_glob_regex(pattern)}(/.*)?", path):
+            ignored = not negated
+    return ignored
+
+
+def _glob_regex(pattern: str) -> str:
+    tokens = re.findall(r"\*\*/?|\*|\?|\[[^\]]*\]|[^*?\[]+", pattern)
+    return "".join("(.*/)?" if t == "**/" else ".*" if t == "**" else "[^/]*" if t == "*"
+                   else "[^/]" if t == "?" else t if t.startswith("[") else re.escape(t)
+                   for t in tokens)
+
+
+def test_the_build_context_leaves_local_artefacts_out_and_keeps_the_sources():
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    for local in (".venv/bin/python", ".git/HEAD", "bench/out/router.json",
+                  "cdcserver/store/_transcode.c", "cdcserver/dump/_rawrows.c",
+                  "cdcserver/store/_transcode.cpython-311-x86_64-linux-gnu.so",
+                  "cdcserver/__pycache__/config.cpython-311.pyc", "client/stray.pyc",
+                  "build/lib/cdcserver/__init__.py", "mariadb_cdc.egg-info/PKG-INFO",
+                  ".hypothesis/examples/x", "users/cdcusers"):
+        assert _ignored(local, patterns), local
+    for name in ("Dockerfile", "spark-mirror.Dockerfile"):
+        for instruction, arguments in _instructions(DOCKER / name):
+            if instruction != "COPY" or arguments.startswith("--from"):
+                continue
+            for source in shlex.split(arguments)[:-1]:
+                files = [ROOT / source] if (ROOT / source).is_file() else [
+                    p for p in (ROOT / source).rglob("*")
+                    if p.is_file() and p.suffix in (".py", ".pyx", ".pxd", ".gz", ".typed")
+                    and "__pycache__" not in p.parts]
+                assert files, source
+                for file in files:
+                    relative = file.relative_to(ROOT).as_posix()
+                    assert not _ignored(relative, patterns), f"{name} copies {relative}"
+
+
+def test_the_service_image_builds_with_what_the_build_reads():
+    """pip builds the wheel from what the Dockerfile copied: the readme, the licence, setup.py
+    and MANIFEST.in must be among it."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    needed = {pyproject["readme"], *pyproject["license-files"], "setup.py", "MANIFEST.in",
+              "pyproject.toml"}
+    copied = {source for instruction, arguments in _instructions(DOCKER / "Dockerfile")
+              if instruction == "COPY" and not arguments.startswith("--from")
+              for source in shlex.split(arguments)[:-1]}
+    assert needed <= copied, needed - copied
