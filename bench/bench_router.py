@@ -26,10 +26,11 @@ from bench.common import (
     OUT,
     RECORDS,
     ROW_CHANGES,
-    code_path,
+    announce_code_path,
     line,
     mariadb_binlog_rate,
     peak_rss_mb,
+    raw_transfer_seconds,
     workload_server,
 )
 from cdcserver.app.embedded import EmbeddedMariaDB
@@ -40,7 +41,8 @@ from cdcserver.protocol.users import UsersFile
 from client.format.wire import auth_message
 
 
-async def service_to_durable_avro(server: EmbeddedMariaDB, data_dir: str) -> tuple[float, int]:
+async def service_to_durable_avro(server: EmbeddedMariaDB, data_dir: str,
+                                  records: int) -> tuple[float, int]:
     """Seconds from service start until the whole workload is durable; and the listener port."""
     shutil.rmtree(data_dir, ignore_errors=True)
     users = os.path.join(OUT, "cdcusers")
@@ -57,13 +59,13 @@ async def service_to_durable_avro(server: EmbeddedMariaDB, data_dir: str) -> tup
     await service.store.flush()
     seconds = time.perf_counter() - start
     assert service.store.durable is not None and service.store.durable.gtid_state == target
-    rate = await json_client_rate(service)
+    rate = await json_client_rate(service, records)
     stop.set()
     await task
     return seconds, rate
 
 
-async def json_client_rate(service: Service) -> int:
+async def json_client_rate(service: Service, records: int) -> int:
     """Records/s one JSON client receives for the whole table (counting lines)."""
     assert service.address is not None
     reader, writer = await asyncio.open_connection(*service.address, limit=1 << 24)
@@ -75,44 +77,48 @@ async def json_client_rate(service: Service) -> int:
     start = time.perf_counter()
     writer.write(b"REQUEST-DATA bench.orders")
     lines = 0
-    while lines < RECORDS + 1:  # the schema line, then every record
+    while lines < records + 1:  # the schema line, then every record
         data = await reader.read(1 << 20)
         assert data, "the stream ended early"
         lines += data.count(b"\n")
     seconds = time.perf_counter() - start
     writer.close()
-    return int(RECORDS / seconds)
+    return int(records / seconds)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3, help="repetitions (the median is shown)")
+    parser.add_argument("--scale", type=int, default=1,
+                        help="times the standard workload (4: 1,000,000 row changes)")
     args = parser.parse_args()
-    path = code_path()
-    line("code path measured", path)
-    if path.startswith("pure") and not os.environ.get("CDC_PURE_PYTHON"):
-        sys.exit("the compiled extensions are not built here (pip install -e .): this would "
-                 "measure the pure-Python path; set CDC_PURE_PYTHON=1 to measure it on purpose")
-    with workload_server() as server:
+    announce_code_path()
+    changes, records = args.scale * ROW_CHANGES, args.scale * RECORDS
+    with workload_server(args.scale) as server:
         binlog_mb = sum(int(r[1]) for r in server.query("SHOW BINARY LOGS")) / 1e6
-        line("workload", f"{ROW_CHANGES:,} row changes ({RECORDS:,} records), "
+        line("workload", f"{changes:,} row changes ({records:,} records), "
                          f"{binlog_mb:.0f} MB of binlog")
-        references, services, clients = [], [], []
+        references, raws, services, clients = [], [], [], []
         for run in range(args.runs):
             ref_seconds, ref_rows = mariadb_binlog_rate(server)
-            assert ref_rows == ROW_CHANGES, ref_rows
+            assert ref_rows == changes, ref_rows
+            raws.append(changes / raw_transfer_seconds(server))
             seconds, client_rate = asyncio.run(
-                service_to_durable_avro(server, os.path.join(OUT, "data")))
-            references.append(ROW_CHANGES / ref_seconds)
-            services.append(ROW_CHANGES / seconds)
+                service_to_durable_avro(server, os.path.join(OUT, "data"), records))
+            references.append(changes / ref_seconds)
+            services.append(changes / seconds)
             clients.append(client_rate)
-            line(f"run {run + 1}", f"mariadb-binlog {references[-1]:,.0f} rows/s, service "
-                                   f"{services[-1]:,.0f} rows/s, JSON client "
-                                   f"{clients[-1]:,.0f} rows/s")
+            line(f"run {run + 1}", f"mariadb-binlog {references[-1]:,.0f} rows/s, raw "
+                                   f"{raws[-1]:,.0f}, service {services[-1]:,.0f} rows/s, "
+                                   f"JSON client {clients[-1]:,.0f} rows/s")
         ref, svc = statistics.median(references), statistics.median(services)
+        raw = statistics.median(raws)
         line("mariadb-binlog -v (C reference), rows/s", f"{ref:,.0f}")
+        line("mariadb-binlog --raw (transport ceiling), rows/s",
+             f"{raw:,.0f} ({raw * binlog_mb / changes:,.0f} MB/s)")
         line("binlog -> durable Avro, rows/s", f"{svc:,.0f}")
         line("ratio service / mariadb-binlog", f"{svc / ref:.3f}")
+        line("fraction of the transport ceiling", f"{svc / raw:.3f}")
         line("JSON rows/s to one client", f"{statistics.median(clients):,.0f}")
         line("peak RSS of this process (service + client), MB", f"{peak_rss_mb():.0f}")
     return 0

@@ -34,27 +34,30 @@ CREATE = """CREATE TABLE bench.orders (
 
 
 @contextlib.contextmanager
-def workload_server() -> Iterator[EmbeddedMariaDB]:
-    """A fresh MariaDB in bench/out with the standard workload as its whole binlog."""
+def workload_server(scale: int = 1) -> Iterator[EmbeddedMariaDB]:
+    """A fresh MariaDB in bench/out with the standard workload (``scale`` times its rows) as
+    its whole binlog."""
     base = os.path.join(OUT, "mariadb")
     kill_leftovers(os.path.join(base, "data"))  # a bench killed by a timeout left it running
     shutil.rmtree(base, ignore_errors=True)
     server = EmbeddedMariaDB(base, port=0)
     server.start()
     try:
-        load_workload(server)
+        load_workload(server, scale)
         yield server
     finally:
         server.stop()
 
 
-def load_workload(server: EmbeddedMariaDB) -> None:
+def load_workload(server: EmbeddedMariaDB, scale: int = 1) -> None:
+    """``scale`` times the standard workload: ``scale * INSERTS`` rows inserted, then
+    ``scale * UPDATES`` updated, in transactions of ``BATCH``."""
     rng = random.Random(20261121)
     server.execute("RESET MASTER", "CREATE DATABASE bench", CREATE)
     conn = server.connect()
     conn.autocommit(False)
     with conn.cursor() as cur:
-        for batch in range(INSERTS // BATCH):
+        for batch in range(scale * INSERTS // BATCH):
             rows = [(rng.randint(-10**15, 10**15), f"customer-{batch}-{i}",
                      f"{rng.randint(0, 10**10) / 100:.2f}",
                      f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} 12:34:56",
@@ -63,7 +66,7 @@ def load_workload(server: EmbeddedMariaDB) -> None:
             cur.executemany("INSERT INTO bench.orders (big, name, amount, created, body, score, "
                             "attrs) VALUES (%s, %s, %s, %s, %s, %s, %s)", rows)
             conn.commit()
-        for batch in range(UPDATES // BATCH):
+        for batch in range(scale * UPDATES // BATCH):
             cur.execute("UPDATE bench.orders SET score = score + 1, name = CONCAT(name, '*') "
                         "WHERE id BETWEEN %s AND %s", (batch * BATCH + 1, (batch + 1) * BATCH))
             conn.commit()
@@ -82,6 +85,22 @@ def mariadb_binlog_rate(server: EmbeddedMariaDB) -> tuple[float, int]:
     start = time.perf_counter()
     subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True)  # timed, as environment.md ran it
     return time.perf_counter() - start, rows
+
+
+def raw_transfer_seconds(server: EmbeddedMariaDB) -> float:
+    """The transport ceiling: ``mariadb-binlog --read-from-remote-server --raw`` copying the
+    same binlog to files in bench/out, no decoding. Seconds."""
+    logs = [row[0] for row in server.query("SHOW BINARY LOGS")]
+    target = os.path.join(OUT, "raw") + os.sep
+    shutil.rmtree(target, ignore_errors=True)
+    os.makedirs(target)
+    start = time.perf_counter()
+    subprocess.run(["mariadb-binlog", "--no-defaults", "--read-from-remote-server", "--raw",
+                    "-h127.0.0.1", f"-P{server.port}", "-uroot", f"--result-file={target}",
+                    *logs], stdout=subprocess.DEVNULL, check=True)
+    seconds = time.perf_counter() - start
+    shutil.rmtree(target, ignore_errors=True)
+    return seconds
 
 
 def peak_rss_mb() -> float:
@@ -103,3 +122,14 @@ def code_path() -> str:
     if render._jsonlines is not None and transcoder.available():
         return f"compiled extensions (C JSON renderer, transcoder), from {where}"
     return f"pure Python (extensions not built or CDC_PURE_PYTHON set), from {where}"
+
+
+def announce_code_path() -> str:
+    """Print the code path measured; refuse a comparison on the pure-Python path unless
+    ``CDC_PURE_PYTHON=1`` asks for it (a checkout whose extensions were built elsewhere)."""
+    path = code_path()
+    line("code path measured", path)
+    if path.startswith("pure") and not os.environ.get("CDC_PURE_PYTHON"):
+        sys.exit("the compiled extensions are not built here (pip install -e .): this would "
+                 "measure the pure-Python path; set CDC_PURE_PYTHON=1 to measure it on purpose")
+    return path
