@@ -64,12 +64,16 @@ class SchemaHistory:
         # what a table was before it became unknown: its columns' types are kept by name
         self.last_known: dict[TableName, TableDefinition] = {}
         self._looked_up: dict[TableName, TableDefinition | None] = {}  # by the last bootstrap
+        # children_of for every parent, built when first asked after a change (every rows
+        # event asks; scanning every table each time made a commit's cost grow with them)
+        self._children: dict[TableName, list[tuple[TableName, ForeignKey]]] | None = None
 
     # -- persistence ---------------------------------------------------------------------
 
     def load(self, start: GtidState) -> None:
         """Read the history up to ``start`` and compact the file to that."""
         self.tables.clear()
+        self._children = None
         if self.path is None or not os.path.exists(self.path):
             return
         with open(self.path, encoding="utf-8") as f:
@@ -95,6 +99,7 @@ class SchemaHistory:
 
     def _record(self, table: TableName, definition: TableDefinition | None,
                 gtid: Gtid | None) -> None:
+        self._children = None
         if definition is None:
             self.tables.pop(table, None)
         else:
@@ -386,15 +391,15 @@ class SchemaHistory:
     def children_of(self, parent: TableName) -> list[tuple[TableName, ForeignKey]]:
         """The known foreign keys whose parent is ``parent``: each child table with its key.
         Only InnoDB (and kin) keep foreign keys; other engines parse and ignore them."""
-        found = []
-        for child, definition in self.tables.items():
-            if definition.engine is not None and definition.engine not in \
-                    TRANSACTIONAL_ENGINES:
-                continue
-            for key in definition.foreign_keys:
-                if TableName(*key.parent) == parent:
-                    found.append((child, key))
-        return found
+        if self._children is None:
+            self._children = {}
+            for child, definition in self.tables.items():
+                if definition.engine is not None and definition.engine not in \
+                        TRANSACTIONAL_ENGINES:
+                    continue
+                for key in definition.foreign_keys:
+                    self._children.setdefault(TableName(*key.parent), []).append((child, key))
+        return list(self._children.get(parent, ()))
 
     def _rename_referenced(self, parent: TableName, old: str, new: str,
                            gtid: Gtid | None) -> None:

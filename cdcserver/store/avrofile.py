@@ -118,6 +118,7 @@ class OpenFiles:
     def __init__(self, limit: int) -> None:
         self.limit = max(limit, 1)
         self._open: OrderedDict[int, VersionFileWriter] = OrderedDict()
+        self.dirty: set[VersionFileWriter] = set()  # written since their last fsync
 
     def __len__(self) -> int:
         return len(self._open)
@@ -129,15 +130,18 @@ class OpenFiles:
             return
         self._open[key] = writer
         excess = len(self._open) - self.limit
-        for key, oldest in list(self._open.items())[:-1]:
-            if excess <= 0:
+        parked: list[int] = []
+        for key, oldest in self._open.items():  # the least recently used first
+            if len(parked) >= excess or oldest is writer:
                 break
             if oldest.park(wait=False):  # one being fsynced stays open for now
-                del self._open[key]
-                excess -= 1
+                parked.append(key)
+        for key in parked:
+            del self._open[key]
 
     def closed(self, writer: VersionFileWriter) -> None:
         self._open.pop(id(writer), None)
+        self.dirty.discard(writer)
 
 
 class VersionFileWriter:
@@ -159,8 +163,8 @@ class VersionFileWriter:
         self.committed = size
         self.buffer = bytearray()
         self.count = 0
-        self.dirty = False  # written since the last fsync
         self.files = files
+        self._dirty = False
         self._lock = threading.Lock()  # the flush's fsync (a thread) against parking
         if files is not None and fd >= 0:
             files.used(self)
@@ -185,6 +189,21 @@ class VersionFileWriter:
         header = read_header(path)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         return cls(path, header, fd, os.fstat(fd).st_size, files)
+
+    @property
+    def dirty(self) -> bool:
+        """Written since the last fsync (the writers' :class:`OpenFiles` lists the dirty
+        ones, so that a checkpoint visits those, not every table's)."""
+        return self._dirty
+
+    @dirty.setter
+    def dirty(self, value: bool) -> None:
+        self._dirty = value
+        if self.files is not None:
+            if value:
+                self.files.dirty.add(self)
+            else:
+                self.files.dirty.discard(self)
 
     def _descriptor(self) -> int:
         """The open file, reopened if it was parked."""

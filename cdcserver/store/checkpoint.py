@@ -44,14 +44,13 @@ class Checkpoint:
     # (None in checkpoints written before ordinals were kept).
     index_ordinal: int | None = None
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self, with_tables: bool = True) -> dict[str, object]:
+        tables = [{"database": t.database, "table": t.table, "version": m.version,
+                   "size": m.size} for t, m in sorted(self.tables.items())] if with_tables else []
         return {
             "format": FORMAT,
             "position": self.position.to_json() if self.position else None,
-            "tables": [
-                {"database": t.database, "table": t.table, "version": m.version, "size": m.size}
-                for t, m in sorted(self.tables.items())
-            ],
+            "tables": tables,
             "fresh": [[t.database, t.table] for t in sorted(self.fresh)],
             "written_at": self.written_at,
             "origin": self.origin.to_json() if self.origin else None,
@@ -87,6 +86,38 @@ def load(path: str) -> Checkpoint | None:
         raise StoreError(f"{path} is unreadable: {exc}") from exc
 
 
-def save(path: str, checkpoint: Checkpoint) -> None:
-    data = dict(checkpoint.to_json(), written_at=time.time())
-    write_atomically(path, json.dumps(data, indent=1).encode("utf-8"))
+def save(path: str, checkpoint: Checkpoint, encoder: MarksEncoder | None = None) -> None:
+    """Write ``checkpoint`` atomically: one line per table, the rest on the first lines.
+    With an ``encoder`` (the store keeps one), only tables whose mark changed since the last
+    save are encoded again."""
+    data = dict(checkpoint.to_json(with_tables=False), written_at=time.time())
+    del data["tables"]
+    head = json.dumps(data, indent=1).encode("utf-8")
+    tables = (encoder or MarksEncoder()).encode(checkpoint.tables)
+    write_atomically(path, head[:-2] + b',\n "tables": ' + tables + b"\n}")
+
+
+class MarksEncoder:
+    """The ``tables`` array of checkpoints, each table's entry kept encoded until its mark
+    changes: with thousands of tables a checkpoint re-encodes the few that changed, not all
+    (a checkpoint is written every ``flush_interval``)."""
+
+    def __init__(self) -> None:
+        self._encoded: dict[TableName, tuple[TableMark, bytes]] = {}
+        self._order: list[TableName] = []
+
+    def encode(self, tables: dict[TableName, TableMark]) -> bytes:
+        if len(self._order) != len(tables) or tables.keys() != self._encoded.keys():
+            self._encoded = {t: e for t, e in self._encoded.items() if t in tables}
+            self._order = sorted(tables)
+        encoded = self._encoded
+        entries = []
+        for name in self._order:
+            mark = tables[name]
+            known = encoded.get(name)
+            if known is None or known[0] != mark:
+                known = encoded[name] = (mark, json.dumps(
+                    {"database": name.database, "table": name.table, "version": mark.version,
+                     "size": mark.size}).encode("utf-8"))
+            entries.append(known[1])
+        return b"[\n  " + b",\n  ".join(entries) + b"\n ]" if entries else b"[]"

@@ -126,6 +126,10 @@ class AvroStore:
         self._routes: dict[int, _Route] = {}
         self._fresh: set[TableName] = set()  # re-created tables awaiting their first rows
         self._retired: list[VersionFileWriter] = []  # to close once no flush can use them
+        # Writers that may belong to a table's older version, to close after a flush (the
+        # flush looks at these, not at every table's writer)
+        self._maybe_sealed: set[tuple[TableName, int]] = set()
+        self._marks_encoder = ckpt.MarksEncoder()  # used by one flush at a time
         self._open: _Open | None = None
         self._lock_fd = -1
         self._new_files = False
@@ -443,6 +447,9 @@ class AvroStore:
                 os.unlink(avsc_path)
             raise
         self._writers[(table, version)] = writer
+        self._maybe_sealed.add((table, version))
+        if current is not None:
+            self._maybe_sealed.add((table, current.version))  # sealed once this commits
         self._new_files = True
         self._drop_table_routes(table)
         log.info("%s: version %d (transaction %s%s)", table, version, gtid,
@@ -458,6 +465,7 @@ class AvroStore:
         if writer is None:
             writer = self._writers[key] = VersionFileWriter.open_existing(info.path,
                                                                           self._files)
+            self._maybe_sealed.add(key)
         return writer
 
     def _drop_table_routes(self, table: TableName) -> None:
@@ -474,7 +482,7 @@ class AvroStore:
             position = self.position
             if position is None or position == self.durable:
                 return self.durable
-            dirty = [w for w in self._writers.values() if w.dirty]
+            dirty = list(self._files.dirty)
             for writer in dirty:
                 writer.dirty = False
             marks = {name: TableMark(latest.version, latest.committed)
@@ -541,7 +549,7 @@ class AvroStore:
             fsync_dir(self.avro_dir)
         try:
             self.index.persist()
-            ckpt.save(self.checkpoint_path, checkpoint)
+            ckpt.save(self.checkpoint_path, checkpoint, self._marks_encoder)
         except OSError as exc:
             if exc.errno not in DISK_FULL_ERRNOS:
                 raise
@@ -554,16 +562,20 @@ class AvroStore:
 
     def _close_sealed(self) -> None:
         """After a flush: close the writers no transaction will write again."""
-        for writer in self._retired:
-            writer.close()
+        for retired in self._retired:
+            retired.close()
         self._retired.clear()
-        for key, writer in list(self._writers.items()):
+        for key in list(self._maybe_sealed):
+            writer = self._writers.get(key)
             entry = self.catalog.get(key[0])
             latest = entry.latest() if entry else None
-            if latest is not None and latest.version != key[1] and not writer.dirty \
+            if writer is None or (latest is not None and latest.version == key[1]):
+                self._maybe_sealed.discard(key)  # gone, or the newest: a new version adds it
+            elif latest is not None and not writer.dirty \
                     and (self._open is None or key not in self._open.targets):
                 writer.close()
                 del self._writers[key]
+                self._maybe_sealed.discard(key)
 
 
 async def _outlast(work: asyncio.Future[None]) -> None:
