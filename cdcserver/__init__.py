@@ -29,9 +29,7 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     if name != "__version__":
         raise AttributeError(f"module 'cdcserver' has no attribute {name!r}")
-    # One distribution holds both packages; ``client`` reads its version (the service already
-    # depends on ``client.format``, never the other way round).
-    import client
+    from client.format.version import installed_version
 
-    globals()[name] = version = client.__version__
+    globals()[name] = version = installed_version()
     return version

@@ -19,8 +19,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-DISTRIBUTION = "mariadb-cdc"
-
 _EXPORTS = {
     "CdcClient": "client.aio", "CdcConnection": "client.aio",
     "ChangeRecord": "client.stream", "Event": "client.stream", "SchemaChange": "client.stream",
@@ -36,8 +34,6 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from client.aio import CdcClient, CdcConnection
     from client.format.names import parse_table, table_ref
     from client.format.wire import Code, Format, ProtocolError
@@ -60,22 +56,6 @@ def __getattr__(name: str) -> Any:
 
 
 def _version() -> str:
-    """pyproject.toml's version, as installed (one source of truth for ``cdcserver`` and
-    ``client``); in a source tree that was never installed, read from pyproject.toml itself."""
-    from importlib import metadata
-    from pathlib import Path
+    from client.format.version import installed_version
 
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        return _source_tree_version(Path(__file__).resolve().parent.parent / "pyproject.toml")
-
-
-def _source_tree_version(pyproject: Path) -> str:
-    import tomllib
-
-    try:
-        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
-    except (OSError, tomllib.TOMLDecodeError):
-        return "0+unknown"
-    return str(project["version"]) if project.get("name") == DISTRIBUTION else "0+unknown"
+    return installed_version()

@@ -90,5 +90,7 @@ def test_version_in_a_source_tree_never_installed(monkeypatch: pytest.MonkeyPatc
         raise metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(metadata, "version", not_installed)
-    assert client._version() == PYPROJECT["project"]["version"]
-    assert client._source_tree_version(ROOT / "no-such-file.toml") == "0+unknown"
+    from client.format.version import installed_version, source_tree_version
+
+    assert installed_version() == PYPROJECT["project"]["version"]
+    assert source_tree_version(ROOT / "no-such-file.toml") == "0+unknown"
