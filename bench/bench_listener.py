@@ -757,7 +757,7 @@ def report_latency(args: argparse.Namespace, results: list[ClientStats], written
 def private_server(workload: bool) -> Iterator[EmbeddedMariaDB]:
     base = os.path.join(OUT, "listener-mariadb")
     shutil.rmtree(base, ignore_errors=True)
-    server = EmbeddedMariaDB(base, port=0)
+    server = EmbeddedMariaDB(base, port=0, die_with_parent=True)
     server.start()
     try:
         if workload:

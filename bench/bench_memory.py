@@ -85,7 +85,8 @@ def _covers(path: str, target: GtidState) -> bool:
 def main() -> int:
     base = os.path.join(OUT, "mariadb-memory")
     shutil.rmtree(base, ignore_errors=True)
-    server = EmbeddedMariaDB(base, port=0, extra_args=("--max-allowed-packet=64M",))
+    server = EmbeddedMariaDB(base, port=0, extra_args=("--max-allowed-packet=64M",),
+                             die_with_parent=True)
     server.start()
     try:
         server.execute("RESET MASTER", "CREATE DATABASE mem")

@@ -40,7 +40,7 @@ def workload_server(scale: int = 1) -> Iterator[EmbeddedMariaDB]:
     base = os.path.join(OUT, "mariadb")
     kill_leftovers(os.path.join(base, "data"))  # a bench killed by a timeout left it running
     shutil.rmtree(base, ignore_errors=True)
-    server = EmbeddedMariaDB(base, port=0)
+    server = EmbeddedMariaDB(base, port=0, die_with_parent=True)
     server.start()
     try:
         load_workload(server, scale)

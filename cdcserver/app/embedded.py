@@ -76,11 +76,24 @@ def _binary(name: str) -> str:
     return shutil.which(name) or f"/usr/sbin/{name}"
 
 
+def kill_me_with_my_parent() -> None:
+    """In a child between fork and exec: SIGKILL it when its parent (thread) ends."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1  # <sys/prctl.h>
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+
+
 class EmbeddedMariaDB:
-    """``port=None`` listens on the Unix socket only; ``port=0`` picks a free TCP port."""
+    """``port=None`` listens on the Unix socket only; ``port=0`` picks a free TCP port.
+    ``die_with_parent``: the server is killed when the thread that started it ends (Linux's
+    parent-death signal), so a process killed with -9 leaves no server behind; start it from
+    a thread that lives as long as it should (the main thread), never from a worker."""
 
     def __init__(self, base_dir: str, *, port: int | None = None, server_id: int = 1,
-                 extra_args: Sequence[str] = ()) -> None:
+                 extra_args: Sequence[str] = (), die_with_parent: bool = False) -> None:
+        self.die_with_parent = die_with_parent
         self.base_dir = os.path.abspath(base_dir)
         self.datadir = os.path.join(self.base_dir, "data")
         self.port = port
@@ -125,8 +138,9 @@ class EmbeddedMariaDB:
                 f"--socket={self.socket}", f"--pid-file={os.path.join(self.run_dir, 'pid')}",
                 f"--server-id={self.server_id}", "--user=root", f"--log-error={self.error_log}",
                 *networking, *CDC_SETTINGS, *_SMALL_FOOTPRINT, *self.extra_args]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=kill_me_with_my_parent if self.die_with_parent else None)
         self._wait_ready(timeout)
 
     def _install_datadir(self) -> None:
