@@ -12,8 +12,11 @@ round first):
   written to the ``noop`` sink: planning, P bounded reads from the service (AVRO mode: the
   stored blocks), decoding, Arrow record batches;
 - ``trivial``: a Python data source with the same schema and P partitions, each of which
-  unpickles its rows and yields them as tuples, the way the Data Source API's examples do.
-Prints both rates (medians) and their ratio.
+  unpickles its rows and yields them as tuples, the way the Data Source API's examples do;
+- ``arrow``: the same, but each partition reads its rows as ready-made Arrow record batches
+  (an Arrow IPC file of the batches the cdc source made, untimed) and yields them: the
+  fastest a Python data source can hand rows to Spark.
+Prints the three rates (medians) and the cdc source's ratio to each reference.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import OUT, RECORDS, line, workload_server
+from bench.common import OUT, RECORDS, announce_code_path, line, workload_server
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.app.service import Service
 from cdcserver.core.config import Config, ListenerConfig, SourceConfig, StoreConfig
@@ -130,25 +133,73 @@ def trivial_source(schema: Any, files: list[str]) -> Any:
     return Trivial
 
 
-def pickle_partitions(options: dict[str, str], directory: str) -> tuple[Any, list[str], int]:
-    """The cdc source's schema, and each partition's rows pickled to a file (untimed)."""
+def arrow_source(schema: Any, files: list[str]) -> Any:
+    """A Python data source yielding the Arrow record batches kept in ``files`` (Arrow IPC
+    files), one partition each."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class FilePartition(InputPartition):
+        def __init__(self, path: str) -> None:
+            super().__init__(path)
+            self.path = path
+
+    class Reader(DataSourceReader):
+        def __init__(self, paths: list[str]) -> None:
+            self.paths = paths
+
+        def partitions(self) -> list[InputPartition]:
+            return [FilePartition(p) for p in self.paths]
+
+        def read(self, partition: Any) -> Iterator[Any]:
+            import pyarrow as pa
+
+            with pa.memory_map(partition.path) as source:
+                reader = pa.ipc.open_file(source)
+                for i in range(reader.num_record_batches):
+                    yield reader.get_batch(i)
+
+    class ArrowSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "arrowref"
+
+        def schema(self) -> Any:
+            return schema
+
+        def reader(self, schema: Any) -> DataSourceReader:
+            return Reader(self.options["files"].split(","))
+
+    return ArrowSource
+
+
+def pickle_partitions(options: dict[str, str], directory: str
+                      ) -> tuple[Any, list[str], list[str], int]:
+    """The cdc source's schema, and each partition's rows pickled to a file and its Arrow
+    batches to an IPC file (untimed)."""
     from client.spark import plan
     from client.spark.source import CdcBatchReader, CdcDataSource, read_partition
 
     schema = CdcDataSource(options).schema()
     parsed = plan.Options.parse(options, streaming=False)
     parts = CdcBatchReader(parsed, schema).partitions()
-    files, total = [], 0
+    import pyarrow as pa
+
+    files, arrow_files, total = [], [], 0
     os.makedirs(directory, exist_ok=True)
     for i, part in enumerate(parts):
         assert isinstance(part, plan.RangePartition)
-        rows = [tuple(row.values()) for batch in read_partition(parsed, schema, part)
-                for row in batch.to_pylist()]
+        batches = list(read_partition(parsed, schema, part))
+        rows = [tuple(row.values()) for batch in batches for row in batch.to_pylist()]
         total += len(rows)
         files.append(os.path.join(directory, f"part-{i}.pickle"))
         with open(files[-1], "wb") as f:
             pickle.dump(rows, f, protocol=pickle.HIGHEST_PROTOCOL)
-    return schema, files, total
+        arrow_files.append(os.path.join(directory, f"part-{i}.arrow"))
+        with pa.OSFile(arrow_files[-1], "wb") as sink, \
+                pa.ipc.new_file(sink, batches[0].schema) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+    return schema, files, arrow_files, total
 
 
 def timed_noop(spark: Any, fmt: str, options: dict[str, str]) -> float:
@@ -163,6 +214,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=2)
     args = parser.parse_args()
+    announce_code_path()
     from client.spark import register
 
     with workload_server() as server, \
@@ -170,25 +222,33 @@ def main() -> None:
         options = {"host": "127.0.0.1", "port": str(service.port), "user": USER,
                    "password": PASSWORD, "tables": "bench.orders",
                    "maxRowsPerPartition": str(-(-RECORDS // args.partitions))}
-        schema, files, total = pickle_partitions(options, os.path.join(OUT, "spark-rows"))
+        schema, files, arrow_files, total = pickle_partitions(
+            options, os.path.join(OUT, "spark-rows"))
         assert total == RECORDS, f"{total} rows, expected {RECORDS}"
         spark = spark_session()
         register(spark)
         spark.dataSource.register(trivial_source(schema, files))
+        spark.dataSource.register(arrow_source(schema, arrow_files))
         trivial = {"files": ",".join(files)}
+        arrow = {"files": ",".join(arrow_files)}
         timed_noop(spark, "cdc", options)  # warm-up: JVM, Python workers
         timed_noop(spark, "trivial", trivial)
-        cdc_times, trivial_times = [], []
+        timed_noop(spark, "arrowref", arrow)
+        cdc_times, trivial_times, arrow_times = [], [], []
         for _ in range(args.runs):
             cdc_times.append(timed_noop(spark, "cdc", options))
             trivial_times.append(timed_noop(spark, "trivial", trivial))
+            arrow_times.append(timed_noop(spark, "arrowref", arrow))
         spark.stop()
     cdc_rate = RECORDS / statistics.median(cdc_times)
     trivial_rate = RECORDS / statistics.median(trivial_times)
+    arrow_rate = RECORDS / statistics.median(arrow_times)
     line(f"rows: {RECORDS:,} in {len(files)} partitions, local[2], runs: {args.runs}", "")
     line("cdc source -> noop (rows/s)", f"{cdc_rate:,.0f}")
-    line("trivial Python source, same rows -> noop (rows/s)", f"{trivial_rate:,.0f}")
-    line("ratio cdc / trivial (issue 6 target: >= 0.7)", f"{cdc_rate / trivial_rate:.2f}")
+    line("trivial Python source yielding tuples -> noop (rows/s)", f"{trivial_rate:,.0f}")
+    line("trivial Python source yielding Arrow batches (rows/s)", f"{arrow_rate:,.0f}")
+    line("ratio cdc / tuples (issue 6 target: >= 0.7)", f"{cdc_rate / trivial_rate:.2f}")
+    line("ratio cdc / Arrow batches (issue 21 target: >= 0.7)", f"{cdc_rate / arrow_rate:.2f}")
 
 
 if __name__ == "__main__":
