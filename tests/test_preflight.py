@@ -4,7 +4,10 @@ prints fixes what it found. Settings changed here are global: each test restores
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +20,13 @@ from cdcserver.replication.preflight import Severity, check_source
 from tests.conftest import Source, make_config, start_service
 
 pytestmark = pytest.mark.mariadb
+
+
+def cdcserver(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The installed command, as an operator runs it."""
+    command = os.path.join(os.path.dirname(sys.executable), "cdcserver")
+    return subprocess.run([command, *args], capture_output=True, text=True, timeout=120,
+                          cwd=cwd, check=False)
 
 
 @contextlib.contextmanager
@@ -164,3 +174,37 @@ def test_select_really_missing_is_still_a_warning(source: Source):
                  "GRANT idle TO {u}")
     with account(server, "idle_role", *idle_role, role="idle") as url:
         assert _severities(url)["privilege SELECT"] == Severity.WARNING
+
+
+@pytest.fixture(scope="module")
+def without_binlog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedMariaDB]:
+    """A second private server started with --skip-log-bin, as a stock MariaDB runs."""
+    server = EmbeddedMariaDB(str(tmp_path_factory.mktemp("nobinlog")), port=0, server_id=71,
+                             extra_args=["--skip-log-bin"])
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_check_reports_a_server_without_binlog_with_the_settings_to_add(
+        without_binlog: EmbeddedMariaDB):
+    checked = cdcserver("check", "--source", without_binlog.url())
+    assert checked.returncode == 1, checked.stderr
+    assert "Traceback" not in checked.stderr, checked.stderr
+    assert re.search(r"^FATAL +binary log: log_bin is OFF$", checked.stdout, re.M)
+    fix = [line.strip() for line in checked.stdout.splitlines()]
+    for setting in ("log_bin = mysql-bin", "binlog_format = ROW", "binlog_row_image = FULL"):
+        assert setting in fix, checked.stdout
+    assert re.search(r"^OK +privilege BINLOG MONITOR", checked.stdout, re.M)
+    assert checked.stdout.rstrip().endswith("not ready: fix the fatal findings above")
+
+
+def test_run_refuses_a_server_without_binlog_in_one_message(without_binlog: EmbeddedMariaDB,
+                                                            users_file: str, tmp_path):
+    ran = cdcserver("run", "--source", without_binlog.url(), "--data-dir", str(tmp_path / "d"),
+                    "--users-file", users_file, "--listen", "127.0.0.1:0",
+                    "--metrics-listen", "")
+    assert ran.returncode == 1
+    assert "Traceback" not in ran.stderr, ran.stderr
+    assert "the source cannot be captured" in ran.stderr
+    assert "binary log: log_bin is OFF" in ran.stderr and "log_bin = mysql-bin" in ran.stderr
