@@ -23,20 +23,27 @@ A database or table name holding a space, a dot, a comma or a quote is quoted as
         typed from the schema topic and decoded (base64 and all) in every message format;
         START is earliest (default), latest, PARTITION:OFFSET[,...] or a GTID state
 
+    cdc --help       these commands, and the stream's options; cdc COMMAND --help
+    cdc --version
+
 The password can also come from the ``CDC_PASSWORD`` environment variable (for ``cdc
-kafka``, the SASL password from ``CDC_KAFKA_PASSWORD``).
+kafka``, the SASL password from ``CDC_KAFKA_PASSWORD``). A first word that is neither a
+command nor a table but close to a command (``cdc dumsp``) is reported as a mistyped command.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import ssl
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
+import client
 from client.endpoints import Endpoints
 from client.format.dump import DumpDecoder, DumpError, DumpHeader
 from client.format.names import BadTableRef, parse_table
@@ -52,6 +59,15 @@ from client.stream import JsonStreamDecoder, Resume
 from client.sync import SyncCdcConnection
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+class Command(NamedTuple):
+    """A subcommand (``cdc dumps``): its line in ``cdc --help``, its options, and what it
+    does with its arguments."""
+
+    summary: str
+    parser: Callable[[], argparse.ArgumentParser]
+    run: Callable[[list[str]], int]
 
 
 def _connection_options(parser: argparse.ArgumentParser) -> None:
@@ -75,9 +91,18 @@ def _connection_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _stream_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cdc", add_help=False,
-                                     description="Stream a table's changes from a CDC server")
+    width = max(len(name) for name in COMMANDS) + 2
+    commands = "\n".join(f"  {name:{width}}{command.summary}"
+                         for name, command in COMMANDS.items())
+    parser = argparse.ArgumentParser(
+        prog="cdc", add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s [options] DATABASE.TABLE[.VERSION] [GTID]\n"
+              "       %(prog)s COMMAND [options]",
+        description="Stream a table's changes from a CDC server, or run a command",
+        epilog=f"commands (cdc COMMAND --help for their options):\n{commands}")
     _connection_options(parser)
+    parser.add_argument("--version", action="version", version=f"cdc {client.__version__}",
+                        help="print the version and exit")
     parser.add_argument("FILE", help="DATABASE.TABLE[.VERSION]")
     parser.add_argument("GTID", nargs="?", default=None, help="start at this GTID (inclusive)")
     return parser
@@ -115,13 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         _hide_password_from_process_title(sys.argv[1:])
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in _COMMANDS:
-        return _COMMANDS[argv[0]](argv[1:])
+    if argv and argv[0] in COMMANDS:
+        return COMMANDS[argv[0]].run(argv[1:])
+    mistyped = _mistyped_command(argv[0]) if argv else None
+    if mistyped:
+        print(f"cdc: {mistyped}", file=sys.stderr)
+        return EXIT_USAGE
     args = _stream_parser().parse_args(argv)
     try:
         request = parse_request_data(f"{args.FILE} {args.GTID or ''}")
     except ProtocolError as exc:
-        print(f"cdc: {exc.message}", file=sys.stderr)
+        print(f"cdc: {_mistyped_command(args.FILE) or exc.message}", file=sys.stderr)
         return EXIT_USAGE
     try:
         several = len(Endpoints.of(args.host, args.port).all) > 1
@@ -139,6 +168,29 @@ def main(argv: list[str] | None = None) -> int:
         return _copy_stream(conn, request, args.timeout)
     finally:
         conn.close()
+
+
+def _mistyped_command(word: str) -> str | None:
+    """What to say when ``word``, where a command or DB.TABLE goes, is no table but a
+    command misspelt (``dumsp``) or placed after the options (None: neither)."""
+    if word.startswith("-") or _is_table(word):
+        return None
+    if word in COMMANDS:
+        return f"a command comes before the options: cdc {word} [options]"
+    close = difflib.get_close_matches(word, COMMANDS, n=3)
+    # A transposition (dumsp) is closest to the command with the same letters (dumps), which
+    # difflib ranks after the one with a letter less (dump).
+    same_letters = [name for name in close if sorted(name) == sorted(word)]
+    best = same_letters or close
+    return f"unknown command '{word}', did you mean '{best[0]}'?" if best else None
+
+
+def _is_table(word: str) -> bool:
+    try:
+        parse_table(word)
+    except BadTableRef:
+        return False
+    return True
 
 
 def _follow_instances(args: argparse.Namespace, request: DataRequest) -> int:
@@ -272,25 +324,35 @@ def _copy_stream(conn: SyncCdcConnection, request: DataRequest | None, timeout: 
         out.flush()
 
 
-def _auth_string(argv: list[str]) -> int:
+def _auth_string_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cdc auth-string", add_help=False,
                                      description="print hex(user:SHA1(password))")
-    parser.add_argument("-u", "--user", required=True)
-    parser.add_argument("-p", "--password", default=None)
-    parser.add_argument("--help", action="help")
-    args = parser.parse_args(argv)
+    parser.add_argument("-u", "--user", required=True, help="user name")
+    parser.add_argument("-p", "--password", default=None,
+                        help="password (or set CDC_PASSWORD)")
+    parser.add_argument("--help", action="help", help="show this help and exit")
+    return parser
+
+
+def _auth_string(argv: list[str]) -> int:
+    args = _auth_string_parser().parse_args(argv)
     password = args.password if args.password is not None else os.environ.get("CDC_PASSWORD", "")
     print(auth_message(args.user, password).decode())
     return EXIT_OK
 
 
-def _query(command: str, with_gtid: bool):  # type: ignore[no-untyped-def]
-    def run(argv: list[str]) -> int:
-        parser = argparse.ArgumentParser(prog=f"cdc {command.lower()}", add_help=False)
+def _query(summary: str, command: str, with_gtid: bool) -> Command:
+    """``cdc last-transaction`` and ``cdc transaction GTID``: one query, its JSON reply."""
+    def parser() -> argparse.ArgumentParser:
+        parser = argparse.ArgumentParser(prog=f"cdc {command.lower().removeprefix('query-')}",
+                                         add_help=False, description=summary)
         _connection_options(parser)
         if with_gtid:
-            parser.add_argument("GTID")
-        args = parser.parse_args(argv)
+            parser.add_argument("GTID", help="the transaction's GTID (domain-server-sequence)")
+        return parser
+
+    def run(argv: list[str]) -> int:
+        args = parser().parse_args(argv)
         try:
             conn = _open(args)
             try:
@@ -302,15 +364,19 @@ def _query(command: str, with_gtid: bool):  # type: ignore[no-untyped-def]
             print(f"cdc: {exc}", file=sys.stderr)
             return EXIT_ERROR
         return EXIT_OK
-    return run
+    return Command(summary, parser, run)
 
 
-def _dumps(argv: list[str]) -> int:
+def _dumps_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cdc dumps", add_help=False,
                                      description="list the server's dumps")
     _connection_options(parser)
     parser.add_argument("TABLE", nargs="?", help="only this DATABASE.TABLE's")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _dumps(argv: list[str]) -> int:
+    args = _dumps_parser().parse_args(argv)
     try:
         if args.TABLE:
             parse_table(args.TABLE)
@@ -330,7 +396,7 @@ def _dumps(argv: list[str]) -> int:
     return EXIT_OK
 
 
-def _dump(argv: list[str]) -> int:
+def _dump_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cdc dump", add_help=False,
                                      description="save a dump, then optionally follow the "
                                                  "changes after it")
@@ -344,7 +410,11 @@ def _dump(argv: list[str]) -> int:
     parser.add_argument("--new", action="store_true",
                         help="have the server take a new dump of the table first "
                              "(START-DUMP; the stream goes on meanwhile), then save it")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _dump(argv: list[str]) -> int:
+    args = _dump_parser().parse_args(argv)
     try:
         conn = _open(args)
     except (ProtocolError, OSError, ValueError) as exc:
@@ -409,19 +479,30 @@ def _save_dump(conn: SyncCdcConnection, args: argparse.Namespace) -> tuple[DumpH
     return decoder.finish(), path
 
 
+def _kafka_parser() -> argparse.ArgumentParser:
+    from client.kafka_cli import parser  # needs the kafka extra: only for `cdc kafka`
+
+    return parser()
+
+
 def _kafka(argv: list[str]) -> int:
     from client.kafka_cli import run
 
     return run(argv)
 
 
-_COMMANDS = {
-    "kafka": _kafka,
-    "auth-string": _auth_string,
-    "last-transaction": _query("QUERY-LAST-TRANSACTION", False),
-    "transaction": _query("QUERY-TRANSACTION", True),
-    "dumps": _dumps,
-    "dump": _dump,
+COMMANDS = {
+    "dump": Command("save a dump, checked; with --follow, then the changes after it",
+                    _dump_parser, _dump),
+    "dumps": Command("list the server's dumps, one JSON line each", _dumps_parser, _dumps),
+    "last-transaction": _query("the last transaction the server stored, as JSON",
+                               "QUERY-LAST-TRANSACTION", False),
+    "transaction": _query("a stored transaction, by its GTID, as JSON", "QUERY-TRANSACTION",
+                          True),
+    "auth-string": Command("print the first line to send with netcat",
+                           _auth_string_parser, _auth_string),
+    "kafka": Command("the service's Kafka topics, one decoded JSON line per change",
+                     _kafka_parser, _kafka),
 }
 
 

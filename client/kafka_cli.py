@@ -20,7 +20,9 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cdc kafka", description="Print the changes the service "
                                 "published to Kafka, decoded, one JSON line each")
-    p.add_argument("topics", nargs="+", metavar="TOPIC")
+    p.add_argument("topics", nargs="+", metavar="TOPIC",
+                   help="the topics to read: the service's kafka.topic with {db} and {table} "
+                        "filled in (by default db.table; databus: databus)")
     p.add_argument("-b", "--bootstrap", default="localhost:9092", help="HOST:PORT[,...]")
     p.add_argument("--kafka-format", default="databus", choices=FORMATS,
                    help="the service's kafka.format")
@@ -31,10 +33,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--timeout", type=float, default=0,
                    help="exit after this many seconds without a message (0: never)")
     p.add_argument("--security-protocol", default="PLAINTEXT",
-                   choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"))
+                   choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
+                   help="how to talk to the brokers (the service's kafka.security_protocol)")
     p.add_argument("--ssl-cafile", default=None, help="CA bundle of the brokers' certificates")
     p.add_argument("--sasl-mechanism", default="PLAIN",
-                   choices=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"))
+                   choices=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
+                   help="SASL mechanism (with a SASL_* --security-protocol)")
     p.add_argument("--sasl-user", default=None, help="SASL user (password: CDC_KAFKA_PASSWORD)")
     return p
 

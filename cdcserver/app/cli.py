@@ -9,6 +9,10 @@
     cdcserver schema forget DB.TABLE --data-dir DIR
     cdcserver resync --source URL --data-dir DIR     after the source purged the binlog it needed
     cdcserver demo        a private MariaDB with sample data, and the service on top of it
+    cdcserver --version
+
+A configuration error (an unknown setting, a users file or data directory that cannot be
+used, a listen address in use) is one line on stderr and exit code 2; a failure, exit code 1.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import cdcserver
 from cdcserver.app import logs
 from cdcserver.app.process import EXIT_FAILED, EXIT_OK, EXIT_USAGE, run_until_signalled
+from cdcserver.app.startup import check_users_file
 from cdcserver.core import config as cfg
 from cdcserver.core.errors import CdcError, ConfigError
 from cdcserver.protocol.users import UsersFile
@@ -69,6 +75,9 @@ def _hide_secrets_from_process_title(argv: list[str]) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cdcserver", description="MariaDB/MySQL change data "
                                      "capture, served over MaxScale's CDC protocol")
+    parser.add_argument("--version", action="version",
+                        version=f"cdcserver {cdcserver.__version__}",
+                        help="print the version and exit")
     commands = parser.add_subparsers(metavar="COMMAND")
 
     run = commands.add_parser("run", help="replicate and serve")
@@ -98,7 +107,8 @@ def _parser() -> argparse.ArgumentParser:
                                        "file the service skips (exit 1 if any)")):
         sub = users_commands.add_parser(action, help=helptext)
         if action in ("add", "remove"):
-            sub.add_argument("name")
+            sub.add_argument("name", metavar="NAME", help="the user's name (1-43 characters, "
+                             "no ':' or spaces)")
         if action == "check":
             sub.add_argument("file", nargs="?", metavar="FILE",
                              help="the users file (default: --users-file, else the "
@@ -118,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
 
     verify = commands.add_parser("verify", help="compare tables with their streams")
-    verify.add_argument("tables", nargs="+", metavar="DB.TABLE")
+    verify.add_argument("tables", nargs="+", metavar="DB.TABLE", help="the tables to compare")
     _source_and_store_options(verify)
     verify.add_argument("--timeout", type=float, default=60.0,
                         help="seconds to wait for the service to reach the snapshot")
@@ -130,7 +140,8 @@ def _parser() -> argparse.ArgumentParser:
 
     dump = commands.add_parser("dump", help="take consistent dumps of tables (resumes an "
                                             "interrupted one)")
-    dump.add_argument("tables", nargs="+", metavar="DB.TABLE|DB.*")
+    dump.add_argument("tables", nargs="+", metavar="DB.TABLE|DB.*",
+                      help="the tables to dump (DB.*: every table of DB)")
     _source_and_store_options(dump, "dump.chunk_rows", "dump.readers", "dump.sync_interval")
     dump.add_argument("--restart", action="store_true",
                       help="discard an interrupted dump instead of continuing it")
@@ -141,7 +152,8 @@ def _parser() -> argparse.ArgumentParser:
     dump.set_defaults(handler=cmd_dump)
 
     dumps = commands.add_parser("dumps", help="list the complete dumps")
-    dumps.add_argument("table", nargs="?", metavar="DB.TABLE")
+    dumps.add_argument("table", nargs="?", metavar="DB.TABLE",
+                       help="only this table's dumps (default: every table's)")
     _source_and_store_options(dumps)
     dumps.set_defaults(handler=cmd_dumps)
 
@@ -158,15 +170,17 @@ def _parser() -> argparse.ArgumentParser:
     schema_commands = schema.add_subparsers(metavar="ACTION", required=True)
     forget = schema_commands.add_parser("forget", help="forget a table's definition so the "
                                         "service re-learns it from the source (service stopped)")
-    forget.add_argument("table", metavar="DB.TABLE")
+    forget.add_argument("table", metavar="DB.TABLE", help="the table to forget")
     _source_and_store_options(forget)
     forget.set_defaults(handler=cmd_schema_forget)
 
     demo = commands.add_parser("demo", help="a private MariaDB with sample data, and the "
                                             "service on it (the README's first command)")
     demo.add_argument("--dir", default=".cdc-demo", help="where the demo keeps its state")
-    demo.add_argument("--listen", default="127.0.0.1:4001")
-    demo.add_argument("--mariadb-port", type=int, default=3307)
+    demo.add_argument("--listen", default="127.0.0.1:4001",
+                      help="HOST:PORT of the service's CDC listener (taken: any free port)")
+    demo.add_argument("--mariadb-port", type=int, default=3307,
+                      help="TCP port of the demo's MariaDB (taken: any free port)")
     demo.add_argument("--trickle", type=float, default=5.0,
                       help="seconds between sample changes while running (0: none)")
     demo.set_defaults(handler=cmd_demo)
@@ -189,6 +203,16 @@ def _source_and_store_options(parser: argparse.ArgumentParser, *more: str) -> No
     config.py declares them."""
     parser.add_argument("--config", help="the service's TOML file")
     cfg.add_arguments(parser, ["source.url", "source.password_file", "store.data_dir", *more])
+
+
+def _existing_data_dir(path: str) -> str:
+    """A data directory a command reads: a missing one is a mistyped path, not an empty
+    directory."""
+    if not os.path.isdir(path):
+        what = "is not a directory" if os.path.exists(path) else "does not exist"
+        raise ConfigError(f"store.data_dir {os.path.abspath(path)} {what}: give the service's "
+                          "data directory (--data-dir, or data_dir in [store] of --config)")
+    return path
 
 
 def _table_name(text: str) -> TableName:
@@ -313,9 +337,11 @@ class _DumpProgress:
         with self.lock:
             bar = self.bars.get(table)
             if bar is None:
+                # The rows of the first report count from the start, not into the rate: the
+                # bar appears only now, so they would make the first rate look far too high.
                 bar = self.bars[table] = tqdm(total=self.estimates.get(table) or None,
-                                              desc=str(table), unit=" rows", unit_scale=True,
-                                              file=sys.stderr)
+                                              initial=rows, desc=str(table), unit=" rows",
+                                              unit_scale=True, file=sys.stderr)
             if bar.total is not None and rows > bar.total:
                 bar.total = rows  # the estimate was low
             bar.update(rows - bar.n)
@@ -330,7 +356,7 @@ def cmd_dumps(args: argparse.Namespace) -> int:
 
     config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
     table = _table_name(args.table) if args.table else None
-    for info in list_dumps(config.store.data_dir, table):
+    for info in list_dumps(_existing_data_dir(config.store.data_dir), table):
         h = info.header
         print(f"{info.name}  {h.rows} rows  {info.size} bytes  GTID {h.gtid or '-'}  "
               f"stream version {h.stream_version}")
@@ -361,7 +387,7 @@ def cmd_schema_forget(args: argparse.Namespace) -> int:
     from cdcserver.schema.history import SchemaHistory
 
     config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
-    layout = DataDir(config.store.data_dir)
+    layout = DataDir(_existing_data_dir(config.store.data_dir))
     with open(layout.writer_lock, "a+b") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -398,6 +424,7 @@ def cmd_users_add(args: argparse.Namespace) -> int:
 
 def cmd_users_remove(args: argparse.Namespace) -> int:
     args.users_file = _users_file(args)
+    check_users_file(args.users_file)
     if not UsersFile(args.users_file).remove(args.name):
         print(f"cdcserver: no user {args.name} in {args.users_file}", file=sys.stderr)
         return EXIT_FAILED
@@ -407,9 +434,7 @@ def cmd_users_remove(args: argparse.Namespace) -> int:
 
 def cmd_users_check(args: argparse.Namespace) -> int:
     path = args.file or _users_file(args)
-    if not os.path.exists(path):
-        print(f"cdcserver: {path}: no such file", file=sys.stderr)
-        return EXIT_FAILED
+    check_users_file(path)
     users, problems = UsersFile(path).check()
     for problem in problems:
         print(problem)
@@ -419,7 +444,9 @@ def cmd_users_check(args: argparse.Namespace) -> int:
 
 
 def cmd_users_list(args: argparse.Namespace) -> int:
-    for name, account in sorted(UsersFile(_users_file(args)).load().items()):
+    path = _users_file(args)
+    check_users_file(path)
+    for name, account in sorted(UsersFile(path).load().items()):
         print(f"{name}  {account.tables.text() if account.tables else '*'}")
     return EXIT_OK
 

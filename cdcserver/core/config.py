@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 import re
 import ssl
@@ -27,6 +28,13 @@ from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import GtidState
 
 Check = Callable[[Any], str | None]  # a value's problem, or None
+
+# Read beside the settings' variables: secrets, never a TOML key or a flag (documented in
+# reference.SECRET_VARIABLES).
+SOURCE_PASSWORD_VARIABLE = "CDCSERVER_SOURCE_PASSWORD"
+KAFKA_SASL_PASSWORD_VARIABLE = "CDCSERVER_KAFKA_SASL_PASSWORD"
+_SECRET_VARIABLES = (SOURCE_PASSWORD_VARIABLE, KAFKA_SASL_PASSWORD_VARIABLE)
+_PREFIX = "CDCSERVER_"
 
 
 @dataclass(frozen=True)
@@ -156,7 +164,7 @@ class SourceConfig:
     def _password(self) -> str | None:
         if self.password_file:
             return read_secret(self.password_file, "source.password_file")
-        return os.environ.get("CDCSERVER_SOURCE_PASSWORD")
+        return os.environ.get(SOURCE_PASSWORD_VARIABLE)
 
 
 @dataclass(frozen=True)
@@ -181,7 +189,9 @@ class StoreConfig:
 class ListenerConfig:
     listen: str = option("127.0.0.1:4001", "HOST:PORT for CDC clients (port 0: any free port)",
                          cli="--listen", check=host_port)
-    users_file: str = option("users/cdcusers", "users file in MaxScale's cdcusers format",
+    users_file: str = option("users/cdcusers", "users file in MaxScale's cdcusers format; it "
+                                               "must exist (`cdcserver users add NAME "
+                                               "--users-file FILE` creates it)",
                              cli="--users-file")
     max_connections: int = option(2048, "connections served at once", cli="--max-connections",
                                   check=positive)
@@ -330,7 +340,7 @@ class KafkaConfig:
     def sasl_password(self) -> str:
         if self.sasl_password_file:
             return read_secret(self.sasl_password_file, "kafka.sasl_password_file")
-        return os.environ.get("CDCSERVER_KAFKA_SASL_PASSWORD", "")
+        return os.environ.get(KAFKA_SASL_PASSWORD_VARIABLE, "")
 
 
 @dataclass(frozen=True)
@@ -422,13 +432,34 @@ def _merge(values: dict[str, dict[str, Any]], new: dict[str, Any], source: str) 
 
 
 def _from_environment(environ: dict[str, str] | Any) -> dict[str, dict[str, Any]]:
+    """The settings ``CDCSERVER_<SECTION>_<KEY>`` variables set; any other ``CDCSERVER_``
+    variable is a misspelling, refused as an unknown TOML key is."""
+    settings = _environment_variables()
     found: dict[str, dict[str, Any]] = {}
-    for section, section_type in Config.sections().items():
-        for f in dataclasses.fields(section_type):
-            value = environ.get(f"CDCSERVER_{section.upper()}_{f.name.upper()}")
-            if value is not None:
-                found.setdefault(section, {})[f.name] = value
+    for name, value in environ.items():
+        if not name.startswith(_PREFIX) or name in _SECRET_VARIABLES:
+            continue
+        if name not in settings:
+            raise ConfigError(_unknown_variable(name, [*settings, *_SECRET_VARIABLES]))
+        section, key = settings[name]
+        found.setdefault(section, {})[key] = value
     return found
+
+
+def _environment_variables() -> dict[str, tuple[str, str]]:
+    """Each setting's variable, and its (section, key)."""
+    return {f"{_PREFIX}{section.upper()}_{f.name.upper()}": (section, f.name)
+            for section, section_type in Config.sections().items()
+            for f in dataclasses.fields(section_type)}
+
+
+def _unknown_variable(name: str, known: list[str]) -> str:
+    # Compared without the prefix every name shares, which would make any two look alike.
+    suffixes = [variable[len(_PREFIX):] for variable in known]
+    close = difflib.get_close_matches(name[len(_PREFIX):], suffixes, n=1)
+    hint = (f"did you mean {_PREFIX}{close[0]}?" if close else
+            "configuration.md lists every variable")
+    return f"unknown environment variable {name} ({hint}): fix or unset it"
 
 
 def _build(section_type: type[Any], values: dict[str, Any], section: str) -> Any:

@@ -58,8 +58,10 @@ A setting is read from, in increasing precedence: its default, the TOML file giv
 `--config FILE` (one table per section, `[source]` and so on), its environment variable
 (`CDCSERVER_<SECTION>_<KEY>`), and its command-line flag. `cdcserver run` takes every flag
 below; the other commands take the flags of the settings they use (`cdcserver COMMAND --help`).
-An unknown section or key is an error, and every value is checked when the configuration is
-loaded: a mistake stops the start with a message naming the setting.
+An unknown section or key is an error, and so is a `CDCSERVER_` variable that is neither a
+setting's nor one of the secrets at the end (a misspelling: the message names the closest
+variable). Every value is checked when the configuration is loaded: a mistake stops the start
+with a message naming the setting.
 
 Values:
 
