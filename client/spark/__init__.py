@@ -17,7 +17,9 @@ from typing import Any
 
 
 def register(spark: Any) -> None:
-    """Make ``format("cdc")`` available in this Spark session."""
-    from client.spark.source import CdcDataSource
+    """Make ``format("cdc")`` available in this Spark session. Its Python workers need an
+    interpreter that can import this package (``PYSPARK_PYTHON``); when theirs cannot, the
+    read fails saying what to set (:mod:`client.spark.workers`)."""
+    from client.spark.workers import register_source
 
-    spark.dataSource.register(CdcDataSource)
+    register_source(spark)

@@ -134,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from client.spark import register
+    from client.spark.workers import default_to_driver_python
 
+    default_to_driver_python()  # before the session starts its workers
     spark = SparkSession.builder.appName(f"cdc-mirror {args.table}").getOrCreate()
     register(spark)
     options = {"host": args.host, "port": args.port, "user": args.user,
