@@ -20,6 +20,7 @@ from cdcserver.ops.verify import verify_table
 from cdcserver.store.naming import TableName
 from tests.conftest import Source, make_config, start_service
 from tests.helpers import RawClient
+from tests.test_probes import fetch_probe
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.slow]
 
@@ -72,6 +73,9 @@ async def test_a_full_disk_pauses_replication_and_loses_nothing(small_disk: str,
             await asyncio.wait({cdc.task}, timeout=0.05)
             assert not cdc.task.done(), "the service stopped instead of pausing"
         assert "paused" in cdc.service.replication.paused
+        status, doc = await fetch_probe(cdc, "/ready")  # live, and says why it is not ready
+        assert status == 503 and doc["reason"] == "paused" and "No space" in doc["message"]
+        assert (await fetch_probe(cdc, "/live"))[0] == 200
 
         # Serving continues from what was committed.
         client = await RawClient.connect(cdc.port)

@@ -4,6 +4,7 @@ with the service (ports, paths, host names, users, passwords, flags)."""
 
 from __future__ import annotations
 
+import importlib
 import re
 import shlex
 import tomllib
@@ -14,6 +15,8 @@ import pytest
 import yaml
 
 from cdcserver.core.config import Config, parse_source_url
+from cdcserver.ops import status
+from cdcserver.ops.status import endpoint_url
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.naming import TableName
 from client.format.wire import password_hash
@@ -99,6 +102,38 @@ def test_the_service_image_and_its_configuration_agree(compose: dict[str, Any],
         == "0.0.0.0"  # reachable from outside the container
     assert {listen_port, metrics[1]} == exposed == published
     assert "--config" in steps["HEALTHCHECK"] and config_path in steps["HEALTHCHECK"]
+
+
+def _seconds(duration: str) -> float:
+    """A Docker duration: ``30s``, ``5m``, ``1m30s``."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def test_the_healthchecks_ask_whether_the_service_is_ready(compose: dict[str, Any],
+                                                          config: Config):
+    """Compose's healthcheck and the image's HEALTHCHECK run the same probe: GET /ready on
+    the endpoint the mounted configuration names, with a timeout that lets the probe's own
+    time out first (it then says why)."""
+    steps = dict(_instructions(DOCKER / "Dockerfile"))
+    options, command = steps["HEALTHCHECK"].split(" CMD ", 1)
+    image_check = yaml.safe_load(command)
+    healthcheck = compose["services"]["cdc"]["healthcheck"]
+    assert healthcheck["test"] == ["CMD", *image_check]
+    python, flag, module, *args = image_check
+    assert (python, flag) == ("python", "-m")
+    probe = importlib.import_module(module)
+    parsed = probe.parser().parse_args(args)
+    assert parsed.probe == "ready"
+    assert parsed.config == yaml.safe_load(steps["CMD"])[1]  # the file the service runs with
+    assert endpoint_url(config) == f"http://127.0.0.1:{config.metrics.host_port()[1]}"
+    image_options = dict(option.lstrip("-").split("=", 1) for option in options.split())
+    for timeout in (healthcheck["timeout"], image_options["timeout"]):
+        assert _seconds(timeout) > status.TIMEOUT
+    for key in ("interval", "start_period", "retries"):
+        assert str(healthcheck[key]) == image_options[key.replace("_", "-")], key
 
 
 def test_the_source_is_the_compose_mariadb_with_what_preflight_requires(

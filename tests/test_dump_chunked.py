@@ -363,6 +363,32 @@ async def test_cdc_dump_new_and_cdcserver_dump_show_progress(cdc: RunningService
     assert len(files.list_dumps(data_dir, TableName(db, "orders"))) == 2
 
 
+async def test_cdcserver_dump_progress_shows_rows_rate_and_time_left(cdc: RunningService,
+                                                                     source: Source):
+    """Per table on stderr, as `cdc dump --progress`: rows written of the rows the source
+    estimates (ANALYZE TABLE makes InnoDB's estimate), the rate, and the time left; in ten
+    chunks, so the bar moves."""
+    db = source.database
+    _orders(source, 20000)
+    source.execute(f"ANALYZE TABLE `{db}`.orders")
+    await cdc.caught_up(source)
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "cdcserver.app.cli", "dump", f"{db}.orders",
+                         "--source", source.url, "--data-dir",
+                         cdc.service.config.store.data_dir, "--progress"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "CDCSERVER_DUMP_CHUNK_ROWS": "2000"})
+    assert done.returncode == 0, done.stderr
+    bars = re.findall(rf"{db}\.orders: +(\d+)%\|[^|]*\| ([\d.]+k?)/([\d.]+k) "
+                      r"\[\d\d:\d\d<(\d\d:\d\d|\?), +([\d.]+[kMG]?|\?) rows/s\]",
+                      done.stderr)
+    assert len(bars) >= 2, done.stderr  # the start, then at least the end
+    percent, rows, estimate, left, rate = bars[-1]
+    assert (rows, left) == ("20.0k", "00:00") and int(percent) >= 80, bars[-1]
+    assert 15 < float(estimate.rstrip("k")) < 25  # the source's estimate of 20,000 rows
+    assert float(rate.rstrip("kMG")) > 0
+
+
 async def test_a_requested_dump_that_fails_is_listed_failed_with_its_error(
         cdc: RunningService, source: Source):
     """Two tables requested while the first is locked: the second waits (queued, in the

@@ -14,15 +14,17 @@ import json
 import os
 import random
 import threading
+import urllib.request
 from collections import defaultdict
 from typing import Any
 
 import fastavro
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cdcserver.kafka.sink import _load_state
 from client.kafka import KafkaChange, KafkaChangeReader, KafkaDecoder
-from tests.conftest import Source, make_config, start_service
+from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import TcpProxy, pace
 from tests.kafka_broker import Tansu
 from tests.test_crash import TABLES, Load, ServiceProcess, _service_args
@@ -92,6 +94,19 @@ def assert_duplicates_identical(changes: list[KafkaChange]) -> int:
 def source_rows(source: Source, table: str, columns: str) -> dict[Any, tuple[Any, ...]]:
     return {row[0]: row for row in source.query(
         f"SELECT id, {columns} FROM `{source.database}`.{table}")}
+
+
+async def _metrics(running: RunningService) -> dict[str, float]:
+    """The service's unlabelled series, from its /metrics."""
+    host, port = running.service.monitoring_address  # type: ignore[misc]
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+            return str(response.read().decode())
+
+    text = await asyncio.to_thread(scrape)
+    return {s.name: s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if not s.labels}
 
 
 async def test_each_rows_changes_stay_in_order_in_one_partition(tmp_path, source: Source,
@@ -212,7 +227,9 @@ async def test_broker_outage_stalls_with_bounded_memory_and_loses_nothing(
     """The broker (behind a proxy it advertises) goes away for 6 seconds while rows are
     written: sends time out (after 2 s here), the sink holds at most max_buffer_bytes and
     reconnects until the broker is back, the CDC listener keeps serving meanwhile, and then
-    every row reaches Kafka, the unacknowledged ones sent again."""
+    every row reaches Kafka, the unacknowledged ones sent again. /metrics shows it: the
+    oldest unacknowledged message ages with the outage, then the failures are counted and
+    nothing is held."""
     from client import ChangeRecord, SyncCdcClient
     from tests.helpers import PASSWORD, USER
 
@@ -255,6 +272,7 @@ async def test_broker_outage_stalls_with_bounded_memory_and_loses_nothing(
         for _ in range(60):  # 6 seconds away
             peak = max(peak, sink.buffered_bytes)
             await pace(0.1)
+        during = await _metrics(running)
         stalled_at = sink.durable
         # The listener serves what is stored meanwhile.
         client = SyncCdcClient(running.host, running.port, USER, PASSWORD)
@@ -269,6 +287,7 @@ async def test_broker_outage_stalls_with_bounded_memory_and_loses_nothing(
         await asyncio.to_thread(writer.join, 30)
         await kafka_caught_up(running, source, timeout=120)
         stats = sink.stats
+        after = await _metrics(running)
     finally:
         writes.set()
         await running.stop()
@@ -280,6 +299,16 @@ async def test_broker_outage_stalls_with_bounded_memory_and_loses_nothing(
         await asyncio.to_thread(broker.stop)
     assert limit // 2 < peak <= limit  # it filled up, then replication waited
     assert stats.reconnects >= 1 and stats.resent >= 1
+    assert 4.0 < during["cdc_kafka_oldest_unacknowledged_seconds"] < 60
+    assert limit // 2 < during["cdc_kafka_buffered_bytes"] <= limit
+    assert during["cdc_kafka_buffer_capacity_bytes"] == limit
+    assert during["cdc_kafka_unacknowledged_messages"] > 0
+    assert after["cdc_kafka_delivery_failures_total"] == stats.reconnects
+    assert after["cdc_kafka_messages_resent_total"] == stats.resent
+    assert after["cdc_kafka_messages_acknowledged_total"] == \
+        after["cdc_kafka_messages_total"] == stats.messages
+    assert after["cdc_kafka_oldest_unacknowledged_seconds"] == 0
+    assert after["cdc_kafka_buffered_bytes"] == after["cdc_kafka_unacknowledged_messages"] == 0
     assert written > 0 and set(ids) == set(range(1, written + 1))
     print(f"\nkafka outage: {written} rows, peak {peak} bytes held (limit {limit}), "
           f"{stats.reconnects} reconnects, {stats.resent} resent")

@@ -74,6 +74,60 @@ async def test_metrics_count_what_went_in_and_out(cdc: RunningService, source: S
     assert during["cdc_login_failures_total", ()] == before["cdc_login_failures_total", ()] + 1
 
 
+def _bucket(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str,
+            le: str) -> float:
+    return metrics[f"{name}_bucket", (("le", le),)]
+
+
+async def test_commit_latency_is_measured_from_the_source_commit(cdc: RunningService,
+                                                                  source: Source):
+    """A transaction committed 100 s ago by the source's clock (SET TIMESTAMP) counts once
+    in each histogram, between the 60 and 120 s bounds: once when the store shows it, once
+    when the client following the table is sent it."""
+    table = f"`{source.database}`.t"
+    source.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY)",
+                   f"INSERT INTO {table} VALUES (1)")
+    await cdc.caught_up(source)
+    client = await RawClient.connect(cdc.port)
+    try:
+        await client.login()
+        await client.send(f"REQUEST-DATA {source.database}.t\n".encode())
+        assert b"namespace" in await client.line()  # the schema
+        assert b'"id": 1' in await client.line()
+        before = await _metrics(cdc)
+        source.execute("SET TIMESTAMP = UNIX_TIMESTAMP() - 100",
+                       f"INSERT INTO {table} VALUES (2)")
+        assert b'"id": 2' in await client.line()
+        await cdc.caught_up(source)
+        after = await _metrics(cdc)
+    finally:
+        await client.close()
+    for name in ("cdc_commit_to_store_seconds", "cdc_commit_to_client_seconds"):
+        def grew(le: str, name: str = name) -> float:
+            return _bucket(after, name, le) - _bucket(before, name, le)
+
+        assert (grew("60.0"), grew("120.0"), grew("+Inf")) == (0, 1, 1), name
+        assert after[f"{name}_count", ()] - before[f"{name}_count", ()] == 1
+        assert 99 <= after[f"{name}_sum", ()] - before[f"{name}_sum", ()] < 110
+
+
+async def test_the_process_and_build_are_described(cdc: RunningService):
+    import platform
+
+    import cdcserver
+    from cdcserver.store import transcoder
+
+    metrics = await _metrics(cdc)
+    labels = (("compiled", "yes" if transcoder.available() else "no"),
+              ("python", platform.python_version()), ("version", cdcserver.__version__))
+    assert metrics["cdc_build_info", labels] == 1
+    assert metrics["process_resident_memory_bytes", ()] > 10 << 20
+    assert metrics["process_open_fds", ()] > 0 and metrics["process_cpu_seconds_total", ()] > 0
+    assert metrics["cdc_data_filesystem_size_bytes", ()] >= \
+        metrics["cdc_data_filesystem_free_bytes", ()] > 0
+    assert any(name == "python_info" for name, _ in metrics)
+
+
 async def test_health_and_status_of_a_healthy_service(cdc: RunningService, source: Source,
                                                       capsys):
     await cdc.caught_up(source)
@@ -106,7 +160,8 @@ async def test_health_is_503_while_the_source_is_unreachable(tmp_path, users_fil
 
 async def test_the_endpoint_refuses_what_is_not_a_monitoring_request(cdc: RunningService):
     host, port = cdc.service.monitoring_address  # type: ignore[misc]
-    assert (await asyncio.to_thread(_get, f"http://{host}:{port}/nothing"))[0] == 404
+    assert await asyncio.to_thread(_get, f"http://{host}:{port}/nothing") == \
+        (404, b"try /metrics, /health, /live, /ready\n")
     request = urllib.request.Request(f"http://{host}:{port}/metrics", data=b"x", method="POST")
     with pytest.raises(urllib.error.HTTPError) as refused:
         await asyncio.to_thread(urllib.request.urlopen, request, timeout=10)

@@ -29,7 +29,7 @@ from cdcserver.core.errors import (
 )
 from cdcserver.core.gtid import BinlogPosition, GtidState
 from cdcserver.core.handoff import Handoff
-from cdcserver.core.pipeline import Pipeline, Sink, SourceInfo, start_position
+from cdcserver.core.pipeline import Applied, Pipeline, Sink, SourceInfo, start_position
 from cdcserver.ops.metrics import ReplicationStats
 from cdcserver.replication import preflight, source
 from cdcserver.replication.decoder import DeferDecoding
@@ -74,6 +74,8 @@ class ReplicationRunner:
         self._halted = asyncio.Event()  # set by stop()
         self.repair_stats = RepairStats()  # changes without binlog rows, and their repairs
         self.replicating = asyncio.Event()  # set once the replicator is started
+        self.failure = ""  # why run() raised, once it did (/live says so)
+        self.on_applied: Applied | None = None  # told after each sink's apply (the metrics)
         self._replaced: asyncio.Future[None] | None = None
 
     # -- what it is doing --------------------------------------------------------------
@@ -86,6 +88,8 @@ class ReplicationRunner:
             reconnects=replicator.reconnects if replicator is not None else 0,
             paused=self.paused,
             stopped=self.stopped,
+            halted=self._halted.is_set(),
+            failure=self.failure,
             transactions=pipeline.transactions if pipeline is not None else 0,
             queue_bytes=handoff.in_flight if handoff is not None else 0,
             queue_capacity=handoff.capacity if handoff is not None else 0,
@@ -123,7 +127,15 @@ class ReplicationRunner:
     # -- running -----------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Until the stream ends; raises when replication fails for good."""
+        """Until the stream ends; raises when replication fails for good (``failure`` then
+        says why)."""
+        try:
+            await self._run()
+        except Exception as exc:
+            self.failure = f"{type(exc).__name__}: {exc}"
+            raise
+
+    async def _run(self) -> None:
         default, info = await self._retrying(self._check_sources)
         self.info = info
         for sink in self.sinks:
@@ -206,7 +218,8 @@ class ReplicationRunner:
         repairer = Repairer(self.sources, self.catalog, views, self.repair_stats)
         if self.pipeline is not None and self.pipeline.repairer is not None:
             repairer.take_over(self.pipeline.repairer.carry_over())  # after a pause
-        self.pipeline = Pipeline(handoff, sinks, start, self.flush_interval, repairer)
+        self.pipeline = Pipeline(handoff, sinks, start, self.flush_interval, repairer,
+                                 self.on_applied)
         if self._replaced is not None and not self._replaced.done():
             self._replaced.set_result(None)
         self.replicator.start()

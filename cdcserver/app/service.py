@@ -1,9 +1,10 @@
 """The service: the store, the replicator and pipeline, and the listener, in one process.
 
-Start order: open the store (which repairs it back to its checkpoint), start the listener (it
-serves what is stored even while the source is unreachable), then replicate. Stop order: stop
-accepting connections, stop the replicator, let the pipeline finish what was handed over and
-flush (the final checkpoint), then close the store.
+Start order: check the users file, open the store (which repairs it back to its checkpoint),
+start the listener (it serves what is stored even while the source is unreachable), then
+replicate; what cannot be used stops the start in one line (:mod:`cdcserver.app.startup`). Stop
+order: stop accepting connections, stop the replicator, let the pipeline finish what was handed
+over and flush (the final checkpoint), then close the store.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import logging
 import zoneinfo
 from collections.abc import Callable
 
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client.registry import Collector
 
 from cdcserver.app.runner import ReplicationRunner
+from cdcserver.app.startup import cannot_listen, check_users_file, unusable_data_dir
 from cdcserver.core.config import Config
 from cdcserver.core.errors import CdcError, ConfigError
 from cdcserver.core.gtid import BinlogPosition, GtidState
@@ -25,8 +27,17 @@ from cdcserver.dump.retention import Cleaner
 from cdcserver.dump.scheduler import DumpScheduler
 from cdcserver.kafka.lease import PublisherLease
 from cdcserver.ops.lag import LagProbe
-from cdcserver.ops.metrics import HousekeepingStats, ServiceCollector, ServiceStats, health
+from cdcserver.ops.latency import CommitLatency
+from cdcserver.ops.metrics import (
+    DiskSpace,
+    HousekeepingStats,
+    ServiceCollector,
+    ServiceStats,
+    health,
+    service_registry,
+)
 from cdcserver.ops.monitoring import MonitoringServer
+from cdcserver.ops.probes import live, ready
 from cdcserver.protocol.server import CdcServer, ListenerLimits, ListenerStats
 from cdcserver.protocol.session import SessionContext
 from cdcserver.protocol.throttle import LoginThrottle
@@ -147,13 +158,12 @@ class Service:
 
     async def _run(self, stop: asyncio.Event, started: Callable[[Service], None] | None
                    ) -> None:
+        check_users_file(self.config.listener.users_file)
         self.users.load()  # warns, at start, about each malformed line (which it skips)
-        self.store.open()
+        self._open_store()
         try:
             self.server = self._listener()
-            host, port = self.config.listener.host_port()
-            self.address = await self.server.start(
-                host, port, ssl=self.config.listener.tls_context())
+            await self._start_listener(self.server)
             await self._start_monitoring()
             if started is not None:
                 started(self)
@@ -178,15 +188,43 @@ class Service:
                 await sink.close()
             self.store.close()
 
+    def _open_store(self) -> None:
+        try:
+            self.store.open()
+        except OSError as exc:
+            unusable = unusable_data_dir(self.config.store.data_dir, exc)
+            if unusable is None:
+                raise
+            raise unusable from exc
+
+    async def _start_listener(self, server: CdcServer) -> None:
+        host, port = self.config.listener.host_port()
+        try:
+            self.address = await server.start(host, port,
+                                              ssl=self.config.listener.tls_context())
+        except OSError as exc:
+            raise cannot_listen(self.config.listener.listen, exc) from exc
+
     async def _start_monitoring(self) -> None:
-        """/metrics and /health, unless metrics.listen is empty."""
+        """/metrics, /health, /live and /ready, unless metrics.listen is empty."""
         where = self.config.metrics.host_port()
         if where is None:
             return
-        registry = CollectorRegistry()
-        registry.register(ServiceCollector(self.stats))
-        self.monitoring = MonitoringServer(
-            registry, lambda: health(self.stats(), self.config.metrics.max_lag))
+        latency = CommitLatency()
+        self.replication.on_applied = latency.applied
+        if self.server is not None:
+            self.server.tails.delivered = latency.delivered
+        collectors: list[Collector] = [ServiceCollector(self.stats), latency,
+                                       DiskSpace(self.config.store.data_dir)]
+        if self.config.kafka.enabled:
+            from cdcserver.kafka.metrics import KafkaCollector
+
+            collectors.append(KafkaCollector(self.sinks, self.config.kafka.max_buffer_bytes))
+        self.monitoring = MonitoringServer(service_registry(*collectors), {
+            "/health": lambda: health(self.stats(), self.config.metrics.max_lag),
+            "/live": lambda: live(self.replication.stats()),
+            "/ready": lambda: ready(self.stats()),
+        })
         try:
             self.monitoring_address = await self.monitoring.start(*where)
         except OSError as exc:

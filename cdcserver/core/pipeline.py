@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from cdcserver.reread.repair import Repairer
 
 log = logging.getLogger(__name__)
+
+Applied = Callable[[str, list[Change]], None]  # a sink (by name) applied these changes
 
 
 @dataclass(frozen=True)
@@ -161,10 +163,12 @@ def segments(batch: list[Change]) -> list[list[Change]]:
 
 class Pipeline:
     def __init__(self, handoff: Handoff, sinks: list[Sink], start: GtidState,
-                 flush_interval: float = 0.2, repairer: Repairer | None = None) -> None:
+                 flush_interval: float = 0.2, repairer: Repairer | None = None,
+                 applied: Applied | None = None) -> None:
         self.handoff = handoff
         self.sinks = sinks
         self.repairer = repairer  # turns changes without binlog rows into records
+        self.applied = applied  # told after each sink's apply (the latency metrics)
         self.flush_interval = flush_interval
         self._filters = [_ReplayFilter(s.name, s.durable, start) for s in sinks]
         self.state = start  # after the last transaction every sink has applied
@@ -212,6 +216,8 @@ class Pipeline:
             changes = keep(batch)
             if changes:
                 await sink.apply(changes)
+                if self.applied is not None:
+                    self.applied(sink.name, changes)
         for change in batch:
             if isinstance(change, Commit):
                 self.state = change.position.gtid_state

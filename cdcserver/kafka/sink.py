@@ -33,6 +33,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 import zlib
 import zoneinfo
 from dataclasses import dataclass, field
@@ -67,7 +68,7 @@ _OVERHEAD = 128  # bytes counted per message beyond key and value
 
 
 class _Message:
-    __slots__ = ("future", "headers", "key", "partition", "size", "topic", "value")
+    __slots__ = ("created", "future", "headers", "key", "partition", "size", "topic", "value")
 
     def __init__(self, topic: str, partition: int, key: bytes, value: bytes,
                  headers: list[tuple[str, bytes]]) -> None:
@@ -78,6 +79,7 @@ class _Message:
         self.headers = headers
         self.size = len(key) + len(value) + _OVERHEAD
         self.future: asyncio.Future[Any] | None = None
+        self.created = 0.0  # time.monotonic() when produced (its age while unacknowledged)
 
 
 @dataclass
@@ -98,10 +100,12 @@ class _Marker:
 
 @dataclass
 class SinkStats:
-    messages: int = 0
+    """Counted as it happens (``kafka/metrics.py`` reports them)."""
+
+    messages: int = 0  # produced (a message sent again after a failure counts once)
     acknowledged: int = 0
-    resent: int = 0
-    reconnects: int = 0
+    resent: int = 0  # sent again after a failed delivery
+    reconnects: int = 0  # failed deliveries: each one reconnects and sends again
     transactions: int = 0
     topics: set[str] = field(default_factory=set)
 
@@ -169,6 +173,19 @@ class KafkaSink:
     def buffered_bytes(self) -> int:
         """Bytes of messages sent but not yet acknowledged."""
         return self._bytes
+
+    @property
+    def held_messages(self) -> int:
+        """Messages held until the checkpoint passes them (``buffered_bytes`` is their size)."""
+        return self.stats.messages - self.stats.acknowledged
+
+    def oldest_unacknowledged(self) -> float:
+        """Seconds the oldest message the broker has not acknowledged has waited (0: none).
+        The ones before it were acknowledged since the last flush: at most a flush's worth."""
+        for entry in self._pending:
+            if isinstance(entry, _Message) and not _acknowledged(entry):
+                return time.monotonic() - entry.created
+        return 0.0
 
     def starting_at(self, position: BinlogPosition) -> None:
         """Nothing to record: the checkpoint says where this sink stands."""
@@ -323,6 +340,7 @@ class KafkaSink:
     async def _produce(self, message: _Message) -> None:
         if self._bytes + message.size > self.config.max_buffer_bytes and self._pending:
             await self._make_room(message.size)
+        message.created = time.monotonic()
         self._pending.append(message)
         self._bytes += message.size
         self.stats.messages += 1
@@ -506,6 +524,12 @@ class KafkaSink:
         finally:
             await consumer.stop()
         return found
+
+
+def _acknowledged(message: _Message) -> bool:
+    future = message.future
+    return future is not None and future.done() and not future.cancelled() and \
+        future.exception() is None
 
 
 def _load_state(path: str) -> BinlogPosition | None:

@@ -1,2 +1,2 @@
-"""What operators look at: Prometheus metrics and /health, the lag probe, ``cdcserver status``
-and ``cdcserver verify``."""
+"""What operators look at: Prometheus metrics (commit latency among them), /health, the
+/live and /ready probes, the lag probe, ``cdcserver status`` and ``cdcserver verify``."""

@@ -8,17 +8,22 @@ Prometheus conventions: ``cdc_`` prefix, base units (seconds, bytes), ``_total``
 
 from __future__ import annotations
 
+import os
+import platform
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 
+import cdcserver
 from cdcserver.ops.lag import Lag
 from cdcserver.protocol.server import ListenerStats
 from cdcserver.reread.repair import RepairStats
+from cdcserver.store import transcoder
 from cdcserver.store.store import StoreStats
 
 _NAN = float("nan")
@@ -41,6 +46,8 @@ class ReplicationStats:
     sources: int = 1  # servers it may read
     source_switches: int = 0  # times it moved to another
     refused: list[str] = field(default_factory=list)  # servers it could not take, and why
+    halted: bool = False  # the service is stopping
+    failure: str = ""  # why replication failed (the service then stops), "" otherwise
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,49 @@ class ServiceStats:
     listener: ListenerStats
     housekeeping: HousekeepingStats
     kafka_role: str = ""  # with [kafka] publisher_lock: publisher or standby
+
+
+def service_registry(*collectors: Collector) -> CollectorRegistry:
+    """A registry of the service's own: ``collectors``, ``cdc_build_info``, and what
+    prometheus_client's default registry has about the process (``process_*``: CPU, memory,
+    open files; ``python_info``; ``python_gc_*``)."""
+    registry = CollectorRegistry()
+    for collector in (*collectors, BuildInfo()):
+        registry.register(collector)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+class BuildInfo(Collector):
+    """``cdc_build_info``: 1, with what is running as labels."""
+
+    def collect(self) -> Iterator[Any]:
+        info = GaugeMetricFamily(
+            "cdc_build_info", "the running service: its version, the Python version, and "
+            "whether the compiled extensions are in use", labels=["version", "python",
+                                                                  "compiled"])
+        info.add_metric([cdcserver.__version__, platform.python_version(),
+                         "yes" if transcoder.available() else "no"], 1)
+        yield info
+
+
+class DiskSpace(Collector):
+    """The file system holding the data directory: replication pauses when it is full."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.data_dir = data_dir
+
+    def collect(self) -> Iterator[Any]:
+        try:
+            fs = os.statvfs(self.data_dir)
+        except OSError:  # gone or unreadable: no figure rather than a wrong one
+            return
+        yield _gauge("cdc_data_filesystem_free_bytes", "bytes the service may still write on "
+                     "the file system of the data directory", fs.f_bavail * fs.f_frsize)
+        yield _gauge("cdc_data_filesystem_size_bytes", "the size of the file system of the "
+                     "data directory", fs.f_blocks * fs.f_frsize)
 
 
 class ServiceCollector(Collector):

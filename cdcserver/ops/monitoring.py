@@ -1,4 +1,5 @@
-"""The monitoring endpoint: ``GET /metrics`` (Prometheus text format) and ``GET /health``.
+"""The monitoring endpoint: ``GET /metrics`` (Prometheus text format), ``GET /health``, and the
+probes ``GET /live`` and ``GET /ready`` (``probes.py``).
 
 A few routes on the service's own event loop (so reading its state needs no locks), HTTP/1.1
 with ``Connection: close``. prometheus_client renders the metrics; the request handling is
@@ -7,7 +8,8 @@ head of at most 8 KiB, 5 seconds to send it, 64 connections at once.
 
 ``/health`` answers 200 with ``{"status": "ok", ...}`` while replication is connected and
 within the lag limit, and 503 with ``"status": "degraded"`` and the problems otherwise, so a
-load balancer or an orchestrator's probe can act on the status code alone.
+load balancer or an orchestrator's probe can act on the status code alone. ``/live`` and
+``/ready`` answer the same way (200, or 503 with the reason), each for its own question.
 """
 
 from __future__ import annotations
@@ -30,21 +32,22 @@ MAX_CONNECTIONS = 64
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             500: "Internal Server Error", 503: "Service Unavailable"}
 
-Health = Callable[[], tuple[bool, dict[str, Any]]]
+Health = Callable[[], tuple[bool, dict[str, Any]]]  # (good, the JSON document)
 
 
 class MonitoringServer:
-    def __init__(self, registry: CollectorRegistry, health: Health) -> None:
+    def __init__(self, registry: CollectorRegistry, documents: dict[str, Health]) -> None:
+        """``documents``: path -> what answers it (``/health``, ``/live``, ``/ready``)."""
         self.registry = registry
-        self.health = health
+        self.documents = documents
         self._server: asyncio.base_events.Server | None = None
         self._open = 0
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         self._server = await asyncio.start_server(self._handle, host, port, limit=MAX_HEAD)
         sockname = self._server.sockets[0].getsockname()
-        log.info("metrics and health on http://%s:%d/metrics, /health", sockname[0],
-                 sockname[1])
+        log.info("metrics and health on http://%s:%d/metrics, %s", sockname[0],
+                 sockname[1], ", ".join(self.documents))
         return sockname[0], sockname[1]
 
     async def stop(self) -> None:
@@ -85,11 +88,12 @@ class MonitoringServer:
             return 405, b"only GET and HEAD\n", "text/plain"
         if path == "/metrics":
             return 200, generate_latest(self.registry), CONTENT_TYPE_LATEST
-        if path == "/health":
-            healthy, document = self.health()
+        answer = self.documents.get(path)
+        if answer is not None:
+            good, document = answer()
             body = json.dumps(document, indent=1).encode() + b"\n"
-            return (200 if healthy else 503), body, "application/json"
-        return 404, b"try /metrics or /health\n", "text/plain"
+            return (200 if good else 503), body, "application/json"
+        return 404, f"try /metrics, {', '.join(self.documents)}\n".encode(), "text/plain"
 
 
 async def _request_head(reader: asyncio.StreamReader) -> tuple[str, str]:

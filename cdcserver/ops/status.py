@@ -8,13 +8,27 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from cdcserver.core.config import Config
+from cdcserver.core.errors import ConfigError
+
 TIMEOUT = 5.0
 
 
-def fetch_health(url: str) -> tuple[bool, dict[str, Any]]:
-    """(healthy, document); an unreachable service is unhealthy with the reason."""
+def endpoint_url(config: Config) -> str:
+    """The monitoring endpoint's URL as seen on this host (a wildcard address is reached on
+    the loopback)."""
+    where = config.metrics.host_port()
+    if where is None:
+        raise ConfigError("metrics.listen is off: give the endpoint's URL")
+    host = "127.0.0.1" if where[0] in ("0.0.0.0", "::") else where[0]
+    return f"http://{host}:{where[1]}"
+
+
+def fetch_health(url: str, path: str = "/health") -> tuple[bool, dict[str, Any]]:
+    """(healthy, document) from ``/health`` (or ``/live``, ``/ready``): 200 is healthy, 503
+    comes with its document; an unreachable service is unhealthy with the reason."""
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=TIMEOUT) as response:
+        with urllib.request.urlopen(url.rstrip("/") + path, timeout=TIMEOUT) as response:
             return True, json.loads(response.read())
     except urllib.error.HTTPError as exc:  # 503: degraded, with its document
         with exc:

@@ -393,11 +393,16 @@ class Streamer:
 
     async def _follow(self, entry: TableEntry, info: VersionInfo, pos: int) -> None:
         """Send ``info`` from ``pos`` and keep following it until it is sealed and sent."""
+        backlog = True  # the first range: what was stored when the stream got here
         while True:
             end = info.committed
             if pos < end:
                 pos = await self._send_range(info, pos, end)
+                if not backlog and self.tails is not None and self.tails.delivered is not None:
+                    self.tails.delivered(entry.name, 1)  # committed while it was followed
+                backlog = False
                 continue
+            backlog = False
             if info.sealed:
                 return
             if self.tails is not None and (self._filter is None or self._filter.settled):

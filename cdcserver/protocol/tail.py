@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from cdcserver.protocol.dialect import JsonStyle
 from cdcserver.store.catalog import TableEntry, VersionInfo
+from cdcserver.store.naming import TableName
 from client.format.wire import Format
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,8 @@ MAX_RANGE = 1 << 20
 
 # (data, records) for the bytes of a version from one offset to another, as a stream sends them
 RangeReader = Callable[[VersionInfo, int, int, Format, JsonStyle], tuple[bytes, int]]
+# told after what a table's newest commit added was written to this many clients (the metrics)
+Delivered = Callable[[TableName, int], None]
 
 
 @dataclass
@@ -87,6 +90,7 @@ class Tail:
 
     def _broadcast(self, end: int) -> None:
         data, records = self.tails.read_range(self.info, self.pos, end, self.key[1], self.key[2])
+        writes = 0
         for follower in list(self.followers):
             transport = follower.transport
             if transport.is_closing():
@@ -98,11 +102,14 @@ class Tail:
                 self._release(follower)  # a slow reader: it continues alone, with drain()
             else:
                 transport.write(data)
+                writes += 1
                 follower.bytes_sent += len(data)
                 follower.records_sent += records
                 self.tails.traffic.bytes_sent += len(data)
                 self.tails.traffic.records_sent += records
         self.pos = end
+        if writes and self.tails.delivered is not None:
+            self.tails.delivered(self.entry.name, writes)
 
     def _release(self, follower: Follower) -> None:
         self.followers.discard(follower)
@@ -116,6 +123,7 @@ class Tails:
     def __init__(self, read_range: RangeReader, traffic: Traffic | None = None) -> None:
         self.read_range = read_range
         self.traffic = traffic if traffic is not None else Traffic()
+        self.delivered: Delivered | None = None
         self._tails: dict[tuple[str, Format, JsonStyle], Tail] = {}
 
     async def follow(self, transport: asyncio.WriteTransport, entry: TableEntry,
