@@ -24,16 +24,18 @@ from cdcserver.core.errors import (
     BinlogPurged,
     ConfigError,
     DiskFull,
+    ServerIdInUse,
     SourceError,
     SourceUnavailable,
 )
 from cdcserver.core.gtid import BinlogPosition, GtidState
 from cdcserver.core.handoff import Handoff
 from cdcserver.core.pipeline import Applied, Pipeline, Sink, SourceInfo, start_position
+from cdcserver.core.retry import Backoff
 from cdcserver.ops.metrics import ReplicationStats
 from cdcserver.replication import preflight, source
 from cdcserver.replication.decoder import DeferDecoding
-from cdcserver.replication.replicator import Backoff, Replicator
+from cdcserver.replication.replicator import Replicator
 from cdcserver.replication.sources import Sources
 from cdcserver.reread.repair import Repairer, RepairStats
 from cdcserver.reread.view import Views
@@ -150,6 +152,9 @@ class ReplicationRunner:
             except BinlogPurged as exc:
                 await self._stopped_by_purge(exc)
                 return
+            except ServerIdInUse as exc:
+                await self._stopped_for_good(f"replication stopped: {exc}")
+                return
             except (DiskFull, OSError) as exc:
                 if isinstance(exc, OSError) and exc.errno not in DISK_FULL_ERRNOS:
                     raise
@@ -238,6 +243,13 @@ class ReplicationRunner:
         log.error("%s [%s]", self.stopped, exc)
         await self._halted.wait()
 
+    async def _stopped_for_good(self, why: str) -> None:
+        """Say once why replication cannot go on, and serve what is stored until stopped
+        (``/health`` and ``/ready`` say it too; ``cdc_replication_stopped`` is 1)."""
+        self.stopped = why
+        log.error("%s", why)
+        await self._halted.wait()
+
     def _record_source(self, address: SourceAddress, identity: str) -> None:
         """Which server replication reads (``state/source.json``): a chunked dump compares
         binlog positions with the store's, which only holds on the same server."""
@@ -315,14 +327,12 @@ class ReplicationRunner:
 
     async def _retrying(self, action: Callable[[], T]) -> T:
         """Run ``action`` in a thread until the source answers (the listener keeps serving)."""
-        delays = Backoff().delays()
-        attempt = 0
+        backoff = Backoff()
         while True:
             try:
                 return await asyncio.to_thread(action)
             except SourceUnavailable as exc:
-                delay = delays[min(attempt, len(delays) - 1)]
-                attempt += 1
+                delay = backoff.failed()
                 log.warning("%s; retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
 

@@ -39,6 +39,11 @@ class BinlogPurged(SourceRefused):
     are lost to it (``cdcserver resync`` is the way out)."""
 
 
+class ServerIdInUse(SourceRefused):
+    """Another replica reads the source with this service's server_id: the server keeps one
+    connection per server_id, so the two would cut each other off forever."""
+
+
 class UndecodableEvent(SourceError):
     """A binlog event the service cannot decode. Replication stops *before* the checkpoint
     passes the event, so nothing is skipped; fix the cause and restart."""

@@ -47,6 +47,7 @@ from cdcserver.core.config import KafkaConfig
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import BinlogPosition
 from cdcserver.core.pipeline import SourceInfo
+from cdcserver.core.retry import Backoff
 from cdcserver.kafka import connect
 from cdcserver.kafka.events import (
     CommitEvent,
@@ -59,11 +60,10 @@ from cdcserver.kafka.events import (
 from cdcserver.kafka.formats import FORMATS, MessageFormat, VersionLookup, primary_key
 from cdcserver.store.durable import write_atomically
 from cdcserver.store.layout import DataDir
-from client.format.dump import value_encoder
+from mariadb_cdc_client.format.dump import value_encoder
 
 log = logging.getLogger(__name__)
 
-RETRY_DELAYS = (0.5, 1.0, 2.0, 5.0, 10.0)
 _OVERHEAD = 128  # bytes counted per message beyond key and value
 
 
@@ -117,6 +117,7 @@ class KafkaSink:
                  versions: VersionLookup | None = None) -> None:
         """``versions`` numbers the table versions in messages as the Avro store created
         them; the store then applies each batch first."""
+        self.waiting = ""  # why the sink cannot deliver yet (the broker does not answer)
         self.config = config
         self.state_path = DataDir(data_dir).kafka_state
         self.state_key = state_key
@@ -457,7 +458,10 @@ class KafkaSink:
             await self._ship_all()
 
     async def _connect(self) -> None:
-        attempt = 0
+        """Until the broker answers: the wait is in ``waiting`` (``/health`` shows it), logged
+        at the first failure and then once a minute or when the error changes."""
+        backoff = Backoff(first=0.5, maximum=30.0)
+        logged, logged_at = "", 0.0
         while True:
             producer = connect.producer(self.config)
             try:
@@ -468,24 +472,29 @@ class KafkaSink:
                 if self.config.idempotence and "InitProducerId" in repr(exc):
                     raise ConfigError("the Kafka broker refused an idempotent producer; set "
                                       "kafka.idempotence = false for it") from exc
-                delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)]
-                attempt += 1
-                log.warning("kafka: cannot connect to %s (%s); retrying in %.1fs",
-                            self.config.bootstrap, exc, delay)
+                delay = backoff.failed()
+                self.waiting = (f"waiting for the Kafka broker at {self.config.bootstrap} "
+                                f"(replication starts when it answers): {exc}")
+                if self.waiting != logged or time.monotonic() - logged_at >= 60:
+                    log.warning("kafka: %s; trying again (every %.0fs at most)",
+                                self.waiting, backoff.maximum)
+                    logged, logged_at = self.waiting, time.monotonic()
                 await asyncio.sleep(delay)
                 continue
+            if self.waiting:
+                log.info("kafka: connected to %s", self.config.bootstrap)
+            self.waiting = ""
             self._producer = producer
             self._generation += 1
             return
 
     async def _retrying(self, action: Any) -> Any:
-        attempt = 0
+        backoff = Backoff(first=0.5, maximum=30.0)
         while True:
             try:
                 return await action()
             except (KafkaError, OSError) as exc:
-                delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)]
-                attempt += 1
+                delay = backoff.failed()
                 log.warning("kafka: %s; retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
 

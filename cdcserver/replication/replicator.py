@@ -15,7 +15,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import pymysql
@@ -25,12 +24,14 @@ from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import (
     BinlogPurged,
     CdcError,
+    ServerIdInUse,
     SourceError,
     SourceRefused,
     SourceUnavailable,
 )
 from cdcserver.core.gtid import GtidState, same_state
 from cdcserver.core.handoff import Handoff, HandoffClosed
+from cdcserver.core.retry import Backoff
 from cdcserver.mariadb.charsets import CollationTable
 from cdcserver.replication import source
 from cdcserver.replication.connection import BinlogConnection
@@ -46,25 +47,15 @@ def _quote(name: str) -> str:
     return name.replace("`", "``")
 
 SLICE_BYTES = 1 << 20
-
-
-@dataclass(frozen=True)
-class Backoff:
-    first: float = 0.1
-    maximum: float = 30.0
-
-    def delays(self) -> list[float]:
-        delays, delay = [], self.first
-        while delay < self.maximum:
-            delays.append(delay)
-            delay *= 2
-        return delays
+# Connections in a row that were lost soon after they started before the replicator asks
+# whether another replica uses its server_id
+FLAPS_BEFORE_LOOKING = 3
 
 
 class Replicator:
     def __init__(self, address: SourceAddress | Sources, server_id: int, handoff: Handoff,
                  start: GtidState, *, blocking: bool = True, heartbeat: float = 5.0,
-                 backoff: Backoff = Backoff(), report_host: str = "cdcserver",
+                 backoff: Backoff | None = None, report_host: str = "cdcserver",
                  history: SchemaHistory | None = None, mariadb: bool = True,
                  file: str = "", pos: int = 4,
                  defer_decoding: DeferDecoding | None = None,
@@ -82,7 +73,7 @@ class Replicator:
         self.file, self.pos = file, pos  # likewise, in the primary's binlog (MySQL without GTIDs)
         self.blocking = blocking
         self.heartbeat = heartbeat
-        self.backoff = backoff
+        self.backoff = backoff if backoff is not None else Backoff()
         self.report_host = report_host
         self.history = history
         self.defer_decoding = defer_decoding  # layouts whose row images go over undecoded
@@ -138,7 +129,7 @@ class Replicator:
         except HandoffClosed:
             pass
         except CdcError as exc:
-            if not isinstance(exc, BinlogPurged):  # the runner says that, with the way out
+            if not isinstance(exc, (BinlogPurged, ServerIdInUse)):  # the runner says those
                 log.error("replication stopped: %s", exc)
             self.handoff.finish(exc)
         except BaseException as exc:  # a bug: fail the pipeline loudly rather than hang it
@@ -263,7 +254,7 @@ class Replicator:
             if self.connected_to is not None:
                 self.connected_to(self.address, self._identity())
             self.connected.set()
-            self._attempt = 0
+            self.backoff.connected()
             self._lost_since = None
             self._no_source = ""
             for packet in conn.packets():
@@ -300,8 +291,6 @@ class Replicator:
             decoder.abort_open_transaction(batch, reason)
         if batch:
             self.handoff.put(batch, weight)
-
-    _attempt = 0
 
     def _recover(self, exc: SourceError) -> None:
         """The server being read is lost: try it again with backoff; with several sources,
@@ -343,12 +332,41 @@ class Replicator:
         self.reconnects += 1
 
     def _wait_to_reconnect(self, exc: Exception) -> None:
-        delays = self.backoff.delays() or [self.backoff.maximum]
-        delay = delays[min(self._attempt, len(delays) - 1)]
-        self._attempt += 1
+        delay = self.backoff.failed()
+        if self.backoff.flaps >= FLAPS_BEFORE_LOOKING:
+            self._refuse_a_shared_server_id(exc)
         self.reconnects += 1
         log.warning("%s; reconnecting in %.1fs", exc, delay)
         self._stop.wait(delay)
+
+    _suspected = False  # a shared server_id suspected and logged, but not confirmed
+
+    def _refuse_a_shared_server_id(self, exc: Exception) -> None:
+        """The connection keeps being cut soon after it starts. MariaDB and MySQL serve one
+        replica per server_id and cut the older connection when another registers with the
+        same one: two replicas sharing it cut each other forever. Raises ServerIdInUse if
+        another replica is registered with ours now (ours was just cut, so it is not ours)."""
+        try:
+            rows = self._control_query("SHOW SLAVE HOSTS")
+        except (SourceError, pymysql.err.MySQLError, OSError) as denied:
+            if not self._suspected:
+                log.error("the connection to %s keeps being cut soon after it starts (%d "
+                          "times in a row): another replica with server_id %d is the likely "
+                          "cause, which SHOW SLAVE HOSTS would tell, but it was refused (%s; it "
+                          "needs REPLICATION MASTER ADMIN); retrying with backoff",
+                          self.address.describe(), self.backoff.flaps, self.server_id, denied)
+                self._suspected = True
+            return
+        for row in rows:
+            if int(row[0]) == self.server_id:
+                where = f"{row[1]}:{row[2]}" if row[1] else "a host that did not report itself"
+                raise ServerIdInUse(
+                    f"another replica ({where}) reads {self.address.describe()} with server_id "
+                    f"{self.server_id}, and the server keeps one connection per server_id: the "
+                    f"two cut each other off ({self.backoff.flaps} connections in a row lost "
+                    f"within {self.backoff.stable_after:.0f}s; last: {exc}). Give this "
+                    "service a server_id of its own ([source] server_id, --server-id, "
+                    "CDCSERVER_SOURCE_SERVER_ID) and start it again")
 
     def _with_retries(self, action):  # type: ignore[no-untyped-def]
         while True:
