@@ -46,8 +46,8 @@ from cdcserver.protocol.session import SessionContext
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
-from client.format.dump import DumpDecoder, DumpRows
-from client.format.wire import auth_message
+from mariadb_cdc_client.format.dump import DumpDecoder, DumpRows
+from mariadb_cdc_client.format.wire import auth_message
 
 TABLE = TableName("bench", "orders")
 

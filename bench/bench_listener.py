@@ -83,7 +83,7 @@ from bench.common import OUT, RECORDS, code_path, line, load_workload
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.core.gtid import GtidState
 from cdcserver.protocol.users import UsersFile
-from client.format.wire import auth_message
+from mariadb_cdc_client.format.wire import auth_message
 
 USER = PASSWORD = "bench"
 MIB = 1 << 20

@@ -38,7 +38,7 @@ from cdcserver.app.service import Service
 from cdcserver.core.config import Config, ListenerConfig, SourceConfig, StoreConfig
 from cdcserver.core.gtid import GtidState
 from cdcserver.protocol.users import UsersFile
-from client.format.wire import auth_message
+from mariadb_cdc_client.format.wire import auth_message
 
 
 async def service_to_durable_avro(server: EmbeddedMariaDB, data_dir: str,

@@ -176,8 +176,8 @@ def pickle_partitions(options: dict[str, str], directory: str
                       ) -> tuple[Any, list[str], list[str], int]:
     """The cdc source's schema, and each partition's rows pickled to a file and its Arrow
     batches to an IPC file (untimed)."""
-    from client.spark import plan
-    from client.spark.source import CdcBatchReader, CdcDataSource, read_partition
+    from mariadb_cdc_client.spark import plan
+    from mariadb_cdc_client.spark.source import CdcBatchReader, CdcDataSource, read_partition
 
     schema = CdcDataSource(options).schema()
     parsed = plan.Options.parse(options, streaming=False)
@@ -215,7 +215,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=2)
     args = parser.parse_args()
     announce_code_path()
-    from client.spark import register
+    from mariadb_cdc_client.spark import register
 
     with workload_server() as server, \
             ServiceThread(server, os.path.join(OUT, "spark-data")) as service:

@@ -53,7 +53,7 @@ from cdcserver.core.config import (
 )
 from cdcserver.core.gtid import GtidState
 from cdcserver.protocol.users import UsersFile
-from client.format.wire import auth_message
+from mariadb_cdc_client.format.wire import auth_message
 
 FD_LIMIT = 1024
 DB = "many"

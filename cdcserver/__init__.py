@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     if name != "__version__":
         raise AttributeError(f"module 'cdcserver' has no attribute {name!r}")
-    from client.format.version import installed_version
+    from mariadb_cdc_client.format.version import installed_version
 
     globals()[name] = version = installed_version()
     return version

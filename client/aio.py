@@ -17,10 +17,10 @@ import uuid as uuidlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from client.endpoints import Endpoints
-from client.format.dump import DumpDecoder, DumpHeader, DumpRows
-from client.format.names import Table, TableRef, as_table
-from client.format.wire import (
+from mariadb_cdc_client.endpoints import Endpoints
+from mariadb_cdc_client.format.dump import DumpDecoder, DumpHeader, DumpRows
+from mariadb_cdc_client.format.names import Table, TableRef, as_table
+from mariadb_cdc_client.format.wire import (
     CLIENT_DIALECT,
     Code,
     DataRequest,
@@ -31,7 +31,7 @@ from client.format.wire import (
     parse_reply,
     register_line,
 )
-from client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
+from mariadb_cdc_client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class CdcConnection:
 
 class CdcClient:
     """``host`` may name several service instances, ``HOST[:PORT],...``
-    (:mod:`client.endpoints`): the client moves to the next when one fails."""
+    (:mod:`mariadb_cdc_client.endpoints`): the client moves to the next when one fails."""
 
     def __init__(self, host: str, port: int, user: str, password: str, *,
                  format: str | Format = Format.JSON, ssl: Any = None,

@@ -43,11 +43,11 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import client
-from client.endpoints import Endpoints
-from client.format.dump import DumpDecoder, DumpError, DumpHeader
-from client.format.names import BadTableRef, parse_table
-from client.format.wire import (
+import mariadb_cdc_client
+from mariadb_cdc_client.endpoints import Endpoints
+from mariadb_cdc_client.format.dump import DumpDecoder, DumpError, DumpHeader
+from mariadb_cdc_client.format.names import BadTableRef, parse_table
+from mariadb_cdc_client.format.wire import (
     DataRequest,
     DumpRequest,
     Format,
@@ -55,8 +55,8 @@ from client.format.wire import (
     auth_message,
     parse_request_data,
 )
-from client.stream import JsonStreamDecoder, Resume
-from client.sync import SyncCdcConnection
+from mariadb_cdc_client.stream import JsonStreamDecoder, Resume
+from mariadb_cdc_client.sync import SyncCdcConnection
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -101,7 +101,8 @@ def _stream_parser() -> argparse.ArgumentParser:
         description="Stream a table's changes from a CDC server, or run a command",
         epilog=f"commands (cdc COMMAND --help for their options):\n{commands}")
     _connection_options(parser)
-    parser.add_argument("--version", action="version", version=f"cdc {client.__version__}",
+    parser.add_argument("--version", action="version",
+                        version=f"cdc {mariadb_cdc_client.__version__}",
                         help="print the version and exit")
     parser.add_argument("FILE", help="DATABASE.TABLE[.VERSION]")
     parser.add_argument("GTID", nargs="?", default=None, help="start at this GTID (inclusive)")
@@ -480,13 +481,13 @@ def _save_dump(conn: SyncCdcConnection, args: argparse.Namespace) -> tuple[DumpH
 
 
 def _kafka_parser() -> argparse.ArgumentParser:
-    from client.kafka_cli import parser  # needs the kafka extra: only for `cdc kafka`
+    from mariadb_cdc_client.kafka_cli import parser  # needs the kafka extra: only for `cdc kafka`
 
     return parser()
 
 
 def _kafka(argv: list[str]) -> int:
-    from client.kafka_cli import run
+    from mariadb_cdc_client.kafka_cli import run
 
     return run(argv)
 

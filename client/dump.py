@@ -1,13 +1,13 @@
 """Reading a dump as a consumer does: a dump file from disk, and applying its operations to a
 table held in memory. The format itself (header, operations, values) is
-:mod:`client.format.dump`, which the service shares."""
+:mod:`mariadb_cdc_client.format.dump`, which the service shares."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
 
-from client.format.dump import (
+from mariadb_cdc_client.format.dump import (
     DumpDecoder,
     DumpError,
     DumpHeader,

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from client.format.dump import decode_value
-from client.format.schema import Field, Kind, fields_from_schema, from_json_value
+from mariadb_cdc_client.format.dump import decode_value
+from mariadb_cdc_client.format.schema import Field, Kind, fields_from_schema, from_json_value
 
 FORMATS = ("databus", "dip", "debezium", "maxscale")
 
@@ -321,7 +321,7 @@ class KafkaChangeReader:
         for that many seconds."""
         from aiokafka import TopicPartition
 
-        from client.format.gtid import is_gtid_state
+        from mariadb_cdc_client.format.gtid import is_gtid_state
 
         await self.load_schemas()
         skip: Callable[[str], bool] = lambda gtid: False  # noqa: E731

@@ -12,7 +12,7 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
-from client.kafka import FORMATS, KafkaChange, KafkaChangeReader
+from mariadb_cdc_client.kafka import FORMATS, KafkaChange, KafkaChangeReader
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -49,7 +49,7 @@ def parse_start(text: str) -> str | dict[int, int]:
     if ":" in text and all(part.count(":") == 1 and part.split(":")[0].isdigit()
                            for part in text.split(",")):
         return {int(p): int(o) for p, o in (part.split(":") for part in text.split(","))}
-    from client.format.gtid import is_gtid_state
+    from mariadb_cdc_client.format.gtid import is_gtid_state
 
     if not is_gtid_state(text):
         raise ValueError(f"--from {text!r}: not earliest, latest, PARTITION:OFFSET or a GTID")

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from client.format.avro import (
+from mariadb_cdc_client.format.avro import (
     MAGIC,
     AvroFormatError,
     Header,
@@ -27,10 +27,17 @@ from client.format.avro import (
     container_header,
     parse_header,
 )
-from client.format.gtid import MARIADB_GTID, MYSQL_STATE_ITEM
-from client.format.names import Table, as_table
-from client.format.wire import Code, DataRequest, Format, ProtocolError, RangeQuery, parse_reply
-from client.sync import SyncCdcConnection
+from mariadb_cdc_client.format.gtid import MARIADB_GTID, MYSQL_STATE_ITEM
+from mariadb_cdc_client.format.names import Table, as_table
+from mariadb_cdc_client.format.wire import (
+    Code,
+    DataRequest,
+    Format,
+    ProtocolError,
+    RangeQuery,
+    parse_reply,
+)
+from mariadb_cdc_client.sync import SyncCdcConnection
 
 
 def _state_items(state: str) -> dict[str, str]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from client.format.avro import (
+from mariadb_cdc_client.format.avro import (
     MAGIC,
     SYNC_SIZE,
     Header,
@@ -27,14 +27,14 @@ from client.format.avro import (
     decompress,
     parse_header,
 )
-from client.format.schema import (
+from mariadb_cdc_client.format.schema import (
     METADATA_FIELDS,
     Field,
     fields_from_schema,
     from_avro_value,
     from_json_value,
 )
-from client.format.wire import Code, ProtocolError, parse_reply
+from mariadb_cdc_client.format.wire import Code, ProtocolError, parse_reply
 
 
 @dataclass(frozen=True)

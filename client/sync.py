@@ -4,7 +4,7 @@
         for event in cdc.stream("shop.orders", idle_timeout=5):
             ...
 
-The same protocol and decoders as :mod:`client.aio`, over a plain socket.
+The same protocol and decoders as :mod:`mariadb_cdc_client.aio`, over a plain socket.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import uuid as uuidlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from client.endpoints import Endpoints
-from client.format.dump import DumpDecoder, DumpHeader, DumpRows
-from client.format.names import Table, TableRef, as_table
-from client.format.wire import (
+from mariadb_cdc_client.endpoints import Endpoints
+from mariadb_cdc_client.format.dump import DumpDecoder, DumpHeader, DumpRows
+from mariadb_cdc_client.format.names import Table, TableRef, as_table
+from mariadb_cdc_client.format.wire import (
     CLIENT_DIALECT,
     Code,
     DataRequest,
@@ -32,7 +32,7 @@ from client.format.wire import (
     parse_reply,
     register_line,
 )
-from client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
+from mariadb_cdc_client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class SyncCdcClient:
                  ssl: ssl_module.SSLContext | None = None, timeout: float = 10.0,
                  retry_delays: tuple[float, ...] = (0.1, 0.5, 1, 2, 5),
                  max_retries: int | None = None) -> None:
-        self.endpoints = Endpoints.of(host, port)  # several: see client.endpoints
+        self.endpoints = Endpoints.of(host, port)  # several: see mariadb_cdc_client.endpoints
         self.user, self.password = user, password
         self.format = Format(format)
         self.ssl = ssl
@@ -213,8 +213,8 @@ class SyncCdcClient:
     def stream(self, table: Table, *, version: int | None = None, gtid: str | None = None,
                after: str | None = None, idle_timeout: float | None = None
                ) -> Iterator[Event]:
-        """Like :meth:`client.aio.CdcClient.stream`; with ``idle_timeout`` the iterator ends
-        once nothing new arrived for that long."""
+        """Like :meth:`mariadb_cdc_client.aio.CdcClient.stream`; with ``idle_timeout`` the
+        iterator ends once nothing new arrived for that long."""
         ref = as_table(table, version=True)
         resume = Resume(ref.version if version is None else version, gtid, after)
         yield from self._follow(ref, resume, idle_timeout)
@@ -267,7 +267,7 @@ class SyncCdcClient:
 
     def fetch_dump(self, target: Table, path: str,
                    progress: Callable[[int, int], None] | None = None) -> DumpHeader:
-        """Like :meth:`client.aio.CdcClient.fetch_dump`."""
+        """Like :meth:`mariadb_cdc_client.aio.CdcClient.fetch_dump`."""
         conn = self._connect_any()
         try:
             size, _ = conn.request_dump(DumpRequest.of(target))
@@ -286,8 +286,8 @@ class SyncCdcClient:
     def dump(self, target: Table, *, follow: bool = True,
              progress: Callable[[int, int], None] | None = None,
              idle_timeout: float | None = None) -> Iterator[DumpHeader | DumpRows | Event]:
-        """Like :meth:`client.aio.CdcClient.dump`; with ``idle_timeout`` the iterator ends
-        once nothing new arrived for that long after the dump."""
+        """Like :meth:`mariadb_cdc_client.aio.CdcClient.dump`; with ``idle_timeout`` the
+        iterator ends once nothing new arrived for that long after the dump."""
         conn: SyncCdcConnection | None = self._connect_any()
         assert conn is not None
         try:

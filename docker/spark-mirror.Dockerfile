@@ -22,6 +22,6 @@ RUN pip install --no-cache-dir '.[spark]' \
 USER mirror
 VOLUME /mirror
 ENV PYSPARK_PYTHON=python3
-ENTRYPOINT ["python", "-m", "client.spark.mirror", "--path", "/mirror/data", \
+ENTRYPOINT ["python", "-m", "mariadb_cdc_client.spark.mirror", "--path", "/mirror/data", \
             "--checkpoint", "/mirror/checkpoint"]
 CMD ["--help"]

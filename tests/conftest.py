@@ -198,7 +198,7 @@ def spark() -> Iterator[Any]:
 
     from pyspark.sql import SparkSession
 
-    from client.spark import register
+    from mariadb_cdc_client.spark import register
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

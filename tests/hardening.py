@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from cdcserver.protocol.server import ListenerLimits
 from cdcserver.protocol.session import Blocking, Reply, SendDump, Session, StartStream
-from client.format.wire import Code, auth_message
+from mariadb_cdc_client.format.wire import Code, auth_message
 from tests.helpers import PASSWORD, USER, RawClient
 from tests.test_listener import Listener, _listener
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from client.format.wire import auth_message
+from mariadb_cdc_client.format.wire import auth_message
 
 T = TypeVar("T")
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from client import ranges
-from client.sync import SyncCdcConnection
+from mariadb_cdc_client import ranges
+from mariadb_cdc_client.sync import SyncCdcConnection
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER, RawClient
 

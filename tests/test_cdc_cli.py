@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-import client
-from client import cli
+import mariadb_cdc_client
+from mariadb_cdc_client import cli
 
 
 def _exits(argv: list[str]) -> int:
@@ -55,7 +55,7 @@ def test_a_word_like_no_command_is_still_not_a_table(capsys):
 
 def test_version(capsys):
     assert _exits(["--version"]) == 0
-    assert capsys.readouterr().out == f"cdc {client.__version__}\n"
+    assert capsys.readouterr().out == f"cdc {mariadb_cdc_client.__version__}\n"
 
 
 def test_every_option_of_every_command_has_help():

@@ -14,9 +14,9 @@ from decimal import Decimal
 import fastavro
 import pytest
 
-from client import CdcClient, ChangeRecord, ProtocolError, SchemaChange, SyncCdcClient
-from client.cli import main as cdc_main
-from client.format.wire import Code
+from mariadb_cdc_client import CdcClient, ChangeRecord, ProtocolError, SchemaChange, SyncCdcClient
+from mariadb_cdc_client.cli import main as cdc_main
+from mariadb_cdc_client.format.wire import Code
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER
 

@@ -26,7 +26,7 @@ from cdcserver.ops.verify import verify_table
 from cdcserver.schema import ddl
 from cdcserver.schema.history import SchemaHistory, agrees
 from cdcserver.store.naming import TableName
-from client import ChangeRecord, SchemaChange, SyncCdcClient
+from mariadb_cdc_client import ChangeRecord, SchemaChange, SyncCdcClient
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from cdcserver.app.demo import DEMO_PASSWORD, DEMO_USER
-from client import ChangeRecord, SchemaChange, SyncCdcClient
-from client.format.dump import DumpHeader, DumpRows
+from mariadb_cdc_client import ChangeRecord, SchemaChange, SyncCdcClient
+from mariadb_cdc_client.format.dump import DumpHeader, DumpRows
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.slow]

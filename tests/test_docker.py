@@ -19,7 +19,7 @@ from cdcserver.ops import status
 from cdcserver.ops.status import endpoint_url
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.naming import TableName
-from client.format.wire import password_hash
+from mariadb_cdc_client.format.wire import password_hash
 
 ROOT = Path(__file__).parent.parent
 DOCKER = ROOT / "docker"

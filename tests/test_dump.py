@@ -29,8 +29,8 @@ from cdcserver.dump.dumper import (
 )
 from cdcserver.ops.verify import verify_table
 from cdcserver.store.naming import TableName
-from client import CdcClient, ChangeRecord, SchemaChange, SyncCdcClient
-from client.dump import DumpHeader, DumpRows, apply, read_dump
+from mariadb_cdc_client import CdcClient, ChangeRecord, SchemaChange, SyncCdcClient
+from mariadb_cdc_client.dump import DumpHeader, DumpRows, apply, read_dump
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER, RawClient, kill_when, wait_until
 

@@ -27,8 +27,8 @@ from cdcserver.dump import files
 from cdcserver.dump.dumper import DumpOptions, dump_tables
 from cdcserver.ops.verify import verify_table
 from cdcserver.store.naming import TableName
-from client import SyncCdcClient
-from client.dump import DumpRows, apply, read_dump
+from mariadb_cdc_client import SyncCdcClient
+from mariadb_cdc_client.dump import DumpRows, apply, read_dump
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER, eventually, kill_when
 from tests.test_dump import Writer, _follow_until, _loaded, _orders, _table_rows

@@ -349,7 +349,7 @@ async def test_a_chunked_dump_after_a_move_reads_the_new_server_exactly(
                     dump_tables, parse_source_url(server.url()), data_dir, [table],
                     DumpOptions(readers=2, chunk_rows=200))
             image: dict[Any, Any] = {}
-            from client.dump import DumpRows, apply, read_dump
+            from mariadb_cdc_client.dump import DumpRows, apply, read_dump
             for item in read_dump(result.info.path):
                 if isinstance(item, DumpRows):
                     apply(image, ["id"], item)

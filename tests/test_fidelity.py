@@ -12,7 +12,7 @@ from cdcserver.core.config import parse_source_url
 from cdcserver.core.errors import UndecodableEvent
 from cdcserver.ops.verify import verify_table
 from cdcserver.store.naming import TableName
-from client import ChangeRecord, SyncCdcClient
+from mariadb_cdc_client import ChangeRecord, SyncCdcClient
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from cdcserver.app.embedded import free_port
-from client import CdcClient, ChangeRecord
+from mariadb_cdc_client import CdcClient, ChangeRecord
 from tests.conftest import Source
 from tests.helpers import PASSWORD, USER, eventually
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from client.kafka import KafkaChange, KafkaChangeReader
+from mariadb_cdc_client.kafka import KafkaChange, KafkaChangeReader
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import pace
 from tests.kafka_broker import Tansu
@@ -156,7 +156,7 @@ async def test_every_type_decodes_back_to_the_stream_values(tmp_path, source: So
                                                             kafka_broker: Tansu, fmt: str):
     """The client library turns each format's messages back into the values the change
     stream gives for the same rows (golden type table: every type at its edges)."""
-    from client import ChangeRecord, SyncCdcClient
+    from mariadb_cdc_client import ChangeRecord, SyncCdcClient
     from tests.helpers import PASSWORD, USER
     from tests.test_types import _fill
 

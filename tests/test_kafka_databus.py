@@ -27,7 +27,7 @@ from cdcserver.dump.databus import NoDefinition, databus_lines
 from cdcserver.dump.dumper import DumpOptions, dump_tables
 from cdcserver.kafka.sink import KafkaSink
 from cdcserver.store.naming import TableName
-from client.kafka import KafkaChangeReader
+from mariadb_cdc_client.kafka import KafkaChangeReader
 from tests import databus_consumer as databus
 from tests.conftest import Source, make_config, start_service
 from tests.helpers import RawClient

@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cdcserver.kafka.sink import _load_state
-from client.kafka import KafkaChange, KafkaChangeReader, KafkaDecoder
+from mariadb_cdc_client.kafka import KafkaChange, KafkaChangeReader, KafkaDecoder
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import TcpProxy, pace
 from tests.kafka_broker import Tansu
@@ -230,7 +230,7 @@ async def test_broker_outage_stalls_with_bounded_memory_and_loses_nothing(
     every row reaches Kafka, the unacknowledged ones sent again. /metrics shows it: the
     oldest unacknowledged message ages with the outage, then the failures are counted and
     nothing is held."""
-    from client import ChangeRecord, SyncCdcClient
+    from mariadb_cdc_client import ChangeRecord, SyncCdcClient
     from tests.helpers import PASSWORD, USER
 
     broker = Tansu(str(tmp_path))

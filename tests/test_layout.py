@@ -1,5 +1,6 @@
 """The tree's structure holds: the service imports only the shared format from the client
-side, the format loads nothing else, and no module of the service imports itself back."""
+side, the format loads nothing else, no module of the service imports itself back, and nothing
+imports the client by its deprecated name."""
 
 from __future__ import annotations
 
@@ -9,10 +10,20 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+CLIENT = "mariadb_cdc_client"  # the import name of the folder client/ (pyproject.toml)
+FOLDERS = {"cdcserver": ROOT / "cdcserver", CLIENT: ROOT / "client"}
+OLD_CLIENT = "client"  # its name up to 0.1.0, a deprecated alias (client/_legacy)
+
+
+def _sources(package: str) -> list[Path]:
+    """The package's modules: not the alias in client/_legacy, which is not part of it."""
+    folder = FOLDERS[package]
+    return [p for p in folder.rglob("*.py") if "_legacy" not in p.relative_to(folder).parts]
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+    package, folder = next((n, f) for n, f in FOLDERS.items() if path.is_relative_to(f))
+    parts = (package, *path.relative_to(folder).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -37,7 +48,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def _graph(package: str) -> dict[str, set[str]]:
-    modules = {_module_name(p): p for p in (ROOT / package).rglob("*.py")}
+    modules = {_module_name(p): p for p in _sources(package)}
     # a module's own packages are not dependencies: Python imports them first anyway
     return {name: {m for m in _imports(path) if m in modules and m != name
                    and not name.startswith(m + ".")}
@@ -81,7 +92,9 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_module_of_the_service_or_the_client_imports_itself_back():
     assert _cycles(_graph("cdcserver")) == []
-    assert _cycles(_graph("client")) == []
+    client = _graph(CLIENT)
+    assert client[f"{CLIENT}.spark.source"] >= {f"{CLIENT}.sync", f"{CLIENT}.format.names"}
+    assert _cycles(client) == []
 
 
 def test_the_services_packages_depend_on_each_other_one_way():
@@ -96,29 +109,49 @@ def test_the_services_packages_depend_on_each_other_one_way():
         == []
 
 
+def _outside_the_format(module: str) -> bool:
+    """The client (by either name), or a module of it, other than its format."""
+    top, _, rest = module.partition(".")
+    return top in (CLIENT, OLD_CLIENT) and rest.split(".")[0] != "format"
+
+
 def test_the_service_imports_only_the_shared_format_from_the_client():
-    offending = {}
-    for path in (ROOT / "cdcserver").rglob("*.py"):
-        outside = {m for m in _imports(path)
-                   if m.split(".")[0] == "client" and not m.startswith("client.format")}
-        if outside:
-            offending[_module_name(path)] = sorted(outside)
+    imported = {_module_name(path): _imports(path) for path in _sources("cdcserver")}
+    assert any(m.startswith(f"{CLIENT}.format.") for m in imported["cdcserver.core.gtid"])
+    offending = {name: sorted(filter(_outside_the_format, modules))
+                 for name, modules in imported.items() if any(map(_outside_the_format, modules))}
     assert offending == {}
+
+
+def test_nothing_imports_the_client_by_its_deprecated_name():
+    """``client`` is an alias kept for users; here, with the repository on sys.path, it would
+    load the folder client/ as a second copy of the library (and warn nowhere)."""
+    offending = []
+    for folder in ("cdcserver", "client", "tests", "bench"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if "_legacy" in path.parts:
+                continue
+            old = sorted(m for m in _imports(path) if m.split(".")[0] == OLD_CLIENT)
+            if old:
+                offending.append(f"{path.relative_to(ROOT)}: {', '.join(old)}")
+    assert offending == []
 
 
 def test_the_shared_format_loads_nothing_but_itself():
     code = ("import sys, pkgutil, importlib, cdcserver\n"
             "for m in pkgutil.walk_packages(cdcserver.__path__, 'cdcserver.'):\n"
             "    importlib.import_module(m.name)\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'client'))\n")
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {(CLIENT, OLD_CLIENT)}))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     loaded = eval(out)  # a printed list of module names
-    assert [m for m in loaded if m != "client" and not m.startswith("client.format")] == []
+    assert f"{CLIENT}.format.wire" in loaded
+    # the package itself is loaded, as the format's parent: its names load when first used
+    assert [m for m in loaded if _outside_the_format(m) and m not in (CLIENT, OLD_CLIENT)] == []
     for path in (ROOT / "client" / "format").glob("*.py"):
         imported = {m.split(".")[0] for m in _imports(path)}
         # cramjam: the snappy and zstd block codecs, bytes to bytes
-        assert imported <= set(sys.stdlib_module_names) | {"client", "cramjam"}, (path, imported)
+        assert imported <= set(sys.stdlib_module_names) | {CLIENT, "cramjam"}, (path, imported)
 
 
 _DATA_DIR_NAMES = {"avro", "dump", "state", "checkpoint.json", "index.sqlite", "views.sqlite",

@@ -22,7 +22,7 @@ from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
 from cdcserver.store.store import AvroStore
-from client.format.wire import Code, auth_incomplete, auth_message
+from mariadb_cdc_client.format.wire import Code, auth_incomplete, auth_message
 from tests.helpers import PASSWORD, USER, RawClient, pace
 
 LAYOUT = TableLayout("shop", "items", (

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cdcserver.app.cli import main as cdcserver_main
-from client.format.wire import auth_message
+from mariadb_cdc_client.format.wire import auth_message
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import USER, RawClient
 

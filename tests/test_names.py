@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from client.format.names import (
+from mariadb_cdc_client.format.names import (
     BadTableRef,
     TableRef,
     parse_table,
@@ -17,7 +17,7 @@ from client.format.names import (
     split_list,
     table_ref,
 )
-from client.format.wire import (
+from mariadb_cdc_client.format.wire import (
     Code,
     DataRequest,
     DumpRequest,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import cdcserver
-import client
+import mariadb_cdc_client
 
 ROOT = Path(__file__).parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -55,8 +55,41 @@ def _metadata(wheel: zipfile.ZipFile) -> Message:
 def test_the_wheel_holds_no_generated_c_nor_cython_sources(wheel: zipfile.ZipFile):
     names = wheel.namelist()
     assert not [n for n in names if n.endswith((".c", ".pyx", ".pxd"))]
-    assert "cdcserver/py.typed" in names and "client/py.typed" in names
+    assert "cdcserver/py.typed" in names and "mariadb_cdc_client/py.typed" in names
     assert "cdcserver/mariadb/charmaps.json.gz" in names
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_the_client_as_mariadb_cdc_client_and_client_as_the_shim(
+        wheel: zipfile.ZipFile):
+    """client/ goes in as mariadb_cdc_client, every module of it; the top-level ``client`` is
+    the deprecated alias alone, and the folder it comes from is not in the new package."""
+    names = wheel.namelist()
+    client_modules = {f"mariadb_cdc_client/{p.relative_to(ROOT / 'client').as_posix()}"
+                      for p in (ROOT / "client").rglob("*.py") if "_legacy" not in p.parts}
+    assert {"mariadb_cdc_client/__init__.py", "mariadb_cdc_client/format/wire.py",
+            "mariadb_cdc_client/spark/source.py"} <= client_modules
+    assert client_modules == {n for n in names if n.startswith("mariadb_cdc_client/")
+                              and n.endswith(".py")}
+    assert [n for n in names if n.startswith("client/")] == ["client/__init__.py"]
+    assert "import mariadb_cdc_client" in wheel.read("client/__init__.py").decode()
+    assert not [n for n in names if "_legacy" in n]
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    assert "cdc = mariadb_cdc_client.cli:main" in wheel.read(entry_points).decode()
+
+
+def test_every_package_folder_is_in_the_package_list():
+    """pyproject.toml lists the packages (the client's folder has another name): a new
+    subpackage must be added there, or the wheel would leave it out."""
+    setuptools = PYPROJECT["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {"mariadb_cdc_client": "client",
+                                         "client": "client/_legacy/client"}
+    folders = {"cdcserver": ROOT / "cdcserver", "mariadb_cdc_client": ROOT / "client"}
+    found = {"client"}
+    for name, folder in folders.items():
+        found.update(".".join((name, *init.parent.relative_to(folder).parts))
+                     for init in folder.rglob("__init__.py") if "_legacy" not in init.parts)
+    assert sorted(setuptools["packages"]) == sorted(found)
 
 
 @pytest.mark.slow
@@ -81,8 +114,8 @@ def test_the_wheel_metadata_has_the_version_and_the_project_urls(wheel: zipfile.
 
 
 def test_version_is_the_installed_distributions():
-    assert cdcserver.__version__ == client.__version__ == metadata.version("mariadb-cdc") \
-        == PYPROJECT["project"]["version"]
+    assert cdcserver.__version__ == mariadb_cdc_client.__version__ \
+        == metadata.version("mariadb-cdc") == PYPROJECT["project"]["version"]
 
 
 def test_version_in_a_source_tree_never_installed(monkeypatch: pytest.MonkeyPatch):
@@ -90,7 +123,7 @@ def test_version_in_a_source_tree_never_installed(monkeypatch: pytest.MonkeyPatc
         raise metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(metadata, "version", not_installed)
-    from client.format.version import installed_version, source_tree_version
+    from mariadb_cdc_client.format.version import installed_version, source_tree_version
 
     assert installed_version() == PYPROJECT["project"]["version"]
     assert source_tree_version(ROOT / "no-such-file.toml") == "0+unknown"

@@ -16,7 +16,7 @@ from cdcserver.mariadb.charsets import CollationTable
 from cdcserver.replication.connection import BinlogConnection
 from cdcserver.replication.decoder import EventDecoder
 from cdcserver.replication.replicator import Replicator
-from client.sync import SyncCdcClient
+from mariadb_cdc_client.sync import SyncCdcClient
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import PASSWORD, USER, wait_until
 

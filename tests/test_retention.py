@@ -25,9 +25,9 @@ from cdcserver.dump.retention import Cleaner, expired_dumps
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.inuse import delete_unless_in_use, in_use
 from cdcserver.store.naming import TableName
-from client import ChangeRecord, SyncCdcClient
-from client.format.dump import DumpHeader
-from client.format.wire import ProtocolError, auth_message
+from mariadb_cdc_client import ChangeRecord, SyncCdcClient
+from mariadb_cdc_client.format.dump import DumpHeader
+from mariadb_cdc_client.format.wire import ProtocolError, auth_message
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import PASSWORD, USER, wait_until
 

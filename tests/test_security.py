@@ -20,8 +20,8 @@ from cdcserver.protocol.server import ListenerLimits
 from cdcserver.protocol.throttle import LoginThrottle
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.naming import TableName
-from client import SyncCdcClient
-from client.format.wire import auth_message
+from mariadb_cdc_client import SyncCdcClient
+from mariadb_cdc_client.format.wire import auth_message
 from tests.conftest import make_config, start_service
 from tests.helpers import PASSWORD, USER, RawClient, wait_until
 from tests.test_listener import Listener, _listener

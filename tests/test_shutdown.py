@@ -17,7 +17,7 @@ import pytest
 from cdcserver.app.embedded import free_port
 from cdcserver.core.gtid import GtidState
 from cdcserver.ops.status import fetch_health
-from client.format.wire import auth_message
+from mariadb_cdc_client.format.wire import auth_message
 from tests.conftest import Source
 from tests.helpers import PASSWORD, USER, wait_until
 from tests.test_crash import TABLES, Load, _assert_exact, _verify_all

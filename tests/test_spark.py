@@ -234,7 +234,7 @@ async def test_a_new_column_fails_the_running_query_clearly_and_a_restart_reads_
     assert rows == [(1, None), (2, None), (3, None), (4, Decimal("9.99")),
                     (5, Decimal("1.50"))]  # each once: the failed batch was read again
 
-    from client.spark.types import SchemaError, table_schema
+    from mariadb_cdc_client.spark.types import SchemaError, table_schema
     versions = await asyncio.to_thread(_versions, cdc, source.database, "evolving")
     retyped = {**versions[1], "fields": [*versions[1]["fields"][:-1],
                                          {"name": "price", "type": ["null", "string"]}]}
@@ -243,7 +243,7 @@ async def test_a_new_column_fails_the_running_query_clearly_and_a_restart_reads_
 
 
 def _versions(cdc: RunningService, database: str, table: str) -> list[dict[str, Any]]:
-    from client.sync import SyncCdcConnection
+    from mariadb_cdc_client.sync import SyncCdcConnection
 
     conn = SyncCdcConnection.open(cdc.host, cdc.port, USER, PASSWORD)
     try:
@@ -266,7 +266,7 @@ async def _take_dump(cdc: RunningService, source: Source, table: str) -> None:
 
 
 def _mirror_rows(spark: Any, path: str) -> list[tuple[Any, ...]]:
-    from client.spark.mirror import read_mirror
+    from mariadb_cdc_client.spark.mirror import read_mirror
 
     return sorted(tuple(r) for r in read_mirror(spark, path).select("id", "name", "qty")
                   .collect())
@@ -275,7 +275,7 @@ def _mirror_rows(spark: Any, path: str) -> list[tuple[Any, ...]]:
 async def test_a_mirror_built_from_the_latest_dump_equals_the_source_table(
         cdc: RunningService, source: Source, spark: Any, tmp_path: Any):
     """The README's example pipeline: snapshot then stream, applied per micro-batch."""
-    from client.spark.mirror import start
+    from mariadb_cdc_client.spark.mirror import start
 
     t = f"`{source.database}`.stock"
     source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, name VARCHAR(20), qty INT)")

@@ -18,16 +18,16 @@ pytest.importorskip("cavro")
 import fastavro
 
 from cdcserver.store.avrofile import compress
-from client.format.avro import (
+from mariadb_cdc_client.format.avro import (
     SYNC_SIZE,
     block_at,
     container_header,
     parse_header,
     write_varint,
 )
-from client.ranges import Blocks, Trim
-from client.spark import arrow
-from client.spark.types import ZeroDateError, table_schema
+from mariadb_cdc_client.ranges import Blocks, Trim
+from mariadb_cdc_client.spark import arrow
+from mariadb_cdc_client.spark.types import ZeroDateError, table_schema
 
 AVSC: dict[str, Any] = {
     "namespace": "MaxScaleChangeDataSchema.avro", "type": "record", "name": "ChangeRecord",

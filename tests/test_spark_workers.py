@@ -25,11 +25,13 @@ SYSTEM_PATH = "/usr/bin:/bin"
 
 @pytest.fixture
 def without_pyspark_python(tmp_path: Path) -> dict[str, str]:
-    """An environment without PYSPARK_PYTHON, whose ``python3`` cannot import ``client``."""
-    probe = subprocess.run(["python3", "-c", "import client"], cwd=tmp_path, check=False,
-                           env={"PATH": SYSTEM_PATH}, capture_output=True)
+    """An environment without PYSPARK_PYTHON, whose ``python3`` cannot import
+    ``mariadb_cdc_client``."""
+    probe = subprocess.run(["python3", "-c", "import mariadb_cdc_client"], cwd=tmp_path,
+                           check=False, env={"PATH": SYSTEM_PATH}, capture_output=True)
     if probe.returncode == 0:
-        pytest.skip("the system's python3 imports `client`: the failure cannot happen here")
+        pytest.skip("the system's python3 imports `mariadb_cdc_client`: the failure cannot "
+                    "happen here")
     return {"PATH": SYSTEM_PATH, "HOME": os.environ.get("HOME", str(tmp_path)),
             "SPARK_LOCAL_IP": "127.0.0.1", "CDC_PASSWORD": PASSWORD}
 
@@ -44,7 +46,7 @@ async def test_the_mirror_command_runs_its_workers_with_the_drivers_python(
         without_pyspark_python: dict[str, str]):
     import pyarrow.parquet as pq
 
-    from client.spark.mirror import current_snapshot
+    from mariadb_cdc_client.spark.mirror import current_snapshot
 
     t = f"`{source.database}`.stock"
     source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, name VARCHAR(20), qty INT)",
@@ -52,7 +54,7 @@ async def test_the_mirror_command_runs_its_workers_with_the_drivers_python(
                    f"UPDATE {t} SET qty = 21 WHERE id = 2", f"DELETE FROM {t} WHERE id = 3")
     await cdc.caught_up(source)
     mirror = tmp_path / "mirror"
-    command = [sys.executable, "-m", "client.spark.mirror", "--table",
+    command = [sys.executable, "-m", "mariadb_cdc_client.spark.mirror", "--table",
                f"{source.database}.stock", "--path", str(mirror), "--checkpoint",
                str(tmp_path / "checkpoint"), "--host", cdc.host, "-P", str(cdc.port),
                "--user", USER, "--starting-position", "earliest", "--once"]
@@ -70,7 +72,7 @@ async def test_the_mirror_command_runs_its_workers_with_the_drivers_python(
 USERS_OWN_SESSION = """
 from pyspark.sql import SparkSession
 
-from client.spark import register
+from mariadb_cdc_client.spark import register
 
 spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
 register(spark)
@@ -92,4 +94,5 @@ def test_a_session_the_user_made_says_which_python_its_workers_need(
 
     assert f"set PYSPARK_PYTHON={sys.executable} (the driver's Python)" in ran.stdout, \
         ran.stdout[-4000:] + ran.stderr[-2000:]
-    assert "cannot load the cdc data source (No module named 'client')" in ran.stdout
+    assert "cannot load the cdc data source (No module named 'mariadb_cdc_client')" \
+        in ran.stdout

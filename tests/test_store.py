@@ -26,8 +26,8 @@ from cdcserver.store import avrofile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
 from cdcserver.store.store import AvroStore
-from client.format.schema import Field, Kind
-from client.stream import ChangeRecord, Resume, SchemaChange
+from mariadb_cdc_client.format.schema import Field, Kind
+from mariadb_cdc_client.stream import ChangeRecord, Resume, SchemaChange
 
 
 def _layout(table: str) -> TableLayout:

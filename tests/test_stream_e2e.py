@@ -10,7 +10,7 @@ from decimal import Decimal
 import fastavro
 import pytest
 
-from client.stream import AvroStreamDecoder
+from mariadb_cdc_client.stream import AvroStreamDecoder
 from tests.conftest import RunningService, Source
 from tests.helpers import RawClient, records_only
 

@@ -20,8 +20,8 @@ import pytest
 from cdcserver.core.config import parse_source_url
 from cdcserver.dump.dumper import dump_tables
 from cdcserver.store.naming import TableName
-from client import ChangeRecord, SyncCdcClient
-from client.cli import main as cdc_main
+from mariadb_cdc_client import ChangeRecord, SyncCdcClient
+from mariadb_cdc_client.cli import main as cdc_main
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER, RawClient
 from tests.oracle import (

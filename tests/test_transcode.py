@@ -24,8 +24,8 @@ from cdcserver.protocol.dialect import JsonStyle
 from cdcserver.protocol.render import EXACT, compile_block_renderer, compile_renderer
 from cdcserver.store import store as store_module
 from cdcserver.store import transcoder
-from client.format.avro import block_at, decompress, parse_header
-from client.format.wire import Dialect
+from mariadb_cdc_client.format.avro import block_at, decompress, parse_header
+from mariadb_cdc_client.format.wire import Dialect
 from tests.conftest import Source, make_config, start_service
 
 pytestmark = pytest.mark.mariadb

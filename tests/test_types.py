@@ -25,8 +25,8 @@ import pytest
 from cdcserver.core.config import parse_source_url
 from cdcserver.ops.verify import verify_table
 from cdcserver.store.naming import TableName
-from client import ChangeRecord, SyncCdcClient
-from client.format.schema import Kind, from_json_value
+from mariadb_cdc_client import ChangeRecord, SyncCdcClient
+from mariadb_cdc_client.format.schema import Kind, from_json_value
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER, RawClient
 

@@ -29,7 +29,7 @@ from cdcserver.store.naming import (
     parse_version_file,
 )
 from cdcserver.store.schema import TableSchema
-from client.format.wire import (
+from mariadb_cdc_client.format.wire import (
     Code,
     Dialect,
     Format,
@@ -125,7 +125,7 @@ def test_gtid_states():
 # -- the wire grammar ------------------------------------------------------------------
 
 def test_when_an_auth_message_is_only_the_start_of_one():
-    from client.format.wire import auth_incomplete
+    from mariadb_cdc_client.format.wire import auth_incomplete
 
     message = auth_message("foobar", "pw")
     assert not auth_incomplete(message) and not auth_incomplete(message + b"0")
@@ -373,7 +373,7 @@ def test_replication_starts_at_the_earliest_sink_checkpoint():
 
 
 def test_after_dump_and_list_dumps_grammar():
-    from client.format.wire import parse_list_dumps, parse_request_dump
+    from mariadb_cdc_client.format.wire import parse_list_dumps, parse_request_dump
 
     request = parse_request_data("db.t AFTER 0-1-5,3-2-9")
     assert request.after == "0-1-5,3-2-9" and request.gtid is None
@@ -401,7 +401,7 @@ def test_resuming_after_a_gtid_state_is_exact_in_every_domain():
     """A stream AFTER a state, cut after any record and resumed (the server filtering with
     its real AFTER filter), delivers every record exactly once, across domains."""
     from cdcserver.protocol.stream import _After
-    from client.stream import ChangeRecord, Resume, SchemaChange
+    from mariadb_cdc_client.stream import ChangeRecord, Resume, SchemaChange
 
     def record(domain: int, seq: int, event: int) -> ChangeRecord:
         return ChangeRecord("db", "t", 3, domain, 1, seq, event, 0, "insert", {"n": seq})
@@ -431,7 +431,7 @@ def test_resuming_after_a_gtid_state_is_exact_in_every_domain():
 
 
 def test_an_after_state_for_a_mysql_source_resumes_by_its_uuid():
-    from client.stream import ChangeRecord, Resume
+    from mariadb_cdc_client.stream import ChangeRecord, Resume
 
     uuid = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
     resume = Resume(None, None, f"{uuid}:1-57")
@@ -452,8 +452,8 @@ def test_durations_and_sizes_in_the_configuration():
 
 
 def test_dump_values_encode_and_decode_to_the_stream_types():
-    from client.format.dump import decode_value, encode_value
-    from client.format.schema import Field, Kind
+    from mariadb_cdc_client.format.dump import decode_value, encode_value
+    from mariadb_cdc_client.format.schema import Field, Kind
 
     cases = [
         (Field("d", Kind.DECIMAL, "d", scale=2), Decimal("-12.50")),
@@ -557,7 +557,7 @@ def test_a_chunked_dump_buffer_spills_to_a_file_and_drains_in_order(tmp_path) ->
 
 
 def test_several_service_endpoints_and_when_to_wait() -> None:
-    from client.endpoints import Endpoints, parse_endpoints
+    from mariadb_cdc_client.endpoints import Endpoints, parse_endpoints
 
     assert parse_endpoints("cdc1, cdc2:4002,[::1]:4003,::1", 4001) == [
         ("cdc1", 4001), ("cdc2", 4002), ("::1", 4003), ("::1", 4001)]

@@ -12,7 +12,7 @@ import pytest
 from cdcserver.app.cli import main
 from cdcserver.core.errors import ConfigError
 from cdcserver.protocol.users import UsersFile
-from client.format.wire import Dialect
+from mariadb_cdc_client.format.wire import Dialect
 
 
 def _cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:

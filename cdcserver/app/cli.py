@@ -36,7 +36,7 @@ from cdcserver.core.errors import CdcError, ConfigError
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
-from client.format.wire import Dialect
+from mariadb_cdc_client.format.wire import Dialect
 
 log = logging.getLogger("cdcserver")
 

@@ -28,7 +28,7 @@ from cdcserver.core.config import (
 )
 from cdcserver.core.gtid import GtidState
 from cdcserver.protocol.users import UsersFile
-from client.format.wire import auth_message
+from mariadb_cdc_client.format.wire import auth_message
 
 DEMO_USER, DEMO_PASSWORD = "cdcuser", "cdcpass"
 

@@ -48,7 +48,7 @@ from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
 from cdcserver.store.sink import StoreSink
 from cdcserver.store.store import AvroStore
-from client.format.wire import Dialect
+from mariadb_cdc_client.format.wire import Dialect
 
 log = logging.getLogger(__name__)
 
@@ -241,6 +241,8 @@ class Service:
             listener=self.server.stats() if self.server is not None else ListenerStats(),
             kafka_role="" if self.lease is None else
             "publisher" if self.lease.held else "standby",
+            sinks_waiting=[waiting for sink in self.sinks
+                           if (waiting := getattr(sink, "waiting", ""))],
             housekeeping=HousekeepingStats(
                 self.cleaner.runs, self.cleaner.deleted,
                 scheduler.runs if scheduler is not None else 0,

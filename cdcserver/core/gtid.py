@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from cdcserver.core.errors import ConfigError
-from client.format.gtid import MARIADB_GTID, MYSQL_GTID, MYSQL_SET_ITEM
+from mariadb_cdc_client.format.gtid import MARIADB_GTID, MYSQL_GTID, MYSQL_SET_ITEM
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,7 +80,7 @@ from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
 from cdcserver.store.reader import wait_for_checkpoint
 from cdcserver.store.schema import TableSchema
-from client.format.dump import FORMAT, operation_line
+from mariadb_cdc_client.format.dump import FORMAT, operation_line
 
 log = logging.getLogger(__name__)
 

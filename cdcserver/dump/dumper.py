@@ -47,7 +47,7 @@ from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
 from cdcserver.store.schema import TableSchema
-from client.format.dump import FORMAT
+from mariadb_cdc_client.format.dump import FORMAT
 
 log = logging.getLogger(__name__)
 

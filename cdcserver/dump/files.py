@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName, decode_identifier
-from client.format.dump import DumpHeader
+from mariadb_cdc_client.format.dump import DumpHeader
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from cdcserver.store.reader import (
     version_ddl,
     wait_for_checkpoint,
 )
-from client.format.dump import encode_row, operation_line
-from client.format.schema import from_avro_value
+from mariadb_cdc_client.format.dump import encode_row, operation_line
+from mariadb_cdc_client.format.schema import from_avro_value
 
 BATCH = 500
 _ACTIONS = {"insert": "insert", "delete": "delete", "update_before": "update",

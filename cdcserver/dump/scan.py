@@ -1,8 +1,9 @@
 """Reading a table's rows for a dump: the select list, and primary-key chunks.
 
-Each column is selected in the text form the dump stores (see :mod:`client.format.dump`): FLOAT as
-``CAST(f AS DOUBLE)`` (the text protocol prints FLOAT with only 6 digits; the double holds its
-32-bit value exactly), BIT as the number, ENUM/SET/INET/UUID as their text.
+Each column is selected in the text form the dump stores (see
+:mod:`mariadb_cdc_client.format.dump`): FLOAT as ``CAST(f AS DOUBLE)`` (the text protocol
+prints FLOAT with only 6 digits; the double holds its 32-bit value exactly), BIT as the
+number, ENUM/SET/INET/UUID as their text.
 
 A table with a primary key is read in chunks in key order, each chunk starting after the last
 key of the one before (keyset pagination, in the expanded form MariaDB's range optimizer turns
@@ -28,7 +29,7 @@ from cdcserver.dump import rawrows
 from cdcserver.dump.snapshot import qualified, quote
 from cdcserver.schema.definition import BINARY_TYPES, TableDefinition
 from cdcserver.store.naming import TableName
-from client.format.schema import Field, Kind
+from mariadb_cdc_client.format.schema import Field, Kind
 
 _NUMERIC_KEY = frozenset({"tinyint", "smallint", "mediumint", "int", "bigint", "decimal",
                           "year", "serial"})

@@ -38,7 +38,7 @@ from cdcserver.dump.dumper import (
 from cdcserver.replication.sources import Sources
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
-from client.format.names import table_ref
+from mariadb_cdc_client.format.names import table_ref
 
 log = logging.getLogger(__name__)
 

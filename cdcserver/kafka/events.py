@@ -17,7 +17,7 @@ from cdcserver.core.changes import Begin, Change, Commit, Ddl, Rows, RowsKind, T
 from cdcserver.core.gtid import BinlogPosition, Gtid
 from cdcserver.store.naming import TableName
 from cdcserver.store.schema import TableSchema
-from client.format.schema import Field
+from mariadb_cdc_client.format.schema import Field
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,8 @@ import orjson
 
 from cdcserver.kafka.events import RowBatch, RowEvent, StatementEvent, TableShape
 from cdcserver.schema.ddl import qualified
-from client.format.dump import value_encoder
-from client.format.schema import Field, Kind, float32_text, to_json_text
+from mariadb_cdc_client.format.dump import value_encoder
+from mariadb_cdc_client.format.schema import Field, Kind, float32_text, to_json_text
 
 # (database, table, GTID) -> the table version current right after that transaction
 VersionLookup = Callable[[str, str, str], int | None]

@@ -71,6 +71,7 @@ class ServiceStats:
     listener: ListenerStats
     housekeeping: HousekeepingStats
     kafka_role: str = ""  # with [kafka] publisher_lock: publisher or standby
+    sinks_waiting: list[str] = field(default_factory=list)  # why a sink cannot deliver yet
 
 
 def service_registry(*collectors: Collector) -> CollectorRegistry:
@@ -131,6 +132,8 @@ class ServiceCollector(Collector):
             yield _gauge("cdc_kafka_publisher", "1 while this instance holds the Kafka "
                          "publisher lock (publisher_lock), 0 while it stands by",
                          1 if stats.kafka_role == "publisher" else 0)
+        yield _gauge("cdc_sinks_waiting", "sinks that cannot deliver yet (a Kafka broker that "
+                     "does not answer: /health says which)", len(stats.sinks_waiting))
 
 
 def _replication(r: ReplicationStats, lag: Lag | None) -> Iterator[Any]:
@@ -243,6 +246,7 @@ def health(stats: ServiceStats, max_lag: float) -> tuple[bool, dict[str, Any]]:
         problems.append("no source can continue the stream: " + "; ".join(replication.refused))
     elif not replication.connected:
         problems.append("the replication connection is down (reconnecting)")
+    problems.extend(stats.sinks_waiting)
     if lag is not None and lag.error:
         problems.append(f"the source did not answer the lag probe: {lag.error}")
     if lag is not None and lag.seconds is not None and lag.seconds > max_lag:

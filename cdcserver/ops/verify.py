@@ -46,8 +46,8 @@ from cdcserver.store.reader import (
     wait_for_checkpoint,
 )
 from cdcserver.store.records import decode_records
-from client.format.dump import DumpDecoder, DumpHeader, DumpRows
-from client.format.schema import Field, Kind, from_avro_value
+from mariadb_cdc_client.format.dump import DumpDecoder, DumpHeader, DumpRows
+from mariadb_cdc_client.format.schema import Field, Kind, from_avro_value
 
 CHUNK_ROWS = 1000
 _WIDE = Context(prec=100)  # DECIMAL(65,30) exceeds the default context's 28 digits

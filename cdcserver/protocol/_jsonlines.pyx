@@ -3,7 +3,7 @@
 
 ``BlockRenderer.render`` walks the records of one (decompressed) block with a program built
 by ``render.py`` from the version's schema and writes each as the line ``compile_renderer``
-would: the same keys, separators and value texts (``client.format.schema.to_json_text``), without a
+would: the same keys, separators and value texts (``mariadb_cdc_client.format.schema.to_json_text``), without a
 Python object per value. It returns None wherever it cannot be sure of that (malformed data,
 invalid UTF-8, a value outside what the store writes), and the caller renders the block in
 Python instead, which then reports the problem as before.
@@ -269,7 +269,7 @@ cdef inline bint _within_int64(const uint8_t *p, Py_ssize_t n) noexcept:
 
 
 cdef int _float32(Out *out, const uint8_t *p) except -1:
-    """client.format.schema.float32_text: the shortest %g that reads back as the same float32."""
+    """mariadb_cdc_client.format.schema.float32_text: the shortest %g that reads back as the same float32."""
     cdef float f
     cdef double d
     cdef char *text

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from client.format.schema import Field, Kind, datetime_text, to_json_text
-from client.format.wire import Dialect
+from mariadb_cdc_client.format.schema import Field, Kind, datetime_text, to_json_text
+from mariadb_cdc_client.format.wire import Dialect
 
 INT64_MAX = (1 << 63) - 1
 DOUBLE_DIGITS = 15  # every decimal of at most this many digits survives a double

@@ -21,8 +21,8 @@ from cdcserver.store.avrofile import Block
 from cdcserver.store.catalog import VersionInfo
 from cdcserver.store.records import Record, decode_records, read_block
 from cdcserver.store.schema import TableSchema
-from client.format.schema import Field, Kind, to_json_text
-from client.format.wire import Dialect
+from mariadb_cdc_client.format.schema import Field, Kind, to_json_text
+from mariadb_cdc_client.format.wire import Dialect
 
 try:
     from cdcserver.protocol import _jsonlines  # type: ignore[attr-defined]

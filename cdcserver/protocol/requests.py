@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.store.naming import TableName
-from client.format.wire import Code, DataRequest, ProtocolError
+from mariadb_cdc_client.format.wire import Code, DataRequest, ProtocolError
 
 
 @dataclass(frozen=True)

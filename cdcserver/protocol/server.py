@@ -37,7 +37,7 @@ from cdcserver.protocol.session import (
 from cdcserver.protocol.stream import Streamer, read_range
 from cdcserver.protocol.tail import Tails, Traffic
 from cdcserver.store.inuse import in_use
-from client.format.wire import Code, ProtocolError, auth_incomplete, error_line
+from mariadb_cdc_client.format.wire import Code, ProtocolError, auth_incomplete, error_line
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.index import RangePlan, StoreIndex, TransactionInfo
 from cdcserver.store.naming import TableName
-from client.format.names import table_ref
-from client.format.wire import (
+from mariadb_cdc_client.format.names import table_ref
+from mariadb_cdc_client.format.wire import (
     OK,
     Code,
     DataRequest,

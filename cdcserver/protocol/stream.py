@@ -58,7 +58,7 @@ from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.index import StoreIndex
 from cdcserver.store.inuse import in_use
 from cdcserver.store.records import decode_records, encode_block
-from client.format.wire import Code, Format, ProtocolError
+from mariadb_cdc_client.format.wire import Code, Format, ProtocolError
 
 log = logging.getLogger(__name__)
 

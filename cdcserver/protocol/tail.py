@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from cdcserver.protocol.dialect import JsonStyle
 from cdcserver.store.catalog import TableEntry, VersionInfo
 from cdcserver.store.naming import TableName
-from client.format.wire import Format
+from mariadb_cdc_client.format.wire import Format
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from cdcserver.core.errors import ConfigError
 from cdcserver.store.durable import write_atomically
 from cdcserver.store.naming import TableName
-from client.format.wire import Dialect, digest_hash, password_hash
+from mariadb_cdc_client.format.wire import Dialect, digest_hash, password_hash
 
 log = logging.getLogger(__name__)
 

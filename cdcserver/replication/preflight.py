@@ -114,7 +114,7 @@ def _findings(conn: Any, info: source_sql.SourceInfo, replica_server_id: int | N
     found.append(_retention(conn, info.flavor))
     found.append(_replica(conn, v, info.flavor))
     if replica_server_id is not None:
-        found.append(_server_id(v, replica_server_id))
+        found.append(_server_id(conn, v, replica_server_id))
     return found
 
 
@@ -322,12 +322,24 @@ def _replica(conn: Any, v: dict[str, str], flavor: str) -> Finding:
                    "in the replica's configuration, then restart it:\n  log_slave_updates = ON")
 
 
-def _server_id(v: dict[str, str], replica_server_id: int) -> Finding:
+def _server_id(conn: Any, v: dict[str, str], replica_server_id: int) -> Finding:
     if v.get("server_id") == str(replica_server_id):
         return Finding("server_id", Severity.FATAL,
                        f"the source's server_id is {replica_server_id}, the id the service "
                        "would register with: the source would drop the connection",
                        "set source.server_id (--server-id) in the service's configuration to "
                        "an id no server or replica uses")
+    try:
+        replicas = source_sql.query(conn, "SHOW SLAVE HOSTS")
+    except pymysql.err.MySQLError:  # it needs REPLICATION MASTER ADMIN: not required
+        replicas = []
+    taken = [f"{row[1]}:{row[2]}" for row in replicas if int(row[0]) == replica_server_id]
+    if taken:
+        return Finding("server_id", Severity.WARNING,
+                       f"a replica ({', '.join(taken)}) is connected with server_id "
+                       f"{replica_server_id} now: unless it is this service running, the two "
+                       "would cut each other off (the server keeps one connection per "
+                       "server_id)",
+                       "give each replica its own source.server_id (--server-id)")
     return Finding("server_id", Severity.OK,
                    f"source {v.get('server_id', '?')}, service {replica_server_id}")

@@ -40,7 +40,7 @@ from cdcserver.replication import source as source_sql
 from cdcserver.reread.values import from_text
 from cdcserver.store.naming import TableName
 from cdcserver.store.schema import TableSchema
-from client.format.schema import Field
+from mariadb_cdc_client.format.schema import Field
 
 ER_NO_SUCH_TABLE = 1146
 KEYS_PER_QUERY = 500

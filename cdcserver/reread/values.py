@@ -3,9 +3,10 @@ replication's Python values: the types the binlog decoder gives (``replication/r
 so that a row read again compares equal to the same row decoded from the binlog, and can be
 written by the store's encoder like any other.
 
-Where the dump's text decoding (``client.format.dump.value_decoder``) and fastavro differ from the
-binlog decoder: ``BIT(1)`` is an ``int`` (0 or 1), ``BIGINT UNSIGNED`` and ``BIT(64)`` are
-``int`` (their Avro type is a decimal), ``UUID`` is its text, ``TIME`` a ``timedelta``.
+Where the dump's text decoding (``mariadb_cdc_client.format.dump.value_decoder``) and
+fastavro differ from the binlog decoder: ``BIT(1)`` is an ``int`` (0 or 1), ``BIGINT UNSIGNED``
+and ``BIT(64)`` are ``int`` (their Avro type is a decimal), ``UUID`` is its text, ``TIME`` a
+``timedelta``.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from client.format.dump import value_decoder
-from client.format.schema import Field, Kind, from_avro_value
+from mariadb_cdc_client.format.dump import value_decoder
+from mariadb_cdc_client.format.schema import Field, Kind, from_avro_value
 
 Convert = Callable[[Any], Any]
 _WHOLE_NUMBERS = frozenset({"bigint", "bit"})  # real_type of the decimal(20,0) columns

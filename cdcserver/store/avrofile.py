@@ -21,7 +21,7 @@ from cdcserver.core.errors import StoreError
 from cdcserver.store import transcoder
 from cdcserver.store.encoder import varint
 from cdcserver.store.transcoder import _transcode
-from client.format.avro import (
+from mariadb_cdc_client.format.avro import (
     MAGIC,
     SYNC_SIZE,
     AvroFormatError,

@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from cdcserver.core.changes import ColumnDef, EventType
-from client.format.schema import Field, Kind, time_text
+from mariadb_cdc_client.format.schema import Field, Kind, time_text
 
 RecordsEncoder = Callable[[bytearray, bytes, tuple[bytes, bytes], Sequence[tuple[Any, ...]], int],
                           int]

@@ -19,7 +19,13 @@ from typing import Any
 from cdcserver.core.changes import ColumnDef, TableLayout
 from cdcserver.mariadb.constants import ColumnType as T
 from cdcserver.store.naming import TableName
-from client.format.schema import EVENT_TYPES, METADATA_FIELDS, Field, Kind, fields_from_schema
+from mariadb_cdc_client.format.schema import (
+    EVENT_TYPES,
+    METADATA_FIELDS,
+    Field,
+    Kind,
+    fields_from_schema,
+)
 
 NAMESPACE = "MaxScaleChangeDataSchema.avro"
 _RESERVED = {name.lower() for name in METADATA_FIELDS}

@@ -29,7 +29,7 @@ from cdcserver.core.changes import ColumnDef
 from cdcserver.mariadb.charsets import single_byte_table
 from cdcserver.mariadb.constants import ColumnType as T
 from cdcserver.store.encoder import encode_string
-from client.format.schema import Field, Kind
+from mariadb_cdc_client.format.schema import Field, Kind
 
 try:
     from cdcserver.store import _transcode  # type: ignore[attr-defined]

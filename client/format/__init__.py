@@ -1,10 +1,13 @@
 """What the service and its clients must agree on, byte for byte, and nothing else: no I/O,
-no client, no server. The service imports only this package from ``client``.
+no client, no server. The service imports only this package from ``mariadb_cdc_client``.
 
-- :mod:`client.format.wire`: the command grammar, replies, error codes, the login hash;
-- :mod:`client.format.gtid`: GTID and GTID-state syntax;
-- :mod:`client.format.names`: table references (``db.table``, quoted names);
-- :mod:`client.format.schema`: MariaDB types to Avro and JSON, metadata fields, value texts;
-- :mod:`client.format.avro`: Avro object-container framing (header, blocks, sync markers);
-- :mod:`client.format.dump`: the dump format (header, operations, value texts).
+- :mod:`~mariadb_cdc_client.format.wire`: the command grammar, replies, error codes, the
+  login hash;
+- :mod:`~mariadb_cdc_client.format.gtid`: GTID and GTID-state syntax;
+- :mod:`~mariadb_cdc_client.format.names`: table references (``db.table``, quoted names);
+- :mod:`~mariadb_cdc_client.format.schema`: MariaDB types to Avro and JSON, metadata fields,
+  value texts;
+- :mod:`~mariadb_cdc_client.format.avro`: Avro object-container framing (header, blocks, sync
+  markers);
+- :mod:`~mariadb_cdc_client.format.dump`: the dump format (header, operations, value texts).
 """

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from client.format.schema import (
+from mariadb_cdc_client.format.schema import (
     Field,
     Kind,
     datetime_text,

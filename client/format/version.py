@@ -1,5 +1,6 @@
-"""The distribution's version (pyproject.toml's), for ``client.__version__`` and
-``cdcserver.__version__`` alike: the service imports only ``client.format`` from the client."""
+"""The distribution's version (pyproject.toml's), for ``mariadb_cdc_client.__version__`` and
+``cdcserver.__version__`` alike: the service imports only ``mariadb_cdc_client.format`` from
+the client."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from client.format.gtid import is_gtid, is_gtid_state
-from client.format.names import (
+from mariadb_cdc_client.format.gtid import is_gtid, is_gtid_state
+from mariadb_cdc_client.format.names import (
     SPACE_RULE,
     BadTableRef,
     Table,

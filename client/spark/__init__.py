@@ -1,6 +1,6 @@
 """A PySpark data source over the CDC service (Python Data Source API, Spark 4).
 
-    from client.spark import register
+    from mariadb_cdc_client.spark import register
     register(spark)
     df = (spark.readStream.format("cdc")
           .option("host", "127.0.0.1").option("port", 4001)
@@ -19,7 +19,7 @@ from typing import Any
 def register(spark: Any) -> None:
     """Make ``format("cdc")`` available in this Spark session. Its Python workers need an
     interpreter that can import this package (``PYSPARK_PYTHON``); when theirs cannot, the
-    read fails saying what to set (:mod:`client.spark.workers`)."""
-    from client.spark.workers import register_source
+    read fails saying what to set (:mod:`mariadb_cdc_client.spark.workers`)."""
+    from mariadb_cdc_client.spark.workers import register_source
 
     register_source(spark)

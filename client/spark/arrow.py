@@ -22,7 +22,7 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import DataType, DecimalType, StringType, StructType
 
-from client.format.avro import (
+from mariadb_cdc_client.format.avro import (
     SYNC_SIZE,
     AvroFormatError,
     Header,
@@ -31,10 +31,10 @@ from client.format.avro import (
     decompress,
     write_varint,
 )
-from client.format.names import table_ref
-from client.format.schema import Field, Kind, fields_from_schema, parse_time
-from client.ranges import Blocks, Trim
-from client.spark.types import invalid_date
+from mariadb_cdc_client.format.names import table_ref
+from mariadb_cdc_client.format.schema import Field, Kind, fields_from_schema, parse_time
+from mariadb_cdc_client.ranges import Blocks, Trim
+from mariadb_cdc_client.spark.types import invalid_date
 
 Records = list[dict[str, Any]]
 Values = tuple[Any, ...]  # one column's values

@@ -1,6 +1,6 @@
 """Keep a Parquet mirror of a MariaDB table: the example pipeline of the Spark source.
 
-    python -m client.spark.mirror --table shop.orders --path /data/orders \\
+    python -m mariadb_cdc_client.spark.mirror --table shop.orders --path /data/orders \\
         --checkpoint /data/orders.checkpoint --user cdcuser --password cdcpass
 
 A streaming query reads the table's changes (``startingPosition=dump`` builds it from the
@@ -20,8 +20,8 @@ import shutil
 import sys
 from typing import Any
 
-from client.format.names import parse_table
-from client.spark.types import METADATA
+from mariadb_cdc_client.format.names import parse_table
+from mariadb_cdc_client.spark.types import METADATA
 
 CURRENT = "CURRENT"
 
@@ -82,7 +82,7 @@ def _point_to(path: str, name: str) -> None:
 
 def primary_key(spark_options: dict[str, str], table: str) -> list[str]:
     """The table's primary key (its newest version's), as field names."""
-    from client.spark.plan import Options
+    from mariadb_cdc_client.spark.plan import Options
 
     wanted = parse_table(table)
     conn = Options.parse({**spark_options, "tables": table}, streaming=True).connect()
@@ -113,7 +113,7 @@ def start(spark: Any, options: dict[str, str], table: str, path: str, checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m client.spark.mirror",
+    parser = argparse.ArgumentParser(prog="python -m mariadb_cdc_client.spark.mirror",
                                      description="Keep a Parquet mirror of a table")
     parser.add_argument("--table", required=True,
                         help="db.table (a name with a space or a dot quoted: `my db`.t)")
@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from pyspark.sql import SparkSession
 
-    from client.spark import register
-    from client.spark.workers import default_to_driver_python
+    from mariadb_cdc_client.spark import register
+    from mariadb_cdc_client.spark.workers import default_to_driver_python
 
     default_to_driver_python()  # before the session starts its workers
     spark = SparkSession.builder.appName(f"cdc-mirror {args.table}").getOrCreate()

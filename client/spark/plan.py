@@ -2,9 +2,9 @@
 where each table starts, and how a span of offsets is cut into partitions.
 
 Offsets are JSON objects ``{"tables": {"db.t": position, ...}}``, each table named as commands
-name it (``client.format.names``: ```my db`.t`` for a name that must be quoted), where a
+name it (``mariadb_cdc_client.format.names``: ```my db`.t`` for a name that must be quoted), where a
 position is a
-:class:`client.ranges.Position` (``gtid_state``, and ``txn``/``event`` inside a cut
+:class:`mariadb_cdc_client.ranges.Position` (``gtid_state``, and ``txn``/``event`` inside a cut
 transaction), or ``{"dump": name, "gtid_state": g}`` for a table whose dump is still to be
 read. An end offset also lists, per table, the positions its range is cut at (``splits``):
 one Spark partition reads from one cut to the next, and since the cuts are written to the
@@ -20,10 +20,10 @@ from typing import Any
 
 from pyspark.sql.datasource import InputPartition
 
-from client.endpoints import Endpoints
-from client.format.names import BadTableRef, parse_table, split_list, table_ref
-from client.ranges import Position, advance, plan
-from client.sync import SyncCdcConnection
+from mariadb_cdc_client.endpoints import Endpoints
+from mariadb_cdc_client.format.names import BadTableRef, parse_table, split_list, table_ref
+from mariadb_cdc_client.ranges import Position, advance, plan
+from mariadb_cdc_client.sync import SyncCdcConnection
 
 EARLIEST, LATEST, DUMP = "earliest", "latest", "dump"
 

@@ -1,8 +1,9 @@
 """The ``cdc`` data source: ``spark.read.format("cdc")`` and ``spark.readStream.format("cdc")``.
 
-The driver (:mod:`client.spark.plan`) lists the tables, fixes the schema and plans ranges;
-each Spark partition then reads one range of one table on an executor, over its own
-connection, with the bounded read extension (:mod:`client.ranges`), or one whole dump.
+The driver (:mod:`mariadb_cdc_client.spark.plan`) lists the tables, fixes the schema and
+plans ranges; each Spark partition then reads one range of one table on an executor, over its
+own connection, with the bounded read extension (:mod:`mariadb_cdc_client.ranges`), or one
+whole dump.
 """
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from client.format.dump import DumpHeader, DumpRows
-from client.format.names import table_ref
-from client.ranges import Position, Schema, Trim, gtid_parts, read_blocks
-from client.spark import plan
-from client.spark.arrow import BatchMaker
-from client.spark.types import METADATA, SchemaError, fits, invalid_date, table_schema
-from client.sync import SyncCdcClient
+from mariadb_cdc_client.format.dump import DumpHeader, DumpRows
+from mariadb_cdc_client.format.names import table_ref
+from mariadb_cdc_client.ranges import Position, Schema, Trim, gtid_parts, read_blocks
+from mariadb_cdc_client.spark import plan
+from mariadb_cdc_client.spark.arrow import BatchMaker
+from mariadb_cdc_client.spark.types import METADATA, SchemaError, fits, invalid_date, table_schema
+from mariadb_cdc_client.sync import SyncCdcClient
 
 
 class CdcDataSource(DataSource):

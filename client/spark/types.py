@@ -1,5 +1,5 @@
 """Spark types for CDC records: the DataFrame schema of a set of table versions, and whether
-a version's records fit it (:mod:`client.spark.arrow` builds the rows).
+a version's records fit it (:mod:`mariadb_cdc_client.spark.arrow` builds the rows).
 
 The schema is MaxScale's metadata columns, then ``_table`` and ``_version`` (which table and
 table version a row comes from), then every column of every version read, by name, in the
@@ -32,8 +32,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from client.format.names import table_ref
-from client.format.schema import METADATA_FIELDS, Field, Kind, fields_from_schema
+from mariadb_cdc_client.format.names import table_ref
+from mariadb_cdc_client.format.schema import METADATA_FIELDS, Field, Kind, fields_from_schema
 
 METADATA = StructType([
     StructField("domain", IntegerType(), False),

@@ -3,16 +3,16 @@
 Spark runs a Python data source in worker processes it starts with ``PYSPARK_PYTHON``
 (default: ``python3`` on the PATH), not with the driver's interpreter. A driver in a virtualenv
 then has workers that cannot import this package, and all Spark says is ``No module named
-'client'``. So:
+'mariadb_cdc_client'``. So:
 
-- a session this package creates (``python -m client.spark.mirror``) runs its workers with the
-  driver's interpreter unless ``PYSPARK_PYTHON`` names one (``spark-submit`` passes
-  ``spark.pyspark.python`` to the driver there): :func:`default_to_driver_python`, called
-  before the session starts;
+- a session this package creates (``python -m mariadb_cdc_client.spark.mirror``) runs its
+  workers with the driver's interpreter unless ``PYSPARK_PYTHON`` names one (``spark-submit``
+  passes ``spark.pyspark.python`` to the driver there): :func:`default_to_driver_python`,
+  called before the session starts;
 - in a session the user created, :func:`register_source` registers this module's
   :class:`CdcDataSource`, which cloudpickle sends to the workers by value, so it loads there
-  without the package. It imports the source proper (:mod:`client.spark.source`) only there,
-  and when that fails it says which interpreter to set.
+  without the package. It imports the source proper (:mod:`mariadb_cdc_client.spark.source`)
+  only there, and when that fails it says which interpreter to set.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def register_source(spark: Any) -> None:
 
 class CdcDataSource(DataSource):
     """The ``cdc`` source as the workers receive it: it hands each call to the source proper,
-    :class:`client.spark.source.CdcDataSource`, which it imports there."""
+    :class:`mariadb_cdc_client.spark.source.CdcDataSource`, which it imports there."""
 
     driver_python = sys.executable  # evaluated on the driver, pickled with the class
 
@@ -67,7 +67,7 @@ class CdcDataSource(DataSource):
 
     def _source(self) -> Any:
         try:
-            source = importlib.import_module("client.spark.source")
+            source = importlib.import_module("mariadb_cdc_client.spark.source")
         except ImportError as exc:
             raise ImportError(
                 f"this Spark worker's Python ({sys.executable}) cannot load the cdc data source "
