@@ -232,6 +232,7 @@ async def test_replication_over_tls_to_a_mariadb_that_requires_it(tmp_path, user
 
 def test_a_password_on_the_command_line_is_not_in_the_process_title(tmp_path):
     exe = os.path.join(os.path.dirname(sys.executable), "cdcserver")
+    (tmp_path / "users").touch()  # a service without its users file refuses to start
     process = subprocess.Popen(
         [exe, "run", "--source", "mysql://cdc:s3cret-pw@127.0.0.1:1", "--data-dir",
          str(tmp_path / "data"), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
