@@ -19,6 +19,7 @@ import pymysql
 from pymysql.constants import COMMAND
 
 from cdcserver.core.errors import SourceError
+from cdcserver.mariadb.receive import receive_into
 
 try:  # the row path in C (cdcserver/dump/_rawrows.pyx); the same bytes as _row below
     from cdcserver.dump import _rawrows as compiled  # type: ignore[attr-defined]
@@ -146,16 +147,8 @@ class _Rows:
             buf[:left] = buf[pos:self.end]
         if left == len(buf):
             buf.extend(bytes(len(buf)))
-        if self.first:
-            # BufferedReader.read1 returns what it holds without reading the socket, else
-            # reads it once, directly: either way nothing is left in it after
-            self.first = False
-            data = self.conn._rfile.read1(len(buf) - left)
-            got = len(data)
-            buf[left:left + got] = data
-        else:
-            with memoryview(buf) as view, view[left:] as free:
-                got = self.conn._sock.recv_into(free)
+        got = receive_into(self.conn, buf, left, self.first)
+        self.first = False
         if not got:
             raise SourceError("the source closed the connection during the dump")
         self.end = left + got

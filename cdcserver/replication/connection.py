@@ -30,6 +30,7 @@ from pymysqlreplication import BinLogStreamReader
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import BinlogPurged, SourceRefused, SourceUnavailable
 from cdcserver.core.gtid import GtidState
+from cdcserver.mariadb.receive import receive_into
 from cdcserver.replication import source
 
 log = logging.getLogger(__name__)
@@ -137,16 +138,8 @@ class _Packets:
             self.pos, self.end = 0, left
         if need > len(buf):
             buf.extend(bytes(need - len(buf)))
-        if self.first:
-            # read1 returns what pymysql's reader holds without touching the socket, else
-            # reads the socket once: either way nothing is left in it afterwards
-            self.first = False
-            data = self.conn._rfile.read1(len(buf) - left)
-            got = len(data)
-            buf[left : left + got] = data
-        else:
-            with memoryview(buf) as view, view[left:] as free:
-                got = self.conn._sock.recv_into(free)
+        got = receive_into(self.conn, buf, left, self.first)
+        self.first = False
         if not got:
             raise SourceUnavailable("replication connection lost: the source closed it")
         self.end = left + got
