@@ -99,43 +99,9 @@ def spark_session() -> Any:
     return spark
 
 
-def trivial_source(schema: Any, files: list[str]) -> Any:
-    """A Python data source yielding the rows pickled in ``files``, one partition each."""
-    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-
-    class FilePartition(InputPartition):
-        def __init__(self, path: str) -> None:
-            super().__init__(path)
-            self.path = path
-
-    class Reader(DataSourceReader):
-        def __init__(self, paths: list[str]) -> None:
-            self.paths = paths
-
-        def partitions(self) -> list[InputPartition]:
-            return [FilePartition(p) for p in self.paths]
-
-        def read(self, partition: Any) -> Iterator[tuple[Any, ...]]:
-            with open(partition.path, "rb") as f:
-                yield from pickle.load(f)
-
-    class Trivial(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return "trivial"
-
-        def schema(self) -> Any:
-            return schema
-
-        def reader(self, schema: Any) -> DataSourceReader:
-            return Reader(self.options["files"].split(","))
-
-    return Trivial
-
-
-def arrow_source(schema: Any, files: list[str]) -> Any:
-    """A Python data source yielding the Arrow record batches kept in ``files`` (Arrow IPC
-    files), one partition each."""
+def file_source(name: str, schema: Any, arrow: bool) -> Any:
+    """A Python data source named ``name``, one partition per file of its ``files`` option:
+    rows pickled as tuples, or (``arrow``) Arrow record batches in an Arrow IPC file."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
     class FilePartition(InputPartition):
@@ -151,6 +117,10 @@ def arrow_source(schema: Any, files: list[str]) -> Any:
             return [FilePartition(p) for p in self.paths]
 
         def read(self, partition: Any) -> Iterator[Any]:
+            if not arrow:
+                with open(partition.path, "rb") as f:
+                    yield from pickle.load(f)
+                return
             import pyarrow as pa
 
             with pa.memory_map(partition.path) as source:
@@ -158,10 +128,10 @@ def arrow_source(schema: Any, files: list[str]) -> Any:
                 for i in range(reader.num_record_batches):
                     yield reader.get_batch(i)
 
-    class ArrowSource(DataSource):
+    class FileSource(DataSource):
         @classmethod
         def name(cls) -> str:
-            return "arrowref"
+            return name
 
         def schema(self) -> Any:
             return schema
@@ -169,7 +139,7 @@ def arrow_source(schema: Any, files: list[str]) -> Any:
         def reader(self, schema: Any) -> DataSourceReader:
             return Reader(self.options["files"].split(","))
 
-    return ArrowSource
+    return FileSource
 
 
 def pickle_partitions(options: dict[str, str], directory: str
@@ -227,8 +197,8 @@ def main() -> None:
         assert total == RECORDS, f"{total} rows, expected {RECORDS}"
         spark = spark_session()
         register(spark)
-        spark.dataSource.register(trivial_source(schema, files))
-        spark.dataSource.register(arrow_source(schema, arrow_files))
+        spark.dataSource.register(file_source("trivial", schema, arrow=False))
+        spark.dataSource.register(file_source("arrowref", schema, arrow=True))
         trivial = {"files": ",".join(files)}
         arrow = {"files": ",".join(arrow_files)}
         timed_noop(spark, "cdc", options)  # warm-up: JVM, Python workers
