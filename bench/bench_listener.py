@@ -60,7 +60,6 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
-import json
 import multiprocessing
 import os
 import re
@@ -83,6 +82,8 @@ from bench.common import OUT, RECORDS, code_path, line, load_workload
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.core.gtid import GtidState
 from cdcserver.protocol.users import UsersFile
+from cdcserver.store.checkpoint import covered_state
+from cdcserver.store.layout import DataDir
 from mariadb_cdc_client.format.wire import auth_message
 
 USER = PASSWORD = "bench"
@@ -149,12 +150,7 @@ class ServiceProcess:
 
     def stored(self) -> GtidState:
         """What the service's checkpoint covers (stored and fsynced)."""
-        try:
-            with open(os.path.join(self.data_dir, "state", "checkpoint.json")) as f:
-                position = json.load(f)["position"]
-        except (FileNotFoundError, ValueError, KeyError):
-            return GtidState()
-        return GtidState.parse(position["gtid"]) if position else GtidState()
+        return covered_state(DataDir(self.data_dir).checkpoint)
 
     def wait_covers(self, target: GtidState, timeout: float = 600) -> None:
         """Until the service's checkpoint covers ``target``."""

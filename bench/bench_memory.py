@@ -10,7 +10,6 @@ process's peak resident memory (VmHWM) for each case, beside its baseline with a
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -24,6 +23,7 @@ from bench.common import OUT, line
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.core.gtid import GtidState
 from cdcserver.protocol.users import UsersFile
+from cdcserver.store.checkpoint import covered_state
 
 MIB = 1 << 20
 
@@ -71,14 +71,7 @@ def _hwm_mib(pid: int) -> float:
 
 
 def _covers(path: str, target: GtidState) -> bool:
-    try:
-        with open(path) as f:
-            position = json.load(f)["position"]
-    except (FileNotFoundError, ValueError):
-        return False
-    if not position:
-        return not target
-    state = GtidState.parse(position["gtid"])
+    state = covered_state(path)
     return all(state.covers(g) for g in target)
 
 

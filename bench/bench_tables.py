@@ -15,8 +15,10 @@ per count (medians where repeated):
   (time to catch up) / commits;
 - ``GTID seek``: ``REQUEST-DATA db.table GTID`` over a socket, time to the first record, for
   tables picked at random;
-- ``checkpoint``: ``store.flush()`` (fsync of the dirty files, the index, the checkpoint
-  file) after one commit to one table, and after commits to 100 tables;
+- ``checkpoint``: ``store.flush()`` (fsync of the dirty files, the index, the checkpoint's
+  journal line) after one commit to one table, and after commits to 100 tables; the sizes of
+  the checkpoint's base file and of one journal line (a checkpoint writes the tables that
+  changed; the base, every table's mark, is rewritten once the journal outgrows it);
 - ``open descriptors``: the most the process held (sampled every 10 ms), against the limit;
 - ``RSS``: the process's resident memory at the end, and its peak.
 """
@@ -53,6 +55,7 @@ from cdcserver.core.config import (
 )
 from cdcserver.core.gtid import GtidState
 from cdcserver.protocol.users import UsersFile
+from cdcserver.store.layout import DataDir
 from mariadb_cdc_client.format.wire import auth_message
 
 FD_LIMIT = 1024
@@ -97,7 +100,9 @@ def print_table(results: list[dict[str, Any]]) -> None:
         ("GTID seek to the first record, ms (median)", "seek_ms", "{:.1f}"),
         ("checkpoint after 1 dirty table, ms (median)", "checkpoint_1_ms", "{:.1f}"),
         ("checkpoint after 100 dirty tables, ms (median)", "checkpoint_100_ms", "{:.1f}"),
-        ("checkpoint file, KB", "checkpoint_kb", "{:.0f}"),
+        ("checkpoint base file, KB (rewritten once the journal outgrows it)", "checkpoint_kb",
+         "{:.0f}"),
+        ("checkpoint journal line after 1 dirty table, bytes", "journal_line_bytes", "{:.0f}"),
         ("open descriptors, most held (limit 1024)", "max_fds", "{:.0f}"),
         ("RSS at the end / peak, MB", "rss", "{}"),
     ]
@@ -208,6 +213,25 @@ def file_kb(path: str) -> float:
     return os.path.getsize(path) / 1024
 
 
+def read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+async def last_journal_line_after_one_commit(service: Service, server: EmbeddedMariaDB,
+                                             journal: str) -> int:
+    """The size of the checkpoint written after a commit to one table (again if that
+    checkpoint happened to be a new base, which leaves the journal empty)."""
+    for _ in range(3):
+        await asyncio.to_thread(commit_to, server, [0])
+        await service.wait_caught_up(binlog_state(server))
+        await service.store.flush()
+        lines = (await asyncio.to_thread(read_bytes, journal)).splitlines()
+        if lines:
+            return len(lines[-1]) + 1
+    raise RuntimeError("every checkpoint was written as a new base")
+
+
 def resident_mb() -> float:
     with open("/proc/self/status") as f:
         status = dict(row.split(":", 1) for row in f if ":" in row)
@@ -286,8 +310,10 @@ async def one_count(n: int, commits: int) -> dict[str, Any]:
             hundreds.append(await timed(service.store.flush))
         result["checkpoint_1_ms"] = statistics.median(ones) * 1000
         result["checkpoint_100_ms"] = statistics.median(hundreds) * 1000
-        result["checkpoint_kb"] = file_kb(os.path.join(base, "data", "state",
-                                                       "checkpoint.json"))
+        layout = DataDir(os.path.join(base, "data"))
+        result["checkpoint_kb"] = file_kb(layout.checkpoint)
+        result["journal_line_bytes"] = await last_journal_line_after_one_commit(
+            service, server, layout.checkpoint_log)
 
         assert service.address is not None
         picks = rng.sample(sorted(first), min(25, len(first)))

@@ -154,8 +154,9 @@ def test_the_shared_format_loads_nothing_but_itself():
         assert imported <= set(sys.stdlib_module_names) | {CLIENT, "cramjam"}, (path, imported)
 
 
-_DATA_DIR_NAMES = {"avro", "dump", "state", "checkpoint.json", "index.sqlite", "views.sqlite",
-                   "schema_history.jsonl", "kafka.json", "writer.lock", ".room-probe"}
+_DATA_DIR_NAMES = {"avro", "dump", "state", "checkpoint.json", "checkpoint.log",
+                   "index.sqlite", "views.sqlite", "schema_history.jsonl", "kafka.json",
+                   "writer.lock", ".room-probe"}
 
 
 def test_only_the_layout_names_the_data_directorys_paths():

@@ -4,7 +4,6 @@ repairs nothing), and the tables verify against the source afterwards."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -17,6 +16,8 @@ import pytest
 from cdcserver.app.embedded import free_port
 from cdcserver.core.gtid import GtidState
 from cdcserver.ops.status import fetch_health
+from cdcserver.store.checkpoint import covered_state
+from cdcserver.store.layout import DataDir
 from mariadb_cdc_client.format.wire import auth_message
 from tests.conftest import Source
 from tests.helpers import PASSWORD, USER, wait_until
@@ -78,9 +79,7 @@ def _complete_dumps(data_dir: str) -> int:
 
 
 def _checkpoint_state(data_dir: str) -> GtidState:
-    with open(os.path.join(data_dir, "state", "checkpoint.json"), encoding="utf-8") as f:
-        position = json.load(f).get("position") or {}
-    return GtidState.parse(position.get("gtid", ""))
+    return covered_state(DataDir(data_dir).checkpoint)
 
 
 def _covers(data_dir: str, source: Source) -> bool:

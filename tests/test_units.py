@@ -670,22 +670,3 @@ def test_the_packet_reader_raises_the_servers_error_and_a_closed_connection():
             list(_Packets(_PymysqlStandIn(here)))
 
 
-# -- the checkpoint's table marks ------------------------------------------------------------
-
-def test_checkpoints_saved_with_a_kept_encoder_read_back_as_written(tmp_path):
-    from cdcserver.core.gtid import BinlogPosition
-    from cdcserver.store import checkpoint as ckpt
-
-    path = str(tmp_path / "checkpoint.json")
-    encoder = ckpt.MarksEncoder()
-    tables = {TableName("db", f"t{i}"): ckpt.TableMark(1, 100 + i) for i in range(5)}
-    position = BinlogPosition(GtidState.parse("0-1-9"), "b.000001", 400)
-    for change in (lambda t: None,  # the same marks again
-                   lambda t: t.__setitem__(TableName("db", "t3"), ckpt.TableMark(2, 7)),
-                   lambda t: t.pop(TableName("db", "t0")),
-                   lambda t: t.__setitem__(TableName("a", "new"), ckpt.TableMark(1, 1)),
-                   lambda t: t.clear()):
-        change(tables)
-        ckpt.save(path, ckpt.Checkpoint(position, dict(tables)), encoder)
-        loaded = ckpt.load(path)
-        assert loaded is not None and loaded.tables == tables and loaded.position == position

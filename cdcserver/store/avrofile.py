@@ -185,10 +185,12 @@ class VersionFileWriter:
         return writer
 
     @classmethod
-    def open_existing(cls, path: str, files: OpenFiles | None = None) -> VersionFileWriter:
-        header = read_header(path)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        return cls(path, header, fd, os.fstat(fd).st_size, files)
+    def known(cls, path: str, header: Header, size: int, files: OpenFiles
+              ) -> VersionFileWriter:
+        """A writer for a file whose header and committed size the catalog holds: nothing is
+        read, and the file is opened at the first write (with thousands of tables, most
+        commits after a start are some table's first)."""
+        return cls(path, header, -1, size, files)
 
     @property
     def dirty(self) -> bool:

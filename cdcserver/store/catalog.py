@@ -65,6 +65,9 @@ class Catalog:
         self.avro_dir = avro_dir
         self.tables: dict[TableName, TableEntry] = {}
         self._appeared: asyncio.Future[None] | None = None
+        # Tables whose newest version or its committed size changed since the store's last
+        # checkpoint: the checkpoint writes these, not every table's mark.
+        self.changed: set[TableName] = set()
 
     def get(self, name: TableName) -> TableEntry | None:
         return self.tables.get(name)
@@ -82,6 +85,7 @@ class Catalog:
         if previous is not None:
             previous.sealed = True
         entry.versions[info.version] = info
+        self.changed.add(info.table)
         if previous is None and self._appeared is not None:
             appeared, self._appeared = self._appeared, None
             if not appeared.done():
@@ -116,6 +120,7 @@ class Catalog:
         entry = self.tables.get(name)
         if entry is not None:
             entry.versions.pop(version, None)
+            self.changed.add(name)
             if not entry.versions:
                 del self.tables[name]
 
@@ -138,6 +143,7 @@ class Catalog:
             schema = TableSchema.from_avsc(_json(header.schema_json))
             self.publish(VersionInfo(name, version, schema, path, header,
                                      os.path.getsize(path)))
+        self.changed.clear()  # as the checkpoint the store recovered to says
 
 
 def _json(text: str) -> dict[str, object]:

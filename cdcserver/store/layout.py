@@ -9,6 +9,7 @@ names under the data directory.
       avro/     db.table.NNNNNN.avro and .avsc: the change stream, a file per table version
       dump/     db.table.<time>.dump (complete), .partial and .progress (being written)
       state/    checkpoint.json      the durable position and each table's durable length
+                checkpoint.log       the checkpoints since, each with the tables that changed
                 index.sqlite         transactions, their tables and positions (the GTID index)
                 schema_history.jsonl every schema change, with its GTID
                 views.sqlite         the stream's own view of tables, for repairs
@@ -44,6 +45,7 @@ class DataDir:
     dumps = _Path("dump")
     state = _Path("state")
     checkpoint = _Path("state", "checkpoint.json")
+    checkpoint_log = _Path("state", "checkpoint.log")  # checkpoint.journal_path(checkpoint)
     index = _Path("state", "index.sqlite")
     schema_history = _Path("state", "schema_history.jsonl")
     views = _Path("state", "views.sqlite")

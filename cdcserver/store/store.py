@@ -42,7 +42,7 @@ from cdcserver.core.errors import DiskFull, StoreError
 from cdcserver.core.gtid import BinlogPosition, GtidState
 from cdcserver.store import checkpoint as ckpt
 from cdcserver.store.avrofile import OpenFiles, VersionFileWriter, last_valid_end, read_header
-from cdcserver.store.catalog import Catalog, VersionInfo
+from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.checkpoint import Checkpoint, TableMark
 from cdcserver.store.durable import fsync_dir, write_atomically
 from cdcserver.store.encoder import RecordsEncoder, compile_encoder, record_head, record_tail
@@ -129,7 +129,7 @@ class AvroStore:
         # Writers that may belong to a table's older version, to close after a flush (the
         # flush looks at these, not at every table's writer)
         self._maybe_sealed: set[tuple[TableName, int]] = set()
-        self._marks_encoder = ckpt.MarksEncoder()  # used by one flush at a time
+        self._checkpoints: ckpt.CheckpointWriter | None = None  # set by open()
         self._open: _Open | None = None
         self._lock_fd = -1
         self._new_files = False
@@ -149,6 +149,7 @@ class AvroStore:
             checkpoint = Checkpoint(None)
             ckpt.save(self.checkpoint_path, checkpoint)
         self.catalog.load()
+        self._checkpoints = ckpt.CheckpointWriter(self.checkpoint_path, checkpoint)
         for entry in self.catalog.tables.values():
             for info in entry.versions.values():
                 info.notes = self.index.notes(info.table, info.version)
@@ -347,6 +348,7 @@ class AvroStore:
             if target.new:
                 self.catalog.publish(target.info)
             target.info.committed = target.writer.committed
+            self.catalog.changed.add(table)
             self.index.note_block(table, version, target.start, txn.begin.gtid)
             touched.append(table)
         for info, offset, note in txn.notes:
@@ -463,8 +465,8 @@ class AvroStore:
         key = (info.table, info.version)
         writer = self._writers.get(key)
         if writer is None:
-            writer = self._writers[key] = VersionFileWriter.open_existing(info.path,
-                                                                          self._files)
+            writer = self._writers[key] = VersionFileWriter.known(
+                info.path, info.header, info.committed, self._files)
             self._maybe_sealed.add(key)
         return writer
 
@@ -485,15 +487,14 @@ class AvroStore:
             dirty = list(self._files.dirty)
             for writer in dirty:
                 writer.dirty = False
-            marks = {name: TableMark(latest.version, latest.committed)
-                     for name, entry in self.catalog.tables.items()
-                     if (latest := entry.latest()) is not None}
+            changed, self.catalog.changed = self.catalog.changed, set()
+            marks = {name: _mark(self.catalog.get(name)) for name in changed}
             new_files, self._new_files = self._new_files, False
             assert self.index is not None
-            checkpoint = Checkpoint(position, marks, fresh=frozenset(self._fresh),
+            checkpoint = Checkpoint(position, fresh=frozenset(self._fresh),
                                     origin=self.origin, index_ordinal=self.index.last_id)
             work = asyncio.ensure_future(asyncio.to_thread(
-                self._make_durable, dirty, new_files, checkpoint))
+                self._make_durable, dirty, new_files, checkpoint, marks))
             try:
                 await asyncio.shield(work)
             except asyncio.CancelledError:
@@ -503,10 +504,10 @@ class AvroStore:
                 # that retries failures would never stop).
                 await _outlast(work)
                 if work.exception() is not None:
-                    self._not_durable(dirty, new_files)
+                    self._not_durable(dirty, new_files, changed)
                 raise
             except BaseException:
-                self._not_durable(dirty, new_files)
+                self._not_durable(dirty, new_files, changed)
                 raise
             self.durable = position
             if self.position == position:
@@ -529,14 +530,17 @@ class AvroStore:
         since = self._undurable_since
         return 0.0 if since is None else time.monotonic() - since
 
-    def _not_durable(self, dirty: list[VersionFileWriter], new_files: bool) -> None:
+    def _not_durable(self, dirty: list[VersionFileWriter], new_files: bool,
+                     changed: set[TableName]) -> None:
         for writer in dirty:  # still not known to be on disk
             writer.dirty = True
         self._new_files |= new_files
+        self.catalog.changed |= changed  # their marks go into the next checkpoint
 
     def _make_durable(self, dirty: list[VersionFileWriter], new_files: bool,
-                      checkpoint: Checkpoint) -> None:
-        assert self.index is not None
+                      checkpoint: Checkpoint, marks: dict[TableName, TableMark | None]
+                      ) -> None:
+        assert self.index is not None and self._checkpoints is not None
         for writer in dirty:
             try:
                 writer.fsync()
@@ -549,7 +553,7 @@ class AvroStore:
             fsync_dir(self.avro_dir)
         try:
             self.index.persist()
-            ckpt.save(self.checkpoint_path, checkpoint, self._marks_encoder)
+            self._checkpoints.write(checkpoint, marks)
         except OSError as exc:
             if exc.errno not in DISK_FULL_ERRNOS:
                 raise
@@ -576,6 +580,13 @@ class AvroStore:
                 writer.close()
                 del self._writers[key]
                 self._maybe_sealed.discard(key)
+
+
+def _mark(entry: TableEntry | None) -> TableMark | None:
+    """A table's mark in the checkpoint: its newest version and that version's committed
+    size (None: no version is left)."""
+    latest = entry.latest() if entry is not None else None
+    return None if latest is None else TableMark(latest.version, latest.committed)
 
 
 async def _outlast(work: asyncio.Future[None]) -> None:
