@@ -71,7 +71,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, cast
@@ -554,7 +554,10 @@ async def _clients(port: int, count: int, plan: TickPlan, commits: Any,
 
 # -- latency under load: the writer, the samples, the figures --------------------------------
 
-def latency_part(server: EmbeddedMariaDB, args: argparse.Namespace) -> None:
+def latency_part(server: EmbeddedMariaDB, args: argparse.Namespace,
+                 load: Callable[[], object] | None = None) -> None:
+    """``load``: run in a thread of its own while the writer commits (another workload on
+    the same server); the writer then stops when it ends, or after the run time."""
     seconds = args.minutes * 60 if args.minutes else args.seconds
     batch = args.batch
     tx_rate = args.rate / batch
@@ -595,7 +598,11 @@ def latency_part(server: EmbeddedMariaDB, args: argparse.Namespace) -> None:
             sampler = threading.Thread(target=_sample, args=(
                 service, _domain_sequence(seeded), commits, args.sample, started, stop, series))
             sampler.start()
-            written = write_ticks(server, commits, batch, tx_rate, seconds)
+            loaded = threading.Event()
+            if load is not None:
+                threading.Thread(target=_run_then_set, args=(load, loaded), daemon=True).start()
+            written = write_ticks(server, commits, batch, tx_rate, seconds,
+                                  loaded if load is not None else None)
             wrote_for = time.monotonic() - started
             cpu = service.cpu_seconds() - cpu_start
             clients_cpu = sum(cpu_seconds(p.pid) for p in processes if p.pid) - clients_cpu_start
@@ -617,6 +624,13 @@ def latency_part(server: EmbeddedMariaDB, args: argparse.Namespace) -> None:
     report_problems(service)  # once it has stopped
 
 
+def _run_then_set(work: Callable[[], object], done: threading.Event) -> None:
+    try:
+        work()
+    finally:
+        done.set()
+
+
 def _expect(pipe: Connection, kind: str, timeout: float) -> Any:
     if not pipe.poll(timeout):
         raise TimeoutError(f"no {kind!r} from a client process in {timeout:.0f}s")
@@ -627,9 +641,10 @@ def _expect(pipe: Connection, kind: str, timeout: float) -> Any:
 
 
 def write_ticks(server: EmbeddedMariaDB, commits: Any, batch: int, tx_rate: float,
-                seconds: float) -> int:
-    """Transactions of ``batch`` rows on a fixed schedule; ``commits[k]`` is the monotonic
-    clock when transaction k's COMMIT returned. Returns the number committed."""
+                seconds: float, until: threading.Event | None = None) -> int:
+    """Transactions of ``batch`` rows on a fixed schedule, for ``seconds`` or until ``until``
+    is set; ``commits[k]`` is the monotonic clock when transaction k's COMMIT returned.
+    Returns the number committed."""
     conn = server.connect()
     conn.autocommit(False)
     interval = 1 / tx_rate
@@ -637,6 +652,8 @@ def write_ticks(server: EmbeddedMariaDB, commits: Any, batch: int, tx_rate: floa
     start = time.monotonic()
     with contextlib.closing(conn), conn.cursor() as cur:
         for tx in range(total):
+            if until is not None and until.is_set():
+                return tx
             delay = start + tx * interval - time.monotonic()
             if delay > 0:
                 time.sleep(delay)

@@ -16,7 +16,9 @@ round first):
 - ``arrow``: the same, but each partition reads its rows as ready-made Arrow record batches
   (an Arrow IPC file of the batches the cdc source made, untimed) and yields them: the
   fastest a Python data source can hand rows to Spark.
-Prints the three rates (medians) and the cdc source's ratio to each reference.
+Prints the three rates (medians) and the cdc source's ratio to each reference, after the code
+paths measured: the service's, and the decoder of the source's executors (the compiled Avro to
+Arrow decoder, or with ``CDC_PURE_PYTHON=1`` the Python one).
 """
 
 from __future__ import annotations
@@ -179,12 +181,27 @@ def timed_noop(spark: Any, fmt: str, options: dict[str, str]) -> float:
     return time.perf_counter() - start
 
 
+def announce_decoder_path() -> str:
+    """Print the decoder the cdc source's executors run (Spark's Python workers run this
+    interpreter, in this environment); refuse the Python one unless ``CDC_PURE_PYTHON=1``
+    asks for it, as announce_code_path does for the service's."""
+    from mariadb_cdc_client.spark.arrow import decoder_path
+
+    path = decoder_path()
+    line("spark decoder measured (cdc source's executors)", path)
+    if path.startswith("Python") and not os.environ.get("CDC_PURE_PYTHON"):
+        sys.exit("the compiled Avro-to-Arrow decoder is not built here (pip install -e .): this "
+                 "would measure the Python one; set CDC_PURE_PYTHON=1 to measure it on purpose")
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=2)
     args = parser.parse_args()
     announce_code_path()
+    announce_decoder_path()
     from mariadb_cdc_client.spark import register
 
     with workload_server() as server, \

@@ -56,14 +56,14 @@ def compress(codec: str, data: bytes | bytearray) -> bytes:
 
 def read_header(path: str) -> Header:
     with open(path, "rb") as f:
-        data = f.read(1 << 16)
+        data = f.read(1 << 12)  # a header is its schema and 40 bytes: most fit in a page
         while True:
             try:
                 return parse_header(data)
             except AvroFormatError as exc:
                 raise StoreError(f"{path}: {exc}") from exc
             except IndexError:
-                more = f.read(1 << 20)
+                more = f.read(max(len(data), 1 << 16))
                 if not more:
                     raise StoreError(f"{path}: truncated Avro header") from None
                 data += more

@@ -130,8 +130,10 @@ class Catalog:
             if entry is not None:
                 entry.notify()
 
-    def load(self) -> None:
-        """Build the catalog from the files on disk (after the store's recovery)."""
+    def load(self, headers: dict[str, Header] | None = None) -> None:
+        """Build the catalog from the files on disk (after the store's recovery, which
+        passes the ``headers`` it read already, by path)."""
+        known = headers or {}
         self.tables.clear()
         for file_name in sorted(os.listdir(self.avro_dir)):
             parsed = parse_version_file(file_name)
@@ -139,7 +141,7 @@ class Catalog:
                 continue
             name, version, _ = parsed
             path = os.path.join(self.avro_dir, file_name)
-            header = read_header(path)
+            header = known.get(path) or read_header(path)
             schema = TableSchema.from_avsc(_json(header.schema_json))
             self.publish(VersionInfo(name, version, schema, path, header,
                                      os.path.getsize(path)))

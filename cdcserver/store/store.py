@@ -41,7 +41,13 @@ from cdcserver.core.changes import (
 from cdcserver.core.errors import DiskFull, StoreError
 from cdcserver.core.gtid import BinlogPosition, GtidState
 from cdcserver.store import checkpoint as ckpt
-from cdcserver.store.avrofile import OpenFiles, VersionFileWriter, last_valid_end, read_header
+from cdcserver.store.avrofile import (
+    Header,
+    OpenFiles,
+    VersionFileWriter,
+    last_valid_end,
+    read_header,
+)
 from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.checkpoint import Checkpoint, TableMark
 from cdcserver.store.durable import fsync_dir, write_atomically
@@ -130,6 +136,7 @@ class AvroStore:
         # flush looks at these, not at every table's writer)
         self._maybe_sealed: set[tuple[TableName, int]] = set()
         self._checkpoints: ckpt.CheckpointWriter | None = None  # set by open()
+        self._headers: dict[str, Header] = {}  # read by open()'s recovery, for the catalog
         self._open: _Open | None = None
         self._lock_fd = -1
         self._new_files = False
@@ -148,7 +155,8 @@ class AvroStore:
         if checkpoint is None:  # a new directory: checkpoint "nothing" before any data
             checkpoint = Checkpoint(None)
             ckpt.save(self.checkpoint_path, checkpoint)
-        self.catalog.load()
+        self.catalog.load(self._headers)
+        self._headers = {}
         self._checkpoints = ckpt.CheckpointWriter(self.checkpoint_path, checkpoint)
         for entry in self.catalog.tables.values():
             for info in entry.versions.values():
@@ -242,7 +250,8 @@ class AvroStore:
             with open(path, "r+b") as f:
                 f.truncate(size)
                 os.fsync(f.fileno())
-        if last_valid_end(path, read_header(path), size) != size:
+        header = self._headers[path] = read_header(path)
+        if last_valid_end(path, header, size) != size:
             raise StoreError(f"{path} is corrupt before its checkpointed size {size}")
         self.index.truncate(table, version, size)
 

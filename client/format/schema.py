@@ -59,15 +59,25 @@ _LOGICAL_KINDS = {
 }
 
 
+_KINDS = {kind.value: kind for kind in Kind}  # a dict lookup: Kind(...) is ten times slower
+
+
+def _kind(name: str) -> Kind:
+    try:
+        return _KINDS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"{name!r} is not a type of a stored column") from None
+
+
 def _branch_kind(branch: Any) -> tuple[Kind, int, int]:
     if isinstance(branch, str):
-        return Kind(branch), 0, 0
+        return _kind(branch), 0, 0
     logical = branch.get("logicalType")
     if logical in _LOGICAL_KINDS:
         return _LOGICAL_KINDS[logical], branch.get("precision", 0), branch.get("scale", 0)
     if branch.get("type") == "enum":
         return Kind.ENUM, 0, 0
-    return Kind(branch["type"]), 0, 0
+    return _kind(branch["type"]), 0, 0
 
 
 def field_from_avro(spec: dict[str, Any]) -> Field:
