@@ -18,19 +18,22 @@ rows (``INSERT ... SELECT`` from the SEQUENCE engine, ``UPDATE`` by key range).
    arriving (target p99 <= 100 ms), and every ``--sample`` seconds the service's RSS and
    replication lag, and the latency of the rows committed in that period.
 2. **Catching up**: a second service, started on a new data directory from the oldest binlog
-   once everything is written, replicates all of it. Printed: the C reference
-   (``mariadb-binlog --read-from-remote-server -v`` over the same binlog to /dev/null, row
-   changes/s; the ticks' rows of part 1, under 1 %, are decoded by both and counted by
-   neither); the service's rate from its listener being up until its checkpoint covers
-   the last transaction, and the ratio; its RSS every ``--sample`` seconds with how far it
-   has got; and two JSON clients that ask for ``bench.backlog`` from its start as soon as the
-   service is up, and follow it: records/s each received until the last record, and the
-   service's peak RSS (VmHWM).
+   once everything is written, replicates all of it with nothing else asking anything of it.
+   Printed: the C reference (``mariadb-binlog --read-from-remote-server -v`` over the same
+   binlog to /dev/null, row changes/s; the ticks' rows of part 1, under 1 %, are decoded by
+   both and counted by neither); the service's rate from its listener being up until its
+   checkpoint covers the last transaction, and the ratio; its RSS every ``--sample`` seconds
+   with the transactions stored so far; its peak RSS (VmHWM).
+3. **Clients catching up meanwhile**: a third service catches up the same way, then
+   ``--clients`` clients tail ``bench.ticks2`` under the live writer while two JSON clients
+   read all of ``bench.backlog`` (10 million changes, 12 million records) from its store;
+   printed as part 1, and the records/s each backlog client received.
 
 A live commit made while a service is still catching up is behind the whole backlog in the
-binlog: no reader of that binlog can deliver it before it has read what comes first. Part 1
-measures what live clients see while a backlog is being written; part 2, how fast a backlog
-that is already there is caught up.
+binlog: no reader of that binlog can deliver it before it has read what comes first (part 2's
+time). Part 1 measures what live clients see while a backlog is being written; part 2, how
+fast a backlog that is already there is caught up; part 3, what live clients see while other
+clients catch up on a backlog the service holds.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -135,6 +139,8 @@ class BacklogReader(threading.Thread):
                         raise ConnectionError(f"the stream ended after {self.lines} lines")
                     if not self.first:
                         self.first = time.perf_counter()
+                        if buf.startswith(b"ERR"):
+                            raise RuntimeError(bytes(buf[:n]).decode(errors="replace"))
                     self.lines += buf.count(b"\n", 0, n)
                 self.last = time.perf_counter()
         except (OSError, RuntimeError) as exc:
@@ -145,22 +151,18 @@ class BacklogReader(threading.Thread):
         return self.records / (self.last - self.first) if self.last > self.first else 0.0
 
 
-def catch_up_part(server: EmbeddedMariaDB, changes: int, records: int, every: float) -> None:
+def catch_up_part(server: EmbeddedMariaDB, changes: int, every: float) -> None:
     reference = mariadb_binlog_seconds(server)
     line("mariadb-binlog -v (C reference), row changes/s",
          f"{changes / reference:,.0f} ({reference:.1f} s)")
     target = GtidState.parse(gtid_pos(server))
     with ServiceProcess(server, "backlog-catchup", 9412, "oldest") as service:
         started = time.perf_counter()
-        readers = [BacklogReader(service.port, records) for _ in range(2)]
-        for reader in readers:
-            reader.start()
         next_sample = 0.0
         while True:
             stored = service.stored()
-            done = all(stored.covers(g) for g in target)
             t = time.perf_counter() - started
-            if done:
+            if all(stored.covers(g) for g in target):
                 break
             if t >= next_sample:
                 line(f"  t={t:5.1f} s", f"RSS {service.rss_mib():6.1f} MiB, transactions "
@@ -173,16 +175,28 @@ def catch_up_part(server: EmbeddedMariaDB, changes: int, records: int, every: fl
         line(f"  t={t:5.1f} s", f"RSS {service.rss_mib():6.1f} MiB, caught up")
         line("service: binlog -> durable Avro, row changes/s",
              f"{changes / t:,.0f} ({t:.1f} s from the listener being up)")
-        line("  ratio service / mariadb-binlog (target >= 1.0)", f"{reference / t:.2f}")
-        for i, reader in enumerate(readers):
-            reader.join(600)
-            if reader.error is not None or reader.is_alive():
-                line(f"client {i + 1} reading bench.backlog", f"FAILED: {reader.error}")
-            else:
-                line(f"client {i + 1} reading bench.backlog meanwhile, records/s",
-                     f"{reader.rate:,.0f} ({records:,} records, done "
-                     f"{reader.last - started:.1f} s after the start)")
+        line("  ratio service / mariadb-binlog", f"{reference / t:.2f}")
         line("service peak RSS (VmHWM), MiB", f"{vm_kib(service.pid, 'VmHWM') / 1024:.1f}")
+
+
+def read_backlog(records: int, results: list[BacklogReader]) -> Callable[[int], None]:
+    """The load of part 3: two clients reading the whole backlog from the service's store."""
+    def run(port: int) -> None:
+        results.extend(BacklogReader(port, records) for _ in range(2))
+        for reader in results:
+            reader.start()
+        for reader in results:
+            reader.join(1800)
+    return run
+
+
+def report_readers(readers: list[BacklogReader], records: int) -> None:
+    for i, reader in enumerate(readers):
+        if reader.error is not None or reader.is_alive():
+            line(f"backlog client {i + 1}", f"FAILED: {reader.error or 'not done'}")
+        else:
+            line(f"backlog client {i + 1}: records/s from its first to its last",
+                 f"{reader.rate:,.0f} ({records:,} records in {reader.last - reader.first:.1f} s)")
 
 
 def _sequence(state: GtidState) -> int:
@@ -216,7 +230,7 @@ def main() -> int:
         live = argparse.Namespace(minutes=0.0, seconds=3600.0, clients=args.clients,
                                   rate=args.rate, batch=10, sample=args.sample)
         line("part 1: live clients while the backlog is written", "")
-        latency_part(server, live, load=lambda: written.append(
+        latency_part(server, live, load=lambda _port: written.append(
             write_backlog(server, args.changes)))
         if not written:
             raise RuntimeError("the backlog writer failed (its traceback is above)")
@@ -226,8 +240,14 @@ def main() -> int:
              f"{inserts:,} inserts + {updates:,} updates = {changes:,} row changes in "
              f"{seconds:.1f} s ({changes / seconds:,.0f}/s), binlog "
              f"{binlog_bytes(server) / 1e9:.2f} GB")
-        line("part 2: a new service catching up with all of it", "")
-        catch_up_part(server, changes, inserts + 2 * updates, args.sample)
+        line("part 2: a new service catching up with all of it, alone", "")
+        catch_up_part(server, changes, args.sample)
+        records = inserts + 2 * updates
+        readers: list[BacklogReader] = []
+        line("part 3: clients reading the backlog from the store while others tail", "")
+        latency_part(server, live, load=read_backlog(records, readers), table="bench.ticks2",
+                     start_gtid="oldest")
+        report_readers(readers, records)
     finally:
         server.stop()
         for name in ("listener-latency", "listener-backlog-catchup"):

@@ -37,7 +37,7 @@ from collections.abc import Iterator
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import INSERTS, OUT, line, workload_server
-from cdcserver.app.embedded import EmbeddedMariaDB
+from cdcserver.app.embedded import EmbeddedMariaDB, kill_me_with_my_parent
 from cdcserver.core.config import SourceAddress
 from cdcserver.dump.dumper import DumpOptions, dump_tables
 from cdcserver.dump.files import DumpInfo
@@ -103,7 +103,7 @@ def service_replicating(server: EmbeddedMariaDB, data_dir: str) -> Iterator[None
         [cdcserver, "run", "--source", server.url(), "--data-dir", data_dir, "--listen",
          "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--users-file", users,
          "--server-id", "9300", "--start-gtid", "oldest", "--log-level", "warning"],
-        start_new_session=True)
+        start_new_session=True, preexec_fn=kill_me_with_my_parent)  # no service left behind
     try:
         file, pos = server.query("SHOW MASTER STATUS")[0][:2]
         state = GtidState.parse(str(server.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]))

@@ -28,7 +28,14 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import OUT, ROW_CHANGES, line, peak_rss_mb, workload_server
+from bench.common import (
+    OUT,
+    ROW_CHANGES,
+    announce_code_path,
+    line,
+    peak_rss_mb,
+    workload_server,
+)
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.app.service import Service
 from cdcserver.core.changes import Change
@@ -135,13 +142,14 @@ def main() -> int:
     parser.add_argument("--format", default="databus",
                         choices=("databus", "dip", "debezium", "maxscale"))
     args = parser.parse_args()
+    announce_code_path()
     with workload_server() as server:
         batches = asyncio.run(read_changes(server))
     # The whole workload held in memory is this script's doing (the service streams it):
     # keep the garbage collector from walking it again and again during the timed runs.
     gc.collect()
     gc.freeze()
-    broker = Tansu(OUT)
+    broker = Tansu(OUT, die_with_parent=True)
     broker.start()
     try:
         sink_rates, bare_rates = [], []

@@ -78,8 +78,8 @@ from typing import Any, cast
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import OUT, RECORDS, code_path, line, load_workload
-from cdcserver.app.embedded import EmbeddedMariaDB
+from bench.common import OUT, RECORDS, announce_code_path, line, load_workload
+from cdcserver.app.embedded import EmbeddedMariaDB, kill_me_with_my_parent
 from cdcserver.core.gtid import GtidState
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.checkpoint import covered_state
@@ -118,7 +118,9 @@ class ServiceProcess:
 
     def __enter__(self) -> ServiceProcess:
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(self.args, stdout=log, stderr=log)
+            # killed with this process, even by -9: no service is left behind
+            self.process = subprocess.Popen(self.args, stdout=log, stderr=log,
+                                            preexec_fn=kill_me_with_my_parent)
         deadline = time.monotonic() + 60
         while not self.port:
             found = re.search(r"listening on [\d.]+:(\d+)", self._log())
@@ -365,6 +367,7 @@ def report_problems(service: ServiceProcess) -> None:
 class TickPlan:
     batch: int  # rows per transaction
     tx_per_window: int  # transactions committed per sample period
+    table: str = "bench.ticks"  # the table written and tailed
 
 
 @dataclass
@@ -436,7 +439,7 @@ class TailClient(asyncio.Protocol):
                 return
             assert self.transport is not None
             self.transport.write(b"REGISTER UUID=tail, TYPE=JSON" if self.phase == 0
-                                 else b"REQUEST-DATA bench.ticks")
+                                 else b"REQUEST-DATA " + self.plan.table.encode())
             self.phase += 1
             return
         cut = data.rfind(b"\n") + 1
@@ -555,18 +558,22 @@ async def _clients(port: int, count: int, plan: TickPlan, commits: Any,
 # -- latency under load: the writer, the samples, the figures --------------------------------
 
 def latency_part(server: EmbeddedMariaDB, args: argparse.Namespace,
-                 load: Callable[[], object] | None = None) -> None:
-    """``load``: run in a thread of its own while the writer commits (another workload on
-    the same server); the writer then stops when it ends, or after the run time."""
+                 load: Callable[[int], object] | None = None, table: str = "bench.ticks",
+                 start_gtid: str | None = None) -> None:
+    """``load``: run in a thread of its own while the writer commits, given the service's
+    port (another workload on the same server, or other clients of the service); the writer
+    then stops when it ends, or after the run time. ``start_gtid``: where the service
+    starts (the current position by default), which it catches up from before the clients
+    connect."""
     seconds = args.minutes * 60 if args.minutes else args.seconds
     batch = args.batch
     tx_rate = args.rate / batch
-    plan = TickPlan(batch, max(1, round(tx_rate * args.sample)))
-    start_state = gtid_pos(server)
+    plan = TickPlan(batch, max(1, round(tx_rate * args.sample)), table)
+    start_state = gtid_pos(server) if start_gtid is None else start_gtid
     with ServiceProcess(server, "latency", 9401, start_state) as service:
-        server.execute("CREATE TABLE bench.ticks (id INT AUTO_INCREMENT PRIMARY KEY, "
+        server.execute(f"CREATE TABLE {table} (id INT AUTO_INCREMENT PRIMARY KEY, "
                        "sent BIGINT)",
-                       f"INSERT INTO bench.ticks VALUES ({SEED_ID}, {time.time_ns()})")
+                       f"INSERT INTO {table} VALUES ({SEED_ID}, {time.time_ns()})")
         seeded = GtidState.parse(gtid_pos(server))
         service.wait_covers(seeded)
         idle_rss = service.rss_mib()
@@ -586,7 +593,7 @@ def latency_part(server: EmbeddedMariaDB, args: argparse.Namespace,
         try:
             for pipe in pipes:
                 _expect(pipe, "ready", 180)
-            line(f"latency: {args.clients} JSON clients tailing bench.ticks",
+            line(f"latency: {args.clients} JSON clients tailing {table}",
                  f"writer {args.rate:,} rows/s as {tx_rate:,.0f} transactions/s of "
                  f"{batch} rows, {seconds:,.0f} s")
             line("service RSS before the clients connected, MiB", f"{idle_rss:.1f}")
@@ -600,8 +607,9 @@ def latency_part(server: EmbeddedMariaDB, args: argparse.Namespace,
             sampler.start()
             loaded = threading.Event()
             if load is not None:
-                threading.Thread(target=_run_then_set, args=(load, loaded), daemon=True).start()
-            written = write_ticks(server, commits, batch, tx_rate, seconds,
+                threading.Thread(target=_run_then_set, args=(load, service.port, loaded),
+                                 daemon=True).start()
+            written = write_ticks(server, commits, plan, tx_rate, seconds,
                                   loaded if load is not None else None)
             wrote_for = time.monotonic() - started
             cpu = service.cpu_seconds() - cpu_start
@@ -624,9 +632,9 @@ def latency_part(server: EmbeddedMariaDB, args: argparse.Namespace,
     report_problems(service)  # once it has stopped
 
 
-def _run_then_set(work: Callable[[], object], done: threading.Event) -> None:
+def _run_then_set(work: Callable[[int], object], port: int, done: threading.Event) -> None:
     try:
-        work()
+        work(port)
     finally:
         done.set()
 
@@ -640,9 +648,9 @@ def _expect(pipe: Connection, kind: str, timeout: float) -> Any:
     return message[1]
 
 
-def write_ticks(server: EmbeddedMariaDB, commits: Any, batch: int, tx_rate: float,
+def write_ticks(server: EmbeddedMariaDB, commits: Any, plan: TickPlan, tx_rate: float,
                 seconds: float, until: threading.Event | None = None) -> int:
-    """Transactions of ``batch`` rows on a fixed schedule, for ``seconds`` or until ``until``
+    """Transactions of ``plan.batch`` rows on a fixed schedule, for ``seconds`` or until ``until``
     is set; ``commits[k]`` is the monotonic clock when transaction k's COMMIT returned.
     Returns the number committed."""
     conn = server.connect()
@@ -657,9 +665,9 @@ def write_ticks(server: EmbeddedMariaDB, commits: Any, batch: int, tx_rate: floa
             delay = start + tx * interval - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            first, sent = FIRST_ID + tx * batch, time.time_ns()
-            cur.execute("INSERT INTO bench.ticks (id, sent) VALUES " +
-                        ",".join(f"({i},{sent})" for i in range(first, first + batch)))
+            first, sent = FIRST_ID + tx * plan.batch, time.time_ns()
+            cur.execute(f"INSERT INTO {plan.table} (id, sent) VALUES " +
+                        ",".join(f"({i},{sent})" for i in range(first, first + plan.batch)))
             conn.commit()
             commits[tx] = time.monotonic_ns()
     return total
@@ -797,7 +805,7 @@ def main() -> int:
     args = parser.parse_args()
     os.makedirs(OUT, exist_ok=True)
     UsersFile(USERS).add(USER, PASSWORD)
-    line("code path", code_path())
+    announce_code_path()
     with private_server(workload=args.only != "latency") as server:
         if args.only != "latency":
             bulk_parts(server, args)

