@@ -1,7 +1,9 @@
 """Builds the optional C extensions (binlog rows to Avro: cdcserver/store/_transcode.pyx;
 Avro blocks to JSON lines: cdcserver/protocol/_jsonlines.pyx; a dump's result rows to its row
-form: cdcserver/dump/_rawrows.pyx); everything else is in
-pyproject.toml. Without a C compiler the build goes on without them and the service takes its
+form: cdcserver/dump/_rawrows.pyx; on Spark executors, Avro blocks to Arrow buffers:
+client/spark/_avroarrow.pyx, which imports as mariadb_cdc_client.spark._avroarrow, the
+package-dir mapping of pyproject.toml); everything else is in pyproject.toml. Without a C
+compiler the build goes on without them and the service and the Spark source take their
 pure-Python paths."""
 
 from Cython.Build import cythonize
@@ -12,7 +14,9 @@ extensions = cythonize(
                optional=True),
      Extension("cdcserver.protocol._jsonlines", ["cdcserver/protocol/_jsonlines.pyx"],
                optional=True),
-     Extension("cdcserver.dump._rawrows", ["cdcserver/dump/_rawrows.pyx"], optional=True)],
+     Extension("cdcserver.dump._rawrows", ["cdcserver/dump/_rawrows.pyx"], optional=True),
+     Extension("mariadb_cdc_client.spark._avroarrow", ["client/spark/_avroarrow.pyx"],
+               optional=True)],
     compiler_directives={"language_level": "3"},
 )
 for extension in extensions:

@@ -7,18 +7,27 @@ call (dates, timestamps and TIME durations take the integers as they are; decima
 assembled into 128-bit buffers; text is checked as UTF-8 a column at a time), and Spark takes
 the batch without looking at a single row again. That is what lets a partition run at the
 speed of the decoder instead of the per-row path of Python data sources.
+
+That Python path makes a dict per record and a Python object per value, which is most of an
+executor's time. Where the compiled decoder (``_avroarrow.pyx``) is built, it reads the blocks
+straight into the Arrow buffers of the same arrays instead, and hands back to the Python path
+any chunk (or version) where the two could differ, so both give the same batches and the same
+errors. ``CDC_PURE_PYTHON`` set in the executors' environment keeps them on the Python path.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 from collections.abc import Callable
 from decimal import Decimal
+from functools import reduce
 from typing import Any, cast
 
 import fastavro
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import DataType, DecimalType, StringType, StructType
 
@@ -35,6 +44,13 @@ from mariadb_cdc_client.format.names import table_ref
 from mariadb_cdc_client.format.schema import Field, Kind, fields_from_schema, parse_time
 from mariadb_cdc_client.ranges import Blocks, Trim
 from mariadb_cdc_client.spark.types import invalid_date
+
+try:  # the compiled decoder (client/spark/_avroarrow.pyx): the same batches, several times faster
+    from mariadb_cdc_client.spark import _avroarrow  # type: ignore[attr-defined]
+except ImportError:  # built without a compiler: the Python path only
+    _avroarrow = None
+if os.environ.get("CDC_PURE_PYTHON"):  # to measure or test the Python path
+    _avroarrow = None
 
 Records = list[dict[str, Any]]
 Values = tuple[Any, ...]  # one column's values
@@ -88,18 +104,40 @@ class BatchMaker:
                 self._columns.append((self._read.index(field.name),
                                       _column(field, target.dataType, arrow_field.type,
                                               zero_dates)))
+        targets = {target.name: (target.dataType, arrow_field.type)
+                   for target, arrow_field in zip(schema.fields, self.arrow_schema, strict=True)}
+        self._compiled = compiled_decoder(avsc, targets, zero_dates)
 
     def __call__(self, blocks: Blocks, trim: Trim) -> pa.RecordBatch | None:
-        records = decode(self._header + self._plain(blocks.data))
+        data = self._plain(blocks.data)
+        stored = None if self._compiled is None else self._compiled.decode(data, self._sync)
+        if stored is None:  # no compiled decoder, or it leaves this chunk to the Python path
+            return self._python_batch(data, trim)
+        return self._compiled_batch(stored, trim)
+
+    def _python_batch(self, data: bytes, trim: Trim) -> pa.RecordBatch | None:
+        """The batch of the records cavro (or fastavro) decodes, a column per pa.array."""
+        records = decode(self._header + data)
         if trim:
             records = [r for r in records if trim.keeps(r)]
         if not records:
             return None
         # one C-level pass turns the records into one tuple of values per stored field
         stored = list(zip(*map(dict.values, records), strict=True))
-        empty: tuple[Any, ...] = (None,) * len(records)
+        empty: Values = (None,) * len(records)
         return pa.RecordBatch.from_arrays(
             [build(empty if i is None else stored[i]) for i, build in self._columns],
+            schema=self.arrow_schema)
+
+    def _compiled_batch(self, stored: list[pa.Array], trim: Trim) -> pa.RecordBatch | None:
+        """The batch of the stored fields' arrays the compiled decoder made."""
+        if trim:
+            stored = _trimmed(stored, self._read, trim)
+        if not len(stored[0]):
+            return None
+        empty: Values = (None,) * len(stored[0])  # the rows of the constant and null columns
+        return pa.RecordBatch.from_arrays(
+            [build(empty) if i is None else stored[i] for i, build in self._columns],
             schema=self.arrow_schema)
 
 
@@ -140,6 +178,147 @@ def _decoder() -> Callable[[bytes], Records]:
 
 
 decode = _decoder()
+
+
+def decoder_path() -> str:
+    """Which decoder turns blocks into batches in this interpreter (the benchmark says which
+    it measured)."""
+    if _avroarrow is not None:
+        return "compiled (Avro blocks to Arrow buffers in C)"
+    python = "cavro" if decode is _decode_cavro else "fastavro"
+    return f"Python ({python}, then pa.array per column)"
+
+
+def _trimmed(stored: list[pa.Array], names: list[str], trim: Trim) -> list[pa.Array]:
+    """The arrays without the records ``trim`` drops: :meth:`Trim.keeps`, a column at a time."""
+    meta = {name: stored[names.index(name)]
+            for name in ("domain", "server_id", "sequence", "event_number")}
+    dropped = []
+    for cut, outside in ((trim.skip, pc.less_equal), (trim.stop, pc.greater)):
+        if cut is None:
+            continue
+        tests = [pc.equal(meta["domain"], cut[0]), pc.equal(meta["sequence"], cut[2]),
+                 outside(meta["event_number"], cut[3])]
+        if cut[1] is not None:
+            tests.append(pc.equal(meta["server_id"], cut[1]))
+        dropped.append(reduce(pc.and_, tests))
+    keep = pc.invert(reduce(pc.or_, dropped))
+    if pc.all(keep).as_py():
+        return stored
+    return [array.filter(keep) for array in stored]
+
+
+# -- the compiled decoder's program ------------------------------------------------------
+
+# Operations, union shapes and string-branch rules of _avroarrow.pyx (its enums; keep in step).
+_C_INT32, _C_INT64, _C_FLOAT32, _C_FLOAT64_OF_FLOAT, _C_FLOAT64 = 1, 2, 3, 4, 5
+_C_BOOLEAN, _C_BINARY, _C_UTF8, _C_ENUM = 6, 7, 8, 9
+_C_DECIMAL, _C_INT_DECIMAL, _C_NULL, _C_VALUES = 10, 11, 12, 13
+_PLAIN, _NULLABLE, _WITH_TEXT = 0, 1, 2
+_TEXT_REFUSED, _TEXT_NULL, _TEXT_TIME = 0, 1, 2
+_MAX_POWER = 38  # the widest rescaling of a decimal: 10 ** 38 still fits an int128
+
+Step = tuple[int, int, int, int, pa.DataType, Any]  # op, shape, text, power, type, extra
+
+# The operation building a kind's values as the Arrow type the query reads them as.
+_C_OPS: dict[tuple[Kind, pa.DataType], int] = {
+    (Kind.INT, pa.int32()): _C_INT32, (Kind.INT, pa.int64()): _C_INT64,
+    (Kind.LONG, pa.int64()): _C_INT64, (Kind.DATE, pa.date32()): _C_INT32,
+    (Kind.DATETIME, pa.timestamp("us")): _C_INT64,
+    (Kind.TIMESTAMP, pa.timestamp("us", tz="UTC")): _C_INT64,
+    (Kind.TIME, pa.duration("us")): _C_INT64,
+    (Kind.FLOAT, pa.float32()): _C_FLOAT32, (Kind.FLOAT, pa.float64()): _C_FLOAT64_OF_FLOAT,
+    (Kind.DOUBLE, pa.float64()): _C_FLOAT64, (Kind.BOOLEAN, pa.bool_()): _C_BOOLEAN,
+    (Kind.BYTES, pa.binary()): _C_BINARY, (Kind.STRING, pa.string()): _C_UTF8,
+    (Kind.UUID, pa.string()): _C_UTF8,
+}
+# Logical types whose Avro type the kind alone does not fix (decimal may annotate fixed,
+# uuid fixed(16)): the compiled decoder reads the store's.
+_PHYSICAL = {Kind.DECIMAL: "bytes", Kind.UUID: "string"}
+
+
+def compiled_decoder(avsc: dict[str, Any], targets: dict[str, tuple[DataType, pa.DataType]],
+                     zero_dates: str) -> Any:
+    """The compiled decoder of this version's blocks into the arrays of the query's types
+    (``targets``: Spark and Arrow type by field name). None without the extension, with
+    ``CDC_PURE_PYTHON`` set, or when a field is one it does not take."""
+    if _avroarrow is None:
+        return None
+    program: list[Step] = []
+    for field, spec in zip(fields_from_schema(avsc), avsc["fields"], strict=True):
+        if field.name not in targets:
+            return None
+        step = _compiled_step(field, spec["type"], *targets[field.name], zero_dates)
+        if step is None:
+            return None
+        program.append(step)
+    return _avroarrow.BlockDecoder(program)
+
+
+def _compiled_step(field: Field, avro_type: Any, target: DataType, arrow_type: pa.DataType,
+                   zero_dates: str) -> Step | None:
+    shape = _union_shape(avro_type, field.kind)
+    value_type = _value_type(avro_type)
+    physical = _PHYSICAL.get(field.kind)
+    if shape is None or (physical is not None and _physical_type(value_type) != physical):
+        return None
+    op = _compiled_op(field, value_type, target, arrow_type)
+    if op is None:
+        return None
+    text = _text_rule(field, zero_dates) if shape == _WITH_TEXT else _TEXT_REFUSED
+    return op[0], shape, text, op[1], arrow_type, op[2]
+
+
+def _union_shape(avro_type: Any, kind: Kind) -> int | None:
+    """The shapes the store writes: a plain type (the metadata), ["null", T] (["null"] for a
+    NULL column) and ["null", T, "string"] (temporal columns); None for any other."""
+    if not isinstance(avro_type, list):
+        return None if kind == Kind.NULL else _PLAIN
+    if not avro_type or avro_type[0] != "null" or len(avro_type) > 3:
+        return None
+    if len(avro_type) <= 2:
+        return _NULLABLE
+    return _WITH_TEXT if avro_type[2] == "string" else None
+
+
+def _value_type(avro_type: Any) -> Any:
+    """The type of a field's values: its union's first branch that is not null."""
+    branches = avro_type if isinstance(avro_type, list) else [avro_type]
+    return next((b for b in branches if b != "null"), "null")
+
+
+def _physical_type(value_type: Any) -> Any:
+    return value_type.get("type") if isinstance(value_type, dict) else value_type
+
+
+def _compiled_op(field: Field, value_type: Any, target: DataType, arrow_type: pa.DataType
+                 ) -> tuple[int, int, Any] | None:
+    """(operation, power of ten, extra) of a field the compiled decoder takes, else None."""
+    if field.kind == Kind.NULL:
+        return _C_NULL, 0, None
+    if isinstance(target, DecimalType):
+        if field.kind not in (Kind.DECIMAL, Kind.INT, Kind.LONG):
+            return None
+        power = target.scale - (field.scale if field.kind == Kind.DECIMAL else 0)
+        if not 0 <= power <= _MAX_POWER:
+            return None
+        return (_C_DECIMAL if field.kind == Kind.DECIMAL else _C_INT_DECIMAL), power, None
+    if isinstance(target, StringType) and field.kind == Kind.DECIMAL:
+        return _C_VALUES, 0, _decimal_text_column(field)  # Python makes the exact text
+    if field.kind == Kind.ENUM and arrow_type == pa.string():
+        return _C_ENUM, 0, tuple(symbol.encode() for symbol in value_type["symbols"])
+    op = _C_OPS.get((field.kind, arrow_type))
+    return None if op is None else (op, 0, None)
+
+
+def _text_rule(field: Field, zero_dates: str) -> int:
+    """What the compiled decoder makes of a temporal column's string branch (the rest it
+    leaves to the Python path: ZeroDateError)."""
+    if field.kind == Kind.TIME:
+        return _TEXT_TIME
+    if field.kind in _DATES and zero_dates == "null":
+        return _TEXT_NULL
+    return _TEXT_REFUSED
 
 
 def _constant(value: Any, arrow_type: pa.DataType) -> Column:

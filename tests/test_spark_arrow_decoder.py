@@ -1,0 +1,437 @@
+"""The compiled Avro-to-Arrow decoder (client/spark/_avroarrow.pyx) against the Python path it
+replaces (cavro, then pa.array per column): the same blocks must give equal record batches, or
+the same error. The table has a column of every type the store writes (its schema comes from
+the store's own type mapping), edge values, NULLs and a few hundred random rows, in every
+block codec; then the query types wider than a version's, trims, zero dates, TIME text, and
+the data the compiled decoder must hand back to Python (invalid UTF-8, out-of-range values,
+broken framing). Pure functions over bytes: no service or Spark session needed."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+import random
+import struct
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+import fastavro
+import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from cdcserver.core.changes import ColumnDef, TableLayout
+from cdcserver.mariadb.constants import ColumnType as T
+from cdcserver.store.avrofile import compress
+from cdcserver.store.schema import TableSchema
+from mariadb_cdc_client.format.avro import (
+    SYNC_SIZE,
+    block_at,
+    container_header,
+    parse_header,
+    write_varint,
+)
+from mariadb_cdc_client.ranges import Blocks, Trim
+from mariadb_cdc_client.spark import arrow
+from mariadb_cdc_client.spark.types import ZeroDateError, table_schema
+
+try:
+    _avroarrow = importlib.import_module("mariadb_cdc_client.spark._avroarrow")
+except ImportError:
+    _avroarrow = None
+
+CODECS = ["null", "deflate", "snappy", "zstandard"]
+EVENT_TYPES = ["insert", "update_before", "update_after", "delete"]
+DAY_MICROS = 86_400_000_000
+# DATE's days and DATETIME's microseconds from 1000-01-01 to 9999-12-31
+DAYS = (-354_285, 2_932_896)
+MICROS = (DAYS[0] * DAY_MICROS, (DAYS[1] + 1) * DAY_MICROS - 1)
+
+
+def _utf8(rng: random.Random) -> bytes:
+    return rng.choice([b"", b"a", "ä€🎉".encode(), ("é" * 40).encode(),
+                       bytes(rng.choice(range(32, 127)) for _ in range(rng.randint(1, 60)))])
+
+
+def _raw(rng: random.Random) -> bytes:
+    return rng.choice([b"", b"\x00\xff", rng.randbytes(rng.randint(1, 40))])
+
+
+def _decimal(digits: int) -> Callable[[random.Random], bytes]:
+    """Unscaled values of up to ``digits`` digits, as the store writes them: big-endian two's
+    complement in the fewest bytes."""
+    def value(rng: random.Random) -> bytes:
+        unscaled = rng.choice([0, -1, 10 ** digits - 1, -(10 ** digits - 1),
+                               rng.randint(-(10 ** digits - 1), 10 ** digits - 1)])
+        return unscaled.to_bytes(unscaled.bit_length() // 8 + 1, "big", signed=True)
+    return value
+
+
+def _float32(rng: random.Random) -> float:
+    value = rng.choice([0.0, -0.0, 1.5, -3.4028234663852886e38, 3.4028234663852886e38,
+                        1.17549435e-38, rng.uniform(-1e6, 1e6)])
+    return float(struct.unpack("<f", struct.pack("<f", value))[0])
+
+
+def _either(number: Callable[[random.Random], int], texts: list[bytes]
+            ) -> Callable[[random.Random], int | bytes]:
+    """A temporal column's values: mostly its logical type's, sometimes MariaDB's text."""
+    return lambda rng: rng.choice(texts) if rng.random() < 0.2 else number(rng)
+
+
+# (column, a random stored value): every binlog type the store maps, the Avro value raw (as
+# Python writes it under the plain schema: strings and decimals as bytes, temporals as numbers)
+COLUMNS: list[tuple[ColumnDef, Callable[[random.Random], Any]]] = [
+    (ColumnDef("ti", T.TINY), lambda r: r.choice([-128, 127, r.randint(-128, 127)])),
+    (ColumnDef("tiu", T.TINY, unsigned=True), lambda r: r.randint(0, 255)),
+    (ColumnDef("si", T.SHORT), lambda r: r.randint(-32768, 32767)),
+    (ColumnDef("mi", T.INT24), lambda r: r.randint(-8388608, 8388607)),
+    (ColumnDef("i", T.LONG), lambda r: r.choice([-2**31, 2**31 - 1, r.randint(-9, 9)])),
+    (ColumnDef("iu", T.LONG, unsigned=True), lambda r: r.choice([0, 2**32 - 1])),
+    (ColumnDef("bi", T.LONGLONG), lambda r: r.choice([-2**63, 2**63 - 1, r.randint(-9, 9)])),
+    (ColumnDef("biu", T.LONGLONG, unsigned=True), _decimal(20)),
+    (ColumnDef("f", T.FLOAT), _float32),
+    (ColumnDef("db", T.DOUBLE), lambda r: r.choice([5e-324, -1.7976931348623157e308,
+                                                     r.uniform(-1e9, 1e9)])),
+    (ColumnDef("d2", T.NEWDECIMAL, meta=(10 << 8) | 2), _decimal(10)),
+    (ColumnDef("d38", T.NEWDECIMAL, meta=(38 << 8) | 10), _decimal(38)),
+    (ColumnDef("d65", T.NEWDECIMAL, meta=(65 << 8) | 30), _decimal(65)),  # Spark: string
+    (ColumnDef("yr", T.YEAR), lambda r: r.choice([0, 1901, 2155])),
+    (ColumnDef("b1", T.BIT, meta=1), lambda r: r.random() < 0.5),
+    (ColumnDef("b7", T.BIT, meta=7), lambda r: r.randint(0, 127)),
+    (ColumnDef("b64", T.BIT, meta=8 << 8), _decimal(20)),
+    (ColumnDef("dt", T.DATE), _either(lambda r: r.randint(*DAYS),
+                                      [b"0000-00-00", b"2020-00-00"])),
+    (ColumnDef("tm", T.TIME2, meta=6), _either(
+        lambda r: r.randint(0, DAY_MICROS - 1),
+        [b"-838:59:59", b"838:59:59.999999", b"-00:00:00.001", b"100:00:00.5", b"24:00:00"])),
+    (ColumnDef("dtm", T.DATETIME2, meta=6), _either(
+        lambda r: r.randint(*MICROS), [b"0000-00-00 00:00:00", b"2020-00-00 00:00:00.000"])),
+    (ColumnDef("ts", T.TIMESTAMP2, meta=3), _either(
+        lambda r: r.randint(0, 2**31 * 1_000_000), [b"0000-00-00 00:00:00"])),
+    (ColumnDef("e", T.ENUM, charset="utf-8", enum_values=("a", "c d")), _utf8),
+    (ColumnDef("st", T.SET, charset="utf-8", set_values=("x", "y")), _utf8),
+    (ColumnDef("c", T.STRING, meta=40, charset="utf-8"), _utf8),
+    (ColumnDef("vc", T.VARCHAR, meta=400, charset="utf-8"), _utf8),
+    (ColumnDef("tx", T.BLOB, meta=2, charset="utf-8"), _utf8),
+    (ColumnDef("bn", T.STRING, meta=4), _raw),
+    (ColumnDef("vb", T.VARCHAR, meta=10), _raw),
+    (ColumnDef("bl", T.BLOB, meta=2), _raw),
+    (ColumnDef("g", T.GEOMETRY, meta=4), _raw),
+    (ColumnDef("j", T.JSON, meta=4, charset="utf-8", extended="json"), _utf8),
+    (ColumnDef("i4", T.STRING, meta=4, extended="inet4"), lambda r: b"10.0.0.1"),
+    (ColumnDef("i6", T.STRING, meta=16, extended="inet6"), lambda r: b"::1"),
+    (ColumnDef("u", T.STRING, meta=16, extended="uuid"),
+     lambda r: str(uuid.UUID(int=r.getrandbits(128))).encode()),
+    (ColumnDef("n", T.NULL), lambda r: None),
+]
+
+
+def _avsc(columns: list[ColumnDef], version: int = 1) -> dict[str, Any]:
+    layout = TableLayout("db", "t", tuple(columns), primary_key=(0,))
+    return TableSchema.from_layout(layout, version, "0-1-1").avsc
+
+
+AVSC = _avsc([c for c, _ in COLUMNS])
+
+
+def _metadata(i: int, sequence: int | None = None) -> dict[str, Any]:
+    return {"domain": 0, "server_id": 1 + i % 2, "sequence": 10 + i // 4 if sequence is None
+            else sequence, "event_number": 1 + i % 4, "timestamp": 1_700_000_000 + i,
+            "event_type": EVENT_TYPES[i % 4]}
+
+
+def _records(count: int = 400, seed: int = 20261125) -> list[dict[str, Any]]:
+    """Random records of every column: each value NULL one time in five, and a row of NULLs."""
+    rng = random.Random(seed)
+    records = []
+    for i in range(count):
+        values = {c.name: None if i == 0 or rng.random() < 0.2 else make(rng)
+                  for c, make in COLUMNS}
+        records.append({**_metadata(i), **values})
+    return records
+
+
+def _blocks(avsc: dict[str, Any], records: list[dict[str, Any]], codec: str = "null",
+            sync_interval: int = 4000) -> tuple[Any, Blocks]:
+    """``records`` written under the plain schema (the encoding is the stored one), in
+    blocks of about ``sync_interval`` bytes, compressed the way the store does."""
+    out = io.BytesIO()
+    plain_schema = fastavro.parse_schema(_ints_as_longs(arrow.plain_reader_schema(avsc)))
+    fastavro.writer(out, plain_schema, records, sync_interval=sync_interval)
+    data = out.getvalue()
+    written = parse_header(data)
+    body, pos = bytearray(), written.size
+    while (block := block_at(data, pos, written.sync)) is not None:
+        count, start, pos = block
+        packed = compress(codec, data[start:pos - SYNC_SIZE])
+        body += write_varint(count) + write_varint(len(packed)) + packed + written.sync
+    header = parse_header(container_header(written.schema_json, codec, written.sync))
+    return header, Blocks(bytes(body), len(records))
+
+
+def _ints_as_longs(schema: Any) -> Any:
+    """The same encoding (an Avro int is a long's varint), so that values beyond 32 bits
+    can be written where the store never would."""
+    if schema == "int":
+        return "long"
+    if isinstance(schema, list):
+        return [_ints_as_longs(branch) for branch in schema]
+    if isinstance(schema, dict) and schema.get("type") == "record":
+        return {**schema, "fields": [{**f, "type": _ints_as_longs(f["type"])}
+                                     for f in schema["fields"]]}
+    if isinstance(schema, dict):
+        return {**schema, "type": _ints_as_longs(schema["type"])}
+    return schema
+
+
+def _python_fell_back(container: bytes) -> arrow.Records:
+    raise AssertionError("the compiled decoder handed this chunk to the Python path")
+
+
+def _make(schema: Any, avsc: dict[str, Any], header: Any, blocks: Blocks, trim: Trim,
+          zero_dates: str, compiled: bool, fallback: bool) -> pa.RecordBatch | None:
+    """One batch by the compiled decoder (``fallback``: it may hand the chunk to Python)
+    or by the Python path alone."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(arrow, "_avroarrow", _avroarrow if compiled else None)
+        if compiled and not fallback:
+            patch.setattr(arrow, "decode", _python_fell_back)
+        maker = arrow.BatchMaker(schema, avsc, header, zero_dates)
+        assert (maker._compiled is not None) == compiled
+        return maker(blocks, trim)
+
+
+def _both(avsc: dict[str, Any], records: list[dict[str, Any]], *, schema: Any = None,
+          codec: str = "null", trim: Trim | None = None, zero_dates: str = "null",
+          fallback: bool = False) -> tuple[Any, Any]:
+    """What each path makes of the same blocks: a batch (or None), or the error raised."""
+    header, blocks = _blocks(avsc, records, codec)
+    schema = schema or table_schema([avsc])
+    trim = trim or Trim()
+    compiled, python = (_outcome(lambda c=c: _make(schema, avsc, header, blocks, trim,
+                                                   zero_dates, c, fallback))
+                        for c in (True, False))
+    return compiled, python
+
+
+def _outcome(make: Callable[[], Any]) -> Any:
+    try:
+        return make()
+    except AssertionError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - both paths must raise the same
+        return (type(exc), str(exc))
+
+
+def _assert_equal(compiled: Any, python: Any) -> None:
+    if isinstance(python, pa.RecordBatch):
+        assert isinstance(compiled, pa.RecordBatch), compiled
+        assert compiled.schema == python.schema
+        for name in python.schema.names:
+            assert compiled.column(name).equals(python.column(name)), name
+        assert compiled.equals(python)
+    else:
+        assert compiled == python
+
+
+@pytest.fixture(autouse=True)
+def _built() -> None:
+    assert _avroarrow is not None, "the C extension was not built (is a C compiler missing?)"
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_every_stored_type_decodes_to_the_same_batch(codec: str) -> None:
+    records = _records()
+    compiled, python = _both(AVSC, records, codec=codec)
+    _assert_equal(compiled, python)
+    assert python.num_rows == len(records)
+    assert python.column("n").null_count == len(records)
+    assert python.column("dt").null_count > python.column("i").null_count  # zero dates
+
+
+def test_records_split_into_blocks_of_one_decode_the_same() -> None:
+    header, blocks = _blocks(AVSC, _records(50), sync_interval=1)
+    schema = table_schema([AVSC])
+    compiled, python = (_make(schema, AVSC, header, blocks, Trim(), "null", c, False)
+                        for c in (True, False))
+    _assert_equal(compiled, python)
+
+
+def test_a_query_type_wider_than_the_versions_is_filled_the_same_way() -> None:
+    """INT read as BIGINT, FLOAT as DOUBLE, DECIMAL(10,2) as DECIMAL(12,4), INT as a decimal,
+    a column the version lacks; then the other version into the same schema."""
+    old = _avsc([ColumnDef("id", T.LONG), ColumnDef("f", T.FLOAT),
+                 ColumnDef("d", T.NEWDECIMAL, meta=(10 << 8) | 2), ColumnDef("x", T.LONG),
+                 ColumnDef("gone", T.VARCHAR, meta=10, charset="utf-8")])
+    new = _avsc([ColumnDef("id", T.LONGLONG), ColumnDef("f", T.DOUBLE),
+                 ColumnDef("d", T.NEWDECIMAL, meta=(12 << 8) | 4),
+                 ColumnDef("x", T.NEWDECIMAL, meta=(10 << 8) | 2),
+                 ColumnDef("added", T.DATE)], version=2)
+    schema = table_schema([old, new])
+    assert {f.name: f.dataType.simpleString() for f in schema.fields[8:]} == {
+        "id": "bigint", "f": "double", "d": "decimal(12,4)", "x": "decimal(21,2)",
+        "gone": "string", "added": "date"}
+    rng = random.Random(7)
+    old_rows = [{**_metadata(i), "id": rng.randint(-2**31, 2**31 - 1), "f": _float32(rng),
+                 "d": _decimal(10)(rng), "x": rng.randint(-2**31, 2**31 - 1),
+                 "gone": None if i % 3 else b"g"} for i in range(200)]
+    new_rows = [{**_metadata(i), "id": rng.randint(-2**63, 2**63 - 1),
+                 "f": rng.uniform(-1e300, 1e300), "d": _decimal(12)(rng),
+                 "x": _decimal(10)(rng), "added": rng.randint(*DAYS)} for i in range(200)]
+    for avsc, rows in ((old, old_rows), (new, new_rows)):
+        compiled, python = _both(avsc, rows, schema=schema)
+        _assert_equal(compiled, python)
+    assert python.column("gone").null_count == 200
+
+
+@pytest.mark.parametrize("trim", [
+    Trim(skip=(0, None, 12, 2)), Trim(stop=(0, None, 30, 1)), Trim(skip=(0, 2, 11, 3)),
+    Trim(skip=(0, None, 10, 4), stop=(0, 1, 99, 0)), Trim(skip=(1, None, 10, 9)),
+    Trim(stop=(0, None, 10, 0))])
+def test_trims_drop_the_same_records(trim: Trim) -> None:
+    """Records of four events per transaction, cut at either end, by GTID with or without its
+    server id; nothing dropped; everything dropped (then no batch at all)."""
+    records = [{**r, "domain": 0} for r in _records(120)]
+    _assert_equal(*_both(AVSC, records, trim=trim))
+
+
+def test_everything_trimmed_gives_no_batch_on_both_paths() -> None:
+    records = _records(40)
+    trim = Trim(stop=(0, None, records[0]["sequence"], 0))
+    records = [{**r, "sequence": records[0]["sequence"]} for r in records]
+    assert _both(AVSC, records, trim=trim) == (None, None)
+
+
+def _valid_dates() -> list[dict[str, Any]]:
+    return [{**r, "dt": 19_000, "dtm": 0, "ts": None} for r in _records(30)]
+
+
+def test_zero_dates_are_refused_the_same_way() -> None:
+    records = _valid_dates()
+    records[7] = {**records[7], "dtm": b"0000-00-00 00:00:00"}
+    compiled, python = _both(AVSC, records, zero_dates="error", fallback=True)
+    assert python[0] is ZeroDateError
+    assert "'0000-00-00 00:00:00' is not a valid date" in python[1]
+    assert compiled == python
+
+
+def test_with_zero_dates_refused_the_compiled_decoder_still_takes_chunks_without_any() -> None:
+    _assert_equal(*_both(AVSC, _valid_dates(), zero_dates="error"))
+
+
+@pytest.mark.parametrize("text", [b" 1:00:00", b"--1:00:00", b"1:00:00.", b"1:00",
+                                  b"1:100:00", b"+1:00:00", b"1:00:00.1234567", b"\xff"])
+def test_time_text_the_compiled_decoder_does_not_read_is_read_by_python(text: bytes) -> None:
+    """parse_time reads (or rejects) TIME text beyond MariaDB's own forms: the compiled
+    decoder hands those chunks back, so the outcome is parse_time's."""
+    records = _records(30)
+    records[3] = {**records[3], "tm": text}
+    _assert_equal(*_both(AVSC, records, fallback=True))
+
+
+@pytest.mark.parametrize("column", ["vc", "j", "u", "dt"])
+@pytest.mark.parametrize("invalid", [
+    b"\xff", b"a\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe2\x82", b"ok \xf0\x9f\x8e",
+    b"a" * 40 + b"\xff", ("é" * 9).encode() + b"\xed\xa0\x80" + b"b" * 20,
+    b"x" * 17 + "€".encode()[:2]])
+def test_invalid_utf8_is_refused_the_same_way(column: str, invalid: bytes) -> None:
+    """Invalid text in a string column (Arrow's UTF-8 check) or in a zero date's branch
+    (Python's decode): the compiled decoder hands the chunk back, Python raises."""
+    records = _records(30)
+    records[5] = {**records[5], column: invalid}
+    compiled, python = _both(AVSC, records, fallback=True)
+    assert isinstance(python, tuple), "the Python path took invalid UTF-8"
+    assert compiled == python
+    header, blocks = _blocks(AVSC, records)
+    decoder = arrow.compiled_decoder(AVSC, _targets(AVSC), "null")
+    assert decoder.decode(blocks.data, header.sync) is None
+
+
+def _targets(avsc: dict[str, Any]) -> dict[str, tuple[Any, pa.DataType]]:
+    """The query types of a read of ``avsc`` alone, Spark's and Arrow's, by column."""
+    schema = table_schema([avsc])
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    return {f.name: (f.dataType, a.type)
+            for f, a in zip(schema.fields, arrow_schema, strict=True)}
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ("d38", (2**127).to_bytes(17, "big", signed=True)),   # beyond the decimal128
+    ("d38", (-(2**127)).to_bytes(17, "big", signed=True)),  # the int128's least: fits
+    ("d2", (10**30).to_bytes(13, "big", signed=True)),    # beyond its precision: both keep it
+    ("d2", b"\x00" * 20 + b"\x01"),                        # sign extension past 16 bytes
+    ("d2", b""),                                            # int.from_bytes(b""): 0
+    ("biu", b"\xff" * 9),                                   # -1 in nine bytes
+    ("i", 2**31), ("ti", -(2**31) - 1), ("dt", 2**40),      # an Avro int beyond 32 bits
+])
+def test_values_beyond_their_columns_range_give_the_same_outcome(column: str, value: Any) -> None:
+    records = _records(30)
+    records[2] = {**records[2], column: value}
+    _assert_equal(*_both(AVSC, records, fallback=True))
+
+
+def test_long_varints_at_the_end_of_a_block_decode_the_same() -> None:
+    """Blocks of one record that end in a BIGINT: its varint of up to ten bytes is read
+    byte by byte there, with the bounds checked (elsewhere ten bytes at once)."""
+    avsc = _avsc([ColumnDef("id", T.LONG), ColumnDef("bi", T.LONGLONG)])
+    values = [0, -1, 63, -64, 64, 2**31, -(2**31), 2**62, -(2**62), 2**63 - 1, -(2**63)]
+    records = [{**_metadata(i), "id": i, "bi": value} for i, value in enumerate(values)]
+    header, blocks = _blocks(avsc, records, sync_interval=1)
+    schema = table_schema([avsc])
+    compiled, python = (_make(schema, avsc, header, blocks, Trim(), "null", c, False)
+                        for c in (True, False))
+    _assert_equal(compiled, python)
+    assert python.column("bi").to_pylist() == values
+
+
+def test_a_varint_cut_off_at_the_end_of_a_block_is_left_to_the_python_path() -> None:
+    avsc = _avsc([ColumnDef("bi", T.LONGLONG)])
+    header, blocks = _blocks(avsc, [{**_metadata(0), "bi": 2**62}])
+    count, start, end = block_at(blocks.data, 0, header.sync)
+    records = blocks.data[start:end - SYNC_SIZE - 1]  # the last byte of the varint is gone
+    cut = write_varint(count) + write_varint(len(records)) + records + header.sync
+    decoder = arrow.compiled_decoder(avsc, _targets(avsc), "null")
+    assert decoder.decode(blocks.data, header.sync) is not None
+    assert decoder.decode(cut, header.sync) is None
+
+
+def test_broken_framing_is_left_to_the_python_path() -> None:
+    header, blocks = _blocks(AVSC, _records(30))
+    decoder = arrow.compiled_decoder(AVSC, _targets(AVSC), "null")
+    assert decoder.decode(blocks.data, header.sync) is not None
+    wrong_sync = bytes(b ^ 1 for b in header.sync)
+    assert decoder.decode(blocks.data, wrong_sync) is None
+    assert decoder.decode(blocks.data[:-1], header.sync) is None
+    count, start, end = block_at(blocks.data, 0, header.sync)
+    longer = write_varint(count) + write_varint(end - SYNC_SIZE - start + 1) + \
+        blocks.data[start:end - SYNC_SIZE] + b"\x00" + header.sync  # a byte after the records
+    assert decoder.decode(longer, header.sync) is None
+
+
+def test_a_version_of_a_shape_the_compiled_decoder_does_not_take_stays_on_python() -> None:
+    odd = {**AVSC, "fields": [*AVSC["fields"][:6], {"name": "v", "type": ["int", "null"]}]}
+    assert arrow.compiled_decoder(odd, _targets(odd), "null") is None
+    fixed = {**AVSC, "fields": [*AVSC["fields"][:6], {"name": "v", "type": ["null", {
+        "type": "fixed", "name": "d", "size": 8, "logicalType": "decimal", "precision": 10,
+        "scale": 2}]}]}
+    assert arrow.compiled_decoder(fixed, _targets(fixed), "null") is None
+
+
+@pytest.mark.parametrize(("environ", "path"), [({"CDC_PURE_PYTHON": "1"}, "Python (cavro"),
+                                               ({}, "compiled")])
+def test_cdc_pure_python_keeps_executors_on_the_python_path(environ: dict[str, str],
+                                                            path: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "CDC_PURE_PYTHON"} | environ
+    said = subprocess.run([sys.executable, "-c", "from mariadb_cdc_client.spark import arrow; "
+                           "print(arrow.decoder_path())"], env=env, capture_output=True,
+                          text=True, check=True).stdout
+    assert said.startswith(path)
