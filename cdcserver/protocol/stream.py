@@ -39,6 +39,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from cdcserver.core.gtid import Gtid, GtidState
@@ -343,16 +344,25 @@ class Streamer:
         start filter is settled); the rest are decoded and re-encoded with the records the
         range holds, up to the first block past the end state."""
         covered = until.covered_prefix(self.index, info) if self.format == Format.AVRO else 0
+        run = _Run(pos)  # stored blocks to send as they are, in one sendfile
         for block in scan_blocks(info.path, info.header, pos, end):
             if self.format == Format.JSON:
                 await self._send_json(info, block, until)
             elif block.end <= covered and (self._filter is None or self._filter.settled):
-                await self._write(self._read(info, block.offset, block.end - block.offset))
-                self._sent_records(block.count)
+                run.add(block)
+                continue
             else:
+                await self._send_run(info, run)
                 await self._send_avro_block(info, block, until)
+                run = _Run(block.end)
             if until.done:
                 return
+        await self._send_run(info, run)
+
+    async def _send_run(self, info: VersionInfo, run: _Run) -> None:
+        if run.count:
+            await self._send_file(info, run.start, run.end)
+            self._sent_records(run.count)
 
     def _deleted(self, version: int) -> NoReturn:
         raise ProtocolError(Code.NO_FILE, f"{self.table} version {version} was deleted by "
@@ -533,3 +543,17 @@ class Streamer:
     async def _write(self, data: bytes) -> None:
         self.bytes_sent += len(data)
         await self.out.send(data)
+
+
+@dataclass
+class _Run:
+    """Consecutive stored blocks sent as they are (``end`` after the last one added)."""
+
+    start: int
+    end: int = 0
+    count: int = 0  # records
+
+    def add(self, block: Block) -> None:
+        if not self.count:
+            self.start = block.offset
+        self.end, self.count = block.end, self.count + block.count
