@@ -23,7 +23,9 @@ rows (``INSERT ... SELECT`` from the SEQUENCE engine, ``UPDATE`` by key range).
    binlog to /dev/null, row changes/s; the ticks' rows of part 1, under 1 %, are decoded by
    both and counted by neither); the service's rate from its listener being up until its
    checkpoint covers the last transaction, and the ratio; its RSS every ``--sample`` seconds
-   with the transactions stored so far; its peak RSS (VmHWM).
+   with the transactions stored so far; its peak RSS (VmHWM); the Avro it stored (made durable
+   before each checkpoint) in MB/s, beside the disk's own durable write rate here (the same
+   number of bytes written to one file and fsynced every 256 MiB).
 3. **Clients catching up meanwhile**: a third service catches up the same way, then
    ``--clients`` clients tail ``bench.ticks2`` under the live writer while two JSON clients
    read all of ``bench.backlog`` (10 million changes, 12 million records) from its store;
@@ -62,6 +64,7 @@ from bench.common import OUT, announce_code_path, line
 from cdcserver.app.embedded import EmbeddedMariaDB, kill_leftovers
 from cdcserver.core.gtid import GtidState
 from cdcserver.protocol.users import UsersFile
+from cdcserver.store.layout import DataDir
 
 BATCH = 10_000
 CREATE = ("CREATE TABLE bench.backlog (id BIGINT PRIMARY KEY, amount BIGINT, "
@@ -177,6 +180,37 @@ def catch_up_part(server: EmbeddedMariaDB, changes: int, every: float) -> None:
              f"{changes / t:,.0f} ({t:.1f} s from the listener being up)")
         line("  ratio service / mariadb-binlog", f"{reference / t:.2f}")
         line("service peak RSS (VmHWM), MiB", f"{vm_kib(service.pid, 'VmHWM') / 1024:.1f}")
+        stored = directory_bytes(DataDir(service.data_dir).avro)
+    ceiling = durable_write_seconds(stored)
+    line("Avro stored (fsynced before each checkpoint), MB/s",
+         f"{stored / t / 1e6:,.0f} ({stored / 1e9:.2f} GB)")
+    line("  the disk's durable write rate here (same bytes, one file), MB/s",
+         f"{stored / ceiling / 1e6:,.0f}; the service at {ceiling / t:.2f} of it")
+
+
+def directory_bytes(path: str) -> int:
+    return sum(entry.stat().st_size for entry in os.scandir(path) if entry.is_file())
+
+
+def durable_write_seconds(size: int) -> float:
+    """The reference for a store that makes everything durable: ``size`` bytes written in
+    1 MiB pieces to one file in bench/out and fsynced, as the checkpoints do."""
+    path = os.path.join(OUT, "durable-write-reference")
+    piece = os.urandom(MIB)
+    started = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        written = 0
+        while written < size:
+            written += os.write(fd, piece)
+            if written % (256 * MIB) == 0:
+                os.fsync(fd)  # as the store does every flush: not one huge final writeback
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        seconds = time.perf_counter() - started
+        os.unlink(path)
+    return seconds
 
 
 def read_backlog(records: int, results: list[BacklogReader]) -> Callable[[int], None]:

@@ -1,7 +1,8 @@
 """What the C extensions share: a growable output buffer and Python's UTF-8 validity rule."""
 
-from libc.stdint cimport uint8_t
+from libc.stdint cimport uint8_t, uint64_t
 from libc.stdlib cimport realloc
+from libc.string cimport memcpy
 
 
 cdef struct Out:
@@ -33,7 +34,13 @@ cdef inline bint utf8_valid(const uint8_t *p, Py_ssize_t n) noexcept:
     forms, no surrogates, nothing above U+10FFFF)."""
     cdef Py_ssize_t i = 0
     cdef uint8_t c, c1
+    cdef uint64_t word
     while i < n:
+        if i + 8 <= n:  # eight ASCII bytes at a time: most text is mostly ASCII
+            memcpy(&word, p + i, 8)
+            if (word & <uint64_t>0x8080808080808080) == 0:
+                i += 8
+                continue
         c = p[i]
         if c < 0x80:
             i += 1

@@ -6,6 +6,7 @@ import asyncio
 import datetime as dt
 import io
 import itertools
+import json
 import socket
 import threading
 from decimal import Decimal
@@ -670,3 +671,40 @@ def test_the_packet_reader_raises_the_servers_error_and_a_closed_connection():
             list(_Packets(_PymysqlStandIn(here)))
 
 
+
+
+# -- UTF-8 validity in the C paths ------------------------------------------------------------
+
+def _string_block(values: list[bytes]) -> bytes:
+    from cdcserver.store.encoder import varint
+
+    return b"".join(b"\x02" + varint(len(v)) + v for v in values)  # union branch 1: string
+
+
+@pytest.mark.parametrize("bad", [b"\xff", b"\xc3", b"\xc0\xaf", b"\xed\xa0\x80",
+                                 b"\xf4\x90\x80\x80", b"\xe2\x82", b"\x80"])
+def test_the_c_renderer_refuses_invalid_utf8_at_every_offset_and_renders_valid_text(bad):
+    """Invalid sequences after 0 to 17 ASCII bytes (the validator reads eight ASCII bytes at a
+    time, then byte by byte): the C renderer leaves the block to Python (None), exactly as
+    Python's strict decoder refuses it; valid text with the same prefixes renders as the
+    Python renderer does."""
+    from cdcserver.protocol.render import compile_block_renderer, compile_renderer
+    from cdcserver.store import transcoder
+
+    if not transcoder.available():
+        pytest.skip("the compiled extensions are not built (or CDC_PURE_PYTHON is set)")
+    schema = json.dumps({"type": "record", "name": "t", "database": "db", "table": "t",
+                         "version": 1, "fields": [{"name": "s", "type": ["null", "string"]}]})
+    renderer = compile_block_renderer(schema)
+    assert renderer is not None
+    render = compile_renderer(schema)
+    for prefix in range(18):
+        for suffix in (b"", b"abc", b"a" * 9):
+            value = b"x" * prefix + bad + suffix
+            with pytest.raises(UnicodeDecodeError):
+                value.decode("utf-8")
+            assert renderer.render(_string_block([value]), 1) is None, (prefix, suffix)
+            for good in ("é", "€", "🎉", "plain"):
+                text = "x" * prefix + good + suffix.decode()
+                block = _string_block([b"ok", text.encode()])
+                assert renderer.render(block, 2) == render({"s": "ok"}) + render({"s": text})
