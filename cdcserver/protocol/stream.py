@@ -58,7 +58,7 @@ from cdcserver.store.avrofile import Block, scan_blocks
 from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.index import StoreIndex
 from cdcserver.store.inuse import in_use
-from cdcserver.store.records import decode_records, encode_block
+from cdcserver.store.records import block_of, decode_records, record_slices
 from mariadb_cdc_client.format.wire import Code, Format, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -474,16 +474,16 @@ class Streamer:
         """A block seen while a GTID filter is not settled, or at the end of a bounded read:
         send it as stored if it keeps all its records, re-encoded with only those it keeps
         otherwise, or not at all."""
-        records = list(decode_records(info, block))
+        records = record_slices(info, block)
         kept = records
         if self._filter is not None:
-            kept = [r for r in kept if self._filter.accepts(r)]
+            kept = [r for r in kept if self._filter.accepts(r[0])]
         if until is not None:
-            kept = [r for r in kept if until.covers(r)]
+            kept = [r for r in kept if until.covers(r[0])]
         if len(kept) == len(records):
             await self._write(self._read(info, block.offset, block.end - block.offset))
         elif kept:
-            await self._write(encode_block(info, kept))
+            await self._write(block_of(info, [encoded for _, encoded in kept]))
         self._sent_records(len(kept))
 
     async def _send_file(self, info: VersionInfo, pos: int, end: int) -> None:

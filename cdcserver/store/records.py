@@ -13,6 +13,7 @@ import fastavro
 from cdcserver.store.avrofile import Block, Header, compress, decompress
 from cdcserver.store.catalog import VersionInfo
 from cdcserver.store.encoder import varint
+from cdcserver.store.schema import METADATA_AVRO
 
 Record = dict[str, Any]
 
@@ -37,12 +38,34 @@ def decode_records(info: VersionInfo, block: Block) -> Iterator[Record]:
         yield record
 
 
-def encode_block(info: VersionInfo, records: list[Record]) -> bytes:
-    """A new block of ``records`` for ``info``'s file (used to drop the records before a GTID
-    seek point in AVRO mode without sending a partial block)."""
-    schema = _parsed(info.header.schema_json)
-    out = io.BytesIO()
-    for record in records:
-        fastavro.schemaless_writer(out, schema, record)
-    data = compress(info.header.codec, out.getvalue())
+def record_slices(info: VersionInfo, block: Block) -> list[tuple[Record, bytes]]:
+    """Each record of a block as its metadata fields (the GTID, event number, time and type:
+    what a GTID filter looks at) and its bytes as stored. The columns are skipped, not
+    decoded: no Decimal or datetime is made for a record that is only filtered."""
+    writer, reader = _metadata_schemas(info.header.schema_json)
+    data = read_block(info.path, info.header, block)
+    stream = io.BytesIO(data)
+    out: list[tuple[Record, bytes]] = []
+    start = 0
+    for _ in range(block.count):
+        metadata: Record = fastavro.schemaless_reader(stream, writer, reader)  # type: ignore[assignment]
+        end = stream.tell()
+        out.append((metadata, data[start:end]))
+        start = end
+    return out
+
+
+@lru_cache(maxsize=1024)
+def _metadata_schemas(schema_json: str) -> tuple[Any, Any]:
+    """A version's schema, and the same record with only its metadata fields (to read with
+    Avro's schema resolution, which skips the other fields)."""
+    avsc = json.loads(schema_json)
+    metadata = {**avsc, "fields": avsc["fields"][:len(METADATA_AVRO)]}
+    return fastavro.parse_schema(avsc), fastavro.parse_schema(metadata)
+
+
+def block_of(info: VersionInfo, records: list[bytes]) -> bytes:
+    """A new block of encoded ``records`` for ``info``'s file (used to drop the records
+    before a GTID seek point, or past the end of a range, without sending a partial block)."""
+    data = compress(info.header.codec, b"".join(records))
     return varint(len(records)) + varint(len(data)) + data + info.header.sync
