@@ -187,30 +187,39 @@ class _BoundedStream:
 
     def feed(self, data: bytes) -> Iterator[Schema | Blocks]:
         self._buffer += data
-        pos = 0
+        pos = run = 0  # run: where the whole blocks not yet taken out of the buffer start
         try:
             while pos < len(self._buffer) and self.end is None:
                 first = self._buffer[pos]
-                if first == MAGIC[0]:
-                    used = self._schema(pos)
-                    if used and self._blocks:
-                        yield self._chunk()
-                    if used:
+                if first == MAGIC[0] or first in b"{E":
+                    self._take(run, pos)
+                    used = self._schema(pos) if first == MAGIC[0] else self._line(pos)
+                    if used and first == MAGIC[0]:
+                        if self._blocks:
+                            yield self._chunk()
                         assert self._header is not None
                         yield Schema(json.loads(self._header.schema_json), self._header)
-                elif first in b"{E":
-                    used = self._line(pos)
+                    run = pos + used
                 else:
                     used = self._block(pos)
                 if not used:
                     break
                 pos += used
                 if self._size >= self.chunk_size:
+                    self._take(run, pos)
+                    run = pos
                     yield self._chunk()
+            self._take(run, pos)
         finally:
             del self._buffer[:pos]
         if self.end is not None and self._blocks:
             yield self._chunk()
+
+    def _take(self, start: int, end: int) -> None:
+        """Whole blocks between ``start`` and ``end`` of the buffer into the next chunk, in
+        one copy (blocks are counted as they are found)."""
+        if end > start:
+            self._blocks.append(bytes(self._buffer[start:end]))
 
     def _schema(self, pos: int) -> int:
         try:
@@ -237,7 +246,6 @@ class _BoundedStream:
         if block is None:
             return 0
         count, _, end = block
-        self._blocks.append(bytes(self._buffer[pos:end]))
         self._count += count
         self._size += end - pos
         return end - pos
