@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
+
+import pytest
 
 from mariadb_cdc_client.format.wire import auth_message
 
@@ -174,3 +178,31 @@ class TcpProxy:
             writer.write(data)
             await writer.drain()
         writer.transport.abort()
+
+
+@contextlib.contextmanager
+def small_tmpfs(mount_point: str, size: str) -> Iterator[str]:
+    """A real file system of ``size`` (``1m``, ``64m``) mounted at ``mount_point``, to fill up.
+    Mounting needs root, which the suite's machines give; elsewhere the test is skipped and
+    says so."""
+    os.makedirs(mount_point, exist_ok=True)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                             mount_point], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip()}): needs root")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", mount_point], check=False)
+
+
+def fill(path: str) -> None:
+    """Take every free byte of a file system (a ballast file at ``path``)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for chunk in (1 << 20, 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, b"\0" * chunk)
+    finally:
+        os.close(fd)

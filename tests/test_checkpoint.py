@@ -7,11 +7,9 @@ A model (a dict per checkpoint number) is the oracle; the files are read only th
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
-import subprocess
 import threading
 from collections.abc import Iterator
 
@@ -26,6 +24,7 @@ from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
 from cdcserver.store.store import AvroStore
+from tests.helpers import fill, small_tmpfs
 from tests.test_store import _Feed
 
 Marks = dict[TableName, ckpt.TableMark]
@@ -180,27 +179,8 @@ def test_a_reader_racing_the_writer_always_gets_a_whole_checkpoint(tmp_path, mon
 
 @pytest.fixture
 def small_disk(tmp_path) -> Iterator[str]:
-    mount_point = str(tmp_path / "small")
-    os.makedirs(mount_point)
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", mount_point],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip()}): needs root")
-    try:
+    with small_tmpfs(str(tmp_path / "small"), "1m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", mount_point], check=False)
-
-
-def _fill(path: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        for chunk in (1 << 16, 4096, 1):
-            with contextlib.suppress(OSError):
-                while True:
-                    os.write(fd, b"\0" * chunk)
-    finally:
-        os.close(fd)
 
 
 def _layout(table: str) -> TableLayout:
@@ -222,7 +202,7 @@ async def test_a_checkpoint_refused_by_a_full_disk_is_written_whole_by_the_next_
     for name, rows in (("a", [(2,), (3,)]), ("b", [(4,)])):
         await store.apply(feed.transaction(Rows(_layout(name), RowsKind.INSERT, 0, rows)))  # type: ignore[arg-type]
     ballast = os.path.join(small_disk, "ballast")
-    _fill(ballast)
+    fill(ballast)
     with pytest.raises(DiskFull):
         await store.flush()
     os.unlink(ballast)

@@ -7,9 +7,7 @@ give; elsewhere the test is skipped and says so)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import subprocess
 from collections.abc import Iterator
 
 import fastavro
@@ -19,7 +17,7 @@ from cdcserver.core.config import parse_source_url
 from cdcserver.ops.verify import verify_table
 from cdcserver.store.naming import TableName
 from tests.conftest import Source, make_config, start_service
-from tests.helpers import RawClient
+from tests.helpers import RawClient, fill, small_tmpfs
 from tests.test_probes import fetch_probe
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.slow]
@@ -29,28 +27,8 @@ SIZE_MIB = 64
 
 @pytest.fixture
 def small_disk(tmp_path) -> Iterator[str]:
-    mount_point = str(tmp_path / "data")
-    os.makedirs(mount_point)
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE_MIB}m", "tmpfs",
-                             mount_point], capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip()}): needs root")
-    try:
+    with small_tmpfs(str(tmp_path / "data"), f"{SIZE_MIB}m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", mount_point], check=False)
-
-
-def _fill(path: str) -> None:
-    """Take every free byte (a ballast file)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        for chunk in (1 << 20, 4096, 1):
-            with contextlib.suppress(OSError):
-                while True:
-                    os.write(fd, b"\0" * chunk)
-    finally:
-        os.close(fd)
 
 
 async def test_a_full_disk_pauses_replication_and_loses_nothing(small_disk: str,
@@ -65,7 +43,7 @@ async def test_a_full_disk_pauses_replication_and_loses_nothing(small_disk: str,
     try:
         await cdc.caught_up(source)
         ballast = os.path.join(small_disk, "ballast")
-        await asyncio.to_thread(_fill, ballast)
+        await asyncio.to_thread(fill, ballast)
 
         for i in range(2, 62):  # 60 transactions of 60 KB: far more than is left
             source.execute(f"INSERT INTO {table} VALUES ({i}, REPEAT('x', 60000))")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from cdcserver.core.errors import StoreError
 from cdcserver.store import transcoder
+from cdcserver.store.durable import write_all
 from cdcserver.store.encoder import varint
 from cdcserver.store.transcoder import _transcode
 from mariadb_cdc_client.format.avro import (
@@ -276,12 +277,6 @@ class VersionFileWriter:
             self.files.closed(self)
 
 
-def _write_all_released(fd: int, data: bytes | bytearray) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-# Holding the GIL through the write where the extension is built (transcoder.py).
-_write_all = _transcode.write_all if transcoder.available() else _write_all_released
+# Holding the GIL through the write where the extension is built (transcoder.py); the
+# Python loop releases it in each os.write.
+_write_all = _transcode.write_all if transcoder.available() else write_all

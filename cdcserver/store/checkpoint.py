@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 
 from cdcserver.core.errors import StoreError
 from cdcserver.core.gtid import BinlogPosition, GtidState
-from cdcserver.store.durable import fsync_dir, write_atomically
+from cdcserver.store.durable import fsync_dir, write_all, write_atomically
 from cdcserver.store.naming import TableName
 
 FORMAT = 1
@@ -275,9 +275,7 @@ class CheckpointWriter:
         fd = os.open(self.journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             try:
-                view = memoryview(line)
-                while view:
-                    view = view[os.write(fd, view):]
+                write_all(fd, line)
                 os.fdatasync(fd)
             except OSError:
                 os.ftruncate(fd, self._journal_bytes)

@@ -6,15 +6,20 @@ from __future__ import annotations
 import os
 
 
+def write_all(fd: int, data: bytes | bytearray) -> None:
+    """All of ``data`` to ``fd`` (``os.write`` may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def write_atomically(path: str, data: bytes) -> None:
     """Replace ``path`` with ``data``: after a crash the file holds the old bytes or the new,
     never a part. On an error (a full disk) the old file stays and the space is given back."""
     tmp = f"{path}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, data)
         os.fsync(fd)
     except OSError:
         os.close(fd)
