@@ -167,8 +167,11 @@ def make_config(data_dir: str, source_url: str, users: str, **sections: dict[str
                   metrics=MetricsConfig(**metrics_cfg))  # type: ignore[arg-type]
 
 
-async def start_service(config: Config) -> RunningService:
+async def start_service(config: Config, sinks: tuple[Any, ...] = ()) -> RunningService:
+    """The service running in this event loop (``sinks``: more sinks, there from the
+    start)."""
     service = Service(config)
+    service.sinks.extend(sinks)
     stop = asyncio.Event()
     started = asyncio.get_running_loop().create_future()
     task = asyncio.create_task(service.run(stop, started=lambda s: started.set_result(s)))

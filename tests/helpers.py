@@ -122,6 +122,15 @@ async def eventually(check: Callable[[], Awaitable[T]], done: Callable[[T], bool
     return found
 
 
+async def until(condition: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
+    """Poll a condition on this process's own state (a writer's count, the service's
+    attributes) on the event loop until it holds, failing after ``timeout`` seconds."""
+    async def holds() -> bool:
+        return condition()
+
+    await eventually(holds, bool, timeout, what)
+
+
 async def pace(seconds: float) -> None:
     """Wait on the event loop's clock, to act like a slow client (not to synchronise)."""
     loop = asyncio.get_running_loop()

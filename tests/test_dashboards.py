@@ -22,7 +22,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import Source, make_config, start_service
-from tests.helpers import eventually
+from tests.helpers import until
 from tests.kafka_broker import Tansu
 from tests.test_kafka import kafka_caught_up, kafka_section
 
@@ -152,8 +152,8 @@ async def test_every_metric_the_dashboard_and_alerts_use_is_served(
     running = await start_service(make_config(str(tmp_path / "data"), source.url, users_file,
                                               kafka=kafka))
     try:
-        await eventually(lambda: asyncio.sleep(0.05, running.service.sink("kafka")),
-                         lambda sink: sink is not None, timeout=30, what="the publisher lock")
+        await until(lambda: running.service.sink("kafka") is not None, timeout=30,
+                    what="the publisher lock")
         source.execute(f"CREATE TABLE `{source.database}`.t (id INT PRIMARY KEY)",
                        f"INSERT INTO `{source.database}`.t VALUES (1), (2)")
         await kafka_caught_up(running, source)

@@ -22,7 +22,7 @@ import pytest
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.ops.metrics import health
 from tests.conftest import RunningService, make_config, start_service
-from tests.helpers import PASSWORD, USER, eventually, wait_until
+from tests.helpers import PASSWORD, USER, until, wait_until
 from tests.oracle import assert_stream_equals_table
 
 pytestmark = pytest.mark.mariadb
@@ -220,8 +220,7 @@ async def test_a_promotion_under_writes_continues_the_stream_exactly_once(
     cdc = await _service(tmp_path, topology, users_file)
     try:
         with Writer(topology) as writer:
-            await eventually(lambda: asyncio.sleep(0.1, writer.transactions),
-                             lambda n: n >= 100)
+            await until(lambda: writer.transactions >= 100)
             writer.pause()  # what the replicas have not received would be lost with the
             old = topology.primary  # primary; waiting for them keeps the test exact
             topology.wait_replicated()
@@ -229,10 +228,8 @@ async def test_a_promotion_under_writes_continues_the_stream_exactly_once(
             topology.promote(topology.servers[1])
             writer.running.set()
             before = writer.transactions
-            await eventually(lambda: asyncio.sleep(0.1, writer.transactions),
-                             lambda n: n >= before + 100)
-            await eventually(lambda: asyncio.sleep(0.1, cdc.service.sources.index),
-                             lambda i: i == 1, timeout=60)
+            await until(lambda: writer.transactions >= before + 100)
+            await until(lambda: cdc.service.sources.index == 1, timeout=60)
             writer.pause()
         await _caught_up(cdc, topology.primary)
         await _assert_exactly_once(cdc, topology.primary, writer)
@@ -272,8 +269,8 @@ async def test_a_replica_behind_the_stream_is_passed_over_and_a_diverged_one_ref
         def refusals() -> dict[int, str]:
             return {r.address.port: r.reason for r in cdc.service.sources.refusals}
 
-        await eventually(lambda: asyncio.sleep(0.2, refusals()),
-                         lambda r: first.port in r and second.port in r, timeout=60)
+        await until(lambda: first.port in refusals() and second.port in refusals(),
+                    timeout=60)
         reasons = refusals()
         assert reasons[first.port].startswith("behind"), reasons
         assert f"stored: '{stored}'" in reasons[first.port], reasons
@@ -289,8 +286,7 @@ async def test_a_replica_behind_the_stream_is_passed_over_and_a_diverged_one_ref
         first.execute("START SLAVE")
         wait_until(lambda: gtid_binlog_pos(first) == stored, 30)
         topology.primary.kill()
-        await eventually(lambda: asyncio.sleep(0.2, cdc.service.sources.index),
-                         lambda i: i == 1, timeout=60)
+        await until(lambda: cdc.service.sources.index == 1, timeout=60)
         first.execute("STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL read_only = OFF",
                       "INSERT INTO shop.orders VALUES (200, 'after', 2)")
         await _caught_up(cdc, first)
@@ -334,8 +330,7 @@ async def test_a_chunked_dump_after_a_move_reads_the_new_server_exactly(
     try:
         await _caught_up(cdc, topology.primary)
         topology.primary.stop()
-        await eventually(lambda: asyncio.sleep(0.2, cdc.service.sources.index),
-                         lambda i: i == 1, timeout=60)
+        await until(lambda: cdc.service.sources.index == 1, timeout=60)
         replica, other = topology.servers[1], topology.servers[2]
         await _caught_up(cdc, replica)
         data_dir = cdc.service.config.store.data_dir
@@ -375,8 +370,7 @@ async def test_a_replica_is_a_source_only_if_it_logs_what_it_applies(
     cdc = await start_service(config)
     try:
         with Writer(topology) as writer:
-            await eventually(lambda: asyncio.sleep(0.1, writer.transactions),
-                             lambda n: n >= 100)
+            await until(lambda: writer.transactions >= 100)
             writer.pause()
         topology.wait_replicated()
         await _caught_up(cdc, replica)

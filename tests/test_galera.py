@@ -27,7 +27,7 @@ import pytest
 from cdcserver.app.embedded import EmbeddedMariaDB, free_port
 from cdcserver.core.gtid import GtidState
 from tests.conftest import make_config, start_service
-from tests.helpers import PASSWORD, USER, eventually, wait_until
+from tests.helpers import PASSWORD, USER, until, wait_until
 from tests.oracle import assert_stream_equals_table
 
 pytestmark = pytest.mark.mariadb
@@ -158,14 +158,11 @@ async def test_the_service_moves_to_a_surviving_node_exactly_once(
     writer = Writer(second)
     writer.start()
     try:
-        await eventually(lambda: asyncio.sleep(0.1, writer.transactions), lambda n: n >= 150,
-                         timeout=60)
+        await until(lambda: writer.transactions >= 150, timeout=60)
         first.kill()  # the node the service reads
         before = writer.transactions
-        await eventually(lambda: asyncio.sleep(0.1, cdc.service.sources.index),
-                         lambda i: i != 0, timeout=60)
-        await eventually(lambda: asyncio.sleep(0.1, writer.transactions),
-                         lambda n: n >= before + 150, timeout=60)
+        await until(lambda: cdc.service.sources.index != 0, timeout=60)
+        await until(lambda: writer.transactions >= before + 150, timeout=60)
     finally:
         writer.halt.set()
         writer.join(30)

@@ -23,7 +23,7 @@ import pytest
 from cdcserver.app.embedded import free_port
 from mariadb_cdc_client import CdcClient, ChangeRecord
 from tests.conftest import Source
-from tests.helpers import PASSWORD, USER, eventually
+from tests.helpers import PASSWORD, USER, until
 
 pytestmark = pytest.mark.mariadb
 
@@ -111,23 +111,20 @@ async def test_a_client_follows_two_instances_across_repeated_kill_9(
 
     following = asyncio.create_task(follow())
     try:
-        await eventually(lambda: asyncio.sleep(0.1, len(received)), lambda n: n >= 200,
-                         timeout=60)
+        await until(lambda: len(received) >= 200, timeout=60)
         moves = []
         for _ in range(3):  # kill the instance in use; the other takes over; restart it
             in_use = instances[client.endpoints.index]
             moves.append(in_use.port)
             in_use.kill()
             before = len(received)
-            await eventually(lambda: asyncio.sleep(0.1, len(received)),
-                             lambda n, b=before: n >= b + 200, timeout=60)
+            await until(lambda b=before: len(received) >= b + 200, timeout=60)
             assert client.endpoints.current[1] != in_use.port
             in_use.start()
             await asyncio.sleep(1.0)
         writer.stop.set()
         writer.thread.join(30)
-        await eventually(lambda: asyncio.sleep(0.2, len(received)),
-                         lambda n: n >= writer.records, timeout=60)
+        await until(lambda: len(received) >= writer.records, timeout=60)
         await asyncio.sleep(1.0)  # anything more would be a duplicate
     finally:
         writer.stop.set()
@@ -225,12 +222,10 @@ async def test_cdc_given_two_instances_continues_on_the_other_after_kill_9(
     reading = threading.Thread(target=collect, daemon=True)
     reading.start()
     try:
-        await eventually(lambda: asyncio.sleep(0.1, len(printed)), lambda n: n >= 200,
-                         timeout=60)
+        await until(lambda: len(printed) >= 200, timeout=60)
         instances[0].kill()
         before = len(printed)
-        await eventually(lambda: asyncio.sleep(0.1, len(printed)),
-                         lambda n: n >= before + 200, timeout=60)
+        await until(lambda: len(printed) >= before + 200, timeout=60)
     finally:
         writer.stop.set()
         writer.thread.join(30)

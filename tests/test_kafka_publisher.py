@@ -12,7 +12,6 @@ reach the broker; the lease is polled every second, so such a publisher stops wi
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 
@@ -20,7 +19,7 @@ import pytest
 
 from cdcserver.ops.metrics import health
 from tests.conftest import Source, make_config, start_service
-from tests.helpers import eventually
+from tests.helpers import until
 from tests.kafka_broker import Tansu
 from tests.test_kafka import kafka_caught_up, kafka_section
 from tests.test_kafka_delivery import (
@@ -60,24 +59,22 @@ async def test_one_instance_publishes_and_the_standby_takes_over(
     source.execute(f"CREATE TABLE `{source.database}`.t (id INT PRIMARY KEY, v INT)")
     first = await start_service(make_config(os.path.join(tmp_path, "a"), source.url,
                                             users_file, kafka=kafka))
-    await eventually(lambda: asyncio.sleep(0.05, first.service.sink("kafka")),
-                     lambda sink: sink is not None, timeout=30)
+    await until(lambda: first.service.sink("kafka") is not None, timeout=30)
     second = await start_service(make_config(os.path.join(tmp_path, "b"), source.url,
                                              users_file, kafka=kafka))
     stop, counter = threading.Event(), [0]
     writer = threading.Thread(target=_writer, args=(source, stop, counter), daemon=True)
     writer.start()
     try:
-        await eventually(lambda: asyncio.sleep(0.05, counter[0]), lambda n: n >= 300)
+        await until(lambda: counter[0] >= 300)
         assert second.service.sink("kafka") is None  # it stands by
         document = health(second.service.stats(), 60)[1]
         assert document["kafka"] == {"role": "standby"}
         assert health(first.service.stats(), 60)[1]["kafka"] == {"role": "publisher"}
         await first.stop()  # its lock goes with its connection
-        await eventually(lambda: asyncio.sleep(0.05, second.service.sink("kafka")),
-                         lambda sink: sink is not None, timeout=30)
+        await until(lambda: second.service.sink("kafka") is not None, timeout=30)
         mark = counter[0]
-        await eventually(lambda: asyncio.sleep(0.05, counter[0]), lambda n: n >= mark + 300)
+        await until(lambda: counter[0] >= mark + 300)
     finally:
         stop.set()
         writer.join(30)

@@ -32,7 +32,7 @@ from cdcserver.core.gtid import GtidState
 from cdcserver.dump.dumper import DumpOptions, dump_tables
 from cdcserver.store.naming import TableName
 from tests.conftest import make_config, start_service
-from tests.helpers import PASSWORD, USER, eventually, wait_until
+from tests.helpers import PASSWORD, USER, until, wait_until
 from tests.oracle import assert_stream_equals_table, read_stream
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.spark]
@@ -140,8 +140,7 @@ class Writer(threading.Thread):
 
 async def _written(writers: list[Writer], transactions: int) -> None:
     """Until every writer has committed ``transactions`` transactions."""
-    await eventually(lambda: asyncio.sleep(0.05, min(w.transactions for w in writers)),
-                     lambda n: n >= transactions, timeout=60)
+    await until(lambda: min(w.transactions for w in writers) >= transactions, timeout=60)
 
 
 async def test_three_domains_through_a_restart_a_chunked_dump_and_bounded_reads(

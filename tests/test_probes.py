@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from cdcserver.app.service import Service
 from cdcserver.core.changes import Change, Rows
 from cdcserver.core.config import Config
 from cdcserver.core.gtid import BinlogPosition
@@ -74,15 +73,7 @@ class Gate:
 
 async def _start_gated(config: Config, gate: Gate) -> RunningService:
     """conftest's start_service, with ``gate`` among the service's sinks from the start."""
-    service = Service(config)
-    service.sinks.append(gate)
-    stop = asyncio.Event()
-    started = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(service.run(stop, started=lambda s: started.set_result(s)))
-    await asyncio.wait({started, task}, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        task.result()
-    return RunningService(service, task, stop)
+    return await start_service(config, sinks=(gate,))
 
 
 async def test_a_caught_up_service_is_live_and_ready(cdc: RunningService, source: Source,

@@ -20,7 +20,7 @@ from cdcserver.dump import files
 from cdcserver.ops.metrics import health
 from cdcserver.store.naming import TableName
 from tests.conftest import Source, make_config, start_service
-from tests.helpers import PASSWORD, USER, eventually, wait_until
+from tests.helpers import PASSWORD, USER, until, wait_until
 from tests.oracle import read_stream
 
 pytestmark = pytest.mark.mariadb
@@ -72,9 +72,8 @@ async def test_a_purged_binlog_stops_replication_loudly_and_resync_is_the_way_ou
         def problems() -> list[str]:
             return health(cdc.service.stats(), 60)[1]["problems"]
 
-        found = await eventually(lambda: asyncio.sleep(0.1, problems()),
-                                 lambda p: any("purged" in text for text in p), timeout=60)
-        (problem,) = found
+        await until(lambda: any("purged" in text for text in problems()), timeout=60)
+        (problem,) = problems()
         assert "cdcserver resync" in problem and "no longer holds the binlog" in problem
         assert not cdc.task.done()  # it serves what it stored meanwhile
         lines = await read_stream(cdc.port, f"{db}.orders", user=USER, password=PASSWORD)

@@ -61,7 +61,7 @@ def _metadata_schemas(schema_json: str) -> tuple[Any, Any]:
     Avro's schema resolution, which skips the other fields)."""
     avsc = json.loads(schema_json)
     metadata = {**avsc, "fields": avsc["fields"][:len(METADATA_AVRO)]}
-    return fastavro.parse_schema(avsc), fastavro.parse_schema(metadata)
+    return _parsed(schema_json), fastavro.parse_schema(metadata)
 
 
 def block_of(info: VersionInfo, records: list[bytes]) -> bytes:
