@@ -134,9 +134,10 @@ class Schema:
 @dataclass(frozen=True)
 class Blocks:
     """Whole Avro blocks of the version last announced, as stored: what follows its
-    container header in a file, ``count`` records in all."""
+    container header in a file, ``count`` records in all. ``data`` is bytes-like: a
+    read-only view of the buffer the blocks were received into."""
 
-    data: bytes
+    data: bytes | memoryview
     count: int
 
 
@@ -175,84 +176,107 @@ class _BoundedStream:
     """Splits a bounded AVRO-mode read into its parts: a container header per version, whole
     blocks (gathered into chunks of about ``chunk_size`` bytes), and the end line. None of
     the three (nor an ``ERR`` line) can start with a byte that begins a block: an odd first
-    byte is a negative block count."""
+    byte is a negative block count.
+
+    The reply is received into buffers of about a chunk (:meth:`space`, then
+    :meth:`received`) and each chunk is a read-only view of the buffer it arrived in: its
+    bytes are copied once, by the kernel. A buffer is written only past what it holds and is
+    never reused, so a chunk stays valid for as long as its reader keeps it."""
+
+    _MIN_SPACE = 64 * 1024  # the least room a receive is given
 
     def __init__(self, chunk_size: int) -> None:
         self.chunk_size = chunk_size
         self.end: dict[str, Any] | None = None
-        self._buffer = bytearray()
         self._header: Header | None = None
-        self._blocks: list[bytes] = []
-        self._count = self._size = 0
+        self._buffer = bytearray(chunk_size + self._MIN_SPACE)
+        self._base = 0  # where the blocks of the chunk being gathered start
+        self._pos = 0  # where parsing stands: [base, pos) is whole blocks
+        self._filled = 0  # the bytes received into the buffer
+        self._count = 0  # the records of those blocks
 
-    def feed(self, data: bytes) -> Iterator[Schema | Blocks]:
-        self._buffer += data
-        pos = run = 0  # run: where the whole blocks not yet taken out of the buffer start
-        try:
-            while pos < len(self._buffer) and self.end is None:
-                first = self._buffer[pos]
-                if first == MAGIC[0] or first in b"{E":
-                    self._take(run, pos)
-                    used = self._schema(pos) if first == MAGIC[0] else self._line(pos)
-                    if used and first == MAGIC[0]:
-                        if self._blocks:
-                            yield self._chunk()
-                        assert self._header is not None
-                        yield Schema(json.loads(self._header.schema_json), self._header)
-                    run = pos + used
-                else:
-                    used = self._block(pos)
+    def space(self) -> memoryview:
+        """Where to receive the next bytes of the reply (pass their count to
+        :meth:`received`)."""
+        if len(self._buffer) - self._filled < self._MIN_SPACE:
+            self._move(max(self.chunk_size, 2 * (self._filled - self._base)) + self._MIN_SPACE)
+        return memoryview(self._buffer)[self._filled:]
+
+    def received(self, size: int) -> Iterator[Schema | Blocks]:
+        """The parts completed by ``size`` more bytes received into :meth:`space`."""
+        self._filled += size
+        view = memoryview(self._buffer)[:self._filled]
+        while self._pos < self._filled and self.end is None:
+            first = view[self._pos]
+            if first == MAGIC[0] or first in b"{E":
+                if self._pos > self._base:
+                    yield self._chunk()
+                used = self._schema(view) if first == MAGIC[0] else self._line()
                 if not used:
                     break
-                pos += used
-                if self._size >= self.chunk_size:
-                    self._take(run, pos)
-                    run = pos
-                    yield self._chunk()
-            self._take(run, pos)
-        finally:
-            del self._buffer[:pos]
-        if self.end is not None and self._blocks:
+                self._pos = self._base = self._pos + used
+                if first == MAGIC[0]:
+                    assert self._header is not None
+                    yield Schema(json.loads(self._header.schema_json), self._header)
+                continue
+            if not self._block(view):
+                break
+            if self._pos - self._base >= self.chunk_size:
+                yield self._chunk()
+        if self.end is not None and self._pos > self._base:
             yield self._chunk()
 
-    def _take(self, start: int, end: int) -> None:
-        """Whole blocks between ``start`` and ``end`` of the buffer into the next chunk, in
-        one copy (blocks are counted as they are found)."""
-        if end > start:
-            self._blocks.append(bytes(self._buffer[start:end]))
+    def feed(self, data: bytes) -> Iterator[Schema | Blocks]:
+        """The parts completed by ``data`` (copied into the buffer)."""
+        while data:
+            space = self.space()
+            size = min(len(space), len(data))
+            space[:size] = data[:size]
+            data = data[size:]
+            yield from self.received(size)
 
-    def _schema(self, pos: int) -> int:
+    def _move(self, size: int) -> None:
+        """Into a new buffer of ``size`` bytes, with what is not yet a chunk: the old one may
+        still back the chunks already given out."""
+        kept = self._filled - self._base
+        buffer = bytearray(size)
+        buffer[:kept] = memoryview(self._buffer)[self._base:self._filled]
+        self._buffer = buffer
+        self._pos -= self._base
+        self._filled, self._base = kept, 0
+
+    def _schema(self, view: memoryview) -> int:
         try:
-            self._header = parse_header(self._buffer[pos:])
+            self._header = parse_header(view[self._pos:])
         except IndexError:
             return 0
         return self._header.size
 
-    def _line(self, pos: int) -> int:
-        newline = self._buffer.find(b"\n", pos)
+    def _line(self) -> int:
+        newline = self._buffer.find(b"\n", self._pos, self._filled)
         if newline < 0:
             return 0
-        line = bytes(self._buffer[pos:newline])
+        line = bytes(self._buffer[self._pos:newline])
         if line.startswith(b"ERR"):
             _, code, message = parse_reply(line)
             raise ProtocolError(code or Code.INTERNAL, message)
         self.end = json.loads(line)
-        return newline + 1 - pos
+        return newline + 1 - self._pos
 
-    def _block(self, pos: int) -> int:
+    def _block(self, view: memoryview) -> bool:
         if self._header is None:
             raise AvroFormatError("a block arrived before its version's header")
-        block = block_at(self._buffer, pos, self._header.sync)
+        block = block_at(view, self._pos, self._header.sync)
         if block is None:
-            return 0
-        count, _, end = block
+            return False
+        count, _, self._pos = block
         self._count += count
-        self._size += end - pos
-        return end - pos
+        return True
 
     def _chunk(self) -> Blocks:
-        chunk = Blocks(b"".join(self._blocks), self._count)
-        self._blocks, self._count, self._size = [], 0, 0
+        chunk = Blocks(memoryview(self._buffer).toreadonly()[self._base:self._pos],
+                       self._count)
+        self._base, self._count = self._pos, 0
         return chunk
 
 
@@ -268,13 +292,13 @@ def read_blocks(conn: SyncCdcConnection, table: Table, start: Position, end: Pos
         return
     ref = as_table(table)
     stream = _BoundedStream(chunk_size)
-    request = DataRequest(ref.database, ref.table, None, None, start.state or None,
-                          end.read_state)
-    for data in conn.chunks(request):
-        yield from stream.feed(data)
-        if stream.end is not None:
-            return
-    raise ConnectionError(f"the bounded read of {ref} ended without its end line")
+    conn.send(DataRequest(ref.database, ref.table, None, None, start.state or None,
+                          end.read_state).line())
+    while stream.end is None:
+        size = conn.receive_into(stream.space())
+        if not size:
+            raise ConnectionError(f"the bounded read of {ref} ended without its end line")
+        yield from stream.received(size)
 
 
 def read(conn: SyncCdcConnection, table: Table, start: Position, end: Position

@@ -108,17 +108,18 @@ class SyncCdcConnection:
             if not data:
                 raise ConnectionError("the server closed the stream")
 
-    def chunks(self, request: DataRequest) -> Iterator[bytes]:
-        """Send a request and yield the reply's bytes as they arrive, until the server closes
-        the connection (a bounded read ends so). Replies are the caller's to parse."""
-        self.sock.sendall(request.line().encode())
-        data, self._pending = bytes(self._pending), bytearray()
-        while True:
-            if data:
-                yield data
-            data = self.sock.recv(1 << 18)
-            if not data:
-                return
+    def send(self, line: str) -> None:
+        self.sock.sendall(line.encode())
+
+    def receive_into(self, view: memoryview) -> int:
+        """The next bytes of a reply, into ``view``: how many (the bytes already read past
+        the last reply line come first); 0 once the server has closed the connection."""
+        if self._pending:
+            size = min(len(view), len(self._pending))
+            view[:size] = self._pending[:size]
+            del self._pending[:size]
+            return size
+        return self.sock.recv_into(view)
 
     def start_dumps(self, *tables: Table | str) -> dict[str, list[str]]:
         """START-DUMP: new dumps of ``tables`` (``db.table``, or ``"db.*"``) taken now."""

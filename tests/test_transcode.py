@@ -20,6 +20,7 @@ import random
 import fastavro
 import pytest
 
+from cdcserver.protocol import render as render_module
 from cdcserver.protocol.dialect import JsonStyle
 from cdcserver.protocol.render import EXACT, compile_block_renderer, compile_renderer
 from cdcserver.store import store as store_module
@@ -228,3 +229,32 @@ async def test_json_block_renderer_writes_the_python_renderers_lines(
     for dialect in Dialect:
         zone = dt.timezone(dt.timedelta(hours=2))
         assert compile_block_renderer(schema_json, JsonStyle(dialect, zone)) is None
+
+
+async def test_the_c_metadata_walker_cuts_records_where_fastavro_does(
+        source: Source, users_file: str, tmp_path):
+    """What a bounded AVRO read filters its edge blocks with: each record's metadata and its
+    stored bytes, the columns skipped in C, against fastavro reading the same blocks."""
+    _fill(source)
+    path = str(tmp_path / "data")
+    await _replicate(path, source, users_file)
+    schema_json, blocks = _blocks(path, f"{source.database}.t")
+    reader = fastavro.parse_schema(json.loads(schema_json))
+    renderer = compile_block_renderer(schema_json)
+    assert renderer is not None
+    symbols = render_module._event_types(schema_json)
+    assert symbols is not None
+    for count, data in blocks:
+        slices = renderer.slices(data, count, render_module._METADATA, symbols)
+        assert slices is not None  # every column type the store writes is skipped in C
+        stream, start = io.BytesIO(data), 0
+        for metadata, end in slices:
+            record = fastavro.schemaless_reader(stream, reader, None)
+            assert metadata == {k: record[k] for k in render_module._METADATA}
+            assert (start, end) == (start, stream.tell())
+            start = end
+        assert start == len(data)
+        # a cut block, or one record too many, is left to the Python path (which reports it)
+        assert renderer.slices(data[:-1], count, render_module._METADATA, symbols) is None
+        assert renderer.slices(data, count + 1, render_module._METADATA, symbols) is None
+    assert len(blocks) > 20

@@ -713,40 +713,44 @@ def test_the_c_renderer_refuses_invalid_utf8_at_every_offset_and_renders_valid_t
 # -- the client's framing of a bounded AVRO read ----------------------------------------------
 
 def test_a_bounded_avro_reply_split_anywhere_frames_into_the_same_schemas_and_blocks():
-    """Two versions' container files (header, many small blocks) and the end line, fed in
-    pieces cut at random: every chunk holds whole blocks, in order, byte for byte, with their
-    record counts; each version's schema comes before its blocks."""
+    """Three versions' container files (header, many small blocks; the third one block of
+    over 200 KB, bigger than a receive buffer) and the end line, fed in pieces cut at random:
+    every chunk holds whole blocks, in order, byte for byte, with their record counts; each
+    version's schema comes before its blocks; and the chunks given out stay intact while
+    the rest is received (each is a view of the buffer it arrived in)."""
     import random
 
     from mariadb_cdc_client.format.avro import parse_header
     from mariadb_cdc_client.ranges import Blocks, Schema, _BoundedStream
 
-    def container(version: int, rows: int) -> tuple[bytes, int]:
+    def container(version: int, rows: int, width: int = 50, interval: int = 300
+                  ) -> tuple[bytes, int]:
         schema = {"type": "record", "name": "t", "version": version,
                   "fields": [{"name": "id", "type": "long"}, {"name": "s", "type": "string"}]}
         out = io.BytesIO()
-        fastavro.writer(out, schema, ({"id": i, "s": "x" * (i % 50)} for i in range(rows)),
-                        sync_interval=300)
+        fastavro.writer(out, schema, ({"id": i, "s": "x" * (i % width)} for i in range(rows)),
+                        sync_interval=interval)
         data = out.getvalue()
         return data, parse_header(data).size
 
-    first, first_head = container(1, 700)
-    second, second_head = container(2, 300)
-    reply = first + second + b'{"end": "0-1-9", "records": 1000}\n'
+    versions = [container(1, 700), container(2, 300),
+                container(3, 1000, width=600, interval=1 << 20)]
+    reply = b"".join(data for data, _ in versions) + b'{"end": "0-1-9", "records": 2000}\n'
     rng = random.Random(5)
     for chunk_size in (1, 4096, 1 << 20):
         cuts = sorted(rng.sample(range(1, len(reply)), 60))
         stream, items = _BoundedStream(chunk_size), []
         for a, b in zip([0, *cuts], [*cuts, len(reply)], strict=True):
             items.extend(stream.feed(reply[a:b]))
-        assert stream.end == {"end": "0-1-9", "records": 1000}
+        assert stream.end == {"end": "0-1-9", "records": 2000}
         schemas = [i for i in items if isinstance(i, Schema)]
-        assert [s.avsc["version"] for s in schemas] == [1, 2]
-        at = items.index(schemas[1])
-        blocks = [i for i in items[:at] if isinstance(i, Blocks)], \
-            [i for i in items[at:] if isinstance(i, Blocks)]
-        assert b"".join(b.data for b in blocks[0]) == first[first_head:]
-        assert b"".join(b.data for b in blocks[1]) == second[second_head:]
-        assert [sum(b.count for b in part) for part in blocks] == [700, 300]
+        assert [s.avsc["version"] for s in schemas] == [1, 2, 3]
+        ats = [items.index(s) for s in schemas] + [len(items)]
+        blocks = [[i for i in items[a:b] if isinstance(i, Blocks)]
+                  for a, b in itertools.pairwise(ats)]
+        for part, (data, head) in zip(blocks, versions, strict=True):
+            assert b"".join(b.data for b in part) == data[head:]
+        assert [sum(b.count for b in part) for part in blocks] == [700, 300, 1000]
+        assert len(blocks[2]) == 1 and len(blocks[2][0].data) > 200_000
         if chunk_size == 1:
             assert len(blocks[0]) > 5  # chunks are cut at whole blocks past the size

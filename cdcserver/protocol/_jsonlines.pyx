@@ -299,6 +299,35 @@ cdef int _float32(Out *out, const uint8_t *p) except -1:
     return 1
 
 
+cdef int _skip(int op, int union, Cursor *c) noexcept:
+    """Past one field's value: 1, or 0 at a value the store does not write."""
+    cdef int64_t branch
+    if union != PLAIN:
+        branch = _long(c)
+        if c.bad:
+            return 0
+        if branch == 0:
+            return 1
+        if branch == 2 and union == WITH_TEXT:
+            _take(c, <Py_ssize_t>_long(c))
+            return not c.bad
+        if branch != 1:
+            return 0
+    if op == R_NULL:
+        return 1
+    if op == R_BOOLEAN:
+        _take(c, 1)
+    elif op == R_FLOAT:
+        _take(c, 4)
+    elif op == R_DOUBLE:
+        _take(c, 8)
+    elif op in (R_DECIMAL, R_STRING, R_BYTES, R_UUID, R_U64, R_DECIMAL_TEXT):
+        _take(c, <Py_ssize_t>_long(c))
+    else:  # varints: LONG, ENUM, DATE, DATETIME, TIMESTAMP, TIME, YEAR
+        _long(c)
+    return not c.bad
+
+
 cdef class BlockRenderer:
     """The records of one table version's blocks to JSON lines."""
 
@@ -359,6 +388,45 @@ cdef class BlockRenderer:
             return PyBytes_FromStringAndSize(out.data, out.size)
         finally:
             free(out.data)
+
+    def slices(self, bytes data, Py_ssize_t count, tuple names, tuple symbols):
+        """Each record's metadata (the first fields, ``names``: integers, the last of them an
+        enum of ``symbols``) as a dict, with the offset where the record ends in ``data``;
+        the columns are skipped, not rendered. None when the Python path must read them."""
+        cdef Cursor c
+        cdef Py_ssize_t r
+        cdef int i, nmeta = len(names)
+        cdef int64_t v
+        cdef dict metadata
+        cdef list out = []
+        if nmeta < 1 or nmeta > self.nfields:
+            return None
+        for i in range(nmeta):
+            if self.unions[i] != PLAIN or self.ops[i] != (R_ENUM if i == nmeta - 1 else R_LONG):
+                return None
+        c.p = <const uint8_t *>PyBytes_AS_STRING(data)
+        c.pos = 0
+        c.end = PyBytes_GET_SIZE(data)
+        c.bad = False
+        for r in range(count):
+            metadata = {}
+            for i in range(nmeta):
+                v = _long(&c)
+                if c.bad:
+                    return None
+                if i < nmeta - 1:
+                    metadata[names[i]] = v
+                elif 0 <= v < len(symbols):
+                    metadata[names[i]] = symbols[v]
+                else:
+                    return None
+            for i in range(nmeta, self.nfields):
+                if not _skip(self.ops[i], self.unions[i], &c):
+                    return None
+            out.append((metadata, c.pos))
+        if c.pos != c.end:
+            return None
+        return out
 
     cdef int _field(self, int i, Cursor *c, Out *out) except -1:
         cdef bytes prefix = <bytes>self.prefixes[i]

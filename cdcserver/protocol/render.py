@@ -19,7 +19,7 @@ from cdcserver.protocol.dialect import (
 )
 from cdcserver.store.avrofile import Block
 from cdcserver.store.catalog import VersionInfo
-from cdcserver.store.records import Record, decode_records, read_block
+from cdcserver.store.records import Record, decode_records, read_block, record_slices
 from cdcserver.store.schema import TableSchema
 from mariadb_cdc_client.format.schema import Field, Kind, to_json_text
 from mariadb_cdc_client.format.wire import Dialect
@@ -75,6 +75,34 @@ def rendered_block(info: VersionInfo, block: Block, style: JsonStyle) -> bytes |
 
 
 _SIMPLE_META = ("domain", "server_id", "sequence", "event_number", "timestamp")
+_METADATA = (*_SIMPLE_META, "event_type")
+
+
+def metadata_slices(info: VersionInfo, block: Block) -> list[tuple[Record, bytes]]:
+    """Each record of a block as its metadata fields and its bytes as stored (what a GTID
+    filter needs, ``records.record_slices``): by the C walker, which skips the columns,
+    where it takes the block."""
+    renderer = compile_block_renderer(info.header.schema_json)
+    symbols = _event_types(info.header.schema_json)
+    if renderer is not None and symbols is not None:
+        data = read_block(info.path, info.header, block)
+        ends = renderer.slices(data, block.count, _METADATA, symbols)
+        if ends is not None:
+            starts = [0, *(end for _, end in ends)]
+            return [(metadata, data[start:end])
+                    for (metadata, end), start in zip(ends, starts, strict=False)]
+    return record_slices(info, block)
+
+
+@lru_cache(maxsize=1024)
+def _event_types(schema_json: str) -> tuple[str, ...] | None:
+    """The symbols of a version's event_type enum, when its first fields are the store's
+    metadata fields in the store's order (else None: the Python path reads its records)."""
+    fields = json.loads(schema_json)["fields"][:len(_METADATA)]
+    if tuple(f["name"] for f in fields) != _METADATA:
+        return None
+    enum = fields[-1]["type"]
+    return tuple(enum["symbols"]) if isinstance(enum, dict) else None
 
 
 # Kinds whose values are always of one Python type, rendered without to_json_text's dispatch
@@ -117,6 +145,9 @@ def compile_renderer(schema_json: str, style: JsonStyle = EXACT) -> Renderer:
 
 class BlockRenderer(Protocol):
     def render(self, data: bytes, count: int) -> bytes | None: ...
+
+    def slices(self, data: bytes, count: int, names: tuple[str, ...],
+               symbols: tuple[str, ...]) -> list[tuple[Record, int]] | None: ...
 
 
 # Value operations of _jsonlines.pyx (its enum), by kind.

@@ -49,6 +49,7 @@ from cdcserver.protocol.render import (
     EXACT,
     compile_renderer,
     json_block,
+    metadata_slices,
     repair_suffix,
     with_suffix,
 )
@@ -58,7 +59,7 @@ from cdcserver.store.avrofile import Block, scan_blocks
 from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.index import StoreIndex
 from cdcserver.store.inuse import in_use
-from cdcserver.store.records import block_of, decode_records, record_slices
+from cdcserver.store.records import block_of, decode_records
 from mariadb_cdc_client.format.wire import Code, Format, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -474,7 +475,7 @@ class Streamer:
         """A block seen while a GTID filter is not settled, or at the end of a bounded read:
         send it as stored if it keeps all its records, re-encoded with only those it keeps
         otherwise, or not at all."""
-        records = record_slices(info, block)
+        records = metadata_slices(info, block)
         kept = records
         if self._filter is not None:
             kept = [r for r in kept if self._filter.accepts(r[0])]

@@ -99,7 +99,8 @@ def parse_header(data: bytes | bytearray | memoryview) -> Header:
                   sync, pos + SYNC_SIZE)
 
 
-def block_at(buf: bytes | bytearray, pos: int, sync: bytes) -> tuple[int, int, int] | None:
+def block_at(buf: bytes | bytearray | memoryview, pos: int, sync: bytes
+             ) -> tuple[int, int, int] | None:
     """The container block at ``pos``: (record count, where its data starts, where the block
     ends after its sync marker); None when ``buf`` ends inside it. A malformed block header
     or a wrong sync marker raises AvroFormatError."""

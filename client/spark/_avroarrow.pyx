@@ -613,21 +613,21 @@ cdef class BlockDecoder:
                 free(self.columns[i].symbol_sizes)
             free(self.columns)
 
-    def decode(self, bytes data, bytes sync):
+    def decode(self, const uint8_t[::1] data, bytes sync):
         """The arrays (one per stored field, in the schema's order) of every record in
-        ``data``, null-codec blocks each followed by ``sync``; None when the Python path
-        must decode them."""
-        cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(data)
+        ``data`` (bytes, or a view of a receive buffer), null-codec blocks each followed by
+        ``sync``; None when the Python path must decode them."""
+        cdef Py_ssize_t size = data.shape[0]
+        cdef const uint8_t *p = &data[0] if size else <const uint8_t *>b""
         cdef Py_ssize_t rows
         if PyBytes_GET_SIZE(sync) != SYNC_SIZE:
             return None
-        rows = _record_count(p, PyBytes_GET_SIZE(data),
-                             <const uint8_t *>PyBytes_AS_STRING(sync))
+        rows = _record_count(p, size, <const uint8_t *>PyBytes_AS_STRING(sync))
         if rows < 0:
             return None
         try:
             self._allocate(rows)
-            if not _read(self.columns, self.nfields, p, PyBytes_GET_SIZE(data)):
+            if not _read(self.columns, self.nfields, p, size):
                 return None
             return [self._array(i, rows) for i in range(self.nfields)]
         finally:

@@ -115,7 +115,7 @@ class BatchMaker:
             return self._python_batch(data, trim)
         return self._compiled_batch(stored, trim)
 
-    def _python_batch(self, data: bytes, trim: Trim) -> pa.RecordBatch | None:
+    def _python_batch(self, data: bytes | memoryview, trim: Trim) -> pa.RecordBatch | None:
         """The batch of the records cavro (or fastavro) decodes, a column per pa.array."""
         records = decode(self._header + data)
         if trim:
@@ -141,7 +141,7 @@ class BatchMaker:
             schema=self.arrow_schema)
 
 
-    def _plain(self, data: bytes) -> bytes:
+    def _plain(self, data: bytes | memoryview) -> bytes | memoryview:
         """Blocks as the null codec frames them."""
         if self._codec == "null":
             return data
@@ -151,7 +151,7 @@ class BatchMaker:
             if block is None:
                 raise AvroFormatError("a chunk of blocks ends inside a block")
             count, start, pos = block
-            plain = decompress(self._codec, data[start:pos - SYNC_SIZE])
+            plain = decompress(self._codec, bytes(data[start:pos - SYNC_SIZE]))
             out += write_varint(count) + write_varint(len(plain)) + plain + self._sync
         return bytes(out)
 
