@@ -6,8 +6,10 @@ yields the very same rows.
 The standard workload (bench/common.py: 300,000 records of ``bench.orders``) is replicated
 by the service, which then runs in a thread of this process with its listener on
 127.0.0.1. Untimed, the source's own partition reader turns each of P ranges into its rows,
-which are pickled to files. Then each run times, on a local[2] Spark session (a warm-up
-round first):
+which are pickled to files. Then each run times, on a local[2] Spark session (after
+``--warmup`` untimed rounds of the three, 5 by default: the JVM's JIT compiler still spends
+100-270 ms of CPU a job during the first rounds, on two cores, whichever source runs, and
+that noise is wider than the differences measured):
 - ``cdc``: ``spark.read.format("cdc")`` (P partitions, maxRowsPerPartition = records / P)
   written to the ``noop`` sink: planning, P bounded reads from the service (AVRO mode: the
   stored blocks), decoding, Arrow record batches;
@@ -199,6 +201,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first")
     args = parser.parse_args()
     announce_code_path()
     announce_decoder_path()
@@ -218,9 +221,10 @@ def main() -> None:
         spark.dataSource.register(file_source("arrowref", schema, arrow=True))
         trivial = {"files": ",".join(files)}
         arrow = {"files": ",".join(arrow_files)}
-        timed_noop(spark, "cdc", options)  # warm-up: JVM, Python workers
-        timed_noop(spark, "trivial", trivial)
-        timed_noop(spark, "arrowref", arrow)
+        for _ in range(args.warmup):  # the JVM's JIT, Python workers: see the docstring
+            timed_noop(spark, "cdc", options)
+            timed_noop(spark, "trivial", trivial)
+            timed_noop(spark, "arrowref", arrow)
         cdc_times, trivial_times, arrow_times = [], [], []
         for _ in range(args.runs):
             cdc_times.append(timed_noop(spark, "cdc", options))

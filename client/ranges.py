@@ -198,7 +198,7 @@ class _BoundedStream:
     def space(self) -> memoryview:
         """Where to receive the next bytes of the reply (pass their count to
         :meth:`received`)."""
-        if len(self._buffer) - self._filled < self._MIN_SPACE:
+        if self._full():
             self._move(max(self.chunk_size, 2 * (self._filled - self._base)) + self._MIN_SPACE)
         return memoryview(self._buffer)[self._filled:]
 
@@ -223,8 +223,8 @@ class _BoundedStream:
                 break
             if self._pos - self._base >= self.chunk_size:
                 yield self._chunk()
-        if self.end is not None and self._pos > self._base:
-            yield self._chunk()
+        if self._pos > self._base and (self.end is not None or self._full()):
+            yield self._chunk()  # a full buffer gives out its blocks: only a partial one moves
 
     def feed(self, data: bytes) -> Iterator[Schema | Blocks]:
         """The parts completed by ``data`` (copied into the buffer)."""
@@ -234,6 +234,9 @@ class _BoundedStream:
             space[:size] = data[:size]
             data = data[size:]
             yield from self.received(size)
+
+    def _full(self) -> bool:
+        return len(self._buffer) - self._filled < self._MIN_SPACE
 
     def _move(self, size: int) -> None:
         """Into a new buffer of ``size`` bytes, with what is not yet a chunk: the old one may

@@ -79,24 +79,30 @@ class Block:
     end: int  # offset after the sync marker
 
 
+_BLOCK_HEAD = 20  # a block's count and size: two varints of at most ten bytes
+
+
 def scan_blocks(path: str, header: Header, start: int, end: int) -> Iterator[Block]:
     """The whole blocks between ``start`` and ``end`` (a committed size). A block that does not
-    end with the file's sync marker means corruption and raises StoreError."""
-    with open(path, "rb") as f:
+    end with the file's sync marker means corruption and raises StoreError. One pread per
+    block: its sync marker with the next block's header."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
         pos = start
+        head = os.pread(fd, _BLOCK_HEAD, pos)
         while pos < end:
-            f.seek(pos)
-            head = f.read(20)
             count, after_count = read_varint(head, 0)
             size, data_start = read_varint(head, after_count)
             block_end = pos + data_start + size + SYNC_SIZE
             if count < 0 or size < 0 or block_end > end:
                 raise StoreError(f"{path}: malformed block at offset {pos}")
-            f.seek(block_end - SYNC_SIZE)
-            if f.read(SYNC_SIZE) != header.sync:
+            tail = os.pread(fd, SYNC_SIZE + _BLOCK_HEAD, block_end - SYNC_SIZE)
+            if tail[:SYNC_SIZE] != header.sync:
                 raise StoreError(f"{path}: sync marker mismatch after the block at {pos}")
             yield Block(pos, count, pos + data_start, size, block_end)
-            pos = block_end
+            pos, head = block_end, tail[SYNC_SIZE:]
+    finally:
+        os.close(fd)
 
 
 def last_valid_end(path: str, header: Header, limit: int) -> int:
