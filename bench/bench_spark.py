@@ -1,7 +1,7 @@
 """The Spark source's rows/s into a ``noop`` sink, beside a trivial Python data source that
 yields the very same rows.
 
-    .venv/bin/python bench/bench_spark.py [--runs N] [--partitions P]
+    .venv/bin/python bench/bench_spark.py [--runs N] [--partitions P] [--warmup W]
 
 The standard workload (bench/common.py: 300,000 records of ``bench.orders``) is replicated
 by the service, which then runs in a thread of this process with its listener on
@@ -18,9 +18,10 @@ that noise is wider than the differences measured):
 - ``arrow``: the same, but each partition reads its rows as ready-made Arrow record batches
   (an Arrow IPC file of the batches the cdc source made, untimed) and yields them: the
   fastest a Python data source can hand rows to Spark.
-Prints the three rates (medians) and the cdc source's ratio to each reference, after the code
-paths measured: the service's, and the decoder of the source's executors (the compiled Avro to
-Arrow decoder, or with ``CDC_PURE_PYTHON=1`` the Python one).
+Prints the three rates (medians) and the cdc source's ratio to each reference (and to the
+Arrow-batch source round by round: its median and range), after the code paths measured:
+the service's, and the decoder of the source's executors (the compiled Avro to Arrow
+decoder, or with ``CDC_PURE_PYTHON=1`` the Python one).
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ def announce_decoder_path() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first")
     args = parser.parse_args()
@@ -240,6 +241,11 @@ def main() -> None:
     line("trivial Python source yielding Arrow batches (rows/s)", f"{arrow_rate:,.0f}")
     line("ratio cdc / tuples (issue 6 target: >= 0.7)", f"{cdc_rate / trivial_rate:.2f}")
     line("ratio cdc / Arrow batches (issue 21 target: >= 0.7)", f"{cdc_rate / arrow_rate:.2f}")
+    # each round's own ratio: the rounds run the sources one after the other, so a drift of
+    # the machine (the JIT, the page cache, a noisy neighbour) weighs on both sides of it
+    paired = sorted(a / c for c, a in zip(cdc_times, arrow_times, strict=True))
+    line("  the same, round by round: median (lowest-highest)",
+         f"{statistics.median(paired):.2f} ({paired[0]:.2f}-{paired[-1]:.2f})")
 
 
 if __name__ == "__main__":
