@@ -180,10 +180,13 @@ class _BoundedStream:
 
     The reply is received into buffers of about a chunk (:meth:`space`, then
     :meth:`received`) and each chunk is a read-only view of the buffer it arrived in: its
-    bytes are copied once, by the kernel. A buffer is written only past what it holds and is
-    never reused, so a chunk stays valid for as long as its reader keeps it."""
+    bytes are copied once, by the kernel. A buffer is written only past what it holds, and
+    is used again only once no view of it is left, so a chunk stays valid for as long as its
+    reader keeps it (a reader that drops each chunk in turn keeps receiving into the same
+    few buffers, whose pages are already there)."""
 
     _MIN_SPACE = 64 * 1024  # the least room a receive is given
+    _SPARES = 2  # buffers kept for reuse
 
     def __init__(self, chunk_size: int) -> None:
         self.chunk_size = chunk_size
@@ -194,6 +197,7 @@ class _BoundedStream:
         self._pos = 0  # where parsing stands: [base, pos) is whole blocks
         self._filled = 0  # the bytes received into the buffer
         self._count = 0  # the records of those blocks
+        self._spares: list[bytearray] = []  # earlier buffers, to reuse once no view is left
 
     def space(self) -> memoryview:
         """Where to receive the next bytes of the reply (pass their count to
@@ -242,11 +246,21 @@ class _BoundedStream:
         """Into a new buffer of ``size`` bytes, with what is not yet a chunk: the old one may
         still back the chunks already given out."""
         kept = self._filled - self._base
-        buffer = bytearray(size)
+        buffer = self._spare(size)
         buffer[:kept] = memoryview(self._buffer)[self._base:self._filled]
+        self._spares = [self._buffer, *self._spares][:self._SPARES]
         self._buffer = buffer
         self._pos -= self._base
         self._filled, self._base = kept, 0
+
+    def _spare(self, size: int) -> bytearray:
+        """A kept buffer of at least ``size`` bytes that no chunk views any more, else a new
+        one."""
+        for spare in self._spares:
+            if len(spare) >= size and _unviewed(spare):
+                self._spares.remove(spare)
+                return spare
+        return bytearray(size)
 
     def _schema(self, view: memoryview) -> int:
         try:
@@ -281,6 +295,18 @@ class _BoundedStream:
                        self._count)
         self._base, self._count = self._pos, 0
         return chunk
+
+
+def _unviewed(buffer: bytearray) -> bool:
+    """Whether no view of ``buffer`` is left: a bytearray that has one cannot be resized
+    (BufferError); shrinking it by its last byte and putting one back does neither copy nor
+    reallocate."""
+    try:
+        buffer.pop()
+    except BufferError:
+        return False
+    buffer.append(0)
+    return True
 
 
 def read_blocks(conn: SyncCdcConnection, table: Table, start: Position, end: Position,

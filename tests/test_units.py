@@ -754,3 +754,16 @@ def test_a_bounded_avro_reply_split_anywhere_frames_into_the_same_schemas_and_bl
         assert len(blocks[2]) == 1 and len(blocks[2][0].data) > 200_000
         if chunk_size == 1:
             assert len(blocks[0]) > 5  # chunks are cut at whole blocks past the size
+
+    # a reader that lets each chunk go: the same few buffers are received into again
+    stream, data, buffers, chunks = _BoundedStream(4096), bytearray(), {}, 0
+    for a in range(0, len(reply), 5000):
+        for item in stream.feed(reply[a:a + 5000]):
+            if isinstance(item, Blocks):
+                assert isinstance(item.data, memoryview)
+                buffers[id(item.data.obj)] = item.data.obj  # the buffer, not a view of it
+                data += item.data
+                item.data.release()
+                chunks += 1
+    assert data == b"".join(d[head:] for d, head in versions)
+    assert chunks > 8 and len(buffers) <= 3

@@ -336,6 +336,7 @@ cdef struct Column:
     uint8_t *valid            # a bit per record, set when it is not null
     char *values              # fixed-width values, the bits of booleans, or int32 offsets
     Buf data                  # the bytes of binary and string values
+    Py_ssize_t data_hint      # their size in the last chunk: the next one starts with room
 
 
 cdef inline void _set_bit(uint8_t *bits, Py_ssize_t row) noexcept:
@@ -644,6 +645,9 @@ cdef class BlockDecoder:
             col.values = <char *>calloc(_values_size(col.op, rows) + 1, 1)
             if col.valid == NULL or col.values == NULL:
                 raise MemoryError()
+            if _variable(col.op) and col.data_hint:  # not doubling its way there again
+                if _reserve(&col.data, col.data_hint + col.data_hint // 8) < 0:
+                    return -1
             values = [] if col.op == A_VALUES else None
             self.collected.append(values)
             col.collected = <PyObject *>values
@@ -674,5 +678,6 @@ cdef class BlockDecoder:
         valid = _handed_over(<char **>&col.valid, (rows + 7) // 8) if col.nulls else None
         buffers = [valid, _handed_over(&col.values, _values_size(col.op, rows))]
         if _variable(col.op):
+            col.data_hint = col.data.size
             buffers.append(_handed_over(&col.data.data, col.data.size))
         return pa.Array.from_buffers(arrow_type, rows, buffers, null_count=col.nulls)
