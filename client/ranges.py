@@ -232,19 +232,21 @@ class _BoundedStream:
 
     def feed(self, data: bytes) -> Iterator[Schema | Blocks]:
         """The parts completed by ``data`` (copied into the buffer)."""
-        while data:
+        rest = memoryview(data)
+        while rest:
             space = self.space()
-            size = min(len(space), len(data))
-            space[:size] = data[:size]
-            data = data[size:]
+            size = min(len(space), len(rest))
+            space[:size] = rest[:size]
+            rest = rest[size:]
             yield from self.received(size)
 
     def _full(self) -> bool:
         return len(self._buffer) - self._filled < self._MIN_SPACE
 
     def _move(self, size: int) -> None:
-        """Into a new buffer of ``size`` bytes, with what is not yet a chunk: the old one may
-        still back the chunks already given out."""
+        """Into another buffer of at least ``size`` bytes (a spare no chunk views, or a new
+        one), with what is not yet a chunk: the one it leaves may still back chunks given
+        out, so it is only kept as a spare."""
         kept = self._filled - self._base
         buffer = self._spare(size)
         buffer[:kept] = memoryview(self._buffer)[self._base:self._filled]
