@@ -40,7 +40,14 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import OUT, RECORDS, announce_code_path, line, workload_server
+from bench.common import (
+    OUT,
+    RECORDS,
+    announce_code_path,
+    line,
+    refuse_python_path,
+    workload_server,
+)
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.app.service import Service
 from cdcserver.core.config import Config, ListenerConfig, SourceConfig, StoreConfig
@@ -192,9 +199,7 @@ def announce_decoder_path() -> str:
 
     path = decoder_path()
     line("spark decoder measured (cdc source's executors)", path)
-    if path.startswith("Python") and not os.environ.get("CDC_PURE_PYTHON"):
-        sys.exit("the compiled Avro-to-Arrow decoder is not built here (pip install -e .): this "
-                 "would measure the Python one; set CDC_PURE_PYTHON=1 to measure it on purpose")
+    refuse_python_path(path.startswith("Python"), "the compiled Avro-to-Arrow decoder is")
     return path
 
 

@@ -129,7 +129,13 @@ def announce_code_path() -> str:
     ``CDC_PURE_PYTHON=1`` asks for it (a checkout whose extensions were built elsewhere)."""
     path = code_path()
     line("code path measured", path)
-    if path.startswith("pure") and not os.environ.get("CDC_PURE_PYTHON"):
-        sys.exit("the compiled extensions are not built here (pip install -e .): this would "
-                 "measure the pure-Python path; set CDC_PURE_PYTHON=1 to measure it on purpose")
+    refuse_python_path(path.startswith("pure"), "the compiled extensions are")
     return path
+
+
+def refuse_python_path(python: bool, compiled: str) -> None:
+    """Stop a comparison that would measure a Python path unless ``CDC_PURE_PYTHON=1`` asks
+    for it; ``compiled`` names what is not built."""
+    if python and not os.environ.get("CDC_PURE_PYTHON"):
+        sys.exit(f"{compiled} not built here (pip install -e .): this would measure the Python "
+                 "path; set CDC_PURE_PYTHON=1 to measure it on purpose")

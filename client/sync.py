@@ -80,7 +80,7 @@ class SyncCdcConnection:
         return message
 
     def query(self, line: str) -> dict[str, Any]:
-        self.sock.sendall(line.encode())
+        self.send(line)
         reply = self._readline()
         if reply.startswith(b"ERR"):
             _, code, message = parse_reply(reply)
@@ -94,7 +94,7 @@ class SyncCdcConnection:
         nothing received (then the iterator simply ends). ``request`` None: the stream has
         already started (after ``REQUEST-DUMP ... FOLLOW``)."""
         if request is not None:
-            self.sock.sendall(request.line().encode())
+            self.send(request.line())
         decoder = JsonStreamDecoder() if self.format == Format.JSON else AvroStreamDecoder()
         self.sock.settimeout(idle_timeout)
         data, self._pending = bytes(self._pending), bytearray()

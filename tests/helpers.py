@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import signal
@@ -13,9 +14,19 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
+import fastavro
 import pytest
 
+from cdcserver.store.avrofile import compress
+from mariadb_cdc_client.format.avro import (
+    SYNC_SIZE,
+    block_at,
+    container_header,
+    parse_header,
+    write_varint,
+)
 from mariadb_cdc_client.format.wire import auth_message
+from mariadb_cdc_client.ranges import Blocks
 
 T = TypeVar("T")
 
@@ -215,3 +226,21 @@ def fill(path: str) -> None:
                     os.write(fd, b"\0" * chunk)
     finally:
         os.close(fd)
+
+
+def stored_blocks(schema: Any, records: list[dict[str, Any]], codec: str = "null",
+                  sync_interval: int = 4000) -> tuple[Any, Blocks]:
+    """``records`` written by fastavro under ``schema`` (parsed) in blocks of about
+    ``sync_interval`` bytes, framed and compressed the way the store writes ``codec``: the
+    version's container header, and its blocks as a bounded read hands them over."""
+    out = io.BytesIO()
+    fastavro.writer(out, schema, records, sync_interval=sync_interval)
+    data = out.getvalue()
+    written = parse_header(data)
+    body, pos = bytearray(), written.size
+    while (block := block_at(data, pos, written.sync)) is not None:
+        count, start, pos = block
+        packed = compress(codec, data[start:pos - SYNC_SIZE])
+        body += write_varint(count) + write_varint(len(packed)) + packed + written.sync
+    header = parse_header(container_header(written.schema_json, codec, written.sync))
+    return header, Blocks(bytes(body), len(records))

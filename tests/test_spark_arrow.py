@@ -5,7 +5,6 @@ the Spark tests run the same code against the real service."""
 from __future__ import annotations
 
 import datetime as dt
-import io
 import uuid
 from decimal import Decimal
 from typing import Any
@@ -17,17 +16,10 @@ pytest.importorskip("cavro")
 
 import fastavro
 
-from cdcserver.store.avrofile import compress
-from mariadb_cdc_client.format.avro import (
-    SYNC_SIZE,
-    block_at,
-    container_header,
-    parse_header,
-    write_varint,
-)
 from mariadb_cdc_client.ranges import Blocks, Trim
 from mariadb_cdc_client.spark import arrow
 from mariadb_cdc_client.spark.types import ZeroDateError, table_schema
+from tests.helpers import stored_blocks
 
 AVSC: dict[str, Any] = {
     "namespace": "MaxScaleChangeDataSchema.avro", "type": "record", "name": "ChangeRecord",
@@ -68,17 +60,7 @@ RECORDS = [
 
 def _blocks(codec: str) -> tuple[Any, Blocks]:
     """RECORDS in blocks of one record each, compressed the way the store does."""
-    out = io.BytesIO()
-    fastavro.writer(out, fastavro.parse_schema(AVSC), RECORDS, sync_interval=1)
-    data = out.getvalue()
-    plain = parse_header(data)
-    body, pos = bytearray(), plain.size
-    while (block := block_at(data, pos, plain.sync)) is not None:
-        count, start, pos = block
-        packed = compress(codec, data[start:pos - SYNC_SIZE])
-        body += write_varint(count) + write_varint(len(packed)) + packed + plain.sync
-    header = parse_header(container_header(plain.schema_json, codec, plain.sync))
-    return header, Blocks(bytes(body), len(RECORDS))
+    return stored_blocks(fastavro.parse_schema(AVSC), RECORDS, codec, sync_interval=1)
 
 
 @pytest.mark.parametrize("codec", ["null", "deflate", "snappy", "zstandard"])

@@ -9,7 +9,6 @@ broken framing). Pure functions over bytes: no service or Spark session needed."
 from __future__ import annotations
 
 import importlib
-import io
 import os
 import random
 import struct
@@ -30,18 +29,16 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from cdcserver.core.changes import ColumnDef, TableLayout
 from cdcserver.mariadb.constants import ColumnType as T
-from cdcserver.store.avrofile import compress
 from cdcserver.store.schema import TableSchema
 from mariadb_cdc_client.format.avro import (
     SYNC_SIZE,
     block_at,
-    container_header,
-    parse_header,
     write_varint,
 )
 from mariadb_cdc_client.ranges import Blocks, Trim
 from mariadb_cdc_client.spark import arrow
 from mariadb_cdc_client.spark.types import ZeroDateError, table_schema
+from tests.helpers import stored_blocks
 
 try:
     _avroarrow = importlib.import_module("mariadb_cdc_client.spark._avroarrow")
@@ -164,18 +161,8 @@ def _blocks(avsc: dict[str, Any], records: list[dict[str, Any]], codec: str = "n
             sync_interval: int = 4000) -> tuple[Any, Blocks]:
     """``records`` written under the plain schema (the encoding is the stored one), in
     blocks of about ``sync_interval`` bytes, compressed the way the store does."""
-    out = io.BytesIO()
     plain_schema = fastavro.parse_schema(_ints_as_longs(arrow.plain_reader_schema(avsc)))
-    fastavro.writer(out, plain_schema, records, sync_interval=sync_interval)
-    data = out.getvalue()
-    written = parse_header(data)
-    body, pos = bytearray(), written.size
-    while (block := block_at(data, pos, written.sync)) is not None:
-        count, start, pos = block
-        packed = compress(codec, data[start:pos - SYNC_SIZE])
-        body += write_varint(count) + write_varint(len(packed)) + packed + written.sync
-    header = parse_header(container_header(written.schema_json, codec, written.sync))
-    return header, Blocks(bytes(body), len(records))
+    return stored_blocks(plain_schema, records, codec, sync_interval)
 
 
 def _ints_as_longs(schema: Any) -> Any:

@@ -140,7 +140,6 @@ class BatchMaker:
             [build(empty) if i is None else stored[i] for i, build in self._columns],
             schema=self.arrow_schema)
 
-
     def _plain(self, data: bytes | memoryview) -> bytes | memoryview:
         """Blocks as the null codec frames them."""
         if self._codec == "null":
