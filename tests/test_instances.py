@@ -13,6 +13,7 @@ import asyncio
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -47,6 +48,13 @@ class Instance:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=log,
                                             start_new_session=True)
+
+    def listening(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+        except OSError:
+            return False
+        return True
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -121,7 +129,7 @@ async def test_a_client_follows_two_instances_across_repeated_kill_9(
             await until(lambda b=before: len(received) >= b + 200, timeout=60)
             assert client.endpoints.current[1] != in_use.port
             in_use.start()
-            await asyncio.sleep(1.0)
+            await until(in_use.listening, timeout=30)  # back before the other is killed
         writer.stop.set()
         writer.thread.join(30)
         await until(lambda: len(received) >= writer.records, timeout=60)

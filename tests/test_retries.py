@@ -70,7 +70,7 @@ async def test_two_services_with_one_server_id_stop_one_with_the_cause(
         assert replicator is not None and replicator.reconnects <= 6  # no storm
         source.execute(f"INSERT INTO {table} VALUES (2)")  # the other one goes on
         await going[0].caught_up(source)
-        await asyncio.sleep(2)
+        await asyncio.sleep(2)  # a quiet window: it must not be stopped later on (no event)
         assert _replicating(going[0]) and not going[0].service.replication.stopped
     finally:
         for running in (first, second):
