@@ -30,7 +30,7 @@ from cdcserver.store.naming import TableName
 from mariadb_cdc_client import SyncCdcClient
 from mariadb_cdc_client.dump import DumpRows, apply, read_dump
 from tests.conftest import RunningService, Source
-from tests.helpers import PASSWORD, USER, eventually, kill_when
+from tests.helpers import PASSWORD, USER, eventually, kill_when, wait_until
 from tests.test_dump import Writer, _follow_until, _loaded, _orders, _table_rows
 
 pytestmark = pytest.mark.mariadb
@@ -104,6 +104,12 @@ async def test_an_alter_table_during_a_chunked_dump_does_not_wait_for_it(
             return
         altered.set()
         threading.Thread(target=alter, daemon=True).start()
+        # This reader's range stays unfinished until the ALTER has reached the server (or is
+        # done): without it, a loaded machine let the dump read every remaining row before
+        # the ALTER was even sent, and the dump was rightly of the old definition.
+        wait_until(lambda: finished.is_set() or bool(source.query(
+            "SELECT 1 FROM information_schema.PROCESSLIST WHERE INFO LIKE 'ALTER TABLE%extra%'")),
+            30, "the ALTER to reach the server")
 
     def alter() -> None:
         watcher = threading.Thread(target=watch, daemon=True)
