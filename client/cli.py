@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 
 import mariadb_cdc_client
 from mariadb_cdc_client.endpoints import Endpoints
+from mariadb_cdc_client.extras import MissingExtra, require
 from mariadb_cdc_client.format.dump import DumpDecoder, DumpError, DumpHeader
 from mariadb_cdc_client.format.names import BadTableRef, parse_table
 from mariadb_cdc_client.format.wire import (
@@ -142,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         _hide_password_from_process_title(sys.argv[1:])
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in COMMANDS:
-        return COMMANDS[argv[0]].run(argv[1:])
+        try:
+            return COMMANDS[argv[0]].run(argv[1:])
+        except MissingExtra as exc:
+            print(f"cdc: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     mistyped = _mistyped_command(argv[0]) if argv else None
     if mistyped:
         print(f"cdc: {mistyped}", file=sys.stderr)
@@ -481,12 +486,14 @@ def _save_dump(conn: SyncCdcConnection, args: argparse.Namespace) -> tuple[DumpH
 
 
 def _kafka_parser() -> argparse.ArgumentParser:
+    require("kafka", "cdc kafka")
     from mariadb_cdc_client.kafka_cli import parser  # needs the kafka extra: only for `cdc kafka`
 
     return parser()
 
 
 def _kafka(argv: list[str]) -> int:
+    require("kafka", "cdc kafka")
     from mariadb_cdc_client.kafka_cli import run
 
     return run(argv)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from mariadb_cdc_client.extras import require
 from mariadb_cdc_client.format.dump import decode_value
 from mariadb_cdc_client.format.schema import Field, Kind, fields_from_schema, from_json_value
 
@@ -272,6 +273,7 @@ class KafkaChangeReader:
 
     def __init__(self, bootstrap: str, topics: list[str], *, format: str = "databus",
                  schema_topic: str = "cdcserver-schemas", **consumer_options: Any) -> None:
+        require("kafka", "KafkaChangeReader")
         self.bootstrap = bootstrap
         self.topics = topics
         self.decoder = KafkaDecoder(format)

@@ -48,6 +48,7 @@ from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
 from cdcserver.store.sink import StoreSink
 from cdcserver.store.store import AvroStore
+from mariadb_cdc_client.extras import MissingExtra, require
 from mariadb_cdc_client.format.wire import Dialect
 
 log = logging.getLogger(__name__)
@@ -86,10 +87,9 @@ class Service:
         if not self.config.kafka.enabled:
             return []
         try:
-            from cdcserver.kafka.sink import KafkaSink  # noqa: F401 - installed?
-        except ImportError as exc:
-            raise ConfigError(f"kafka.bootstrap is set but {exc.name} is not installed: "
-                              "pip install 'mariadb-cdc[kafka]'") from exc
+            require("kafka", "kafka.bootstrap (publishing to Kafka)")
+        except MissingExtra as exc:
+            raise ConfigError(str(exc)) from exc
         if self.config.kafka.publisher_lock:  # a sink only while this instance publishes
             self.lease = PublisherLease(self.sources, self.config.kafka.publisher_lock)
             return []

@@ -20,8 +20,8 @@ import shutil
 import sys
 from typing import Any
 
+from mariadb_cdc_client.extras import MissingExtra, require
 from mariadb_cdc_client.format.names import parse_table
-from mariadb_cdc_client.spark.types import METADATA
 
 CURRENT = "CURRENT"
 
@@ -49,6 +49,8 @@ def apply_changes(spark: Any, changes: Any, batch_id: int, path: str, key: list[
     """Apply one micro-batch of change records to the mirror at ``path``."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
+
+    from mariadb_cdc_client.spark.types import METADATA
 
     snapshot = current_snapshot(path)
     done = int(os.path.basename(snapshot).partition("=")[2]) if snapshot else -1
@@ -130,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.password:
         parser.error("--password or CDC_PASSWORD is required")
+    try:
+        require("spark", "the mirror")
+    except MissingExtra as exc:
+        parser.exit(2, f"{parser.prog}: {exc}\n")
 
     from pyspark.sql import SparkSession
 
