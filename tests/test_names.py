@@ -110,6 +110,14 @@ def _refused(parse, argument: str) -> ProtocolError:  # type: ignore[no-untyped-
     ("db.a.b", Code.NO_FILE, "a name containing a dot must be quoted, as in db.`a.b`"),
     ("db.t.3", Code.NO_FILE, "a version has six digits (db.t.000003)"),
     ("db.t 1-2", Code.BAD_SYNTAX, "not a GTID: '1-2'"),
+    # a malformed GTID is named as one (what MaxScale's grammar puts after the table), with
+    # the quoting advice second, in case the word was the end of a name
+    ("shop.orders not-a-gtid", Code.BAD_SYNTAX,
+     "not a GTID: 'not-a-gtid' (expected domain-server-seq); if it is part of the table's "
+     "name, a name containing a space must be quoted: shop.`orders not-a-gtid`"),
+    ("shop.orders abc-1-2", Code.BAD_SYNTAX, "not a GTID: 'abc-1-2'"),
+    ("shop.orders 0-1", Code.BAD_SYNTAX, "not a GTID: '0-1'"),
+    ("shop.orders uuid:1", Code.BAD_SYNTAX, "not a GTID: 'uuid:1'"),
     ("db.my cafe1", Code.BAD_SYNTAX, "a name containing a space must be quoted: db.`my cafe1`"),
     ("`my db.t", Code.BAD_SYNTAX, "unbalanced backquote"),
     ('"my\tdb".t', Code.BAD_SYNTAX, "bad JSON string"),

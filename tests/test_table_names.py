@@ -72,11 +72,11 @@ def odd_tables(source: Source) -> Iterator[list[tuple[str, str]]]:
         source.execute(*(f"DROP DATABASE IF EXISTS {sql_name(d)}" for d in DATABASES))
 
 
-async def _command(port: int, line: str) -> bytes:
+async def _command(port: int, line: str, dialect: str | None = None) -> bytes:
     """One command on a fresh connection; its reply line."""
     client = await RawClient.connect(port)
     try:
-        await client.login()
+        await client.login(dialect=dialect)
         await client.send(line.encode() + b"\n")
         return await client.line()
     finally:
@@ -137,12 +137,12 @@ async def test_replies_and_errors_name_tables_as_requests_do(
     assert await _command(cdc.port, "REQUEST-DATA t_my db.sp ace 0-1-1") == \
         b"ERR BAD-SYNTAX a name containing a space must be quoted: `t_my db`.`sp ace`\n"
     # An unknown table, or version, says so.
-    assert await _command(cdc.port, f"REQUEST-DATA {db}.`no such`") == \
-        f"ERR NO-FILE File '{db}.`no such`.000001.avro' not found: unknown table " \
-        f"{db}.`no such`\n".encode()
-    assert await _command(cdc.port, f"REQUEST-DATA {spaced}.000002") == \
-        f"ERR NO-FILE File '{spaced}.000002.avro' not found: {spaced} has version " \
-        "000001\n".encode()
+    assert await _command(cdc.port, f"REQUEST-DATA {db}.`no such`", "EXACT") == \
+        f"ERR NO-FILE File '{db}.`no such`.000001.avro' not found. (unknown table " \
+        f"{db}.`no such`)\n".encode()
+    assert await _command(cdc.port, f"REQUEST-DATA {spaced}.000002", "EXACT") == \
+        f"ERR NO-FILE File '{spaced}.000002.avro' not found. ({spaced} has version " \
+        "000001)\n".encode()
 
     # QUERY-TRANSACTION names the tables as LIST-TABLES does.
     source.execute(f"INSERT INTO {sql_table(db, 'a.b')} VALUES (10, 'x')")

@@ -239,19 +239,28 @@ class Session:
             # After a dump, the table may not have changed yet: wait for its first change
             # (a bounded read of it is empty).
             if not (request.after and request.version is None):
-                raise _no_file(request, f"unknown table {_ref(table)}")
+                raise self._no_file(request, f"unknown table {_ref(table)}")
             return self._blocking(lambda: self._start_after_dump(request))
         if request.version is not None and request.version not in entry.versions:
             first, last = min(entry.versions), max(entry.versions)
             stored = f"version {first:06d}" if first == last else \
                 f"versions {first:06d} to {last:06d}"
-            raise _no_file(request, f"{_ref(table)} has {stored}")
+            raise self._no_file(request, f"{_ref(table)} has {stored}")
         return self._start(request)
 
     def _start_after_dump(self, request: StreamRequest) -> Outcome:
         if not self._dumps(request.table):
-            raise _no_file(request, f"unknown table {_ref(request.table)}")
+            raise self._no_file(request, f"unknown table {_ref(request.table)}")
         return self._start(request)
+
+    def _no_file(self, request: StreamRequest, cause: str) -> ProtocolError:
+        """MaxScale's reply for a version file it does not have, byte for byte; a client
+        that asked for the exact dialect (this project's) also reads why, after it."""
+        name = f"{_ref(request.table)}.{request.version or 1:06d}"
+        message = f"File '{name}.avro' not found."
+        if self.dialect is Dialect.EXACT:
+            message += f" ({cause})"
+        return ProtocolError(Code.NO_FILE, message)
 
     def _start(self, request: StreamRequest) -> StartStream:
         self.phase = Phase.STREAMING
@@ -452,12 +461,6 @@ class Session:
 
 def _ref(table: TableName) -> str:
     return table_ref(table.database, table.table)
-
-
-def _no_file(request: StreamRequest, cause: str) -> ProtocolError:
-    """MaxScale's reply for a version file it does not have, and why."""
-    name = f"{_ref(request.table)}.{request.version or 1:06d}"
-    return ProtocolError(Code.NO_FILE, f"File '{name}.avro' not found: {cause}")
 
 
 def _transaction_json(info: TransactionInfo) -> bytes:

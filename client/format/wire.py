@@ -254,9 +254,8 @@ def parse_request_data(argument: str) -> DataRequest:
         gtid = words[0]
     elif words:
         hint = _spaced(argument, ref, {"AFTER", "UNTIL"}, version=True)
-        if hint is None and len(words) == 1 and _positional(words[0]):
-            raise ProtocolError(Code.BAD_SYNTAX,
-                                f"not a GTID: {words[0]!r} (expected domain-server-seq)")
+        if len(words) == 1 and (_positional(words[0]) or _gtid_like(words[0])):
+            raise _not_a_gtid(words[0], hint)
         raise _misplaced(hint, _REQUEST_DATA)
     return DataRequest(ref.database, ref.table, ref.version, gtid, after, until)
 
@@ -307,6 +306,21 @@ def _positional(word: str) -> bool:
 
 
 _POSITIONAL = re.compile(r"[0-9][0-9:,-]*|[0-9a-fA-F-]{36}:[0-9:,-]*")
+
+
+def _gtid_like(word: str) -> bool:
+    """A word a client meant as a GTID, however malformed: MaxScale's grammar has a GTID
+    after the table, and GTIDs hold dashes (``0-1-5``) or a colon (``uuid:5``)."""
+    return "-" in word or ":" in word
+
+
+def _not_a_gtid(word: str, hint: str | None) -> ProtocolError:
+    """The one word after the table is not a GTID; it might still be the end of a name
+    with a space, sent bare: say how to quote it too."""
+    message = f"not a GTID: {word!r} (expected domain-server-seq)"
+    if hint is not None:
+        message += f"; if it is part of the table's name, {SPACE_RULE}: {hint}"
+    return ProtocolError(Code.BAD_SYNTAX, message)
 
 
 def _misplaced(hint: str | None, usage: str) -> ProtocolError:
