@@ -27,6 +27,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+# The QueryEvent actions of mysql-databus's docs (getevent-structures.md: "DDL && DML
+# Action", seven strings; update, insert and delete are a RowsEvent's). A consumer switches
+# on them: any other string is a statement it drops.
+STATEMENT_ACTIONS = ("alter", "create", "drop", "truncate")
+
 
 class GoJSONError(ValueError):
     """What json.Unmarshal would return."""
@@ -246,6 +251,9 @@ class Replica:
             event = decode_query_event(value)
             if event.table is None:
                 raise GoJSONError("a QueryEvent without a Table (the SDK dereferences it)")
+            if event.action not in STATEMENT_ACTIONS:
+                raise GoJSONError(f"QueryEvent.Action {event.action!r} is not one of "
+                                  "mysql-databus's")
             self.statements.append(event.query.decode("utf-8"))
             return
         if key.action != "DML":

@@ -157,6 +157,13 @@ def go_mysql_type(raw_type: str) -> int:
     return 10 if name.startswith("bit") else 11 if name.startswith("json") else 5
 
 
+# The QueryEvent actions mysql-databus documents (getevent-structures.md: with update, insert
+# and delete, its seven action strings). A consumer switches on them, so a statement of
+# another kind (RENAME TABLE, a statement on no known table) goes as "alter", the schema
+# change it is; its Query carries the statement itself.
+DATABUS_STATEMENT_ACTIONS = frozenset({"alter", "create", "drop", "truncate"})
+
+
 class Databus(MessageFormat):
     """mysql-databus's messages (seed 001): one per binlog row event, a ``RowsEvent`` with all
     its rows, and a ``QueryEvent`` per statement, keyed ``KafkaKey{Pos, Action}`` with
@@ -260,7 +267,7 @@ class Databus(MessageFormat):
         return position_key(action, file, transaction_start, gtid, event)
 
     def statement(self, e: StatementEvent) -> Message:
-        action = e.kind if e.kind != "query" else "query"
+        action = e.kind if e.kind in DATABUS_STATEMENT_ACTIONS else "alter"
         if e.shape is not None:
             table = self.table_json(e.shape)
         else:  # never null: the SDK reads Table.Schema of every QueryEvent

@@ -148,6 +148,11 @@ func main() {
 				fail("a QueryEvent without a Table")
 			}
 			_ = e.Table.Schema // the SDK dereferences it
+			switch e.Action { // the DDL actions of mysql-databus's docs
+			case "alter", "create", "drop", "truncate":
+			default:
+				fail("QueryEvent.Action %q is not one of mysql-databus's", e.Action)
+			}
 			out.Statements = append(out.Statements, string(e.Query))
 		case "DML":
 			var e RowsEvent
