@@ -36,7 +36,7 @@ from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import INSERTS, OUT, line, workload_server
+from bench.common import INSERTS, OUT, line, require_tools, workload_server
 from cdcserver.app.embedded import EmbeddedMariaDB, kill_me_with_my_parent
 from cdcserver.core.config import SourceAddress
 from cdcserver.dump.dumper import DumpOptions, dump_tables
@@ -231,6 +231,7 @@ def main() -> None:
     parser.add_argument("--big", type=int, default=0, metavar="ROWS",
                         help="also a table of this many rows (e.g. 10000000)")
     args = parser.parse_args()
+    require_tools("bench_dump.py", **{"mariadb-dump": "mariadb-client", "mydumper": "mydumper"})
     line("row path measured", row_path())
     if os.environ.get("CDC_PURE_PYTHON") is None:
         from cdcserver.dump import rawrows

@@ -107,6 +107,19 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def require_tools(bench: str, **packages: str) -> None:
+    """The reference tools a bench runs beside the service (command -> Debian package):
+    installed with apt when missing and running as root, else one line saying what to
+    install, before any work is done."""
+    from cdcserver.app.embedded import install_missing
+
+    missing = install_missing(*(f"{command}={package}" for command, package in
+                                packages.items()))
+    if missing:
+        sys.exit(f"{bench} needs {', '.join(missing)}: apt-get install {' '.join(missing)} "
+                 "(as root), then run it again")
+
+
 def line(label: str, value: str) -> None:
     print(f"{label:<58} {value}", flush=True)
 

@@ -57,7 +57,8 @@ HISTORY = (
 
 
 def run_demo(directory: str, listen: str, mariadb_port: int, trickle: float) -> int:
-    ensure_mariadb_installed()
+    # the server, and netcat for the example it prints (openbsd's: the docs use its -N)
+    ensure_mariadb_installed("nc=netcat-openbsd")
     os.makedirs(directory, exist_ok=True)
     db = EmbeddedMariaDB(os.path.join(directory, "mariadb"),
                          port=mariadb_port if _port_free(mariadb_port) else 0)
@@ -127,7 +128,7 @@ The CDC service is listening on {host}:{port} (user {DEMO_USER}, password {DEMO_
   Take a new dump:
     .venv/bin/cdcserver dump 'shop.*' --source {db.url()} --data-dir {service.config.store.data_dir}
 
-  Or with netcat (the first line is hex(user:SHA1(password))):
+  Or with netcat (the first line is hex(user:SHA1(password)); Debian: netcat-openbsd):
     printf '{auth}\\nREGISTER UUID=nc, TYPE=JSON\\nREQUEST-DATA shop.orders\\n' | nc {host} {port}
 
   Make your own changes in the demo database:

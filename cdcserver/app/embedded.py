@@ -36,17 +36,31 @@ _SMALL_FOOTPRINT = (
 )
 
 
-def ensure_mariadb_installed() -> None:
-    """Install Debian's mariadb-server if ``mariadbd`` is missing (root only)."""
-    if shutil.which("mariadbd") or os.path.exists("/usr/sbin/mariadbd"):
-        return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
+def ensure_mariadb_installed(*extra: str) -> None:
+    """Install Debian's mariadb-server if ``mariadbd`` is missing (root only), and the
+    ``extra`` packages with it (a package name, or ``command=package`` to install it only
+    where ``command`` is missing). Without root, a missing server is an error saying what to
+    install, and a missing extra package is left to the caller."""
+    packages = [] if shutil.which("mariadbd") or os.path.exists("/usr/sbin/mariadbd") else \
+        ["mariadb-server", "mariadb-client"]
+    if packages and (os.geteuid() != 0 or not shutil.which("apt-get")):
         raise ConfigError("MariaDB is not installed: run `apt-get install mariadb-server "
                           "mariadb-client` as root, then try again")
+    install_missing(*packages, *extra)
+
+
+def install_missing(*wanted: str) -> list[str]:
+    """Install with apt, as root, the Debian packages ``wanted`` names: a package, or
+    ``command=package`` for a package needed only where ``command`` is not on the PATH.
+    Returns the packages still missing (all of them without root or apt)."""
+    packages = [package for command, _, package in (w.rpartition("=") for w in wanted)
+                if not (command and shutil.which(command))]
+    if not packages or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return packages
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "mariadb-server", "mariadb-client"],
-                   check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=env)
+    return []
 
 
 def kill_leftovers(datadir: str) -> list[int]:
