@@ -281,6 +281,8 @@ def _print_new_lines(conn: SyncCdcConnection, request: DataRequest, resume: Resu
 
 
 def _open(args: argparse.Namespace) -> SyncCdcConnection:
+    if not args.user:  # no user name is valid: the server would only say BAD-AUTH
+        raise ValueError("a user is required: -u USER (and -p PASSWORD or CDC_PASSWORD)")
     password = args.password if args.password is not None else os.environ.get("CDC_PASSWORD", "")
     tls = None
     if args.tls or args.tls_ca:

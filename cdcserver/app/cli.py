@@ -412,8 +412,14 @@ def cmd_users_add(args: argparse.Namespace) -> int:
     if args.password_stdin:
         password = sys.stdin.readline().rstrip("\r\n")
     else:
-        password = getpass.getpass(f"Password for {args.name}: ")
-        if getpass.getpass("Again: ") != password:
+        try:
+            password = getpass.getpass(f"Password for {args.name}: ")
+            again = getpass.getpass("Again: ")
+        except EOFError:  # no terminal, and nothing on standard input
+            print("\ncdcserver: no password was typed: give it at the prompt, or on standard "
+                  "input with --password-stdin", file=sys.stderr)
+            return EXIT_USAGE
+        if again != password:
             print("cdcserver: the passwords differ", file=sys.stderr)
             return EXIT_USAGE
     dialect = Dialect(args.json) if args.json else None
