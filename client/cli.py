@@ -45,8 +45,8 @@ from typing import Any, NamedTuple
 
 import mariadb_cdc_client
 from mariadb_cdc_client.endpoints import Endpoints
-from mariadb_cdc_client.extras import MissingExtra, require
 from mariadb_cdc_client.format.dump import DumpDecoder, DumpError, DumpHeader
+from mariadb_cdc_client.format.extras import MissingExtra, require
 from mariadb_cdc_client.format.names import BadTableRef, parse_table
 from mariadb_cdc_client.format.wire import (
     DataRequest,

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from mariadb_cdc_client.extras import require
 from mariadb_cdc_client.format.dump import decode_value
+from mariadb_cdc_client.format.extras import require
 from mariadb_cdc_client.format.schema import Field, Kind, fields_from_schema, from_json_value
 
 FORMATS = ("databus", "dip", "debezium", "maxscale")

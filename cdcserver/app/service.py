@@ -48,7 +48,7 @@ from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
 from cdcserver.store.sink import StoreSink
 from cdcserver.store.store import AvroStore
-from mariadb_cdc_client.extras import MissingExtra, require
+from mariadb_cdc_client.format.extras import MissingExtra, require
 from mariadb_cdc_client.format.wire import Dialect
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ def register(spark: Any) -> None:
     """Make ``format("cdc")`` available in this Spark session. Its Python workers need an
     interpreter that can import this package (``PYSPARK_PYTHON``); when theirs cannot, the
     read fails saying what to set (:mod:`mariadb_cdc_client.spark.workers`)."""
-    from mariadb_cdc_client.extras import require
+    from mariadb_cdc_client.format.extras import require
 
     require("spark", "the Spark source")
     from mariadb_cdc_client.spark.workers import register_source

@@ -20,7 +20,7 @@ import shutil
 import sys
 from typing import Any
 
-from mariadb_cdc_client.extras import MissingExtra, require
+from mariadb_cdc_client.format.extras import MissingExtra, require
 from mariadb_cdc_client.format.names import parse_table
 
 CURRENT = "CURRENT"
