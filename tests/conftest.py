@@ -214,3 +214,11 @@ def spark() -> Iterator[Any]:
     register(session)
     yield session
     session.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """With pytest-xdist (tests/run.sh runs the suite on several workers, each with its own
+    MariaDB, broker and ports), the Spark tests share one worker: one JVM, not one each."""
+    for item in items:
+        if item.get_closest_marker("spark") is not None:
+            item.add_marker(pytest.mark.xdist_group("spark"))

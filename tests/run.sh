@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone on a fresh machine (Debian 12, as root): installs
 # what the tests need (Debian's mariadb-server and galera-4 with rsync, a Java runtime for
-# Spark, Go for the databus consumer, the Python packages into .venv), then runs pytest. The
+# Spark, Go for the databus consumer, Prometheus with promtool, the Python packages into
+# .venv), then runs pytest on four workers. The
 # tests start their own private MariaDB and services; nothing needs to be running.
 # Extra arguments go to pytest, e.g. `bash tests/run.sh -k listener -x`.
 set -euo pipefail
@@ -16,6 +17,7 @@ command -v go >/dev/null 2>&1 || missing+=(golang-go)  # the Go databus consumer
 command -v rsync >/dev/null 2>&1 || missing+=(rsync)  # ... its state transfers
 command -v socat >/dev/null 2>&1 || missing+=(socat)
 command -v ss >/dev/null 2>&1 || missing+=(iproute2)  # the transfer script waits with ss
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)  # tests/test_prometheus.py
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "tests/run.sh: please install ${missing[*]} (needs root)" >&2
@@ -30,4 +32,7 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test,kafka,spark]'
 
-exec .venv/bin/python -m pytest "$@"
+# Four workers (pytest-xdist), each with its own MariaDB, broker, ports and directories; the
+# Spark tests share one worker (one JVM). Most tests wait on servers, so four beat two cores'
+# worth. The slowest tests are listed at the end.
+exec .venv/bin/python -m pytest -n 4 --dist loadgroup --durations=25 "$@"

@@ -151,6 +151,7 @@ class EmbeddedMariaDB:
         args = [_binary("mariadbd"), "--no-defaults", f"--datadir={self.datadir}",
                 f"--socket={self.socket}", f"--pid-file={os.path.join(self.run_dir, 'pid')}",
                 f"--server-id={self.server_id}", "--user=root", f"--log-error={self.error_log}",
+                f"--tmpdir={self._tmpdir()}",
                 *networking, *CDC_SETTINGS, *_SMALL_FOOTPRINT, *self.extra_args]
         self.process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
@@ -161,10 +162,18 @@ class EmbeddedMariaDB:
         os.makedirs(self.datadir, exist_ok=True)
         result = subprocess.run(
             [_binary("mariadb-install-db"), "--no-defaults", f"--datadir={self.datadir}",
-             "--user=root", "--auth-root-authentication-method=normal", "--skip-test-db"],
+             f"--tmpdir={self._tmpdir()}", "--user=root",
+             "--auth-root-authentication-method=normal", "--skip-test-db"],
             capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise RuntimeError(f"mariadb-install-db failed:\n{result.stdout}\n{result.stderr}")
+
+    def _tmpdir(self) -> str:
+        """The server's own directory for temporary tables and files: servers started at
+        once (the test suite's workers) do not share /tmp's names."""
+        path = os.path.join(self.run_dir, "tmp")
+        os.makedirs(path, exist_ok=True)
+        return path
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
