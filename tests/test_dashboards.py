@@ -1,7 +1,8 @@
 """docker/grafana-dashboard.json and docker/prometheus-alerts.yml against a real service.
 
-Neither Grafana nor Prometheus runs here (nor ``promtool``), so the files are checked for what
-can be checked without them: they have the shape each loads; every metric name their PromQL
+Grafana does not run here, so these files are checked for what can be checked without it
+(``tests/test_prometheus.py`` runs the alert rules and the dashboard's queries in a real
+Prometheus): they have the shape each loads; every metric name their PromQL
 expressions use is served by a real service's /metrics (replicating the real MariaDB and
 publishing to the tansu broker through ``publisher_lock``, so every conditional family is
 there); ``rate()`` and ``increase()`` are only taken of counters; ``_bucket``, ``_sum`` and
