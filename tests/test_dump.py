@@ -273,7 +273,7 @@ async def test_an_interrupted_dump_resumes_consistent_at_its_new_snapshot(
     with pytest.raises(DumpInterrupted):  # the single-snapshot path (readers=0)
         await asyncio.to_thread(dump_tables, address, data_dir, [name],
                                 DumpOptions(chunk_rows=500, readers=0), None, progressed, stop)
-    partial = os.path.join(files.dump_dir(data_dir), f"{name.stem}.partial")
+    partial = os.path.join(files.dump_dir(data_dir), f"{name.dump_stem}.partial")
     with open(partial, "ab") as f:
         f.write(b'{"action":"insert","rows":[["torn')  # what a crash mid-write leaves
     assert files.list_dumps(data_dir, name) == []
@@ -325,7 +325,7 @@ async def test_a_killed_dump_process_resumes_from_its_last_chunk(cdc: RunningSer
     await cdc.caught_up(source)
     data_dir = cdc.service.config.store.data_dir
     name = TableName(source.database, "orders")
-    progress = os.path.join(files.dump_dir(data_dir), f"{name.stem}.progress")
+    progress = os.path.join(files.dump_dir(data_dir), f"{name.dump_stem}.progress")
     command = [sys.executable, "-m", "cdcserver.app.cli", "dump", f"{source.database}.orders",
                "--source", source.url, "--data-dir", data_dir, "--readers", "0",
                "--chunk-rows", "100"]

@@ -216,7 +216,7 @@ async def test_a_killed_chunked_dump_continues_and_gives_the_table(cdc: RunningS
     await cdc.caught_up(source)
     data_dir = cdc.service.config.store.data_dir
     name = TableName(source.database, "orders")
-    record = os.path.join(files.dump_dir(data_dir), f"{name.stem}.chunked")
+    record = os.path.join(files.dump_dir(data_dir), f"{name.dump_stem}.chunked")
     command = [sys.executable, "-m", "cdcserver.app.cli", "dump", f"{source.database}.orders",
                "--source", source.url, "--data-dir", data_dir, "--readers", "2",
                "--sync-interval", "0", "--chunk-rows", "200"]

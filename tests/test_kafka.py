@@ -307,3 +307,37 @@ async def test_debezium_keys_and_schema_changes_as_debezium_documents_them(
     assert table["table"]["primaryKeyColumnNames"] == ["id"]
     assert [(c["name"], c["jdbcType"], c["position"], c["optional"])
             for c in table["table"]["columns"]] == [("id", 4, 1, False), ("email", 12, 2, False)]
+
+
+def test_topic_names_kafka_refuses_are_made_legal_and_stay_apart():
+    from cdcserver.kafka.sink import legal_topic
+
+    assert legal_topic("shop.orders") == "shop.orders"  # what was legal keeps its topic
+    names = ["t.sp ace", "t.sp_ace", "t.ж" * 30, "t." + "ж" * 64, "t." + "ж" * 63 + "з", ".."]
+    topics = [legal_topic(n) for n in names]
+    assert len(set(topics)) == len(names)
+    for topic in topics:
+        assert re.fullmatch(r"[A-Za-z0-9._-]{1,249}", topic), topic
+
+
+async def test_tables_named_in_any_script_are_published(tmp_path, source: Source,
+                                                        users_file: str, kafka_broker: Tansu):
+    """A table whose name Kafka would refuse as a topic (a space, 64 Cyrillic letters) is
+    published on a legal topic, beside an ordinary one: no table stops the others."""
+    from cdcserver.kafka.sink import legal_topic
+
+    db = source.database
+    names = ["sp ace", "ж" * 64, "plain"]
+    running = await start_service(make_config(
+        str(tmp_path / "data"), source.url, users_file,
+        kafka=kafka_section(kafka_broker, source, partitions=1)))
+    try:
+        for name in names:
+            source.execute(f"CREATE TABLE `{db}`.`{name}` (id INT PRIMARY KEY)",
+                           f"INSERT INTO `{db}`.`{name}` VALUES (1), (2)")
+        await kafka_caught_up(running, source)
+    finally:
+        await running.stop()
+    for name in names:
+        messages = await raw_messages(kafka_broker, legal_topic(f"{db}.{name}"))
+        assert len(messages) == 2, name  # the CREATE, and the row event of its two rows

@@ -153,13 +153,13 @@ Progressed = Callable[[TableName, int], None]
 # -- files -------------------------------------------------------------------------------
 
 def _progress_path(directory: str, table: TableName) -> str:
-    return os.path.join(directory, f"{table.stem}.chunked")
+    return os.path.join(directory, f"{table.dump_stem}.chunked")
 
 
 def _body_path(directory: str, table: TableName) -> str:
     """The body read, renamed here while the changes made meanwhile are merged into a new
     .partial."""
-    return os.path.join(directory, f"{table.stem}.body")
+    return os.path.join(directory, f"{table.dump_stem}.body")
 
 
 def discard(directory: str, table: TableName) -> None:
@@ -825,7 +825,7 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
         readers = max(1, min(options.readers, len(progress.ranges)))
         try:
             with ThreadPoolExecutor(max_workers=readers,
-                                    thread_name_prefix=f"dump-{table.stem}") as pool:
+                                    thread_name_prefix=f"dump-{table.dump_stem}") as pool:
                 for future in [pool.submit(_reader, run) for _ in range(readers)]:
                     future.result()
         finally:

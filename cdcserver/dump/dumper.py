@@ -240,7 +240,7 @@ def _dump_in_snapshot(address: SourceAddress, data_dir: str, table: TableName,
 def table_lock(directory: str, table: TableName) -> Iterator[None]:
     """Held while a table is being dumped; raises DumpBusy if another dump holds it."""
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{table.stem}.lock")
+    path = os.path.join(directory, f"{table.dump_stem}.lock")
     with open(path, "a+b") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

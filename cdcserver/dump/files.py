@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 from cdcserver.store.layout import DataDir
-from cdcserver.store.naming import TableName, decode_identifier
+from cdcserver.store.naming import TableName, table_of_stem
 from mariadb_cdc_client.format.dump import DumpHeader
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ def dump_dir(data_dir: str) -> str:
 
 
 def new_name(table: TableName, when: dt.datetime) -> str:
-    return f"{table.stem}.{when.astimezone(dt.UTC).strftime('%Y%m%dT%H%M%S-%fZ')}{SUFFIX}"
+    return f"{table.dump_stem}.{when.astimezone(dt.UTC).strftime('%Y%m%dT%H%M%S-%fZ')}{SUFFIX}"
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,14 @@ def read_info(path: str) -> DumpInfo:
     if m is None:
         raise ValueError(f"{name} is not a dump file name")
     stat = os.stat(path)
-    return DumpInfo(name, path, TableName(decode_identifier(m[1]), decode_identifier(m[2])),
-                    read_header(path), stat.st_size, stat.st_mtime)
+    header = read_header(path)
+    return DumpInfo(name, path, table_of_stem(m[1], m[2]) or _named_by(header), header,
+                    stat.st_size, stat.st_mtime)
+
+
+def _named_by(header: DumpHeader) -> TableName:
+    """The table a dump holds, from its header (its file name may be shortened)."""
+    return TableName(header.database, header.table)
 
 
 def list_dumps(data_dir: str, table: TableName | None = None) -> list[DumpInfo]:
@@ -72,8 +78,8 @@ def list_dumps(data_dir: str, table: TableName | None = None) -> list[DumpInfo]:
         m = _NAME.match(name)
         if m is None:
             continue
-        named = TableName(decode_identifier(m[1]), decode_identifier(m[2]))
-        if table is not None and named != table:
+        named = table_of_stem(m[1], m[2])
+        if table is not None and named is not None and named != table:
             continue
         path = os.path.join(directory, name)
         try:
@@ -83,6 +89,9 @@ def list_dumps(data_dir: str, table: TableName | None = None) -> list[DumpInfo]:
             continue  # deleted meanwhile
         except (ValueError, KeyError) as exc:
             log.warning("ignoring %s: %s", path, exc)
+            continue
+        named = named or _named_by(header)
+        if table is not None and named != table:
             continue
         found.append(DumpInfo(name, path, named, header, stat.st_size, stat.st_mtime))
     return sorted(found, key=lambda d: (d.header.created, d.name))

@@ -66,8 +66,8 @@ class PartialDump:
     def __init__(self, directory: str, table: TableName) -> None:
         self.directory = directory
         self.table = table
-        self.path = os.path.join(directory, f"{table.stem}.partial")
-        self.progress_path = os.path.join(directory, f"{table.stem}.progress")
+        self.path = os.path.join(directory, f"{table.dump_stem}.partial")
+        self.progress_path = os.path.join(directory, f"{table.dump_stem}.progress")
         self._file: Any = None
         self._hash = hashlib.sha256()
         self.progress: Progress | None = None
@@ -212,7 +212,7 @@ class PartialDump:
         """Remove this table's unfinished attempt, and what a crash in ``finish`` left."""
         self.close()
         leftovers = glob.glob(os.path.join(glob.escape(self.directory),
-                                           f"{glob.escape(self.table.stem)}.*.dump.tmp"))
+                                           f"{glob.escape(self.table.dump_stem)}.*.dump.tmp"))
         for path in (self.path, self.progress_path, self.progress_path + ".tmp", *leftovers):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)

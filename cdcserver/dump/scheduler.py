@@ -236,7 +236,7 @@ class DumpScheduler:
 
     def _remaining(self, table: TableName, now: dt.datetime) -> float:
         if os.path.exists(os.path.join(files.dump_dir(self.data_dir),
-                                       f"{table.stem}.partial")):
+                                       f"{table.dump_stem}.partial")):
             return 0.0  # an interrupted dump: resume it now
         dumps = files.list_dumps(self.data_dir, table)
         if not dumps:

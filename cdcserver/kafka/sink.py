@@ -4,7 +4,9 @@
 the partition its primary key hashes to (see ``_partition``), so each row's changes stay in
 order; an update that changes the key goes to both keys' partitions. A schema statement goes
 to every partition of the table's topic, so it is in order with every row's changes; a
-statement that changes no table goes to ``ddl_topic``. Every message carries the headers
+statement that changes no table goes to ``ddl_topic``. A topic name holding characters Kafka
+does not allow (``[A-Za-z0-9._-]``, 249 at most), as a table named in any other script would
+give, is made legal by :func:`legal_topic`. Every message carries the headers
 ``gtid``, ``event`` (the record's ``event_number``) and ``schema`` (the id of the table's
 schema on ``schema_topic``, which clients read to type the values); a databus message sent
 with ``databus_labels`` also ``values: labels``.
@@ -33,6 +35,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 import zlib
 import zoneinfo
@@ -65,6 +68,20 @@ from mariadb_cdc_client.format.dump import value_encoder
 log = logging.getLogger(__name__)
 
 _OVERHEAD = 128  # bytes counted per message beyond key and value
+
+
+_LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_ILLEGAL = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def legal_topic(name: str) -> str:
+    """``name`` itself when Kafka allows it as a topic; else with every character it does
+    not allow written ``_``, the name cut to fit 249 characters, and ``-`` and 12 hex digits
+    of the name's SHA-256 after it, so two names never share a topic."""
+    if _LEGAL_TOPIC.fullmatch(name) and name not in (".", ".."):
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{_ILLEGAL.sub('_', name)[:249 - 13]}-{digest}"
 
 
 class _Message:
@@ -275,7 +292,7 @@ class KafkaSink:
             await self._produce(_Message(self.format.statement_topic, 0, key, value, headers))
             return
         if e.table is None:
-            topic = self.ddl_topic.replace("{db}", e.database)
+            topic = legal_topic(self.ddl_topic.replace("{db}", e.database))
             await self._partition_count(topic)
             await self._produce(_Message(topic, 0, key, value, headers))
             return
@@ -284,7 +301,7 @@ class KafkaSink:
             await self._produce(_Message(topic, partition, key, value, headers))
 
     def _topic(self, database: str, table: str) -> str:
-        return self.topic.replace("{db}", database).replace("{table}", table)
+        return legal_topic(self.topic.replace("{db}", database).replace("{table}", table))
 
     def _partition(self, shape: TableShape, row: tuple[Any, ...], count: int) -> int:
         """With primary-key message keys, Kafka's own partitioner (murmur2 of the key), so

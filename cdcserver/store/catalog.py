@@ -139,11 +139,12 @@ class Catalog:
             parsed = parse_version_file(file_name)
             if parsed is None or parsed[2] != "avro":
                 continue
-            name, version, _ = parsed
+            _, version, _ = parsed
             path = os.path.join(self.avro_dir, file_name)
             header = known.get(path) or read_header(path)
             schema = TableSchema.from_avsc(_json(header.schema_json))
-            self.publish(VersionInfo(name, version, schema, path, header,
+            # the schema names the table (a shortened file name does not)
+            self.publish(VersionInfo(schema.table, version, schema, path, header,
                                      os.path.getsize(path)))
         self.changed.clear()  # as the checkpoint the store recovered to says
 

@@ -5,10 +5,20 @@ identifiers may contain dots, slashes or any Unicode character, which would make
 ambiguous or escape the directory. A character outside ``[A-Za-z0-9_$-]`` is therefore written as
 ``@`` and four hex digits, the way MariaDB names its own table files (``@002e`` for ``.``), so an
 ordinary name maps to itself and every name maps back exactly.
+
+A file name has at most 255 bytes (NAME_MAX), and MariaDB allows 64 characters of any script
+in a database's and a table's name: written this way, two such names take up to 640 bytes.
+A stem (``<db>.<table>``) that would not leave room for its longest suffix therefore writes
+each long name as its first characters, ``~`` and 24 hex digits of the name's SHA-256
+(:func:`short_identifier`): no other encoded name holds a ``~``, so it never equals one, and
+such a name is read back from the file's own header (the schema, a dump's first line), not
+from its name. Every stem that fitted before keeps its name, so data directories written
+earlier keep working.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -16,6 +26,15 @@ _SAFE = re.compile(r"[A-Za-z0-9_$-]")
 _ESCAPE = re.compile(r"@([0-9a-f]{4})")
 _VERSION_FILE = re.compile(r"^([^.]+)\.([^.]+)\.(\d{6})\.(avro|avsc)$")
 MAX_VERSION = 999_999
+NAME_MAX = 255
+SHORTENED = "~"  # in a shortened name only: encode_identifier never writes it
+# The longest suffixes a stem gets: ".000001.avsc.tmp" in avro/, and
+# ".20261121T093000-123456Z.dump.tmp" in dump/ (the lock, partial, progress and chunk files
+# of a dump have shorter ones).
+AVRO_STEM_MAX = NAME_MAX - len(".000001.avsc.tmp")
+DUMP_STEM_MAX = NAME_MAX - len(".20261121T093000-123456Z.dump.tmp")
+_PART_MAX = (DUMP_STEM_MAX - 1) // 2  # each name of a shortened stem
+_DIGEST = 24  # hex digits of SHA-256 (96 bits)
 
 
 def encode_identifier(name: str) -> str:
@@ -31,6 +50,22 @@ def encode_identifier(name: str) -> str:
 def _utf16_units(ch: str) -> list[int]:
     data = ch.encode("utf-16-be")
     return [int.from_bytes(data[i : i + 2], "big") for i in range(0, len(data), 2)]
+
+
+def short_identifier(name: str) -> str:
+    """``name`` encoded, or when that is longer than a shortened stem's part, its first
+    characters, ``~`` and a digest of the whole name."""
+    encoded = encode_identifier(name)
+    if len(encoded) <= _PART_MAX:
+        return encoded
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST]
+    head = encoded[:_PART_MAX - _DIGEST - 1]
+    head = head[:head.rfind("@")] if "@" in head[-4:] else head  # no escape cut in two
+    return f"{head}{SHORTENED}{digest}"
+
+
+def is_shortened(encoded: str) -> bool:
+    return SHORTENED in encoded
 
 
 def decode_identifier(encoded: str) -> str:
@@ -56,7 +91,20 @@ class TableName:
 
     @property
     def stem(self) -> str:
-        return f"{encode_identifier(self.database)}.{encode_identifier(self.table)}"
+        """The table's files in avro/ are named ``<stem>.NNNNNN.avro``/``.avsc``."""
+        return self._stem(AVRO_STEM_MAX)
+
+    @property
+    def dump_stem(self) -> str:
+        """The table's files in dump/ are named ``<dump_stem>.<time>.dump`` (and ``.lock``,
+        ``.partial``...)."""
+        return self._stem(DUMP_STEM_MAX)
+
+    def _stem(self, limit: int) -> str:
+        plain = f"{encode_identifier(self.database)}.{encode_identifier(self.table)}"
+        if len(plain) <= limit:
+            return plain
+        return f"{short_identifier(self.database)}.{short_identifier(self.table)}"
 
     def __str__(self) -> str:
         return f"{self.database}.{self.table}"
@@ -75,9 +123,17 @@ class TableName:
         return f"{self.stem}.{version:06d}.{suffix}"
 
 
-def parse_version_file(name: str) -> tuple[TableName, int, str] | None:
-    """``db.t.000003.avro`` -> (TableName('db', 't'), 3, 'avro'); None for other names."""
+def parse_version_file(name: str) -> tuple[TableName | None, int, str] | None:
+    """``db.t.000003.avro`` -> (TableName('db', 't'), 3, 'avro'); None for other names. The
+    table is None when the name is shortened: the file's schema names it."""
     m = _VERSION_FILE.match(name)
     if m is None:
         return None
-    return TableName(decode_identifier(m[1]), decode_identifier(m[2])), int(m[3]), m[4]
+    return table_of_stem(m[1], m[2]), int(m[3]), m[4]
+
+
+def table_of_stem(database: str, table: str) -> TableName | None:
+    """The table an encoded stem's two parts name; None if either is shortened."""
+    if is_shortened(database) or is_shortened(table):
+        return None
+    return TableName(decode_identifier(database), decode_identifier(table))

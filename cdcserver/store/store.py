@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import json
 import logging
 import os
 import sqlite3
@@ -234,9 +235,17 @@ class AvroStore:
         files: dict[TableName, dict[int, str]] = {}
         for file_name in os.listdir(self.avro_dir):
             parsed = parse_version_file(file_name)
-            if parsed is not None and parsed[2] == "avro":
-                files.setdefault(parsed[0], {})[parsed[1]] = self.layout.avro_file(file_name)
+            if parsed is None or parsed[2] != "avro":
+                continue
+            path = self.layout.avro_file(file_name)
+            table = parsed[0] or self._table_in_header(path)
+            files.setdefault(table, {})[parsed[1]] = path
         return files
+
+    def _table_in_header(self, path: str) -> TableName:
+        """The table a version file with a shortened name holds, from its schema."""
+        header = self._headers[path] = read_header(path)
+        return TableSchema.from_avsc(json.loads(header.schema_json)).table
 
     def _cut_back(self, table: TableName, version: int, size: int) -> None:
         assert self.index is not None
