@@ -27,7 +27,7 @@ from mariadb_cdc_client.format.avro import (
     container_header,
     parse_header,
 )
-from mariadb_cdc_client.format.gtid import MARIADB_GTID, MYSQL_STATE_ITEM
+from mariadb_cdc_client.format.gtid import MARIADB_GTID, MYSQL_STATE_ITEM, unsigned_metadata
 from mariadb_cdc_client.format.names import Table, as_table
 from mariadb_cdc_client.format.wire import (
     Code,
@@ -348,5 +348,6 @@ def read(conn: SyncCdcConnection, table: Table, start: Position, end: Position
             continue
         for record in fastavro.reader(io.BytesIO(header + item.data)):
             assert isinstance(record, dict)
+            unsigned_metadata(record)
             if not trim or trim.keeps(record):
                 yield record

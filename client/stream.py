@@ -27,6 +27,7 @@ from mariadb_cdc_client.format.avro import (
     decompress,
     parse_header,
 )
+from mariadb_cdc_client.format.gtid import unsigned_metadata
 from mariadb_cdc_client.format.schema import (
     METADATA_FIELDS,
     Field,
@@ -184,7 +185,8 @@ class AvroStreamDecoder:
         import fastavro
 
         read = fastavro.schemaless_reader
-        return [_record(self.schema, read(data, self._parsed, None),  # type: ignore[arg-type]
+        return [_record(self.schema,
+                        unsigned_metadata(read(data, self._parsed, None)),  # type: ignore[arg-type]
                         from_avro_value) for _ in range(count)]
 
 

@@ -8,6 +8,7 @@ import sqlite3
 
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.store.index import StoreIndex, TransactionInfo
+from cdcserver.store.naming import TableName
 
 
 def _log(index: StoreIndex, *gtids: str) -> list[TransactionInfo]:
@@ -71,3 +72,30 @@ def test_an_index_of_the_previous_layout_is_migrated_in_its_order(tmp_path):
     assert [index.ordinal(Gtid.parse(f"0-1-{n}")) for n in (7, 8, 2)] == [1, 2, 3]
     assert not index.ordered(0)
     assert _log(index, "0-1-9")[0].ordinal == 4
+
+
+def test_an_index_of_the_second_layout_keeps_its_transactions_and_blocks(tmp_path):
+    """Version 2 stored sequence numbers as they are; version 3 shifts them by -2^63 so that
+    SQLite's signed INTEGER holds MariaDB's whole unsigned range, in order."""
+    path = str(tmp_path / "index.sqlite")
+    index = StoreIndex(path)
+    index.close()
+    db = sqlite3.connect(path)  # as version 2 wrote it: the same tables, numbers unshifted
+    db.execute("PRAGMA user_version=2")
+    db.execute("INSERT INTO blocks VALUES ('d', 't', 1, 100, 0, 5)")
+    db.execute("INSERT INTO blocks VALUES ('d', 't', 1, 900, 0, 50)")
+    for ordinal, seq in ((1, 5), (2, 50)):
+        db.execute("INSERT INTO transactions (id, domain, source, seq, server_id, timestamp, "
+                   "events, tables, file, pos) VALUES (?, 0, '', ?, 1, 0, 1, ?, 'f', 4)",
+                   (ordinal, seq, json.dumps(["d.t"])))
+    db.commit()
+    db.close()
+    index = StoreIndex(path)
+    assert index.transaction(Gtid.parse("0-1-50")).ordinal == 2
+    assert index.seek_offset(TableName("d", "t"), 1, 0, 51) == 900
+    assert index.seek_offset(TableName("d", "t"), 1, 0, 6) == 100
+    big = _log(index, f"0-1-{2**64 - 1}")[0]  # past what version 2 could store
+    index.persist()
+    assert index.transaction(Gtid.parse(f"0-1-{2**64 - 1}")).ordinal == big.ordinal == 3
+    index.close()
+    assert StoreIndex(path).last_transaction.gtid.sequence == 2**64 - 1

@@ -16,7 +16,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from cdcserver.core.errors import ConfigError
-from mariadb_cdc_client.format.gtid import MARIADB_GTID, MYSQL_GTID, MYSQL_SET_ITEM
+from mariadb_cdc_client.format.gtid import (
+    MARIADB_GTID,
+    MAX_U64,
+    MYSQL_GTID,
+    MYSQL_SET_ITEM,
+    in_range,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,11 +36,12 @@ class Gtid:
     def parse(cls, text: str) -> Gtid:
         """Parse ``D-S-N`` (MariaDB) or ``uuid:N`` (MySQL)."""
         text = text.strip()
-        if m := MARIADB_GTID.match(text):
+        if (m := MARIADB_GTID.match(text)) and in_range(int(m[1]), int(m[2]), int(m[3])):
             return cls(int(m[1]), int(m[2]), int(m[3]))
-        if m := MYSQL_GTID.match(text):
+        if (m := MYSQL_GTID.match(text)) and int(m[2]) <= MAX_U64:
             return cls(0, 0, int(m[2]), m[1].lower())
-        raise ValueError(f"not a GTID: {text!r} (expected domain-server_id-sequence)")
+        raise ValueError(f"not a GTID: {text!r} (expected domain-server_id-sequence, each "
+                         "within MariaDB's range)")
 
     @property
     def key(self) -> int | str:

@@ -49,6 +49,8 @@ cdef enum:
     R_U64 = 15        # decimal(20,0): a number within int64, else a string of the digits
     R_DECIMAL_TEXT = 16  # a: scale; the decimal as a string
     R_YEAR = 17       # an int as a four-digit string
+    R_UINT32 = 18     # a GTID's domain or server id: an int's 32 bits, unsigned
+    R_UINT64 = 19     # a GTID's sequence: a long's 64 bits, unsigned
 
 # Union shapes
 cdef enum:
@@ -402,7 +404,8 @@ cdef class BlockRenderer:
         if nmeta < 1 or nmeta > self.nfields:
             return None
         for i in range(nmeta):
-            if self.unions[i] != PLAIN or self.ops[i] != (R_ENUM if i == nmeta - 1 else R_LONG):
+            if self.unions[i] != PLAIN or not (self.ops[i] == R_ENUM if i == nmeta - 1 else
+                                               self.ops[i] in (R_LONG, R_UINT32, R_UINT64)):
                 return None
         c.p = <const uint8_t *>PyBytes_AS_STRING(data)
         c.pos = 0
@@ -415,7 +418,12 @@ cdef class BlockRenderer:
                 if c.bad:
                     return None
                 if i < nmeta - 1:
-                    metadata[names[i]] = v
+                    if self.ops[i] == R_UINT32:
+                        metadata[names[i]] = <uint32_t>v
+                    elif self.ops[i] == R_UINT64:
+                        metadata[names[i]] = <uint64_t>v
+                    else:
+                        metadata[names[i]] = v
                 elif 0 <= v < len(symbols):
                     metadata[names[i]] = symbols[v]
                 else:
@@ -459,6 +467,12 @@ cdef class BlockRenderer:
         cdef double d
         if op == R_LONG:
             _signed(out, _long(c))
+            return 1
+        if op == R_UINT32:
+            _digits(out, <uint64_t>(<uint32_t>_long(c)), 1)
+            return 1
+        if op == R_UINT64:
+            _digits(out, <uint64_t>_long(c), 1)
             return 1
         if op == R_STRING:
             n = <Py_ssize_t>_long(c)

@@ -155,7 +155,9 @@ _BLOCK_OPS = {Kind.INT: 1, Kind.LONG: 1, Kind.BOOLEAN: 3, Kind.FLOAT: 4, Kind.DO
               Kind.DECIMAL: 6, Kind.STRING: 7, Kind.BYTES: 8, Kind.UUID: 9, Kind.DATE: 10,
               Kind.DATETIME: 11, Kind.TIMESTAMP: 12, Kind.TIME: 13, Kind.NULL: 14}
 _OP_DATETIME, _OP_U64, _OP_DECIMAL_TEXT, _OP_YEAR = 11, 15, 16, 17
-_R_LONG, _R_ENUM = 1, 2
+_R_LONG, _R_ENUM, _R_UINT32, _R_UINT64 = 1, 2, 18, 19
+# the GTID's numbers are MariaDB's unsigned ones, stored as their bit patterns
+_META_OPS = {"domain": _R_UINT32, "server_id": _R_UINT32, "sequence": _R_UINT64}
 _PLAIN, _NULLABLE, _WITH_TEXT = 0, 1, 2
 
 
@@ -177,7 +179,7 @@ def compile_block_renderer(schema_json: str, style: JsonStyle = EXACT
         prefix = (("{" if i == 0 else ", ") + json.dumps(field.name, ensure_ascii=False)
                   + ": ").encode("utf-8")
         if i < 6 and field.name in _SIMPLE_META:
-            program.append((_R_LONG, _PLAIN, 0, prefix, None))
+            program.append((_META_OPS.get(field.name, _R_LONG), _PLAIN, 0, prefix, None))
             continue
         if i < 6 and field.name == "event_type":
             symbols = tuple(f'"{s}"'.encode() for s in spec["type"]["symbols"])

@@ -18,6 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from cdcserver.core.changes import ColumnDef, EventType
+from mariadb_cdc_client.format.gtid import stored_metadata
 from mariadb_cdc_client.format.schema import Field, Kind, time_text
 
 RecordsEncoder = Callable[[bytearray, bytes, tuple[bytes, bytes], Sequence[tuple[Any, ...]], int],
@@ -174,7 +175,9 @@ _EVENT_INDEX = {e: i for i, e in enumerate(EventType)}
 
 
 def record_head(domain: int, server_id: int, sequence: int) -> bytes:
-    return varint(domain) + varint(server_id) + varint(sequence)
+    """The GTID fields that start every record of a transaction: MaxScale's ``int``,
+    ``int`` and ``long``, which hold MariaDB's unsigned numbers as their bit patterns."""
+    return b"".join(varint(v) for v in stored_metadata(domain, server_id, sequence))
 
 
 def record_tail(timestamp: int, event_type: EventType) -> bytes:

@@ -57,7 +57,22 @@ CREATE TABLE IF NOT EXISTS notes (
     db TEXT NOT NULL, tbl TEXT NOT NULL, version INTEGER NOT NULL, offset INTEGER NOT NULL,
     note TEXT NOT NULL, PRIMARY KEY (db, tbl, version, offset));
 """
-_VERSION = 2  # PRAGMA user_version: 1 keyed transactions by (domain, source, seq)
+# PRAGMA user_version: 1 keyed transactions by (domain, source, seq); 2 stored sequence
+# numbers as they are, which SQLite's signed 64-bit INTEGER cannot hold past 2^63-1
+_VERSION = 3
+# Sequence numbers are MariaDB's unsigned 64-bit ones (SET gtid_seq_no takes up to 2^64-1):
+# they are stored shifted by -2^63 (_to_db), which keeps their order in SQLite's signed
+# INTEGER, and shifted back when read (_from_db).
+_SHIFT = 1 << 63
+_DB_MIN = -_SHIFT  # every sequence number is at or above it
+
+
+def _to_db(sequence: int) -> int:
+    return sequence - _SHIFT
+
+
+def _from_db(value: int) -> int:
+    return value + _SHIFT
 _COLUMNS = "id, domain, source, seq, server_id, timestamp, events, tables, file, pos"
 
 
@@ -119,7 +134,7 @@ class StoreIndex:
         self._unordered: set[tuple[int, str]] = {
             (d, s) for d, s in self._db.execute("SELECT domain, source FROM unordered")}
         self._last_seq: dict[tuple[int, str], int] = {
-            (d, s): q for d, s, q in self._db.execute(
+            (d, s): _from_db(q) for d, s, q in self._db.execute(
                 "SELECT t.domain, t.source, t.seq FROM transactions t JOIN (SELECT MAX(id) AS id "
                 "FROM transactions GROUP BY domain, source) m ON t.id = m.id")}
 
@@ -188,13 +203,13 @@ class StoreIndex:
                 self._db.execute("BEGIN")
                 self._db.executemany(
                     "INSERT OR REPLACE INTO blocks VALUES (?,?,?,?,?,?)",
-                    [(b.table.database, b.table.table, b.version, b.offset, b.domain, b.seq)
-                     for b in blocks])
+                    [(b.table.database, b.table.table, b.version, b.offset, b.domain,
+                      _to_db(b.seq)) for b in blocks])
                 self._db.executemany(
                     f"INSERT OR REPLACE INTO transactions ({_COLUMNS}) "
                     "VALUES (?,?,?,?,?,?,?,?,?,?)",
-                    [(t.ordinal, t.gtid.domain, t.gtid.source_uuid or "", t.gtid.sequence,
-                      t.gtid.server_id, t.timestamp, t.events, json.dumps(t.tables), t.file,
+                    [(t.ordinal, t.gtid.domain, t.gtid.source_uuid or "",
+                      _to_db(t.gtid.sequence), t.gtid.server_id, t.timestamp, t.events, json.dumps(t.tables), t.file,
                       t.pos) for t in txns])
                 self._db.executemany("INSERT OR IGNORE INTO unordered VALUES (?,?)",
                                      sorted(unordered))
@@ -234,8 +249,8 @@ class StoreIndex:
                 for domain, source in sorted(self._sources):
                     last = covered.get(source or domain)
                     self._db.execute(
-                        "DELETE FROM transactions WHERE domain=? AND source=? AND seq>?",
-                        (domain, source, last.sequence if last else -1))
+                        "DELETE FROM transactions WHERE domain=? AND source=? AND seq>=?",
+                        (domain, source, _to_db(last.sequence + 1) if last else _DB_MIN))
             self._load_transaction_state()
 
     # -- reading -----------------------------------------------------------------------
@@ -249,7 +264,8 @@ class StoreIndex:
         with self._lock:
             row = self._db.execute(
                 "SELECT MAX(offset) FROM blocks WHERE db=? AND tbl=? AND version=? AND domain=? "
-                "AND seq<?", (table.database, table.table, version, domain, seq)).fetchone()
+                "AND seq<?", (table.database, table.table, version, domain,
+                              _to_db(seq))).fetchone()
             pending = [b.offset for b in self._pending_blocks
                        if b.table == table and b.version == version and b.domain == domain
                        and b.seq < seq]
@@ -273,7 +289,7 @@ class StoreIndex:
             if pending and at_least is None:
                 return pending[-1]
             where = "domain=? AND source=? AND seq=?"
-            args: tuple[object, ...] = (gtid.domain, source, gtid.sequence)
+            args: tuple[object, ...] = (gtid.domain, source, _to_db(gtid.sequence))
             if gtid.source_uuid is None:
                 where, args = where + " AND server_id=?", (*args, gtid.server_id)
             if at_least is not None:
@@ -351,7 +367,7 @@ class StoreIndex:
                 row = self._db.execute(
                     f"SELECT {_COLUMNS} FROM transactions WHERE domain=? AND source=? AND "
                     "seq=? ORDER BY id DESC LIMIT 1",
-                    (gtid.domain, gtid.source_uuid or "", gtid.sequence)).fetchone()
+                    (gtid.domain, gtid.source_uuid or "", _to_db(gtid.sequence))).fetchone()
         return _transaction(row) if row else None
 
     def plan_range(self, table: str, after: GtidState, stored: GtidState, limit: int
@@ -384,8 +400,10 @@ class StoreIndex:
                 not self.ordered(domain, source) else None
             if start is not None:
                 where, value = "id>?", start
+            elif last is not None:
+                where, value = "seq>?", _to_db(last.sequence)
             else:
-                where, value = "seq>?", last.sequence if last else -1
+                where, value = "seq>=?", _DB_MIN
             cursors.append(self._db.execute(
                 f"SELECT {_COLUMNS} FROM transactions WHERE domain=? AND source=? AND {where} "
                 "ORDER BY id", (domain, source, value)))
@@ -449,17 +467,31 @@ def _same(a: Gtid, b: Gtid) -> bool:
 
 def _transaction(row: Any) -> TransactionInfo:
     ordinal, domain, source, seq, server_id, timestamp, events, tables, file, pos = row
-    return TransactionInfo(Gtid(domain, server_id, seq, source or None), timestamp, events,
+    return TransactionInfo(Gtid(domain, server_id, _from_db(seq), source or None), timestamp,
+                           events,
                            tuple(json.loads(tables)), file, pos, ordinal)
 
 
 def _migrate(db: sqlite3.Connection) -> None:
     """Bring an index written by an older version to this layout: the transaction log of
-    version 1 had no ordinals (its insertion order is kept as theirs)."""
+    version 1 had no ordinals (its insertion order is kept as theirs); versions 1 and 2
+    stored sequence numbers unshifted (all below 2^63, so the shift cannot overflow)."""
     version = db.execute("PRAGMA user_version").fetchone()[0]
     columns = [r[1] for r in db.execute("PRAGMA table_info(transactions)")]
-    if version >= _VERSION or not columns or "id" in columns:
+    if version >= _VERSION or not columns:
         return
+    if "id" not in columns:
+        _add_ordinals(db)
+    db.executescript("""
+        BEGIN;
+        UPDATE blocks SET seq = seq + (-9223372036854775807 - 1);
+        UPDATE transactions SET seq = seq + (-9223372036854775807 - 1);
+        PRAGMA user_version = 3;
+        COMMIT;
+    """)
+
+
+def _add_ordinals(db: sqlite3.Connection) -> None:
     db.executescript(f"""
         BEGIN;
         ALTER TABLE transactions RENAME TO transactions_v1;

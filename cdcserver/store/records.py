@@ -14,6 +14,7 @@ from cdcserver.store.avrofile import Block, Header, compress, decompress
 from cdcserver.store.catalog import VersionInfo
 from cdcserver.store.encoder import varint
 from cdcserver.store.schema import METADATA_AVRO
+from mariadb_cdc_client.format.gtid import unsigned_metadata
 
 Record = dict[str, Any]
 
@@ -35,7 +36,7 @@ def decode_records(info: VersionInfo, block: Block) -> Iterator[Record]:
     reader = fastavro.schemaless_reader
     for _ in range(block.count):
         record: Record = reader(data, schema, None)  # type: ignore[assignment]
-        yield record
+        yield unsigned_metadata(record)
 
 
 def record_slices(info: VersionInfo, block: Block) -> list[tuple[Record, bytes]]:
@@ -50,7 +51,7 @@ def record_slices(info: VersionInfo, block: Block) -> list[tuple[Record, bytes]]
     for _ in range(block.count):
         metadata: Record = fastavro.schemaless_reader(stream, writer, reader)  # type: ignore[assignment]
         end = stream.tell()
-        out.append((metadata, data[start:end]))
+        out.append((unsigned_metadata(metadata), data[start:end]))
         start = end
     return out
 
