@@ -115,8 +115,8 @@ async def test_the_largest_gtids_are_stored_served_sought_and_published(
             assert reply["GTID"] == last and reply["tables"] == [name]
             state = json.loads(await _command(running.port, "QUERY-STATE"))
             assert f"7-{MAX32}-{HALF64}" in json.dumps(state)
-            ranged = await _command(running.port,
-                                    f"QUERY-RANGE {name} AFTER {MAX32}-{MAX32}-{MAX64 - 1} LIMIT 10")
+            ranged = await _command(
+                running.port, f"QUERY-RANGE {name} AFTER {MAX32}-{MAX32}-{MAX64 - 1} LIMIT 10")
             assert not ranged.startswith(b"ERR"), ranged
             if attempt == "running":
                 await running.stop()

@@ -209,8 +209,8 @@ class StoreIndex:
                     f"INSERT OR REPLACE INTO transactions ({_COLUMNS}) "
                     "VALUES (?,?,?,?,?,?,?,?,?,?)",
                     [(t.ordinal, t.gtid.domain, t.gtid.source_uuid or "",
-                      _to_db(t.gtid.sequence), t.gtid.server_id, t.timestamp, t.events, json.dumps(t.tables), t.file,
-                      t.pos) for t in txns])
+                      _to_db(t.gtid.sequence), t.gtid.server_id, t.timestamp, t.events,
+                      json.dumps(t.tables), t.file, t.pos) for t in txns])
                 self._db.executemany("INSERT OR IGNORE INTO unordered VALUES (?,?)",
                                      sorted(unordered))
                 self._db.executemany("INSERT OR REPLACE INTO notes VALUES (?,?,?,?,?)",
