@@ -150,7 +150,7 @@ def _verify_all(source: Source, data_dir: str) -> list[Report]:
 
 def _assert_exact(reports: list[Report]) -> None:
     for report in reports:
-        assert report.ok and report.duplicates == 0, "\n".join(report.line_items())
+        assert report.ok and report.duplicates == 0, "\n".join(report.lines())
         assert report.source_rows > 0
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from prometheus_client.registry import Collector
 
+from cdcserver.app import descriptors
 from cdcserver.app.runner import ReplicationRunner
 from cdcserver.app.startup import cannot_listen, check_users_file, unusable_data_dir
 from cdcserver.core.config import Config
@@ -57,7 +58,8 @@ log = logging.getLogger(__name__)
 class Service:
     def __init__(self, config: Config) -> None:
         config.check()  # a Config built in code is checked as a loaded one is
-        self.config = config
+        self.budgets = descriptors.take(config)
+        self.config = config = descriptors.within(config, self.budgets)
         self.layout = DataDir(config.store.data_dir)
         self.catalog = Catalog(self.layout.avro)
         self.store = AvroStore(config.store.data_dir, self.catalog, codec=config.store.codec,

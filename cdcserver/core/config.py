@@ -175,10 +175,10 @@ class StoreConfig:
         "null", "Avro block codec", cli="--codec")
     block_size: int = option(64 * 1024, "bytes of records per Avro block before it is written",
                              cli="--block-size", check=positive)
-    max_open_files: int = option(256, "table files held open for writing at most; the least "
-                                      "recently written are closed and reopened when "
-                                      "written again (keeps descriptors bounded with "
-                                      "thousands of tables)", check=positive)
+    max_open_files: int = option(256, "table files held open for writing at most (and at "
+                                      "most a quarter of what the file descriptor limit "
+                                      "leaves); the least recently written are closed and "
+                                      "reopened when written again", check=positive)
     flush_interval: float = option(0.2, "seconds between checkpoints (fsync + checkpoint file)",
                                    cli="--flush-interval", check=positive)
     disk_full_retry: float = option(5.0, "seconds between checks for room while replication "
@@ -193,8 +193,12 @@ class ListenerConfig:
                                                "must exist (`cdcserver users add NAME "
                                                "--users-file FILE` creates it)",
                              cli="--users-file")
-    max_connections: int = option(2048, "connections served at once", cli="--max-connections",
-                                  check=positive)
+    max_connections: int = option(2048, "connections served at once (at most what the file "
+                                        "descriptor limit leaves room for)",
+                                  cli="--max-connections", check=positive)
+    max_unauthenticated: int = option(32, "connections from one address that have not "
+                                          "logged in yet, while over half of "
+                                          "max_connections are in use", check=positive)
     max_line: int = option(64 * 1024, "longest command accepted, in bytes", check=positive)
     auth_timeout: float = option(10.0, "seconds a new connection has to authenticate",
                                  check=positive)

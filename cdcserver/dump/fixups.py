@@ -23,6 +23,7 @@ from typing import Any
 from cdcserver.core.errors import StoreError
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.store import checkpoint as ckpt
+from cdcserver.store.index import stored_sequence
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
 from cdcserver.store.reader import (
@@ -140,7 +141,8 @@ def _start(data_dir: str, info: Any, since: GtidState) -> int | None:
                 return None
             (offset,) = db.execute("SELECT MAX(offset) FROM blocks WHERE db=? AND tbl=? AND "
                                    "version=? AND domain=? AND seq<=?",
-                                   (*key, domain, seen.sequence + 1)).fetchone()
+                                   (*key, domain, stored_sequence(seen.sequence) + 1)
+                                   ).fetchone()
             if offset is None:
                 return None
             offsets.append(int(offset))

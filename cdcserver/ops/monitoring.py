@@ -4,7 +4,9 @@ probes ``GET /live`` and ``GET /ready`` (``probes.py``).
 A few routes on the service's own event loop (so reading its state needs no locks), HTTP/1.1
 with ``Connection: close``. prometheus_client renders the metrics; the request handling is
 small enough not to need a web framework, and it is bounded like the CDC listener: a request
-head of at most 8 KiB, 5 seconds to send it, 64 connections at once.
+head of at most 8 KiB, 5 seconds to send it, 64 connections waiting for theirs. A new
+connection is never turned away for those waiting: when 64 wait, the one that has waited
+longest is closed, so that idle or slow connections cannot keep a probe from its answer.
 
 ``/health`` answers 200 with ``{"status": "ok", ...}`` while replication is connected and
 within the lag limit, and 503 with ``"status": "degraded"`` and the problems otherwise, so a
@@ -28,7 +30,7 @@ log = logging.getLogger(__name__)
 
 MAX_HEAD = 8192
 REQUEST_TIMEOUT = 5.0
-MAX_CONNECTIONS = 64
+MAX_WAITING = 64  # connections that have not sent their request head yet
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             500: "Internal Server Error", 503: "Service Unavailable"}
 
@@ -41,7 +43,8 @@ class MonitoringServer:
         self.registry = registry
         self.documents = documents
         self._server: asyncio.base_events.Server | None = None
-        self._open = 0
+        # the connections that have not sent their request yet, the longest waiting first
+        self._waiting: dict[asyncio.StreamWriter, None] = {}
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         self._server = await asyncio.start_server(self._handle, host, port, limit=MAX_HEAD)
@@ -58,10 +61,12 @@ class MonitoringServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
                       ) -> None:
-        self._open += 1
+        if len(self._waiting) >= MAX_WAITING:
+            longest = next(iter(self._waiting))
+            del self._waiting[longest]
+            longest.close()  # its handler's read ends, and it closes
+        self._waiting[writer] = None
         try:
-            if self._open > MAX_CONNECTIONS:
-                return
             try:
                 async with asyncio.timeout(REQUEST_TIMEOUT):
                     method, path = await _request_head(reader)
@@ -69,6 +74,8 @@ class MonitoringServer:
                     asyncio.IncompleteReadError, ConnectionError):
                 await _respond(writer, 400, b"bad request\n", "text/plain")
                 return
+            finally:
+                self._waiting.pop(writer, None)
             try:
                 status, body, content_type = self._route(method, path)
             except Exception:  # a bug in a collector must not take the endpoint down
@@ -78,7 +85,6 @@ class MonitoringServer:
             await _respond(writer, status, b"" if method == "HEAD" else body, content_type,
                            length=len(body))
         finally:
-            self._open -= 1
             writer.close()
             with contextlib.suppress(ConnectionError, OSError, RuntimeError):
                 await writer.wait_closed()

@@ -9,6 +9,7 @@ runs, the task keeps reading so that ``CLOSE`` or a hang-up ends the stream at o
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime as dt
 import logging
@@ -55,12 +56,14 @@ class ListenerLimits:
     idle_timeout: float = ListenerConfig.idle_timeout
     max_connections: int = ListenerConfig.max_connections
     bad_command_limit: int = ListenerConfig.bad_command_limit
+    max_unauthenticated: int = ListenerConfig.max_unauthenticated
     shutdown_grace: float = 5.0
 
     @classmethod
     def from_config(cls, config: ListenerConfig) -> ListenerLimits:
         return cls(config.max_line, config.auth_timeout, config.idle_timeout,
-                   config.max_connections, config.bad_command_limit)
+                   config.max_connections, config.bad_command_limit,
+                   config.max_unauthenticated)
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ class CdcServer:
         self.databus_labels = databus_labels  # a dump's databus layout as the Kafka sink's
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._unauthenticated: collections.Counter[str] = collections.Counter()  # by address
         self.connections_total = 0
         self.traffic = Traffic()  # bytes and records sent, counted as they are written
         self.dumps_sent = 0
@@ -173,16 +177,21 @@ class CdcServer:
         task = asyncio.current_task()
         assert task is not None
         peer = _peer_name(writer)
-        if len(self._connections) >= self.limits.max_connections:
-            log.warning("%s: refused, %d connections open", peer, len(self._connections))
-            Outbox(writer, self.traffic).last_words(error_line(
-                Code.TOO_MANY_CONNECTIONS, f"the server allows {self.limits.max_connections}"))
+        address = _address(writer)
+        refusal = self._refusal(address)
+        if refusal is not None:
+            log.warning("%s: refused: %s", peer, refusal)
+            Outbox(writer, self.traffic).last_words(error_line(Code.TOO_MANY_CONNECTIONS,
+                                                               refusal))
             await _close(writer)
             return
         self._connections.add(task)
+        self._unauthenticated[address] += 1
         self.connections_total += 1
+        connection = Connection(self, reader, writer, peer)
+        connection.left_login = lambda: self._left_login(address)
         try:
-            await Connection(self, reader, writer, peer).run()
+            await connection.run()
             await _linger(reader, writer)
         except asyncio.CancelledError:
             # stop() cancels connections. The task ends normally: asyncio 3.11's
@@ -191,7 +200,29 @@ class CdcServer:
                 error_line(Code.SHUTTING_DOWN, "the server is stopping"))
         finally:
             self._connections.discard(task)
+            if connection.left_login is not None:  # it closed during the login
+                self._left_login(address)
             await _close(writer)
+
+    def _refusal(self, address: str) -> str | None:
+        """Why a new connection is refused, if it is: the connections the server allows (a
+        budget of the file descriptor limit), or, while more than half of them are in use,
+        one more of an address that has ``max_unauthenticated`` not logged in yet (so that
+        one address cannot take every slot; many clients of one host, logging in at once
+        on a server with room, are all served)."""
+        if len(self._connections) >= self.limits.max_connections:
+            return (f"the server allows {self.limits.max_connections} connections, all in "
+                    "use")
+        if self._unauthenticated[address] >= self.limits.max_unauthenticated and \
+                len(self._connections) >= self.limits.max_connections // 2:
+            return (f"{self.limits.max_unauthenticated} connections from {address} have not "
+                    "logged in yet")
+        return None
+
+    def _left_login(self, address: str) -> None:
+        self._unauthenticated[address] -= 1
+        if self._unauthenticated[address] <= 0:
+            del self._unauthenticated[address]
 
 
 class Connection:
@@ -208,6 +239,8 @@ class Connection:
         self._auth_deadline = loop.time() + server.limits.auth_timeout
         self._last_command = loop.time()
         self._pending: bytes | None = None  # a command that arrived during a dump transfer
+        # told once, when the session leaves the login phase (the per-address count)
+        self.left_login: Callable[[], None] | None = None
 
     async def run(self) -> None:
         log.debug("%s: connected", self.peer)
@@ -219,6 +252,9 @@ class Connection:
                 if message.strip():
                     self._last_command = asyncio.get_running_loop().time()
                 outcome = self.session.receive(message)
+                if self.left_login is not None and self.session.phase != Phase.AUTH:
+                    self.left_login()
+                    self.left_login = None
                 if isinstance(outcome, Delay):
                     await asyncio.sleep(outcome.seconds)
                     outcome = outcome.then()
@@ -400,6 +436,12 @@ class Connection:
                 return b""
             return error_line(Code.STREAMING, "only CLOSE is accepted while streaming; "
                                               "closing the stream")
+
+
+def _address(writer: asyncio.StreamWriter) -> str:
+    """The client's address without its port."""
+    peer = writer.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else str(peer or "?")
 
 
 def _peer_name(writer: asyncio.StreamWriter) -> str:

@@ -61,17 +61,18 @@ CREATE TABLE IF NOT EXISTS notes (
 # numbers as they are, which SQLite's signed 64-bit INTEGER cannot hold past 2^63-1
 _VERSION = 3
 # Sequence numbers are MariaDB's unsigned 64-bit ones (SET gtid_seq_no takes up to 2^64-1):
-# they are stored shifted by -2^63 (_to_db), which keeps their order in SQLite's signed
-# INTEGER, and shifted back when read (_from_db).
+# they are stored shifted by -2^63 (stored_sequence), which keeps their order in SQLite's
+# signed INTEGER, and shifted back when read (sequence_of). Every reader of the file, in any
+# process, goes through these two.
 _SHIFT = 1 << 63
 _DB_MIN = -_SHIFT  # every sequence number is at or above it
 
 
-def _to_db(sequence: int) -> int:
+def stored_sequence(sequence: int) -> int:
     return sequence - _SHIFT
 
 
-def _from_db(value: int) -> int:
+def sequence_of(value: int) -> int:
     return value + _SHIFT
 _COLUMNS = "id, domain, source, seq, server_id, timestamp, events, tables, file, pos"
 
@@ -134,7 +135,7 @@ class StoreIndex:
         self._unordered: set[tuple[int, str]] = {
             (d, s) for d, s in self._db.execute("SELECT domain, source FROM unordered")}
         self._last_seq: dict[tuple[int, str], int] = {
-            (d, s): _from_db(q) for d, s, q in self._db.execute(
+            (d, s): sequence_of(q) for d, s, q in self._db.execute(
                 "SELECT t.domain, t.source, t.seq FROM transactions t JOIN (SELECT MAX(id) AS id "
                 "FROM transactions GROUP BY domain, source) m ON t.id = m.id")}
 
@@ -204,12 +205,12 @@ class StoreIndex:
                 self._db.executemany(
                     "INSERT OR REPLACE INTO blocks VALUES (?,?,?,?,?,?)",
                     [(b.table.database, b.table.table, b.version, b.offset, b.domain,
-                      _to_db(b.seq)) for b in blocks])
+                      stored_sequence(b.seq)) for b in blocks])
                 self._db.executemany(
                     f"INSERT OR REPLACE INTO transactions ({_COLUMNS}) "
                     "VALUES (?,?,?,?,?,?,?,?,?,?)",
                     [(t.ordinal, t.gtid.domain, t.gtid.source_uuid or "",
-                      _to_db(t.gtid.sequence), t.gtid.server_id, t.timestamp, t.events,
+                      stored_sequence(t.gtid.sequence), t.gtid.server_id, t.timestamp, t.events,
                       json.dumps(t.tables), t.file, t.pos) for t in txns])
                 self._db.executemany("INSERT OR IGNORE INTO unordered VALUES (?,?)",
                                      sorted(unordered))
@@ -250,7 +251,7 @@ class StoreIndex:
                     last = covered.get(source or domain)
                     self._db.execute(
                         "DELETE FROM transactions WHERE domain=? AND source=? AND seq>=?",
-                        (domain, source, _to_db(last.sequence + 1) if last else _DB_MIN))
+                        (domain, source, stored_sequence(last.sequence + 1) if last else _DB_MIN))
             self._load_transaction_state()
 
     # -- reading -----------------------------------------------------------------------
@@ -265,7 +266,7 @@ class StoreIndex:
             row = self._db.execute(
                 "SELECT MAX(offset) FROM blocks WHERE db=? AND tbl=? AND version=? AND domain=? "
                 "AND seq<?", (table.database, table.table, version, domain,
-                              _to_db(seq))).fetchone()
+                              stored_sequence(seq))).fetchone()
             pending = [b.offset for b in self._pending_blocks
                        if b.table == table and b.version == version and b.domain == domain
                        and b.seq < seq]
@@ -289,7 +290,7 @@ class StoreIndex:
             if pending and at_least is None:
                 return pending[-1]
             where = "domain=? AND source=? AND seq=?"
-            args: tuple[object, ...] = (gtid.domain, source, _to_db(gtid.sequence))
+            args: tuple[object, ...] = (gtid.domain, source, stored_sequence(gtid.sequence))
             if gtid.source_uuid is None:
                 where, args = where + " AND server_id=?", (*args, gtid.server_id)
             if at_least is not None:
@@ -367,7 +368,8 @@ class StoreIndex:
                 row = self._db.execute(
                     f"SELECT {_COLUMNS} FROM transactions WHERE domain=? AND source=? AND "
                     "seq=? ORDER BY id DESC LIMIT 1",
-                    (gtid.domain, gtid.source_uuid or "", _to_db(gtid.sequence))).fetchone()
+                    (gtid.domain, gtid.source_uuid or "", stored_sequence(gtid.sequence))
+                ).fetchone()
         return _transaction(row) if row else None
 
     def plan_range(self, table: str, after: GtidState, stored: GtidState, limit: int
@@ -401,7 +403,7 @@ class StoreIndex:
             if start is not None:
                 where, value = "id>?", start
             elif last is not None:
-                where, value = "seq>?", _to_db(last.sequence)
+                where, value = "seq>?", stored_sequence(last.sequence)
             else:
                 where, value = "seq>=?", _DB_MIN
             cursors.append(self._db.execute(
@@ -467,7 +469,7 @@ def _same(a: Gtid, b: Gtid) -> bool:
 
 def _transaction(row: Any) -> TransactionInfo:
     ordinal, domain, source, seq, server_id, timestamp, events, tables, file, pos = row
-    return TransactionInfo(Gtid(domain, server_id, _from_db(seq), source or None), timestamp,
+    return TransactionInfo(Gtid(domain, server_id, sequence_of(seq), source or None), timestamp,
                            events,
                            tuple(json.loads(tables)), file, pos, ordinal)
 

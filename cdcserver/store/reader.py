@@ -18,6 +18,7 @@ from cdcserver.core.gtid import Gtid, GtidState, binlog_ordinal
 from cdcserver.store import checkpoint as ckpt
 from cdcserver.store.avrofile import scan_blocks
 from cdcserver.store.catalog import Catalog, VersionInfo
+from cdcserver.store.index import sequence_of
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
 from cdcserver.store.records import decode_records
@@ -114,7 +115,8 @@ def gtid_state_at(data_dir: str, file: str, pos: int) -> GtidState:
         db.close()
     state: dict[int | str, Gtid] = {}
     limit = binlog_ordinal(file, pos)
-    for domain, source_uuid, server_id, seq, at_file, at_pos in rows:
+    for domain, source_uuid, server_id, stored, at_file, at_pos in rows:
+        seq = sequence_of(stored)
         if binlog_ordinal(at_file, at_pos) <= limit:
             gtid = Gtid(domain, server_id, seq, source_uuid or None)
             if gtid.key not in state or state[gtid.key].sequence < seq:

@@ -1,0 +1,219 @@
+"""Descriptors and connections from the environment (issue 35, item 4 and 5).
+
+At the shell's default ``ulimit -n 1024``, 1,100 idle unauthenticated connections and a
+``CREATE TABLE`` used to crash the replication thread with EMFILE, and the process exited
+(``max_connections`` was 2048, so it never applied first); 64 idle connections to the metrics
+port made ``/live``, ``/ready`` and ``/health`` close without answering. The service now
+takes its budgets from the limit it runs with (``cdcserver/app/descriptors.py``), refuses
+connections past them with ``ERR TOO-MANY-CONNECTIONS``, caps the connections of one address
+that have not logged in, and the monitoring endpoint answers whatever waits on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import urllib.request
+from collections.abc import AsyncIterator
+
+import pytest
+
+from cdcserver.app.descriptors import RESERVED, budgets
+from cdcserver.core.config import Config
+from tests.conftest import Source
+from tests.helpers import PASSWORD, USER, RawClient, eventually
+from tests.oracle import assert_stream_equals_table
+
+LISTENING = re.compile(r"cdcserver\.protocol\.server: listening on [\d.]+:(\d+)")
+MONITORING = re.compile(r"metrics and health on http://[\d.]+:(\d+)/metrics")
+
+
+@pytest.mark.parametrize("limit", [64, 200, 1024, 20000, 1 << 20])
+def test_the_budgets_fit_the_limit_and_keep_room_for_the_rest(limit: int):
+    shares = budgets(Config(), limit)
+    used = shares.table_files + 2 * shares.connections + 3 * shares.dump_readers
+    assert min(shares.table_files, shares.connections, shares.dump_readers) >= 1
+    if limit >= RESERVED + 64:  # (below it every budget is 1: the service still starts)
+        assert used + RESERVED <= limit
+    if limit >= 20000:  # room for what is configured: the configuration decides
+        assert (shares.table_files, shares.connections) == (256, 2048)
+    if limit == 1024:
+        assert shares.connections < 1024 // 2
+
+
+class ServiceProcess:
+    """``cdcserver run`` in a process of its own, under a file descriptor limit."""
+
+    def __init__(self, tmp_path: os.PathLike[str], source: Source, users_file: str,
+                 limit: int) -> None:
+        self.log_path = os.path.join(tmp_path, "service.log")
+        exe = os.path.join(os.path.dirname(sys.executable), "cdcserver")
+
+        def limited() -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [exe, "run", "--source", source.url, "--data-dir",
+                 os.path.join(tmp_path, "data"), "--listen", "127.0.0.1:0",
+                 "--metrics-listen", "127.0.0.1:0", "--users-file", users_file,
+                 "--server-id", "6401", "--start-gtid", "oldest", "--log-level", "info"],
+                stdout=subprocess.DEVNULL, stderr=log, preexec_fn=limited)
+        self.port = self.metrics_port = 0
+
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    async def started(self) -> None:
+        def ports() -> tuple[int, int] | None:
+            text = self.log()
+            assert self.process.poll() is None, text
+            listening, monitoring = LISTENING.search(text), MONITORING.search(text)
+            if listening is None or monitoring is None:
+                return None
+            return int(listening[1]), int(monitoring[1])
+
+        found = await eventually(lambda: asyncio.to_thread(ports), bool, 60, "the service")
+        assert found is not None
+        self.port, self.metrics_port = found
+
+    def stop(self) -> int:
+        self.process.terminate()
+        try:
+            return self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+@contextlib.asynccontextmanager
+async def service(tmp_path: os.PathLike[str], source: Source, users_file: str, limit: int
+                  ) -> AsyncIterator[ServiceProcess]:
+    running = ServiceProcess(tmp_path, source, users_file, limit)
+    try:
+        await running.started()
+        yield running
+    finally:
+        assert running.stop() == 0, running.log()[-3000:]
+
+
+async def _open_idle(port: int, addresses: list[str], each: int
+                     ) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """``each`` idle connections from every address (127.0.0.x is all this machine)."""
+    opened = []
+    for address in addresses:
+        for _ in range(each):
+            opened.append(await asyncio.open_connection("127.0.0.1", port,
+                                                        local_addr=(address, 0)))
+    return opened
+
+
+async def _refused(connections: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]
+                   ) -> list[bytes]:
+    """The lines of the connections the server answered at once (and closed)."""
+    async def first_line(reader: asyncio.StreamReader) -> bytes:
+        try:
+            return await asyncio.wait_for(reader.readline(), 0.5)
+        except TimeoutError:
+            return b""
+    lines = await asyncio.gather(*(first_line(r) for r, _ in connections))
+    return [line for line in lines if line]
+
+
+def _close_all(connections: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]) -> None:
+    for _, writer in connections:
+        writer.close()
+
+
+@pytest.mark.mariadb
+async def test_a_flood_of_idle_connections_stops_no_table(tmp_path, source: Source,
+                                                          users_file: str):
+    db = source.database
+    async with service(tmp_path, source, users_file, limit=1024) as running:
+        assert "file descriptors: limit 1024:" in running.log()
+        # 1,200 connections from 40 addresses, 30 each (under the per-address cap of 32)
+        flood = await _open_idle(running.port, [f"127.0.0.{i}" for i in range(2, 42)], 30)
+        try:
+            refused = await _refused(flood)
+            assert refused, "the budget refused none of 1,200 connections"
+            assert {line.split(b" ")[1] for line in refused} == {b"TOO-MANY-CONNECTIONS"}
+            served = len(flood) - len(refused)
+            assert served < 1024 // 2, served
+            # replication goes on: a new table, its rows (the thread needs descriptors)
+            source.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY, v VARCHAR(10))",
+                           f"INSERT INTO `{db}`.t VALUES (1, 'a'), (2, 'b')",
+                           f"UPDATE `{db}`.t SET v = 'c' WHERE id = 2")
+            # a client beyond the budget is told so at once, not left hanging
+            extra = await RawClient.connect(running.port)
+            assert (await extra.line()).startswith(b"ERR TOO-MANY-CONNECTIONS")
+            await extra.close()
+        finally:
+            _close_all(flood)
+        assert running.process.poll() is None, running.log()[-3000:]
+        conn = source.server.connect()
+        try:
+            async def equal() -> bool:
+                with contextlib.suppress(AssertionError, ConnectionError):
+                    await assert_stream_equals_table(running.port, conn, db, "t", user=USER,
+                                                     password=PASSWORD, quiet=0.5)
+                    return True
+                return False
+
+            await eventually(equal, bool, 60, "the table's stream once the flood is gone")
+        finally:
+            conn.close()
+        assert "Too many open files" not in running.log()
+
+
+@pytest.mark.mariadb
+async def test_one_address_cannot_hold_every_login_slot(tmp_path, source: Source,
+                                                        users_file: str):
+    # A limit of 400 leaves 87 connections; past half of them in use, one address may hold
+    # 32 that have not logged in.
+    async with service(tmp_path, source, users_file, limit=400) as running:
+        assert "87 client connections" in running.log()
+        others = await _open_idle(running.port, [f"127.0.0.{i}" for i in range(3, 8)], 8)
+        mine = await _open_idle(running.port, ["127.0.0.2"], 33)
+        try:
+            assert await _refused(others) == []
+            refused = await _refused(mine)
+            assert refused == [b"ERR TOO-MANY-CONNECTIONS 32 connections from 127.0.0.2 have "
+                               b"not logged in yet\n"]
+            # another address logs in at once, and a logged-in client frees its slot
+            other = await RawClient.connect(running.port, host="127.0.0.1")
+            await other.login()
+            await other.close()
+        finally:
+            _close_all(mine + others)
+
+
+def _get(port: int, path: str) -> tuple[int, dict[str, object]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@pytest.mark.mariadb
+async def test_probes_answer_whatever_waits_on_the_monitoring_port(tmp_path, source: Source,
+                                                                   users_file: str):
+    async with service(tmp_path, source, users_file, limit=4096) as running:
+        idle = await _open_idle(running.metrics_port, ["127.0.0.1"], 200)
+        try:
+            for path in ("/live", "/ready", "/health"):
+                status, document = await asyncio.to_thread(_get, running.metrics_port, path)
+                assert status in (200, 503) and document, (path, status)
+            status, _ = await asyncio.to_thread(_get, running.metrics_port, "/live")
+            assert status == 200
+        finally:
+            _close_all(idle)
+
+
