@@ -14,6 +14,9 @@ form per MariaDB column type, decided from the source's own ``information_schema
 - binary data and geometry: lowercase hex;
 - temporal types, ``INET4``, ``INET6``, ``UUID``: MariaDB's text in a UTC session.
 
+A version whose ``ddl`` names ``renamed_columns`` renames the columns of the rows held, as
+an ALTER renames the table's.
+
 A table without a primary key is compared as a multiset of rows.
 """
 
@@ -65,6 +68,14 @@ class Rebuilt:
     def clear(self) -> None:
         self.rows.clear()
         self.bag.clear()
+
+    def rename_columns(self, renamed: dict[str, str]) -> None:
+        """An ALTER renamed columns (all at once: a swap is two renames): the rows held keep
+        their values under the new names, as the table's do."""
+        for key, row in self.rows.items():
+            self.rows[key] = {renamed.get(c, c): v for c, v in row.items()}
+        self.bag = Counter({tuple(sorted((renamed.get(c, c), v) for c, v in frozen)): n
+                            for frozen, n in self.bag.items()})
 
 
 def _hashable(value: Any) -> Any:
@@ -124,6 +135,7 @@ def rebuild(lines: list[dict[str, Any]], key: tuple[str, ...],
             columns = {f["name"]: f.get("column", f["name"]) for f in line["fields"][6:]}
             if ddl.get("kind") in ("truncate", "drop", "create"):
                 table.clear()
+            table.rename_columns(ddl.get("renamed_columns") or {})
             origin = ddl.get("renamed_from") if ddl.get("kind") == "create" else None
             if origin and others is not None and origin in others:
                 name = f"{line['database']}.{line['table']}"

@@ -174,6 +174,8 @@ class TableChange:
     # Why the statement changed stored rows without row events (partition maintenance, a
     # value-rewriting ALTER...), for people; empty when it changed no stored value.
     rewrites: str = ""
+    # The columns an ALTER renamed, (old, new) each: their values are kept under the new name
+    renamed_columns: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,4 +249,26 @@ class Abort:
     reason: str
 
 
-Change = Begin | Rows | Ddl | Rowless | Commit | Abort
+@dataclass(frozen=True, slots=True)
+class Quarantine:
+    """From here on, one table's changes cannot be stored exactly (a change without row events
+    that could not be re-read, rows that do not decode): its stream stops at this transaction
+    until a resync (:class:`Release`) brings it back. Every other table goes on."""
+
+    database: str
+    table: str
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """A quarantined table's resync: the table was read again at a watermark, and this
+    transaction's next changes (a ``resync`` version, then the records that bring the stream
+    to the table's rows there) make its stream exact again; its changes are stored again."""
+
+    database: str
+    table: str
+    note: str
+
+
+Change = Begin | Rows | Ddl | Rowless | Commit | Abort | Quarantine | Release

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from cdcserver.core.changes import ColumnDef, Index, TableChange, TableLayout
@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 
 Lookup = Callable[[TableName], str | None]  # SHOW CREATE TABLE text now, None if no table
 TRANSACTIONAL_ENGINES = frozenset({"innodb", "xtradb", "rocksdb", "tokudb"})
+# ALTER actions that can rewrite stored values (rewrites.py judges them when the old columns
+# are known; on a table whose columns are not, each of them means a re-read)
+_MAY_REWRITE = (ddl.ChangeColumn, ddl.AddColumns, ddl.ConvertCharset, ddl.SetVersioning)
 
 
 class SchemaHistory:
@@ -61,6 +64,7 @@ class SchemaHistory:
         self.lookup = lookup
         self.tables: dict[TableName, TableDefinition] = {}
         self.unknown: set[TableName] = set()
+        self.relearned: list[TableName] = []  # disagreed with a table map (reconcile)
         # what a table was before it became unknown: its columns' types are kept by name
         self.last_known: dict[TableName, TableDefinition] = {}
         self._looked_up: dict[TableName, TableDefinition | None] = {}  # by the last bootstrap
@@ -181,7 +185,8 @@ class SchemaHistory:
         renamed_to = None
         moved: list[ddl.RowsChanged] = []
         rewrites: list[str] = []
-        for action in sorted(statement.actions, key=_phase):
+        renames = column_renames(statement.actions, before)
+        for action in _one_at_a_time(sorted(statement.actions, key=_phase)):
             if isinstance(action, ddl.RenameTo):
                 renamed_to = action.table
             elif isinstance(action, ddl.RowsChanged):
@@ -208,14 +213,21 @@ class SchemaHistory:
                     tuple(self._move(table, renamed_to, definition, gtid)))
         if definition is None:
             self._forget(table, gtid, "altered while unknown or in a way not understood")
+            reasons = [m.reason for m in moved]
+            if any(isinstance(a, _MAY_REWRITE) for a in statement.actions):
+                # The old columns are unknown, so whether their values survived cannot be
+                # told: the table is read again (a narrowing MODIFY after `schema forget`)
+                reasons.append("an ALTER of a table whose columns were unknown may have "
+                               "rewritten its values")
             return "alter", (TableChange("alter", table.database, table.table,
-                                         rewrites="; ".join(m.reason for m in moved)),)
+                                         rewrites="; ".join(reasons)),)
         rewrites = [m.reason for m in moved] + rewrites
         changed = before is None or bool(rewrites) or _stored_shape(definition) != \
             _stored_shape(before)
         self._record(table, definition, gtid)
         changes = [TableChange("alter", table.database, table.table, self._layout(table),
-                               changed=changed, rewrites="; ".join(rewrites))]
+                               changed=changed, rewrites="; ".join(rewrites),
+                               renamed_columns=renames)]
         for move in moved:
             if move.other is not None:
                 changes += self._moved_rows(move, definition, gtid)
@@ -267,21 +279,22 @@ class SchemaHistory:
     # -- table maps ------------------------------------------------------------------------
 
     def reconcile(self, layout: TableLayout, gtid: Gtid | None) -> TableLayout:
-        """Check a table map against the history and add what only the history knows."""
+        """Check a table map against the history and add what only the history knows. Where
+        the two disagree the history missed a schema change: the table is learned again
+        (from the source, once it agrees; until then from the binlog's own columns), and
+        :meth:`take_relearned` names it, so that the stream re-reads its rows (a change the
+        history missed may have rewritten them)."""
         table = TableName(layout.database, layout.table)
         definition = self.tables.get(table)
+        if definition is not None and not agrees(layout, definition):
+            self._forget(table, gtid, f"the binlog's table map ({_describe(layout.columns)}) "
+                         f"disagrees with the history ({_describe(definition.column_defs())})")
+            self.relearned.append(table)
+            definition = None
         if definition is None:
             definition = self._bootstrap(table, layout, gtid)
         elif not definition.described and agrees(layout, definition):
             definition = self._describe(table, layout, definition, gtid)
-        elif not agrees(layout, definition):
-            raise SchemaError(
-                f"{table}: the binlog's table map ({_describe(layout.columns)}) disagrees with "
-                f"the schema history ({_describe(definition.column_defs())}); the history may "
-                "have missed a schema change. Replication stops here so that no row is "
-                "labelled with the wrong schema. Run `cdcserver schema forget "
-                f"{table.database}.{table.table} --data-dir DIR` to re-learn the table from "
-                "the source, then restart.")
         if definition is None:
             if any(not c.name for c in layout.columns):
                 raise SchemaError(
@@ -379,6 +392,11 @@ class SchemaHistory:
             if isinstance(statement, ddl.CreateTable) and statement.definition is not None:
                 engine = statement.definition.engine
         return engine in TRANSACTIONAL_ENGINES
+
+    def take_relearned(self) -> list[TableName]:
+        """The tables learned again since the last call (see :meth:`reconcile`)."""
+        tables, self.relearned = self.relearned, []
+        return tables
 
     def forget(self, table: TableName) -> None:
         self._forget(table, None, "forgotten on request")
@@ -507,6 +525,47 @@ def _codec(layout: TableLayout, spec: ColumnSpec) -> str:
 def _describe(columns: tuple[ColumnDef, ...]) -> str:
     return ", ".join(f"{c.name or '?'} {map_column(replace(c, extended=None)).real_type}"
                      for c in columns)
+
+
+def column_renames(actions: Sequence[object], definition: TableDefinition | None
+                   ) -> tuple[tuple[str, str], ...]:
+    """The columns an ALTER's actions rename, (old, new) each, as MariaDB reads them: every
+    name refers to the table before the statement (``CHANGE a b INT, CHANGE b a INT`` swaps
+    the two)."""
+    renames = []
+    for action in actions:
+        if isinstance(action, ddl.RenameColumn):
+            renames.append((action.old, action.new))
+        elif isinstance(action, ddl.ChangeColumn) and \
+                action.old.lower() != action.column.name.lower() and \
+                (definition is None or definition.has(action.old)):
+            renames.append((action.old, action.column.name))
+    return tuple(renames)
+
+
+def _one_at_a_time(actions: list[object]) -> list[object]:
+    """The actions, with column renames whose new name is another renamed column's old one
+    (a swap) done through a name no column has: applied in order, each then finds the
+    column it means."""
+    renames = column_renames(actions, None)
+    sources = {old.lower() for old, _ in renames}
+    if not any(new.lower() in sources for _, new in renames):
+        return actions
+    out: list[object] = []
+    later: list[object] = []
+    for number, action in enumerate(actions):
+        if isinstance(action, ddl.RenameColumn) and action.new.lower() in sources:
+            temporary = f"\x00cdc-rename-{number}"
+            out.append(ddl.RenameColumn(action.old, temporary))
+            later.append(ddl.RenameColumn(temporary, action.new))
+        elif isinstance(action, ddl.ChangeColumn) and action.column.name.lower() in sources \
+                and action.old.lower() != action.column.name.lower():
+            temporary = f"\x00cdc-rename-{number}"
+            out.append(replace(action, column=replace(action.column, name=temporary)))
+            later.append(ddl.RenameColumn(temporary, action.column.name))
+        else:
+            out.append(action)
+    return out + later
 
 
 def _renamed_column(definition: TableDefinition, action: object) -> tuple[str, str] | None:

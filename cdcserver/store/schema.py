@@ -161,7 +161,7 @@ class TableSchema:
 
     @classmethod
     def from_layout(cls, layout: TableLayout, version: int, gtid: str,
-                    ddl: dict[str, str] | None = None) -> TableSchema:
+                    ddl: dict[str, Any] | None = None) -> TableSchema:
         columns = []
         for col, name in zip(layout.columns, field_names(layout.columns), strict=True):
             mapping = map_column(col)
@@ -182,7 +182,7 @@ class TableSchema:
             avsc["ddl"] = ddl
         return cls.from_avsc(avsc)
 
-    def successor(self, version: int, gtid: str, ddl: dict[str, str] | None) -> TableSchema:
+    def successor(self, version: int, gtid: str, ddl: dict[str, Any] | None) -> TableSchema:
         """The same columns as a new version (after TRUNCATE, DROP, a rename...)."""
         avsc = {k: v for k, v in self.avsc.items() if k != "ddl"}
         avsc.update(version=version, gtid=gtid)
