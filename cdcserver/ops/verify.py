@@ -178,7 +178,10 @@ class _Replay:
             self._put(row)
 
     def _put(self, row: tuple[Any, ...]) -> None:
-        key = tuple(row[i] for i in self.key)
+        # A key column added since the row was written (a system-versioned table's row end)
+        # holds nothing for it: a record for that row (a repair's update_before) names it
+        # with the column null, as a consumer holds it.
+        key = tuple(None if row[i] is UNKNOWN else row[i] for i in self.key)
         if self.keyless:  # a table without a key holds equal rows: the nth is (row, n)
             self.counts[key] += 1
             key = (*key, self.counts[key])

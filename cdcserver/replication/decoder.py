@@ -11,14 +11,16 @@ closing event. MySQL: GTID or ANONYMOUS_GTID, then ``BEGIN``, then XID or ``COMM
 GTID + query. (``../shared/seeds`` 004; https://mariadb.com/kb/en/gtid_event/)
 
 Nothing is skipped silently: an event type the decoder does not know stops replication unless
-the server flagged it ignorable (``LOG_EVENT_IGNORABLE_F``), and so does row data it cannot
-decode. The exception is raised before the transaction's ``Commit`` is emitted, so the
-checkpoint never passes an event that was not decoded.
+the server flagged it ignorable (``LOG_EVENT_IGNORABLE_F``). The exception is raised before
+the transaction's ``Commit`` is emitted, so the checkpoint never passes an event that was not
+decoded. Row data of one table that does not decode stops that table's stream only (a
+:class:`~cdcserver.core.changes.Quarantine` in its place): the others go on.
 """
 
 from __future__ import annotations
 
 import binascii
+import logging
 import re
 import struct
 import zlib
@@ -33,7 +35,9 @@ from cdcserver.core.changes import (
     ColumnDef,
     Commit,
     Ddl,
+    Quarantine,
     RowImages,
+    Rowless,
     Rows,
     RowsKind,
     TableChange,
@@ -63,6 +67,8 @@ from cdcserver.replication.rowless import (
 from cdcserver.replication.tablemap import parse_table_map
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.store.naming import TableName
+
+log = logging.getLogger(__name__)
 
 HEADER = struct.Struct("<IBIIIH")  # timestamp, type, server_id, event_size, log_pos, flags
 HEADER_SIZE = 19
@@ -418,8 +424,9 @@ class EventDecoder:
         if entry is None:
             raise UndecodableEvent(f"rows event for table id {table_id} without a table map")
         if count != len(entry.layout.columns):
-            raise UndecodableEvent(f"rows event for {entry.layout.qualified_name} has {count} "
-                                   f"columns, its table map {len(entry.layout.columns)}")
+            self._quarantine(entry.layout, f"a rows event of {count} columns, its table map "
+                                           f"{len(entry.layout.columns)}", out)
+            return
         bitmaps = 2 if _ROWS_KINDS[kind] == RowsKind.UPDATE else 1
         for _ in range(bitmaps):
             self._require_full_image(head.take((count + 7) // 8), count, entry.layout)
@@ -439,16 +446,29 @@ class EventDecoder:
             try:
                 rows = entry.decode(data, start, stop)
             except (ValueError, IndexError, struct.error, UnicodeDecodeError) as exc:
-                raise UndecodableEvent(
-                    f"rows of {entry.layout.qualified_name} do not match its table map: {exc}"
-                ) from exc
+                self._quarantine(entry.layout, f"rows that do not match its table map: {exc}",
+                                 out)
+                return
         change = Rows(entry.layout, _ROWS_KINDS[kind], timestamp, rows, self.file,
                       self._event_end, images, start=self._event_start)
+        if self.history is not None:  # tables whose history missed a change: re-read them
+            out += [Rowless(t.database, t.table, "the schema history missed a change of the "
+                            "table (its table map disagreed): its rows are read again",
+                            layout=entry.layout if TableName(entry.layout.database,
+                                                             entry.layout.table) == t else None)
+                    for t in self.history.take_relearned()]
         out.append(change)
         self._written.add(TableName(entry.layout.database, entry.layout.table))
         if self.cascades is not None and not flags & NO_FOREIGN_KEY_CHECKS_F:
             out += self.cascades.markers(entry.layout, change.kind, change.rows,
                                          self._mapped_layouts)
+
+    def _quarantine(self, layout: TableLayout, cause: str, out: list[Change]) -> None:
+        """Rows of one table that cannot be decoded: that table's stream stops here (the
+        store quarantines it), every other table goes on."""
+        log.error("%s: %s at %s:%d", layout.qualified_name, cause, self.file, self.pos)
+        out.append(Quarantine(layout.database, layout.table,
+                              f"{cause} (binlog {self.file}:{self.pos})"))
 
     def _mapped_layouts(self) -> dict[TableName, TableLayout]:
         """The layouts of the tables mapped so far (this transaction's among them)."""

@@ -38,11 +38,17 @@ from cdcserver.dump.snapshot import (
 )
 from cdcserver.replication import source as source_sql
 from cdcserver.reread.values import from_text
+from cdcserver.schema import ddl
+from cdcserver.schema.history import layout_of
 from cdcserver.store.naming import TableName
 from cdcserver.store.schema import TableSchema
 from mariadb_cdc_client.format.schema import Field
 
 ER_NO_SUCH_TABLE = 1146
+
+
+class DefinitionUnreadable(SourceError):
+    """The source's definition of a table could not be parsed (SHOW CREATE TABLE)."""
 KEYS_PER_QUERY = 500
 
 Row = tuple[Any, ...]
@@ -109,6 +115,20 @@ class ReadView:
             if exc.args and exc.args[0] == ER_NO_SUCH_TABLE:
                 return None
             raise
+
+    def source_layout(self, table: TableName) -> TableLayout | None:
+        """The table's columns as the source defines them at the watermark (None: the table
+        does not exist there). A read of a whole table uses them, not the stream's: where
+        the source has moved on, the stream's columns may no longer be the table's (a
+        renamed, dropped or retyped column), and its values would not read."""
+        text = self.definitions.get(table)
+        if text is None:
+            return None
+        statement = ddl.parse(text, table.database)
+        if not isinstance(statement, ddl.CreateTable) or statement.definition is None:
+            raise DefinitionUnreadable(f"{table}: cannot read its definition on the source: "
+                                       f"{text[:200]!r}")
+        return layout_of(table, statement.definition)
 
     def rows(self, layout: TableLayout, key: Sequence[int] = (),
              keys: Sequence[Row] | None = None) -> list[Row]:

@@ -30,10 +30,13 @@ the change's ``Commit`` reaches any sink, with the way out in the message.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from typing import Any
 
 import pymysql
@@ -44,13 +47,16 @@ from cdcserver.core.changes import (
     Change,
     Commit,
     Ddl,
+    Quarantine,
+    Release,
     Rowless,
     Rows,
     RowsKind,
+    TableChange,
     TableLayout,
 )
 from cdcserver.core.config import SourceAddress
-from cdcserver.core.errors import SchemaError, SourceError, SourceUnavailable
+from cdcserver.core.errors import SourceError, SourceUnavailable
 from cdcserver.core.gtid import BinlogPosition, binlog_ordinal, same_state
 from cdcserver.dump.snapshot import DefinitionChanged, SnapshotPoint
 from cdcserver.replication.sources import Sources
@@ -60,10 +66,23 @@ from cdcserver.reread.view import Row, TableView, Views, key_names
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
 from cdcserver.store.schema import TableSchema
+from mariadb_cdc_client.format.schema import Field, Kind
 
 log = logging.getLogger(__name__)
 
 RETRY_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
+# A source that does not answer (every table's problem: replication restarts and retries)
+_UNREACHABLE = (SourceUnavailable, pymysql.err.OperationalError, pymysql.err.InterfaceError)
+# ... by MariaDB's error numbers: can't connect, gone away, lost, too many connections,
+# shutting down, connection killed, the account refused; any other (a table's privilege,
+# its definition) concerns the tables read
+_UNREACHABLE_ERRNOS = frozenset({2002, 2003, 2006, 2013, 2055, 1040, 1045, 1053, 1927})
+
+
+def unreachable(exc: BaseException) -> bool:
+    if isinstance(exc, (SourceUnavailable, pymysql.err.InterfaceError)):
+        return True
+    return bool(exc.args) and exc.args[0] in _UNREACHABLE_ERRNOS
 
 
 @dataclass
@@ -73,6 +92,8 @@ class RepairStats:
     rowless: dict[str, int] = field(default_factory=dict)  # by kind of cause
     repairs: int = 0  # repairs attached to the stream
     records: dict[str, int] = field(default_factory=dict)  # by event type
+    resyncs: list[float] = field(default_factory=list)  # seconds each took (asked to done)
+    widened: int = 0  # repairs of named rows that read the whole table instead
 
 
 @dataclass
@@ -81,7 +102,7 @@ class _Scope:
     source held for them at the watermark."""
 
     table: TableName
-    layout: TableLayout
+    layout: TableLayout | None  # None until read: the stream did not know the columns
     reason: str
     keys: set[bytes] | None
     source: dict[bytes, tuple[Row, int]] = field(default_factory=dict)
@@ -93,6 +114,8 @@ class _Pending:
     cause: str  # the GTID of the transaction that made the change
     scopes: list[_Scope]
     markers: list[Rowless]  # what was recognised, to read again if the pipeline restarts
+    resync: bool = False  # a quarantined table's resync: released, in a version of its own
+    started: float = 0.0  # (monotonic) when the resync was asked for
 
 
 class Repairer:
@@ -110,6 +133,12 @@ class Repairer:
         self._sequence_rows: dict[TableName, Row] = {}  # sequences it wrote, their new row
         self._batch_rows: list[Rows] = []  # committed earlier in this batch (not in the store)
         self._reissue: list[tuple[list[Rowless], str]] = []  # to read again at this commit
+        # Quarantined tables (the store's, and those this stage gave up on): their rows are
+        # not stored, so they change no view, and a resync brings them back
+        self._quarantined: set[TableName] = set(catalog.quarantined)
+        self._stopping: list[Quarantine] = []  # to emit before the next commit
+        self._resyncs: dict[TableName, tuple[str, float]] = {}  # asked for: why, when
+        self._resyncing: set[TableName] = set()  # read, waiting for their watermark
 
     @property
     def address(self) -> SourceAddress:
@@ -122,6 +151,18 @@ class Repairer:
         may be written: it would pass the change the repair is for)."""
         return bool(self._pending or self._again)
 
+    def request_resync(self, table: TableName, why: str) -> bool:
+        """Read a quarantined table again at a watermark and release it there (in the first
+        batch from now); False if one is asked for or under way already."""
+        if table in self._resyncs or table in self._resyncing:
+            return False
+        self._resyncs[table] = (why, time.monotonic())
+        return True
+
+    @property
+    def resyncing(self) -> set[TableName]:
+        return set(self._resyncs) | self._resyncing
+
     def carry_over(self) -> list[tuple[list[Rowless], str]]:
         """The waiting repairs (markers and cause), for the next pipeline's repairer."""
         return [(p.markers, p.cause) for p in self._pending] + self._again
@@ -131,16 +172,24 @@ class Repairer:
         self._again = list(waiting)
 
     async def process(self, batch: list[Change]) -> list[Change]:
+        self._learn_quarantines()
         while self._again:
             markers, cause = self._again[0]
             await self._start(markers, cause, None)
             self._again.pop(0)
-        out: list[Change] = []
+        for table, (why, asked) in list(self._resyncs.items()):
+            del self._resyncs[table]
+            marker = Rowless(table.database, table.table, f"resync: {why}")
+            await self._start([marker], "resync", None, resync=asked)
+        out: list[Change] = [*self._stopping]
+        self._stopping = []
         self._batch_rows = []
         for change in batch:
             if isinstance(change, Begin):
                 self._begin, self._found, self._txn_rows = change, [], []
                 self._sequence_rows = {}
+            elif isinstance(change, Rows) and _name(change.layout) in self._quarantined:
+                pass  # not stored: it changes neither a view nor a repair
             elif isinstance(change, Rows):
                 if change.layout.sequence and change.kind == RowsKind.INSERT:
                     change = await asyncio.to_thread(self._sequence_write, change)
@@ -155,13 +204,26 @@ class Repairer:
                           self._begin.gtid if self._begin else "?")
             elif isinstance(change, Ddl):
                 self._schema_changed(change)
+            elif isinstance(change, Quarantine):  # rows the decoder could not decode
+                self._quarantined.add(TableName(change.database, change.table))
+                self.views.drop(TableName(change.database, change.table))
             elif isinstance(change, Abort):
                 self._begin, self._found, self._txn_rows = None, [], []
                 self._sequence_rows = {}
             elif isinstance(change, Commit):
                 out += await self._committing(change)
+                out += self._stopping
+                self._stopping = []
             out.append(change)
         return out
+
+    def _learn_quarantines(self) -> None:
+        """Tables the store quarantined since: their views no longer hold what is stored (the
+        stage saw rows of them the store then dropped), so they are built again."""
+        for table in set(self.catalog.quarantined) - self._quarantined:
+            self.views.drop(table)
+        self._quarantined = set(self.catalog.quarantined) | \
+            {TableName(q.database, q.table) for q in self._stopping}
 
     async def _committing(self, commit: Commit) -> list[Change]:
         """The transaction ends: bring the views up to it, start a repair for what it
@@ -190,7 +252,11 @@ class Repairer:
         once the statement has passed, under the table's new name and columns (a dropped or
         truncated table needs no repair any more)."""
         touched = {TableName(c.database, c.table): c for c in ddl.changes}
-        for table in touched:
+        renames = [(TableName(c.database, c.table), TableName.parse(c.renamed))
+                   for c in ddl.changes if c.kind == "drop" and c.renamed]
+        if renames:
+            self._follow_renames(renames)
+        for table in set(touched) - {t for pair in renames for t in pair}:
             self.views.drop(table)
         for pending in list(self._pending):
             if _after(ddl.file, ddl.pos, pending.point) or \
@@ -200,6 +266,26 @@ class Repairer:
             markers = [m for m in (_retarget(m, ddl) for m in pending.markers) if m is not None]
             if markers:
                 self._reissue.append((markers, pending.cause))
+
+    def _follow_renames(self, renames: list[tuple[TableName, TableName]]) -> None:
+        """A statement renamed tables: the views a waiting repair reads follow the rows to
+        their new names, in the statement's order (a swap is three renames). The store does
+        not hold the statement yet (it ends this batch), so a view built from it later would
+        not know the renames: each one needed is built now, from what the store holds,
+        which is the table before the statement."""
+        needed = {TableName(m.database, m.table) for p in self._pending for m in p.markers}
+        for old, _ in renames:
+            if old in needed and self.views.get(old) is None:
+                self._keyed_view(old, self._stored_key(old))
+        for old, new in renames:
+            self.views.move(old, new)
+
+    def _stored_key(self, table: TableName) -> tuple[str, ...]:
+        """The primary key of the table's newest stored version (a view's key, where the
+        stream's columns are not at hand)."""
+        entry = self.catalog.get(table)
+        latest = entry.latest() if entry is not None else None
+        return tuple(latest.schema.avsc.get("primary_key", ())) if latest is not None else ()
 
     def _sequence_write(self, rows: Rows) -> Rows:
         """A sequence has one row; MariaDB logs each write of it (NEXTVAL past the cache,
@@ -223,29 +309,65 @@ class Repairer:
 
     # -- 1 and 2: what to read, and reading it ---------------------------------------------
 
-    async def _start(self, markers: list[Rowless], cause: str, commit: Commit | None) -> None:
+    async def _start(self, markers: list[Rowless], cause: str, commit: Commit | None, *,
+                     resync: float | None = None) -> None:
         """Read what ``markers`` name at a watermark; the repair waits for the stream there
-        (``commit``: the transaction that made the changes, not yet passed on)."""
+        (``commit``: the transaction that made the changes, not yet passed on; ``resync``:
+        when a quarantined table's resync was asked for). A source that cannot be reached
+        stops the pipeline for a restart (:class:`SourceUnavailable`); a table that cannot
+        be read is quarantined, and every other table goes on."""
         markers = list(markers)
         tables = {TableName(m.database, m.table) for m in markers}
         tables |= {TableName.parse(e.child) for m in markers for e in m.edges}
         for attempt in range(len(RETRY_DELAYS) + 1):
+            last = attempt == len(RETRY_DELAYS)
             try:
                 pending = await asyncio.to_thread(self._read, markers, tables, cause)
                 break
-            except (DefinitionChanged, SourceUnavailable, pymysql.err.OperationalError,
-                    pymysql.err.InterfaceError) as exc:
-                if attempt == len(RETRY_DELAYS):
-                    raise SourceError(f"cannot re-read the rows {cause} changed without row "
-                                      f"events: {exc}") from exc
-                log.warning("re-reading the rows %s changed: %s; trying again", cause, exc)
-                await asyncio.sleep(RETRY_DELAYS[attempt])
-        if pending is not None:
-            self._pending.append(pending)
-            if commit is None or not _reached(commit.position, pending.point):
-                log.info("%s: the repair of %s waits for the stream to reach %s:%d", cause,
-                         ", ".join(sorted({m.qualified_name for m in markers})),
-                         pending.point.file, pending.point.pos)
+            except _UNREACHABLE as exc:
+                if not unreachable(exc):
+                    self._give_up(markers, cause, exc)
+                    return
+                if last:
+                    raise SourceUnavailable(f"cannot re-read the rows {cause} changed without "
+                                            f"row events: {exc}") from exc
+                failure: BaseException = exc
+            except DefinitionChanged as exc:  # a schema statement raced the read: again
+                if last:
+                    self._give_up(markers, cause, exc)
+                    return
+                failure = exc
+            except Exception as exc:  # noqa: BLE001 - a fault of these tables, not the source's
+                self._give_up(markers, cause, exc)
+                return
+            log.warning("re-reading the rows %s changed: %s; trying again", cause, failure)
+            await asyncio.sleep(RETRY_DELAYS[attempt])
+        if pending is None:
+            return
+        if resync is not None:
+            pending.resync, pending.started = True, resync
+            self._resyncing |= tables
+        self._pending.append(pending)
+        if commit is None or not _reached(commit.position, pending.point):
+            log.info("%s: the repair of %s waits for the stream to reach %s:%d", cause,
+                     ", ".join(sorted({m.qualified_name for m in markers})),
+                     pending.point.file, pending.point.pos)
+
+    def _give_up(self, markers: list[Rowless], cause: str, exc: BaseException) -> None:
+        """The rows cannot be read again exactly: quarantine their tables (see the module's
+        description) from the transaction being passed on."""
+        log.error("cannot re-read the rows %s changed without row events (%s): %s", cause,
+                  ", ".join(sorted({m.qualified_name for m in markers})), exc,
+                  exc_info=not isinstance(exc, (SourceError, pymysql.err.MySQLError)))
+        for table in sorted({TableName(m.database, m.table) for m in markers}):
+            self._resyncing.discard(table)
+            self.views.drop(table)
+            self._quarantined.add(table)
+            what = "its resync" if cause == "resync" else \
+                f"the rows {cause} changed without row events"
+            self._stopping.append(Quarantine(
+                table.database, table.table,
+                f"{what} could not be read again: {type(exc).__name__}: {exc}"))
 
     def _read(self, markers: list[Rowless], tables: set[TableName], cause: str
               ) -> _Pending | None:
@@ -255,50 +377,58 @@ class Repairer:
         scopes: dict[TableName, _Scope] = {}
         queue = []
         for marker in markers:
-            layout = _layout(marker)
-            view = self._view(TableName(marker.database, marker.table), layout)
-            if self._scope(scopes, marker, view, layout) is not None:
-                queue.append((marker, view))
+            view = self._view(TableName(marker.database, marker.table), marker.layout) \
+                if marker.layout is not None else None
+            if self._scope(scopes, marker, view, marker.layout) is not None:
+                queue.append(marker)
         if not queue:
             return None
         read = ReadView(self.address, sorted(tables))
         try:
             done: set[TableName] = set()
             while queue:
-                marker, view = queue.pop(0)
+                marker = queue.pop(0)
                 scope = scopes[TableName(marker.database, marker.table)]
                 if scope.table in done and scope.keys is None:
                     continue
-                changed = self._read_scope(read, scope, view)
+                changed = self._read_scope(read, scope)
                 done.add(scope.table)
                 for follow in _cascades(marker, changed):
-                    layout = _layout(follow)
-                    child = self._view(TableName(follow.database, follow.table), layout)
-                    if self._scope(scopes, follow, child, layout) is not None:
-                        queue.append((follow, child))
+                    child = self._view(TableName(follow.database, follow.table),
+                                       follow.layout) if follow.layout is not None else None
+                    if self._scope(scopes, follow, child, follow.layout) is not None:
+                        queue.append(follow)
             return _Pending(read.point, cause, list(scopes.values()), markers)
         finally:
             read.close()
 
     def _view(self, table: TableName, layout: TableLayout) -> TableView:
+        """The stream's view of ``table``, keyed by ``layout``'s primary key (built again
+        from the store, and the rows not in it yet, when it was keyed otherwise)."""
+        return self._keyed_view(table, key_names(layout))
+
+    def _keyed_view(self, table: TableName, key: tuple[str, ...]) -> TableView:
         view = self.views.get(table)
-        if view is None or view.key != key_names(layout):
-            view = self.views.fold(self.catalog, table, key_names(layout))
+        if view is None or view.key != key:
+            view = self.views.fold(self.catalog, table, key)
             for rows in self._batch_rows + self._txn_rows:  # not in the store yet
                 if _name(rows.layout) == table:
                     view.apply(rows)
         return view
 
     @staticmethod
-    def _scope(scopes: dict[TableName, _Scope], marker: Rowless, view: TableView,
-               layout: TableLayout) -> _Scope | None:
+    def _scope(scopes: dict[TableName, _Scope], marker: Rowless, view: TableView | None,
+               layout: TableLayout | None) -> _Scope | None:
+        """Add the rows ``marker`` names to its table's scope; None when it adds none. A
+        table whose columns the stream does not know (``layout`` None) is read whole, in
+        the columns the source gives it."""
         table = TableName(marker.database, marker.table)
         scope = scopes.get(table)
         if scope is None:
             scope = scopes[table] = _Scope(table, layout, marker.reason, set())
         elif marker.reason not in scope.reason:
             scope.reason += f"; {marker.reason}"
-        if not marker.columns or not view.key:
+        if view is None or not marker.columns or not view.key:
             scope.keys = None  # every row (a table without a key is compared whole)
         elif scope.keys is not None:
             before = len(scope.keys)
@@ -307,12 +437,25 @@ class Repairer:
                 return None
         return scope
 
-    @staticmethod
-    def _read_scope(read: ReadView, scope: _Scope, view: TableView
-                    ) -> list[tuple[Row | None, Row | None]]:
+    def _read_scope(self, read: ReadView, scope: _Scope) -> list[tuple[Row | None, Row | None]]:
         """Read the scope's rows at the watermark; return how the view's rows differ from
-        them there (for following cascades)."""
+        them there (for following cascades). A whole table is read in the columns the
+        source gives it at the watermark, and so are the named rows of a table whose
+        columns there are not the stream's (the source has moved on: the rows the stream
+        names may no longer be found by the stream's columns)."""
+        source = read.source_layout(scope.table)
+        if source is not None and (scope.keys is None or scope.layout is None or
+                                   not same_shape(scope.layout, source)):
+            if scope.keys is not None:
+                log.info("%s: its columns on the source are not the stream's here; the "
+                         "whole table is read", scope.table)
+                self.stats.widened += 1
+            scope.keys, scope.layout = None, source
+        if scope.layout is None:  # gone from the source, and never known: nothing to read
+            scope.source = {}
+            return []
         layout = scope.layout
+        view = self._view(scope.table, layout)
         names = [c.name for c in layout.columns]
         if scope.keys is None:
             rows = read.rows(layout)
@@ -355,16 +498,42 @@ class Repairer:
         self._pending = [p for p in self._pending if not any(p is d for d in due)]
         out: list[Change] = []
         for pending in due:
+            if pending.resync:
+                out += self._released(pending, commit)
             rows = await asyncio.to_thread(self._difference, pending, commit)
             out += rows
+        return out
+
+    def _released(self, pending: _Pending, commit: Commit) -> list[Change]:
+        """A resync reached its watermark: the table is released, with a version of its own
+        (the table's columns on the source there) that its difference is written in."""
+        out: list[Change] = []
+        for scope in pending.scopes:
+            table = scope.table
+            seconds = time.monotonic() - pending.started
+            note = (f"{scope.reason.removeprefix('resync: ')}; read again at "
+                    f"{pending.point.file}:{pending.point.pos}: the records of this "
+                    "transaction that follow bring the stream to the table's rows there")
+            kind = "resync" if scope.layout is not None else "drop"
+            out += [Release(table.database, table.table, note),
+                    Ddl(table.database, "-- cdcserver resync", commit.timestamp, kind=kind,
+                        changes=(TableChange(kind, table.database, table.table,
+                                             scope.layout, note=note),),
+                        file=commit.position.file, pos=commit.position.pos)]
+            self._quarantined.discard(table)
+            self._resyncing.discard(table)
+            self.views.drop(table)  # built again from the store, as the release left it
+            self.stats.resyncs.append(seconds)
+            log.warning("%s: resynced in %.2f s at the watermark %s:%d", table, seconds,
+                        pending.point.file, pending.point.pos)
         return out
 
     def _difference(self, pending: _Pending, commit: Commit) -> list[Rows]:
         out: list[Rows] = []
         for scope in pending.scopes:
-            view = self.views.get(scope.table)
-            if view is None:
+            if scope.layout is None:
                 continue
+            view = self._view(scope.table, scope.layout)
             note = json.dumps({"reason": scope.reason, "cause": pending.cause},
                               ensure_ascii=False, separators=(", ", ": "))
             made = _records(scope, view, note, commit)
@@ -414,18 +583,24 @@ def _cascades(marker: Rowless, changed: list[tuple[Row | None, Row | None]]) -> 
 
 
 def _retarget(marker: Rowless, ddl: Ddl) -> Rowless | None:
-    """``marker`` after ``ddl``: under the table's new name and columns; None when the
-    statement dropped or emptied the table (and with it the rows to repair)."""
-    table = marker.qualified_name
+    """``marker`` after ``ddl``: under the table's new name and columns (following every
+    rename of one statement in order: ``RENAME TABLE a TO tmp, b TO a, tmp TO b`` moves a's
+    rows to b); None when the statement dropped or emptied the table (and with it the rows
+    to repair)."""
+    came_from = ""  # the name a rename just moved the marker from: its create is that move
     for change in ddl.changes:
-        if f"{change.database}.{change.table}" != table:
+        if (change.database, change.table) != (marker.database, marker.table):
+            continue
+        if change.kind == "create" and change.renamed and change.renamed == came_from:
+            came_from = ""
+            if change.layout is not None:
+                marker = replace(marker, layout=change.layout)
             continue
         if change.kind == "drop" and change.renamed:
-            new = next((c for c in ddl.changes if c.kind == "create"
-                        and f"{c.database}.{c.table}" == change.renamed), None)
-            if new is None or new.layout is None:
-                return None
-            return replace(marker, database=new.database, table=new.table, layout=new.layout)
+            came_from = marker.qualified_name
+            database, _, table = change.renamed.partition(".")
+            marker = replace(marker, database=database, table=table)
+            continue
         if change.kind in ("drop", "truncate", "create"):
             return None
         if change.layout is not None:
@@ -442,15 +617,12 @@ def _name(layout: TableLayout) -> TableName:
     return TableName(layout.database, layout.table)
 
 
-def _layout(marker: Rowless) -> TableLayout:
-    if marker.layout is None:
-        raise SchemaError(
-            f"{marker.qualified_name}: rows changed without row events ({marker.reason}), and "
-            "the table's columns are not known, so the change cannot be re-read exactly. "
-            "Replication stops before it. Run `cdcserver schema forget "
-            f"{marker.database}.{marker.table} --data-dir DIR` to re-learn the table from the "
-            "source, then restart.")
-    return marker.layout
+def same_shape(a: TableLayout, b: TableLayout) -> bool:
+    """Whether rows of ``a`` and ``b`` are the same Avro records: the same columns, in
+    the same order, of the same types, under the same primary key."""
+    first, second = TableSchema.from_layout(a, 0, ""), TableSchema.from_layout(b, 0, "")
+    return (first.avsc["fields"] == second.avsc["fields"]
+            and first.avsc.get("primary_key") == second.avsc.get("primary_key"))
 
 
 def _after(file: str, pos: int, point: SnapshotPoint) -> bool:
@@ -497,6 +669,7 @@ def _same_row(mine: Row, theirs: Row) -> bool:
 
 def _records(scope: _Scope, view: TableView, note: str, commit: Commit) -> list[Rows]:
     layout = scope.layout
+    assert layout is not None, "a scope is read before its records are made"
     names = [c.name for c in layout.columns]
 
     def values(row: Row) -> tuple[Any, ...]:
@@ -504,9 +677,7 @@ def _records(scope: _Scope, view: TableView, note: str, commit: Commit) -> list[
 
     inserts, updates, deletes = [], [], []
     changed = _differences(view, scope)
-    sample = {n: type(r[n]) for _, r in changed if r is not None for n in names
-              if r.get(n) is not None}
-    fit = _Fit(layout, sample)
+    fit = _Fit(layout)
     for mine, theirs in changed:
         if mine is None and theirs is not None:
             inserts.append(values(theirs))
@@ -526,28 +697,63 @@ def _records(scope: _Scope, view: TableView, note: str, commit: Commit) -> list[
 
 
 class _Fit:
-    """A row as the stream last had it, in the table's columns now: a value of a column
-    whose type an ALTER changed is converted the way its text reads in the new type (or,
-    failing that, is the source's value, or NULL), so that the store can write it."""
+    """A row as the stream last had it, in the table's columns now. A value whose Python
+    type the column's type does not hold (a column an ALTER retyped: a DATETIME that became
+    a DECIMAL, an INT that became a VARCHAR) is converted the way its text reads in the new
+    type; failing that it is the source's value, or NULL. Whatever ``mine`` holds, the store
+    can write the result."""
 
-    def __init__(self, layout: TableLayout, sample: dict[str, type]) -> None:
+    def __init__(self, layout: TableLayout) -> None:
         fields = TableSchema.from_layout(layout, 0, "").columns
+        self.fields = {f.column: f for f in fields}
         self.converters = {f.column: from_text(f) for f in fields}
-        self.sample = sample
 
     def __call__(self, mine: Row, theirs: Row | None) -> Row:
         row = dict(mine)
         for name, value in mine.items():
-            expected = self.sample.get(name)
-            if value is None or expected is None or isinstance(value, expected) or \
-                    name not in self.converters:
+            field = self.fields.get(name)
+            if value is None or field is None or holds(field, value):
                 continue
             try:
-                text = value if isinstance(value, bytes) else str(value).encode("utf-8")
-                row[name] = self.converters[name](text)
-            except (ValueError, TypeError, ArithmeticError):
-                row[name] = theirs.get(name) if theirs is not None else None
+                converted = self.converters[name](_text(value))
+            except (ValueError, TypeError, ArithmeticError, UnicodeError, OverflowError):
+                converted = None
+            if converted is None or not holds(field, converted):
+                converted = theirs.get(name) if theirs is not None else None
+            row[name] = converted
         return row
+
+
+_HELD: dict[Kind, tuple[type, ...]] = {
+    Kind.BOOLEAN: (int,), Kind.INT: (int,), Kind.LONG: (int,), Kind.FLOAT: (float, int),
+    Kind.DOUBLE: (float, int), Kind.DECIMAL: (Decimal, int), Kind.STRING: (str,),
+    Kind.ENUM: (str,), Kind.BYTES: (bytes, bytearray), Kind.UUID: (str,),
+    Kind.DATE: (dt.date, str), Kind.DATETIME: (dt.datetime, str),
+    Kind.TIMESTAMP: (dt.datetime, str), Kind.TIME: (dt.timedelta, str), Kind.NULL: (),
+}
+
+
+def holds(field: Field, value: Any) -> bool:
+    """Whether the store writes ``value`` in ``field`` (the binlog decoder's types; MariaDB's
+    text for a zero or partial date)."""
+    if isinstance(value, bool):
+        return False
+    if field.kind == Kind.DATE and isinstance(value, dt.datetime):
+        return False  # a datetime is a date in Python, not in the store
+    return isinstance(value, _HELD.get(field.kind, ()))
+
+
+def _text(value: Any) -> bytes:
+    """A value as MariaDB prints it (what ``from_text`` reads)."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    if isinstance(value, dt.datetime):
+        return value.replace(tzinfo=None).isoformat(sep=" ").encode()
+    if isinstance(value, dt.timedelta):
+        seconds = int(value.total_seconds())
+        sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
+        return f"{sign}{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}".encode()
+    return str(value).encode("utf-8", "surrogateescape")
 
 
 def _sorted(rows: list[tuple[Any, ...]], layout: TableLayout, kind: RowsKind

@@ -172,6 +172,14 @@ class Views:
         view = self.tables[table] = TableView(self.db, self._next, table, key)
         return view
 
+    def move(self, old: TableName, new: TableName) -> None:
+        """``old`` was renamed ``new``: its view (if any) is ``new``'s now."""
+        view = self.tables.pop(old, None)
+        self.drop(new)
+        if view is not None:
+            view.table = new
+            self.tables[new] = view
+
     def drop(self, table: TableName) -> None:
         view = self.tables.pop(table, None)
         if view is not None:
