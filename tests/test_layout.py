@@ -156,7 +156,7 @@ def test_the_shared_format_loads_nothing_but_itself():
 
 _DATA_DIR_NAMES = {"avro", "dump", "state", "checkpoint.json", "checkpoint.log",
                    "index.sqlite", "views.sqlite", "schema_history.jsonl", "kafka.json",
-                   "writer.lock", ".room-probe"}
+                   "writer.lock", ".room-probe", "resync"}
 
 
 def test_only_the_layout_names_the_data_directorys_paths():

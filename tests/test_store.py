@@ -15,6 +15,7 @@ from cdcserver.core.changes import (
     ColumnDef,
     Commit,
     Ddl,
+    Release,
     Rows,
     RowsKind,
     TableChange,
@@ -180,4 +181,46 @@ async def test_a_flush_cancelled_twice_still_holds_off_the_next_checkpoint_write
         await first
     assert await second == store.position
     assert most_at_once[0] == 1
+    store.close()
+
+
+async def test_a_table_the_store_cannot_write_is_quarantined_and_the_rest_goes_on(tmp_path):
+    """One table's fault (a value its encoder refuses) quarantines that table: its part of
+    the transaction is rolled back, the other tables of the same transaction are stored, the
+    checkpoint records the quarantine, and a restart keeps it until a release."""
+    path = str(tmp_path)
+    store = _open(path)
+    feed = _Feed()
+    good, bad = _layout("good"), _layout("bad")
+    store.apply_now(feed.transaction(Rows(good, RowsKind.INSERT, 1, [(1,)]),
+                                     Rows(bad, RowsKind.INSERT, 1, [(1,)])))
+    store.apply_now(feed.transaction(
+        Rows(good, RowsKind.INSERT, 1, [(2,)]),
+        Rows(bad, RowsKind.INSERT, 1, [(2,)]),
+        Rows(bad, RowsKind.INSERT, 1, [("not an int",)]),  # the encoder refuses it
+        Rows(good, RowsKind.INSERT, 1, [(3,)])))
+    store.apply_now(feed.transaction(Rows(bad, RowsKind.INSERT, 1, [(4,)]),
+                                     Rows(good, RowsKind.INSERT, 1, [(4,)])))
+    await store.flush()
+    assert set(store.quarantined) == {TableName("db", "bad")}
+    assert store.quarantined[TableName("db", "bad")].since == "0-1-2"
+    assert "TypeError" in store.quarantined[TableName("db", "bad")].cause or \
+        "ValueError" in store.quarantined[TableName("db", "bad")].cause
+
+    def ids(table: str) -> list[int]:
+        info = store.catalog.get(TableName("db", table)).latest()  # type: ignore[union-attr]
+        with open(info.path, "rb") as f:
+            import fastavro
+            return [r["id"] for r in fastavro.reader(f)]
+
+    assert ids("good") == [1, 2, 3, 4]
+    assert ids("bad") == [1]  # its part of transaction 2 was rolled back; 3 was not stored
+    store.close()
+    store = _open(path)  # the checkpoint keeps the quarantine
+    assert set(store.quarantined) == {TableName("db", "bad")}
+    assert set(store.catalog.quarantined) == {TableName("db", "bad")}
+    store.apply_now(feed.transaction(Release("db", "bad", "resynced"),
+                                     Rows(bad, RowsKind.INSERT, 1, [(5,)])))
+    await store.flush()
+    assert store.quarantined == {} and ids("bad") == [1, 5]
     store.close()

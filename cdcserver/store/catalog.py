@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from cdcserver.core.gtid import Gtid
 from cdcserver.store.avrofile import Header, read_header
+from cdcserver.store.checkpoint import Quarantined
 from cdcserver.store.naming import TableName, parse_version_file
 from cdcserver.store.schema import TableSchema
 
@@ -68,6 +69,28 @@ class Catalog:
         # Tables whose newest version or its committed size changed since the store's last
         # checkpoint: the checkpoint writes these, not every table's mark.
         self.changed: set[TableName] = set()
+        # Tables whose stream stopped (the store's checkpoint keeps them); readers end there
+        self.quarantined: dict[TableName, Quarantined] = {}
+        self._quarantine_changed: asyncio.Future[None] | None = None
+
+    def quarantine(self, name: TableName, why: Quarantined | None) -> None:
+        """Stop (``why``) or resume (None) a table's stream, and wake its readers."""
+        if why is None:
+            self.quarantined.pop(name, None)
+        else:
+            self.quarantined[name] = why
+        entry = self.tables.get(name)
+        if entry is not None:
+            entry.notify()
+        waiter, self._quarantine_changed = self._quarantine_changed, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def quarantine_changed(self) -> asyncio.Future[None]:
+        """A future resolved when a table is quarantined or released (shared: shield it)."""
+        if self._quarantine_changed is None or self._quarantine_changed.done():
+            self._quarantine_changed = asyncio.get_running_loop().create_future()
+        return self._quarantine_changed
 
     def get(self, name: TableName) -> TableEntry | None:
         return self.tables.get(name)

@@ -45,6 +45,19 @@ class TableMark:
 
 
 @dataclass(frozen=True)
+class Quarantined:
+    """Why a table's stream stopped, since which transaction, and since when (Unix time)."""
+
+    cause: str
+    since: str  # the GTID of the transaction it stopped at
+    at: float
+
+    def to_json(self, table: TableName) -> dict[str, object]:
+        return {"database": table.database, "table": table.table, "cause": self.cause,
+                "since": self.since, "at": self.at}
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     """``position`` is None in a new data directory's first checkpoint (nothing stored yet),
     which is written before any data so that no file ever predates every checkpoint."""
@@ -59,6 +72,9 @@ class Checkpoint:
     # (None in checkpoints written before ordinals were kept).
     index_ordinal: int | None = None
     seq: int = 0  # the checkpoint's number: the base's, or its journal line's
+    # Tables whose stream stopped at a transaction the checkpoint covers (a resync, later,
+    # brings them back): every line holds them all, they are few.
+    quarantined: dict[TableName, Quarantined] = field(default_factory=dict)
 
     def head_json(self) -> dict[str, object]:
         """Everything but the tables' marks."""
@@ -70,6 +86,7 @@ class Checkpoint:
             "written_at": self.written_at,
             "origin": self.origin.to_json() if self.origin else None,
             "index_ordinal": self.index_ordinal,
+            "quarantined": [q.to_json(t) for t, q in sorted(self.quarantined.items())],
         }
 
     def to_json(self) -> dict[str, object]:
@@ -99,7 +116,10 @@ def _with_head(checkpoint: Checkpoint, data: dict[str, object]) -> Checkpoint:
         fresh=frozenset(TableName(*t) for t in data.get("fresh", [])),  # type: ignore[attr-defined]
         origin=BinlogPosition.from_json(origin) if origin else None,  # type: ignore[arg-type]
         index_ordinal=int(ordinal) if ordinal is not None else None,  # type: ignore[call-overload]
-        seq=int(data.get("seq", 0)))  # type: ignore[call-overload]
+        seq=int(data.get("seq", 0)),  # type: ignore[call-overload]
+        quarantined={TableName(str(q["database"]), str(q["table"])): Quarantined(
+            str(q["cause"]), str(q["since"]), float(q["at"]))
+            for q in data.get("quarantined", [])})  # type: ignore[attr-defined]
 
 
 def journal_path(path: str) -> str:

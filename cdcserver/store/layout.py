@@ -16,6 +16,7 @@ names under the data directory.
                 kafka.json           what the Kafka sink has delivered
                 source.json          the server replication reads now (server_id@host:port)
                 writer.lock          held by the one process that writes here
+                resync/              resyncs of quarantined tables asked for (cdcserver resync)
                 .room-probe          written and removed to tell a full disk has room again
 """
 
@@ -53,6 +54,11 @@ class DataDir:
     source = _Path("state", "source.json")
     writer_lock = _Path("state", "writer.lock")
     room_probe = _Path("state", ".room-probe")
+    resync_requests = _Path("state", "resync")
+
+    def resync_request(self, table: TableName) -> str:
+        """The file that asks the running service to resync a quarantined table."""
+        return os.path.join(self.resync_requests, f"{table.dump_stem}.request")
 
     def table_file(self, table: TableName, version: int, suffix: str) -> str:
         """A table version's file in ``avro/`` (``suffix``: ``avro`` or ``avsc``)."""

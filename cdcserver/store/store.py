@@ -12,6 +12,14 @@ persists the index, and only then writes the checkpoint (binlog position + newes
 committed size per table). ``open()`` repairs the directory back to the checkpoint, so a
 ``kill -9`` at any instant loses nothing and duplicates nothing: the binlog is replayed from
 the checkpoint and produces the same bytes again.
+
+**One table's problem is that table's.** A change the store cannot write for a table (a value
+its encoder refuses, a file it cannot create, rows that do not decode) quarantines the table
+(:meth:`AvroStore.quarantine`): the table's part of the open transaction is rolled back, its
+later changes are not stored, its readers are told in-band where its stream stops, and every
+other table goes on; the checkpoint holds the quarantine, so a restart keeps it. So does a
+:class:`~cdcserver.core.changes.Quarantine` marker from the repair stage. A
+:class:`~cdcserver.core.changes.Release` (the resync the repair stage made) ends it.
 """
 
 from __future__ import annotations
@@ -24,9 +32,11 @@ import json
 import logging
 import os
 import sqlite3
+import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from cdcserver.core.changes import (
     Abort,
@@ -35,11 +45,14 @@ from cdcserver.core.changes import (
     Commit,
     Ddl,
     EventType,
+    Quarantine,
+    Release,
     Rows,
     RowsKind,
+    TableChange,
     TableLayout,
 )
-from cdcserver.core.errors import DiskFull, StoreError
+from cdcserver.core.errors import DiskFull, StoreError, UndecodableEvent
 from cdcserver.core.gtid import BinlogPosition, GtidState
 from cdcserver.store import checkpoint as ckpt
 from cdcserver.store.avrofile import (
@@ -50,7 +63,7 @@ from cdcserver.store.avrofile import (
     read_header,
 )
 from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
-from cdcserver.store.checkpoint import Checkpoint, TableMark
+from cdcserver.store.checkpoint import Checkpoint, Quarantined, TableMark
 from cdcserver.store.durable import fsync_dir, write_atomically
 from cdcserver.store.encoder import RecordsEncoder, compile_encoder, record_head, record_tail
 from cdcserver.store.index import StoreIndex, TransactionInfo
@@ -58,10 +71,22 @@ from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import MAX_VERSION, TableName, parse_version_file
 from cdcserver.store.schema import TableSchema
 from cdcserver.store.transcoder import Transcoder, compile_transcoder, records
+from mariadb_cdc_client.format.names import table_ref
 
 log = logging.getLogger(__name__)
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# What writing one table's change can raise that concerns that table only: a value its
+# encoder does not take, rows that do not decode, a file of its own that cannot be created or
+# written (a name, a permission). Not a full or failing disk, which every table shares.
+_TABLE_FAULTS = (TypeError, ValueError, OverflowError, ArithmeticError, KeyError, IndexError,
+                 AttributeError, struct.error, UndecodableEvent, StoreError, OSError)
+_SHARED_ERRNOS = (*DISK_FULL_ERRNOS, errno.EIO, errno.EROFS, errno.EMFILE, errno.ENFILE,
+                  errno.ENOMEM)
+
+class TableFault(StoreError):
+    """One table cannot be stored any more (it used up its version numbers...)."""
+
 
 _TAILS = {RowsKind.INSERT: (EventType.INSERT, EventType.INSERT),
           RowsKind.DELETE: (EventType.DELETE, EventType.DELETE),
@@ -96,6 +121,7 @@ class StoreStats:
     checkpoint_age: float  # seconds the oldest applied transaction has waited for one
     tables: int
     versions: dict[str, int]  # the newest version of each table
+    quarantined: list[dict[str, object]] = field(default_factory=list)  # their to_json
 
 
 @dataclass
@@ -139,6 +165,7 @@ class AvroStore:
         self._checkpoints: ckpt.CheckpointWriter | None = None  # set by open()
         self._headers: dict[str, Header] = {}  # read by open()'s recovery, for the catalog
         self._open: _Open | None = None
+        self.quarantined: dict[TableName, Quarantined] = {}  # restored from the checkpoint
         self._lock_fd = -1
         self._new_files = False
         self._flush_lock = asyncio.Lock()
@@ -165,6 +192,10 @@ class AvroStore:
         self.position = self.durable = checkpoint.position
         self._fresh = set(checkpoint.fresh)
         self.origin = checkpoint.origin
+        self.quarantined = dict(checkpoint.quarantined)
+        for table, why in self.quarantined.items():
+            self.catalog.quarantine(table, why)
+            log.warning("%s is quarantined since %s: %s", table, why.since, why.cause)
         return checkpoint
 
     def set_origin(self, position: BinlogPosition) -> None:
@@ -290,7 +321,9 @@ class AvroStore:
     def _apply(self, changes: list[Change]) -> None:
         for change in changes:
             if isinstance(change, Rows):
-                self.rows(change)
+                table = TableName(change.layout.database, change.layout.table)
+                if table not in self.quarantined:
+                    self._confined(table, self.rows, change)
             elif isinstance(change, Begin):
                 self.begin(change)
             elif isinstance(change, Commit):
@@ -299,6 +332,67 @@ class AvroStore:
                 self.ddl(change)
             elif isinstance(change, Abort):
                 self.abort(change)
+            elif isinstance(change, Quarantine):
+                self.quarantine(TableName(change.database, change.table), change.cause)
+            elif isinstance(change, Release):
+                self.release(TableName(change.database, change.table), change.note)
+
+    def _confined(self, table: TableName, write: Callable[[Any], None], change: Any) -> None:
+        """Write one table's change; a fault that concerns that table only quarantines it."""
+        try:
+            write(change)
+        except _TABLE_FAULTS as exc:
+            if isinstance(exc, OSError) and exc.errno in _SHARED_ERRNOS:
+                raise
+            if isinstance(exc, StoreError) and not isinstance(exc, TableFault):
+                raise
+            log.exception("%s: the store cannot write this change", table)
+            self.quarantine(table, f"{type(exc).__name__}: {exc}")
+
+    # -- quarantine ----------------------------------------------------------------------
+
+    def quarantine(self, table: TableName, cause: str) -> None:
+        """Stop storing ``table``'s changes from the open transaction on (see the module's
+        description); its part of that transaction is rolled back."""
+        txn = self._open
+        if txn is not None:
+            self._drop_from(txn, table)
+        self._drop_table_routes(table)
+        previous = self.quarantined.get(table)
+        if previous is not None:  # a resync failed: the stream still stops where it did
+            self.quarantined[table] = why = replace(previous, cause=cause)
+            self.catalog.quarantine(table, why)
+            log.warning("%s stays quarantined: %s", table, cause)
+            return
+        since = str(txn.begin.gtid) if txn is not None else \
+            str(self.position.gtid_state) if self.position else ""
+        why = Quarantined(cause, since, time.time())
+        self.quarantined[table] = why
+        self.catalog.quarantine(table, why)
+        self.catalog.changed.add(table)
+        log.error("%s quarantined: %s. Its stream stops at transaction %s; every other "
+                  "table goes on. The service resyncs it by itself once it can be read "
+                  "again (`cdcserver resync %s` asks at once).", table, cause, since,
+                  table_ref(table.database, table.table))
+
+    def release(self, table: TableName, note: str) -> None:
+        """Store ``table``'s changes again (its resync follows in this transaction)."""
+        if self.quarantined.pop(table, None) is not None:
+            self.catalog.quarantine(table, None)
+            self.catalog.changed.add(table)
+            log.warning("%s: released from quarantine (%s)", table, note)
+
+    def _drop_from(self, txn: _Open, table: TableName) -> None:
+        """Undo what the open transaction wrote of ``table``."""
+        for key in [k for k in txn.targets if k[0] == table]:
+            target = txn.targets.pop(key)
+            target.writer.rollback()
+            if target.new:
+                self._retired.append(self._writers.pop(key))
+                self._delete_version(*key)
+        txn.created.pop(table, None)
+        txn.fresh.pop(table, None)
+        txn.notes = [note for note in txn.notes if note[0].table != table]
 
     def begin(self, begin: Begin) -> None:
         if self._open is not None:
@@ -334,26 +428,42 @@ class AvroStore:
 
     def ddl(self, ddl: Ddl) -> None:
         """Make what a schema statement did visible: each table it truncated, dropped,
-        created or changed gets a new version whose schema's ``ddl`` key says so."""
+        created or changed gets a new version whose schema's ``ddl`` key says so. A
+        quarantined table's changes are not stored, but for its drop (it is gone, and with
+        it the quarantine; a rename carries the quarantine to the new name)."""
         txn = self._require_open()
         for change in ddl.changes:
             table = TableName(change.database, change.table)
-            self._drop_table_routes(table)
-            current = self._current_version(table, txn)
-            about = {"kind": change.kind, "statement": ddl.sql}
-            if change.note:
-                about["note"] = change.note
-            if change.renamed:
-                about["renamed_to" if change.kind == "drop" else "renamed_from"] = change.renamed
-            if change.rewrites:  # rows changed without row events: a repair follows
-                about["rewrites"] = change.rewrites
-            if change.layout is not None:
-                if change.kind == "create" or current is None or change.changed:
-                    self._new_version(table, txn, layout=change.layout, ddl=about)
-            elif change.kind in ("truncate", "drop") and current is not None:
-                self._new_version(table, txn, base=current.schema, ddl=about)
-            elif change.kind == "create":
-                txn.fresh[table] = True  # columns unknown: the next rows start a version
+            why = self.quarantined.get(table)
+            if why is not None:
+                if change.kind != "drop":
+                    continue
+                self.release(table, f"dropped by {ddl.sql[:80]!r}")
+                if change.renamed:
+                    self.quarantine(TableName.parse(change.renamed), f"{why.cause} (renamed "
+                                    f"from {table_ref(table.database, table.table)})")
+            self._confined(table, lambda c: self._table_change(txn, ddl, c), change)
+
+    def _table_change(self, txn: _Open, ddl: Ddl, change: TableChange) -> None:
+        table = TableName(change.database, change.table)
+        self._drop_table_routes(table)
+        current = self._current_version(table, txn)
+        about: dict[str, Any] = {"kind": change.kind, "statement": ddl.sql}
+        if change.note:
+            about["note"] = change.note
+        if change.renamed:
+            about["renamed_to" if change.kind == "drop" else "renamed_from"] = change.renamed
+        if change.rewrites:  # rows changed without row events: a repair follows
+            about["rewrites"] = change.rewrites
+        if change.renamed_columns:  # the rows stored before keep their values, renamed
+            about["renamed_columns"] = dict(change.renamed_columns)
+        if change.layout is not None:
+            if change.kind == "create" or current is None or change.changed:
+                self._new_version(table, txn, layout=change.layout, ddl=about)
+        elif change.kind in ("truncate", "drop") and current is not None:
+            self._new_version(table, txn, base=current.schema, ddl=about)
+        elif change.kind == "create":
+            txn.fresh[table] = True  # columns unknown: the next rows start a version
 
     def commit(self, commit: Commit) -> None:
         txn = self._require_open()
@@ -443,14 +553,14 @@ class AvroStore:
         return target
 
     def _new_version(self, table: TableName, txn: _Open, *, layout: TableLayout | None = None,
-                     base: TableSchema | None = None, ddl: dict[str, str] | None = None
+                     base: TableSchema | None = None, ddl: dict[str, Any] | None = None
                      ) -> VersionInfo:
         """Create the next version of ``table``, from a layout or with ``base``'s columns;
         it becomes visible when the transaction commits."""
         current = self._current_version(table, txn)
         version = 1 if current is None else current.version + 1
         if version > MAX_VERSION:
-            raise StoreError(f"{table} has reached the last version number {MAX_VERSION}")
+            raise TableFault(f"{table} has reached the last version number {MAX_VERSION}")
         gtid = str(txn.begin.gtid)
         if layout is not None:
             schema = TableSchema.from_layout(layout, version, gtid, ddl)
@@ -510,7 +620,8 @@ class AvroStore:
             new_files, self._new_files = self._new_files, False
             assert self.index is not None
             checkpoint = Checkpoint(position, fresh=frozenset(self._fresh),
-                                    origin=self.origin, index_ordinal=self.index.last_id)
+                                    origin=self.origin, index_ordinal=self.index.last_id,
+                                    quarantined=dict(self.quarantined))
             work = asyncio.ensure_future(asyncio.to_thread(
                 self._make_durable, dirty, new_files, checkpoint, marks))
             try:
@@ -540,7 +651,8 @@ class AvroStore:
             if latest is not None:
                 versions[str(name)] = latest.version
         return StoreStats(self.records_written, self.checkpoint_age(),
-                          len(self.catalog.tables), versions)
+                          len(self.catalog.tables), versions,
+                          [q.to_json(t) for t, q in sorted(self.quarantined.items())])
 
     def checkpoint_age(self) -> float:
         """Seconds the oldest applied transaction not yet covered by the checkpoint has
