@@ -7,6 +7,7 @@
     cdcserver dump DB.TABLE|DB.* [...] --source URL --data-dir DIR [--restart]
     cdcserver dumps [DB.TABLE] --data-dir DIR
     cdcserver schema forget DB.TABLE --data-dir DIR
+    cdcserver resync DB.TABLE [...] --data-dir DIR   a quarantined table, read again
     cdcserver resync --source URL --data-dir DIR     after the source purged the binlog it needed
     cdcserver demo        a private MariaDB with sample data, and the service on top of it
     cdcserver --version
@@ -36,6 +37,7 @@ from cdcserver.core.errors import CdcError, ConfigError
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
+from mariadb_cdc_client.format.names import parse_table, table_ref
 from mariadb_cdc_client.format.wire import Dialect
 
 log = logging.getLogger("cdcserver")
@@ -158,12 +160,17 @@ def _parser() -> argparse.ArgumentParser:
     dumps.set_defaults(handler=cmd_dumps)
 
     resync = commands.add_parser(
-        "resync", help="the way out when the source purged the binlog the stream needs: a "
-                       "resync version of every table, dumps, and the stream from the source's "
-                       "position now (service stopped)")
+        "resync", help="with tables: resync quarantined tables now (the running service "
+                       "reads each again and releases it); without: the way out when the "
+                       "source purged the binlog the stream needs (service stopped)")
+    resync.add_argument("tables", nargs="*", metavar="DB.TABLE",
+                        help="quarantined tables to resync (as LIST-TABLES names them)")
     _source_and_store_options(resync, "source.server_id")
     resync.add_argument("--no-dumps", action="store_true",
                         help="do not dump the tables (take them later with cdcserver dump)")
+    resync.add_argument("--wait", type=float, default=120.0, metavar="SECONDS",
+                        help="with tables: how long to wait for the running service to "
+                             "release them (default 120; 0: do not wait)")
     resync.set_defaults(handler=cmd_resync)
 
     schema = commands.add_parser("schema", help="the schema history")
@@ -366,6 +373,8 @@ def cmd_dumps(args: argparse.Namespace) -> int:
 def cmd_resync(args: argparse.Namespace) -> int:
     from cdcserver.ops.resync import resync
 
+    if args.tables:
+        return _resync_tables(args)
     config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
     logs.setup(config.log.level, config.log.format)
     result = resync(config, dump=not args.no_dumps)
@@ -379,6 +388,78 @@ def cmd_resync(args: argparse.Namespace) -> int:
     print("start the service: clients following a table see its resync version and reload "
           "it from its dump")
     return EXIT_OK
+
+
+def _resync_tables(args: argparse.Namespace) -> int:
+    """Ask the service to resync quarantined tables (``cdcserver/app/resyncs.py``), and wait
+    until it has released them."""
+    import time
+
+    from cdcserver.app.resyncs import ask
+    from cdcserver.store import checkpoint as ckpt
+
+    config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
+    data_dir = _existing_data_dir(config.store.data_dir)
+    layout = DataDir(data_dir)
+    tables = []
+    for text in args.tables:
+        try:
+            ref = parse_table(text)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        tables.append(TableName(ref.database, ref.table))
+    stored = ckpt.load(layout.checkpoint)
+    quarantined = set(stored.quarantined) if stored is not None else set()
+    for table in tables:
+        if table not in quarantined:
+            print(f"{table_ref(table.database, table.table)} is not quarantined: nothing to do")
+    wanted = [t for t in tables if t in quarantined]
+    for table in wanted:
+        ask(data_dir, table)
+    if not wanted:
+        return EXIT_OK
+    if not _service_runs(layout):
+        print("asked; the service resyncs them when it starts")
+        return EXIT_OK
+    if args.wait <= 0:
+        print("asked; the service resyncs them now (`cdcserver status` shows them until then)")
+        return EXIT_OK
+    deadline = time.monotonic() + args.wait
+    while True:
+        stored = ckpt.load(layout.checkpoint)
+        left = [t for t in wanted if stored is None or t in stored.quarantined]
+        for table in wanted:
+            if table not in left:
+                print(f"{table_ref(table.database, table.table)}: resynced")
+        wanted = left
+        if not left:
+            return EXIT_OK
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    for table in left:
+        why = stored.quarantined.get(table) if stored is not None else None
+        print(f"{table_ref(table.database, table.table)}: still quarantined"
+              + (f": {why.cause}" if why else "") + " (the service goes on trying; "
+              "`cdcserver status` shows it)", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _service_runs(layout: DataDir) -> bool:
+    """Whether a service holds the data directory's writer lock."""
+    import fcntl
+
+    try:
+        fd = os.open(layout.writer_lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def cmd_schema_forget(args: argparse.Namespace) -> int:

@@ -85,9 +85,13 @@ def within(config: Config, shares: Budgets) -> Config:
 
 
 def take(config: Config) -> Budgets:
-    """Raise the limit, derive the budgets, and say what they are."""
+    """Raise the limit and derive the budgets (:func:`report` says what they are)."""
     before, after = raise_limit()
-    shares = budgets(config, after, before)
+    return budgets(config, after, before)
+
+
+def report(config: Config, shares: Budgets) -> None:
+    """Log the budgets, and each setting the limit cut short."""
     log.info("%s", shares.describe())
     for what, wanted, got in (("store.max_open_files", config.store.max_open_files,
                                shares.table_files),
@@ -96,5 +100,4 @@ def take(config: Config) -> Budgets:
         if got < wanted:
             log.warning("%s is %d, but the file descriptor limit (%d) leaves room for %d: "
                         "raise the limit (ulimit -n, LimitNOFILE=) to serve more", what, wanted,
-                        after, got)
-    return shares
+                        shares.limit, got)

@@ -43,6 +43,7 @@ from cdcserver.schema.history import SchemaHistory
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.durable import write_atomically
 from cdcserver.store.layout import DataDir
+from cdcserver.store.naming import TableName
 from cdcserver.store.store import DISK_FULL_ERRNOS
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class ReplicationRunner:
         self.replicating = asyncio.Event()  # set once the replicator is started
         self.failure = ""  # why run() raised, once it did (/live says so)
         self.on_applied: Applied | None = None  # told after each sink's apply (the metrics)
+        self._unreachable = Backoff()  # between restarts after the source could not be read
         self._replaced: asyncio.Future[None] | None = None
 
     # -- what it is doing --------------------------------------------------------------
@@ -99,6 +101,12 @@ class ReplicationRunner:
             source=self.sources.current.describe(), sources=len(self.sources.addresses),
             source_switches=self.sources.switches,
             refused=[r.text() for r in self.sources.refusals])
+
+    def request_resync(self, table: TableName, why: str) -> bool:
+        """Resync a quarantined table (``cdcserver/app/resyncs.py``); False if it cannot be
+        asked now: replication does not run, or the table's resync is under way."""
+        repairer = self.pipeline.repairer if self.pipeline is not None else None
+        return repairer is not None and repairer.request_resync(table, why)
 
     def applied(self, before_start: Callable[[], GtidState]) -> GtidState:
         """Every transaction applied by every sink (``before_start`` until replication
@@ -159,6 +167,14 @@ class ReplicationRunner:
                 if isinstance(exc, OSError) and exc.errno not in DISK_FULL_ERRNOS:
                     raise
                 await self._pause_until_room(exc)
+            except SourceUnavailable as exc:  # a repair could not reach the source
+                delay = self._unreachable.failed()
+                log.warning("replication restarts from the checkpoints in %.1f s: %s", delay,
+                            exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._halted.wait(), delay)
+                if self._halted.is_set():
+                    return
 
     async def restart(self) -> None:
         """Replication starts over from where every sink stands: after a sink was added

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from prometheus_client.registry import Collector
 
 from cdcserver.app import descriptors
+from cdcserver.app.resyncs import ResyncScheduler
 from cdcserver.app.runner import ReplicationRunner
 from cdcserver.app.startup import cannot_listen, check_users_file, unusable_data_dir
 from cdcserver.core.config import Config
@@ -59,6 +60,7 @@ class Service:
     def __init__(self, config: Config) -> None:
         config.check()  # a Config built in code is checked as a loaded one is
         self.budgets = descriptors.take(config)
+        self.configured = config  # as given: the start logs what the budgets cut
         self.config = config = descriptors.within(config, self.budgets)
         self.layout = DataDir(config.store.data_dir)
         self.catalog = Catalog(self.layout.avro)
@@ -76,6 +78,8 @@ class Service:
             sources=self.sources)
         self.cleaner = Cleaner(config.retention, config.store.data_dir, self.catalog,
                                lambda: self.store.index)
+        self.resyncs = ResyncScheduler(self.catalog, config.store.data_dir,
+                                       self.replication.request_resync)
         self.server: CdcServer | None = None
         self.address: tuple[str, int] | None = None
         self.scheduler: DumpScheduler | None = None
@@ -161,6 +165,7 @@ class Service:
     async def _run(self, stop: asyncio.Event, started: Callable[[Service], None] | None
                    ) -> None:
         check_users_file(self.config.listener.users_file)
+        descriptors.report(self.configured, self.budgets)
         self.users.load()  # warns, at start, about each malformed line (which it skips)
         self._open_store()
         try:
@@ -253,7 +258,8 @@ class Service:
 
     def _housekeeping(self) -> list[asyncio.Task[None]]:
         """The cleaner, the lag probe, and the dump schedule if one is configured."""
-        tasks = [asyncio.create_task(self.cleaner.run(), name="cleaner")]
+        tasks = [asyncio.create_task(self.cleaner.run(), name="cleaner"),
+                 asyncio.create_task(self.resyncs.run(), name="resyncs")]
         if self.lease is not None:
             tasks.append(asyncio.create_task(
                 self.lease.run(self._publish, self._stand_by, self._can_publish),

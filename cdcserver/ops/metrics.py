@@ -25,6 +25,7 @@ from cdcserver.protocol.server import ListenerStats
 from cdcserver.reread.repair import RepairStats
 from cdcserver.store import transcoder
 from cdcserver.store.store import StoreStats
+from mariadb_cdc_client.format.names import table_ref
 
 _NAN = float("nan")
 
@@ -179,11 +180,25 @@ def _repairs(stats: RepairStats, pending: bool) -> Iterator[Any]:
     yield records
     yield _gauge("cdc_repair_pending", "1 while a repair waits for the stream to reach its "
                  "watermark (no checkpoint is written meanwhile)", 1 if pending else 0)
+    yield _counter("cdc_repairs_widened", "repairs that read the whole table instead of the "
+                   "rows named, because the source's columns were no longer the stream's",
+                   stats.widened)
+    yield _counter("cdc_resyncs", "quarantined tables resynced (read again at a watermark "
+                   "and released)", len(stats.resyncs))
+    yield _counter("cdc_resync_seconds", "seconds the resyncs took, from asked to released",
+                   sum(stats.resyncs))
 
 
 def _store(store: StoreStats) -> Iterator[Any]:
     yield _counter("cdc_rows_in", "records written to the Avro files (an UPDATE is two)",
                    store.records_written)
+    yield _gauge("cdc_tables_quarantined", "tables whose stream stopped until a resync",
+                 len(store.quarantined))
+    stopped = GaugeMetricFamily("cdc_table_quarantined", "1 for each quarantined table",
+                                labels=["database", "table"])
+    for entry in store.quarantined:
+        stopped.add_metric([str(entry["database"]), str(entry["table"])], 1)
+    yield stopped
     yield _gauge("cdc_checkpoint_age_seconds", "how long the newest applied transaction "
                  "has waited for a checkpoint (0: everything applied is durable)",
                  store.checkpoint_age)
@@ -247,6 +262,9 @@ def health(stats: ServiceStats, max_lag: float) -> tuple[bool, dict[str, Any]]:
     elif not replication.connected:
         problems.append("the replication connection is down (reconnecting)")
     problems.extend(stats.sinks_waiting)
+    problems += [f"{table_ref(str(q['database']), str(q['table']))} is quarantined since "
+                 f"transaction {q['since']}: {q['cause']} (the service resyncs it once it can; "
+                 "`cdcserver resync` asks at once)" for q in stats.store.quarantined]
     if lag is not None and lag.error:
         problems.append(f"the source did not answer the lag probe: {lag.error}")
     if lag is not None and lag.seconds is not None and lag.seconds > max_lag:
@@ -264,6 +282,7 @@ def health(stats: ServiceStats, max_lag: float) -> tuple[bool, dict[str, Any]]:
         **({"kafka": {"role": stats.kafka_role}} if stats.kafka_role else {}),
         "source": {"current": replication.source, "sources": replication.sources,
                    "switches": replication.source_switches, "refused": replication.refused},
+        "quarantined": stats.store.quarantined,
         "checkpoint_age_seconds": stats.store.checkpoint_age,
         "tables": stats.store.tables,
         "clients": stats.listener.clients,

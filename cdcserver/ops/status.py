@@ -10,6 +10,7 @@ from typing import Any
 
 from cdcserver.core.config import Config
 from cdcserver.core.errors import ConfigError
+from mariadb_cdc_client.format.names import table_ref
 
 TIMEOUT = 5.0
 
@@ -51,7 +52,13 @@ def render_health(url: str, doc: dict[str, Any]) -> str:
         lines.append(f"  lag          {_lag(replication)}")
     if "checkpoint_age_seconds" in doc:
         lines.append(f"  checkpoint   {_age(doc['checkpoint_age_seconds'])}")
-        lines.append(f"  tables       {doc['tables']}")
+        quarantined = doc.get("quarantined") or []
+        lines.append(f"  tables       {doc['tables']}" + (
+            f", {len(quarantined)} quarantined" if quarantined else ""))
+        for entry in quarantined:
+            since = dt.datetime.fromtimestamp(float(entry["at"])).strftime("%Y-%m-%d %H:%M:%S")
+            lines.append(f"  quarantined  {table_ref(entry['database'], entry['table'])} since "
+                         f"{since} (transaction {entry['since']}): {entry['cause']}")
         lines.append(f"  clients      {doc['clients']} connected; {doc['records_sent']:,} "
                      f"records, {doc['bytes_sent']:,} bytes sent since start")
     return "\n".join(lines)

@@ -136,6 +136,7 @@ class CdcServer:
         self.dumps_sent = 0
         self.dump_released: Callable[[], None] | None = None  # wakes the cleaner
         self.tails = Tails(read_range, self.traffic)  # one reader per table end
+        self.tails.stopped = lambda table: table in context.catalog.quarantined
 
     @property
     def connections(self) -> int:

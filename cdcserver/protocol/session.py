@@ -25,6 +25,7 @@ from cdcserver.core.errors import CdcError
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.dump.files import DumpInfo, list_dumps
 from cdcserver.protocol.requests import StreamRequest, state_bound, stream_request
+from cdcserver.protocol.stream import quarantined
 from cdcserver.protocol.throttle import LoginThrottle, Turn
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
@@ -236,6 +237,10 @@ class Session:
         request = stream_request(parsed)
         entry = self.context.catalog.get(table)
         if entry is None or not entry.versions:
+            stopped = self.context.catalog.quarantined.get(table)
+            if stopped is not None:  # quarantined before anything of it was stored
+                error = quarantined(table, stopped)
+                raise ProtocolError(error.code, error.message)
             # After a dump, the table may not have changed yet: wait for its first change
             # (a bounded read of it is empty).
             if not (request.after and request.version is None):

@@ -57,9 +57,12 @@ from cdcserver.protocol.requests import StreamRequest, state_bound
 from cdcserver.protocol.tail import Tails
 from cdcserver.store.avrofile import Block, scan_blocks
 from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
+from cdcserver.store.checkpoint import Quarantined
 from cdcserver.store.index import StoreIndex
 from cdcserver.store.inuse import in_use
+from cdcserver.store.naming import TableName
 from cdcserver.store.records import block_of, decode_records
+from mariadb_cdc_client.format.names import table_ref
 from mariadb_cdc_client.format.wire import Code, Format, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -267,6 +270,17 @@ def read_range(info: VersionInfo, pos: int, end: int, fmt: Format, style: JsonSt
     return bytes(out), count
 
 
+def quarantined(table: TableName, why: Quarantined) -> ProtocolError:
+    """The in-band end of a quarantined table's stream: everything stored was sent."""
+    ref = table_ref(table.database, table.table)
+    return ProtocolError(
+        Code.QUARANTINED,
+        f"{ref} is quarantined since transaction {why.since}: {why.cause}. Every change "
+        "stored before it was sent; the stream continues, exact, once the service has "
+        f"resynced the table (by itself once the cause is gone, or `cdcserver resync {ref}`): "
+        "reconnect then from the last GTID received", fatal=True)
+
+
 class Streamer:
     def __init__(self, catalog: Catalog, index: StoreIndex | None, request: StreamRequest,
                  fmt: Format, out: Outbox, style: JsonStyle = EXACT,
@@ -416,6 +430,9 @@ class Streamer:
             backlog = False
             if info.sealed:
                 return
+            stopped = self.catalog.quarantined.get(self.table)
+            if stopped is not None:
+                raise quarantined(self.table, stopped)
             if self.tails is not None and (self._filter is None or self._filter.settled):
                 follower = await self.tails.follow(self.out.transport, entry, info, pos,
                                                    self.format, self.style)

@@ -78,7 +78,7 @@ class Tail:
                         break
                     self._broadcast(end)
                     continue
-                if self.info.sealed:
+                if self.info.sealed or self.tails.stopped(self.entry.name):
                     break
                 await asyncio.shield(self.entry.changed())
         except Exception:
@@ -123,6 +123,8 @@ class Tails:
     def __init__(self, read_range: RangeReader, traffic: Traffic | None = None) -> None:
         self.read_range = read_range
         self.traffic = traffic if traffic is not None else Traffic()
+        # whether a table's stream stopped (quarantined): its tail hands its sessions back
+        self.stopped: Callable[[TableName], bool] = lambda table: False
         self.delivered: Delivered | None = None
         self._tails: dict[tuple[str, Format, JsonStyle], Tail] = {}
 
@@ -138,7 +140,8 @@ class Tails:
         if tail.pos != pos:
             # The tail is before or past this session (a commit is on its way to it): wait
             # for that commit, then catch up alone and come back.
-            await asyncio.shield(entry.changed())
+            if not self.stopped(entry.name):
+                await asyncio.shield(entry.changed())
             follower.returned.set_result(pos)
             return follower
         tail.followers.add(follower)

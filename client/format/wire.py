@@ -48,12 +48,14 @@ class Code(StrEnum):
     TOO_MANY_CONNECTIONS = "TOO-MANY-CONNECTIONS"
     STREAMING = "STREAMING"  # a command other than CLOSE arrived during a stream
     SHUTTING_DOWN = "SHUTTING-DOWN"
+    QUARANTINED = "QUARANTINED"  # the table's stream stopped here until it is resynced
     INTERNAL = "INTERNAL"  # a server fault; the log has details
 
 
-# Errors a client should answer by reconnecting later, rather than giving up.
+# Errors a client should answer by reconnecting later, rather than giving up (a quarantined
+# table's stream continues, exact, once the service has resynced it).
 RETRIABLE_CODES = frozenset({Code.SHUTTING_DOWN, Code.TIMEOUT, Code.TOO_MANY_CONNECTIONS,
-                             Code.THROTTLED})
+                             Code.THROTTLED, Code.QUARANTINED})
 
 
 class ProtocolError(Exception):
