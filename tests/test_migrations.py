@@ -1,0 +1,340 @@
+"""Migration scripts, and what one table's problem may stop (issue 35, items 1 and 2).
+
+Several ALTER TABLEs on one table in quick succession, as Flyway, Liquibase or Rails migrations
+run them, used to stop the service for good: a repair read the table with columns a later
+statement had renamed or dropped (``Unknown column 'a2'``), the store's encoder was handed a
+value of a column's old type, the schema history lost track of two columns swapping names.
+Each case here is checked against ``SELECT`` with the independent oracle (the table rebuilt
+from its raw JSON stream), and by ``verify``. Then what remains for a table that cannot be
+repaired: its quarantine (its stream stops, the others go on), and its resync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import urllib.request
+from typing import Any
+
+import pytest
+
+from cdcserver.app.cli import main as cdcserver_main
+from cdcserver.app.embedded import free_port
+from cdcserver.core.config import parse_source_url
+from cdcserver.ops.verify import verify_table
+from cdcserver.store import checkpoint as ckpt
+from cdcserver.store.naming import TableName
+from mariadb_cdc_client import ChangeRecord, SyncCdcClient
+from tests import chaos
+from tests.conftest import RunningService, Source, make_config, start_service
+from tests.helpers import PASSWORD, USER, RawClient, eventually
+from tests.oracle import assert_stream_equals_table
+
+pytestmark = pytest.mark.mariadb
+
+# The issue's script, run as one
+MIGRATION = (
+    "CREATE TABLE t (id INT PRIMARY KEY, a INT, b VARCHAR(10))",
+    "INSERT INTO t VALUES (1, 1, 'x'), (2, 2, 'y')",
+    "ALTER TABLE t RENAME COLUMN a TO a2",
+    "UPDATE t SET a2 = 11 WHERE id = 1",
+    "ALTER TABLE t CHANGE b bb VARCHAR(30) NOT NULL DEFAULT ''",
+    "UPDATE t SET bb = 'yy' WHERE id = 2",
+    "INSERT INTO t VALUES (3, 3, 'z')",
+    "ALTER TABLE t CHANGE a2 b INT, CHANGE bb a VARCHAR(30)",
+    "UPDATE t SET b = b + 100",
+)
+
+
+def _run(source: Source, *statements: str, session: tuple[str, ...] = ()) -> None:
+    conn = source.server.connect(source.database)
+    try:
+        with conn.cursor() as cur:
+            for statement in (*session, *statements):
+                cur.execute(statement)
+    finally:
+        conn.close()
+
+
+async def _exact(running: RunningService, source: Source, *tables: str) -> None:
+    await running.caught_up(source)
+    conn = source.server.connect()
+    try:
+        for table in tables:
+            await assert_stream_equals_table(running.port, conn, source.database, table,
+                                             user=USER, password=PASSWORD, quiet=0.5)
+    finally:
+        conn.close()
+
+
+async def _verified(running: RunningService, source: Source, table: str) -> None:
+    report = await asyncio.to_thread(verify_table, parse_source_url(source.url),
+                                     running.service.config.store.data_dir,
+                                     TableName(source.database, table))
+    assert report.ok, "\n".join(report.lines())
+
+
+async def test_a_migration_script_keeps_the_stream_exact(cdc: RunningService,
+                                                         source: Source):
+    _run(source, *MIGRATION)
+    await _exact(cdc, source, "t")
+    await _verified(cdc, source, "t")
+    assert cdc.service.store.quarantined == {}
+
+
+async def test_migrations_while_the_service_is_stopped(tmp_path, source: Source,
+                                                       users_file: str):
+    """Caught up afterwards: the source's columns are those after every statement, not
+    those of the change being repaired."""
+    config = make_config(str(tmp_path / "data"), source.url, users_file)
+    running = await start_service(config)
+    _run(source, "CREATE TABLE t (id INT PRIMARY KEY, a INT, b VARCHAR(10), "
+                 "d DECIMAL(10,3), at DATETIME(3))",
+         "INSERT INTO t VALUES (1, 1, 'x', 12.345, '2024-01-02 03:04:05.678'), "
+         "(2, 2, 'y', 1.5, NULL)",
+         "CREATE TABLE u (id INT PRIMARY KEY, v INT)", "INSERT INTO u VALUES (1, 1)")
+    await running.caught_up(source)
+    await running.stop()
+    _run(source, "ALTER TABLE t ADD COLUMN c INT NOT NULL DEFAULT 5",
+         "ALTER TABLE t DROP COLUMN b",
+         "ALTER TABLE t MODIFY d DECIMAL(10,1)",  # narrowing: a repair in the new scale
+         "ALTER TABLE t CHANGE at a2 DECIMAL(20,3)",  # a DATETIME's rows as a DECIMAL
+         "ALTER TABLE t CHANGE a x INT, CHANGE c a INT",
+         "UPDATE u SET v = 2")
+    running = await start_service(config)
+    try:
+        await _exact(running, source, "t", "u")
+        await _verified(running, source, "t")
+        assert running.service.store.quarantined == {}
+    finally:
+        await running.stop()
+
+
+async def test_two_columns_swap_names_in_one_statement(cdc: RunningService, source: Source):
+    _run(source, "CREATE TABLE s (id INT PRIMARY KEY, a INT, b VARCHAR(10))",
+         "INSERT INTO s VALUES (1, 1, 'one'), (2, 2, 'two')",
+         "ALTER TABLE s CHANGE a b INT, CHANGE b a VARCHAR(10)",
+         "INSERT INTO s VALUES (3, 3, 'three')", "UPDATE s SET b = b * 10 WHERE id = 1")
+    await _exact(cdc, source, "s")
+    rebuilt_schema = await _schema_lines(cdc.port, f"{source.database}.s")
+    assert rebuilt_schema[-1]["ddl"]["renamed_columns"] == {"a": "b", "b": "a"}
+    # the history agrees with the binlog's table map after the swap: nothing was relearned
+    assert [f["name"] for f in rebuilt_schema[-1]["fields"][6:]] == ["id", "b", "a"]
+
+
+async def _schema_lines(port: int, table: str) -> list[dict[str, Any]]:
+    client = await RawClient.connect(port)
+    try:
+        await client.login(dialect="EXACT")
+        await client.send(f"REQUEST-DATA {table}\n".encode())
+        lines = []
+        while True:
+            try:
+                line = await client.line(timeout=1.0)
+            except TimeoutError:
+                return lines
+            parsed = json.loads(line)
+            if "fields" in parsed:
+                lines.append(parsed)
+    finally:
+        await client.close()
+
+
+async def test_a_narrowing_alter_after_schema_forget_is_repaired(tmp_path, source: Source,
+                                                                 users_file: str):
+    """Without its old columns the history cannot tell whether an ALTER rewrote values:
+    the table is read again."""
+    config = make_config(str(tmp_path / "data"), source.url, users_file)
+    running = await start_service(config)
+    _run(source, "CREATE TABLE n (id INT PRIMARY KEY, s VARCHAR(10))",
+         "INSERT INTO n VALUES (1, 'abcdefgh'), (2, 'ab')")
+    await running.caught_up(source)
+    await running.stop()
+    assert cdcserver_main(["schema", "forget", f"{source.database}.n", "--data-dir",
+                           str(tmp_path / "data")]) == 0
+    _run(source, "ALTER TABLE n MODIFY s VARCHAR(3)", session=("SET SESSION sql_mode = ''",))
+    running = await start_service(config)
+    try:
+        await _exact(running, source, "n")
+    finally:
+        await running.stop()
+
+
+async def test_verify_agrees_after_add_system_versioning(cdc: RunningService, source: Source):
+    _run(source, "CREATE TABLE v (id INT PRIMARY KEY, x INT)",
+         "INSERT INTO v VALUES (1, 1), (2, 2)",
+         "ALTER TABLE v ADD SYSTEM VERSIONING", "UPDATE v SET x = 3 WHERE id = 1",
+         session=("SET SESSION system_versioning_alter_history = KEEP",))
+    await cdc.caught_up(source)
+    await _verified(cdc, source, "v")
+
+
+# -- quarantine and resync --------------------------------------------------------------
+
+
+def _health(running: RunningService) -> dict[str, Any]:
+    host, port = running.service.monitoring_address  # type: ignore[misc]
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=10) as answer:
+            data: dict[str, Any] = json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        data = json.loads(error.read())
+    return data
+
+
+@pytest.fixture
+def limited_source(source: Source) -> Any:
+    """The source as a replication user who may read the test's table ``t`` but not
+    ``hidden``: a repair of it cannot read it."""
+    user = f"repl{os.getpid()}"
+    _run(source, "CREATE TABLE t (id INT PRIMARY KEY, v INT)",
+         "CREATE TABLE hidden (id INT PRIMARY KEY, v INT)")
+    for host in ("127.0.0.1", "localhost"):
+        source.execute(f"CREATE USER IF NOT EXISTS '{user}'@'{host}' IDENTIFIED BY 'pw'",
+                       f"GRANT RELOAD, REPLICATION SLAVE, BINLOG MONITOR, REPLICATION MASTER "
+                       f"ADMIN ON *.* TO '{user}'@'{host}'",
+                       f"GRANT SELECT ON `{source.database}`.`t` TO '{user}'@'{host}'")
+    yield user, source.server.url(user, "pw")
+    for host in ("127.0.0.1", "localhost"):
+        source.execute(f"DROP USER IF EXISTS '{user}'@'{host}'")
+
+
+async def test_a_table_that_cannot_be_read_is_quarantined_and_resynced(
+        tmp_path, source: Source, users_file: str, limited_source: Any):
+    user, url = limited_source
+    db = source.database
+    _run(source, "INSERT INTO t VALUES (1, 1)", "INSERT INTO hidden VALUES (1, 1), (2, 2)")
+    running = await start_service(make_config(str(tmp_path / "data"), url, users_file))
+    try:
+        await running.caught_up(source)
+        # rows rewritten without row events: the repair cannot SELECT hidden
+        _run(source, "ALTER TABLE hidden ADD COLUMN c INT NOT NULL DEFAULT 7",
+             "INSERT INTO hidden VALUES (3, 3, 3)", "INSERT INTO t VALUES (2, 2)")
+        await running.caught_up(source)
+        assert set(running.service.store.quarantined) == {TableName(db, "hidden")}
+        await _exact(running, source, "t")  # every other table goes on
+        health = await asyncio.to_thread(_health, running)
+        assert health["status"] == "degraded" and \
+            [q["table"] for q in health["quarantined"]] == ["hidden"]
+        assert any("hidden is quarantined" in p for p in health["problems"])
+        # its readers get what was stored, then the in-band stop
+        client = await RawClient.connect(running.port)
+        await client.login(dialect="EXACT")
+        await client.send(f"REQUEST-DATA {db}.hidden\n".encode())
+        lines = []
+        while (line := await client.line()) and not line.startswith(b"ERR"):
+            lines.append(json.loads(line))
+        assert line.startswith(b"ERR QUARANTINED ") and b"cdcserver resync" in line
+        assert await client.closed() == b""  # the server closed it
+        assert [r["id"] for r in lines if "event_type" in r] == [1, 2]
+        # once it can be read, the service resyncs it by itself
+        source.execute(*(f"GRANT SELECT ON `{db}`.`hidden` TO '{user}'@'{host}'"
+                         for host in ("127.0.0.1", "localhost")))
+
+        async def released() -> bool:
+            _run(source, "INSERT INTO t SELECT MAX(id) + 1, 0 FROM t")  # a transaction
+            return not running.service.store.quarantined
+
+        await eventually(released, bool, 90, "the resync")
+        await _exact(running, source, "t", "hidden")
+        assert running.service.replication.repair_stats.resyncs
+        assert not (await asyncio.to_thread(_health, running))["quarantined"]
+    finally:
+        await running.stop()
+
+
+def _follow(port: int, table: str, received: list[Any], stop: Any) -> None:
+    """The client library following a table (it retries a quarantined one)."""
+    with SyncCdcClient("127.0.0.1", port, USER, PASSWORD, retry_delays=(0.2, 0.5)) as client:
+        for event in client.stream(table, idle_timeout=60):
+            if isinstance(event, ChangeRecord):
+                received.append(event)
+            if stop.is_set():
+                return
+
+
+@pytest.mark.slow
+async def test_quarantine_and_resync_survive_kill_9(tmp_path, source: Source, users_file: str,
+                                                    limited_source: Any):
+    user, url = limited_source
+    db = source.database
+    data_dir = str(tmp_path / "data")
+    # one port across the restarts, for the client following the table through them
+    args = chaos.service_args(url, data_dir, users_file, 6601)
+    args[args.index("--listen") + 1] = f"127.0.0.1:{free_port()}"
+    service = chaos.Service(args, str(tmp_path / "service.log"))
+    conn = source.server.connect(db)
+    try:
+        _run(source, "INSERT INTO t VALUES (1, 1)", "INSERT INTO hidden VALUES (1, 1), (2, 2)")
+        service.start()
+        await asyncio.to_thread(service.wait_ready)
+        _run(source, "ALTER TABLE hidden ADD COLUMN c INT NOT NULL DEFAULT 7",
+             "INSERT INTO hidden VALUES (3, 3, 3)", "INSERT INTO t VALUES (2, 2)")
+
+        async def quarantined() -> list[Any]:
+            return list(await asyncio.to_thread(lambda: service.health()["quarantined"]))
+
+        await eventually(quarantined, bool, 60, "the quarantine")
+        checkpoint = os.path.join(data_dir, "state", "checkpoint.json")
+        await eventually(lambda: asyncio.to_thread(ckpt.load, checkpoint),
+                         lambda c: c is not None and TableName(db, "hidden") in c.quarantined,
+                         30, "a checkpoint holding the quarantine")
+        service.kill()  # kill -9 while quarantined: the checkpoint keeps it
+        service.start()
+        await asyncio.to_thread(service.wait_ready)
+        assert [q["table"] for q in await quarantined()] == ["hidden"]
+        assert "is quarantined since" in service.text()
+        # a reader, through the library, gets what was stored and waits through it
+        received: list[Any] = []
+        stop = threading.Event()
+        # (a daemon thread: a failing test must not leave it retrying, and hanging the exit)
+        follower = threading.Thread(target=_follow, daemon=True,
+                                    args=(service.port, f"{db}.hidden", received, stop))
+        follower.start()
+        await eventually(lambda: asyncio.sleep(0, len(received)), lambda n: n >= 2, 30,
+                         "the records stored before the quarantine")
+        # granted: the resync reads it, and waits for a transaction to release it in; a
+        # kill -9 then (no checkpoint was written meanwhile) starts it again after the restart
+        source.execute(*(f"GRANT SELECT ON `{db}`.`hidden` TO '{user}'@'{host}'"
+                         for host in ("127.0.0.1", "localhost")))
+        assert cdcserver_main(["resync", f"{db}.hidden", "--data-dir", data_dir,
+                               "--wait", "0"]) == 0
+        await eventually(lambda: asyncio.to_thread(service.text), lambda t: "resyncing" in t,
+                         30, "the resync")
+        service.kill()
+        service.start()
+        await asyncio.to_thread(service.wait_ready)
+
+        async def released() -> bool:
+            _run(source, "INSERT INTO t SELECT MAX(id) + 1, 0 FROM t")  # a transaction
+            return not await quarantined()
+
+        await eventually(released, bool, 90, "the resync after the restart")
+        _run(source, "INSERT INTO hidden VALUES (4, 4, 4)")
+        await eventually(lambda: asyncio.sleep(0, [e.values["id"] for e in received]),
+                         lambda ids: 4 in ids, 60, "the stream after the resync")
+        stop.set()
+        _run(source, "INSERT INTO hidden VALUES (5, 5, 5)")  # wakes the follower to stop
+        await asyncio.to_thread(follower.join, 30)
+        assert not follower.is_alive()
+        # the library's records rebuild the table (no duplicate, nothing lost), and so does
+        # the raw stream
+        rows: dict[int, dict[str, Any]] = {}
+        for event in received:
+            if event.event_type in ("insert", "update_after"):
+                rows[event.values["id"]] = event.values
+            else:
+                rows.pop(event.values["id"], None)
+        table = {r[0]: (r[1], r[2]) for r in source.query(f"SELECT id, v, c FROM `{db}`.hidden")}
+        assert {k: (v["v"], v.get("c")) for k, v in rows.items() if k in table} == \
+            {k: v for k, v in table.items() if k in rows}
+        report = await asyncio.to_thread(verify_table, parse_source_url(source.url), data_dir,
+                                         TableName(db, "hidden"))
+        assert report.ok and report.duplicates == 0, "\n".join(report.lines())
+        assert "resynced in" in service.text(since_start=False)
+    finally:
+        if service.exited() is None:
+            assert service.stop() == 0
+        conn.close()
