@@ -52,6 +52,7 @@ SESSION = ("SET SESSION system_versioning_alter_history = KEEP",
            "SET SESSION sql_mode = 'STRICT_TRANS_TABLES,NO_ENGINE_SUBSTITUTION'",
            "SET SESSION time_zone = '+00:00'")
 IMPLICIT = {"row_start": "timestamp", "row_end": "timestamp"}
+PRUNE_EVERY, KEEP_ROWS = 50, 200  # a table's old rows are deleted now and then
 
 # (a column type, an expression for one of its values given a random integer)
 TYPES: list[tuple[str, Callable[[int], str]]] = [
@@ -163,6 +164,12 @@ class Migrations:
     def step(self) -> None:
         """One random statement (or transaction)."""
         self.counter += 1
+        if self.counter % PRUNE_EVERY == 0:  # a long run's tables stay small
+            table = self._random_table("generic")
+            if table is not None:
+                keep = self.next_id.get(table.name, 0) - KEEP_ROWS
+                self.execute(f"DELETE FROM `{table.name}` WHERE id < {keep}")
+            return
         choice = self.rng.random()
         if choice < 0.55:
             self._dml()
