@@ -450,6 +450,8 @@ class Repairer:
                 log.info("%s: its columns on the source are not the stream's here; the "
                          "whole table is read", scope.table)
                 self.stats.widened += 1
+                scope.reason += " (the whole table was read again: its columns on the " \
+                                "source were no longer the stream's)"
             scope.keys, scope.layout = None, source
         if scope.layout is None:  # gone from the source, and never known: nothing to read
             scope.source = {}
