@@ -33,8 +33,10 @@ from cdcserver.app import logs
 from cdcserver.app.process import EXIT_FAILED, EXIT_OK, EXIT_USAGE, run_until_signalled
 from cdcserver.app.startup import check_users_file
 from cdcserver.core import config as cfg
+from cdcserver.core.capture import CaptureFilter
 from cdcserver.core.errors import CdcError, ConfigError
 from cdcserver.protocol.users import UsersFile
+from cdcserver.store.durable import private_files
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName
 from mariadb_cdc_client.format.names import parse_table, table_ref
@@ -44,6 +46,7 @@ log = logging.getLogger("cdcserver")
 
 
 def main(argv: list[str] | None = None) -> int:
+    private_files()  # what a command writes is its user's (the configuration may add a group)
     if argv is None:
         _hide_secrets_from_process_title(sys.argv)
     parser = _parser()
@@ -295,9 +298,11 @@ def cmd_dump(args: argparse.Namespace) -> int:
     from cdcserver.dump.dumper import DumpOptions, dump_tables, resolve_tables
 
     config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
+    private_files(config.store.group_access)
     logs.setup(config.log.level, config.log.format)
     address = config.source.address()
-    tables = resolve_tables(address, args.tables)
+    capture = CaptureFilter.parse(config.capture.system_tables)
+    tables = resolve_tables(address, args.tables, capture)
     if not tables:
         raise CdcError(f"no tables match {' '.join(args.tables)}")
     options = DumpOptions(chunk_rows=config.dump.chunk_rows, restart=args.restart,
@@ -306,7 +311,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     show = sys.stderr.isatty() if args.progress is None else args.progress
     with _DumpProgress(address, tables, show) as progressed:
         results = dump_tables(address, config.store.data_dir, tables, options,
-                              progressed=progressed)
+                              progressed=progressed, capture=capture)
     for result in results:
         info = result.info
         if args.json:
@@ -376,6 +381,7 @@ def cmd_resync(args: argparse.Namespace) -> int:
     if args.tables:
         return _resync_tables(args)
     config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
+    private_files(config.store.group_access)
     logs.setup(config.log.level, config.log.format)
     result = resync(config, dump=not args.no_dumps)
     print(f"the source had purged the binlog after '{result.stored}': {result.reason}")
@@ -468,6 +474,7 @@ def cmd_schema_forget(args: argparse.Namespace) -> int:
     from cdcserver.schema.history import SchemaHistory
 
     config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
+    private_files(config.store.group_access)
     layout = DataDir(_existing_data_dir(config.store.data_dir))
     with open(layout.writer_lock, "a+b") as lock:
         try:

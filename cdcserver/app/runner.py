@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.changes import Abort
 from cdcserver.core.config import SourceAddress, SourceConfig
 from cdcserver.core.errors import (
@@ -56,7 +57,9 @@ class ReplicationRunner:
     def __init__(self, config: SourceConfig, data_dir: DataDir, catalog: Catalog,
                  sinks: list[Sink], *, flush_interval: float, disk_full_retry: float,
                  defer_decoding: DeferDecoding | None = None,
-                 sources: Sources | None = None) -> None:
+                 sources: Sources | None = None,
+                 capture: CaptureFilter = EVERY_USER_TABLE) -> None:
+        self.capture = capture
         self.config = config
         self.sources = sources if sources is not None else Sources(config.addresses())
         self.data_dir = data_dir
@@ -234,7 +237,8 @@ class ReplicationRunner:
                                      mariadb=info.mariadb, file=position.file,
                                      pos=position.pos, defer_decoding=self.defer_decoding,
                                      failover_after=cfg.failover_after,
-                                     connected_to=self._record_source)
+                                     connected_to=self._record_source,
+                                     capture=self.capture)
         views = self._views = Views(self.data_dir.views)
         repairer = Repairer(self.sources, self.catalog, views, self.repair_stats)
         if self.pipeline is not None and self.pipeline.repairer is not None:

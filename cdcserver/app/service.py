@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import zoneinfo
 from collections.abc import Callable
 
@@ -21,6 +22,7 @@ from cdcserver.app import descriptors
 from cdcserver.app.resyncs import ResyncScheduler
 from cdcserver.app.runner import ReplicationRunner
 from cdcserver.app.startup import cannot_listen, check_users_file, unusable_data_dir
+from cdcserver.core.capture import CaptureFilter
 from cdcserver.core.config import Config
 from cdcserver.core.errors import CdcError, ConfigError
 from cdcserver.core.gtid import BinlogPosition, GtidState
@@ -47,6 +49,7 @@ from cdcserver.protocol.users import UsersFile
 from cdcserver.replication.sources import Sources
 from cdcserver.store import transcoder
 from cdcserver.store.catalog import Catalog
+from cdcserver.store.durable import private_files
 from cdcserver.store.layout import DataDir
 from cdcserver.store.sink import StoreSink
 from cdcserver.store.store import AvroStore
@@ -68,6 +71,7 @@ class Service:
                                block_size=config.store.block_size,
                                max_open_files=config.store.max_open_files)
         self.users = UsersFile(config.listener.users_file)
+        self.capture = CaptureFilter.parse(config.capture.system_tables)
         self.sources = Sources(config.source.addresses())  # the replicator moves between them
         self.lease: PublisherLease | None = None  # [kafka] publisher_lock: who publishes
         self.sinks: list[Sink] = [StoreSink(self.store), *self._configured_sinks()]
@@ -75,7 +79,7 @@ class Service:
             config.source, self.layout, self.catalog, self.sinks,
             flush_interval=config.store.flush_interval,
             disk_full_retry=config.store.disk_full_retry, defer_decoding=transcoder.takes,
-            sources=self.sources)
+            sources=self.sources, capture=self.capture)
         self.cleaner = Cleaner(config.retention, config.store.data_dir, self.catalog,
                                lambda: self.store.index)
         self.resyncs = ResyncScheduler(self.catalog, config.store.data_dir,
@@ -165,6 +169,9 @@ class Service:
     async def _run(self, stop: asyncio.Event, started: Callable[[Service], None] | None
                    ) -> None:
         check_users_file(self.config.listener.users_file)
+        private_files(self.config.store.group_access)
+        os.makedirs(self.config.store.data_dir, exist_ok=True)
+        self.layout.restrict(self.config.store.group_access)
         descriptors.report(self.configured, self.budgets)
         self.users.load()  # warns, at start, about each malformed line (which it skips)
         self._open_store()
@@ -314,14 +321,15 @@ class Service:
         cfg = self.config.listener
         if self.scheduler is None:
             self.scheduler = DumpScheduler(self.config.dump, self.sources,
-                                           self.config.store.data_dir, self.catalog)
+                                           self.config.store.data_dir, self.catalog,
+                                           self.capture)
         context = SessionContext(self.catalog, self.users, lambda: self.store.index,
                                  self.config.store.data_dir, self.wait_caught_up,
                                  self.stored_state,
                                  dialect=Dialect(cfg.json_dialect),
                                  throttle=LoginThrottle(cfg.login_failures,
                                                         max_wait=cfg.login_lockout),
-                                 dumps=self.scheduler)
+                                 dumps=self.scheduler, capture=self.capture)
         server = CdcServer(context, ListenerLimits.from_config(cfg),
                            zoneinfo.ZoneInfo(cfg.timestamp_zone),
                            databus_labels=self.config.kafka.databus_labels)

@@ -173,6 +173,9 @@ class StoreConfig:
                            cli="--data-dir")
     codec: Literal["null", "deflate", "snappy", "zstandard"] = option(
         "null", "Avro block codec", cli="--codec")
+    group_access: bool = option(False, "let the data directory's group read it (directories "
+                                       "0750, files 0640); otherwise only the service's user "
+                                       "can (0700, 0600), dumps and the index included")
     block_size: int = option(64 * 1024, "bytes of records per Avro block before it is written",
                              cli="--block-size", check=positive)
     max_open_files: int = option(256, "table files held open for writing at most (and at "
@@ -363,6 +366,23 @@ class MetricsConfig:
         return host_and_port(self.listen, "metrics.listen must be HOST:PORT or ''")
 
 
+def system_tables(value: str) -> str | None:
+    for item in filter(None, (i.strip() for i in value.split(","))):
+        database, dot, table = item.partition(".")
+        if not dot or not database or not table or "*" in item:
+            return f"expects db.table names, each named (no pattern), not {item!r}"
+    return None
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    system_tables: str = option(
+        "", "tables of the system schemas (mysql, information_schema, performance_schema, "
+            "sys) to capture, named one by one (db.table,...); none by default, and never "
+            "mysql.global_priv or mysql.user, which hold password hashes",
+        check=system_tables)
+
+
 @dataclass(frozen=True)
 class LogConfig:
     level: Literal["debug", "info", "warning", "error"] = option(
@@ -379,6 +399,7 @@ class Config:
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    capture: CaptureConfig = field(default_factory=CaptureConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     @classmethod

@@ -26,6 +26,7 @@ SECTIONS = {
     "retention": "The cleaner: which dumps and old table versions are deleted.",
     "kafka": "Publishing every change to Kafka as well (off while `bootstrap` is empty).",
     "metrics": "The HTTP endpoint with `/metrics` and `/health`.",
+    "capture": "Which tables are captured (stored, streamed, dumped, published).",
     "log": "The service's log on standard error.",
 }
 
@@ -46,6 +47,7 @@ CHECKS = {
     cfg.host_port: "`HOST:PORT`",
     cfg.host_port_or_off: "`HOST:PORT`, or empty",
     cfg.start_position: "`oldest`, `newest` or a GTID state",
+    cfg.system_tables: "`db.table` names, comma-separated, each named (no pattern)",
 }
 
 _INTRO = """\

@@ -35,6 +35,7 @@ from typing import Any
 
 import pymysql
 
+from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import CdcError, SourceError
 from cdcserver.dump import chunked, files, fixups
@@ -82,8 +83,10 @@ class DumpResult:
 Progressed = Callable[[TableName, int], None]  # rows written so far
 
 
-def resolve_tables(address: SourceAddress, patterns: list[str]) -> list[TableName]:
-    """``db.table`` and ``db.*`` patterns as table names (in the order given)."""
+def resolve_tables(address: SourceAddress, patterns: list[str],
+                   capture: CaptureFilter = EVERY_USER_TABLE) -> list[TableName]:
+    """``db.table`` and ``db.*`` patterns as table names (in the order given): the tables the
+    service captures (a named one it does not is an error; ``mysql.*`` is no table)."""
     from cdcserver.replication import source as source_sql
 
     names: list[TableName] = []
@@ -98,17 +101,28 @@ def resolve_tables(address: SourceAddress, patterns: list[str]) -> list[TableNam
                     conn, "SELECT TABLE_NAME FROM information_schema.TABLES WHERE "
                     "TABLE_SCHEMA = %s AND TABLE_TYPE = 'BASE TABLE' ORDER BY TABLE_NAME",
                     (database,))
-                names += [TableName(database, str(r[0])) for r in rows]
+                names += [TableName(database, str(r[0])) for r in rows
+                          if capture.captures(database, str(r[0]))]
             else:
+                require_captured(TableName(database, table), capture)
                 names.append(TableName(database, table))
     finally:
         conn.close()
     return list(dict.fromkeys(names))
 
 
-def resolve_refs(address: SourceAddress, refs: list[tuple[str, str]]) -> list[TableName]:
+def require_captured(table: TableName, capture: CaptureFilter) -> None:
+    if not capture.captures_table(table):
+        raise SourceError(f"{table} is not captured: the system schemas' tables are dumped "
+                          "only when [capture] system_tables names them, and the password "
+                          "tables (mysql.global_priv, mysql.user) never")
+
+
+def resolve_refs(address: SourceAddress, refs: list[tuple[str, str]],
+                 capture: CaptureFilter = EVERY_USER_TABLE) -> list[TableName]:
     """The base tables ``(db, table)`` and ``(db, "*")`` name on the source, in the order
-    given; a named table the source does not have is left out."""
+    given; a named table the source does not have, or the service does not capture, is
+    left out."""
     from cdcserver.replication import source as source_sql
 
     names: list[TableName] = []
@@ -121,7 +135,8 @@ def resolve_refs(address: SourceAddress, refs: list[tuple[str, str]]) -> list[Ta
             if table != "*":
                 sql, args = sql + " AND TABLE_NAME = %s", (database, table)
             rows = source_sql.query(conn, sql + " ORDER BY TABLE_NAME", args)
-            names += [TableName(database, str(r[0])) for r in rows]
+            names += [TableName(database, str(r[0])) for r in rows
+                      if capture.captures(database, str(r[0]))]
     finally:
         conn.close()
     return list(dict.fromkeys(names))
@@ -154,11 +169,15 @@ def dump_tables(address: SourceAddress, data_dir: str, tables: list[TableName],
                 options: DumpOptions = DumpOptions(),
                 stream_versions: dict[TableName, int] | None = None,
                 progressed: Progressed | None = None,
-                stop: threading.Event | None = None) -> list[DumpResult]:
+                stop: threading.Event | None = None,
+                capture: CaptureFilter = EVERY_USER_TABLE) -> list[DumpResult]:
     """Dump each table in its own snapshot; returns the finished dumps. A table that fails
     does not stop the others: DumpFailed at the end names it. ``stream_versions``: each
     table's newest version now (a running service passes its catalog's; by default they are
-    read from the data directory). Setting ``stop`` interrupts it after the current batch."""
+    read from the data directory). Setting ``stop`` interrupts it after the current batch.
+    A table the service does not capture is refused before anything is read."""
+    for table in tables:
+        require_captured(table, capture)
     directory = files.dump_dir(data_dir)
     os.makedirs(directory, exist_ok=True)
     versions = stream_versions if stream_versions is not None else \

@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.config import DumpConfig, SourceAddress
 from cdcserver.core.errors import CdcError
 from cdcserver.dump import files
@@ -75,8 +76,9 @@ class TableProgress:
 
 class DumpScheduler:
     def __init__(self, config: DumpConfig, address: SourceAddress | Sources, data_dir: str,
-                 catalog: Catalog) -> None:
+                 catalog: Catalog, capture: CaptureFilter = EVERY_USER_TABLE) -> None:
         self.config = config
+        self.capture = capture
         self.sources = Sources.of(address)
         self.data_dir = data_dir
         self.catalog = catalog
@@ -119,7 +121,7 @@ class DumpScheduler:
     def resolve(self, refs: list[tuple[str, str]]) -> list[TableName]:
         """The base tables that ``(db, table)`` and ``(db, "*")`` name on the source, in the
         order given (blocking)."""
-        return resolve_refs(self.address, refs)
+        return resolve_refs(self.address, refs, self.capture)
 
     def listed(self) -> list[dict[str, object]]:
         """The tables queued, running, or failed lately, as LIST-DUMPS shows them."""
@@ -163,7 +165,8 @@ class DumpScheduler:
 
     async def run_due(self) -> float:
         """Dump the tables that are due; returns the seconds until the next is."""
-        tables = await asyncio.to_thread(resolve_tables, self.address, self.patterns)
+        tables = await asyncio.to_thread(resolve_tables, self.address, self.patterns,
+                                         self.capture)
         now = dt.datetime.now(dt.UTC)
         due, wait = [], self.config.interval
         for table in tables:
@@ -196,7 +199,7 @@ class DumpScheduler:
             stop = threading.Event()
             work = asyncio.ensure_future(asyncio.to_thread(
                 dump_tables, self.address, self.data_dir, tables, options, versions,
-                self._progressed, stop))
+                self._progressed, stop, self.capture))
             self.running = True
             try:
                 await asyncio.shield(work)

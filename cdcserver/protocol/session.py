@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.config import ListenerConfig
 from cdcserver.core.errors import CdcError
 from cdcserver.core.gtid import Gtid, GtidState
@@ -135,6 +136,8 @@ class SessionContext:
     login_failures: int = 0  # counted for the metrics
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
     dumps: DumpControl | None = None  # None: no dumps on request
+    # What the service captures: nothing else is served, even if stored by an earlier version
+    capture: CaptureFilter = EVERY_USER_TABLE
 
 
 class Session:
@@ -364,11 +367,16 @@ class Session:
         return SendDump(dump, follow, self.format, self.dialect, request.databus)
 
     def _may_read(self, table: TableName) -> bool:
-        return self.user is not None and self.context.users.may_read(self.user, table)
+        return self.user is not None and self.context.capture.captures_table(table) and \
+            self.context.users.may_read(self.user, table)
 
     def _require_access(self, table: TableName) -> None:
         """FORBIDDEN (the connection stays open) unless the users file lets this user read
         the table."""
+        if not self.context.capture.captures_table(table):
+            raise ProtocolError(Code.FORBIDDEN, f"{_ref(table)} is not captured: the system "
+                                "schemas' tables only when the service's [capture] "
+                                "system_tables names them, the password tables never")
         if not self._may_read(table):
             log.warning("%s: user %r may not read %s", self.peer, self.user, _ref(table))
             raise ProtocolError(Code.FORBIDDEN, f"user {self.user} may not read {_ref(table)}")

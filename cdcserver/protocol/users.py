@@ -192,8 +192,7 @@ class UsersFile:
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
         text = "".join(a.line(n) + "\n" for n, a in sorted(users.items()))
-        write_atomically(self.path, text.encode("utf-8"))
-        os.chmod(self.path, stat.S_IRUSR | stat.S_IWUSR)
+        write_atomically(self.path, text.encode("utf-8"), mode=stat.S_IRUSR | stat.S_IWUSR)
 
 
 def _parse_line(line: str) -> tuple[str, Account]:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.changes import (
     Abort,
     Begin,
@@ -112,10 +113,12 @@ DeferDecoding = Callable[[tuple[ColumnDef, ...]], bool]
 
 
 class _TableMapEntry:
-    __slots__ = ("decode", "deferred", "layout")
+    __slots__ = ("captured", "decode", "deferred", "layout")
 
-    def __init__(self, layout: TableLayout, defer: DeferDecoding | None) -> None:
+    def __init__(self, layout: TableLayout, defer: DeferDecoding | None,
+                 captured: bool = True) -> None:
         self.layout = layout
+        self.captured = captured
         self.decode: RowsDecoder = compile_rows_decoder(layout.columns)
         self.deferred = defer is not None and defer(layout.columns)
 
@@ -130,8 +133,11 @@ class EventDecoder:
     def __init__(self, collations: CollationTable, start: GtidState, *,
                  checksums: bool, verify_checksums: bool = True,
                  history: SchemaHistory | None = None,
-                 defer_decoding: DeferDecoding | None = None) -> None:
+                 defer_decoding: DeferDecoding | None = None,
+                 capture: CaptureFilter = EVERY_USER_TABLE) -> None:
         self.collations = collations
+        self.capture = capture  # the tables whose changes are captured (the others are not
+        # decoded: their table maps are read, their rows skipped)
         self.defer_decoding = defer_decoding
         self.history = history
         self.cascades = CascadeFinder(history) if history is not None else None
@@ -238,7 +244,8 @@ class EventDecoder:
             elif layout.metadata != "full":
                 raise SchemaError(f"the binlog has no column names for {layout.qualified_name}:"
                                   " set binlog_row_metadata=FULL on the source")
-            entry = _TableMapEntry(layout, self.defer_decoding)
+            entry = _TableMapEntry(layout, self.defer_decoding,
+                                   self.capture.captures(layout.database, layout.table))
             self._layouts[key] = entry
         self._tables[table_id] = entry
 
@@ -380,6 +387,7 @@ class EventDecoder:
             kind, changes = self.history.apply(sql, database, self._gtid)
             if changes:
                 self._layouts.clear()  # layouts were checked against the old definitions
+        changes = tuple(c for c in changes if self.capture.captures(c.database, c.table))
         out.append(Ddl(database, sql, timestamp, kind, changes, self.file, self._event_end,
                        self._event_start))
         out += statement_markers(changes, sql)
@@ -423,6 +431,8 @@ class EventDecoder:
         entry = self._tables.get(table_id)
         if entry is None:
             raise UndecodableEvent(f"rows event for table id {table_id} without a table map")
+        if not entry.captured:
+            return
         if count != len(entry.layout.columns):
             self._quarantine(entry.layout, f"a rows event of {count} columns, its table map "
                                            f"{len(entry.layout.columns)}", out)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pymysql
 
+from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.changes import Change
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import (
@@ -60,7 +61,9 @@ class Replicator:
                  file: str = "", pos: int = 4,
                  defer_decoding: DeferDecoding | None = None,
                  failover_after: float = 10.0,
-                 connected_to: Callable[[SourceAddress, str], None] | None = None) -> None:
+                 connected_to: Callable[[SourceAddress, str], None] | None = None,
+                 capture: CaptureFilter = EVERY_USER_TABLE) -> None:
+        self.capture = capture
         self.sources = Sources.of(address)
         self.failover_after = failover_after
         self.connected_to = connected_to  # told the server (and its identity) on each connect
@@ -247,7 +250,8 @@ class Replicator:
             conn.open()
             self._dump_thread = conn.server_thread
             decoder = EventDecoder(collations, self.state, checksums=conn.checksums,
-                                   history=self.history, defer_decoding=self.defer_decoding)
+                                   history=self.history, defer_decoding=self.defer_decoding,
+                                   capture=self.capture)
             log.info("replicating from %s as server_id %d, after GTID state '%s'%s",
                      self.address.describe(), self.server_id, self.state,
                      f" at {self.file}:{self.pos}" if by_position else "")

@@ -114,7 +114,7 @@ class SchemaHistory:
         line = json.dumps({"gtid": str(gtid) if gtid else "", "table": [table.database,
                                                                         table.table],
                            "definition": definition.to_json() if definition else None})
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         try:
             size = os.fstat(fd).st_size
             try:

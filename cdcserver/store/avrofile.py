@@ -180,7 +180,7 @@ class VersionFileWriter:
     def create(cls, path: str, schema_json: str, codec: str,
                files: OpenFiles | None = None) -> VersionFileWriter:
         header_bytes = container_header(schema_json, codec, os.urandom(SYNC_SIZE))
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
         try:
             _write_all(fd, header_bytes)
         except OSError:

@@ -271,7 +271,7 @@ class CheckpointWriter:
     def _empty_journal(self) -> None:
         self._base_bytes = max(JOURNAL_MIN_BYTES, os.path.getsize(self.path))
         new = not os.path.exists(self.journal)
-        fd = os.open(self.journal, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(self.journal, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
             os.fsync(fd)
         finally:
@@ -292,7 +292,7 @@ class CheckpointWriter:
     def _append(self, line: bytes) -> None:
         """One durable append; on a failure the journal is cut back to where it was, so
         no torn line stays in front of the next one."""
-        fd = os.open(self.journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(self.journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
         try:
             try:
                 write_all(fd, line)

@@ -3,6 +3,7 @@ entries are on disk."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 
@@ -13,11 +14,15 @@ def write_all(fd: int, data: bytes | bytearray) -> None:
         view = view[os.write(fd, view):]
 
 
-def write_atomically(path: str, data: bytes) -> None:
+def write_atomically(path: str, data: bytes, mode: int = 0o666) -> None:
     """Replace ``path`` with ``data``: after a crash the file holds the old bytes or the new,
-    never a part. On an error (a full disk) the old file stays and the space is given back."""
+    never a part. On an error (a full disk) the old file stays and the space is given back.
+    The file is created with ``mode`` (less the umask) from its first byte: a secret written
+    with 0o600 is never readable by others, not even for an instant."""
     tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # a leftover would keep its own mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         write_all(fd, data)
         os.fsync(fd)
@@ -37,3 +42,9 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def private_files(group: bool = False) -> None:
+    """Files and directories this process creates from now on are its user's only (0600,
+    0700), or also its group's (0640, 0750): rows, dumps, the index, the checkpoint."""
+    os.umask(0o027 if group else 0o077)

@@ -60,6 +60,12 @@ class DataDir:
         """The file that asks the running service to resync a quarantined table."""
         return os.path.join(self.resync_requests, f"{table.dump_stem}.request")
 
+    def restrict(self, group: bool = False) -> None:
+        """The directory its owner's (or its group's too) only: written by an earlier version,
+        it may be 0755; its entries cannot be reached past it."""
+        if os.path.isdir(self.root):
+            os.chmod(self.root, 0o750 if group else 0o700)
+
     def table_file(self, table: TableName, version: int, suffix: str) -> str:
         """A table version's file in ``avro/`` (``suffix``: ``avro`` or ``avsc``)."""
         return os.path.join(self.avro, table.file_name(version, suffix))

@@ -219,7 +219,7 @@ class AvroStore:
         """The data directory's writer lock. Held by another process for a second: in use
         (a dump may hold it shared for an instant to see whether a service runs)."""
         path = self.layout.writer_lock
-        self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         deadline = time.monotonic() + 1.0
         while True:
             try:
