@@ -8,7 +8,10 @@ binlog decoder's own values, on every type.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -19,9 +22,10 @@ from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.mariadb.charsets import CollationTable
 from cdcserver.replication.connection import BinlogConnection
 from cdcserver.replication.decoder import EventDecoder
+from cdcserver.reread import view as view_module
 from cdcserver.reread.readview import ReadView
 from cdcserver.reread.repair import Repairer
-from cdcserver.reread.view import Views
+from cdcserver.reread.view import Views, ViewsClosed
 from cdcserver.schema import ddl
 from cdcserver.schema.history import SchemaHistory, layout_of
 from cdcserver.store.catalog import Catalog
@@ -157,3 +161,60 @@ async def test_rows_read_again_are_the_binlog_decoders_values_on_every_type(
             assert not mismatched, f"row {row['id']}: (folded, binlog) {mismatched}"
     finally:
         views.close()
+
+
+async def test_closing_the_views_stops_a_fold_and_waits_for_it(tmp_path, monkeypatch,
+                                                                source: Source):
+    """A pipeline cancelled while a thread folds a view closes the views: the fold stops at
+    its next block and the database closes only after (closing it under the thread would
+    crash the process). No MariaDB rows are involved: the store is fed by hand."""
+    db = f"`{source.database}`"
+    source.execute(f"CREATE TABLE {db}.big (id INT PRIMARY KEY, v VARCHAR(20))")
+    layout = _layout(source, "big")
+    stream = _Stream(str(tmp_path / "data"))
+    for block in range(3):  # three transactions: three Avro blocks to fold
+        rows = [(block * 100 + n, f"v{n}") for n in range(100)]
+        await stream.transaction([Rows(layout, RowsKind.INSERT, 0, rows)], _position(source))
+    views = Views(str(tmp_path / "views.sqlite"))
+    folding, done = threading.Event(), threading.Event()
+    original = view_module.decode_records
+
+    def slow_decode(*args: Any) -> Any:  # the fold holds the views when close is called
+        folding.set()
+        assert wait_for(lambda: views._closing.is_set(), 30)
+        return original(*args)
+
+    monkeypatch.setattr(view_module, "decode_records", slow_decode)
+    outcome: list[BaseException | None] = []
+
+    def fold_holding_the_views() -> None:
+        try:
+            views.fold(stream.catalog, TableName(source.database, "big"), ("id",))
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    def fold() -> None:
+        views.locked(fold_holding_the_views)
+
+    worker = threading.Thread(target=fold)
+    worker.start()
+    assert folding.wait(30)
+    await asyncio.to_thread(views.close)
+    assert done.is_set(), "the views closed while the fold still ran"
+    worker.join()
+    assert isinstance(outcome[0], ViewsClosed)
+    with pytest.raises(ViewsClosed):
+        views.locked(lambda: None)
+    stream.store.close()
+
+
+def wait_for(condition: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False

@@ -217,8 +217,8 @@ class ReplicationRunner:
             assert self.handoff is not None and self.replicator is not None
             self.handoff.close()
             await asyncio.to_thread(self.replicator.stop)
-            if self._views is not None:
-                self._views.close()
+            if self._views is not None:  # once no thread folds or reads them
+                await asyncio.to_thread(self._views.close)
 
     async def _set_up(self, default: BinlogPosition, info: SourceInfo) -> None:
         """The replicator and pipeline from where every sink stands, started."""

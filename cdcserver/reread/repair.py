@@ -62,7 +62,7 @@ from cdcserver.dump.snapshot import DefinitionChanged, SnapshotPoint
 from cdcserver.replication.sources import Sources
 from cdcserver.reread.readview import ReadView
 from cdcserver.reread.values import from_text
-from cdcserver.reread.view import Row, TableView, Views, key_names
+from cdcserver.reread.view import Row, TableView, Views, ViewsClosed, key_names
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
 from cdcserver.store.schema import TableSchema
@@ -173,10 +173,9 @@ class Repairer:
 
     async def process(self, batch: list[Change]) -> list[Change]:
         self._learn_quarantines()
-        while self._again:
-            markers, cause = self._again[0]
-            await self._start(markers, cause, None)
-            self._again.pop(0)
+        if self._again:
+            await self._start(*_together(self._again), None)
+            self._again = []
         for table, (why, asked) in list(self._resyncs.items()):
             del self._resyncs[table]
             marker = Rowless(table.database, table.table, f"resync: {why}")
@@ -192,7 +191,8 @@ class Repairer:
                 pass  # not stored: it changes neither a view nor a repair
             elif isinstance(change, Rows):
                 if change.layout.sequence and change.kind == RowsKind.INSERT:
-                    change = await asyncio.to_thread(self._sequence_write, change)
+                    change = await asyncio.to_thread(self.views.locked, self._sequence_write,
+                                                    change)
                 self._txn_rows.append(change)
                 self._merge(change)
             elif isinstance(change, Rowless):
@@ -230,14 +230,14 @@ class Repairer:
         changed without rows, and attach the repairs whose watermark it reaches."""
         watched = [r for r in self._txn_rows if self.views.get(_name(r.layout)) is not None]
         if watched:
-            await asyncio.to_thread(_apply_all, self.views, watched)
+            await asyncio.to_thread(self.views.locked, _apply_all, self.views, watched)
         found, self._found = self._found, []
         again, self._reissue = self._reissue, []
-        for markers, cause in again:
-            await self._start(markers, cause, commit)
         if found:
             assert self._begin is not None
-            await self._start(found, str(self._begin.gtid), commit)
+            again.append((found, str(self._begin.gtid)))
+        if again:  # one read for all: a lagging stream may hold many on one table
+            await self._start(*_together(again), commit)
         self._batch_rows += self._txn_rows
         self._txn_rows = []
         self._begin = None
@@ -256,7 +256,11 @@ class Repairer:
                    for c in ddl.changes if c.kind == "drop" and c.renamed]
         if renames:
             self._follow_renames(renames)
-        for table in set(touched) - {t for pair in renames for t in pair}:
+        renamed = {t for pair in renames for t in pair}
+        for change in ddl.changes:
+            table = TableName(change.database, change.table)
+            if table in renamed or _keeps_rows(change):
+                continue
             self.views.drop(table)
         for pending in list(self._pending):
             if _after(ddl.file, ddl.pos, pending.point) or \
@@ -264,7 +268,13 @@ class Repairer:
                 continue
             self._pending.remove(pending)
             markers = [m for m in (_retarget(m, ddl) for m in pending.markers) if m is not None]
-            if markers:
+            if pending.resync:  # asked for again, under the table's name now
+                self._resyncing -= {s.table for s in pending.scopes}
+                for m in markers:
+                    self._resyncs.setdefault(TableName(m.database, m.table),
+                                             (m.reason.removeprefix("resync: "),
+                                              pending.started))
+            elif markers:
                 self._reissue.append((markers, pending.cause))
 
     def _follow_renames(self, renames: list[tuple[TableName, TableName]]) -> None:
@@ -322,7 +332,8 @@ class Repairer:
         for attempt in range(len(RETRY_DELAYS) + 1):
             last = attempt == len(RETRY_DELAYS)
             try:
-                pending = await asyncio.to_thread(self._read, markers, tables, cause)
+                pending = await asyncio.to_thread(self.views.locked, self._read, markers,
+                                                  tables, cause)
                 break
             except _UNREACHABLE as exc:
                 if not unreachable(exc):
@@ -337,6 +348,8 @@ class Repairer:
                     self._give_up(markers, cause, exc)
                     return
                 failure = exc
+            except ViewsClosed:
+                raise  # the pipeline stops: the repair is read again after the restart
             except Exception as exc:  # noqa: BLE001 - a fault of these tables, not the source's
                 self._give_up(markers, cause, exc)
                 return
@@ -502,7 +515,8 @@ class Repairer:
         for pending in due:
             if pending.resync:
                 out += self._released(pending, commit)
-            rows = await asyncio.to_thread(self._difference, pending, commit)
+            rows = await asyncio.to_thread(self.views.locked, self._difference, pending,
+                                           commit)
             out += rows
         return out
 
@@ -608,6 +622,27 @@ def _retarget(marker: Rowless, ddl: Ddl) -> Rowless | None:
         if change.layout is not None:
             marker = replace(marker, layout=change.layout)
     return marker
+
+
+def _keeps_rows(change: TableChange) -> bool:
+    """Whether a consumer's rows of the table stay as they are through ``change``: an
+    ALTER of known columns writes no record and empties nothing, so the view goes on as
+    folding the store again would build it (a new primary key re-keys it when next used)."""
+    return change.kind == "alter" and change.layout is not None
+
+
+MAX_CAUSES = 8  # GTIDs a merged repair's cause names
+OTHERS = "and others"
+
+
+def _together(repairs: list[tuple[list[Rowless], str]]) -> tuple[list[Rowless], str]:
+    """Several repairs as one: every marker, read at one watermark; the cause names the
+    transactions (the first few, then "and others")."""
+    markers = [m for found, _ in repairs for m in found]
+    causes = list(dict.fromkeys(c for _, cause in repairs for c in cause.split(", ")))
+    more = OTHERS in causes or len(causes) > MAX_CAUSES
+    named = [c for c in causes if c != OTHERS][:MAX_CAUSES]
+    return markers, ", ".join([*named, OTHERS] if more else named)
 
 
 def _apply_all(views: Views, rows: list[Rows]) -> None:

@@ -20,9 +20,10 @@ from __future__ import annotations
 import os
 import pickle
 import sqlite3
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from cdcserver.core.changes import Rows, RowsKind, TableLayout
 from cdcserver.reread.values import from_avro
@@ -32,7 +33,12 @@ from cdcserver.store.naming import TableName
 from cdcserver.store.records import decode_records
 
 Row = dict[str, Any]
-_CLEARING = ("truncate", "drop")
+T = TypeVar("T")
+
+
+class ViewsClosed(Exception):
+    """The views were closed (the pipeline stops) while work on them was under way."""
+_EMPTYING = ("truncate", "drop", "create")  # a version that starts the table afresh
 
 
 class TableView:
@@ -162,6 +168,17 @@ class Views:
         """)
         self.tables: dict[TableName, TableView] = {}
         self._next = 0
+        # Work in a thread holds the lock; closing waits for it (a pipeline cancelled while
+        # a thread folds a view must not close the database under it) and stops a fold
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+
+    def locked(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)`` (in a thread) while no other work uses the views."""
+        with self._lock:
+            if self._closing.is_set():
+                raise ViewsClosed("the views are closed")
+            return work(*args)
 
     def get(self, table: TableName) -> TableView | None:
         return self.tables.get(table)
@@ -200,7 +217,7 @@ class Views:
         view = self.new(table, key)
         self.db.execute("BEGIN")
         try:
-            _fold_into(view, catalog, table)
+            _fold_into(view, catalog, table, self._closing)
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
@@ -208,40 +225,50 @@ class Views:
         return view
 
     def close(self) -> None:
-        self.db.close()
+        """Stop a fold under way, wait for the work holding the views, close them."""
+        self._closing.set()
+        with self._lock:
+            self.db.close()
 
 
 def key_names(layout: TableLayout) -> tuple[str, ...]:
     return tuple(layout.columns[i].name for i in layout.primary_key)
 
 
-def _fold_into(view: TableView, catalog: Catalog, table: TableName,
+def _fold_into(view: TableView, catalog: Catalog, table: TableName, closing: threading.Event,
                renamed_to: tuple[str, str] | None = None) -> None:
     """Apply ``table``'s versions; with ``renamed_to`` (the new name and the rename's GTID),
-    only up to the rename that gave its rows to that table."""
+    only up to the rename that gave its rows to that table. Folding starts at the last
+    version that emptied the table: what came before it is gone from a consumer's table."""
     entry = catalog.get(table)
     if entry is None:
         return
+    versions = []
     for number in sorted(entry.versions):
         info = entry.versions[number]
         ddl = info.schema.avsc.get("ddl") or {}
         if renamed_to is not None and ddl.get("renamed_to") == renamed_to[0] and \
                 info.schema.gtid == renamed_to[1]:
-            return
-        if ddl.get("kind") in _CLEARING:
+            break
+        versions.append((info, ddl.get("kind")))
+    start = max((i for i, (_, kind) in enumerate(versions) if kind in _EMPTYING), default=0)
+    for info, kind in versions[start:]:
+        ddl = info.schema.avsc.get("ddl") or {}
+        if kind in _EMPTYING:
             view.clear()
-        elif ddl.get("kind") == "create":
-            view.clear()
-            if ddl.get("renamed_from"):  # the renamed table's rows, as they were then
-                _fold_into(view, catalog, TableName.parse(ddl["renamed_from"]),
-                           (str(table), info.schema.gtid))
-        _fold_version(view, info)
+        if kind == "create" and ddl.get("renamed_from"):
+            # the renamed table's rows, as they were then
+            _fold_into(view, catalog, TableName.parse(ddl["renamed_from"]), closing,
+                       (str(table), info.schema.gtid))
+        _fold_version(view, info, closing)
 
 
-def _fold_version(view: TableView, info: VersionInfo) -> None:
+def _fold_version(view: TableView, info: VersionInfo, closing: threading.Event) -> None:
     fields = info.schema.columns
     converters = [(f.name, f.column, from_avro(f)) for f in fields]
     for block in scan_blocks(info.path, info.header, info.header.size, info.committed):
+        if closing.is_set():
+            raise ViewsClosed("the views were closed during a fold")
         for record in decode_records(info, block):
             row = {column: convert(record.get(name)) for name, column, convert in converters}
             if record["event_type"] in ("insert", "update_after"):
