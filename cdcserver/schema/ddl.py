@@ -35,6 +35,9 @@ from cdcserver.schema.tokens import SqlSyntaxError, Token, TokenStream, tokenize
 from cdcserver.store.naming import TableName
 
 Position = tuple[str, str | None]  # ("first", None) or ("after", column)
+# ALTER TABLE actions on partitions that keep every row's values (in whichever partition)
+_PARTITION_MAINTENANCE = ("ANALYZE", "CHECK", "OPTIMIZE", "REBUILD", "REPAIR", "COALESCE",
+                          "REORGANIZE")
 
 
 # -- statements --------------------------------------------------------------------------
@@ -796,6 +799,9 @@ class _Parser:
             engine = ts.identifier().lower()
             ts.until_top_level(",", ";")
             return SetEngine(engine)
+        if any(ts.accept_words(word, "PARTITION") for word in _PARTITION_MAINTENANCE):
+            ts.until_top_level(";")  # p0, p1 [INTO (...)]: stands alone, moves no value
+            return None
         if ts.accept_word("ALGORITHM", "LOCK", "FORCE", "COMMENT", "AUTO_INCREMENT",
                           "ROW_FORMAT", "KEY_BLOCK_SIZE", "STATS_PERSISTENT", "PAGE_COMPRESSED",
                           "ENCRYPTED", "ORDER", "ENABLE", "DISABLE", "DISCARD",
