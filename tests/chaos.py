@@ -578,6 +578,7 @@ async def differences(port: int, conn: Any, database: str, user: str, password: 
         except AssertionError as exc:
             found[table] = f"no stream: {exc}"
             continue
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))  # long rename chains
         rebuilt = rebuild(lines, key, others)
         source = f"`{database}`.`{table}`" + (" FOR SYSTEM_TIME ALL" if versioned else "")
         rows = await asyncio.to_thread(source_rows, conn, database, table, types,

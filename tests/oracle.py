@@ -119,10 +119,14 @@ async def read_stream(port: int, table: str, *, user: str, password: str,
 
 def rebuild(lines: list[dict[str, Any]], key: tuple[str, ...],
             others: dict[str, list[dict[str, Any]]] | None = None,
-            until: tuple[str, str] | None = None) -> Rebuilt:
+            until: tuple[str, str] | None = None,
+            _done: dict[tuple[str, str, str], Rebuilt] | None = None) -> Rebuilt:
     """Apply a table's stream. A version created by a rename starts from the renamed table's
     rows as they were then: its stream, from ``others`` (by ``db.table``), up to the version
-    ``until`` (the new name and the rename's GTID) that says it was renamed away."""
+    ``until`` (the new name and the rename's GTID) that says it was renamed away. Each such
+    origin is rebuilt once (tables swapped back and forth name each other's pasts again and
+    again: without that, the work would double with every swap)."""
+    done = {} if _done is None else _done
     table = Rebuilt(key)
     columns: dict[str, str] = {}
     for line in lines:
@@ -139,7 +143,11 @@ def rebuild(lines: list[dict[str, Any]], key: tuple[str, ...],
             origin = ddl.get("renamed_from") if ddl.get("kind") == "create" else None
             if origin and others is not None and origin in others:
                 name = f"{line['database']}.{line['table']}"
-                before = rebuild(others[origin], key, others, (name, line.get("gtid")))
+                mark = (origin, name, str(line.get("gtid")))
+                before = done.get(mark)
+                if before is None:
+                    before = done[mark] = rebuild(others[origin], key, others,
+                                                  (name, line.get("gtid")), done)
                 table.rows.update(before.rows)
                 table.bag.update(before.bag)
             continue
