@@ -17,7 +17,7 @@ from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.core.config import ListenerConfig
 from cdcserver.core.gtid import GtidState
 from cdcserver.protocol.server import ListenerLimits
-from cdcserver.protocol.throttle import LoginThrottle
+from cdcserver.protocol.throttle import FailureLog, LoginThrottle
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.naming import TableName
 from mariadb_cdc_client import SyncCdcClient
@@ -53,8 +53,8 @@ async def test_a_user_reads_only_the_tables_the_users_file_lists(listener: Liste
     assert await alice.line() == b"ERR FORBIDDEN user alice may not read shop.items\n"
     await alice.send(b"LIST-TABLES\n")  # the connection stays usable
     assert (await alice.json_line())["tables"] == []
-    await alice.send(b"QUERY-LAST-TRANSACTION\n")
-    assert (await alice.json_line())["tables"] == []
+    await alice.send(b"QUERY-LAST-TRANSACTION\n")  # none of alice's tables changed
+    assert (await alice.line()).startswith(b"ERR NO-TRANSACTION")
     await alice.send(b"QUERY-RANGE shop.items LIMIT 10\n")
     assert (await alice.line()).startswith(b"ERR FORBIDDEN")
     await alice.close()
@@ -71,6 +71,34 @@ async def test_a_user_reads_only_the_tables_the_users_file_lists(listener: Liste
     await everyone.send(b"LIST-TABLES\n")
     assert [t["table"] for t in (await everyone.json_line())["tables"]] == ["items"]
     await everyone.close()
+
+
+async def test_a_removed_user_or_a_lost_table_ends_open_sessions(listener: Listener,
+                                                                  tmp_path):
+    users = UsersFile(str(tmp_path / "cdcusers"))
+    users.add("bob", "pw-b", "shop.*")
+    users.add("carol", "pw-c", "shop.*")
+    streams = {}
+    for name, password in (("bob", "pw-b"), ("carol", "pw-c"), (USER, PASSWORD)):
+        client = await _logged_in(listener.port, name, password)
+        await client.send(b"REQUEST-DATA shop.items\n")
+        await client.json_line()  # the schema
+        assert (await client.json_line())["id"] == 1
+        streams[name] = client
+    idle = await _logged_in(listener.port, "bob", "pw-b")  # registered, reading nothing
+    users.remove("bob")
+    users.add("carol", "pw-c", "crm.*")
+    # Closed by the server within seconds (it checks the file every second), with why
+    assert await streams["bob"].line() == b"ERR FORBIDDEN user bob was removed\n"
+    assert await streams["carol"].line() == \
+        b"ERR FORBIDDEN user carol may no longer read shop.items\n"
+    assert await idle.line() == b"ERR FORBIDDEN user bob was removed\n"
+    for client in (streams["bob"], streams["carol"], idle):
+        assert await client.line() == b""  # and the connection is closed
+        await client.close()
+    await listener.commit_rows((2, "two"))  # the others' streams go on
+    assert (await streams[USER].json_line())["id"] == 2
+    await streams[USER].close()
 
 
 def test_users_file_table_lists_round_trip_and_are_validated(tmp_path):
@@ -134,6 +162,111 @@ def test_a_correct_password_gives_its_turn_back():
     assert throttle.turn("10.0.0.1", "app", WRONG[0]).wait == 0
     assert throttle.turn("10.0.0.1", "app", WRONG[1]).wait == 0
     assert throttle.turn("10.0.0.1", "app", WRONG[2]).wait == 60
+
+
+def test_junk_logins_cannot_flush_a_users_budget():
+    """The issue's attack: five guesses for ``victim``, then 10,010 logins with made-up names
+    (from the same address and from as many others) to push ``victim`` out of the table."""
+    now = [1000.0]
+    throttle = LoginThrottle(limit=5, window=60, max_wait=600, max_keys=100,
+                             clock=lambda: now[0])
+    for digest in WRONG[:5]:
+        turn = throttle.turn("10.0.0.1", "victim", digest)
+        assert turn.wait == 0
+        throttle.failed("10.0.0.1", "victim", digest)
+    for n in range(10_010):
+        junk = bytes([n % 256, n // 256]) * 10
+        for host, known in (("10.0.0.1", False), (f"10.{n // 250 % 250}.{n % 250}.9", False),
+                            (f"172.16.{n // 250 % 250}.{n % 250}", True)):
+            user = f"junk{n}" if not known else "someone"
+            turn = throttle.turn(host, user, junk, known)
+            if not turn.refused:
+                throttle.failed(host, user, junk, known)
+        now[0] += 0.00015  # 1.5 s in all, as in the issue
+    assert len(throttle._keys) <= 100 + 4  # bounded: the table plus the shared overflow
+    turn = throttle.turn("10.0.0.1", "victim", WRONG[5])
+    assert turn.refused or turn.wait > 55, "victim's budget was reset by junk logins"
+
+
+def test_new_addresses_share_a_budget_per_user_while_the_table_is_full():
+    now = [1000.0]
+    throttle = LoginThrottle(limit=2, window=60, max_wait=600, max_keys=10,
+                             clock=lambda: now[0])
+    waits = []
+    for n in range(30):  # one guess for victim from each of 30 addresses
+        turn = throttle.turn(f"10.0.0.{n}", "victim", WRONG[n % 10] + bytes([n]))
+        waits.append(turn.wait)
+    # Each address takes two entries (its user's budget and its own): five fit the table
+    assert waits[:5] == [0] * 5
+    assert waits[5:7] == [0, 0] and all(w >= 60 for w in waits[7:])  # shared from there
+    assert len(throttle._keys) <= 10 + 2
+
+
+def test_an_ipv6_clients_addresses_share_its_budget():
+    now = [1000.0]
+    throttle = LoginThrottle(limit=2, window=60, max_wait=600, clock=lambda: now[0])
+    waits = [throttle.turn(f"2001:db8:1:2::{n:x}", "victim", WRONG[n]).wait
+             for n in range(4)]
+    assert waits == [0, 0, 60, 60]
+    assert throttle.turn("2001:db8:1:3::1", "victim", WRONG[5]).wait == 0  # another /64
+
+
+def test_a_password_that_logged_in_is_never_delayed_or_refused():
+    now = [1000.0]
+    throttle = LoginThrottle(limit=2, window=60, max_wait=60, clock=lambda: now[0])
+    good = WRONG[9]
+    turn = throttle.turn("10.0.0.1", "victim", good)
+    throttle.succeeded("10.0.0.1", "victim", turn, good)
+    for digest in WRONG[:8]:  # someone guesses from the same address: budgets spent
+        turn = throttle.turn("10.0.0.1", "victim", digest)
+        if not turn.refused:
+            throttle.failed("10.0.0.1", "victim", digest)
+    assert throttle.turn("10.0.0.1", "victim", WRONG[8]).refused
+    again = throttle.turn("10.0.0.1", "victim", good)
+    assert again.wait == 0 and not again.refused
+    throttle.failed("10.0.0.1", "victim", good)  # the password changed: forgotten
+    assert not throttle._good
+
+
+def test_failed_logins_are_logged_cut_escaped_and_summed_up():
+    lines: list[str] = []
+    now = [1000.0]
+    failures = FailureLog(lambda fmt, *args: lines.append(fmt % args), first=10,
+                          interval=60, clock=lambda: now[0])
+    for n in range(10_000):
+        failures.failed(f"10.0.{n % 7}.1:5000", f"10.0.{n % 7}.1", "x" * 32_768 + "\n\x1b[2J")
+    assert len(lines) == 10
+    assert all(len(line) < 200 and "\n" not in line and "\x1b" not in line for line in lines)
+    now[0] += 61
+    failures.tick()
+    assert lines[-1] == "9990 more failed logins in the last 60 s, from 7 addresses"
+    failures.tick()
+    assert len(lines) == 11  # nothing more to say
+
+
+async def test_thousands_of_huge_user_names_leave_no_trace(listener: Listener, caplog):
+    """The issue's 32 KB user names: refused before any lookup, no throttle entry, no log
+    line that holds the name; a normal client is served afterwards."""
+    caplog.set_level("INFO")
+    huge = ("u" * 32_000).encode()  # as long as a line allows, in hex
+    message = (huge + b":").hex().encode() + b"00" * 20
+
+    async def attempt() -> bytes:
+        client = await RawClient.connect(listener.port)
+        try:
+            await client.send(message)
+            return await client.line()
+        finally:
+            await client.close()
+
+    for _ in range(10):
+        replies = await asyncio.gather(*(attempt() for _ in range(30)))
+        assert all(r.startswith(b"ERR BAD-AUTH a user name has at most 43 characters")
+                   for r in replies), replies[:2]
+    assert not listener.server.context.throttle._keys
+    logged = sum(len(r.getMessage()) for r in caplog.records)
+    assert logged < 300 * 200, f"{logged} characters logged for 300 refused logins"
+    assert await _login(listener.port, PASSWORD) == b"OK\n"
 
 
 async def _login(port: int, password: str) -> bytes:

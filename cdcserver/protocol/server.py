@@ -38,9 +38,11 @@ from cdcserver.protocol.session import (
 from cdcserver.protocol.stream import Streamer, read_range
 from cdcserver.protocol.tail import Tails, Traffic
 from cdcserver.store.inuse import in_use
+from cdcserver.store.naming import TableName
 from mariadb_cdc_client.format.wire import Code, ProtocolError, auth_incomplete, error_line
 
 log = logging.getLogger(__name__)
+HOUSEKEEPING_INTERVAL = 1.0  # seconds: the users file checked, the failed logins summed up
 
 
 class LayoutFailed(Exception):
@@ -130,6 +132,8 @@ class CdcServer:
         self.databus_labels = databus_labels  # a dump's databus layout as the Kafka sink's
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._sessions: dict[asyncio.Task[None], Connection] = {}  # the connections' own
+        self._housekeeping: asyncio.Task[None] | None = None
         self._unauthenticated: collections.Counter[str] = collections.Counter()  # by address
         self.connections_total = 0
         self.traffic = Traffic()  # bytes and records sent, counted as they are written
@@ -158,12 +162,37 @@ class CdcServer:
             ssl_handshake_timeout=self.limits.auth_timeout if ssl is not None else None)
         sockname = self._server.sockets[0].getsockname()
         log.info("listening on %s:%d", sockname[0], sockname[1])
+        self._housekeeping = asyncio.create_task(self._housekeep())
         return sockname[0], sockname[1]
+
+    async def _housekeep(self) -> None:
+        """Every second: the failed logins' summary when its interval ends, and when the
+        users file changed, the end of each session whose user was removed or that is being
+        sent a table its user may no longer read."""
+        users = self.context.users
+        seen = await asyncio.to_thread(users.refresh)
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL)
+            self.context.failures.tick()
+            generation = await asyncio.to_thread(users.refresh)
+            if generation != seen:
+                seen = generation
+                self._revoke_lost_access()
+
+    def _revoke_lost_access(self) -> None:
+        for task, connection in list(self._sessions.items()):
+            reason = connection.session.lost_access(connection.reading)
+            if reason is not None and connection.revoked is None:
+                log.warning("%s: closing the session: %s", connection.peer, reason)
+                connection.revoked = reason
+                task.cancel()
 
     async def stop(self) -> None:
         """Stop accepting, give streams a grace period, then cancel what is left."""
         if self._server is None:
             return
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
         self._server.close()
         tasks = list(self._connections)
         for task in tasks:
@@ -191,16 +220,20 @@ class CdcServer:
         self.connections_total += 1
         connection = Connection(self, reader, writer, peer)
         connection.left_login = lambda: self._left_login(address)
+        self._sessions[task] = connection
         try:
             await connection.run()
             await _linger(reader, writer)
         except asyncio.CancelledError:
-            # stop() cancels connections. The task ends normally: asyncio 3.11's
-            # start_server callback would log a cancelled handler task as an error.
-            Outbox(writer, self.traffic).last_words(
-                error_line(Code.SHUTTING_DOWN, "the server is stopping"))
+            # stop() cancels connections, and so does a change of the users file that ends
+            # the session. The task ends normally: asyncio 3.11's start_server callback
+            # would log a cancelled handler task as an error.
+            last = error_line(Code.FORBIDDEN, connection.revoked) if connection.revoked \
+                else error_line(Code.SHUTTING_DOWN, "the server is stopping")
+            Outbox(writer, self.traffic).last_words(last)
         finally:
             self._connections.discard(task)
+            self._sessions.pop(task, None)
             if connection.left_login is not None:  # it closed during the login
                 self._left_login(address)
             await _close(writer)
@@ -242,6 +275,8 @@ class Connection:
         self._pending: bytes | None = None  # a command that arrived during a dump transfer
         # told once, when the session leaves the login phase (the per-address count)
         self.left_login: Callable[[], None] | None = None
+        self.reading: TableName | None = None  # the table being streamed or dumped
+        self.revoked: str | None = None  # why the server ended the session (users file)
 
     async def run(self) -> None:
         log.debug("%s: connected", self.peer)
@@ -304,6 +339,7 @@ class Connection:
                             self.out, JsonStyle(start.dialect, self.server.zone),
                             context.caught_up, self.server.tails)
         log.info("%s: %s (%s)", self.peer, start.request.line, start.format.value)
+        self.reading = start.request.table
         stream_task = asyncio.create_task(streamer.run())
         input_task = asyncio.create_task(self._watch_input())
         try:
@@ -331,6 +367,7 @@ class Connection:
         sent whole; False after an error reply (or a CLOSE, which also ends the session)."""
         dump = outcome.dump
         started = time.monotonic()
+        self.reading = dump.table
         try:
             with in_use(dump.path) as on_disk, contextlib.ExitStack() as stack:
                 f = on_disk
@@ -376,6 +413,7 @@ class Connection:
             await self.out.reply(error_line(Code.INTERNAL, f"{dump.name}: {exc}"))
             return False
         finally:
+            self.reading = None
             if self.server.dump_released is not None:
                 self.server.dump_released()
         self._last_command = asyncio.get_running_loop().time()  # the transfer was not idle

@@ -12,7 +12,6 @@ executes the outcomes.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -27,7 +26,7 @@ from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.dump.files import DumpInfo, list_dumps
 from cdcserver.protocol.requests import StreamRequest, state_bound, stream_request
 from cdcserver.protocol.stream import quarantined
-from cdcserver.protocol.throttle import LoginThrottle, Turn
+from cdcserver.protocol.throttle import FailureLog, LoginThrottle, Turn, shown_name
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.index import RangePlan, StoreIndex, TransactionInfo
@@ -135,6 +134,7 @@ class SessionContext:
     dialect: Dialect = Dialect.MAXSCALE
     login_failures: int = 0  # counted for the metrics
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    failures: FailureLog = field(default_factory=lambda: FailureLog(log.warning))
     dumps: DumpControl | None = None  # None: no dumps on request
     # What the service captures: nothing else is served, even if stored by an earlier version
     capture: CaptureFilter = EVERY_USER_TABLE
@@ -181,7 +181,9 @@ class Session:
 
     def _bad(self, exc: ProtocolError) -> Reply:
         self.bad_commands += 1
-        log.info("%s: %s", self.peer, exc)
+        text = str(exc)  # it may quote a command of up to max_line bytes: cut for the log
+        log.info("%s: %s", self.peer, text if len(text) <= 300 else
+                 f"{text[:300]}... ({len(text) - 300} more characters)")
         if exc.fatal:
             return Reply(exc.reply(), close=True)
         if self.bad_commands >= self.bad_command_limit:
@@ -195,27 +197,28 @@ class Session:
     def _authenticate(self, message: bytes) -> Outcome:
         host = self.peer.rpartition(":")[0] or self.peer
         user, digest = parse_auth(message)
-        turn = self.context.throttle.turn(host, user, digest)
+        known = self.context.users.exists(user)
+        turn = self.context.throttle.turn(host, user, digest, known)
         if turn.refused:
             raise ProtocolError(Code.THROTTLED, f"too many new passwords tried for {user!r} "
                                 f"from {host}; try again in {turn.wait:.0f}s", fatal=True)
         if turn.wait:
-            log.info("%s: login as %r waits %.1fs for its turn (too many new passwords "
-                     "tried for it from %s)", self.peer, user, turn.wait, host)
-            return Delay(turn.wait, lambda: self._check(host, user, digest, turn))
-        return self._check(host, user, digest, turn)
+            log.info("%s: login as %s waits %.1fs for its turn (too many new passwords "
+                     "tried for it from %s)", self.peer, shown_name(user), turn.wait, host)
+            return Delay(turn.wait, lambda: self._check(host, user, digest, turn, known))
+        return self._check(host, user, digest, turn, known)
 
-    def _check(self, host: str, user: str, digest: bytes, turn: Turn) -> Reply:
+    def _check(self, host: str, user: str, digest: bytes, turn: Turn, known: bool) -> Reply:
         throttle = self.context.throttle
         if not self.context.users.verify(user, digest):
-            log.warning("%s: authentication failed for user %r", self.peer, user)
+            self.context.failures.failed(self.peer, host, user)
             self.context.login_failures += 1
-            throttle.failed(host, user, digest)
+            throttle.failed(host, user, digest, known)
             return self._bad(ProtocolError(Code.AUTH_FAILED, "Authentication failed"))
-        throttle.succeeded(host, user, turn)
+        throttle.succeeded(host, user, turn, digest)
         self.user = user
         self.phase = Phase.REGISTER
-        log.info("%s: authenticated as %r", self.peer, user)
+        log.info("%s: authenticated as %s", self.peer, shown_name(user))
         return Reply(OK)
 
     def verb_REGISTER(self, line: str) -> Outcome:
@@ -366,6 +369,17 @@ class Session:
             self.phase = Phase.STREAMING
         return SendDump(dump, follow, self.format, self.dialect, request.databus)
 
+    def lost_access(self, reading: TableName | None) -> str | None:
+        """Why this session must end now that the users file changed, if it must: its user
+        was removed, or may no longer read the table it is being sent."""
+        if self.user is None:
+            return None
+        if not self.context.users.exists(self.user):
+            return f"user {self.user} was removed"
+        if reading is not None and not self._may_read(reading):
+            return f"user {self.user} may no longer read {_ref(reading)}"
+        return None
+
     def _may_read(self, table: TableName) -> bool:
         return self.user is not None and self.context.capture.captures_table(table) and \
             self.context.users.may_read(self.user, table)
@@ -382,18 +396,26 @@ class Session:
             raise ProtocolError(Code.FORBIDDEN, f"user {self.user} may not read {_ref(table)}")
 
     def _visible(self, info: TransactionInfo) -> bytes:
-        """A transaction's reply, naming only the tables this user may read, each as
-        commands name it (the same text as the index's for ordinary names)."""
-        tables = (self._indexed(t) for t in info.tables)
-        readable = tuple(_ref(t) for t in tables if self._may_read(t))
-        return _transaction_json(dataclasses.replace(info, tables=readable))
+        """A transaction's reply as this user may see it: only the tables it may read (each
+        as commands name it), and where it may not read them all, ``events`` up to the last
+        of its records (what its own records' event numbers show). NO-TRANSACTION when it
+        may read none of them."""
+        readable = {t for t in info.tables if self._may_read(t)}
+        if not readable:
+            # the same reply as for a transaction not stored: it tells nothing of others
+            raise ProtocolError(Code.NO_TRANSACTION, f"no transaction {info.gtid} in the store")
+        events = info.events
+        if len(readable) < len(info.tables):
+            last = info.last_event_of(readable)
+            events = info.events if last is None else last
+        return _transaction_json(info.gtid, events, info.timestamp,
+                                 [_ref(t) for t in info.tables if t in readable])
 
-    def _indexed(self, text: str) -> TableName:
-        """A table as the index records it, ``db.table`` with the names as they are: split
-        at the dot that gives a stored table (a name may hold dots), else at the first."""
-        known = self.context.catalog.tables
-        splits = (TableName(text[:i], text[i + 1:]) for i, c in enumerate(text) if c == ".")
-        return next((t for t in splits if t in known), None) or TableName.parse(text)
+    def _readable(self) -> set[TableName] | None:
+        """The stored tables this user may read; None when that is every one."""
+        tables = set(self.context.catalog.tables)
+        readable = {t for t in tables if self._may_read(t)}
+        return None if readable == tables else readable
 
     def _dumps(self, table: TableName | None) -> list[DumpInfo]:
         if self.context.data_dir is None:
@@ -401,10 +423,22 @@ class Session:
         return list_dumps(self.context.data_dir, table)
 
     def verb_QUERY_LAST_TRANSACTION(self, argument: str) -> Outcome:
+        return self._blocking(self._last_transaction)
+
+    def _last_transaction(self) -> Reply:
+        """The newest stored transaction that changed a table this user may read."""
         index = self.context.index()
-        info = index.last_transaction if index else None
+        readable = self._readable()
+        if index is None:
+            info = None
+        elif readable is None:
+            info = index.last_transaction
+        else:
+            info = index.last_transaction_of(readable) if readable else None
         if info is None:
-            raise ProtocolError(Code.NO_TRANSACTION, "no transaction has been replicated yet")
+            raise ProtocolError(Code.NO_TRANSACTION, "no transaction has been replicated yet"
+                                if readable is None else "no transaction has changed a table "
+                                "you may read yet")
         return Reply(self._visible(info))
 
     def verb_QUERY_TRANSACTION(self, argument: str) -> Outcome:
@@ -425,7 +459,18 @@ class Session:
         """Extension: the GTID state of everything stored, where a bounded read can end."""
         if argument.strip():
             raise ProtocolError(Code.BAD_SYNTAX, "QUERY-STATE takes no argument")
+        return self._blocking(self._state)
+
+    def _state(self) -> Reply:
+        """Everything stored; for a user that may not read every table, the state of the
+        newest transactions of its tables within it (which ends the same reads of them, and
+        tells nothing of the other tables)."""
         state = self.context.stored_state() if self.context.stored_state else GtidState()
+        readable = self._readable()
+        index = self.context.index()
+        if readable is not None:
+            state = index.state_of(readable, state) if index is not None and readable \
+                else GtidState()
         return Reply(json.dumps({"gtid_state": str(state)}).encode() + b"\n")
 
     def verb_QUERY_RANGE(self, argument: str) -> Outcome:
@@ -445,7 +490,7 @@ class Session:
         if index is None:
             plan = RangePlan(after, 0, None)
         else:
-            plan = index.plan_range(f"{query.database}.{query.table}", after, stored,
+            plan = index.plan_range(TableName(query.database, query.table), after, stored,
                                     query.limit)
         following = None if plan.next is None else {"gtid": str(plan.next.gtid),
                                                      "events": plan.next.events}
@@ -476,7 +521,7 @@ def _ref(table: TableName) -> str:
     return table_ref(table.database, table.table)
 
 
-def _transaction_json(info: TransactionInfo) -> bytes:
+def _transaction_json(gtid: Gtid, events: int, timestamp: int, tables: list[str]) -> bytes:
     """MaxScale 2.0-2.2's reply shape, on one line."""
-    return json.dumps({"GTID": str(info.gtid), "events": info.events,
-                       "timestamp": info.timestamp, "tables": list(info.tables)}).encode() + b"\n"
+    return json.dumps({"GTID": str(gtid), "events": events, "timestamp": timestamp,
+                       "tables": tables}).encode() + b"\n"

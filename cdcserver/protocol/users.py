@@ -82,6 +82,7 @@ class UsersFile:
         self._lock = threading.Lock()
         self._users: dict[str, Account] = {}
         self._signature: tuple[int, int, int] | None = None
+        self.generation = 0  # reloads so far
 
     def load(self) -> dict[str, Account]:
         """The users the file holds now; a malformed line is skipped with a warning."""
@@ -126,7 +127,14 @@ class UsersFile:
             if signature != self._signature:
                 self._users = self.load()
                 self._signature = signature
+                self.generation += 1
             return self._users
+
+    def refresh(self) -> int:
+        """Reload the file if it changed; the generation of what is loaded (it grows with
+        each reload)."""
+        self._current()
+        return self.generation
 
     def verify(self, user: str, password_sha1: bytes) -> bool:
         account = self._current().get(user)
@@ -134,6 +142,9 @@ class UsersFile:
         # Compare even for unknown users so timing does not reveal who exists.
         expected = account.hash if account is not None else "0" * 40
         return hmac.compare_digest(candidate, expected) and account is not None
+
+    def exists(self, user: str) -> bool:
+        return user in self._current()
 
     def dialect(self, user: str) -> Dialect | None:
         """The JSON dialect the file sets for ``user`` (None: the listener's default)."""

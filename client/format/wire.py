@@ -110,9 +110,13 @@ def auth_message(user: str, password: str) -> bytes:
         hashlib.sha1(password.encode("utf-8")).hexdigest().encode("ascii")
 
 
+MAX_USER_NAME = 43  # characters: the longest name a users file holds (MaxScale's limit)
+
+
 def parse_auth(message: bytes) -> tuple[str, bytes]:
     """(user, SHA1(password)) from an auth message. Accepts either hex case and one trailing
-    odd byte, as MaxScale does (cdc_plain_auth.cc)."""
+    odd byte, as MaxScale does (cdc_plain_auth.cc). A name longer than any user may have is
+    refused here, unchecked."""
     data = message.strip()
     if len(data) % 2:
         data = data[:-1]
@@ -124,9 +128,13 @@ def parse_auth(message: bytes) -> tuple[str, bytes]:
     if not sep or len(digest) != 20 or not user:
         raise ProtocolError(Code.BAD_AUTH, "expected hex(user:SHA1(password))")
     try:
-        return user.decode("utf-8"), digest
+        name = user.decode("utf-8")
     except UnicodeDecodeError:
         raise ProtocolError(Code.BAD_AUTH, "the user name is not UTF-8") from None
+    if len(name) > MAX_USER_NAME:
+        raise ProtocolError(Code.BAD_AUTH, f"a user name has at most {MAX_USER_NAME} "
+                            "characters")
+    return name, digest
 
 
 _HEX = frozenset(b"0123456789abcdefABCDEF")
