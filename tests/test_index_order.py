@@ -12,7 +12,8 @@ from cdcserver.store.naming import TableName
 
 
 def _log(index: StoreIndex, *gtids: str) -> list[TransactionInfo]:
-    return [index.note_transaction(TransactionInfo(Gtid.parse(g), 0, 1, ("d.t",), "f", 4))
+    table = TableName("d", "t")
+    return [index.note_transaction(TransactionInfo(Gtid.parse(g), 0, 1, (table,), "f", 4))
             for g in gtids]
 
 

@@ -51,7 +51,7 @@ async def test_metrics_count_what_went_in_and_out(cdc: RunningService, source: S
     await cdc.service.lag.measure()  # type: ignore[union-attr]
     before = await _metrics(cdc)
     assert before["cdc_rows_in_total", ()] == 5  # three inserts, an update's two images
-    assert before["cdc_table_version", (("table", f"{source.database}.t"),)] == 1
+    assert before["cdc_table_version", (("database", source.database), ("table", "t"))] == 1
     assert before["cdc_replication_connected", ()] == 1
     assert before["cdc_replication_lag_transactions", ()] == 0
     assert before["cdc_replication_lag_seconds", ()] == 0

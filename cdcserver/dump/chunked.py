@@ -642,11 +642,10 @@ def _overlay(run: _Run, end: _EndPoint, timeout: float) -> Overlay:
                                 (point.file, point.pos), GtidState.parse(run.progress.floor))
     ends = {t.gtid: binlog_ordinal(t.file, t.pos) for t in window.transactions}
     since = _state_before(window, point.gtid, origin.gtid_state)
-    name = str(run.table.name)
     overlay: Overlay = {}
     key_text = run.table.plan.key_text
     try:
-        if not any(name in t.tables for t in window.transactions):
+        if not any(run.table.name in t.tables for t in window.transactions):
             fixups.check_versions(run.data_dir, run.table.name, since, point.gtid,
                                   (point.file, point.pos), timeout)
             return overlay

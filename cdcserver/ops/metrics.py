@@ -203,9 +203,9 @@ def _store(store: StoreStats) -> Iterator[Any]:
                  "has waited for a checkpoint (0: everything applied is durable)",
                  store.checkpoint_age)
     versions = GaugeMetricFamily("cdc_table_version", "the newest version of each table",
-                                 labels=["table"])
+                                 labels=["database", "table"])
     for name, version in sorted(store.versions.items()):
-        versions.add_metric([name], version)
+        versions.add_metric([name.database, name.table], version)
     yield versions
 
 

@@ -26,11 +26,12 @@ so a seek never misses recent data.
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import logging
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -56,10 +57,13 @@ CREATE TABLE IF NOT EXISTS unordered (
 CREATE TABLE IF NOT EXISTS notes (
     db TEXT NOT NULL, tbl TEXT NOT NULL, version INTEGER NOT NULL, offset INTEGER NOT NULL,
     note TEXT NOT NULL, PRIMARY KEY (db, tbl, version, offset));
+CREATE TABLE IF NOT EXISTS touched (
+    db TEXT NOT NULL, tbl TEXT NOT NULL, id INTEGER NOT NULL, PRIMARY KEY (db, tbl, id));
 """
 # PRAGMA user_version: 1 keyed transactions by (domain, source, seq); 2 stored sequence
-# numbers as they are, which SQLite's signed 64-bit INTEGER cannot hold past 2^63-1
-_VERSION = 3
+# numbers as they are, which SQLite's signed 64-bit INTEGER cannot hold past 2^63-1; 3 named
+# tables as "db.table" text, which two tables can share (`a.b`.c and a.`b.c`)
+_VERSION = 4
 # Sequence numbers are MariaDB's unsigned 64-bit ones (SET gtid_seq_no takes up to 2^64-1):
 # they are stored shifted by -2^63 (stored_sequence), which keeps their order in SQLite's
 # signed INTEGER, and shifted back when read (sequence_of). Every reader of the file, in any
@@ -81,11 +85,27 @@ _COLUMNS = "id, domain, source, seq, server_id, timestamp, events, tables, file,
 class TransactionInfo:
     gtid: Gtid
     timestamp: int
-    events: int
-    tables: tuple[str, ...]
+    events: int  # records over every table
+    tables: tuple[TableName, ...]
     file: str
     pos: int
     ordinal: int = 0  # its place in the order the store applied transactions (from 1)
+    # for each table (in order): its records, and the highest event number among them;
+    # empty for a transaction logged before index version 4 (not known then)
+    counts: tuple[tuple[int, int], ...] = ()
+
+    def records_of(self, table: TableName) -> int | None:
+        """The table's records in the transaction (None: not known)."""
+        if not self.counts or table not in self.tables:
+            return None
+        return self.counts[self.tables.index(table)][0]
+
+    def last_event_of(self, tables: set[TableName]) -> int | None:
+        """The highest event number among the records of ``tables`` (None: not known)."""
+        if not self.counts:
+            return None
+        return max((c[1] for t, c in zip(self.tables, self.counts, strict=True)
+                    if t in tables), default=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +133,11 @@ class StoreIndex:
         self.path = path
         self.spacing = spacing
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        _migrate(self._db)
+        # An index of version 3 names tables as text until name_tables() converts it
+        self._named = _migrate(self._db)
         self._db.executescript(_SCHEMA)
-        self._db.execute(f"PRAGMA user_version={_VERSION}")
+        if self._named:
+            self._db.execute(f"PRAGMA user_version={_VERSION}")
         self._db.execute("PRAGMA synchronous=NORMAL")
         # Guards the pending lists and the connection; reentrant, as ``covers`` is used
         # while transactions are walked.
@@ -142,6 +164,15 @@ class StoreIndex:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    def name_tables(self, split: Callable[[str], TableName]) -> None:
+        """Convert an older index's "db.table" texts (``split`` tells the table: the store
+        splits at the dot that names a table it holds); nothing if it is converted."""
+        with self._lock:
+            if not self._named:
+                _name_tables(self._db, split)
+                self._named = True
+                self._load_transaction_state()
 
     # -- writing -----------------------------------------------------------------------
 
@@ -211,7 +242,10 @@ class StoreIndex:
                     "VALUES (?,?,?,?,?,?,?,?,?,?)",
                     [(t.ordinal, t.gtid.domain, t.gtid.source_uuid or "",
                       stored_sequence(t.gtid.sequence), t.gtid.server_id, t.timestamp, t.events,
-                      json.dumps(t.tables), t.file, t.pos) for t in txns])
+                      _tables_json(t), t.file, t.pos) for t in txns])
+                self._db.executemany("INSERT OR IGNORE INTO touched VALUES (?,?,?)",
+                                     [(n.database, n.table, t.ordinal)
+                                      for t in txns for n in t.tables])
                 self._db.executemany("INSERT OR IGNORE INTO unordered VALUES (?,?)",
                                      sorted(unordered))
                 self._db.executemany("INSERT OR REPLACE INTO notes VALUES (?,?,?,?,?)",
@@ -246,12 +280,15 @@ class StoreIndex:
         with self._lock:
             if last_id is not None:
                 self._db.execute("DELETE FROM transactions WHERE id>?", (last_id,))
+                self._db.execute("DELETE FROM touched WHERE id>?", (last_id,))
             else:
                 for domain, source in sorted(self._sources):
                     last = covered.get(source or domain)
                     self._db.execute(
                         "DELETE FROM transactions WHERE domain=? AND source=? AND seq>=?",
                         (domain, source, stored_sequence(last.sequence + 1) if last else _DB_MIN))
+                self._db.execute("DELETE FROM touched WHERE id NOT IN (SELECT id FROM "
+                                 "transactions)")
             self._load_transaction_state()
 
     # -- reading -----------------------------------------------------------------------
@@ -372,20 +409,58 @@ class StoreIndex:
                 ).fetchone()
         return _transaction(row) if row else None
 
-    def plan_range(self, table: str, after: GtidState, stored: GtidState, limit: int
+    def last_transaction_of(self, tables: set[TableName]) -> TransactionInfo | None:
+        """The newest stored transaction that changed one of ``tables``."""
+        with self._lock:
+            for info in reversed(self._pending_txns):
+                if not tables.isdisjoint(info.tables):
+                    return info
+            row = self._db.execute(
+                f"SELECT MAX(id) FROM touched WHERE (db, tbl) IN ({_EACH})",
+                (_names_json(tables),)).fetchone()
+            if row is None or row[0] is None:
+                return None
+            found = self._db.execute(f"SELECT {_COLUMNS} FROM transactions WHERE id=?",
+                                     (row[0],)).fetchone()
+        return _transaction(found) if found else None
+
+    def state_of(self, tables: set[TableName], stored: GtidState) -> GtidState:
+        """The GTID state of the newest transactions, within ``stored``, that changed one of
+        ``tables``: in each domain (and MySQL source), the last of them. A read of those
+        tables up to it holds everything stored of them up to ``stored``."""
+        found: list[Gtid] = []
+        names = _names_json(tables)
+        with self._lock:
+            for domain, source in sorted(self._sources):
+                pending = (i for i in reversed(self._pending_txns)
+                           if (i.gtid.domain, i.gtid.source_uuid or "") == (domain, source)
+                           and not tables.isdisjoint(i.tables))
+                rows = self._db.execute(
+                    f"SELECT {_COLUMNS} FROM transactions WHERE domain=? AND source=? AND id "
+                    f"IN (SELECT id FROM touched WHERE (db, tbl) IN ({_EACH})) "
+                    "ORDER BY id DESC", (domain, source, names))
+                for info in itertools.chain(pending, map(_transaction, rows)):
+                    if self.covers(stored, info.gtid):
+                        found.append(info.gtid)
+                        break
+        return GtidState(found)
+
+    def plan_range(self, table: TableName, after: GtidState, stored: GtidState, limit: int
                    ) -> RangePlan:
         """The furthest end state, within ``stored``, such that the transactions after
-        ``after`` up to it that touch ``table`` ("db.table") hold at most ``limit`` events
-        (a transaction's events over all its tables: never fewer than its records of one)."""
+        ``after`` up to it that touch ``table`` hold at most ``limit`` of its records (a
+        transaction logged before they were counted per table counts all its events)."""
         events, end = 0, after
         with self._lock:
             for info in self._transactions_after(after):
                 if not self.covers(stored, info.gtid):
                     continue  # not applied by every sink yet, nor is the rest of its domain
                 if table in info.tables:
-                    if events + info.events > limit:
+                    records = info.records_of(table)
+                    size = info.events if records is None else records
+                    if events + size > limit:
                         return RangePlan(end, events, info)
-                    events += info.events
+                    events += size
                 end = end.advanced(info.gtid)
             for gtid in stored:  # up to everything stored, however it was recorded
                 if not self.covers(end, gtid):
@@ -467,30 +542,81 @@ def _same(a: Gtid, b: Gtid) -> bool:
     return a == b
 
 
+# The (database, table) pairs of a JSON array of [database, table], for ``(db, tbl) IN``
+_EACH = "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?)"
+
+
+def _names_json(tables: set[TableName]) -> str:
+    return json.dumps([[t.database, t.table] for t in tables])
+
+
+def _tables_json(info: TransactionInfo) -> str:
+    """``[[database, table, records, last event number], ...]``; the counts are null where
+    they are not known."""
+    counts = info.counts or ((None, None),) * len(info.tables)
+    return json.dumps([[t.database, t.table, *c] for t, c in zip(info.tables, counts,
+                                                                  strict=True)])
+
+
 def _transaction(row: Any) -> TransactionInfo:
     ordinal, domain, source, seq, server_id, timestamp, events, tables, file, pos = row
+    items = [i if isinstance(i, list) else _text_item(i) for i in json.loads(tables)]
+    counts = tuple((int(i[2]), int(i[3])) for i in items) \
+        if items and all(i[2] is not None for i in items) else ()
     return TransactionInfo(Gtid(domain, server_id, sequence_of(seq), source or None), timestamp,
-                           events,
-                           tuple(json.loads(tables)), file, pos, ordinal)
+                           events, tuple(TableName(i[0], i[1]) for i in items), file, pos,
+                           ordinal, counts)
 
 
-def _migrate(db: sqlite3.Connection) -> None:
+def _text_item(text: str) -> list[Any]:
+    """A table as an index of version 3 named it, until converted (``name_tables``)."""
+    name = TableName.parse(text)
+    return [name.database, name.table, None, None]
+
+
+def _migrate(db: sqlite3.Connection) -> bool:
     """Bring an index written by an older version to this layout: the transaction log of
     version 1 had no ordinals (its insertion order is kept as theirs); versions 1 and 2
-    stored sequence numbers unshifted (all below 2^63, so the shift cannot overflow)."""
+    stored sequence numbers unshifted (all below 2^63, so the shift cannot overflow). False
+    while tables are named as "db.table" text (versions 1 to 3: see ``name_tables``)."""
     version = db.execute("PRAGMA user_version").fetchone()[0]
     columns = [r[1] for r in db.execute("PRAGMA table_info(transactions)")]
     if version >= _VERSION or not columns:
-        return
+        return True
     if "id" not in columns:
         _add_ordinals(db)
-    db.executescript("""
-        BEGIN;
-        UPDATE blocks SET seq = seq + (-9223372036854775807 - 1);
-        UPDATE transactions SET seq = seq + (-9223372036854775807 - 1);
-        PRAGMA user_version = 3;
-        COMMIT;
-    """)
+    if version < 3:
+        db.executescript("""
+            BEGIN;
+            UPDATE blocks SET seq = seq + (-9223372036854775807 - 1);
+            UPDATE transactions SET seq = seq + (-9223372036854775807 - 1);
+            PRAGMA user_version = 3;
+            COMMIT;
+        """)
+    return False
+
+
+def _name_tables(db: sqlite3.Connection, split: Callable[[str], TableName]) -> None:
+    """Version 3 to 4: each transaction's tables as [database, table, null, null], and the
+    ``touched`` table that finds a table's transactions."""
+    log.info("the store's index names tables by (database, table) from now on: converting "
+             "its transaction log (once)")
+    db.executescript(_SCHEMA.replace("PRAGMA journal_mode=WAL;", ""))
+    db.execute("BEGIN")
+    try:
+        rows = db.execute("SELECT id, tables FROM transactions").fetchall()
+        for ordinal, text in rows:
+            names = [split(t) for t in json.loads(text)]
+            db.execute("UPDATE transactions SET tables=? WHERE id=?",
+                       (json.dumps([[n.database, n.table, None, None] for n in names]),
+                        ordinal))
+            db.executemany("INSERT OR IGNORE INTO touched VALUES (?,?,?)",
+                           [(n.database, n.table, ordinal) for n in names])
+        db.execute("PRAGMA user_version = 4")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
 
 
 def _add_ordinals(db: sqlite3.Connection) -> None:

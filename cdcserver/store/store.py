@@ -120,7 +120,7 @@ class StoreStats:
     records_written: int
     checkpoint_age: float  # seconds the oldest applied transaction has waited for one
     tables: int
-    versions: dict[str, int]  # the newest version of each table
+    versions: dict[TableName, int]  # the newest version of each table
     quarantined: list[dict[str, object]] = field(default_factory=list)  # their to_json
 
 
@@ -133,6 +133,8 @@ class _Open:
     created: dict[TableName, VersionInfo] = field(default_factory=dict)  # new versions
     fresh: dict[TableName, bool] = field(default_factory=dict)  # re-created: True, served: False
     notes: list[tuple[VersionInfo, int, str]] = field(default_factory=list)  # repair blocks
+    # each table's records and the highest event number among them
+    counts: dict[TableName, tuple[int, int]] = field(default_factory=dict)
 
 
 class AvroStore:
@@ -185,6 +187,7 @@ class AvroStore:
             ckpt.save(self.checkpoint_path, checkpoint)
         self.catalog.load(self._headers)
         self._headers = {}
+        self.index.name_tables(self._stored_table)  # an older index's, once
         self._checkpoints = ckpt.CheckpointWriter(self.checkpoint_path, checkpoint)
         for entry in self.catalog.tables.values():
             for info in entry.versions.values():
@@ -423,6 +426,9 @@ class AvroStore:
             count = len(rows.rows)
         writer.count += count
         self.records_written += count
+        table = route.info.table
+        before, _ = txn.counts.get(table, (0, 0))
+        txn.counts[table] = (before + count, txn.event_no - 1)
         if rows.repair or len(writer.buffer) >= self.block_size:
             writer.end_block()
 
@@ -448,7 +454,7 @@ class AvroStore:
         table = TableName(change.database, change.table)
         self._drop_table_routes(table)
         current = self._current_version(table, txn)
-        about: dict[str, Any] = {"kind": change.kind, "statement": ddl.sql}
+        about: dict[str, Any] = {"kind": change.kind, "statement": own_statement(ddl, change)}
         if change.note:
             about["note"] = change.note
         if change.renamed:
@@ -482,10 +488,11 @@ class AvroStore:
         for info, offset, note in txn.notes:
             info.notes[offset] = note
             self.index.note_repair(info.table, info.version, offset, note)
+        tables = tuple(dict.fromkeys(touched))
         self.index.note_transaction(TransactionInfo(
-            txn.begin.gtid, txn.begin.timestamp, txn.event_no - 1,
-            tuple(str(t) for t in dict.fromkeys(touched)), commit.position.file,
-            commit.position.pos))
+            txn.begin.gtid, txn.begin.timestamp, txn.event_no - 1, tables,
+            commit.position.file, commit.position.pos,
+            counts=tuple(txn.counts.get(t, (0, 0)) for t in tables)))
         for table, waiting in txn.fresh.items():
             if waiting:
                 self._fresh.add(table)
@@ -644,12 +651,19 @@ class AvroStore:
             self._close_sealed()
             return position
 
+    def _stored_table(self, text: str) -> TableName:
+        """A table an older index named as "db.table": split at the dot that gives a table
+        the store holds (a name may hold dots), else at the first."""
+        splits = (TableName(text[:i], text[i + 1:]) for i, c in enumerate(text) if c == ".")
+        return next((t for t in splits if t in self.catalog.tables), None) or \
+            TableName.parse(text)
+
     def stats(self) -> StoreStats:
         versions = {}
         for name, entry in self.catalog.tables.items():
             latest = entry.latest()
             if latest is not None:
-                versions[str(name)] = latest.version
+                versions[name] = latest.version
         return StoreStats(self.records_written, self.checkpoint_age(),
                           len(self.catalog.tables), versions,
                           [q.to_json(t) for t, q in sorted(self.quarantined.items())])
@@ -711,6 +725,27 @@ class AvroStore:
                 del self._writers[key]
                 self._maybe_sealed.discard(key)
 
+
+
+def own_statement(ddl: Ddl, change: TableChange) -> str:
+    """The statement as a version of ``change``'s table shows it. One that renamed or
+    dropped several tables is told as its part for this table alone (``RENAME TABLE a TO
+    b``, ``DROP TABLE a``): a user who may read one table does not learn the others'
+    names from its schema."""
+    own = {(change.database, change.table), tuple(change.renamed.partition(".")[::2])}
+    named = {(c.database, c.table) for c in ddl.changes}
+    if ddl.kind not in ("rename", "drop") or named <= own:
+        return ddl.sql
+    this = _quoted(change.database, change.table)
+    if change.renamed:
+        other = _quoted(*change.renamed.partition(".")[::2])
+        return f"RENAME TABLE {this} TO {other}" if change.kind == "drop" else \
+            f"RENAME TABLE {other} TO {this}"
+    return f"DROP TABLE {this}"
+
+
+def _quoted(database: str, table: str) -> str:
+    return ".".join("`" + name.replace("`", "``") + "`" for name in (database, table))
 
 def _mark(entry: TableEntry | None) -> TableMark | None:
     """A table's mark in the checkpoint: its newest version and that version's committed
