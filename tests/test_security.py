@@ -4,6 +4,8 @@ and no password in the process title."""
 from __future__ import annotations
 
 import asyncio
+import io
+import logging
 import os
 import select
 import ssl
@@ -13,6 +15,7 @@ import time
 
 import pytest
 
+from cdcserver.app import logs
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.core.config import ListenerConfig
 from cdcserver.core.gtid import GtidState
@@ -389,6 +392,38 @@ def test_a_password_on_the_command_line_is_not_in_the_process_title(tmp_path):
         process.terminate()
         logged += process.communicate(timeout=30)[1]
     assert b"cdc@127.0.0.1:1" in logged and b"s3cret-pw" not in logged
+    # told why and what to use instead
+    assert b"warning: a password on the command line can be read by every user" in logged
+    assert b"--source-password-file" in logged
+
+
+def test_the_text_log_escapes_what_names_hold():
+    """A table or user name holding a newline, an escape sequence or a bidirectional override
+    cannot forge log lines (issue 36, finding 8); a traceback keeps its lines; a table named
+    like a secret is not masked."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logs.TextFormatter("%(levelname)s %(message)s"))
+    logger = logging.getLogger("test.escapes")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        hostile = "t\n2026-11-28 00:00:00,000 CRITICAL cdcserver: forged\x1b[2J\u202egnp.exe"
+        logger.warning("%s: version %d", f"shop.{hostile}", 2)
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logger.exception("failed on %s", hostile)
+    finally:
+        logger.removeHandler(handler)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == ("WARNING shop.t\\n2026-11-28 00:00:00,000 CRITICAL cdcserver: "
+                        "forged\\x1b[2J\\u202egnp.exe: version 2")
+    assert lines[1].startswith("ERROR failed on t\\n2026") and lines[2] == \
+        "Traceback (most recent call last):"
+    assert not any(line.startswith("2026") for line in lines)
+    assert logs.mask_secrets("shop.secret: version 2") == "shop.secret: version 2"
+    assert logs.mask_secrets("password: hunter2") == "password: ***"
 
 
 async def test_the_clients_password_option_is_not_in_its_process_title(listener: Listener):

@@ -75,6 +75,10 @@ def _hide_secrets_from_process_title(argv: list[str]) -> None:
         import setproctitle
 
         setproctitle.setproctitle(" ".join(["cdcserver", *masked[1:]]))
+        print("cdcserver: warning: a password on the command line can be read by every user "
+              "of this machine until it is hidden here, and stays in the shell's history: "
+              "give it with --source-password-file FILE or the CDCSERVER_SOURCE_PASSWORD "
+              "environment variable", file=sys.stderr)
 
 
 def _parser() -> argparse.ArgumentParser:

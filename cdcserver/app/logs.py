@@ -1,4 +1,5 @@
-"""Log set-up: text or JSON lines on stderr, with secrets masked in every record."""
+"""Log set-up: text or JSON lines on stderr, with secrets masked and control characters
+escaped in every record."""
 
 from __future__ import annotations
 
@@ -9,7 +10,18 @@ import sys
 import time
 
 _URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]+:)[^@\s]+@", re.I)
-_KEY_VALUE_SECRET = re.compile(r"((?:password|passwd|secret|token)\s*[=:]\s*)(\S+)", re.I)
+# A word of its own: not a table named "secret" in "shop.secret: version 2"
+_KEY_VALUE_SECRET = re.compile(
+    r"((?<![\w.`])(?:password|passwd|secret|token)\s*[=:]\s*)(\S+)", re.I)
+# What a name may hold that would forge or hide log lines: C0 and C1 controls (newline,
+# escape sequences), Unicode line separators and bidirectional overrides
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character written as its Python escape (``\\n``,
+    ``\\x1b``, ``\\u202e``): one record is one line, and shows what it holds."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def mask_secrets(text: str) -> str:
@@ -40,14 +52,22 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+class TextFormatter(logging.Formatter):
+    """One line per record: the message's control characters are escaped (a table or user
+    name cannot start a forged line); a traceback, after it, keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)
+
+
 def setup(level: str = "info", fmt: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_MaskingFilter())
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter(
-            "%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
