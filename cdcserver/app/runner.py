@@ -18,7 +18,6 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.changes import Abort
 from cdcserver.core.config import SourceAddress, SourceConfig
 from cdcserver.core.errors import (
@@ -41,6 +40,7 @@ from cdcserver.replication.sources import Sources
 from cdcserver.reread.repair import Repairer, RepairStats
 from cdcserver.reread.view import Views
 from cdcserver.schema.history import SchemaHistory
+from cdcserver.store.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.durable import write_atomically
 from cdcserver.store.layout import DataDir

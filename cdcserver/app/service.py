@@ -22,7 +22,6 @@ from cdcserver.app import descriptors
 from cdcserver.app.resyncs import ResyncScheduler
 from cdcserver.app.runner import ReplicationRunner
 from cdcserver.app.startup import cannot_listen, check_users_file, unusable_data_dir
-from cdcserver.core.capture import CaptureFilter
 from cdcserver.core.config import Config
 from cdcserver.core.errors import CdcError, ConfigError
 from cdcserver.core.gtid import BinlogPosition, GtidState
@@ -48,6 +47,7 @@ from cdcserver.protocol.throttle import LoginThrottle
 from cdcserver.protocol.users import UsersFile
 from cdcserver.replication.sources import Sources
 from cdcserver.store import transcoder
+from cdcserver.store.capture import CaptureFilter
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.durable import private_files
 from cdcserver.store.layout import DataDir
@@ -170,8 +170,7 @@ class Service:
                    ) -> None:
         check_users_file(self.config.listener.users_file)
         private_files(self.config.store.group_access)
-        os.makedirs(self.config.store.data_dir, exist_ok=True)
-        self.layout.restrict(self.config.store.group_access)
+        self._open_data_dir()
         descriptors.report(self.configured, self.budgets)
         self.users.load()  # warns, at start, about each malformed line (which it skips)
         self._open_store()
@@ -201,6 +200,18 @@ class Service:
             for sink in self.sinks:
                 await sink.close()
             self.store.close()
+
+    def _open_data_dir(self) -> None:
+        """Create the data directory (private to the service) or stop, in one line, when it
+        cannot be used."""
+        try:
+            os.makedirs(self.config.store.data_dir, exist_ok=True)
+            self.layout.restrict(self.config.store.group_access)
+        except OSError as exc:
+            unusable = unusable_data_dir(self.config.store.data_dir, exc)
+            if unusable is None:
+                raise
+            raise unusable from exc
 
     def _open_store(self) -> None:
         try:

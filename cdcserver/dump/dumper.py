@@ -35,7 +35,6 @@ from typing import Any
 
 import pymysql
 
-from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import CdcError, SourceError
 from cdcserver.dump import chunked, files, fixups
@@ -44,6 +43,7 @@ from cdcserver.dump.scan import ChunkEnd, ScanPlan
 from cdcserver.dump.snapshot import DefinitionChanged, Snapshot, SnapshotPoint
 from cdcserver.schema.definition import TableDefinition
 from cdcserver.schema.history import layout_of
+from cdcserver.store.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import TableName

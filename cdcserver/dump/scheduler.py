@@ -23,7 +23,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.config import DumpConfig, SourceAddress
 from cdcserver.core.errors import CdcError
 from cdcserver.dump import files
@@ -37,6 +36,7 @@ from cdcserver.dump.dumper import (
     resolve_tables,
 )
 from cdcserver.replication.sources import Sources
+from cdcserver.store.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import TableName
 from mariadb_cdc_client.format.names import table_ref

@@ -28,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.changes import (
     Abort,
     Begin,
@@ -67,6 +66,7 @@ from cdcserver.replication.rowless import (
 )
 from cdcserver.replication.tablemap import parse_table_map
 from cdcserver.schema.history import SchemaHistory
+from cdcserver.store.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.store.naming import TableName
 
 log = logging.getLogger(__name__)

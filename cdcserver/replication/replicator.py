@@ -19,7 +19,6 @@ from typing import Any
 
 import pymysql
 
-from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.changes import Change
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import (
@@ -39,6 +38,7 @@ from cdcserver.replication.connection import BinlogConnection
 from cdcserver.replication.decoder import DeferDecoding, EventDecoder
 from cdcserver.replication.sources import Sources
 from cdcserver.schema.history import SchemaHistory
+from cdcserver.store.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.store.naming import TableName
 
 log = logging.getLogger(__name__)
