@@ -565,6 +565,7 @@ async def differences(port: int, conn: Any, database: str, user: str, password: 
                     "TABLE_SCHEMA = %s", (database,))
         tables = [(str(n), str(t)) for n, t in cur.fetchall()]
     found = {}
+    streams: dict[str, list[dict[str, Any]]] = {}  # every table's, once
     for table, kind in sorted(tables):
         versioned = kind == "SYSTEM VERSIONED"
         types = column_types(conn, database, table)
@@ -574,7 +575,7 @@ async def differences(port: int, conn: Any, database: str, user: str, password: 
             key = (*key, "row_end")
         try:
             lines, others = await read_renamed(port, database, table, user=user,
-                                               password=password, quiet=0.7)
+                                               password=password, quiet=0.7, cache=streams)
         except AssertionError as exc:
             found[table] = f"no stream: {exc}"
             continue

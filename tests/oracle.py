@@ -156,25 +156,29 @@ def rebuild(lines: list[dict[str, Any]], key: tuple[str, ...],
 
 
 async def read_renamed(port: int, database: str, table: str, *, user: str, password: str,
-                       quiet: float = 1.0) -> tuple[list[dict[str, Any]],
-                                                    dict[str, list[dict[str, Any]]]]:
-    """The table's stream, and the streams of every table its rows came from by renames."""
+                       quiet: float = 1.0, cache: dict[str, list[dict[str, Any]]] | None = None
+                       ) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    """The table's stream, and the streams of every table its rows came from by renames.
+    The tables of one step back along the renames are read at once; ``cache`` keeps streams
+    between calls (tables of one database share their history: give one dict to each)."""
     name = f"{database}.{table}"
-    streams: dict[str, list[dict[str, Any]]] = {}
-    wanted = [name]
-    while wanted:
-        current = wanted.pop()
-        if current in streams:
-            continue
+    streams = {} if cache is None else cache
+
+    async def read(current: str) -> list[dict[str, Any]]:
         try:
-            streams[current] = await read_stream(port, current, user=user, password=password,
-                                                 quiet=quiet)
+            return await read_stream(port, current, user=user, password=password, quiet=quiet)
         except AssertionError:
             if current == name:
                 raise
-            streams[current] = []  # a table the service never stored
-        wanted += [line["ddl"]["renamed_from"] for line in streams[current]
-                   if "fields" in line and (line.get("ddl") or {}).get("renamed_from")]
+            return []  # a table the service never stored
+
+    wanted = {name}
+    while wanted := {t for t in wanted if t not in streams}:
+        batch = sorted(wanted)
+        for current, lines in zip(batch, await asyncio.gather(*map(read, batch)), strict=True):
+            streams[current] = lines
+        wanted = {line["ddl"]["renamed_from"] for current in batch for line in streams[current]
+                  if "fields" in line and (line.get("ddl") or {}).get("renamed_from")}
     return streams[name], streams
 
 
