@@ -31,6 +31,7 @@ from mariadb_cdc_client.format.wire import (
     parse_reply,
     register_line,
 )
+from mariadb_cdc_client.login import Auth, ScramLogin, not_offered, scram_login
 from mariadb_cdc_client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
 
 log = logging.getLogger(__name__)
@@ -51,19 +52,64 @@ class CdcConnection:
     @classmethod
     async def open(cls, host: str, port: int, user: str, password: str, *,
                    format: str | Format = Format.JSON, uuid: str | None = None,
-                   ssl: Any = None, timeout: float = 10.0) -> CdcConnection:
-        fmt = Format(format)
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, ssl=ssl, limit=1 << 24), timeout)
-        conn = cls(reader, writer, fmt, timeout)
+                   ssl: Any = None, timeout: float = 10.0, auth: str | Auth = Auth.AUTO
+                   ) -> CdcConnection:
+        """Log in (``auth``: see :mod:`mariadb_cdc_client.login`) and register."""
+        fmt, auth = Format(format), Auth(auth)
+        login = scram_login(user, password, auth)
+        if login is not None:
+            conn = await cls._connected(host, port, fmt, ssl, timeout)
+            try:
+                if await conn._scram(login, auth):
+                    await conn._register(uuid)
+                    return conn
+            except BaseException:
+                await conn.close()
+                raise
+            await conn.close()
+            log.info("SCRAM login as %s not accepted: trying MaxScale's login", user)
+        conn = await cls._connected(host, port, fmt, ssl, timeout)
         try:
             await conn.command(auth_message(user, password), timeout)
-            register = register_line(uuid or str(uuidlib.uuid4()), fmt, CLIENT_DIALECT[fmt])
-            await conn.command(register.encode(), timeout)
+            await conn._register(uuid)
         except BaseException:
             await conn.close()
             raise
         return conn
+
+    @classmethod
+    async def _connected(cls, host: str, port: int, fmt: Format, ssl: Any, timeout: float
+                         ) -> CdcConnection:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=ssl, limit=1 << 24), timeout)
+        return cls(reader, writer, fmt, timeout)
+
+    async def _scram(self, login: ScramLogin, auth: Auth) -> bool:
+        """The SCRAM exchange: True once logged in; False when ``Auth.AUTO`` should try
+        MaxScale's login instead (not offered, or not accepted)."""
+        reply = await self._exchange(login.first())  # b"": MaxScale hung up on it
+        if not login.offered(reply):
+            if auth == Auth.AUTO:
+                return False
+            raise not_offered()
+        ok, code, message = parse_reply(await self._exchange(login.final(reply)) or
+                                        b"ERR INTERNAL the server closed the connection")
+        if not ok:
+            if auth == Auth.AUTO and code == Code.AUTH_FAILED:
+                return False
+            raise ProtocolError(code or Code.INTERNAL, message)
+        login.check(message)
+        return True
+
+    async def _exchange(self, line: bytes) -> bytes:
+        self.writer.write(line)
+        await self.writer.drain()
+        return await asyncio.wait_for(self.reader.readline(), self.timeout)
+
+    async def _register(self, uuid: str | None) -> None:
+        register = register_line(uuid or str(uuidlib.uuid4()), self.format,
+                                 CLIENT_DIALECT[self.format])
+        await self.command(register.encode(), self.timeout)
 
     async def command(self, line: bytes, timeout: float = 10.0) -> str:
         """Send one command and return the text after ``OK``; raise ProtocolError on ERR."""
@@ -149,9 +195,10 @@ class CdcClient:
     def __init__(self, host: str, port: int, user: str, password: str, *,
                  format: str | Format = Format.JSON, ssl: Any = None,
                  timeout: float = 10.0, retry_delays: tuple[float, ...] = (0.1, 0.5, 1, 2, 5),
-                 max_retries: int | None = None) -> None:
+                 max_retries: int | None = None, auth: str | Auth = Auth.AUTO) -> None:
         self.endpoints = Endpoints.of(host, port)
         self.user, self.password = user, password
+        self.auth = Auth(auth)  # the login: see mariadb_cdc_client.login
         self.format = Format(format)
         self.ssl = ssl
         self.timeout = timeout
@@ -176,7 +223,8 @@ class CdcClient:
     async def connect(self) -> CdcConnection:
         """A connection to the instance in use."""
         return await CdcConnection.open(self.host, self.port, self.user, self.password,
-                                        format=self.format, ssl=self.ssl, timeout=self.timeout)
+                                        format=self.format, ssl=self.ssl, timeout=self.timeout,
+                                        auth=self.auth)
 
     async def _connect_any(self) -> CdcConnection:
         """A connection to the instance in use, else to each of the others in turn."""

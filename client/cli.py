@@ -56,6 +56,7 @@ from mariadb_cdc_client.format.wire import (
     auth_message,
     parse_request_data,
 )
+from mariadb_cdc_client.login import Auth
 from mariadb_cdc_client.stream import JsonStreamDecoder, Resume
 from mariadb_cdc_client.sync import SyncCdcConnection
 
@@ -79,6 +80,10 @@ def _connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-u", "--user", default="", help="user name")
     parser.add_argument("-p", "--password", default=None,
                         help="password (or set CDC_PASSWORD)")
+    parser.add_argument("--auth", default="auto", choices=[a.value for a in Auth],
+                        help="the login: auto (SCRAM-SHA-256 when the server offers it, else "
+                             "MaxScale's), scram (never MaxScale's replayable login) or "
+                             "legacy (MaxScale's only)")
     parser.add_argument("-f", "--format", default="JSON", choices=["JSON", "AVRO"],
                         help="stream format")
     parser.add_argument("-t", "--timeout", type=float, default=0,
@@ -216,7 +221,7 @@ def _follow_instances(args: argparse.Namespace, request: DataRequest) -> int:
         try:
             conn = SyncCdcConnection.open(host, port, args.user, password,
                                           format=Format.JSON, ssl=tls,
-                                          timeout=args.timeout or 10.0)
+                                          timeout=args.timeout or 10.0, auth=args.auth)
         except ProtocolError as exc:
             print(f"cdc: {exc}", file=sys.stderr)
             return EXIT_ERROR
@@ -293,7 +298,7 @@ def _open(args: argparse.Namespace) -> SyncCdcConnection:
         try:
             return SyncCdcConnection.open(host, port, args.user, password,
                                           format=Format(args.format), ssl=tls,
-                                          timeout=args.timeout or 10.0)
+                                          timeout=args.timeout or 10.0, auth=args.auth)
         except OSError as exc:
             tried = endpoints.describe()
             if endpoints.failed():

@@ -32,6 +32,7 @@ from mariadb_cdc_client.format.wire import (
     parse_reply,
     register_line,
 )
+from mariadb_cdc_client.login import Auth, ScramLogin, not_offered, scram_login
 from mariadb_cdc_client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
 
 log = logging.getLogger(__name__)
@@ -46,21 +47,64 @@ class SyncCdcConnection:
     @classmethod
     def open(cls, host: str, port: int, user: str, password: str, *,
              format: str | Format = Format.JSON, uuid: str | None = None,
-             ssl: ssl_module.SSLContext | None = None, timeout: float = 10.0
-             ) -> SyncCdcConnection:
-        fmt = Format(format)
-        sock = socket.create_connection((host, port), timeout=timeout)
-        if ssl is not None:
-            sock = ssl.wrap_socket(sock, server_hostname=host)
-        conn = cls(sock, fmt)
+             ssl: ssl_module.SSLContext | None = None, timeout: float = 10.0,
+             auth: str | Auth = Auth.AUTO) -> SyncCdcConnection:
+        """Log in (``auth``: see :mod:`mariadb_cdc_client.login`) and register."""
+        fmt, auth = Format(format), Auth(auth)
+        login = scram_login(user, password, auth)
+        if login is not None:
+            conn = cls._connected(host, port, fmt, ssl, timeout)
+            try:
+                if conn._scram(login, auth):
+                    conn._register(uuid)
+                    return conn
+            except BaseException:
+                conn.close()
+                raise
+            conn.close()
+            log.info("SCRAM login as %s not accepted: trying MaxScale's login", user)
+        conn = cls._connected(host, port, fmt, ssl, timeout)
         try:
             conn.command(auth_message(user, password))
-            register = register_line(uuid or str(uuidlib.uuid4()), fmt, CLIENT_DIALECT[fmt])
-            conn.command(register.encode())
+            conn._register(uuid)
         except BaseException:
             conn.close()
             raise
         return conn
+
+    @classmethod
+    def _connected(cls, host: str, port: int, fmt: Format,
+                   ssl: ssl_module.SSLContext | None, timeout: float) -> SyncCdcConnection:
+        sock = socket.create_connection((host, port), timeout=timeout)
+        if ssl is not None:
+            sock = ssl.wrap_socket(sock, server_hostname=host)
+        return cls(sock, fmt)
+
+    def _scram(self, login: ScramLogin, auth: Auth) -> bool:
+        """The SCRAM exchange: True once logged in; False when ``Auth.AUTO`` should try
+        MaxScale's login instead (not offered, or not accepted)."""
+        self.sock.sendall(login.first())
+        try:
+            reply = self._readline()
+        except ConnectionError:
+            reply = b""  # MaxScale hangs up on a login it cannot parse
+        if not login.offered(reply):
+            if auth == Auth.AUTO:
+                return False
+            raise not_offered()
+        self.sock.sendall(login.final(reply))
+        ok, code, message = parse_reply(self._readline())
+        if not ok:
+            if auth == Auth.AUTO and code == Code.AUTH_FAILED:
+                return False
+            raise ProtocolError(code or Code.INTERNAL, message)
+        login.check(message)
+        return True
+
+    def _register(self, uuid: str | None) -> None:
+        register = register_line(uuid or str(uuidlib.uuid4()), self.format,
+                                 CLIENT_DIALECT[self.format])
+        self.command(register.encode())
 
     def _readline(self) -> bytes:
         while (newline := self._pending.find(b"\n")) < 0:
@@ -172,9 +216,10 @@ class SyncCdcClient:
                  format: str | Format = Format.JSON,
                  ssl: ssl_module.SSLContext | None = None, timeout: float = 10.0,
                  retry_delays: tuple[float, ...] = (0.1, 0.5, 1, 2, 5),
-                 max_retries: int | None = None) -> None:
+                 max_retries: int | None = None, auth: str | Auth = Auth.AUTO) -> None:
         self.endpoints = Endpoints.of(host, port)  # several: see mariadb_cdc_client.endpoints
         self.user, self.password = user, password
+        self.auth = Auth(auth)  # the login: see mariadb_cdc_client.login
         self.format = Format(format)
         self.ssl = ssl
         self.timeout = timeout
@@ -199,7 +244,8 @@ class SyncCdcClient:
     def connect(self) -> SyncCdcConnection:
         """A connection to the instance in use."""
         return SyncCdcConnection.open(self.host, self.port, self.user, self.password,
-                                      format=self.format, ssl=self.ssl, timeout=self.timeout)
+                                      format=self.format, ssl=self.ssl, timeout=self.timeout,
+                                      auth=self.auth)
 
     def _connect_any(self) -> SyncCdcConnection:
         """A connection to the instance in use, else to each of the others in turn."""

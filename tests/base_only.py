@@ -92,6 +92,12 @@ class _Hiding(importlib.abc.MetaPathFinder):
         if hasattr(self.finder, "invalidate_caches"):
             self.finder.invalidate_caches()
 
+    def find_distributions(self, *args: Any, **kwargs: Any) -> Any:
+        """Installed distributions' metadata, as before (scramp reads its own version)."""
+        if hasattr(self.finder, "find_distributions"):
+            return self.finder.find_distributions(*args, **kwargs)
+        return iter(())
+
 
 def block_extras() -> set[str]:
     blocked = blocked_modules(base_distributions())

@@ -29,15 +29,17 @@ def test_add_list_remove_through_the_command(tmp_path):
     assert _cli("users", "add", "bob", "--users-file", path, "--password-stdin",
                 "--tables", "shop.*", stdin="other\n").returncode == 0
     listed = _cli("users", "list", "--users-file", path).stdout.splitlines()
-    assert [line.split() for line in listed] == [["alice", "*"], ["bob", "shop.*"]]
+    assert [line.split() for line in listed] == [["alice", "*", "maxscale,scram"],
+                                                 ["bob", "shop.*", "maxscale,scram"]]
     with open(path) as f:
         text = f.read()
     assert "s3cret-pass" not in text
     expected = hashlib.sha1(hashlib.sha1(b"s3cret-pass").digest()).hexdigest().upper()
-    assert f"alice:{expected}\n" in text and ":shop.*\n" in text
+    assert f"alice:{expected}:*:scram=4096$" in text and ":shop.*:scram=4096$" in text
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
     assert _cli("users", "remove", "alice", "--users-file", path).returncode == 0
-    assert _cli("users", "list", "--users-file", path).stdout.split() == ["bob", "shop.*"]
+    assert _cli("users", "list", "--users-file", path).stdout.split() == \
+        ["bob", "shop.*", "maxscale,scram"]
     missing = _cli("users", "remove", "alice", "--users-file", path)
     assert missing.returncode == 1 and "no user alice" in missing.stderr
 
@@ -119,8 +121,8 @@ def test_a_users_json_dialect_is_a_fourth_field_kept_across_password_changes(tmp
                 "--tables", "shop.*", "--json", "maxscale", stdin="pw\n").returncode == 0
     with open(path) as f:
         lines = f.read().splitlines()
-    assert lines[0].startswith("bi:") and lines[0].endswith(":shop.*:json=maxscale")
-    assert lines[1].startswith("etl:") and lines[1].endswith(":*:json=exact")
+    assert lines[0].startswith("bi:") and ":shop.*:json=maxscale:scram=4096$" in lines[0]
+    assert lines[1].startswith("etl:") and ":*:json=exact:scram=4096$" in lines[1]
     users = UsersFile(path)
     users.add("etl", "new password")  # keeps the dialect, as it keeps the tables
     assert users.dialect("etl") == Dialect.EXACT and users.dialect("bi") == Dialect.MAXSCALE

@@ -2,7 +2,7 @@
 
     cdcserver run --source mysql://USER:PASS@HOST:PORT --data-dir DIR --listen HOST:PORT \\
                   --users-file FILE --server-id N [--config FILE]
-    cdcserver users add|remove|list NAME --users-file FILE [--password-stdin]
+    cdcserver users add|remove|list NAME --users-file FILE [--password-stdin] [--legacy no]
     cdcserver verify DB.TABLE [...] --source URL --data-dir DIR [--dump FILE|newest]
     cdcserver dump DB.TABLE|DB.* [...] --source URL --data-dir DIR [--restart]
     cdcserver dumps [DB.TABLE] --data-dir DIR
@@ -134,6 +134,10 @@ def _parser() -> argparse.ArgumentParser:
                              help="the JSON dialect of this user's clients when they do not "
                                   "ask for one: exact or maxscale (default: the listener's "
                                   "json_dialect; unchanged for an existing user)")
+            sub.add_argument("--legacy", choices=["yes", "no"],
+                             help="whether the user may log in with MaxScale's replayable "
+                                  "login besides SCRAM-SHA-256 (default: yes for a new user, "
+                                  "unchanged for an existing one)")
         sub.set_defaults(handler=handler)
 
     verify = commands.add_parser("verify", help="compare tables with their streams")
@@ -515,7 +519,8 @@ def cmd_users_add(args: argparse.Namespace) -> int:
             print("cdcserver: the passwords differ", file=sys.stderr)
             return EXIT_USAGE
     dialect = Dialect(args.json) if args.json else None
-    replaced = UsersFile(args.users_file).add(args.name, password, args.tables, dialect)
+    legacy = None if args.legacy is None else args.legacy == "yes"
+    replaced = UsersFile(args.users_file).add(args.name, password, args.tables, dialect, legacy)
     print(f"{'replaced' if replaced else 'added'} user {args.name} in {args.users_file}")
     return EXIT_OK
 
@@ -545,7 +550,9 @@ def cmd_users_list(args: argparse.Namespace) -> int:
     path = _users_file(args)
     check_users_file(path)
     for name, account in sorted(UsersFile(path).load().items()):
-        print(f"{name}  {account.tables.text() if account.tables else '*'}")
+        logins = ",".join(login for login, has in (("maxscale", account.hash is not None),
+                                                    ("scram", account.scram is not None)) if has)
+        print(f"{name}  {account.tables.text() if account.tables else '*'}  {logins}")
     return EXIT_OK
 
 

@@ -39,7 +39,7 @@ from cdcserver.protocol.stream import Streamer, read_range
 from cdcserver.protocol.tail import Tails, Traffic
 from cdcserver.store.inuse import in_use
 from cdcserver.store.naming import TableName
-from mariadb_cdc_client.format.wire import Code, ProtocolError, auth_incomplete, error_line
+from mariadb_cdc_client.format.wire import Code, ProtocolError, error_line
 
 log = logging.getLogger(__name__)
 HOUSEKEEPING_INTERVAL = 1.0  # seconds: the users file checked, the failed logins summed up
@@ -329,7 +329,7 @@ class Connection:
             return message
         if self.session.phase == Phase.AUTH:
             async with asyncio.timeout_at(self._auth_deadline):
-                return await self.messages.next(auth_incomplete)
+                return await self.messages.next(self.session.incomplete)
         async with asyncio.timeout_at(self._last_command + self.server.limits.idle_timeout):
             return await self.messages.next()
 

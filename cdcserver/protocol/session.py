@@ -24,6 +24,7 @@ from cdcserver.core.errors import CdcError
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.dump.files import DumpInfo, list_dumps
 from cdcserver.protocol.requests import StreamRequest, state_bound, stream_request
+from cdcserver.protocol.scram import MECHANISM, ScramFailed, ServerExchange
 from cdcserver.protocol.stream import quarantined
 from cdcserver.protocol.throttle import FailureLog, LoginThrottle, Turn, shown_name
 from cdcserver.protocol.users import UsersFile
@@ -33,6 +34,7 @@ from cdcserver.store.index import RangePlan, StoreIndex, TransactionInfo
 from cdcserver.store.naming import TableName
 from mariadb_cdc_client.format.names import table_ref
 from mariadb_cdc_client.format.wire import (
+    MAX_USER_NAME,
     OK,
     Code,
     DataRequest,
@@ -41,6 +43,7 @@ from mariadb_cdc_client.format.wire import (
     Format,
     ProtocolError,
     RangeQuery,
+    auth_incomplete,
     parse_auth,
     parse_list_dumps,
     parse_query_range,
@@ -52,6 +55,7 @@ from mariadb_cdc_client.format.wire import (
 )
 
 log = logging.getLogger(__name__)
+SCRAM_VERB = "AUTH "  # then the mechanism and the client-first-message
 
 
 class Phase(StrEnum):
@@ -152,6 +156,7 @@ class Session:
         self.format = Format.JSON
         self.dialect = context.dialect
         self.bad_commands = 0
+        self._scram: ServerExchange | None = None  # a SCRAM login waiting for its proof
         self._verbs: dict[str, Callable[[str], Outcome]] = {
             name[len("verb_"):].replace("_", "-"): getattr(self, name)
             for name in dir(self) if name.startswith("verb_")
@@ -167,6 +172,10 @@ class Session:
             return None
         try:
             if self.phase == Phase.AUTH:
+                if self._scram is not None:
+                    return self._scram_final(self._scram, text.strip())
+                if text.startswith(SCRAM_VERB):
+                    return self._scram_first(text[len(SCRAM_VERB):].strip())
                 return self._authenticate(message)
             command = split_command(text)
             verb = self._verbs.get(command.verb)
@@ -178,6 +187,15 @@ class Session:
             return verb(command.argument if command.verb != "REGISTER" else text)
         except ProtocolError as exc:
             return self._bad(exc)
+
+    def incomplete(self, message: bytes) -> bool:
+        """Whether a login message that arrived without a newline is only its start: SCRAM's
+        lines always end with one; MaxScale's hex login may not (see ``auth_incomplete``)."""
+        if self._scram is not None:
+            return True
+        verb = SCRAM_VERB.encode()
+        return message.startswith(verb) or verb.startswith(message) or \
+            auth_incomplete(message)
 
     def _bad(self, exc: ProtocolError) -> Reply:
         self.bad_commands += 1
@@ -209,17 +227,71 @@ class Session:
         return self._check(host, user, digest, turn, known)
 
     def _check(self, host: str, user: str, digest: bytes, turn: Turn, known: bool) -> Reply:
-        throttle = self.context.throttle
         if not self.context.users.verify(user, digest):
-            self.context.failures.failed(self.peer, host, user)
-            self.context.login_failures += 1
-            throttle.failed(host, user, digest, known)
-            return self._bad(ProtocolError(Code.AUTH_FAILED, "Authentication failed"))
-        throttle.succeeded(host, user, turn, digest)
+            if self.context.users.legacy_refused(user):
+                log.info("%s: %s may log in with SCRAM-SHA-256 only", self.peer,
+                         shown_name(user))
+            return self._failed(host, user, digest, known)
+        return self._logged_in(host, user, digest, turn, OK)
+
+    def _failed(self, host: str, user: str, digest: bytes, known: bool) -> Reply:
+        self.context.failures.failed(self.peer, host, user)
+        self.context.login_failures += 1
+        self.context.throttle.failed(host, user, digest, known)
+        return self._bad(ProtocolError(Code.AUTH_FAILED, "Authentication failed"))
+
+    def _logged_in(self, host: str, user: str, digest: bytes, turn: Turn, reply: bytes
+                   ) -> Reply:
+        self.context.throttle.succeeded(host, user, turn, digest)
         self.user = user
         self.phase = Phase.REGISTER
         log.info("%s: authenticated as %s", self.peer, shown_name(user))
-        return Reply(OK)
+        return Reply(reply)
+
+    # -- SCRAM-SHA-256 (an extension; see protocol.md) -------------------------------------
+
+    def _scram_first(self, client_first: str) -> Reply:
+        """``AUTH SCRAM-SHA-256 <client-first-message>``: the server's first message."""
+        mechanism, _, client_first = client_first.partition(" ")
+        if mechanism != MECHANISM:
+            raise ProtocolError(Code.BAD_AUTH, f"unknown mechanism {mechanism[:40]!r}: "
+                                f"{SCRAM_VERB}{MECHANISM} <client-first-message>")
+        try:
+            exchange = ServerExchange(client_first.strip(), self.context.users.verifiers())
+        except ScramFailed as exc:
+            raise ProtocolError(Code.BAD_AUTH, f"not a SCRAM client-first-message: {exc}"
+                                ) from None
+        if not exchange.user or len(exchange.user) > MAX_USER_NAME:
+            raise ProtocolError(Code.BAD_AUTH, f"a user name has at most {MAX_USER_NAME} "
+                                "characters")
+        self._scram = exchange
+        return Reply(f"SCRAM {exchange.server_first}\n".encode())
+
+    def _scram_final(self, exchange: ServerExchange, client_final: str) -> Outcome:
+        """The client's proof: checked after the throttle's turn, as MaxScale's login is."""
+        self._scram = None
+        host = self.peer.rpartition(":")[0] or self.peer
+        user, attempt = exchange.user, exchange.attempt(client_final)
+        known = self.context.users.exists(user)
+        turn = self.context.throttle.turn(host, user, attempt, known)
+        if turn.refused:
+            raise ProtocolError(Code.THROTTLED, f"too many new passwords tried for {user!r} "
+                                f"from {host}; try again in {turn.wait:.0f}s", fatal=True)
+
+        def check() -> Reply:
+            final = exchange.verify()
+            if final is None:
+                if known and not exchange.has_verifier:
+                    log.info("%s: %s has no SCRAM verifier: `cdcserver users add` gives it "
+                             "one", self.peer, shown_name(user))
+                return self._failed(host, user, attempt, known)
+            return self._logged_in(host, user, attempt, turn, f"OK {final}\n".encode())
+
+        if turn.wait:
+            log.info("%s: login as %s waits %.1fs for its turn (too many new passwords "
+                     "tried for it from %s)", self.peer, shown_name(user), turn.wait, host)
+            return Delay(turn.wait, check)
+        return check()
 
     def verb_REGISTER(self, line: str) -> Outcome:
         registration = parse_register(line)

@@ -9,8 +9,10 @@ the server checks SHA1(the client's SHA1(password)) against HASH in constant tim
 
 Extension: ``name:HASH:TABLES`` limits the user to the tables listed, comma-separated, each
 ``db.table``, ``db.*`` or ``*``. A line without the third field (every MaxScale line) may read
-every table. A fourth field sets the user's JSON dialect when its clients do not ask for one:
-``name:HASH:*:json=exact`` (or ``json=maxscale``).
+every table. Further fields are options: ``json=exact`` (or ``json=maxscale``) sets the user's
+JSON dialect when its clients do not ask for one; ``scram=ITERATIONS$SALT$STOREDKEY$SERVERKEY``
+is the user's SCRAM-SHA-256 verifier (``cdcserver users add`` writes one), and HASH ``-``
+refuses MaxScale's replayable login to the user: ``name:-:*:scram=...``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import threading
 from dataclasses import dataclass
 
 from cdcserver.core.errors import ConfigError
+from cdcserver.protocol.scram import Verifier
 from cdcserver.store.durable import write_atomically
 from cdcserver.store.naming import TableName
 from mariadb_cdc_client.format.wire import Dialect, digest_hash, password_hash
@@ -31,6 +34,7 @@ from mariadb_cdc_client.format.wire import Dialect, digest_hash, password_hash
 log = logging.getLogger(__name__)
 
 _HASH = re.compile(r"^[0-9A-Fa-f]{40}$")
+NO_LEGACY = "-"  # the hash field of a user who may log in with SCRAM only
 _NAME = re.compile(r"^[^:\s]{1,43}$")  # MaxScale's auth message allows 43-byte names
 _PATTERN = re.compile(r"^(\*|[^.,:\s*]+\.(\*|[^.,:\s*]+))$")
 
@@ -63,17 +67,19 @@ class TableGrant:
 
 @dataclass(frozen=True)
 class Account:
-    hash: str
+    hash: str | None  # None ("-" in the file): no MaxScale login, SCRAM only
     tables: TableGrant | None = None  # None: every table
     dialect: Dialect | None = None  # None: the listener's
+    scram: Verifier | None = None  # None: no SCRAM login
 
     def line(self, name: str) -> str:
-        fields = [name, self.hash]
-        if self.tables or self.dialect:
+        fields = [name, self.hash or NO_LEGACY]
+        options = [f"json={self.dialect.value}"] if self.dialect else []
+        if self.scram:
+            options.append(f"scram={self.scram.text()}")
+        if self.tables or options:
             fields.append(self.tables.text() if self.tables else "*")
-        if self.dialect:
-            fields.append(f"json={self.dialect.value}")
-        return ":".join(fields)
+        return ":".join(fields + options)
 
 
 class UsersFile:
@@ -137,11 +143,22 @@ class UsersFile:
         return self.generation
 
     def verify(self, user: str, password_sha1: bytes) -> bool:
+        """MaxScale's login: never for a user whose file line has no hash (SCRAM only)."""
         account = self._current().get(user)
         candidate = digest_hash(password_sha1)
         # Compare even for unknown users so timing does not reveal who exists.
-        expected = account.hash if account is not None else "0" * 40
-        return hmac.compare_digest(candidate, expected) and account is not None
+        expected = account.hash if account is not None and account.hash else "0" * 40
+        return hmac.compare_digest(candidate, expected) and account is not None and \
+            account.hash is not None
+
+    def legacy_refused(self, user: str) -> bool:
+        """Whether the user may log in with SCRAM only."""
+        account = self._current().get(user)
+        return account is not None and account.hash is None
+
+    def verifiers(self) -> dict[str, Verifier]:
+        """The users' SCRAM verifiers, by name."""
+        return {name: a.scram for name, a in self._current().items() if a.scram is not None}
 
     def exists(self, user: str) -> bool:
         return user in self._current()
@@ -160,11 +177,13 @@ class UsersFile:
         return account.tables is None or account.tables.allows(table)
 
     def add(self, name: str, password: str, tables: str | None = None,
-            dialect: Dialect | None = None) -> bool:
-        """Add or replace a user; True if it replaced an existing one. ``tables`` limits the
+            dialect: Dialect | None = None, legacy: bool | None = None) -> bool:
+        """Add or replace a user, with both logins' forms of the password (MaxScale's hash
+        and a SCRAM verifier); True if it replaced an existing one. ``tables`` limits the
         user (``*``: every table); None keeps a replaced user's list (every table for a new
         one), so changing a password never widens what a user may read. ``dialect``: the
-        user's JSON dialect (None keeps a replaced user's)."""
+        user's JSON dialect (None keeps a replaced user's). ``legacy``: whether MaxScale's
+        login is allowed (None keeps a replaced user's choice; allowed for a new one)."""
         if not _NAME.match(name):
             raise ConfigError(f"invalid user name {name!r}: 1-43 characters, no ':' or spaces")
         if not password:
@@ -178,7 +197,17 @@ class UsersFile:
             grant = None
         if dialect is None and previous is not None:
             dialect = previous.dialect
-        users[name] = Account(password_hash(password), grant, dialect)
+        if legacy is None:
+            legacy = previous is None or previous.hash is not None
+        try:
+            verifier: Verifier | None = Verifier.make(password)
+        except ValueError as exc:
+            if not legacy:
+                raise ConfigError(f"user {name}: {exc}; choose another password") from None
+            log.warning("user %s: %s; it logs in with MaxScale's login only", name, exc)
+            verifier = None
+        users[name] = Account(password_hash(password) if legacy else None, grant, dialect,
+                              verifier)
         self._save(users)
         return previous is not None
 
@@ -212,26 +241,39 @@ def _parse_line(line: str) -> tuple[str, Account]:
     tables, _, options = rest.partition(":")
     hashed = hashed.strip()
     if not sep or not _NAME.match(name):
-        raise ConfigError("expected name:HASH[:TABLES[:json=DIALECT]], a name of 1-43 "
+        raise ConfigError("expected name:HASH[:TABLES[:OPTION...]], a name of 1-43 "
                           "characters without ':' or spaces")
-    if not _HASH.match(hashed):
+    if hashed != NO_LEGACY and not _HASH.match(hashed):
         raise ConfigError(f"user {name}: the hash must be 40 hex digits of "
-                          "SHA1(SHA1(password))")
+                          f"SHA1(SHA1(password)), or {NO_LEGACY} for a SCRAM-only user")
     grant = TableGrant.parse(tables) if tables.strip() else None
     if grant is not None and "*" in grant.patterns:
         grant = None
-    return name, Account(hashed.upper(), grant, _parse_options(name, options))
+    dialect, verifier = _parse_options(name, options)
+    if hashed == NO_LEGACY and verifier is None:
+        raise ConfigError(f"user {name}: no hash and no scram= verifier: no login is possible")
+    return name, Account(None if hashed == NO_LEGACY else hashed.upper(), grant, dialect,
+                         verifier)
 
 
-def _parse_options(name: str, text: str) -> Dialect | None:
-    key, sep, value = text.strip().partition("=")
-    if not text.strip():
-        return None
-    if not sep or key.strip() != "json":
-        raise ConfigError(f"user {name}: the fourth field must be json=exact or json=maxscale")
-    try:
-        return Dialect(value.strip().lower())
-    except ValueError:
-        raise ConfigError(f"user {name}: unknown JSON dialect {value.strip()!r} "
-                          "(exact or maxscale)") from None
-
+def _parse_options(name: str, text: str) -> tuple[Dialect | None, Verifier | None]:
+    """The fields after the table list: ``json=exact|maxscale``, ``scram=VERIFIER``."""
+    dialect, verifier = None, None
+    for field in (f.strip() for f in text.split(":") if f.strip()):
+        key, sep, value = field.partition("=")
+        key, value = key.strip(), value.strip()
+        if sep and key == "json":
+            try:
+                dialect = Dialect(value.lower())
+            except ValueError:
+                raise ConfigError(f"user {name}: unknown JSON dialect {value!r} (exact or "
+                                  "maxscale)") from None
+        elif sep and key == "scram":
+            try:
+                verifier = Verifier.parse(value)
+            except ValueError as exc:
+                raise ConfigError(f"user {name}: scram=: {exc}") from None
+        else:
+            raise ConfigError(f"user {name}: unknown option {field[:40]!r} (json=DIALECT, "
+                              "scram=VERIFIER)")
+    return dialect, verifier

@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-P", "--port", default="4001")
     parser.add_argument("--user", required=True)
     parser.add_argument("--password", default=os.environ.get("CDC_PASSWORD"))
+    parser.add_argument("--auth", default="auto", choices=["auto", "scram", "legacy"],
+                        help="the login: auto (SCRAM-SHA-256 when the server offers it), "
+                             "scram or legacy (MaxScale's)")
     parser.add_argument("--starting-position", default="dump",
                         help="dump (default), earliest, latest or a GTID state")
     parser.add_argument("--once", action="store_true",
@@ -146,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     spark = SparkSession.builder.appName(f"cdc-mirror {args.table}").getOrCreate()
     register(spark)
     options = {"host": args.host, "port": args.port, "user": args.user,
-               "password": args.password, "startingPosition": args.starting_position}
+               "password": args.password, "auth": args.auth,
+               "startingPosition": args.starting_position}
     trigger = {"availableNow": True} if args.once else None
     query = start(spark, options, args.table, args.path, args.checkpoint, trigger)
     query.awaitTermination()

@@ -22,6 +22,7 @@ from pyspark.sql.datasource import InputPartition
 
 from mariadb_cdc_client.endpoints import Endpoints
 from mariadb_cdc_client.format.names import BadTableRef, parse_table, split_list, table_ref
+from mariadb_cdc_client.login import Auth
 from mariadb_cdc_client.ranges import Position, advance, plan
 from mariadb_cdc_client.sync import SyncCdcConnection
 
@@ -45,6 +46,7 @@ class Options:
     max_rows_per_partition: int
     zero_dates: str  # error | null
     timeout: float
+    auth: Auth = Auth.AUTO  # the login: SCRAM when offered (mariadb_cdc_client.login)
 
     @classmethod
     def parse(cls, options: Any, streaming: bool) -> Options:
@@ -70,11 +72,14 @@ class Options:
         zero_dates = o.get("zerodates", "error")
         if zero_dates not in ("error", "null"):
             raise OptionError("option zeroDates is error or null")
+        auth = str(o.get("auth", Auth.AUTO)).lower()
+        if auth not in set(Auth):
+            raise OptionError("option auth is auto, scram or legacy")
         return cls(o.get("host", "127.0.0.1"), number("port", 4001) or 4001, o["user"],
                    o["password"], tables, starting, o.get("endingposition", LATEST),
                    number("maxRowsPerBatch", None),
                    number("maxRowsPerPartition", 1_000_000) or 1_000_000,
-                   zero_dates, float(o.get("timeout", 30)))
+                   zero_dates, float(o.get("timeout", 30)), Auth(auth))
 
     def connect(self, format: str = "JSON") -> SyncCdcConnection:
         """A connection for queries (JSON), or for bounded reads of blocks (AVRO): to the
@@ -86,12 +91,13 @@ class Options:
             host, port = endpoints.current
             try:
                 return SyncCdcConnection.open(host, port, self.user, self.password,
-                                              format=format, timeout=self.timeout)
+                                              format=format, timeout=self.timeout,
+                                              auth=self.auth)
             except OSError:
                 endpoints.failed()
         host, port = endpoints.current
         return SyncCdcConnection.open(host, port, self.user, self.password, format=format,
-                                      timeout=self.timeout)
+                                      timeout=self.timeout, auth=self.auth)
 
 
 @dataclass

@@ -44,7 +44,9 @@ class CdcDataSource(DataSource):
     fnmatch patterns such as ``shop.order_*``; a name with a space, a dot or a comma quoted as
     in MariaDB: ```my db`.t``), startingPosition (earliest, latest, dump, or
     a GTID state), endingPosition (batch reads: latest or a GTID state), maxRowsPerBatch
-    (streaming), maxRowsPerPartition, zeroDates (error or null), timeout (seconds)."""
+    (streaming), maxRowsPerPartition, zeroDates (error or null), timeout (seconds), auth
+    (auto: SCRAM-SHA-256 when the server offers it; scram: never MaxScale's replayable
+    login; legacy: MaxScale's only)."""
 
     @classmethod
     def name(cls) -> str:
@@ -208,7 +210,7 @@ def read_dump(options: plan.Options, schema: StructType, name: str
     """A dump's rows: ``insert`` (and, for a resumed dump, ``update_before``/``update_after``
     and ``delete``) records stamped with the dump's GTID, numbered in the dump's order."""
     client = SyncCdcClient(options.host, options.port, options.user, options.password,
-                           timeout=options.timeout, max_retries=0)
+                           timeout=options.timeout, max_retries=0, auth=options.auth)
     header: DumpHeader | None = None
     number = 0
     convert: list[tuple[str, Any]] = []
