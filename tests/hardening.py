@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import resource
 import time
 from dataclasses import dataclass, field
@@ -20,14 +19,13 @@ from hypothesis import strategies as st
 
 from cdcserver.protocol.server import ListenerLimits
 from cdcserver.protocol.session import Blocking, Reply, SendDump, Session, StartStream
-from mariadb_cdc_client.format.wire import Code, auth_message
+from mariadb_cdc_client.format.wire import auth_message
+from tests import fuzzing
 from tests.helpers import PASSWORD, USER, RawClient
 from tests.test_listener import Listener, _listener
 
-_CODES = "|".join(re.escape(c.value) for c in Code)
-# Every reply line the grammar allows (protocol.md, "Replies and error codes"): OK, an error
-# with a known code and a message, or one JSON object (query replies, JSON-mode stream lines).
-REPLY_LINE = re.compile(rb"^(OK|ERR (" + _CODES.encode() + rb") [^\n]*|\{[^\n]*\})\n$")
+# Every reply line the grammar allows (protocol.md, "Replies and error codes").
+REPLY_LINE = fuzzing.REPLY_LINE
 AVRO_MAGIC = b"Obj\x01"
 
 
