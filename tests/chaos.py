@@ -458,18 +458,21 @@ class Service:
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
         self.port = self.metrics_port = 0
-        self._offset = 0
+        self._offset = 0  # where the log of the latest start begins
+        self._first: int | None = None  # where this run's log begins (the file is shared)
 
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
             self._offset = log.tell()
+            if self._first is None:
+                self._first = self._offset
             self.process = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=log)
 
     def text(self, since_start: bool = True) -> str:
-        with open(self.log_path, encoding="utf-8", errors="replace") as f:
-            if since_start:
-                f.seek(self._offset)
-            return f.read()
+        """The log since the latest start, or (``since_start`` False) since the first."""
+        with open(self.log_path, "rb") as f:
+            f.seek(self._offset if since_start else self._first or 0)
+            return f.read().decode("utf-8", "replace")
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

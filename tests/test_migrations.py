@@ -338,3 +338,39 @@ async def test_quarantine_and_resync_survive_kill_9(tmp_path, source: Source, us
         if service.exited() is None:
             assert service.stop() == 0
         conn.close()
+
+
+async def test_a_repair_waiting_through_renames_keeps_the_rows_they_moved(
+        tmp_path, source: Source, users_file: str):
+    """Soak seed 20261134: rows inserted just before a swap, then ADD SYSTEM VERSIONING (a
+    new primary key, id and row_end), then renames while that repair waited for its
+    watermark. The view that followed the renames was dropped for its new key and built
+    again from the store, which did not hold the renames yet: the repair never saw those
+    rows, and their images without row_end stayed in the stream for good. Statements run
+    while the service is stopped, so that it meets them with the source far ahead."""
+    config = make_config(str(tmp_path / "data"), source.url, users_file)
+    running = await start_service(config)
+    _run(source, "CREATE TABLE a (id INT PRIMARY KEY, v INT)",
+         "CREATE TABLE b (id INT PRIMARY KEY, w VARCHAR(10))",
+         "INSERT INTO a VALUES (1, 1), (2, 2)", "INSERT INTO b VALUES (1, 'x')")
+    await running.caught_up(source)
+    await running.stop()
+    _run(source, "TRUNCATE TABLE a", "INSERT INTO a VALUES (715, 7), (716, 8)",
+         "RENAME TABLE a TO tmp, b TO a, tmp TO b",
+         "ALTER TABLE b ADD COLUMN c INT, ALGORITHM=INSTANT",
+         "ALTER TABLE b ADD SYSTEM VERSIONING", "INSERT INTO b VALUES (720, 9, 1)",
+         "RENAME TABLE b TO b2", "RENAME TABLE b2 TO tmp, a TO b2, tmp TO a",
+         "ALTER TABLE a ADD COLUMN d INT NOT NULL DEFAULT 3, ALGORITHM=INSTANT",
+         "INSERT INTO a VALUES (721, 1, 2, 3)",
+         session=("SET SESSION system_versioning_alter_history = KEEP",))
+    running = await start_service(config)
+    try:
+        await running.caught_up(source)
+        conn = source.server.connect(source.database)
+        try:
+            assert await chaos.differences(running.port, conn, source.database, USER,
+                                           PASSWORD) == {}
+        finally:
+            conn.close()
+    finally:
+        await running.stop()

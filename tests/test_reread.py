@@ -218,3 +218,25 @@ def wait_for(condition: Any, timeout: float) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+def test_a_read_that_meets_a_newer_schema_statement_is_told_to_read_again(source: Source):
+    """Error 1412 (a table's definition changed after the consistent snapshot opened) is a
+    race with a schema statement, not a fault of the table: the repair reads again at a new
+    watermark instead of quarantining the table (the soak quarantined hundreds that way)."""
+    from cdcserver.core.errors import DefinitionChanged
+    from cdcserver.dump import rawrows
+
+    table = f"`{source.database}`.raced"
+    source.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, v INT)",
+                   f"INSERT INTO {table} VALUES (1, 1)")
+    reader = source.server.connect(source.database)
+    try:
+        with reader.cursor() as cur:
+            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        source.execute(f"ALTER TABLE {table} ADD COLUMN w INT, ALGORITHM=COPY")
+        with pytest.raises(DefinitionChanged, match="1412"):
+            list(rawrows.query_rows(reader, f"SELECT id, v FROM {table}"))
+    finally:
+        if reader.open:
+            reader.close()

@@ -22,6 +22,14 @@ class SourceError(CdcError):
     """The MariaDB/MySQL source cannot be replicated from."""
 
 
+ER_TABLE_DEF_CHANGED = 1412  # "Table definition has changed, please retry transaction"
+
+
+class DefinitionChanged(SourceError):
+    """A table's definition changed after a consistent read (a snapshot, a repair's read
+    view) was opened, so it cannot be read in it: open a new one and read again."""
+
+
 class SourceUnavailable(SourceError):
     """The connection to the source failed or dropped: reconnect with backoff."""
 

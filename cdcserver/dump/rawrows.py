@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import pymysql
 from pymysql.constants import COMMAND
 
-from cdcserver.core.errors import SourceError
+from cdcserver.core.errors import ER_TABLE_DEF_CHANGED, DefinitionChanged, SourceError
 from cdcserver.mariadb.receive import receive_into
 
 try:  # the row path in C (cdcserver/dump/_rawrows.pyx); the same bytes as _row below
@@ -131,8 +131,10 @@ class _Rows:
         length = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
         self.conn._next_seq_id = (buf[pos + 3] + 1) % 256
         if error:
-            raise SourceError("the source stopped the dump query: "
-                              f"{_error(bytes(buf[pos + 4:pos + 4 + length]))}")
+            payload = bytes(buf[pos + 4:pos + 4 + length])
+            failure = DefinitionChanged \
+                if int.from_bytes(payload[1:3], "little") == ER_TABLE_DEF_CHANGED else SourceError
+            raise failure(f"the source stopped the dump query: {_error(payload)}")
         if pos + 4 + length != self.end:
             raise SourceError("unexpected data after the dump query's result")
 

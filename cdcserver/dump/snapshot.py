@@ -26,7 +26,7 @@ from typing import Any
 import pymysql
 
 from cdcserver.core.config import SourceAddress
-from cdcserver.core.errors import SourceError
+from cdcserver.core.errors import ER_TABLE_DEF_CHANGED, DefinitionChanged, SourceError
 from cdcserver.core.gtid import GtidState
 from cdcserver.replication import source as source_sql
 from cdcserver.schema import ddl
@@ -36,7 +36,6 @@ from cdcserver.store.naming import TableName
 
 log = logging.getLogger(__name__)
 
-ER_TABLE_DEF_CHANGED = 1412
 ER_NO_SUCH_TABLE = 1146
 
 
@@ -55,10 +54,6 @@ class SnapshotPoint:
     def from_json(cls, data: dict[str, Any]) -> SnapshotPoint:
         return cls(GtidState.parse(data["gtid"]), data["file"], int(data["pos"]),
                    dt.datetime.fromisoformat(data["taken"]))
-
-
-class DefinitionChanged(SourceError):
-    """The table's definition changed after the snapshot was opened: open a new one."""
 
 
 def prepare_session(conn: Any, mariadb: bool) -> None:

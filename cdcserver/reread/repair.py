@@ -56,9 +56,14 @@ from cdcserver.core.changes import (
     TableLayout,
 )
 from cdcserver.core.config import SourceAddress
-from cdcserver.core.errors import SourceError, SourceUnavailable
+from cdcserver.core.errors import (
+    ER_TABLE_DEF_CHANGED,
+    DefinitionChanged,
+    SourceError,
+    SourceUnavailable,
+)
 from cdcserver.core.gtid import BinlogPosition, binlog_ordinal, same_state
-from cdcserver.dump.snapshot import DefinitionChanged, SnapshotPoint
+from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.replication.sources import Sources
 from cdcserver.reread.readview import ReadView
 from cdcserver.reread.values import from_text
@@ -83,6 +88,12 @@ def unreachable(exc: BaseException) -> bool:
     if isinstance(exc, (SourceUnavailable, pymysql.err.InterfaceError)):
         return True
     return bool(exc.args) and exc.args[0] in _UNREACHABLE_ERRNOS
+
+
+def _definition_changed(exc: BaseException) -> bool:
+    """A read that met a schema statement newer than its snapshot (error 1412): read again."""
+    return isinstance(exc, pymysql.err.MySQLError) and bool(exc.args) and \
+        exc.args[0] == ER_TABLE_DEF_CHANGED
 
 
 @dataclass
@@ -336,7 +347,11 @@ class Repairer:
                                                   tables, cause)
                 break
             except _UNREACHABLE as exc:
-                if not unreachable(exc):
+                if _definition_changed(exc):  # a schema statement raced the read: again
+                    if last:
+                        self._give_up(markers, cause, exc)
+                        return
+                elif not unreachable(exc):
                     self._give_up(markers, cause, exc)
                     return
                 if last:
@@ -416,17 +431,20 @@ class Repairer:
             read.close()
 
     def _view(self, table: TableName, layout: TableLayout) -> TableView:
-        """The stream's view of ``table``, keyed by ``layout``'s primary key (built again
-        from the store, and the rows not in it yet, when it was keyed otherwise)."""
+        """The stream's view of ``table``, keyed by ``layout``'s primary key (built from the
+        store, and the rows not in it yet, when there is none; keyed anew when it was keyed
+        otherwise)."""
         return self._keyed_view(table, key_names(layout))
 
     def _keyed_view(self, table: TableName, key: tuple[str, ...]) -> TableView:
         view = self.views.get(table)
-        if view is None or view.key != key:
+        if view is None:
             view = self.views.fold(self.catalog, table, key)
             for rows in self._batch_rows + self._txn_rows:  # not in the store yet
                 if _name(rows.layout) == table:
                     view.apply(rows)
+        elif view.key != key:
+            view = self.views.rekeyed(table, key)
         return view
 
     @staticmethod

@@ -189,6 +189,19 @@ class Views:
         view = self.tables[table] = TableView(self.db, self._next, table, key)
         return view
 
+    def rekeyed(self, table: TableName, key: tuple[str, ...]) -> TableView:
+        """The table's view under a new primary key: the same rows, keyed anew. (Not folded
+        again from the store: the view may already hold what the store does not yet, such
+        as rows a rename of this batch moved to this name.)"""
+        old = self.tables.pop(table)
+        rows = list(old.rows())
+        old.clear()
+        view = self.new(table, key)
+        for row, count in rows:
+            for _ in range(count):
+                view.put(row)
+        return view
+
     def move(self, old: TableName, new: TableName) -> None:
         """``old`` was renamed ``new``: its view (if any) is ``new``'s now."""
         view = self.tables.pop(old, None)
@@ -207,9 +220,8 @@ class Views:
         view = self.tables.get(TableName(rows.layout.database, rows.layout.table))
         if view is not None:
             if view.key != key_names(rows.layout):
-                self.drop(view.table)  # a new primary key: fold again when needed
-            else:
-                view.apply(rows)
+                view = self.rekeyed(view.table, key_names(rows.layout))
+            view.apply(rows)
 
     def fold(self, catalog: Catalog, table: TableName, key: tuple[str, ...]) -> TableView:
         """A view built from the table's stored versions, as a consumer reading the stream
