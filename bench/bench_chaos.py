@@ -40,7 +40,10 @@ async def soak(server: EmbeddedMariaDB, args: argparse.Namespace) -> int:
     for run in range(runs):
         seed = args.seed + run
         database = f"chaos_{seed}"
-        server.execute(f"DROP DATABASE IF EXISTS {database}", f"CREATE DATABASE {database}")
+        # Each run's service starts from an empty binlog: without this it first replays every
+        # earlier run's history, and later runs measure that backlog instead of their own.
+        server.execute("RESET MASTER", f"DROP DATABASE IF EXISTS {database}",
+                       f"CREATE DATABASE {database}")
         data_dir = os.path.join(OUT, "chaos-data")
         shutil.rmtree(data_dir, ignore_errors=True)
         outcome = await chaos.run(
