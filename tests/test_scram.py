@@ -310,3 +310,14 @@ async def test_cdc_logs_in_with_scram_only_when_told(listener: Listener, tmp_pat
     assert [json.loads(line).get("name") for line in scram.stdout.splitlines()][1:] == ["one"]
     legacy = await asyncio.to_thread(cdc, "--auth", "legacy")  # refused for this user
     assert legacy.returncode != 0 and "AUTH-FAILED" in legacy.stderr
+
+
+def test_the_spark_sources_auth_option():
+    pytest.importorskip("pyspark")
+    from mariadb_cdc_client.spark import plan
+
+    base = {"user": "u", "password": "p", "tables": "shop.items"}
+    assert plan.Options.parse(base, streaming=True).auth == "auto"
+    assert plan.Options.parse({**base, "auth": "SCRAM"}, streaming=True).auth == "scram"
+    with pytest.raises(plan.OptionError, match="auth is auto, scram or legacy"):
+        plan.Options.parse({**base, "auth": "none"}, streaming=True)
