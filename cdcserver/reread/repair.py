@@ -194,6 +194,7 @@ class Repairer:
         out: list[Change] = [*self._stopping]
         self._stopping = []
         self._batch_rows = []
+        self.views.stored()  # the previous part, its renames included, is in the store
         for change in batch:
             if isinstance(change, Begin):
                 self._begin, self._found, self._txn_rows = change, [], []
@@ -431,20 +432,21 @@ class Repairer:
             read.close()
 
     def _view(self, table: TableName, layout: TableLayout) -> TableView:
-        """The stream's view of ``table``, keyed by ``layout``'s primary key (built from the
-        store, and the rows not in it yet, when there is none; keyed anew when it was keyed
-        otherwise)."""
+        """The stream's view of ``table``, keyed by ``layout``'s primary key: built from the
+        store, and the rows not in it yet, when there is none or it was keyed otherwise
+        (keyed anew from its own rows where a rename the store does not hold yet moved it
+        here)."""
         return self._keyed_view(table, key_names(layout))
 
     def _keyed_view(self, table: TableName, key: tuple[str, ...]) -> TableView:
         view = self.views.get(table)
-        if view is None:
+        if view is not None and view.key != key and self.views.unstored(table):
+            return self.views.rekeyed(table, key)  # the store does not know the rename yet
+        if view is None or view.key != key:
             view = self.views.fold(self.catalog, table, key)
             for rows in self._batch_rows + self._txn_rows:  # not in the store yet
                 if _name(rows.layout) == table:
                     view.apply(rows)
-        elif view.key != key:
-            view = self.views.rekeyed(table, key)
         return view
 
     @staticmethod

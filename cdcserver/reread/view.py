@@ -168,6 +168,9 @@ class Views:
         """)
         self.tables: dict[TableName, TableView] = {}
         self._next = 0
+        # Names a rename moved a view to that the store does not know yet (it stores the
+        # statement at the end of the batch): a view of them cannot be folded from the store.
+        self._unstored: set[TableName] = set()
         # Work in a thread holds the lock; closing waits for it (a pipeline cancelled while
         # a thread folds a view must not close the database under it) and stops a fold
         self._lock = threading.Lock()
@@ -189,10 +192,19 @@ class Views:
         view = self.tables[table] = TableView(self.db, self._next, table, key)
         return view
 
+    def unstored(self, table: TableName) -> bool:
+        """Whether a rename the store does not hold yet moved a view to ``table``."""
+        return table in self._unstored
+
+    def stored(self) -> None:
+        """The store holds every statement seen so far: views may be folded from it."""
+        self._unstored.clear()
+
     def rekeyed(self, table: TableName, key: tuple[str, ...]) -> TableView:
-        """The table's view under a new primary key: the same rows, keyed anew. (Not folded
-        again from the store: the view may already hold what the store does not yet, such
-        as rows a rename of this batch moved to this name.)"""
+        """The table's view under a new primary key, from its own rows: for a view a rename
+        moved here that the store does not know yet (:meth:`unstored`), which folding the
+        store again would lose. (Where rows collide under the new key, the last one read
+        stays; a fold from the store keeps the stream's order.)"""
         old = self.tables.pop(table)
         rows = list(old.rows())
         old.clear()
@@ -206,9 +218,11 @@ class Views:
         """``old`` was renamed ``new``: its view (if any) is ``new``'s now."""
         view = self.tables.pop(old, None)
         self.drop(new)
+        self._unstored.discard(old)
         if view is not None:
             view.table = new
             self.tables[new] = view
+            self._unstored.add(new)
 
     def drop(self, table: TableName) -> None:
         view = self.tables.pop(table, None)
@@ -220,6 +234,9 @@ class Views:
         view = self.tables.get(TableName(rows.layout.database, rows.layout.table))
         if view is not None:
             if view.key != key_names(rows.layout):
+                if not self.unstored(view.table):
+                    self.drop(view.table)  # a new primary key: fold again when needed
+                    return
                 view = self.rekeyed(view.table, key_names(rows.layout))
             view.apply(rows)
 
