@@ -38,10 +38,6 @@ class Cursor:
     def u32(self) -> int:
         return int(_U32.unpack_from(self.buf, self._need(4))[0])
 
-    def u48(self) -> int:
-        start = self._need(6)
-        return int.from_bytes(self.buf[start : start + 6], "little")
-
     def u64(self) -> int:
         return int(_U64.unpack_from(self.buf, self._need(8))[0])
 

@@ -73,5 +73,3 @@ class DataDir:
     def avro_file(self, file_name: str) -> str:
         return os.path.join(self.avro, file_name)
 
-    def dump_file(self, file_name: str) -> str:
-        return os.path.join(self.dumps, file_name)
