@@ -222,8 +222,8 @@ async def test_the_library_uses_scram_when_offered_and_falls_back_for_a_hash_onl
 
 
 def _maxscale_like_server() -> tuple[socket.socket, threading.Thread]:
-    """A stand-in for MaxScale (which cannot run here): it answers a login it cannot
-    decode as MaxScale's cdc_plain_auth does, ``ERR, authentication failed``, and hangs up;
+    """A stand-in for MaxScale, which cannot run here: it answers a login that is not its
+    hex form with an error and hangs up (either is how a server without SCRAM refuses it);
     a hex login gets OK, then REGISTER gets OK."""
     server = socket.create_server(("127.0.0.1", 0))
 
