@@ -31,7 +31,7 @@ from mariadb_cdc_client.format.wire import (
     parse_reply,
     register_line,
 )
-from mariadb_cdc_client.login import Auth, ScramLogin, not_offered, scram_login
+from mariadb_cdc_client.login import Auth, ScramLogin, scram_login
 from mariadb_cdc_client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class CdcConnection:
         if login is not None:
             conn = await cls._connected(host, port, fmt, ssl, timeout)
             try:
-                if await conn._scram(login, auth):
+                if await conn._scram(login):
                     await conn._register(uuid)
                     return conn
             except BaseException:
@@ -84,22 +84,11 @@ class CdcConnection:
             asyncio.open_connection(host, port, ssl=ssl, limit=1 << 24), timeout)
         return cls(reader, writer, fmt, timeout)
 
-    async def _scram(self, login: ScramLogin, auth: Auth) -> bool:
+    async def _scram(self, login: ScramLogin) -> bool:
         """The SCRAM exchange: True once logged in; False when ``Auth.AUTO`` should try
         MaxScale's login instead (not offered, or not accepted)."""
-        reply = await self._exchange(login.first())  # b"": MaxScale hung up on it
-        if not login.offered(reply):
-            if auth == Auth.AUTO:
-                return False
-            raise not_offered()
-        ok, code, message = parse_reply(await self._exchange(login.final(reply)) or
-                                        b"ERR INTERNAL the server closed the connection")
-        if not ok:
-            if auth == Auth.AUTO and code == Code.AUTH_FAILED:
-                return False
-            raise ProtocolError(code or Code.INTERNAL, message)
-        login.check(message)
-        return True
+        final = login.answer(await self._exchange(login.first()))  # b"": a hang-up
+        return final is not None and login.accepted(await self._exchange(final))
 
     async def _exchange(self, line: bytes) -> bytes:
         self.writer.write(line)

@@ -13,7 +13,7 @@ from enum import StrEnum
 
 from scramp import ScramClient, ScramException
 
-from mariadb_cdc_client.format.wire import Code, ProtocolError
+from mariadb_cdc_client.format.wire import Code, ProtocolError, parse_reply
 
 MECHANISM = "SCRAM-SHA-256"
 SCRAM_REPLY = "SCRAM "  # the server's reply to AUTH SCRAM-SHA-256: then server-first
@@ -29,8 +29,9 @@ class ScramLogin:
     """One SCRAM exchange: ``first()``, then ``final(reply)`` with the server's reply,
     then ``check(reply)`` with the ``OK v=...`` that ends it."""
 
-    def __init__(self, user: str, password: str) -> None:
+    def __init__(self, user: str, password: str, auth: Auth = Auth.AUTO) -> None:
         """Raises ValueError for a password SASLprep refuses (control characters...)."""
+        self.auth = auth
         try:
             self._client = ScramClient([MECHANISM], user, password)
         except ScramException as exc:
@@ -53,6 +54,29 @@ class ScramLogin:
             raise ProtocolError(Code.AUTH_FAILED, f"the server's SCRAM message is not "
                                 f"valid: {exc}") from None
 
+    def answer(self, reply: bytes) -> bytes | None:
+        """The client-final line for the server's reply to :meth:`first`; None when
+        ``Auth.AUTO`` should use MaxScale's login instead (the server offers no SCRAM:
+        an error, or a hang-up, ``b""``)."""
+        if self.offered(reply):
+            return self.final(reply)
+        if self.auth == Auth.AUTO:
+            return None
+        raise not_offered()
+
+    def accepted(self, reply: bytes) -> bool:
+        """Whether the server's last reply logged in (its signature checked); False when
+        ``Auth.AUTO`` should try MaxScale's login (AUTH-FAILED: a user without a verifier)."""
+        if not reply:
+            raise ConnectionError("the server closed the connection")
+        ok, code, message = parse_reply(reply)
+        if not ok:
+            if self.auth == Auth.AUTO and code == Code.AUTH_FAILED:
+                return False
+            raise ProtocolError(code or Code.INTERNAL, message)
+        self.check(message)
+        return True
+
     def check(self, message: str) -> None:
         """``message``: what followed ``OK`` in the server's last reply (``v=...``)."""
         try:
@@ -72,7 +96,7 @@ def scram_login(user: str, password: str, auth: Auth) -> ScramLogin | None:
     if auth == Auth.LEGACY:
         return None
     try:
-        return ScramLogin(user, password)
+        return ScramLogin(user, password, auth)
     except ValueError as exc:
         if auth == Auth.SCRAM:
             raise ProtocolError(Code.AUTH_FAILED, str(exc)) from None

@@ -32,7 +32,7 @@ from mariadb_cdc_client.format.wire import (
     parse_reply,
     register_line,
 )
-from mariadb_cdc_client.login import Auth, ScramLogin, not_offered, scram_login
+from mariadb_cdc_client.login import Auth, ScramLogin, scram_login
 from mariadb_cdc_client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class SyncCdcConnection:
         if login is not None:
             conn = cls._connected(host, port, fmt, ssl, timeout)
             try:
-                if conn._scram(login, auth):
+                if conn._scram(login):
                     conn._register(uuid)
                     return conn
             except BaseException:
@@ -80,7 +80,7 @@ class SyncCdcConnection:
             sock = ssl.wrap_socket(sock, server_hostname=host)
         return cls(sock, fmt)
 
-    def _scram(self, login: ScramLogin, auth: Auth) -> bool:
+    def _scram(self, login: ScramLogin) -> bool:
         """The SCRAM exchange: True once logged in; False when ``Auth.AUTO`` should try
         MaxScale's login instead (not offered, or not accepted)."""
         self.sock.sendall(login.first())
@@ -88,18 +88,11 @@ class SyncCdcConnection:
             reply = self._readline()
         except ConnectionError:
             reply = b""  # MaxScale hangs up on a login it cannot parse
-        if not login.offered(reply):
-            if auth == Auth.AUTO:
-                return False
-            raise not_offered()
-        self.sock.sendall(login.final(reply))
-        ok, code, message = parse_reply(self._readline())
-        if not ok:
-            if auth == Auth.AUTO and code == Code.AUTH_FAILED:
-                return False
-            raise ProtocolError(code or Code.INTERNAL, message)
-        login.check(message)
-        return True
+        final = login.answer(reply)
+        if final is None:
+            return False
+        self.sock.sendall(final)
+        return login.accepted(self._readline())
 
     def _register(self, uuid: str | None) -> None:
         register = register_line(uuid or str(uuidlib.uuid4()), self.format,
