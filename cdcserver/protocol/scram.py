@@ -22,6 +22,7 @@ import base64
 import hashlib
 import hmac
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from scramp import ScramException, ScramMechanism
@@ -82,15 +83,17 @@ class ScramFailed(Exception):
 class ServerExchange:
     """One login's exchange, once the client's first message named ``user``."""
 
-    def __init__(self, client_first: str, verifier_of: dict[str, Verifier]) -> None:
+    def __init__(self, client_first: str, verifier_of: Callable[[str], Verifier | None]
+                 ) -> None:
         self.user = ""
         self.has_verifier = False  # False: a made-up verifier, which no password matches
         self._verifier: Verifier | None = None
 
         def auth_info(name: str) -> tuple[bytes, bytes, bytes, int]:
             self.user = name
-            self.has_verifier = name in verifier_of
-            self._verifier = verifier_of.get(name) or fake_verifier(name)
+            found = verifier_of(name)
+            self.has_verifier = found is not None
+            self._verifier = found or fake_verifier(name)
             v = self._verifier
             return v.salt, v.stored_key, v.server_key, v.iterations
 

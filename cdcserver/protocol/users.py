@@ -156,9 +156,10 @@ class UsersFile:
         account = self._current().get(user)
         return account is not None and account.hash is None
 
-    def verifiers(self) -> dict[str, Verifier]:
-        """The users' SCRAM verifiers, by name."""
-        return {name: a.scram for name, a in self._current().items() if a.scram is not None}
+    def verifier(self, user: str) -> Verifier | None:
+        """The user's SCRAM verifier (None: no such user, or none for it)."""
+        account = self._current().get(user)
+        return account.scram if account is not None else None
 
     def exists(self, user: str) -> bool:
         return user in self._current()
