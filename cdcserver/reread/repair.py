@@ -117,6 +117,7 @@ class _Scope:
     reason: str
     keys: set[bytes] | None
     source: dict[bytes, tuple[Row, int]] = field(default_factory=dict)
+    key: tuple[str, ...] | None = None  # the view's, once read (:func:`_view_key`)
 
 
 @dataclass
@@ -438,6 +439,11 @@ class Repairer:
         here)."""
         return self._keyed_view(table, key_names(layout))
 
+    def _scope_view(self, scope: _Scope) -> TableView:
+        """The view a scope is compared with, keyed by :func:`_view_key`."""
+        assert scope.layout is not None
+        return self._keyed_view(scope.table, scope.key or key_names(scope.layout))
+
     def _keyed_view(self, table: TableName, key: tuple[str, ...]) -> TableView:
         view = self.views.get(table)
         if view is not None and view.key != key and self.views.unstored(table):
@@ -477,6 +483,8 @@ class Repairer:
         columns there are not the stream's (the source has moved on: the rows the stream
         names may no longer be found by the stream's columns)."""
         source = read.source_layout(scope.table)
+        if scope.key is None:
+            scope.key = _view_key(scope.layout, source)
         if source is not None and (scope.keys is None or scope.layout is None or
                                    not same_shape(scope.layout, source)):
             if scope.keys is not None:
@@ -490,7 +498,7 @@ class Repairer:
             scope.source = {}
             return []
         layout = scope.layout
-        view = self._view(scope.table, layout)
+        view = self._scope_view(scope)
         names = [c.name for c in layout.columns]
         if scope.keys is None:
             rows = read.rows(layout)
@@ -569,7 +577,7 @@ class Repairer:
         for scope in pending.scopes:
             if scope.layout is None:
                 continue
-            view = self._view(scope.table, scope.layout)
+            view = self._scope_view(scope)
             note = json.dumps({"reason": scope.reason, "cause": pending.cause},
                               ensure_ascii=False, separators=(", ", ": "))
             made = _records(scope, view, note, commit)
@@ -693,6 +701,20 @@ def _reached(position: BinlogPosition, point: SnapshotPoint) -> bool:
         return True
     return bool(position.file) and binlog_ordinal(position.file, position.pos) >= \
         binlog_ordinal(point.file, point.pos)
+
+
+def _view_key(stream: TableLayout | None, source: TableLayout | None) -> tuple[str, ...]:
+    """The key a scope's view and the source's rows are compared under: the stream's
+    primary key and the source's together. The source's alone may be narrower where it has
+    moved on (a swap put another table under the name, versioning was dropped since):
+    rows the stream keeps apart, a row and its history rows, would merge in the view, and
+    be lost where a rename the store does not hold yet allows no fold again. A column only
+    one side has is NULL on the other, so neither side's rows merge."""
+    stream_key = key_names(stream) if stream is not None else ()
+    source_key = key_names(source) if source is not None else ()
+    if not stream_key or not source_key:  # no key: the view is a multiset of whole rows
+        return stream_key if stream is not None else source_key
+    return stream_key + tuple(c for c in source_key if c not in stream_key)
 
 
 def _differences(view: TableView, scope: _Scope) -> list[tuple[Row | None, Row | None]]:
