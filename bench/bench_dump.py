@@ -39,13 +39,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import INSERTS, OUT, line, require_tools, workload_server
 from cdcserver.app.embedded import EmbeddedMariaDB, kill_me_with_my_parent
 from cdcserver.core.config import SourceAddress
+from cdcserver.core.names import TableName
 from cdcserver.dump.dumper import DumpOptions, dump_tables
 from cdcserver.dump.files import DumpInfo
 from cdcserver.protocol.server import CdcServer
 from cdcserver.protocol.session import SessionContext
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
-from cdcserver.store.naming import TableName
 from mariadb_cdc_client.format.dump import DumpDecoder, DumpRows
 from mariadb_cdc_client.format.wire import auth_message
 

@@ -41,10 +41,10 @@ from cdcserver.app.service import Service
 from cdcserver.core.changes import Change
 from cdcserver.core.config import Config, KafkaConfig, ListenerConfig, SourceConfig, StoreConfig
 from cdcserver.core.gtid import BinlogPosition, GtidState
-from cdcserver.core.pipeline import SourceInfo
-from cdcserver.kafka import connect
-from cdcserver.kafka.sink import KafkaSink, _Message
 from cdcserver.protocol.users import UsersFile
+from cdcserver.sinks.base import SinkStatus, SourceInfo
+from cdcserver.sinks.kafka import connect
+from cdcserver.sinks.kafka.sink import KafkaSink, _Message
 from tests.kafka_broker import Tansu
 
 
@@ -72,6 +72,11 @@ class Recorder:
 
     async def flush(self) -> BinlogPosition | None:
         return None
+
+    active = True
+
+    def status(self) -> SinkStatus:
+        return SinkStatus(self.name)
 
 
 async def read_changes(server: EmbeddedMariaDB) -> list[list[Change]]:

@@ -1,18 +1,21 @@
 """The CDC service: MariaDB/MySQL binlog in, versioned Avro files and MaxScale's CDC protocol out.
 
-One package per concern (each ``__init__`` says what it owns):
+One package per concern (each ``__init__`` says what it owns), lowest first: each imports
+only those before it (``tests/test_layers.py``). Under them all is the shared format,
+``mariadb_cdc_client.format`` (``client/format``), which the clients speak too.
 
-- ``core``: the change records, GTIDs, errors, the configuration, the pipeline to the sinks;
+- ``core``: change records, table names, GTIDs, errors, the configuration, crash-safe writes;
 - ``mariadb``: what MariaDB's formats mean (column types, event kinds, character sets);
+- ``schema``: table definitions from DDL, the schema history, a column's Avro type;
 - ``replication``: reading the source (binlog connection, event decoding, preflight);
-- ``schema``: the schema history that gives the binlog's columns names and types;
-- ``reread``: repairs of changes the binlog carries no rows for;
 - ``store``: the data directory: Avro version files, index, checkpoints;
-- ``kafka``: the Kafka sink and its message formats;
+- ``messages``: events built from changes and their formats (databus, dip, Debezium, ...);
 - ``dump``: consistent snapshots of tables, and retention;
+- ``reread``: repairs of changes the binlog carries no rows for, quarantine;
+- ``sinks``: the pipeline and its sinks (the store's, Kafka's and its publisher lease);
 - ``protocol``: the listener: MaxScale's CDC protocol, its users, streams and dumps;
 - ``ops``: what operators look at: metrics, /health, lag, status, verify;
-- ``app``: the assembled service, its replication runner and command line, the demo.
+- ``app``: assembly: the service, its replication runner and command line, the demo.
 
 ``__version__`` is the installed distribution's version (pyproject.toml's), loaded when first
 asked for.

@@ -32,8 +32,7 @@ DISTRIBUTION = "mariadb-cdc"
 PACKAGES = ("cdcserver", "mariadb_cdc_client")
 # Modules that exist only for an extra, and the extra's modules they may miss.
 EXTRA_ONLY = {
-    "cdcserver.kafka.sink": "aiokafka", "cdcserver.kafka.connect": "aiokafka",
-    "cdcserver.kafka.metrics": "aiokafka",
+    "cdcserver.sinks.kafka.sink": "aiokafka", "cdcserver.sinks.kafka.connect": "aiokafka",
     "mariadb_cdc_client.spark.": "pyspark|pyarrow",  # every module of the package
 }
 

@@ -18,11 +18,11 @@ import pytest
 from cdcserver.core.changes import ColumnDef, TableLayout
 from cdcserver.core.errors import DiskFull
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.core.names import TableName
 from cdcserver.mariadb.constants import ColumnType
 from cdcserver.store import checkpoint as ckpt
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
-from cdcserver.store.naming import TableName
 from cdcserver.store.store import AvroStore
 from tests.helpers import fill, small_tmpfs
 from tests.test_store import _Feed

@@ -21,8 +21,8 @@ import pymysql
 import pytest
 
 from cdcserver.core.config import parse_source_url
+from cdcserver.core.names import TableName
 from cdcserver.ops.verify import Report, verify_table
-from cdcserver.store.naming import TableName
 from tests.conftest import Source, make_config, start_service
 from tests.helpers import TcpProxy
 

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 from cdcserver.core.config import parse_source_url
+from cdcserver.core.names import TableName
 from cdcserver.ops.verify import verify_table
 from cdcserver.schema import ddl
 from cdcserver.schema.history import SchemaHistory, agrees
-from cdcserver.store.naming import TableName
 from mariadb_cdc_client import ChangeRecord, SchemaChange, SyncCdcClient
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER

@@ -14,8 +14,8 @@ import fastavro
 import pytest
 
 from cdcserver.core.config import parse_source_url
+from cdcserver.core.names import TableName
 from cdcserver.ops.verify import verify_table
-from cdcserver.store.naming import TableName
 from tests.conftest import Source, make_config, start_service
 from tests.helpers import RawClient, fill, small_tmpfs
 from tests.test_probes import fetch_probe

@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from cdcserver.core.config import Config, parse_source_url
+from cdcserver.core.names import TableName
 from cdcserver.ops import status
 from cdcserver.ops.status import endpoint_url
 from cdcserver.protocol.users import UsersFile
-from cdcserver.store.naming import TableName
 from mariadb_cdc_client.format.wire import password_hash
 
 ROOT = Path(__file__).parent.parent

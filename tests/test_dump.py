@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from cdcserver.core.config import parse_source_url
+from cdcserver.core.names import TableName
 from cdcserver.dump import files
 from cdcserver.dump.dumper import (
     DumpBusy,
@@ -28,7 +29,7 @@ from cdcserver.dump.dumper import (
     resolve_tables,
 )
 from cdcserver.ops.verify import verify_table
-from cdcserver.store.naming import TableName
+from cdcserver.store.naming import dump_stem
 from mariadb_cdc_client import CdcClient, ChangeRecord, SchemaChange, SyncCdcClient
 from mariadb_cdc_client.dump import DumpHeader, DumpRows, apply, read_dump
 from tests.conftest import RunningService, Source
@@ -273,7 +274,7 @@ async def test_an_interrupted_dump_resumes_consistent_at_its_new_snapshot(
     with pytest.raises(DumpInterrupted):  # the single-snapshot path (readers=0)
         await asyncio.to_thread(dump_tables, address, data_dir, [name],
                                 DumpOptions(chunk_rows=500, readers=0), None, progressed, stop)
-    partial = os.path.join(files.dump_dir(data_dir), f"{name.dump_stem}.partial")
+    partial = os.path.join(files.dump_dir(data_dir), f"{dump_stem(name)}.partial")
     with open(partial, "ab") as f:
         f.write(b'{"action":"insert","rows":[["torn')  # what a crash mid-write leaves
     assert files.list_dumps(data_dir, name) == []
@@ -325,7 +326,7 @@ async def test_a_killed_dump_process_resumes_from_its_last_chunk(cdc: RunningSer
     await cdc.caught_up(source)
     data_dir = cdc.service.config.store.data_dir
     name = TableName(source.database, "orders")
-    progress = os.path.join(files.dump_dir(data_dir), f"{name.dump_stem}.progress")
+    progress = os.path.join(files.dump_dir(data_dir), f"{dump_stem(name)}.progress")
     command = [sys.executable, "-m", "cdcserver.app.cli", "dump", f"{source.database}.orders",
                "--source", source.url, "--data-dir", data_dir, "--readers", "0",
                "--chunk-rows", "100"]

@@ -23,10 +23,11 @@ from typing import Any
 import pytest
 
 from cdcserver.core.config import parse_source_url
+from cdcserver.core.names import TableName
 from cdcserver.dump import files
 from cdcserver.dump.dumper import DumpOptions, dump_tables
 from cdcserver.ops.verify import verify_table
-from cdcserver.store.naming import TableName
+from cdcserver.store.naming import dump_stem
 from mariadb_cdc_client import SyncCdcClient
 from mariadb_cdc_client.dump import DumpRows, apply, read_dump
 from tests.conftest import RunningService, Source
@@ -216,7 +217,7 @@ async def test_a_killed_chunked_dump_continues_and_gives_the_table(cdc: RunningS
     await cdc.caught_up(source)
     data_dir = cdc.service.config.store.data_dir
     name = TableName(source.database, "orders")
-    record = os.path.join(files.dump_dir(data_dir), f"{name.dump_stem}.chunked")
+    record = os.path.join(files.dump_dir(data_dir), f"{dump_stem(name)}.chunked")
     command = [sys.executable, "-m", "cdcserver.app.cli", "dump", f"{source.database}.orders",
                "--source", source.url, "--data-dir", data_dir, "--readers", "2",
                "--sync-interval", "0", "--chunk-rows", "200"]

@@ -312,8 +312,8 @@ async def test_a_chunked_dump_after_a_move_reads_the_new_server_exactly(
     import logging
 
     from cdcserver.core.config import parse_source_url
+    from cdcserver.core.names import TableName
     from cdcserver.dump.dumper import DumpOptions, dump_tables
-    from cdcserver.store.naming import TableName
 
     _create_table(topology)
     # the primary's binlog rotates (a replica's does not), so that the positions stored from

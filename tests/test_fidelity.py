@@ -10,8 +10,8 @@ import pytest
 
 from cdcserver.core.config import parse_source_url
 from cdcserver.core.errors import UndecodableEvent
+from cdcserver.core.names import TableName
 from cdcserver.ops.verify import verify_table
-from cdcserver.store.naming import TableName
 from mariadb_cdc_client import ChangeRecord, SyncCdcClient
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER

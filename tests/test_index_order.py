@@ -7,8 +7,8 @@ import json
 import sqlite3
 
 from cdcserver.core.gtid import Gtid, GtidState
+from cdcserver.core.names import TableName
 from cdcserver.store.index import StoreIndex, TransactionInfo
-from cdcserver.store.naming import TableName
 
 
 def _log(index: StoreIndex, *gtids: str) -> list[TransactionInfo]:

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 from cdcserver.core.config import KafkaConfig, parse_source_url
+from cdcserver.core.names import TableName
 from cdcserver.dump.databus import NoDefinition, databus_lines
 from cdcserver.dump.dumper import DumpOptions, dump_tables
-from cdcserver.kafka.sink import KafkaSink
-from cdcserver.store.naming import TableName
+from cdcserver.sinks.kafka.sink import KafkaSink
 from mariadb_cdc_client.kafka import KafkaChangeReader
 from tests import databus_consumer as databus
 from tests.conftest import Source, make_config, start_service

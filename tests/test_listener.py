@@ -15,12 +15,12 @@ import pytest
 
 from cdcserver.core.changes import Begin, ColumnDef, Commit, Rows, RowsKind, TableLayout
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.core.names import TableName
 from cdcserver.mariadb.constants import ColumnType
 from cdcserver.protocol.server import CdcServer, ListenerLimits, MessageReader
 from cdcserver.protocol.session import SessionContext
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
-from cdcserver.store.naming import TableName
 from cdcserver.store.store import AvroStore
 from mariadb_cdc_client.format.wire import Code, auth_incomplete, auth_message
 from tests.helpers import PASSWORD, USER, RawClient, pace

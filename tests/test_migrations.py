@@ -23,9 +23,9 @@ import pytest
 from cdcserver.app.cli import main as cdcserver_main
 from cdcserver.app.embedded import free_port
 from cdcserver.core.config import parse_source_url
+from cdcserver.core.names import TableName
 from cdcserver.ops.verify import verify_table
 from cdcserver.store import checkpoint as ckpt
-from cdcserver.store.naming import TableName
 from mariadb_cdc_client import ChangeRecord, SyncCdcClient
 from tests import chaos
 from tests.conftest import RunningService, Source, make_config, start_service

@@ -29,8 +29,8 @@ import pytest
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.core.config import parse_source_url
 from cdcserver.core.gtid import GtidState
+from cdcserver.core.names import TableName
 from cdcserver.dump.dumper import DumpOptions, dump_tables
-from cdcserver.store.naming import TableName
 from tests.conftest import make_config, start_service
 from tests.helpers import PASSWORD, USER, until, wait_until
 from tests.oracle import assert_stream_equals_table, read_stream

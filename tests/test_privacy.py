@@ -18,13 +18,13 @@ import stat
 import pytest
 
 from cdcserver.app.cli import main as cdcserver_main
+from cdcserver.core.capture import CaptureFilter
 from cdcserver.core.config import parse_source_url
 from cdcserver.core.errors import SourceError
+from cdcserver.core.names import TableName
 from cdcserver.dump.dumper import dump_tables
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store import durable
-from cdcserver.store.capture import CaptureFilter
-from cdcserver.store.naming import TableName
 from tests.conftest import RunningService, Source
 from tests.helpers import RawClient
 

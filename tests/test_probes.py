@@ -16,10 +16,10 @@ import pytest
 from cdcserver.core.changes import Change, Rows
 from cdcserver.core.config import Config
 from cdcserver.core.gtid import BinlogPosition
-from cdcserver.core.pipeline import SourceInfo
 from cdcserver.ops import probe
 from cdcserver.ops.lag import Lag
 from cdcserver.ops.probes import MAX_LAG, live, ready
+from cdcserver.sinks.base import SinkStatus, SourceInfo
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import TcpProxy, eventually
 
@@ -69,6 +69,11 @@ class Gate:
 
     async def close(self) -> None:
         pass
+
+    active = True
+
+    def status(self) -> SinkStatus:
+        return SinkStatus(self.name)
 
 
 async def _start_gated(config: Config, gate: Gate) -> RunningService:

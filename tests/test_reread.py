@@ -19,6 +19,7 @@ import pytest
 from cdcserver.core.changes import Begin, Commit, Rowless, Rows, RowsKind, TableLayout
 from cdcserver.core.config import parse_source_url
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.core.names import TableName
 from cdcserver.mariadb.charsets import CollationTable
 from cdcserver.replication.connection import BinlogConnection
 from cdcserver.replication.decoder import EventDecoder
@@ -29,7 +30,6 @@ from cdcserver.reread.view import Views, ViewsClosed
 from cdcserver.schema import ddl
 from cdcserver.schema.history import SchemaHistory, layout_of
 from cdcserver.store.catalog import Catalog
-from cdcserver.store.naming import TableName
 from cdcserver.store.store import AvroStore
 from tests.conftest import RunningService, Source
 from tests.test_types import _fill

@@ -16,9 +16,9 @@ import sys
 
 import pytest
 
+from cdcserver.core.names import TableName
 from cdcserver.dump import files
 from cdcserver.ops.metrics import health
-from cdcserver.store.naming import TableName
 from tests.conftest import Source, make_config, start_service
 from tests.helpers import PASSWORD, USER, until, wait_until
 from tests.oracle import read_stream

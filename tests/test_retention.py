@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from cdcserver.core.config import RetentionConfig, parse_source_url
+from cdcserver.core.names import TableName
 from cdcserver.dump.dumper import DumpOptions, dump_tables
 from cdcserver.dump.files import DumpInfo, dump_dir, list_dumps, new_name
 from cdcserver.dump.retention import Cleaner, expired_dumps
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.inuse import delete_unless_in_use, in_use
-from cdcserver.store.naming import TableName
 from mariadb_cdc_client import ChangeRecord, SyncCdcClient
 from mariadb_cdc_client.format.dump import DumpHeader
 from mariadb_cdc_client.format.wire import ProtocolError, auth_message

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from cdcserver.core.config import parse_source_url
+from cdcserver.core.names import TableName
 from cdcserver.ops.verify import verify_table
-from cdcserver.store.naming import TableName
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import PASSWORD, USER
 from tests.oracle import Rebuilt, assert_stream_equals_table

@@ -19,10 +19,10 @@ from cdcserver.app import logs
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.core.config import ListenerConfig
 from cdcserver.core.gtid import GtidState
+from cdcserver.core.names import TableName
 from cdcserver.protocol.server import ListenerLimits
 from cdcserver.protocol.throttle import FailureLog, LoginThrottle
 from cdcserver.protocol.users import UsersFile
-from cdcserver.store.naming import TableName
 from mariadb_cdc_client import SyncCdcClient
 from mariadb_cdc_client.format.wire import auth_message
 from tests.conftest import make_config, start_service

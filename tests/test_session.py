@@ -16,6 +16,7 @@ import pytest
 
 from cdcserver.core.changes import Begin, Commit, Rows, RowsKind
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.core.names import TableName
 from cdcserver.protocol.session import (
     Blocking,
     Outcome,
@@ -28,7 +29,6 @@ from cdcserver.protocol.session import (
 )
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
-from cdcserver.store.naming import TableName
 from cdcserver.store.store import AvroStore
 from mariadb_cdc_client.format.wire import Dialect, Format, auth_message
 from tests.helpers import PASSWORD, USER

@@ -257,8 +257,8 @@ def _versions(cdc: RunningService, database: str, table: str) -> list[dict[str, 
 
 async def _take_dump(cdc: RunningService, source: Source, table: str) -> None:
     from cdcserver.core.config import parse_source_url
+    from cdcserver.core.names import TableName
     from cdcserver.dump.dumper import DumpOptions, dump_tables
-    from cdcserver.store.naming import TableName
 
     await asyncio.to_thread(dump_tables, parse_source_url(source.url),
                             cdc.service.config.store.data_dir,

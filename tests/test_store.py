@@ -22,10 +22,10 @@ from cdcserver.core.changes import (
     TableLayout,
 )
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.core.names import TableName
 from cdcserver.mariadb.constants import ColumnType
 from cdcserver.store import avrofile
 from cdcserver.store.catalog import Catalog
-from cdcserver.store.naming import TableName
 from cdcserver.store.store import AvroStore
 from mariadb_cdc_client.format.schema import Field, Kind
 from mariadb_cdc_client.stream import ChangeRecord, Resume, SchemaChange

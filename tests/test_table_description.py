@@ -17,10 +17,10 @@ import pytest
 
 from cdcserver.core.changes import Index, TableDescription
 from cdcserver.core.gtid import GtidState
+from cdcserver.core.names import TableName
 from cdcserver.schema import ddl
 from cdcserver.schema.definition import TableDefinition
 from cdcserver.schema.history import SchemaHistory, layout_of
-from cdcserver.store.naming import TableName
 from tests.conftest import Source
 
 pytestmark = pytest.mark.mariadb

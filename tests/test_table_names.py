@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from cdcserver.core.config import parse_source_url
+from cdcserver.core.names import TableName
 from cdcserver.dump.dumper import dump_tables
-from cdcserver.store.naming import TableName
 from mariadb_cdc_client import ChangeRecord, SyncCdcClient
 from mariadb_cdc_client.cli import main as cdc_main
 from tests.conftest import RunningService, Source

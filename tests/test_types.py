@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from cdcserver.core.config import parse_source_url
+from cdcserver.core.names import TableName
 from cdcserver.ops.verify import verify_table
-from cdcserver.store.naming import TableName
 from mariadb_cdc_client import ChangeRecord, SyncCdcClient
 from mariadb_cdc_client.format.schema import Kind, from_json_value
 from tests.conftest import RunningService, Source

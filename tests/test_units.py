@@ -19,15 +19,16 @@ from cdcserver.core.config import Config, SourceConfig, parse_source_url
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.core.handoff import Handoff
+from cdcserver.core.names import TableName
 from cdcserver.mariadb.constants import ColumnType as T
 from cdcserver.protocol.server import MessageReader
 from cdcserver.replication import values
 from cdcserver.store.encoder import compile_encoder, record_head, record_tail
 from cdcserver.store.naming import (
-    TableName,
     decode_identifier,
     encode_identifier,
     parse_version_file,
+    version_file,
 )
 from cdcserver.store.schema import TableSchema
 from mariadb_cdc_client.format.wire import (
@@ -200,7 +201,7 @@ def test_identifier_encoding_round_trips_and_never_contains_dots(name: str):
     assert "." not in encoded and "/" not in encoded
     assert decode_identifier(encoded) == name
     table = TableName(name, "t")
-    assert parse_version_file(table.file_name(3, "avro")) == (table, 3, "avro")
+    assert parse_version_file(version_file(table, 3, "avro")) == (table, 3, "avro")
 
 
 def test_config_precedence_and_validation(tmp_path):
@@ -358,7 +359,7 @@ def test_replication_starts_at_the_earliest_sink_checkpoint():
     from dataclasses import dataclass as dc
 
     from cdcserver.core.gtid import BinlogPosition
-    from cdcserver.core.pipeline import start_position
+    from cdcserver.sinks.pipeline import start_position
 
     @dc
     class _Sink:

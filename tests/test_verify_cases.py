@@ -11,8 +11,8 @@ import time
 import pytest
 
 from cdcserver.core.config import parse_source_url
+from cdcserver.core.names import TableName
 from cdcserver.ops.verify import verify_table
-from cdcserver.store.naming import TableName
 from tests.conftest import RunningService, Source
 from tests.test_rowless import _equal, _run, _verified
 

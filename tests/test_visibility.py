@@ -27,13 +27,13 @@ from cdcserver.core.changes import (
     TableLayout,
 )
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.core.names import TableName
 from cdcserver.mariadb.constants import ColumnType
 from cdcserver.protocol.server import CdcServer, ListenerLimits
 from cdcserver.protocol.session import SessionContext
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.index import StoreIndex
-from cdcserver.store.naming import TableName
 from cdcserver.store.store import AvroStore
 from mariadb_cdc_client.format.wire import auth_message
 from tests.helpers import PASSWORD, USER, RawClient

@@ -33,12 +33,12 @@ from cdcserver.app import logs
 from cdcserver.app.process import EXIT_FAILED, EXIT_OK, EXIT_USAGE, run_until_signalled
 from cdcserver.app.startup import check_users_file
 from cdcserver.core import config as cfg
+from cdcserver.core.capture import CaptureFilter
+from cdcserver.core.durable import private_files
 from cdcserver.core.errors import CdcError, ConfigError
+from cdcserver.core.names import TableName
 from cdcserver.protocol.users import UsersFile
-from cdcserver.store.capture import CaptureFilter
-from cdcserver.store.durable import private_files
 from cdcserver.store.layout import DataDir
-from cdcserver.store.naming import TableName
 from mariadb_cdc_client.format.names import parse_table, table_ref
 from mariadb_cdc_client.format.wire import Dialect
 

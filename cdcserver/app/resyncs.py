@@ -20,10 +20,10 @@ import os
 import time
 from collections.abc import Callable
 
+from cdcserver.core.durable import write_atomically
+from cdcserver.core.names import TableName
 from cdcserver.store.catalog import Catalog
-from cdcserver.store.durable import write_atomically
 from cdcserver.store.layout import DataDir
-from cdcserver.store.naming import TableName
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,14 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import replace
 from typing import TypeVar
 
+from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.changes import Abort
 from cdcserver.core.config import SourceAddress, SourceConfig
+from cdcserver.core.durable import write_atomically
 from cdcserver.core.errors import (
     BinlogPurged,
     ConfigError,
@@ -30,7 +33,7 @@ from cdcserver.core.errors import (
 )
 from cdcserver.core.gtid import BinlogPosition, GtidState
 from cdcserver.core.handoff import Handoff
-from cdcserver.core.pipeline import Applied, Pipeline, Sink, SourceInfo, start_position
+from cdcserver.core.names import TableName
 from cdcserver.core.retry import Backoff
 from cdcserver.ops.metrics import ReplicationStats
 from cdcserver.replication import preflight, source
@@ -40,11 +43,10 @@ from cdcserver.replication.sources import Sources
 from cdcserver.reread.repair import Repairer, RepairStats
 from cdcserver.reread.view import Views
 from cdcserver.schema.history import SchemaHistory
-from cdcserver.store.capture import EVERY_USER_TABLE, CaptureFilter
+from cdcserver.sinks.base import Sink, SourceInfo, ordered
+from cdcserver.sinks.pipeline import Applied, Pipeline, start_position
 from cdcserver.store.catalog import Catalog
-from cdcserver.store.durable import write_atomically
 from cdcserver.store.layout import DataDir
-from cdcserver.store.naming import TableName
 from cdcserver.store.store import DISK_FULL_ERRNOS
 
 log = logging.getLogger(__name__)
@@ -150,7 +152,7 @@ class ReplicationRunner:
 
     async def _run(self) -> None:
         default, info = await self._retrying(self._check_sources)
-        self.info = info
+        self.info = info = replace(info, control=self)
         for sink in self.sinks:
             await sink.open(info)  # a broker is waited for here; the listener serves meanwhile
         while True:
@@ -178,6 +180,11 @@ class ReplicationRunner:
                     await asyncio.wait_for(self._halted.wait(), delay)
                 if self._halted.is_set():
                     return
+
+    def feeding(self) -> bool:
+        """Replication runs: not stopped for a purged binlog, nor paused for a full disk
+        (a sink behind the publisher lease lets another instance publish then)."""
+        return not (self.stopped or self.paused)
 
     async def restart(self) -> None:
         """Replication starts over from where every sink stands: after a sink was added
@@ -282,7 +289,7 @@ class ReplicationRunner:
         serves meanwhile (from the committed data, which nothing touched)."""
         self.paused = f"replication paused: {cause}"
         log.error("%s; resuming when %s has room again", self.paused, self.data_dir.root)
-        for sink in self.sinks:
+        for sink in ordered(self.sinks):
             with contextlib.suppress(Exception):
                 await sink.apply([Abort("the data directory is full")])
         probe = self.data_dir.room_probe
@@ -291,7 +298,7 @@ class ReplicationRunner:
             try:
                 # Checkpoints must cover everything applied: replication restarts from them,
                 # and nothing may be applied twice.
-                for sink in self.sinks:
+                for sink in ordered(self.sinks):
                     await sink.flush()
                 break
             except DiskFull:
@@ -355,30 +362,6 @@ class ReplicationRunner:
                 delay = backoff.failed()
                 log.warning("%s; retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
-
-
-def ordered(sinks: Sequence[Sink]) -> list[Sink]:
-    """The sinks in the order they must apply a batch: each after the sinks its ``after``
-    names (the Kafka sink numbers versions as the store created them), otherwise as given."""
-    by_name = {sink.name: sink for sink in sinks}
-    result: list[Sink] = []
-    visiting: set[str] = set()
-
-    def place(sink: Sink) -> None:
-        if sink in result:
-            return
-        if sink.name in visiting:
-            raise ConfigError(f"sinks wait for each other: {sorted(visiting)}")
-        visiting.add(sink.name)
-        for name in sink.after:
-            if name in by_name:
-                place(by_name[name])
-        visiting.discard(sink.name)
-        result.append(sink)
-
-    for sink in sinks:
-        place(sink)
-    return result
 
 
 async def _poll(check: Callable[[], bool], every: float) -> None:

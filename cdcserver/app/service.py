@@ -22,13 +22,13 @@ from cdcserver.app import descriptors
 from cdcserver.app.resyncs import ResyncScheduler
 from cdcserver.app.runner import ReplicationRunner
 from cdcserver.app.startup import cannot_listen, check_users_file, unusable_data_dir
+from cdcserver.core.capture import CaptureFilter
 from cdcserver.core.config import Config
+from cdcserver.core.durable import private_files
 from cdcserver.core.errors import CdcError, ConfigError
-from cdcserver.core.gtid import BinlogPosition, GtidState
-from cdcserver.core.pipeline import Sink
+from cdcserver.core.gtid import GtidState
 from cdcserver.dump.retention import Cleaner
 from cdcserver.dump.scheduler import DumpScheduler
-from cdcserver.kafka.lease import PublisherLease
 from cdcserver.ops.lag import LagProbe
 from cdcserver.ops.latency import CommitLatency
 from cdcserver.ops.metrics import (
@@ -46,14 +46,13 @@ from cdcserver.protocol.session import SessionContext
 from cdcserver.protocol.throttle import LoginThrottle
 from cdcserver.protocol.users import UsersFile
 from cdcserver.replication.sources import Sources
+from cdcserver.sinks.base import Sink
+from cdcserver.sinks.kafka.publisher import kafka_sinks
+from cdcserver.sinks.store import StoreSink
 from cdcserver.store import transcoder
-from cdcserver.store.capture import CaptureFilter
 from cdcserver.store.catalog import Catalog
-from cdcserver.store.durable import private_files
 from cdcserver.store.layout import DataDir
-from cdcserver.store.sink import StoreSink
 from cdcserver.store.store import AvroStore
-from mariadb_cdc_client.format.extras import MissingExtra, require
 from mariadb_cdc_client.format.wire import Dialect
 
 log = logging.getLogger(__name__)
@@ -73,8 +72,10 @@ class Service:
         self.users = UsersFile(config.listener.users_file)
         self.capture = CaptureFilter.parse(config.capture.system_tables)
         self.sources = Sources(config.source.addresses())  # the replicator moves between them
-        self.lease: PublisherLease | None = None  # [kafka] publisher_lock: who publishes
-        self.sinks: list[Sink] = [StoreSink(self.store), *self._configured_sinks()]
+        self.sinks: list[Sink] = [
+            StoreSink(self.store),
+            *kafka_sinks(config, self.sources, self.catalog.version_created_by),
+        ]
         self.replication = ReplicationRunner(
             config.source, self.layout, self.catalog, self.sinks,
             flush_interval=config.store.flush_interval,
@@ -92,59 +93,10 @@ class Service:
         self.monitoring_address: tuple[str, int] | None = None
         self._ended: asyncio.Future[None] | None = None  # when run() ends, and how
 
-    def _configured_sinks(self) -> list[Sink]:
-        """The sinks the configuration adds beside the store."""
-        if not self.config.kafka.enabled:
-            return []
-        try:
-            require("kafka", "kafka.bootstrap (publishing to Kafka)")
-        except MissingExtra as exc:
-            raise ConfigError(str(exc)) from exc
-        if self.config.kafka.publisher_lock:  # a sink only while this instance publishes
-            self.lease = PublisherLease(self.sources, self.config.kafka.publisher_lock)
-            return []
-        return [self._kafka_sink()]
-
-    def _kafka_sink(self) -> Sink:
-        from cdcserver.kafka.sink import KafkaSink
-
-        kafka = self.config.kafka
-        # instances that take turns publishing share one position in the state topic
-        key = f"{kafka.client_id}:{kafka.publisher_lock or self.config.source.server_id}"
-        return KafkaSink(kafka, self.config.store.data_dir, key,
-                         versions=self.catalog.version_created_by)
-
-    async def _publish(self) -> None:
-        """This instance holds the publisher lock: a Kafka sink from the position the last
-        publisher recorded in the state topic (never this directory's own, which may be
-        older), and replication feeds it from there."""
-        from cdcserver.kafka.sink import KafkaSink
-
-        sink = self._kafka_sink()
-        assert isinstance(sink, KafkaSink)
-        sink.durable = None
-        await self.replication.replicating.wait()
-        assert self.replication.info is not None
-        await sink.open(self.replication.info)
-        if sink.durable is not None:  # recorded by another instance, maybe on another server
-            sink.durable = BinlogPosition(sink.durable.gtid_state, "", 4)
-        self.sinks.append(sink)
-        await self.replication.restart()
-
-    def _can_publish(self) -> bool:
-        """Replication runs (not stopped for a purged binlog, nor paused for a full disk):
-        otherwise another instance should publish."""
-        return not (self.replication.stopped or self.replication.paused)
-
-    async def _stand_by(self) -> None:
-        sink = self.sink("kafka")
-        if sink is not None:
-            self.sinks.remove(sink)
-            await self.replication.restart()
-            await sink.close()
-
     def sink(self, name: str) -> Sink | None:
-        return next((s for s in self.sinks if s.name == name), None)
+        """The sink of that name taking part in replication now (None: there is none, or it
+        stands by)."""
+        return next((s for s in self.sinks if s.name == name and s.active), None)
 
     async def run(self, stop: asyncio.Event, started: Callable[[Service], None] | None = None
                   ) -> None:
@@ -241,10 +193,6 @@ class Service:
             self.server.tails.delivered = latency.delivered
         collectors: list[Collector] = [ServiceCollector(self.stats), latency,
                                        DiskSpace(self.config.store.data_dir)]
-        if self.config.kafka.enabled:
-            from cdcserver.kafka.metrics import KafkaCollector
-
-            collectors.append(KafkaCollector(self.sinks, self.config.kafka.max_buffer_bytes))
         self.monitoring = MonitoringServer(service_registry(*collectors), {
             "/health": lambda: health(self.stats(), self.config.metrics.max_lag),
             "/live": lambda: live(self.replication.stats()),
@@ -264,10 +212,7 @@ class Service:
             lag=self.lag.lag if self.lag is not None else None,
             repairs=self.replication.repair_stats, store=self.store.stats(),
             listener=self.server.stats() if self.server is not None else ListenerStats(),
-            kafka_role="" if self.lease is None else
-            "publisher" if self.lease.held else "standby",
-            sinks_waiting=[waiting for sink in self.sinks
-                           if (waiting := getattr(sink, "waiting", ""))],
+            sinks=[sink.status() for sink in self.sinks],
             housekeeping=HousekeepingStats(
                 self.cleaner.runs, self.cleaner.deleted,
                 scheduler.runs if scheduler is not None else 0,
@@ -278,10 +223,6 @@ class Service:
         """The cleaner, the lag probe, and the dump schedule if one is configured."""
         tasks = [asyncio.create_task(self.cleaner.run(), name="cleaner"),
                  asyncio.create_task(self.resyncs.run(), name="resyncs")]
-        if self.lease is not None:
-            tasks.append(asyncio.create_task(
-                self.lease.run(self._publish, self._stand_by, self._can_publish),
-                name="kafka publisher lease"))
         if self.monitoring is not None:
             self.lag = LagProbe(self.sources, self.stored_state,
                                 self.replication.last_commit,

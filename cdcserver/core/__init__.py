@@ -1,2 +1,2 @@
-"""The change records every part shares, GTIDs, errors, the configuration's declaration, and
-the pipeline that carries a transaction from the replicator to every sink."""
+"""What every part shares: change records, table names, GTIDs, errors, the configuration's
+declaration, what is captured, crash-safe writes, and the retry policy."""

@@ -280,7 +280,7 @@ class KafkaConfig:
     bootstrap: str = option("", "publish every change to Kafka: HOST:PORT[,HOST:PORT...] "
                                 "(empty: off)", cli="--kafka")
     format: Literal["databus", "dip", "debezium", "maxscale"] = option(
-        "databus", "message format (cdcserver/kafka/README.md)", cli="--kafka-format")
+        "databus", "message format (cdcserver/sinks/kafka/README.md)", cli="--kafka-format")
     topic: str = option("auto", "topic of a table's changes; {db} and {table} are replaced (a "
                                 "fixed name: one topic); auto: the format's ('databus' for "
                                 "databus, else '{db}.{table}')", cli="--kafka-topic")

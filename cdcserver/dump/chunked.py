@@ -59,6 +59,7 @@ import pymysql
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import CdcError, SourceError
 from cdcserver.core.gtid import GtidState, binlog_ordinal
+from cdcserver.core.names import TableName
 from cdcserver.dump import files, fixups, rawrows
 from cdcserver.dump.partial import HEADER_SLACK, PartialDump, Progress
 from cdcserver.dump.scan import ScanPlan
@@ -77,7 +78,7 @@ from cdcserver.schema.history import TRANSACTIONAL_ENGINES, layout_of
 from cdcserver.store import checkpoint as ckpt
 from cdcserver.store import index as store_index
 from cdcserver.store.layout import DataDir
-from cdcserver.store.naming import TableName
+from cdcserver.store.naming import dump_stem
 from cdcserver.store.reader import wait_for_checkpoint
 from cdcserver.store.schema import TableSchema
 from mariadb_cdc_client.format.dump import FORMAT, operation_line
@@ -153,13 +154,13 @@ Progressed = Callable[[TableName, int], None]
 # -- files -------------------------------------------------------------------------------
 
 def _progress_path(directory: str, table: TableName) -> str:
-    return os.path.join(directory, f"{table.dump_stem}.chunked")
+    return os.path.join(directory, f"{dump_stem(table)}.chunked")
 
 
 def _body_path(directory: str, table: TableName) -> str:
     """The body read, renamed here while the changes made meanwhile are merged into a new
     .partial."""
-    return os.path.join(directory, f"{table.dump_stem}.body")
+    return os.path.join(directory, f"{dump_stem(table)}.body")
 
 
 def discard(directory: str, table: TableName) -> None:
@@ -824,7 +825,7 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
         readers = max(1, min(options.readers, len(progress.ranges)))
         try:
             with ThreadPoolExecutor(max_workers=readers,
-                                    thread_name_prefix=f"dump-{table.dump_stem}") as pool:
+                                    thread_name_prefix=f"dump-{dump_stem(table)}") as pool:
                 for future in [pool.submit(_reader, run) for _ in range(readers)]:
                     future.result()
         finally:

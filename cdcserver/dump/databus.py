@@ -18,11 +18,11 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from cdcserver.kafka.events import TableShape
-from cdcserver.kafka.formats import Databus
+from cdcserver.core.names import TableName
+from cdcserver.messages.databus import Databus
+from cdcserver.messages.events import TableShape
 from cdcserver.schema.definition import TableDefinition
 from cdcserver.schema.history import layout_of
-from cdcserver.store.naming import TableName
 from cdcserver.store.schema import TableSchema
 
 

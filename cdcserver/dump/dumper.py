@@ -35,18 +35,19 @@ from typing import Any
 
 import pymysql
 
+from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import CdcError, SourceError
+from cdcserver.core.names import TableName
 from cdcserver.dump import chunked, files, fixups
 from cdcserver.dump.partial import HEADER_SLACK, PartialDump, Progress
 from cdcserver.dump.scan import ChunkEnd, ScanPlan
 from cdcserver.dump.snapshot import DefinitionChanged, Snapshot, SnapshotPoint
 from cdcserver.schema.definition import TableDefinition
 from cdcserver.schema.history import layout_of
-from cdcserver.store.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
-from cdcserver.store.naming import TableName
+from cdcserver.store.naming import dump_stem
 from cdcserver.store.schema import TableSchema
 from mariadb_cdc_client.format.dump import FORMAT
 
@@ -259,7 +260,7 @@ def _dump_in_snapshot(address: SourceAddress, data_dir: str, table: TableName,
 def table_lock(directory: str, table: TableName) -> Iterator[None]:
     """Held while a table is being dumped; raises DumpBusy if another dump holds it."""
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{table.dump_stem}.lock")
+    path = os.path.join(directory, f"{dump_stem(table)}.lock")
     with open(path, "a+b") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

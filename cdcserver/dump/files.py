@@ -14,8 +14,9 @@ import os
 import re
 from dataclasses import dataclass
 
+from cdcserver.core.names import TableName
 from cdcserver.store.layout import DataDir
-from cdcserver.store.naming import TableName, table_of_stem
+from cdcserver.store.naming import dump_stem, table_of_stem
 from mariadb_cdc_client.format.dump import DumpHeader
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ def dump_dir(data_dir: str) -> str:
 
 
 def new_name(table: TableName, when: dt.datetime) -> str:
-    return f"{table.dump_stem}.{when.astimezone(dt.UTC).strftime('%Y%m%dT%H%M%S-%fZ')}{SUFFIX}"
+    return f"{dump_stem(table)}.{when.astimezone(dt.UTC).strftime('%Y%m%dT%H%M%S-%fZ')}{SUFFIX}"
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,10 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
+from cdcserver.core.durable import fsync_dir
 from cdcserver.core.errors import StoreError
-from cdcserver.store.durable import fsync_dir
-from cdcserver.store.naming import TableName
+from cdcserver.core.names import TableName
+from cdcserver.store.naming import dump_stem
 
 HEADER_SLACK = 4096
 WRITE_BEHIND = 8 << 20  # bytes written between starts of their writeback to disk
@@ -66,8 +67,8 @@ class PartialDump:
     def __init__(self, directory: str, table: TableName) -> None:
         self.directory = directory
         self.table = table
-        self.path = os.path.join(directory, f"{table.dump_stem}.partial")
-        self.progress_path = os.path.join(directory, f"{table.dump_stem}.progress")
+        self.path = os.path.join(directory, f"{dump_stem(table)}.partial")
+        self.progress_path = os.path.join(directory, f"{dump_stem(table)}.progress")
         self._file: Any = None
         self._hash = hashlib.sha256()
         self.progress: Progress | None = None
@@ -212,7 +213,7 @@ class PartialDump:
         """Remove this table's unfinished attempt, and what a crash in ``finish`` left."""
         self.close()
         leftovers = glob.glob(os.path.join(glob.escape(self.directory),
-                                           f"{glob.escape(self.table.dump_stem)}.*.dump.tmp"))
+                                           f"{glob.escape(dump_stem(self.table))}.*.dump.tmp"))
         for path in (self.path, self.progress_path, self.progress_path + ".tmp", *leftovers):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)

@@ -27,11 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cdcserver.core.config import RetentionConfig
+from cdcserver.core.names import TableName
 from cdcserver.dump.files import DumpInfo, list_dumps
 from cdcserver.store.catalog import Catalog, VersionInfo
 from cdcserver.store.index import StoreIndex
 from cdcserver.store.inuse import delete_unless_in_use
-from cdcserver.store.naming import TableName
 
 log = logging.getLogger(__name__)
 

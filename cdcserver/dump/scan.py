@@ -25,10 +25,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from cdcserver.core.names import TableName
 from cdcserver.dump import rawrows
 from cdcserver.dump.snapshot import qualified, quote
 from cdcserver.schema.definition import BINARY_TYPES, TableDefinition
-from cdcserver.store.naming import TableName
 from mariadb_cdc_client.format.schema import Field, Kind
 
 _NUMERIC_KEY = frozenset({"tinyint", "smallint", "mediumint", "int", "bigint", "decimal",

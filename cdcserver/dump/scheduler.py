@@ -23,8 +23,10 @@ import threading
 import time
 from dataclasses import dataclass
 
+from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.config import DumpConfig, SourceAddress
 from cdcserver.core.errors import CdcError
+from cdcserver.core.names import TableName
 from cdcserver.dump import files
 from cdcserver.dump.dumper import (
     DumpFailed,
@@ -36,9 +38,8 @@ from cdcserver.dump.dumper import (
     resolve_tables,
 )
 from cdcserver.replication.sources import Sources
-from cdcserver.store.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.store.catalog import Catalog
-from cdcserver.store.naming import TableName
+from cdcserver.store.naming import dump_stem
 from mariadb_cdc_client.format.names import table_ref
 
 log = logging.getLogger(__name__)
@@ -239,7 +240,7 @@ class DumpScheduler:
 
     def _remaining(self, table: TableName, now: dt.datetime) -> float:
         if os.path.exists(os.path.join(files.dump_dir(self.data_dir),
-                                       f"{table.dump_stem}.partial")):
+                                       f"{dump_stem(table)}.partial")):
             return 0.0  # an interrupted dump: resume it now
         dumps = files.list_dumps(self.data_dir, table)
         if not dumps:

@@ -28,11 +28,11 @@ import pymysql
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import ER_TABLE_DEF_CHANGED, DefinitionChanged, SourceError
 from cdcserver.core.gtid import GtidState
+from cdcserver.core.names import TableName
 from cdcserver.replication import source as source_sql
 from cdcserver.schema import ddl
 from cdcserver.schema.definition import TableDefinition
 from cdcserver.schema.history import TRANSACTIONAL_ENGINES
-from cdcserver.store.naming import TableName
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from cdcserver.core.changes import Abort, Change, Commit, Rows
-from cdcserver.store.naming import TableName
+from cdcserver.core.names import TableName
 
 STORE_SINK = "avro"  # the pipeline sink whose apply makes a transaction visible to clients
 BUCKETS = (1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)

@@ -23,6 +23,7 @@ import cdcserver
 from cdcserver.ops.lag import Lag
 from cdcserver.protocol.server import ListenerStats
 from cdcserver.reread.repair import RepairStats
+from cdcserver.sinks.base import SinkStatus
 from cdcserver.store import transcoder
 from cdcserver.store.store import StoreStats
 from mariadb_cdc_client.format.names import table_ref
@@ -71,8 +72,17 @@ class ServiceStats:
     store: StoreStats
     listener: ListenerStats
     housekeeping: HousekeepingStats
-    kafka_role: str = ""  # with [kafka] publisher_lock: publisher or standby
-    sinks_waiting: list[str] = field(default_factory=list)  # why a sink cannot deliver yet
+    sinks: list[SinkStatus] = field(default_factory=list)
+
+    @property
+    def sinks_waiting(self) -> list[str]:
+        """Why each sink that cannot deliver yet waits."""
+        return [sink.waiting for sink in self.sinks if sink.waiting]
+
+    @property
+    def kafka_role(self) -> str:
+        """With ``[kafka] publisher_lock``: publisher or standby ("" without)."""
+        return next((sink.role for sink in self.sinks if sink.name == "kafka"), "")
 
 
 def service_registry(*collectors: Collector) -> CollectorRegistry:
@@ -135,6 +145,10 @@ class ServiceCollector(Collector):
                          1 if stats.kafka_role == "publisher" else 0)
         yield _gauge("cdc_sinks_waiting", "sinks that cannot deliver yet (a Kafka broker that "
                      "does not answer: /health says which)", len(stats.sinks_waiting))
+        for sink in stats.sinks:
+            for metric in sink.metrics:
+                family = CounterMetricFamily if metric.kind == "counter" else GaugeMetricFamily
+                yield family(metric.name, metric.documentation, value=metric.value)
 
 
 def _replication(r: ReplicationStats, lag: Lag | None) -> Iterator[Any]:

@@ -32,6 +32,7 @@ from cdcserver.core.changes import Begin, Commit, Ddl, TableChange
 from cdcserver.core.config import Config, SourceAddress
 from cdcserver.core.errors import BinlogPurged, CdcError, SourceError, SourceUnavailable
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.core.names import TableName
 from cdcserver.dump.dumper import DumpOptions, DumpResult, dump_tables
 from cdcserver.dump.snapshot import open_mariadb_point, qualified
 from cdcserver.replication import source as source_sql
@@ -40,7 +41,6 @@ from cdcserver.schema import ddl
 from cdcserver.schema.history import SchemaHistory, layout_of
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
-from cdcserver.store.naming import TableName
 from cdcserver.store.reader import version_ddl
 from cdcserver.store.store import AvroStore
 

@@ -33,12 +33,12 @@ import pymysql
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import StoreError
 from cdcserver.core.gtid import Gtid, GtidState
+from cdcserver.core.names import TableName
 from cdcserver.dump.scan import select_expression
 from cdcserver.replication import source as source_sql
 from cdcserver.schema import ddl
 from cdcserver.store.avrofile import scan_blocks
 from cdcserver.store.catalog import VersionInfo
-from cdcserver.store.naming import TableName
 from cdcserver.store.reader import (
     gtid_state_at,
     repair_blocks,

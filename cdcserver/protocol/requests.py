@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cdcserver.core.gtid import Gtid, GtidState
-from cdcserver.store.naming import TableName
+from cdcserver.core.names import TableName
 from mariadb_cdc_client.format.wire import Code, DataRequest, ProtocolError
 
 

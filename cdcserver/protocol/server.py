@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from cdcserver.core.config import ListenerConfig
+from cdcserver.core.names import TableName
 from cdcserver.dump.databus import NoDefinition, write_databus
 from cdcserver.dump.transfer import send_file
 from cdcserver.protocol.dialect import JsonStyle
@@ -38,7 +39,6 @@ from cdcserver.protocol.session import (
 from cdcserver.protocol.stream import Streamer, read_range
 from cdcserver.protocol.tail import Tails, Traffic
 from cdcserver.store.inuse import in_use
-from cdcserver.store.naming import TableName
 from mariadb_cdc_client.format.wire import Code, ProtocolError, error_line
 
 log = logging.getLogger(__name__)

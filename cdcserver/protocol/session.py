@@ -19,19 +19,19 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.config import ListenerConfig
 from cdcserver.core.errors import CdcError
 from cdcserver.core.gtid import Gtid, GtidState
+from cdcserver.core.names import TableName
 from cdcserver.dump.files import DumpInfo, list_dumps
 from cdcserver.protocol.requests import StreamRequest, state_bound, stream_request
 from cdcserver.protocol.scram import MECHANISM, ScramFailed, ServerExchange
 from cdcserver.protocol.stream import quarantined
 from cdcserver.protocol.throttle import FailureLog, LoginThrottle, Turn, shown_name
 from cdcserver.protocol.users import UsersFile
-from cdcserver.store.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.index import RangePlan, StoreIndex, TransactionInfo
-from cdcserver.store.naming import TableName
 from mariadb_cdc_client.format.names import table_ref
 from mariadb_cdc_client.format.wire import (
     MAX_USER_NAME,

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from cdcserver.core.gtid import Gtid, GtidState
+from cdcserver.core.names import TableName
 from cdcserver.protocol.dialect import JsonStyle, schema_line
 from cdcserver.protocol.outbox import Outbox
 from cdcserver.protocol.render import (
@@ -60,7 +61,7 @@ from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.checkpoint import Quarantined
 from cdcserver.store.index import StoreIndex
 from cdcserver.store.inuse import in_use
-from cdcserver.store.naming import TableName
+from cdcserver.store.naming import version_file
 from cdcserver.store.records import block_of, decode_records
 from mariadb_cdc_client.format.names import table_ref
 from mariadb_cdc_client.format.wire import Code, Format, ProtocolError
@@ -391,7 +392,7 @@ class Streamer:
         if self.request.version is not None:
             info = entry.versions.get(self.request.version)
             if info is None:
-                name = self.table.file_name(self.request.version, "avro")
+                name = version_file(self.table, self.request.version, "avro")
                 raise ProtocolError(Code.NO_FILE, f"File '{name}' not found.", fatal=True)
             return info
         if isinstance(self._filter, _After):

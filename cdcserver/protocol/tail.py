@@ -24,9 +24,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cdcserver.core.names import TableName
 from cdcserver.protocol.dialect import JsonStyle
 from cdcserver.store.catalog import TableEntry, VersionInfo
-from cdcserver.store.naming import TableName
 from mariadb_cdc_client.format.wire import Format
 
 log = logging.getLogger(__name__)

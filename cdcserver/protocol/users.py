@@ -25,10 +25,10 @@ import stat
 import threading
 from dataclasses import dataclass
 
+from cdcserver.core.durable import write_atomically
 from cdcserver.core.errors import ConfigError
+from cdcserver.core.names import TableName
 from cdcserver.protocol.scram import Verifier
-from cdcserver.store.durable import write_atomically
-from cdcserver.store.naming import TableName
 from mariadb_cdc_client.format.wire import Dialect, digest_hash, password_hash
 
 log = logging.getLogger(__name__)

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.changes import (
     Abort,
     Begin,
@@ -45,6 +46,7 @@ from cdcserver.core.changes import (
 )
 from cdcserver.core.errors import CdcError, SchemaError, UndecodableEvent
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.core.names import TableName
 from cdcserver.mariadb.charsets import CollationTable, codec_for
 from cdcserver.mariadb.constants import (
     FL_COMPLETED_XA,
@@ -66,8 +68,6 @@ from cdcserver.replication.rowless import (
 )
 from cdcserver.replication.tablemap import parse_table_map
 from cdcserver.schema.history import SchemaHistory
-from cdcserver.store.capture import EVERY_USER_TABLE, CaptureFilter
-from cdcserver.store.naming import TableName
 
 log = logging.getLogger(__name__)
 

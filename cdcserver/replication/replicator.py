@@ -19,6 +19,7 @@ from typing import Any
 
 import pymysql
 
+from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.changes import Change
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import (
@@ -31,6 +32,7 @@ from cdcserver.core.errors import (
 )
 from cdcserver.core.gtid import GtidState, same_state
 from cdcserver.core.handoff import Handoff, HandoffClosed
+from cdcserver.core.names import TableName
 from cdcserver.core.retry import Backoff
 from cdcserver.mariadb.charsets import CollationTable
 from cdcserver.replication import source
@@ -38,8 +40,6 @@ from cdcserver.replication.connection import BinlogConnection
 from cdcserver.replication.decoder import DeferDecoding, EventDecoder
 from cdcserver.replication.sources import Sources
 from cdcserver.schema.history import SchemaHistory
-from cdcserver.store.capture import EVERY_USER_TABLE, CaptureFilter
-from cdcserver.store.naming import TableName
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from cdcserver.core.changes import ForeignKeyEdge, Rowless, RowsKind, TableChange, TableLayout
-from cdcserver.store.naming import TableName
+from cdcserver.core.names import TableName
 
 if TYPE_CHECKING:
     from cdcserver.schema.history import SchemaHistory

@@ -26,6 +26,7 @@ import pymysql
 from cdcserver.core.changes import TableLayout
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import SourceError
+from cdcserver.core.names import TableName
 from cdcserver.dump import rawrows
 from cdcserver.dump.scan import select_expression
 from cdcserver.dump.snapshot import (
@@ -40,7 +41,6 @@ from cdcserver.replication import source as source_sql
 from cdcserver.reread.values import from_text
 from cdcserver.schema import ddl
 from cdcserver.schema.history import layout_of
-from cdcserver.store.naming import TableName
 from cdcserver.store.schema import TableSchema
 from mariadb_cdc_client.format.schema import Field
 

@@ -63,13 +63,13 @@ from cdcserver.core.errors import (
     SourceUnavailable,
 )
 from cdcserver.core.gtid import BinlogPosition, binlog_ordinal, same_state
+from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.replication.sources import Sources
 from cdcserver.reread.readview import ReadView
 from cdcserver.reread.values import from_text
 from cdcserver.reread.view import Row, TableView, Views, ViewsClosed, key_names
 from cdcserver.store.catalog import Catalog
-from cdcserver.store.naming import TableName
 from cdcserver.store.schema import TableSchema
 from mariadb_cdc_client.format.schema import Field, Kind
 
@@ -259,7 +259,7 @@ class Repairer:
     def _schema_changed(self, ddl: Ddl) -> None:
         """A statement renamed, dropped, emptied or altered tables. Their views are built
         again from the store when next needed (the pipeline stores each such statement's
-        transaction before the next: :func:`cdcserver.core.pipeline.segments`). A repair whose
+        transaction before the next: :func:`cdcserver.sinks.pipeline.segments`). A repair whose
         rows were read after the statement (its watermark is later) read the table as the
         statement left it, not as the stream has it before the statement: it is read again
         once the statement has passed, under the table's new name and columns (a dropped or

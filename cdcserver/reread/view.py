@@ -26,10 +26,10 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 from cdcserver.core.changes import Rows, RowsKind, TableLayout
+from cdcserver.core.names import TableName
 from cdcserver.reread.values import from_avro
 from cdcserver.store.avrofile import scan_blocks
 from cdcserver.store.catalog import Catalog, VersionInfo
-from cdcserver.store.naming import TableName
 from cdcserver.store.records import decode_records
 
 Row = dict[str, Any]

@@ -1,2 +1,2 @@
 """The schema history: table definitions learned from DDL and the source, which give the
-binlog's columns their names and types."""
+binlog's columns their names and types, and the Avro type each column maps to."""

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from cdcserver.core.changes import Index
+from cdcserver.core.names import TableName
 from cdcserver.schema.definition import (
     BINARY_TYPES,
     CHARACTER_TYPES,
@@ -32,7 +33,6 @@ from cdcserver.schema.definition import (
     with_index,
 )
 from cdcserver.schema.tokens import SqlSyntaxError, Token, TokenStream, tokenize
-from cdcserver.store.naming import TableName
 
 Position = tuple[str, str | None]  # ("first", None) or ("after", column)
 # ALTER TABLE actions on partitions that keep every row's values (in whichever partition)

@@ -28,11 +28,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from cdcserver.core.changes import ColumnDef, Index, TableChange, TableLayout
+from cdcserver.core.durable import write_atomically
 from cdcserver.core.errors import SchemaError
 from cdcserver.core.gtid import Gtid, GtidState
+from cdcserver.core.names import TableName
 from cdcserver.mariadb.charsets import codec_for
 from cdcserver.mariadb.constants import ColumnType as T
 from cdcserver.schema import ddl
+from cdcserver.schema.avrotypes import map_column
 from cdcserver.schema.definition import (
     CHARACTER_TYPES,
     IMPLICIT_ROW_END,
@@ -45,9 +48,6 @@ from cdcserver.schema.definition import (
     with_index,
 )
 from cdcserver.schema.rewrites import action_rewrites
-from cdcserver.store.durable import write_atomically
-from cdcserver.store.naming import TableName
-from cdcserver.store.schema import map_column
 
 log = logging.getLogger(__name__)
 

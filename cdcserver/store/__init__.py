@@ -1,2 +1,2 @@
-"""The data directory: its layout, Avro version files, the catalog and index, checkpoints,
-durable writes, and the store sink."""
+"""The data directory: its layout and file names, Avro version files, the catalog and index,
+checkpoints, and the transcoder."""

@@ -17,9 +17,9 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from cdcserver.core.durable import write_all
 from cdcserver.core.errors import StoreError
 from cdcserver.store import transcoder
-from cdcserver.store.durable import write_all
 from cdcserver.store.encoder import varint
 from cdcserver.store.transcoder import _transcode
 from mariadb_cdc_client.format.avro import (

@@ -14,9 +14,10 @@ import os
 from dataclasses import dataclass, field
 
 from cdcserver.core.gtid import Gtid
+from cdcserver.core.names import TableName
 from cdcserver.store.avrofile import Header, read_header
 from cdcserver.store.checkpoint import Quarantined
-from cdcserver.store.naming import TableName, parse_version_file
+from cdcserver.store.naming import parse_version_file
 from cdcserver.store.schema import TableSchema
 
 

@@ -29,10 +29,10 @@ import time
 import zlib
 from dataclasses import dataclass, field, replace
 
+from cdcserver.core.durable import fsync_dir, write_all, write_atomically
 from cdcserver.core.errors import StoreError
 from cdcserver.core.gtid import BinlogPosition, GtidState
-from cdcserver.store.durable import fsync_dir, write_all, write_atomically
-from cdcserver.store.naming import TableName
+from cdcserver.core.names import TableName
 
 FORMAT = 1
 JOURNAL_MIN_BYTES = 64 * 1024  # below this the journal is never folded into the base

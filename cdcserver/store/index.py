@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cdcserver.core.gtid import Gtid, GtidState, binlog_ordinal
-from cdcserver.store.naming import TableName
+from cdcserver.core.names import TableName
 
 log = logging.getLogger(__name__)
 

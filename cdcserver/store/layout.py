@@ -25,7 +25,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from cdcserver.store.naming import TableName
+from cdcserver.core.names import TableName
+from cdcserver.store.naming import dump_stem, version_file
 
 
 class _Path:
@@ -58,7 +59,7 @@ class DataDir:
 
     def resync_request(self, table: TableName) -> str:
         """The file that asks the running service to resync a quarantined table."""
-        return os.path.join(self.resync_requests, f"{table.dump_stem}.request")
+        return os.path.join(self.resync_requests, f"{dump_stem(table)}.request")
 
     def restrict(self, group: bool = False) -> None:
         """The directory its owner's (or its group's too) only: written by an earlier version,
@@ -68,7 +69,7 @@ class DataDir:
 
     def table_file(self, table: TableName, version: int, suffix: str) -> str:
         """A table version's file in ``avro/`` (``suffix``: ``avro`` or ``avsc``)."""
-        return os.path.join(self.avro, table.file_name(version, suffix))
+        return os.path.join(self.avro, version_file(table, version, suffix))
 
     def avro_file(self, file_name: str) -> str:
         return os.path.join(self.avro, file_name)

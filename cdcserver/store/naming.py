@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+
+from cdcserver.core.names import TableName
 
 _SAFE = re.compile(r"[A-Za-z0-9_$-]")
 _ESCAPE = re.compile(r"@([0-9a-f]{4})")
@@ -84,43 +85,29 @@ def decode_identifier(encoded: str) -> str:
     return "".join(out)
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class TableName:
-    database: str
-    table: str
+def avro_stem(table: TableName) -> str:
+    """The table's files in avro/ are named ``<stem>.NNNNNN.avro``/``.avsc``."""
+    return _stem(table, AVRO_STEM_MAX)
 
-    @property
-    def stem(self) -> str:
-        """The table's files in avro/ are named ``<stem>.NNNNNN.avro``/``.avsc``."""
-        return self._stem(AVRO_STEM_MAX)
 
-    @property
-    def dump_stem(self) -> str:
-        """The table's files in dump/ are named ``<dump_stem>.<time>.dump`` (and ``.lock``,
-        ``.partial``...)."""
-        return self._stem(DUMP_STEM_MAX)
+def dump_stem(table: TableName) -> str:
+    """The table's files in dump/ are named ``<dump_stem>.<time>.dump`` (and ``.lock``,
+    ``.partial``...)."""
+    return _stem(table, DUMP_STEM_MAX)
 
-    def _stem(self, limit: int) -> str:
-        plain = f"{encode_identifier(self.database)}.{encode_identifier(self.table)}"
-        if len(plain) <= limit:
-            return plain
-        return f"{short_identifier(self.database)}.{short_identifier(self.table)}"
 
-    def __str__(self) -> str:
-        return f"{self.database}.{self.table}"
+def _stem(table: TableName, limit: int) -> str:
+    plain = f"{encode_identifier(table.database)}.{encode_identifier(table.table)}"
+    if len(plain) <= limit:
+        return plain
+    return f"{short_identifier(table.database)}.{short_identifier(table.table)}"
 
-    @classmethod
-    def parse(cls, text: str) -> TableName:
-        """``db.table`` (``str()``'s inverse); ValueError without both parts."""
-        database, dot, table = text.partition(".")
-        if not dot or not database or not table:
-            raise ValueError(f"expected DB.TABLE, not {text!r}")
-        return cls(database, table)
 
-    def file_name(self, version: int, suffix: str) -> str:
-        if not 1 <= version <= MAX_VERSION:
-            raise ValueError(f"version {version} out of range 1..{MAX_VERSION}")
-        return f"{self.stem}.{version:06d}.{suffix}"
+def version_file(table: TableName, version: int, suffix: str) -> str:
+    """``<stem>.NNNNNN.<suffix>``: a version's file name in avro/."""
+    if not 1 <= version <= MAX_VERSION:
+        raise ValueError(f"version {version} out of range 1..{MAX_VERSION}")
+    return f"{avro_stem(table)}.{version:06d}.{suffix}"
 
 
 def parse_version_file(name: str) -> tuple[TableName | None, int, str] | None:

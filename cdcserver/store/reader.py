@@ -15,12 +15,12 @@ from typing import Any
 
 from cdcserver.core.errors import StoreError
 from cdcserver.core.gtid import Gtid, GtidState, binlog_ordinal
+from cdcserver.core.names import TableName
 from cdcserver.store import checkpoint as ckpt
 from cdcserver.store.avrofile import scan_blocks
 from cdcserver.store.catalog import Catalog, VersionInfo
 from cdcserver.store.index import sequence_of
 from cdcserver.store.layout import DataDir
-from cdcserver.store.naming import TableName
 from cdcserver.store.records import decode_records
 
 

@@ -52,8 +52,10 @@ from cdcserver.core.changes import (
     TableChange,
     TableLayout,
 )
+from cdcserver.core.durable import fsync_dir, write_atomically
 from cdcserver.core.errors import DiskFull, StoreError, UndecodableEvent
 from cdcserver.core.gtid import BinlogPosition, GtidState
+from cdcserver.core.names import TableName
 from cdcserver.store import checkpoint as ckpt
 from cdcserver.store.avrofile import (
     Header,
@@ -64,11 +66,10 @@ from cdcserver.store.avrofile import (
 )
 from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.checkpoint import Checkpoint, Quarantined, TableMark
-from cdcserver.store.durable import fsync_dir, write_atomically
 from cdcserver.store.encoder import RecordsEncoder, compile_encoder, record_head, record_tail
 from cdcserver.store.index import StoreIndex, TransactionInfo
 from cdcserver.store.layout import DataDir
-from cdcserver.store.naming import MAX_VERSION, TableName, parse_version_file
+from cdcserver.store.naming import MAX_VERSION, parse_version_file
 from cdcserver.store.schema import TableSchema
 from cdcserver.store.transcoder import Transcoder, compile_transcoder, records
 from mariadb_cdc_client.format.names import table_ref

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from cdcserver.core.changes import Change
 from cdcserver.core.gtid import BinlogPosition
-from cdcserver.core.pipeline import SourceInfo
+from cdcserver.sinks.base import SinkStatus, SourceInfo
 from cdcserver.store.store import AvroStore
 
 
@@ -23,6 +23,10 @@ class StoreSink:
     @property
     def durable(self) -> BinlogPosition | None:
         return self.store.durable
+
+    @property
+    def active(self) -> bool:
+        return True
 
     async def open(self, source: SourceInfo) -> None:
         """Nothing to wait for: the service opened the store before the listener."""
@@ -38,3 +42,7 @@ class StoreSink:
 
     async def close(self) -> None:
         """Nothing to let go of: the service closes the store after the listener."""
+
+    def status(self) -> SinkStatus:
+        """The store's own figures are the service's (``cdc_store_*``): nothing more here."""
+        return SinkStatus(self.name)

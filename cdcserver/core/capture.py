@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from cdcserver.store.naming import TableName
+from cdcserver.core.names import TableName
 
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 NEVER = frozenset({("mysql", "global_priv"), ("mysql", "user")})  # password hashes

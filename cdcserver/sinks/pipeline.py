@@ -1,14 +1,10 @@
-"""The change pipeline: from the replicator's hand-off to every sink, checkpointing by flushes.
+"""The change pipeline: from the replicator's hand-off to every active sink, checkpointing by
+flushes.
 
-Every sink implements :class:`Sink`: ``open`` gets it ready for a source (a broker is waited
-for there), ``starting_at`` says where replication starts, ``apply`` writes changes (not
-necessarily durably), ``flush`` makes everything applied durable and returns the position it
-covers, ``close`` lets go of what ``open`` took. A sink that reads another's results names it in
-``after`` and is given each batch after it. Each sink keeps
-its own checkpoint; replication starts from the earliest of them, and a sink is not given a
-transaction its own checkpoint already covers, so a restart after a crash duplicates nothing in
-any sink. Flushes run every ``flush_interval`` seconds in the background, so checkpoint I/O
-overlaps with decoding.
+Each sink (:mod:`cdcserver.sinks.base`) keeps its own checkpoint; replication starts from the
+earliest of them, and a sink is not given a transaction its own checkpoint already covers, so
+a restart after a crash duplicates nothing in any sink. Flushes run every ``flush_interval``
+seconds in the background, so checkpoint I/O overlaps with decoding.
 """
 
 from __future__ import annotations
@@ -17,45 +13,17 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
 
 from cdcserver.core.changes import Abort, Begin, Change, Commit, Ddl
 from cdcserver.core.errors import CdcError, SourceError
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState, binlog_ordinal, same_transaction
 from cdcserver.core.handoff import Handoff
-
-if TYPE_CHECKING:
-    from cdcserver.reread.repair import Repairer
+from cdcserver.reread.repair import Repairer
+from cdcserver.sinks.base import Sink
 
 log = logging.getLogger(__name__)
 
 Applied = Callable[[str, list[Change]], None]  # a sink (by name) applied these changes
-
-
-@dataclass(frozen=True)
-class SourceInfo:
-    """What the sinks learn about the source before replication starts."""
-
-    mariadb: bool  # MariaDB (True) or MySQL
-
-
-class Sink(Protocol):
-    name: str
-    after: tuple[str, ...]  # the sinks that apply each batch before this one
-
-    @property
-    def durable(self) -> BinlogPosition | None: ...
-
-    async def open(self, source: SourceInfo) -> None: ...
-
-    def starting_at(self, position: BinlogPosition) -> None: ...
-
-    async def apply(self, changes: list[Change]) -> None: ...
-
-    async def flush(self) -> BinlogPosition | None: ...
-
-    async def close(self) -> None: ...
 
 
 def start_position(sinks: Sequence[Sink], default: BinlogPosition, *,

@@ -47,12 +47,12 @@ from aiokafka.partitioner import murmur2
 
 from cdcserver.core.changes import Change
 from cdcserver.core.config import KafkaConfig
+from cdcserver.core.durable import write_atomically
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import BinlogPosition
-from cdcserver.core.pipeline import SourceInfo
 from cdcserver.core.retry import Backoff
-from cdcserver.kafka import connect
-from cdcserver.kafka.events import (
+from cdcserver.messages.base import MessageFormat, VersionLookup, primary_key
+from cdcserver.messages.events import (
     CommitEvent,
     EventBuilder,
     RowBatch,
@@ -60,8 +60,10 @@ from cdcserver.kafka.events import (
     StatementEvent,
     TableShape,
 )
-from cdcserver.kafka.formats import FORMATS, MessageFormat, VersionLookup, primary_key
-from cdcserver.store.durable import write_atomically
+from cdcserver.messages.formats import FORMATS
+from cdcserver.sinks.base import SinkStatus, SourceInfo
+from cdcserver.sinks.kafka import connect
+from cdcserver.sinks.kafka.metrics import Totals
 from cdcserver.store.layout import DataDir
 from mariadb_cdc_client.format.dump import value_encoder
 
@@ -117,7 +119,7 @@ class _Marker:
 
 @dataclass
 class SinkStats:
-    """Counted as it happens (``kafka/metrics.py`` reports them)."""
+    """Counted as it happens (:meth:`KafkaSink.status` reports them)."""
 
     messages: int = 0  # produced (a message sent again after a failure counts once)
     acknowledged: int = 0
@@ -207,6 +209,14 @@ class KafkaSink:
 
     def starting_at(self, position: BinlogPosition) -> None:
         """Nothing to record: the checkpoint says where this sink stands."""
+
+    @property
+    def active(self) -> bool:
+        return True
+
+    def status(self) -> SinkStatus:
+        return SinkStatus(self.name, waiting=self.waiting,
+                          metrics=Totals().figures(self, self.config.max_buffer_bytes))
 
     # -- the Sink interface ----------------------------------------------------------------
 

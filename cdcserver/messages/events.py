@@ -15,7 +15,7 @@ from typing import Any
 
 from cdcserver.core.changes import Begin, Change, Commit, Ddl, Rows, RowsKind, TableLayout
 from cdcserver.core.gtid import BinlogPosition, Gtid
-from cdcserver.store.naming import TableName
+from cdcserver.core.names import TableName
 from cdcserver.store.schema import TableSchema
 from mariadb_cdc_client.format.schema import Field
 

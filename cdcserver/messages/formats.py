@@ -1,6 +1,6 @@
 """Kafka message formats: what a row change or a schema statement looks like on a topic.
 
-``cdcserver/kafka/README.md`` shows an example of each. In short:
+``cdcserver/sinks/kafka/README.md`` shows an example of each. In short:
 
 - ``databus`` (the user's mysql-databus transfer format): the value is the RowsEvent
   ``{"Table": {...}, "Action": ..., "Rows": [[...]]}`` with every column value base64-encoded
@@ -27,7 +27,6 @@ KafkaCDC keys.
 from __future__ import annotations
 
 import base64
-import binascii
 import datetime as dt
 import json
 from collections.abc import Callable
@@ -35,252 +34,16 @@ from typing import Any
 
 import orjson
 
-from cdcserver.kafka.events import RowBatch, RowEvent, StatementEvent, TableShape
-from cdcserver.schema.ddl import qualified
-from mariadb_cdc_client.format.dump import value_encoder
+from cdcserver.messages.base import (
+    Message,
+    MessageFormat,
+    RowMessage,
+    dumps,
+    text_form,
+)
+from cdcserver.messages.databus import Databus
+from cdcserver.messages.events import RowEvent, StatementEvent, TableShape
 from mariadb_cdc_client.format.schema import Field, Kind, float32_text, to_json_text
-
-# (database, table, GTID) -> the table version current right after that transaction
-VersionLookup = Callable[[str, str, str], int | None]
-
-Message = tuple[bytes, bytes]  # key, value
-RowMessage = tuple[bytes, bytes, int]  # key, value, the event_number of its first record
-
-
-
-def dumps(value: Any) -> bytes:
-    """Compact UTF-8 JSON (orjson: the standard library's encoder took a third of the sink's
-    time in bench/bench_kafka.py, mostly building an encoder per call)."""
-    return orjson.dumps(value)
-
-
-def position_key(action: str, file: str, pos: int, gtid: str, event: int) -> bytes:
-    return dumps({"Pos": {"Name": file, "Pos": pos}, "Action": action, "GTID": gtid,
-                  "Event": event})
-
-
-def primary_key(shape: TableShape, row: tuple[Any, ...]) -> bytes:
-    """The row's primary key as a JSON object (every column for a table without one)."""
-    fields = shape.fields
-    columns = shape.primary_key or tuple(range(len(fields)))
-    return ("{" + ",".join(json.dumps(fields[i].column, ensure_ascii=False) + ":" +
-                           to_json_text(fields[i].kind, row[i], fields[i].fsp)
-                           for i in columns) + "}").encode("utf-8")
-
-
-def _text(f: Field) -> Callable[[Any], str]:
-    """A value's MariaDB text form (binary data as hex), for one column, chosen once."""
-    if f.kind == Kind.BYTES:
-        return lambda v: bytes(v).hex()
-    encode = value_encoder(f)
-    return lambda v: encode(v).decode("utf-8")
-
-
-class MessageFormat:
-    name = ""
-
-    default_key = "position"  # what key = "auto" means for this format
-    default_topic = "{db}.{table}"  # what topic = "auto" means
-    default_ddl_topic = "{db}"  # ... and ddl_topic = "auto" ("auto": the one topic)
-
-    @staticmethod
-    def default_ddl_topic_for(topic: str) -> str:
-        """Where statements that name no table go when the format sends them to its one
-        topic but ``topic`` names a table: the topic with its table part left out
-        (``cdc.{db}.{table}`` -> ``cdc.{db}``), never a topic literally named ``{table}``."""
-        cut = topic.replace(".{table}", "").replace("_{table}", "").replace("-{table}", "")
-        return cut.replace("{table}", "") or "{db}"
-    default_partitions = 3  # ... and partitions = 0
-    # A topic all of the format's schema statements go to (partition 0), instead of the
-    # tables' topics; "" for the tables' topics.
-    statement_topic = ""
-
-    def __init__(self, key: str = "auto", zone: dt.tzinfo = dt.UTC,
-                 source_name: str = "cdcserver", flavor: str = "mariadb",
-                 key_schema: bool = False, labels: bool = False) -> None:
-        self.key_style = self.default_key if key == "auto" else key
-        self.key_schema = key_schema
-        self.labels = labels  # databus: ENUM/SET labels instead of index/bitmask
-        self.zone = zone
-        self.source_name = source_name
-        self.flavor = flavor
-        # The Avro store's version number of a table's schema created by a GTID, when the
-        # store made one (set by the service; the maxscale format's schema says it).
-        self.version_of: VersionLookup = lambda db, table, gtid: None
-
-    # True: one message per binlog row event (``row_event``), else per row (``rows``).
-    per_row_event = False
-
-    def rows(self, e: RowEvent) -> list[RowMessage]:
-        return [(self.row_key(e), self.row_value(e), e.event_number)]
-
-    def row_event(self, batch: RowBatch) -> RowMessage:
-        raise NotImplementedError
-
-    def row_key(self, e: RowEvent) -> bytes:
-        if self.key_style == "primary-key":
-            row = e.after if e.after is not None else e.before
-            assert row is not None
-            return primary_key(e.shape, row)
-        return position_key(e.action, e.file, e.pos, e.gtid_text, e.event_number)
-
-    def row_value(self, e: RowEvent) -> bytes:
-        raise NotImplementedError
-
-    def statement(self, e: StatementEvent) -> Message | None:
-        raise NotImplementedError
-
-    def statement_key(self, e: StatementEvent, action: str) -> bytes:
-        return position_key(action, e.file, e.pos, str(e.gtid), 0)
-
-
-# -- databus ------------------------------------------------------------------------------
-
-def go_mysql_type(raw_type: str) -> int:
-    """The ``schema.TYPE_*`` code go-mysql gives a column of this ``SHOW COLUMNS`` type, as
-    siddontang/go-mysql 3ca161f (2017-03-26) does, the last version whose ``TableColumn`` is
-    the seed's (Name, Type, RawType, IsAuto, EnumValues, SetValues): NUMBER 1, FLOAT 2
-    (DECIMAL too), ENUM 3, SET 4, STRING 5 (every other type), DATETIME 6, TIMESTAMP 7,
-    DATE 8, TIME 9, BIT 10, JSON 11. Matched on the type's name, not on ENUM labels (a label
-    containing "int" made that version say NUMBER)."""
-    name = raw_type.split("(", 1)[0].split(" ", 1)[0]
-    if "int" in name or name.startswith("year"):
-        return 1
-    if name.startswith(("float", "double", "decimal")):
-        return 2
-    for prefix, code in (("enum", 3), ("set", 4), ("datetime", 6), ("timestamp", 7),
-                         ("time", 9)):
-        if name.startswith(prefix):
-            return code
-    if name == "date":
-        return 8
-    return 10 if name.startswith("bit") else 11 if name.startswith("json") else 5
-
-
-# The QueryEvent actions mysql-databus documents (getevent-structures.md: with update, insert
-# and delete, its seven action strings). A consumer switches on them, so a statement of
-# another kind (RENAME TABLE, a statement on no known table) goes as "alter", the schema
-# change it is; its Query carries the statement itself.
-DATABUS_STATEMENT_ACTIONS = frozenset({"alter", "create", "drop", "truncate"})
-
-
-class Databus(MessageFormat):
-    """mysql-databus's messages (seed 001): one per binlog row event, a ``RowsEvent`` with all
-    its rows, and a ``QueryEvent`` per statement, keyed ``KafkaKey{Pos, Action}`` with
-    ``Action`` ``DML`` or ``DDL`` and ``Pos`` where the event's transaction starts: the
-    position ``SHOW MASTER STATUS`` gave before it, which is what its SDK searches Kafka for
-    (and a dump's position); all on one topic, partition 0, which is where its SDK reads."""
-
-    name = "databus"
-    default_topic = "databus"
-    default_ddl_topic = "auto"
-    default_partitions = 1
-
-    def table_json(self, shape: TableShape) -> bytes:
-        """go-mysql's ``schema.Table``: each column's ``RawType`` as ``SHOW FULL COLUMNS``
-        shows it and ``IsAuto``, every index as ``SHOW INDEX`` lists it (``Cardinality``:
-        each column's position, what go-mysql gives before the server has statistics), from
-        the schema history; from the table map alone when the history does not know the
-        table (then ``RawType`` is the bare type name and only the primary key is listed)."""
-        cached: bytes | None = shape.cache.get("databus.table")
-        if cached is not None:
-            return cached
-        layout = shape.layout
-        described = layout.description
-        if described is not None:
-            raw_types = described.column_types
-            auto = described.auto_increment
-            indexes = [(i.name, list(i.columns)) for i in described.indexes]
-        else:
-            raw_types = tuple(f.real_type + (" unsigned" if col.unsigned else "")
-                              for f, col in zip(shape.fields, layout.columns, strict=True))
-            auto = None
-            pk_names = [shape.fields[i].column for i in layout.primary_key]
-            indexes = [("PRIMARY", pk_names)] if pk_names else []
-        columns = [{"Name": f.column, "Type": go_mysql_type(raw), "RawType": raw,
-                    "IsAuto": f.column == auto,
-                    "EnumValues": list(col.enum_values) or None,
-                    "SetValues": list(col.set_values) or None}
-                   for f, col, raw in zip(shape.fields, layout.columns, raw_types,
-                                          strict=True)]
-        table = dumps({"Schema": shape.table.database, "Name": shape.table.table,
-                       "Columns": columns,
-                       "Indexes": [{"Name": name, "Columns": cols,
-                                    "Cardinality": list(range(1, len(cols) + 1))}
-                                   for name, cols in indexes],
-                       "PKColumns": list(layout.primary_key)})
-        shape.cache["databus.table"] = table
-        return table
-
-    def value_encoders(self, shape: TableShape) -> list[Callable[[Any], bytes]]:
-        encoders: list[Callable[[Any], bytes]] | None = shape.cache.get("databus.encoders")
-        if encoders is None:
-            encoders = shape.cache["databus.encoders"] = [
-                self._encoder(f, col) for f, col in zip(shape.fields, shape.layout.columns,
-                                                        strict=True)]
-        return encoders
-
-    def _encoder(self, f: Field, col: Any) -> Callable[[Any], bytes]:
-        """A value's text as go-mysql gave it: ENUM as its index, SET as its bitmask (unless
-        ``labels``); everything else MariaDB's text form, binary data as it is."""
-        text = value_encoder(f)
-        if self.labels or f.real_type not in ("enum", "set"):
-            return text
-        if f.real_type == "enum":
-            index = {label: n for n, label in enumerate(col.enum_values, 1)}
-            return lambda v: b"%d" % index.get(v, 0)
-        bits = {label: 1 << n for n, label in enumerate(col.set_values)}
-        return lambda v: b"%d" % sum(bits.get(label, 0) for label in v.split(",") if label)
-
-    def row_event(self, batch: RowBatch) -> RowMessage:
-        first = batch.rows[0]
-        encoders = self.value_encoders(first.shape)
-        b64 = binascii.b2a_base64
-        rows = []
-        for e in batch.rows:
-            for row in (e.before, e.after):
-                if row is not None:
-                    rows.append(b"[" + b",".join([
-                        b"null" if v is None else b'"' + b64(enc(v), newline=False) + b'"'
-                        for enc, v in zip(encoders, row)]) + b"]")  # noqa: B905
-        value = (b'{"Table":' + self.table_json(first.shape) + b',"Action":"' +
-                 first.action.encode() + b'","Rows":[' + b",".join(rows) + b"]}")
-        return self.event_key("DML", first.file, first.transaction_start, first.gtid_text,
-                              first.event_number), value, first.event_number
-
-    def row_value(self, e: RowEvent) -> bytes:
-        return self.row_event(RowBatch((e,)))[1]
-
-    @property
-    def per_row_event(self) -> bool:  # type: ignore[override]
-        """A message per row event; per row when keyed by primary key (one key per row)."""
-        return self.key_style != "primary-key"
-
-    def row_key(self, e: RowEvent) -> bytes:
-        if self.key_style == "primary-key":
-            return super().row_key(e)
-        return self.event_key("DML", e.file, e.transaction_start, e.gtid_text, e.event_number)
-
-    @staticmethod
-    def event_key(action: str, file: str, transaction_start: int, gtid: str, event: int
-                  ) -> bytes:
-        return position_key(action, file, transaction_start, gtid, event)
-
-    def statement(self, e: StatementEvent) -> Message:
-        action = e.kind if e.kind in DATABUS_STATEMENT_ACTIONS else "alter"
-        if e.shape is not None:
-            table = self.table_json(e.shape)
-        else:  # never null: the SDK reads Table.Schema of every QueryEvent
-            table = dumps({"Schema": e.database, "Name": e.table or "", "Columns": [],
-                           "Indexes": [], "PKColumns": []})
-        # "Query is a DDL statement that can be run as it is, the schema already wrapped in"
-        sql = qualified(e.sql, e.session_database)
-        value = (b'{"Table":' + table + b',"Action":' + dumps(action) + b',"Query":"' +
-                 base64.b64encode(sql.encode("utf-8")) + b'"}')
-        return position_key("DDL", e.file, e.transaction_start, str(e.gtid), 0), value
-
-
-# -- dip (official format one, with Canal's DDL) -------------------------------------------
 
 _CANAL_TYPES = {"create": "CREATE", "alter": "ALTER", "drop": "ERASE", "rename": "RENAME",
                 "truncate": "TRUNCATE"}
@@ -295,7 +58,8 @@ class Dip(MessageFormat):
             return None
         columns = e.shape.cache.get("dip.columns")
         if columns is None:
-            columns = e.shape.cache["dip.columns"] = [(f.column, _text(f)) for f in e.shape.fields]
+            columns = e.shape.cache["dip.columns"] = [(f.column, text_form(f))
+                                                      for f in e.shape.fields]
         return {name: None if v is None else text(v)
                 for (name, text), v in zip(columns, row)}  # noqa: B905
 

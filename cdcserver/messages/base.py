@@ -1,0 +1,110 @@
+"""What every message format shares: the key styles, the topics a format defaults to, and
+the compact JSON they are written in. The formats themselves: :mod:`cdcserver.messages.databus`
+(shared by the Kafka sink and the databus dump layout) and :mod:`cdcserver.messages.formats`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from cdcserver.messages.events import RowBatch, RowEvent, StatementEvent, TableShape
+from mariadb_cdc_client.format.dump import value_encoder
+from mariadb_cdc_client.format.schema import Field, Kind, to_json_text
+
+# (database, table, GTID) -> the table version current right after that transaction
+VersionLookup = Callable[[str, str, str], int | None]
+
+Message = tuple[bytes, bytes]  # key, value
+RowMessage = tuple[bytes, bytes, int]  # key, value, the event_number of its first record
+
+
+
+def dumps(value: Any) -> bytes:
+    """Compact UTF-8 JSON (orjson: the standard library's encoder took a third of the sink's
+    time in bench/bench_kafka.py, mostly building an encoder per call)."""
+    return orjson.dumps(value)
+
+
+def position_key(action: str, file: str, pos: int, gtid: str, event: int) -> bytes:
+    return dumps({"Pos": {"Name": file, "Pos": pos}, "Action": action, "GTID": gtid,
+                  "Event": event})
+
+
+def primary_key(shape: TableShape, row: tuple[Any, ...]) -> bytes:
+    """The row's primary key as a JSON object (every column for a table without one)."""
+    fields = shape.fields
+    columns = shape.primary_key or tuple(range(len(fields)))
+    return ("{" + ",".join(json.dumps(fields[i].column, ensure_ascii=False) + ":" +
+                           to_json_text(fields[i].kind, row[i], fields[i].fsp)
+                           for i in columns) + "}").encode("utf-8")
+
+
+def text_form(f: Field) -> Callable[[Any], str]:
+    """A value's MariaDB text form (binary data as hex), for one column, chosen once."""
+    if f.kind == Kind.BYTES:
+        return lambda v: bytes(v).hex()
+    encode = value_encoder(f)
+    return lambda v: encode(v).decode("utf-8")
+
+
+class MessageFormat:
+    name = ""
+
+    default_key = "position"  # what key = "auto" means for this format
+    default_topic = "{db}.{table}"  # what topic = "auto" means
+    default_ddl_topic = "{db}"  # ... and ddl_topic = "auto" ("auto": the one topic)
+
+    @staticmethod
+    def default_ddl_topic_for(topic: str) -> str:
+        """Where statements that name no table go when the format sends them to its one
+        topic but ``topic`` names a table: the topic with its table part left out
+        (``cdc.{db}.{table}`` -> ``cdc.{db}``), never a topic literally named ``{table}``."""
+        cut = topic.replace(".{table}", "").replace("_{table}", "").replace("-{table}", "")
+        return cut.replace("{table}", "") or "{db}"
+    default_partitions = 3  # ... and partitions = 0
+    # A topic all of the format's schema statements go to (partition 0), instead of the
+    # tables' topics; "" for the tables' topics.
+    statement_topic = ""
+
+    def __init__(self, key: str = "auto", zone: dt.tzinfo = dt.UTC,
+                 source_name: str = "cdcserver", flavor: str = "mariadb",
+                 key_schema: bool = False, labels: bool = False) -> None:
+        self.key_style = self.default_key if key == "auto" else key
+        self.key_schema = key_schema
+        self.labels = labels  # databus: ENUM/SET labels instead of index/bitmask
+        self.zone = zone
+        self.source_name = source_name
+        self.flavor = flavor
+        # The Avro store's version number of a table's schema created by a GTID, when the
+        # store made one (set by the service; the maxscale format's schema says it).
+        self.version_of: VersionLookup = lambda db, table, gtid: None
+
+    # True: one message per binlog row event (``row_event``), else per row (``rows``).
+    per_row_event = False
+
+    def rows(self, e: RowEvent) -> list[RowMessage]:
+        return [(self.row_key(e), self.row_value(e), e.event_number)]
+
+    def row_event(self, batch: RowBatch) -> RowMessage:
+        raise NotImplementedError
+
+    def row_key(self, e: RowEvent) -> bytes:
+        if self.key_style == "primary-key":
+            row = e.after if e.after is not None else e.before
+            assert row is not None
+            return primary_key(e.shape, row)
+        return position_key(e.action, e.file, e.pos, e.gtid_text, e.event_number)
+
+    def row_value(self, e: RowEvent) -> bytes:
+        raise NotImplementedError
+
+    def statement(self, e: StatementEvent) -> Message | None:
+        raise NotImplementedError
+
+    def statement_key(self, e: StatementEvent, action: str) -> bytes:
+        return position_key(action, e.file, e.pos, str(e.gtid), 0)

@@ -1,0 +1,58 @@
+"""The Kafka sink's figures for /metrics, as its :meth:`status` reports them.
+
+With ``publisher_lock`` a sink exists only while this instance publishes, and each turn gets
+a new one: the lease (:mod:`cdcserver.sinks.kafka.publisher`) adds up the counters of every
+sink this process had (:class:`Totals`), so they only grow; the gauges are the current sink's,
+0 while there is none (standing by).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cdcserver.sinks.base import SinkMetric
+
+if TYPE_CHECKING:
+    from cdcserver.sinks.kafka.sink import KafkaSink, SinkStats
+
+COUNTERS = (  # SinkStats field, metric, help
+    ("messages", "cdc_kafka_messages", "messages produced (one sent again counts once)"),
+    ("acknowledged", "cdc_kafka_messages_acknowledged", "messages the broker acknowledged"),
+    ("resent", "cdc_kafka_messages_resent", "messages sent again after a failed delivery"),
+    ("reconnects", "cdc_kafka_delivery_failures", "deliveries that failed (the broker did "
+     "not acknowledge within request_timeout): each makes the sink reconnect and send "
+     "everything unacknowledged again"),
+    ("transactions", "cdc_kafka_transactions", "transactions published"),
+)
+
+
+class Totals:
+    """Counters over the sinks one after the other: a replaced sink's figures are final."""
+
+    def __init__(self) -> None:
+        self._before = dict.fromkeys((name for name, _, _ in COUNTERS), 0)
+
+    def retire(self, stats: SinkStats) -> None:
+        for name in self._before:
+            self._before[name] += getattr(stats, name)
+
+    def figures(self, current: KafkaSink | None, capacity: int) -> tuple[SinkMetric, ...]:
+        stats = current.stats if current is not None else None
+        counters = [SinkMetric(metric, "counter", documentation,
+                               self._before[name] + (getattr(stats, name) if stats else 0))
+                    for name, metric, documentation in COUNTERS]
+        return (*counters, *gauges(current, capacity))
+
+
+def gauges(sink: KafkaSink | None, capacity: int) -> tuple[SinkMetric, ...]:
+    return (
+        SinkMetric("cdc_kafka_buffered_bytes", "gauge", "bytes of messages held until the "
+                   "broker acknowledges them", sink.buffered_bytes if sink else 0),
+        SinkMetric("cdc_kafka_buffer_capacity_bytes", "gauge", "the most bytes held "
+                   "(max_buffer_bytes); then replication waits", capacity),
+        SinkMetric("cdc_kafka_unacknowledged_messages", "gauge", "messages held until the "
+                   "broker acknowledges them", sink.held_messages if sink else 0),
+        SinkMetric("cdc_kafka_oldest_unacknowledged_seconds", "gauge", "how long the oldest "
+                   "message the broker has not acknowledged has waited (0: none)",
+                   sink.oldest_unacknowledged() if sink else 0),
+    )
