@@ -1,20 +1,46 @@
 """The one way the listener writes to a client.
 
-Replies, stream data and dump headers all go through :class:`Outbox`: it refuses to write to a
-connection the client has closed (uvloop raises RuntimeError there, not ConnectionError), waits
-for the socket to take each write (``drain``), yields the loop after each, and counts the bytes
-of streams and dumps in the listener's totals (``cdc_sent_bytes``; replies to commands are not
-counted). Two paths that must hand bytes to the kernel themselves report what
-they sent with :meth:`Outbox.sent`: ``sendfile(2)`` of stored files, and the shared tails, which
-write one rendered commit to many clients' transports (``tail.py``).
+Every write goes through a client's :class:`Outbox`: replies to commands, stream data, the
+shared tails' commits and dump transfers. It refuses to write to a connection the client has
+closed (uvloop raises RuntimeError there, not ConnectionError), waits for the socket to take
+each write (``drain``), yields the loop after each, and counts the bytes of streams, tails
+and dumps in the listener's totals (``cdc_sent_bytes``; replies to commands are not counted).
+
+Stored bytes (AVRO streams, dumps) go as they are on disk with :meth:`Outbox.send_file`:
+``sendfile(2)`` from the page cache to the socket, on the event loop. The socket is
+non-blocking, so a full socket returns at once; the outbox then waits until the socket can
+take more, through a duplicate of its descriptor registered with the loop (uvloop lets no
+one else watch a transport's own descriptor, and implements no ``loop.sendfile``). No byte
+passes through Python, no thread is taken, and a client that takes nothing for
+``stall_timeout`` seconds loses the transfer. On TLS connections (the bytes must be encrypted)
+the file is read and written in chunks through the transport instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+from dataclasses import dataclass
 
-from cdcserver.protocol.tail import Traffic
+CHUNK = 1 << 20  # bytes read at a time where sendfile(2) cannot be used
+SENDFILE_MAX = 4 << 20  # bytes per sendfile(2) call
+
+
+@dataclass
+class Traffic:
+    """What a listener has sent, counted as it is written (the metrics read it)."""
+
+    bytes_sent: int = 0
+    records_sent: int = 0
+
+
+class TransferStalled(TimeoutError):
+    """The client accepted nothing for too long."""
+
+
+class FileEnded(FileNotFoundError):
+    """The file is shorter than the bytes asked for (retention or a resync replaced it)."""
 
 
 class Outbox:
@@ -23,8 +49,13 @@ class Outbox:
         self.traffic = traffic
 
     @property
-    def transport(self) -> asyncio.WriteTransport:
-        return self.writer.transport
+    def closing(self) -> bool:
+        return self.writer.is_closing()
+
+    @property
+    def buffered(self) -> int:
+        """Bytes written but not yet taken by the socket."""
+        return self.writer.transport.get_write_buffer_size()
 
     async def send(self, data: bytes, *, counted: bool = True) -> None:
         """Stream data: raises ConnectionResetError once the client has gone."""
@@ -49,5 +80,99 @@ class Outbox:
             if not self.writer.is_closing():
                 self.writer.write(data)
 
+    def write_now(self, data: bytes) -> None:
+        """Counted data written without waiting: a shared tail writes one commit to many
+        clients, each of whose buffers it checks first (:attr:`buffered`)."""
+        self.writer.write(data)
+        self.sent(len(data))
+
     def sent(self, count: int) -> None:
         self.traffic.bytes_sent += count
+
+    async def send_file(self, fd: int, offset: int, count: int, *,
+                        stall_timeout: float | None = None) -> int:
+        """``count`` bytes of the open file ``fd`` from ``offset``, as they are on disk;
+        returns the bytes sent (``count``). Raises ConnectionResetError when the client goes,
+        TransferStalled when it takes nothing for ``stall_timeout`` seconds, and FileEnded
+        when the file is shorter than ``count``."""
+        transport = self.writer.transport
+        sock = transport.get_extra_info("socket")
+        if sock is None or transport.get_extra_info("sslcontext") is not None or \
+                not hasattr(os, "sendfile"):
+            return await self._copy(fd, offset, count, stall_timeout)
+        await self._flushed(stall_timeout)  # what was written before goes first
+        out = os.dup(sock.fileno())
+        sent = 0
+        try:
+            while sent < count:
+                if self.writer.is_closing():
+                    raise ConnectionResetError("the client closed the connection")
+                try:
+                    n = os.sendfile(out, fd, offset + sent, min(count - sent, SENDFILE_MAX))
+                except BlockingIOError:
+                    await self._writable(out, stall_timeout)
+                    continue
+                except (BrokenPipeError, ConnectionResetError) as exc:
+                    raise ConnectionResetError(f"the client went away: {exc}") from None
+                if n == 0:
+                    raise FileEnded(f"the file ended after {sent} of {count} bytes")
+                sent += n
+                self.sent(n)
+                await asyncio.sleep(0)  # let replication and other clients run
+        finally:
+            os.close(out)
+        return sent
+
+    async def _copy(self, fd: int, offset: int, count: int,
+                    stall_timeout: float | None) -> int:
+        sent = 0
+        while sent < count:
+            data = os.pread(fd, min(CHUNK, count - sent), offset + sent)
+            if not data:
+                raise FileEnded(f"the file ended after {sent} of {count} bytes")
+            try:
+                async with asyncio.timeout(stall_timeout):
+                    await self.send(data)
+            except TimeoutError:
+                raise TransferStalled(f"the client took nothing for {stall_timeout:.0f}s") \
+                    from None
+            sent += len(data)
+        return sent
+
+    async def _flushed(self, stall_timeout: float | None) -> None:
+        """Until the transport has handed the socket everything written to it."""
+        transport = self.writer.transport
+        low, high = transport.get_write_buffer_limits()
+        transport.set_write_buffer_limits(high=0)
+        try:
+            async with asyncio.timeout(stall_timeout):
+                while transport.get_write_buffer_size():
+                    if transport.is_closing():
+                        raise ConnectionResetError("the client closed the connection")
+                    await self.writer.drain()
+        except TimeoutError:
+            raise TransferStalled(f"the client took nothing for {stall_timeout:.0f}s") \
+                from None
+        finally:
+            transport.set_write_buffer_limits(high=high, low=low)
+
+    @staticmethod
+    async def _writable(fd: int, stall_timeout: float | None) -> None:
+        """Until the socket behind ``fd`` (a duplicate of the transport's) takes more, or
+        fails (the next write then says how)."""
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        loop.add_writer(fd, wake)
+        try:
+            async with asyncio.timeout(stall_timeout):
+                await ready
+        except TimeoutError:
+            raise TransferStalled(f"the client took nothing for {stall_timeout:.0f}s") \
+                from None
+        finally:
+            loop.remove_writer(fd)

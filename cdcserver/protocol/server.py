@@ -23,9 +23,8 @@ from typing import BinaryIO
 from cdcserver.core.config import ListenerConfig
 from cdcserver.core.names import TableName
 from cdcserver.dump.databus import NoDefinition, write_databus
-from cdcserver.dump.transfer import send_file
 from cdcserver.protocol.dialect import JsonStyle
-from cdcserver.protocol.outbox import Outbox
+from cdcserver.protocol.outbox import Outbox, Traffic
 from cdcserver.protocol.session import (
     Blocking,
     Delay,
@@ -37,7 +36,7 @@ from cdcserver.protocol.session import (
     StartStream,
 )
 from cdcserver.protocol.stream import Streamer, read_range
-from cdcserver.protocol.tail import Tails, Traffic
+from cdcserver.protocol.tail import Tails
 from cdcserver.store.inuse import in_use
 from mariadb_cdc_client.format.wire import Code, ProtocolError, error_line
 
@@ -139,7 +138,7 @@ class CdcServer:
         self.traffic = Traffic()  # bytes and records sent, counted as they are written
         self.dumps_sent = 0
         self.dump_released: Callable[[], None] | None = None  # wakes the cleaner
-        self.tails = Tails(read_range, self.traffic)  # one reader per table end
+        self.tails = Tails(read_range)  # one reader per table end
         self.tails.stopped = lambda table: table in context.catalog.quarantined
 
     @property
@@ -376,8 +375,8 @@ class Connection:
                         on_disk, dump.path, self.server.databus_labels))
                 size = os.fstat(f.fileno()).st_size
                 await self.out.reply(f"OK {size} {dump.name}\n".encode())
-                transfer = asyncio.create_task(
-                    send_file(self.out.writer, f, size, self.server.limits.idle_timeout))
+                transfer = asyncio.create_task(self.out.send_file(
+                    f.fileno(), 0, size, stall_timeout=self.server.limits.idle_timeout))
                 input_task = asyncio.create_task(self.messages.next())
                 try:
                     await asyncio.wait({transfer, input_task},
@@ -418,7 +417,6 @@ class Connection:
                 self.server.dump_released()
         self._last_command = asyncio.get_running_loop().time()  # the transfer was not idle
         self.server.dumps_sent += 1
-        self.out.sent(sent)
         log.info("%s: sent %s (%d bytes in %.2fs)", self.peer, dump.name, sent,
                  time.monotonic() - started)
         return True

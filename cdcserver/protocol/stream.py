@@ -69,7 +69,6 @@ from mariadb_cdc_client.format.wire import Code, Format, ProtocolError
 log = logging.getLogger(__name__)
 
 CHUNK = 64 * 1024
-SENDFILE_MAX = 4 << 20  # bytes per sendfile(2) call
 
 
 class _Order:
@@ -435,7 +434,7 @@ class Streamer:
             if stopped is not None:
                 raise quarantined(self.table, stopped)
             if self.tails is not None and (self._filter is None or self._filter.settled):
-                follower = await self.tails.follow(self.out.transport, entry, info, pos,
+                follower = await self.tails.follow(self.out, entry, info, pos,
                                                    self.format, self.style)
                 self.bytes_sent += follower.bytes_sent
                 self.records_sent += follower.records_sent
@@ -506,52 +505,16 @@ class Streamer:
         self._sent_records(len(kept))
 
     async def _send_file(self, info: VersionInfo, pos: int, end: int) -> None:
-        """Stored bytes as they are: with sendfile(2) from the page cache to the socket when
-        the transport is a plain TCP socket, else read and written in chunks."""
-        transport = self.out.transport
-        sock = transport.get_extra_info("socket")
-        if sock is None or transport.get_extra_info("sslcontext") is not None:
-            while pos < end:
-                size = min(CHUNK, end - pos)
-                await self._write(self._read(info, pos, size))
-                pos += size
-            return
-        # With both limits at 0, drain() returns only once the transport has nothing queued,
-        # so bytes sent past it can never overtake bytes it still holds.
-        transport.set_write_buffer_limits(high=0, low=0)
+        """Stored bytes as they are (:meth:`Outbox.send_file`)."""
         fd = os.open(info.path, os.O_RDONLY)
         try:
-            while pos < end:
-                await self.out.writer.drain()
-                if transport.is_closing():
-                    raise ConnectionResetError("the client closed the connection")
-                try:
-                    sent = os.sendfile(sock.fileno(), fd, pos, min(end - pos, SENDFILE_MAX))
-                except BlockingIOError:
-                    sent = 0
-                if sent == 0:
-                    # The socket is full: queue a chunk with the transport, whose drain()
-                    # waits until the client has taken it.
-                    data = os.pread(fd, min(CHUNK, end - pos), pos)
-                    if not data:
-                        raise FileNotFoundError(f"{info.path} is shorter than committed")
-                    self.out.writer.write(data)
-                    sent = len(data)
-                pos += sent
-                self._sent_bytes(sent)
-                await asyncio.sleep(0)  # let replication and other clients run
+            self.bytes_sent += await self.out.send_file(fd, pos, end - pos)
         finally:
             os.close(fd)
-            transport.set_write_buffer_limits()
-        await self.out.writer.drain()
 
     def _sent_records(self, count: int) -> None:
         self.records_sent += count
         self.out.traffic.records_sent += count
-
-    def _sent_bytes(self, count: int) -> None:
-        self.bytes_sent += count
-        self.out.sent(count)
 
     @staticmethod
     def _read(info: VersionInfo, offset: int, size: int) -> bytes:

@@ -3,13 +3,13 @@
 Clients that have caught up with a table (the usual state of a CDC consumer) all want the
 same bytes when a transaction commits. Instead of every session waking up, reading the new
 blocks and rendering them, a ``Tail`` per (version file, format, JSON style) does it once and
-writes the result to each waiting session's transport: a commit costs one render and one
+writes the result to each waiting session's outbox: a commit costs one render and one
 ``write`` per client.
 
 A session hands itself over with ``Tails.follow`` when it stands at the version's committed
 end with no filter left to apply, and gets its position back (it then continues alone) when:
 the version is sealed; its client reads too slowly (more than ``MAX_BUFFERED`` bytes wait in
-its transport: it falls back to its own stream, whose writes await ``drain()``); a commit
+its outbox: it falls back to its own stream, whose writes await ``drain()``); a commit
 adds more than ``MAX_RANGE`` bytes (each session streams that in bounded chunks); or it is
 cancelled (the client sent a command or left). Bytes go out in commit order either way: the
 tail writes only at the position the session stood at, and the session resumes where the
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from cdcserver.core.names import TableName
 from cdcserver.protocol.dialect import JsonStyle
+from cdcserver.protocol.outbox import Outbox
 from cdcserver.store.catalog import TableEntry, VersionInfo
 from mariadb_cdc_client.format.wire import Format
 
@@ -40,19 +41,11 @@ RangeReader = Callable[[VersionInfo, int, int, Format, JsonStyle], tuple[bytes, 
 Delivered = Callable[[TableName, int], None]
 
 
-@dataclass
-class Traffic:
-    """What a listener has sent, counted as it is written (the metrics read it)."""
-
-    bytes_sent: int = 0
-    records_sent: int = 0
-
-
 @dataclass(eq=False)
 class Follower:
     """A session handed over to a tail: where to write, and what it has been sent."""
 
-    transport: asyncio.WriteTransport
+    out: Outbox
     returned: asyncio.Future[int]  # the position the session continues from
     bytes_sent: int = 0
     records_sent: int = 0
@@ -92,21 +85,20 @@ class Tail:
         data, records = self.tails.read_range(self.info, self.pos, end, self.key[1], self.key[2])
         writes = 0
         for follower in list(self.followers):
-            transport = follower.transport
-            if transport.is_closing():
+            out = follower.out
+            if out.closing:
                 self.followers.discard(follower)
                 if not follower.returned.done():
                     follower.returned.set_exception(
                         ConnectionResetError("the client closed the connection"))
-            elif transport.get_write_buffer_size() > MAX_BUFFERED:
+            elif out.buffered > MAX_BUFFERED:
                 self._release(follower)  # a slow reader: it continues alone, with drain()
             else:
-                transport.write(data)
+                out.write_now(data)
                 writes += 1
                 follower.bytes_sent += len(data)
                 follower.records_sent += records
-                self.tails.traffic.bytes_sent += len(data)
-                self.tails.traffic.records_sent += records
+                out.traffic.records_sent += records
         self.pos = end
         if writes and self.tails.delivered is not None:
             self.tails.delivered(self.entry.name, writes)
@@ -120,15 +112,14 @@ class Tail:
 class Tails:
     """The tails of one listener."""
 
-    def __init__(self, read_range: RangeReader, traffic: Traffic | None = None) -> None:
+    def __init__(self, read_range: RangeReader) -> None:
         self.read_range = read_range
-        self.traffic = traffic if traffic is not None else Traffic()
         # whether a table's stream stopped (quarantined): its tail hands its sessions back
         self.stopped: Callable[[TableName], bool] = lambda table: False
         self.delivered: Delivered | None = None
         self._tails: dict[tuple[str, Format, JsonStyle], Tail] = {}
 
-    async def follow(self, transport: asyncio.WriteTransport, entry: TableEntry,
+    async def follow(self, out: Outbox, entry: TableEntry,
                      info: VersionInfo, pos: int, fmt: Format, style: JsonStyle) -> Follower:
         """Wait at ``pos`` (the version's committed end) and let the tail send what commits
         next; returns when the session should continue alone from ``returned``'s result."""
@@ -136,7 +127,7 @@ class Tails:
         tail = self._tails.get(key)
         if tail is None or tail.info is not info:
             tail = self._tails[key] = Tail(self, key, entry, info, pos)
-        follower = Follower(transport, asyncio.get_running_loop().create_future())
+        follower = Follower(out, asyncio.get_running_loop().create_future())
         if tail.pos != pos:
             # The tail is before or past this session (a commit is on its way to it): wait
             # for that commit, then catch up alone and come back.
