@@ -42,8 +42,8 @@ from cdcserver.core.config import SourceAddress
 from cdcserver.core.names import TableName
 from cdcserver.dump.dumper import DumpOptions, dump_tables
 from cdcserver.dump.files import DumpInfo
+from cdcserver.protocol.queries import SessionContext
 from cdcserver.protocol.server import CdcServer
-from cdcserver.protocol.session import SessionContext
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
 from mariadb_cdc_client.format.dump import DumpDecoder, DumpRows

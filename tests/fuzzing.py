@@ -23,7 +23,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from cdcserver.protocol.session import Blocking, Delay, Reply, SendDump, Session, StartStream
+from cdcserver.protocol.queries import QUERIES
+from cdcserver.protocol.session import Delay, Reply, SendDump, Session, StartStream
 from mariadb_cdc_client.format.wire import Code, auth_message
 from tests.helpers import PASSWORD, USER, RawClient
 from tests.test_listener import Listener
@@ -196,8 +197,9 @@ def fuzz_core(running: Listener, inputs: int, seed: int) -> Figures:
 def _step(session: Session, message: bytes, context: object) -> bool:
     """One message; False when the connection would end (closed, or a stream started)."""
     outcome = session.receive(message)
-    while isinstance(outcome, Blocking | Delay):
-        outcome = outcome.run() if isinstance(outcome, Blocking) else outcome.then()
+    while isinstance(outcome, (*QUERIES, Delay)):
+        outcome = outcome.then() if isinstance(outcome, Delay) else \
+            session.answered(outcome, outcome.fetch(session.context))
     if isinstance(outcome, Reply):
         check_reply(outcome.data, context)
         return not outcome.close

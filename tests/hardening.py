@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cdcserver.protocol.queries import QUERIES
 from cdcserver.protocol.server import ListenerLimits
-from cdcserver.protocol.session import Blocking, Reply, SendDump, Session, StartStream
+from cdcserver.protocol.session import Reply, SendDump, Session, StartStream
 from mariadb_cdc_client.format.wire import auth_message
 from tests import fuzzing
 from tests.helpers import PASSWORD, USER, RawClient
@@ -99,8 +100,8 @@ def fuzz_sessions(running: Listener, examples: int) -> Figures:
         for message in script:
             figures.tried += 1
             outcome = session.receive(message)
-            if isinstance(outcome, Blocking):  # the connection runs it in a thread
-                outcome = outcome.run()
+            while isinstance(outcome, QUERIES):  # the connection runs it in a thread
+                outcome = session.answered(outcome, outcome.fetch(context))
             if isinstance(outcome, Reply):
                 for line in outcome.data.splitlines(keepends=True):
                     assert REPLY_LINE.match(line), (script, message, outcome.data)

@@ -2,8 +2,9 @@
 
 A real store (synthetic changes, as in test_listener.py) and a real users file under tmp_path;
 each test feeds messages to ``Session.receive`` and checks the outcome it returns. Work that
-reads files or the index comes back as ``Blocking`` (the connection runs it in a thread); here
-it is run directly. The socket tests (test_listener.py) check the same verbs end to end.
+reads files or the index comes back as a typed query (the connection runs its ``fetch`` in a
+thread and hands the result back with ``Session.answered``); here both run directly. The
+socket tests (test_listener.py) check the same verbs end to end.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import pytest
 from cdcserver.core.changes import Begin, Commit, Rows, RowsKind
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.core.names import TableName
+from cdcserver.protocol.queries import QUERIES, ListDumps, LookupTransaction
 from cdcserver.protocol.session import (
-    Blocking,
     Outcome,
     Phase,
     Reply,
@@ -57,7 +58,9 @@ def context(tmp_path: os.PathLike[str]) -> Iterator[SessionContext]:
 
 def _outcome(session: Session, message: bytes) -> Outcome | None:
     outcome = session.receive(message)
-    return outcome.run() if isinstance(outcome, Blocking) else outcome
+    while isinstance(outcome, QUERIES):
+        outcome = session.answered(outcome, outcome.fetch(session.context))
+    return outcome
 
 
 def _reply(session: Session, message: bytes) -> bytes:
@@ -128,7 +131,8 @@ def test_queries_about_transactions_and_state(context):
     session = _ready(context)
     last = json.loads(_reply(session, b"QUERY-LAST-TRANSACTION\n"))
     assert last["GTID"] == "0-1-2" and last["tables"] == ["shop.items"]
-    assert session.receive(b"QUERY-TRANSACTION 0-1-1\n").__class__ is Blocking  # SQLite
+    assert session.receive(b"QUERY-TRANSACTION 0-1-1\n") == \
+        LookupTransaction(Gtid(0, 1, 1), None)  # SQLite: read off the loop
     first = json.loads(_reply(session, b"QUERY-TRANSACTION 0-1-1\n"))
     assert first["GTID"] == "0-1-1" and first["events"] == 1
     assert json.loads(_reply(session, b"QUERY-STATE\n")) == {"gtid_state": "0-1-2"}
@@ -141,7 +145,7 @@ def test_listing_tables_and_dumps(context):
     session = _ready(context)
     tables = json.loads(_reply(session, b"LIST-TABLES\n"))["tables"]
     assert [(t["ref"], len(t["versions"])) for t in tables] == [("shop.items", 1)]
-    assert session.receive(b"LIST-DUMPS\n").__class__ is Blocking  # reads the dump files
+    assert session.receive(b"LIST-DUMPS\n") == ListDumps(None)  # reads the dump files
     assert json.loads(_reply(session, b"LIST-DUMPS\n")) == {"dumps": []}
     assert not isinstance(_outcome(session, b"REQUEST-DUMP shop.items FOLLOW\n"), SendDump)
 

@@ -29,8 +29,8 @@ from cdcserver.core.changes import (
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.core.names import TableName
 from cdcserver.mariadb.constants import ColumnType
+from cdcserver.protocol.queries import SessionContext
 from cdcserver.protocol.server import CdcServer, ListenerLimits
-from cdcserver.protocol.session import SessionContext
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.index import StoreIndex

@@ -41,8 +41,8 @@ from cdcserver.ops.metrics import (
 )
 from cdcserver.ops.monitoring import MonitoringServer
 from cdcserver.ops.probes import live, ready
+from cdcserver.protocol.queries import SessionContext
 from cdcserver.protocol.server import CdcServer, ListenerLimits, ListenerStats
-from cdcserver.protocol.session import SessionContext
 from cdcserver.protocol.throttle import LoginThrottle
 from cdcserver.protocol.users import UsersFile
 from cdcserver.replication.sources import Sources

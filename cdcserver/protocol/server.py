@@ -25,8 +25,8 @@ from cdcserver.core.names import TableName
 from cdcserver.dump.databus import NoDefinition, write_databus
 from cdcserver.protocol.dialect import JsonStyle
 from cdcserver.protocol.outbox import Outbox, Traffic
+from cdcserver.protocol.queries import QUERIES
 from cdcserver.protocol.session import (
-    Blocking,
     Delay,
     Phase,
     Reply,
@@ -293,8 +293,9 @@ class Connection:
                 if isinstance(outcome, Delay):
                     await asyncio.sleep(outcome.seconds)
                     outcome = outcome.then()
-                if isinstance(outcome, Blocking):
-                    outcome = await asyncio.to_thread(outcome.run)
+                while isinstance(outcome, QUERIES):  # read off the loop, answered on it
+                    result = await asyncio.to_thread(outcome.fetch, self.session.context)
+                    outcome = self.session.answered(outcome, result)
                 if isinstance(outcome, Reply):
                     if outcome.data:
                         await self.out.reply(outcome.data)

@@ -1,37 +1,46 @@
 """One client's protocol state machine, with no I/O.
 
 ``Session.receive(message)`` takes one framed message and returns what to do: a reply (and
-whether to hang up afterwards), a stream to start, a dump to send, or :class:`Blocking` work
-(listing dump files, querying the index) that the connection runs off the event loop and
-that returns one of the others. The phases are MaxScale's: authenticate, register, then
-commands. Verbs are methods named ``verb_<VERB>`` (``-`` becomes ``_``), found by name;
-``receive`` alone does the checks before dispatch (phase, unknown verb, the budget of bad
-commands). The connection task in :mod:`cdcserver.protocol.server` owns the socket and
-executes the outcomes.
+whether to hang up afterwards), a stream to start, a dump to send, or a typed query
+(:mod:`cdcserver.protocol.queries`: listing dump files, querying the index) that the
+connection runs off the event loop and hands back with ``Session.answered``, which returns
+one of the others. The session's state changes only in these two calls, on the event loop.
+The phases are MaxScale's: authenticate, register, then commands. Verbs are methods named
+``verb_<VERB>`` (``-`` becomes ``_``), found by name; ``receive`` alone does the checks
+before dispatch (phase, unknown verb, the budget of bad commands). The connection task in
+:mod:`cdcserver.protocol.server` owns the socket and executes the outcomes.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Any
 
-from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.config import ListenerConfig
 from cdcserver.core.errors import CdcError
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.core.names import TableName
-from cdcserver.dump.files import DumpInfo, list_dumps
+from cdcserver.dump.files import DumpInfo
+from cdcserver.protocol.queries import (
+    DumpedTable,
+    FindDump,
+    ListDumps,
+    LookupTransaction,
+    PlanRange,
+    Query,
+    ResolveTables,
+    SessionContext,
+    StateOf,
+)
 from cdcserver.protocol.requests import StreamRequest, state_bound, stream_request
 from cdcserver.protocol.scram import MECHANISM, ScramFailed, ServerExchange
 from cdcserver.protocol.stream import quarantined
-from cdcserver.protocol.throttle import FailureLog, LoginThrottle, Turn, shown_name
-from cdcserver.protocol.users import UsersFile
-from cdcserver.store.catalog import Catalog
-from cdcserver.store.index import RangePlan, StoreIndex, TransactionInfo
+from cdcserver.protocol.throttle import Turn, shown_name
+from cdcserver.store.index import RangePlan, TransactionInfo
 from mariadb_cdc_client.format.names import table_ref
 from mariadb_cdc_client.format.wire import (
     MAX_USER_NAME,
@@ -39,10 +48,8 @@ from mariadb_cdc_client.format.wire import (
     Code,
     DataRequest,
     Dialect,
-    DumpRequest,
     Format,
     ProtocolError,
-    RangeQuery,
     auth_incomplete,
     parse_auth,
     parse_list_dumps,
@@ -91,14 +98,6 @@ class SendDump:
 
 
 @dataclass(frozen=True)
-class Blocking:
-    """Work that reads files or the index: run it off the event loop (``run`` never raises a
-    protocol error; it returns the reply for one)."""
-
-    run: Callable[[], Reply | StartStream | SendDump]
-
-
-@dataclass(frozen=True)
 class Delay:
     """Wait ``seconds`` (without blocking other connections), then take ``then``'s outcome."""
 
@@ -106,42 +105,7 @@ class Delay:
     then: Callable[[], Reply]
 
 
-Outcome = Reply | StartStream | SendDump | Blocking | Delay
-
-
-class DumpControl(Protocol):
-    """The service's dumps, as sessions start and watch them (cdcserver.dump.scheduler)."""
-
-    def resolve(self, refs: list[tuple[str, str]]) -> list[TableName]:
-        """The tables that ``db.table`` and ``db.*`` name on the source (blocking)."""
-
-    def request(self, tables: list[TableName]) -> list[TableName]:
-        """Queue dumps; the tables queued now."""
-
-    def listed(self) -> list[dict[str, object]]:
-        """The dumps queued, running, or failed lately."""
-
-
-@dataclass
-class SessionContext:
-    """What sessions read: shared by every connection of one server."""
-
-    catalog: Catalog
-    users: UsersFile
-    index: Callable[[], StoreIndex | None]
-    data_dir: str | None = None  # where dumps are; None: no dumps
-    # Waits until the service has stored every transaction up to a GTID state.
-    caught_up: Callable[[GtidState], Awaitable[None]] | None = None
-    # The GTID state of everything stored so far (what a bounded read can end at).
-    stored_state: Callable[[], GtidState] | None = None
-    # The JSON dialect of a client that does not ask for one and whose user has none.
-    dialect: Dialect = Dialect.MAXSCALE
-    login_failures: int = 0  # counted for the metrics
-    throttle: LoginThrottle = field(default_factory=LoginThrottle)
-    failures: FailureLog = field(default_factory=lambda: FailureLog(log.warning))
-    dumps: DumpControl | None = None  # None: no dumps on request
-    # What the service captures: nothing else is served, even if stored by an earlier version
-    capture: CaptureFilter = EVERY_USER_TABLE
+Outcome = Reply | StartStream | SendDump | Query | Delay
 
 
 class Session:
@@ -160,6 +124,12 @@ class Session:
         self._verbs: dict[str, Callable[[str], Outcome]] = {
             name[len("verb_"):].replace("_", "-"): getattr(self, name)
             for name in dir(self) if name.startswith("verb_")
+        }
+        self._answers: dict[type, Callable[[Any, Any], Outcome]] = {
+            ListDumps: self._list_dumps, FindDump: self._send_dump,
+            DumpedTable: self._dumped_table, ResolveTables: self._start_dumps,
+            LookupTransaction: self._transaction, StateOf: self._state,
+            PlanRange: self._plan_range,
         }
 
     def receive(self, message: bytes) -> Outcome | None:
@@ -323,7 +293,7 @@ class Session:
             # (a bounded read of it is empty).
             if not (request.after and request.version is None):
                 raise self._no_file(request, f"unknown table {_ref(table)}")
-            return self._blocking(lambda: self._start_after_dump(request))
+            return DumpedTable(request)
         if request.version is not None and request.version not in entry.versions:
             first, last = min(entry.versions), max(entry.versions)
             stored = f"version {first:06d}" if first == last else \
@@ -331,10 +301,10 @@ class Session:
             raise self._no_file(request, f"{_ref(table)} has {stored}")
         return self._start(request)
 
-    def _start_after_dump(self, request: StreamRequest) -> Outcome:
-        if not self._dumps(request.table):
-            raise self._no_file(request, f"unknown table {_ref(request.table)}")
-        return self._start(request)
+    def _dumped_table(self, query: DumpedTable, dumps: list[DumpInfo]) -> Outcome:
+        if not dumps:
+            raise self._no_file(query.request, f"unknown table {_ref(query.request.table)}")
+        return self._start(query.request)
 
     def _no_file(self, request: StreamRequest, cause: str) -> ProtocolError:
         """MaxScale's reply for a version file it does not have, byte for byte; a client
@@ -349,16 +319,15 @@ class Session:
         self.phase = Phase.STREAMING
         return StartStream(request, self.format, self.dialect)
 
-    def _blocking(self, work: Callable[[], Outcome]) -> Blocking:
-        def run() -> Reply | StartStream | SendDump:
-            try:
-                outcome = work()
-            except ProtocolError as exc:
-                return self._bad(exc)
-            assert not isinstance(outcome, Blocking | Delay)
-            return outcome
-
-        return Blocking(run)
+    def answered(self, query: Query, result: Any) -> Outcome:
+        """The connection ran ``query``: what to do now (a protocol error is its reply)."""
+        answer = self._answers[type(query)]
+        try:
+            outcome = answer(query, result)
+        except ProtocolError as exc:
+            return self._bad(exc)
+        assert not isinstance(outcome, Delay)
+        return outcome
 
     def verb_LIST_DUMPS(self, argument: str) -> Outcome:
         """Extension: the complete dumps, oldest first, as one JSON line."""
@@ -366,11 +335,12 @@ class Session:
         table = TableName(*parsed) if parsed else None
         if table is not None:
             self._require_access(table)
-        return self._blocking(lambda: self._list_dumps(table))
+        return ListDumps(table)
 
-    def _list_dumps(self, table: TableName | None) -> Reply:
+    def _list_dumps(self, query: ListDumps, found: list[DumpInfo]) -> Reply:
+        table = query.table
         # "ref": the table as commands name it (protocol.md, "Table names")
-        dumps = [{**d.summary(), "ref": _ref(d.table)} for d in self._dumps(table)
+        dumps = [{**d.summary(), "ref": _ref(d.table)} for d in found
                  if self._may_read(d.table)]
         listing: dict[str, object] = {"dumps": dumps}
         if self.context.dumps is not None:
@@ -389,15 +359,14 @@ class Session:
                 self._require_access(TableName(database, name))
         if self.context.dumps is None or self.context.data_dir is None:
             raise ProtocolError(Code.NO_FILE, "this server takes no dumps on request")
-        return self._blocking(lambda: self._start_dumps(refs))
+        return ResolveTables(tuple(refs))
 
-    def _start_dumps(self, refs: list[tuple[str, str]]) -> Reply:
+    def _start_dumps(self, query: ResolveTables, found: list[TableName] | CdcError) -> Reply:
+        refs = query.refs
         control = self.context.dumps
         assert control is not None
-        try:
-            found = control.resolve(refs)
-        except CdcError as exc:
-            raise ProtocolError(Code.NO_FILE, f"cannot list the tables: {exc}") from None
+        if isinstance(found, CdcError):
+            raise ProtocolError(Code.NO_FILE, f"cannot list the tables: {found}")
         tables = [t for t in found if self._may_read(t)]
         missing = [table_ref(d, t) for d, t in refs
                    if t != "*" and TableName(d, t) not in found]
@@ -420,15 +389,15 @@ class Session:
     def verb_REQUEST_DUMP(self, argument: str) -> Outcome:
         """Extension: send a dump (by name, or a table's newest), then optionally follow."""
         request = parse_request_dump(argument)
-        return self._blocking(lambda: self._send_dump(request))
+        return FindDump(request)
 
-    def _send_dump(self, request: DumpRequest) -> SendDump:
+    def _send_dump(self, query: FindDump, found: list[DumpInfo]) -> SendDump:
+        request = query.request
         named = request.table
         if named is not None:
-            found = self._dumps(TableName(*named))
             dump = found[-1] if found else None
         else:
-            dump = next((d for d in self._dumps(None) if d.name == request.target), None)
+            dump = next((d for d in found if d.name == request.target), None)
         if dump is None or not self._may_read(dump.table):
             if named is not None:
                 self._require_access(TableName(*named))
@@ -483,34 +452,23 @@ class Session:
         return _transaction_json(info.gtid, events, info.timestamp,
                                  [_ref(t) for t in info.tables if t in readable])
 
-    def _readable(self) -> set[TableName] | None:
+    def _readable(self) -> frozenset[TableName] | None:
         """The stored tables this user may read; None when that is every one."""
-        tables = set(self.context.catalog.tables)
-        readable = {t for t in tables if self._may_read(t)}
+        tables = frozenset(self.context.catalog.tables)
+        readable = frozenset(t for t in tables if self._may_read(t))
         return None if readable == tables else readable
 
-    def _dumps(self, table: TableName | None) -> list[DumpInfo]:
-        if self.context.data_dir is None:
-            return []
-        return list_dumps(self.context.data_dir, table)
-
     def verb_QUERY_LAST_TRANSACTION(self, argument: str) -> Outcome:
-        return self._blocking(self._last_transaction)
-
-    def _last_transaction(self) -> Reply:
         """The newest stored transaction that changed a table this user may read."""
-        index = self.context.index()
-        readable = self._readable()
-        if index is None:
-            info = None
-        elif readable is None:
-            info = index.last_transaction
-        else:
-            info = index.last_transaction_of(readable) if readable else None
+        return LookupTransaction(None, self._readable())
+
+    def _transaction(self, query: LookupTransaction, info: TransactionInfo | None) -> Reply:
+        if info is None and query.gtid is not None:
+            raise ProtocolError(Code.NO_TRANSACTION, f"no transaction {query.gtid} in the store")
         if info is None:
             raise ProtocolError(Code.NO_TRANSACTION, "no transaction has been replicated yet"
-                                if readable is None else "no transaction has changed a table "
-                                "you may read yet")
+                                if query.tables is None else "no transaction has changed a "
+                                "table you may read yet")
         return Reply(self._visible(info))
 
     def verb_QUERY_TRANSACTION(self, argument: str) -> Outcome:
@@ -518,31 +476,18 @@ class Session:
             gtid = Gtid.parse(argument)
         except ValueError:
             raise ProtocolError(Code.BAD_SYNTAX, "expected QUERY-TRANSACTION <gtid>") from None
-        return self._blocking(lambda: self._transaction(gtid))
-
-    def _transaction(self, gtid: Gtid) -> Reply:
-        index = self.context.index()
-        info = index.transaction(gtid) if index else None
-        if info is None:
-            raise ProtocolError(Code.NO_TRANSACTION, f"no transaction {gtid} in the store")
-        return Reply(self._visible(info))
+        return LookupTransaction(gtid, None)
 
     def verb_QUERY_STATE(self, argument: str) -> Outcome:
         """Extension: the GTID state of everything stored, where a bounded read can end."""
         if argument.strip():
             raise ProtocolError(Code.BAD_SYNTAX, "QUERY-STATE takes no argument")
-        return self._blocking(self._state)
+        # Everything stored; for a user that may not read every table, the state of the
+        # newest transactions of its tables within it (which ends the same reads of them,
+        # and tells nothing of the other tables).
+        return StateOf(self._readable())
 
-    def _state(self) -> Reply:
-        """Everything stored; for a user that may not read every table, the state of the
-        newest transactions of its tables within it (which ends the same reads of them, and
-        tells nothing of the other tables)."""
-        state = self.context.stored_state() if self.context.stored_state else GtidState()
-        readable = self._readable()
-        index = self.context.index()
-        if readable is not None:
-            state = index.state_of(readable, state) if index is not None and readable \
-                else GtidState()
+    def _state(self, query: StateOf, state: GtidState) -> Reply:
         return Reply(json.dumps({"gtid_state": str(state)}).encode() + b"\n")
 
     def verb_QUERY_RANGE(self, argument: str) -> Outcome:
@@ -551,19 +496,9 @@ class Session:
         self._require_access(TableName(query.database, query.table))
         after = state_bound(query.after).given if query.after else GtidState()
         until = state_bound(query.until).given if query.until else None
-        return self._blocking(lambda: self._plan_range(query, after, until))
+        return PlanRange(query, after, until)
 
-    def _plan_range(self, query: RangeQuery, after: GtidState, until: GtidState | None
-                    ) -> Reply:
-        index = self.context.index()
-        stored = self.context.stored_state() if self.context.stored_state else GtidState()
-        if until is not None:
-            stored = stored.minimum(until) if index is None else index.earliest(stored, until)
-        if index is None:
-            plan = RangePlan(after, 0, None)
-        else:
-            plan = index.plan_range(TableName(query.database, query.table), after, stored,
-                                    query.limit)
+    def _plan_range(self, query: PlanRange, plan: RangePlan) -> Reply:
         following = None if plan.next is None else {"gtid": str(plan.next.gtid),
                                                      "events": plan.next.events}
         return Reply(json.dumps({"end": str(plan.end), "events": plan.events,
