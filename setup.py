@@ -6,8 +6,23 @@ package-dir mapping of pyproject.toml); everything else is in pyproject.toml. Wi
 compiler the build goes on without them and the service and the Spark source take their
 pure-Python paths."""
 
+import os
+import tempfile
+
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def include_path() -> str:
+    """A folder where ``client/`` is ``mariadb_cdc_client``, the name the package imports as
+    (pyproject.toml's package-dir), so that ``cimport mariadb_cdc_client.format._cavro``
+    finds ``client/format/_cavro.pxd`` in a source tree and in an unpacked sdist alike."""
+    folder = tempfile.mkdtemp(prefix="cdc-cython-")
+    os.symlink(os.path.join(HERE, "client"), os.path.join(folder, "mariadb_cdc_client"))
+    return folder
+
 
 extensions = cythonize(
     [Extension("cdcserver.store._transcode", ["cdcserver/store/_transcode.pyx"],
@@ -18,6 +33,7 @@ extensions = cythonize(
      Extension("mariadb_cdc_client.spark._avroarrow", ["client/spark/_avroarrow.pyx"],
                optional=True)],
     compiler_directives={"language_level": "3"},
+    include_path=[include_path()],
 )
 for extension in extensions:
     extension.optional = True  # cythonize copies the Extension; keep it optional

@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import INSERTS, OUT, line, require_tools, workload_server
 from cdcserver.app.embedded import EmbeddedMariaDB, kill_me_with_my_parent
-from cdcserver.core.config import SourceAddress
+from cdcserver.core.config import DumpConfig, SourceAddress
 from cdcserver.core.names import TableName
 from cdcserver.dump.dumper import DumpOptions, dump_tables
 from cdcserver.dump.files import DumpInfo
@@ -124,7 +124,7 @@ def our_dump(server: EmbeddedMariaDB, data_dir: str, table: TableName, readers: 
     shutil.rmtree(os.path.join(data_dir, "dump"), ignore_errors=True)
     address = SourceAddress(host="127.0.0.1", port=server.port, user="root", password="")
     start = time.perf_counter()
-    (result,) = dump_tables(address, data_dir, [table], DumpOptions(readers=readers))
+    (result,) = dump_tables(address, data_dir, [table], DumpOptions(DumpConfig(readers=readers)))
     seconds = time.perf_counter() - start
     assert result.info.header.rows == rows, result.info.header.rows
     return seconds, result.info

@@ -32,11 +32,11 @@ from mariadb_cdc_client.format.wire import (
     register_line,
 )
 from mariadb_cdc_client.login import Auth, ScramLogin, scram_login
+from mariadb_cdc_client.reconnect import DELAYS, FAILURES, Reconnect
 from mariadb_cdc_client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
 
 log = logging.getLogger(__name__)
 
-RETRIABLE = (ConnectionError, asyncio.IncompleteReadError, TimeoutError, OSError)
 
 
 class CdcConnection:
@@ -183,7 +183,7 @@ class CdcClient:
 
     def __init__(self, host: str, port: int, user: str, password: str, *,
                  format: str | Format = Format.JSON, ssl: Any = None,
-                 timeout: float = 10.0, retry_delays: tuple[float, ...] = (0.1, 0.5, 1, 2, 5),
+                 timeout: float = 10.0, retry_delays: tuple[float, ...] = DELAYS,
                  max_retries: int | None = None, auth: str | Auth = Auth.AUTO) -> None:
         self.endpoints = Endpoints.of(host, port)
         self.user, self.password = user, password
@@ -220,7 +220,7 @@ class CdcClient:
         for _ in range(len(self.endpoints.all) - 1):
             try:
                 return await self.connect()
-            except RETRIABLE as exc:
+            except FAILURES as exc:
                 log.warning("CDC connection to %s failed (%s)", self.endpoints.describe(), exc)
                 self.endpoints.failed()
         return await self.connect()
@@ -242,34 +242,24 @@ class CdcClient:
                       conn: CdcConnection | None = None) -> AsyncIterator[Event]:
         """The stream, resumed after each failure; ``conn`` is one already streaming."""
         database, name = table.database, table.table
-        failures = 0
+        policy = Reconnect(self.endpoints, self.retry_delays, self.max_retries)
         while True:
             if conn is None:
                 try:
                     conn = await self.connect()
-                except RETRIABLE as exc:
-                    failures = await self._backoff(failures, exc)
-                    continue
-                except ProtocolError as exc:
-                    if not exc.retriable:
-                        raise
-                    failures = await self._backoff(failures, exc)
+                except (*FAILURES, ProtocolError) as exc:
+                    await asyncio.sleep(policy.failed(exc))
                     continue
                 request: DataRequest | None = DataRequest(database, name, *resume.request())
             else:
                 request = None  # already streaming
             try:
                 async for event in conn.request(request):
-                    failures = 0
-                    self.endpoints.succeeded()
+                    policy.received()
                     if resume.accept(event):
                         yield event
-            except RETRIABLE as exc:
-                failures = await self._backoff(failures, exc)
-            except ProtocolError as exc:
-                if not exc.retriable:
-                    raise
-                failures = await self._backoff(failures, exc)
+            except (*FAILURES, ProtocolError) as exc:
+                await asyncio.sleep(policy.failed(exc))
             finally:
                 await conn.close()
                 conn = None
@@ -333,22 +323,6 @@ class CdcClient:
         async for event in self._follow(TableRef(header.database, header.table), resume,
                                         conn):
             yield event
-
-    async def _backoff(self, failures: int, exc: BaseException) -> int:
-        """After a failure: the next instance at once, or (every one failed in a row) a
-        wait before the next round."""
-        if self.max_retries is not None and failures >= self.max_retries:
-            raise exc
-        tried = self.endpoints.describe()
-        if not self.endpoints.failed():
-            log.warning("CDC connection to %s failed (%s); continuing on %s", tried, exc,
-                        self.endpoints.describe())
-            return failures + 1
-        rounds = failures // len(self.endpoints.all)
-        delay = self.retry_delays[min(rounds, len(self.retry_delays) - 1)]
-        log.warning("CDC connection to %s failed (%s); retrying in %.1fs", tried, exc, delay)
-        await asyncio.sleep(delay)
-        return failures + 1
 
     async def last_transaction(self) -> dict[str, Any]:
         conn = await self._connect_any()

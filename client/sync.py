@@ -33,6 +33,7 @@ from mariadb_cdc_client.format.wire import (
     register_line,
 )
 from mariadb_cdc_client.login import Auth, ScramLogin, scram_login
+from mariadb_cdc_client.reconnect import DELAYS, FAILURES, Reconnect
 from mariadb_cdc_client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
 
 log = logging.getLogger(__name__)
@@ -208,7 +209,7 @@ class SyncCdcClient:
     def __init__(self, host: str, port: int, user: str, password: str, *,
                  format: str | Format = Format.JSON,
                  ssl: ssl_module.SSLContext | None = None, timeout: float = 10.0,
-                 retry_delays: tuple[float, ...] = (0.1, 0.5, 1, 2, 5),
+                 retry_delays: tuple[float, ...] = DELAYS,
                  max_retries: int | None = None, auth: str | Auth = Auth.AUTO) -> None:
         self.endpoints = Endpoints.of(host, port)  # several: see mariadb_cdc_client.endpoints
         self.user, self.password = user, password
@@ -262,7 +263,7 @@ class SyncCdcClient:
     def _follow(self, table: TableRef, resume: Resume, idle_timeout: float | None,
                 conn: SyncCdcConnection | None = None) -> Iterator[Event]:
         database, name = table.database, table.table
-        failures = 0
+        policy = Reconnect(self.endpoints, self.retry_delays, self.max_retries)
         while True:
             try:
                 request = None
@@ -271,30 +272,15 @@ class SyncCdcClient:
                     request = DataRequest(database, name, *resume.request())
                 try:
                     for event in conn.request(request, idle_timeout):
-                        failures = 0
-                        self.endpoints.succeeded()
+                        policy.received()
                         if resume.accept(event):
                             yield event
                     return
                 finally:
                     conn.close()
                     conn = None
-            except (ConnectionError, OSError, ProtocolError) as exc:
-                if isinstance(exc, ProtocolError) and not exc.retriable:
-                    raise
-                if self.max_retries is not None and failures >= self.max_retries:
-                    raise
-                tried = self.endpoints.describe()
-                failures += 1
-                if not self.endpoints.failed():  # the next instance at once
-                    log.warning("CDC connection to %s failed (%s); continuing on %s", tried,
-                                exc, self.endpoints.describe())
-                    continue
-                rounds = (failures - 1) // len(self.endpoints.all)
-                delay = self.retry_delays[min(rounds, len(self.retry_delays) - 1)]
-                log.warning("CDC connection to %s failed (%s); retrying in %.1fs", tried, exc,
-                            delay)
-                time.sleep(delay)
+            except (*FAILURES, ProtocolError) as exc:
+                time.sleep(policy.failed(exc))
 
     # -- dumps (extensions) ------------------------------------------------------------
 

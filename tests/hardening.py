@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cdcserver.core.config import ListenerConfig
 from cdcserver.protocol.queries import QUERIES
-from cdcserver.protocol.server import ListenerLimits
 from cdcserver.protocol.session import Reply, SendDump, Session, StartStream
 from mariadb_cdc_client.format.wire import auth_message
 from tests import fuzzing
@@ -48,7 +48,7 @@ async def listener(tmp_path: str, **limits: float) -> Listener:
     """A listener on 127.0.0.1:0 over a store holding ``shop.items`` (two records)."""
     settings_ = dict(auth_timeout=5.0, idle_timeout=5.0)
     settings_.update(limits)
-    running = await _listener(tmp_path, ListenerLimits(**settings_))  # type: ignore[arg-type]
+    running = await _listener(tmp_path, ListenerConfig(**settings_))  # type: ignore[arg-type]
     await running.commit_rows((1, "one"), (2, "two"))
     return running
 

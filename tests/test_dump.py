@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from cdcserver.core.config import parse_source_url
+from cdcserver.core.config import DumpConfig, parse_source_url
 from cdcserver.core.names import TableName
 from cdcserver.dump import files
 from cdcserver.dump.dumper import (
@@ -128,7 +128,7 @@ async def _dump(cdc: RunningService, source: Source, *tables: str,
     address = parse_source_url(source.url)
     names = [TableName(source.database, t) for t in tables]
     return await asyncio.to_thread(dump_tables, address, cdc.service.config.store.data_dir,
-                                   names, DumpOptions(**options))
+                                   names, DumpOptions(DumpConfig(**options)))
 
 
 def _follow_until(client: SyncCdcClient, target: str, image: dict, sentinel: int
@@ -273,7 +273,8 @@ async def test_an_interrupted_dump_resumes_consistent_at_its_new_snapshot(
 
     with pytest.raises(DumpInterrupted):  # the single-snapshot path (readers=0)
         await asyncio.to_thread(dump_tables, address, data_dir, [name],
-                                DumpOptions(chunk_rows=500, readers=0), None, progressed, stop)
+                                DumpOptions(DumpConfig(chunk_rows=500, readers=0)), None,
+                                progressed, stop)
     partial = os.path.join(files.dump_dir(data_dir), f"{dump_stem(name)}.partial")
     with open(partial, "ab") as f:
         f.write(b'{"action":"insert","rows":[["torn')  # what a crash mid-write leaves
@@ -286,7 +287,7 @@ async def test_an_interrupted_dump_resumes_consistent_at_its_new_snapshot(
     await cdc.caught_up(source)
 
     results = await asyncio.to_thread(dump_tables, address, data_dir, [name],
-                                      DumpOptions(chunk_rows=500, readers=0))
+                                      DumpOptions(DumpConfig(chunk_rows=500, readers=0)))
     assert results[0].resumed
     header = results[0].info.header
     assert header.resumed and header.rows == len(_table_rows(source, table))
@@ -310,11 +311,11 @@ async def test_resume_starts_over_when_the_columns_changed(cdc: RunningService,
     stop = threading.Event()
     with pytest.raises(DumpInterrupted):
         await asyncio.to_thread(dump_tables, address, data_dir, [name],
-                                DumpOptions(chunk_rows=500), None,
+                                DumpOptions(DumpConfig(chunk_rows=500)), None,
                                 lambda _t, rows: stop.set() if rows >= 1000 else None, stop)
     source.execute(f"ALTER TABLE {table} ADD COLUMN extra INT DEFAULT 5")
     results = await asyncio.to_thread(dump_tables, address, data_dir, [name],
-                                      DumpOptions(chunk_rows=500))
+                                      DumpOptions(DumpConfig(chunk_rows=500)))
     assert not results[0].resumed
     assert [f.column for f in results[0].info.header.columns][-1] == "extra"
     assert results[0].info.header.rows == 3000

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from cdcserver.core.config import parse_source_url
+from cdcserver.core.config import DumpConfig, parse_source_url
 from cdcserver.core.names import TableName
 from cdcserver.dump import files
 from cdcserver.dump.dumper import DumpOptions, dump_tables
@@ -58,7 +58,8 @@ async def test_a_chunked_dump_under_writes_in_every_chunk_then_follow_is_the_tab
         before = writer.transactions
         results = await asyncio.to_thread(
             dump_tables, parse_source_url(source.url), cdc.service.config.store.data_dir,
-            [TableName(source.database, "orders")], DumpOptions(chunk_rows=300, readers=2))
+            [TableName(source.database, "orders")],
+            DumpOptions(DumpConfig(chunk_rows=300, readers=2)))
         during = writer.transactions - before
         writer.transactions = 0
         writer.enough.clear()
@@ -133,7 +134,7 @@ async def test_an_alter_table_during_a_chunked_dump_does_not_wait_for_it(
         before = writer.transactions
         results = await asyncio.to_thread(
             dump_tables, parse_source_url(source.url), data_dir, [name],
-            DumpOptions(chunk_rows=2000, readers=2), None, alter_once_under_way)
+            DumpOptions(DumpConfig(chunk_rows=2000, readers=2)), None, alter_once_under_way)
         during = writer.transactions - before
     assert altered.is_set() and seconds, "the ALTER must run while the dump is under way"
     assert seconds[0] < 1.0, f"ALTER TABLE took {seconds[0]:.2f}s during the dump"
@@ -183,7 +184,8 @@ async def test_a_composite_string_key_is_ranged_by_sampled_boundaries(
     try:
         results = await asyncio.to_thread(
             dump_tables, parse_source_url(source.url), cdc.service.config.store.data_dir,
-            [TableName(source.database, "people")], DumpOptions(chunk_rows=100, readers=3))
+            [TableName(source.database, "people")],
+            DumpOptions(DumpConfig(chunk_rows=100, readers=3)))
     finally:
         stop.set()
         churner.join(30)
@@ -206,7 +208,7 @@ async def test_a_table_without_a_key_keeps_the_single_read_and_says_so(
     caplog.set_level(logging.INFO, logger="cdcserver.dump")
     results = await asyncio.to_thread(
         dump_tables, parse_source_url(source.url), cdc.service.config.store.data_dir,
-        [TableName(source.database, "log")], DumpOptions(chunk_rows=1, readers=2))
+        [TableName(source.database, "log")], DumpOptions(DumpConfig(chunk_rows=1, readers=2)))
     assert "read in one snapshot" in caplog.text and "no primary key" in caplog.text
     assert results[0].info.header.rows == 3
 
@@ -272,7 +274,7 @@ async def test_an_instant_alter_just_after_a_chunk_opened_its_snapshot_starts_ov
     monkeypatch.setattr(chunked, "open_snapshot_position", open_then_alter)
     results = await asyncio.to_thread(
         dump_tables, parse_source_url(source.url), cdc.service.config.store.data_dir,
-        [TableName(source.database, "orders")], DumpOptions(chunk_rows=500, readers=1))
+        [TableName(source.database, "orders")], DumpOptions(DumpConfig(chunk_rows=500, readers=1)))
     header = results[0].info.header
     assert [f.column for f in header.columns][-1] == "late"
     alter = next(iter(source.gtid_state()))

@@ -311,7 +311,7 @@ async def test_a_chunked_dump_after_a_move_reads_the_new_server_exactly(
     in one snapshot, saying why."""
     import logging
 
-    from cdcserver.core.config import parse_source_url
+    from cdcserver.core.config import DumpConfig, parse_source_url
     from cdcserver.core.names import TableName
     from cdcserver.dump.dumper import DumpOptions, dump_tables
 
@@ -342,7 +342,7 @@ async def test_a_chunked_dump_after_a_move_reads_the_new_server_exactly(
             with caplog.at_level(logging.INFO, logger="cdcserver.dump"):
                 (result,) = await asyncio.to_thread(
                     dump_tables, parse_source_url(server.url()), data_dir, [table],
-                    DumpOptions(readers=2, chunk_rows=200))
+                    DumpOptions(DumpConfig(readers=2, chunk_rows=200)))
             image: dict[Any, Any] = {}
             from mariadb_cdc_client.dump import DumpRows, apply, read_dump
             for item in read_dump(result.info.path):

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from cdcserver.core.config import KafkaConfig, parse_source_url
+from cdcserver.core.config import DumpConfig, KafkaConfig, parse_source_url
 from cdcserver.core.names import TableName
 from cdcserver.dump.databus import NoDefinition, databus_lines
 from cdcserver.dump.dumper import DumpOptions, dump_tables
@@ -165,7 +165,7 @@ async def test_a_databus_consumer_loads_the_dump_then_kafka_after_its_position(
         await kafka_caught_up(running, source)
         (result,) = await asyncio.to_thread(dump_tables, parse_source_url(source.url),
                                             config.store.data_dir, [TableName(db, "items")],
-                                            DumpOptions(batch_rows=3))
+                                            DumpOptions(DumpConfig(batch_rows=3)))
         source.execute(f"UPDATE {t} SET size = 'l', tags = 'new,eco' WHERE id <= 2",
                        f"DELETE FROM {t} WHERE id = 3",
                        f"INSERT INTO {t} VALUES (9, 'late', 0.10, 'm', 'sale', NULL)")

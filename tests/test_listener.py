@@ -14,11 +14,12 @@ from dataclasses import dataclass
 import pytest
 
 from cdcserver.core.changes import Begin, ColumnDef, Commit, Rows, RowsKind, TableLayout
+from cdcserver.core.config import ListenerConfig
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.core.names import TableName
 from cdcserver.mariadb.constants import ColumnType
 from cdcserver.protocol.queries import SessionContext
-from cdcserver.protocol.server import CdcServer, ListenerLimits, MessageReader
+from cdcserver.protocol.server import CdcServer, MessageReader
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.store import AvroStore
@@ -48,7 +49,7 @@ class Listener:
             Commit(BinlogPosition(state, "mysql-bin.000001", 100 * self.sequence), 0)])
 
 
-async def _listener(tmp_path: str, limits: ListenerLimits) -> Listener:
+async def _listener(tmp_path: str, limits: ListenerConfig) -> Listener:
     catalog = Catalog(os.path.join(tmp_path, "avro"))
     store = AvroStore(tmp_path, catalog)
     store.open()
@@ -62,7 +63,7 @@ async def _listener(tmp_path: str, limits: ListenerLimits) -> Listener:
 
 @pytest.fixture
 async def listener(tmp_path: os.PathLike[str]) -> AsyncIterator[Listener]:
-    running = await _listener(str(tmp_path), ListenerLimits(auth_timeout=5, idle_timeout=5))
+    running = await _listener(str(tmp_path), ListenerConfig(auth_timeout=5, idle_timeout=5))
     await running.commit_rows((1, "one"), (2, "two"))
     yield running
     await running.server.stop()
@@ -132,7 +133,7 @@ async def test_a_login_sent_in_several_writes_logs_in(listener: Listener):
 
 
 async def test_a_login_that_never_completes_times_out(tmp_path: os.PathLike[str]):
-    running = await _listener(str(tmp_path), ListenerLimits(auth_timeout=0.5))
+    running = await _listener(str(tmp_path), ListenerConfig(auth_timeout=0.5))
     try:
         client = await RawClient.connect(running.port)
         await client.send(auth_message(USER, PASSWORD)[:20])  # hex of "user:" and a bit
@@ -214,7 +215,7 @@ async def test_commands_before_register_and_unknown_commands(listener: Listener)
 
 
 async def test_bad_command_budget_ends_the_connection(tmp_path: os.PathLike[str]):
-    running = await _listener(str(tmp_path), ListenerLimits(bad_command_limit=3))
+    running = await _listener(str(tmp_path), ListenerConfig(bad_command_limit=3))
     try:
         client = await RawClient.connect(running.port)
         await client.login()
@@ -230,7 +231,7 @@ async def test_bad_command_budget_ends_the_connection(tmp_path: os.PathLike[str]
 
 
 async def test_line_too_long_is_refused(tmp_path: os.PathLike[str]):
-    running = await _listener(str(tmp_path), ListenerLimits(max_line=1024))
+    running = await _listener(str(tmp_path), ListenerConfig(max_line=1024))
     try:
         client = await RawClient.connect(running.port)
         await client.send(b"A" * 5000 + b"\n")
@@ -241,7 +242,7 @@ async def test_line_too_long_is_refused(tmp_path: os.PathLike[str]):
 
 
 async def test_auth_and_idle_timeouts(tmp_path: os.PathLike[str]):
-    running = await _listener(str(tmp_path), ListenerLimits(auth_timeout=0.3, idle_timeout=0.5))
+    running = await _listener(str(tmp_path), ListenerConfig(auth_timeout=0.3, idle_timeout=0.5))
     try:
         silent = await RawClient.connect(running.port)
         assert (await silent.closed()).startswith(b"ERR TIMEOUT authentication")
@@ -254,7 +255,7 @@ async def test_auth_and_idle_timeouts(tmp_path: os.PathLike[str]):
 
 
 async def test_connection_cap(tmp_path: os.PathLike[str]):
-    running = await _listener(str(tmp_path), ListenerLimits(max_connections=2))
+    running = await _listener(str(tmp_path), ListenerConfig(max_connections=2))
     try:
         first = await RawClient.connect(running.port)
         second = await RawClient.connect(running.port)
@@ -332,7 +333,7 @@ async def test_a_client_leaving_does_not_disturb_others_tailing_the_table(listen
 
 
 async def test_empty_lines_do_not_extend_the_authentication_timeout(tmp_path):
-    running = await _listener(str(tmp_path), ListenerLimits(auth_timeout=0.6))
+    running = await _listener(str(tmp_path), ListenerConfig(auth_timeout=0.6))
     try:
         client = await RawClient.connect(running.port)
         reply = asyncio.ensure_future(client.closed(timeout=5))

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from cdcserver.app.embedded import EmbeddedMariaDB
-from cdcserver.core.config import parse_source_url
+from cdcserver.core.config import DumpConfig, parse_source_url
 from cdcserver.core.gtid import GtidState
 from cdcserver.core.names import TableName
 from cdcserver.dump.dumper import DumpOptions, dump_tables
@@ -162,7 +162,7 @@ async def test_three_domains_through_a_restart_a_chunked_dump_and_bounded_reads(
         with caplog.at_level(logging.INFO, logger="cdcserver.dump"):
             (dumped,) = await asyncio.to_thread(
                 dump_tables, parse_source_url(servers.primary.url()), data_dir,
-                [TableName("shop", "orders")], DumpOptions(readers=2, chunk_rows=100))
+                [TableName("shop", "orders")], DumpOptions(DumpConfig(readers=2, chunk_rows=100)))
         merged = re.search(r"dumped shop\.orders: \d+ rows in (\d+) chunks, (\d+) changes "
                            r"merged", caplog.text)
         assert merged and int(merged[1]) > 5 and int(merged[2]) > 0, caplog.text

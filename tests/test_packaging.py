@@ -60,6 +60,16 @@ def test_the_wheel_holds_no_generated_c_nor_cython_sources(wheel: zipfile.ZipFil
 
 
 @pytest.mark.slow
+def test_the_wheel_holds_every_compiled_extension(wheel: zipfile.ZipFile):
+    """The extensions are optional (a machine without a C compiler builds without them), so
+    a .pyx that stops compiling (a shared .pxd not found) would otherwise go unnoticed; the
+    suite's machine has gcc (tests/run.sh installs it)."""
+    built = {n.split(".")[0] for n in wheel.namelist() if n.endswith(".so")}
+    assert built == {"cdcserver/store/_transcode", "cdcserver/protocol/_jsonlines",
+                     "cdcserver/dump/_rawrows", "mariadb_cdc_client/spark/_avroarrow"}
+
+
+@pytest.mark.slow
 def test_the_wheel_installs_the_client_as_mariadb_cdc_client_and_client_as_the_shim(
         wheel: zipfile.ZipFile):
     """client/ goes in as mariadb_cdc_client, every module of it; the top-level ``client`` is

@@ -20,8 +20,8 @@ import threading
 
 import pytest
 
+from cdcserver.core.config import ListenerConfig
 from cdcserver.protocol.scram import Verifier
-from cdcserver.protocol.server import ListenerLimits
 from cdcserver.protocol.users import UsersFile
 from mariadb_cdc_client import CdcClient, SyncCdcClient
 from mariadb_cdc_client.format.wire import ProtocolError, auth_message
@@ -32,7 +32,7 @@ from tests.test_listener import Listener, _listener
 
 @pytest.fixture
 async def listener(tmp_path) -> Listener:
-    running = await _listener(str(tmp_path), ListenerLimits(auth_timeout=5, idle_timeout=5))
+    running = await _listener(str(tmp_path), ListenerConfig(auth_timeout=5, idle_timeout=5))
     await running.commit_rows((1, "one"))
     yield running
     await running.server.stop()

@@ -20,7 +20,6 @@ from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.core.config import ListenerConfig
 from cdcserver.core.gtid import GtidState
 from cdcserver.core.names import TableName
-from cdcserver.protocol.server import ListenerLimits
 from cdcserver.protocol.throttle import FailureLog, LoginThrottle
 from cdcserver.protocol.users import UsersFile
 from mariadb_cdc_client import SyncCdcClient
@@ -32,7 +31,7 @@ from tests.test_listener import Listener, _listener
 
 @pytest.fixture
 async def listener(tmp_path) -> Listener:
-    running = await _listener(str(tmp_path), ListenerLimits(auth_timeout=5, idle_timeout=5))
+    running = await _listener(str(tmp_path), ListenerConfig(auth_timeout=5, idle_timeout=5))
     await running.commit_rows((1, "one"))
     yield running
     await running.server.stop()
@@ -320,7 +319,7 @@ def _certificate(directory: str) -> tuple[str, str]:
 
 async def test_the_listener_speaks_tls_and_refuses_plain_tcp(tmp_path):
     cert, key = _certificate(str(tmp_path))
-    running = await _listener(str(tmp_path), ListenerLimits(auth_timeout=5, idle_timeout=5))
+    running = await _listener(str(tmp_path), ListenerConfig(auth_timeout=5, idle_timeout=5))
     await running.server.stop()  # again, with TLS
     tls = ListenerConfig(tls_cert=cert, tls_key=key).tls_context()
     _, port = await running.server.start("127.0.0.1", 0, ssl=tls)

@@ -256,13 +256,14 @@ def _versions(cdc: RunningService, database: str, table: str) -> list[dict[str, 
 
 
 async def _take_dump(cdc: RunningService, source: Source, table: str) -> None:
-    from cdcserver.core.config import parse_source_url
+    from cdcserver.core.config import DumpConfig, parse_source_url
     from cdcserver.core.names import TableName
     from cdcserver.dump.dumper import DumpOptions, dump_tables
 
     await asyncio.to_thread(dump_tables, parse_source_url(source.url),
                             cdc.service.config.store.data_dir,
-                            [TableName(source.database, table)], DumpOptions(chunk_rows=7))
+                            [TableName(source.database, table)],
+                            DumpOptions(DumpConfig(chunk_rows=7)))
 
 
 def _mirror_rows(spark: Any, path: str) -> list[tuple[Any, ...]]:

@@ -26,11 +26,12 @@ from cdcserver.core.changes import (
     TableChange,
     TableLayout,
 )
+from cdcserver.core.config import ListenerConfig
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.core.names import TableName
 from cdcserver.mariadb.constants import ColumnType
 from cdcserver.protocol.queries import SessionContext
-from cdcserver.protocol.server import CdcServer, ListenerLimits
+from cdcserver.protocol.server import CdcServer
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.index import StoreIndex
@@ -83,7 +84,7 @@ async def fed(tmp_path: os.PathLike[str]) -> AsyncIterator[Fed]:
     users.add("alice", "pw-a", "a.*")
     context = SessionContext(catalog, users, lambda: store.index,
                              stored_state=lambda: store.position.gtid_state)
-    server = CdcServer(context, ListenerLimits(auth_timeout=5, idle_timeout=5))
+    server = CdcServer(context, ListenerConfig(auth_timeout=5, idle_timeout=5))
     _, port = await server.start("127.0.0.1", 0)
     running = Fed(store, server, port)
     await running.commit(_rows(DOTTED_TABLE, 1))                      # 0-1-1: a.`b.c`

@@ -90,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(metavar="COMMAND")
 
     run = commands.add_parser("run", help="replicate and serve")
-    run.add_argument("--config", help="TOML file with [source], [store], [listener], [log]")
+    cfg.add_config_flag(run)
     cfg.add_arguments(run)
     run.set_defaults(handler=cmd_run)
 
@@ -101,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", help="how a running service is doing (from its "
                                                 "/health endpoint)")
-    status.add_argument("--config", help="the service's TOML file (for metrics.listen)")
+    cfg.add_config_flag(status, "its metrics.listen is asked")
     status.add_argument("--metrics-url", help="the service's monitoring endpoint, e.g. "
                         "http://127.0.0.1:4002 (default: from metrics.listen)")
     status.add_argument("--json", action="store_true", help="print the health document as is")
@@ -219,7 +219,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _source_and_store_options(parser: argparse.ArgumentParser, *more: str) -> None:
     """--config, and the flags of the source and data directory settings (and ``more``), as
     config.py declares them."""
-    parser.add_argument("--config", help="the service's TOML file")
+    cfg.add_config_flag(parser)
     cfg.add_arguments(parser, ["source.url", "source.password_file", "store.data_dir", *more])
 
 
@@ -313,9 +313,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     tables = resolve_tables(address, args.tables, capture)
     if not tables:
         raise CdcError(f"no tables match {' '.join(args.tables)}")
-    options = DumpOptions(chunk_rows=config.dump.chunk_rows, restart=args.restart,
-                          readers=config.dump.readers,
-                          sync_seconds=config.dump.sync_interval)
+    options = DumpOptions(config.dump, restart=args.restart)
     show = sys.stderr.isatty() if args.progress is None else args.progress
     with _DumpProgress(address, tables, show) as progressed:
         results = dump_tables(address, config.store.data_dir, tables, options,

@@ -42,7 +42,7 @@ from cdcserver.ops.metrics import (
 from cdcserver.ops.monitoring import MonitoringServer
 from cdcserver.ops.probes import live, ready
 from cdcserver.protocol.queries import SessionContext
-from cdcserver.protocol.server import CdcServer, ListenerLimits, ListenerStats
+from cdcserver.protocol.server import CdcServer, ListenerStats
 from cdcserver.protocol.throttle import LoginThrottle
 from cdcserver.protocol.users import UsersFile
 from cdcserver.replication.sources import Sources
@@ -282,7 +282,7 @@ class Service:
                                  throttle=LoginThrottle(cfg.login_failures,
                                                         max_wait=cfg.login_lockout),
                                  dumps=self.scheduler, capture=self.capture)
-        server = CdcServer(context, ListenerLimits.from_config(cfg),
+        server = CdcServer(context, cfg,
                            zoneinfo.ZoneInfo(cfg.timestamp_zone),
                            databus_labels=self.config.kafka.databus_labels)
         server.dump_released = self.cleaner.wake

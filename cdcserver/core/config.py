@@ -209,6 +209,8 @@ class ListenerConfig:
                                         "(streams are never idle)", check=positive)
     bad_command_limit: int = option(10, "bad commands before the server hangs up",
                                     check=positive)
+    shutdown_grace: float = option(5.0, "seconds open sessions get to end when the service "
+                                        "stops (then they are closed)", check=not_negative)
     json_dialect: Literal["maxscale", "exact"] = option(
         "maxscale", "JSON mode for clients that do not ask (REGISTER ... DIALECT=) and whose "
         "user has none: maxscale (what MaxScale's clients parse) or exact", cli="--json-dialect")
@@ -254,6 +256,12 @@ class DumpConfig:
                              "directory); 0: the whole table in one snapshot, which holds its "
                              "metadata lock for the whole read", cli="--readers",
                           check=not_negative)
+    batch_rows: int = option(500, "rows fetched from the source per round trip while a "
+                                  "chunk is read", check=positive)
+    store_timeout: float = option(60.0, "how long a chunked or resumed dump waits for the "
+                                        "store to reach the dump's snapshot (the service "
+                                        "replicating into the data directory)",
+                                  check=positive)
     sync_interval: float = option(2.0, "chunked dumps: how often each reader makes what it "
                                        "read durable and records it (a killed dump loses at "
                                        "most this much reading; 0: after every chunk)",
@@ -534,6 +542,15 @@ def _coerce(kind: Any, value: Any, name: str) -> Any:
     except (TypeError, ValueError):
         raise ConfigError(f"{name}: {value!r} is not a valid {kind.__name__}") from None
     return value
+
+
+def add_config_flag(parser: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup,
+                    read_for: str = "") -> None:
+    """``--config FILE``, the one way every command is given the service's TOML file
+    (``read_for``: what the command reads in it, when it is not the whole)."""
+    parser.add_argument("--config", metavar="FILE",
+                        help="the service's TOML file" + (f" ({read_for})" if read_for else
+                                                          ""))
 
 
 def add_arguments(parser: argparse.ArgumentParser, settings: Iterable[str] | None = None,

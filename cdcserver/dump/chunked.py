@@ -61,6 +61,7 @@ from cdcserver.core.errors import CdcError, SourceError
 from cdcserver.core.gtid import GtidState, binlog_ordinal
 from cdcserver.core.names import TableName
 from cdcserver.dump import files, fixups, rawrows
+from cdcserver.dump.options import DumpOptions
 from cdcserver.dump.partial import HEADER_SLACK, PartialDump, Progress
 from cdcserver.dump.scan import ScanPlan
 from cdcserver.dump.snapshot import (
@@ -732,18 +733,8 @@ def _rows_of(line: bytes) -> list[bytes]:
 
 # -- the whole dump ----------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class ChunkedOptions:
-    readers: int
-    chunk_rows: int
-    batch_rows: int
-    restart: bool
-    store_timeout: float
-    sync_seconds: float = 2.0
-
-
 def dump_table(address: SourceAddress, data_dir: str, table: TableName, stream_version: int,
-               options: ChunkedOptions, progressed: Progressed | None = None,
+               options: DumpOptions, progressed: Progressed | None = None,
                stop: threading.Event | None = None) -> files.DumpInfo | None:
     """Dump ``table`` in chunks (see the module's description); NotChunkable before anything
     is written if it cannot be. Returns the finished dump, or None when ``stop`` was set (the
@@ -775,7 +766,7 @@ def dump_table(address: SourceAddress, data_dir: str, table: TableName, stream_v
 
 
 def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
-             stream_version: int, options: ChunkedOptions, progressed: Progressed | None,
+             stream_version: int, options: DumpOptions, progressed: Progressed | None,
              stop: threading.Event | None, server: str) -> files.DumpInfo | None:
     directory = files.dump_dir(data_dir)
     started = time.monotonic()
@@ -799,7 +790,8 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
     if progress is None or record is None:
         partial.discard()  # a single-snapshot attempt, if any
         discard(directory, table)
-        ranges = _split(conn, described.plan, table, options.readers, options.chunk_rows)
+        ranges = _split(conn, described.plan, table, options.config.readers,
+                        options.config.chunk_rows)
         start = _now(conn)
         record = Progress(table, start.to_json(), described.fingerprint, stream_version,
                           _reserve(described, start), consistent=described.consistent)
@@ -810,7 +802,7 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
                                    floor=str(start.gtid), server=server)
         _save(directory, table, progress)
         log.info("dump of %s: %d readers over %d key ranges, %d rows per chunk", table,
-                 options.readers, len(ranges), options.chunk_rows)
+                 options.config.readers, len(ranges), options.config.chunk_rows)
     else:
         record.body = progress.body - record.reserved  # what the chunk record vouches for
         partial.reopen(record)
@@ -818,11 +810,12 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
         progress.stream_version = min(progress.stream_version, stream_version)
         log.info("dump of %s: continuing after %d rows", table,
                  sum(r.rows for r in progress.ranges))
-    run = _Run(address, data_dir, directory, described, progress, partial, options.chunk_rows,
-               options.batch_rows, stop, progressed, options.sync_seconds,
+    run = _Run(address, data_dir, directory, described, progress, partial,
+               options.config.chunk_rows, options.config.batch_rows, stop, progressed,
+               options.config.sync_interval,
                rows_read=sum(r.rows for r in progress.ranges))
     try:
-        readers = max(1, min(options.readers, len(progress.ranges)))
+        readers = max(1, min(options.config.readers, len(progress.ranges)))
         try:
             with ThreadPoolExecutor(max_workers=readers,
                                     thread_name_prefix=f"dump-{dump_stem(table)}") as pool:
@@ -833,8 +826,8 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
         run.sync()
         if stop is not None and stop.is_set():
             return None
-        end = _end_point(conn, data_dir, options.store_timeout, server)
-        overlay = _overlay(run, end, options.store_timeout)
+        end = _end_point(conn, data_dir, options.config.store_timeout, server)
+        overlay = _overlay(run, end, options.config.store_timeout)
         path, rows = _finish(run, end.point, overlay)
     finally:
         partial.close()

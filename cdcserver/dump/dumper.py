@@ -40,6 +40,7 @@ from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import CdcError, SourceError
 from cdcserver.core.names import TableName
 from cdcserver.dump import chunked, files, fixups
+from cdcserver.dump.options import DumpOptions
 from cdcserver.dump.partial import HEADER_SLACK, PartialDump, Progress
 from cdcserver.dump.scan import ChunkEnd, ScanPlan
 from cdcserver.dump.snapshot import DefinitionChanged, Snapshot, SnapshotPoint
@@ -60,18 +61,6 @@ class DumpBusy(CdcError):
 
 class DumpInterrupted(CdcError):
     """Stopped on request; the next dump of the table continues where this one stopped."""
-
-
-@dataclass(frozen=True)
-class DumpOptions:
-    chunk_rows: int = 50_000
-    batch_rows: int = 500
-    restart: bool = False  # discard an interrupted attempt instead of continuing it
-    store_timeout: float = 60.0  # how long a resume waits for the store to reach its snapshot
-    # readers per table, each over its own key range, each chunk a short read of its own
-    # (cdcserver.dump.chunked); 0: one snapshot for the whole table
-    readers: int = 2
-    sync_seconds: float = 2.0  # chunked: how often progress is made durable
 
 
 @dataclass(frozen=True)
@@ -166,8 +155,11 @@ class DumpFailed(SourceError):
         self.results = results
 
 
+DEFAULT_OPTIONS = DumpOptions()
+
+
 def dump_tables(address: SourceAddress, data_dir: str, tables: list[TableName],
-                options: DumpOptions = DumpOptions(),
+                options: DumpOptions = DEFAULT_OPTIONS,
                 stream_versions: dict[TableName, int] | None = None,
                 progressed: Progressed | None = None,
                 stop: threading.Event | None = None,
@@ -206,14 +198,12 @@ def _dump_one(address: SourceAddress, data_dir: str, table: TableName, stream_ve
               options: DumpOptions, progressed: Progressed | None,
               stop: threading.Event | None) -> DumpResult:
     """In chunks when it can be (cdcserver.dump.chunked), else in one snapshot."""
-    if options.readers > 0:
+    if options.config.readers > 0:
         started = time.monotonic()
         try:
             info = chunked.dump_table(
                 address, data_dir, table, stream_version,
-                chunked.ChunkedOptions(options.readers, options.chunk_rows, options.batch_rows,
-                                       options.restart, options.store_timeout,
-                                       options.sync_seconds),
+                options,
                 progressed, stop)
         except chunked.NotChunkable as exc:
             log.info("dump of %s: read in one snapshot, which holds its metadata lock for the "
@@ -343,7 +333,7 @@ def _resume(partial: PartialDump, snapshot: Snapshot, data_dir: str, table: Tabl
         try:
             operations = list(fixups.changes_between(
                 data_dir, table, fields, before.gtid, point.gtid, (point.file, point.pos),
-                options.store_timeout))
+                options.config.store_timeout))
         except fixups.Unavailable as exc:
             why = f"the changes since the interrupted snapshot are not available: {exc}"
     if why is not None:
@@ -364,8 +354,8 @@ def _resume(partial: PartialDump, snapshot: Snapshot, data_dir: str, table: Tabl
 def _read_rows(snapshot: Snapshot, plan: ScanPlan, partial: PartialDump, progress: Progress,
                options: DumpOptions, progressed: Progressed | None,
                stop: threading.Event | None) -> None:
-    for item in plan.read(snapshot.conn, progress.key_values(), options.chunk_rows,
-                          options.batch_rows):
+    for item in plan.read(snapshot.conn, progress.key_values(), options.config.chunk_rows,
+                          options.config.batch_rows):
         if stop is not None and stop.is_set():
             raise DumpInterrupted(f"the dump of {plan.table} was interrupted after "
                                   f"{progress.rows} rows; it continues next time")

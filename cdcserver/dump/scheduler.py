@@ -193,9 +193,7 @@ class DumpScheduler:
                 for table in tables:
                     self.progress[table] = TableProgress(table, "running", 0,
                                                          estimates.get(table, 0), started)
-            options = DumpOptions(chunk_rows=self.config.chunk_rows,
-                                  readers=self.config.readers,
-                                  sync_seconds=self.config.sync_interval)
+            options = DumpOptions(self.config)
             versions = newest_versions(self.catalog, tables)
             stop = threading.Event()
             work = asyncio.ensure_future(asyncio.to_thread(

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from cdcserver.core.config import Config
+from cdcserver.core.config import Config, add_config_flag
 from cdcserver.core.errors import ConfigError
 from cdcserver.ops.status import endpoint_url, fetch_health
 
@@ -24,8 +24,7 @@ def parser() -> argparse.ArgumentParser:
                                 description="exit 0 when the service's probe answers 200")
     p.add_argument("probe", choices=PROBES, help="GET /live, /ready or /health")
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--config", metavar="FILE",
-                       help="the service's configuration: its [metrics] listen is asked")
+    add_config_flag(where, "its [metrics] listen is asked")
     where.add_argument("--url", metavar="URL", help="the endpoint, e.g. http://127.0.0.1:4002")
     return p
 

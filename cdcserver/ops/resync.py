@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pymysql
@@ -33,7 +33,8 @@ from cdcserver.core.config import Config, SourceAddress
 from cdcserver.core.errors import BinlogPurged, CdcError, SourceError, SourceUnavailable
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.core.names import TableName
-from cdcserver.dump.dumper import DumpOptions, DumpResult, dump_tables
+from cdcserver.dump.dumper import DumpResult, dump_tables
+from cdcserver.dump.options import DumpOptions
 from cdcserver.dump.snapshot import open_mariadb_point, qualified
 from cdcserver.replication import source as source_sql
 from cdcserver.replication.connection import BinlogConnection
@@ -94,7 +95,7 @@ def resync(config: Config, *, dump: bool = True) -> Resynced:
                 len(result.versions), len(result.dropped))
     if dump and result.versions:
         result.dumps = dump_tables(address, config.store.data_dir, result.versions,
-                                   DumpOptions(readers=0, chunk_rows=config.dump.chunk_rows),
+                                   DumpOptions(replace(config.dump, readers=0)),
                                    stream_versions=None)
     return result
 

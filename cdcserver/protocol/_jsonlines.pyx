@@ -15,7 +15,8 @@ from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, strtod
 from libc.string cimport memcpy, strlen
 
-from cdcserver._cbuffer cimport Out, reserve as _reserve, utf8_valid as _utf8_valid
+from cdcserver._cbuffer cimport Out, reserve as _reserve
+from mariadb_cdc_client.format._cavro cimport Cursor, read_long, take, utf8_valid as _utf8_valid
 
 cdef extern from "Python.h":
     char *PyOS_double_to_string(double val, char format_code, int precision, int flags,
@@ -101,40 +102,6 @@ cdef inline void _signed(Out *out, int64_t v) noexcept:
         _digits(out, <uint64_t>0 - <uint64_t>v, 1)
     else:
         _digits(out, <uint64_t>v, 1)
-
-
-cdef struct Cursor:
-    const uint8_t *p
-    Py_ssize_t pos
-    Py_ssize_t end
-    bint bad
-
-
-cdef inline int64_t _long(Cursor *c) noexcept:
-    cdef uint64_t z = 0
-    cdef int shift = 0
-    cdef uint8_t b
-    while True:
-        if c.pos >= c.end or shift > 63:
-            c.bad = True
-            return 0
-        b = c.p[c.pos]
-        c.pos += 1
-        z |= (<uint64_t>(b & 0x7F)) << shift
-        if not b & 0x80:
-            break
-        shift += 7
-    return <int64_t>(z >> 1) ^ -(<int64_t>(z & 1))
-
-
-cdef inline const uint8_t *_take(Cursor *c, Py_ssize_t n) noexcept:
-    cdef const uint8_t *at
-    if n < 0 or n > c.end - c.pos:
-        c.bad = True
-        return NULL
-    at = c.p + c.pos
-    c.pos += n
-    return at
 
 
 cdef int _json_string(Out *out, const uint8_t *p, Py_ssize_t n, const char *table) except -1:
@@ -305,28 +272,28 @@ cdef int _skip(int op, int union, Cursor *c) noexcept:
     """Past one field's value: 1, or 0 at a value the store does not write."""
     cdef int64_t branch
     if union != PLAIN:
-        branch = _long(c)
+        branch = read_long(c)
         if c.bad:
             return 0
         if branch == 0:
             return 1
         if branch == 2 and union == WITH_TEXT:
-            _take(c, <Py_ssize_t>_long(c))
+            take(c, <Py_ssize_t>read_long(c))
             return not c.bad
         if branch != 1:
             return 0
     if op == R_NULL:
         return 1
     if op == R_BOOLEAN:
-        _take(c, 1)
+        take(c, 1)
     elif op == R_FLOAT:
-        _take(c, 4)
+        take(c, 4)
     elif op == R_DOUBLE:
-        _take(c, 8)
+        take(c, 8)
     elif op in (R_DECIMAL, R_STRING, R_BYTES, R_UUID, R_U64, R_DECIMAL_TEXT):
-        _take(c, <Py_ssize_t>_long(c))
+        take(c, <Py_ssize_t>read_long(c))
     else:  # varints: LONG, ENUM, DATE, DATETIME, TIMESTAMP, TIME, YEAR
-        _long(c)
+        read_long(c)
     return not c.bad
 
 
@@ -414,7 +381,7 @@ cdef class BlockRenderer:
         for r in range(count):
             metadata = {}
             for i in range(nmeta):
-                v = _long(&c)
+                v = read_long(&c)
                 if c.bad:
                     return None
                 if i < nmeta - 1:
@@ -445,13 +412,13 @@ cdef class BlockRenderer:
         _reserve(out, PyBytes_GET_SIZE(prefix) + 48)
         _put(out, PyBytes_AS_STRING(prefix), PyBytes_GET_SIZE(prefix))
         if union != PLAIN:
-            branch = _long(c)
+            branch = read_long(c)
             if branch == 0:
                 _put(out, b"null", 4)
                 return 1
             if branch == 2 and union == WITH_TEXT:
-                n = <Py_ssize_t>_long(c)
-                p = _take(c, n)
+                n = <Py_ssize_t>read_long(c)
+                p = take(c, n)
                 return 0 if c.bad else _json_string(out, p, n, self.escapes)
             if branch != 1:
                 return 0
@@ -466,24 +433,24 @@ cdef class BlockRenderer:
         cdef char *text
         cdef double d
         if op == R_LONG:
-            _signed(out, _long(c))
+            _signed(out, read_long(c))
             return 1
         if op == R_UINT32:
-            _digits(out, <uint64_t>(<uint32_t>_long(c)), 1)
+            _digits(out, <uint64_t>(<uint32_t>read_long(c)), 1)
             return 1
         if op == R_UINT64:
-            _digits(out, <uint64_t>_long(c), 1)
+            _digits(out, <uint64_t>read_long(c), 1)
             return 1
         if op == R_STRING:
-            n = <Py_ssize_t>_long(c)
-            p = _take(c, n)
+            n = <Py_ssize_t>read_long(c)
+            p = take(c, n)
             return 0 if c.bad else _json_string(out, p, n, self.escapes)
         if op == R_DECIMAL:
-            n = <Py_ssize_t>_long(c)
-            p = _take(c, n)
+            n = <Py_ssize_t>read_long(c)
+            p = take(c, n)
             return 0 if c.bad else _decimal(out, p, n, arg)
         if op == R_DOUBLE:
-            p = _take(c, 8)
+            p = take(c, 8)
             if c.bad:
                 return 0
             memcpy(&d, p, 8)
@@ -496,10 +463,10 @@ cdef class BlockRenderer:
                 PyMem_Free(text)
             return 1
         if op == R_DATETIME or op == R_TIMESTAMP:
-            v = _long(c)
+            v = read_long(c)
             return 0 if c.bad else _moment(out, v, arg, op == R_TIMESTAMP)
         if op == R_ENUM:
-            v = _long(c)
+            v = read_long(c)
             symbols = <tuple>self.symbols[i]
             if c.bad or v < 0 or v >= len(symbols):
                 return 0
@@ -508,17 +475,17 @@ cdef class BlockRenderer:
             _put(out, PyBytes_AS_STRING(symbol), PyBytes_GET_SIZE(symbol))
             return 1
         if op == R_BOOLEAN:
-            p = _take(c, 1)
+            p = take(c, 1)
             if c.bad or p[0] > 1:
                 return 0
             _put(out, b"true" if p[0] else b"false", 4 if p[0] else 5)
             return 1
         if op == R_FLOAT:
-            p = _take(c, 4)
+            p = take(c, 4)
             return 0 if c.bad else _float32(out, p)
         if op == R_BYTES:
-            n = <Py_ssize_t>_long(c)
-            p = _take(c, n)
+            n = <Py_ssize_t>read_long(c)
+            p = take(c, n)
             if c.bad:
                 return 0
             _reserve(out, 2 * n + 2)
@@ -530,8 +497,8 @@ cdef class BlockRenderer:
             _char(out, b'"')
             return 1
         if op == R_UUID:
-            n = <Py_ssize_t>_long(c)
-            p = _take(c, n)
+            n = <Py_ssize_t>read_long(c)
+            p = take(c, n)
             if c.bad or n != 36:
                 return 0
             for k in range(36):  # canonical lowercase text only: str(UUID(text)) is itself
@@ -547,7 +514,7 @@ cdef class BlockRenderer:
             out.size += 38
             return 1
         if op == R_DATE:
-            v = _long(c)
+            v = read_long(c)
             if c.bad:
                 return 0
             _char(out, b'"')
@@ -556,7 +523,7 @@ cdef class BlockRenderer:
             _char(out, b'"')
             return 1
         if op == R_TIME:
-            v = _long(c)
+            v = read_long(c)
             if c.bad or v < 0 or v >= _DAY_MICROS:
                 return 0
             _char(out, b'"')
@@ -567,8 +534,8 @@ cdef class BlockRenderer:
             _put(out, b"null", 4)
             return 1
         if op == R_U64:
-            n = <Py_ssize_t>_long(c)
-            p = _take(c, n)
+            n = <Py_ssize_t>read_long(c)
+            p = take(c, n)
             if c.bad:
                 return 0
             if _within_int64(p, n):
@@ -579,8 +546,8 @@ cdef class BlockRenderer:
             _char(out, b'"')
             return 1
         if op == R_DECIMAL_TEXT:
-            n = <Py_ssize_t>_long(c)
-            p = _take(c, n)
+            n = <Py_ssize_t>read_long(c)
+            p = take(c, n)
             if c.bad:
                 return 0
             _char(out, b'"')
@@ -589,7 +556,7 @@ cdef class BlockRenderer:
             _char(out, b'"')
             return 1
         if op == R_YEAR:
-            v = _long(c)
+            v = read_long(c)
             if c.bad or v < 0 or v > 9999:
                 return 0
             _reserve(out, 6)

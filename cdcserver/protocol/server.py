@@ -49,25 +49,6 @@ class LayoutFailed(Exception):
 
 
 @dataclass(frozen=True)
-class ListenerLimits:
-    """The listener's bounds; the defaults are the configuration's (config.py)."""
-
-    max_line: int = ListenerConfig.max_line
-    auth_timeout: float = ListenerConfig.auth_timeout
-    idle_timeout: float = ListenerConfig.idle_timeout
-    max_connections: int = ListenerConfig.max_connections
-    bad_command_limit: int = ListenerConfig.bad_command_limit
-    max_unauthenticated: int = ListenerConfig.max_unauthenticated
-    shutdown_grace: float = 5.0
-
-    @classmethod
-    def from_config(cls, config: ListenerConfig) -> ListenerLimits:
-        return cls(config.max_line, config.auth_timeout, config.idle_timeout,
-                   config.max_connections, config.bad_command_limit,
-                   config.max_unauthenticated)
-
-
-@dataclass(frozen=True)
 class ListenerStats:
     """What the listener has done, for /metrics and /health."""
 
@@ -122,8 +103,11 @@ class MessageReader:
         return self._ready.pop(0)
 
 
+DEFAULT_LIMITS = ListenerConfig()  # the listener's bounds: the configuration's [listener]
+
+
 class CdcServer:
-    def __init__(self, context: SessionContext, limits: ListenerLimits = ListenerLimits(),
+    def __init__(self, context: SessionContext, limits: ListenerConfig = DEFAULT_LIMITS,
                  zone: dt.tzinfo = dt.UTC, databus_labels: bool = False) -> None:
         self.context = context
         self.limits = limits

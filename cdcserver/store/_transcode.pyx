@@ -21,7 +21,8 @@ from libc.string cimport memcpy, memset
 from posix.unistd cimport write
 from cpython.exc cimport PyErr_CheckSignals, PyErr_SetFromErrno
 
-from cdcserver._cbuffer cimport Out, reserve as _reserve, utf8_valid as _utf8_valid
+from cdcserver._cbuffer cimport Out, reserve as _reserve
+from mariadb_cdc_client.format._cavro cimport utf8_valid as _utf8_valid
 
 # Column operations (transcoder.py names them; keep in step).
 cdef enum:

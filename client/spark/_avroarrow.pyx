@@ -25,6 +25,8 @@ from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, int64_t, uint8_t, uint64
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy
 
+from mariadb_cdc_client.format._cavro cimport Cursor, read_long, take, utf8_valid
+
 import pyarrow as pa
 
 cdef extern from *:
@@ -93,133 +95,6 @@ cdef int _reserve(Buf *buf, Py_ssize_t extra) noexcept:
     buf.data = grown
     buf.capacity = capacity
     return 0
-
-
-cdef struct Cursor:
-    const uint8_t *p
-    Py_ssize_t pos
-    Py_ssize_t end
-    bint bad
-
-
-cdef inline int64_t _long(Cursor *c) noexcept:
-    """An Avro long (zig-zag varint); ``bad`` set if it runs past the data or 64 bits. Most
-    are one byte (union branches, lengths of short text)."""
-    cdef uint8_t b
-    if c.pos < c.end:
-        b = c.p[c.pos]
-        if b < 0x80:
-            c.pos += 1
-            return <int64_t>(b >> 1) ^ -(<int64_t>(b & 1))
-    return _long_varint(c)
-
-
-cdef int64_t _long_varint(Cursor *c) noexcept:
-    """A varint of several bytes (timestamps, sequences, microseconds): without a bounds
-    check per byte where ten bytes remain, the most a long takes."""
-    cdef uint64_t z = 0
-    cdef int shift = 0, i
-    cdef uint8_t b
-    cdef const uint8_t *p = c.p + c.pos
-    if c.end - c.pos >= 10:
-        for i in range(10):
-            b = p[i]
-            z |= (<uint64_t>(b & 0x7F)) << (7 * i)
-            if b < 0x80:
-                if i == 9 and b > 1:  # past 64 bits
-                    break
-                c.pos += i + 1
-                return <int64_t>(z >> 1) ^ -(<int64_t>(z & 1))
-        c.bad = True
-        return 0
-    while True:
-        if c.pos >= c.end or shift > 63 or (shift == 63 and c.p[c.pos] > 1):
-            c.bad = True
-            return 0
-        b = c.p[c.pos]
-        c.pos += 1
-        z |= (<uint64_t>(b & 0x7F)) << shift
-        if not b & 0x80:
-            break
-        shift += 7
-    return <int64_t>(z >> 1) ^ -(<int64_t>(z & 1))
-
-
-cdef inline const uint8_t *_take(Cursor *c, Py_ssize_t n) noexcept:
-    """The next ``n`` bytes; ``bad`` set (and NULL) if there are fewer."""
-    cdef const uint8_t *at
-    if c.bad or n < 0 or n > c.end - c.pos:
-        c.bad = True
-        return NULL
-    at = c.p + c.pos
-    c.pos += n
-    return at
-
-
-cdef inline bint _utf8_valid(const uint8_t *p, Py_ssize_t n) noexcept:
-    """Python's strict UTF-8 decoder accepts exactly these sequences (RFC 3629: no overlong
-    forms, no surrogates, nothing above U+10FFFF), as Arrow's validation does. Most text
-    is ASCII, which one pass over words tells."""
-    return _ascii(p, n) or _utf8_sequences_valid(p, n)
-
-
-cdef inline bint _ascii(const uint8_t *p, Py_ssize_t n) noexcept:
-    cdef uint64_t seen = 0, word
-    cdef Py_ssize_t i = 0
-    while i + 8 <= n:
-        memcpy(&word, p + i, 8)
-        seen |= word
-        i += 8
-    while i < n:
-        seen |= p[i]
-        i += 1
-    return not seen & 0x8080808080808080ULL
-
-
-cdef bint _utf8_sequences_valid(const uint8_t *p, Py_ssize_t n) noexcept:
-    """The strict check of text that is not all ASCII; its ASCII runs are skipped sixteen
-    bytes at a time."""
-    cdef Py_ssize_t i = 0
-    cdef uint64_t word, word2
-    cdef uint8_t c, c1
-    while i < n:
-        if i + 16 <= n:
-            memcpy(&word, p + i, 8)
-            memcpy(&word2, p + i + 8, 8)
-            if not (word | word2) & 0x8080808080808080ULL:
-                i += 16
-                continue
-        c = p[i]
-        if c < 0x80:
-            i += 1
-            continue
-        if c < 0xC2:
-            return False
-        if c < 0xE0:
-            if i + 1 >= n or (p[i + 1] & 0xC0) != 0x80:
-                return False
-            i += 2
-            continue
-        if c < 0xF0:
-            if i + 2 >= n:
-                return False
-            c1 = p[i + 1]
-            if (c1 & 0xC0) != 0x80 or (p[i + 2] & 0xC0) != 0x80:
-                return False
-            if (c == 0xE0 and c1 < 0xA0) or (c == 0xED and c1 > 0x9F):
-                return False
-            i += 3
-            continue
-        if c > 0xF4 or i + 3 >= n:
-            return False
-        c1 = p[i + 1]
-        if ((c1 & 0xC0) != 0x80 or (p[i + 2] & 0xC0) != 0x80
-                or (p[i + 3] & 0xC0) != 0x80):
-            return False
-        if (c == 0xF0 and c1 < 0x90) or (c == 0xF4 and c1 > 0x8F):
-            return False
-        i += 4
-    return True
 
 
 cdef bint _unscaled(const uint8_t *p, Py_ssize_t n, aa_int128 *value) noexcept:
@@ -307,8 +182,8 @@ cdef Py_ssize_t _record_count(const uint8_t *p, Py_ssize_t size, const uint8_t *
     c.end = size
     c.bad = False
     while c.pos < c.end:
-        count = _long(&c)
-        length = _long(&c)
+        count = read_long(&c)
+        length = read_long(&c)
         if c.bad or count < 0 or length < count or length > c.end - c.pos - SYNC_SIZE:
             return -1
         c.pos += length
@@ -365,7 +240,7 @@ cdef Py_ssize_t _values_size(int op, Py_ssize_t rows) noexcept:
 cdef inline int _field(Column *col, Cursor *c, Py_ssize_t row) except -1:
     cdef int64_t branch
     if col.shape != PLAIN:
-        branch = _long(c)
+        branch = read_long(c)
         if branch == 0:
             return _null(col, row)
         if branch == 2 and col.shape == WITH_TEXT:
@@ -386,12 +261,12 @@ cdef inline int _null(Column *col, Py_ssize_t row) except -1:
 
 cdef int _text(Column *col, Cursor *c, Py_ssize_t row) except -1:
     """The string branch of a temporal column (MariaDB's zero dates and TIME text)."""
-    cdef Py_ssize_t n = <Py_ssize_t>_long(c)
-    cdef const uint8_t *p = _take(c, n)
+    cdef Py_ssize_t n = <Py_ssize_t>read_long(c)
+    cdef const uint8_t *p = take(c, n)
     cdef int64_t micros = 0
     if c.bad:
         return 0
-    if col.text == TEXT_NULL and _utf8_valid(p, n):
+    if col.text == TEXT_NULL and utf8_valid(p, n):
         col.nulls += 1
         return 1
     if col.text == TEXT_TIME and _time_micros(p, n, &micros):
@@ -407,23 +282,23 @@ cdef inline int _value(Column *col, Cursor *c, Py_ssize_t row) except -1:
     cdef Py_ssize_t n
     cdef const uint8_t *p
     if op == A_INT64:
-        v = _long(c)
+        v = read_long(c)
         if c.bad:
             return 0
         (<int64_t *>col.values)[row] = v
     elif op == A_UTF8 or op == A_BINARY:
-        n = <Py_ssize_t>_long(c)
-        p = _take(c, n)
-        if c.bad or (op == A_UTF8 and not _utf8_valid(p, n)):
+        n = <Py_ssize_t>read_long(c)
+        p = take(c, n)
+        if c.bad or (op == A_UTF8 and not utf8_valid(p, n)):
             return 0
         return _append(col, p, n, row)
     elif op == A_INT32:
-        v = _long(c)
+        v = read_long(c)
         if c.bad or not INT32_MIN <= v <= INT32_MAX:
             return 0
         (<int32_t *>col.values)[row] = <int32_t>v
     elif op == A_FLOAT64:
-        p = _take(c, 8)
+        p = take(c, 8)
         if c.bad:
             return 0
         memcpy(col.values + 8 * row, p, 8)
@@ -444,22 +319,22 @@ cdef int _other_value(Column *col, Cursor *c, Py_ssize_t row) except -1:
     cdef aa_int128 unscaled = 0
     if op == A_DECIMAL or op == A_INT_DECIMAL:
         if op == A_INT_DECIMAL:
-            unscaled = _long(c)
+            unscaled = read_long(c)
         else:
-            n = <Py_ssize_t>_long(c)
-            p = _take(c, n)
+            n = <Py_ssize_t>read_long(c)
+            p = take(c, n)
             if c.bad or not _unscaled(p, n, &unscaled):
                 return 0
         if c.bad or aa_mul_overflow(unscaled, col.factor, &unscaled):
             return 0
         memcpy(col.values + 16 * row, &unscaled, 16)  # Arrow's decimal128: native order
     elif op == A_ENUM:
-        v = _long(c)
+        v = read_long(c)
         if c.bad or v < 0 or v >= col.nsymbols:
             return 0
         return _append(col, <const uint8_t *>col.symbols[v], col.symbol_sizes[v], row)
     elif op == A_FLOAT32 or op == A_FLOAT64_OF_FLOAT:
-        p = _take(c, 4)
+        p = take(c, 4)
         if c.bad:
             return 0
         if op == A_FLOAT32:
@@ -469,14 +344,14 @@ cdef int _other_value(Column *col, Cursor *c, Py_ssize_t row) except -1:
             d = <double>f
             memcpy(col.values + 8 * row, &d, 8)
     elif op == A_BOOLEAN:
-        p = _take(c, 1)
+        p = take(c, 1)
         if c.bad or p[0] > 1:
             return 0
         if p[0]:
             _set_bit(<uint8_t *>col.values, row)
     elif op == A_VALUES:
-        n = <Py_ssize_t>_long(c)
-        p = _take(c, n)
+        n = <Py_ssize_t>read_long(c)
+        p = take(c, n)
         if c.bad:
             return 0
         value = PyBytes_FromStringAndSize(<const char *>p, n)
@@ -513,8 +388,8 @@ cdef int _read(Column *columns, int nfields, const uint8_t *p, Py_ssize_t size) 
     c.bad = False
     while c.pos < size:
         c.end = size
-        count = <Py_ssize_t>_long(&c)
-        length = <Py_ssize_t>_long(&c)
+        count = <Py_ssize_t>read_long(&c)
+        length = <Py_ssize_t>read_long(&c)
         c.end = c.pos + length  # a record may not read into the next block
         while count > 0:
             for i in range(nfields):
