@@ -88,17 +88,31 @@ def _parser() -> argparse.ArgumentParser:
                         version=f"cdcserver {cdcserver.__version__}",
                         help="print the version and exit")
     commands = parser.add_subparsers(metavar="COMMAND")
+    for command in (_run_command, _check_command, _status_command, _users_command,
+                    _verify_command, _dump_command, _dumps_command, _resync_command,
+                    _schema_command, _demo_command):
+        command(commands)
+    return parser
 
+
+def _run_command(commands: Any) -> None:
+    """``run``: replicate and serve."""
     run = commands.add_parser("run", help="replicate and serve")
     cfg.add_config_flag(run)
     cfg.add_arguments(run)
     run.set_defaults(handler=cmd_run)
 
+
+def _check_command(commands: Any) -> None:
+    """``check``: the source's preflight."""
     check = commands.add_parser("check", help="preflight: is the source ready to be "
                                               "captured, and the SQL that fixes what is not")
     _source_and_store_options(check, "source.server_id")
     check.set_defaults(handler=cmd_check)
 
+
+def _status_command(commands: Any) -> None:
+    """``status``: a running service's /health."""
     status = commands.add_parser("status", help="how a running service is doing (from its "
                                                 "/health endpoint)")
     cfg.add_config_flag(status, "its metrics.listen is asked")
@@ -107,6 +121,9 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the health document as is")
     status.set_defaults(handler=cmd_status)
 
+
+def _users_command(commands: Any) -> None:
+    """``users add|remove|list|check``: the users file."""
     users = commands.add_parser("users", help="manage the users file")
     users_commands = users.add_subparsers(metavar="ACTION", required=True)
     for action, handler, helptext in (("add", cmd_users_add, "add or replace a user"),
@@ -140,6 +157,9 @@ def _parser() -> argparse.ArgumentParser:
                                   "unchanged for an existing one)")
         sub.set_defaults(handler=handler)
 
+
+def _verify_command(commands: Any) -> None:
+    """``verify``: tables against their streams."""
     verify = commands.add_parser("verify", help="compare tables with their streams")
     verify.add_argument("tables", nargs="+", metavar="DB.TABLE", help="the tables to compare")
     _source_and_store_options(verify)
@@ -151,6 +171,9 @@ def _parser() -> argparse.ArgumentParser:
                              "the table's newest dump)")
     verify.set_defaults(handler=cmd_verify)
 
+
+def _dump_command(commands: Any) -> None:
+    """``dump``: consistent dumps of tables."""
     dump = commands.add_parser("dump", help="take consistent dumps of tables (resumes an "
                                             "interrupted one)")
     dump.add_argument("tables", nargs="+", metavar="DB.TABLE|DB.*",
@@ -164,12 +187,18 @@ def _parser() -> argparse.ArgumentParser:
                            "when stderr is a terminal)")
     dump.set_defaults(handler=cmd_dump)
 
+
+def _dumps_command(commands: Any) -> None:
+    """``dumps``: the complete dumps."""
     dumps = commands.add_parser("dumps", help="list the complete dumps")
     dumps.add_argument("table", nargs="?", metavar="DB.TABLE",
                        help="only this table's dumps (default: every table's)")
     _source_and_store_options(dumps)
     dumps.set_defaults(handler=cmd_dumps)
 
+
+def _resync_command(commands: Any) -> None:
+    """``resync``: quarantined tables, or the way out of a purged binlog."""
     resync = commands.add_parser(
         "resync", help="with tables: resync quarantined tables now (the running service "
                        "reads each again and releases it); without: the way out when the "
@@ -184,6 +213,9 @@ def _parser() -> argparse.ArgumentParser:
                              "release them (default 120; 0: do not wait)")
     resync.set_defaults(handler=cmd_resync)
 
+
+def _schema_command(commands: Any) -> None:
+    """``schema forget``: the schema history."""
     schema = commands.add_parser("schema", help="the schema history")
     schema_commands = schema.add_subparsers(metavar="ACTION", required=True)
     forget = schema_commands.add_parser("forget", help="forget a table's definition so the "
@@ -192,6 +224,9 @@ def _parser() -> argparse.ArgumentParser:
     _source_and_store_options(forget)
     forget.set_defaults(handler=cmd_schema_forget)
 
+
+def _demo_command(commands: Any) -> None:
+    """``demo``: the README's first command."""
     demo = commands.add_parser("demo", help="a private MariaDB with sample data, and the "
                                             "service on it (the README's first command)")
     demo.add_argument("--dir", default=".cdc-demo", help="where the demo keeps its state")
@@ -202,7 +237,6 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--trickle", type=float, default=5.0,
                       help="seconds between sample changes while running (0: none)")
     demo.set_defaults(handler=cmd_demo)
-    return parser
 
 
 # -- run -------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Reading the DDL that changes tables' columns, as MariaDB logs it.
 
-``parse(sql, database)`` returns one of the statement dataclasses below. The grammar covered
+``parse(sql, database)`` returns one of the statements of :mod:`cdcserver.schema.statements`
+(importable from here too). The grammar covered
 is what changes a table's columns or existence (MariaDB 10.11 ``CREATE TABLE``, ``ALTER
 TABLE``, ``RENAME TABLE``, ``DROP TABLE``, ``TRUNCATE``, ``DROP DATABASE``); every other
 statement is :class:`NoTableChange`. Indexes and AUTO_INCREMENT columns are read too
@@ -14,6 +15,7 @@ history forgets them instead of guessing
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from cdcserver.core.changes import Index
@@ -32,182 +34,46 @@ from cdcserver.schema.definition import (
     with_foreign_key_index,
     with_index,
 )
+from cdcserver.schema.statements import (
+    AddColumns,
+    AddForeignKey,
+    AddIndex,
+    AddPeriod,
+    AlterTable,
+    ChangeColumn,
+    ConvertCharset,
+    CreateTable,
+    DropColumn,
+    DropDatabase,
+    DropForeignKey,
+    DropIndex,
+    DropTables,
+    NoTableChange,
+    Position,
+    RenameColumn,
+    RenameIndex,
+    RenameTables,
+    RenameTo,
+    RowsChanged,
+    SetEngine,
+    SetPrimaryKey,
+    SetVersioning,
+    Statement,
+    TruncateTable,
+    UnknownAction,
+    Unparsed,
+)
 from cdcserver.schema.tokens import SqlSyntaxError, Token, TokenStream, tokenize
 
-Position = tuple[str, str | None]  # ("first", None) or ("after", column)
 # ALTER TABLE actions on partitions that keep every row's values (in whichever partition)
 _PARTITION_MAINTENANCE = ("ANALYZE", "CHECK", "OPTIMIZE", "REBUILD", "REPAIR", "COALESCE",
                           "REORGANIZE")
-
-
-# -- statements --------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class CreateTable:
-    table: TableName
-    definition: TableDefinition | None  # None with ``like``
-    like: TableName | None = None
-    replace: bool = False
-    if_not_exists: bool = False
-
-
-@dataclass(frozen=True)
-class AlterTable:
-    table: TableName
-    actions: tuple[object, ...]
-    if_exists: bool = False
-
-
-@dataclass(frozen=True)
-class RenameTables:
-    pairs: tuple[tuple[TableName, TableName], ...]
-
-
-@dataclass(frozen=True)
-class DropTables:
-    tables: tuple[TableName, ...]
-
-
-@dataclass(frozen=True)
-class TruncateTable:
-    table: TableName
-
-
-@dataclass(frozen=True)
-class DropDatabase:
-    database: str
-
-
-@dataclass(frozen=True)
-class NoTableChange:
-    """A statement that changes no table (GRANT, CREATE VIEW, ...)."""
-
-
-@dataclass(frozen=True)
-class Unparsed:
-    reason: str
-    tables: tuple[TableName, ...] = ()
-
-
-Statement = (CreateTable | AlterTable | RenameTables | DropTables | TruncateTable |
-             DropDatabase | NoTableChange | Unparsed)
-
-
-# ALTER TABLE actions
-@dataclass(frozen=True)
-class AddColumns:
-    columns: tuple[ColumnSpec, ...]
-    position: Position | None = None
-    if_not_exists: bool = False
-    # the columns that give the rows already there a value other than NULL: a DEFAULT other
-    # than NULL, NOT NULL (the type's zero), AUTO_INCREMENT, a generated column (AS (...))
-    filled: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class DropColumn:
-    name: str
-    if_exists: bool = False
-
-
-@dataclass(frozen=True)
-class ChangeColumn:
-    """MODIFY (old == new name) or CHANGE."""
-
-    old: str
-    column: ColumnSpec
-    position: Position | None = None
-    if_exists: bool = False
-
-
-@dataclass(frozen=True)
-class RenameColumn:
-    old: str
-    new: str
-
-
-@dataclass(frozen=True)
-class RenameTo:
-    table: TableName
-
-
-@dataclass(frozen=True)
-class SetPrimaryKey:
-    columns: tuple[str, ...]  # () drops it
-
-
-@dataclass(frozen=True)
-class AddIndex:
-    """ADD INDEX/KEY/UNIQUE/FULLTEXT/SPATIAL, CREATE INDEX; an unnamed index has name ""."""
-
-    index: Index
-    if_not_exists: bool = False
-    replace: bool = False  # CREATE OR REPLACE INDEX
-
-
-@dataclass(frozen=True)
-class DropIndex:
-    name: str
-    if_exists: bool = False
-
-
-@dataclass(frozen=True)
-class RenameIndex:
-    old: str
-    new: str
-
-
-@dataclass(frozen=True)
-class ConvertCharset:
-    charset: str
-
-
-@dataclass(frozen=True)
-class SetEngine:
-    engine: str
-
-
-@dataclass(frozen=True)
-class AddForeignKey:
-    key: ForeignKey  # name "" when the statement gave none: MariaDB names it table_ibfk_N
-
-
-@dataclass(frozen=True)
-class DropForeignKey:
-    name: str
-
-
-@dataclass(frozen=True)
-class AddPeriod:
-    """``ADD PERIOD FOR SYSTEM_TIME (start, end)``."""
-
-    start: str
-    end: str
-
-
-@dataclass(frozen=True)
-class SetVersioning:
-    """``ADD SYSTEM VERSIONING`` (on) or ``DROP SYSTEM VERSIONING``."""
-
-    on: bool
-
-
-@dataclass(frozen=True)
-class RowsChanged:
-    """An action that changes stored rows without row events: partition maintenance
-    (``TRUNCATE``, ``DROP``, ``EXCHANGE``, ``CONVERT PARTITION``), ``IMPORT TABLESPACE``,
-    ``ALTER SEQUENCE``. ``other`` is the second table it moves rows to or from, and
-    ``other_fate`` what becomes of it: ``changed``, ``created`` (with this table's columns)
-    or ``dropped``."""
-
-    reason: str
-    other: TableName | None = None
-    other_fate: str = "changed"
-
-
-@dataclass(frozen=True)
-class UnknownAction:
-    text: str
+# ALTER TABLE actions that change no column: table options and maintenance
+_NO_COLUMN_CHANGE = ("ALGORITHM", "LOCK", "FORCE", "COMMENT", "AUTO_INCREMENT", "ROW_FORMAT",
+                     "KEY_BLOCK_SIZE", "STATS_PERSISTENT", "PAGE_COMPRESSED", "ENCRYPTED",
+                     "ORDER", "ENABLE", "DISABLE", "DISCARD", "ANALYZE", "CHECK", "OPTIMIZE",
+                     "REBUILD", "REPAIR", "COALESCE", "REORGANIZE", "REMOVE", "WAIT", "NOWAIT",
+                     "DEFAULT", "CHARACTER", "CHARSET", "COLLATE", "PARTITION", "ADD_COLUMN")
 
 
 # -- entry point -------------------------------------------------------------------------
@@ -681,137 +547,165 @@ class _Parser:
         return AlterTable(table, tuple(a for a in actions if a is not None), if_exists)
 
     def alter_action(self) -> object:
+        """One action of ``ALTER TABLE``: its dataclass, a tuple of them (a column definition
+        that states keys too), or None for an action that changes no column."""
         ts = self.ts
-        if ts.accept_word("ADD"):
-            if self.at_index_keyword():
-                return self.add_index_or_constraint()
-            ts.accept_word("COLUMN")
-            if_not_exists = self.if_not_exists()
-            self._filled = []
-            self._start_keys()
-            if ts.accept_symbol("("):
-                columns = self.create_elements()
-                return (AddColumns(columns, None, if_not_exists, tuple(self._filled)),
-                        *self.keys_stated())
-            column = self.column_spec()
-            return (AddColumns((column,), self.position(), if_not_exists, tuple(self._filled)),
-                    *self.keys_stated())
-        if ts.accept_word("DROP"):
-            if ts.accept_words("PRIMARY", "KEY"):
-                return SetPrimaryKey(())
-            if ts.accept_words("FOREIGN", "KEY"):
-                self.if_exists()
-                name = ts.identifier()
-                ts.until_top_level(",", ";")
-                return DropForeignKey(name)
-            if ts.accept_words("SYSTEM", "VERSIONING"):
-                return SetVersioning(False)
-            if ts.accept_word("PARTITION"):
-                ts.until_top_level(";")  # p1, p2: partition maintenance stands alone
-                return RowsChanged("ALTER TABLE ... DROP PARTITION removes the partition's rows")
-            if ts.accept_word("CONSTRAINT"):
-                # DROP CONSTRAINT names a foreign key, a UNIQUE key or a CHECK; dropping an
-                # unknown name changes nothing this history keeps.
-                self.if_exists()
-                name = ts.identifier()
-                ts.until_top_level(",", ";")
-                return (DropForeignKey(name), DropIndex(name, if_exists=True))
-            if ts.accept_word("INDEX", "KEY"):
-                if_exists = self.if_exists()
-                name = ts.identifier()
-                ts.until_top_level(",", ";")
-                return _drop_index(name, if_exists)
-            if ts.accept_word("CHECK", "PERIOD"):
-                ts.until_top_level(",", ";")
-                return None
-            ts.accept_word("COLUMN")
-            if_exists = self.if_exists()
-            name = ts.identifier()
-            ts.accept_word("RESTRICT", "CASCADE")
-            return DropColumn(name, if_exists)
-        if ts.accept_word("MODIFY"):
-            ts.accept_word("COLUMN")
-            if_exists = self.if_exists()
-            self._start_keys()
-            column = self.column_spec()
-            return (ChangeColumn(column.name, column, self.position(), if_exists),
-                    *self.keys_stated())
-        if ts.accept_word("CHANGE"):
-            ts.accept_word("COLUMN")
-            if_exists = self.if_exists()
-            old = ts.identifier()
-            self._start_keys()
-            column = self.column_spec()
-            return (ChangeColumn(old, column, self.position(), if_exists),
-                    *self.keys_stated())
-        if ts.accept_word("RENAME"):
-            if ts.accept_word("COLUMN"):
-                old = ts.identifier()
-                ts.expect_word("TO")
-                return RenameColumn(old, ts.identifier())
-            if ts.accept_word("INDEX", "KEY"):
-                old = ts.identifier()
-                ts.expect_word("TO")
-                return RenameIndex(old, ts.identifier())
-            ts.accept_word("TO", "AS")
-            return RenameTo(self.table_name())
-        if ts.accept_words("CONVERT", "PARTITION"):
-            ts.identifier()
-            ts.expect_word("TO")
-            ts.expect_word("TABLE")
-            other = self.table_name()
-            ts.until_top_level(";")
-            return RowsChanged("ALTER TABLE ... CONVERT PARTITION moves the partition's rows "
-                               f"to {other}", other, "created")
-        if ts.accept_words("CONVERT", "TABLE"):
-            other = self.table_name()
-            ts.until_top_level(";")
-            return RowsChanged(f"ALTER TABLE ... CONVERT TABLE moves the rows of {other} into "
-                               "a partition", other, "dropped")
-        if ts.accept_word("TRUNCATE"):
-            ts.expect_word("PARTITION")
-            ts.until_top_level(";")
-            return RowsChanged("ALTER TABLE ... TRUNCATE PARTITION removes rows")
-        if ts.accept_word("EXCHANGE"):
-            ts.expect_word("PARTITION")
-            ts.identifier()
-            ts.expect_word("WITH")
-            ts.expect_word("TABLE")
-            other = self.table_name()
-            ts.until_top_level(";")
-            return RowsChanged(f"ALTER TABLE ... EXCHANGE PARTITION swaps rows with {other}",
-                               other)
-        if ts.accept_word("IMPORT"):  # [PARTITION p] TABLESPACE
-            ts.until_top_level(",", ";")
-            return RowsChanged("ALTER TABLE ... IMPORT TABLESPACE replaces the rows")
-        if ts.accept_word("CONVERT"):
-            ts.expect_word("TO")
-            ts.accept_words("CHARACTER", "SET") or ts.accept_word("CHARSET")
-            charset = ts.identifier().lower()
-            ts.until_top_level(",", ";")
-            return ConvertCharset(charset)
-        if ts.accept_word("ALTER"):
-            ts.accept_word("COLUMN")
-            ts.until_top_level(",", ";")  # SET/DROP DEFAULT, visibility: no type change
-            return None
-        if ts.accept_word("ENGINE"):
-            ts.accept_symbol("=")
-            engine = ts.identifier().lower()
-            ts.until_top_level(",", ";")
-            return SetEngine(engine)
+        for words, step in self._ALTER_STEPS:
+            if ts.accept_words(*words):
+                return step(self)
         if any(ts.accept_words(word, "PARTITION") for word in _PARTITION_MAINTENANCE):
             ts.until_top_level(";")  # p0, p1 [INTO (...)]: stands alone, moves no value
             return None
-        if ts.accept_word("ALGORITHM", "LOCK", "FORCE", "COMMENT", "AUTO_INCREMENT",
-                          "ROW_FORMAT", "KEY_BLOCK_SIZE", "STATS_PERSISTENT", "PAGE_COMPRESSED",
-                          "ENCRYPTED", "ORDER", "ENABLE", "DISABLE", "DISCARD",
-                          "ANALYZE", "CHECK", "OPTIMIZE", "REBUILD", "REPAIR", "COALESCE",
-                          "REORGANIZE", "REMOVE", "WAIT", "NOWAIT",
-                          "DEFAULT", "CHARACTER", "CHARSET", "COLLATE", "PARTITION",
-                          "ADD_COLUMN"):
+        if ts.accept_word(*_NO_COLUMN_CHANGE):
             ts.until_top_level(",", ";")  # table options and maintenance: no column change
             return None
         return UnknownAction(" ".join(t.text for t in ts.until_top_level(",", ";")))
+
+    def _alter_add(self) -> object:
+        ts = self.ts
+        if self.at_index_keyword():
+            return self.add_index_or_constraint()
+        ts.accept_word("COLUMN")
+        if_not_exists = self.if_not_exists()
+        self._filled = []
+        self._start_keys()
+        if ts.accept_symbol("("):
+            columns = self.create_elements()
+            return (AddColumns(columns, None, if_not_exists, tuple(self._filled)),
+                    *self.keys_stated())
+        column = self.column_spec()
+        return (AddColumns((column,), self.position(), if_not_exists, tuple(self._filled)),
+                *self.keys_stated())
+
+    def _alter_drop(self) -> object:
+        ts = self.ts
+        if ts.accept_words("PRIMARY", "KEY"):
+            return SetPrimaryKey(())
+        if ts.accept_words("FOREIGN", "KEY"):
+            self.if_exists()
+            name = ts.identifier()
+            ts.until_top_level(",", ";")
+            return DropForeignKey(name)
+        if ts.accept_words("SYSTEM", "VERSIONING"):
+            return SetVersioning(False)
+        if ts.accept_word("PARTITION"):
+            ts.until_top_level(";")  # p1, p2: partition maintenance stands alone
+            return RowsChanged("ALTER TABLE ... DROP PARTITION removes the partition's rows")
+        if ts.accept_word("CONSTRAINT"):
+            # DROP CONSTRAINT names a foreign key, a UNIQUE key or a CHECK; dropping an
+            # unknown name changes nothing this history keeps.
+            self.if_exists()
+            name = ts.identifier()
+            ts.until_top_level(",", ";")
+            return (DropForeignKey(name), DropIndex(name, if_exists=True))
+        if ts.accept_word("INDEX", "KEY"):
+            if_exists = self.if_exists()
+            name = ts.identifier()
+            ts.until_top_level(",", ";")
+            return _drop_index(name, if_exists)
+        if ts.accept_word("CHECK", "PERIOD"):
+            ts.until_top_level(",", ";")
+            return None
+        ts.accept_word("COLUMN")
+        if_exists = self.if_exists()
+        name = ts.identifier()
+        ts.accept_word("RESTRICT", "CASCADE")
+        return DropColumn(name, if_exists)
+
+    def _alter_modify(self) -> object:
+        self.ts.accept_word("COLUMN")
+        if_exists = self.if_exists()
+        self._start_keys()
+        column = self.column_spec()
+        return (ChangeColumn(column.name, column, self.position(), if_exists),
+                *self.keys_stated())
+
+    def _alter_change(self) -> object:
+        self.ts.accept_word("COLUMN")
+        if_exists = self.if_exists()
+        old = self.ts.identifier()
+        self._start_keys()
+        column = self.column_spec()
+        return (ChangeColumn(old, column, self.position(), if_exists), *self.keys_stated())
+
+    def _alter_rename(self) -> object:
+        ts = self.ts
+        if ts.accept_word("COLUMN"):
+            old = ts.identifier()
+            ts.expect_word("TO")
+            return RenameColumn(old, ts.identifier())
+        if ts.accept_word("INDEX", "KEY"):
+            old = ts.identifier()
+            ts.expect_word("TO")
+            return RenameIndex(old, ts.identifier())
+        ts.accept_word("TO", "AS")
+        return RenameTo(self.table_name())
+
+    def _alter_convert_partition(self) -> object:
+        ts = self.ts
+        ts.identifier()
+        ts.expect_word("TO")
+        ts.expect_word("TABLE")
+        other = self.table_name()
+        ts.until_top_level(";")
+        return RowsChanged("ALTER TABLE ... CONVERT PARTITION moves the partition's rows "
+                           f"to {other}", other, "created")
+
+    def _alter_convert_table(self) -> object:
+        other = self.table_name()
+        self.ts.until_top_level(";")
+        return RowsChanged(f"ALTER TABLE ... CONVERT TABLE moves the rows of {other} into "
+                           "a partition", other, "dropped")
+
+    def _alter_truncate(self) -> object:
+        self.ts.expect_word("PARTITION")
+        self.ts.until_top_level(";")
+        return RowsChanged("ALTER TABLE ... TRUNCATE PARTITION removes rows")
+
+    def _alter_exchange(self) -> object:
+        ts = self.ts
+        ts.expect_word("PARTITION")
+        ts.identifier()
+        ts.expect_word("WITH")
+        ts.expect_word("TABLE")
+        other = self.table_name()
+        ts.until_top_level(";")
+        return RowsChanged(f"ALTER TABLE ... EXCHANGE PARTITION swaps rows with {other}", other)
+
+    def _alter_import(self) -> object:  # [PARTITION p] TABLESPACE
+        self.ts.until_top_level(",", ";")
+        return RowsChanged("ALTER TABLE ... IMPORT TABLESPACE replaces the rows")
+
+    def _alter_convert_charset(self) -> object:
+        ts = self.ts
+        ts.expect_word("TO")
+        ts.accept_words("CHARACTER", "SET") or ts.accept_word("CHARSET")
+        charset = ts.identifier().lower()
+        ts.until_top_level(",", ";")
+        return ConvertCharset(charset)
+
+    def _alter_column(self) -> object:
+        self.ts.accept_word("COLUMN")
+        self.ts.until_top_level(",", ";")  # SET/DROP DEFAULT, visibility: no type change
+        return None
+
+    def _alter_engine(self) -> object:
+        self.ts.accept_symbol("=")
+        engine = self.ts.identifier().lower()
+        self.ts.until_top_level(",", ";")
+        return SetEngine(engine)
+
+    # The actions by their first words, in the order they are tried (CONVERT PARTITION and
+    # CONVERT TABLE before CONVERT TO)
+    _ALTER_STEPS: tuple[tuple[tuple[str, ...], Callable[[_Parser], object]], ...] = (
+        (("ADD",), _alter_add), (("DROP",), _alter_drop), (("MODIFY",), _alter_modify),
+        (("CHANGE",), _alter_change), (("RENAME",), _alter_rename),
+        (("CONVERT", "PARTITION"), _alter_convert_partition),
+        (("CONVERT", "TABLE"), _alter_convert_table), (("TRUNCATE",), _alter_truncate),
+        (("EXCHANGE",), _alter_exchange), (("IMPORT",), _alter_import),
+        (("CONVERT",), _alter_convert_charset), (("ALTER",), _alter_column),
+        (("ENGINE",), _alter_engine),
+    )
 
     def _start_keys(self) -> None:
         self._pk, self._fks, self._indexes = [], [], []

@@ -25,7 +25,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from cdcserver.core.changes import ColumnDef, Index, TableChange, TableLayout
 from cdcserver.core.durable import write_atomically
@@ -56,6 +56,16 @@ TRANSACTIONAL_ENGINES = frozenset({"innodb", "xtradb", "rocksdb", "tokudb"})
 # ALTER actions that can rewrite stored values (rewrites.py judges them when the old columns
 # are known; on a table whose columns are not, each of them means a re-read)
 _MAY_REWRITE = (ddl.ChangeColumn, ddl.AddColumns, ddl.ConvertCharset, ddl.SetVersioning)
+
+
+@dataclass
+class _Applied:
+    """What an ALTER TABLE's actions did, as they were applied one by one."""
+
+    definition: TableDefinition | None
+    renamed_to: TableName | None = None
+    moved: list[ddl.RowsChanged] = field(default_factory=list)  # rows without row events
+    rewrites: list[str] = field(default_factory=list)  # values rewritten in place
 
 
 class SchemaHistory:
@@ -181,57 +191,81 @@ class SchemaHistory:
     def _alter(self, statement: ddl.AlterTable, gtid: Gtid | None
                ) -> tuple[str, tuple[TableChange, ...]]:
         table = statement.table
-        before = definition = self.tables.get(table)
-        renamed_to = None
-        moved: list[ddl.RowsChanged] = []
-        rewrites: list[str] = []
-        renames = column_renames(statement.actions, before)
-        for action in _one_at_a_time(sorted(statement.actions, key=_phase)):
-            if isinstance(action, ddl.RenameTo):
-                renamed_to = action.table
-            elif isinstance(action, ddl.RowsChanged):
-                moved.append(action)
-            elif definition is not None:
-                rewrites += action_rewrites(definition, action)
-                renamed = _renamed_column(definition, action)
-                if renamed is not None:
-                    self._rename_referenced(table, *renamed, gtid)
-                try:
-                    definition = _alter(table, definition, action)
-                except IndexesUnknown as exc:
-                    log.info("schema history: %s: %s; its indexes are re-learned from the "
-                             "source when it agrees", table, exc)
-                    definition = replace(definition, described=False)
-                except (KeyError, ValueError) as exc:
-                    log.warning("schema history: %s: %s", table, exc)
-                    definition = None
-        if definition is not None:
-            definition = definition.with_keys_sorted()
-        if renamed_to is not None:
+        before = self.tables.get(table)
+        applied = self._apply_actions(table, before, statement.actions, gtid)
+        if applied.renamed_to is not None:
             only_rename = all(isinstance(a, ddl.RenameTo) for a in statement.actions)
             return ("rename" if only_rename else "alter",
-                    tuple(self._move(table, renamed_to, definition, gtid)))
-        if definition is None:
-            self._forget(table, gtid, "altered while unknown or in a way not understood")
-            reasons = [m.reason for m in moved]
-            if any(isinstance(a, _MAY_REWRITE) for a in statement.actions):
-                # The old columns are unknown, so whether their values survived cannot be
-                # told: the table is read again (a narrowing MODIFY after `schema forget`)
-                reasons.append("an ALTER of a table whose columns were unknown may have "
-                               "rewritten its values")
-            return "alter", (TableChange("alter", table.database, table.table,
-                                         rewrites="; ".join(reasons)),)
-        rewrites = [m.reason for m in moved] + rewrites
+                    tuple(self._move(table, applied.renamed_to, applied.definition, gtid)))
+        if applied.definition is None:
+            return "alter", (self._altered_unknown(table, statement, applied.moved, gtid),)
+        return "alter", tuple(self._altered(table, before, applied,
+                                            column_renames(statement.actions, before), gtid))
+
+    def _apply_actions(self, table: TableName, definition: TableDefinition | None,
+                       actions: tuple[object, ...], gtid: Gtid | None) -> _Applied:
+        """The statement's actions one at a time, in MariaDB's order, on the definition
+        (None once it cannot be followed): what it renames the table to, the rows it moves
+        without row events, the values it rewrites."""
+        applied = _Applied(definition)
+        for action in _one_at_a_time(sorted(actions, key=_phase)):
+            if isinstance(action, ddl.RenameTo):
+                applied.renamed_to = action.table
+            elif isinstance(action, ddl.RowsChanged):
+                applied.moved.append(action)
+            elif applied.definition is not None:
+                applied.definition = self._apply_action(table, applied, action, gtid)
+        if applied.definition is not None:
+            applied.definition = applied.definition.with_keys_sorted()
+        return applied
+
+    def _apply_action(self, table: TableName, applied: _Applied, action: object,
+                      gtid: Gtid | None) -> TableDefinition | None:
+        definition = applied.definition
+        assert definition is not None
+        applied.rewrites += action_rewrites(definition, action)
+        renamed = _renamed_column(definition, action)
+        if renamed is not None:
+            self._rename_referenced(table, *renamed, gtid)
+        try:
+            return _alter(table, definition, action)
+        except IndexesUnknown as exc:
+            log.info("schema history: %s: %s; its indexes are re-learned from the source "
+                     "when it agrees", table, exc)
+            return replace(definition, described=False)
+        except (KeyError, ValueError) as exc:
+            log.warning("schema history: %s: %s", table, exc)
+            return None
+
+    def _altered_unknown(self, table: TableName, statement: ddl.AlterTable,
+                         moved: list[ddl.RowsChanged], gtid: Gtid | None) -> TableChange:
+        """The table is forgotten (its columns are learned again); its rows are read again
+        where the statement may have changed them."""
+        self._forget(table, gtid, "altered while unknown or in a way not understood")
+        reasons = [m.reason for m in moved]
+        if any(isinstance(a, _MAY_REWRITE) for a in statement.actions):
+            # The old columns are unknown, so whether their values survived cannot be told:
+            # the table is read again (a narrowing MODIFY after `schema forget`)
+            reasons.append("an ALTER of a table whose columns were unknown may have "
+                           "rewritten its values")
+        return TableChange("alter", table.database, table.table, rewrites="; ".join(reasons))
+
+    def _altered(self, table: TableName, before: TableDefinition | None, applied: _Applied,
+                 renames: tuple[tuple[str, str], ...], gtid: Gtid | None
+                 ) -> list[TableChange]:
+        definition = applied.definition
+        assert definition is not None
+        rewrites = [m.reason for m in applied.moved] + applied.rewrites
         changed = before is None or bool(rewrites) or _stored_shape(definition) != \
             _stored_shape(before)
         self._record(table, definition, gtid)
         changes = [TableChange("alter", table.database, table.table, self._layout(table),
                                changed=changed, rewrites="; ".join(rewrites),
                                renamed_columns=renames)]
-        for move in moved:
+        for move in applied.moved:
             if move.other is not None:
                 changes += self._moved_rows(move, definition, gtid)
-        return "alter", tuple(changes)
+        return changes
 
     def _moved_rows(self, move: ddl.RowsChanged, definition: TableDefinition,
                     gtid: Gtid | None) -> list[TableChange]:
