@@ -256,11 +256,11 @@ async def test_an_instant_alter_just_after_a_chunk_opened_its_snapshot_starts_ov
     chunk must see the changed definition under its metadata lock and the dump start over,
     with the ALTER before its point."""
     from cdcserver.core.gtid import GtidState
-    from cdcserver.dump import chunked
+    from cdcserver.dump import chunkreader
 
     table = _orders(source, 3000)
     await cdc.caught_up(source)
-    original = chunked.open_snapshot_position
+    original = chunkreader.open_snapshot_position
     opened: list[Any] = []
 
     def open_then_alter(conn: Any) -> Any:
@@ -271,7 +271,7 @@ async def test_an_instant_alter_just_after_a_chunk_opened_its_snapshot_starts_ov
                            "ALGORITHM=INSTANT")
         return point
 
-    monkeypatch.setattr(chunked, "open_snapshot_position", open_then_alter)
+    monkeypatch.setattr(chunkreader, "open_snapshot_position", open_then_alter)
     results = await asyncio.to_thread(
         dump_tables, parse_source_url(source.url), cdc.service.config.store.data_dir,
         [TableName(source.database, "orders")], DumpOptions(DumpConfig(chunk_rows=500, readers=1)))
