@@ -11,7 +11,9 @@ VERSIONING``. The decoder recognises each where it happens and hands the pipelin
 - :mod:`.readview`: one consistent read of the source, stamped with the binlog position and GTID
   state it is consistent at (the *watermark*), with rows in the replication's Python values;
 - :mod:`.repair`: the pipeline stage that reads the affected rows at a watermark, waits for the
-  stream to reach it, and emits the difference as ordinary change records.
+  stream to reach it, and emits the difference as ordinary change records;
+- :mod:`.difference`: how the view differs from the rows read, and the records that say so;
+- :mod:`.markers`: what a repair follows before it is read (cascades, renames, merged reads).
 
 It is the one re-read mechanism of ``../shared/design.md``: the same steps serve any "read
 these keys or ranges at a watermark and merge them with the stream".

@@ -30,13 +30,10 @@ the change's ``Commit`` reaches any sink, with the way out in the message.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from decimal import Decimal
+from dataclasses import dataclass, field
 from typing import Any
 
 import pymysql
@@ -66,12 +63,12 @@ from cdcserver.core.gtid import BinlogPosition, binlog_ordinal, same_state
 from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.replication.sources import Sources
+from cdcserver.reread.difference import Scope, differences, records, view_key
+from cdcserver.reread.markers import cascades, keeps_rows, retarget, together
 from cdcserver.reread.readview import ReadView
-from cdcserver.reread.values import from_text
 from cdcserver.reread.view import Row, TableView, Views, ViewsClosed, key_names
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.schema import TableSchema
-from mariadb_cdc_client.format.schema import Field, Kind
 
 log = logging.getLogger(__name__)
 
@@ -108,23 +105,10 @@ class RepairStats:
 
 
 @dataclass
-class _Scope:
-    """The rows of one table a repair covers: ``keys`` (None: every row) and what the
-    source held for them at the watermark."""
-
-    table: TableName
-    layout: TableLayout | None  # None until read: the stream did not know the columns
-    reason: str
-    keys: set[bytes] | None
-    source: dict[bytes, tuple[Row, int]] = field(default_factory=dict)
-    key: tuple[str, ...] | None = None  # the view's, once read (:func:`_view_key`)
-
-
-@dataclass
 class _Pending:
     point: SnapshotPoint
     cause: str  # the GTID of the transaction that made the change
-    scopes: list[_Scope]
+    scopes: list[Scope]
     markers: list[Rowless]  # what was recognised, to read again if the pipeline restarts
     resync: bool = False  # a quarantined table's resync: released, in a version of its own
     started: float = 0.0  # (monotonic) when the resync was asked for
@@ -186,7 +170,7 @@ class Repairer:
     async def process(self, batch: list[Change]) -> list[Change]:
         self._learn_quarantines()
         if self._again:
-            await self._start(*_together(self._again), None)
+            await self._start(*together(self._again), None)
             self._again = []
         for table, (why, asked) in list(self._resyncs.items()):
             del self._resyncs[table]
@@ -250,7 +234,7 @@ class Repairer:
             assert self._begin is not None
             again.append((found, str(self._begin.gtid)))
         if again:  # one read for all: a lagging stream may hold many on one table
-            await self._start(*_together(again), commit)
+            await self._start(*together(again), commit)
         self._batch_rows += self._txn_rows
         self._txn_rows = []
         self._begin = None
@@ -272,7 +256,7 @@ class Repairer:
         renamed = {t for pair in renames for t in pair}
         for change in ddl.changes:
             table = TableName(change.database, change.table)
-            if table in renamed or _keeps_rows(change):
+            if table in renamed or keeps_rows(change):
                 continue
             self.views.drop(table)
         for pending in list(self._pending):
@@ -280,7 +264,7 @@ class Repairer:
                     not any(s.table in touched for s in pending.scopes):
                 continue
             self._pending.remove(pending)
-            markers = [m for m in (_retarget(m, ddl) for m in pending.markers) if m is not None]
+            markers = [m for m in (retarget(m, ddl) for m in pending.markers) if m is not None]
             if pending.resync:  # asked for again, under the table's name now
                 self._resyncing -= {s.table for s in pending.scopes}
                 for m in markers:
@@ -404,7 +388,7 @@ class Repairer:
         """In a thread: the scopes' candidate rows from the views, then the source's rows for
         them at one watermark, following cascades as far as they reach. None when no row of
         the stream is concerned."""
-        scopes: dict[TableName, _Scope] = {}
+        scopes: dict[TableName, Scope] = {}
         queue = []
         for marker in markers:
             view = self._view(TableName(marker.database, marker.table), marker.layout) \
@@ -423,7 +407,7 @@ class Repairer:
                     continue
                 changed = self._read_scope(read, scope)
                 done.add(scope.table)
-                for follow in _cascades(marker, changed):
+                for follow in cascades(marker, changed):
                     child = self._view(TableName(follow.database, follow.table),
                                        follow.layout) if follow.layout is not None else None
                     if self._scope(scopes, follow, child, follow.layout) is not None:
@@ -439,8 +423,8 @@ class Repairer:
         here)."""
         return self._keyed_view(table, key_names(layout))
 
-    def _scope_view(self, scope: _Scope) -> TableView:
-        """The view a scope is compared with, keyed by :func:`_view_key`."""
+    def _scope_view(self, scope: Scope) -> TableView:
+        """The view a scope is compared with, keyed by :func:`view_key`."""
         assert scope.layout is not None
         return self._keyed_view(scope.table, scope.key or key_names(scope.layout))
 
@@ -456,15 +440,15 @@ class Repairer:
         return view
 
     @staticmethod
-    def _scope(scopes: dict[TableName, _Scope], marker: Rowless, view: TableView | None,
-               layout: TableLayout | None) -> _Scope | None:
+    def _scope(scopes: dict[TableName, Scope], marker: Rowless, view: TableView | None,
+               layout: TableLayout | None) -> Scope | None:
         """Add the rows ``marker`` names to its table's scope; None when it adds none. A
         table whose columns the stream does not know (``layout`` None) is read whole, in
         the columns the source gives it."""
         table = TableName(marker.database, marker.table)
         scope = scopes.get(table)
         if scope is None:
-            scope = scopes[table] = _Scope(table, layout, marker.reason, set())
+            scope = scopes[table] = Scope(table, layout, marker.reason, set())
         elif marker.reason not in scope.reason:
             scope.reason += f"; {marker.reason}"
         if view is None or not marker.columns or not view.key:
@@ -476,7 +460,7 @@ class Repairer:
                 return None
         return scope
 
-    def _read_scope(self, read: ReadView, scope: _Scope) -> list[tuple[Row | None, Row | None]]:
+    def _read_scope(self, read: ReadView, scope: Scope) -> list[tuple[Row | None, Row | None]]:
         """Read the scope's rows at the watermark; return how the view's rows differ from
         them there (for following cascades). A whole table is read in the columns the
         source gives it at the watermark, and so are the named rows of a table whose
@@ -484,7 +468,7 @@ class Repairer:
         names may no longer be found by the stream's columns)."""
         source = read.source_layout(scope.table)
         if scope.key is None:
-            scope.key = _view_key(scope.layout, source)
+            scope.key = view_key(scope.layout, source)
         if source is not None and (scope.keys is None or scope.layout is None or
                                    not same_shape(scope.layout, source)):
             if scope.keys is not None:
@@ -513,7 +497,7 @@ class Repairer:
             key = view.key_of(row)
             known = scope.source.get(key)
             scope.source[key] = (row, known[1] + 1 if known else 1)
-        return _differences(view, scope)
+        return differences(view, scope)
 
     # -- 3 and 4: reaching the watermark, and the difference ---------------------------------
 
@@ -580,7 +564,7 @@ class Repairer:
             view = self._scope_view(scope)
             note = json.dumps({"reason": scope.reason, "cause": pending.cause},
                               ensure_ascii=False, separators=(", ", ": "))
-            made = _records(scope, view, note, commit)
+            made = records(scope, view, note, commit)
             for rows in made:
                 view.apply(rows)
                 self.stats.records[rows.kind] = self.stats.records.get(rows.kind, 0) + \
@@ -592,85 +576,6 @@ class Repairer:
             out += made
         self.stats.repairs += 1
         return out
-
-
-_CASCADING = frozenset({"cascade", "set null", "set default"})
-
-
-def _cascades(marker: Rowless, changed: list[tuple[Row | None, Row | None]]) -> list[Rowless]:
-    """Where the rows a repair changes are themselves parents: the rows of their children
-    that a cascade may have reached too."""
-    table = marker.qualified_name
-    follow = []
-    for edge in marker.edges:
-        if edge.parent != table:
-            continue
-        values, events = [], set()
-        for mine, theirs in changed:
-            if mine is None:
-                continue
-            before = tuple(mine.get(c) for c in edge.parent_columns)
-            if any(v is None for v in before):
-                continue
-            deleted = theirs is None and edge.on_delete in _CASCADING
-            rekeyed = theirs is not None and edge.on_update in _CASCADING and \
-                before != tuple(theirs.get(c) for c in edge.parent_columns)
-            if deleted or rekeyed:
-                values.append(before)
-                events.add(f"ON DELETE {edge.on_delete.upper()}" if deleted
-                           else f"ON UPDATE {edge.on_update.upper()}")
-        if values:
-            database, _, name = edge.child.partition(".")
-            follow.append(Rowless(database, name, f"{', '.join(sorted(events))} of {table}",
-                                  edge.columns, tuple(values), edge.layout, marker.edges))
-    return follow
-
-
-def _retarget(marker: Rowless, ddl: Ddl) -> Rowless | None:
-    """``marker`` after ``ddl``: under the table's new name and columns (following every
-    rename of one statement in order: ``RENAME TABLE a TO tmp, b TO a, tmp TO b`` moves a's
-    rows to b); None when the statement dropped or emptied the table (and with it the rows
-    to repair)."""
-    came_from = ""  # the name a rename just moved the marker from: its create is that move
-    for change in ddl.changes:
-        if (change.database, change.table) != (marker.database, marker.table):
-            continue
-        if change.kind == "create" and change.renamed and change.renamed == came_from:
-            came_from = ""
-            if change.layout is not None:
-                marker = replace(marker, layout=change.layout)
-            continue
-        if change.kind == "drop" and change.renamed:
-            came_from = marker.qualified_name
-            database, _, table = change.renamed.partition(".")
-            marker = replace(marker, database=database, table=table)
-            continue
-        if change.kind in ("drop", "truncate", "create"):
-            return None
-        if change.layout is not None:
-            marker = replace(marker, layout=change.layout)
-    return marker
-
-
-def _keeps_rows(change: TableChange) -> bool:
-    """Whether a consumer's rows of the table stay as they are through ``change``: an
-    ALTER of known columns writes no record and empties nothing, so the view goes on as
-    folding the store again would build it (a new primary key re-keys it when next used)."""
-    return change.kind == "alter" and change.layout is not None
-
-
-MAX_CAUSES = 8  # GTIDs a merged repair's cause names
-OTHERS = "and others"
-
-
-def _together(repairs: list[tuple[list[Rowless], str]]) -> tuple[list[Rowless], str]:
-    """Several repairs as one: every marker, read at one watermark; the cause names the
-    transactions (the first few, then "and others")."""
-    markers = [m for found, _ in repairs for m in found]
-    causes = list(dict.fromkeys(c for _, cause in repairs for c in cause.split(", ")))
-    more = OTHERS in causes or len(causes) > MAX_CAUSES
-    named = [c for c in causes if c != OTHERS][:MAX_CAUSES]
-    return markers, ", ".join([*named, OTHERS] if more else named)
 
 
 def _apply_all(views: Views, rows: list[Rows]) -> None:
@@ -702,149 +607,4 @@ def _reached(position: BinlogPosition, point: SnapshotPoint) -> bool:
     return bool(position.file) and binlog_ordinal(position.file, position.pos) >= \
         binlog_ordinal(point.file, point.pos)
 
-
-def _view_key(stream: TableLayout | None, source: TableLayout | None) -> tuple[str, ...]:
-    """The key a scope's view and the source's rows are compared under: the stream's
-    primary key and the source's together. The source's alone may be narrower where it has
-    moved on (a swap put another table under the name, versioning was dropped since):
-    rows the stream keeps apart, a row and its history rows, would merge in the view, and
-    be lost where a rename the store does not hold yet allows no fold again. A column only
-    one side has is NULL on the other, so neither side's rows merge."""
-    stream_key = key_names(stream) if stream is not None else ()
-    source_key = key_names(source) if source is not None else ()
-    if not stream_key or not source_key:  # no key: the view is a multiset of whole rows
-        return stream_key if stream is not None else source_key
-    return stream_key + tuple(c for c in source_key if c not in stream_key)
-
-
-def _differences(view: TableView, scope: _Scope) -> list[tuple[Row | None, Row | None]]:
-    """(the view's row, the source's row) for each row that differs; None where absent."""
-    changed: list[tuple[Row | None, Row | None]] = []
-    if view.key:
-        keys: set[bytes] = set(scope.keys) if scope.keys is not None else \
-            {view.key_of(r) for r, _ in view.rows()} | set(scope.source)
-        for key in keys:
-            mine = view.get(key)
-            theirs = scope.source.get(key)
-            source_row = theirs[0] if theirs else None
-            if mine is None and source_row is None:
-                continue
-            if mine is None or source_row is None or not _same_row(mine, source_row):
-                changed.append((mine, source_row))
-        return changed
-    mine_counts: dict[bytes, tuple[Row, int]] = {view.key_of(r): (r, n) for r, n in view.rows()}
-    for key in set(mine_counts) | set(scope.source):
-        row_a, a = mine_counts.get(key, (None, 0))
-        row_b, b = scope.source.get(key, (None, 0))
-        changed += [(row_a, None)] * max(a - b, 0) + [(None, row_b)] * max(b - a, 0)
-    return changed
-
-
-def _same_row(mine: Row, theirs: Row) -> bool:
-    """A column the stream's row lacks (added after the row was sent) is NULL to a
-    consumer: the same as the source's NULL, different from any default value."""
-    return all(mine.get(name) == value for name, value in theirs.items())
-
-
-def _records(scope: _Scope, view: TableView, note: str, commit: Commit) -> list[Rows]:
-    layout = scope.layout
-    assert layout is not None, "a scope is read before its records are made"
-    names = [c.name for c in layout.columns]
-
-    def values(row: Row) -> tuple[Any, ...]:
-        return tuple(row.get(n) for n in names)
-
-    inserts, updates, deletes = [], [], []
-    changed = _differences(view, scope)
-    fit = _Fit(layout)
-    for mine, theirs in changed:
-        if mine is None and theirs is not None:
-            inserts.append(values(theirs))
-        elif theirs is None and mine is not None:
-            deletes.append(values(fit(mine, None)))
-        elif mine is not None and theirs is not None:
-            updates += [values(fit(mine, theirs)), values(theirs)]
-    if layout.sequence and len(deletes) == len(inserts) == 1:  # its one row, changed
-        updates, deletes, inserts = [deletes[0], inserts[0]], [], []
-    out = []
-    for kind, rows in ((RowsKind.DELETE, deletes), (RowsKind.UPDATE, updates),
-                       (RowsKind.INSERT, inserts)):
-        if rows:
-            out.append(Rows(layout, kind, commit.timestamp, _sorted(rows, layout, kind),
-                            commit.position.file, commit.position.pos, repair=note))
-    return out
-
-
-class _Fit:
-    """A row as the stream last had it, in the table's columns now. A value whose Python
-    type the column's type does not hold (a column an ALTER retyped: a DATETIME that became
-    a DECIMAL, an INT that became a VARCHAR) is converted the way its text reads in the new
-    type; failing that it is the source's value, or NULL. Whatever ``mine`` holds, the store
-    can write the result."""
-
-    def __init__(self, layout: TableLayout) -> None:
-        fields = TableSchema.from_layout(layout, 0, "").columns
-        self.fields = {f.column: f for f in fields}
-        self.converters = {f.column: from_text(f) for f in fields}
-
-    def __call__(self, mine: Row, theirs: Row | None) -> Row:
-        row = dict(mine)
-        for name, value in mine.items():
-            field = self.fields.get(name)
-            if value is None or field is None or holds(field, value):
-                continue
-            try:
-                converted = self.converters[name](_text(value))
-            except (ValueError, TypeError, ArithmeticError, UnicodeError, OverflowError):
-                converted = None
-            if converted is None or not holds(field, converted):
-                converted = theirs.get(name) if theirs is not None else None
-            row[name] = converted
-        return row
-
-
-_HELD: dict[Kind, tuple[type, ...]] = {
-    Kind.BOOLEAN: (int,), Kind.INT: (int,), Kind.LONG: (int,), Kind.FLOAT: (float, int),
-    Kind.DOUBLE: (float, int), Kind.DECIMAL: (Decimal, int), Kind.STRING: (str,),
-    Kind.ENUM: (str,), Kind.BYTES: (bytes, bytearray), Kind.UUID: (str,),
-    Kind.DATE: (dt.date, str), Kind.DATETIME: (dt.datetime, str),
-    Kind.TIMESTAMP: (dt.datetime, str), Kind.TIME: (dt.timedelta, str), Kind.NULL: (),
-}
-
-
-def holds(field: Field, value: Any) -> bool:
-    """Whether the store writes ``value`` in ``field`` (the binlog decoder's types; MariaDB's
-    text for a zero or partial date)."""
-    if isinstance(value, bool):
-        return False
-    if field.kind == Kind.DATE and isinstance(value, dt.datetime):
-        return False  # a datetime is a date in Python, not in the store
-    return isinstance(value, _HELD.get(field.kind, ()))
-
-
-def _text(value: Any) -> bytes:
-    """A value as MariaDB prints it (what ``from_text`` reads)."""
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value)
-    if isinstance(value, dt.datetime):
-        return value.replace(tzinfo=None).isoformat(sep=" ").encode()
-    if isinstance(value, dt.timedelta):
-        seconds = int(value.total_seconds())
-        sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
-        return f"{sign}{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}".encode()
-    return str(value).encode("utf-8", "surrogateescape")
-
-
-def _sorted(rows: list[tuple[Any, ...]], layout: TableLayout, kind: RowsKind
-            ) -> Sequence[tuple[Any, ...]]:
-    """In key order, so that two services make the same records (pairs stay together)."""
-    key = layout.primary_key or tuple(range(len(layout.columns)))
-
-    def order(row: tuple[Any, ...]) -> tuple[str, ...]:
-        return tuple(repr(row[i]) for i in key)
-
-    if kind != RowsKind.UPDATE:
-        return sorted(rows, key=order)
-    pairs = sorted(zip(rows[::2], rows[1::2], strict=True), key=lambda p: order(p[0]))
-    return [row for pair in pairs for row in pair]
 
