@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import errno
 import fcntl
-import json
 import logging
 import os
 import sqlite3
@@ -54,22 +53,21 @@ from cdcserver.core.changes import (
 )
 from cdcserver.core.durable import fsync_dir, write_atomically
 from cdcserver.core.errors import DiskFull, StoreError, UndecodableEvent
-from cdcserver.core.gtid import BinlogPosition, GtidState
+from cdcserver.core.gtid import BinlogPosition
 from cdcserver.core.names import TableName
 from cdcserver.store import checkpoint as ckpt
+from cdcserver.store import recovery
 from cdcserver.store.avrofile import (
     Header,
     OpenFiles,
     VersionFileWriter,
-    last_valid_end,
-    read_header,
 )
 from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.checkpoint import Checkpoint, Quarantined, TableMark
 from cdcserver.store.encoder import RecordsEncoder, compile_encoder, record_head, record_tail
 from cdcserver.store.index import StoreIndex, TransactionInfo
 from cdcserver.store.layout import DataDir
-from cdcserver.store.naming import MAX_VERSION, parse_version_file
+from cdcserver.store.naming import MAX_VERSION
 from cdcserver.store.schema import TableSchema
 from cdcserver.store.transcoder import Transcoder, compile_transcoder, records
 from mariadb_cdc_client.format.names import table_ref
@@ -182,7 +180,7 @@ class AvroStore:
         self._lock_directory()
         self.index = StoreIndex(self.layout.index)
         checkpoint = ckpt.load(self.checkpoint_path)
-        self._recover(checkpoint)
+        recovery.recover(self.layout, self.index, self._headers, checkpoint)
         if checkpoint is None:  # a new directory: checkpoint "nothing" before any data
             checkpoint = Checkpoint(None)
             ckpt.save(self.checkpoint_path, checkpoint)
@@ -237,76 +235,6 @@ class AvroStore:
                 self._lock_fd = -1
                 raise StoreError(f"{self.data_dir} is in use by another cdcserver process") \
                     from None
-
-    # -- recovery ----------------------------------------------------------------------
-
-    def _recover(self, checkpoint: Checkpoint | None) -> None:
-        assert self.index is not None
-        files = self._version_files()
-        if checkpoint is None:
-            if files:
-                raise StoreError(
-                    f"{self.avro_dir} holds Avro files but {self.checkpoint_path} is missing; "
-                    "refusing to guess what they contain. Restore the checkpoint, or move the "
-                    "files away to start over.")
-            return
-        for table, versions in files.items():
-            mark = checkpoint.tables.get(table)
-            for version in sorted(versions):
-                if mark is None or version > mark.version:
-                    log.warning("recovery: removing %s version %d, written after the checkpoint",
-                                table, version)
-                    self._delete_version(table, version)
-                elif version == mark.version:
-                    self._cut_back(table, version, mark.size)
-        for table, mark in checkpoint.tables.items():
-            if mark.version not in files.get(table, {}):
-                raise StoreError(f"the checkpoint covers {table} version {mark.version}, "
-                                 "but its file is missing")
-        covered = checkpoint.position.gtid_state if checkpoint.position else GtidState()
-        self.index.drop_transactions_after(covered, checkpoint.index_ordinal)
-
-    def _version_files(self) -> dict[TableName, dict[int, str]]:
-        files: dict[TableName, dict[int, str]] = {}
-        for file_name in os.listdir(self.avro_dir):
-            parsed = parse_version_file(file_name)
-            if parsed is None or parsed[2] != "avro":
-                continue
-            path = self.layout.avro_file(file_name)
-            table = parsed[0] or self._table_in_header(path)
-            files.setdefault(table, {})[parsed[1]] = path
-        return files
-
-    def _table_in_header(self, path: str) -> TableName:
-        """The table a version file with a shortened name holds, from its schema."""
-        header = self._headers[path] = read_header(path)
-        return TableSchema.from_avsc(json.loads(header.schema_json)).table
-
-    def _cut_back(self, table: TableName, version: int, size: int) -> None:
-        assert self.index is not None
-        path = self.layout.table_file(table, version, "avro")
-        actual = os.path.getsize(path)
-        if actual < size:
-            raise StoreError(f"{path} is {actual} bytes but the checkpoint says {size}: "
-                             "data the checkpoint covers is gone")
-        if actual > size:
-            log.warning("recovery: cutting %s back from %d to %d bytes", path, actual, size)
-            with open(path, "r+b") as f:
-                f.truncate(size)
-                os.fsync(f.fileno())
-        header = self._headers[path] = read_header(path)
-        if last_valid_end(path, header, size) != size:
-            raise StoreError(f"{path} is corrupt before its checkpointed size {size}")
-        self.index.truncate(table, version, size)
-
-    def _delete_version(self, table: TableName, version: int) -> None:
-        assert self.index is not None
-        for suffix in ("avro", "avsc"):
-            try:
-                os.unlink(self.layout.table_file(table, version, suffix))
-            except FileNotFoundError:
-                pass
-        self.index.drop_version(table, version)
 
     # -- the sink interface ------------------------------------------------------------
 
@@ -385,6 +313,10 @@ class AvroStore:
             self.catalog.quarantine(table, None)
             self.catalog.changed.add(table)
             log.warning("%s: released from quarantine (%s)", table, note)
+
+    def _delete_version(self, table: TableName, version: int) -> None:
+        assert self.index is not None
+        recovery.delete_version(self.layout, self.index, table, version)
 
     def _drop_from(self, txn: _Open, table: TableName) -> None:
         """Undo what the open transaction wrote of ``table``."""

@@ -1,0 +1,98 @@
+"""Bringing a data directory back to its checkpoint when the store opens: after a crash, a
+table version may hold bytes past the checkpoint (cut back), versions the checkpoint does not
+cover may exist (removed), and the index may name transactions after it (dropped). What the
+checkpoint covers must be there, whole; otherwise the store refuses to open, saying what is
+missing, rather than guess."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from cdcserver.core.errors import StoreError
+from cdcserver.core.gtid import GtidState
+from cdcserver.core.names import TableName
+from cdcserver.store.avrofile import Header, last_valid_end, read_header
+from cdcserver.store.checkpoint import Checkpoint
+from cdcserver.store.index import StoreIndex
+from cdcserver.store.layout import DataDir
+from cdcserver.store.naming import parse_version_file
+from cdcserver.store.schema import TableSchema
+
+log = logging.getLogger("cdcserver.store.store")  # as before: operators grep for it
+
+
+def recover(layout: DataDir, index: StoreIndex, headers: dict[str, Header],
+            checkpoint: Checkpoint | None) -> None:
+    """The directory as the checkpoint left it; ``headers`` gets each header read."""
+    files = version_files(layout, headers)
+    if checkpoint is None:
+        if files:
+            raise StoreError(
+                f"{layout.avro} holds Avro files but {layout.checkpoint} is missing; "
+                "refusing to guess what they contain. Restore the checkpoint, or move the "
+                "files away to start over.")
+        return
+    for table, versions in files.items():
+        mark = checkpoint.tables.get(table)
+        for version in sorted(versions):
+            if mark is None or version > mark.version:
+                log.warning("recovery: removing %s version %d, written after the checkpoint",
+                            table, version)
+                delete_version(layout, index, table, version)
+            elif version == mark.version:
+                _cut_back(layout, index, headers, table, version, mark.size)
+    for table, mark in checkpoint.tables.items():
+        if mark.version not in files.get(table, {}):
+            raise StoreError(f"the checkpoint covers {table} version {mark.version}, "
+                             "but its file is missing")
+    covered = checkpoint.position.gtid_state if checkpoint.position else GtidState()
+    index.drop_transactions_after(covered, checkpoint.index_ordinal)
+
+
+def version_files(layout: DataDir, headers: dict[str, Header]
+                  ) -> dict[TableName, dict[int, str]]:
+    files: dict[TableName, dict[int, str]] = {}
+    for file_name in os.listdir(layout.avro):
+        parsed = parse_version_file(file_name)
+        if parsed is None or parsed[2] != "avro":
+            continue
+        path = layout.avro_file(file_name)
+        table = parsed[0] or _table_in_header(path, headers)
+        files.setdefault(table, {})[parsed[1]] = path
+    return files
+
+
+def _table_in_header(path: str, headers: dict[str, Header]) -> TableName:
+    """The table a version file with a shortened name holds, from its schema."""
+    header = headers[path] = read_header(path)
+    return TableSchema.from_avsc(json.loads(header.schema_json)).table
+
+
+def _cut_back(layout: DataDir, index: StoreIndex, headers: dict[str, Header],
+              table: TableName, version: int, size: int) -> None:
+    path = layout.table_file(table, version, "avro")
+    actual = os.path.getsize(path)
+    if actual < size:
+        raise StoreError(f"{path} is {actual} bytes but the checkpoint says {size}: "
+                         "data the checkpoint covers is gone")
+    if actual > size:
+        log.warning("recovery: cutting %s back from %d to %d bytes", path, actual, size)
+        with open(path, "r+b") as f:
+            f.truncate(size)
+            os.fsync(f.fileno())
+    header = headers[path] = read_header(path)
+    if last_valid_end(path, header, size) != size:
+        raise StoreError(f"{path} is corrupt before its checkpointed size {size}")
+    index.truncate(table, version, size)
+
+
+def delete_version(layout: DataDir, index: StoreIndex, table: TableName, version: int) -> None:
+    """A version's files and its index entries (a crash may have left either)."""
+    for suffix in ("avro", "avsc"):
+        try:
+            os.unlink(layout.table_file(table, version, suffix))
+        except FileNotFoundError:
+            pass
+    index.drop_version(table, version)
