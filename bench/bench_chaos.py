@@ -3,7 +3,7 @@ killed with -9 at random points, every table compared with its raw JSON stream a
 
     .venv/bin/python -m bench.bench_chaos --statements 100000 [--per-run 5000] [--kill-every 60]
 
-Runs ``tests/chaos.py`` (the same generator and oracle as ``tests/test_chaos.py``) for
+Runs ``tests/chaos.py`` (the same generator and oracle as ``tests/server/test_chaos.py``) for
 ``statements / per-run`` seeds in a row, each on a database of its own, a fresh data directory
 and a service of its own, and prints per run and in all: statements (and those the source
 refused, as an application would see them), kills, quarantines, exits of the service by itself

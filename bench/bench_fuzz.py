@@ -3,7 +3,7 @@ sockets, the issue's own inputs replayed, memory measured, a normal client serve
 
     .venv/bin/python -m bench.bench_fuzz [--core 1000000] [--sockets 100000] [--seed 36]
 
-The generator and checks are tests/fuzzing.py's (tests/test_fuzzing.py runs them at CI's
+The generator and checks are tests/fuzzing.py's (tests/unit/test_fuzzing.py runs them at CI's
 size). A failure prints its seed and input. Prints, per part: inputs, sessions or
 connections, the process's RSS before and after (the listener runs in this process), and
 the time taken; exit code 1 on any failure.

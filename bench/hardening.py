@@ -25,7 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests import hardening
 
-FAULT_TESTS = ["tests/test_disk_full.py", "tests/test_shutdown.py", "tests/test_crash.py"]
+FAULT_TESTS = ["tests/server/test_disk_full.py", "tests/server/test_shutdown.py",
+               "tests/server/test_crash.py"]
 
 
 def line(label: str, value: str) -> None:

@@ -1,7 +1,7 @@
 """The CDC service: MariaDB/MySQL binlog in, versioned Avro files and MaxScale's CDC protocol out.
 
 One package per concern (each ``__init__`` says what it owns), lowest first: each imports
-only those before it (``tests/test_layers.py``). Under them all is the shared format,
+only those before it (``tests/unit/test_layers.py``). Under them all is the shared format,
 ``mariadb_cdc_client.format`` (``client/format``), which the clients speak too.
 
 - ``core``: change records, table names, GTIDs, errors, the configuration, crash-safe writes;

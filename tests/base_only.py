@@ -10,7 +10,7 @@ modules. Then runs the commands that need an extra, which must say in one line w
 install (exit code 2), never a traceback. Prints what went wrong, one line each, and exits 1 if
 anything did. Standard library only (``--block`` also uses ``packaging``), so that it runs in
 the virtualenv of the README's first command (``.ci/readme-first-command``) as in the suite's
-(``tests/test_base_install.py``).
+(``tests/integration/test_base_install.py``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fuzzing at scale (issue 36), shared by tests/test_fuzzing.py (sized for CI) and
+"""Fuzzing at scale (issue 36), shared by tests/unit/test_fuzzing.py (sized for CI) and
 bench/bench_fuzz.py (a million inputs to the session core, a hundred thousand over sockets).
 
 A seeded generator (``Inputs``) writes the protocol's messages the way an attacker varies
@@ -27,7 +27,7 @@ from cdcserver.protocol.queries import QUERIES
 from cdcserver.protocol.session import Delay, Reply, SendDump, Session, StartStream
 from mariadb_cdc_client.format.wire import Code, auth_message
 from tests.helpers import PASSWORD, USER, RawClient
-from tests.test_listener import Listener
+from tests.unit.test_listener import Listener
 
 _CODES = "|".join(re.escape(c.value) for c in Code)
 # Every reply line the grammar allows: OK (after SCRAM, with the server's signature), an

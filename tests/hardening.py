@@ -1,4 +1,4 @@
-"""Hardening scenarios against the real listener, shared by tests/test_hardening.py (sized for
+"""Hardening scenarios against the real listener, shared by tests/unit/test_hardening.py (sized for
 CI) and bench/hardening.py (the issue's sizes, printing the figures).
 
 Each scenario returns ``Figures``: how many inputs, connections or faults it tried, how many
@@ -23,7 +23,7 @@ from cdcserver.protocol.session import Reply, SendDump, Session, StartStream
 from mariadb_cdc_client.format.wire import auth_message
 from tests import fuzzing
 from tests.helpers import PASSWORD, USER, RawClient
-from tests.test_listener import Listener, _listener
+from tests.unit.test_listener import Listener, _listener
 
 # Every reply line the grammar allows (protocol.md, "Replies and error codes").
 REPLY_LINE = fuzzing.REPLY_LINE

@@ -13,11 +13,11 @@ command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(ma
 command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)  # local Spark
 command -v cc >/dev/null 2>&1 || missing+=(gcc)  # builds the transcoder (cdcserver/store/_transcode.pyx)
 command -v go >/dev/null 2>&1 || missing+=(golang-go)  # the Go databus consumer (tests/databus_go)
-[ -e /usr/lib/galera/libgalera_smm.so ] || missing+=(galera-4)  # tests/test_galera.py's cluster
+[ -e /usr/lib/galera/libgalera_smm.so ] || missing+=(galera-4)  # tests/integration/test_galera.py's cluster
 command -v rsync >/dev/null 2>&1 || missing+=(rsync)  # ... its state transfers
 command -v socat >/dev/null 2>&1 || missing+=(socat)
 command -v ss >/dev/null 2>&1 || missing+=(iproute2)  # the transfer script waits with ss
-command -v promtool >/dev/null 2>&1 || missing+=(prometheus)  # tests/test_prometheus.py
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)  # tests/integration/test_prometheus.py
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "tests/run.sh: please install ${missing[*]} (needs root)" >&2

@@ -4,7 +4,7 @@ flag, kind of value, default and meaning, one table per section.
 
     python -m cdcserver.core.reference > configuration.md
 
-``tests/test_config_reference.py`` fails when ``configuration.md`` is not what :func:`render`
+``tests/unit/test_config_reference.py`` fails when ``configuration.md`` is not what :func:`render`
 gives, and checks every statement below against config.py's behaviour.
 """
 

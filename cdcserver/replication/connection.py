@@ -12,8 +12,9 @@ Two private members are used and the dependency is pinned for that reason:
 ``_BinLogStreamReader__connect_to_stream`` and ``_BinLogStreamReader__set_mariadb_settings``.
 The latter is overridden to fix a framing bug: it declares a 14-byte COM_BINLOG_DUMP payload but
 sends 15 bytes, and the stray byte makes a non-blocking dump end in a connection reset that
-loses the last events (``../shared/reference/environment.md`` §3). ``tests/test_connection.py``
-reads a whole binlog in non-blocking GTID mode, which fails without the fix.
+loses the last events (``../shared/reference/environment.md`` §3).
+``tests/server/test_replication.py`` reads a whole binlog in non-blocking GTID mode, which fails
+without the fix.
 """
 
 from __future__ import annotations

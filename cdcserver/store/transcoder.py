@@ -12,7 +12,7 @@ Columns the extension does not take (MySQL's binary JSON, SET, INET4/6, UUID, th
 temporal formats, DECIMALs wider than 18 digits, multi-byte character sets other than UTF-8)
 keep their table on the Python path, and so does any event holding a value the Python decoder
 would reject or render as text beyond the few the extension writes itself. Both paths give the
-same bytes: ``tests/test_transcode.py`` compares them on every type.
+same bytes: ``tests/server/test_transcode.py`` compares them on every type.
 
 Without a C compiler at install time the extension is absent and everything takes the Python
 path (``available()`` says which).

@@ -12,7 +12,7 @@ same records.
 Wherever that could differ (malformed data, invalid UTF-8, a zero date the query refuses,
 TIME text ``parse_time`` might read otherwise, a value outside its column's range) it returns
 None, and the caller decodes the chunk in Python instead, which then gives its batch or
-raises its error as before. ``tests/test_spark_arrow_decoder.py`` compares the two on every
+raises its error as before. ``tests/unit/test_spark_arrow_decoder.py`` compares the two on every
 type the store writes.
 """
 

@@ -1,0 +1,1 @@
+"""Tests of the service against the suite's private MariaDB (tests/conftest.py)."""

@@ -1,0 +1,242 @@
+"""The re-read mechanism on its own: a real source, a real store and its views, and the
+repair stage fed a transaction with a ``Rowless`` marker.
+
+The source's rows are changed with ``sql_log_bin = 0``, so no row event exists for them: only
+a re-read can bring the stream back to the table. Also: rows read at a watermark are the
+binlog decoder's own values, on every type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from cdcserver.core.changes import Begin, Commit, Rowless, Rows, RowsKind, TableLayout
+from cdcserver.core.config import parse_source_url
+from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.core.names import TableName
+from cdcserver.mariadb.charsets import CollationTable
+from cdcserver.replication.connection import BinlogConnection
+from cdcserver.replication.decoder import EventDecoder
+from cdcserver.reread import view as view_module
+from cdcserver.reread.readview import ReadView
+from cdcserver.reread.repair import Repairer
+from cdcserver.reread.view import Views, ViewsClosed
+from cdcserver.schema import ddl
+from cdcserver.schema.history import SchemaHistory, layout_of
+from cdcserver.store.catalog import Catalog
+from cdcserver.store.store import AvroStore
+from tests.conftest import RunningService, Source
+from tests.server.test_types import _fill
+
+pytestmark = pytest.mark.mariadb
+
+
+def _layout(source: Source, table: str) -> TableLayout:
+    text = str(source.query(f"SHOW CREATE TABLE `{source.database}`.`{table}`")[0][1])
+    statement = ddl.parse(text, source.database)
+    assert isinstance(statement, ddl.CreateTable) and statement.definition is not None
+    return layout_of(TableName(source.database, table), statement.definition)
+
+
+def _position(source: Source) -> BinlogPosition:
+    file, pos = source.query("SHOW MASTER STATUS")[0][:2]
+    return BinlogPosition(source.gtid_state(), str(file), int(pos))
+
+
+def _rows(source: Source, layout: TableLayout) -> list[tuple[Any, ...]]:
+    view = ReadView(parse_source_url(source.url), [TableName(layout.database, layout.table)])
+    try:
+        return view.rows(layout)
+    finally:
+        view.close()
+
+
+class _Stream:
+    """A store fed by hand, the way the pipeline feeds it."""
+
+    def __init__(self, path: str) -> None:
+        self.catalog = Catalog(os.path.join(path, "avro"))
+        self.store = AvroStore(path, self.catalog)
+        self.store.open()
+        self.sequence = 1000
+
+    async def transaction(self, changes: list[Any], position: BinlogPosition,
+                          repairer: Repairer | None = None) -> list[Any]:
+        self.sequence += 1
+        batch = [Begin(Gtid(9, 1, self.sequence), 0), *changes, Commit(position, 0)]
+        if repairer is not None:
+            batch = await repairer.process(batch)
+        await self.store.apply(batch)
+        return batch
+
+
+async def test_a_rowless_change_is_repaired_by_a_read_at_the_watermark(tmp_path,
+                                                                      source: Source):
+    db = f"`{source.database}`"
+    source.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v VARCHAR(20), n DECIMAL(6,2))",
+                   f"INSERT INTO {db}.t VALUES (1, 'a', 1.50), (2, 'b', 2), (3, 'c', NULL)")
+    layout = _layout(source, "t")
+    stream = _Stream(str(tmp_path / "data"))
+    await stream.transaction([Rows(layout, RowsKind.INSERT, 0, _rows(source, layout))],
+                             _position(source))
+    conn = source.server.connect(source.database)
+    with conn.cursor() as cur:  # changes no row event will tell
+        for statement in ("SET SESSION sql_log_bin = 0", "DELETE FROM t WHERE id = 1",
+                          "UPDATE t SET v = 'B', n = 2.25 WHERE id = 2",
+                          "INSERT INTO t VALUES (4, 'd', 4)"):
+            cur.execute(statement)
+    conn.close()
+    views = Views(str(tmp_path / "views.sqlite"))
+    repairer = Repairer(parse_source_url(source.url), stream.catalog, views)
+    marker = Rowless(source.database, "t", "a test's hidden change", layout=layout)
+    batch = await stream.transaction([marker], _position(source), repairer)
+    repairs = [c for c in batch if isinstance(c, Rows)]
+    assert {r.kind: list(r.rows) for r in repairs} == {
+        RowsKind.DELETE: [(1, "a", pytest.approx(1.5))],
+        RowsKind.UPDATE: [(2, "b", 2), (2, "B", pytest.approx(2.25))],
+        RowsKind.INSERT: [(4, "d", 4)],
+    }
+    assert all("hidden change" in r.repair for r in repairs)
+    assert isinstance(batch[-1], Commit) and repairer.stats.repairs == 1
+    # The view now holds the table: a second repair finds nothing to do.
+    batch = await stream.transaction([marker], _position(source), repairer)
+    assert not [c for c in batch if isinstance(c, Rows)]
+    views.close()
+    stream.store.close()
+
+
+async def test_rows_read_again_are_the_binlog_decoders_values_on_every_type(
+        tmp_path, cdc: RunningService, source: Source):
+    """The same rows three ways: decoded from the binlog (what the stream is made of), read
+    at a watermark, and folded back from the store's Avro files into a view."""
+    _fill(source)
+    layout = _layout(source, "types")
+    address = parse_source_url(source.url)
+    connection = BinlogConnection(address, 4242, GtidState(), blocking=False, file=str(
+        source.query("SHOW BINARY LOGS")[0][0]), pos=4, by_position=True)
+    connection.open()
+    history = SchemaHistory(None, lambda t: str(source.query(
+        f"SHOW CREATE TABLE `{t.database}`.`{t.table}`")[0][1]))
+    decoder = EventDecoder(CollationTable(dict(source.query(
+        "SELECT ID, CHARACTER_SET_NAME FROM information_schema.COLLATIONS"))), GtidState(),
+        checksums=connection.checksums, history=history)
+    changes: list[Any] = []
+    try:
+        for packet in connection.packets():
+            decoder.feed(packet, changes)
+    finally:
+        connection.close()
+    binlog: dict[int, tuple[Any, ...]] = {}
+    for change in changes:
+        if isinstance(change, Rows) and change.layout.table == "types":
+            pairs = list(change.rows)
+            if change.kind == RowsKind.UPDATE:
+                pairs = pairs[1::2]
+            for row in pairs:
+                if change.kind == RowsKind.DELETE:
+                    binlog.pop(row[0], None)
+                else:
+                    binlog[row[0]] = tuple(row)
+    read = {row[0]: row for row in _rows(source, layout)}
+    names = [c.name for c in layout.columns]
+    assert read.keys() == binlog.keys()
+    for key, row in read.items():
+        mismatched = {n: (a, b) for n, a, b in zip(names, row, binlog[key], strict=True)
+                      if a != b or type(a) is not type(b)}
+        assert not mismatched, f"row {key}: (read again, binlog) {mismatched}"
+    await cdc.caught_up(source)
+    views = Views(str(tmp_path / "views.sqlite"))
+    try:
+        folded = views.fold(cdc.service.catalog, TableName(source.database, "types"), ("id",))
+        for row, count in folded.rows():
+            assert count == 1
+            mismatched = {n: (row[n], b) for n, b in zip(names, binlog[row["id"]], strict=True)
+                          if row[n] != b or type(row[n]) is not type(b)}
+            assert not mismatched, f"row {row['id']}: (folded, binlog) {mismatched}"
+    finally:
+        views.close()
+
+
+async def test_closing_the_views_stops_a_fold_and_waits_for_it(tmp_path, monkeypatch,
+                                                                source: Source):
+    """A pipeline cancelled while a thread folds a view closes the views: the fold stops at
+    its next block and the database closes only after (closing it under the thread would
+    crash the process). No MariaDB rows are involved: the store is fed by hand."""
+    db = f"`{source.database}`"
+    source.execute(f"CREATE TABLE {db}.big (id INT PRIMARY KEY, v VARCHAR(20))")
+    layout = _layout(source, "big")
+    stream = _Stream(str(tmp_path / "data"))
+    for block in range(3):  # three transactions: three Avro blocks to fold
+        rows = [(block * 100 + n, f"v{n}") for n in range(100)]
+        await stream.transaction([Rows(layout, RowsKind.INSERT, 0, rows)], _position(source))
+    views = Views(str(tmp_path / "views.sqlite"))
+    folding, done = threading.Event(), threading.Event()
+    original = view_module.decode_records
+
+    def slow_decode(*args: Any) -> Any:  # the fold holds the views when close is called
+        folding.set()
+        assert wait_for(lambda: views._closing.is_set(), 30)
+        return original(*args)
+
+    monkeypatch.setattr(view_module, "decode_records", slow_decode)
+    outcome: list[BaseException | None] = []
+
+    def fold_holding_the_views() -> None:
+        try:
+            views.fold(stream.catalog, TableName(source.database, "big"), ("id",))
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    def fold() -> None:
+        views.locked(fold_holding_the_views)
+
+    worker = threading.Thread(target=fold)
+    worker.start()
+    assert folding.wait(30)
+    await asyncio.to_thread(views.close)
+    assert done.is_set(), "the views closed while the fold still ran"
+    worker.join()
+    assert isinstance(outcome[0], ViewsClosed)
+    with pytest.raises(ViewsClosed):
+        views.locked(lambda: None)
+    stream.store.close()
+
+
+def wait_for(condition: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_a_read_that_meets_a_newer_schema_statement_is_told_to_read_again(source: Source):
+    """Error 1412 (a table's definition changed after the consistent snapshot opened) is a
+    race with a schema statement, not a fault of the table: the repair reads again at a new
+    watermark instead of quarantining the table (the soak quarantined hundreds that way)."""
+    from cdcserver.core.errors import DefinitionChanged
+    from cdcserver.dump import rawrows
+
+    table = f"`{source.database}`.raced"
+    source.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, v INT)",
+                   f"INSERT INTO {table} VALUES (1, 1)")
+    reader = source.server.connect(source.database)
+    try:
+        with reader.cursor() as cur:
+            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        source.execute(f"ALTER TABLE {table} ADD COLUMN w INT, ALGORITHM=COPY")
+        with pytest.raises(DefinitionChanged, match="1412"):
+            list(rawrows.query_rows(reader, f"SELECT id, v FROM {table}"))
+    finally:
+        if reader.open:
+            reader.close()
