@@ -26,6 +26,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from cdcserver.core.changes import ColumnDef, Index, TableChange, TableLayout
 from cdcserver.core.durable import write_atomically
@@ -634,6 +635,8 @@ def _phase(action: object) -> int:
 
 
 def _alter(table: TableName, definition: TableDefinition, action: object) -> TableDefinition:
+    """The definition after one ALTER TABLE action (KeyError, ValueError: it cannot be
+    followed)."""
     if isinstance(action, _INDEX_ACTIONS) and not definition.described:
         return definition  # re-learned from the source as a whole
     renamed = _renamed_column(definition, action)
@@ -641,86 +644,140 @@ def _alter(table: TableName, definition: TableDefinition, action: object) -> Tab
         definition = _keys_after_column_change(table, definition, action, renamed)
     if renamed is not None:
         definition = definition.with_renamed_column(*renamed)
-    if isinstance(action, ddl.AddForeignKey):
-        definition = with_foreign_key_index(definition, Index(action.key.name,
-                                                              action.key.columns))
-        key = named(action.key, table.table, definition.foreign_keys)
-        return replace(definition, foreign_keys=(*definition.foreign_keys, key))
-    if isinstance(action, (ddl.AddIndex, ddl.DropIndex, ddl.RenameIndex)):
-        return _indexes_altered(definition, action)
-    if isinstance(action, ddl.DropForeignKey):
-        return replace(definition, foreign_keys=tuple(
-            k for k in definition.foreign_keys if k.name.lower() != action.name.lower()))
-    if isinstance(action, ddl.AddPeriod):
-        return replace(definition, period=(action.start, action.end), implicit_period=False)
-    if isinstance(action, ddl.SetVersioning):
-        if not action.on:
-            return definition.unversioned()
-        if definition.period is not None:  # ADD PERIOD FOR SYSTEM_TIME named the columns
-            return definition.versioned(definition.period, implicit=False)
-        return definition.versioned((IMPLICIT_ROW_START, IMPLICIT_ROW_END), implicit=True)
+    step = _ALTER_STEPS.get(type(action))
+    if step is None:
+        raise ValueError(f"unexpected action {action!r}")
+    return step(table, definition, action)
+
+
+def _add_foreign_key(table: TableName, definition: TableDefinition,
+                     action: ddl.AddForeignKey) -> TableDefinition:
+    definition = with_foreign_key_index(definition, Index(action.key.name, action.key.columns))
+    key = named(action.key, table.table, definition.foreign_keys)
+    return replace(definition, foreign_keys=(*definition.foreign_keys, key))
+
+
+def _drop_foreign_key(table: TableName, definition: TableDefinition,
+                      action: ddl.DropForeignKey) -> TableDefinition:
+    return replace(definition, foreign_keys=tuple(
+        k for k in definition.foreign_keys if k.name.lower() != action.name.lower()))
+
+
+def _add_period(table: TableName, definition: TableDefinition,
+                action: ddl.AddPeriod) -> TableDefinition:
+    return replace(definition, period=(action.start, action.end), implicit_period=False)
+
+
+def _set_versioning(table: TableName, definition: TableDefinition,
+                    action: ddl.SetVersioning) -> TableDefinition:
+    if not action.on:
+        return definition.unversioned()
+    if definition.period is not None:  # ADD PERIOD FOR SYSTEM_TIME named the columns
+        return definition.versioned(definition.period, implicit=False)
+    return definition.versioned((IMPLICIT_ROW_START, IMPLICIT_ROW_END), implicit=True)
+
+
+def _add_columns(table: TableName, definition: TableDefinition,
+                 action: ddl.AddColumns) -> TableDefinition:
     columns = list(definition.columns)
-    pk = list(definition.primary_key)
-    if isinstance(action, ddl.AddColumns):
-        for column in action.columns:
-            if definition.has(column.name):
-                if action.if_not_exists:
-                    continue
-                raise ValueError(f"column {column.name} already exists")
-            column = _with_table_charset(column, definition)
-            _insert(columns, column, action.position, definition)
-            definition = replace(definition, columns=tuple(columns))
-        return definition
-    if isinstance(action, ddl.DropColumn):
-        if not definition.has(action.name):
-            if action.if_exists:
-                return definition
-            raise KeyError(f"no column {action.name}")
-        del columns[definition.index(action.name)]
-        pk = [c for c in pk if c.lower() != action.name.lower()]
-        return replace(definition.without_column(action.name), columns=tuple(columns),
-                       primary_key=tuple(pk))
-    if isinstance(action, ddl.ChangeColumn):
-        if not definition.has(action.old):
-            if action.if_exists:
-                return definition
-            raise KeyError(f"no column {action.old}")
-        index = definition.index(action.old)
-        column = _with_table_charset(action.column, definition)
-        if action.old.lower() in (p.lower() for p in pk):
-            column = replace(column, nullable=False)
-            pk = [column.name if p.lower() == action.old.lower() else p for p in pk]
-        del columns[index]
-        if action.position is None:
-            columns.insert(index, column)
-        else:
-            _insert(columns, column, action.position, replace(definition,
-                                                             columns=tuple(columns)))
-        return replace(definition, columns=tuple(columns), primary_key=tuple(pk))
-    if isinstance(action, ddl.RenameColumn):
-        index = definition.index(action.old)
-        columns[index] = replace(columns[index], name=action.new)
-        pk = [action.new if p.lower() == action.old.lower() else p for p in pk]
-        return replace(definition, columns=tuple(columns), primary_key=tuple(pk))
-    if isinstance(action, ddl.SetPrimaryKey):
-        for name in action.columns:
-            definition.index(name)
-        columns = [replace(c, nullable=False) if c.name in action.columns else c
-                   for c in columns]
-        primary = action.columns
-        end = definition.period[1] if definition.period is not None else None
-        if primary and end is not None and end.lower() not in (c.lower() for c in primary):
-            primary += (end,)  # a versioned table's unique keys end with its row end
-        return replace(definition, columns=tuple(columns), primary_key=primary)
-    if isinstance(action, ddl.ConvertCharset):
-        columns = [replace(c, charset=action.charset, binary=action.charset == "binary")
-                   if c.type in CHARACTER_TYPES else c for c in columns]
-        return replace(definition, columns=tuple(columns), default_charset=action.charset)
-    if isinstance(action, ddl.SetEngine):
-        return replace(definition, engine=action.engine)
-    if isinstance(action, ddl.UnknownAction):
-        raise ValueError(f"ALTER TABLE action not understood: {action.text[:60]!r}")
-    raise ValueError(f"unexpected action {action!r}")
+    for column in action.columns:
+        if definition.has(column.name):
+            if action.if_not_exists:
+                continue
+            raise ValueError(f"column {column.name} already exists")
+        column = _with_table_charset(column, definition)
+        _insert(columns, column, action.position, definition)
+        definition = replace(definition, columns=tuple(columns))
+    return definition
+
+
+def _drop_column(table: TableName, definition: TableDefinition,
+                 action: ddl.DropColumn) -> TableDefinition:
+    if not definition.has(action.name):
+        if action.if_exists:
+            return definition
+        raise KeyError(f"no column {action.name}")
+    columns = list(definition.columns)
+    del columns[definition.index(action.name)]
+    pk = [c for c in definition.primary_key if c.lower() != action.name.lower()]
+    return replace(definition.without_column(action.name), columns=tuple(columns),
+                   primary_key=tuple(pk))
+
+
+def _change_column(table: TableName, definition: TableDefinition,
+                   action: ddl.ChangeColumn) -> TableDefinition:
+    if not definition.has(action.old):
+        if action.if_exists:
+            return definition
+        raise KeyError(f"no column {action.old}")
+    columns, pk = list(definition.columns), list(definition.primary_key)
+    index = definition.index(action.old)
+    column = _with_table_charset(action.column, definition)
+    if action.old.lower() in (p.lower() for p in pk):
+        column = replace(column, nullable=False)
+        pk = [column.name if p.lower() == action.old.lower() else p for p in pk]
+    del columns[index]
+    if action.position is None:
+        columns.insert(index, column)
+    else:
+        _insert(columns, column, action.position, replace(definition, columns=tuple(columns)))
+    return replace(definition, columns=tuple(columns), primary_key=tuple(pk))
+
+
+def _rename_column(table: TableName, definition: TableDefinition,
+                   action: ddl.RenameColumn) -> TableDefinition:
+    columns = list(definition.columns)
+    index = definition.index(action.old)
+    columns[index] = replace(columns[index], name=action.new)
+    pk = [action.new if p.lower() == action.old.lower() else p for p in definition.primary_key]
+    return replace(definition, columns=tuple(columns), primary_key=tuple(pk))
+
+
+def _set_primary_key(table: TableName, definition: TableDefinition,
+                     action: ddl.SetPrimaryKey) -> TableDefinition:
+    for name in action.columns:
+        definition.index(name)
+    columns = [replace(c, nullable=False) if c.name in action.columns else c
+               for c in definition.columns]
+    primary = action.columns
+    end = definition.period[1] if definition.period is not None else None
+    if primary and end is not None and end.lower() not in (c.lower() for c in primary):
+        primary += (end,)  # a versioned table's unique keys end with its row end
+    return replace(definition, columns=tuple(columns), primary_key=primary)
+
+
+def _convert_charset(table: TableName, definition: TableDefinition,
+                     action: ddl.ConvertCharset) -> TableDefinition:
+    columns = [replace(c, charset=action.charset, binary=action.charset == "binary")
+               if c.type in CHARACTER_TYPES else c for c in definition.columns]
+    return replace(definition, columns=tuple(columns), default_charset=action.charset)
+
+
+def _set_engine(table: TableName, definition: TableDefinition,
+                action: ddl.SetEngine) -> TableDefinition:
+    return replace(definition, engine=action.engine)
+
+
+def _unknown_action(table: TableName, definition: TableDefinition,
+                    action: ddl.UnknownAction) -> TableDefinition:
+    raise ValueError(f"ALTER TABLE action not understood: {action.text[:60]!r}")
+
+
+def _index_action(table: TableName, definition: TableDefinition,
+                  action: ddl.AddIndex | ddl.DropIndex | ddl.RenameIndex) -> TableDefinition:
+    return _indexes_altered(definition, action)
+
+
+# One step per kind of action (each takes the table, the definition and the action)
+_ALTER_STEPS: dict[type, Callable[[TableName, TableDefinition, Any], TableDefinition]] = {
+    ddl.AddForeignKey: _add_foreign_key, ddl.DropForeignKey: _drop_foreign_key,
+    ddl.AddIndex: _index_action, ddl.DropIndex: _index_action, ddl.RenameIndex: _index_action,
+    ddl.AddPeriod: _add_period, ddl.SetVersioning: _set_versioning,
+    ddl.AddColumns: _add_columns, ddl.DropColumn: _drop_column,
+    ddl.ChangeColumn: _change_column, ddl.RenameColumn: _rename_column,
+    ddl.SetPrimaryKey: _set_primary_key, ddl.ConvertCharset: _convert_charset,
+    ddl.SetEngine: _set_engine, ddl.UnknownAction: _unknown_action,
+}
 
 
 def _indexes_altered(definition: TableDefinition,

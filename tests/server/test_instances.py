@@ -39,7 +39,7 @@ class Instance:
                      os.path.join(base, "data"), "--listen", f"127.0.0.1:{self.port}",
                      "--metrics-listen", "", "--users-file", users, "--server-id",
                      str(server_id), "--flush-interval", "0.05", "--start-gtid", "oldest",
-                     "--log-level", "warning"]
+                     "--log-level", "info"]
         self.log = os.path.join(base, "service.log")
         os.makedirs(base, exist_ok=True)
         self.process: subprocess.Popen[bytes] | None = None
@@ -60,6 +60,12 @@ class Instance:
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(30)
+
+
+def _tail(path: str, size: int = 1500) -> str:
+    with open(path, "rb") as f:
+        f.seek(max(0, os.path.getsize(path) - size))
+        return f.read().decode("utf-8", "replace")
 
 
 class Writer:
@@ -119,7 +125,12 @@ async def test_a_client_follows_two_instances_across_repeated_kill_9(
 
     following = asyncio.create_task(follow())
     try:
-        await until(lambda: len(received) >= 200, timeout=60)
+        try:
+            await until(lambda: len(received) >= 200, timeout=60)
+        except TimeoutError as exc:  # say how far each instance got (seen once under load)
+            raise AssertionError(f"{len(received)} records in 60 s; " + "; ".join(
+                f"{i.port}: exit {i.process.poll() if i.process else None}, log "
+                f"{_tail(i.log)!r}" for i in instances)) from exc
         moves = []
         for _ in range(3):  # kill the instance in use; the other takes over; restart it
             in_use = instances[client.endpoints.index]
