@@ -20,6 +20,7 @@ import pytest
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.app.service import Service
 from cdcserver.core.config import (
+    CaptureConfig,
     Config,
     DumpConfig,
     KafkaConfig,
@@ -164,6 +165,7 @@ def make_config(data_dir: str, source_url: str, users: str, **sections: dict[str
                   dump=DumpConfig(**sections.get("dump", {})),  # type: ignore[arg-type]
                   retention=RetentionConfig(**sections.get("retention", {})),  # type: ignore[arg-type]
                   kafka=KafkaConfig(**sections.get("kafka", {})),  # type: ignore[arg-type]
+                  capture=CaptureConfig(**sections.get("capture", {})),  # type: ignore[arg-type]
                   metrics=MetricsConfig(**metrics_cfg))  # type: ignore[arg-type]
 
 

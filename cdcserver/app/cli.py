@@ -107,7 +107,8 @@ def _check_command(commands: Any) -> None:
     """``check``: the source's preflight."""
     check = commands.add_parser("check", help="preflight: is the source ready to be "
                                               "captured, and the SQL that fixes what is not")
-    _source_and_store_options(check, "source.server_id")
+    _source_and_store_options(check, "source.server_id", "capture.include", "capture.exclude",
+                              "capture.system_tables")
     check.set_defaults(handler=cmd_check)
 
 
@@ -178,7 +179,8 @@ def _dump_command(commands: Any) -> None:
                                             "interrupted one)")
     dump.add_argument("tables", nargs="+", metavar="DB.TABLE|DB.*",
                       help="the tables to dump (DB.*: every table of DB)")
-    _source_and_store_options(dump, "dump.chunk_rows", "dump.readers", "dump.sync_interval")
+    _source_and_store_options(dump, "dump.chunk_rows", "dump.readers", "dump.sync_interval",
+                              "capture.include", "capture.exclude", "capture.system_tables")
     dump.add_argument("--restart", action="store_true",
                       help="discard an interrupted dump instead of continuing it")
     dump.add_argument("--json", action="store_true", help="one JSON line per dump")
@@ -278,12 +280,15 @@ def _table_name(text: str) -> TableName:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Exit 0 when the source is ready (warnings included), 1 on a fatal finding."""
-    from cdcserver.replication.preflight import check_source
+    from cdcserver.replication.preflight import capture_selection, check_source
 
     config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
     report = check_source(config.source.address(), config.source.server_id)
     print(report.text())
-    return EXIT_FAILED if report.fatal else EXIT_OK
+    if report.fatal:
+        return EXIT_FAILED
+    print(capture_selection(config.source.address(), CaptureFilter.of(config.capture)).text())
+    return EXIT_OK
 
 
 # -- status ----------------------------------------------------------------------------
@@ -343,7 +348,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     private_files(config.store.group_access)
     logs.setup(config.log.level, config.log.format)
     address = config.source.address()
-    capture = CaptureFilter.parse(config.capture.system_tables)
+    capture = CaptureFilter.of(config.capture)
     tables = resolve_tables(address, args.tables, capture)
     if not tables:
         raise CdcError(f"no tables match {' '.join(args.tables)}")

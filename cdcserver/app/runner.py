@@ -251,7 +251,7 @@ class ReplicationRunner:
         if self.pipeline is not None and self.pipeline.repairer is not None:
             repairer.take_over(self.pipeline.repairer.carry_over())  # after a pause
         self.pipeline = Pipeline(handoff, sinks, start, self.flush_interval, repairer,
-                                 self.on_applied)
+                                 self.on_applied, self.capture)
         if self._replaced is not None and not self._replaced.done():
             self._replaced.set_result(None)
         self.replicator.start()

@@ -70,7 +70,7 @@ class Service:
                                block_size=config.store.block_size,
                                max_open_files=config.store.max_open_files)
         self.users = UsersFile(config.listener.users_file)
-        self.capture = CaptureFilter.parse(config.capture.system_tables)
+        self.capture = CaptureFilter.of(config.capture)
         self.sources = Sources(config.source.addresses())  # the replicator moves between them
         self.sinks: list[Sink] = [
             StoreSink(self.store),

@@ -382,8 +382,25 @@ def system_tables(value: str) -> str | None:
     return None
 
 
+def table_patterns(value: str) -> str | None:
+    from cdcserver.core.capture import parse_patterns
+
+    try:
+        parse_patterns(value)
+    except ValueError as exc:
+        return f"expects comma-separated db.table patterns (shop.*, crm.customers): {exc}"
+    return None
+
+
 @dataclass(frozen=True)
 class CaptureConfig:
+    include: str = option(
+        "", "the tables to capture: comma-separated db.table patterns, * for any characters "
+            "in a name, a quoted name exact (e.g. shop.*,crm.customers); empty: every table",
+        cli="--include", check=table_patterns)
+    exclude: str = option(
+        "", "tables not to capture, of those include selects: db.table patterns as include's "
+            "(e.g. audit.*,shop.sessions)", cli="--exclude", check=table_patterns)
     system_tables: str = option(
         "", "tables of the system schemas (mysql, information_schema, performance_schema, "
             "sys) to capture, named one by one (db.table,...); none by default, and never "

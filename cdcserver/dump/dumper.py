@@ -102,10 +102,9 @@ def resolve_tables(address: SourceAddress, patterns: list[str],
 
 
 def require_captured(table: TableName, capture: CaptureFilter) -> None:
-    if not capture.captures_table(table):
-        raise SourceError(f"{table} is not captured: the system schemas' tables are dumped "
-                          "only when [capture] system_tables names them, and the password "
-                          "tables (mysql.global_priv, mysql.user) never")
+    why = capture.why_not(table)
+    if why is not None:
+        raise SourceError(f"{table} is not captured: {why}")
 
 
 def resolve_refs(address: SourceAddress, refs: list[tuple[str, str]],

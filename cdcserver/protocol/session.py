@@ -428,10 +428,9 @@ class Session:
     def _require_access(self, table: TableName) -> None:
         """FORBIDDEN (the connection stays open) unless the users file lets this user read
         the table."""
-        if not self.context.capture.captures_table(table):
-            raise ProtocolError(Code.FORBIDDEN, f"{_ref(table)} is not captured: the system "
-                                "schemas' tables only when the service's [capture] "
-                                "system_tables names them, the password tables never")
+        why = self.context.capture.why_not(table)
+        if why is not None:
+            raise ProtocolError(Code.FORBIDDEN, f"{_ref(table)} is not captured: {why}")
         if not self._may_read(table):
             log.warning("%s: user %r may not read %s", self.peer, self.user, _ref(table))
             raise ProtocolError(Code.FORBIDDEN, f"user {self.user} may not read {_ref(table)}")

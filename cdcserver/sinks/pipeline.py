@@ -14,7 +14,8 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
-from cdcserver.core.changes import Abort, Begin, Change, Commit, Ddl
+from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
+from cdcserver.core.changes import Abort, Begin, Change, Commit, Ddl, Rows, TableLayout
 from cdcserver.core.errors import CdcError, SourceError
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState, binlog_ordinal, same_transaction
 from cdcserver.core.handoff import Handoff
@@ -132,8 +133,11 @@ def segments(batch: list[Change]) -> list[list[Change]]:
 class Pipeline:
     def __init__(self, handoff: Handoff, sinks: list[Sink], start: GtidState,
                  flush_interval: float = 0.2, repairer: Repairer | None = None,
-                 applied: Applied | None = None) -> None:
+                 applied: Applied | None = None,
+                 capture: CaptureFilter = EVERY_USER_TABLE) -> None:
         self.handoff = handoff
+        self.capture = capture  # the last guard: no sink is given a table not captured
+        self._captured: dict[tuple[str, str], bool] = {}
         self.sinks = sinks
         self.repairer = repairer  # turns changes without binlog rows into records
         self.applied = applied  # told after each sink's apply (the latency metrics)
@@ -177,7 +181,20 @@ class Pipeline:
             await self._apply_part(batch)
             return
         for part in segments(batch):
-            await self._apply_part(await self.repairer.process(part))
+            await self._apply_part(self._captured_only(await self.repairer.process(part)))
+
+    def _captured_only(self, changes: list[Change]) -> list[Change]:
+        """Without the rows a repair read of tables the service does not capture (a cascade
+        into an excluded child table): the decoder already dropped the binlog's own."""
+        kept = [c for c in changes if not isinstance(c, Rows) or self._captures(c.layout)]
+        return kept if len(kept) != len(changes) else changes
+
+    def _captures(self, layout: TableLayout) -> bool:
+        key = (layout.database, layout.table)
+        known = self._captured.get(key)
+        if known is None:
+            known = self._captured[key] = self.capture.captures(*key)
+        return known
 
     async def _apply_part(self, batch: list[Change]) -> None:
         for sink, keep in zip(self.sinks, self._filters, strict=True):
