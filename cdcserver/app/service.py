@@ -27,6 +27,7 @@ from cdcserver.core.config import Config
 from cdcserver.core.durable import private_files
 from cdcserver.core.errors import CdcError, ConfigError
 from cdcserver.core.gtid import GtidState
+from cdcserver.dump.included import NewlyIncluded
 from cdcserver.dump.retention import Cleaner
 from cdcserver.dump.scheduler import DumpScheduler
 from cdcserver.ops.lag import LagProbe
@@ -231,6 +232,10 @@ class Service:
         scheduler = self.scheduler
         assert scheduler is not None
         tasks.append(asyncio.create_task(scheduler.serve(), name="requested dumps"))
+        included = NewlyIncluded(self.config.capture, self.sources.current,
+                                 self.config.store.data_dir, scheduler)
+        tasks.append(asyncio.create_task(included.run(self.replication.replicating),
+                                         name="newly included tables"))
         if scheduler.enabled:
             tasks.append(asyncio.create_task(scheduler.run(), name="dump schedule"))
         return tasks

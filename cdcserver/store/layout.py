@@ -17,6 +17,7 @@ names under the data directory.
                 source.json          the server replication reads now (server_id@host:port)
                 writer.lock          held by the one process that writes here
                 resync/              resyncs of quarantined tables asked for (cdcserver resync)
+                capture.json         the [capture] filters of the last start, dumps owed
                 .room-probe          written and removed to tell a full disk has room again
 """
 
@@ -56,6 +57,7 @@ class DataDir:
     writer_lock = _Path("state", "writer.lock")
     room_probe = _Path("state", ".room-probe")
     resync_requests = _Path("state", "resync")
+    capture = _Path("state", "capture.json")  # the filters of the last start (dump/included)
 
     def resync_request(self, table: TableName) -> str:
         """The file that asks the running service to resync a quarantined table."""

@@ -6,6 +6,8 @@ shows what the filters select on the source."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 
 import fastavro
@@ -16,8 +18,12 @@ from cdcserver.core.config import parse_source_url
 from cdcserver.core.errors import SourceError
 from cdcserver.core.names import TableName
 from cdcserver.dump.dumper import dump_tables
+from cdcserver.dump.files import list_dumps
+from cdcserver.store.layout import DataDir
+from mariadb_cdc_client import ChangeRecord, SyncCdcClient
+from mariadb_cdc_client.format.dump import DumpRows
 from tests.conftest import Source, make_config, start_service
-from tests.helpers import PASSWORD, USER, RawClient
+from tests.helpers import PASSWORD, USER, RawClient, until
 from tests.oracle import assert_stream_equals_table
 
 pytestmark = pytest.mark.mariadb
@@ -146,3 +152,45 @@ def test_check_shows_what_the_filters_select(source: Source,
     assert f"{db}.kept_1" in out
     assert f"left out, [capture] exclude leaves it out (`{db}`.dropped_*): {db}.dropped_1" \
         in out
+
+
+async def test_a_table_a_restart_newly_includes_gets_a_dump_its_stream_follows(
+        tmp_path, source: Source, users_file: str):
+    db = source.database
+    source.execute(f"CREATE TABLE `{db}`.a (id INT PRIMARY KEY, v INT)",
+                   f"CREATE TABLE `{db}`.b (id INT PRIMARY KEY, v INT)")
+    config = make_config(str(tmp_path / "data"), source.url, users_file,
+                         capture={"include": f"`{db}`.a"})
+    running = await start_service(config)
+    source.execute(f"INSERT INTO `{db}`.a VALUES (1, 1)",
+                   f"INSERT INTO `{db}`.b VALUES (1, 10), (2, 20)")
+    await running.caught_up(source)
+    await running.stop()
+    assert list_dumps(config.store.data_dir) == []
+    widened = make_config(config.store.data_dir, source.url, users_file,
+                          source={"server_id": config.source.server_id},
+                          capture={"include": f"`{db}`.a, `{db}`.b"})
+    running = await start_service(widened)
+    try:
+        source.execute(f"UPDATE `{db}`.b SET v = 21 WHERE id = 2",
+                       f"INSERT INTO `{db}`.b VALUES (3, 30)")
+        await until(lambda: list_dumps(config.store.data_dir, TableName(db, "b")), timeout=60)
+        await running.caught_up(source)
+        rows: dict[int, int] = {}
+        with SyncCdcClient("127.0.0.1", running.port, USER, PASSWORD) as client:
+            events = await asyncio.to_thread(lambda: list(client.dump(
+                f"`{db}`.b", idle_timeout=1.5)))
+        for event in events:
+            if isinstance(event, DumpRows):
+                assert event.action == "insert"
+                rows.update({r["id"]: r["v"] for r in event.rows})
+            elif isinstance(event, ChangeRecord):
+                if event.event_type in ("delete", "update_before"):
+                    rows.pop(event.values["id"], None)
+                else:
+                    rows[event.values["id"]] = event.values["v"]
+        assert rows == {1: 10, 2: 21, 3: 30}
+        with open(DataDir(config.store.data_dir).capture, encoding="utf-8") as f:
+            assert json.load(f)["owed"] == []
+    finally:
+        await running.stop()
