@@ -34,26 +34,30 @@ CREATE = """CREATE TABLE bench.orders (
 
 
 @contextlib.contextmanager
-def workload_server(scale: int = 1) -> Iterator[EmbeddedMariaDB]:
+def workload_server(scale: int = 1, tables: tuple[str, ...] = ("orders",)
+                    ) -> Iterator[EmbeddedMariaDB]:
     """A fresh MariaDB in bench/out with the standard workload (``scale`` times its rows) as
-    its whole binlog."""
+    its whole binlog (``tables``: spread over these tables of ``bench``, batch by batch)."""
     base = os.path.join(OUT, "mariadb")
     kill_leftovers(os.path.join(base, "data"))  # a bench killed by a timeout left it running
     shutil.rmtree(base, ignore_errors=True)
     server = EmbeddedMariaDB(base, port=0, die_with_parent=True)
     server.start()
     try:
-        load_workload(server, scale)
+        load_workload(server, scale, tables)
         yield server
     finally:
         server.stop()
 
 
-def load_workload(server: EmbeddedMariaDB, scale: int = 1) -> None:
+def load_workload(server: EmbeddedMariaDB, scale: int = 1,
+                  tables: tuple[str, ...] = ("orders",)) -> None:
     """``scale`` times the standard workload: ``scale * INSERTS`` rows inserted, then
-    ``scale * UPDATES`` updated, in transactions of ``BATCH``."""
+    ``scale * UPDATES`` updated, in transactions of ``BATCH`` (with several ``tables``, each
+    batch goes to the next table in turn: the same rows and transactions, spread)."""
     rng = random.Random(20261121)
-    server.execute("RESET MASTER", "CREATE DATABASE bench", CREATE)
+    server.execute("RESET MASTER", "CREATE DATABASE bench",
+                   *(CREATE.replace("bench.orders", f"bench.{t}") for t in tables))
     conn = server.connect()
     conn.autocommit(False)
     with conn.cursor() as cur:
@@ -63,12 +67,14 @@ def load_workload(server: EmbeddedMariaDB, scale: int = 1) -> None:
                      f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} 12:34:56",
                      "lorem ipsum dolor sit amet " * 4, rng.random() * 1000,
                      f'{{"k": {i}, "tag": "t{batch % 7}"}}') for i in range(BATCH)]
-            cur.executemany("INSERT INTO bench.orders (big, name, amount, created, body, score, "
-                            "attrs) VALUES (%s, %s, %s, %s, %s, %s, %s)", rows)
+            cur.executemany(f"INSERT INTO bench.{tables[batch % len(tables)]} (big, name, "
+                            "amount, created, body, score, attrs) VALUES (%s, %s, %s, %s, %s, "
+                            "%s, %s)", rows)
             conn.commit()
         for batch in range(scale * UPDATES // BATCH):
-            cur.execute("UPDATE bench.orders SET score = score + 1, name = CONCAT(name, '*') "
-                        "WHERE id BETWEEN %s AND %s", (batch * BATCH + 1, (batch + 1) * BATCH))
+            table, first = tables[batch % len(tables)], batch // len(tables) * BATCH + 1
+            cur.execute(f"UPDATE bench.{table} SET score = score + 1, name = CONCAT(name, '*') "
+                        "WHERE id BETWEEN %s AND %s", (first, first + BATCH - 1))
             conn.commit()
     conn.close()
 

@@ -19,7 +19,6 @@ decoded. Row data of one table that does not decode stops that table's stream on
 
 from __future__ import annotations
 
-import binascii
 import logging
 import re
 import struct
@@ -48,6 +47,7 @@ from cdcserver.core.errors import CdcError, SchemaError, UndecodableEvent
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.core.names import TableName
 from cdcserver.mariadb.charsets import CollationTable, codec_for
+from cdcserver.mariadb.checksum import crc32
 from cdcserver.mariadb.constants import (
     FL_COMPLETED_XA,
     FL_GROUP_COMMIT_ID,
@@ -533,9 +533,7 @@ class EventDecoder:
 
     def _verify_checksum(self, buf: bytes, start: int, end: int, kind: int) -> None:
         expected = int.from_bytes(buf[end : end + 4], "little")
-        # binascii's crc32 is zlib's, but keeps the GIL: zlib.crc32 releases it for buffers over
-        # 5 KiB and then waits up to the switch interval to get it back from the event loop.
-        if binascii.crc32(memoryview(buf)[start:end]) != expected:
+        if crc32(memoryview(buf)[start:end]) != expected:
             raise self._error(f"checksum mismatch in event type 0x{kind:02x}")
 
     def _error(self, message: str) -> UndecodableEvent:
