@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 
 from cdcserver.app.embedded import free_port
+from cdcserver.core.names import TableName
+from cdcserver.store.naming import version_file
 from mariadb_cdc_client import CdcClient, ChangeRecord
 from tests.conftest import Source
 from tests.helpers import PASSWORD, USER, until
@@ -40,6 +42,7 @@ class Instance:
                      "--metrics-listen", "", "--users-file", users, "--server-id",
                      str(server_id), "--flush-interval", "0.05", "--start-gtid", "oldest",
                      "--log-level", "info"]
+        self.base = base
         self.log = os.path.join(base, "service.log")
         os.makedirs(base, exist_ok=True)
         self.process: subprocess.Popen[bytes] | None = None
@@ -48,6 +51,12 @@ class Instance:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=log,
                                             start_new_session=True)
+
+    def stored(self, database: str, table: str) -> bool:
+        """The instance stored the table's first version: a client asking for it before
+        would get NO-FILE, which ends a stream (the table is unknown to it yet)."""
+        return os.path.exists(os.path.join(self.base, "data", "avro", version_file(
+            TableName(database, table), 1, "avro")))
 
     def listening(self) -> bool:
         try:
@@ -112,6 +121,13 @@ async def test_a_client_follows_two_instances_across_repeated_kill_9(
                  for name, server_id in (("a", 6101), ("b", 6102))]
     for instance in instances:
         instance.start()
+    try:
+        await until(lambda: all(i.stored(source.database, "orders") for i in instances),
+                    timeout=60)
+    except BaseException:
+        for instance in instances:
+            instance.kill()
+        raise
     writer = Writer(source)
     writer.thread.start()
     received: list[ChangeRecord] = []
@@ -225,6 +241,13 @@ async def test_cdc_given_two_instances_continues_on_the_other_after_kill_9(
                  for name, server_id in (("a", 6201), ("b", 6202))]
     for instance in instances:
         instance.start()
+    try:
+        await until(lambda: all(i.stored(source.database, "orders") for i in instances),
+                    timeout=60)
+    except BaseException:
+        for instance in instances:
+            instance.kill()
+        raise
     writer = Writer(source)
     writer.thread.start()
     cdc = os.path.join(os.path.dirname(sys.executable), "cdc")
@@ -245,6 +268,12 @@ async def test_cdc_given_two_instances_continues_on_the_other_after_kill_9(
         instances[0].kill()
         before = len(printed)
         await until(lambda: len(printed) >= before + 200, timeout=60)
+    except BaseException:  # nothing left running for the tests after this one
+        process.kill()
+        process.wait()
+        for instance in instances:
+            instance.kill()
+        raise
     finally:
         writer.stop.set()
         writer.thread.join(30)
