@@ -27,7 +27,8 @@ from cdcserver.dump.snapshot import (
 from cdcserver.replication import source as source_sql
 from cdcserver.schema import ddl
 from cdcserver.schema.definition import TableDefinition
-from cdcserver.schema.history import TRANSACTIONAL_ENGINES, layout_of
+from cdcserver.schema.history import TRANSACTIONAL_ENGINES
+from cdcserver.schema.layouts import layout_of
 from cdcserver.store import checkpoint as ckpt
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import dump_stem

@@ -22,7 +22,7 @@ from cdcserver.core.names import TableName
 from cdcserver.messages.databus import Databus
 from cdcserver.messages.events import TableShape
 from cdcserver.schema.definition import TableDefinition
-from cdcserver.schema.history import layout_of
+from cdcserver.schema.layouts import layout_of
 from cdcserver.store.schema import TableSchema
 
 

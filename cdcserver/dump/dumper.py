@@ -45,7 +45,7 @@ from cdcserver.dump.partial import HEADER_SLACK, PartialDump, Progress
 from cdcserver.dump.scan import ChunkEnd, ScanPlan
 from cdcserver.dump.snapshot import DefinitionChanged, Snapshot, SnapshotPoint
 from cdcserver.schema.definition import TableDefinition
-from cdcserver.schema.history import layout_of
+from cdcserver.schema.layouts import layout_of
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import dump_stem

@@ -39,7 +39,8 @@ from cdcserver.dump.snapshot import open_mariadb_point, qualified
 from cdcserver.replication import source as source_sql
 from cdcserver.replication.connection import BinlogConnection
 from cdcserver.schema import ddl
-from cdcserver.schema.history import SchemaHistory, layout_of
+from cdcserver.schema.history import SchemaHistory
+from cdcserver.schema.layouts import layout_of
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
 from cdcserver.store.reader import version_ddl

@@ -72,7 +72,7 @@ def statement_dml_markers(sql: str, database: str, history: SchemaHistory
     start = definition.columns[definition.index(definition.period[0])]
     if start.type != "bigint":
         return None
-    from cdcserver.schema.history import layout_of
+    from cdcserver.schema.layouts import layout_of
 
     return [Rowless(table.database, table.table, "a table versioned by transaction ids has "
                     "its changes logged as statements", layout=layout_of(table, definition))]
@@ -138,7 +138,7 @@ class CascadeFinder:
                 ) -> TableLayout | None:
         if table in mapped:
             return mapped[table]
-        from cdcserver.schema.history import layout_of
+        from cdcserver.schema.layouts import layout_of
 
         definition = self.history.tables.get(table)
         return layout_of(table, definition) if definition is not None else None

@@ -40,7 +40,7 @@ from cdcserver.dump.snapshot import (
 from cdcserver.replication import source as source_sql
 from cdcserver.reread.values import from_text
 from cdcserver.schema import ddl
-from cdcserver.schema.history import layout_of
+from cdcserver.schema.layouts import layout_of
 from cdcserver.store.schema import TableSchema
 from mariadb_cdc_client.format.schema import Field
 

@@ -25,7 +25,8 @@ from cdcserver.core.config import parse_source_url
 from cdcserver.core.names import TableName
 from cdcserver.ops.verify import verify_table
 from cdcserver.schema import ddl
-from cdcserver.schema.history import SchemaHistory, agrees
+from cdcserver.schema.history import SchemaHistory
+from cdcserver.schema.layouts import agrees
 from mariadb_cdc_client import ChangeRecord, SchemaChange, SyncCdcClient
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER
@@ -126,7 +127,7 @@ async def test_ddl_sequence_versions_and_records(cdc: RunningService, source: So
         statement = ddl.parse(str(create), source.database)
         assert isinstance(statement, ddl.CreateTable) and statement.definition is not None
         ours = history.tables[TableName(source.database, table)]
-        from cdcserver.schema.history import layout_of
+        from cdcserver.schema.layouts import layout_of
 
         assert agrees(layout_of(statement.table, statement.definition), ours), table
         assert [c.name for c in ours.columns] == [c.name for c in statement.definition.columns]

@@ -28,7 +28,8 @@ from cdcserver.reread.readview import ReadView
 from cdcserver.reread.repair import Repairer
 from cdcserver.reread.view import Views, ViewsClosed
 from cdcserver.schema import ddl
-from cdcserver.schema.history import SchemaHistory, layout_of
+from cdcserver.schema.history import SchemaHistory
+from cdcserver.schema.layouts import layout_of
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.store import AvroStore
 from tests.conftest import RunningService, Source

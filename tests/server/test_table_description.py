@@ -20,7 +20,8 @@ from cdcserver.core.gtid import GtidState
 from cdcserver.core.names import TableName
 from cdcserver.schema import ddl
 from cdcserver.schema.definition import TableDefinition
-from cdcserver.schema.history import SchemaHistory, layout_of
+from cdcserver.schema.history import SchemaHistory
+from cdcserver.schema.layouts import layout_of
 from tests.conftest import Source
 
 pytestmark = pytest.mark.mariadb

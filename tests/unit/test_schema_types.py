@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cdcserver.core.names import TableName
-from cdcserver.schema.history import SchemaHistory, layout_of
+from cdcserver.schema.history import SchemaHistory
+from cdcserver.schema.layouts import layout_of
 
 TABLE = TableName("db", "u")
 CREATE = "CREATE TABLE u (id INT PRIMARY KEY, a UUID, b INET6, c INET4, j JSON, x BINARY(16))"
