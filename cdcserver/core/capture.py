@@ -83,6 +83,27 @@ def parse_patterns(text: str) -> tuple[TablePattern, ...]:
     return tuple(TablePattern.parse(item) for item in split_list(text))
 
 
+@dataclass(frozen=True)
+class TableSelection:
+    """Include and exclude patterns alone: what a sink publishes of what is captured
+    (``[kafka] include``/``exclude``)."""
+
+    include: tuple[TablePattern, ...] = ()
+    exclude: tuple[TablePattern, ...] = ()
+
+    @classmethod
+    def parse(cls, include: str, exclude: str) -> TableSelection:
+        return cls(parse_patterns(include), parse_patterns(exclude))
+
+    @property
+    def everything(self) -> bool:
+        return not self.include and not self.exclude
+
+    def selects(self, table: TableName) -> bool:
+        return (not self.include or any(p.matches(table) for p in self.include)) and \
+            not any(p.matches(table) for p in self.exclude)
+
+
 class CaptureFilter:
     def __init__(self, system_tables: Iterable[TableName] = (),
                  include: Iterable[TablePattern] = (),

@@ -283,6 +283,16 @@ class RetentionConfig:
                                     "dump transfer)", check=positive)
 
 
+def table_patterns(value: str) -> str | None:
+    from cdcserver.core.capture import parse_patterns
+
+    try:
+        parse_patterns(value)
+    except ValueError as exc:
+        return f"expects comma-separated db.table patterns (shop.*, crm.customers): {exc}"
+    return None
+
+
 @dataclass(frozen=True)
 class KafkaConfig:
     bootstrap: str = option("", "publish every change to Kafka: HOST:PORT[,HOST:PORT...] "
@@ -313,6 +323,12 @@ class KafkaConfig:
                                      "(GET_LOCK); the others stand by and take over from "
                                      "state_topic when it is free ('': always publish)",
                                  cli="--kafka-publisher-lock")
+    include: str = option("", "of the tables captured, those published: db.table patterns as "
+                              "[capture] include's ('': every table captured)",
+                          cli="--kafka-include", check=table_patterns)
+    exclude: str = option("", "tables captured but not published: db.table patterns as "
+                              "[capture] exclude's", cli="--kafka-exclude",
+                          check=table_patterns)
     create_topics: bool = option(True, "create missing topics")
     partitions: int = option(0, "partitions of the topics it creates (0: the format's: 1 for "
                                 "databus, whose consumers read partition 0; else 3)",
@@ -379,16 +395,6 @@ def system_tables(value: str) -> str | None:
         database, dot, table = item.partition(".")
         if not dot or not database or not table or "*" in item:
             return f"expects db.table names, each named (no pattern), not {item!r}"
-    return None
-
-
-def table_patterns(value: str) -> str | None:
-    from cdcserver.core.capture import parse_patterns
-
-    try:
-        parse_patterns(value)
-    except ValueError as exc:
-        return f"expects comma-separated db.table patterns (shop.*, crm.customers): {exc}"
     return None
 
 

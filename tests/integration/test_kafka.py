@@ -341,3 +341,39 @@ async def test_tables_named_in_any_script_are_published(tmp_path, source: Source
     for name in names:
         messages = await raw_messages(kafka_broker, legal_topic(f"{db}.{name}"))
         assert len(messages) == 2, name  # the CREATE, and the row event of its two rows
+
+
+async def test_kafka_publishes_only_the_tables_its_include_and_exclude_select(
+        tmp_path, source: Source, users_file: str, kafka_broker: Tansu):
+    """``[kafka] include``/``exclude`` narrow what is published: the store keeps every table
+    captured (the widest set), Kafka only those selected; the others' topics get nothing."""
+    db = source.database
+    config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
+                         kafka=kafka_section(kafka_broker, source, format="maxscale",
+                                             exclude=f"`{db}`.private"))
+    source.execute(f"CREATE TABLE `{db}`.public (id INT PRIMARY KEY, v VARCHAR(20))",
+                   f"CREATE TABLE `{db}`.private (id INT PRIMARY KEY, v VARCHAR(20))")
+    running = await start_service(config)
+    try:
+        source.execute(f"INSERT INTO `{db}`.public VALUES (1, 'open'), (2, 'open')",
+                       f"INSERT INTO `{db}`.private VALUES (1, 'hidden-4471')",
+                       f"UPDATE `{db}`.public SET v = 'shut' WHERE id = 2")
+        await kafka_caught_up(running, source)
+        stored = {t.table for t in running.service.catalog.tables if t.database == db}
+        assert stored == {"public", "private"}
+    finally:
+        await running.stop()
+    published = await raw_messages(kafka_broker, f"{db}.public")
+    records = [json.loads(m.value) for m in published]
+    assert sorted((r["id"], r["event_type"]) for r in records if "id" in r) == [
+        (1, "insert"), (2, "insert"), (2, "update_after"), (2, "update_before")]
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka_broker.bootstrap)
+    await consumer.start()
+    try:
+        topics = await consumer.topics()
+    finally:
+        await consumer.stop()
+    assert f"{db}.private" not in topics and f"{db}.public" in topics
+    for topic in sorted(t for t in topics if t.startswith(db)):
+        assert not any(b"hidden-4471" in (m.value or b"") for m in
+                       await raw_messages(kafka_broker, topic)), topic

@@ -45,11 +45,13 @@ from typing import Any
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 
-from cdcserver.core.changes import Change
+from cdcserver.core.capture import TableSelection
+from cdcserver.core.changes import Change, Ddl, Rows
 from cdcserver.core.config import KafkaConfig
 from cdcserver.core.durable import write_atomically
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import BinlogPosition
+from cdcserver.core.names import TableName
 from cdcserver.core.retry import Backoff
 from cdcserver.messages.base import MessageFormat, VersionLookup, primary_key
 from cdcserver.messages.events import (
@@ -157,6 +159,7 @@ class KafkaSink:
             self.format.version_of = versions
             self.after = ("avro",)
         self.builder = EventBuilder()
+        self.tables = TableSelection.parse(config.include, config.exclude)
         self.durable: BinlogPosition | None = _load_state(self.state_path)
         self.stats = SinkStats()
         self._producer: Any = None
@@ -220,7 +223,19 @@ class KafkaSink:
 
     # -- the Sink interface ----------------------------------------------------------------
 
+    def _publishes(self, change: Change) -> bool:
+        """``[kafka] include``/``exclude``: rows and statements of the tables selected (a
+        statement naming no table, CREATE DATABASE, goes as before)."""
+        if isinstance(change, Rows):
+            return self.tables.selects(TableName(change.layout.database, change.layout.table))
+        if isinstance(change, Ddl) and change.changes:
+            return any(self.tables.selects(TableName(c.database, c.table))
+                       for c in change.changes)
+        return True
+
     async def apply(self, changes: list[Change]) -> None:
+        if not self.tables.everything:
+            changes = [c for c in changes if self._publishes(c)]
         for event in self.builder.events(changes):
             if isinstance(event, RowBatch):
                 if self.format.per_row_event:
