@@ -85,6 +85,29 @@ class RawClient:
             pass
 
 
+async def reply_to(port: int, command: str) -> bytes:
+    """The first line a logged-in client (exact dialect) gets for ``command``."""
+    client = await RawClient.connect(port)
+    try:
+        await client.login(dialect="EXACT")
+        await client.send(command.encode() + b"\n")
+        return await client.line()
+    finally:
+        await client.close()
+
+
+def files_holding(directory: str, needle: bytes) -> list[str]:
+    """The files under ``directory`` whose bytes hold ``needle``."""
+    found = []
+    for dirpath, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                if needle in f.read():
+                    found.append(path)
+    return found
+
+
 def records_only(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [line for line in lines if "namespace" not in line]
 

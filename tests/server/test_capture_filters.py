@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 
 import fastavro
 import pytest
@@ -23,33 +22,12 @@ from cdcserver.store.layout import DataDir
 from mariadb_cdc_client import ChangeRecord, SyncCdcClient
 from mariadb_cdc_client.format.dump import DumpRows
 from tests.conftest import Source, make_config, start_service
-from tests.helpers import PASSWORD, USER, RawClient, until
+from tests.helpers import PASSWORD, USER, files_holding, reply_to, until
 from tests.oracle import assert_stream_equals_table
 
 pytestmark = pytest.mark.mariadb
 
 SECRET = "s3cr3t-value-7731"  # written only to tables left out: it must be found nowhere
-
-
-async def _reply(port: int, command: str) -> bytes:
-    client = await RawClient.connect(port)
-    try:
-        await client.login(dialect="EXACT")
-        await client.send(command.encode() + b"\n")
-        return await client.line()
-    finally:
-        await client.close()
-
-
-def _files_holding(directory: str, needle: bytes) -> list[str]:
-    found = []
-    for dirpath, _, names in os.walk(directory):
-        for name in names:
-            path = os.path.join(dirpath, name)
-            with open(path, "rb") as f:
-                if needle in f.read():
-                    found.append(path)
-    return found
 
 
 async def test_tables_left_out_reach_nothing_and_the_selected_stream_exactly(
@@ -86,9 +64,9 @@ async def test_tables_left_out_reach_nothing_and_the_selected_stream_exactly(
         stored = {t.table for t in running.service.catalog.tables if t.database == db}
         assert stored == {"kept_a", "parent"}
         for table in ("kept_secret", "other", "child"):
-            reply = await _reply(running.port, f"REQUEST-DATA `{db}`.{table}")
+            reply = await reply_to(running.port, f"REQUEST-DATA `{db}`.{table}")
             assert reply.startswith(b"ERR FORBIDDEN") and b"not captured: [capture]" in reply
-            reply = await _reply(running.port, f"START-DUMP `{db}`.{table}")
+            reply = await reply_to(running.port, f"START-DUMP `{db}`.{table}")
             assert reply.startswith(b"ERR FORBIDDEN"), reply
         with pytest.raises(SourceError, match="exclude leaves it out"):
             dump_tables(parse_source_url(source.url), config.store.data_dir,
@@ -96,11 +74,11 @@ async def test_tables_left_out_reach_nothing_and_the_selected_stream_exactly(
         assert cdcserver_main(["dump", f"`{db}`.kept_secret", "--source", source.url,
                                "--data-dir", config.store.data_dir, "--exclude",
                                f"`{db}`.kept_secret"]) == 1
-        reply = await _reply(running.port, f"START-DUMP `{db}`.*")  # the selected ones only
+        reply = await reply_to(running.port, f"START-DUMP `{db}`.*")  # the selected ones only
         assert b'"started":[' in reply and b"kept_secret" not in reply and b"other" not in reply
     finally:
         await running.stop()
-    assert _files_holding(config.store.data_dir, SECRET.encode()) == []
+    assert files_holding(config.store.data_dir, SECRET.encode()) == []
     assert SECRET not in capfd.readouterr().err  # nor in a log line
 
 
@@ -128,7 +106,7 @@ async def test_a_restart_with_a_table_newly_excluded_stops_its_stream(
                                              password=PASSWORD, quiet=0.5)
         finally:
             conn.close()
-        reply = await _reply(running.port, f"REQUEST-DATA `{db}`.b")
+        reply = await reply_to(running.port, f"REQUEST-DATA `{db}`.b")
         assert reply.startswith(b"ERR FORBIDDEN") and b"exclude leaves it out" in reply
         b = running.service.catalog.get(TableName(db, "b"))
         assert b is not None  # what was stored stays (retention ages it out), and no more

@@ -113,12 +113,15 @@ class Writer:
             conn.close()
 
 
-async def test_a_client_follows_two_instances_across_repeated_kill_9(
-        tmp_path: os.PathLike[str], source: Source, users_file: str) -> None:
+async def _two_instances_with_orders(tmp_path: os.PathLike[str], source: Source,
+                                     users_file: str, server_ids: tuple[int, int]
+                                     ) -> list[Instance]:
+    """Two instances started, once each has stored ``orders`` (created here); none left
+    running if they do not get there."""
     source.execute(f"CREATE TABLE `{source.database}`.orders (id INT PRIMARY KEY, "
                    "amount INT)")
     instances = [Instance(os.path.join(tmp_path, name), source, users_file, server_id)
-                 for name, server_id in (("a", 6101), ("b", 6102))]
+                 for name, server_id in zip(("a", "b"), server_ids, strict=True)]
     for instance in instances:
         instance.start()
     try:
@@ -128,6 +131,12 @@ async def test_a_client_follows_two_instances_across_repeated_kill_9(
         for instance in instances:
             instance.kill()
         raise
+    return instances
+
+
+async def test_a_client_follows_two_instances_across_repeated_kill_9(
+        tmp_path: os.PathLike[str], source: Source, users_file: str) -> None:
+    instances = await _two_instances_with_orders(tmp_path, source, users_file, (6101, 6102))
     writer = Writer(source)
     writer.thread.start()
     received: list[ChangeRecord] = []
@@ -235,19 +244,7 @@ async def test_cdc_given_two_instances_continues_on_the_other_after_kill_9(
     printed once, the records rebuild the table, the schema line not repeated."""
     import json
 
-    source.execute(f"CREATE TABLE `{source.database}`.orders (id INT PRIMARY KEY, "
-                   "amount INT)")
-    instances = [Instance(os.path.join(tmp_path, name), source, users_file, server_id)
-                 for name, server_id in (("a", 6201), ("b", 6202))]
-    for instance in instances:
-        instance.start()
-    try:
-        await until(lambda: all(i.stored(source.database, "orders") for i in instances),
-                    timeout=60)
-    except BaseException:
-        for instance in instances:
-            instance.kill()
-        raise
+    instances = await _two_instances_with_orders(tmp_path, source, users_file, (6201, 6202))
     writer = Writer(source)
     writer.thread.start()
     cdc = os.path.join(os.path.dirname(sys.executable), "cdc")

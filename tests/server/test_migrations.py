@@ -340,28 +340,17 @@ async def test_quarantine_and_resync_survive_kill_9(tmp_path, source: Source, us
         conn.close()
 
 
-async def test_a_repair_waiting_through_renames_keeps_the_rows_they_moved(
-        tmp_path, source: Source, users_file: str):
-    """Soak seed 20261134: rows inserted just before a swap, then ADD SYSTEM VERSIONING (a
-    new primary key, id and row_end), then renames while that repair waited for its
-    watermark. The view that followed the renames was dropped for its new key and built
-    again from the store, which did not hold the renames yet: the repair never saw those
-    rows, and their images without row_end stayed in the stream for good. Statements run
-    while the service is stopped, so that it meets them with the source far ahead."""
+async def _exact_after_meeting(tmp_path: Any, source: Source, users_file: str,
+                               setup: tuple[str, ...], while_stopped: tuple[str, ...]) -> None:
+    """``setup`` replicated; then ``while_stopped`` run with the service stopped, so that it
+    meets them with the source far ahead (its repairs wait through all of them); every table
+    then equals its raw JSON stream (chaos.differences, the independent oracle)."""
     config = make_config(str(tmp_path / "data"), source.url, users_file)
     running = await start_service(config)
-    _run(source, "CREATE TABLE a (id INT PRIMARY KEY, v INT)",
-         "CREATE TABLE b (id INT PRIMARY KEY, w VARCHAR(10))",
-         "INSERT INTO a VALUES (1, 1), (2, 2)", "INSERT INTO b VALUES (1, 'x')")
+    _run(source, *setup)
     await running.caught_up(source)
     await running.stop()
-    _run(source, "TRUNCATE TABLE a", "INSERT INTO a VALUES (715, 7), (716, 8)",
-         "RENAME TABLE a TO tmp, b TO a, tmp TO b",
-         "ALTER TABLE b ADD COLUMN c INT, ALGORITHM=INSTANT",
-         "ALTER TABLE b ADD SYSTEM VERSIONING", "INSERT INTO b VALUES (720, 9, 1)",
-         "RENAME TABLE b TO b2", "RENAME TABLE b2 TO tmp, a TO b2, tmp TO a",
-         "ALTER TABLE a ADD COLUMN d INT NOT NULL DEFAULT 3, ALGORITHM=INSTANT",
-         "INSERT INTO a VALUES (721, 1, 2, 3)",
+    _run(source, *while_stopped,
          session=("SET SESSION system_versioning_alter_history = KEEP",))
     running = await start_service(config)
     try:
@@ -374,6 +363,28 @@ async def test_a_repair_waiting_through_renames_keeps_the_rows_they_moved(
             conn.close()
     finally:
         await running.stop()
+
+
+async def test_a_repair_waiting_through_renames_keeps_the_rows_they_moved(
+        tmp_path, source: Source, users_file: str):
+    """Soak seed 20261134: rows inserted just before a swap, then ADD SYSTEM VERSIONING (a
+    new primary key, id and row_end), then renames while that repair waited for its
+    watermark. The view that followed the renames was dropped for its new key and built
+    again from the store, which did not hold the renames yet: the repair never saw those
+    rows, and their images without row_end stayed in the stream for good. Statements run
+    while the service is stopped, so that it meets them with the source far ahead."""
+    await _exact_after_meeting(
+        tmp_path, source, users_file,
+        ("CREATE TABLE a (id INT PRIMARY KEY, v INT)",
+         "CREATE TABLE b (id INT PRIMARY KEY, w VARCHAR(10))",
+         "INSERT INTO a VALUES (1, 1), (2, 2)", "INSERT INTO b VALUES (1, 'x')"),
+        ("TRUNCATE TABLE a", "INSERT INTO a VALUES (715, 7), (716, 8)",
+         "RENAME TABLE a TO tmp, b TO a, tmp TO b",
+         "ALTER TABLE b ADD COLUMN c INT, ALGORITHM=INSTANT",
+         "ALTER TABLE b ADD SYSTEM VERSIONING", "INSERT INTO b VALUES (720, 9, 1)",
+         "RENAME TABLE b TO b2", "RENAME TABLE b2 TO tmp, a TO b2, tmp TO a",
+         "ALTER TABLE a ADD COLUMN d INT NOT NULL DEFAULT 3, ALGORITHM=INSTANT",
+         "INSERT INTO a VALUES (721, 1, 2, 3)"))
 
 
 @pytest.mark.parametrize("then", [
@@ -387,24 +398,11 @@ async def test_a_repair_read_under_a_swapped_name_keeps_history_rows_apart(
     after a swap had put an unversioned table under it. The view was keyed by that table's
     key (id alone): the row and its history row merged into one, the swap moved the merged
     view on, and the row's image without row_end stayed in the stream for good."""
-    config = make_config(str(tmp_path / "data"), source.url, users_file)
-    running = await start_service(config)
-    _run(source, "CREATE TABLE a (id INT PRIMARY KEY, v INT, w VARCHAR(10))",
+    await _exact_after_meeting(
+        tmp_path, source, users_file,
+        ("CREATE TABLE a (id INT PRIMARY KEY, v INT, w VARCHAR(10))",
          "CREATE TABLE b (id INT PRIMARY KEY, v INT, w VARCHAR(10))",
-         "INSERT INTO a VALUES (1, 1, 'abcdef'), (2, 2, 'x')", "INSERT INTO b VALUES (1, 5, 'y')")
-    await running.caught_up(source)
-    await running.stop()
-    _run(source, "ALTER TABLE a ADD SYSTEM VERSIONING", "UPDATE a SET v = v + 1 WHERE id = 1",
-         "ALTER TABLE a MODIFY w VARCHAR(8)", *then,
-         session=("SET SESSION system_versioning_alter_history = KEEP",))
-    running = await start_service(config)
-    try:
-        await running.caught_up(source)
-        conn = source.server.connect(source.database)
-        try:
-            assert await chaos.differences(running.port, conn, source.database, USER,
-                                           PASSWORD) == {}
-        finally:
-            conn.close()
-    finally:
-        await running.stop()
+         "INSERT INTO a VALUES (1, 1, 'abcdef'), (2, 2, 'x')",
+         "INSERT INTO b VALUES (1, 5, 'y')"),
+        ("ALTER TABLE a ADD SYSTEM VERSIONING", "UPDATE a SET v = v + 1 WHERE id = 1",
+         "ALTER TABLE a MODIFY w VARCHAR(8)", *then))

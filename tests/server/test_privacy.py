@@ -26,7 +26,7 @@ from cdcserver.core.names import TableName
 from cdcserver.dump.dumper import dump_tables
 from cdcserver.protocol.users import UsersFile
 from tests.conftest import RunningService, Source
-from tests.helpers import RawClient
+from tests.helpers import files_holding, reply_to
 
 pytestmark = pytest.mark.mariadb
 
@@ -44,16 +44,6 @@ def test_the_filter_keeps_system_schemas_out_unless_named_and_the_password_table
     assert not named.captures("mysql", "db")
 
 
-async def _reply(port: int, command: str) -> bytes:
-    client = await RawClient.connect(port)
-    try:
-        await client.login(dialect="EXACT")
-        await client.send(command.encode() + b"\n")
-        return await client.line()
-    finally:
-        await client.close()
-
-
 async def test_no_client_reads_or_dumps_the_password_tables(cdc: RunningService,
                                                            source: Source):
     source.execute(f"CREATE TABLE `{source.database}`.t (id INT PRIMARY KEY)",
@@ -63,11 +53,11 @@ async def test_no_client_reads_or_dumps_the_password_tables(cdc: RunningService,
     for command in ("REQUEST-DATA mysql.global_priv", "REQUEST-DATA mysql.user",
                     "REQUEST-DUMP mysql.global_priv", "START-DUMP mysql.global_priv",
                     "QUERY-RANGE mysql.global_priv LIMIT 5"):
-        reply = await _reply(cdc.port, command)
+        reply = await reply_to(cdc.port, command)
         assert reply.startswith(b"ERR FORBIDDEN mysql.") and b"not captured" in reply, reply
-    reply = await _reply(cdc.port, "START-DUMP mysql.*")
+    reply = await reply_to(cdc.port, "START-DUMP mysql.*")
     assert reply.startswith(b"ERR NO-FILE no table you may read"), reply
-    listed = json.loads(await _reply(cdc.port, "LIST-TABLES"))["tables"]
+    listed = json.loads(await reply_to(cdc.port, "LIST-TABLES"))["tables"]
     assert {t["database"] for t in listed} == {source.database}
     # nothing of mysql.* was stored, though the CREATE USER changed mysql.global_priv
     stored = {t.database for t in cdc.service.catalog.tables}
@@ -77,11 +67,8 @@ async def test_no_client_reads_or_dumps_the_password_tables(cdc: RunningService,
         dump_tables(parse_source_url(source.url), data_dir, [TableName("mysql", "global_priv")])
     assert cdcserver_main(["dump", "mysql.global_priv", "--source", source.url, "--data-dir",
                            data_dir]) == 1
-    for dirpath, _, names in os.walk(data_dir):
-        for name in names:
-            with open(os.path.join(dirpath, name), "rb") as f:
-                data = f.read()
-            assert b"global_priv" not in data and b"victim" not in data, name
+    assert files_holding(data_dir, b"global_priv") == []
+    assert files_holding(data_dir, b"victim") == []
     source.execute("DROP USER IF EXISTS 'victim'@'%'")
 
 
