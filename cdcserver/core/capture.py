@@ -85,23 +85,33 @@ def parse_patterns(text: str) -> tuple[TablePattern, ...]:
 
 @dataclass(frozen=True)
 class TableSelection:
-    """Include and exclude patterns alone: what a sink publishes of what is captured
-    (``[kafka] include``/``exclude``)."""
+    """Include and exclude patterns: what ``[capture]`` captures of the user tables, and what
+    a sink publishes of what is captured (``[kafka] include``/``exclude``); ``section``
+    names the settings in the reasons."""
 
     include: tuple[TablePattern, ...] = ()
     exclude: tuple[TablePattern, ...] = ()
+    section: str = "capture"
 
     @classmethod
-    def parse(cls, include: str, exclude: str) -> TableSelection:
-        return cls(parse_patterns(include), parse_patterns(exclude))
+    def parse(cls, include: str, exclude: str, section: str = "capture") -> TableSelection:
+        return cls(parse_patterns(include), parse_patterns(exclude), section)
 
     @property
     def everything(self) -> bool:
         return not self.include and not self.exclude
 
     def selects(self, table: TableName) -> bool:
-        return (not self.include or any(p.matches(table) for p in self.include)) and \
-            not any(p.matches(table) for p in self.exclude)
+        return self.why_not(table) is None
+
+    def why_not(self, table: TableName) -> str | None:
+        """Why the patterns leave the table out (None: they select it)."""
+        if self.include and not any(p.matches(table) for p in self.include):
+            return f"[{self.section}] include does not select it"
+        excluded = next((p for p in self.exclude if p.matches(table)), None)
+        if excluded is not None:
+            return f"[{self.section}] exclude leaves it out ({excluded.text})"
+        return None
 
 
 class CaptureFilter:
@@ -110,8 +120,7 @@ class CaptureFilter:
                  exclude: Iterable[TablePattern] = ()) -> None:
         self.system_tables = frozenset(
             t for t in system_tables if (t.database.lower(), t.table.lower()) not in NEVER)
-        self.include = tuple(include)
-        self.exclude = tuple(exclude)
+        self.selection = TableSelection(tuple(include), tuple(exclude))
 
     @classmethod
     def parse(cls, system_tables: str, include: str = "", exclude: str = "") -> CaptureFilter:
@@ -141,12 +150,7 @@ class CaptureFilter:
                 return None
             return ("the system schemas' tables are captured only when [capture] "
                     "system_tables names them")
-        if self.include and not any(p.matches(table) for p in self.include):
-            return "[capture] include does not select it"
-        excluded = next((p for p in self.exclude if p.matches(table)), None)
-        if excluded is not None:
-            return f"[capture] exclude leaves it out ({excluded.text})"
-        return None
+        return self.selection.why_not(table)
 
 
 EVERY_USER_TABLE = CaptureFilter()

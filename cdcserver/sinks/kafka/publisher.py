@@ -24,7 +24,7 @@ from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import BinlogPosition
 from cdcserver.messages.base import VersionLookup
 from cdcserver.replication.sources import Sources
-from cdcserver.sinks.base import Sink, SinkStatus, SourceInfo
+from cdcserver.sinks.base import ReplicationControl, Sink, SinkStatus, SourceInfo
 from cdcserver.sinks.kafka.lease import PublisherLease
 from cdcserver.sinks.kafka.metrics import Totals
 from mariadb_cdc_client.format.extras import MissingExtra, require
@@ -94,8 +94,12 @@ class LeasedSink:
             self._task = None
         await self._leave(restart=False)  # replication stops: nothing to start over
 
+    @property
+    def _control(self) -> ReplicationControl | None:
+        return self._source.control if self._source is not None else None
+
     def _feeding(self) -> bool:
-        control = self._source.control if self._source is not None else None
+        control = self._control
         return control is None or control.feeding()
 
     async def _publish(self) -> None:
@@ -125,7 +129,7 @@ class LeasedSink:
         self._totals.retire(sink.stats)
 
     async def _restart(self) -> None:
-        control = self._source.control if self._source is not None else None
+        control = self._control
         if control is not None:
             await control.restart()
 

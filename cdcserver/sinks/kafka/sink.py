@@ -159,7 +159,7 @@ class KafkaSink:
             self.format.version_of = versions
             self.after = ("avro",)
         self.builder = EventBuilder()
-        self.tables = TableSelection.parse(config.include, config.exclude)
+        self.tables = TableSelection.parse(config.include, config.exclude, "kafka")
         self.durable: BinlogPosition | None = _load_state(self.state_path)
         self.stats = SinkStats()
         self._producer: Any = None
