@@ -254,9 +254,12 @@ def primary_key(conn: Any, database: str, table: str) -> tuple[str, ...]:
 
 
 def source_rows(conn: Any, database: str, table: str, types: dict[str, str], *,
-                from_clause: str | None = None) -> list[dict[str, Any]]:
-    """The table's rows on the source, each value in its canonical form."""
-    exprs = ", ".join(_select_expression(c, t) for c, t in types.items())
+                from_clause: str | None = None,
+                expressions: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """The table's rows on the source, each value in its canonical form; ``expressions``
+    selects a column as an SQL expression of the row instead (a mask, in SQL)."""
+    given = expressions or {}
+    exprs = ", ".join(given.get(c) or _select_expression(c, t) for c, t in types.items())
     source = from_clause or f"`{database}`.`{table}`"
     with conn.cursor() as cur:
         cur.execute("SET time_zone = '+00:00'")
@@ -325,19 +328,30 @@ async def assert_stream_equals_table(port: int, conn: Any, database: str, table:
                                      user: str, password: str, key: tuple[str, ...] | None = None,
                                      extra_columns: dict[str, str] | None = None,
                                      from_clause: str | None = None,
-                                     quiet: float = 1.0) -> Rebuilt:
+                                     quiet: float = 1.0,
+                                     masked: dict[str, str] | None = None,
+                                     excluded: tuple[str, ...] = ()) -> Rebuilt:
     """Rebuild ``database.table`` from its JSON stream and assert it equals the table.
     ``extra_columns`` adds columns ``information_schema`` does not list (a system-versioned
     table's ``row_start``/``row_end``), ``from_clause`` reads another row set (``FOR
-    SYSTEM_TIME ALL``)."""
+    SYSTEM_TIME ALL``). ``masked`` compares columns with an SQL expression of the source's
+    row (``SHA2(CONCAT('salt', email), 256)``), as text; ``excluded`` columns are not
+    compared, and the stream must not hold them."""
     types = column_types(conn, database, table)
     types.update(extra_columns or {})
+    for column in excluded:
+        del types[column]
+    for column, expression in (masked or {}).items():
+        types[column] = "text"
+        masked = {**(masked or {}), column: f"CONVERT({expression} USING utf8mb4)"}
     names = primary_key(conn, database, table) if key is None else key
     lines, others = await read_renamed(port, database, table, user=user, password=password,
                                        quiet=quiet)
     rebuilt = rebuild(lines, names, others)
     table_rows = await asyncio.to_thread(source_rows, conn, database, table, types,
-                                         from_clause=from_clause)
+                                         from_clause=from_clause, expressions=masked)
+    leaked = [c for c in excluded for record in rebuilt.records if c in record]
+    assert not leaked, f"{database}.{table}: excluded columns in the stream: {leaked[:5]}"
     comparison = compare(rebuilt, table_rows, types,
                          await asyncio.to_thread(null_by_default, conn, database, table))
     assert comparison.equal, f"{database}.{table}: {comparison}"

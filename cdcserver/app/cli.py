@@ -103,12 +103,16 @@ def _run_command(commands: Any) -> None:
     run.set_defaults(handler=cmd_run)
 
 
+CAPTURE_OPTIONS = ("capture.include", "capture.exclude", "capture.system_tables",
+                   "capture.columns_exclude", "capture.columns_hash", "capture.columns_mask",
+                   "capture.hash_salt_file")
+
+
 def _check_command(commands: Any) -> None:
     """``check``: the source's preflight."""
     check = commands.add_parser("check", help="preflight: is the source ready to be "
                                               "captured, and the SQL that fixes what is not")
-    _source_and_store_options(check, "source.server_id", "capture.include", "capture.exclude",
-                              "capture.system_tables")
+    _source_and_store_options(check, "source.server_id", *CAPTURE_OPTIONS)
     check.set_defaults(handler=cmd_check)
 
 
@@ -180,7 +184,7 @@ def _dump_command(commands: Any) -> None:
     dump.add_argument("tables", nargs="+", metavar="DB.TABLE|DB.*",
                       help="the tables to dump (DB.*: every table of DB)")
     _source_and_store_options(dump, "dump.chunk_rows", "dump.readers", "dump.sync_interval",
-                              "capture.include", "capture.exclude", "capture.system_tables")
+                              *CAPTURE_OPTIONS)
     dump.add_argument("--restart", action="store_true",
                       help="discard an interrupted dump instead of continuing it")
     dump.add_argument("--json", action="store_true", help="one JSON line per dump")

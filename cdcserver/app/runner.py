@@ -247,7 +247,8 @@ class ReplicationRunner:
                                      connected_to=self._record_source,
                                      capture=self.capture)
         views = self._views = Views(self.data_dir.views)
-        repairer = Repairer(self.sources, self.catalog, views, self.repair_stats)
+        repairer = Repairer(self.sources, self.catalog, views, self.repair_stats,
+                            self.capture.columns)
         if self.pipeline is not None and self.pipeline.repairer is not None:
             repairer.take_over(self.pipeline.repairer.carry_over())  # after a pause
         self.pipeline = Pipeline(handoff, sinks, start, self.flush_interval, repairer,

@@ -17,14 +17,22 @@ them one by one (``include`` does not reach them); the password tables never are
 The filter is applied where a table enters the service: the decoder drops an excluded table's
 row events after reading its table map (and its schema statements from the stream), dumps
 refuse it, and the listener serves none of it, even what an earlier configuration stored.
+
+Column rules (``columns_exclude``, ``columns_hash``, ``columns_mask``: ``db.table.column``
+patterns; a column name compares as MariaDB compares it, without case) say what becomes of a
+captured table's columns: left out, stored as the hex SHA-256 of the salt and the value, or
+masked (the first N characters kept, then ``***``). :class:`ColumnRules` says which rule a
+column has; :mod:`cdcserver.schema.masking` applies them to layouts and definitions, and
+:func:`value_function` to values.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cdcserver.core.names import TableName
 from mariadb_cdc_client.format.names import BadTableRef, read_name, split_list
@@ -114,13 +122,156 @@ class TableSelection:
         return None
 
 
+
+
+
+# -- column rules ---------------------------------------------------------------------------
+
+EXCLUDE, HASH, MASK = "exclude", "hash", "mask"
+MASK_TAIL = "***"
+
+
+@dataclass(frozen=True)
+class ColumnPattern:
+    """``db.table.column``, each part an exact name or a bare name with ``*``; a mask's may
+    end ``:N``, the characters it keeps."""
+
+    text: str
+    table: TablePattern
+    column: re.Pattern[str]
+    keep: int = 0
+
+    @classmethod
+    def parse(cls, text: str, keep: bool = False) -> ColumnPattern:
+        text = text.strip()
+        kept = 0
+        if keep:
+            m = re.fullmatch(r"(.*):([0-9]+)", text, re.DOTALL)  # a quoted name ends in
+            if m is not None:  # its quote, so ":N" at the end is never inside one
+                text, kept = m[1], int(m[2])
+        database, pos = _part(text, 0)
+        table, pos = _after_dot(text, pos, "db.table.column")
+        column, end = _after_dot(text, pos, "db.table.column")
+        if end != len(text):
+            raise ValueError(f"{text!r} is not one db.table.column pattern: {text[end:]!r} "
+                             "follows")
+        whole = TablePattern(text, database, table)
+        return cls(text, whole, re.compile(column.pattern, re.DOTALL | re.IGNORECASE), kept)
+
+    def matches(self, table: TableName, column: str) -> bool:
+        return self.table.matches(table) and bool(self.column.fullmatch(column))
+
+
+def _after_dot(text: str, pos: int, shape: str) -> tuple[re.Pattern[str], int]:
+    if not text.startswith(".", pos):
+        raise ValueError(f"{text!r} is not a {shape} pattern (e.g. shop.users.email)")
+    return _part(text, pos + 1)
+
+
+def parse_column_patterns(text: str, keep: bool = False) -> tuple[ColumnPattern, ...]:
+    return tuple(ColumnPattern.parse(item, keep) for item in split_list(text))
+
+
+class ColumnRules:
+    """Which rule each column of a captured table has: ``exclude`` before ``hash`` before
+    ``mask``, the first pattern that matches. ``salt`` is the hash's (required when any
+    column is hashed)."""
+
+    def __init__(self, exclude: Iterable[ColumnPattern] = (), hash: Iterable[ColumnPattern] = (),
+                 mask: Iterable[ColumnPattern] = (), salt: bytes | None = None) -> None:
+        self.exclude = tuple(exclude)
+        self.hash = tuple(hash)
+        self.mask = tuple(mask)
+        self.salt = salt
+        if self.hash and not salt:
+            raise ValueError("[capture] columns_hash needs a salt: set capture.hash_salt_file "
+                             "(--hash-salt-file) or the environment variable "
+                             "CDCSERVER_HASH_SALT")
+
+    @classmethod
+    def of(cls, capture: CaptureConfig) -> ColumnRules:
+        """The rules ``[capture]`` declares (ConfigError when a hash has no salt)."""
+        from cdcserver.core.errors import ConfigError
+
+        hashes = parse_column_patterns(capture.columns_hash)
+        try:
+            return cls(parse_column_patterns(capture.columns_exclude), hashes,
+                       parse_column_patterns(capture.columns_mask, keep=True),
+                       capture.hash_salt() if hashes else None)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def __bool__(self) -> bool:
+        return bool(self.exclude or self.hash or self.mask)
+
+    def rule(self, table: TableName, column: str) -> str | None:
+        """``exclude``, ``hash``, ``mask:N`` or None (the clear value)."""
+        if any(p.matches(table, column) for p in self.exclude):
+            return EXCLUDE
+        if any(p.matches(table, column) for p in self.hash):
+            return HASH
+        mask = next((p for p in self.mask if p.matches(table, column)), None)
+        return None if mask is None else f"{MASK}:{mask.keep}"
+
+    def touches(self, table: TableName) -> bool:
+        """Whether any pattern could name a column of ``table``."""
+        return any(p.table.matches(table) for p in (*self.exclude, *self.hash, *self.mask))
+
+    def describe(self) -> list[str]:
+        """The rules in words, for ``cdcserver check`` (the salt never)."""
+        return ([f"exclude {p.text}" for p in self.exclude] +
+                [f"hash {p.text}" for p in self.hash] +
+                [f"mask {p.text}" + (f" keeping {p.keep}" if p.keep else "")
+                 for p in self.mask])
+
+
+NO_COLUMN_RULES = ColumnRules()
+
+
+def hash_value(salt: bytes, value: str | bytes) -> str:
+    """The hex SHA-256 of the salt and the value (a string's UTF-8): what MariaDB's
+    ``SHA2(CONCAT(salt, value), 256)`` gives for a utf8mb4 value."""
+    data = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
+    return hashlib.sha256(salt + data).hexdigest()
+
+
+def mask_value(keep: int, value: str | bytes) -> str | bytes:
+    """The first ``keep`` characters (bytes, for binary data), then ``***``: MariaDB's
+    ``CONCAT(LEFT(value, keep), '***')``."""
+    if isinstance(value, str):
+        return value[:keep] + MASK_TAIL
+    return bytes(value[:keep]) + MASK_TAIL.encode()
+
+
+def value_function(rule: str, salt: bytes | None) -> Callable[[Any], Any]:
+    """What a hashed or masked column's value becomes (NULL stays NULL)."""
+    if rule == HASH:
+        if not salt:
+            raise ValueError("a hashed column without a salt")
+        digest = salt
+
+        def hashed(value: Any) -> Any:
+            return None if value is None else hash_value(digest, value)
+        return hashed
+    kind, _, keep = rule.partition(":")
+    if kind != MASK:
+        raise ValueError(f"no value function for the column rule {rule!r}")
+    kept = int(keep or 0)
+
+    def masked(value: Any) -> Any:
+        return None if value is None else mask_value(kept, value)
+    return masked
+
+
 class CaptureFilter:
     def __init__(self, system_tables: Iterable[TableName] = (),
                  include: Iterable[TablePattern] = (),
-                 exclude: Iterable[TablePattern] = ()) -> None:
+                 exclude: Iterable[TablePattern] = (),
+                 columns: ColumnRules = NO_COLUMN_RULES) -> None:
         self.system_tables = frozenset(
             t for t in system_tables if (t.database.lower(), t.table.lower()) not in NEVER)
         self.selection = TableSelection(tuple(include), tuple(exclude))
+        self.columns = columns  # what becomes of the captured tables' columns
 
     @classmethod
     def parse(cls, system_tables: str, include: str = "", exclude: str = "") -> CaptureFilter:
@@ -133,7 +284,9 @@ class CaptureFilter:
     @classmethod
     def of(cls, capture: CaptureConfig) -> CaptureFilter:
         """The filter a configuration's ``[capture]`` section declares."""
-        return cls.parse(capture.system_tables, capture.include, capture.exclude)
+        tables = cls.parse(capture.system_tables, capture.include, capture.exclude)
+        tables.columns = ColumnRules.of(capture)
+        return tables
 
     def captures(self, database: str, table: str) -> bool:
         return self.why_not(TableName(database, table)) is None

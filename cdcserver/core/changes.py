@@ -56,6 +56,9 @@ class ColumnDef:
     set_values: tuple[str, ...] = ()
     geometry_type: int = 0
     extended: str | None = None
+    # A [capture] column rule the value is stored under (cdcserver/schema/masking.py):
+    # "exclude" (in a layout's ``image`` only), "hash", or "mask:N"; None: the clear value.
+    rule: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,16 +102,26 @@ class TableLayout:
     sequence: bool = False
     # The schema history's description of the table, when it knows the table.
     description: TableDescription | None = field(default=None, compare=False)
+    # For a layout the [capture] column rules changed (cdcserver/schema/masking.py): the
+    # columns of the binlog's row image, each with its rule, which ``columns`` (what is
+    # stored) leaves out or replaces. None: ``columns`` are the image's.
+    image: tuple[ColumnDef, ...] | None = field(default=None, compare=False)
+    salt: bytes | None = field(default=None, compare=False, repr=False)  # of a "hash" rule
 
     @property
     def qualified_name(self) -> str:
         return f"{self.database}.{self.table}"
 
+    @property
+    def image_columns(self) -> tuple[ColumnDef, ...]:
+        """The columns of the binlog's row image, each with its rule if it has one."""
+        return self.columns if self.image is None else self.image
+
     def signature(self) -> tuple[Any, ...]:
         """What identifies a table version: a change here means a new version file."""
         return tuple(
             (c.name, c.binlog_type, c.meta, c.unsigned, c.charset is None, c.enum_values,
-             c.set_values, c.extended)
+             c.set_values, c.extended, c.rule)
             for c in self.columns
         )
 

@@ -33,7 +33,8 @@ Check = Callable[[Any], str | None]  # a value's problem, or None
 # reference.SECRET_VARIABLES).
 SOURCE_PASSWORD_VARIABLE = "CDCSERVER_SOURCE_PASSWORD"
 KAFKA_SASL_PASSWORD_VARIABLE = "CDCSERVER_KAFKA_SASL_PASSWORD"
-_SECRET_VARIABLES = (SOURCE_PASSWORD_VARIABLE, KAFKA_SASL_PASSWORD_VARIABLE)
+HASH_SALT_VARIABLE = "CDCSERVER_HASH_SALT"
+_SECRET_VARIABLES = (SOURCE_PASSWORD_VARIABLE, KAFKA_SASL_PASSWORD_VARIABLE, HASH_SALT_VARIABLE)
 _PREFIX = "CDCSERVER_"
 
 
@@ -398,6 +399,27 @@ def system_tables(value: str) -> str | None:
     return None
 
 
+def column_patterns(value: str) -> str | None:
+    from cdcserver.core.capture import parse_column_patterns
+
+    try:
+        parse_column_patterns(value, keep=False)
+    except ValueError as exc:
+        return f"expects comma-separated db.table.column patterns (shop.users.email): {exc}"
+    return None
+
+
+def mask_patterns(value: str) -> str | None:
+    from cdcserver.core.capture import parse_column_patterns
+
+    try:
+        parse_column_patterns(value, keep=True)
+    except ValueError as exc:
+        return ("expects comma-separated db.table.column patterns, each may end :N to keep "
+                f"the first N characters (shop.cards.number:4): {exc}")
+    return None
+
+
 @dataclass(frozen=True)
 class CaptureConfig:
     include: str = option(
@@ -412,6 +434,37 @@ class CaptureConfig:
             "sys) to capture, named one by one (db.table,...); none by default, and never "
             "mysql.global_priv or mysql.user, which hold password hashes",
         check=system_tables)
+    columns_exclude: str = option(
+        "", "columns never captured: comma-separated db.table.column patterns, * for any "
+            "characters (e.g. shop.users.password_hash,*.*.ssn)", cli="--columns-exclude",
+        check=column_patterns)
+    columns_hash: str = option(
+        "", "columns stored as the hex SHA-256 of the salt and the value (joins still match): "
+            "db.table.column patterns; needs hash_salt_file or CDCSERVER_HASH_SALT",
+        cli="--columns-hash", check=column_patterns)
+    columns_mask: str = option(
+        "", "columns stored masked: db.table.column patterns, each may end :N to keep the "
+            "first N characters; the rest becomes *** (e.g. shop.cards.number:4)",
+        cli="--columns-mask", check=mask_patterns)
+    hash_salt_file: str = option(
+        "", "file holding the salt of columns_hash (or the environment variable "
+            "CDCSERVER_HASH_SALT); never in this file", cli="--hash-salt-file", secret=True)
+
+    def hash_salt(self) -> bytes | None:
+        """The salt of ``columns_hash``: the file's bytes (one trailing newline dropped), or
+        CDCSERVER_HASH_SALT's; None when neither is set."""
+        if self.hash_salt_file:
+            try:
+                with open(self.hash_salt_file, "rb") as f:
+                    salt = f.read()
+            except OSError as exc:
+                raise ConfigError(f"capture.hash_salt_file: {exc}") from exc
+            salt = salt[:-1] if salt.endswith(b"\n") else salt
+            if not salt:
+                raise ConfigError(f"capture.hash_salt_file: {self.hash_salt_file} is empty")
+            return salt
+        value = os.environ.get(HASH_SALT_VARIABLE)
+        return value.encode("utf-8") if value else None
 
 
 @dataclass(frozen=True)

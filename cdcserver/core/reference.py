@@ -31,12 +31,14 @@ SECTIONS = {
 }
 
 # Read by config.py beside the settings (``SourceConfig._password``,
-# ``KafkaConfig.sasl_password``): a secret, never a TOML key or a flag.
+# ``KafkaConfig.sasl_password``, ``CaptureConfig.hash_salt``): a secret, never a TOML key or a flag.
 SECRET_VARIABLES = {
     "CDCSERVER_SOURCE_PASSWORD": "the source password, for each source URL that holds none of "
                                  "its own (`source.password_file` wins over it)",
     "CDCSERVER_KAFKA_SASL_PASSWORD": "the SASL password for Kafka (`kafka.sasl_password_file` "
                                      "wins over it)",
+    "CDCSERVER_HASH_SALT": "the salt of `[capture] columns_hash` (`capture.hash_salt_file` "
+                           "wins over it)",
 }
 
 # What each declared check requires, in words.

@@ -121,7 +121,7 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
              stop: threading.Event | None, server: str) -> files.DumpInfo | None:
     directory = files.dump_dir(data_dir)
     started = time.monotonic()
-    described = describe(conn, table, stream_version)
+    described = describe(conn, table, stream_version, options.columns)
     progress = load(directory, table)
     partial = PartialDump(directory, table)
     record = partial.load_progress()

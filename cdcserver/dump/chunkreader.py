@@ -356,7 +356,7 @@ def _read_chunk(run: Run, conn: Any, rng: KeyRange, after: list[str] | None, out
             raise TableChanged(f"{table.name} changed during its dump")
         sql = table.plan.chunk_sql(_values(after if after is not None else rng.lo),
                                    run.chunk_rows, _values(rng.hi))
-        for line, rows, final in rawrows.query_lines(conn, sql, run.batch_rows):
+        for line, rows, final in table.plan.lines(conn, sql, run.batch_rows):
             out.write(line)
             written += len(line)
             count += rows

@@ -16,6 +16,7 @@ from typing import Any
 
 import pymysql
 
+from cdcserver.core.capture import NO_COLUMN_RULES, ColumnRules
 from cdcserver.core.errors import CdcError, SourceError
 from cdcserver.core.names import TableName
 from cdcserver.dump.partial import PartialDump
@@ -29,6 +30,7 @@ from cdcserver.schema import ddl
 from cdcserver.schema.definition import TableDefinition
 from cdcserver.schema.history import TRANSACTIONAL_ENGINES
 from cdcserver.schema.layouts import layout_of
+from cdcserver.schema.masking import project_definition
 from cdcserver.store import checkpoint as ckpt
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import dump_stem
@@ -175,14 +177,17 @@ class Table:
     consistent: bool
 
 
-def describe(conn: Any, table: TableName, stream_version: int) -> Table:
+def describe(conn: Any, table: TableName, stream_version: int,
+             columns: ColumnRules = NO_COLUMN_RULES) -> Table:
+    """The table as the dump reads and writes it: ``columns``, the [capture] column rules,
+    applied to its definition."""
     text = show_create(conn, table)
     statement = ddl.parse(text, table.database)
     if not isinstance(statement, ddl.CreateTable) or statement.definition is None:
         raise NotChunkable(f"cannot parse the definition of {table}")
-    definition = statement.definition
+    definition = project_definition(table, statement.definition, columns)
     schema = TableSchema.from_layout(layout_of(table, definition), max(stream_version, 1), "")
-    plan = ScanPlan(table, definition, schema.columns)
+    plan = ScanPlan(table, definition, schema.columns, columns.salt)
     if not plan.chunked:
         raise NotChunkable(f"{table} has no primary key that can be read in ranges")
     fields = schema.avsc["fields"][6:]

@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pymysql
@@ -46,6 +46,7 @@ from cdcserver.dump.scan import ChunkEnd, ScanPlan
 from cdcserver.dump.snapshot import DefinitionChanged, Snapshot, SnapshotPoint
 from cdcserver.schema.definition import TableDefinition
 from cdcserver.schema.layouts import layout_of
+from cdcserver.schema.masking import project_definition
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import dump_stem
@@ -170,6 +171,7 @@ def dump_tables(address: SourceAddress, data_dir: str, tables: list[TableName],
     A table the service does not capture is refused before anything is read."""
     for table in tables:
         require_captured(table, capture)
+    options = replace(options, columns=capture.columns)
     directory = files.dump_dir(data_dir)
     os.makedirs(directory, exist_ok=True)
     versions = stream_versions if stream_versions is not None else \
@@ -279,10 +281,11 @@ def _dump_table(snapshot: Snapshot, data_dir: str, table: TableName, stream_vers
                 stop: threading.Event | None) -> DumpResult:
     started = time.monotonic()
     point = snapshot.point
-    definition, transactional = snapshot.definition()
+    source, transactional = snapshot.definition()
+    definition = project_definition(table, source, options.columns)  # as the rules store it
     schema = TableSchema.from_layout(layout_of(table, definition), max(stream_version, 1),
                                      str(point.gtid))
-    plan = ScanPlan(table, definition, schema.columns)
+    plan = ScanPlan(table, definition, schema.columns, options.columns.salt)
     fields = schema.avsc["fields"][6:]
     fingerprint = hashlib.sha256(json.dumps([fields, schema.avsc.get("primary_key")],
                                             sort_keys=True).encode()).hexdigest()

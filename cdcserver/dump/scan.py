@@ -21,10 +21,11 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from cdcserver.core.capture import HASH, value_function
 from cdcserver.core.names import TableName
 from cdcserver.dump import rawrows
 from cdcserver.dump.snapshot import qualified, quote
@@ -75,12 +76,22 @@ class KeyColumn:
 
 
 class ScanPlan:
+    """How a table is read: ``definition`` as the column rules store it
+    (:func:`cdcserver.schema.masking.project_definition`), ``fields`` its Avro fields;
+    ``salt`` the hash's, when a column is hashed."""
+
     def __init__(self, table: TableName, definition: TableDefinition,
-                 fields: tuple[Field, ...]) -> None:
+                 fields: tuple[Field, ...], salt: bytes | None = None) -> None:
         self.table = table
         self.fields = fields
         self.columns = ", ".join(select_expression(f) for f in fields)
         self.key = _key_columns(definition, fields)
+        self.stored = stored_lines(definition, salt)
+
+    def lines(self, conn: Any, sql: str, batch_rows: int) -> Iterator[rawrows.Line]:
+        """The rows ``sql`` reads as insert lines, hashed and masked columns as stored."""
+        lines = rawrows.query_lines(conn, sql, batch_rows)
+        return lines if self.stored is None else map(self.stored, lines)
 
     @property
     def chunked(self) -> bool:
@@ -149,14 +160,13 @@ class ScanPlan:
         followed by a :class:`ChunkEnd` with the key of its last row (an unchunked table is
         one chunk, with no key)."""
         if not self.chunked:
-            yield from rawrows.query_lines(conn, self.full_sql(), batch_rows)
+            yield from self.lines(conn, self.full_sql(), batch_rows)
             yield ChunkEnd(None)
             return
         while True:
             count = 0
             last: bytes | None = None
-            for line in rawrows.query_lines(conn, self.chunk_sql(after, chunk_rows),
-                                            batch_rows):
+            for line in self.lines(conn, self.chunk_sql(after, chunk_rows), batch_rows):
                 count += line[1]
                 last = line[2]
                 yield line
@@ -166,6 +176,43 @@ class ScanPlan:
             yield ChunkEnd(after)
             if count < chunk_rows:
                 return
+
+
+def stored_lines(definition: TableDefinition, salt: bytes | None
+                 ) -> Callable[[rawrows.Line], rawrows.Line] | None:
+    """What turns insert lines read from the source into lines holding each hashed or
+    masked column as stored (None: no column is); the same values the stream stores
+    (:func:`cdcserver.core.capture.value_function` on the text protocol's bytes, which are
+    the value's UTF-8 or, for binary data, the value)."""
+    functions = [(i, _text_function(spec.rule, spec.type in BINARY_TYPES, salt))
+                 for i, spec in enumerate(definition.columns) if spec.rule]
+    if not functions:
+        return None
+
+    def stored(line: rawrows.Line) -> rawrows.Line:
+        doc = json.loads(line[0])
+        rows = doc["rows"]
+        for row in rows:
+            for i, function in functions:
+                if row[i] is not None:
+                    row[i] = base64.b64encode(function(base64.b64decode(row[i]))).decode()
+        return (json.dumps(doc, separators=(",", ":")).encode() + b"\n", line[1],
+                json.dumps(rows[-1], separators=(",", ":")).encode())
+    return stored
+
+
+def _text_function(rule: str, binary: bool, salt: bytes | None) -> Callable[[bytes], bytes]:
+    function = value_function(rule, salt)
+    if rule == HASH or binary:
+        def of_bytes(raw: bytes) -> bytes:
+            value = function(raw)
+            return value.encode("ascii") if isinstance(value, str) else bytes(value)
+        return of_bytes
+
+    def of_text(raw: bytes) -> bytes:
+        return str(function(raw.decode("utf-8", "surrogateescape"))).encode(
+            "utf-8", "surrogateescape")
+    return of_text
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from typing import Any
 
 import pymysql
 
+from cdcserver.core.capture import CaptureFilter
 from cdcserver.core.changes import Begin, Commit, Ddl, TableChange
 from cdcserver.core.config import Config, SourceAddress
 from cdcserver.core.errors import BinlogPurged, CdcError, SourceError, SourceUnavailable
@@ -41,6 +42,7 @@ from cdcserver.replication.connection import BinlogConnection
 from cdcserver.schema import ddl
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.schema.layouts import layout_of
+from cdcserver.schema.masking import project_layout
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
 from cdcserver.store.reader import version_ddl
@@ -72,6 +74,7 @@ def resync(config: Config, *, dump: bool = True) -> Resynced:
             raise CdcError(f"{config.store.data_dir} has stored nothing: start the service")
         stored = checkpoint.position.gtid_state
         address = config.source.address()
+        capture = CaptureFilter.of(config.capture)
         reason = _purged_reason(address, config.source.server_id, stored)
         conn = source_sql.connect(address)
         try:
@@ -82,7 +85,7 @@ def resync(config: Config, *, dump: bool = True) -> Resynced:
             source_sql.query(conn, "COMMIT")
             point = BinlogPosition(now.gtid, now.file, now.pos)
             result = Resynced(stored, point, reason)
-            changes = _table_changes(conn, store, stored, point, result)
+            changes = _table_changes(conn, store, stored, point, result, capture)
         finally:
             conn.close()
         _store_resync(store, stored, point, changes)
@@ -97,7 +100,7 @@ def resync(config: Config, *, dump: bool = True) -> Resynced:
     if dump and result.versions:
         result.dumps = dump_tables(address, config.store.data_dir, result.versions,
                                    DumpOptions(replace(config.dump, readers=0)),
-                                   stream_versions=None)
+                                   stream_versions=None, capture=capture)
     return result
 
 
@@ -123,8 +126,9 @@ def _purged_reason(address: SourceAddress, server_id: int, stored: GtidState) ->
 
 
 def _table_changes(conn: Any, store: AvroStore, stored: GtidState, point: BinlogPosition,
-                   result: Resynced) -> list[TableChange]:
-    """A resync version of every table the stream holds (a drop for one that is gone)."""
+                   result: Resynced, capture: CaptureFilter) -> list[TableChange]:
+    """A resync version of every table the stream holds that is still captured (a drop for
+    one that is gone), in the columns the column rules store."""
     note = (f"the source purged the binlog after '{stored}' before the service read it: the "
             f"changes up to '{point.gtid_state}' are not in the stream. Reload the table from "
             "a dump taken after this version began (cdcserver resync took one)")
@@ -138,6 +142,8 @@ def _table_changes(conn: Any, store: AvroStore, stored: GtidState, point: Binlog
               "TABLE_TYPE IN ('BASE TABLE', 'SYSTEM VERSIONED') AND TABLE_SCHEMA NOT IN "
               "('mysql', 'sys', 'information_schema', 'performance_schema')")]
     for table in sorted({*held, *on_source}, key=str):
+        if not capture.captures_table(table):
+            continue
         text = _show_create(conn, table)
         if text is None:
             changes.append(TableChange("drop", table.database, table.table, note=note))
@@ -146,8 +152,11 @@ def _table_changes(conn: Any, store: AvroStore, stored: GtidState, point: Binlog
         statement = ddl.parse(text, table.database)
         if not isinstance(statement, ddl.CreateTable) or statement.definition is None:
             raise CdcError(f"cannot parse the definition of {table} on the source")
+        layout = layout_of(table, statement.definition)
+        projection = project_layout(layout, capture.columns)
         changes.append(TableChange("resync", table.database, table.table,
-                                   layout_of(table, statement.definition), note=note))
+                                   layout if projection is None else projection.layout,
+                                   note=note))
         result.versions.append(table)
     return changes
 

@@ -68,6 +68,7 @@ from cdcserver.replication.rowless import (
 )
 from cdcserver.replication.tablemap import parse_table_map
 from cdcserver.schema.history import SchemaHistory
+from cdcserver.schema.masking import Projection, RowFunction, project_layout
 
 log = logging.getLogger(__name__)
 
@@ -113,14 +114,29 @@ DeferDecoding = Callable[[tuple[ColumnDef, ...]], bool]
 
 
 class _TableMapEntry:
-    __slots__ = ("captured", "decode", "deferred", "layout")
+    """A mapped table: the layout its rows are stored in (the ``[capture]`` column rules
+    applied), how its row images decode to those rows, and whether they are handed over
+    undecoded."""
+
+    __slots__ = ("captured", "decode", "deferred", "layout", "width")
 
     def __init__(self, layout: TableLayout, defer: DeferDecoding | None,
-                 captured: bool = True) -> None:
-        self.layout = layout
+                 captured: bool = True, projection: Projection | None = None) -> None:
+        self.width = len(layout.columns)  # of the row image
         self.captured = captured
-        self.decode: RowsDecoder = compile_rows_decoder(layout.columns)
-        self.deferred = defer is not None and defer(layout.columns)
+        decode = compile_rows_decoder(layout.columns)
+        if projection is not None:
+            layout = projection.layout
+            decode = _projected(decode, projection.row)
+        self.layout = layout
+        self.decode: RowsDecoder = decode
+        self.deferred = defer is not None and defer(layout.image_columns)
+
+
+def _projected(decode: RowsDecoder, project: RowFunction) -> RowsDecoder:
+    def decode_projected(buf: bytes, pos: int, end: int) -> list[tuple[Any, ...]]:
+        return [project(row) for row in decode(buf, pos, end)]
+    return decode_projected
 
 
 class EventDecoder:
@@ -138,6 +154,7 @@ class EventDecoder:
         self.collations = collations
         self.capture = capture  # the tables whose changes are captured (the others are not
         # decoded: their table maps are read, their rows skipped)
+        self.columns = capture.columns  # what becomes of their columns, before any sink
         self.defer_decoding = defer_decoding
         self.history = history
         self.cascades = CascadeFinder(history) if history is not None else None
@@ -244,8 +261,9 @@ class EventDecoder:
             elif layout.metadata != "full":
                 raise SchemaError(f"the binlog has no column names for {layout.qualified_name}:"
                                   " set binlog_row_metadata=FULL on the source")
-            entry = _TableMapEntry(layout, self.defer_decoding,
-                                   self.capture.captures(layout.database, layout.table))
+            captured = self.capture.captures(layout.database, layout.table)
+            entry = _TableMapEntry(layout, self.defer_decoding, captured,
+                                   project_layout(layout, self.columns) if captured else None)
             self._layouts[key] = entry
         self._tables[table_id] = entry
 
@@ -387,7 +405,8 @@ class EventDecoder:
             kind, changes = self.history.apply(sql, database, self._gtid)
             if changes:
                 self._layouts.clear()  # layouts were checked against the old definitions
-        changes = tuple(c for c in changes if self.capture.captures(c.database, c.table))
+        changes = tuple(self._stored(c) for c in changes
+                        if self.capture.captures(c.database, c.table))
         out.append(Ddl(database, sql, timestamp, kind, changes, self.file, self._event_end,
                        self._event_start))
         out += statement_markers(changes, sql)
@@ -395,6 +414,12 @@ class EventDecoder:
             out += sequence_markers(changes, self.history)
         if self._standalone:
             self._commit(timestamp, out)
+
+    def _stored(self, change: TableChange) -> TableChange:
+        """The change with its layout as the column rules store it."""
+        projection = None if change.layout is None else \
+            project_layout(change.layout, self.columns)
+        return change if projection is None else replace(change, layout=projection.layout)
 
     def _query_codec(self, status: bytes) -> str:
         """The statement's character set, from the Q_CHARSET_CODE status variable."""
@@ -433,9 +458,9 @@ class EventDecoder:
             raise UndecodableEvent(f"rows event for table id {table_id} without a table map")
         if not entry.captured:
             return
-        if count != len(entry.layout.columns):
+        if count != entry.width:
             self._quarantine(entry.layout, f"a rows event of {count} columns, its table map "
-                                           f"{len(entry.layout.columns)}", out)
+                                           f"{entry.width}", out)
             return
         bitmaps = 2 if _ROWS_KINDS[kind] == RowsKind.UPDATE else 1
         for _ in range(bitmaps):

@@ -23,6 +23,7 @@ from typing import Any
 
 import pymysql
 
+from cdcserver.core.capture import NO_COLUMN_RULES, ColumnRules
 from cdcserver.core.changes import TableLayout
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import SourceError
@@ -41,6 +42,7 @@ from cdcserver.replication import source as source_sql
 from cdcserver.reread.values import from_text
 from cdcserver.schema import ddl
 from cdcserver.schema.layouts import layout_of
+from cdcserver.schema.masking import RowFunction, project_layout, rule_functions
 from cdcserver.store.schema import TableSchema
 from mariadb_cdc_client.format.schema import Field
 
@@ -57,8 +59,10 @@ Row = tuple[Any, ...]
 class ReadView:
     """A consistent read of ``tables`` on the source; ``close()`` ends it."""
 
-    def __init__(self, address: SourceAddress, tables: Iterable[TableName]) -> None:
+    def __init__(self, address: SourceAddress, tables: Iterable[TableName],
+                 columns: ColumnRules = NO_COLUMN_RULES) -> None:
         self.tables = tuple(dict.fromkeys(tables))
+        self.columns = columns  # the [capture] column rules: rows are read as stored
         self.conn = source_sql.connect(address)
         try:
             info = source_sql.describe(self.conn)
@@ -128,12 +132,16 @@ class ReadView:
         if not isinstance(statement, ddl.CreateTable) or statement.definition is None:
             raise DefinitionUnreadable(f"{table}: cannot read its definition on the source: "
                                        f"{text[:200]!r}")
-        return layout_of(table, statement.definition)
+        layout = layout_of(table, statement.definition)
+        projection = project_layout(layout, self.columns)
+        return layout if projection is None else projection.layout
 
     def rows(self, layout: TableLayout, key: Sequence[int] = (),
              keys: Sequence[Row] | None = None) -> list[Row]:
         """The table's rows, or (``keys``) those whose columns ``key`` (indexes into the
-        layout) hold one of the given values, in ``layout``'s column order."""
+        layout) hold one of the given values, in ``layout``'s column order, each value as
+        ``layout`` stores it (a hashed column's hash: the rules are applied here, before
+        anything compares or keeps a clear value)."""
         table = TableName(layout.database, layout.table)
         if self.definitions.get(table) is None:
             return []
@@ -142,18 +150,20 @@ class ReadView:
                  f"{qualified(table)}"
         if "WITH SYSTEM VERSIONING" in (self.definitions.get(table) or ""):
             select += " FOR SYSTEM_TIME ALL"  # its history rows are rows of its stream
+        stored = rule_functions(layout, self.columns.salt)
         if keys is None:
-            return self._query(select, fields)
+            return self._query(select, fields, stored)
         rows: list[Row] = []
         names = ", ".join(quote(layout.columns[i].name) for i in key)
         for start in range(0, len(keys), KEYS_PER_QUERY):
             chunk = keys[start:start + KEYS_PER_QUERY]
             values = ", ".join("(" + ", ".join(self._literal(v) for v in k) + ")"
                                for k in chunk)
-            rows += self._query(f"{select} WHERE ({names}) IN ({values})", fields)
+            rows += self._query(f"{select} WHERE ({names}) IN ({values})", fields, stored)
         return rows
 
-    def _query(self, sql: str, fields: tuple[Field, ...]) -> list[Row]:
+    def _query(self, sql: str, fields: tuple[Field, ...],
+               stored: RowFunction | None = None) -> list[Row]:
         converters = [from_text(f) for f in fields]
         rows = []
         for batch in rawrows.query_rows(self.conn, sql):
@@ -161,7 +171,7 @@ class ReadView:
                 values = json.loads(raw)
                 rows.append(tuple(convert(None if v is None else base64.b64decode(v))
                                   for convert, v in zip(converters, values, strict=True)))
-        return rows
+        return rows if stored is None else [stored(row) for row in rows]
 
     def _literal(self, value: Any) -> str:
         if isinstance(value, dt.datetime) and value.tzinfo is not None:

@@ -33,11 +33,12 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pymysql
 
+from cdcserver.core.capture import NO_COLUMN_RULES, ColumnRules
 from cdcserver.core.changes import (
     Abort,
     Begin,
@@ -67,6 +68,7 @@ from cdcserver.reread.difference import Scope, differences, records, view_key
 from cdcserver.reread.markers import cascades, keeps_rows, retarget, together
 from cdcserver.reread.readview import ReadView
 from cdcserver.reread.view import Row, TableView, Views, ViewsClosed, key_names
+from cdcserver.schema.masking import project_layout
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.schema import TableSchema
 
@@ -116,8 +118,10 @@ class _Pending:
 
 class Repairer:
     def __init__(self, address: SourceAddress | Sources, catalog: Catalog, views: Views,
-                 stats: RepairStats | None = None) -> None:
+                 stats: RepairStats | None = None,
+                 columns: ColumnRules = NO_COLUMN_RULES) -> None:
         self.sources = Sources.of(address)
+        self.columns = columns  # [capture] column rules: what is read is compared as stored
         self.catalog = catalog
         self.views = views
         self.stats = stats if stats is not None else RepairStats()
@@ -193,6 +197,7 @@ class Repairer:
                 self._txn_rows.append(change)
                 self._merge(change)
             elif isinstance(change, Rowless):
+                change = self._stored_marker(change)
                 self._found.append(change)
                 kind = "foreign key" if change.columns else "statement"
                 self.stats.rowless[kind] = self.stats.rowless.get(kind, 0) + 1
@@ -213,6 +218,12 @@ class Repairer:
                 self._stopping = []
             out.append(change)
         return out
+
+    def _stored_marker(self, marker: Rowless) -> Rowless:
+        """The marker with its layout (the history's, the source's) as the rules store it."""
+        projection = None if marker.layout is None else \
+            project_layout(marker.layout, self.columns)
+        return marker if projection is None else replace(marker, layout=projection.layout)
 
     def _learn_quarantines(self) -> None:
         """Tables the store quarantined since: their views no longer hold what is stored (the
@@ -397,7 +408,7 @@ class Repairer:
                 queue.append(marker)
         if not queue:
             return None
-        read = ReadView(self.address, sorted(tables))
+        read = ReadView(self.address, sorted(tables), self.columns)
         try:
             done: set[TableName] = set()
             while queue:

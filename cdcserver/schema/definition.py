@@ -84,6 +84,7 @@ class ColumnSpec:
     charset: str | None = None  # the column's or its table's character set, when stated
     auto_increment: bool = False
     zerofill: bool = False
+    rule: str | None = None  # "hash" or "mask:N": stored under a [capture] column rule
 
     def to_json(self) -> dict[str, Any]:
         data = {"name": self.name, "type": self.type, "args": list(self.args),
@@ -93,6 +94,8 @@ class ColumnSpec:
             data["auto_increment"] = True
         if self.zerofill:
             data["zerofill"] = True
+        if self.rule:
+            data["rule"] = self.rule
         return data
 
     @classmethod
@@ -100,7 +103,7 @@ class ColumnSpec:
         return cls(data["name"], data["type"], tuple(data["args"]), data["unsigned"],
                    data["binary"], data["nullable"], data.get("json_check", False),
                    data.get("charset"), data.get("auto_increment", False),
-                   data.get("zerofill", False))
+                   data.get("zerofill", False), data.get("rule"))
 
     def column_type(self) -> str:
         """The type as MariaDB's ``SHOW COLUMNS`` shows it: ``int(11)``, ``int(10) unsigned
@@ -153,7 +156,7 @@ class ColumnSpec:
         number = int(args[0]) if args and args[0].isdigit() else None
         text = None if self.binary or kind in BINARY_TYPES else "utf-8"
         base = ColumnDef(self.name, int(T.NULL), nullable=self.nullable,
-                         unsigned=self.unsigned, extended=self.extended)
+                         unsigned=self.unsigned, extended=self.extended, rule=self.rule)
         if kind == "serial":
             return replace(base, binlog_type=T.LONGLONG, unsigned=True, nullable=False)
         if kind in _INTEGERS:

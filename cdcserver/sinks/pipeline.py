@@ -13,13 +13,16 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.changes import Abort, Begin, Change, Commit, Ddl, Rows, TableLayout
 from cdcserver.core.errors import CdcError, SourceError
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState, binlog_ordinal, same_transaction
 from cdcserver.core.handoff import Handoff
+from cdcserver.core.names import TableName
 from cdcserver.reread.repair import Repairer
+from cdcserver.schema.masking import project_layout
 from cdcserver.sinks.base import Sink
 
 log = logging.getLogger(__name__)
@@ -138,6 +141,7 @@ class Pipeline:
         self.handoff = handoff
         self.capture = capture  # the last guard: no sink is given a table not captured
         self._captured: dict[tuple[str, str], bool] = {}
+        self._touched: dict[tuple[str, str], bool] = {}  # tables column rules may name
         self.sinks = sinks
         self.repairer = repairer  # turns changes without binlog rows into records
         self.applied = applied  # told after each sink's apply (the latency metrics)
@@ -185,9 +189,30 @@ class Pipeline:
 
     def _captured_only(self, changes: list[Change]) -> list[Change]:
         """Without the rows a repair read of tables the service does not capture (a cascade
-        into an excluded child table): the decoder already dropped the binlog's own."""
-        kept = [c for c in changes if not isinstance(c, Rows) or self._captures(c.layout)]
-        return kept if len(kept) != len(changes) else changes
+        into an excluded child table), and every row as the column rules store it: the
+        decoder and the repair apply both already; this is the last guard before a sink."""
+        kept = [self._stored(c) if isinstance(c, Rows) else c for c in changes
+                if not isinstance(c, Rows) or self._captures(c.layout)]
+        return kept if len(kept) != len(changes) or any(
+            a is not b for a, b in zip(kept, changes, strict=True)) else changes
+
+    def _stored(self, rows: Rows) -> Rows:
+        if rows.layout.image is not None or not self._ruled(rows.layout):
+            return rows
+        projection = project_layout(rows.layout, self.capture.columns)
+        if projection is None:
+            return rows
+        log.warning("%s: rows reached the sinks without the column rules applied; applied "
+                    "now", rows.layout.qualified_name)
+        return replace(rows, layout=projection.layout, images=None,
+                       rows=[projection.row(row) for row in rows.rows])
+
+    def _ruled(self, layout: TableLayout) -> bool:
+        key = (layout.database, layout.table)
+        known = self._touched.get(key)
+        if known is None:
+            known = self._touched[key] = self.capture.columns.touches(TableName(*key))
+        return known
 
     def _captures(self, layout: TableLayout) -> bool:
         key = (layout.database, layout.table)

@@ -83,6 +83,8 @@ class TableSchema:
                 spec["fsp"] = mapping.fsp
             if name != col.name:
                 spec["column"] = col.name
+            if col.rule:  # protocol.md, "Masked columns"
+                spec["masked"] = col.rule
             columns.append(spec)
         avsc = {"namespace": NAMESPACE, "type": "record", "name": "ChangeRecord",
                 "table": layout.table, "database": layout.database, "version": version,

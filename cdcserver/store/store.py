@@ -74,6 +74,9 @@ from mariadb_cdc_client.format.names import table_ref
 
 log = logging.getLogger(__name__)
 
+# The ``ddl`` key's statement for a table under [capture] column rules (protocol.md)
+RULED_STATEMENT = "(not shown: [capture] column rules apply to this table)"
+
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 # What writing one table's change can raise that concerns that table only: a value its
 # encoder does not take, rows that do not decode, a file of its own that cannot be created or
@@ -388,6 +391,9 @@ class AvroStore:
         self._drop_table_routes(table)
         current = self._current_version(table, txn)
         about: dict[str, Any] = {"kind": change.kind, "statement": own_statement(ddl, change)}
+        if change.layout is not None and change.layout.image is not None:
+            # its text may name an excluded column or hold a default value in clear
+            about["statement"] = RULED_STATEMENT
         if change.note:
             about["note"] = change.note
         if change.renamed:
@@ -473,7 +479,7 @@ class AvroStore:
                 txn.fresh[table] = False
         fields = info.schema.columns
         route = _Route(layout, info, compile_encoder(fields, layout.columns),
-                       compile_transcoder(fields, layout.columns))
+                       compile_transcoder(fields, layout.image_columns, layout.salt))
         self._routes[id(layout)] = route
         return route
 

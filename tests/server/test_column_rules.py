@@ -1,0 +1,274 @@
+"""``[capture]`` column rules against a real MariaDB: an excluded column, a hashed or a masked
+value never reaches the store, a dump or a log line in clear; the stream rebuilt from its raw
+JSON equals ``SELECT`` with the same masks written in SQL (``SHA2(CONCAT(salt, email), 256)``,
+``CONCAT(LEFT(card, 4), '***')``): an oracle that shares no code with the service. The same
+holds for rows a repair reads from the source (a cascade), for dumps, across a restart that
+changes the rules (a new version, announced in-band), and ``cdcserver check`` shows them."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+
+import fastavro
+import pytest
+
+from cdcserver.app.cli import main as cdcserver_main
+from cdcserver.core.capture import CaptureFilter
+from cdcserver.core.config import CaptureConfig, parse_source_url
+from cdcserver.core.errors import ConfigError
+from cdcserver.core.names import TableName
+from cdcserver.dump.dumper import dump_tables
+from cdcserver.dump.files import list_dumps
+from cdcserver.dump.options import DumpOptions
+from mariadb_cdc_client import ChangeRecord, SyncCdcClient
+from mariadb_cdc_client.format.dump import DumpRows
+from tests.conftest import Source, make_config, start_service
+from tests.helpers import PASSWORD, USER, files_holding, until
+from tests.oracle import assert_stream_equals_table, read_stream
+
+pytestmark = pytest.mark.mariadb
+
+SALT = "pepper-4471"
+CLEAR = ["alice.secret@example.com", "bcrypt$2y$10$notstored", "4111111111111111",
+         "private note ünïcødé 漢字", "zoë.漢字@例え.jp"]
+
+
+def _people(db: str) -> str:
+    return (f"CREATE TABLE `{db}`.people (id INT PRIMARY KEY, email VARCHAR(80), "
+            "password_hash VARCHAR(100), card VARCHAR(20), note TEXT, photo BLOB, age INT, "
+            "tag CHAR(6)) DEFAULT CHARSET=utf8mb4")
+
+
+def _rules(db: str, tmp_path, card: str = "card:4") -> dict[str, object]:
+    salt = tmp_path / "salt"
+    salt.write_text(SALT + "\n")
+    return {"columns_exclude": f"`{db}`.people.password_hash",
+            "columns_hash": f"`{db}`.people.email, `{db}`.people.photo, `{db}`.people.age, "
+                            f"`{db}`.*.contact",
+            "columns_mask": f"`{db}`.people.{card}, `{db}`.people.note, `{db}`.people.tag:2",
+            "hash_salt_file": str(salt)}
+
+
+def _masks(card_keep: int = 4) -> dict[str, str]:
+    return {"email": f"SHA2(CONCAT('{SALT}', email), 256)",
+            "photo": f"SHA2(CONCAT('{SALT}', photo), 256)",
+            "card": f"CONCAT(LEFT(card, {card_keep}), '***')",
+            "note": "CONCAT(LEFT(note, 0), '***')",
+            "tag": "CONCAT(LEFT(tag, 2), '***')"}
+
+
+def _write_people(source: Source, db: str, first: int) -> None:
+    source.execute(
+        f"INSERT INTO `{db}`.people VALUES "
+        f"({first}, '{CLEAR[0]}', '{CLEAR[1]}', '{CLEAR[2]}', '{CLEAR[3]}', X'00ff10', 41, "
+        "'abcdef'), "
+        f"({first + 1}, '{CLEAR[4]}', 'x', '12', '', '', 7, 'é'), "
+        f"({first + 2}, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+        f"UPDATE `{db}`.people SET email = CONCAT('new.', email), card = '5500000000000004' "
+        f"WHERE id = {first}",
+        f"INSERT INTO `{db}`.people VALUES ({first + 3}, 'gone@example.com', 'h', '99', 'n', "
+        "X'01', 1, 'zz')",
+        f"DELETE FROM `{db}`.people WHERE id = {first + 3}")
+
+
+async def test_excluded_hashed_and_masked_columns_are_stored_only_as_the_rules_say(
+        tmp_path, source: Source, users_file: str, capfd: pytest.CaptureFixture[str]):
+    db = source.database
+    source.execute(_people(db))
+    config = make_config(str(tmp_path / "data"), source.url, users_file,
+                         capture=_rules(db, tmp_path))
+    running = await start_service(config)
+    try:
+        _write_people(source, db, 1)
+        await running.caught_up(source)
+        conn = source.server.connect()
+        try:
+            rebuilt = await assert_stream_equals_table(
+                running.port, conn, db, "people", user=USER, password=PASSWORD, quiet=0.5,
+                masked=_masks(), excluded=("password_hash", "age"))
+        finally:
+            conn.close()
+        fields = {f["name"]: f for f in rebuilt.schemas[-1]["fields"]}
+        assert "password_hash" not in fields and "age" not in fields  # age: an INT hashed
+        assert fields["email"]["masked"] == "hash" and fields["card"]["masked"] == "mask:4"
+        assert fields["email"]["type"] == ["null", "string"]
+        assert fields["photo"]["type"] == ["null", "string"]  # a hash is a string
+        assert "masked" not in fields["id"]
+        hashed = hashlib.sha256((SALT + "new." + CLEAR[0]).encode()).hexdigest()
+        assert rebuilt.rows[(1,)]["email"] == hashed
+
+        results = await asyncio.to_thread(
+            dump_tables, parse_source_url(source.url), config.store.data_dir,
+            [TableName(db, "people")], capture=running.service.capture)
+        dumped = await _dumped_rows(running.port, db)
+        assert dumped == {key[0]: {c: v for c, v in row.items()}
+                          for key, row in rebuilt.rows.items()}
+        with open(results[0].info.path, "rb") as f:
+            assert b"password_hash" not in f.read()  # nor its name, in the header
+    finally:
+        await running.stop()
+    for clear in CLEAR:
+        assert files_holding(config.store.data_dir, clear.encode()) == [], clear
+        assert clear not in capfd.readouterr().err
+
+
+async def _dumped_rows(port: int, db: str) -> dict[int, dict[str, object]]:
+    """The table as the client library reads a dump of it, then the changes after it."""
+    rows: dict[int, dict[str, object]] = {}
+    with SyncCdcClient("127.0.0.1", port, USER, PASSWORD) as client:
+        events = await asyncio.to_thread(lambda: list(client.dump(f"`{db}`.people",
+                                                                  idle_timeout=1.5)))
+    for event in events:
+        if isinstance(event, DumpRows):
+            rows.update({r["id"]: dict(r) for r in event.rows})
+        elif isinstance(event, ChangeRecord):
+            if event.event_type in ("delete", "update_before"):
+                rows.pop(event.values["id"], None)
+            else:
+                rows[event.values["id"]] = dict(event.values)
+    return rows
+
+
+async def test_rows_a_repair_reads_from_the_source_are_hashed_too(
+        tmp_path, source: Source, users_file: str):
+    """An ON UPDATE CASCADE changes child rows without row events: the repair reads them
+    from the source, where they are in clear, and stores them as the rules say."""
+    db = source.database
+    source.execute(
+        f"CREATE TABLE `{db}`.parent (id INT PRIMARY KEY)",
+        f"CREATE TABLE `{db}`.child (id INT PRIMARY KEY, pid INT, contact VARCHAR(60), "
+        f"KEY (pid), FOREIGN KEY (pid) REFERENCES `{db}`.parent (id) ON UPDATE CASCADE)")
+    config = make_config(str(tmp_path / "data"), source.url, users_file,
+                         capture=_rules(db, tmp_path))
+    running = await start_service(config)
+    try:
+        source.execute(f"INSERT INTO `{db}`.parent VALUES (1), (2)",
+                       f"INSERT INTO `{db}`.child VALUES (1, 1, '{CLEAR[0]}'), "
+                       f"(2, 2, '{CLEAR[4]}')",
+                       f"UPDATE `{db}`.parent SET id = 10 WHERE id = 1")
+        await running.caught_up(source)
+        conn = source.server.connect()
+        try:
+            pipeline = running.service.replication.pipeline
+            assert pipeline is not None
+            await until(lambda: not pipeline.repair_pending, timeout=30)
+            rebuilt = await assert_stream_equals_table(
+                running.port, conn, db, "child", user=USER, password=PASSWORD, quiet=0.5,
+                masked={"contact": f"SHA2(CONCAT('{SALT}', contact), 256)"})
+        finally:
+            conn.close()
+        assert any("repair" in json.dumps(s.get("ddl", {})) or r.get("pid") == 10
+                   for s in rebuilt.schemas for r in rebuilt.records)
+    finally:
+        await running.stop()
+    for clear in (CLEAR[0], CLEAR[4]):
+        assert files_holding(config.store.data_dir, clear.encode()) == [], clear
+
+
+async def test_a_rule_that_changes_makes_a_new_version_announced_in_band(
+        tmp_path, source: Source, users_file: str):
+    db = source.database
+    source.execute(_people(db))
+    config = make_config(str(tmp_path / "data"), source.url, users_file,
+                         capture=_rules(db, tmp_path))
+    running = await start_service(config)
+    try:
+        _write_people(source, db, 1)
+        await running.caught_up(source)
+    finally:
+        await running.stop()
+    changed = make_config(config.store.data_dir, source.url, users_file,
+                          source={"server_id": config.source.server_id},
+                          capture=_rules(db, tmp_path, card="card:1"))
+    running = await start_service(changed)
+    try:
+        source.execute(f"UPDATE `{db}`.people SET tag = 'q'")  # every row again
+        await running.caught_up(source)
+        conn = source.server.connect()
+        try:
+            rebuilt = await assert_stream_equals_table(
+                running.port, conn, db, "people", user=USER, password=PASSWORD, quiet=0.5,
+                masked=_masks(card_keep=1), excluded=("password_hash", "age"))
+        finally:
+            conn.close()
+        masks = [{f["name"]: f.get("masked") for f in s["fields"]}["card"]
+                 for s in rebuilt.schemas]
+        assert masks[0] == "mask:4" and masks[-1] == "mask:1", masks
+        lines = await read_stream(running.port, f"`{db}`.people", user=USER,
+                                  password=PASSWORD, quiet=0.5)
+        keep = None  # no version mixes masks: every card in a version has its mask's length
+        for line in lines:
+            if "fields" in line:
+                keep = int({f["name"]: f.get("masked") for f in line["fields"]}["card"][5:])
+            elif line.get("card") is not None:
+                assert line["card"].endswith("***") and len(line["card"]) <= keep + 3, line
+        versions = running.service.catalog.get(TableName(db, "people"))
+        assert versions is not None and len(versions.versions) >= 2
+        for info in versions.versions.values():
+            with open(info.path, "rb") as f:
+                for record in fastavro.reader(f):
+                    assert "password_hash" not in record
+        assert files_holding(os.path.join(changed.store.data_dir, "avro"),
+                             b"password_hash") == []
+    finally:
+        await running.stop()
+
+
+def test_check_shows_what_the_column_rules_do(tmp_path, source: Source,
+                                             capsys: pytest.CaptureFixture[str]):
+    db = source.database
+    source.execute(_people(db))
+    rules = _rules(db, tmp_path)
+    assert cdcserver_main(["check", "--source", source.url, "--include", f"`{db}`.*",
+                           "--columns-exclude", str(rules["columns_exclude"]),
+                           "--columns-hash", f"`{db}`.people.email,`{db}`.people.id,"
+                                             f"`{db}`.people.age",
+                           "--columns-mask", f"`{db}`.people.card:4",
+                           "--hash-salt-file", str(rules["hash_salt_file"])]) in (0, 1)
+    out = capsys.readouterr().out
+    assert f"columns: {db}.people: " in out
+    assert "email hash" in out and "card mask:4" in out and "password_hash left out" in out
+    assert "id stays in clear (hash names a primary-key column)" in out
+    assert "age left out (hash of a int column" in out
+    assert SALT not in out
+
+
+def test_a_hash_without_a_salt_is_refused_before_anything_starts(monkeypatch):
+    monkeypatch.delenv("CDCSERVER_HASH_SALT", raising=False)
+    with pytest.raises(ConfigError, match="columns_hash needs a salt"):
+        CaptureFilter.of(CaptureConfig(columns_hash="shop.users.email"))
+    monkeypatch.setenv("CDCSERVER_HASH_SALT", SALT)
+    rules = CaptureFilter.of(CaptureConfig(columns_hash="shop.users.email")).columns
+    assert rules.salt == SALT.encode()
+    assert rules.rule(TableName("shop", "users"), "EMAIL") == "hash"  # names ignore case
+
+
+async def test_a_dump_holds_the_rules_values_and_no_clear_one(
+        tmp_path, source: Source, users_file: str):
+    """Both dump paths (chunked by key, and one snapshot) write what the stream stores."""
+    db = source.database
+    source.execute(_people(db))
+    _write_people(source, db, 1)
+    for readers in (2, 0):
+        data_dir = str(tmp_path / f"data{readers}")
+        config = make_config(data_dir, source.url, users_file,
+                             capture=_rules(db, tmp_path), dump={"readers": readers})
+        running = await start_service(config)
+        try:
+            await running.caught_up(source)
+            await asyncio.to_thread(dump_tables, parse_source_url(source.url), data_dir,
+                                    [TableName(db, "people")], DumpOptions(config.dump),
+                                    capture=running.service.capture)
+            assert list_dumps(data_dir, TableName(db, "people"))
+            dumped = await _dumped_rows(running.port, db)
+        finally:
+            await running.stop()
+        email = hashlib.sha256((SALT + "new." + CLEAR[0]).encode()).hexdigest()
+        assert dumped[1]["email"] == email and dumped[1]["card"] == "5500***"
+        assert dumped[2]["note"] == "***" and dumped[2]["tag"] == "é***"
+        assert dumped[3]["email"] is None and "password_hash" not in dumped[1]
+        for clear in CLEAR:
+            assert files_holding(data_dir, clear.encode()) == [], (readers, clear)
