@@ -227,6 +227,10 @@ class ColumnRules:
 
 NO_COLUMN_RULES = ColumnRules()
 
+# What a schema statement of a table under column rules is shown as (in the schema's ``ddl``
+# key, in Kafka's DDL events): its text may name an excluded column or hold a value in clear
+RULED_STATEMENT = "(not shown: [capture] column rules apply to this table)"
+
 
 def hash_value(salt: bytes, value: str | bytes) -> str:
     """The hex SHA-256 of the salt and the value (a string's UTF-8): what MariaDB's

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdcserver.core.capture import RULED_STATEMENT
 from cdcserver.core.changes import Begin, Change, Commit, Ddl, Rows, RowsKind, TableLayout
 from cdcserver.core.gtid import BinlogPosition, Gtid
 from cdcserver.core.names import TableName
@@ -167,7 +168,9 @@ class EventBuilder:
             if kind == "rename" and change.kind == "drop":
                 continue  # a rename is told once, under the new name
             shape = self.shape(change.layout) if change.layout is not None else None
-            yield StatementEvent(change.database, change.table, kind, ddl.sql, self._gtid,
+            ruled = change.layout is not None and change.layout.image is not None
+            sql = RULED_STATEMENT if ruled else ddl.sql
+            yield StatementEvent(change.database, change.table, kind, sql, self._gtid,
                                  ddl.timestamp, ddl.file, ddl.pos, shape,
                                  change.renamed if kind == "rename" else "", ddl.start,
                                  self._transaction_start, ddl.database)

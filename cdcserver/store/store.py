@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from cdcserver.core.capture import RULED_STATEMENT
 from cdcserver.core.changes import (
     Abort,
     Begin,
@@ -74,8 +75,6 @@ from mariadb_cdc_client.format.names import table_ref
 
 log = logging.getLogger(__name__)
 
-# The ``ddl`` key's statement for a table under [capture] column rules (protocol.md)
-RULED_STATEMENT = "(not shown: [capture] column rules apply to this table)"
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 # What writing one table's change can raise that concerns that table only: a value its
@@ -392,7 +391,6 @@ class AvroStore:
         current = self._current_version(table, txn)
         about: dict[str, Any] = {"kind": change.kind, "statement": own_statement(ddl, change)}
         if change.layout is not None and change.layout.image is not None:
-            # its text may name an excluded column or hold a default value in clear
             about["statement"] = RULED_STATEMENT
         if change.note:
             about["note"] = change.note

@@ -9,6 +9,10 @@ producer) is turned off; everything else runs as against Apache Kafka.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import contextlib
+import hashlib
 import json
 import os
 import re
@@ -377,3 +381,47 @@ async def test_kafka_publishes_only_the_tables_its_include_and_exclude_select(
     for topic in sorted(t for t in topics if t.startswith(db)):
         assert not any(b"hidden-4471" in (m.value or b"") for m in
                        await raw_messages(kafka_broker, topic)), topic
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+async def test_kafka_gets_excluded_hashed_and_masked_columns_as_the_store_does(
+        tmp_path, source: Source, users_file: str, kafka_broker: Tansu, fmt: str):
+    """[capture] column rules apply before Kafka too: no topic (record, key, schema or
+    state) holds a clear value, in any format; the hash is the salted SHA-256 of the value."""
+    db = source.database
+    salt = tmp_path / "salt"
+    salt.write_text("kafka-salt")
+    clear = ["mail-7731@example.com", "hash-of-a-password-7731", "4111222233334444"]
+    config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
+                         kafka=kafka_section(kafka_broker, source, format=fmt),
+                         capture={"columns_exclude": f"`{db}`.users.password_hash",
+                                  "columns_hash": f"`{db}`.users.email",
+                                  "columns_mask": f"`{db}`.users.card:4",
+                                  "hash_salt_file": str(salt)})
+    source.execute(f"CREATE TABLE `{db}`.users (id INT PRIMARY KEY, email VARCHAR(60), "
+                   "password_hash VARCHAR(60), card VARCHAR(20))")
+    running = await start_service(config)
+    try:
+        source.execute(f"INSERT INTO `{db}`.users VALUES (1, '{clear[0]}', '{clear[1]}', "
+                       f"'{clear[2]}')",
+                       f"UPDATE `{db}`.users SET card = '{clear[2]}9' WHERE id = 1")
+        await kafka_caught_up(running, source)
+    finally:
+        await running.stop()
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka_broker.bootstrap)
+    await consumer.start()
+    try:
+        topics = sorted(t for t in await consumer.topics() if not t.startswith("__"))
+    finally:
+        await consumer.stop()
+    everything = b""
+    for topic in topics:
+        for m in await raw_messages(kafka_broker, topic):
+            everything += (m.key or b"") + b"\n" + (m.value or b"") + b"\n"
+    for token in re.findall(rb'"([A-Za-z0-9+/]{4,}={0,2})"', everything):  # databus: base64
+        with contextlib.suppress(binascii.Error, ValueError):
+            everything += base64.b64decode(token, validate=True) + b"\n"
+    hashed = hashlib.sha256(b"kafka-salt" + clear[0].encode()).hexdigest().encode()
+    assert hashed in everything and b"4111***" in everything
+    for value in [*clear, "password_hash"]:
+        assert value.encode() not in everything, (fmt, value)
