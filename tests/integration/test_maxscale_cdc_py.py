@@ -10,6 +10,7 @@ either they are skipped. Each script runs as a subprocess, as a user would run i
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import json
 import os
@@ -197,3 +198,37 @@ async def test_cdc_py_reads_every_type_in_both_dialects(examples: str, dialect: 
             for column, value in record.values.items():
                 ours = _from_maxscale(fields[column], row[column])
                 assert ours == value or _zero_date_text(value, ours, fields[column]), column
+
+
+async def test_cdc_py_reads_a_table_under_column_rules(examples: str, tmp_path,
+                                                       source: Source, users_file: str):
+    """A field's ``masked`` key (and a column left out) is nothing MaxScale's client needs to
+    know: it prints the hashed and masked values, in JSON and through Avro."""
+    from tests.conftest import make_config, start_service
+
+    salt = tmp_path / "salt"
+    salt.write_text("cdc-py-salt")
+    db = source.database
+    config = make_config(os.path.join(tmp_path, "data"), source.url, users_file, capture={
+        "columns_exclude": f"`{db}`.u.secret", "columns_hash": f"`{db}`.u.email",
+        "columns_mask": f"`{db}`.u.card:2", "hash_salt_file": str(salt)})
+    running = await start_service(config)
+    try:
+        source.execute(f"CREATE TABLE `{db}`.u (id INT PRIMARY KEY, email VARCHAR(40), "
+                       "secret VARCHAR(40), card VARCHAR(20))",
+                       f"INSERT INTO `{db}`.u VALUES (1, 'a@b.c', 'pw-9931', '4111')")
+        await running.caught_up(source)
+        hashed = hashlib.sha256(b"cdc-py-salt" + b"a@b.c").hexdigest()
+        result = await asyncio.to_thread(_cdc_py, examples, running.port, f"{db}.u")
+        lines = [json.loads(line) for line in result.stdout.splitlines()]
+        assert lines, (result.returncode, result.stderr)
+        assert {f["name"]: f.get("masked") for f in lines[0]["fields"]}["email"] == "hash"
+        row = lines[1]
+        assert (row["email"], row["card"], "secret" in row) == (hashed, "41***", False)
+        result = await asyncio.to_thread(_cdc_py, examples, running.port, "-f", "AVRO",
+                                         f"{db}.u")
+        records = list(fastavro.reader(io.BytesIO(result.stdout)))
+        assert [(r["email"], r["card"]) for r in records] == [(hashed, "41***")]
+        assert b"pw-9931" not in result.stdout
+    finally:
+        await running.stop()
