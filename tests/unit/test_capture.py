@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
-from cdcserver.core.capture import CaptureFilter, TablePattern, parse_patterns
+from cdcserver.core.capture import (
+    CaptureFilter,
+    ColumnRules,
+    TablePattern,
+    parse_column_patterns,
+    parse_patterns,
+    value_function,
+)
 from cdcserver.core.config import Config, ConfigError
 from cdcserver.core.names import TableName
 
@@ -58,4 +67,46 @@ def test_a_bad_pattern_is_a_configuration_error_naming_the_setting(tmp_path):
     path = tmp_path / "cdc.toml"
     path.write_text('[capture]\ninclude = "shop"\n')
     with pytest.raises(ConfigError, match=r"capture\.include.*db\.table patterns"):
+        Config.load(str(path))
+
+
+@pytest.mark.parametrize(("pattern", "table", "column", "rule"), [
+    ("shop.users.email", T("shop", "users"), "email", "hash"),
+    ("shop.users.email", T("shop", "users"), "EMAIL", "hash"),  # column names ignore case
+    ("shop.users.email", T("shop", "Users"), "email", None),  # table names do not
+    ("*.*.ssn", T("hr", "staff"), "ssn", "hash"),
+    ("shop.*.card_*", T("shop", "cards"), "card_number", "hash"),
+    ("`a.b`.t.`c:1`", T("a.b", "t"), "c:1", "hash"),
+    ("`a.b`.t.`c:1`", T("a", "b.t"), "c:1", None),
+])
+def test_a_column_pattern_names_the_columns_it_says(pattern: str, table: TableName,
+                                                    column: str, rule: str | None):
+    rules = ColumnRules(hash=parse_column_patterns(pattern), salt=b"s")
+    assert rules.rule(table, column) == rule
+
+
+def test_exclude_wins_over_hash_and_hash_over_mask_and_a_mask_keeps_n_characters():
+    rules = ColumnRules(parse_column_patterns("s.t.a"), parse_column_patterns("s.t.a, s.t.b"),
+                        parse_column_patterns("s.t.*:3, s.x.`y:2`", keep=True), b"salt")
+    t = T("s", "t")
+    assert [rules.rule(t, c) for c in ("a", "b", "c")] == ["exclude", "hash", "mask:3"]
+    assert rules.rule(T("s", "x"), "y:2") == "mask:0"  # ":2" inside the quotes is the name
+    assert value_function("mask:3", None)("héllo wörld") == "hél***"
+    assert value_function("mask:3", None)(b"\x00\x01\x02\x03") == b"\x00\x01\x02***"
+    assert value_function("mask:0", None)("") == "***"
+    assert value_function("hash", b"salt")("é") == hashlib.sha256("salté".encode()).hexdigest()
+    assert value_function("hash", b"salt")(None) is None
+
+
+@pytest.mark.parametrize("text", ["shop.users", "shop.users.email.x", "shop..email", ""])
+def test_a_bad_column_pattern_is_refused(text: str):
+    with pytest.raises(ValueError):
+        if not parse_column_patterns(text):
+            raise ValueError("empty")
+
+
+def test_a_bad_column_pattern_is_a_configuration_error_naming_the_setting(tmp_path):
+    path = tmp_path / "cdc.toml"
+    path.write_text('[capture]\ncolumns_mask = "shop.users"\n')
+    with pytest.raises(ConfigError, match=r"capture\.columns_mask.*db\.table\.column"):
         Config.load(str(path))
