@@ -39,7 +39,7 @@ from cdcserver.core.errors import CdcError, ConfigError
 from cdcserver.core.names import TableName
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.layout import DataDir
-from mariadb_cdc_client.format.names import parse_table, table_ref
+from mariadb_cdc_client.format.names import BadTableRef, parse_table, table_ref
 from mariadb_cdc_client.format.wire import Dialect
 
 log = logging.getLogger("cdcserver")
@@ -167,7 +167,7 @@ def _verify_command(commands: Any) -> None:
     """``verify``: tables against their streams."""
     verify = commands.add_parser("verify", help="compare tables with their streams")
     verify.add_argument("tables", nargs="+", metavar="DB.TABLE", help="the tables to compare")
-    _source_and_store_options(verify)
+    _source_and_store_options(verify, "capture.hash_salt_file")
     verify.add_argument("--timeout", type=float, default=60.0,
                         help="seconds to wait for the service to reach the snapshot")
     verify.add_argument("--json", action="store_true", help="one JSON line per table")
@@ -274,10 +274,12 @@ def _existing_data_dir(path: str) -> str:
 
 
 def _table_name(text: str) -> TableName:
+    """``db.table`` as protocol.md's names grammar reads it (```my.db`.t``)."""
     try:
-        return TableName.parse(text)
-    except ValueError as exc:
+        ref = parse_table(text)
+    except (BadTableRef, ValueError) as exc:
         raise ConfigError(str(exc)) from None
+    return TableName(ref.database, ref.table)
 
 
 # -- check -----------------------------------------------------------------------------
@@ -324,7 +326,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for text in args.tables:
         table = _table_name(text)
         report = verify_table(address, config.store.data_dir, table, args.timeout,
-                              _dump_path(config.store.data_dir, table, args.dump))
+                              _dump_path(config.store.data_dir, table, args.dump),
+                              salt=config.capture.hash_salt())
         ok &= report.ok
         print(format_json(report) if args.json else "\n".join(report.lines()))
     return EXIT_OK if ok else EXIT_FAILED

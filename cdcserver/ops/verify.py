@@ -30,6 +30,7 @@ from typing import Any
 
 import pymysql
 
+from cdcserver.core.capture import value_function
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import StoreError
 from cdcserver.core.gtid import Gtid, GtidState
@@ -47,7 +48,7 @@ from cdcserver.store.reader import (
 )
 from cdcserver.store.records import decode_records
 from mariadb_cdc_client.format.dump import DumpDecoder, DumpHeader, DumpRows
-from mariadb_cdc_client.format.schema import Field, Kind, from_avro_value
+from mariadb_cdc_client.format.schema import METADATA_FIELDS, Field, Kind, from_avro_value
 
 CHUNK_ROWS = 1000
 _WIDE = Context(prec=100)  # DECIMAL(65,30) exceeds the default context's 28 digits
@@ -135,6 +136,7 @@ class _Replay:
     def __init__(self) -> None:
         self.rows: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self.fields: tuple[Field, ...] = ()
+        self.rules: tuple[str | None, ...] = ()  # each field's [capture] rule ("masked")
         self.key: tuple[int, ...] = ()
         self.inconsistent: list[str] = []
         self.partial = 0  # rows carried over a column change without the new columns
@@ -172,6 +174,7 @@ class _Replay:
                     for row in rows]
             self.partial += sum(any(v is UNKNOWN for v in row) for row in rows)
         self.fields, self.key = fields, key
+        self.rules = masked_rules(info.schema.avsc)
         self.keyless = len(key) != len(pk) or not pk
         self.rows, self.counts = {}, Counter()
         for row in rows:
@@ -238,10 +241,18 @@ class _Replay:
 
 # -- the verification ----------------------------------------------------------------------
 
+def masked_rules(avsc: dict[str, Any]) -> tuple[str | None, ...]:
+    """Each column field's [capture] rule, from the schema's ``masked`` keys."""
+    return tuple(f.get("masked") for f in avsc["fields"][len(METADATA_FIELDS):])
+
+
 def verify_table(address: SourceAddress, data_dir: str, table: TableName,
-                 timeout: float = 60.0, dump: str | None = None) -> Report:
+                 timeout: float = 60.0, dump: str | None = None,
+                 salt: bytes | None = None) -> Report:
     """Compare the table with its stream (with ``dump``, a dump file's path: with that dump
-    followed by the stream after it, as a client loading the dump sees the table)."""
+    followed by the stream after it, as a client loading the dump sees the table). Columns
+    stored hashed or masked are compared with the source's values under the same rule
+    (``salt``: the hash's)."""
     conn = source_sql.connect(address)
     try:
         source_sql.query(conn, "SET SESSION time_zone = '+00:00'")
@@ -259,7 +270,7 @@ def verify_table(address: SourceAddress, data_dir: str, table: TableName,
             replay = _replay_after_dump(data_dir, table, dump, covered, report)
         else:
             replay = _replay(data_dir, table, covered, report)
-        source_rows = _source_rows(conn, table, replay)
+        source_rows = _source_rows(conn, table, replay, salt)
         source_sql.query(conn, "COMMIT")
     finally:
         conn.close()
@@ -349,6 +360,7 @@ def _load_dump(replay: _Replay, path: str) -> DumpHeader:
             for item in decoder.feed(data):
                 if isinstance(item, DumpHeader):
                     replay.fields = item.columns
+                    replay.rules = masked_rules(item.schema)
                     names = [c.column for c in item.columns]
                     pk = item.schema.get("primary_key") or []
                     replay.key = tuple(names.index(n) for n in pk) or tuple(range(len(names)))
@@ -394,9 +406,11 @@ def _key(replay: _Replay, values: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(values[i] for i in replay.key)
 
 
-def _source_rows(conn: Any, table: TableName, replay: _Replay
+def _source_rows(conn: Any, table: TableName, replay: _Replay, salt: bytes | None = None
                  ) -> dict[tuple[Any, ...], tuple[Any, ...]]:
     columns = ", ".join(select_expression(f) for f in replay.fields)
+    stored = [value_function(rule, salt) if rule else _as_read for rule in replay.rules] \
+        if any(replay.rules) else [_as_read] * len(replay.fields)
     name = f"`{table.database.replace('`', '``')}`.`{table.table.replace('`', '``')}`"
     definition = str(source_sql.query(conn, f"SHOW CREATE TABLE {name}")[0][1])
     if "WITH SYSTEM VERSIONING" in definition:
@@ -406,14 +420,18 @@ def _source_rows(conn: Any, table: TableName, replay: _Replay
     with conn.cursor(pymysql.cursors.SSCursor) as cur:  # streamed, not buffered twice
         cur.execute(f"SELECT {columns} FROM {name}")
         for raw in cur:
-            row = tuple(canonical(f.kind, _from_source(f, v), f.scale)
-                        for f, v in zip(replay.fields, raw, strict=True))
+            row = tuple(canonical(f.kind, _from_source(f, rule(v)), f.scale)
+                        for f, rule, v in zip(replay.fields, stored, raw, strict=True))
             key = tuple(row[i] for i in replay.key)
             if replay.keyless:  # equal rows are counted: the nth is (row, n)
                 seen[key] = n = seen.get(key, 0) + 1
                 key += (n,)
             rows[key] = row
     return rows
+
+
+def _as_read(value: Any) -> Any:
+    return value
 
 
 def _from_source(f: Field, value: Any) -> Any:

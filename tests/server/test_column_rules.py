@@ -272,3 +272,24 @@ async def test_a_dump_holds_the_rules_values_and_no_clear_one(
         assert dumped[3]["email"] is None and "password_hash" not in dumped[1]
         for clear in CLEAR:
             assert files_holding(data_dir, clear.encode()) == [], (readers, clear)
+
+
+async def test_verify_compares_hashed_and_masked_columns_under_their_rules(
+        tmp_path, source: Source, users_file: str, capsys: pytest.CaptureFixture[str]):
+    db = source.database
+    source.execute(_people(db))
+    rules = _rules(db, tmp_path)
+    config = make_config(str(tmp_path / "data"), source.url, users_file, capture=rules)
+    running = await start_service(config)
+    try:
+        _write_people(source, db, 1)
+        await running.caught_up(source)
+        args = ["verify", f"`{db}`.people", "--source", source.url, "--data-dir",
+                config.store.data_dir, "--hash-salt-file", str(rules["hash_salt_file"])]
+        assert await asyncio.to_thread(cdcserver_main, args) == 0, capsys.readouterr()
+        wrong = tmp_path / "wrong-salt"
+        wrong.write_text("not the salt")
+        args[-1] = str(wrong)
+        assert await asyncio.to_thread(cdcserver_main, args) == 1  # it does compare
+    finally:
+        await running.stop()
