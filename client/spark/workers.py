@@ -9,6 +9,15 @@ then has workers that cannot import this package, and all Spark says is ``No mod
   workers with the driver's interpreter unless ``PYSPARK_PYTHON`` names one (``spark-submit``
   passes ``spark.pyspark.python`` to the driver there): :func:`default_to_driver_python`,
   called before the session starts;
+- on a cluster, executors run the interpreter of a packed environment shipped with
+  ``--archives env.tar.gz#environment`` (:mod:`mariadb_cdc_client.spark.pack`):
+  ``spark.pyspark.python=./environment/bin/python``, a path in each executor's working
+  directory. Spark also runs a Python data source on the driver's side (the schema, the
+  partitions, the stream's offsets) with that same setting, from the driver's working
+  directory, where in client mode nothing is unpacked: ``Cannot run program
+  "./environment/bin/python"``. :func:`driver_side_environment` makes that path run the
+  driver's own interpreter there (a two-line script, created only where nothing is), so the planning
+  runs with the driver's Python and the tasks with the archive's;
 - in a session the user created, :func:`register_source` registers this module's
   :class:`CdcDataSource`, which cloudpickle sends to the workers by value, so it loads there
   without the package. It imports the source proper (:mod:`mariadb_cdc_client.spark.source`)
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shlex
 import sys
 from collections.abc import MutableMapping
 from typing import Any
@@ -41,6 +51,33 @@ def register_source(spark: Any) -> None:
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spark.dataSource.register(CdcDataSource)
+    driver_side_environment(_worker_python(spark))
+
+
+def _worker_python(spark: Any) -> str | None:
+    try:  # not under Spark Connect, which has no SparkContext here
+        setting: str | None = spark.sparkContext.getConf().get("spark.pyspark.python")
+    except Exception:  # noqa: BLE001 (any failure: fall back to the environment)
+        setting = None
+    return setting or os.environ.get(WORKER_PYTHON)
+
+
+def driver_side_environment(worker_python: str | None, cwd: str | None = None) -> str | None:
+    """When the workers' Python is a relative path (a packed environment's) that does not
+    exist in the driver's working directory, make it start the driver's interpreter;
+    returns the script made (None: nothing to do)."""
+    if not worker_python or os.path.isabs(worker_python):
+        return None
+    path = os.path.join(cwd or os.getcwd(), worker_python)
+    top = os.path.join(cwd or os.getcwd(), worker_python.lstrip("./").split("/", 1)[0])
+    if os.path.lexists(path) or os.path.lexists(top):
+        return None  # unpacked here (cluster mode), or something of the user's
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:  # a script, not a link: a virtualenv's
+        # interpreter knows its packages from the path it is started by
+        f.write(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    os.chmod(path, 0o755)
+    return path
 
 
 class CdcDataSource(DataSource):

@@ -1,0 +1,269 @@
+"""The Spark source on a Spark standalone cluster whose executors cannot import this package.
+
+A master and two workers (one core and 1 GiB each, on 127.0.0.1) are started from the PySpark
+install, as ``spark-class org.apache.spark.deploy.master.Master`` / ``...worker.Worker``. Each
+application is a ``spark-submit`` in a process of its own, as a user runs one; its executors
+are the workers' processes, whose Python is a bare virtualenv (no ``mariadb_cdc_client``, no
+``fastavro``): what they need comes in the archive ``python -m
+mariadb_cdc_client.spark.pack`` builds, shipped with ``--archives``. Without it the read
+fails. With it: a batch read, the Parquet mirror as a streaming query, an executor killed
+with -9 mid-batch, and the driver killed with -9 and restarted from its checkpoint, each
+time the mirror equal to ``SELECT``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RunningService, Source
+from tests.helpers import PASSWORD, USER, until
+
+pytestmark = [pytest.mark.mariadb, pytest.mark.spark]
+
+SPARK_HOME = Path(__import__("pyspark").__file__).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The executors' environment, as the README says to build it."""
+    out = tmp_path_factory.mktemp("pack") / "cdc-env.tar.gz"
+    built = subprocess.run([sys.executable, "-m", "mariadb_cdc_client.spark.pack", str(out)],
+                           capture_output=True, text=True, timeout=600, check=False)
+    assert built.returncode == 0, built.stderr[-4000:]
+    return out
+
+
+class Cluster:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = _free_port()
+        self.url = f"spark://127.0.0.1:{self.port}"
+        bare = root / "bare"  # the workers' own Python: cannot import this package
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+        self.env = {"PATH": "/usr/bin:/bin", "HOME": str(root), "JAVA_HOME":
+                    os.environ.get("JAVA_HOME", ""), "SPARK_HOME": str(SPARK_HOME),
+                    "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": str(bare / "bin/python"),
+                    "SPARK_WORKER_DIR": str(root / "work"), "SPARK_LOG_DIR": str(root / "logs"),
+                    "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"}
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        self._spawn("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                    "--port", str(self.port), "--webui-port", str(_free_port()))
+        for n in (1, 2):
+            self._spawn(f"worker{n}", "org.apache.spark.deploy.worker.Worker", "--host",
+                        "127.0.0.1", "--webui-port", str(_free_port()), "--cores", "1",
+                        "--memory", "1g", self.url)
+        deadline = time.monotonic() + 90
+        while self._registered() < 2:
+            assert time.monotonic() < deadline, (self.root / "master.log").read_text()[-3000:]
+            time.sleep(0.5)
+
+    def _spawn(self, name: str, main: str, *args: str) -> None:
+        log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 (closed by the process)
+        self.processes.append(subprocess.Popen(
+            [str(SPARK_HOME / "bin" / "spark-class"), main, *args], stdout=log,
+            stderr=subprocess.STDOUT, env=self.env, start_new_session=True))
+        log.close()
+
+    def _registered(self) -> int:
+        text = (self.root / "master.log").read_text(errors="replace") \
+            if (self.root / "master.log").exists() else ""
+        return text.count("Registering worker")
+
+    def stop(self) -> None:
+        for process in self.processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+    def submit(self, packed: Path | None, *args: str) -> list[str]:
+        """The spark-submit command line of an application on this cluster."""
+        command = [str(SPARK_HOME / "bin" / "spark-submit"), "--master", self.url,
+                   "--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=512m",
+                   "--conf", "spark.task.maxFailures=4",
+                   "--conf", f"spark.pyspark.driver.python={sys.executable}"]
+        if packed is not None:
+            command += ["--archives", f"{packed}#environment",
+                        "--conf", "spark.pyspark.python=./environment/bin/python"]
+        return command + list(args)
+
+    def executors(self) -> list[int]:
+        """The pids of the executors' Python workers now running."""
+        found = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+            except OSError:
+                continue
+            if cwd.startswith(str(self.root / "work")) and any(
+                    b"pyspark.daemon" in a or b"pyspark.worker" in a for a in cmdline):
+                found.append(int(pid))
+        return found
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    running = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
+BATCH_READ = """
+import json, sys
+from pyspark.sql import SparkSession
+from mariadb_cdc_client.spark import register
+
+spark = SparkSession.builder.appName("cdc batch read").getOrCreate()
+register(spark)
+host, port, user, password, table, out = sys.argv[1:]
+rows = (spark.read.format("cdc").option("host", host).option("port", port)
+        .option("user", user).option("password", password).option("tables", table).load()
+        .select("id", "name", "event_type").collect())
+with open(out, "w") as f:
+    json.dump([r.asDict() for r in rows], f)
+spark.stop()
+"""
+
+
+def _mirror_args(cdc: RunningService, table: str, root: Path, *, once: bool) -> list[str]:
+    import mariadb_cdc_client.spark.mirror as mirror
+
+    return [mirror.__file__, "--table", table, "--path", str(root / "mirror"),
+            "--checkpoint", str(root / "checkpoint"), "--host", cdc.host, "-P", str(cdc.port),
+            "--user", USER, "--password", PASSWORD, "--starting-position", "earliest",
+            *(["--once"] if once else [])]
+
+
+def _mirrored(root: Path) -> list[tuple[object, ...]]:
+    import pyarrow.parquet as pq
+
+    from mariadb_cdc_client.spark.mirror import current_snapshot
+
+    snapshot = current_snapshot(str(root / "mirror"))
+    if snapshot is None:
+        return []
+    return sorted(tuple(r.values()) for r in
+                  pq.read_table(snapshot, columns=["id", "name", "qty"]).to_pylist())
+
+
+def _errors(ran: subprocess.CompletedProcess[str]) -> str:
+    """The lines of a failed application's output that say why."""
+    lines = (ran.stdout + ran.stderr).splitlines()
+    return "\n".join(line for line in lines if " INFO " not in line and
+                     not line.lstrip().startswith("at "))[-6000:]
+
+
+def _run(command: list[str], env: dict[str, str], cwd: Path
+         ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+async def test_executors_without_the_package_read_with_the_packed_environment(
+        cluster: Cluster, packed: Path, cdc: RunningService, source: Source, tmp_path: Path):
+    t = f"`{source.database}`.stock"
+    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, name VARCHAR(20), qty INT)",
+                   f"INSERT INTO {t} VALUES (1, 'a', 10), (2, 'b', 20)",
+                   f"DELETE FROM {t} WHERE id = 1")
+    await cdc.caught_up(source)
+    script = tmp_path / "read.py"
+    script.write_text(BATCH_READ)
+    out = tmp_path / "rows.json"
+    args = [str(script), cdc.host, str(cdc.port), USER, PASSWORD, f"{source.database}.stock",
+            str(out)]
+
+    bare = await asyncio.to_thread(_run, cluster.submit(None, *args), cluster.env, tmp_path)
+    assert bare.returncode != 0 and "mariadb_cdc_client" in bare.stdout + bare.stderr
+
+    ran = await asyncio.to_thread(_run, cluster.submit(packed, *args), cluster.env, tmp_path)
+    assert ran.returncode == 0, _errors(ran)
+    rows = json.loads(out.read_text())
+    assert sorted((r["id"], r["name"], r["event_type"]) for r in rows) == [
+        (1, "a", "delete"), (1, "a", "insert"), (2, "b", "insert")], _errors(ran)
+
+
+async def test_the_mirror_survives_an_executor_and_the_driver_killed(
+        cluster: Cluster, packed: Path, cdc: RunningService, source: Source, tmp_path: Path):
+    t = f"`{source.database}`.stock"
+    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, name VARCHAR(20), qty INT)")
+    written = 0
+
+    def write(count: int) -> None:
+        nonlocal written
+        for _ in range(count):
+            written += 1
+            source.execute(f"INSERT INTO {t} VALUES ({written}, 'n{written}', {written})",
+                           f"UPDATE {t} SET qty = qty + 1 WHERE id = {max(1, written // 2)}")
+
+    def table() -> list[tuple[object, ...]]:
+        return sorted(source.query(f"SELECT id, name, qty FROM {t}"))
+
+    write(50)
+    await cdc.caught_up(source)
+    command = cluster.submit(packed, *_mirror_args(cdc, f"{source.database}.stock", tmp_path,
+                                                   once=False))
+    with open(tmp_path / "driver.log", "wb") as log:
+        driver = subprocess.Popen(command, env=cluster.env, cwd=tmp_path,
+                                  start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        await until(lambda: _mirrored(tmp_path) == table(), timeout=180)
+        # an executor's Python killed in the middle of the next batches: Spark runs the task
+        # again on the other executor
+        killed = 0
+        for _ in range(3):
+            write(40)
+            await until(lambda: cluster.executors(), timeout=60)
+            for pid in cluster.executors()[:1]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+        assert killed
+        await cdc.caught_up(source)
+        await until(lambda: _mirrored(tmp_path) == table(), timeout=180)
+        # the driver killed with -9 while batches run; restarted from its checkpoint
+        write(40)
+        await asyncio.sleep(1.5)
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+        write(40)
+        await cdc.caught_up(source)
+        once = cluster.submit(packed, *_mirror_args(cdc, f"{source.database}.stock", tmp_path,
+                                                    once=True))
+        ran = await asyncio.to_thread(_run, once, cluster.env, tmp_path)
+        assert ran.returncode == 0, _errors(ran)
+        assert _mirrored(tmp_path) == table()
+        assert len(table()) == written
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
