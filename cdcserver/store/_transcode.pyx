@@ -9,11 +9,19 @@ raise or produce a value that needs Python to render (an impossible date, invali
 truncated row, a negative TIME) it returns None and the caller takes the Python path for the
 whole event, so both paths give identical bytes and identical errors.
 
+A column may carry a ``[capture]`` rule (``masking.py``), applied after the value is read and
+checked as above: ``exclude`` writes nothing; ``hash`` writes the 64 hex digits of the
+SHA-256 of the salt and the value's bytes (a text's UTF-8, a BINARY's padded bytes), as
+``capture.hash_value``; ``mask:N`` writes the first N characters (bytes of binary data) and
+``***``, as ``capture.mask_value``. SHA-256 is libcrypto's, which ``transcoder.py`` finds at run
+time and hands over by address (``use_sha256``): no OpenSSL headers are needed to build this.
+
 ``records`` then prefixes each row's columns with the record's metadata fields.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from libc.stddef cimport size_t
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.errno cimport EINTR, errno
@@ -52,6 +60,37 @@ cdef enum:
     OP_DATETIME2 = 24  # a: fractional-second precision
     OP_TIMESTAMP2 = 25 # a: fractional-second precision
     OP_TIME2 = 26      # a: fractional-second precision
+
+# Column rules (transcoder.py names them): only the string operations hash or mask.
+cdef enum:
+    RULE_EXCLUDE = 1   # read and checked, not written
+    RULE_HASH = 2      # the hex SHA-256 of the salt and the value
+    RULE_MASK = 3      # keep: the characters (bytes, for binary data) kept before "***"
+
+# libcrypto's SHA256_Init/_Update/_Final (use_sha256). The context is copied per value from
+# the salt's, so it must be a plain struct: OpenSSL's SHA256_CTX (112 bytes) is, and fits.
+cdef struct ShaCtx:
+    uint64_t words[32]
+
+ctypedef int (*ShaInit)(ShaCtx *ctx) noexcept nogil
+ctypedef int (*ShaUpdate)(ShaCtx *ctx, const void *data, size_t n) noexcept nogil
+ctypedef int (*ShaFinal)(uint8_t *digest, ShaCtx *ctx) noexcept nogil
+
+cdef ShaInit _sha_init = NULL
+cdef ShaUpdate _sha_update = NULL
+cdef ShaFinal _sha_final = NULL
+cdef char _HEX_PAIRS[512]  # each byte's two lowercase hex digits
+
+
+cdef void _hex_pairs() noexcept:
+    cdef const char *digits = b"0123456789abcdef"
+    cdef int k
+    for k in range(256):
+        _HEX_PAIRS[2 * k] = digits[k >> 4]
+        _HEX_PAIRS[2 * k + 1] = digits[k & 15]
+
+
+_hex_pairs()
 
 cdef int64_t _DAY_MICROS = 86400000000
 cdef int64_t[10] _POW10 = [1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000,
@@ -147,6 +186,80 @@ cdef inline int64_t _days(int64_t y, int64_t m, int64_t d) noexcept:
     return era * 146097 + doe - 719468
 
 
+def use_sha256(size_t init, size_t update, size_t final):
+    """Hash with the functions at these addresses (SHA256_Init, SHA256_Update, SHA256_Final
+    of libcrypto; zeros: none, and no Transcoder with a hashed column can be made)."""
+    global _sha_init, _sha_update, _sha_final
+    _sha_init = <ShaInit>init
+    _sha_update = <ShaUpdate>update
+    _sha_final = <ShaFinal>final
+
+
+def sha256(bytes salt, bytes data):
+    """The SHA-256 digest of ``salt + data`` as the transcoder computes it (its check)."""
+    cdef ShaCtx ctx
+    cdef uint8_t digest[32]
+    _sha_start(&ctx, salt)
+    _sha_update(&ctx, PyBytes_AS_STRING(data), <size_t>PyBytes_GET_SIZE(data))
+    _sha_final(digest, &ctx)
+    return PyBytes_FromStringAndSize(<char *>digest, 32)
+
+
+cdef int _sha_start(ShaCtx *ctx, bytes salt) except -1:
+    """A context holding the salt."""
+    if _sha_init == NULL or _sha_update == NULL or _sha_final == NULL:
+        raise ValueError("no SHA-256 functions (use_sha256)")
+    memset(ctx, 0, sizeof(ShaCtx))
+    if not _sha_init(ctx) or not _sha_update(ctx, PyBytes_AS_STRING(salt),
+                                              <size_t>PyBytes_GET_SIZE(salt)):
+        raise ValueError("SHA-256 failed")
+    return 0
+
+
+cdef inline int _head(Out *out, Py_ssize_t n) except -1:
+    """The union's first branch (string or bytes) and the length of a value of ``n`` bytes,
+    with room for the value."""
+    _reserve(out, n + 12)
+    _byte(out, 2)
+    _varint(out, <uint64_t>n << 1)
+    return 0
+
+
+cdef inline Py_ssize_t _utf8_prefix(const uint8_t *data, Py_ssize_t n, Py_ssize_t chars
+                                    ) noexcept:
+    """The bytes of the first ``chars`` characters of valid UTF-8 text."""
+    cdef Py_ssize_t k
+    if chars >= n:
+        return n
+    for k in range(n):
+        if (data[k] & 0xC0) != 0x80:  # a character starts
+            if chars == 0:
+                return k
+            chars -= 1
+    return n
+
+
+cdef inline Py_ssize_t _charmap_size(const uint8_t *table, const uint8_t *data, Py_ssize_t n
+                                     ) noexcept:
+    """The UTF-8 bytes of ``n`` characters of a single-byte set; -1 when one has none. The
+    table has 256 entries of 4 bytes: the UTF-8 length (0: undecodable), then up to 3 bytes."""
+    cdef Py_ssize_t k, size = 0
+    for k in range(n):
+        if table[4 * data[k]] == 0:
+            return -1
+        size += table[4 * data[k]]
+    return size
+
+
+cdef inline void _charmap(Out *out, const uint8_t *table, const uint8_t *data, Py_ssize_t n
+                          ) noexcept:
+    cdef Py_ssize_t k
+    cdef const uint8_t *entry
+    for k in range(n):
+        entry = table + 4 * data[k]
+        _raw(out, entry + 1, entry[0])
+
+
 cdef int _text(Out *out, bytes text) except -1:
     """The union's string branch (index 2) holding ``text``."""
     cdef Py_ssize_t n = PyBytes_GET_SIZE(text)
@@ -183,9 +296,16 @@ cdef class Transcoder:
     cdef int *b
     cdef int *c
     cdef bint *nullable
+    cdef int *rules
+    cdef Py_ssize_t *keep
     cdef list extras  # per column: ENUM labels (encoded) or a character set's table
+    cdef ShaCtx salted  # for hashed columns: the SHA-256 context after the salt
+    cdef ShaUpdate sha_update  # the functions it was made with (use_sha256 may change)
+    cdef ShaFinal sha_final
 
-    def __cinit__(self, list program):
+    def __cinit__(self, list program, bytes salt=None):
+        """``program``: per column of the row image, (op, nullable, a, b, c, extra, rule,
+        keep) as ``transcoder._step`` makes it; ``salt``: the hash's, if a column has one."""
         cdef int i, n = len(program)
         self.ncols = n
         self.bitmap_bytes = (n + 7) // 8
@@ -194,18 +314,31 @@ cdef class Transcoder:
         self.b = <int *>malloc(sizeof(int) * (n + 1))
         self.c = <int *>malloc(sizeof(int) * (n + 1))
         self.nullable = <bint *>malloc(sizeof(bint) * (n + 1))
+        self.rules = <int *>malloc(sizeof(int) * (n + 1))
+        self.keep = <Py_ssize_t *>malloc(sizeof(Py_ssize_t) * (n + 1))
         if (self.ops == NULL or self.a == NULL or self.b == NULL or self.c == NULL
-                or self.nullable == NULL):
+                or self.nullable == NULL or self.rules == NULL or self.keep == NULL):
             raise MemoryError()
         self.extras = []
         for i in range(n):
-            op, nullable, a, b, c, extra = program[i]
+            op, nullable, a, b, c, extra, rule, keep = program[i]
             self.ops[i] = op
             self.nullable[i] = nullable
             self.a[i] = a
             self.b[i] = b
             self.c[i] = c
             self.extras.append(extra)
+            self.rules[i] = rule
+            self.keep[i] = keep
+            if (rule == RULE_HASH or rule == RULE_MASK) and not (
+                    OP_UTF8 <= op <= OP_CHARMAP):
+                raise ValueError("only strings are hashed or masked")
+            if rule == RULE_HASH:
+                if not salt:
+                    raise ValueError("a hashed column without a salt")
+                _sha_start(&self.salted, salt)
+                self.sha_update = _sha_update
+                self.sha_final = _sha_final
 
     def __dealloc__(self):
         free(self.ops)
@@ -213,6 +346,8 @@ cdef class Transcoder:
         free(self.b)
         free(self.c)
         free(self.nullable)
+        free(self.rules)
+        free(self.keep)
 
     def rows(self, buf, Py_ssize_t pos, Py_ssize_t end):
         """``(columns, ends)`` for the row images in ``buf[pos:end]``: the rows' Avro column
@@ -245,6 +380,7 @@ cdef class Transcoder:
         cdef const uint8_t *null_bytes
         cdef int i
         cdef uint32_t row_end
+        cdef Py_ssize_t kept
         while pos < end:
             if pos + self.bitmap_bytes > end:
                 return 0
@@ -252,12 +388,16 @@ cdef class Transcoder:
             pos += self.bitmap_bytes
             for i in range(self.ncols):
                 if self.nullable[i] and (null_bytes[i >> 3] >> (i & 7)) & 1:
-                    _reserve(out, 1)
-                    _byte(out, 0)
+                    if self.rules[i] != RULE_EXCLUDE:
+                        _reserve(out, 1)
+                        _byte(out, 0)
                     continue
+                kept = out.size
                 pos = self._column(i, p, pos, end, out)
                 if pos < 0:
                     return 0
+                if self.rules[i] == RULE_EXCLUDE:  # read and checked, not written
+                    out.size = kept
             _reserve(ends, 4)
             row_end = <uint32_t>out.size
             memcpy(ends.data + ends.size, &row_end, 4)
@@ -394,12 +534,14 @@ cdef class Transcoder:
 
     cdef Py_ssize_t _string(self, int i, const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
                             Out *out) except -2:
+        """CHAR, VARCHAR, TEXT, BINARY, BLOB: read and checked as the Python decoder does,
+        then written under the column's rule."""
         cdef int op = self.ops[i]
         cdef int prefix = self.a[i]
-        cdef Py_ssize_t n, padded, k, grown
+        cdef int rule = self.rules[i]
+        cdef Py_ssize_t n, padded, size = 0
         cdef const uint8_t *data
-        cdef const char *table
-        cdef const uint8_t *entry
+        cdef const uint8_t *table = NULL
         if pos + prefix > end:
             return -1
         n = <Py_ssize_t>_le(p + pos, prefix)
@@ -410,36 +552,87 @@ cdef class Transcoder:
         if op == OP_UTF8:
             if not _utf8_valid(data, n):
                 return -1
-        elif op == OP_BINARY:
-            padded = self.b[i] if self.b[i] > n else n
-            _reserve(out, padded + 12)
-            _byte(out, 2)
-            _varint(out, <uint64_t>padded << 1)
+        elif op == OP_CHARMAP:
+            table = <const uint8_t *>PyBytes_AS_STRING(<bytes>self.extras[i])
+            size = _charmap_size(table, data, n)
+            if size < 0:
+                return -1
+        if rule == RULE_EXCLUDE:
+            return pos + n
+        if rule == RULE_HASH:
+            self._hash(i, data, n, table, out)
+        elif rule == RULE_MASK:
+            self._mask(i, data, n, table, out)
+        elif op == OP_CHARMAP:
+            _head(out, size)
+            _charmap(out, table, data, n)
+        else:
+            padded = self.b[i] if self.b[i] > n else n  # BINARY(b): NUL padded
+            _head(out, padded)
             _raw(out, data, n)
             memset(out.data + out.size, 0, padded - n)
             out.size += padded - n
-            return pos + n
-        elif op == OP_CHARMAP:
-            # 256 entries of 4 bytes: the UTF-8 length, then up to 3 bytes (0: undecodable)
-            table = PyBytes_AS_STRING(<bytes>self.extras[i])
-            grown = 0
-            for k in range(n):
-                entry = <const uint8_t *>table + 4 * data[k]
-                if entry[0] == 0:
-                    return -1
-                grown += entry[0]
-            _reserve(out, grown + 12)
-            _byte(out, 2)
-            _varint(out, <uint64_t>grown << 1)
-            for k in range(n):
-                entry = <const uint8_t *>table + 4 * data[k]
-                _raw(out, entry + 1, entry[0])
-            return pos + n
-        _reserve(out, n + 12)
-        _byte(out, 2)
-        _varint(out, <uint64_t>n << 1)
-        _raw(out, data, n)
         return pos + n
+
+    cdef int _hash(self, int i, const uint8_t *data, Py_ssize_t n, const uint8_t *table,
+                   Out *out) except -1:
+        """The 64 hex digits of SHA-256(salt + the value): a text's UTF-8, BINARY's padded
+        bytes."""
+        cdef ShaCtx ctx
+        cdef uint8_t digest[32]
+        cdef uint8_t chunk[1024]
+        cdef const uint8_t *entry
+        cdef Py_ssize_t k = 0, at, pad = self.b[i] - n
+        memcpy(&ctx, &self.salted, sizeof(ShaCtx))
+        if table != NULL:  # a single-byte set, to UTF-8 a chunk at a time
+            while k < n:
+                at = 0
+                while k < n and at <= 1024 - 3:
+                    entry = table + 4 * data[k]
+                    memcpy(chunk + at, entry + 1, 3)
+                    at += entry[0]
+                    k += 1
+                self.sha_update(&ctx, chunk, <size_t>at)
+        else:
+            self.sha_update(&ctx, data, <size_t>n)
+            if pad > 0:
+                memset(chunk, 0, 1024)
+            while pad > 0:  # BINARY's NUL padding
+                self.sha_update(&ctx, chunk, <size_t>(pad if pad < 1024 else 1024))
+                pad -= 1024
+        self.sha_final(digest, &ctx)
+        _head(out, 64)
+        for k in range(32):
+            memcpy(out.data + out.size + 2 * k, _HEX_PAIRS + 2 * digest[k], 2)
+        out.size += 64
+        return 0
+
+    cdef int _mask(self, int i, const uint8_t *data, Py_ssize_t n, const uint8_t *table,
+                   Out *out) except -1:
+        """The first ``keep`` characters (bytes, for binary data, BINARY's padding
+        included), then ``***``."""
+        cdef int op = self.ops[i]
+        cdef Py_ssize_t keep = self.keep[i]
+        cdef Py_ssize_t cut, copied, padded
+        cdef const char *tail = b"***"
+        if op == OP_UTF8:
+            cut = _utf8_prefix(data, n, keep)
+            _head(out, cut + 3)
+            _raw(out, data, cut)
+        elif op == OP_CHARMAP:
+            cut = keep if keep < n else n
+            _head(out, _charmap_size(table, data, cut) + 3)
+            _charmap(out, table, data, cut)
+        else:
+            padded = self.b[i] if self.b[i] > n else n
+            cut = keep if keep < padded else padded
+            copied = cut if cut < n else n
+            _head(out, cut + 3)
+            _raw(out, data, copied)
+            memset(out.data + out.size, 0, cut - copied)
+            out.size += cut - copied
+        _raw(out, <const uint8_t *>tail, 3)
+        return 0
 
     cdef Py_ssize_t _date(self, const uint8_t *p, Py_ssize_t pos, Py_ssize_t end,
                           Out *out) except -2:

@@ -14,17 +14,33 @@ keep their table on the Python path, and so does any event holding a value the P
 would reject or render as text beyond the few the extension writes itself. Both paths give the
 same bytes: ``tests/server/test_transcode.py`` compares them on every type.
 
+``[capture]`` column rules (``cdcserver/schema/masking.py``) are applied here too, or a table
+under them would lose the compiled path: an excluded column is read (and checked, so that
+errors and fallbacks stay the same) and not written, a masked one is written cut. A hashed
+one needs SHA-256 in C, which comes from the OpenSSL that Python's ``hashlib`` uses, looked up
+the first time a hashed column is met (``sha256_loaded``): building against OpenSSL's headers
+would make the whole extension depend on them at install time. OpenSSL 3's one-call
+``SHA256()`` looks the algorithm up on every call (several times slower than the hash of a
+short value), so the extension uses ``SHA256_Init``/``_Update``/``_Final``, starting each
+value from a copy of the salt's context. Without it (or without the salt) a table with a
+hashed column takes the Python path. ``tests/unit/test_transcode_rules.py`` compares both
+paths under every rule.
+
 Without a C compiler at install time the extension is absent and everything takes the Python
 path (``available()`` says which).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import hashlib
 import os
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Protocol
 
+from cdcserver.core.capture import EXCLUDE, HASH, MASK
 from cdcserver.core.changes import ColumnDef
 from cdcserver.mariadb.charsets import single_byte_table
 from cdcserver.mariadb.constants import ColumnType as T
@@ -58,7 +74,15 @@ _UTF8_CODECS = frozenset({"utf-8", "utf8"})
 _MAX_DECIMAL_DIGITS = 18  # the unscaled value fits an int64
 # Character sets whose characters are one byte each: a 256-entry table transcodes them.
 
-Step = tuple[int, bool, int, int, int, Any]
+_STRING_OPS = frozenset({OP_UTF8, OP_BYTES, OP_BINARY, OP_CHARMAP})
+# Column rules (_transcode.pyx's RULE_*): the rule's code and, for a mask, what it keeps.
+RULE_EXCLUDE, RULE_HASH, RULE_MASK = 1, 2, 3
+_MAX_KEEP = 1 << 62  # more than any value holds (a LONGBLOB is at most 4 GB)
+_SHA256_FUNCTIONS = ("SHA256_Init", "SHA256_Update", "SHA256_Final")
+_libraries: list[ctypes.CDLL] = []
+
+Operation = tuple[int, bool, int, int, int, Any]  # (op, nullable, a, b, c, extra)
+Step = tuple[int, bool, int, int, int, Any, int, int]  # and (rule, keep)
 _BIT_OPS = {Kind.BOOLEAN: OP_BIT_BOOL, Kind.LONG: OP_BIT_LONG}
 
 
@@ -73,37 +97,65 @@ def takes(columns: tuple[ColumnDef, ...]) -> bool:
     return available() and all(_step(col) is not None for col in columns)
 
 
-def compile_transcoder(fields: tuple[Field, ...], columns: tuple[ColumnDef, ...]
-                       ) -> Transcoder | None:
+def compile_transcoder(fields: tuple[Field, ...], columns: tuple[ColumnDef, ...],
+                       salt: bytes | None = None) -> Transcoder | None:
     """The compiled transcoder writing rows of ``columns`` as the Avro ``fields`` of their
-    table version, or None when they take the Python path."""
+    table version, or None when they take the Python path. ``columns`` are a row image's
+    (``TableLayout.image_columns``), each with its [capture] rule; ``fields`` are the stored
+    columns' (the excluded ones have none); ``salt`` is the hash's."""
     if not takes(columns):
         return None
-    return _compile(fields, columns)
+    hashed = any(col.rule == HASH for col in columns)
+    if hashed and not salt:
+        return None
+    return _compile(fields, columns, salt if hashed else None)
 
 
 @lru_cache(maxsize=4096)
-def _compile(fields: tuple[Field, ...], columns: tuple[ColumnDef, ...]) -> Transcoder:
+def _compile(fields: tuple[Field, ...], columns: tuple[ColumnDef, ...], salt: bytes | None
+             ) -> Transcoder:
+    if len(fields) != sum(col.rule != EXCLUDE for col in columns):
+        raise ValueError("the fields are not those of the stored columns")
     program = []
-    for field, col in zip(fields, columns, strict=True):
+    stored = iter(fields)
+    for col in columns:
         step = _step(col)
         assert step is not None
-        if step[0] == _BIT:
-            step = (_BIT_OPS.get(field.kind, OP_BIT_U64), *step[1:])
+        field = None if col.rule == EXCLUDE else next(stored)
+        if step[0] == _BIT:  # an excluded one is read as any of the three
+            op = OP_BIT_U64 if field is None else _BIT_OPS.get(field.kind, OP_BIT_U64)
+            step = (op, *step[1:])
         program.append(step)
     assert _transcode is not None
-    transcoder: Transcoder = _transcode.Transcoder(program)
+    transcoder: Transcoder = _transcode.Transcoder(program, salt)
     return transcoder
 
 
 def _step(col: ColumnDef) -> Step | None:
-    """(operation, nullable, a, b, c, extra) for one column; None if the extension cannot
-    write it exactly as the Python path does."""
+    """(operation, nullable, a, b, c, extra, rule, keep) for one column; None if the
+    extension cannot write it exactly as the Python path does."""
+    operation = _operation(col)
+    if operation is None or col.rule is None:
+        return None if operation is None else (*operation, 0, 0)
+    if col.rule == EXCLUDE:
+        return (*operation, RULE_EXCLUDE, 0)
+    if operation[0] not in _STRING_OPS:  # masking.applies_to leaves out the others
+        return None
+    if col.rule == HASH:
+        return (*operation, RULE_HASH, 0) if sha256_loaded() else None
+    kind, _, keep = col.rule.partition(":")
+    if kind != MASK:
+        return None
+    return (*operation, RULE_MASK, min(int(keep or 0), _MAX_KEEP))
+
+
+def _operation(col: ColumnDef) -> Operation | None:
+    """(op, nullable, a, b, c, extra) reading the column's clear value."""
     t, meta = T(col.binlog_type), col.meta
     if col.extended in ("inet4", "inet6", "uuid") or t == T.JSON:
         return None
 
-    def step(op: int, a: int = 0, b: int = 0, c: int = 0, extra: Any = None) -> Step:
+    def step(op: int, a: int = 0, b: int = 0, c: int = 0, extra: Any = None) -> Operation:
         return (op, col.nullable, a, b, c, extra)
 
     if (t, col.unsigned) in _INT_OPS:
@@ -145,7 +197,7 @@ def _step(col: ColumnDef) -> Step | None:
     return None
 
 
-def _text(col: ColumnDef, prefix: int, step: Any) -> Step | None:
+def _text(col: ColumnDef, prefix: int, step: Any) -> Operation | None:
     if col.charset is None:
         return step(OP_BYTES, prefix)
     if col.charset in _UTF8_CODECS:
@@ -168,6 +220,45 @@ def charmap_table(codec: str) -> bytes | None:
             return None
         table += bytes([len(utf8)]) + utf8.ljust(3, b"\0")
     return bytes(table)
+
+
+@lru_cache(maxsize=1)
+def sha256_loaded() -> bool:
+    """Whether the extension has SHA-256 (module docstring): libcrypto's SHA256_Init,
+    _Update and _Final, looked up through Python's ``_hashlib`` (which links the libcrypto
+    ``hashlib`` uses) or else by name, and checked against ``hashlib`` before use."""
+    if _transcode is None:
+        return False
+    for library in _libcrypto_candidates():
+        try:
+            lib = ctypes.CDLL(library)
+            addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+                         for name in _SHA256_FUNCTIONS]
+        except (OSError, AttributeError):
+            continue
+        if not all(addresses):
+            continue
+        _transcode.use_sha256(*addresses)
+        if _transcode.sha256(b"salt", b"value") == hashlib.sha256(b"saltvalue").digest():
+            _libraries.append(lib)  # kept loaded (ctypes never unloads one anyway)
+            return True
+    _transcode.use_sha256(0, 0, 0)
+    return False
+
+
+def _libcrypto_candidates() -> list[str]:
+    """``_hashlib``'s file first: looking a name up in it searches the libraries it links."""
+    candidates = []
+    try:
+        import _hashlib
+
+        candidates.append(_hashlib.__file__)
+    except (ImportError, AttributeError):
+        pass
+    found = ctypes.util.find_library("crypto")
+    if found:
+        candidates.append(found)
+    return candidates
 
 
 def records(out: bytearray, head: bytes, tails: Sequence[bytes], columns: bytes, ends: bytes,
