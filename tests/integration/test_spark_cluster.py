@@ -105,14 +105,29 @@ class Cluster:
         command = [str(SPARK_HOME / "bin" / "spark-submit"), "--master", self.url,
                    "--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=512m",
                    "--conf", "spark.task.maxFailures=4",
+                   "--conf", "spark.python.worker.reuse=false",
                    "--conf", f"spark.pyspark.driver.python={sys.executable}"]
         if packed is not None:
             command += ["--archives", f"{packed}#environment",
                         "--conf", "spark.pyspark.python=./environment/bin/python"]
         return command + list(args)
 
+    def executor_of(self, pid: int) -> int | None:
+        """The executor (its JVM, CoarseGrainedExecutorBackend) a Python worker runs under."""
+        while pid > 1:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                return None
+            if b"CoarseGrainedExecutorBackend" in cmdline:
+                return pid
+            pid = int(stat.rsplit(")", 1)[1].split()[1])  # the parent
+        return None
+
     def executors(self) -> list[int]:
-        """The pids of the executors' Python workers now running."""
+        """The pids of the executors' Python workers now running (with
+        spark.python.worker.reuse=false, only while a task runs)."""
         found = []
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
@@ -237,19 +252,17 @@ async def test_the_mirror_survives_an_executor_and_the_driver_killed(
                                   start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
     try:
         await until(lambda: _mirrored(tmp_path) == table(), timeout=180)
-        # an executor's Python killed in the middle of the next batches: Spark runs the task
-        # again on the other executor
-        killed = 0
-        for _ in range(3):
-            write(40)
-            await until(lambda: cluster.executors(), timeout=60)
-            for pid in cluster.executors()[:1]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                    killed += 1
-        assert killed
+        # an executor (its JVM, and so its Python worker) killed with -9 while it runs a task
+        # of a batch: Spark runs the task again on the other one; the worker starts a new
+        # executor
+        write(40)
+        await until(lambda: any(cluster.executor_of(p) for p in cluster.executors()),
+                    timeout=60)
+        executor = next(e for p in cluster.executors() if (e := cluster.executor_of(p)))
+        os.kill(executor, signal.SIGKILL)
         await cdc.caught_up(source)
         await until(lambda: _mirrored(tmp_path) == table(), timeout=180)
+        assert b"Lost executor" in (tmp_path / "driver.log").read_bytes()
         # the driver killed with -9 while batches run; restarted from its checkpoint
         write(40)
         await asyncio.sleep(1.5)
