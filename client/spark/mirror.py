@@ -1,15 +1,25 @@
-"""Keep a Parquet mirror of a MariaDB table: the example pipeline of the Spark source.
+"""Keep a copy of a MariaDB table: the example pipeline of the Spark source.
 
     python -m mariadb_cdc_client.spark.mirror --table shop.orders --path /data/orders \\
-        --checkpoint /data/orders.checkpoint --user cdcuser --password cdcpass
+        [--format parquet|delta|iceberg] [--catalog URI] [--checkpoint DIR] \\
+        --user cdcuser --password cdcpass
 
 A streaming query reads the table's changes (``startingPosition=dump`` builds it from the
 newest dump, then follows) and, per micro-batch (``foreachBatch``), applies them: for each
-primary key the batch's last change decides, an insert or update_after puts the row, a delete
-or update_before removes it. Each batch writes a new snapshot directory ``<path>/batch=<id>``
-and then moves the pointer file ``<path>/CURRENT`` to it (an atomic rename), so a reader, or
-a crash, only ever sees a whole snapshot; a batch Spark runs again after a crash writes the
-same snapshot again. Read the mirror with :func:`read_mirror`.
+primary key the batch's last change (in the order the source read them,
+:func:`mariadb_cdc_client.spark.lakehouse.in_stream_order`) decides, an insert or
+update_after puts the row, a delete or update_before removes it.
+
+``--format parquet`` (the default) writes each batch as a new snapshot directory
+``<path>/batch=<id>`` and then moves the pointer file ``<path>/CURRENT`` to it (an atomic
+rename), so a reader, or a crash, only ever sees a whole snapshot; a batch Spark runs again
+after a crash writes the same snapshot again. Read it with :func:`read_mirror`. Each batch
+rewrites the whole table.
+
+``--format delta`` (a Delta Lake table at ``--path``) and ``--format iceberg`` (an Iceberg
+table ``database.table`` in a SQL catalog, ``--catalog``, default SQLite in ``--path``, with
+its data under ``--path``) commit each batch as one MERGE, exactly once
+(:mod:`mariadb_cdc_client.spark.lakehouse`).
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ import argparse
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from mariadb_cdc_client.format.extras import MissingExtra, require
@@ -50,16 +61,17 @@ def apply_changes(spark: Any, changes: Any, batch_id: int, path: str, key: list[
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    from mariadb_cdc_client.spark.lakehouse import POSITION, in_stream_order
     from mariadb_cdc_client.spark.types import METADATA
 
     snapshot = current_snapshot(path)
     done = int(os.path.basename(snapshot).partition("=")[2]) if snapshot else -1
     if batch_id <= done:
         return  # applied before a crash; Spark runs the batch again
-    changes = changes.persist()  # used three times below: read the range once
-    columns = [c for c in changes.columns if c not in METADATA.fieldNames()]
-    order = Window.partitionBy(*key).orderBy(F.col("domain").desc(), F.col("sequence").desc(),
-                                             F.col("event_number").desc())
+    # numbered on the scan, before the window's shuffle; persisted: used three times below
+    changes = in_stream_order(changes).persist()
+    columns = [c for c in changes.columns if c not in (*METADATA.fieldNames(), POSITION)]
+    order = Window.partitionBy(*key).orderBy(F.col(POSITION).desc())
     last = changes.withColumn("_n", F.row_number().over(order)).filter("_n = 1")
     present = last.filter(F.col("event_type").isin("insert", "update_after")).select(*columns)
     if snapshot is not None:
@@ -104,23 +116,49 @@ def primary_key(spark_options: dict[str, str], table: str) -> list[str]:
 
 
 def start(spark: Any, options: dict[str, str], table: str, path: str, checkpoint: str,
-          trigger: dict[str, Any] | None = None) -> Any:
-    """Start the mirror's streaming query; returns the StreamingQuery."""
+          trigger: dict[str, Any] | None = None, format: str = "parquet",
+          catalog: str | None = None, file_size: int | None = None) -> Any:
+    """Start the mirror's streaming query; returns the StreamingQuery. ``format``: parquet
+    (snapshots), delta or iceberg (``catalog``: the Iceberg SQL catalog's URI; ``file_size``:
+    a new lakehouse table's target data file size, bytes)."""
+    from mariadb_cdc_client.spark.lakehouse import FILE_SIZE, FORMATS, Batches
+
+    if format not in FORMATS:
+        raise ValueError(f"format is one of {', '.join(FORMATS)}, not {format!r}")
     key = primary_key(options, table)
     os.makedirs(path, exist_ok=True)
     changes = spark.readStream.format("cdc").options(**options).option("tables", table).load()
-    writer = (changes.writeStream.option("checkpointLocation", checkpoint)
-              .foreachBatch(lambda df, batch_id: apply_changes(spark, df, batch_id, path, key)))
+    batches: Callable[[Any, int], None]
+    if format == "parquet":
+        def batches(df: Any, batch_id: int) -> None:
+            apply_changes(spark, df, batch_id, path, key)
+    else:
+        ref = parse_table(table)
+        batches = Batches(spark, format, path, checkpoint, (ref.database, ref.table), key,
+                          catalog, file_size or FILE_SIZE)
+    writer = changes.writeStream.option("checkpointLocation", checkpoint).foreachBatch(batches)
     return writer.trigger(**(trigger or {"processingTime": "2 seconds"})).start()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mariadb_cdc_client.spark.mirror",
-                                     description="Keep a Parquet mirror of a table")
+                                     description="Keep a copy of a table: Parquet snapshots, "
+                                                 "or a Delta Lake or Iceberg table")
     parser.add_argument("--table", required=True,
                         help="db.table (a name with a space or a dot quoted: `my db`.t)")
-    parser.add_argument("--path", required=True, help="the mirror's directory")
-    parser.add_argument("--checkpoint", required=True, help="the query's checkpoint directory")
+    parser.add_argument("--path", required=True,
+                        help="the mirror's directory (iceberg: the warehouse directory)")
+    parser.add_argument("--format", default="parquet", choices=["parquet", "delta", "iceberg"],
+                        help="parquet (default): a snapshot per batch; delta or iceberg: a "
+                             "lakehouse table, one MERGE per batch")
+    parser.add_argument("--catalog",
+                        help="iceberg: the SQL catalog's URI (default: "
+                             "sqlite:///PATH/catalog.db)")
+    parser.add_argument("--file-size-mb", type=int, default=32,
+                        help="delta, iceberg: a new table's target data file size (a MERGE "
+                             "rewrites every file holding a changed key; default 32)")
+    parser.add_argument("--checkpoint",
+                        help="the query's checkpoint directory (default: PATH.checkpoint)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("-P", "--port", default="4001")
     parser.add_argument("--user", required=True)
@@ -135,8 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.password:
         parser.error("--password or CDC_PASSWORD is required")
+    if args.catalog and args.format != "iceberg":
+        parser.error("--catalog is for --format iceberg")
+    checkpoint = args.checkpoint or args.path.rstrip("/") + ".checkpoint"
     try:
         require("spark", "the mirror")
+        if args.format != "parquet":
+            from mariadb_cdc_client.spark.lakehouse import require_lakehouse
+
+            require_lakehouse(f"a {args.format} mirror",
+                              "deltalake" if args.format == "delta" else "pyiceberg")
     except MissingExtra as exc:
         parser.exit(2, f"{parser.prog}: {exc}\n")
 
@@ -152,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                "password": args.password, "auth": args.auth,
                "startingPosition": args.starting_position}
     trigger = {"availableNow": True} if args.once else None
-    query = start(spark, options, args.table, args.path, args.checkpoint, trigger)
+    query = start(spark, options, args.table, args.path, checkpoint, trigger, args.format,
+                  args.catalog, args.file_size_mb * 2**20)
     query.awaitTermination()
     return 0
 
