@@ -30,7 +30,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/pip install -q --disable-pip-version-check -e '.[test,kafka,spark,lakehouse]'
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test,kafka,spark,lakehouse,pipelines]'
 
 # Four workers (pytest-xdist), each with its own MariaDB, broker, ports and directories; the
 # Spark tests share one worker (one JVM). Most tests wait on servers, so four beat two cores'
