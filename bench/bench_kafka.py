@@ -127,7 +127,10 @@ async def sink_run(config: KafkaConfig, batches: list[list[Change]]) -> tuple[fl
 
 
 async def bare_run(config: KafkaConfig, messages: list[_Message], topic: str) -> float:
-    await connect.create_topics(config, [topic], config.partitions or 1)
+    """The same messages to a topic of as many partitions as the sink's had (each format
+    partitions its own way: by key, by table, or one)."""
+    partitions = max([config.partitions or 1, *(m.partition + 1 for m in messages)])
+    await connect.create_topics(config, [topic], partitions)
     producer = connect.producer(config)
     await producer.start()
     await producer.partitions_for(topic)
