@@ -118,7 +118,10 @@ def spark_session() -> Any:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     spark = (SparkSession.builder.master("local[2]").appName("bench-lakehouse")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.memory", "3g")
+             .config("spark.driver.memory", os.environ.get("BENCH_DRIVER_MEMORY", "3g"))
+             # the bulk load brings the whole table to the driver as Arrow (the mirror's
+             # first batch does too): at 10M rows that is over the 1 GiB default
+             .config("spark.driver.maxResultSize", "0")
              .config("spark.sql.session.timeZone", "UTC").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark
