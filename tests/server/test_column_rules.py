@@ -293,3 +293,66 @@ async def test_verify_compares_hashed_and_masked_columns_under_their_rules(
         assert await asyncio.to_thread(cdcserver_main, args) == 1  # it does compare
     finally:
         await running.stop()
+
+
+async def test_hostile_column_names_are_named_by_quoted_patterns(
+        tmp_path, source: Source, users_file: str, capfd: pytest.CaptureFixture[str]):
+    """Columns whose names hold a dot, a colon, a backquote, spaces and non-ASCII letters,
+    named by quoted patterns (a mask's ``:N`` after the quote)."""
+    db = source.database
+    source.execute(f"CREATE TABLE `{db}`.`weird_t` (id INT PRIMARY KEY, `e.mail ü` "
+                   "VARCHAR(60), `a:1` VARCHAR(20), `x``y` TEXT) DEFAULT CHARSET=utf8mb4")
+    salt = tmp_path / "salt"
+    salt.write_text(SALT)
+    config = make_config(str(tmp_path / "data"), source.url, users_file, capture={
+        "columns_hash": f"`{db}`.`weird_t`.`e.mail ü`",
+        "columns_mask": f"`{db}`.`weird_t`.`a:1`:1",
+        "columns_exclude": f"`{db}`.`weird_t`.`x``y`", "hash_salt_file": str(salt)})
+    running = await start_service(config)
+    try:
+        source.execute(f"INSERT INTO `{db}`.`weird_t` VALUES (1, '{CLEAR[4]}', "
+                       f"'{CLEAR[2]}', '{CLEAR[3]}')")
+        await running.caught_up(source)
+        conn = source.server.connect()
+        try:
+            await assert_stream_equals_table(
+                running.port, conn, db, "weird_t", user=USER, password=PASSWORD, quiet=0.5,
+                masked={"e.mail ü": f"SHA2(CONCAT('{SALT}', `e.mail ü`), 256)",
+                        "a:1": "CONCAT(LEFT(`a:1`, 1), '***')"}, excluded=("x`y",))
+        finally:
+            conn.close()
+    finally:
+        await running.stop()
+    for clear in (CLEAR[2], CLEAR[3], CLEAR[4]):
+        assert files_holding(config.store.data_dir, clear.encode()) == [], clear
+        assert clear not in capfd.readouterr().err
+
+
+async def test_huge_values_are_hashed_and_masked_whole(tmp_path, source: Source,
+                                                       users_file: str):
+    db = source.database
+    source.execute(f"CREATE TABLE `{db}`.big (id INT PRIMARY KEY, note LONGTEXT, "
+                   "photo LONGBLOB) DEFAULT CHARSET=utf8mb4")
+    salt = tmp_path / "salt"
+    salt.write_text(SALT)
+    config = make_config(str(tmp_path / "data"), source.url, users_file, capture={
+        "columns_hash": f"`{db}`.big.photo", "columns_mask": f"`{db}`.big.note:3",
+        "hash_salt_file": str(salt)})
+    running = await start_service(config)
+    try:
+        source.execute(f"INSERT INTO `{db}`.big VALUES "
+                       f"(1, REPEAT('ü', 2000000), REPEAT(X'00ff', 2000000))")
+        await running.caught_up(source)
+        conn = source.server.connect()
+        try:
+            rebuilt = await assert_stream_equals_table(
+                running.port, conn, db, "big", user=USER, password=PASSWORD, quiet=0.5,
+                masked={"note": "CONCAT(LEFT(note, 3), '***')",
+                        "photo": f"SHA2(CONCAT('{SALT}', photo), 256)"})
+        finally:
+            conn.close()
+        row = rebuilt.rows[(1,)]
+        assert row["note"] == "üüü***"
+        assert row["photo"] == hashlib.sha256(SALT.encode() + b"\x00\xff" * 2000000).hexdigest()
+    finally:
+        await running.stop()
