@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import logging
 import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -146,6 +147,20 @@ class RunningService:
     async def stop(self) -> None:
         self._stop.set()
         await asyncio.wait_for(self.task, 60)
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored() -> Iterator[None]:
+    """A command's ``main`` run in-process (``cdcserver check``, ``cdc``) sets the root
+    logger up on the stderr of the test that ran it, at INFO: left so, a later record (py4j's
+    INFO when a Spark gateway is collected) goes to that test's closed capture and prints a
+    "Logging error" into whichever test runs then. Each test gets the root logger back as it
+    found it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def make_config(data_dir: str, source_url: str, users: str, **sections: dict[str, object]
