@@ -21,14 +21,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import RunningService, Source
-from tests.helpers import PASSWORD, USER, until
+from tests.helpers import PASSWORD, USER, until, wait_until
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.spark]
 
@@ -72,10 +71,8 @@ class Cluster:
             self._spawn(f"worker{n}", "org.apache.spark.deploy.worker.Worker", "--host",
                         "127.0.0.1", "--webui-port", str(_free_port()), "--cores", "1",
                         "--memory", "1g", self.url)
-        deadline = time.monotonic() + 90
-        while self._registered() < 2:
-            assert time.monotonic() < deadline, (self.root / "master.log").read_text()[-3000:]
-            time.sleep(0.5)
+        wait_until(lambda: self._registered() >= 2, timeout=90,
+                   what="both workers registered with the master")
 
     def _spawn(self, name: str, main: str, *args: str) -> None:
         log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 (closed by the process)
@@ -179,6 +176,12 @@ def _mirror_args(cdc: RunningService, table: str, root: Path, *, once: bool) -> 
             *(["--once"] if once else [])]
 
 
+def _batches_begun(root: Path) -> int:
+    """The micro-batches whose offsets the query has written to its checkpoint."""
+    offsets = root / "checkpoint" / "offsets"
+    return sum(1 for f in offsets.iterdir() if f.name.isdigit()) if offsets.is_dir() else 0
+
+
 def _mirrored(root: Path) -> list[tuple[object, ...]]:
     import pyarrow.parquet as pq
 
@@ -263,9 +266,11 @@ async def test_the_mirror_survives_an_executor_and_the_driver_killed(
         await cdc.caught_up(source)
         await until(lambda: _mirrored(tmp_path) == table(), timeout=180)
         assert b"Lost executor" in (tmp_path / "driver.log").read_bytes()
-        # the driver killed with -9 while batches run; restarted from its checkpoint
+        # the driver killed with -9 once a batch of the new rows has begun (its offsets are
+        # in the checkpoint); restarted from its checkpoint
+        logged = _batches_begun(tmp_path)
         write(40)
-        await asyncio.sleep(1.5)
+        await until(lambda: _batches_begun(tmp_path) > logged, timeout=120)
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
         write(40)
