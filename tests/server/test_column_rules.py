@@ -17,7 +17,7 @@ import pytest
 
 from cdcserver.app.cli import main as cdcserver_main
 from cdcserver.core.capture import CaptureFilter
-from cdcserver.core.config import CaptureConfig, parse_source_url
+from cdcserver.core.config import CaptureConfig, Config, parse_source_url
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.names import TableName
 from cdcserver.dump.dumper import dump_tables
@@ -25,7 +25,7 @@ from cdcserver.dump.files import list_dumps
 from cdcserver.dump.options import DumpOptions
 from mariadb_cdc_client import ChangeRecord, SyncCdcClient
 from mariadb_cdc_client.format.dump import DumpRows
-from tests.conftest import Source, make_config, start_service
+from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import PASSWORD, USER, files_holding, until
 from tests.oracle import assert_stream_equals_table, read_stream
 
@@ -60,6 +60,15 @@ def _masks(card_keep: int = 4) -> dict[str, str]:
             "tag": "CONCAT(LEFT(tag, 2), '***')"}
 
 
+async def _people_service(tmp_path, source: Source, users_file: str
+                          ) -> tuple[Config, RunningService]:
+    """The people table, and the service capturing it under ``_rules``."""
+    source.execute(_people(source.database))
+    config = make_config(str(tmp_path / "data"), source.url, users_file,
+                         capture=_rules(source.database, tmp_path))
+    return config, await start_service(config)
+
+
 def _write_people(source: Source, db: str, first: int) -> None:
     source.execute(
         f"INSERT INTO `{db}`.people VALUES "
@@ -77,10 +86,7 @@ def _write_people(source: Source, db: str, first: int) -> None:
 async def test_excluded_hashed_and_masked_columns_are_stored_only_as_the_rules_say(
         tmp_path, source: Source, users_file: str, capfd: pytest.CaptureFixture[str]):
     db = source.database
-    source.execute(_people(db))
-    config = make_config(str(tmp_path / "data"), source.url, users_file,
-                         capture=_rules(db, tmp_path))
-    running = await start_service(config)
+    config, running = await _people_service(tmp_path, source, users_file)
     try:
         _write_people(source, db, 1)
         await running.caught_up(source)
@@ -171,10 +177,7 @@ async def test_rows_a_repair_reads_from_the_source_are_hashed_too(
 async def test_a_rule_that_changes_makes_a_new_version_announced_in_band(
         tmp_path, source: Source, users_file: str):
     db = source.database
-    source.execute(_people(db))
-    config = make_config(str(tmp_path / "data"), source.url, users_file,
-                         capture=_rules(db, tmp_path))
-    running = await start_service(config)
+    config, running = await _people_service(tmp_path, source, users_file)
     try:
         _write_people(source, db, 1)
         await running.caught_up(source)
@@ -277,15 +280,12 @@ async def test_a_dump_holds_the_rules_values_and_no_clear_one(
 async def test_verify_compares_hashed_and_masked_columns_under_their_rules(
         tmp_path, source: Source, users_file: str, capsys: pytest.CaptureFixture[str]):
     db = source.database
-    source.execute(_people(db))
-    rules = _rules(db, tmp_path)
-    config = make_config(str(tmp_path / "data"), source.url, users_file, capture=rules)
-    running = await start_service(config)
+    config, running = await _people_service(tmp_path, source, users_file)
     try:
         _write_people(source, db, 1)
         await running.caught_up(source)
         args = ["verify", f"`{db}`.people", "--source", source.url, "--data-dir",
-                config.store.data_dir, "--hash-salt-file", str(rules["hash_salt_file"])]
+                config.store.data_dir, "--hash-salt-file", config.capture.hash_salt_file]
         assert await asyncio.to_thread(cdcserver_main, args) == 0, capsys.readouterr()
         wrong = tmp_path / "wrong-salt"
         wrong.write_text("not the salt")
