@@ -230,6 +230,11 @@ async def test_executors_without_the_package_read_with_the_packed_environment(
         (1, "a", "delete"), (1, "a", "insert"), (2, "b", "insert")], _errors(ran)
 
 
+# Two applications one after the other (the mirror and its restart after -9), each launching
+# executors on both workers, and an executor relaunched, on a machine whose other test workers
+# load both cores: 86 s alone here, over 300 s in a CI run. Every wait below is bounded on its
+# own; their sum (840 s), not the suite's 300 s guard against hangs, bounds the test.
+@pytest.mark.timeout(900)
 async def test_the_mirror_survives_an_executor_and_the_driver_killed(
         cluster: Cluster, packed: Path, cdc: RunningService, source: Source, tmp_path: Path):
     t = f"`{source.database}`.stock"
