@@ -128,16 +128,24 @@ class CdcConnection:
     async def request(self, request: DataRequest | None) -> AsyncIterator[Event]:
         """Send ``request`` and decode the stream (None: the stream already started, after
         a ``REQUEST-DUMP ... FOLLOW``)."""
+        async for batch in self.request_batches(request):
+            for event in batch:
+                yield event
+
+    async def request_batches(self, request: DataRequest | None
+                              ) -> AsyncIterator[list[Event]]:
+        """:meth:`request`'s events in the decoders' batches (a block's records, or a
+        schema)."""
         if request is not None:
             self.writer.write(request.line().encode())
             await self.writer.drain()
         decoder = JsonStreamDecoder() if self.format == Format.JSON else AvroStreamDecoder()
         while True:
-            data = await self.reader.read(1 << 16)
+            data = await self.reader.read(1 << 18)
             if not data:
                 raise ConnectionError("the server closed the stream")
-            for event in decoder.feed(data):
-                yield event
+            for batch in decoder.batches(data):
+                yield batch
 
     async def list_dumps(self, table: Table | None = None) -> list[dict[str, Any]]:
         reply = await self.query("LIST-DUMPS" + (f" {as_table(table)}" if table else ""))
@@ -254,9 +262,9 @@ class CdcClient:
             else:
                 request = None  # already streaming
             try:
-                async for event in conn.request(request):
+                async for batch in conn.request_batches(request):
                     policy.received()
-                    if resume.accept(event):
+                    for event in resume.accepted(batch):
                         yield event
             except (*FAILURES, ProtocolError) as exc:
                 await asyncio.sleep(policy.failed(exc))

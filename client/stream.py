@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from typing import Any
 
@@ -31,11 +33,22 @@ from mariadb_cdc_client.format.gtid import unsigned_metadata
 from mariadb_cdc_client.format.schema import (
     METADATA_FIELDS,
     Field,
+    Kind,
     fields_from_schema,
     from_avro_value,
     from_json_value,
+    parse_time,
 )
 from mariadb_cdc_client.format.wire import Code, ProtocolError, parse_reply
+
+try:  # the compiled decoder (client/format/_records.pyx): the same records, in C
+    from mariadb_cdc_client.format import _records  # type: ignore[attr-defined]
+except ImportError:  # not built (no C compiler where it was installed): the Python path
+    _records = None
+if os.environ.get("CDC_PURE_PYTHON"):  # to measure or test the Python path
+    _records = None
+
+DECODING = "C" if _records is not None else "Python"  # what an AVRO stream is decoded by
 
 
 @dataclass(frozen=True)
@@ -60,7 +73,7 @@ class SchemaChange:
         return self.fields[len(METADATA_FIELDS):]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ChangeRecord:
     database: str
     table: str
@@ -107,12 +120,37 @@ class JsonStreamDecoder:
         self.schema: SchemaChange | None = None
 
     def feed(self, data: bytes) -> Iterator[Event]:
+        for batch in self.batches(data):
+            yield from batch
+
+    def batches(self, data: bytes) -> Iterator[list[Event]]:
+        """The events of the whole lines in ``data`` (and what earlier calls left), in
+        lists: the records up to a schema, the schema alone, the records after it."""
         self._buffer += data
-        while (newline := self._buffer.find(b"\n")) >= 0:
-            line = bytes(self._buffer[:newline])
-            del self._buffer[: newline + 1]
-            if line.strip():
-                yield self._line(line)
+        end = self._buffer.rfind(b"\n")
+        if end < 0:
+            return
+        lines = bytes(self._buffer[:end]).split(b"\n")
+        del self._buffer[: end + 1]
+        records: list[Event] = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                event = self._line(line)
+            except Exception:
+                if records:  # delivered before the error line raises
+                    yield records
+                raise
+            if isinstance(event, SchemaChange):
+                if records:
+                    yield records
+                    records = []
+                yield [event]
+            else:
+                records.append(event)
+        if records:
+            yield records
 
     def _line(self, line: bytes) -> Event:
         if line.startswith(b"ERR"):
@@ -134,9 +172,16 @@ class AvroStreamDecoder:
         self._buffer = bytearray()
         self._header: Header | None = None
         self._parsed: Any = None
+        self._compiled: Any = None
         self.schema: SchemaChange | None = None
 
     def feed(self, data: bytes) -> Iterator[Event]:
+        for batch in self.batches(data):
+            yield from batch
+
+    def batches(self, data: bytes) -> Iterator[list[Event]]:
+        """The events of ``data`` (and of what earlier calls left incomplete), a list per
+        block; a schema is a list of its own."""
         self._buffer += data
         while self._buffer:
             if self._buffer.startswith(b"ERR"):  # a reply line where a block would start
@@ -146,12 +191,12 @@ class AvroStreamDecoder:
                 if not self._read_header():
                     return
                 assert self.schema is not None
-                yield self.schema
+                yield [self.schema]
                 continue
             block = self._read_block()
             if block is None:
                 return
-            yield from block
+            yield block
 
     def _raise_error_line(self) -> None:
         newline = self._buffer.find(b"\n")
@@ -171,23 +216,108 @@ class AvroStreamDecoder:
         doc = json.loads(header.schema_json)
         self._parsed = fastavro.parse_schema(doc)
         self.schema = SchemaChange.from_schema(doc)
+        self._compiled = compiled_decoder(self.schema)
         return True
 
-    def _read_block(self) -> list[ChangeRecord] | None:
+    def _read_block(self) -> list[Event] | None:
         assert self._header is not None and self.schema is not None
         block = block_at(self._buffer, 0, self._header.sync)
         if block is None:
             return None
         count, pos, end = block
-        data = io.BytesIO(decompress(self._header.codec, bytes(self._buffer[pos : end -
-                                                                             SYNC_SIZE])))
+        data = decompress(self._header.codec, bytes(self._buffer[pos : end - SYNC_SIZE]))
         del self._buffer[:end]
+        if self._compiled is not None:
+            records: list[Event] | None = self._compiled.decode(data, count)
+            if records is not None:
+                return records
         import fastavro
 
-        read = fastavro.schemaless_reader
+        read, stream = fastavro.schemaless_reader, io.BytesIO(data)
         return [_record(self.schema,
-                        unsigned_metadata(read(data, self._parsed, None)),  # type: ignore[arg-type]
+                        unsigned_metadata(read(stream, self._parsed, None)),  # type: ignore[arg-type]
                         from_avro_value) for _ in range(count)]
+
+
+# -- the compiled decoder's program --------------------------------------------------------
+
+# _records.pyx's operations and union shapes (keep in step)
+_PRIMITIVE_OPS = {"int": 1, "long": 1, "float": 2, "double": 3, "boolean": 4, "string": 5,
+                  "bytes": 6}
+_LOGICAL_OPS = {("bytes", "decimal"): 8, ("int", "date"): 9,
+                ("long", "local-timestamp-micros"): 10, ("long", "timestamp-micros"): 11,
+                ("long", "time-micros"): 12, ("string", "uuid"): 13}
+_ENUM, _NULL = 7, 14
+_PLAIN, _NULLABLE, _WITH_TEXT = 0, 1, 2
+_METADATA_TYPES = ("int", "int", "long", "int", "long")
+
+
+def compiled_decoder(schema: SchemaChange) -> Any:
+    """The C decoder of this version's records, or None: not built, or a schema whose every
+    field it does not read exactly as fastavro does (the Python path reads those)."""
+    if _records is None:
+        return None
+    specs = schema.schema.get("fields", [])
+    event_types = _event_types(specs)
+    program = [_column_program(spec, f) for spec, f in zip(specs[6:], schema.columns,
+                                                             strict=False)]
+    if event_types is None or len(specs) != len(schema.fields) or None in program:
+        return None
+    return _records.RecordDecoder(ChangeRecord, tuple(f.name for f in fields(ChangeRecord)),
+                                  schema.database, schema.table, schema.version, event_types,
+                                  program, Decimal)
+
+
+def _event_types(specs: list[Any]) -> tuple[str, ...] | None:
+    """The event_type enum's symbols, if the six metadata fields are the service's."""
+    if [s.get("name") for s in specs[:6]] != list(METADATA_FIELDS) or \
+            tuple(s.get("type") for s in specs[:5]) != _METADATA_TYPES:
+        return None
+    enum = specs[5].get("type")
+    if not isinstance(enum, dict) or enum.get("type") != "enum":
+        return None
+    return tuple(enum.get("symbols", ()))
+
+
+def _column_program(spec: dict[str, Any], f: Field) -> tuple[Any, ...] | None:
+    """(operation, union shape, key, extra, text call, scale, precision) of one column."""
+    avro_type = spec.get("type")
+    branches = avro_type if isinstance(avro_type, list) else [avro_type]
+    shape = _PLAIN if not isinstance(avro_type, list) else _NULLABLE
+    if branches == ["null"]:
+        return _NULL, _NULLABLE, f.column, None, None, 0, 0
+    if isinstance(avro_type, list):
+        if branches[0] != "null" or len(branches) not in (2, 3):
+            return None
+        if len(branches) == 3:
+            if branches[2] != "string":
+                return None
+            shape = _WITH_TEXT
+        branches = branches[1:2]
+    operation = _operation(branches[0])
+    if operation is None:
+        return None
+    op, extra, scale, precision = operation
+    text = parse_time if f.kind == Kind.TIME else None  # from_avro_value's rule for text
+    return op, shape, f.column, extra, text, scale, precision
+
+
+def _operation(branch: Any) -> tuple[int, Any, int, int] | None:
+    if isinstance(branch, str):
+        op = _PRIMITIVE_OPS.get(branch)
+        return None if op is None else (op, None, 0, 0)
+    if not isinstance(branch, dict):
+        return None
+    if branch.get("type") == "enum":
+        symbols = branch.get("symbols")
+        return (_ENUM, tuple(symbols), 0, 0) if isinstance(symbols, list) else None
+    op = _LOGICAL_OPS.get((str(branch.get("type")), str(branch.get("logicalType"))))
+    if op is None:
+        return None
+    scale, precision = branch.get("scale", 0), branch.get("precision")
+    if op == 8 and not (isinstance(scale, int) and isinstance(precision, int)):
+        return None
+    return op, uuid.UUID if op == 13 else None, scale or 0, precision or 0
 
 
 class Resume:
@@ -225,6 +355,29 @@ class Resume:
             return self.version, None, self._after.request()
         return self.version, self.gtid, None
 
+    def accepted(self, events: list[Event]) -> list[Event]:
+        """The events of a batch (a schema alone, or records: as the decoders' ``batches``
+        give them) to deliver: :meth:`accept` of each, with the check of every record made
+        only where it can fail, at the batch's start."""
+        if not events or self._after is not None or isinstance(events[0], SchemaChange):
+            return [event for event in events if self.accept(event)]
+        start, last, count = 0, self._last, len(events)
+        if last is not None:  # the seek is inclusive: the records delivered come again first
+            while start < count and self._repeated(events[start], last):  # type: ignore[arg-type]
+                start += 1
+            if start == count:
+                return []
+        tail = events[-1]
+        assert isinstance(tail, ChangeRecord)
+        self._last = (tail.domain, tail.server_id, tail.sequence, tail.event_number)
+        self.gtid = tail.gtid
+        return events[start:] if start else events
+
+    @staticmethod
+    def _repeated(record: ChangeRecord, last: tuple[int, int, int, int]) -> bool:
+        return (record.domain, record.server_id, record.sequence) == last[:3] \
+            and record.event_number <= last[3]
+
     def accept(self, event: Event) -> bool:
         if isinstance(event, SchemaChange):
             if event.version == self._schema_version:
@@ -240,8 +393,7 @@ class Resume:
         if self._after is not None:
             return self._after.accept(event)
         last = self._last
-        if last is not None and (event.domain, event.server_id, event.sequence) == last[:3] \
-                and event.event_number <= last[3]:
+        if last is not None and self._repeated(event, last):
             return False  # the seek is inclusive: this transaction's records were delivered
         self._last = (event.domain, event.server_id, event.sequence, event.event_number)
         self.gtid = event.gtid

@@ -131,6 +131,13 @@ class SyncCdcConnection:
         """Events until the connection drops, or until ``idle_timeout`` seconds pass with
         nothing received (then the iterator simply ends). ``request`` None: the stream has
         already started (after ``REQUEST-DUMP ... FOLLOW``)."""
+        for batch in self.request_batches(request, idle_timeout):
+            yield from batch
+
+    def request_batches(self, request: DataRequest | None, idle_timeout: float | None = None
+                        ) -> Iterator[list[Event]]:
+        """:meth:`request`'s events in the decoders' batches (a block's records, or a
+        schema)."""
         if request is not None:
             self.send(request.line())
         decoder = JsonStreamDecoder() if self.format == Format.JSON else AvroStreamDecoder()
@@ -138,9 +145,9 @@ class SyncCdcConnection:
         data, self._pending = bytes(self._pending), bytearray()
         while True:
             if data:
-                yield from decoder.feed(data)
+                yield from decoder.batches(data)
             try:
-                data = self.sock.recv(1 << 16)
+                data = self.sock.recv(1 << 18)
             except TimeoutError:
                 return
             if not data:
@@ -271,10 +278,9 @@ class SyncCdcClient:
                     conn = self.connect()
                     request = DataRequest(database, name, *resume.request())
                 try:
-                    for event in conn.request(request, idle_timeout):
+                    for batch in conn.request_batches(request, idle_timeout):
                         policy.received()
-                        if resume.accept(event):
-                            yield event
+                        yield from resume.accepted(batch)
                     return
                 finally:
                     conn.close()

@@ -26,6 +26,7 @@ from cdcserver.core.config import parse_source_url
 from cdcserver.core.names import TableName
 from cdcserver.ops.verify import verify_table
 from mariadb_cdc_client import ChangeRecord, SyncCdcClient
+from mariadb_cdc_client import stream as client_stream
 from mariadb_cdc_client.format.schema import Kind, from_json_value
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER, RawClient
@@ -120,6 +121,12 @@ async def _json_lines(cdc: RunningService, name: str, count: int,
     return lines
 
 
+def _with_types(records: list[ChangeRecord]) -> list[dict[str, Any]]:
+    """Each value with its type (and a Decimal's digits and exponent): 1 == 1.0 == True."""
+    return [{k: (type(v), v, v.as_tuple() if isinstance(v, Decimal) else None)
+             for k, v in r.values.items()} for r in records]
+
+
 def _typed(port: int, name: str, fmt: str) -> list[ChangeRecord]:
     with SyncCdcClient("127.0.0.1", port, USER, PASSWORD, format=fmt) as client:
         return [e for e in client.stream(name, idle_timeout=1) if isinstance(e, ChangeRecord)]
@@ -148,6 +155,12 @@ async def test_every_type_round_trips_in_both_formats(cdc: RunningService, sourc
     from_avro = await asyncio.to_thread(_typed, cdc.port, name, "AVRO")
     assert [r.values for r in from_json] == [r.values for r in from_avro]
     assert len(from_json) == records
+    # ... whether the library decodes in C or in Python (CDC_PURE_PYTHON): the same values,
+    # each of the same type
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(client_stream, "_records", None)
+        python_avro = await asyncio.to_thread(_typed, cdc.port, name, "AVRO")
+    assert _with_types(python_avro) == _with_types(from_avro)
 
     maximum, special = from_avro[1].values, from_avro[2].values
     assert maximum["biu"] == Decimal(18446744073709551615)
