@@ -79,9 +79,63 @@ cdef enum:
     S_DATABASE, S_TABLE, S_VERSION, S_DOMAIN, S_SERVER_ID, S_SEQUENCE, S_EVENT_NUMBER, \
         S_TIMESTAMP, S_EVENT_TYPE, S_VALUES, S_REPAIR, NSLOTS
 
-cdef int64_t MICROS_PER_DAY = 86400000000
-cdef int64_t MICROS_PER_SECOND = 1000000
-cdef int64_t DAYS_0001_TO_1970 = 719162  # date(1970, 1, 1).toordinal() - 1
+cdef extern from *:
+    """
+    /* constants the compiler divides by with a multiplication */
+    #define RD_MICROS_PER_DAY 86400000000LL
+    #define RD_MICROS_PER_HOUR 3600000000LL
+    #define RD_MICROS_PER_MINUTE 60000000LL
+    #define RD_MICROS_PER_SECOND 1000000LL
+    #define RD_DAYS_0001_TO_1970 719162LL  /* date(1970, 1, 1).toordinal() - 1 */
+    #define RD_DEC_RADIX 10000000000000000000ULL  /* libmpdec's word: 19 digits */
+    """
+    int64_t MICROS_PER_DAY "RD_MICROS_PER_DAY"
+    int64_t MICROS_PER_HOUR "RD_MICROS_PER_HOUR"
+    int64_t MICROS_PER_MINUTE "RD_MICROS_PER_MINUTE"
+    int64_t MICROS_PER_SECOND "RD_MICROS_PER_SECOND"
+    int64_t DAYS_0001_TO_1970 "RD_DAYS_0001_TO_1970"
+    uint64_t DEC_RADIX "RD_DEC_RADIX"
+
+cdef extern from *:
+    """
+    /* CPython's _decimal object (Modules/_decimal/_decimal.c, unchanged since 3.3) and
+       libmpdec's mpd_t, as _decimal_layout_verified() checks them on real Decimals */
+    typedef struct {
+        uint8_t flags;
+        Py_ssize_t exp;
+        Py_ssize_t digits;
+        Py_ssize_t len;
+        Py_ssize_t alloc;
+        uint64_t *data;
+    } rd_mpd_t;
+    typedef struct {
+        PyObject_HEAD
+        Py_hash_t hash;
+        rd_mpd_t dec;
+        uint64_t data[4];
+    } rd_decimal;
+    #define RD_MPD_NEG 1
+    #define RD_MPD_STATIC 16
+    #define RD_MPD_STATIC_DATA 32
+    static PyObject *rd_alloc(PyObject *type) {
+        return ((PyTypeObject *)type)->tp_alloc((PyTypeObject *)type, 0);
+    }
+    """
+    ctypedef struct rd_mpd_t:
+        uint8_t flags
+        Py_ssize_t exp
+        Py_ssize_t digits
+        Py_ssize_t len
+        Py_ssize_t alloc
+        uint64_t *data
+    ctypedef struct rd_decimal:
+        Py_hash_t hash
+        rd_mpd_t dec
+        uint64_t data[4]
+    int MPD_NEG "RD_MPD_NEG"
+    int MPD_STATIC "RD_MPD_STATIC"
+    int MPD_STATIC_DATA "RD_MPD_STATIC_DATA"
+    object rd_alloc(object type)
 
 cdef object FALLBACK = object()  # a value the Python path must make
 cdef object UTC = datetime.timezone.utc
@@ -137,33 +191,80 @@ cdef object _datetime(int64_t micros, object tz):
     if not _days_in_range(days):
         return FALLBACK
     _civil(days, &year, &month, &day)
-    return datetime_new(<int>year, month, day, <int>(rest // 3600000000),
-                        <int>(rest // 60000000 % 60), <int>(rest // 1000000 % 60),
-                        <int>(rest % 1000000), tz)
+    return datetime_new(<int>year, month, day, <int>(rest // MICROS_PER_HOUR),
+                        <int>(rest // MICROS_PER_MINUTE % 60),
+                        <int>(rest // MICROS_PER_SECOND % 60),
+                        <int>(rest % MICROS_PER_SECOND), tz)
+
+
+cdef uint64_t[20] POWERS_OF_TEN
+POWERS_OF_TEN[0] = 1
+for _i in range(1, 20):
+    POWERS_OF_TEN[_i] = POWERS_OF_TEN[_i - 1] * 10
+
+
+cdef inline int _digits(uint64_t word) noexcept:
+    """How many decimal digits ``word`` has (1 for 0)."""
+    cdef int n = 1
+    while n < 20 and word >= POWERS_OF_TEN[n]:
+        n += 1
+    return n
 
 
 cdef object _decimal(const uint8_t *p, Py_ssize_t n, int scale, int precision, object dec):
-    """Avro's big-endian two's complement unscaled value as ``Decimal``, through its digits:
-    the same sign, digits and exponent as ``create_decimal(unscaled).scaleb(-scale)``
-    while the digits fit the precision (otherwise fastavro rounds: the Python path)."""
+    """Avro's big-endian two's complement unscaled value as ``Decimal``: the same sign,
+    digits and exponent as ``create_decimal(unscaled).scaleb(-scale)`` while the digits fit
+    the precision (otherwise fastavro rounds: the Python path)."""
     cdef rd_uint128 u = 0
     cdef bint negative
-    cdef char digits[48]
-    cdef char text[56]
-    cdef int ndigits = 0, length = 0, i
     cdef Py_ssize_t k
-    if n == 0:
-        return dec("0" if scale == 0 else "0." + "0" * scale)
     if n > 16:  # beyond 38 digits: DECIMAL(39..65, s)
         return _long_decimal(PyBytes_FromStringAndSize(<const char *>p, n), scale, precision,
                              dec)
-    negative = p[0] & 0x80
+    negative = n > 0 and p[0] & 0x80
     for k in range(n):
         u = (u << 8) | p[k]
     if negative:
         if n < 16:
             u |= (<rd_uint128>0 - 1) << (8 * n)  # sign extension
         u = (<rd_uint128>0) - u
+    if scale < 0 or scale > 40:
+        return FALLBACK
+    if u >= (<rd_uint128>DEC_RADIX) * DEC_RADIX:  # 39 digits
+        return _long_decimal(PyBytes_FromStringAndSize(<const char *>p, n), scale, precision,
+                             dec)
+    if DECIMAL_LAYOUT_VERIFIED and dec is DECIMAL:
+        return _made_decimal(u, negative, scale, precision)
+    return _decimal_from_text(u, negative, scale, precision, dec)
+
+
+cdef object _made_decimal(rd_uint128 u, bint negative, int scale, int precision):
+    """The Decimal as _decimal itself makes one (PyDecType_New, then its coefficient in
+    libmpdec's words of 19 digits), without parsing text."""
+    cdef uint64_t low = <uint64_t>(u % DEC_RADIX), high = <uint64_t>(u // DEC_RADIX)
+    cdef int digits = _digits(low) if high == 0 else 19 + _digits(high)
+    cdef rd_decimal *made
+    if digits > precision:
+        return FALLBACK
+    value = rd_alloc(DECIMAL)
+    made = <rd_decimal *><PyObject *>value
+    made.hash = -1
+    made.dec.flags = MPD_STATIC | MPD_STATIC_DATA | (MPD_NEG if negative else 0)
+    made.dec.exp = -scale
+    made.dec.digits = digits
+    made.dec.len = 1 if high == 0 else 2
+    made.dec.alloc = 4
+    made.dec.data = made.data
+    made.data[0] = low
+    made.data[1] = high
+    return value
+
+
+cdef object _decimal_from_text(rd_uint128 u, bint negative, int scale, int precision,
+                               object dec):
+    cdef char digits[48]
+    cdef char text[56]
+    cdef int ndigits = 0, length = 0, i
     while u:
         digits[ndigits] = <char>(48 + <int>(u % 10))
         u //= 10
@@ -171,7 +272,7 @@ cdef object _decimal(const uint8_t *p, Py_ssize_t n, int scale, int precision, o
     if ndigits == 0:
         digits[0] = 48
         ndigits = 1
-    if ndigits > precision or scale < 0 or scale > 40:
+    if ndigits > precision:
         return FALLBACK
     if negative:
         text[length] = 45  # '-'
@@ -198,6 +299,79 @@ cdef object _long_decimal(bytes unscaled_bytes, int scale, int precision, object
         digits = digits.rjust(scale + 1, "0")
         digits = digits[:-scale] + "." + digits[-scale:]
     return dec(("-" if unscaled < 0 else "") + digits)
+
+
+DECIMAL = __import__("decimal").Decimal
+
+# (text, negative, exponent, digits, words): Decimals _decimal makes from text, whose memory
+# must read as _made_decimal writes it
+_PROBES = (("0.00", False, -2, 1, (0,)), ("-12.50", True, -2, 4, (1250,)),
+           ("7", False, 0, 1, (7,)), ("-9999999999999999999", True, 0, 19,
+                                      (9999999999999999999,)),
+           ("12345678901234567890123.45", False, -2, 25, (1234567890123456789012345 % 10**19,
+                                                          1234567890123456789012345 // 10**19)),
+           ("-99999999999999999999999999999999999.999", True, -3, 38,
+            ((10**38 - 1) % 10**19, (10**38 - 1) // 10**19)))
+
+
+cdef bint _decimal_layout_verified():
+    """Whether Decimal objects are laid out as rd_decimal says, read (never written) from
+    Decimals _decimal made, and whether one made here then equals them."""
+    cdef rd_decimal *d
+    cdef int i
+    if DECIMAL.__basicsize__ != sizeof(rd_decimal) or \
+            sys.maxsize != 2**63 - 1:
+        return False
+    for text, negative, exponent, digits, words in _PROBES:
+        real = DECIMAL(text)
+        d = <rd_decimal *><PyObject *>real
+        if d.hash != -1 or d.dec.flags != (MPD_STATIC | MPD_STATIC_DATA |
+                                           (MPD_NEG if negative else 0)):
+            return False
+        if d.dec.exp != exponent or d.dec.digits != digits or d.dec.len != len(words) \
+                or d.dec.alloc != 4 or d.dec.data != d.data:
+            return False
+        for i in range(len(words)):
+            if d.data[i] != words[i]:
+                return False
+        if d.hash != -1 or hash(real) != d.hash:  # the cached hash is where it is read
+            return False
+    return True
+
+
+cdef bint DECIMAL_LAYOUT_VERIFIED = _decimal_layout_verified()
+
+
+def _decimals_made_here_equal_real_ones() -> bool:
+    """For the tests (and a check at import): every probe made by _made_decimal is the real
+    Decimal, digit for digit."""
+    for text, _, _, _, _ in _PROBES:
+        real = DECIMAL(text)
+        sign, coefficient, exponent = real.as_tuple()
+        unscaled = int("".join(map(str, coefficient))) * (-1 if sign else 1)
+        made = _decimal_of(unscaled, -exponent)
+        if made is FALLBACK or made.as_tuple() != real.as_tuple() or str(made) != text \
+                or hash(made) != hash(real) or made != real:
+            return False
+    return True
+
+
+def _decimal_of(object unscaled, int scale):
+    """The Decimal this module makes of an unscaled value (for the tests)."""
+    cdef bytes data = unscaled.to_bytes(unscaled.bit_length() // 8 + 1, "big", signed=True)
+    return _decimal(<const uint8_t *><char *>data, len(data), scale, 65, DECIMAL)
+
+
+try:
+    if DECIMAL_LAYOUT_VERIFIED and not _decimals_made_here_equal_real_ones():
+        DECIMAL_LAYOUT_VERIFIED = False
+except Exception:  # noqa: BLE001 - any doubt: Decimals from their text
+    DECIMAL_LAYOUT_VERIFIED = False
+
+
+def decimals_made_directly() -> bool:
+    """Whether Decimals are made directly (the layout verified) or from their text."""
+    return DECIMAL_LAYOUT_VERIFIED
 
 
 cdef class RecordDecoder:

@@ -205,3 +205,26 @@ def test_the_records_are_slotted_frozen_dataclasses() -> None:
         record.table = "u"  # type: ignore[misc]
     assert dataclasses.replace(record, table="u").table == "u"
     assert record.gtid == "0-1-2" and record.repair is None
+
+
+@needs_compiled
+def test_decimals_made_directly_are_the_decimals_of_their_digits() -> None:
+    """Where _records.pyx verified CPython's Decimal layout at import, it makes Decimals
+    without parsing text: each must be the real one (digits, exponent, sign, hash,
+    arithmetic, pickling), from 1 to 45 digits and scales 0 to 30; where it did not, the
+    text path gives the same."""
+    import decimal
+    import pickle
+
+    assert isinstance(compiled_module.decimals_made_directly(), bool)
+    context = decimal.Context(prec=65)
+    rng = random.Random(20261128)
+    for _ in range(20_000):
+        digits = rng.randint(1, 45)
+        unscaled = rng.randint(-(10 ** digits - 1), 10 ** digits - 1)
+        scale = rng.randint(0, 30)
+        made = compiled_module._decimal_of(unscaled, scale)
+        real = Decimal(unscaled).scaleb(-scale, context)
+        assert made.as_tuple() == real.as_tuple() and str(made) == str(real), (unscaled, scale)
+        assert hash(made) == hash(real) and pickle.loads(pickle.dumps(made)) == real
+        assert made + 1 == real + 1 and made * 3 == real * 3
