@@ -112,12 +112,46 @@ def _record(schema: SchemaChange, data: dict[str, Any], convert: Any) -> ChangeR
                         data["timestamp"], data["event_type"], values, data.get(REPAIR_KEY))
 
 
+# The kinds whose JSON value is already the typed one (from_json_value returns it as is)
+_AS_PARSED = frozenset({Kind.INT, Kind.LONG, Kind.STRING, Kind.ENUM, Kind.BOOLEAN, Kind.NULL})
+
+
+class _JsonRecords:
+    """One version's JSON records as ChangeRecords: :func:`_record` with ``from_json_value``,
+    its work chosen once per column (most columns need none) and the record made by the
+    compiled decoder where it is built."""
+
+    def __init__(self, schema: SchemaChange) -> None:
+        self.schema = schema
+        self.plain = [(f.name, f.column) for f in schema.columns if f.kind in _AS_PARSED]
+        self.converted = [(f.name, f.column, f.kind) for f in schema.columns
+                          if f.kind not in _AS_PARSED]
+        self.order = [f.column for f in schema.columns]
+        compiled = compiled_decoder(schema)
+        self.make = compiled.record if compiled is not None else self._made
+
+    def __call__(self, data: dict[str, Any]) -> ChangeRecord:
+        values = {column: data.get(name) for name, column in self.plain}
+        if self.converted:
+            for name, column, kind in self.converted:
+                values[column] = from_json_value(kind, data.get(name))
+            values = {column: values[column] for column in self.order}  # the schema's order
+        return self.make(data["domain"], data["server_id"], data["sequence"],
+                         data["event_number"], data["timestamp"], data["event_type"], values,
+                         data.get(REPAIR_KEY))
+
+    def _made(self, *fields: Any) -> ChangeRecord:
+        schema = self.schema
+        return ChangeRecord(schema.database, schema.table, schema.version, *fields)
+
+
 class JsonStreamDecoder:
     """JSON mode: one schema or record per line. An ``ERR`` line raises ProtocolError."""
 
     def __init__(self) -> None:
         self._buffer = bytearray()
         self.schema: SchemaChange | None = None
+        self._records: _JsonRecords | None = None
 
     def feed(self, data: bytes) -> Iterator[Event]:
         for batch in self.batches(data):
@@ -159,10 +193,11 @@ class JsonStreamDecoder:
         doc = json.loads(line, parse_float=Decimal)
         if "fields" in doc and "namespace" in doc:
             self.schema = SchemaChange.from_schema(doc)
+            self._records = _JsonRecords(self.schema)
             return self.schema
-        if self.schema is None:
+        if self._records is None:
             raise ProtocolError(Code.INTERNAL, "a record arrived before its schema")
-        return _record(self.schema, doc, from_json_value)
+        return self._records(doc)
 
 
 class AvroStreamDecoder:
