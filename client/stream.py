@@ -12,6 +12,7 @@ negative).
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -152,6 +153,7 @@ class JsonStreamDecoder:
         self._buffer = bytearray()
         self.schema: SchemaChange | None = None
         self._records: _JsonRecords | None = None
+        self._compiled: Any = None
 
     def feed(self, data: bytes) -> Iterator[Event]:
         for batch in self.batches(data):
@@ -164,10 +166,18 @@ class JsonStreamDecoder:
         end = self._buffer.rfind(b"\n")
         if end < 0:
             return
-        lines = bytes(self._buffer[:end]).split(b"\n")
+        chunk = bytes(self._buffer[: end + 1])
         del self._buffer[: end + 1]
         records: list[Event] = []
-        for line in lines:
+        pos = 0
+        while pos < len(chunk):
+            if self._compiled is not None:  # the record lines it reads, up to one it leaves
+                compiled, pos = self._compiled.decode(chunk, pos)
+                records += compiled
+                if pos >= len(chunk):
+                    break
+            newline = chunk.index(b"\n", pos)
+            line, pos = chunk[pos:newline], newline + 1
             if not line.strip():
                 continue
             try:
@@ -194,6 +204,7 @@ class JsonStreamDecoder:
         if "fields" in doc and "namespace" in doc:
             self.schema = SchemaChange.from_schema(doc)
             self._records = _JsonRecords(self.schema)
+            self._compiled = compiled_json_decoder(self.schema)
             return self.schema
         if self._records is None:
             raise ProtocolError(Code.INTERNAL, "a record arrived before its schema")
@@ -301,6 +312,25 @@ def compiled_decoder(schema: SchemaChange) -> Any:
     return _records.RecordDecoder(ChangeRecord, tuple(f.name for f in fields(ChangeRecord)),
                                   schema.database, schema.table, schema.version, event_types,
                                   program, Decimal)
+
+
+# _records.pyx's JSON operations (keep in step)
+_JSON_OPS = {Kind.INT: 1, Kind.LONG: 1, Kind.BOOLEAN: 2, Kind.STRING: 3, Kind.ENUM: 3,
+             Kind.DECIMAL: 4, Kind.DOUBLE: 5, Kind.FLOAT: 6, Kind.BYTES: 7, Kind.DATETIME: 8,
+             Kind.TIMESTAMP: 9, Kind.DATE: 10}
+_JSON_CALL = 11
+
+
+def compiled_json_decoder(schema: SchemaChange) -> Any:
+    """The C decoder of this version's JSON record lines, or None (not built, or a schema
+    the C record decoder does not take)."""
+    maker = compiled_decoder(schema)
+    if maker is None or not all(f.name.isascii() and '"' not in f.name and "\\" not in f.name
+                                for f in schema.columns):
+        return None
+    program = [(_JSON_OPS.get(f.kind, _JSON_CALL), f.name.encode(), f.column,
+                functools.partial(from_json_value, f.kind)) for f in schema.columns]
+    return _records.JsonRecordDecoder(maker, _event_types(schema.schema["fields"]), program)
 
 
 def _event_types(specs: list[Any]) -> tuple[str, ...] | None:

@@ -19,9 +19,10 @@ type the store writes.
 from cpython.datetime cimport date_new, datetime_new, import_datetime, timedelta_new
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
-from libc.stdint cimport int64_t, uint8_t, uint64_t
-from libc.stdlib cimport calloc, free
-from libc.string cimport memcpy
+from libc.math cimport HUGE_VAL, HUGE_VALF
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memchr, memcmp, memcpy
 
 from mariadb_cdc_client.format._cavro cimport Cursor, read_long, take
 
@@ -39,6 +40,7 @@ cdef extern from "Python.h":
     object PyUnicode_DecodeUTF8(const char *s, Py_ssize_t size, const char *errors)
     object PyUnicode_FromStringAndSize(const char *s, Py_ssize_t size)
     object PyBytes_FromStringAndSize(const char *s, Py_ssize_t size)
+    char *PyBytes_AS_STRING(object o)
     object PyLong_FromLongLong(long long v)
     object PyLong_FromUnsignedLongLong(unsigned long long v)
     object PyFloat_FromDouble(double v)
@@ -588,3 +590,545 @@ cdef class RecordDecoder:
             text = self._string(c)
             return text if text is FALLBACK else (<object>col.extra)(text)
         return FALLBACK  # R_NULL's only branch is null
+
+
+# -- JSON mode ---------------------------------------------------------------------------
+
+# What a JSON value becomes, per column (stream.py names them; keep in step).
+cdef enum:
+    J_INT = 1        # an integer: int
+    J_BOOLEAN = 2    # true / false: bool
+    J_STRING = 3     # a string: str
+    J_DECIMAL = 4    # a number: Decimal of its text
+    J_DOUBLE = 5     # a number: float
+    J_FLOAT = 6      # a number: float, through a 32-bit float
+    J_BYTES = 7      # a hex string: bytes
+    J_DATETIME = 8   # a string: naive datetime, if it is one MariaDB prints
+    J_TIMESTAMP = 9  # a string: datetime in UTC, if it ends +00:00
+    J_DATE = 10      # a string: date
+    J_CALL = 11      # a string: the Python conversion (TIME, UUID, ...)
+
+cdef enum:
+    T_NULL = 1
+    T_TRUE = 2
+    T_FALSE = 3
+    T_NUMBER = 4
+    T_STRING = 5
+
+cdef int[13] DAYS_IN_MONTH
+DAYS_IN_MONTH[:] = [0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
+
+
+cdef struct Token:
+    int kind
+    const uint8_t *p    # a number's text, or a string's bytes (unescaped when ``escaped``)
+    Py_ssize_t n
+    bint integer        # a number without fraction or exponent
+
+
+cdef struct JsonColumn:
+    int op
+    const char *key     # the field's name (Avro names need no escaping)
+    Py_ssize_t key_size
+    PyObject *column    # its name in ``values``
+    PyObject *call      # J_CALL, and any string a fast path does not read: the Python rule
+
+
+cdef inline Py_ssize_t _space(const uint8_t *p, Py_ssize_t i, Py_ssize_t end) noexcept:
+    while i < end and (p[i] == 32 or p[i] == 9 or p[i] == 13):
+        i += 1
+    return i
+
+
+cdef inline int _hex(uint8_t c) noexcept:
+    if 48 <= c <= 57:
+        return c - 48
+    if 97 <= c <= 102:
+        return c - 87
+    if 65 <= c <= 70:
+        return c - 55
+    return -1
+
+
+cdef inline bint _two(const uint8_t *p, int *value) noexcept:
+    if not (48 <= p[0] <= 57 and 48 <= p[1] <= 57):
+        return False
+    value[0] = (p[0] - 48) * 10 + (p[1] - 48)
+    return True
+
+
+cdef bint _civil_text(const uint8_t *p, int *year, int *month, int *day) noexcept:
+    """``YYYY-MM-DD`` of a real date (Python's date would take it)."""
+    cdef int hi, lo, days
+    if not (_two(p, &hi) and _two(p + 2, &lo) and p[4] == 45 and _two(p + 5, month)
+            and p[7] == 45 and _two(p + 8, day)):
+        return False
+    year[0] = hi * 100 + lo
+    if year[0] < 1 or not 1 <= month[0] <= 12:
+        return False
+    days = DAYS_IN_MONTH[month[0]]
+    if month[0] == 2 and year[0] % 4 == 0 and (year[0] % 100 != 0 or year[0] % 400 == 0):
+        days = 29
+    return 1 <= day[0] <= days
+
+
+cdef class JsonRecordDecoder:
+    """One version's JSON-mode record lines as ``ChangeRecord`` objects, the lines parsed in
+    C. A line it does not read exactly as ``json.loads(line, parse_float=Decimal)`` and
+    ``from_json_value`` would (a schema, an error line, a key out of the schema's order, a
+    repair's extra key, a lone surrogate, a number where a string belongs) stops it there
+    and is left to the Python path."""
+
+    cdef RecordDecoder maker
+    cdef int ncolumns
+    cdef JsonColumn *columns
+    cdef list keep
+    cdef tuple event_types
+    cdef tuple event_bytes   # their UTF-8, to compare with a line's bytes
+    cdef char *scratch       # a string's bytes with its escapes undone
+    cdef Py_ssize_t scratch_size
+
+    def __cinit__(self, RecordDecoder maker, tuple event_types, list program):
+        """``program``: per column (op, key bytes, column name, Python conversion)."""
+        cdef int i
+        self.maker = maker
+        self.event_types = event_types
+        self.event_bytes = tuple(symbol.encode() for symbol in event_types)
+        self.keep = []
+        self.ncolumns = len(program)
+        self.columns = <JsonColumn *>calloc(self.ncolumns + 1, sizeof(JsonColumn))
+        if self.columns == NULL:
+            raise MemoryError()
+        for i in range(self.ncolumns):
+            op, key, column, call = program[i]
+            self.keep.append((key, column, call))
+            self.columns[i].op = op
+            self.columns[i].key = <const char *>(<bytes>key)
+            self.columns[i].key_size = len(key)
+            self.columns[i].column = <PyObject *>column
+            self.columns[i].call = <PyObject *>call
+
+    def __dealloc__(self):
+        free(self.columns)
+        free(self.scratch)
+
+    def decode(self, const uint8_t[::1] data, Py_ssize_t pos):
+        """(records, position): the record lines of ``data`` from ``pos`` on, up to the
+        first line left to Python (its start) or the end of the last whole line."""
+        cdef const uint8_t *p = &data[0] if data.shape[0] else <const uint8_t *>b""
+        cdef Py_ssize_t size = data.shape[0], end
+        cdef const uint8_t *newline
+        records = []
+        while pos < size:
+            newline = <const uint8_t *>memchr(p + pos, 10, size - pos)
+            if newline == NULL:
+                break
+            end = newline - p
+            record = self._line(p, pos, end)
+            if record is None:
+                break
+            records.append(record)
+            pos = end + 1
+        return records, pos
+
+    cdef object _line(self, const uint8_t *p, Py_ssize_t i, Py_ssize_t end):
+        cdef Token token
+        cdef int64_t metadata[5]
+        cdef int k
+        i = _space(p, i, end)
+        if i >= end or p[i] != 123:  # '{'
+            return None
+        i += 1
+        for k in range(5):
+            i = self._key(p, i, end, METADATA_KEYS[k], METADATA_SIZES[k], k == 0)
+            if i < 0:
+                return None
+            i = self._token(p, i, end, &token)
+            if i < 0 or token.kind != T_NUMBER or not token.integer or \
+                    not _small_int(token.p, token.n, &metadata[k]):
+                return None
+        i = self._key(p, i, end, b"event_type", 10, False)
+        if i < 0:
+            return None
+        i = self._token(p, i, end, &token)
+        if i < 0 or token.kind != T_STRING:
+            return None
+        event_type = self._event_type(&token)
+        if event_type is None:
+            return None
+        values = {}
+        for k in range(self.ncolumns):
+            i = self._key(p, i, end, self.columns[k].key, self.columns[k].key_size, False)
+            if i < 0:
+                return None
+            i = self._token(p, i, end, &token)
+            if i < 0:
+                return None
+            value = self._value(&self.columns[k], &token)
+            if value is FALLBACK:
+                return None
+            values[<object>self.columns[k].column] = value
+        i = _space(p, i, end)
+        if i >= end or p[i] != 125 or _space(p, i + 1, end) != end:  # '}' and nothing after
+            return None
+        return self.maker._make(metadata[0], metadata[1], metadata[2], metadata[3],
+                                metadata[4], event_type, values)
+
+    cdef object _event_type(self, Token *token):
+        cdef Py_ssize_t k
+        cdef bytes encoded
+        for k in range(len(self.event_bytes)):
+            encoded = <bytes>self.event_bytes[k]
+            if len(encoded) == token.n and memcmp(<const char *>encoded, token.p, token.n) == 0:
+                return self.event_types[k]
+        return None
+
+    cdef Py_ssize_t _key(self, const uint8_t *p, Py_ssize_t i, Py_ssize_t end,
+                         const char *key, Py_ssize_t size, bint first) noexcept:
+        """Past ``"key":`` (after a ``,`` unless it is the first), or -1."""
+        i = _space(p, i, end)
+        if not first:
+            if i >= end or p[i] != 44:  # ','
+                return -1
+            i = _space(p, i + 1, end)
+        if i + size + 2 > end or p[i] != 34 or p[i + size + 1] != 34 or \
+                memcmp(p + i + 1, key, size) != 0:
+            return -1
+        i = _space(p, i + size + 2, end)
+        if i >= end or p[i] != 58:  # ':'
+            return -1
+        return _space(p, i + 1, end)
+
+    cdef Py_ssize_t _token(self, const uint8_t *p, Py_ssize_t i, Py_ssize_t end,
+                           Token *token) except -2:
+        """The value at ``i``: its kind and text; -1 for one left to Python."""
+        cdef Py_ssize_t start = i
+        cdef uint8_t c
+        if i >= end:
+            return -1
+        c = p[i]
+        if c == 34:
+            return self._string(p, i + 1, end, token)
+        if c == 110 and end - i >= 4 and memcmp(p + i, b"null", 4) == 0:
+            token.kind = T_NULL
+            return i + 4
+        if c == 116 and end - i >= 4 and memcmp(p + i, b"true", 4) == 0:
+            token.kind = T_TRUE
+            return i + 4
+        if c == 102 and end - i >= 5 and memcmp(p + i, b"false", 5) == 0:
+            token.kind = T_FALSE
+            return i + 5
+        # -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+        token.integer = True
+        if i < end and p[i] == 45:
+            i += 1
+        if i >= end or not 48 <= p[i] <= 57:
+            return -1
+        if p[i] == 48:
+            i += 1
+        else:
+            while i < end and 48 <= p[i] <= 57:
+                i += 1
+        if i < end and p[i] == 46:
+            token.integer = False
+            i += 1
+            if i >= end or not 48 <= p[i] <= 57:
+                return -1
+            while i < end and 48 <= p[i] <= 57:
+                i += 1
+        if i < end and (p[i] == 101 or p[i] == 69):
+            token.integer = False
+            i += 1
+            if i < end and (p[i] == 43 or p[i] == 45):
+                i += 1
+            if i >= end or not 48 <= p[i] <= 57:
+                return -1
+            while i < end and 48 <= p[i] <= 57:
+                i += 1
+        token.kind = T_NUMBER
+        token.p = p + start
+        token.n = i - start
+        return i
+
+    cdef Py_ssize_t _string(self, const uint8_t *p, Py_ssize_t i, Py_ssize_t end,
+                            Token *token) except -2:
+        """A string's bytes (its escapes undone into the scratch buffer); -1 for one left to
+        Python (a lone surrogate, a control character)."""
+        cdef Py_ssize_t start = i, n = 0
+        cdef uint8_t c
+        cdef uint32_t u, low
+        while i < end and p[i] != 34 and p[i] != 92 and p[i] >= 32:
+            i += 1
+        if i < end and p[i] == 34:  # no escapes: the bytes as they are
+            token.kind = T_STRING
+            token.p = p + start
+            token.n = i - start
+            return i + 1
+        if self._reserve(end - start) < 0:
+            return -2
+        memcpy(self.scratch, p + start, i - start)
+        n = i - start
+        while i < end:
+            c = p[i]
+            if c == 34:
+                token.kind = T_STRING
+                token.p = <const uint8_t *>self.scratch
+                token.n = n
+                return i + 1
+            if c < 32:
+                return -1
+            if c != 92:
+                self.scratch[n] = <char>c
+                n += 1
+                i += 1
+                continue
+            if i + 1 >= end:
+                return -1
+            c = p[i + 1]
+            i += 2
+            if c == 117:  # \uXXXX
+                if not _hex4(p, i, end, &u):
+                    return -1
+                i += 4
+                if 0xD800 <= u <= 0xDBFF:
+                    if not (i + 1 < end and p[i] == 92 and p[i + 1] == 117
+                            and _hex4(p, i + 2, end, &low) and 0xDC00 <= low <= 0xDFFF):
+                        return -1
+                    i += 6
+                    u = 0x10000 + ((u - 0xD800) << 10) + (low - 0xDC00)
+                elif 0xDC00 <= u <= 0xDFFF:
+                    return -1
+                n += _utf8_encode(u, self.scratch + n)
+                continue
+            self.scratch[n] = <char>_escaped(c)
+            if self.scratch[n] == 0:
+                return -1
+            n += 1
+        return -1
+
+    cdef int _reserve(self, Py_ssize_t size) except -1:
+        if size + 8 > self.scratch_size:
+            free(self.scratch)
+            self.scratch_size = size + 8 + (size >> 2)
+            self.scratch = <char *>malloc(self.scratch_size)
+            if self.scratch == NULL:
+                self.scratch_size = 0
+                raise MemoryError()
+        return 0
+
+    cdef object _value(self, JsonColumn *col, Token *token):
+        cdef int op = col.op
+        if token.kind == T_NULL:
+            return None
+        if token.kind == T_STRING:
+            text = _text(token)
+            if text is FALLBACK or op == J_STRING:
+                return text
+            if op == J_BYTES:
+                return _hex_bytes(token)
+            if op == J_DATETIME or op == J_TIMESTAMP:
+                value = _datetime_text(token, op == J_TIMESTAMP)
+            elif op == J_DATE:
+                value = _date_text(token)
+            else:
+                value = FALLBACK
+            if value is not FALLBACK:
+                return value
+            if op == J_INT or op == J_BOOLEAN or op == J_DECIMAL or op == J_DOUBLE \
+                    or op == J_FLOAT:
+                return FALLBACK  # a string where a number belongs: as Python has it
+            return (<object>col.call)(text)
+        if token.kind == T_TRUE or token.kind == T_FALSE:
+            if op == J_BOOLEAN or op == J_INT or op == J_STRING:
+                return token.kind == T_TRUE
+            return FALLBACK
+        return _number(op, token)
+
+
+cdef const char *METADATA_KEYS[5]
+cdef Py_ssize_t METADATA_SIZES[5]
+METADATA_KEYS[:] = [b"domain", b"server_id", b"sequence", b"event_number", b"timestamp"]
+METADATA_SIZES[:] = [6, 9, 8, 12, 9]
+
+
+cdef inline bint _hex4(const uint8_t *p, Py_ssize_t i, Py_ssize_t end, uint32_t *u) noexcept:
+    cdef int k, h
+    if i + 4 > end:
+        return False
+    u[0] = 0
+    for k in range(4):
+        h = _hex(p[i + k])
+        if h < 0:
+            return False
+        u[0] = (u[0] << 4) | <uint32_t>h
+    return True
+
+
+cdef inline int _utf8_encode(uint32_t u, char *out) noexcept:
+    if u < 0x80:
+        out[0] = <char>u
+        return 1
+    if u < 0x800:
+        out[0] = <char>(0xC0 | (u >> 6))
+        out[1] = <char>(0x80 | (u & 0x3F))
+        return 2
+    if u < 0x10000:
+        out[0] = <char>(0xE0 | (u >> 12))
+        out[1] = <char>(0x80 | ((u >> 6) & 0x3F))
+        out[2] = <char>(0x80 | (u & 0x3F))
+        return 3
+    out[0] = <char>(0xF0 | (u >> 18))
+    out[1] = <char>(0x80 | ((u >> 12) & 0x3F))
+    out[2] = <char>(0x80 | ((u >> 6) & 0x3F))
+    out[3] = <char>(0x80 | (u & 0x3F))
+    return 4
+
+
+cdef inline uint8_t _escaped(uint8_t c) noexcept:
+    """The character of ``\\c``; 0 for an escape JSON does not have."""
+    if c == 34 or c == 92 or c == 47:
+        return c
+    if c == 110:
+        return 10
+    if c == 116:
+        return 9
+    if c == 114:
+        return 13
+    if c == 98:
+        return 8
+    if c == 102:
+        return 12
+    return 0
+
+
+cdef object _text(Token *token):
+    try:
+        return PyUnicode_DecodeUTF8(<const char *>token.p, token.n, NULL)
+    except UnicodeDecodeError:
+        return FALLBACK  # json.loads refuses the line
+
+
+cdef bint _small_int(const uint8_t *p, Py_ssize_t n, int64_t *value) noexcept:
+    """An integer's text of up to 18 digits."""
+    cdef Py_ssize_t i = 0
+    cdef int64_t v = 0
+    cdef bint negative = n > 0 and p[0] == 45
+    if negative:
+        i = 1
+    if n - i > 18 or n - i < 1:
+        return False
+    while i < n:
+        v = v * 10 + (p[i] - 48)
+        i += 1
+    value[0] = -v if negative else v
+    return True
+
+
+cdef object _number(int op, Token *token):
+    cdef int64_t v
+    cdef double d
+    cdef float f
+    if op == J_INT:
+        if not token.integer:
+            return FALLBACK  # json gives a Decimal: as Python has it
+        if _small_int(token.p, token.n, &v):
+            return PyLong_FromLongLong(v)
+        return int(PyUnicode_FromStringAndSize(<const char *>token.p, token.n))
+    if op == J_DECIMAL:
+        return _decimal_text(token)
+    if token.integer and token.n > 300:
+        return FALLBACK  # float(int) refuses what float(text) makes infinite
+    if op == J_DOUBLE or op == J_FLOAT:
+        text = PyUnicode_FromStringAndSize(<const char *>token.p, token.n)
+        d = float(text)
+        if op == J_DOUBLE:
+            return PyFloat_FromDouble(d)
+        f = <float>d
+        if f != f or ((f == HUGE_VALF or f == -HUGE_VALF) and d == d and
+                      d != HUGE_VAL and d != -HUGE_VAL):
+            return FALLBACK  # struct.pack refuses it: as Python has it
+        return PyFloat_FromDouble(<double>f)
+    return FALLBACK
+
+
+cdef object _decimal_text(Token *token):
+    """``Decimal(text)`` of a JSON number, made directly for plain ``[-]digits[.digits]``
+    of up to 38 digits."""
+    cdef const uint8_t *p = token.p
+    cdef Py_ssize_t i = 0, n = token.n
+    cdef rd_uint128 u = 0
+    cdef int digits = 0, scale = 0
+    cdef bint negative = n > 0 and p[0] == 45, point = False
+    if negative:
+        i = 1
+    if DECIMAL_LAYOUT_VERIFIED:
+        while i < n:
+            if p[i] == 46:
+                point = True
+            elif 48 <= p[i] <= 57:
+                if digits or p[i] != 48:
+                    digits += 1
+                u = u * 10 + (p[i] - 48)
+                if point:
+                    scale += 1
+            else:
+                break
+            i += 1
+        if i == n and digits <= 38 and scale <= 40 and not (negative and u == 0):
+            return _made_decimal(u, negative, scale, 1000)
+    if token.integer and n == 2 and negative and p[1] == 48:
+        return FALLBACK  # json reads -0 as the int 0, and Decimal(0) has no sign
+    return DECIMAL(PyUnicode_FromStringAndSize(<const char *>p, n))
+
+
+cdef object _hex_bytes(Token *token):
+    cdef Py_ssize_t k
+    cdef int hi, lo
+    cdef char *out
+    if token.n % 2:
+        return FALLBACK
+    value = PyBytes_FromStringAndSize(NULL, token.n // 2)
+    out = PyBytes_AS_STRING(value)
+    for k in range(token.n // 2):
+        hi = _hex(token.p[2 * k])
+        lo = _hex(token.p[2 * k + 1])
+        if hi < 0 or lo < 0:
+            return FALLBACK
+        out[k] = <char>((hi << 4) | lo)
+    return value
+
+
+cdef object _date_text(Token *token):
+    cdef int year, month, day
+    if token.n != 10 or not _civil_text(token.p, &year, &month, &day):
+        return FALLBACK
+    return date_new(year, month, day)
+
+
+cdef object _datetime_text(Token *token, bint utc):
+    """``YYYY-MM-DD HH:MM:SS[.fff|.ffffff]`` (then ``+00:00`` if ``utc``), as
+    ``datetime.fromisoformat`` reads it; anything else is left to it."""
+    cdef const uint8_t *p = token.p
+    cdef Py_ssize_t n = token.n
+    cdef int year, month, day, hour, minute, second, micros = 0, k, digits
+    if utc:
+        if n < 25 or memcmp(p + n - 6, b"+00:00", 6) != 0:
+            return FALLBACK
+        n -= 6
+    if n < 19 or not _civil_text(p, &year, &month, &day) or p[10] != 32 or \
+            not (_two(p + 11, &hour) and p[13] == 58 and _two(p + 14, &minute)
+                 and p[16] == 58 and _two(p + 17, &second)):
+        return FALLBACK
+    if hour > 23 or minute > 59 or second > 59:
+        return FALLBACK
+    digits = <int>(n - 20)
+    if n > 19:
+        if p[19] != 46 or (digits != 3 and digits != 6):
+            return FALLBACK
+        for k in range(digits):
+            if not 48 <= p[20 + k] <= 57:
+                return FALLBACK
+            micros = micros * 10 + (p[20 + k] - 48)
+        if digits == 3:
+            micros *= 1000
+    return datetime_new(year, month, day, hour, minute, second, micros, UTC if utc else None)

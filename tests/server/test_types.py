@@ -160,7 +160,9 @@ async def test_every_type_round_trips_in_both_formats(cdc: RunningService, sourc
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(client_stream, "_records", None)
         python_avro = await asyncio.to_thread(_typed, cdc.port, name, "AVRO")
+        python_json = await asyncio.to_thread(_typed, cdc.port, name, "JSON")
     assert _with_types(python_avro) == _with_types(from_avro)
+    assert _with_types(python_json) == _with_types(from_json)
 
     maximum, special = from_avro[1].values, from_avro[2].values
     assert maximum["biu"] == Decimal(18446744073709551615)
