@@ -1,9 +1,11 @@
 """Builds the optional C extensions (binlog rows to Avro: cdcserver/store/_transcode.pyx;
 Avro blocks to JSON lines: cdcserver/protocol/_jsonlines.pyx; a dump's result rows to its row
-form: cdcserver/dump/_rawrows.pyx; on Spark executors, Avro blocks to Arrow buffers:
+form: cdcserver/dump/_rawrows.pyx; a databus message's rows: cdcserver/messages/_databus.pyx;
+on Spark executors, Avro blocks to Arrow buffers:
 client/spark/_avroarrow.pyx, which imports as mariadb_cdc_client.spark._avroarrow, the
-package-dir mapping of pyproject.toml); everything else is in pyproject.toml. Without a C
-compiler the build goes on without them and the service and the Spark source take their
+package-dir mapping of pyproject.toml; in the client library, a stream's Avro blocks and JSON
+lines to typed records: client/format/_records.pyx); everything else is in pyproject.toml.
+Without a C compiler the build goes on without them and the service and the Spark source take their
 pure-Python paths."""
 
 import os
@@ -30,7 +32,11 @@ extensions = cythonize(
      Extension("cdcserver.protocol._jsonlines", ["cdcserver/protocol/_jsonlines.pyx"],
                optional=True),
      Extension("cdcserver.dump._rawrows", ["cdcserver/dump/_rawrows.pyx"], optional=True),
+     Extension("cdcserver.messages._databus", ["cdcserver/messages/_databus.pyx"],
+               optional=True),
      Extension("mariadb_cdc_client.spark._avroarrow", ["client/spark/_avroarrow.pyx"],
+               optional=True),
+     Extension("mariadb_cdc_client.format._records", ["client/format/_records.pyx"],
                optional=True)],
     compiler_directives={"language_level": "3"},
     include_path=[include_path()],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,19 @@ from cdcserver.messages.base import (
 from cdcserver.messages.events import RowBatch, RowEvent, StatementEvent, TableShape
 from cdcserver.schema.ddl import qualified
 from mariadb_cdc_client.format.dump import value_encoder
-from mariadb_cdc_client.format.schema import Field
+from mariadb_cdc_client.format.schema import Field, Kind
+
+try:  # the compiled row writer (cdcserver/messages/_databus.pyx): the same bytes, in C
+    from cdcserver.messages import _databus  # type: ignore[attr-defined]
+except ImportError:  # not built: the Python path
+    _databus = None
+if os.environ.get("CDC_PURE_PYTHON"):  # to measure or test the Python path
+    _databus = None
+
+# _databus.pyx's operations (keep in step)
+_C_CALL = 0
+_C_OPS = {Kind.INT: 1, Kind.LONG: 1, Kind.STRING: 2, Kind.ENUM: 2, Kind.BYTES: 3}
+_C_DATETIME = {0: 4, 3: 5, 6: 6}
 
 
 def go_mysql_type(raw_type: str) -> int:
@@ -121,19 +134,34 @@ class Databus(MessageFormat):
         bits = {label: 1 << n for n, label in enumerate(col.set_values)}
         return lambda v: b"%d" % sum(bits.get(label, 0) for label in v.split(",") if label)
 
+    def _value_ops(self, shape: TableShape) -> tuple[int, ...]:
+        """Per column, what _databus.pyx writes itself (else the column's encoder)."""
+        ops: tuple[int, ...] | None = shape.cache.get("databus.ops")
+        if ops is None:
+            ops = shape.cache["databus.ops"] = tuple(
+                _C_CALL if not self.labels and f.real_type in ("enum", "set")
+                else _C_DATETIME.get(f.fsp, _C_CALL) if f.kind == Kind.DATETIME
+                else _C_OPS.get(f.kind, _C_CALL) for f in shape.fields)
+        return ops
+
+    def rows_json(self, shape: TableShape, rows: list[tuple[Any, ...]]) -> bytes:
+        """``[...],[...]``: each row's values base64-encoded (null for NULL)."""
+        encoders = self.value_encoders(shape)
+        if _databus is not None:
+            written = _databus.rows_json(rows, self._value_ops(shape), tuple(encoders))
+            if written is not None:
+                return bytes(written)
+        b64 = binascii.b2a_base64
+        return b",".join([b"[" + b",".join([
+            b"null" if v is None else b'"' + b64(enc(v), newline=False) + b'"'
+            for enc, v in zip(encoders, row)]) + b"]" for row in rows])  # noqa: B905
+
     def row_event(self, batch: RowBatch) -> RowMessage:
         first = batch.rows[0]
-        encoders = self.value_encoders(first.shape)
-        b64 = binascii.b2a_base64
-        rows = []
-        for e in batch.rows:
-            for row in (e.before, e.after):
-                if row is not None:
-                    rows.append(b"[" + b",".join([
-                        b"null" if v is None else b'"' + b64(enc(v), newline=False) + b'"'
-                        for enc, v in zip(encoders, row)]) + b"]")  # noqa: B905
+        rows = [row for e in batch.rows for row in (e.before, e.after) if row is not None]
         value = (b'{"Table":' + self.table_json(first.shape) + b',"Action":"' +
-                 first.action.encode() + b'","Rows":[' + b",".join(rows) + b"]}")
+                 first.action.encode() + b'","Rows":[' + self.rows_json(first.shape, rows) +
+                 b"]}")
         return self.event_key("DML", first.file, first.transaction_start, first.gtid_text,
                               first.event_number), value, first.event_number
 

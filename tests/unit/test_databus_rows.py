@@ -1,0 +1,78 @@
+"""The compiled writer of databus rows (cdcserver/messages/_databus.pyx) against the Python
+path it replaces: the same rows must give the same bytes, for every kind of column
+``Databus.value_encoders`` handles (ints at their limits, text with multi-byte and empty
+values, binary data of every length modulo three, datetimes of each precision, values of
+another type than their column's, an ENUM written as its index) and NULLs."""
+
+from __future__ import annotations
+
+import binascii
+import datetime as dt
+import random
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from cdcserver.messages import databus
+from mariadb_cdc_client.format.dump import value_encoder
+from mariadb_cdc_client.format.schema import Field, Kind
+
+compiled = databus._databus
+pytestmark = pytest.mark.skipif(compiled is None, reason="_databus.pyx is not built here")
+
+FIELDS = [Field("i", Kind.INT, "i"), Field("l", Kind.LONG, "l"), Field("s", Kind.STRING, "s"),
+          Field("b", Kind.BYTES, "b"), Field("d0", Kind.DATETIME, "d0", fsp=0),
+          Field("d3", Kind.DATETIME, "d3", fsp=3), Field("d6", Kind.DATETIME, "d6", fsp=6),
+          Field("d2", Kind.DATETIME, "d2", fsp=2), Field("dec", Kind.DECIMAL, "dec"),
+          Field("f", Kind.DOUBLE, "f"), Field("e", Kind.ENUM, "e", real_type="enum")]
+OPS = (*[databus._C_DATETIME.get(f.fsp, 0) if f.kind == Kind.DATETIME
+          else databus._C_OPS.get(f.kind, 0) for f in FIELDS[:-1]], 0)
+ENUM_INDEX = {"a": 1, "b": 2}
+ENCODERS = (*[value_encoder(f) for f in FIELDS[:-1]],
+            lambda v: b"%d" % ENUM_INDEX.get(v, 0))
+
+
+def _python(rows: list[tuple[Any, ...]]) -> bytes:
+    b64 = binascii.b2a_base64
+    return b",".join([b"[" + b",".join([
+        b"null" if v is None else b'"' + b64(enc(v), newline=False) + b'"'
+        for enc, v in zip(ENCODERS, row, strict=True)]) + b"]" for row in rows])
+
+
+def _row(rng: random.Random) -> tuple[Any, ...]:
+    def some(make: Any) -> Any:
+        return None if rng.random() < 0.15 else make()
+    moment = dt.datetime(1, 1, 1) + dt.timedelta(microseconds=rng.randrange(315537897600000000))
+    return (some(lambda: rng.choice([0, -1, 2**31 - 1, -2**31, rng.randint(-999, 999)])),
+            some(lambda: rng.choice([2**63 - 1, -2**63, 2**64, -2**70, True, "7"])),
+            some(lambda: rng.choice(["", "a", "é€🎉", "x" * rng.randint(1, 90), 5])),
+            some(lambda: rng.randbytes(rng.randint(0, 7))),
+            some(lambda: moment), some(lambda: moment), some(lambda: moment),
+            some(lambda: rng.choice([moment, "0000-00-00 00:00:00",
+                                     moment.replace(tzinfo=dt.UTC)])),
+            some(lambda: Decimal(rng.randint(-10**12, 10**12)).scaleb(-2)),
+            some(lambda: rng.choice([0.1, -1e300, 5e-324])),
+            some(lambda: rng.choice(["a", "b", ""])))
+
+
+def test_rows_are_written_byte_for_byte_as_the_python_path_writes_them() -> None:
+    rng = random.Random(20261128)
+    rows = [_row(rng) for _ in range(3000)] + [(None,) * len(FIELDS)]
+    assert compiled.rows_json(rows, OPS, ENCODERS) == _python(rows)
+    assert compiled.rows_json([], OPS, ENCODERS) == b""
+
+
+def test_a_datetime_with_a_zone_and_a_row_of_another_width_go_to_python() -> None:
+    aware = dt.datetime(2024, 2, 29, 12, 0, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    row = (1, 2, "s", b"", aware, aware, aware, None, None, None, "a")
+    assert compiled.rows_json([row], OPS, ENCODERS) == _python([row])
+    assert compiled.rows_json([(1, 2)], OPS, ENCODERS) is None
+
+
+def test_text_that_has_no_utf8_fails_as_in_python() -> None:
+    row = (None, None, "\ud800", None, None, None, None, None, None, None, None)
+    with pytest.raises(UnicodeEncodeError):
+        _python([row])
+    with pytest.raises(UnicodeEncodeError):
+        compiled.rows_json([row], OPS, ENCODERS)
