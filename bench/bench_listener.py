@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_listener.py [--runs N] [--seconds S | --minutes M]
         [--clients C] [--rate R] [--batch B] [--sample T] [--only avro|json|latency]
+        [--tables N] [--client-processes P]
 
 A private MariaDB under bench/out/listener-mariadb; the service always runs as its own process
 (``cdcserver run``, listener on 127.0.0.1, port 0), so no client shares its event loop and its
@@ -36,10 +37,28 @@ clock for every process of the machine; a row that arrives before its ``COMMIT``
 counts as 0 ms). After the writer stops, the clients get half the run time (10 s to 120 s) to
 receive the rest; a row still missing then is counted as arriving then, and the percentiles are
 marked as lower bounds.
-- `service RSS before the clients connected`: the service's VmRSS, the table just created;
+
+``--tables N`` (default 1: ``bench.ticks`` alone): N such tables ``bench.ticks_0`` ..
+``bench.ticks_{N-1}``; client i tails table i % N, and the writer's transaction k goes to table
+k % N, so the total stays R rows/s; each table's ids run on from its own seed row, and every
+check below (order, gaps, duplicates, rows delivered) is per connection, so per table.
+``--client-processes P`` (default 2): the processes the clients are spread over (each sets up
+16 connections at once). For many connections the bench raises its RLIMIT_NOFILE (the hard
+limit too where it may) to 2 x C + 4096, which the service and the client processes inherit
+(the service raises its soft limit to the hard one and budgets two descriptors per connection:
+its socket and the version file its stream holds open, cdcserver/app/descriptors.py); it
+starts the service with ``--max-connections`` max(2048, C + 64) and
+``CDCSERVER_LISTENER_MAX_UNAUTHENTICATED`` max(32, 16 x P), and stops at once, saying why, if
+the connections the service budgets (its start-up log) are fewer than C.
+- `service RSS before the clients connected`: the service's VmRSS, the tables just created;
+- with more than one table, or another number of client processes: the tables and clients per
+  table; the client processes x connections, the time all took to connect (and get their
+  table's seed row), the descriptor limit and the service's ``--max-connections``;
 - `writer`: rows and transactions committed, and the rate achieved;
-- `rows delivered`: rows all clients received, of clients x rows committed (gaps, duplicates and
-  lost connections are reported);
+- `rows delivered`: rows all clients received, of clients x rows committed (with N tables:
+  the sum over the tables of the table's rows x its clients; gaps, rows repeated or out of
+  order, and lost connections are reported); with N > 1, `tables whose clients got all their
+  rows once, in order`: how many of the N, and the first tables that did not, with counts;
 - `latency p50 / p99 / max`: over every row of every client (targets p50 <= 20 ms,
   p99 <= 100 ms); then, if any, the rows not delivered by the end of the drain (and the figures
   over the rows delivered alone), and the rows that arrived before their COMMIT returned;
@@ -49,8 +68,10 @@ marked as lower bounds.
   p99 latency of the rows committed in the T seconds before (``>=``: some were not delivered);
 - `service RSS first / last / max`: over those samples (the first: clients connected, writer
   starting);
-- `CPU over the writer's run`: the service process's CPU time, and the two client processes',
-  in % of one core (the machine has two);
+- `CPU over the writer's run`: the service process's CPU time, and the client processes'
+  together, in % of one core (the machine has two); with N > 1 or another number of client
+  processes, each client process's, and this process's (the writer and the sampler) and
+  MariaDB's;
 - `service log`: the warnings and errors the service logged (its log: bench/out/listener-*.log).
 """
 
@@ -63,6 +84,7 @@ import hashlib
 import multiprocessing
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -71,7 +93,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, cast
@@ -102,7 +124,8 @@ class ServiceProcess:
     """``cdcserver run`` on a private data directory, its listener on 127.0.0.1 port 0."""
 
     def __init__(self, server: EmbeddedMariaDB, name: str, server_id: int,
-                 start_gtid: str = "oldest") -> None:
+                 start_gtid: str = "oldest", options: Sequence[str] = (),
+                 environment: dict[str, str] | None = None) -> None:
         self.data_dir = os.path.join(OUT, f"listener-{name}")
         shutil.rmtree(self.data_dir, ignore_errors=True)
         os.makedirs(self.data_dir)
@@ -112,7 +135,8 @@ class ServiceProcess:
                      "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
                      "--users-file", USERS,
                      "--server-id", str(server_id), "--start-gtid", start_gtid,
-                     "--log-level", "info"]
+                     "--log-level", "info", *options]
+        self.environment = None if environment is None else {**os.environ, **environment}
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
 
@@ -120,6 +144,7 @@ class ServiceProcess:
         with open(self.log_path, "wb") as log:
             # killed with this process, even by -9: no service is left behind
             self.process = subprocess.Popen(self.args, stdout=log, stderr=log,
+                                            env=self.environment,
                                             preexec_fn=kill_me_with_my_parent)
         deadline = time.monotonic() + 60
         while not self.port:
@@ -176,6 +201,16 @@ class ServiceProcess:
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.pid)
 
+    def budget_line(self) -> str:
+        """The service's account of its file descriptors (logged at start), or ''."""
+        found = re.search(r"file descriptors: .*", self._log())
+        return found[0] if found else ""
+
+    def connections_budget(self) -> int | None:
+        """The client connections the service serves at once, as it logged at start."""
+        found = re.search(r"(\d+) client connections", self.budget_line())
+        return int(found[1]) if found else None
+
     def problems(self) -> list[str]:
         """The service's log records at level WARNING and above, so far."""
         return [entry for entry in self._log().splitlines() if _PROBLEM.match(entry)]
@@ -186,6 +221,25 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def raise_nofile(wanted: int) -> int:
+    """Raise this process's RLIMIT_NOFILE to at least ``wanted`` descriptors: the hard limit
+    too where allowed (root; at most fs.nr_open), else the soft one up to the hard one.
+    Children (the service, the client processes) inherit it. Returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return soft
+    with contextlib.suppress(OSError), open("/proc/sys/fs/nr_open") as f:
+        wanted = min(wanted, int(f.read()))
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, wanted))
+            return wanted
+        except (ValueError, OSError):  # not privileged: as far as the hard limit goes
+            wanted = hard
+    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return wanted
 
 
 def gtid_pos(server: EmbeddedMariaDB) -> str:
@@ -361,13 +415,30 @@ def report_problems(service: ServiceProcess) -> None:
                                                if problems else ""))
 
 
-# -- latency under load: the clients (a process of their own) -------------------------------
+# -- latency under load: the clients (processes of their own) -------------------------------
+
+CONNECTING = 16  # connections a client process sets up at once
+
 
 @dataclass(frozen=True)
 class TickPlan:
     batch: int  # rows per transaction
     tx_per_window: int  # transactions committed per sample period
-    table: str = "bench.ticks"  # the table written and tailed
+    # the tables written and tailed: transaction k goes to tables[k % N], client i tails
+    # tables[i % N]; in each table the ids run on from FIRST_ID, a transaction's rows in a row
+    tables: tuple[str, ...] = ("bench.ticks",)
+
+    def transactions(self, table: int, written: int) -> int:
+        """How many of the writer's first ``written`` transactions went to ``tables[table]``."""
+        n = len(self.tables)
+        return written // n + (table < written % n)
+
+    def last_id(self, table: int, written: int) -> int:
+        return FIRST_ID + self.transactions(table, written) * self.batch - 1
+
+    def clients_of(self, table: int, clients: int) -> int:
+        n = len(self.tables)
+        return clients // n + (table < clients % n)
 
 
 @dataclass
@@ -375,13 +446,17 @@ class ClientStats:
     rows: int = 0  # delivered
     undelivered: int = 0  # not delivered by the end of the drain (counted at that time)
     early: int = 0  # rows that arrived before the writer's COMMIT returned
-    gaps: int = 0  # a received id that is not the next one
+    gaps: int = 0  # a received id past the next one (ids skipped)
+    duplicates: int = 0  # rows whose id is below the next one (repeated, or out of order)
     lost: int = 0  # connections that ended before the drain
     max_ns: int = 0  # of the rows received
     max_censored_ns: int = 0
     # (window, bucket) -> rows: received, and not received by the end of the drain
     hist: dict[tuple[int, int], int] = field(default_factory=dict)
     censored: dict[tuple[int, int], int] = field(default_factory=dict)
+    # table index -> rows delivered to its clients; -> gaps, duplicates and lost connections
+    table_rows: dict[int, int] = field(default_factory=dict)
+    table_faults: dict[int, int] = field(default_factory=dict)
 
     def add(self, window: int, latency_ns: int, rows: int, censored: bool = False) -> None:
         if latency_ns < 0:
@@ -395,6 +470,9 @@ class ClientStats:
             self.max_ns = max(self.max_ns, latency_ns)
             self.hist[key] = self.hist.get(key, 0) + rows
 
+    def fault(self, table: int) -> None:
+        self.table_faults[table] = self.table_faults.get(table, 0) + 1
+
 
 def _bucket(us: int) -> int:
     """Microseconds, kept to three significant digits (under 1 % low)."""
@@ -405,12 +483,14 @@ def _bucket(us: int) -> int:
 
 
 class TailClient(asyncio.Protocol):
-    """One JSON-mode connection tailing bench.ticks, noting each row's arrival."""
+    """One JSON-mode connection tailing ``plan.tables[table]``, noting each row's arrival."""
 
-    def __init__(self, plan: TickPlan, commits: Any, stats: ClientStats) -> None:
+    def __init__(self, plan: TickPlan, commits: Any, stats: ClientStats, table: int = 0
+                 ) -> None:
         self.plan = plan
         self.commits = commits
         self.stats = stats
+        self.table = table
         self.transport: asyncio.Transport | None = None
         self.phase = 0  # 0: auth sent, 1: REGISTER sent, 2: streaming
         self.closing = False
@@ -439,7 +519,7 @@ class TailClient(asyncio.Protocol):
                 return
             assert self.transport is not None
             self.transport.write(b"REGISTER UUID=tail, TYPE=JSON" if self.phase == 0
-                                 else b"REQUEST-DATA " + self.plan.table.encode())
+                                 else b"REQUEST-DATA " + self.plan.tables[self.table].encode())
             self.phase += 1
             return
         cut = data.rfind(b"\n") + 1
@@ -447,27 +527,52 @@ class TailClient(asyncio.Protocol):
         ids = _ID.findall(data, 0, cut)
         if not ids:
             return  # the schema line
-        first, last = int(ids[0]), int(ids[-1])
-        if first != self.expected or last - first + 1 != len(ids):
-            self.stats.gaps += 1
-        self.expected = last + 1
+        numbers = list(map(int, ids))
+        if numbers == list(range(self.expected, self.expected + len(numbers))):
+            runs = [(numbers[0], numbers[-1])]  # the usual case: the next ids, in order
+            self.expected = numbers[-1] + 1
+        else:
+            runs = self._check(numbers)
         if not self.ready.done():
             self.ready.set_result(None)
-        if last >= FIRST_ID:
-            self.stats.rows += last - max(first, FIRST_ID) + 1
-            self.account(max(first, FIRST_ID), last, now)
+        for first, last in runs:
+            if last >= FIRST_ID:
+                rows = last - max(first, FIRST_ID) + 1
+                self.stats.rows += rows
+                table_rows = self.stats.table_rows
+                table_rows[self.table] = table_rows.get(self.table, 0) + rows
+                self.account(max(first, FIRST_ID), last, now)
         if self.target >= 0 and self.expected > self.target and not self.done.done():
             self.done.set_result(None)
 
+    def _check(self, numbers: list[int]) -> list[tuple[int, int]]:
+        """Ids out of order: count the gaps and duplicates; the runs of new ids."""
+        runs: list[tuple[int, int]] = []
+        for number in numbers:
+            if number < self.expected:
+                self.stats.duplicates += 1
+                self.stats.fault(self.table)
+                continue
+            if number > self.expected:
+                self.stats.gaps += 1
+                self.stats.fault(self.table)
+            if runs and runs[-1][1] == number - 1:
+                runs[-1] = (runs[-1][0], number)
+            else:
+                runs.append((number, number))
+            self.expected = number + 1
+        return runs
+
     def account(self, lo: int, hi: int, now: int, censored: bool = False) -> None:
-        """Rows ``lo..hi`` arrived at ``now`` (or, ``censored``, had not by then): their
-        latency, per transaction."""
-        batch = self.plan.batch
+        """Rows ``lo..hi`` of the client's table arrived at ``now`` (or, ``censored``, had
+        not by then): their latency, per transaction."""
+        batch, tables = self.plan.batch, len(self.plan.tables)
         if self.pending:
             self.resolve()
-        for tx in range((lo - FIRST_ID) // batch, (hi - FIRST_ID) // batch + 1):
-            start = FIRST_ID + tx * batch
+        for nth in range((lo - FIRST_ID) // batch, (hi - FIRST_ID) // batch + 1):
+            start = FIRST_ID + nth * batch
             rows = min(hi, start + batch - 1) - max(lo, start) + 1
+            tx = nth * tables + self.table  # the writer's transaction
             committed = self.commits[tx]
             if committed:
                 self.stats.add(tx // self.plan.tx_per_window, now - committed, rows, censored)
@@ -502,14 +607,16 @@ class TailClient(asyncio.Protocol):
         for future in (self.ready, self.done):
             if not future.done():
                 future.set_exception(exc)
+                future.exception()  # retrieved: whoever waits on it sees it anyway
         if self.transport is not None:
             self.transport.close()
 
 
-def client_process(port: int, count: int, plan: TickPlan, commits: Any,
+def client_process(port: int, first: int, count: int, plan: TickPlan, commits: Any,
                    pipe: Connection) -> None:
-    """``count`` tailing connections; tells the parent when all have the seed row, waits for
-    ``("drain", last id, seconds)``, then sends back its ``ClientStats``."""
+    """Clients ``first`` to ``first + count - 1`` (client i tails ``plan.tables[i % N]``),
+    one connection each; tells the parent when all have their table's seed row, waits for
+    ``("drain", each table's last id, seconds)``, then sends back its ``ClientStats``."""
     try:
         import uvloop
 
@@ -517,38 +624,46 @@ def client_process(port: int, count: int, plan: TickPlan, commits: Any,
     except ImportError:
         pass
     try:
-        asyncio.run(_clients(port, count, plan, commits, pipe))
+        raise_nofile(count + 256)
+        asyncio.run(_clients(port, first, count, plan, commits, pipe))
     except (OSError, RuntimeError, EOFError) as exc:
         pipe.send(("error", repr(exc)))
 
 
-async def _clients(port: int, count: int, plan: TickPlan, commits: Any,
+async def _clients(port: int, first: int, count: int, plan: TickPlan, commits: Any,
                    pipe: Connection) -> None:
     loop = asyncio.get_running_loop()
     stats = ClientStats()
     clients: list[TailClient] = []
-    gate = asyncio.Semaphore(16)  # connections being set up at once
+    gate = asyncio.Semaphore(CONNECTING)  # connections being set up at once
 
-    async def connect() -> None:
+    async def connect(table: int) -> None:
         async with gate:
             _, client = await loop.create_connection(
-                lambda: TailClient(plan, commits, stats), "127.0.0.1", port)
+                lambda: TailClient(plan, commits, stats, table), "127.0.0.1", port)
             clients.append(client)
             await asyncio.wait_for(client.ready, 60)
 
-    await asyncio.gather(*(connect() for _ in range(count)))
+    outcomes = await asyncio.gather(
+        *(connect(i % len(plan.tables)) for i in range(first, first + count)),
+        return_exceptions=True)
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {count} connections failed; the first: "
+                           f"{failed[0]!r}")
     pipe.send(("ready", count))
-    _, last_id, seconds = await asyncio.to_thread(pipe.recv)
+    _, last_ids, seconds = await asyncio.to_thread(pipe.recv)
     for client in clients:
-        client.drain_to(last_id)
+        client.drain_to(last_ids[client.table])
     done, _ = await asyncio.wait([c.done for c in clients], timeout=seconds)
     now = time.monotonic_ns()
     for client in clients:
         if client.done in done and client.done.exception() is not None:
             stats.lost += 1
+            stats.fault(client.table)
         client.resolve()  # every COMMIT has returned by now
         client.close()
-        missing = max(client.expected, FIRST_ID)
+        missing, last_id = max(client.expected, FIRST_ID), last_ids[client.table]
         if missing <= last_id:  # counted as arriving now: the percentiles become lower bounds
             stats.undelivered += last_id - missing + 1
             client.account(missing, last_id, now, censored=True)
@@ -564,44 +679,85 @@ def latency_part(server: EmbeddedMariaDB, args: argparse.Namespace,
     port (another workload on the same server, or other clients of the service); the writer
     then stops when it ends, or after the run time. ``start_gtid``: where the service
     starts (the current position by default), which it catches up from before the clients
-    connect."""
+    connect. ``args.tables`` (default 1): that many tables ``{table}_0`` .. (one: ``table``
+    itself); ``args.client_processes`` (default 2): the processes the clients are spread
+    over."""
     seconds = args.minutes * 60 if args.minutes else args.seconds
     batch = args.batch
     tx_rate = args.rate / batch
-    plan = TickPlan(batch, max(1, round(tx_rate * args.sample)), table)
+    count = max(1, getattr(args, "tables", 1))
+    names = (table,) if count == 1 else tuple(f"{table}_{k}" for k in range(count))
+    plan = TickPlan(batch, max(1, round(tx_rate * args.sample)), names)
     start_state = gtid_pos(server) if start_gtid is None else start_gtid
-    with ServiceProcess(server, "latency", 9401, start_state) as service:
-        server.execute(f"CREATE TABLE {table} (id INT AUTO_INCREMENT PRIMARY KEY, "
-                       "sent BIGINT)",
-                       f"INSERT INTO {table} VALUES ({SEED_ID}, {time.time_ns()})")
+    procs = max(1, min(getattr(args, "client_processes", CLIENT_PROCESSES), args.clients))
+    # The service budgets two descriptors per connection (a socket and the version file its
+    # stream reads) beside its reserve and table files, and takes the hard limit it inherits;
+    # it serves at most --max-connections, and while over half of them are in use, at most
+    # max_unauthenticated connections of one address in the login (each client process sets
+    # up CONNECTING at once).
+    limit = raise_nofile(2 * args.clients + 4096)
+    options = ("--max-connections", str(max(2048, args.clients + 64)))
+    environment = {"CDCSERVER_LISTENER_MAX_UNAUTHENTICATED": str(max(32, CONNECTING * procs))}
+    with ServiceProcess(server, "latency", 9401, start_state, options, environment) as service:
+        server.execute(*(f"CREATE TABLE {name} (id INT AUTO_INCREMENT PRIMARY KEY, "
+                         "sent BIGINT)" for name in names),
+                       *(f"INSERT INTO {name} VALUES ({SEED_ID}, {time.time_ns()})"
+                         for name in names))
         seeded = GtidState.parse(gtid_pos(server))
         service.wait_covers(seeded)
+        serves = service.connections_budget()
+        if serves is not None and serves < args.clients:
+            raise RuntimeError(
+                f"the service serves at most {serves:,} connections (its log: "
+                f"{service.budget_line()}), fewer than {args.clients:,} clients: it budgets 2 "
+                f"descriptors a connection under the hard RLIMIT_NOFILE it inherits "
+                f"({resource.getrlimit(resource.RLIMIT_NOFILE)[1]:,} here, which this "
+                f"process could not raise to {2 * args.clients + 4096:,})")
         idle_rss = service.rss_mib()
         planned = int(seconds * tx_rate) + 1
         ctx = multiprocessing.get_context("spawn")
         commits = ctx.RawArray("q", planned)
         pipes, processes = [], []
-        procs = min(CLIENT_PROCESSES, args.clients)
+        first = 0
         for i in range(procs):
             parent_end, child_end = ctx.Pipe()
-            count = args.clients // procs + (i < args.clients % procs)
-            process = ctx.Process(target=client_process,
-                                  args=(service.port, count, plan, commits, child_end))
+            share = args.clients // procs + (i < args.clients % procs)
+            process = ctx.Process(target=client_process, args=(
+                service.port, first, share, plan, commits, child_end))
             process.start()
+            first += share
             pipes.append(parent_end)
             processes.append(process)
         try:
+            connecting = time.monotonic()
             for pipe in pipes:
-                _expect(pipe, "ready", 180)
-            line(f"latency: {args.clients} JSON clients tailing {table}",
+                _expect(pipe, "ready", max(180.0, args.clients / 20))
+            connected_in = time.monotonic() - connecting
+            line(f"latency: {args.clients:,} JSON clients tailing "
+                 f"{table if count == 1 else f'{count} tables'}",
                  f"writer {args.rate:,} rows/s as {tx_rate:,.0f} transactions/s of "
-                 f"{batch} rows, {seconds:,.0f} s")
+                 f"{batch} rows" + (" in turn to each table" if count > 1 else "") +
+                 f", {seconds:,.0f} s")
+            if count > 1:
+                each = args.clients // count
+                line("  tables, clients each",
+                     f"{names[0]} .. {names[-1]}, "
+                     f"{each:,}{'' if args.clients % count == 0 else f'-{each + 1:,}'}")
+            if count > 1 or procs != CLIENT_PROCESSES:
+                line("  client processes x connections, all connected in",
+                     f"{procs} x {args.clients // procs:,}"
+                     f"{'' if args.clients % procs == 0 else '+'}, {connected_in:.1f} s "
+                     f"(RLIMIT_NOFILE {limit:,}; service --max-connections {options[1]})")
             line("service RSS before the clients connected, MiB", f"{idle_rss:.1f}")
             series: list[Sample] = []
             stop = threading.Event()
             started = time.monotonic()
             cpu_start = service.cpu_seconds()
-            clients_cpu_start = sum(cpu_seconds(p.pid) for p in processes if p.pid)
+            pids = [p.pid for p in processes if p.pid]
+            each_start = [cpu_seconds(pid) for pid in pids]
+            bench_start = time.process_time()
+            mariadb = server.process.pid if server.process is not None else None
+            mariadb_start = cpu_seconds(mariadb) if mariadb else 0.0
             sampler = threading.Thread(target=_sample, args=(
                 service, _domain_sequence(seeded), commits, args.sample, started, stop, series))
             sampler.start()
@@ -613,11 +769,14 @@ def latency_part(server: EmbeddedMariaDB, args: argparse.Namespace,
                                   loaded if load is not None else None)
             wrote_for = time.monotonic() - started
             cpu = service.cpu_seconds() - cpu_start
-            clients_cpu = sum(cpu_seconds(p.pid) for p in processes if p.pid) - clients_cpu_start
-            last_id = FIRST_ID + written * batch - 1
+            each_cpu = [cpu_seconds(pid) - before
+                        for pid, before in zip(pids, each_start, strict=True)]
+            bench_cpu = time.process_time() - bench_start
+            mariadb_cpu = cpu_seconds(mariadb) - mariadb_start if mariadb else 0.0
             drain = min(120.0, max(10.0, seconds / 2))
+            last_ids = [plan.last_id(t, written) for t in range(count)]
             for pipe in pipes:
-                pipe.send(("drain", last_id, drain))
+                pipe.send(("drain", last_ids, drain))
             results = [ClientStats(**_expect(pipe, "result", drain + 60)) for pipe in pipes]
             stop.set()
             sampler.join()
@@ -628,7 +787,12 @@ def latency_part(server: EmbeddedMariaDB, args: argparse.Namespace,
                     process.terminate()
         report_latency(args, results, written, wrote_for, series, plan)
         line("CPU over the writer's run, % of a core: service / clients",
-             f"{100 * cpu / wrote_for:.0f} / {100 * clients_cpu / wrote_for:.0f}")
+             f"{100 * cpu / wrote_for:.0f} / {100 * sum(each_cpu) / wrote_for:.0f}")
+        if count > 1 or procs != CLIENT_PROCESSES:
+            line("  each client process, % of a core",
+                 ", ".join(f"{100 * c / wrote_for:.0f}" for c in each_cpu))
+            line("  this process (writer, sampler) / MariaDB, % of a core",
+                 f"{100 * bench_cpu / wrote_for:.0f} / {100 * mariadb_cpu / wrote_for:.0f}")
     report_problems(service)  # once it has stopped
 
 
@@ -651,12 +815,13 @@ def _expect(pipe: Connection, kind: str, timeout: float) -> Any:
 def write_ticks(server: EmbeddedMariaDB, commits: Any, plan: TickPlan, tx_rate: float,
                 seconds: float, until: threading.Event | None = None) -> int:
     """Transactions of ``plan.batch`` rows on a fixed schedule, for ``seconds`` or until ``until``
-    is set; ``commits[k]`` is the monotonic clock when transaction k's COMMIT returned.
-    Returns the number committed."""
+    is set, transaction k to ``plan.tables[k % N]``; ``commits[k]`` is the monotonic clock when
+    transaction k's COMMIT returned. Returns the number committed."""
     conn = server.connect()
     conn.autocommit(False)
     interval = 1 / tx_rate
     total = min(len(commits), int(seconds * tx_rate))
+    tables = len(plan.tables)
     start = time.monotonic()
     with contextlib.closing(conn), conn.cursor() as cur:
         for tx in range(total):
@@ -665,8 +830,8 @@ def write_ticks(server: EmbeddedMariaDB, commits: Any, plan: TickPlan, tx_rate: 
             delay = start + tx * interval - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            first, sent = FIRST_ID + tx * plan.batch, time.time_ns()
-            cur.execute(f"INSERT INTO {plan.table} (id, sent) VALUES " +
+            first, sent = FIRST_ID + tx // tables * plan.batch, time.time_ns()
+            cur.execute(f"INSERT INTO {plan.tables[tx % tables]} (id, sent) VALUES " +
                         ",".join(f"({i},{sent})" for i in range(first, first + plan.batch)))
             conn.commit()
             commits[tx] = time.monotonic_ns()
@@ -726,12 +891,27 @@ def report_latency(args: argparse.Namespace, results: list[ClientStats], written
     line("writer: rows committed (rows/s achieved)",
          f"{rows:,} in {written:,} transactions ({rows / wrote_for:,.0f})")
     delivered = sum(r.rows for r in results)
-    expected = rows * args.clients
-    faults = [f"{n} {what}" for n, what in ((sum(r.gaps for r in results), "gaps"),
-                                            (sum(r.lost for r in results), "lost connections"))
-              if n]
+    tables = len(plan.tables)
+    # per table: its rows committed x its clients
+    expected_of = [plan.transactions(t, written) * plan.batch * plan.clients_of(t, args.clients)
+                   for t in range(tables)]
+    expected = sum(expected_of)
+    faults = [f"{n:,} {what}" for n, what in (
+        (sum(r.gaps for r in results), "gaps"),
+        (sum(r.duplicates for r in results), "rows repeated or out of order"),
+        (sum(r.lost for r in results), "lost connections")) if n]
     line("rows delivered (all clients), of clients x rows committed",
          f"{delivered:,} of {expected:,}" + (f"; {', '.join(faults)}" if faults else ""))
+    if tables > 1:
+        got = [sum(r.table_rows.get(t, 0) for r in results) for t in range(tables)]
+        faulty = [sum(r.table_faults.get(t, 0) for r in results) for t in range(tables)]
+        short = [t for t in range(tables) if got[t] != expected_of[t] or faulty[t]]
+        line("  tables whose clients got all their rows once, in order",
+             f"{tables - len(short)} of {tables}" + (
+                 "; not: " + ", ".join(f"{plan.tables[t]} {got[t]:,} of {expected_of[t]:,}"
+                                       f"{f' ({faulty[t]} faults)' if faulty[t] else ''}"
+                                       for t in short[:5]) + (", ..." if len(short) > 5 else "")
+                 if short else ""))
     received: dict[int, int] = {}
     overall: dict[int, int] = {}
     windows: dict[int, dict[int, int]] = {}
@@ -798,6 +978,11 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=0.0,
                         help="latency run length in minutes (instead of --seconds)")
     parser.add_argument("--clients", type=int, default=200, help="tailing JSON clients")
+    parser.add_argument("--tables", type=int, default=1,
+                        help="tables tailed (bench.ticks_0 .. N-1; 1: bench.ticks); client i "
+                             "tails table i %% N, the writer commits to them in turn")
+    parser.add_argument("--client-processes", type=int, default=CLIENT_PROCESSES,
+                        help="processes the tailing clients are spread over")
     parser.add_argument("--rate", type=int, default=2000, help="rows/s the writer commits")
     parser.add_argument("--batch", type=int, default=10, help="rows per transaction")
     parser.add_argument("--sample", type=float, default=5.0, help="seconds between RSS samples")
