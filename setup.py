@@ -4,7 +4,8 @@ form: cdcserver/dump/_rawrows.pyx; a databus message's rows: cdcserver/messages/
 on Spark executors, Avro blocks to Arrow buffers:
 client/spark/_avroarrow.pyx, which imports as mariadb_cdc_client.spark._avroarrow, the
 package-dir mapping of pyproject.toml; in the client library, a stream's Avro blocks and JSON
-lines to typed records: client/format/_records.pyx); everything else is in pyproject.toml.
+lines to typed records: client/format/_records.pyx, a dump's lines to typed rows:
+client/format/_dumprows.pyx); everything else is in pyproject.toml.
 Without a C compiler the build goes on without them and the service and the Spark source take their
 pure-Python paths."""
 
@@ -37,6 +38,8 @@ extensions = cythonize(
      Extension("mariadb_cdc_client.spark._avroarrow", ["client/spark/_avroarrow.pyx"],
                optional=True),
      Extension("mariadb_cdc_client.format._records", ["client/format/_records.pyx"],
+               optional=True),
+     Extension("mariadb_cdc_client.format._dumprows", ["client/format/_dumprows.pyx"],
                optional=True)],
     compiler_directives={"language_level": "3"},
     include_path=[include_path()],
