@@ -36,6 +36,7 @@ import os
 import struct
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -269,13 +270,43 @@ class DumpError(ValueError):
     """A dump that is truncated or does not match its checksum."""
 
 
+class _Digest:
+    """SHA-256 of a dump's body, taken beside the decoding: large pieces are hashed by one
+    worker thread, in the order given (hashlib lets other threads run while it hashes more
+    than 2 KiB), so on two cores the checksum costs the decoding nothing; a fifth of the
+    compiled reader's time when it was taken in line."""
+
+    THREADED = 1 << 16  # pieces from this size go to the worker
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+        self._worker: ThreadPoolExecutor | None = None
+        self._last: Future[None] | None = None
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        if len(data) < self.THREADED and self._last is None:
+            self._sha.update(data)
+            return
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="dump-sha256")
+        self._last = self._worker.submit(self._sha.update, bytes(data))  # a copy it keeps
+
+    def hexdigest(self) -> str:
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)  # every piece hashed, in order
+            if self._last is not None:
+                self._last.result()
+            self._worker = self._last = None
+        return self._sha.hexdigest()
+
+
 class DumpDecoder:
     """Sans-IO: feed a dump's bytes, get the header and then the operations; ``finish()``
     checks that the body was whole and matches the header's checksum."""
 
     def __init__(self) -> None:
         self._buffer = bytearray()
-        self._digest = hashlib.sha256()
+        self._digest = _Digest()
         self.header: DumpHeader | None = None
         self._parser: _OperationParser | None = None
         self.received = 0

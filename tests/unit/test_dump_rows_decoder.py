@@ -451,3 +451,20 @@ def test_cdc_pure_python_keeps_dumps_on_the_python_path(environ: dict[str, str],
                           "print(dump.DECODING)"], env=env, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == said
+
+
+def test_the_checksum_taken_beside_the_decoding_keeps_the_pieces_in_order() -> None:
+    """Pieces of 64 KiB and more are hashed by a worker thread; small ones after them must
+    wait their turn there, not be hashed in line ahead of them."""
+    import hashlib
+    import random
+
+    from mariadb_cdc_client.format.dump import _Digest
+
+    rng = random.Random(11)
+    pieces = [rng.randbytes(rng.choice([1, 100, 65_535, 65_536, 300_000])) for _ in range(60)]
+    digest = _Digest()
+    for piece in pieces:
+        digest.update(bytearray(piece))  # a buffer the caller may reuse: copied when queued
+    assert digest.hexdigest() == hashlib.sha256(b"".join(pieces)).hexdigest()
+    assert _Digest().hexdigest() == hashlib.sha256().hexdigest()
