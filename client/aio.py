@@ -243,12 +243,14 @@ class CdcClient:
         or the pair of names (``("my db", "t")``)."""
         ref = as_table(table, version=True)
         resume = Resume(ref.version if version is None else version, gtid, after)
-        async for event in self._follow(ref, resume):
-            yield event
+        async for batch in self._follow(ref, resume):
+            for event in batch:
+                yield event
 
     async def _follow(self, table: TableRef, resume: Resume,
-                      conn: CdcConnection | None = None) -> AsyncIterator[Event]:
-        """The stream, resumed after each failure; ``conn`` is one already streaming."""
+                      conn: CdcConnection | None = None) -> AsyncIterator[list[Event]]:
+        """The stream in batches (an async generator's step per record costs as much as
+        decoding it), resumed after each failure; ``conn`` is one already streaming."""
         database, name = table.database, table.table
         policy = Reconnect(self.endpoints, self.retry_delays, self.max_retries)
         while True:
@@ -264,8 +266,9 @@ class CdcClient:
             try:
                 async for batch in conn.request_batches(request):
                     policy.received()
-                    for event in resume.accepted(batch):
-                        yield event
+                    accepted = resume.accepted(batch)
+                    if accepted:
+                        yield accepted
             except (*FAILURES, ProtocolError) as exc:
                 await asyncio.sleep(policy.failed(exc))
             finally:
@@ -328,9 +331,10 @@ class CdcClient:
             await conn.close()
             return
         resume = Resume(header.stream_version or None, None, header.gtid or None)
-        async for event in self._follow(TableRef(header.database, header.table), resume,
+        async for batch in self._follow(TableRef(header.database, header.table), resume,
                                         conn):
-            yield event
+            for event in batch:
+                yield event
 
     async def last_transaction(self) -> dict[str, Any]:
         conn = await self._connect_any()
