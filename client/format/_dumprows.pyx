@@ -27,9 +27,9 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcmp, memcpy
 
 from mariadb_cdc_client.format._cavro cimport ascii_only, utf8_sequences_valid, utf8_valid
+from mariadb_cdc_client.format cimport _cdecimal
 
 import datetime
-import sys
 from decimal import Decimal
 
 import_datetime()
@@ -476,48 +476,6 @@ cdef object _text(const uint8_t *p, Py_ssize_t n):
 
 # -- Decimal -----------------------------------------------------------------------------
 
-cdef extern from *:
-    """
-    /* CPython's _decimal object (Modules/_decimal/_decimal.c, unchanged since 3.3) and
-       libmpdec's mpd_t on a 64-bit build, as _decimal_layout_matches() checks them on
-       Decimals _decimal made */
-    typedef struct {
-        uint8_t flags;
-        Py_ssize_t exp;
-        Py_ssize_t digits;
-        Py_ssize_t len;
-        Py_ssize_t alloc;
-        uint64_t *data;
-    } dr_mpd_t;
-    typedef struct {
-        PyObject_HEAD
-        Py_hash_t hash;
-        dr_mpd_t dec;
-        uint64_t data[4];
-    } dr_decimal;
-    #define DR_MPD_NEG 1
-    #define DR_MPD_STATIC 16
-    #define DR_MPD_STATIC_DATA 32
-    static PyObject *dr_alloc(PyObject *type) {
-        return ((PyTypeObject *)type)->tp_alloc((PyTypeObject *)type, 0);
-    }
-    """
-    ctypedef struct dr_mpd_t:
-        uint8_t flags
-        Py_ssize_t exp
-        Py_ssize_t digits
-        Py_ssize_t len
-        Py_ssize_t alloc
-        uint64_t *data
-    ctypedef struct dr_decimal:
-        Py_hash_t hash
-        dr_mpd_t dec
-        uint64_t data[4]
-    int MPD_NEG "DR_MPD_NEG"
-    int MPD_STATIC "DR_MPD_STATIC"
-    int MPD_STATIC_DATA "DR_MPD_STATIC_DATA"
-    object dr_alloc(object type)
-
 cdef int WORD_DIGITS = 19  # libmpdec's word holds 19 decimal digits
 
 
@@ -568,7 +526,6 @@ cdef object _made_decimal(const uint8_t *p, Py_ssize_t n, int significant,
     cdef uint64_t high = 0, low = 0
     cdef int k = 0
     cdef Py_ssize_t i
-    cdef dr_decimal *made
     for i in range(1 if p[0] == 45 else 0, n):
         if p[i] == 46 or (k == 0 and p[i] == 48):
             continue
@@ -577,18 +534,8 @@ cdef object _made_decimal(const uint8_t *p, Py_ssize_t n, int significant,
         else:
             low = low * 10 + (p[i] - 48)
         k += 1
-    value = dr_alloc(DECIMAL)
-    made = <dr_decimal *><PyObject *>value
-    made.hash = -1
-    made.dec.flags = MPD_STATIC | MPD_STATIC_DATA | (MPD_NEG if p[0] == 45 else 0)
-    made.dec.exp = -fraction
-    made.dec.digits = significant if significant else 1
-    made.dec.len = 2 if high else 1
-    made.dec.alloc = 4
-    made.dec.data = made.data
-    made.data[0] = low
-    made.data[1] = high
-    return value
+    return _cdecimal.made(DECIMAL, low, high, significant if significant else 1, -fraction,
+                          p[0] == 45)
 
 
 # Decimals _decimal makes of text, whose memory must read as _made_decimal writes it: zeros
@@ -599,34 +546,23 @@ _PROBES = ("0", "0.00", "-0.00", "-0", "7", "-12.50", "0.05", "007.50", "12345.6
            "-99999999999999999999999999999999999.999")
 
 
-cdef bint _decimal_layout_matches(object text):
-    """Whether a Decimal _decimal made of ``text`` is laid out as dr_decimal says (read,
-    never written), and the one made here is that Decimal, digit for digit."""
+cdef bint _decimal_layout_matches(object text) except -1:
+    """Whether a Decimal _decimal made of ``text`` reads as _cdecimal.made writes one, and
+    the one made here is that Decimal, digit for digit."""
     cdef bytes encoded = text.encode()
-    cdef int significant = 0, i
+    cdef int significant = 0
     cdef Py_ssize_t fraction = 0
-    cdef dr_decimal *d
     real = DECIMAL(text)
-    d = <dr_decimal *><PyObject *>real
-    if not _decimal_shape(encoded, len(encoded), &significant, &fraction):
+    if not _cdecimal.reads_as(real) or \
+            not _decimal_shape(encoded, len(encoded), &significant, &fraction):
         return False
     made = _made_decimal(encoded, len(encoded), significant, fraction)
-    sign, coefficient, exponent = real.as_tuple()
-    words = int("".join(map(str, coefficient)))
-    words = (words % 10 ** 19, words // 10 ** 19)
-    if d.hash != -1 or d.dec.flags != (MPD_STATIC | MPD_STATIC_DATA | (MPD_NEG if sign else 0)) \
-            or d.dec.exp != exponent or d.dec.digits != len(coefficient) \
-            or d.dec.len != (2 if words[1] else 1) or d.dec.alloc != 4 or d.dec.data != d.data:
-        return False
-    for i in range(d.dec.len):
-        if d.data[i] != words[i]:
-            return False
     return (type(made) is DECIMAL and made.as_tuple() == real.as_tuple() and str(made) == str(real)
             and made == real and hash(made) == hash(real))
 
 
 cdef bint _decimals_verified():
-    if DECIMAL.__basicsize__ != sizeof(dr_decimal) or sys.maxsize != 2 ** 63 - 1:
+    if not _cdecimal.layout_fits(DECIMAL):
         return False
     try:
         return all(_decimal_layout_matches(text) for text in _PROBES)

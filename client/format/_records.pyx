@@ -25,6 +25,7 @@ from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memchr, memcmp, memcpy
 
 from mariadb_cdc_client.format._cavro cimport Cursor, read_long, take
+from mariadb_cdc_client.format cimport _cdecimal
 
 import datetime
 import sys
@@ -97,47 +98,6 @@ cdef extern from *:
     int64_t MICROS_PER_SECOND "RD_MICROS_PER_SECOND"
     int64_t DAYS_0001_TO_1970 "RD_DAYS_0001_TO_1970"
     uint64_t DEC_RADIX "RD_DEC_RADIX"
-
-cdef extern from *:
-    """
-    /* CPython's _decimal object (Modules/_decimal/_decimal.c, unchanged since 3.3) and
-       libmpdec's mpd_t, as _decimal_layout_verified() checks them on real Decimals */
-    typedef struct {
-        uint8_t flags;
-        Py_ssize_t exp;
-        Py_ssize_t digits;
-        Py_ssize_t len;
-        Py_ssize_t alloc;
-        uint64_t *data;
-    } rd_mpd_t;
-    typedef struct {
-        PyObject_HEAD
-        Py_hash_t hash;
-        rd_mpd_t dec;
-        uint64_t data[4];
-    } rd_decimal;
-    #define RD_MPD_NEG 1
-    #define RD_MPD_STATIC 16
-    #define RD_MPD_STATIC_DATA 32
-    static PyObject *rd_alloc(PyObject *type) {
-        return ((PyTypeObject *)type)->tp_alloc((PyTypeObject *)type, 0);
-    }
-    """
-    ctypedef struct rd_mpd_t:
-        uint8_t flags
-        Py_ssize_t exp
-        Py_ssize_t digits
-        Py_ssize_t len
-        Py_ssize_t alloc
-        uint64_t *data
-    ctypedef struct rd_decimal:
-        Py_hash_t hash
-        rd_mpd_t dec
-        uint64_t data[4]
-    int MPD_NEG "RD_MPD_NEG"
-    int MPD_STATIC "RD_MPD_STATIC"
-    int MPD_STATIC_DATA "RD_MPD_STATIC_DATA"
-    object rd_alloc(object type)
 
 cdef object FALLBACK = object()  # a value the Python path must make
 cdef object UTC = datetime.timezone.utc
@@ -241,25 +201,12 @@ cdef object _decimal(const uint8_t *p, Py_ssize_t n, int scale, int precision, o
 
 
 cdef object _made_decimal(rd_uint128 u, bint negative, int scale, int precision):
-    """The Decimal as _decimal itself makes one (PyDecType_New, then its coefficient in
-    libmpdec's words of 19 digits), without parsing text."""
+    """The Decimal of the unscaled value, made directly (``_cdecimal.made``)."""
     cdef uint64_t low = <uint64_t>(u % DEC_RADIX), high = <uint64_t>(u // DEC_RADIX)
     cdef int digits = _digits(low) if high == 0 else 19 + _digits(high)
-    cdef rd_decimal *made
     if digits > precision:
         return FALLBACK
-    value = rd_alloc(DECIMAL)
-    made = <rd_decimal *><PyObject *>value
-    made.hash = -1
-    made.dec.flags = MPD_STATIC | MPD_STATIC_DATA | (MPD_NEG if negative else 0)
-    made.dec.exp = -scale
-    made.dec.digits = digits
-    made.dec.len = 1 if high == 0 else 2
-    made.dec.alloc = 4
-    made.dec.data = made.data
-    made.data[0] = low
-    made.data[1] = high
-    return value
+    return _cdecimal.made(DECIMAL, low, high, digits, -scale, negative)
 
 
 cdef object _decimal_from_text(rd_uint128 u, bint negative, int scale, int precision,
@@ -305,38 +252,18 @@ cdef object _long_decimal(bytes unscaled_bytes, int scale, int precision, object
 
 DECIMAL = __import__("decimal").Decimal
 
-# (text, negative, exponent, digits, words): Decimals _decimal makes from text, whose memory
-# must read as _made_decimal writes it
-_PROBES = (("0.00", False, -2, 1, (0,)), ("-12.50", True, -2, 4, (1250,)),
-           ("7", False, 0, 1, (7,)), ("-9999999999999999999", True, 0, 19,
-                                      (9999999999999999999,)),
-           ("12345678901234567890123.45", False, -2, 25, (1234567890123456789012345 % 10**19,
-                                                          1234567890123456789012345 // 10**19)),
-           ("-99999999999999999999999999999999999.999", True, -3, 38,
-            ((10**38 - 1) % 10**19, (10**38 - 1) // 10**19)))
+# Decimals _decimal makes of text: zeros, one word, two words, 38 digits
+_PROBES = ("0.00", "-12.50", "7", "-9999999999999999999", "12345678901234567890123.45",
+           "-99999999999999999999999999999999999.999")
 
 
 cdef bint _decimal_layout_verified():
-    """Whether Decimal objects are laid out as rd_decimal says, read (never written) from
-    Decimals _decimal made, and whether one made here then equals them."""
-    cdef rd_decimal *d
-    cdef int i
-    if DECIMAL.__basicsize__ != sizeof(rd_decimal) or \
-            sys.maxsize != 2**63 - 1:
+    """Whether Decimals _decimal makes read as _cdecimal.made writes them (read, never
+    written)."""
+    if not _cdecimal.layout_fits(DECIMAL):
         return False
-    for text, negative, exponent, digits, words in _PROBES:
-        real = DECIMAL(text)
-        d = <rd_decimal *><PyObject *>real
-        if d.hash != -1 or d.dec.flags != (MPD_STATIC | MPD_STATIC_DATA |
-                                           (MPD_NEG if negative else 0)):
-            return False
-        if d.dec.exp != exponent or d.dec.digits != digits or d.dec.len != len(words) \
-                or d.dec.alloc != 4 or d.dec.data != d.data:
-            return False
-        for i in range(len(words)):
-            if d.data[i] != words[i]:
-                return False
-        if d.hash != -1 or hash(real) != d.hash:  # the cached hash is where it is read
+    for text in _PROBES:
+        if not _cdecimal.reads_as(DECIMAL(text)):
             return False
     return True
 
@@ -347,7 +274,7 @@ cdef bint DECIMAL_LAYOUT_VERIFIED = _decimal_layout_verified()
 def _decimals_made_here_equal_real_ones() -> bool:
     """For the tests (and a check at import): every probe made by _made_decimal is the real
     Decimal, digit for digit."""
-    for text, _, _, _, _ in _PROBES:
+    for text in _PROBES:
         real = DECIMAL(text)
         sign, coefficient, exponent = real.as_tuple()
         unscaled = int("".join(map(str, coefficient))) * (-1 if sign else 1)
