@@ -66,7 +66,9 @@ def test_the_wheel_holds_every_compiled_extension(wheel: zipfile.ZipFile):
     suite's machine has gcc (tests/run.sh installs it)."""
     built = {n.split(".")[0] for n in wheel.namelist() if n.endswith(".so")}
     assert built == {"cdcserver/store/_transcode", "cdcserver/protocol/_jsonlines",
-                     "cdcserver/dump/_rawrows", "mariadb_cdc_client/spark/_avroarrow"}
+                     "cdcserver/dump/_rawrows", "cdcserver/messages/_databus",
+                     "mariadb_cdc_client/spark/_avroarrow", "mariadb_cdc_client/format/_records",
+                     "mariadb_cdc_client/format/_dumprows"}
 
 
 @pytest.mark.slow
