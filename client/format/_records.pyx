@@ -445,7 +445,10 @@ cdef class RecordDecoder:
         text = self._string(c)
         if text is FALLBACK or col.text == NULL:
             return text
-        return (<object>col.text)(text)
+        try:
+            return (<object>col.text)(text)
+        except Exception:  # noqa: BLE001 - the Python path raises it, after reading the record
+            return FALLBACK
 
     cdef object _string(self, Cursor *c):
         cdef Py_ssize_t n = <Py_ssize_t>read_long(c)
@@ -515,7 +518,12 @@ cdef class RecordDecoder:
             return p[0] == 1
         if op == R_UUID:
             text = self._string(c)
-            return text if text is FALLBACK else (<object>col.extra)(text)
+            if text is FALLBACK:
+                return text
+            try:
+                return (<object>col.extra)(text)
+            except Exception:  # noqa: BLE001 - as above
+                return FALLBACK
         return FALLBACK  # R_NULL's only branch is null
 
 
@@ -864,7 +872,10 @@ cdef class JsonRecordDecoder:
             if op == J_INT or op == J_BOOLEAN or op == J_DECIMAL or op == J_DOUBLE \
                     or op == J_FLOAT:
                 return FALLBACK  # a string where a number belongs: as Python has it
-            return (<object>col.call)(text)
+            try:
+                return (<object>col.call)(text)
+            except Exception:  # noqa: BLE001 - Python's error, or its syntax error first
+                return FALLBACK
         if token.kind == T_TRUE or token.kind == T_FALSE:
             if op == J_BOOLEAN or op == J_INT or op == J_STRING:
                 return token.kind == T_TRUE
@@ -960,7 +971,10 @@ cdef object _number(int op, Token *token):
             return FALLBACK  # json gives a Decimal: as Python has it
         if _small_int(token.p, token.n, &v):
             return PyLong_FromLongLong(v)
-        return int(PyUnicode_FromStringAndSize(<const char *>token.p, token.n))
+        try:
+            return int(PyUnicode_FromStringAndSize(<const char *>token.p, token.n))
+        except ValueError:  # past int's digit limit: as Python has it
+            return FALLBACK
     if op == J_DECIMAL:
         return _decimal_text(token)
     if token.integer and token.n > 300:

@@ -174,3 +174,37 @@ def test_an_error_line_ends_the_stream_after_the_records_before_it() -> None:
         for event in decoder.feed(schema + b"\n" + first + b"\nERR NO-FILE gone\n"):
             got.append(event)
     assert isinstance(got[0], SchemaChange) and isinstance(got[1], ChangeRecord)
+
+
+@needs_compiled
+def test_random_damage_to_record_lines_reads_as_python_reads_it() -> None:
+    """Lines of every type with bytes flipped, dropped, doubled or replaced by JSON's own
+    punctuation: the compiled decoder gives Python's events or Python's error, whatever the
+    damage (seeded; a failure names its seed)."""
+    rng_seed = 20261128
+    import random
+
+    rng = random.Random(rng_seed)
+    schema, *lines = _json_stream(AVSC, sample_records(60)).split(b"\n")
+    lines = [line for line in lines if line]
+    for attempt in range(400):
+        line = bytearray(rng.choice(lines))
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(line))
+            damage = rng.randrange(4)
+            if damage == 0:
+                line[at] ^= 1 << rng.randrange(8)
+            elif damage == 1:
+                del line[at]
+            elif damage == 2:
+                line[at:at] = line[at:at + rng.randint(1, 8)]
+            else:
+                line[at] = rng.choice(b'"\\{}[],:-.0123456789eEnulltrfase \t\x00\xff')
+        data = schema + b"\n" + bytes(line).replace(b"\n", b" ") + b"\n"
+        compiled, python = _decode(data, compiled=True), _decode(data, compiled=False)
+        if isinstance(python, type):
+            assert compiled is python, (rng_seed, attempt, bytes(line))
+        else:
+            assert not isinstance(compiled, type), (rng_seed, attempt, bytes(line))
+            assert [_typed(e) for e in compiled] == [_typed(e) for e in python], \
+                (rng_seed, attempt, bytes(line))
