@@ -20,6 +20,10 @@ import pytest
 import cdcserver
 import mariadb_cdc_client
 
+# One wheel for the module: under pytest-xdist its tests would otherwise go to several
+# workers, each compiling every extension at once beside the rest of the suite.
+pytestmark = pytest.mark.xdist_group("packaging")
+
 ROOT = Path(__file__).parent.parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
