@@ -16,9 +16,10 @@ from cpython.datetime cimport (
     PyDateTime_DATE_GET_HOUR, PyDateTime_DATE_GET_MINUTE, PyDateTime_DATE_GET_SECOND,
     PyDateTime_DATE_GET_MICROSECOND,
 )
-from cpython.object cimport PyObject
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport free
 from libc.string cimport memcpy
+
+from cdcserver._cbuffer cimport Out, reserve as _reserve
 
 import_datetime()
 
@@ -40,28 +41,6 @@ cdef enum:
     D_DATETIME6 = 6  # ... .ffffff
 
 cdef const char *ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-
-
-cdef struct Out:
-    char *data
-    Py_ssize_t size
-    Py_ssize_t capacity
-
-
-cdef int _reserve(Out *out, Py_ssize_t extra) except -1:
-    cdef Py_ssize_t capacity
-    cdef char *grown
-    if out.size + extra <= out.capacity:
-        return 0
-    capacity = out.capacity * 2 if out.capacity else 65536
-    while capacity < out.size + extra:
-        capacity *= 2
-    grown = <char *>realloc(out.data, capacity)
-    if grown == NULL:
-        raise MemoryError()
-    out.data = grown
-    out.capacity = capacity
-    return 0
 
 
 cdef int _base64(Out *out, const unsigned char *src, Py_ssize_t n) except -1:

@@ -28,6 +28,7 @@ from libc.string cimport memcmp, memcpy
 
 from mariadb_cdc_client.format._cavro cimport ascii_only, utf8_sequences_valid, utf8_valid
 from mariadb_cdc_client.format cimport _cdecimal
+from mariadb_cdc_client.format._ctext cimport date_text as _date, datetime_text as _datetime
 
 import datetime
 from decimal import Decimal
@@ -81,10 +82,6 @@ cdef uint8_t[256] BASE64  # a character's six bits; 64 for '=', 255 outside the 
 # or bit 24 for anything but the 64 characters: a quad is four lookups ORed, checked once.
 cdef uint32_t[256] QUAD0, QUAD1, QUAD2, QUAD3
 cdef uint32_t NOT_BASE64 = 1 << 24
-cdef int[13] DAYS_IN_MONTH
-DAYS_IN_MONTH[:] = [0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
-cdef int[7] MICROS_OF_DIGITS  # a fraction of k digits times this is microseconds
-MICROS_OF_DIGITS[:] = [0, 100000, 10000, 1000, 100, 10, 1]
 
 
 cdef void _fill_base64_table() noexcept:
@@ -362,67 +359,6 @@ cdef bint _eisel_lemire(uint64_t w, int64_t q, bint negative, double *value) noe
 def _float_of(bytes text, bint single=False):
     """The float this module makes of a value's text, or None (for the tests)."""
     return _float(<const uint8_t *><char *>text, len(text), single)
-
-
-cdef inline bint _two(const uint8_t *p, int *value) noexcept:
-    if not (48 <= p[0] <= 57 and 48 <= p[1] <= 57):
-        return False
-    value[0] = (p[0] - 48) * 10 + (p[1] - 48)
-    return True
-
-
-cdef int _civil(const uint8_t *p, int *year, int *month, int *day) noexcept:
-    """``YYYY-MM-DD``: 1 for a real date, 0 for a zero or partial one (which
-    ``fromisoformat`` refuses, so the text stays), -1 for any other text."""
-    cdef int hi, lo, days
-    if not (_two(p, &hi) and _two(p + 2, &lo) and p[4] == 45 and _two(p + 5, month)
-            and p[7] == 45 and _two(p + 8, day)):
-        return -1
-    year[0] = hi * 100 + lo
-    if year[0] < 1 or not 1 <= month[0] <= 12:
-        return 0
-    days = DAYS_IN_MONTH[month[0]]
-    if month[0] == 2 and year[0] % 4 == 0 and (year[0] % 100 != 0 or year[0] % 400 == 0):
-        days = 29
-    return 1 <= day[0] <= days
-
-
-cdef object _date(const uint8_t *p, Py_ssize_t n):
-    """``date.fromisoformat`` of MariaDB's ``YYYY-MM-DD``, or its text for a zero date;
-    None for any other text."""
-    cdef int year, month, day, civil
-    if n != 10:
-        return None
-    civil = _civil(p, &year, &month, &day)
-    if civil < 0:
-        return None
-    if civil == 0:
-        return PyUnicode_DecodeASCII(<const char *>p, n, NULL)
-    return date_new(year, month, day)
-
-
-cdef object _datetime(const uint8_t *p, Py_ssize_t n, object tz):
-    """``datetime.fromisoformat`` of MariaDB's ``YYYY-MM-DD HH:MM:SS[.f{1,6}]`` (with ``tz``),
-    or its text for a zero date; None for any other text."""
-    cdef int year, month, day, civil, hour, minute, second, micros = 0, k
-    cdef Py_ssize_t digits = n - 20
-    if n < 19 or n == 20 or n > 26:
-        return None
-    if not (p[10] == 32 and _two(p + 11, &hour) and p[13] == 58 and _two(p + 14, &minute)
-            and p[16] == 58 and _two(p + 17, &second)) or (n > 20 and p[19] != 46):
-        return None
-    for k in range(digits):
-        if not 48 <= p[20 + k] <= 57:
-            return None
-        micros = micros * 10 + (p[20 + k] - 48)
-    civil = _civil(p, &year, &month, &day)
-    if civil < 0 or hour > 23 or minute > 59 or second > 59:
-        return None
-    if civil == 0:
-        return PyUnicode_DecodeASCII(<const char *>p, n, NULL)
-    if digits > 0:
-        micros *= MICROS_OF_DIGITS[digits]
-    return datetime_new(year, month, day, hour, minute, second, micros, tz)
 
 
 cdef object _called(object decode, const uint8_t *p, Py_ssize_t n):

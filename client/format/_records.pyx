@@ -25,7 +25,7 @@ from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memchr, memcmp, memcpy
 
 from mariadb_cdc_client.format._cavro cimport Cursor, read_long, take
-from mariadb_cdc_client.format cimport _cdecimal
+from mariadb_cdc_client.format cimport _cdecimal, _ctext
 
 import datetime
 import sys
@@ -550,8 +550,6 @@ cdef enum:
     T_NUMBER = 4
     T_STRING = 5
 
-cdef int[13] DAYS_IN_MONTH
-DAYS_IN_MONTH[:] = [0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
 
 
 cdef struct Token:
@@ -583,28 +581,6 @@ cdef inline int _hex(uint8_t c) noexcept:
     if 65 <= c <= 70:
         return c - 55
     return -1
-
-
-cdef inline bint _two(const uint8_t *p, int *value) noexcept:
-    if not (48 <= p[0] <= 57 and 48 <= p[1] <= 57):
-        return False
-    value[0] = (p[0] - 48) * 10 + (p[1] - 48)
-    return True
-
-
-cdef bint _civil_text(const uint8_t *p, int *year, int *month, int *day) noexcept:
-    """``YYYY-MM-DD`` of a real date (Python's date would take it)."""
-    cdef int hi, lo, days
-    if not (_two(p, &hi) and _two(p + 2, &lo) and p[4] == 45 and _two(p + 5, month)
-            and p[7] == 45 and _two(p + 8, day)):
-        return False
-    year[0] = hi * 100 + lo
-    if year[0] < 1 or not 1 <= month[0] <= 12:
-        return False
-    days = DAYS_IN_MONTH[month[0]]
-    if month[0] == 2 and year[0] % 4 == 0 and (year[0] % 100 != 0 or year[0] % 400 == 0):
-        days = 29
-    return 1 <= day[0] <= days
 
 
 cdef class JsonRecordDecoder:
@@ -1040,36 +1016,17 @@ cdef object _hex_bytes(Token *token):
 
 
 cdef object _date_text(Token *token):
-    cdef int year, month, day
-    if token.n != 10 or not _civil_text(token.p, &year, &month, &day):
-        return FALLBACK
-    return date_new(year, month, day)
+    value = _ctext.date_text(token.p, token.n)
+    return FALLBACK if value is None else value
 
 
 cdef object _datetime_text(Token *token, bint utc):
-    """``YYYY-MM-DD HH:MM:SS[.fff|.ffffff]`` (then ``+00:00`` if ``utc``), as
-    ``datetime.fromisoformat`` reads it; anything else is left to it."""
-    cdef const uint8_t *p = token.p
+    """MariaDB's datetime text (then ``+00:00`` if ``utc``), as ``datetime.fromisoformat``
+    reads it; anything else (a zero TIMESTAMP, another zone) is left to it."""
     cdef Py_ssize_t n = token.n
-    cdef int year, month, day, hour, minute, second, micros = 0, k, digits
     if utc:
-        if n < 25 or memcmp(p + n - 6, b"+00:00", 6) != 0:
+        if n < 25 or memcmp(token.p + n - 6, b"+00:00", 6) != 0:
             return FALLBACK
         n -= 6
-    if n < 19 or not _civil_text(p, &year, &month, &day) or p[10] != 32 or \
-            not (_two(p + 11, &hour) and p[13] == 58 and _two(p + 14, &minute)
-                 and p[16] == 58 and _two(p + 17, &second)):
-        return FALLBACK
-    if hour > 23 or minute > 59 or second > 59:
-        return FALLBACK
-    digits = <int>(n - 20)
-    if n > 19:
-        if p[19] != 46 or (digits != 3 and digits != 6):
-            return FALLBACK
-        for k in range(digits):
-            if not 48 <= p[20 + k] <= 57:
-                return FALLBACK
-            micros = micros * 10 + (p[20 + k] - 48)
-        if digits == 3:
-            micros *= 1000
-    return datetime_new(year, month, day, hour, minute, second, micros, UTC if utc else None)
+    value = _ctext.datetime_text(token.p, n, UTC if utc else None)
+    return FALLBACK if value is None or (utc and type(value) is str) else value
