@@ -21,6 +21,7 @@ import pytest
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.app.service import Service
 from cdcserver.core.config import (
+    AdminConfig,
     CaptureConfig,
     Config,
     DumpConfig,
@@ -181,6 +182,7 @@ def make_config(data_dir: str, source_url: str, users: str, **sections: dict[str
                   retention=RetentionConfig(**sections.get("retention", {})),  # type: ignore[arg-type]
                   kafka=KafkaConfig(**sections.get("kafka", {})),  # type: ignore[arg-type]
                   capture=CaptureConfig(**sections.get("capture", {})),  # type: ignore[arg-type]
+                  admin=AdminConfig(**sections.get("admin", {})),  # type: ignore[arg-type]
                   metrics=MetricsConfig(**metrics_cfg))  # type: ignore[arg-type]
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone on a fresh machine (Debian 12, as root): installs
 # what the tests need (Debian's mariadb-server and galera-4 with rsync, a Java runtime for
-# Spark, Go for the databus consumer, Prometheus with promtool, the Python packages into
+# Spark, Go for the databus consumer, Prometheus with promtool, Chromium and ChromeDriver for the
+# web console's test, the Python packages into
 # .venv), then runs pytest on four workers. The
 # tests start their own private MariaDB and services; nothing needs to be running.
 # Extra arguments go to pytest, e.g. `bash tests/run.sh -k listener -x`.
@@ -18,6 +19,8 @@ command -v rsync >/dev/null 2>&1 || missing+=(rsync)  # ... its state transfers
 command -v socat >/dev/null 2>&1 || missing+=(socat)
 command -v ss >/dev/null 2>&1 || missing+=(iproute2)  # the transfer script waits with ss
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)  # tests/integration/test_prometheus.py
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # the web console's browser test
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)  # ... driven by Selenium
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "tests/run.sh: please install ${missing[*]} (needs root)" >&2

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from prometheus_client.registry import Collector
 
 from cdcserver.app import descriptors
+from cdcserver.app.adminview import ServiceView
 from cdcserver.app.resyncs import ResyncScheduler
 from cdcserver.app.runner import ReplicationRunner
 from cdcserver.app.startup import cannot_listen, check_users_file, unusable_data_dir
@@ -30,6 +31,7 @@ from cdcserver.core.gtid import GtidState
 from cdcserver.dump.included import NewlyIncluded
 from cdcserver.dump.retention import Cleaner
 from cdcserver.dump.scheduler import DumpScheduler
+from cdcserver.ops.admin import AdminServer, TokenFile
 from cdcserver.ops.lag import LagProbe
 from cdcserver.ops.latency import CommitLatency
 from cdcserver.ops.metrics import (
@@ -92,6 +94,9 @@ class Service:
         self.lag: LagProbe | None = None
         self.monitoring: MonitoringServer | None = None
         self.monitoring_address: tuple[str, int] | None = None
+        self.admin: AdminServer | None = None
+        self.admin_address: tuple[str, int] | None = None
+        self.admin_view = ServiceView(self)
         self._ended: asyncio.Future[None] | None = None  # when run() ends, and how
 
     def sink(self, name: str) -> Sink | None:
@@ -131,6 +136,7 @@ class Service:
             self.server = self._listener()
             await self._start_listener(self.server)
             await self._start_monitoring()
+            await self._start_admin()
             if started is not None:
                 started(self)
             housekeeping = self._housekeeping()
@@ -150,6 +156,8 @@ class Service:
                 await self.server.stop()
             if self.monitoring is not None:
                 await self.monitoring.stop()
+            if self.admin is not None:
+                await self.admin.stop()
             for sink in self.sinks:
                 await sink.close()
             self.store.close()
@@ -206,6 +214,23 @@ class Service:
                               "choose another HOST:PORT (--metrics-listen) or '' to turn the "
                               "endpoint off") from exc
 
+    async def _start_admin(self) -> None:
+        """The admin API and the web console (admin.md), with a token file only."""
+        cfg = self.config.admin
+        if not cfg.enabled:
+            return
+        token = TokenFile(cfg.token_file)  # a file that cannot be used stops the start
+        self.admin = AdminServer(self.admin_view, token, {
+            "/live": lambda: live(self.replication.stats()),
+            "/ready": lambda: ready(self.stats()),
+        })
+        try:
+            self.admin_address = await self.admin.start(*cfg.host_port(),
+                                                        ssl=cfg.tls_context())
+        except OSError as exc:
+            raise ConfigError(f"admin.listen {cfg.listen}: {exc.strerror}; choose another "
+                              "HOST:PORT (--admin-listen)") from exc
+
     def stats(self) -> ServiceStats:
         scheduler = self.scheduler
         return ServiceStats(
@@ -224,7 +249,9 @@ class Service:
         """The cleaner, the lag probe, and the dump schedule if one is configured."""
         tasks = [asyncio.create_task(self.cleaner.run(), name="cleaner"),
                  asyncio.create_task(self.resyncs.run(), name="resyncs")]
-        if self.monitoring is not None:
+        if self.admin is not None:
+            tasks.append(asyncio.create_task(self.admin_view.sample(), name="admin rates"))
+        if self.monitoring is not None or self.admin is not None:
             self.lag = LagProbe(self.sources, self.stored_state,
                                 self.replication.last_commit,
                                 self.config.metrics.lag_interval)

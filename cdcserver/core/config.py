@@ -468,6 +468,40 @@ class CaptureConfig:
 
 
 @dataclass(frozen=True)
+class AdminConfig:
+    listen: str = option("127.0.0.1:8989", "HOST:PORT of the admin API and the web console "
+                                           "(admin.md); served only with a token_file",
+                         cli="--admin-listen", check=host_port)
+    token_file: str = option("", "file holding the bearer token the admin API and the console "
+                                 "ask for (at least 16 characters, readable by its owner "
+                                 "only); '' turns the API and the console off",
+                             cli="--admin-token-file")
+    tls_cert: str = option("", "PEM certificate (chain) for HTTPS on the admin listener; '' "
+                               "for plain HTTP")
+    tls_key: str = option("", "PEM private key for tls_cert ('' if the certificate file holds "
+                              "it)")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.token_file)
+
+    def host_port(self) -> tuple[str, int]:
+        return host_and_port(self.listen, "admin.listen must be HOST:PORT")
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """HTTPS settings (TLS 1.2 or newer), or None for plain HTTP."""
+        if not self.tls_cert:
+            return None
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            context.load_cert_chain(self.tls_cert, self.tls_key or None)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"admin.tls_cert/tls_key: {exc}") from exc
+        return context
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: Literal["debug", "info", "warning", "error"] = option(
         "info", "log level", cli="--log-level")
@@ -484,6 +518,7 @@ class Config:
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     @classmethod
@@ -518,6 +553,8 @@ class Config:
                     raise ConfigError(f"{name}.{f.name}: {problem}")
         if self.listener.tls_key and not self.listener.tls_cert:
             raise ConfigError("listener.tls_key is set without listener.tls_cert")
+        if self.admin.tls_key and not self.admin.tls_cert:
+            raise ConfigError("admin.tls_key is set without admin.tls_cert")
         if self.kafka.publisher_lock and not self.kafka.state_topic:
             raise ConfigError("kafka.publisher_lock needs kafka.state_topic: the instance that "
                               "takes over reads the position there")

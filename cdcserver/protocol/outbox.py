@@ -47,6 +47,8 @@ class Outbox:
     def __init__(self, writer: asyncio.StreamWriter, traffic: Traffic) -> None:
         self.writer = writer
         self.traffic = traffic
+        self.bytes_sent = 0  # by this connection, counted as the listener's are
+        self.records_sent = 0
 
     @property
     def closing(self) -> bool:
@@ -86,7 +88,13 @@ class Outbox:
         self.writer.write(data)
         self.sent(len(data))
 
+    def records(self, count: int) -> None:
+        """``count`` records were written (counted with the listener's)."""
+        self.records_sent += count
+        self.traffic.records_sent += count
+
     def sent(self, count: int) -> None:
+        self.bytes_sent += count
         self.traffic.bytes_sent += count
 
     async def send_file(self, fd: int, offset: int, count: int, *,

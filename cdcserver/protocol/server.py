@@ -160,9 +160,26 @@ class CdcServer:
             generation = await asyncio.to_thread(users.refresh)
             if generation != seen:
                 seen = generation
-                self._revoke_lost_access()
+                self.revoke_lost_access()
 
-    def _revoke_lost_access(self) -> None:
+    def sessions(self) -> list[Connection]:
+        """Every connection open now, in the order they arrived (the admin API)."""
+        return sorted(self._sessions.values(), key=lambda c: c.id)
+
+    def disconnect(self, connection_id: int, why: str) -> bool:
+        """End a connection: its client is told ``why`` (``ERR FORBIDDEN``); False if no
+        connection has that id."""
+        for task, connection in self._sessions.items():
+            if connection.id == connection_id:
+                log.warning("%s: closing the session: %s", connection.peer, why)
+                if connection.revoked is None:
+                    connection.revoked = why
+                task.cancel()
+                return True
+        return False
+
+    def revoke_lost_access(self) -> None:
+        """End each session whose user was removed or may no longer read its table."""
         for task, connection in list(self._sessions.items()):
             reason = connection.session.lost_access(connection.reading)
             if reason is not None and connection.revoked is None:
@@ -201,7 +218,7 @@ class CdcServer:
         self._connections.add(task)
         self._unauthenticated[address] += 1
         self.connections_total += 1
-        connection = Connection(self, reader, writer, peer)
+        connection = Connection(self, reader, writer, peer, self.connections_total)
         connection.left_login = lambda: self._left_login(address)
         self._sessions[task] = connection
         try:
@@ -244,8 +261,10 @@ class CdcServer:
 
 class Connection:
     def __init__(self, server: CdcServer, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter, peer: str) -> None:
+                 writer: asyncio.StreamWriter, peer: str, connection_id: int = 0) -> None:
         self.server = server
+        self.id = connection_id  # unique while the listener runs (the admin API's)
+        self.connected_at = time.time()
         self.out = Outbox(writer, server.traffic)
         self.peer = peer
         self.messages = MessageReader(reader, server.limits.max_line)
@@ -259,6 +278,9 @@ class Connection:
         # told once, when the session leaves the login phase (the per-address count)
         self.left_login: Callable[[], None] | None = None
         self.reading: TableName | None = None  # the table being streamed or dumped
+        self.streamer: Streamer | None = None  # the stream being sent
+        self.sending: str | None = None  # the dump file being sent (its name)
+        self.request: str | None = None  # the command that started them
         self.revoked: str | None = None  # why the server ended the session (users file)
 
     async def run(self) -> None:
@@ -324,6 +346,7 @@ class Connection:
                             context.caught_up, self.server.tails)
         log.info("%s: %s (%s)", self.peer, start.request.line, start.format.value)
         self.reading = start.request.table
+        self.streamer, self.request = streamer, start.request.line
         stream_task = asyncio.create_task(streamer.run())
         input_task = asyncio.create_task(self._watch_input())
         try:
@@ -351,7 +374,7 @@ class Connection:
         sent whole; False after an error reply (or a CLOSE, which also ends the session)."""
         dump = outcome.dump
         started = time.monotonic()
-        self.reading = dump.table
+        self.reading, self.sending = dump.table, dump.name
         try:
             with in_use(dump.path) as on_disk, contextlib.ExitStack() as stack:
                 f = on_disk
@@ -397,7 +420,7 @@ class Connection:
             await self.out.reply(error_line(Code.INTERNAL, f"{dump.name}: {exc}"))
             return False
         finally:
-            self.reading = None
+            self.reading = self.sending = None
             if self.server.dump_released is not None:
                 self.server.dump_released()
         self._last_command = asyncio.get_running_loop().time()  # the transfer was not idle

@@ -297,6 +297,9 @@ class Streamer:
         self.table = request.table
         self.records_sent = 0  # by this stream (and the tails it followed)
         self.bytes_sent = 0
+        self.at: VersionInfo | None = None  # the version being sent (the admin API)
+        self._offset = 0  # sent up to, in it
+        self._following = False  # handed over to the table's tail: at its committed end
         self._filter: _Seek | _After | None = None
         if request.after is not None:
             self._filter = _After(request.after.stored, request.after.given, _Order(index))
@@ -322,6 +325,7 @@ class Streamer:
                     first or until.covers_version(info.schema.gtid))):
                 break
             first = False
+            self.at, self._offset = info, 0
             try:
                 with in_use(info.path):  # the cleaner leaves it alone while it is sent
                     if self._filter is not None:
@@ -361,6 +365,7 @@ class Streamer:
         covered = until.covered_prefix(self.index, info) if self.format == Format.AVRO else 0
         run = _Run(pos)  # stored blocks to send as they are, in one sendfile
         for block in scan_blocks(info.path, info.header, pos, end):
+            self._offset = block.end  # (sent by the time the next block is looked at)
             if self.format == Format.JSON:
                 await self._send_json(info, block, until)
             elif block.end <= covered and (self._filter is None or self._filter.settled):
@@ -378,6 +383,13 @@ class Streamer:
         if run.count:
             await self._send_file(info, run.start, run.end)
             self._sent_records(run.count)
+
+    @property
+    def offset(self) -> int:
+        """How far into :attr:`at` the stream has sent (bytes of the version file)."""
+        if self._following and self.at is not None:
+            return self.at.committed  # the tail writes each commit to its clients at once
+        return self._offset
 
     def _deleted(self, version: int) -> NoReturn:
         raise ProtocolError(Code.NO_FILE, f"{self.table} version {version} was deleted by "
@@ -422,7 +434,7 @@ class Streamer:
         while True:
             end = info.committed
             if pos < end:
-                pos = await self._send_range(info, pos, end)
+                pos = self._offset = await self._send_range(info, pos, end)
                 if not backlog and self.tails is not None and self.tails.delivered is not None:
                     self.tails.delivered(entry.name, 1)  # committed while it was followed
                 backlog = False
@@ -434,11 +446,15 @@ class Streamer:
             if stopped is not None:
                 raise quarantined(self.table, stopped)
             if self.tails is not None and (self._filter is None or self._filter.settled):
-                follower = await self.tails.follow(self.out, entry, info, pos,
-                                                   self.format, self.style)
+                self._following = True
+                try:
+                    follower = await self.tails.follow(self.out, entry, info, pos,
+                                                       self.format, self.style)
+                finally:
+                    self._following = False
                 self.bytes_sent += follower.bytes_sent
                 self.records_sent += follower.records_sent
-                pos = follower.returned.result()
+                pos = self._offset = follower.returned.result()
                 continue
             # Shared by every session tailing the table: shield it, or one session
             # leaving would cancel the others' wait.
@@ -514,7 +530,7 @@ class Streamer:
 
     def _sent_records(self, count: int) -> None:
         self.records_sent += count
-        self.out.traffic.records_sent += count
+        self.out.records(count)
 
     @staticmethod
     def _read(info: VersionInfo, offset: int, size: int) -> bytes:

@@ -98,7 +98,7 @@ class Tail:
                 writes += 1
                 follower.bytes_sent += len(data)
                 follower.records_sent += records
-                out.traffic.records_sent += records
+                out.records(records)
         self.pos = end
         if writes and self.tails.delivered is not None:
             self.tails.delivered(self.entry.name, writes)

@@ -136,6 +136,12 @@ class UsersFile:
                 self.generation += 1
             return self._users
 
+    def reload(self) -> int:
+        """Read the file again now, changed or not; the number of users it holds."""
+        with self._lock:
+            self._signature = None
+        return len(self._current())
+
     def refresh(self) -> int:
         """Reload the file if it changed; the generation of what is loaded (it grows with
         each reload)."""

@@ -310,6 +310,18 @@ class StoreIndex:
         candidates = [o for o in (row[0], *pending) if o is not None]
         return max(candidates) if candidates else None
 
+    def block_before(self, table: TableName, version: int, offset: int) -> int | None:
+        """The offset of the last indexed block (of any domain) before ``offset`` in the
+        version: a place to scan forward from to find the block that ends there."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT MAX(offset) FROM blocks WHERE db=? AND tbl=? AND version=? AND "
+                "offset<?", (table.database, table.table, version, offset)).fetchone()
+            pending = [b.offset for b in self._pending_blocks
+                       if b.table == table and b.version == version and b.offset < offset]
+        candidates = [o for o in (row[0], *pending) if o is not None]
+        return max(candidates) if candidates else None
+
     # -- order -------------------------------------------------------------------------
 
     def ordered(self, domain: int, source: str = "") -> bool:

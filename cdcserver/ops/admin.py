@@ -1,0 +1,292 @@
+"""The admin API and the web console (admin.md): JSON over HTTP(S) on a listener of its own.
+
+aiohttp serves it (routing, request bodies, keep-alive, TLS, static files): the monitoring
+endpoint's few fixed GET routes are small enough to answer by hand (``monitoring.py``), an API
+with bodies, methods, path parameters and a console is not. Everything under ``/api/`` needs
+the bearer token of ``[admin] token_file``; the console's static files need none (they hold
+nothing but code: the console asks the operator for the token), nor do ``/live`` and
+``/ready``. What the API reports and does comes from an :class:`AdminState` (the service's is
+``cdcserver/app/adminview.py``), on the service's own event loop.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import stat
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from cdcserver.core.errors import ConfigError
+from cdcserver.core.names import TableName
+from mariadb_cdc_client.format.names import BadTableRef, parse_table, split_list
+
+log = logging.getLogger(__name__)
+
+CONSOLE = Path(__file__).with_name("console")  # index.html, console.js, console.css
+MIN_TOKEN = 16  # characters
+MAX_BODY = 64 * 1024
+# The console is served from here only: no inline script, no other origin, no framing.
+_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+Probe = Callable[[], tuple[bool, dict[str, Any]]]
+
+
+class Refused(Exception):
+    """An action the API cannot take: its HTTP status and why (``{"error": why}``)."""
+
+    def __init__(self, status: int, why: str) -> None:
+        super().__init__(why)
+        self.status = status
+
+
+class AdminState(Protocol):
+    """What the API reads and does (each a JSON-ready value; :class:`Refused` when it
+    cannot)."""
+
+    def replication(self) -> dict[str, Any]: ...
+    async def clients(self) -> list[dict[str, Any]]: ...
+    async def tables(self) -> list[dict[str, Any]]: ...
+    async def dumps(self) -> dict[str, Any]: ...
+    async def take_dumps(self, refs: list[tuple[str, str]]) -> dict[str, list[str]]: ...
+    def resync(self, table: TableName) -> str: ...
+    def disconnect(self, client_id: int) -> None: ...
+    async def reload_users(self) -> int: ...
+
+
+class TokenFile:
+    """The bearer token: the file's content, stripped; read again when the file changes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._signature: tuple[int, int, int] | None = None
+        self._token = b""
+        self.current()  # a file that cannot be used stops the start
+
+    def current(self) -> bytes:
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            raise ConfigError(f"admin.token_file {self.path}: {exc.strerror}") from exc
+        signature = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if signature != self._signature:
+            self._token = _read_token(self.path, st)
+            self._signature = signature
+        return self._token
+
+    def accepts(self, header: str | None) -> bool:
+        scheme, _, given = (header or "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            return False
+        try:
+            token = self.current()
+        except ConfigError as exc:  # removed or loosened meanwhile: nobody gets in
+            log.error("admin API: %s", exc)
+            return False
+        return hmac.compare_digest(given.strip().encode(), token)
+
+
+def _read_token(path: str, st: os.stat_result) -> bytes:
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"admin.token_file {path} may be read or changed by other users "
+                          f"(mode {stat.S_IMODE(st.st_mode):o}); chmod 600 {path}")
+    with open(path, "rb") as f:
+        token = f.read(4096).strip()
+    if len(token) < MIN_TOKEN or any(c < 0x21 or c > 0x7e for c in token):
+        raise ConfigError(f"admin.token_file {path} must hold one token of at least "
+                          f"{MIN_TOKEN} printable characters (e.g. head -c 32 /dev/urandom | "
+                          "base64)")
+    return token
+
+
+class AdminServer:
+    def __init__(self, state: AdminState, token: TokenFile, probes: dict[str, Probe]) -> None:
+        self.state = state
+        self.token = token
+        self.probes = probes  # /live and /ready: open, as on the monitoring listener
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, host: str, port: int, ssl: object = None) -> tuple[str, int]:
+        app = web.Application(client_max_size=MAX_BODY,
+                              middlewares=[self._errors, self._authenticated])
+        self._routes(app)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, ssl_context=ssl,  # type: ignore[arg-type]
+                           backlog=128)
+        await site.start()
+        server = site._server  # the bound address, port 0 included
+        assert server is not None
+        sockname = server.sockets[0].getsockname()  # type: ignore[attr-defined]
+        scheme = "https" if ssl is not None else "http"
+        log.info("admin API and console on %s://%s:%d/console/", scheme, sockname[0],
+                 sockname[1])
+        return sockname[0], sockname[1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def _routes(self, app: web.Application) -> None:
+        r = app.router
+        r.add_get("/api/v1/replication", self._replication)
+        r.add_get("/api/v1/clients", self._clients)
+        r.add_delete("/api/v1/clients/{id}", self._disconnect)
+        r.add_get("/api/v1/tables", self._tables)
+        r.add_post("/api/v1/tables/{table:.+}/resync", self._resync)
+        r.add_get("/api/v1/dumps", self._dumps)
+        r.add_post("/api/v1/dumps", self._take_dumps)
+        r.add_post("/api/v1/users/reload", self._reload_users)
+        for path in self.probes:
+            r.add_get(path, self._probe)
+        r.add_get("/", _to_console)
+        r.add_get("/console", _to_console)
+        r.add_get("/console/", _console_page)
+        r.add_static("/console/", CONSOLE, follow_symlinks=False, append_version=False)
+
+    # -- middlewares -----------------------------------------------------------------------
+
+    @web.middleware
+    async def _errors(self, request: web.Request,
+                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                      ) -> web.StreamResponse:
+        """Every answer under /api/ is JSON, errors included; the console gets its
+        security headers."""
+        try:
+            response = await handler(request)
+        except Refused as exc:
+            response = _error(exc.status, str(exc))
+        except web.HTTPException as exc:
+            if not request.path.startswith("/api/") or exc.status < 400:
+                raise
+            response = _error(exc.status, exc.reason)
+        except Exception:  # a bug in one view must not take the API down (logged)
+            log.exception("admin API: %s %s failed", request.method, request.path)
+            response = _error(500, "internal error; see the service's log")
+        if request.path.startswith("/api/"):
+            response.headers["Cache-Control"] = "no-store"
+        else:
+            response.headers["Content-Security-Policy"] = _CSP
+            response.headers["Referrer-Policy"] = "no-referrer"
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Server"] = "cdcserver"
+        return response
+
+    @web.middleware
+    async def _authenticated(self, request: web.Request,
+                             handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                             ) -> web.StreamResponse:
+        if request.path.startswith("/api/") and \
+                not self.token.accepts(request.headers.get("Authorization")):
+            response = _error(401, "this needs the admin token: Authorization: Bearer <the "
+                                   "content of [admin] token_file>")
+            response.headers["WWW-Authenticate"] = 'Bearer realm="cdcserver"'
+            return response
+        return await handler(request)
+
+    # -- views -----------------------------------------------------------------------------
+
+    async def _replication(self, request: web.Request) -> web.Response:
+        return _json(self.state.replication())
+
+    async def _clients(self, request: web.Request) -> web.Response:
+        return _json({"clients": await self.state.clients()})
+
+    async def _disconnect(self, request: web.Request) -> web.Response:
+        text = request.match_info["id"]
+        if not text.isdigit():
+            raise Refused(400, f"a client id is a number (GET /api/v1/clients), not {text!r}")
+        self.state.disconnect(int(text))
+        return _json({"disconnected": int(text)})
+
+    async def _tables(self, request: web.Request) -> web.Response:
+        return _json({"tables": await self.state.tables()})
+
+    async def _resync(self, request: web.Request) -> web.Response:
+        table = _table(request.match_info["table"])
+        return _json({"resyncing": self.state.resync(table)}, status=202)
+
+    async def _dumps(self, request: web.Request) -> web.Response:
+        return _json(await self.state.dumps())
+
+    async def _take_dumps(self, request: web.Request) -> web.Response:
+        refs = _dump_refs(await _body(request))
+        return _json(await self.state.take_dumps(refs), status=202)
+
+    async def _reload_users(self, request: web.Request) -> web.Response:
+        return _json({"users": await self.state.reload_users()})
+
+    async def _probe(self, request: web.Request) -> web.Response:
+        good, document = self.probes[request.path]()
+        return _json(document, status=200 if good else 503)
+
+
+async def _to_console(request: web.Request) -> web.Response:
+    raise web.HTTPFound("/console/")
+
+
+async def _console_page(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(CONSOLE / "index.html")
+
+
+def _json(document: object, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(document, indent=1, ensure_ascii=False) + "\n",
+                        status=status, content_type="application/json")
+
+
+def _error(status: int, why: str) -> web.Response:
+    return _json({"error": why}, status=status)
+
+
+async def _body(request: web.Request) -> Any:
+    try:
+        return json.loads(await request.read() or b"null")
+    except web.HTTPRequestEntityTooLarge:
+        raise Refused(413, f"a request body may be at most {MAX_BODY} bytes") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Refused(400, f"the body is not JSON: {exc}") from None
+
+
+def _table(text: str) -> TableName:
+    """A table as a path names it: its protocol reference, percent-encoded."""
+    ref = text  # (decoded by the router)
+    try:
+        parsed = parse_table(ref)
+    except BadTableRef as exc:
+        raise Refused(400, f"{ref!r} is not a table: {exc}") from None
+    return TableName(parsed.database, parsed.table)
+
+
+def _dump_refs(body: Any) -> list[tuple[str, str]]:
+    """``{"table": "db.t"}`` or ``{"tables": ["db.t", "db.*"]}``: (database, table or *)."""
+    if not isinstance(body, dict) or not ({"table", "tables"} & body.keys()):
+        raise Refused(400, 'name the tables: {"table": "db.t"} or {"tables": ["db.t", '
+                           '"db.*"]}')
+    names = body.get("tables", [])
+    if isinstance(names, str):
+        names = split_list(names)
+    if "table" in body:
+        names = [body["table"], *names]
+    if not names or not all(isinstance(n, str) for n in names):
+        raise Refused(400, "tables are named as strings: db.table, or db.* for a database's")
+    refs = []
+    for name in names:
+        if name.strip().endswith(".*"):
+            refs.append((_database(name.strip()[:-2]), "*"))
+            continue
+        table = _table(name)
+        refs.append((table.database, table.table))
+    return refs
+
+
+def _database(text: str) -> str:
+    try:
+        return parse_table(f"{text}.x").database
+    except BadTableRef as exc:
+        raise Refused(400, f"{text!r} is not a database name: {exc}") from None

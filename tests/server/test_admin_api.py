@@ -1,0 +1,244 @@
+"""The admin API (admin.md) on a real service replicating the real MariaDB, with real CDC
+clients connected: every endpoint, the token, and what each action does to the clients."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from cdcserver.core.errors import ConfigError
+from cdcserver.protocol.users import UsersFile
+from tests.conftest import RunningService, Source, make_config, start_service
+from tests.helpers import USER, RawClient, eventually
+
+pytestmark = pytest.mark.mariadb
+
+TOKEN = "s3cret-admin-token-0123456789"
+
+
+def token_file(directory: str, text: str = TOKEN, mode: int = 0o600) -> str:
+    path = os.path.join(directory, "admin.token")
+    with open(path, "w") as f:
+        f.write(text + "\n")
+    os.chmod(path, mode)
+    return path
+
+
+class Api:
+    def __init__(self, running: RunningService, session: aiohttp.ClientSession) -> None:
+        host, port = running.service.admin_address  # type: ignore[misc]
+        self.base = f"http://{host}:{port}"
+        self.session = session
+
+    async def call(self, method: str, path: str, token: str | None = TOKEN,
+                   body: Any = None) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        async with self.session.request(method, self.base + path, headers=headers,
+                                        json=body) as response:
+            data = await response.json() if response.content_type == "application/json" \
+                else await response.text()
+            return response.status, data
+
+    async def get(self, path: str) -> Any:
+        status, data = await self.call("GET", path)
+        assert status == 200, data
+        return data
+
+
+@pytest.fixture
+async def admin(tmp_path: os.PathLike[str], source: Source, users_file: str
+                ) -> AsyncIterator[tuple[RunningService, Api]]:
+    config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
+                         admin={"listen": "127.0.0.1:0",
+                                "token_file": token_file(str(tmp_path))})
+    running = await start_service(config)
+    async with aiohttp.ClientSession() as session:
+        yield running, Api(running, session)
+    if not running.task.done():
+        await running.stop()
+
+
+def run_sql(source: Source, *statements: str) -> None:
+    source.execute(f"USE `{source.database}`", *statements)
+
+
+async def streaming_client(running: RunningService, source: Source, table: str
+                           ) -> RawClient:
+    client = await RawClient.connect(running.port)
+    await client.login("JSON")
+    await client.send(f"REQUEST-DATA {source.database}.{table}\n".encode())
+    await client.json_line()  # the schema
+    return client
+
+
+async def test_every_endpoint_needs_the_token(admin: tuple[RunningService, Api]) -> None:
+    _, api = admin
+    calls = [("GET", "/api/v1/replication"), ("GET", "/api/v1/clients"),
+             ("GET", "/api/v1/tables"), ("GET", "/api/v1/dumps"),
+             ("POST", "/api/v1/dumps"), ("POST", "/api/v1/tables/a.b/resync"),
+             ("DELETE", "/api/v1/clients/1"), ("POST", "/api/v1/users/reload")]
+    for method, path in calls:
+        for token in (None, "wrong-token-wrong-token", TOKEN + "x", TOKEN[:-1]):
+            status, data = await api.call(method, path, token=token)
+            assert status == 401, (method, path, token, data)
+            assert "admin token" in data["error"]
+    async with api.session.get(api.base + "/api/v1/clients",
+                               headers={"Authorization": f"Basic {TOKEN}"}) as response:
+        assert response.status == 401
+        assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    # the probes and the console's files stay open
+    for path in ("/live", "/console/", "/console/console.js"):
+        async with api.session.get(api.base + path) as response:
+            assert response.status in (200, 503), path
+            if path.startswith("/console"):
+                assert response.status == 200
+                assert "script-src 'self'" in response.headers["Content-Security-Policy"]
+    async with api.session.get(api.base + "/", allow_redirects=False) as response:
+        assert response.status == 302 and response.headers["Location"] == "/console/"
+
+
+async def test_a_token_file_others_can_read_stops_the_start(
+        tmp_path: os.PathLike[str], source: Source, users_file: str) -> None:
+    for text, mode, expected in ((TOKEN, 0o644, "other users"),
+                                 ("short", 0o600, "at least 16"),
+                                 ("two words here, too many", 0o600, "printable")):
+        path = token_file(str(tmp_path), text, mode)
+        config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
+                             admin={"listen": "127.0.0.1:0", "token_file": path})
+        with pytest.raises(ConfigError, match=expected):
+            running = await start_service(config)
+            await running.stop()
+
+
+async def test_replication_tables_and_clients(admin: tuple[RunningService, Api],
+                                              source: Source) -> None:
+    running, api = admin
+    run_sql(source, "CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(20))",
+                   "INSERT INTO t VALUES (1, 'a'), (2, 'b'), (3, 'c')",
+                   "UPDATE t SET v = 'z' WHERE id = 2")
+    await running.caught_up(source)
+    replication = await api.get("/api/v1/replication")
+    assert replication["state"] == "replicating"
+    assert replication["position"] == str(source.gtid_state())
+    assert replication["quarantined"] == []
+
+    tables = {t["table"]: t for t in (await api.get("/api/v1/tables"))["tables"]}
+    t = tables[f"{source.database}.t"]
+    assert t["records"] == 5  # three inserts, an update's before and after
+    assert [v["version"] for v in t["versions"]] == [1]
+    assert t["bytes"] == t["versions"][0]["bytes"] > 0
+    assert t["last_gtid"] == str(source.gtid_state()).split(",")[0]
+    assert t["quarantined"] is None and t["clients"] == 0
+
+    client = await streaming_client(running, source, "t")
+    for _ in range(5):
+        await client.json_line()
+    clients = await eventually(lambda: api.get("/api/v1/clients"),
+                               lambda d: d["clients"] and d["clients"][0]["position"])
+    [seen] = clients["clients"]
+    assert seen["user"] == USER and seen["uuid"] == "test-client"
+    assert seen["format"] == "JSON" and seen["phase"] == "streaming"
+    assert seen["reading"] == f"{source.database}.t" and seen["kind"] == "stream"
+    assert seen["position"]["version"] == 1
+    assert seen["position"]["gtid"] == t["last_gtid"]
+    assert seen["behind"] == {"bytes": 0, "seconds": 0.0}
+    assert seen["records_sent"] == 5 and seen["bytes_sent"] > 0
+    tables = {t["table"]: t for t in (await api.get("/api/v1/tables"))["tables"]}
+    assert tables[f"{source.database}.t"]["clients"] == 1
+
+    # a commit reaches the client, and its position follows
+    run_sql(source, "INSERT INTO t VALUES (4, 'd')")
+    await client.json_line()
+    await running.caught_up(source)
+    clients = await eventually(
+        lambda: api.get("/api/v1/clients"),
+        lambda d: d["clients"][0]["position"]["gtid"] == str(source.gtid_state()))
+    assert clients["clients"][0]["records_sent"] == 6
+    await client.close()
+
+
+async def test_kick_ends_only_that_client(admin: tuple[RunningService, Api],
+                                          source: Source) -> None:
+    running, api = admin
+    run_sql(source, "CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    await running.caught_up(source)
+    first = await streaming_client(running, source, "t")
+    second = await streaming_client(running, source, "t")
+    clients = (await api.get("/api/v1/clients"))["clients"]
+    assert len(clients) == 2
+    kicked = clients[0]["id"]
+    status, data = await api.call("DELETE", f"/api/v1/clients/{kicked}")
+    assert (status, data) == (200, {"disconnected": kicked})
+    rest = await first.closed()
+    assert rest.endswith(b"disconnected by an administrator\n"), rest
+    left = await eventually(lambda: api.get("/api/v1/clients"),
+                            lambda d: len(d["clients"]) == 1)
+    assert left["clients"][0]["id"] != kicked
+    run_sql(source, "INSERT INTO t VALUES (2)")
+    assert (await second.json_line())["id"] == 1
+    assert (await second.json_line())["id"] == 2  # the other one streams on
+    assert (await api.call("DELETE", f"/api/v1/clients/{kicked}"))[0] == 404
+    status, data = await api.call("DELETE", "/api/v1/clients/one")
+    assert status == 400 and "number" in data["error"]
+    await second.close()
+
+
+async def test_a_dump_taken_through_the_api(admin: tuple[RunningService, Api],
+                                            source: Source) -> None:
+    running, api = admin
+    run_sql(source, "CREATE TABLE d (id INT PRIMARY KEY, v TEXT)",
+                   "INSERT INTO d SELECT seq, REPEAT('x', 50) FROM seq_1_to_2000")
+    await running.caught_up(source)
+    status, data = await api.call("POST", "/api/v1/dumps",
+                                  body={"table": f"{source.database}.d"})
+    assert status == 202 and data["queued"] == [f"{source.database}.d"], data
+    dumps = await eventually(lambda: api.get("/api/v1/dumps"),
+                             lambda d: d["dumps"] and not d["taking"], timeout=60)
+    [dump] = dumps["dumps"]
+    assert dump["table"] == f"{source.database}.d" and dump["rows"] == 2000
+    assert dump["bytes"] > 100_000 and dump["readers"] == []
+
+    status, data = await api.call("POST", "/api/v1/dumps",
+                                  body={"table": f"{source.database}.missing"})
+    assert status == 404 and "missing" in data["error"]
+    for body in (None, {}, {"tables": [1]}, {"table": "no-dot"}):
+        status, data = await api.call("POST", "/api/v1/dumps", body=body)
+        assert status == 400, (body, data)
+    async with api.session.post(api.base + "/api/v1/dumps", data=b"{not json",
+                                headers={"Authorization": f"Bearer {TOKEN}"}) as response:
+        assert response.status == 400
+        assert "not JSON" in (await response.json())["error"]
+
+
+async def test_resync_answers_for_tables_that_need_none(admin: tuple[RunningService, Api],
+                                                       source: Source) -> None:
+    running, api = admin
+    run_sql(source, "CREATE TABLE `a.b` (id INT PRIMARY KEY)", "INSERT INTO `a.b` VALUES (1)")
+    await running.caught_up(source)
+    status, data = await api.call(
+        "POST", f"/api/v1/tables/{source.database}.%60a.b%60/resync")
+    assert status == 409 and "not quarantined" in data["error"], data
+    status, data = await api.call("POST", f"/api/v1/tables/{source.database}.nope/resync")
+    assert status == 404, data
+    status, data = await api.call("POST", "/api/v1/tables/not%20a%20table/resync")
+    assert status == 400, data
+
+
+async def test_reload_users_ends_a_removed_users_session(
+        admin: tuple[RunningService, Api], source: Source, users_file: str) -> None:
+    running, api = admin
+    run_sql(source, "CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    await running.caught_up(source)
+    client = await streaming_client(running, source, "t")
+    users = UsersFile(users_file)
+    users.add("other", "other-password")
+    users.remove(USER)
+    status, data = await api.call("POST", "/api/v1/users/reload")
+    assert (status, data) == (200, {"users": 1})
+    rest = await asyncio.wait_for(client.closed(), 5)
+    assert b"removed" in rest, rest
