@@ -13,12 +13,14 @@ import asyncio
 import contextlib
 import os
 import random
+import secrets
 import socket
 
 from cdcserver.app.embedded import EmbeddedMariaDB, ensure_mariadb_installed
 from cdcserver.app.process import run_until_signalled
 from cdcserver.app.service import Service
 from cdcserver.core.config import (
+    AdminConfig,
     Config,
     DumpConfig,
     ListenerConfig,
@@ -77,7 +79,9 @@ def run_demo(directory: str, listen: str, mariadb_port: int, trickle: float) -> 
             listener=ListenerConfig(listen=listen, users_file=users_file),
             dump=DumpConfig(tables="shop.*", interval=86400.0),  # a dump of each table daily
             metrics=MetricsConfig(listen="127.0.0.1:4002" if _port_free(4002) else
-                                  "127.0.0.1:0"))
+                                  "127.0.0.1:0"),
+            admin=AdminConfig(listen="127.0.0.1:8989" if _port_free(8989) else "127.0.0.1:0",
+                              token_file=_admin_token(directory)))
         return run_until_signalled(lambda stop: _serve(config, db, trickle, stop))
     finally:
         db.stop()
@@ -115,6 +119,9 @@ def _print_instructions(service: Service, db: EmbeddedMariaDB) -> None:
     auth = auth_message(DEMO_USER, DEMO_PASSWORD).decode()
     assert service.monitoring_address is not None
     metrics = "http://{}:{}".format(*service.monitoring_address)
+    assert service.admin_address is not None
+    admin = "http://{}:{}".format(*service.admin_address)
+    token_file = service.config.admin.token_file
     print(f"""
 The CDC service is listening on {host}:{port} (user {DEMO_USER}, password {DEMO_PASSWORD}).
 
@@ -137,6 +144,10 @@ The CDC service is listening on {host}:{port} (user {DEMO_USER}, password {DEMO_
   How the service is doing (Prometheus metrics at {metrics}/metrics):
     .venv/bin/cdcserver status --metrics-url {metrics}
 
+  The web console, and the same from a terminal (the token is in {token_file}):
+    {admin}/console/
+    .venv/bin/cdcserver ctl --url {admin} --token-file {token_file} clients
+
 Press Ctrl-C to stop.
 """, flush=True)
 
@@ -150,6 +161,16 @@ async def _trickle(db: EmbeddedMariaDB, every: float) -> None:
             db.execute,
             f"INSERT INTO shop.orders (customer_id, amount, placed) VALUES "
             f"({rng.randint(1, 3)}, {amount}, NOW(6))")
+
+
+def _admin_token(directory: str) -> str:
+    """The demo's admin token file (made once, readable by its owner only)."""
+    path = os.path.join(directory, "admin.token")
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(24) + "\n")
+    return path
 
 
 def _port_free(port: int, host: str = "127.0.0.1") -> bool:

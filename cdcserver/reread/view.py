@@ -65,6 +65,8 @@ class TableView:
     def apply(self, rows: Rows) -> None:
         names = [c.name for c in rows.layout.columns]
         images = [dict(zip(names, r, strict=True)) for r in rows.rows]
+        if self.key and not self._indexes and self._apply_keyed(rows.kind, images):
+            return
         if rows.kind == RowsKind.INSERT:
             for row in images:
                 self.put(row)
@@ -75,6 +77,27 @@ class TableView:
             for before, after in zip(images[::2], images[1::2], strict=True):
                 self.remove(before)
                 self.put(after)
+
+    def _apply_keyed(self, kind: RowsKind, images: list[Row]) -> bool:
+        """A keyed view without indexes, in one statement per event (a bulk change's
+        rows are many): inserts and deletes, and updates that keep every row's key; False
+        for an update that changes keys (applied row by row, in order)."""
+        if kind == RowsKind.INSERT:
+            self.db.executemany("INSERT OR REPLACE INTO rows VALUES (?, ?, ?, 1)",
+                                [(self.id, self.key_of(r), _pack(r)) for r in images])
+            return True
+        if kind == RowsKind.DELETE:
+            self.db.executemany("DELETE FROM rows WHERE view = ? AND key = ?",
+                                [(self.id, self.key_of(r)) for r in images])
+            return True
+        afters = []
+        for before, after in zip(images[::2], images[1::2], strict=True):
+            key = self.key_of(after)
+            if key != self.key_of(before):
+                return False
+            afters.append((self.id, key, _pack(after)))
+        self.db.executemany("INSERT OR REPLACE INTO rows VALUES (?, ?, ?, 1)", afters)
+        return True
 
     def put(self, row: Row) -> None:
         key = self.key_of(row)
