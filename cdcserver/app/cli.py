@@ -9,6 +9,8 @@
     cdcserver schema forget DB.TABLE --data-dir DIR
     cdcserver resync DB.TABLE [...] --data-dir DIR   a quarantined table, read again
     cdcserver resync --source URL --data-dir DIR     after the source purged the binlog it needed
+    cdcserver ctl replication|clients|tables|dumps|dump|resync|kick|reload-users [--url URL]
+                  [--token-file FILE] [--json]   a running service's admin API (admin.md)
     cdcserver demo        a private MariaDB with sample data, and the service on top of it
     cdcserver --version
 
@@ -90,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(metavar="COMMAND")
     for command in (_run_command, _check_command, _status_command, _users_command,
                     _verify_command, _dump_command, _dumps_command, _resync_command,
-                    _schema_command, _demo_command):
+                    _schema_command, _ctl_command, _demo_command):
         command(commands)
     return parser
 
@@ -229,6 +231,13 @@ def _schema_command(commands: Any) -> None:
     forget.add_argument("table", metavar="DB.TABLE", help="the table to forget")
     _source_and_store_options(forget)
     forget.set_defaults(handler=cmd_schema_forget)
+
+
+def _ctl_command(commands: Any) -> None:
+    """``ctl``: a running service's admin API (``cdcserver/app/ctl.py``)."""
+    from cdcserver.app import ctl
+
+    ctl.add_command(commands)
 
 
 def _demo_command(commands: Any) -> None:

@@ -27,6 +27,7 @@ SECTIONS = {
     "kafka": "Publishing every change to Kafka as well (off while `bootstrap` is empty).",
     "metrics": "The HTTP endpoint with `/metrics` and `/health`.",
     "capture": "Which tables are captured (stored, streamed, dumped, published).",
+    "admin": "The admin API and the web console (admin.md): off without a token file.",
     "log": "The service's log on standard error.",
 }
 
@@ -39,6 +40,8 @@ SECRET_VARIABLES = {
                                      "wins over it)",
     "CDCSERVER_HASH_SALT": "the salt of `[capture] columns_hash` (`capture.hash_salt_file` "
                            "wins over it)",
+    "CDCSERVER_ADMIN_TOKEN": "the admin API's token, for `cdcserver ctl` (its `--token-file` "
+                             "wins over it; the service reads `admin.token_file` only)",
 }
 
 # What each declared check requires, in words.
