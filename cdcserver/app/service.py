@@ -15,11 +15,11 @@ import logging
 import os
 import zoneinfo
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client.registry import Collector
 
 from cdcserver.app import descriptors
-from cdcserver.app.adminview import ServiceView
 from cdcserver.app.resyncs import ResyncScheduler
 from cdcserver.app.runner import ReplicationRunner
 from cdcserver.app.startup import cannot_listen, check_users_file, unusable_data_dir
@@ -31,7 +31,6 @@ from cdcserver.core.gtid import GtidState
 from cdcserver.dump.included import NewlyIncluded
 from cdcserver.dump.retention import Cleaner
 from cdcserver.dump.scheduler import DumpScheduler
-from cdcserver.ops.admin import AdminServer, TokenFile
 from cdcserver.ops.lag import LagProbe
 from cdcserver.ops.latency import CommitLatency
 from cdcserver.ops.metrics import (
@@ -57,6 +56,10 @@ from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
 from cdcserver.store.store import AvroStore
 from mariadb_cdc_client.format.wire import Dialect
+
+if TYPE_CHECKING:
+    from cdcserver.app.adminview import ServiceView
+    from cdcserver.ops.admin import AdminServer
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +99,7 @@ class Service:
         self.monitoring_address: tuple[str, int] | None = None
         self.admin: AdminServer | None = None
         self.admin_address: tuple[str, int] | None = None
-        self.admin_view = ServiceView(self)
+        self.admin_view: ServiceView | None = None
         self._ended: asyncio.Future[None] | None = None  # when run() ends, and how
 
     def sink(self, name: str) -> Sink | None:
@@ -219,7 +222,12 @@ class Service:
         cfg = self.config.admin
         if not cfg.enabled:
             return
+        # imported only here: aiohttp takes half a second to import, for nothing while off
+        from cdcserver.app.adminview import ServiceView
+        from cdcserver.ops.admin import AdminServer, TokenFile
+
         token = TokenFile(cfg.token_file)  # a file that cannot be used stops the start
+        self.admin_view = ServiceView(self)
         self.admin = AdminServer(self.admin_view, token, {
             "/live": lambda: live(self.replication.stats()),
             "/ready": lambda: ready(self.stats()),
@@ -249,7 +257,7 @@ class Service:
         """The cleaner, the lag probe, and the dump schedule if one is configured."""
         tasks = [asyncio.create_task(self.cleaner.run(), name="cleaner"),
                  asyncio.create_task(self.resyncs.run(), name="resyncs")]
-        if self.admin is not None:
+        if self.admin_view is not None:
             tasks.append(asyncio.create_task(self.admin_view.sample(), name="admin rates"))
         if self.monitoring is not None or self.admin is not None:
             self.lag = LagProbe(self.sources, self.stored_state,
