@@ -39,7 +39,14 @@ from bench.common import (
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.app.service import Service
 from cdcserver.core.changes import Change
-from cdcserver.core.config import Config, KafkaConfig, ListenerConfig, SourceConfig, StoreConfig
+from cdcserver.core.config import (
+    Config,
+    KafkaConfig,
+    ListenerConfig,
+    MetricsConfig,
+    SourceConfig,
+    StoreConfig,
+)
 from cdcserver.core.gtid import BinlogPosition, GtidState
 from cdcserver.protocol.users import UsersFile
 from cdcserver.sinks.base import SinkStatus, SourceInfo
@@ -86,7 +93,8 @@ async def read_changes(server: EmbeddedMariaDB) -> list[list[Change]]:
     UsersFile(users).add("bench", "bench")
     config = Config(source=SourceConfig(url=server.url(), server_id=9200, start_gtid="oldest"),
                     store=StoreConfig(data_dir=data_dir),
-                    listener=ListenerConfig(listen="127.0.0.1:0", users_file=users))
+                    listener=ListenerConfig(listen="127.0.0.1:0", users_file=users),
+                    metrics=MetricsConfig(listen="127.0.0.1:0"))
     service = Service(config)
     recorder = Recorder()
     service.sinks.append(recorder)

@@ -50,6 +50,7 @@ from cdcserver.core.config import (
     CaptureConfig,
     Config,
     ListenerConfig,
+    MetricsConfig,
     SourceConfig,
     StoreConfig,
 )
@@ -69,6 +70,7 @@ async def service_to_durable_avro(server: EmbeddedMariaDB, data_dir: str,
     config = Config(source=SourceConfig(url=server.url(), server_id=9100, start_gtid="oldest"),
                     store=StoreConfig(data_dir=data_dir),
                     listener=ListenerConfig(listen="127.0.0.1:0", users_file=users),
+                    metrics=MetricsConfig(listen="127.0.0.1:0"),
                     capture=CaptureConfig(exclude=exclude, columns_hash=columns_hash))
     target = GtidState.parse(str(server.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]))
     service = Service(config)

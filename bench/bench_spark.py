@@ -50,7 +50,7 @@ from bench.common import (
 )
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.app.service import Service
-from cdcserver.core.config import Config, ListenerConfig, SourceConfig, StoreConfig
+from cdcserver.core.config import Config, ListenerConfig, MetricsConfig, SourceConfig, StoreConfig
 from cdcserver.core.gtid import GtidState
 from cdcserver.protocol.users import UsersFile
 
@@ -67,7 +67,8 @@ class ServiceThread:
         self.config = Config(
             source=SourceConfig(url=server.url(), server_id=9300, start_gtid="oldest"),
             store=StoreConfig(data_dir=data_dir),
-            listener=ListenerConfig(listen="127.0.0.1:0", users_file=users))
+            listener=ListenerConfig(listen="127.0.0.1:0", users_file=users),
+            metrics=MetricsConfig(listen="127.0.0.1:0"))
         self.target = GtidState.parse(str(server.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]))
         self.ready = threading.Event()
         self.port = 0
