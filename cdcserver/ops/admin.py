@@ -64,7 +64,7 @@ class TokenFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._signature: tuple[int, int, int] | None = None
+        self._signature: tuple[int, int, int, int] | None = None
         self._token = b""
         self.current()  # a file that cannot be used stops the start
 
@@ -73,7 +73,7 @@ class TokenFile:
             st = os.stat(self.path)
         except OSError as exc:
             raise ConfigError(f"admin.token_file {self.path}: {exc.strerror}") from exc
-        signature = (st.st_ino, st.st_mtime_ns, st.st_size)
+        signature = (st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode)  # chmod counts too
         if signature != self._signature:
             self._token = _read_token(self.path, st)
             self._signature = signature
@@ -248,7 +248,7 @@ async def _body(request: web.Request) -> Any:
     try:
         return json.loads(await request.read() or b"null")
     except web.HTTPRequestEntityTooLarge:
-        raise Refused(413, f"a request body may be at most {MAX_BODY} bytes") from None
+        raise Refused(413, f"a request body may be at most {MAX_BODY // 1024} KiB") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise Refused(400, f"the body is not JSON: {exc}") from None
 

@@ -242,3 +242,35 @@ async def test_reload_users_ends_a_removed_users_session(
     assert (status, data) == (200, {"users": 1})
     rest = await asyncio.wait_for(client.closed(), 5)
     assert b"removed" in rest, rest
+
+
+async def test_hostile_requests_get_clear_refusals(admin: tuple[RunningService, Api],
+                                                  tmp_path: os.PathLike[str]) -> None:
+    running, api = admin
+    secret = running.service.config.admin.token_file
+    # the console's directory is all that is served: no way out of it, token file included
+    for path in ("/console/../admin.py", "/console/%2e%2e/admin.py",
+                 "/console/..%2f..%2fcore%2fconfig.py", "/console/" + "%2e%2e/" * 8 + secret):
+        async with api.session.get(api.base + path) as response:
+            body = await response.read()
+            assert response.status in (403, 404), (path, response.status)
+            assert b"import" not in body and TOKEN.encode() not in body
+    # a body over 64 KiB
+    status, data = await api.call("POST", "/api/v1/dumps", body={"table": "x" * 100_000})
+    assert status == 413 and "64" in data["error"], data
+    # unknown paths and methods under /api/ answer JSON
+    status, data = await api.call("GET", "/api/v1/nothing")
+    assert status == 404 and "error" in data
+    status, data = await api.call("PUT", "/api/v1/clients")
+    assert status == 405 and "error" in data
+    # a flood of connections does not stop the API: each answers, none left hanging
+    async def replication() -> int:
+        return (await api.call("GET", "/api/v1/replication"))[0]
+    assert set(await asyncio.gather(*(replication() for _ in range(200)))) == {200}
+    # the token file turned loose while running: nobody gets in, with a clear log line
+    os.chmod(secret, 0o644)
+    try:
+        assert (await api.call("GET", "/api/v1/clients"))[0] == 401
+    finally:
+        os.chmod(secret, 0o600)
+    assert (await api.call("GET", "/api/v1/clients"))[0] == 200
