@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from cdcserver.app import ctl
+from cdcserver.app import ctl, ctlformat
 from cdcserver.app.cli import main as cdcserver_main
 
 Answer = tuple[int, Any]  # HTTP status, JSON document (or bytes as they are)
@@ -97,15 +97,16 @@ def _ctl(capsys, *argv: str) -> tuple[int, str, str]:
 # -- for a person ----------------------------------------------------------------------------
 
 def test_sizes_and_columns():
-    assert [ctl.human_bytes(n) for n in (None, 0, 1023, 1024, 1887437, 1048575, 5 * 2**40)] == \
+    sizes = (None, 0, 1023, 1024, 1887437, 1048575, 5 * 2**40)
+    assert [ctlformat.human_bytes(n) for n in sizes] == \
         ["-", "0 B", "1023 B", "1.0 KiB", "1.8 MiB", "1.0 MiB", "5.0 TiB"]
-    assert ctl.render_table(["NAME", "SIZE", "NOTE"], [["a", "1.0 KiB", ""],
+    assert ctlformat.render_table(["NAME", "SIZE", "NOTE"], [["a", "1.0 KiB", ""],
                                                         ["longer", "12 B", "x"]],
                             right=["SIZE"]) == (
         "NAME       SIZE  NOTE\n"
         "a       1.0 KiB\n"
         "longer     12 B  x")
-    assert ctl.render_table(["ID", "USER"], []) == "ID  USER"
+    assert ctlformat.render_table(["ID", "USER"], []) == "ID  USER"
 
 
 # The examples of admin.md.
@@ -123,7 +124,7 @@ LOGGING_IN = {**CLIENT, "id": 13, "address": "10.0.0.8:4000", "user": None, "for
 
 def test_clients_table():
     now = dt.datetime.fromisoformat("2026-11-29T10:00:00+00:00").astimezone()
-    text = ctl.render_clients([CLIENT, LOGGING_IN], now=now)
+    text = ctlformat.render_clients([CLIENT, LOGGING_IN], now=now)
     since = dt.datetime.fromisoformat(CLIENT["connected_at"]).astimezone()
     day = f"{since:%Y-%m-%d %H:%M}"
     assert text.splitlines() == [
@@ -143,7 +144,7 @@ def test_tables_table():
                "records": None, "bytes": 10, "last_gtid": None,
                "quarantined": {"cause": "a row that does not fit", "since": "0-1-4000",
                                "resyncing": True}, "clients": 0}]
-    assert ctl.render_tables(tables).splitlines() == [
+    assert ctlformat.render_tables(tables).splitlines() == [
         "TABLE        VERSIONS  RECORDS     SIZE  LAST GTID  STATE",
         "shop.orders         2   52,100  1.8 MiB  0-1-4709   ok",
         "shop.odd            1        -     10 B  -          quarantined (resyncing): a row "
@@ -153,7 +154,7 @@ def test_tables_table():
 def test_dumps_table_with_the_dumps_being_taken():
     started = "2026-11-28T17:31:00+00:00"
     local = dt.datetime.fromisoformat(started).astimezone()
-    text = ctl.render_dumps({
+    text = ctlformat.render_dumps({
         "dumps": [{"name": "shop.orders.20261128T172000Z.dump", "table": "shop.orders",
                    "bytes": 4410023, "rows": 52100, "created": "2026-11-28T17:20:00+00:00",
                    "gtid": "0-1-4000", "readers": [12, 14]}],
@@ -170,7 +171,7 @@ def test_dumps_table_with_the_dumps_being_taken():
         "shop.orders.20261128T172000Z.dump  shop.orders  4.2 MiB  52,100  0-1-4000  12, 14"]
     assert lines[3] == "Being taken:"
     assert lines[5].split() == ["shop.orders", "running", "20,000", "/", "52,100", "rows",
-                                "(38%)", ctl._when(started)]
+                                "(38%)", ctlformat.when(started)]
     assert lines[6].split() == ["shop.x", "queued", "-", "-"]
     assert lines[7].split()[:3] == ["shop.y", "failed", "0"] and \
         lines[7].endswith("lost the connection")
@@ -178,7 +179,7 @@ def test_dumps_table_with_the_dumps_being_taken():
 
 
 def test_replication_summary():
-    text = ctl.render_replication({
+    text = ctlformat.render_replication({
         "state": "paused", "problems": ["the data directory's disk is full"],
         "source": {"current": "db1:3306", "sources": 2, "switches": 1, "refused": []},
         "position": "0-1-4711", "last_commit": "2026-11-28T17:30:00+00:00",
@@ -193,11 +194,11 @@ def test_replication_summary():
     assert "Transactions  4,711" in lines and "Queue         0 B of 64.0 MiB" in lines
     assert "Problems      the data directory's disk is full" in lines
     assert "Quarantined   shop.odd since 0-1-4000: bad row" in lines
-    lines = ctl.render_replication({"state": "starting", "lag_seconds": None,
+    lines = ctlformat.render_replication({"state": "starting", "lag_seconds": None,
                                     "lag_transactions": 1}).splitlines()
     assert "Lag           1 transaction" in lines and "Position      (nothing applied yet)" \
         in lines and "Problems      none" in lines and "Quarantined   none" in lines
-    assert "Lag           not measured yet" in ctl.render_replication({}).splitlines()
+    assert "Lag           not measured yet" in ctlformat.render_replication({}).splitlines()
 
 
 # -- over HTTP -------------------------------------------------------------------------------
