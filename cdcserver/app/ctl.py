@@ -49,6 +49,7 @@ from mariadb_cdc_client.format.names import BadTableRef, parse_table, table_ref
 PROG = "cdcserver ctl"
 TOKEN_VARIABLE = cfg.ADMIN_TOKEN_VARIABLE
 TIMEOUT = 10.0  # seconds, per request
+RESYNC_PATH = "/api/v1/tables/{table}/resync"  # the table percent-encoded
 POLL = 0.5  # seconds between looks at a dump being taken
 # A dump that left ``taking`` without failing is listed in ``dumps`` by the next look or so;
 # after this long without it, something removed it (say, the retention cleaner).
@@ -494,7 +495,7 @@ def resync_tables(api: Api, args: argparse.Namespace) -> int:
     answers = []
     for text in args.tables:
         try:
-            answer = api.call("POST", f"/api/v1/tables/{_table_path(text)}/resync")
+            answer = api.call("POST", RESYNC_PATH.format(table=_table_path(text)))
         except CtlError as exc:
             _err(f"{PROG}: {exc}")
             status = max(status, exc.status)
