@@ -45,8 +45,8 @@ check below (order, gaps, duplicates, rows delivered) is per connection, so per 
 ``--client-processes P`` (default 2): the processes the clients are spread over (each sets up
 16 connections at once). For many connections the bench raises its RLIMIT_NOFILE (the hard
 limit too where it may) to 2 x C + 4096, which the service and the client processes inherit
-(the service raises its soft limit to the hard one and budgets two descriptors per connection:
-its socket and the version file its stream holds open, cdcserver/app/descriptors.py); it
+(the service raises its soft limit to the hard one and budgets one descriptor per connection,
+its socket, beside the version files its streams share, cdcserver/app/descriptors.py); it
 starts the service with ``--max-connections`` max(2048, C + 64) and
 ``CDCSERVER_LISTENER_MAX_UNAUTHENTICATED`` max(32, 16 x P), and stops at once, saying why, if
 the connections the service budgets (its start-up log) are fewer than C.
@@ -690,11 +690,11 @@ def latency_part(server: EmbeddedMariaDB, args: argparse.Namespace,
     plan = TickPlan(batch, max(1, round(tx_rate * args.sample)), names)
     start_state = gtid_pos(server) if start_gtid is None else start_gtid
     procs = max(1, min(getattr(args, "client_processes", CLIENT_PROCESSES), args.clients))
-    # The service budgets two descriptors per connection (a socket and the version file its
-    # stream reads) beside its reserve and table files, and takes the hard limit it inherits;
-    # it serves at most --max-connections, and while over half of them are in use, at most
-    # max_unauthenticated connections of one address in the login (each client process sets
-    # up CONNECTING at once).
+    # The service budgets a descriptor per connection (its socket; the streams of a table
+    # share one of its version file) beside its reserve, table files and the version files
+    # read, and takes the hard limit it inherits; it serves at most --max-connections, and
+    # while over half of them are in use, at most max_unauthenticated connections of one
+    # address in the login (each client process sets up CONNECTING at once).
     limit = raise_nofile(2 * args.clients + 4096)
     options = ("--max-connections", str(max(2048, args.clients + 64)))
     environment = {"CDCSERVER_LISTENER_MAX_UNAUTHENTICATED": str(max(32, CONNECTING * procs))}
@@ -709,8 +709,8 @@ def latency_part(server: EmbeddedMariaDB, args: argparse.Namespace,
         if serves is not None and serves < args.clients:
             raise RuntimeError(
                 f"the service serves at most {serves:,} connections (its log: "
-                f"{service.budget_line()}), fewer than {args.clients:,} clients: it budgets 2 "
-                f"descriptors a connection under the hard RLIMIT_NOFILE it inherits "
+                f"{service.budget_line()}), fewer than {args.clients:,} clients: it budgets a "
+                f"descriptor a connection under the hard RLIMIT_NOFILE it inherits "
                 f"({resource.getrlimit(resource.RLIMIT_NOFILE)[1]:,} here, which this "
                 f"process could not raise to {2 * args.clients + 4096:,})")
         idle_rss = service.rss_mib()

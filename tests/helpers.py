@@ -267,3 +267,20 @@ def stored_blocks(schema: Any, records: list[dict[str, Any]], codec: str = "null
         body += write_varint(count) + write_varint(len(packed)) + packed + written.sync
     header = parse_header(container_header(written.schema_json, codec, written.sync))
     return header, Blocks(bytes(body), len(records))
+
+
+def read_descriptors_of(path: str, pid: int | str = "self") -> list[int]:
+    """The read-only descriptors a process (this one by default) holds of ``path``'s file,
+    even deleted (a writer's descriptors are not counted)."""
+    target = os.path.realpath(path)
+    found = []
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):
+            if os.readlink(f"/proc/{pid}/fd/{name}") not in (target, f"{target} (deleted)"):
+                continue
+            with open(f"/proc/{pid}/fdinfo/{name}") as info:
+                flags = next(int(line.split()[1], 8) for line in info
+                             if line.startswith("flags:"))
+            if flags & os.O_ACCMODE == os.O_RDONLY:
+                found.append(int(name))
+    return found

@@ -7,6 +7,11 @@ took every table's stream with it. At start the service raises its soft ``RLIMIT
 the hard limit, and derives from the limit it got each budget below; the listener refuses a
 connection past its budget (``ERR TOO-MANY-CONNECTIONS``) before the store or the replicator
 can run short, and the store keeps at most its budget of table files open.
+
+A connection costs its socket. The stored files clients read have a budget of their own: a
+version file is open once for every stream that reads it (``store/inuse.py``), and a dump
+being sent once per transfer (with its databus layout's temporary file, when asked for); a
+reader past that budget is refused, retriably, with ``ERR TOO-MANY-CONNECTIONS``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import resource
 from dataclasses import dataclass, replace
 
 from cdcserver.core.config import Config
+from cdcserver.store.inuse import FILES
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +31,7 @@ log = logging.getLogger(__name__)
 # endpoint's connections (64 waiting at most) and what a thread opens for a moment.
 RESERVED = 160
 CEILING = 1 << 20  # a hard limit of "unlimited" is not taken whole
-PER_CONNECTION = 2  # a client's socket, and the version file its stream reads
+PER_CONNECTION = 1  # a client's socket (the files it reads: the stored files' budget)
 PER_DUMP_READER = 3  # a reader's connection to the source, the dump file, its progress record
 
 
@@ -36,12 +42,14 @@ class Budgets:
     table_files: int  # the store's table files held open for writing
     connections: int  # client connections served at once
     dump_readers: int  # chunked dump readers at once
+    stored_files: int  # version files and dumps open for clients (each version file once)
 
     def describe(self) -> str:
         raised = f" (raised from {self.raised_from})" if self.raised_from != self.limit else ""
         return (f"file descriptors: limit {self.limit}{raised}: {self.table_files} table "
-                f"files, {self.connections} client connections, {self.dump_readers} dump "
-                f"readers, {RESERVED} for the rest")
+                f"files, {self.connections} client connections, {self.stored_files} stored "
+                f"files read by clients, {self.dump_readers} dump readers, {RESERVED} for "
+                f"the rest")
 
 
 def raise_limit() -> tuple[int, int]:
@@ -63,16 +71,21 @@ def raise_limit() -> tuple[int, int]:
 def budgets(config: Config, limit: int, raised_from: int | None = None) -> Budgets:
     """Share ``limit`` descriptors out: what is left after :data:`RESERVED` goes a quarter
     to table files (at most ``store.max_open_files``), up to ``dump.readers`` to dump
-    readers, and the rest to client connections (at most ``listener.max_connections``);
-    each budget is at least 1 (dump readers: as configured, 0 meaning one snapshot), so the
-    service starts whatever the limit."""
+    readers; of the rest, a quarter to the stored files clients read and three quarters to
+    client connections (at most ``listener.max_connections``). The stored files are at most
+    as many as the connections: a client reads one at a time (streams of one table share
+    theirs), so past that the budget would only lie idle. Each budget is at least 1 (dump
+    readers: as configured, 0 meaning one snapshot), so the service starts whatever the
+    limit."""
     free = max(limit - RESERVED, 8)
     table_files = max(1, min(config.store.max_open_files, free // 4))
     dump_readers = min(config.dump.readers, max(1, free // 16))  # 0: one snapshot
     rest = free - table_files - dump_readers * PER_DUMP_READER
-    connections = max(1, min(config.listener.max_connections, rest // PER_CONNECTION))
+    stored = max(1, rest // 4)
+    connections = max(1, min(config.listener.max_connections,
+                             (rest - stored) // PER_CONNECTION))
     return Budgets(limit, limit if raised_from is None else raised_from, table_files,
-                   connections, dump_readers)
+                   connections, dump_readers, min(stored, connections))
 
 
 def within(config: Config, shares: Budgets) -> Config:
@@ -85,9 +98,12 @@ def within(config: Config, shares: Budgets) -> Config:
 
 
 def take(config: Config) -> Budgets:
-    """Raise the limit and derive the budgets (:func:`report` says what they are)."""
+    """Raise the limit, derive the budgets (:func:`report` says what they are) and hold the
+    stored files clients read to theirs."""
     before, after = raise_limit()
-    return budgets(config, after, before)
+    shares = budgets(config, after, before)
+    FILES.limit = shares.stored_files
+    return shares
 
 
 def report(config: Config, shares: Budgets) -> None:

@@ -7,13 +7,15 @@ each write (``drain``), yields the loop after each, and counts the bytes of stre
 and dumps in the listener's totals (``cdc_sent_bytes``; replies to commands are not counted).
 
 Stored bytes (AVRO streams, dumps) go as they are on disk with :meth:`Outbox.send_file`:
-``sendfile(2)`` from the page cache to the socket, on the event loop. The socket is
-non-blocking, so a full socket returns at once; the outbox then waits until the socket can
-take more, through a duplicate of its descriptor registered with the loop (uvloop lets no
-one else watch a transport's own descriptor, and implements no ``loop.sendfile``). No byte
-passes through Python, no thread is taken, and a client that takes nothing for
-``stall_timeout`` seconds loses the transfer. On TLS connections (the bytes must be encrypted)
-the file is read and written in chunks through the transport instead.
+``sendfile(2)`` from the page cache to the transport's own socket, on the event loop. The
+socket is non-blocking, so a full socket returns at once; the outbox then hands the
+transport the next ``SPILL`` bytes, read from the file, and waits until it has written them:
+the transport waits for room with its own watch on the socket (uvloop lets no one else watch
+a transport's descriptor, and implements no ``loop.sendfile``), so a transfer takes no
+descriptor beyond the file it reads and the socket. Most bytes never pass through Python, no
+thread is taken, and a client that takes nothing for ``stall_timeout`` seconds loses the
+transfer. On TLS connections (the bytes must be encrypted) the file is read and written in
+chunks through the transport instead.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ import asyncio
 import contextlib
 import os
 from dataclasses import dataclass
+from typing import Any
 
 CHUNK = 1 << 20  # bytes read at a time where sendfile(2) cannot be used
 SENDFILE_MAX = 4 << 20  # bytes per sendfile(2) call
+SPILL = 64 << 10  # bytes written through the transport when the socket is full
 
 
 @dataclass
@@ -102,34 +106,53 @@ class Outbox:
         """``count`` bytes of the open file ``fd`` from ``offset``, as they are on disk;
         returns the bytes sent (``count``). Raises ConnectionResetError when the client goes,
         TransferStalled when it takes nothing for ``stall_timeout`` seconds, and FileEnded
-        when the file is shorter than ``count``."""
+        when the file is shorter than ``count``. ``fd`` is read at explicit offsets only
+        (other streams may share it) and must stay open until this returns."""
         transport = self.writer.transport
         sock = transport.get_extra_info("socket")
         if sock is None or transport.get_extra_info("sslcontext") is not None or \
                 not hasattr(os, "sendfile"):
             return await self._copy(fd, offset, count, stall_timeout)
         await self._flushed(stall_timeout)  # what was written before goes first
-        out = os.dup(sock.fileno())
         sent = 0
-        try:
-            while sent < count:
-                if self.writer.is_closing():
-                    raise ConnectionResetError("the client closed the connection")
-                try:
-                    n = os.sendfile(out, fd, offset + sent, min(count - sent, SENDFILE_MAX))
-                except BlockingIOError:
-                    await self._writable(out, stall_timeout)
-                    continue
-                except (BrokenPipeError, ConnectionResetError) as exc:
-                    raise ConnectionResetError(f"the client went away: {exc}") from None
-                if n == 0:
-                    raise FileEnded(f"the file ended after {sent} of {count} bytes")
-                sent += n
+        while sent < count:
+            n = self._sendfile(sock, fd, offset + sent, min(count - sent, SENDFILE_MAX))
+            if n is None:  # the socket is full: the transport waits for room
+                n = await self._spill(fd, offset + sent, min(count - sent, SPILL),
+                                      stall_timeout)
+            elif n == 0:
+                raise FileEnded(f"the file ended after {sent} of {count} bytes")
+            else:
                 self.sent(n)
                 await asyncio.sleep(0)  # let replication and other clients run
-        finally:
-            os.close(out)
+            sent += n
         return sent
+
+    def _sendfile(self, sock: Any, fd: int, offset: int, count: int) -> int | None:
+        """One ``sendfile(2)`` to the transport's socket: the bytes it took, None if it is
+        full. The transport closes its socket only once it is closing, and nothing runs
+        between the check and the call (no await): the descriptor written to is still the
+        client's, never one a later connection or file got the number of."""
+        if self.writer.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        try:
+            return os.sendfile(sock.fileno(), fd, offset, count)
+        except BlockingIOError:
+            return None
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise ConnectionResetError(f"the client went away: {exc}") from None
+
+    async def _spill(self, fd: int, offset: int, count: int,
+                     stall_timeout: float | None) -> int:
+        """``count`` bytes of the file written through the transport, once it has handed them
+        all to the socket: the socket has room again."""
+        data = os.pread(fd, count, offset)
+        if not data:
+            raise FileEnded(f"the file ended at offset {offset}")
+        self.writer.write(data)
+        self.sent(len(data))
+        await self._flushed(stall_timeout)
+        return len(data)
 
     async def _copy(self, fd: int, offset: int, count: int,
                     stall_timeout: float | None) -> int:
@@ -162,25 +185,7 @@ class Outbox:
             raise TransferStalled(f"the client took nothing for {stall_timeout:.0f}s") \
                 from None
         finally:
-            transport.set_write_buffer_limits(high=high, low=low)
-
-    @staticmethod
-    async def _writable(fd: int, stall_timeout: float | None) -> None:
-        """Until the socket behind ``fd`` (a duplicate of the transport's) takes more, or
-        fails (the next write then says how)."""
-        loop = asyncio.get_running_loop()
-        ready: asyncio.Future[None] = loop.create_future()
-
-        def wake() -> None:
-            if not ready.done():
-                ready.set_result(None)
-
-        loop.add_writer(fd, wake)
-        try:
-            async with asyncio.timeout(stall_timeout):
-                await ready
-        except TimeoutError:
-            raise TransferStalled(f"the client took nothing for {stall_timeout:.0f}s") \
-                from None
-        finally:
-            loop.remove_writer(fd)
+            # uvloop refuses to touch a transport that closed meanwhile (the client left
+            # during a transfer): the error on its way out says so already.
+            with contextlib.suppress(RuntimeError):
+                transport.set_write_buffer_limits(high=high, low=low)

@@ -35,9 +35,8 @@ from cdcserver.protocol.session import (
     SessionContext,
     StartStream,
 )
-from cdcserver.protocol.stream import Streamer, read_range
+from cdcserver.protocol.stream import Streamer, dump_in_use, read_range
 from cdcserver.protocol.tail import Tails
-from cdcserver.store.inuse import in_use
 from mariadb_cdc_client.format.wire import Code, ProtocolError, error_line
 
 log = logging.getLogger(__name__)
@@ -376,7 +375,8 @@ class Connection:
         started = time.monotonic()
         self.reading, self.sending = dump.table, dump.name
         try:
-            with in_use(dump.path) as on_disk, contextlib.ExitStack() as stack:
+            with dump_in_use(dump.path, outcome.databus) as on_disk, \
+                    contextlib.ExitStack() as stack:
                 f = on_disk
                 if outcome.databus:
                     f = stack.enter_context(await self._databus_layout(

@@ -22,7 +22,9 @@ so a bounded read costs the server a file copy, not a decode; only the blocks ar
 are decoded and re-encoded with the records the range holds.
 
 Each version file is marked in use while it is sent, so retention does not delete it under
-the stream; a version retention already removed is skipped.
+the stream; a version retention already removed is skipped. Every stream of a version file
+shares one open descriptor of it (``store/inuse.py``), which they read at explicit offsets: a
+stream costs the service its socket, not a file as well.
 
 Waiting is on the catalog's per-table change future: no polling. A session at the newest
 version's end with no filter left hands itself to the table's shared tail (``tail.py``),
@@ -35,12 +37,12 @@ whole blocks in C where it can (``render.rendered_block``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.core.names import TableName
@@ -60,7 +62,7 @@ from cdcserver.store.avrofile import Block, scan_blocks
 from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.checkpoint import Quarantined
 from cdcserver.store.index import StoreIndex
-from cdcserver.store.inuse import in_use
+from cdcserver.store.inuse import FILES, SharedFile, TooManyOpen, in_use
 from cdcserver.store.naming import version_file
 from cdcserver.store.records import block_of, decode_records
 from mariadb_cdc_client.format.names import table_ref
@@ -270,6 +272,27 @@ def read_range(info: VersionInfo, pos: int, end: int, fmt: Format, style: JsonSt
     return bytes(out), count
 
 
+def files_spent(exc: TooManyOpen) -> ProtocolError:
+    """The refusal of a reader past the budget of stored files open (retriable)."""
+    return ProtocolError(Code.TOO_MANY_CONNECTIONS, f"{exc.strerror}: try again later",
+                         fatal=True)
+
+
+@contextlib.contextmanager
+def dump_in_use(path: str, layout: bool) -> Iterator[BinaryIO]:
+    """A dump marked in use while it is sent, on a descriptor of its own (its databus layout
+    is read from it by position, on a thread), counted in the budget of stored files open
+    with, when the client asked for that ``layout``, the temporary file that holds it; past
+    the budget, the client is refused in-band."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(FILES.counted(int(layout)))
+            f = stack.enter_context(in_use(path))
+        except TooManyOpen as exc:
+            raise files_spent(exc) from None
+        yield f
+
+
 def quarantined(table: TableName, why: Quarantined) -> ProtocolError:
     """The in-band end of a quarantined table's stream: everything stored was sent."""
     ref = table_ref(table.database, table.table)
@@ -300,6 +323,7 @@ class Streamer:
         self.at: VersionInfo | None = None  # the version being sent (the admin API)
         self._offset = 0  # sent up to, in it
         self._following = False  # handed over to the table's tail: at its committed end
+        self._file: SharedFile | None = None  # the version file sent (other streams share it)
         self._filter: _Seek | _After | None = None
         if request.after is not None:
             self._filter = _After(request.after.stored, request.after.given, _Order(index))
@@ -327,7 +351,7 @@ class Streamer:
             first = False
             self.at, self._offset = info, 0
             try:
-                with in_use(info.path):  # the cleaner leaves it alone while it is sent
+                with self._holding(info):  # the cleaner leaves it alone while it is sent
                     if self._filter is not None:
                         self._filter.version_started(self.index, info)
                     await self._send_schema(info)
@@ -347,6 +371,24 @@ class Streamer:
             await self._write(json.dumps({"end": str(until.given),
                                           "records": self.records_sent}).encode() + b"\n")
 
+    @contextlib.contextmanager
+    def _holding(self, info: VersionInfo) -> Iterator[None]:
+        """``info``'s file held (:attr:`_file`) while the block runs: opened by the first
+        stream that reads it, closed by the last, marked in use meanwhile."""
+        with contextlib.ExitStack() as stack:
+            try:
+                self._file = stack.enter_context(FILES.shared(info.path))
+            except TooManyOpen as exc:
+                raise files_spent(exc) from None
+            try:
+                yield
+            finally:
+                self._file = None
+
+    def _held(self) -> SharedFile:
+        assert self._file is not None, "a version file is read only while it is held"
+        return self._file
+
     async def _wait_stored(self) -> None:
         """Everything up to the request's states must be stored before the starting version
         is chosen: a version the source created before them may not be in the catalog yet."""
@@ -364,7 +406,7 @@ class Streamer:
         range holds, up to the first block past the end state."""
         covered = until.covered_prefix(self.index, info) if self.format == Format.AVRO else 0
         run = _Run(pos)  # stored blocks to send as they are, in one sendfile
-        for block in scan_blocks(info.path, info.header, pos, end):
+        for block in scan_blocks(info.path, info.header, pos, end, self._held().fd):
             self._offset = block.end  # (sent by the time the next block is looked at)
             if self.format == Format.JSON:
                 await self._send_json(info, block, until)
@@ -465,13 +507,13 @@ class Streamer:
             await self._write(schema_line(info.schema.avsc, info.schema.fields,
                                           self.style.dialect))
         else:
-            await self._write(self._read(info, 0, info.header.size))
+            await self._write(self._held().pread(info.header.size, 0))
 
     async def _send_range(self, info: VersionInfo, pos: int, end: int) -> int:
         if self.format == Format.AVRO and (self._filter is None or self._filter.settled):
             await self._send_file(info, pos, end)
             return end
-        for block in scan_blocks(info.path, info.header, pos, end):
+        for block in scan_blocks(info.path, info.header, pos, end, self._held().fd):
             if self.format == Format.JSON:
                 await self._send_json(info, block)
             else:
@@ -515,18 +557,14 @@ class Streamer:
         if until is not None:
             kept = [r for r in kept if until.covers(r[0])]
         if len(kept) == len(records):
-            await self._write(self._read(info, block.offset, block.end - block.offset))
+            await self._write(self._held().pread(block.end - block.offset, block.offset))
         elif kept:
             await self._write(block_of(info, [encoded for _, encoded in kept]))
         self._sent_records(len(kept))
 
     async def _send_file(self, info: VersionInfo, pos: int, end: int) -> None:
-        """Stored bytes as they are (:meth:`Outbox.send_file`)."""
-        fd = os.open(info.path, os.O_RDONLY)
-        try:
-            self.bytes_sent += await self.out.send_file(fd, pos, end - pos)
-        finally:
-            os.close(fd)
+        """Stored bytes as they are (:meth:`Outbox.send_file`), from the shared descriptor."""
+        self.bytes_sent += await self.out.send_file(self._held().fd, pos, end - pos)
 
     def _sent_records(self, count: int) -> None:
         self.records_sent += count
@@ -534,6 +572,7 @@ class Streamer:
 
     @staticmethod
     def _read(info: VersionInfo, offset: int, size: int) -> bytes:
+        """A tail's read (:func:`read_range`): a descriptor for the call only, no await."""
         with open(info.path, "rb") as f:
             f.seek(offset)
             return f.read(size)

@@ -82,11 +82,16 @@ class Block:
 _BLOCK_HEAD = 20  # a block's count and size: two varints of at most ten bytes
 
 
-def scan_blocks(path: str, header: Header, start: int, end: int) -> Iterator[Block]:
+def scan_blocks(path: str, header: Header, start: int, end: int, fd: int | None = None
+                ) -> Iterator[Block]:
     """The whole blocks between ``start`` and ``end`` (a committed size). A block that does not
     end with the file's sync marker means corruption and raises StoreError. One pread per
-    block: its sync marker with the next block's header."""
-    fd = os.open(path, os.O_RDONLY)
+    block: its sync marker with the next block's header. ``fd``: the file already open (a
+    stream's shared descriptor: a scan that waits between blocks then holds none of its
+    own)."""
+    own = fd is None
+    if fd is None:
+        fd = os.open(path, os.O_RDONLY)
     try:
         pos = start
         head = os.pread(fd, _BLOCK_HEAD, pos)
@@ -102,7 +107,8 @@ def scan_blocks(path: str, header: Header, start: int, end: int) -> Iterator[Blo
             yield Block(pos, count, pos + data_start, size, block_end)
             pos, head = block_end, tail[SYNC_SIZE:]
     finally:
-        os.close(fd)
+        if own:
+            os.close(fd)
 
 
 def last_valid_end(path: str, header: Header, limit: int) -> int:

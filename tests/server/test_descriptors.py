@@ -7,12 +7,17 @@ port made ``/live``, ``/ready`` and ``/health`` close without answering. The ser
 takes its budgets from the limit it runs with (``cdcserver/app/descriptors.py``), refuses
 connections past them with ``ERR TOO-MANY-CONNECTIONS``, caps the connections of one address
 that have not logged in, and the monitoring endpoint answers whatever waits on it.
+
+A connection costs one descriptor (issue 40, item 2): every stream of a table shares one open
+descriptor of its version file (``cdcserver/store/inuse.py``), and the stored files clients
+read have a budget of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -25,9 +30,13 @@ from collections.abc import AsyncIterator
 import pytest
 
 from cdcserver.app.descriptors import RESERVED, budgets
-from cdcserver.core.config import Config
-from tests.conftest import Source
-from tests.helpers import PASSWORD, USER, RawClient, eventually
+from cdcserver.core.config import Config, parse_source_url
+from cdcserver.core.names import TableName
+from cdcserver.dump.dumper import DumpOptions, dump_tables
+from cdcserver.store.inuse import FILES, delete_unless_in_use
+from cdcserver.store.naming import version_file
+from tests.conftest import RunningService, Source
+from tests.helpers import PASSWORD, USER, RawClient, eventually, read_descriptors_of, until
 from tests.oracle import assert_stream_equals_table
 
 LISTENING = re.compile(r"cdcserver\.protocol\.server: listening on [\d.]+:(\d+)")
@@ -37,14 +46,25 @@ MONITORING = re.compile(r"metrics and health on http://[\d.]+:(\d+)/metrics")
 @pytest.mark.parametrize("limit", [64, 200, 1024, 20000, 1 << 20])
 def test_the_budgets_fit_the_limit_and_keep_room_for_the_rest(limit: int):
     shares = budgets(Config(), limit)
-    used = shares.table_files + 2 * shares.connections + 3 * shares.dump_readers
-    assert min(shares.table_files, shares.connections, shares.dump_readers) >= 1
+    used = shares.table_files + shares.connections + shares.stored_files + \
+        3 * shares.dump_readers
+    assert min(shares.table_files, shares.connections, shares.dump_readers,
+               shares.stored_files) >= 1
+    assert shares.stored_files <= shares.connections
     if limit >= RESERVED + 64:  # (below it every budget is 1: the service still starts)
         assert used + RESERVED <= limit
     if limit >= 20000:  # room for what is configured: the configuration decides
         assert (shares.table_files, shares.connections) == (256, 2048)
-    if limit == 1024:
-        assert shares.connections < 1024 // 2
+    if limit in (200, 1024):  # one descriptor a connection: they take all the rest
+        assert used + RESERVED == limit
+
+
+def test_ten_thousand_connections_fit_a_hard_limit_of_20000():
+    config = Config()
+    config = dataclasses.replace(config, listener=dataclasses.replace(
+        config.listener, max_connections=10064))
+    shares = budgets(config, 20000)
+    assert shares.connections == 10064 and shares.stored_files == 4894
 
 
 class ServiceProcess:
@@ -175,10 +195,10 @@ async def test_a_flood_of_idle_connections_stops_no_table(tmp_path, source: Sour
 @pytest.mark.mariadb
 async def test_one_address_cannot_hold_every_login_slot(tmp_path, source: Source,
                                                         users_file: str):
-    # A limit of 400 leaves 87 connections; past half of them in use, one address may hold
+    # A limit of 400 leaves 131 connections; past half of them in use, one address may hold
     # 32 that have not logged in.
     async with service(tmp_path, source, users_file, limit=400) as running:
-        assert "87 client connections" in running.log()
+        assert "131 client connections" in running.log()
         others = await _open_idle(running.port, [f"127.0.0.{i}" for i in range(3, 8)], 8)
         mine = await _open_idle(running.port, ["127.0.0.2"], 33)
         try:
@@ -217,3 +237,172 @@ async def test_probes_answer_whatever_waits_on_the_monitoring_port(tmp_path, sou
             _close_all(idle)
 
 
+
+
+# -- one descriptor a connection ---------------------------------------------------------------
+
+
+class _Deletable(Exception):
+    """The cleaner got as far as deleting: it held the exclusive lock."""
+
+
+def _cleaner_could_delete(path: str) -> bool:
+    """Whether retention's cleaner would delete ``path`` now: whether it gets the exclusive
+    lock (it is stopped just before the unlink: the service still writes the file)."""
+    def stop() -> None:
+        raise _Deletable
+
+    try:
+        return delete_unless_in_use(path, stop)  # False: in use
+    except _Deletable:
+        return True
+
+
+async def _tailing(port: int, table: str, fmt: str = "JSON") -> RawClient:
+    client = await RawClient.connect(port)
+    await client.login(fmt)
+    await client.send(f"REQUEST-DATA {table}".encode())
+    return client
+
+
+async def _at_row_one(client: RawClient) -> None:
+    await client.json_line()  # the schema
+    assert (await client.json_line())["id"] == 1
+
+
+@pytest.mark.mariadb
+async def test_streams_of_a_table_share_one_descriptor_of_its_version_file(
+        cdc: RunningService, source: Source):
+    db = source.database
+    source.execute(f"CREATE TABLE `{db}`.a (id INT PRIMARY KEY)",
+                   f"CREATE TABLE `{db}`.b (id INT PRIMARY KEY)",
+                   f"INSERT INTO `{db}`.a VALUES (1)", f"INSERT INTO `{db}`.b VALUES (1)")
+    await cdc.caught_up(source)
+    a, b = (cdc.service.catalog.get(TableName(db, t)) for t in "ab")
+    assert a is not None and b is not None
+    a_file, b_file = a.latest(), b.latest()
+    assert a_file is not None and b_file is not None
+    json_a = [await _tailing(cdc.port, f"{db}.a") for _ in range(30)]
+    avro_a = [await _tailing(cdc.port, f"{db}.a", "AVRO") for _ in range(5)]
+    json_b = [await _tailing(cdc.port, f"{db}.b") for _ in range(10)]
+    for client in json_a + json_b:
+        await _at_row_one(client)
+    with open(a_file.path, "rb") as f:
+        stored = f.read()
+    for client in avro_a:  # sendfile and pread from the shared descriptor: the file as is
+        assert await client.read_exactly(len(stored)) == stored
+    assert len(read_descriptors_of(a_file.path)) == 1
+    assert len(read_descriptors_of(b_file.path)) == 1
+    assert not _cleaner_could_delete(a_file.path)
+
+    # A third leave mid-stream, with CLOSE or by hanging up: the rest go on, on one file.
+    for client in json_a[:5]:
+        await client.send(b"CLOSE\n")
+    for client in json_a[5:10]:
+        client.writer.transport.abort()
+    source.execute(f"INSERT INTO `{db}`.a VALUES (2)")
+    for client in json_a[10:]:
+        assert (await client.json_line())["id"] == 2
+    await cdc.caught_up(source)
+    with open(a_file.path, "rb") as f:
+        added = f.read()[len(stored):]
+    for client in avro_a:
+        assert await client.read_exactly(len(added)) == added
+    assert len(read_descriptors_of(a_file.path)) == 1
+    assert not _cleaner_could_delete(a_file.path)
+
+    for client in json_a + avro_a:  # the last reader of a leaves: the cleaner may delete it
+        await client.close()
+    await until(lambda: not read_descriptors_of(a_file.path), 10, "a's file closed")
+    assert _cleaner_could_delete(a_file.path)
+    assert len(read_descriptors_of(b_file.path)) == 1 and not _cleaner_could_delete(b_file.path)
+    for client in json_b:
+        await client.close()
+    await until(lambda: not read_descriptors_of(b_file.path), 10, "b's file closed")
+    assert _cleaner_could_delete(b_file.path)
+
+
+@pytest.mark.mariadb
+async def test_a_reader_past_the_stored_files_budget_is_refused_retriably(
+        cdc: RunningService, source: Source, monkeypatch: pytest.MonkeyPatch):
+    db = source.database
+    source.execute(f"CREATE TABLE `{db}`.a (id INT PRIMARY KEY)",
+                   f"CREATE TABLE `{db}`.b (id INT PRIMARY KEY)",
+                   f"INSERT INTO `{db}`.a VALUES (1)", f"INSERT INTO `{db}`.b VALUES (1)")
+    await cdc.caught_up(source)
+    results = await asyncio.to_thread(dump_tables, parse_source_url(source.url),
+                                      cdc.service.config.store.data_dir, [TableName(db, "b")],
+                                      DumpOptions())
+    dump = results[0].info
+    idle = FILES.open
+    monkeypatch.setattr(FILES, "limit", idle + 1)  # room for one file
+    readers = [await _tailing(cdc.port, f"{db}.a") for _ in range(3)]
+    for client in readers:  # one file, however many streams read it
+        await _at_row_one(client)
+    refused = await _tailing(cdc.port, f"{db}.b")
+    line = await refused.line()
+    assert line.startswith(b"ERR TOO-MANY-CONNECTIONS ") and b"stored files" in line, line
+    assert await refused.closed() == b""
+    asking = await RawClient.connect(cdc.port)  # a dump's descriptor counts too
+    await asking.login()
+    await asking.send(f"REQUEST-DUMP {dump.name}\n".encode())
+    assert (await asking.line()).startswith(b"ERR TOO-MANY-CONNECTIONS ")
+    await asking.close()
+
+    for client in readers:
+        await client.close()
+    await until(lambda: FILES.open == idle, 10, "the streams' file closed")
+    admitted = await _tailing(cdc.port, f"{db}.b")
+    await _at_row_one(admitted)
+    await admitted.close()
+    await until(lambda: FILES.open == idle, 10, "b's file closed")
+    asking = await RawClient.connect(cdc.port)
+    await asking.login()
+    await asking.send(f"REQUEST-DUMP {dump.name}\n".encode())
+    assert (await asking.line()).startswith(f"OK {dump.size} ".encode())
+    await asking.close()
+
+
+async def _streaming(port: int, table: str) -> RawClient:
+    """A client at row 1 of ``table``'s stream, once the service has the table."""
+    async def attempt() -> RawClient | None:
+        client = await _tailing(port, table)
+        line = await client.line()
+        if line.startswith(b"ERR NO-FILE"):  # not replicated yet
+            await client.close()
+            return None
+        assert (await client.json_line())["id"] == 1, line
+        return client
+
+    found = await eventually(attempt, lambda client: client is not None, 60, f"{table}")
+    assert found is not None
+    return found
+
+
+@pytest.mark.mariadb
+async def test_every_connection_the_budget_admits_streams_on_one_descriptor(
+        tmp_path, source: Source, users_file: str):
+    # At a limit of 400, 131 connections (87 when each stream held its version file open)
+    db = source.database
+    source.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY)",
+                   f"INSERT INTO `{db}`.t VALUES (1)")
+    async with service(tmp_path, source, users_file, limit=400) as running:
+        assert "131 client connections, 43 stored files read by clients" in running.log()
+        pid = running.process.pid
+        first = await _streaming(running.port, f"{db}.t")
+        before = len(os.listdir(f"/proc/{pid}/fd"))
+        clients = [first] + [await _streaming(running.port, f"{db}.t") for _ in range(130)]
+        grown = len(os.listdir(f"/proc/{pid}/fd")) - before
+        assert grown <= 130 + 2, grown  # a socket each (and what a thread opens a moment)
+        version = os.path.join(tmp_path, "data", "avro", version_file(TableName(db, "t"), 1,
+                                                                      "avro"))
+        assert len(read_descriptors_of(version, pid)) == 1
+        extra = await RawClient.connect(running.port)
+        assert (await extra.line()).startswith(b"ERR TOO-MANY-CONNECTIONS")
+        await extra.close()
+        source.execute(f"INSERT INTO `{db}`.t VALUES (2)")
+        for client in clients:
+            assert (await client.json_line(timeout=30))["id"] == 2
+        for client in clients:
+            await client.close()
+    assert "Too many open files" not in running.log()

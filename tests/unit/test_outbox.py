@@ -193,3 +193,65 @@ def test_a_file_shorter_than_promised_says_so(tmp_path, loop: str):
     error, received = _run(loop, body)
     assert isinstance(error, FileEnded) and "after 1000 of 5000 bytes" in str(error)
     assert len(received) == 1000
+
+
+async def _read_slowly(port: int) -> bytes:
+    """Everything the server sends, through a small receive buffer read a little at a time:
+    the server's socket is full most of the transfer."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 10)  # before connecting
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    received = bytearray()
+    with sock:
+        while data := await loop.sock_recv(sock, 32 << 10):
+            received += data
+            await asyncio.sleep(0.001)
+    return bytes(received)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_transfer_to_a_full_socket_takes_no_descriptor_of_its_own(tmp_path, loop: str,
+                                                                    monkeypatch):
+    # Thousands of streams send at once: a descriptor per transfer (a duplicate of the
+    # socket to wait on) would count against the process's limit like a connection.
+    path = _file(tmp_path, 4 << 20)
+    with open(path, "rb") as f:
+        stored = f.read()
+    spills = []
+    spill = Outbox._spill
+
+    async def counted(self: Outbox, fd: int, offset: int, count: int,
+                      stall_timeout: float | None) -> int:
+        spills.append(count)
+        return await spill(self, fd, offset, count, stall_timeout)
+
+    monkeypatch.setattr(Outbox, "_spill", counted)
+
+    async def body() -> tuple[bytes, int]:
+        most = 0
+
+        async def handler(out: Outbox) -> int:
+            nonlocal most
+            fd = os.open(path, os.O_RDONLY)
+            before = len(os.listdir("/proc/self/fd"))
+            transfer = asyncio.create_task(out.send_file(fd, 0, len(stored), stall_timeout=30))
+            try:
+                while not transfer.done():  # looks whenever the transfer waits
+                    most = max(most, len(os.listdir("/proc/self/fd")) - before)
+                    await asyncio.sleep(0.001)
+                return await transfer
+            finally:
+                os.close(fd)
+
+        server, port, outcome = await _serve(handler)
+        async with server:
+            received = await _read_slowly(port)
+            assert await outcome == len(stored)
+        return received, most
+
+    received, most = _run(loop, body)
+    assert received == stored
+    assert spills, "the socket was never full: the test proves nothing"
+    assert most <= 0, f"{most} more descriptors during the transfer"
