@@ -147,6 +147,11 @@ class AdminServer:
             r.add_get(path, self._probe)
         r.add_get("/", _to_console)
         r.add_get("/console", _to_console)
+        if not (CONSOLE / "index.html").is_file():
+            # an install without the package's data files: the API still serves
+            log.warning("admin: the web console's files are missing from %s (a broken "
+                        "install?); the API answers, /console/ does not", CONSOLE)
+            return
         r.add_get("/console/", _console_page)
         r.add_static("/console/", CONSOLE, follow_symlinks=False, append_version=False)
 
