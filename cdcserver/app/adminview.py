@@ -27,6 +27,7 @@ from cdcserver.protocol.session import Phase
 from cdcserver.store.catalog import TableEntry, VersionInfo
 from cdcserver.store.index import StoreIndex
 from mariadb_cdc_client.format.names import table_ref
+from mariadb_cdc_client.format.wire import Format
 
 if TYPE_CHECKING:
     from cdcserver.app.service import Service
@@ -109,7 +110,8 @@ class ServiceView:
             if where is not None else None,
             "behind": {"bytes": where.behind, "seconds": seconds}
             if where is not None else None,
-            "records_sent": c.out.records_sent,
+            # an AVRO stream sends stored blocks as they are, without counting their records
+            "records_sent": c.out.records_sent if session.format == Format.JSON else None,
             "bytes_sent": c.out.bytes_sent,
             "bytes_per_second": self._rate(c, now),
             "connected_at": _iso(c.connected_at),

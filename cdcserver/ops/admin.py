@@ -170,7 +170,9 @@ class AdminServer:
         except web.HTTPException as exc:
             if not request.path.startswith("/api/") or exc.status < 400:
                 raise
-            response = _error(exc.status, exc.reason)
+            response = _error(exc.status, _reason(exc))
+            if "Allow" in exc.headers:
+                response.headers["Allow"] = exc.headers["Allow"]
         except Exception:  # a bug in one view must not take the API down (logged)
             log.exception("admin API: %s %s failed", request.method, request.path)
             response = _error(500, "internal error; see the service's log")
@@ -238,6 +240,14 @@ async def _to_console(request: web.Request) -> web.Response:
 
 async def _console_page(request: web.Request) -> web.FileResponse:
     return web.FileResponse(CONSOLE / "index.html")
+
+
+def _reason(exc: web.HTTPException) -> str:
+    if exc.status == 404:
+        return "no such path in the admin API (admin.md lists them)"
+    if exc.status == 405 and "Allow" in exc.headers:
+        return f"this path takes {exc.headers['Allow']}"
+    return exc.reason
 
 
 def _json(document: object, status: int = 200) -> web.Response:
