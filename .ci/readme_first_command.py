@@ -30,11 +30,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READY = re.compile(r"The CDC service is listening on ([\d.]+):(\d+) \(user (\S+), password "
                    r"(\S+)\)")
 MARIADB = re.compile(r"mariadb --no-defaults -uroot -h127\.0\.0\.1 -P(\d+) shop")
+CONSOLE = re.compile(r"(http://[\d.]+:\d+)/console/")
+CTL = re.compile(r"(\.venv/bin/cdcserver ctl --url \S+ --token-file \S+ clients)")
 START_TIMEOUT = 900  # the virtualenv and the compiled extensions, then MariaDB
 
 
@@ -171,6 +174,21 @@ def netcat_example(clone: str, port: int) -> None:
     print(f"  OK, OK, shop.orders' schema and {len(records)} records", flush=True)
 
 
+def console_and_ctl(clone: str, admin: str, ctl: str) -> None:
+    """The console's page as the demo printed its address, and its ctl command as printed."""
+    with urllib.request.urlopen(admin + "/console/", timeout=10) as page:
+        html = page.read().decode()
+    if "console.js" not in html:
+        raise Failed(f"{admin}/console/ answered {html[:200]!r}")
+    result = subprocess.run(["bash", "-c", ctl], cwd=clone, capture_output=True, text=True,
+                            check=False)
+    if result.returncode != 0 or not result.stdout.startswith("ID"):
+        raise Failed(f"{ctl} exited {result.returncode}: {result.stdout[:300]!r} "
+                     f"{result.stderr[:300]!r}")
+    print(f"the console's page at {admin}/console/ and `cdcserver ctl ... clients` answer",
+          flush=True)
+
+
 def leftovers(clone: str) -> str:
     return subprocess.run(["pgrep", "-af", clone], capture_output=True, text=True,
                           check=False).stdout
@@ -186,7 +204,10 @@ def run(workdir: str) -> None:
     try:
         host, port, user, password = demo.wait_for(READY, START_TIMEOUT).groups()
         (mariadb_port,) = demo.wait_for(MARIADB, 30).groups()
+        (admin,) = demo.wait_for(CONSOLE, 30).groups()
+        (ctl,) = demo.wait_for(CTL, 30).groups()
         print(f"ready after {time.monotonic() - started:.0f} s", flush=True)
+        console_and_ctl(clone, admin, ctl)
         streamed = rebuild(read_stream(host, int(port), user, password))
         expected = selected(mariadb_port)
         if streamed != expected:
