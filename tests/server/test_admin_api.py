@@ -15,6 +15,7 @@ from cdcserver.core.errors import ConfigError
 from cdcserver.protocol.users import UsersFile
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import USER, RawClient, eventually
+from tests.server.test_migrations import limited_source  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.mariadb
 
@@ -276,3 +277,49 @@ async def test_hostile_requests_get_clear_refusals(admin: tuple[RunningService, 
     finally:
         os.chmod(secret, 0o600)
     assert (await api.call("GET", "/api/v1/clients"))[0] == 200
+
+
+async def test_a_quarantined_table_in_the_api_and_its_resync(
+        tmp_path: os.PathLike[str], source: Source, users_file: str,
+        limited_source: Any) -> None:  # noqa: F811 - the fixture imported above
+    """A table the service cannot re-read is quarantined: /replication and /tables say so
+    and why; a resync asked through the API releases it once the table can be read."""
+    user, url = limited_source
+    db = source.database
+    config = make_config(os.path.join(tmp_path, "data"), url, users_file,
+                         admin={"listen": "127.0.0.1:0",
+                                "token_file": token_file(str(tmp_path))})
+    running = await start_service(config)
+    try:
+        async with aiohttp.ClientSession() as session:
+            api = Api(running, session)
+            run_sql(source, "INSERT INTO hidden VALUES (1, 1)")
+            await running.caught_up(source)
+            # rows rewritten without row events: the repair cannot SELECT hidden
+            run_sql(source, "ALTER TABLE hidden ADD COLUMN c INT NOT NULL DEFAULT 7",
+                    "INSERT INTO t VALUES (1, 1)")
+            await running.caught_up(source)
+            replication = await api.get("/api/v1/replication")
+            [quarantined] = replication["quarantined"]
+            assert quarantined["table"] == f"{db}.hidden" and quarantined["cause"]
+            assert any("hidden is quarantined" in p for p in replication["problems"])
+            tables = {t["table"]: t for t in (await api.get("/api/v1/tables"))["tables"]}
+            assert tables[f"{db}.hidden"]["quarantined"]["since"] == quarantined["since"]
+            assert tables[f"{db}.t"]["quarantined"] is None
+
+            source.execute(*(f"GRANT SELECT ON `{db}`.`hidden` TO '{user}'@'{host}'"
+                             for host in ("127.0.0.1", "localhost")))
+            status, data = await api.call("POST", f"/api/v1/tables/{db}.hidden/resync")
+            # the service's own retry may have asked first: then it is under way
+            assert (status, data) == (202, {"resyncing": f"{db}.hidden"}) or \
+                (status == 409 and "under way" in data["error"]), (status, data)
+
+            async def released() -> Any:
+                run_sql(source, "INSERT INTO t SELECT MAX(id) + 1, 0 FROM t")
+                return await api.get("/api/v1/replication")
+
+            await eventually(released, lambda d: not d["quarantined"], 60, "the resync")
+            status, data = await api.call("POST", f"/api/v1/tables/{db}.hidden/resync")
+            assert status == 409 and "not quarantined" in data["error"]
+    finally:
+        await running.stop()
