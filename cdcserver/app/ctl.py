@@ -355,40 +355,20 @@ def _print_json(document: Any) -> None:
 
 # -- the actions -----------------------------------------------------------------------------
 
-def show_replication(api: Api, args: argparse.Namespace) -> int:
-    document = api.get("/api/v1/replication")
-    if args.json:
-        _print_json(document)
-    else:
-        _out(render_replication(document))
-    return EXIT_OK
+def listing(path: str, render: Callable[[Any], str]) -> Callable[[Api, argparse.Namespace], int]:
+    """An action that prints what ``GET path`` answers: ``render``'s table, or the JSON."""
+    def show(api: Api, args: argparse.Namespace) -> int:
+        document = api.get(path)
+        _out(json.dumps(document, indent=1, ensure_ascii=False) if args.json
+             else render(document))
+        return EXIT_OK
+    return show
 
 
-def show_clients(api: Api, args: argparse.Namespace) -> int:
-    document = api.get("/api/v1/clients")
-    if args.json:
-        _print_json(document)
-    else:
-        _out(render_clients(document["clients"]))
-    return EXIT_OK
-
-
-def show_tables(api: Api, args: argparse.Namespace) -> int:
-    document = api.get("/api/v1/tables")
-    if args.json:
-        _print_json(document)
-    else:
-        _out(render_tables(document["tables"]))
-    return EXIT_OK
-
-
-def show_dumps(api: Api, args: argparse.Namespace) -> int:
-    document = api.get("/api/v1/dumps")
-    if args.json:
-        _print_json(document)
-    else:
-        _out(render_dumps(document))
-    return EXIT_OK
+show_replication = listing("/api/v1/replication", render_replication)
+show_clients = listing("/api/v1/clients", lambda d: render_clients(d["clients"]))
+show_tables = listing("/api/v1/tables", lambda d: render_tables(d["tables"]))
+show_dumps = listing("/api/v1/dumps", render_dumps)
 
 
 def take_dumps(api: Api, args: argparse.Namespace) -> int:

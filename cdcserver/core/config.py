@@ -85,6 +85,20 @@ def host_and_port(text: str, expected: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def server_tls(cert: str, key: str, section: str) -> ssl.SSLContext | None:
+    """A listener's TLS settings (TLS 1.2 or newer) from its section's ``tls_cert`` and
+    ``tls_key``, or None for plain TCP."""
+    if not cert:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"{section}.tls_cert/tls_key: {exc}") from exc
+    return context
+
+
 def option(default: Any, help: str, cli: str | None = None, secret: bool = False,
            check: Check | None = None) -> Any:
     return field(default=default,
@@ -233,15 +247,7 @@ class ListenerConfig:
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The listener's TLS settings (TLS 1.2 or newer), or None for plain TCP."""
-        if not self.tls_cert:
-            return None
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        try:
-            context.load_cert_chain(self.tls_cert, self.tls_key or None)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"listener.tls_cert/tls_key: {exc}") from exc
-        return context
+        return server_tls(self.tls_cert, self.tls_key, "listener")
 
 
 @dataclass(frozen=True)
@@ -492,15 +498,7 @@ class AdminConfig:
 
     def tls_context(self) -> ssl.SSLContext | None:
         """HTTPS settings (TLS 1.2 or newer), or None for plain HTTP."""
-        if not self.tls_cert:
-            return None
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        try:
-            context.load_cert_chain(self.tls_cert, self.tls_key or None)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"admin.tls_cert/tls_key: {exc}") from exc
-        return context
+        return server_tls(self.tls_cert, self.tls_key, "admin")
 
 
 @dataclass(frozen=True)
