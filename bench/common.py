@@ -23,7 +23,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cdcserver.app.embedded import EmbeddedMariaDB, kill_leftovers
 
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
+# where benches keep their MariaDB and data (CDC_BENCH_OUT: another, for two benches at once:
+# each kills a MariaDB left running in its own)
+OUT = os.environ.get("CDC_BENCH_OUT") or os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                      "out")
 INSERTS, UPDATES, BATCH = 200_000, 50_000, 1_000
 ROW_CHANGES = INSERTS + UPDATES
 RECORDS = INSERTS + 2 * UPDATES
