@@ -24,7 +24,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from hypothesis import example, given
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from mariadb_cdc_client.format import dump
@@ -352,6 +352,10 @@ rows = st.lists(st.fixed_dictionaries({f.column: st.none() | _value(f)
 
 @needs_compiled
 @given(rows, st.sampled_from(["insert", "update", "delete"]))
+# Timing heuristics of the generator, not of the decoders: under a loaded CI machine a row of
+# many typed columns took 1.1 s to draw and the health check failed the test (every example
+# is still checked).
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
 def test_random_rows_decode_the_same_on_both_paths(rows: list[dict[str, Any]],
                                                    action: str) -> None:
     header = _header(RANDOM_COLUMNS)
