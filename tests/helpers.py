@@ -284,3 +284,13 @@ def read_descriptors_of(path: str, pid: int | str = "self") -> list[int]:
             if flags & os.O_ACCMODE == os.O_RDONLY:
                 found.append(int(name))
     return found
+
+
+def self_signed_certificate(directory: str) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and localhost, and its key (PEM files in ``directory``)."""
+    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext",
+                    "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key, "-out", cert],
+                   check=True, capture_output=True)
+    return cert, key

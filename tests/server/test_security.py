@@ -25,7 +25,7 @@ from cdcserver.protocol.users import UsersFile
 from mariadb_cdc_client import SyncCdcClient
 from mariadb_cdc_client.format.wire import auth_message
 from tests.conftest import make_config, start_service
-from tests.helpers import PASSWORD, USER, RawClient, wait_until
+from tests.helpers import PASSWORD, USER, RawClient, self_signed_certificate, wait_until
 from tests.unit.test_listener import Listener, _listener
 
 
@@ -308,17 +308,8 @@ async def test_guessing_is_slowed_to_the_budget_and_the_right_password_waits_its
                             b"from 127.0.0.1; try again in") for r in refused) >= 2
 
 
-def _certificate(directory: str) -> tuple[str, str]:
-    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext",
-                    "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key, "-out", cert],
-                   check=True, capture_output=True)
-    return cert, key
-
-
 async def test_the_listener_speaks_tls_and_refuses_plain_tcp(tmp_path):
-    cert, key = _certificate(str(tmp_path))
+    cert, key = self_signed_certificate(str(tmp_path))
     running = await _listener(str(tmp_path), ListenerConfig(auth_timeout=5, idle_timeout=5))
     await running.server.stop()  # again, with TLS
     tls = ListenerConfig(tls_cert=cert, tls_key=key).tls_context()
@@ -344,7 +335,7 @@ def _stream_over_tls(port: int, context: ssl.SSLContext) -> list:
 
 @pytest.mark.mariadb
 async def test_replication_over_tls_to_a_mariadb_that_requires_it(tmp_path, users_file: str):
-    cert, key = _certificate(str(tmp_path))
+    cert, key = self_signed_certificate(str(tmp_path))
     server = EmbeddedMariaDB(str(tmp_path / "tls-mariadb"), port=0, server_id=77, extra_args=[
         f"--ssl-cert={cert}", f"--ssl-key={key}", "--require-secure-transport=ON"])
     server.start()

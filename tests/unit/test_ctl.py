@@ -8,7 +8,6 @@ import http.server
 import json
 import os
 import ssl
-import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,6 +16,7 @@ import pytest
 
 from cdcserver.app import ctl, ctlformat
 from cdcserver.app.cli import main as cdcserver_main
+from tests.helpers import self_signed_certificate
 
 Answer = tuple[int, Any]  # HTTP status, JSON document (or bytes as they are)
 
@@ -287,18 +287,9 @@ def test_dump_progress_ends_at_the_failure(fake, token_file, capsys, monkeypatch
     assert len(looks) == 4
 
 
-def _certificate(directory: str) -> tuple[str, str]:
-    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext",
-                    "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key, "-out", cert],
-                   check=True, capture_output=True)
-    return cert, key
-
-
 def test_https_with_the_listeners_certificate(fake, token_file, capsys, tmp_path, monkeypatch):
     monkeypatch.delenv("CDCSERVER_ADMIN_TOKEN", raising=False)
-    cert, key = _certificate(str(tmp_path))
+    cert, key = self_signed_certificate(str(tmp_path))
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     api = fake(lambda method, path, body: (200, {"disconnected": 7}), context)
