@@ -29,10 +29,12 @@ import resource
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -50,6 +52,7 @@ from mariadb_cdc_client.format.dump import DumpDecoder, DumpRows
 from mariadb_cdc_client.format.wire import auth_message
 
 TABLE = TableName("bench", "orders")
+T = TypeVar("T")
 
 
 def mariadb_dump_seconds(server: EmbeddedMariaDB, table: TableName, to_file: bool = False
@@ -151,14 +154,42 @@ def big_table(server: EmbeddedMariaDB, rows: int) -> TableName:
     return TableName("bench", "big")
 
 
+def _cpu(pid: int) -> float:
+    """CPU-seconds a process used so far (user and system)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def with_cpu(server: EmbeddedMariaDB, who: int, run: Callable[[], T]
+             ) -> tuple[T, float, float]:
+    """``run()``, and the CPU-seconds it cost: the dumper's (``who``: this process, or its
+    children for a reference tool) and mariadbd's."""
+    assert server.process is not None
+    mine, theirs = _own_cpu(who), _cpu(server.process.pid)
+    result = run()
+    return result, _own_cpu(who) - mine, _cpu(server.process.pid) - theirs
+
+
 def compare(server: EmbeddedMariaDB, data_dir: str, table: TableName, rows: int, runs: int,
             readers: int) -> DumpInfo:
-    """One table: both references and both of ours, best of ``runs`` each, printed."""
+    """One table: both references and both of ours, best of ``runs`` each, printed; with
+    the CPU-seconds per dump of the parallel ones (median; the wall clock of a shared
+    machine is noisy, the CPU they cost much less)."""
     reference = min(mariadb_dump_seconds(server, table) for _ in range(runs))
     to_file = min(mariadb_dump_seconds(server, table, to_file=True) for _ in range(runs))
-    parallel = min(mydumper_seconds(server, table, readers, rows) for _ in range(runs))
+    parallel_runs = [with_cpu(server, resource.RUSAGE_CHILDREN, lambda: mydumper_seconds(
+        server, table, readers, rows)) for _ in range(runs)]
+    parallel = min(s for s, _, _ in parallel_runs)
     single = min(our_dump(server, data_dir, table, 0, rows)[0] for _ in range(runs))
-    chunked_runs = [our_dump(server, data_dir, table, readers, rows) for _ in range(runs)]
+    chunked_cpu = [with_cpu(server, resource.RUSAGE_SELF, lambda: our_dump(
+        server, data_dir, table, readers, rows)) for _ in range(runs)]
+    chunked_runs = [run for run, _, _ in chunked_cpu]
     chunked = min(s for s, _ in chunked_runs)
     line(f"table {table}", f"{rows:,} rows, dump file {chunked_runs[-1][1].size / 1e6:.1f} MB")
     line("mariadb-dump --single-transaction (reference)", f"{rows / reference:,.0f} rows/s")
@@ -168,8 +199,13 @@ def compare(server: EmbeddedMariaDB, data_dir: str, table: TableName, rows: int,
     line(f"cdcserver dump, chunked (readers = {readers})", f"{rows / chunked:,.0f} rows/s")
     line("  chunked / mariadb-dump (target >= 1.0)", f"{reference / chunked:.2f}")
     line("  chunked / mariadb-dump to a file, fsynced", f"{to_file / chunked:.2f}")
-    line(f"  chunked / mydumper -t {readers} (target >= 0.7)", f"{parallel / chunked:.2f}")
+    line(f"  chunked / mydumper -t {readers} (target >= 1.0)", f"{parallel / chunked:.2f}")
     line("  one snapshot / mariadb-dump", f"{reference / single:.2f}")
+    for name, measured in ((f"mydumper -t {readers}", parallel_runs),
+                           (f"chunked (readers = {readers})", chunked_cpu)):
+        line(f"  CPU-s per dump, {name}",
+             f"{statistics.median(c for _, c, _ in measured):.3f} dumper, "
+             f"{statistics.median(m for _, _, m in measured):.3f} mariadbd")
     return chunked_runs[-1][1]
 
 

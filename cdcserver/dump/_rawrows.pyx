@@ -4,7 +4,12 @@ form, ``["<base64>",null,...]`` (see cdcserver/dump/rawrows.py, which uses this 
 built and falls back to its own Python otherwise; both give the same bytes)."""
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from libc.string cimport memcpy
+from libc.errno cimport EINTR, errno
+from libc.string cimport memcpy, memmove
+
+
+cdef extern from "<sys/socket.h>" nogil:
+    ssize_t recv(int fd, void *buf, size_t n, int flags)
 
 cdef const char *_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 
@@ -14,6 +19,9 @@ cdef enum:  # the same, for code without the GIL
     S_ERROR = 2
     S_LONG = 3
     S_FULL = 4
+    S_OUT_FULL = 5
+    S_CLOSED = 6
+    S_RECV_FAILED = 7
 
 # What parse_rows stopped at
 NEED_MORE = 0  # the buffer ends inside a packet
@@ -21,21 +29,112 @@ END = 1  # the result's EOF packet, at ``pos``
 ERROR = 2  # an error packet, at ``pos``
 LONG = 3  # a packet of 16 MiB or more starts at ``pos``: the caller joins it
 FULL = 4  # ``batch`` rows were parsed (parse_rows)
+OUT_FULL = 5  # the next row does not fit in the output (encode_lines)
 
 
 cdef inline Py_ssize_t _encoded(Py_ssize_t n) nogil:
     return ((n + 2) // 3) * 4
 
 
+cdef char _PAIRS[8192]  # the two base64 digits of every 12-bit value
+
+
+cdef void _init_pairs():
+    cdef int v
+    for v in range(4096):
+        _PAIRS[2 * v] = _ALPHABET[v >> 6]
+        _PAIRS[2 * v + 1] = _ALPHABET[v & 63]
+
+
+_init_pairs()
+
+
+cdef extern from *:
+    """
+    /* Base64 of 24 bytes at a time with AVX2 (W. Mula and D. Lemire's method, as in
+       aklomp/base64, BSD-2-Clause): where the compiler and the CPU have it, for values of
+       32 bytes or more; the rest of a value is encoded by _base64 below. */
+    #include <stddef.h>
+    #if defined(__GNUC__) && defined(__x86_64__)
+    #include <immintrin.h>
+    #define CDC_HAVE_AVX2_CODE 1
+    __attribute__((target("avx2")))
+    static inline __m256i cdc_enc_reshuffle(const __m256i input) {
+        const __m256i in = _mm256_shuffle_epi8(input, _mm256_set_epi8(
+            10, 11, 9, 10, 7, 8, 6, 7, 4, 5, 3, 4, 1, 2, 0, 1,
+            14, 15, 13, 14, 11, 12, 10, 11, 8, 9, 7, 8, 5, 6, 4, 5));
+        const __m256i t0 = _mm256_and_si256(in, _mm256_set1_epi32(0x0FC0FC00));
+        const __m256i t1 = _mm256_mulhi_epu16(t0, _mm256_set1_epi32(0x04000040));
+        const __m256i t2 = _mm256_and_si256(in, _mm256_set1_epi32(0x003F03F0));
+        const __m256i t3 = _mm256_mullo_epi16(t2, _mm256_set1_epi32(0x01000010));
+        return _mm256_or_si256(t1, t3);
+    }
+    __attribute__((target("avx2")))
+    static inline __m256i cdc_enc_translate(const __m256i in) {
+        const __m256i lut = _mm256_setr_epi8(
+            65, 71, -4, -4, -4, -4, -4, -4, -4, -4, -4, -4, -19, -16, 0, 0,
+            65, 71, -4, -4, -4, -4, -4, -4, -4, -4, -4, -4, -19, -16, 0, 0);
+        __m256i indices = _mm256_subs_epu8(in, _mm256_set1_epi8(51));
+        const __m256i mask = _mm256_cmpgt_epi8(in, _mm256_set1_epi8(25));
+        indices = _mm256_sub_epi8(indices, mask);
+        return _mm256_add_epi8(in, _mm256_shuffle_epi8(lut, indices));
+    }
+    /* Encodes the first 24 * r bytes of src[0:n] (n >= 32; r = (n - 4) / 24, so that no
+       load passes src + n) to out; returns r. */
+    __attribute__((target("avx2")))
+    static Py_ssize_t cdc_b64_avx2(const unsigned char *src, Py_ssize_t n, char *out) {
+        Py_ssize_t rounds = (n - 4) / 24, r;
+        __m256i v = _mm256_loadu_si256((const __m256i *)src);
+        v = _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6));
+        _mm256_storeu_si256((__m256i *)out, cdc_enc_translate(cdc_enc_reshuffle(v)));
+        for (r = 1; r < rounds; r++) {  /* loads from 4 bytes before the next 24 */
+            v = _mm256_loadu_si256((const __m256i *)(src + 24 * r - 4));
+            _mm256_storeu_si256((__m256i *)(out + 32 * r),
+                                cdc_enc_translate(cdc_enc_reshuffle(v)));
+        }
+        return rounds;
+    }
+    static int cdc_cpu_has_avx2(void) {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2");
+    }
+    #else
+    #define CDC_HAVE_AVX2_CODE 0
+    static Py_ssize_t cdc_b64_avx2(const unsigned char *src, Py_ssize_t n, char *out) {
+        return 0;
+    }
+    static int cdc_cpu_has_avx2(void) { return 0; }
+    #endif
+    """
+    Py_ssize_t cdc_b64_avx2(const unsigned char *src, Py_ssize_t n, char *out) nogil
+    int cdc_cpu_has_avx2() nogil
+
+
+cdef bint _AVX2 = cdc_cpu_has_avx2()
+
+
+def simd(enabled=None):
+    """Whether long values are encoded with AVX2 (``enabled``: turn it on or off, for
+    tests; on only where the CPU has it)."""
+    global _AVX2
+    if enabled is not None:
+        _AVX2 = bool(enabled) and cdc_cpu_has_avx2()
+    return bool(_AVX2)
+
+
 cdef inline Py_ssize_t _base64(const unsigned char *src, Py_ssize_t n, char *out) nogil:
-    cdef Py_ssize_t i = 0, o = 0
+    """Three bytes at a time, as two 12-bit halves looked up in ``_PAIRS`` (half the work of
+    four 6-bit lookups); a value of 32 bytes or more mostly 24 at a time with AVX2."""
+    cdef Py_ssize_t i = 0, o = 0, rounds
     cdef unsigned int v
+    if n >= 32 and _AVX2:
+        rounds = cdc_b64_avx2(src, n, out)
+        i = 24 * rounds
+        o = 32 * rounds
     while i + 3 <= n:
         v = (src[i] << 16) | (src[i + 1] << 8) | src[i + 2]
-        out[o] = _ALPHABET[(v >> 18) & 63]
-        out[o + 1] = _ALPHABET[(v >> 12) & 63]
-        out[o + 2] = _ALPHABET[(v >> 6) & 63]
-        out[o + 3] = _ALPHABET[v & 63]
+        memcpy(out + o, &_PAIRS[2 * (v >> 12)], 2)
+        memcpy(out + o + 2, &_PAIRS[2 * (v & 0xFFF)], 2)
         i += 3
         o += 4
     if n - i == 1:
@@ -259,3 +358,222 @@ def parse_lines(const unsigned char[:] buf, Py_ssize_t pos, Py_ssize_t end, int 
                 o += 3
                 in_line = 0
     return state, at, lines, count, last
+
+
+cdef Py_ssize_t _write_checked(const unsigned char *p, Py_ssize_t end, int columns,
+                               char *w) nogil:
+    """One row packet's row form at ``w`` in one pass, every length checked against the
+    packet's ``end``: the bytes written, or -1 if the packet does not hold exactly its
+    columns. ``w`` has room for ``bound(end, columns)`` bytes, which no valid row passes."""
+    cdef Py_ssize_t pos = 0, o = 1, n
+    cdef unsigned char first
+    cdef int c, i
+    w[0] = 91
+    for c in range(columns):
+        if c:
+            w[o] = 44
+            o += 1
+        if pos >= end:
+            return -1
+        first = p[pos]
+        if first < 0xFB:
+            n = first
+            pos += 1
+        elif first == 0xFB:
+            memcpy(w + o, b"null", 4)
+            o += 4
+            pos += 1
+            continue
+        elif first == 0xFC:
+            if end - pos < 3:
+                return -1
+            n = p[pos + 1] | (p[pos + 2] << 8)
+            pos += 3
+        elif first == 0xFD:
+            if end - pos < 4:
+                return -1
+            n = p[pos + 1] | (p[pos + 2] << 8) | (p[pos + 3] << 16)
+            pos += 4
+        elif first == 0xFE:
+            if end - pos < 9:
+                return -1
+            n = 0
+            for i in range(8):
+                n |= (<Py_ssize_t>p[pos + 1 + i]) << (8 * i)
+            pos += 9
+            if n < 0:
+                return -1
+        else:
+            return -1
+        if n > end - pos:
+            return -1
+        w[o] = 34
+        o += 1
+        o += _base64(p + pos, n, w + o)
+        w[o] = 34
+        o += 1
+        pos += n
+    if pos != end:
+        return -1
+    w[o] = 93
+    return o + 1
+
+
+cdef inline Py_ssize_t _bound(Py_ssize_t length, int columns) nogil:
+    """At least the size of the row form of a row packet of ``length`` bytes: a value of n
+    bytes takes at least n + 1 of the packet and at most 4 * (n + 2) / 3 + 3 of the row
+    (quotes and comma), a NULL 1 and 5."""
+    return length * 4 // 3 + 6 * columns + 8
+
+
+def row_room(Py_ssize_t length, int columns):
+    """The room encode_lines needs to take a row packet of ``length`` bytes (as the first
+    row of its output)."""
+    return _bound(length, columns) + _PREFIX_LEN + 3
+
+
+cdef struct _Encoding:
+    Py_ssize_t pos  # in the packets
+    Py_ssize_t o  # in the output
+    Py_ssize_t count  # rows encoded
+    Py_ssize_t last  # where the last row starts in the output
+    int in_line  # rows in the line being written (0: none open)
+
+
+cdef int _encode(const unsigned char *p, Py_ssize_t end, int columns, int batch, char *w,
+                 Py_ssize_t limit, _Encoding *e) nogil:
+    """The whole row packets from p[e.pos] to p[end] into w[e.o:limit], as many as fit,
+    the line left open: what it stopped at (S_NEED_MORE, S_END, S_ERROR, S_LONG,
+    S_OUT_FULL), or -1 for a packet that does not hold its columns. Room for the open
+    line's end (3 bytes) is always left."""
+    cdef Py_ssize_t length, room, written, pos = e.pos
+    while True:
+        if end - pos < 4:
+            e.pos = pos
+            return S_NEED_MORE
+        length = p[pos] | (p[pos + 1] << 8) | (p[pos + 2] << 16)
+        if end - pos - 4 < length:
+            e.pos = pos
+            return S_NEED_MORE
+        if length == 0xFFFFFF:
+            e.pos = pos
+            return S_LONG
+        if length > 0 and ((p[pos + 4] == 0xFE and length < 9) or p[pos + 4] == 0xFF):
+            e.pos = pos
+            return S_END if p[pos + 4] == 0xFE else S_ERROR
+        room = _bound(length, columns) + 3 + (_PREFIX_LEN if e.in_line == 0 else 1)
+        if limit - e.o < room:
+            e.pos = pos
+            return S_OUT_FULL
+        if e.in_line == 0:
+            memcpy(w + e.o, _PREFIX, _PREFIX_LEN)
+            e.o += _PREFIX_LEN
+        else:
+            w[e.o] = 44
+            e.o += 1
+        written = _write_checked(p + pos + 4, length, columns, w + e.o)
+        if written < 0:
+            e.pos = pos
+            return -1
+        e.last = e.o
+        e.o += written
+        e.count += 1
+        e.in_line += 1
+        pos += 4 + length
+        if e.in_line == batch:
+            memcpy(w + e.o, _SUFFIX, 3)
+            e.o += 3
+            e.in_line = 0
+
+
+cdef inline void _close_line(char *w, _Encoding *e) nogil:
+    if e.in_line:
+        memcpy(w + e.o, _SUFFIX, 3)
+        e.o += 3
+        e.in_line = 0
+
+
+def encode_lines(const unsigned char[:] buf, Py_ssize_t pos, Py_ssize_t end, int columns,
+                 int batch, unsigned char[:] out, Py_ssize_t at, Py_ssize_t limit):
+    """The whole row packets in ``buf[pos:end]`` as insert lines of a dump (as parse_lines),
+    encoded into ``out[at:limit]`` in one pass without the GIL, as many as fit: returns
+    (what it stopped at: NEED_MORE, END, ERROR, LONG or OUT_FULL, the next row not fitting;
+    the position reached in ``buf``; the end of what it wrote in ``out``; the rows; the
+    offset in ``out`` of the last row, which ends 3 bytes before that end). A row that
+    does not fit in an empty output needs ``row_room`` of it."""
+    cdef _Encoding e
+    cdef int state
+    if end > buf.shape[0] or pos < 0 or pos > end:
+        raise ValueError("encode_lines: a position outside the buffer")
+    if limit > out.shape[0] or at < 0 or at > limit:
+        raise ValueError("encode_lines: a position outside the output")
+    if end == 0 or batch < 1:
+        return S_NEED_MORE, pos, at, 0, at
+    if out.shape[0] == 0:
+        raise ValueError("encode_lines: no output buffer")
+    e.pos, e.o, e.count, e.last, e.in_line = pos, at, 0, at, 0
+    with nogil:
+        state = _encode(&buf[0], end, columns, batch, <char *>&out[0], limit, &e)
+        _close_line(<char *>&out[0], &e)
+    if state < 0:
+        raise ValueError(f"a result row does not hold its {columns} columns")
+    return state, e.pos, e.o, e.count, e.last
+
+
+CLOSED = 6  # receive_lines: the connection was closed
+RECV_FAILED = 7  # receive_lines: recv() failed (the errno is returned)
+
+
+def receive_lines(int fd, unsigned char[:] buf, Py_ssize_t pos, Py_ssize_t end, int columns,
+                  int batch, unsigned char[:] out, Py_ssize_t at, Py_ssize_t limit,
+                  Py_ssize_t want):
+    """encode_lines, receiving more packets from ``fd`` (a blocking socket) into ``buf`` as
+    the ones it holds are encoded, all without the GIL, until ``want`` bytes were written
+    to ``out`` (or the result ends, a row does not fit, a packet needs Python: a LONG one,
+    or one longer than ``buf``, which comes back as NEED_MORE with ``buf`` full). What is
+    left unparsed in ``buf`` is moved to its front before each receive. Returns (what it
+    stopped at: as encode_lines, or CLOSED, or RECV_FAILED; the position reached in
+    ``buf``; the end of its data; the end of what it wrote in ``out``; the rows; the offset
+    of the last row in ``out``; the errno of a failed receive, 0 else). Lines run across
+    receives, up to ``batch`` rows."""
+    cdef _Encoding e
+    cdef int state = S_NEED_MORE, err = 0
+    cdef Py_ssize_t cap = buf.shape[0], got
+    cdef unsigned char *p
+    cdef char *w
+    if end > cap or pos < 0 or pos > end or cap == 0:
+        raise ValueError("receive_lines: a position outside the buffer")
+    if limit > out.shape[0] or at < 0 or at > limit or out.shape[0] == 0:
+        raise ValueError("receive_lines: a position outside the output")
+    if batch < 1:
+        raise ValueError("receive_lines: batch must be positive")
+    p = &buf[0]
+    w = <char *>&out[0]
+    e.pos, e.o, e.count, e.last, e.in_line = pos, at, 0, at, 0
+    with nogil:
+        while True:
+            state = _encode(p, end, columns, batch, w, limit, &e)
+            if state != S_NEED_MORE or e.o - at >= want:
+                break
+            if e.pos:
+                memmove(p, p + e.pos, end - e.pos)
+                end -= e.pos
+                e.pos = 0
+            if end == cap:  # a packet longer than the buffer
+                break
+            got = recv(fd, p + end, cap - end, 0)
+            if got > 0:
+                end += got
+                continue
+            if got == 0:
+                state = S_CLOSED
+            elif errno == EINTR:  # Python's signal handlers run before the next call
+                pass
+            else:
+                state = S_RECV_FAILED
+                err = errno
+            break
+        _close_line(w, &e)
+    if state < 0:
+        raise ValueError(f"a result row does not hold its {columns} columns")
+    return state, e.pos, end, e.o, e.count, e.last, err

@@ -2,9 +2,11 @@
 in, so that no lock is held across chunks and a big table is read by several readers at once.
 
 1. The key space is split into ranges in key order: an integer key arithmetically, in ranges
-   of about half ``chunk_rows`` rows (from its span and the table's estimated rows), which
+   of about half ``chunk_rows`` rows (from its span and the table's estimated rows), the last
+   quarter of them a quarter as long (so that the readers run out of ranges together), which
    the readers take in turn; any other key in one range per reader, at sampled keys (the key
-   ``n`` rows in, ``LIMIT 1 OFFSET n``).
+   ``n`` rows in, ``LIMIT 1 OFFSET n``). The readers' connections are opened meanwhile, and
+   they start reading while the dump's files are created.
 2. A reader reads its range in chunks of at most ``chunk_rows`` rows, each chunk its own
    transaction: ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` gives the binlog position its
    read view is at (taken under the binlog's commit lock: an exact low watermark, nothing is
@@ -12,11 +14,15 @@ in, so that no lock is held across chunks and a big table is read by several rea
    chunk is read in key order, and ``COMMIT`` releases the lock: an ``ALTER TABLE`` waits for
    one chunk's read at most.
 3. The ranges go into the dump's body in key order, each as it is read when its turn has come
-   (the first range not finished), else into a buffer (memory, then a temporary file) until
-   it does: the body is written once, with no copy in the usual case. A reader that
-   finishes a range before its turn leaves it to be appended and reads the next one. The
-   body is made durable and its chunks recorded in ``<stem>.chunked`` every
-   ``sync_interval`` seconds; a killed dump continues after its last recorded chunk.
+   (the first range not finished), else into a buffer (blocks of memory, then a temporary
+   file) until it does, looked at between pieces of a chunk: what the buffer holds then goes
+   into the body, and the rest of the range straight there. Rows are encoded straight into
+   the body's staging area or the buffer's blocks (:func:`cdcserver.dump.rawrows.query_into`),
+   and the body is written in aligned blocks, with O_DIRECT where the file system takes it
+   (:class:`cdcserver.dump.partial.PartialDump`). A reader that finishes a range before its
+   turn leaves it to be appended and reads the next one. The body is made durable and its
+   chunks recorded in ``<stem>.chunked`` every ``sync_interval`` seconds; a killed dump
+   continues after its last recorded chunk.
 4. When every range is read, the dump's point is the store's checkpoint once it has caught
    up with the source (so that it is not between a change without binlog rows and its
    repair), and the table's changes since the first chunk are taken from the store
@@ -52,7 +58,7 @@ from cdcserver.core.gtid import GtidState
 from cdcserver.core.names import TableName
 from cdcserver.dump import files
 from cdcserver.dump.chunkmerge import Overlay, end_point, merged_lines, store_overlay
-from cdcserver.dump.chunkreader import Run, reader, split
+from cdcserver.dump.chunkreader import Connections, Run, reader, split
 from cdcserver.dump.chunks import (
     ChunkedProgress,
     NotChunkable,
@@ -90,35 +96,49 @@ def dump_table(address: SourceAddress, data_dir: str, table: TableName, stream_v
     """Dump ``table`` in chunks (see the module's description); NotChunkable before anything
     is written if it cannot be. Returns the finished dump, or None when ``stop`` was set (the
     next dump of the table continues this one)."""
-    directory = files.dump_dir(data_dir)
     conn = source_sql.connect(address)
     try:
-        info = source_sql.describe(conn)
-        if info.flavor != "mariadb":
+        # MariaDB says so in its handshake's version (no round trip); else ask
+        handshake = str(getattr(conn, "server_version", "") or "")
+        if "mariadb" not in handshake.lower() and source_sql.describe(conn).flavor != "mariadb":
             raise NotChunkable("chunked reads need MariaDB's snapshot positions")
         prepare_session(conn, mariadb=True)
         server = check_store(conn, data_dir)
-        for attempt in range(1, _ATTEMPTS + 1):
-            try:
-                return _attempt(address, data_dir, conn, table, stream_version, options,
-                                progressed, stop, server)
-            except NotChunkable:
-                discard(directory, table)
-                raise
-            except TableChanged as exc:
-                discard(directory, table)
-                if attempt == _ATTEMPTS:
-                    raise SourceError(f"{exc}; gave up after {attempt} attempts") from exc
-                log.info("dump of %s: %s; starting it over in the new definition", table,
-                         exc)
+        connections = Connections(address, options.config.readers)
+        try:
+            return _attempts(address, data_dir, conn, table, stream_version, options,
+                             progressed, stop, server, connections)
+        finally:
+            connections.close()
     finally:
         conn.close()
+
+
+def _attempts(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
+              stream_version: int, options: DumpOptions, progressed: Progressed | None,
+              stop: threading.Event | None, server: str, connections: Connections
+              ) -> files.DumpInfo | None:
+    """The dump, started over in the new definition if the table changes under it."""
+    directory = files.dump_dir(data_dir)
+    for attempt in range(1, _ATTEMPTS + 1):
+        try:
+            return _attempt(address, data_dir, conn, table, stream_version, options,
+                            progressed, stop, server, connections)
+        except NotChunkable:
+            discard(directory, table)
+            raise
+        except TableChanged as exc:
+            discard(directory, table)
+            if attempt == _ATTEMPTS:
+                raise SourceError(f"{exc}; gave up after {attempt} attempts") from exc
+            log.info("dump of %s: %s; starting it over in the new definition", table, exc)
     raise AssertionError("unreachable")
 
 
 def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
              stream_version: int, options: DumpOptions, progressed: Progressed | None,
-             stop: threading.Event | None, server: str) -> files.DumpInfo | None:
+             stop: threading.Event | None, server: str, connections: Connections | None = None
+             ) -> files.DumpInfo | None:
     directory = files.dump_dir(data_dir)
     started = time.monotonic()
     described = describe(conn, table, stream_version, options.columns)
@@ -138,7 +158,8 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
         log.info("dump of %s: starting over (%s)", table, why)
         discard(directory, table)
         progress = None
-    if progress is None or record is None:
+    fresh = progress is None or record is None
+    if fresh:
         partial.discard()  # a single-snapshot attempt, if any
         discard(directory, table)
         ranges = split(conn, described.plan, table, options.config.readers,
@@ -146,17 +167,14 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
         start = _now(conn)
         record = Progress(table, start.to_json(), described.fingerprint, stream_version,
                           _reserve(described, start), consistent=described.consistent)
-        os.makedirs(directory, exist_ok=True)
-        partial.create(record)
         progress = ChunkedProgress(described.text, described.fingerprint, stream_version,
                                    described.consistent, ranges, record.reserved,
                                    floor=str(start.gtid), server=server)
-        save(directory, table, progress)
         log.info("dump of %s: %d readers over %d key ranges, %d rows per chunk", table,
                  options.config.readers, len(ranges), options.config.chunk_rows)
     else:
+        assert progress is not None and record is not None
         record.body = progress.body - record.reserved  # what the chunk record vouches for
-        partial.reopen(record)
         progress.resumed = True
         progress.stream_version = min(progress.stream_version, stream_version)
         log.info("dump of %s: continuing after %d rows", table,
@@ -164,19 +182,35 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
     run = Run(address, data_dir, directory, described, progress, partial,
                options.config.chunk_rows, options.config.batch_rows, stop, progressed,
                options.config.sync_interval,
-               rows_read=sum(r.rows for r in progress.ranges))
+               rows_read=sum(r.rows for r in progress.ranges), connections=connections)
     try:
         readers = max(1, min(options.config.readers, len(progress.ranges)))
         try:
             with ThreadPoolExecutor(max_workers=readers,
                                     thread_name_prefix=f"dump-{dump_stem(table)}") as pool:
-                for future in [pool.submit(reader, run) for _ in range(readers)]:
+                # the readers connect and read their first ranges (into their buffers)
+                # while the body is made ready
+                futures = [pool.submit(reader, run) for _ in range(readers)]
+                try:
+                    if fresh:
+                        os.makedirs(directory, exist_ok=True)
+                        partial.create(record)
+                        save(directory, table, progress)
+                    else:
+                        partial.reopen(record)
+                    run.open()
+                except BaseException:
+                    run.fail()
+                    raise
+                for future in futures:
                     future.result()
         finally:
             run.close()
-        run.sync()
         if stop is not None and stop.is_set():
+            run.sync()  # the next dump of the table continues after every chunk read
             return None
+        # (otherwise the body is made durable with its header; a crash before that loses
+        # at most what was read since the last sync, as one during the reading would)
         end = end_point(conn, data_dir, options.config.store_timeout, server)
         changes = store_overlay(run, end, options.config.store_timeout)
         path, rows = _finish(run, end.point, changes)

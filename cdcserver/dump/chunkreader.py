@@ -9,7 +9,8 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,7 +30,7 @@ from cdcserver.dump.chunks import (
     save,
     show_create,
 )
-from cdcserver.dump.partial import PartialDump
+from cdcserver.dump.partial import AREA, PartialDump, area, release
 from cdcserver.dump.scan import ScanPlan
 from cdcserver.dump.snapshot import (
     ER_NO_SUCH_TABLE,
@@ -47,29 +48,44 @@ log = logging.getLogger(__name__)
 
 _INTEGER_KEYS = ("tinyint", "smallint", "mediumint", "int", "bigint", "serial")
 _MOST_RANGES = 100_000
+_TAIL_SPLIT = 4
+_RANGE_BYTES = 32 << 20  # at most about this much of a range's dump in one range
 
 
 def split(conn: Any, plan: ScanPlan, table: TableName, readers: int,
            chunk_rows: int) -> list[KeyRange]:
     """The key space in ranges, in key order: an integer key in ranges of about half
-    ``chunk_rows`` rows each (arithmetically, from its span and the table's estimated
-    rows), which the readers take in turn; any other key in one range per reader, split at
-    sampled keys (``LIMIT 1 OFFSET n`` on the key)."""
-    estimate = source_sql.estimated_rows(conn, table.database, table.table)
+    ``chunk_rows`` rows each, more in a big table (:func:`_range_rows`; arithmetically, from
+    its span and the table's estimated rows), the last quarter of them a quarter as long,
+    which the readers take in turn; any other key in one range per reader, split at sampled
+    keys (``LIMIT 1 OFFSET n`` on the key)."""
     key = plan.key
     cuts: list[list[bytes]] = []
     if len(key) == 1 and key[0].sql_type in _INTEGER_KEYS:
         column = f"`{key[0].name.replace('`', '``')}`"
-        low, high = source_sql.query(conn, f"SELECT MIN({column}), MAX({column}) FROM "
-                                           f"{qualified(table)}")[0]
+        low, high, estimate = source_sql.query(  # and the estimate, in one round trip
+            conn, f"SELECT MIN({column}), MAX({column}), (SELECT TABLE_ROWS FROM "
+                  f"information_schema.TABLES WHERE TABLE_SCHEMA = "
+                  f"{conn.escape(table.database)} AND TABLE_NAME = {conn.escape(table.table)})"
+                  f" FROM {qualified(table)}")[0]
+        estimate = int(estimate or 0)
         if low is not None:
             low, high = int(low), int(high)
-            # about half a chunk's rows each, so that one query usually reads a range
-            count = min(max(readers, -(-estimate * 2 // chunk_rows)), _MOST_RANGES,
-                        max(high - low, 1))
+            count = min(max(readers, -(-estimate // _range_rows(
+                conn, table, estimate, readers, chunk_rows))), _MOST_RANGES,
+                max(high - low, 1))
             step = max((high - low) // count, 1)
-            cuts = [[str(low + step * i).encode()] for i in range(1, count)]
-    elif readers > 1 and estimate >= readers * 2:
+            points = [low + step * i for i in range(1, count)]
+            # the last quarter in ranges a quarter as long: the readers run out of ranges
+            # at about the same time (one reader left alone with a whole range would leave
+            # the source's other core idle)
+            tail = count // 4 if readers > 1 and step >= _TAIL_SPLIT else 0
+            for i in range(count - tail, count):
+                start = low + step * i
+                points += [start + step * j // _TAIL_SPLIT for j in range(1, _TAIL_SPLIT)]
+            cuts = [[str(point).encode()] for point in sorted(points)]
+    elif readers > 1 and (estimate := source_sql.estimated_rows(
+            conn, table.database, table.table)) >= readers * 2:
         for i in range(1, readers):
             found = [row for batch in rawrows.query_rows(conn, plan.key_sql(
                 estimate * i // readers)) for row in batch]
@@ -79,6 +95,27 @@ def split(conn: Any, plan: ScanPlan, table: TableName, readers: int,
     hexed = [h for i, h in enumerate(hexed) if i == 0 or h != hexed[i - 1]]
     edges: list[list[str] | None] = [None, *hexed, None]
     return [KeyRange(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+
+
+def _range_rows(conn: Any, table: TableName, estimate: int, readers: int, chunk_rows: int
+                ) -> int:
+    """Rows per range of an integer key: about half a chunk, so that one query usually
+    reads a range; in a big table more, at least a ``readers * 8``th of it, up to four
+    chunks or ``_RANGE_BYTES`` of dump (what a reader may hold of a range before its turn).
+    A range is one reader's contiguous scan, and InnoDB reads the next extent ahead only
+    within one: where the table is not in the buffer pool, every range's start costs the
+    source synchronous page reads (ranges of 25,000 rows of the bench's big table: 5-15 %
+    more CPU for mariadbd than ranges of 100,000)."""
+    rows = max(chunk_rows // 2, 1)
+    wanted = estimate // (readers * 8)
+    if wanted <= rows:
+        return rows
+    found = source_sql.query(conn, "SELECT AVG_ROW_LENGTH FROM information_schema.TABLES "
+                                   "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+                             (table.database, table.table))
+    length = int(found[0][0] or 0) if found else 0
+    row_bytes = max(length, 1) * 4 // 3 + 8  # base64 and JSON
+    return max(rows, min(wanted, 4 * chunk_rows, _RANGE_BYTES // row_bytes))
 
 
 def _values(hexed: list[str] | None) -> tuple[bytes, ...] | None:
@@ -130,11 +167,17 @@ class Run:
     rows_read: int = 0
     synced: float = field(default_factory=time.monotonic)
     waiting: dict[int, _Done] = field(default_factory=dict)
+    blocks: _Blocks = field(default_factory=lambda: _Blocks())
+    connections: Connections | None = None  # the readers' (None: each opens its own)
+    ready: bool = False  # the body can be written (the readers start before it can)
     _turn: int = 0
 
     @property
     def turn(self) -> int:
-        """The first range not done (ranges are done in key order, never undone)."""
+        """The first range not done (ranges are done in key order, never undone); -1 until
+        the body is ready (:meth:`open`)."""
+        if not self.ready:
+            return -1
         ranges = self.progress.ranges
         while self._turn < len(ranges) and ranges[self._turn].done:
             self._turn += 1
@@ -157,6 +200,17 @@ class Run:
             self.next_range += 1
             return self.next_range - 1
 
+    def open(self) -> None:
+        """The body is ready: the first range not done has the turn (appended now if it
+        was read already)."""
+        with self.cond:
+            self.ready = True
+            index = self.turn
+            done = self.waiting.pop(index, None)
+            self.cond.notify_all()
+        if done is not None:
+            _finish_range(self, index, done.buffer, done.held, done.after)
+
     def fail(self) -> None:
         with self.cond:
             self.failed = True
@@ -168,6 +222,7 @@ class Run:
             for done in self.waiting.values():
                 done.buffer.close()
             self.waiting.clear()
+        self.blocks.close()
 
     def sync(self) -> None:
         """The body so far durable, then recorded (by the turn holder, or at the end). The
@@ -188,14 +243,60 @@ class Run:
             self.progressed(self.table.name, total)
 
 
-def reader(run: Run) -> None:
-    conn = source_sql.connect(run.address)
+class Connections:
+    """The readers' connections, opened ahead in threads while the dump gets ready (connect,
+    authenticate, the session set up: round trips that would delay the first chunks); one
+    asked for when none is left is opened then."""
+
+    def __init__(self, address: SourceAddress, count: int) -> None:
+        self.address = address
+        self.lock = threading.Lock()
+        self.pending: list[Future[tuple[Any, str]]] = []
+        if count > 0:
+            pool = ThreadPoolExecutor(max_workers=count, thread_name_prefix="dump-connect")
+            self.pending = [pool.submit(_reader_connection, address) for _ in range(count)]
+            pool.shutdown(wait=False)
+
+    def take(self) -> tuple[Any, str]:
+        """A connection ready to read, and the server it reached."""
+        with self.lock:
+            future = self.pending.pop(0) if self.pending else None
+        return future.result() if future is not None else _reader_connection(self.address)
+
+    def close(self) -> None:
+        """The connections not taken closed (after they are open, or failed to)."""
+        with self.lock:
+            pending, self.pending = self.pending, []
+        for future in pending:
+            try:
+                conn, _ = future.result()
+            except Exception:  # noqa: BLE001 - never used: its failure is no one's
+                continue
+            conn.close()
+
+
+def _reader_connection(address: SourceAddress) -> tuple[Any, str]:
+    conn = source_sql.connect(address)
     try:
         here = source_sql.server_identity(conn)
+        prepare_session(conn, mariadb=True)
+    except BaseException:
+        conn.close()
+        raise
+    return conn, here
+
+
+def reader(run: Run) -> None:
+    try:
+        conn, here = run.connections.take() if run.connections is not None else \
+            _reader_connection(run.address)
+    except BaseException:
+        run.fail()
+        raise
+    try:
         if here != run.progress.server:  # a proxy in front of several servers
             raise NotChunkable(f"a reader's connection reached {here}, not "
                                f"{run.progress.server}: the chunks must come from one server")
-        prepare_session(conn, mariadb=True)
         while (index := run.take()) is not None:
             _read_range(run, conn, index)
     except _Failed:
@@ -208,14 +309,13 @@ def reader(run: Run) -> None:
 
 
 def _read_range(run: Run, conn: Any, index: int) -> None:
-    """Read one range chunk by chunk, into the body when it is the turn, else into a
-    buffer appended when its turn comes; then pass the turn on, or leave the range to
-    whoever holds the turn when it comes."""
+    """Read one range chunk by chunk, into its buffer until it is the turn, then into the
+    body; then pass the turn on, or leave the range to whoever holds the turn when it
+    comes."""
     rng = run.progress.ranges[index]
-    buffer = _Buffer(run.buffer_bytes, run.directory)
+    target = _Target(run, index, _Buffer(run.buffer_bytes, run.directory, run.blocks),
+                     rng.after)
     handed = False  # to whoever finishes the range before it
-    held: list[Chunk] = []  # read into the buffer: offsets in it
-    after = rng.after
     try:
         done = False
         while not done:
@@ -223,29 +323,77 @@ def _read_range(run: Run, conn: Any, index: int) -> None:
                 return
             if run.failed:
                 raise _Failed
-            direct = run.turn == index
-            if direct and held:
-                _append_held(run, rng, buffer, held, after)
-                held = []
-            chunk, after, done = _read_chunk(run, conn, rng, after,
-                                             run.partial if direct else buffer)
+            target.take_turn()
+            chunk, after, done = _read_chunk(run, conn, rng, target)
             if chunk is None:
                 continue
             run.read(chunk.rows)
-            if direct:
-                _recorded(run, rng, [chunk], after)
-            else:
-                held.append(chunk)
+            target.add(chunk, after)
         with run.cond:
             if run.turn != index:  # appended by whoever finishes the range before it
-                run.waiting[index] = _Done(buffer, held, after)
+                run.waiting[index] = _Done(target.buffer, target.held, target.after)
                 handed = True
                 return
         handed = True
-        _finish_range(run, index, buffer, held, after)
+        _finish_range(run, index, target.buffer, target.held, target.after)
     finally:
         if not handed:
-            buffer.close()
+            target.buffer.close()
+
+
+class _Target:
+    """Where a reader writes its range (a :class:`rawrows.Sink`): its buffer until the
+    range has the turn, then the body. The turn is looked at between the pieces of a chunk
+    too: when it comes, what the buffer holds goes into the body first, and the rest of
+    the range is written straight there."""
+
+    def __init__(self, run: Run, index: int, buffer: _Buffer, after: list[str] | None
+                 ) -> None:
+        self.run, self.index, self.buffer, self.after = run, index, buffer, after
+        self.held: list[Chunk] = []  # read into the buffer: offsets in it
+        self.direct = False
+        self.out: Any = buffer
+
+    def tell(self) -> int:
+        return self.run.partial.size if self.direct else self.buffer.tell()
+
+    def space(self, need: int = 0) -> tuple[Any, int, int] | None:
+        room: tuple[Any, int, int] | None = self.out.space(need)
+        return room
+
+    def wrote(self, end: int) -> None:
+        self.out.wrote(end)
+
+    def write(self, data: bytes) -> None:
+        self.out.write(data)
+
+    def take_turn(self) -> int | None:
+        """If the range has the turn now, what its buffer holds goes into the body, which
+        it writes to from now on: returns the offset the buffer's bytes moved by (None: not
+        the turn yet). The turn is looked at under the lock: the reader that passed it on
+        is done with the body."""
+        if self.direct:
+            return None
+        with self.run.cond:
+            if self.run.turn != self.index:
+                return None
+        base = self.run.partial.size
+        if self.held:
+            _append_held(self.run, self.run.progress.ranges[self.index], self.buffer,
+                         self.held, self.after)
+            self.held = []
+        else:
+            self.buffer.drain(self.run.partial.write)
+        self.direct, self.out = True, self.run.partial
+        return base
+
+    def add(self, chunk: Chunk, after: list[str] | None) -> None:
+        """A chunk read (``after``: the key of its last row)."""
+        if self.direct:
+            _recorded(self.run, self.run.progress.ranges[self.index], [chunk], after)
+        else:
+            self.held.append(chunk)
+        self.after = after
 
 
 def _finish_range(run: Run, index: int, buffer: _Buffer, held: list[Chunk],
@@ -270,47 +418,132 @@ def _finish_range(run: Run, index: int, buffer: _Buffer, held: list[Chunk],
         buffer, held, after = done.buffer, done.held, done.after
 
 
-class _Buffer:
-    """What a reader reads before its range's turn: the pieces as they came (no copy, no
-    reallocation), moved to a temporary file beside the dump past ``limit`` bytes."""
+class _Blocks:
+    """The blocks that buffers encode rows into (:func:`partial.area`), reused within a
+    dump, given back at its end."""
 
-    def __init__(self, limit: int, directory: str) -> None:
+    SIZE = AREA
+
+    def __init__(self) -> None:
+        self.free: list[Any] = []
+        self.lock = threading.Lock()
+
+    def get(self) -> Any:
+        with self.lock:
+            if self.free:
+                return self.free.pop()
+        return area()
+
+    def put(self, block: Any) -> None:
+        with self.lock:
+            self.free.append(block)
+
+    def close(self) -> None:
+        with self.lock:
+            for block in self.free:
+                release(block)
+            self.free = []
+
+
+class _Buffer:
+    """What a reader reads before its range's turn (a :class:`rawrows.Sink`): rows encoded
+    into blocks of memory (no copy, no reallocation) and pieces of bytes, in order; moved
+    to a temporary file beside the dump past ``limit`` bytes."""
+
+    def __init__(self, limit: int, directory: str, blocks: _Blocks | None = None) -> None:
         self.limit, self.directory = limit, directory
-        self.pieces: list[bytes] = []
+        self.blocks = blocks if blocks is not None else _Blocks()
+        self.pieces: list[Any] = []  # bytes, or (block, start, end)
         self.size = 0
         self.spill: Any = None
+        self.block: Any = None  # the block being encoded into: used up to fill, its bytes
+        self.fill = self.mark = 0  # up to mark are in pieces
+        self.taken: list[Any] = []  # blocks from self.blocks, to give back
 
     def tell(self) -> int:
         return self.size
 
+    def space(self, need: int = 0) -> tuple[Any, int, int] | None:
+        if self.block is None or len(self.block) - self.fill < max(need, 1):
+            self._close_piece()
+            if need > _Blocks.SIZE:
+                return None
+            self.block = self.blocks.get()
+            self.taken.append(self.block)
+            self.fill = self.mark = 0
+        return self.block, self.fill, len(self.block)
+
+    def wrote(self, end: int) -> None:
+        self.size += end - self.fill
+        self.fill = end
+        if self.spill is not None:  # straight through, the block used again
+            with memoryview(self.block) as block, block[self.mark:end] as new:
+                self.spill.write(new)
+            self.fill = self.mark = 0
+        elif self.size > self.limit:
+            self._spill()
+
     def write(self, data: bytes) -> None:
+        self._close_piece()
         self.size += len(data)
         if self.spill is not None:
             self.spill.write(data)
             return
         self.pieces.append(data)
         if self.size > self.limit:
-            self.spill = tempfile.TemporaryFile(dir=self.directory)  # noqa: SIM115
-            for piece in self.pieces:
-                self.spill.write(piece)
-            self.pieces = []
+            self._spill()
 
-    def drain(self, write: Callable[[bytes], None]) -> None:
-        """Everything held, in order, to ``write``; the buffer is empty after."""
+    def _close_piece(self) -> None:
+        if self.block is not None and self.fill > self.mark:
+            self.pieces.append((self.block, self.mark, self.fill))
+            self.mark = self.fill
+
+    def _views(self) -> Iterator[Any]:
+        """The pieces in order (a block's piece as a memoryview, released after use)."""
+        for piece in self.pieces:
+            if isinstance(piece, tuple):
+                block, start, end = piece
+                with memoryview(block) as whole, whole[start:end] as view:
+                    yield view
+            else:
+                yield piece
+
+    def _spill(self) -> None:
+        self._close_piece()
+        self.spill = tempfile.TemporaryFile(dir=self.directory)  # noqa: SIM115
+        for piece in self._views():
+            self.spill.write(piece)
+        self.pieces = []
+        self._give_back()
+
+    def _give_back(self) -> None:
+        for block in self.taken:
+            self.blocks.put(block)
+        self.taken = []
+        self.block = None
+        self.fill = self.mark = 0
+
+    def drain(self, write: Callable[[Any], None]) -> None:
+        """Everything held, in order, to ``write`` (bytes-like objects, valid only during
+        the call); the buffer is empty after."""
+        self._close_piece()
         if self.spill is not None:
             self.spill.seek(0)
             while data := self.spill.read(1 << 20):
                 write(data)
             self.spill.close()
             self.spill = None
-        for piece in self.pieces:
+        for piece in self._views():
             write(piece)
         self.pieces, self.size = [], 0
+        self._give_back()
 
     def close(self) -> None:
         if self.spill is not None:
             self.spill.close()
+            self.spill = None
         self.pieces = []
+        self._give_back()
 
 
 def _append_held(run: Run, rng: KeyRange, buffer: _Buffer, held: list[Chunk],
@@ -334,16 +567,17 @@ def _recorded(run: Run, rng: KeyRange, chunks: list[Chunk], after: list[str] | N
             run.sync()
 
 
-def _read_chunk(run: Run, conn: Any, rng: KeyRange, after: list[str] | None, out: Any
+def _read_chunk(run: Run, conn: Any, rng: KeyRange, target: _Target
                 ) -> tuple[Chunk | None, list[str] | None, bool]:
     """One chunk in its own consistent read, then committed (its metadata lock released),
-    written to ``out`` (the body or a buffer): the chunk (offsets in ``out``; None if no row
-    was left), the last key read, whether the range is done."""
+    written to ``target`` (the body, or the reader's buffer until the turn comes): the chunk
+    (offsets where it is now; None if no row was left), the key of its last row, whether the
+    range is done."""
     table = run.table
+    after = target.after
     file, pos, _ = open_snapshot_position(conn)
     count, last = 0, b""
-    start = out.size if out is run.partial else out.tell()
-    written = start
+    start = target.tell()
     try:
         try:
             source_sql.query(conn, f"SELECT 1 FROM {qualified(table.name)} LIMIT 0")
@@ -356,16 +590,16 @@ def _read_chunk(run: Run, conn: Any, rng: KeyRange, after: list[str] | None, out
             raise TableChanged(f"{table.name} changed during its dump")
         sql = table.plan.chunk_sql(_values(after if after is not None else rng.lo),
                                    run.chunk_rows, _values(rng.hi))
-        for line, rows, final in table.plan.lines(conn, sql, run.batch_rows):
-            out.write(line)
-            written += len(line)
+        for rows, final in table.plan.into(conn, sql, run.batch_rows, target):
             count += rows
             last = final
+            if not target.direct and (moved := target.take_turn()) is not None:
+                start += moved  # the chunk so far went into the body with the buffer
     finally:
         if conn.open:
             source_sql.query(conn, "COMMIT")
     done = count < run.chunk_rows
     if not count:
         return None, after, done
-    chunk = Chunk(start, written, count, file, pos)
+    chunk = Chunk(start, target.tell(), count, file, pos)
     return chunk, [v.hex() for v in table.plan.key_of(last)], done

@@ -5,15 +5,19 @@ protocol carries: a length-encoded string per column, 0xFB for NULL. Converting 
 a Python object and back (what a cursor does) would cost more than the rest of the dump, so
 after pymysql has sent the query and read the column definitions, this reads the row packets
 from the socket in large pieces and turns each row into ``["b64", null, ...]`` bytes directly
-(MySQL client/server protocol: Text Resultset, ProtocolText::ResultsetRow).
+(MySQL client/server protocol: Text Resultset, ProtocolText::ResultsetRow). A chunked dump's
+readers go further (:func:`query_into`): the compiled path receives and encodes in one call
+without the GIL, into memory the dump gives (the body's staging area, a reader's buffer), and
+hands Python a piece every ``_WANT`` bytes.
 """
 
 from __future__ import annotations
 
 import binascii
 import os
+import socket
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pymysql
 from pymysql.constants import COMMAND
@@ -35,6 +39,7 @@ _EOF = 0xFE
 _ERROR = 0xFF
 _MAX_PACKET = 0xFFFFFF
 _BUFFER = 1 << 20  # bytes read from the socket at a time (more for a longer packet)
+_WANT = 256 << 10  # query_into: bytes encoded between two pieces handed to Python
 
 
 def query_rows(conn: Any, sql: str, batch: int = 500) -> Iterator[list[bytes]]:
@@ -54,14 +59,17 @@ def _query(conn: Any, sql: str, batch: int, read: Callable[[_Rows], Iterator[T]]
     if not result.unbuffered_active:
         return  # not a result set
     complete = False
+    rows = _Rows(conn, result.field_count, batch)
     try:
-        yield from read(_Rows(conn, result.field_count, batch))
+        yield from read(rows)
         complete = True
     finally:
         result.unbuffered_active = False
         conn._result = None
         if not complete:
             conn.close()
+        elif len(rows.buffer) == _BUFFER:  # the connection's next query reads into it
+            conn._cdc_receive_buffer = rows.buffer
 
 
 INSERT_PREFIX = b'{"action":"insert","rows":['
@@ -82,6 +90,32 @@ def query_lines(conn: Any, sql: str, batch: int = 500) -> Iterator[Line]:
     yield from _query(conn, sql, batch, _Rows.lines)
 
 
+class Sink(Protocol):
+    """Where :func:`query_into` encodes rows: room in a buffer of its own, or bytes."""
+
+    def space(self, need: int = 0) -> tuple[Any, int, int] | None:
+        """(A writable buffer, where the room starts, where it ends): at least ``need``
+        bytes; None if it never has that much."""
+
+    def wrote(self, end: int) -> None:
+        """The room given holds bytes up to ``end`` now."""
+
+    def write(self, data: bytes) -> None:
+        """Bytes after what it holds."""
+
+
+def query_into(conn: Any, sql: str, batch: int, out: Sink) -> Iterator[tuple[int, bytes]]:
+    """Run ``sql`` and encode its rows as a dump's insert lines straight into ``out``'s room
+    (the compiled path: no bytes object in between); yields the rows and the last row of
+    each piece written (``out`` may be another one on the next piece)."""
+    if compiled is None:
+        for data, count, last in query_lines(conn, sql, batch):
+            out.write(data)
+            yield count, last
+        return
+    yield from _query(conn, sql, batch, lambda rows: rows.into(out))
+
+
 class _Rows:
     """Row packets parsed where they lie in the receive buffer (MySQL packets: 3-byte
     length, sequence number, payload; a payload of 16 MiB or more continues in the next).
@@ -92,7 +126,10 @@ class _Rows:
         self.conn = conn
         self.columns = columns
         self.batch = batch
-        self.buffer = bytearray(_BUFFER)
+        # one buffer per connection, kept between its queries (a new one's pages would be
+        # faulted in for every query)
+        self.buffer: bytearray = getattr(conn, "_cdc_receive_buffer", None) or bytearray(_BUFFER)
+        conn._cdc_receive_buffer = None  # while this query reads into it
         self.end = 0
         self.first = True  # pymysql's reader may hold the first rows
 
@@ -178,6 +215,64 @@ class _Rows:
                 return
             else:  # NEED_MORE
                 pos = self._refill(pos)
+
+    def into(self, out: Sink) -> Iterator[tuple[int, bytes]]:
+        """The rows encoded into ``out`` (see :func:`query_into`). On a plain socket the
+        compiled path receives and encodes in one call without the GIL until ``_WANT``
+        bytes are written (few, large pieces for Python to handle); otherwise (TLS, a read
+        timeout) each receive goes through Python."""
+        assert compiled is not None
+        pos = 0
+        columns, batch = self.columns, self.batch
+        sock = self.conn._sock
+        fd = sock.fileno() if type(sock) is socket.socket and sock.gettimeout() is None \
+            else -1
+        if fd >= 0:
+            pos = self._refill(pos)  # first, what pymysql's reader holds
+        room = out.space()
+        while True:
+            assert room is not None
+            area, at, limit = room
+            try:
+                if fd >= 0:
+                    state, pos, self.end, end, count, last, err = compiled.receive_lines(
+                        fd, self.buffer, pos, self.end, columns, batch, area, at, limit,
+                        _WANT)
+                else:
+                    state, pos, end, count, last = compiled.encode_lines(
+                        self.buffer, pos, self.end, columns, batch, area, at, limit)
+            except ValueError as exc:
+                raise SourceError(str(exc)) from exc
+            if count:
+                row = bytes(area[last:end - 3])
+                out.wrote(end)
+                yield count, row
+                room = out.space()
+            if state == compiled.OUT_FULL:
+                buf = self.buffer
+                length = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
+                room = out.space(compiled.row_room(length, columns))
+                if room is None:  # a row larger than any room: as bytes
+                    _, pos, data, count, last = compiled.parse_lines(
+                        buf, pos, pos + 4 + length, columns, batch)
+                    out.write(data)
+                    yield count, data[last:-3]
+                    room = out.space()
+            elif state == compiled.LONG:
+                rows: list[bytes] = []
+                pos = self._long_packet(pos, rows)
+                out.write(INSERT_PREFIX + rows[0] + b"]}\n")
+                yield 1, rows[0]
+                room = out.space()
+            elif state in (compiled.END, compiled.ERROR):
+                self._ended(pos, state == compiled.ERROR)
+                return
+            elif state == compiled.CLOSED:
+                raise SourceError("the source closed the connection during the dump")
+            elif state == compiled.RECV_FAILED:
+                raise SourceError(f"reading from the source failed: {os.strerror(err)}")
+            elif fd < 0 or self.end - pos == len(self.buffer):  # NEED_MORE
+                pos = self._refill(pos)  # (through Python, the buffer grown if full)
 
     def _python(self) -> Iterator[list[bytes]]:
         rows: list[bytes] = []

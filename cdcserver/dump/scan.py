@@ -93,6 +93,18 @@ class ScanPlan:
         lines = rawrows.query_lines(conn, sql, batch_rows)
         return lines if self.stored is None else map(self.stored, lines)
 
+    def into(self, conn: Any, sql: str, batch_rows: int, out: rawrows.Sink
+             ) -> Iterator[tuple[int, bytes]]:
+        """The rows ``sql`` reads written to ``out`` as insert lines (encoded straight into
+        its room when no column is hashed or masked); yields the rows and the last row of
+        each piece."""
+        if self.stored is None:
+            yield from rawrows.query_into(conn, sql, batch_rows, out)
+            return
+        for data, rows, last in self.lines(conn, sql, batch_rows):
+            out.write(data)
+            yield rows, last
+
     @property
     def chunked(self) -> bool:
         return bool(self.key)

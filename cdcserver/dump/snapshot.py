@@ -57,13 +57,13 @@ class SnapshotPoint:
 
 
 def prepare_session(conn: Any, mariadb: bool) -> None:
-    """A session for long consistent reads: UTC TIMESTAMPs, no statement time limit."""
-    for statement in ("SET SESSION time_zone = '+00:00'",
-                      "SET SESSION sql_mode = ''",  # e.g. no PAD_CHAR_TO_FULL_LENGTH
-                      "SET SESSION net_write_timeout = 3600",
-                      "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
-                      "SET SESSION max_statement_time = 0" if mariadb
-                      else "SET SESSION max_execution_time = 0"):
+    """A session for long consistent reads: UTC TIMESTAMPs, no statement time limit (in
+    two statements: a round trip each, for every reader of a chunked dump)."""
+    limit = "max_statement_time" if mariadb else "max_execution_time"
+    for statement in ("SET SESSION time_zone = '+00:00', "
+                      "sql_mode = '', "  # e.g. no PAD_CHAR_TO_FULL_LENGTH
+                      f"net_write_timeout = 3600, {limit} = 0",
+                      "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ"):
         source_sql.query(conn, statement)
 
 

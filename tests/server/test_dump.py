@@ -614,13 +614,38 @@ async def test_a_client_that_only_shuts_down_its_sending_side_gets_the_whole_dum
     assert await client.closed() == b""
 
 
-@pytest.mark.parametrize("path", ["compiled", "python"])
+class _Room:
+    """A rawrows.Sink with little room (1 MiB): larger rows come as bytes."""
+
+    def __init__(self) -> None:
+        self.area = bytearray(1 << 20)
+        self.used = 0
+        self.data = bytearray()
+
+    def space(self, need: int = 0) -> tuple[bytearray, int, int] | None:
+        if len(self.area) - self.used < max(need, 1):
+            self.used = 0
+            if need > len(self.area):
+                return None
+        return self.area, self.used, len(self.area)
+
+    def wrote(self, end: int) -> None:
+        self.data += self.area[self.used:end]
+        self.used = end
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+
+@pytest.mark.parametrize("path", ["compiled", "python", "into", "into-through-python"])
 def test_the_row_reader_takes_empty_results_and_rows_larger_than_its_buffer(
         source: Source, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """rawrows reads result rows off the socket into its own buffer: an empty result ends
     at once (its end packet may already sit in pymysql's reader), rows larger than the
     buffer and a row over one 16 MiB packet come out whole, and the connection serves the
-    next query. The oracle: base64 of the text values read by a pymysql cursor."""
+    next query. The oracle: base64 of the text values read by a pymysql cursor. ``into``:
+    the rows encoded straight into a sink's room (receive and encode in one compiled call;
+    ``into-through-python``: each receive through Python, as on a TLS connection)."""
     import base64
     import json
 
@@ -631,6 +656,8 @@ def test_the_row_reader_takes_empty_results_and_rows_larger_than_its_buffer(
         monkeypatch.setattr(rawrows, "compiled", None)
     elif rawrows.compiled is None:
         pytest.skip("the compiled row path is not built")
+    if path == "into-through-python":
+        monkeypatch.setattr(rawrows, "socket", type("NoPlainSockets", (), {"socket": None}))
     table = f"`{source.database}`.big"
     source.execute("SET GLOBAL max_allowed_packet = 67108864")  # for the next sessions
     source.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, body LONGBLOB, note VARCHAR(20))",
@@ -640,9 +667,20 @@ def test_the_row_reader_takes_empty_results_and_rows_larger_than_its_buffer(
                    f"INSERT INTO {table} SELECT seq + 10, REPEAT('e', seq % 300), seq FROM "
                    f"`{source.database}`.seq_1_to_3000")
     conn = source_sql.connect(parse_source_url(source.server.url()))
+
+    def query_lines(sql: str, batch: int = 500) -> list[tuple[bytes, int, bytes]]:
+        if not path.startswith("into"):
+            return list(rawrows.query_lines(conn, sql, batch))
+        room, pieces = _Room(), []
+        for count, last in rawrows.query_into(conn, sql, batch, room):
+            pieces.append((bytes(room.data), count, last))
+            room.data.clear()
+        assert not room.data
+        return pieces
+
     try:
-        assert list(rawrows.query_lines(conn, f"SELECT * FROM {table} WHERE id < 0")) == []
-        lines = list(rawrows.query_lines(conn, f"SELECT * FROM {table} ORDER BY id", 7))
+        assert query_lines(f"SELECT * FROM {table} WHERE id < 0") == []
+        lines = query_lines(f"SELECT * FROM {table} ORDER BY id", 7)
         with conn.cursor() as cur:
             cur.execute(f"SELECT CAST(id AS CHAR), body, note FROM {table} ORDER BY id")
             expected = [[None if v is None else base64.b64encode(
