@@ -7,11 +7,11 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.errno cimport EINTR, errno
 from libc.string cimport memcpy, memmove
 
+from cdcserver cimport _cbase64
+
 
 cdef extern from "<sys/socket.h>" nogil:
     ssize_t recv(int fd, void *buf, size_t n, int flags)
-
-cdef const char *_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 
 cdef enum:  # the same, for code without the GIL
     S_NEED_MORE = 0
@@ -33,125 +33,20 @@ OUT_FULL = 5  # the next row does not fit in the output (encode_lines)
 
 
 cdef inline Py_ssize_t _encoded(Py_ssize_t n) nogil:
-    return ((n + 2) // 3) * 4
+    return _cbase64.encoded_size(n)
 
 
-cdef char _PAIRS[8192]  # the two base64 digits of every 12-bit value
-
-
-cdef void _init_pairs():
-    cdef int v
-    for v in range(4096):
-        _PAIRS[2 * v] = _ALPHABET[v >> 6]
-        _PAIRS[2 * v + 1] = _ALPHABET[v & 63]
-
-
-_init_pairs()
-
-
-cdef extern from *:
-    """
-    /* Base64 of 24 bytes at a time with AVX2 (W. Mula and D. Lemire's method, as in
-       aklomp/base64, BSD-2-Clause): where the compiler and the CPU have it, for values of
-       32 bytes or more; the rest of a value is encoded by _base64 below. */
-    #include <stddef.h>
-    #if defined(__GNUC__) && defined(__x86_64__)
-    #include <immintrin.h>
-    #define CDC_HAVE_AVX2_CODE 1
-    __attribute__((target("avx2")))
-    static inline __m256i cdc_enc_reshuffle(const __m256i input) {
-        const __m256i in = _mm256_shuffle_epi8(input, _mm256_set_epi8(
-            10, 11, 9, 10, 7, 8, 6, 7, 4, 5, 3, 4, 1, 2, 0, 1,
-            14, 15, 13, 14, 11, 12, 10, 11, 8, 9, 7, 8, 5, 6, 4, 5));
-        const __m256i t0 = _mm256_and_si256(in, _mm256_set1_epi32(0x0FC0FC00));
-        const __m256i t1 = _mm256_mulhi_epu16(t0, _mm256_set1_epi32(0x04000040));
-        const __m256i t2 = _mm256_and_si256(in, _mm256_set1_epi32(0x003F03F0));
-        const __m256i t3 = _mm256_mullo_epi16(t2, _mm256_set1_epi32(0x01000010));
-        return _mm256_or_si256(t1, t3);
-    }
-    __attribute__((target("avx2")))
-    static inline __m256i cdc_enc_translate(const __m256i in) {
-        const __m256i lut = _mm256_setr_epi8(
-            65, 71, -4, -4, -4, -4, -4, -4, -4, -4, -4, -4, -19, -16, 0, 0,
-            65, 71, -4, -4, -4, -4, -4, -4, -4, -4, -4, -4, -19, -16, 0, 0);
-        __m256i indices = _mm256_subs_epu8(in, _mm256_set1_epi8(51));
-        const __m256i mask = _mm256_cmpgt_epi8(in, _mm256_set1_epi8(25));
-        indices = _mm256_sub_epi8(indices, mask);
-        return _mm256_add_epi8(in, _mm256_shuffle_epi8(lut, indices));
-    }
-    /* Encodes the first 24 * r bytes of src[0:n] (n >= 32; r = (n - 4) / 24, so that no
-       load passes src + n) to out; returns r. */
-    __attribute__((target("avx2")))
-    static Py_ssize_t cdc_b64_avx2(const unsigned char *src, Py_ssize_t n, char *out) {
-        Py_ssize_t rounds = (n - 4) / 24, r;
-        __m256i v = _mm256_loadu_si256((const __m256i *)src);
-        v = _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6));
-        _mm256_storeu_si256((__m256i *)out, cdc_enc_translate(cdc_enc_reshuffle(v)));
-        for (r = 1; r < rounds; r++) {  /* loads from 4 bytes before the next 24 */
-            v = _mm256_loadu_si256((const __m256i *)(src + 24 * r - 4));
-            _mm256_storeu_si256((__m256i *)(out + 32 * r),
-                                cdc_enc_translate(cdc_enc_reshuffle(v)));
-        }
-        return rounds;
-    }
-    static int cdc_cpu_has_avx2(void) {
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2");
-    }
-    #else
-    #define CDC_HAVE_AVX2_CODE 0
-    static Py_ssize_t cdc_b64_avx2(const unsigned char *src, Py_ssize_t n, char *out) {
-        return 0;
-    }
-    static int cdc_cpu_has_avx2(void) { return 0; }
-    #endif
-    """
-    Py_ssize_t cdc_b64_avx2(const unsigned char *src, Py_ssize_t n, char *out) nogil
-    int cdc_cpu_has_avx2() nogil
-
-
-cdef bint _AVX2 = cdc_cpu_has_avx2()
+_cbase64.init()
 
 
 def simd(enabled=None):
     """Whether long values are encoded with AVX2 (``enabled``: turn it on or off, for
     tests; on only where the CPU has it)."""
-    global _AVX2
-    if enabled is not None:
-        _AVX2 = bool(enabled) and cdc_cpu_has_avx2()
-    return bool(_AVX2)
+    return bool(_cbase64.simd(-1 if enabled is None else 1 if enabled else 0))
 
 
 cdef inline Py_ssize_t _base64(const unsigned char *src, Py_ssize_t n, char *out) nogil:
-    """Three bytes at a time, as two 12-bit halves looked up in ``_PAIRS`` (half the work of
-    four 6-bit lookups); a value of 32 bytes or more mostly 24 at a time with AVX2."""
-    cdef Py_ssize_t i = 0, o = 0, rounds
-    cdef unsigned int v
-    if n >= 32 and _AVX2:
-        rounds = cdc_b64_avx2(src, n, out)
-        i = 24 * rounds
-        o = 32 * rounds
-    while i + 3 <= n:
-        v = (src[i] << 16) | (src[i + 1] << 8) | src[i + 2]
-        memcpy(out + o, &_PAIRS[2 * (v >> 12)], 2)
-        memcpy(out + o + 2, &_PAIRS[2 * (v & 0xFFF)], 2)
-        i += 3
-        o += 4
-    if n - i == 1:
-        v = src[i] << 16
-        out[o] = _ALPHABET[(v >> 18) & 63]
-        out[o + 1] = _ALPHABET[(v >> 12) & 63]
-        out[o + 2] = 61  # '='
-        out[o + 3] = 61
-        o += 4
-    elif n - i == 2:
-        v = (src[i] << 16) | (src[i + 1] << 8)
-        out[o] = _ALPHABET[(v >> 18) & 63]
-        out[o + 1] = _ALPHABET[(v >> 12) & 63]
-        out[o + 2] = _ALPHABET[(v >> 6) & 63]
-        out[o + 3] = 61
-        o += 4
-    return o
+    return _cbase64.encode(src, n, out)
 
 
 cdef inline Py_ssize_t _length(const unsigned char *p, Py_ssize_t *pos) nogil:
