@@ -1,6 +1,8 @@
 """Builds the optional C extensions (binlog rows to Avro: cdcserver/store/_transcode.pyx;
 Avro blocks to JSON lines: cdcserver/protocol/_jsonlines.pyx; a dump's result rows to its row
 form: cdcserver/dump/_rawrows.pyx; a databus message's rows: cdcserver/messages/_databus.pyx;
+the binlog's DECIMAL values: cdcserver/replication/_bindecimal.pyx; its row images
+to Python values: cdcserver/replication/_rowdecode.pyx;
 on Spark executors, Avro blocks to Arrow buffers:
 client/spark/_avroarrow.pyx, which imports as mariadb_cdc_client.spark._avroarrow, the
 package-dir mapping of pyproject.toml; in the client library, a stream's Avro blocks and JSON
@@ -34,6 +36,10 @@ extensions = cythonize(
                optional=True),
      Extension("cdcserver.dump._rawrows", ["cdcserver/dump/_rawrows.pyx"], optional=True),
      Extension("cdcserver.messages._databus", ["cdcserver/messages/_databus.pyx"],
+               optional=True),
+     Extension("cdcserver.replication._bindecimal", ["cdcserver/replication/_bindecimal.pyx"],
+               optional=True),
+     Extension("cdcserver.replication._rowdecode", ["cdcserver/replication/_rowdecode.pyx"],
                optional=True),
      Extension("mariadb_cdc_client.spark._avroarrow", ["client/spark/_avroarrow.pyx"],
                optional=True),

@@ -12,6 +12,8 @@ columns (LSB first), then each non-NULL value in its ``Field::pack`` format.
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 import struct
 from collections.abc import Callable, Iterator, Sequence
@@ -77,7 +79,7 @@ def _piece(col: ColumnDef, ns: dict[str, Any], index: int) -> _Piece:
         return _Piece(fmt="B", post="(v + 1900 if v else 0)")
     if t == T.NEWDECIMAL:
         fmt_obj = values.DecimalFormat(meta >> 8, meta & 0xFF)
-        ns[f"dec{index}"] = fmt_obj.decode
+        ns[f"dec{index}"] = values.decimal_decoder(meta >> 8, meta & 0xFF)
         return _Piece(block=_fixed_bytes(fmt_obj.size, f"dec{index}({{data}})"))
     if t in (T.VARCHAR, T.VAR_STRING):
         return _Piece(block=_text(col, 1 if meta < 256 else 2))
@@ -222,8 +224,114 @@ def _rename(post: str, name: str) -> str:
 
 
 def compile_rows_decoder(columns: tuple[ColumnDef, ...]) -> RowsDecoder:
-    """Build the function that decodes every row image of a rows event body."""
-    return _compile(columns)
+    """Build the function that decodes every row image of a rows event body: the compiled
+    decoder where it is built and takes every column, else a generated Python function."""
+    return _c_decoder(columns) or _compile(columns)
+
+
+# -- the compiled decoder (cdcserver/replication/_rowdecode.pyx) ---------------------------
+
+try:
+    from cdcserver.replication import _rowdecode  # type: ignore[attr-defined]
+except ImportError:  # not built: the Python path
+    _rowdecode = None
+if os.environ.get("CDC_PURE_PYTHON"):  # to measure or test the Python path
+    _rowdecode = None
+
+# _rowdecode.pyx's operations (keep in step)
+R_INT, R_FLOAT, R_DOUBLE, R_YEAR, R_FIXED_CALL, R_TEXT, R_LEN_CALL, R_CHAR, R_ENUM = range(1, 10)
+R_DATE, R_DATETIME2, R_TIMESTAMP2, R_NONE = range(10, 14)
+_INT_SIZES = {T.TINY: 1, T.SHORT: 2, T.INT24: 3, T.LONG: 4, T.LONGLONG: 8}
+
+COp = tuple[int, int, Any]  # operation, size, argument
+
+
+@lru_cache(maxsize=4096)
+def _c_decoder(columns: tuple[ColumnDef, ...]) -> RowsDecoder | None:
+    """The compiled decoder of this layout; None where it is not built or a column has no
+    operation in it (the generated Python then decodes the layout)."""
+    if _rowdecode is None:
+        return None
+    ops = []
+    for col in columns:
+        op = _c_op(col)
+        if op is None:
+            return None
+        ops.append((*op, col.nullable))
+    decoder: RowsDecoder = _rowdecode.RowsDecoder(tuple(ops), values.UTC)
+    return decoder
+
+
+def _c_op(col: ColumnDef) -> COp | None:
+    """The compiled decoder's operation for a column: what ``_piece`` generates, with the
+    Python functions it calls handed over for what C leaves to them."""
+    t, meta = col.binlog_type, col.meta
+    if t in _INT_SIZES:
+        return R_INT, _INT_SIZES[T(t)], col.unsigned
+    if t in (T.FLOAT, T.DOUBLE, T.YEAR):
+        return {T.FLOAT: (R_FLOAT, 4, None), T.DOUBLE: (R_DOUBLE, 8, None),
+                T.YEAR: (R_YEAR, 1, None)}[T(t)]
+    if t == T.NEWDECIMAL:
+        size = values.DecimalFormat(meta >> 8, meta & 0xFF).size
+        return R_FIXED_CALL, size, values.decimal_decoder(meta >> 8, meta & 0xFF)
+    if t in (T.VARCHAR, T.VAR_STRING):
+        return R_TEXT, 1 if meta < 256 else 2, col.charset
+    if t in (T.BLOB, T.TINY_BLOB, T.MEDIUM_BLOB, T.LONG_BLOB):
+        return R_TEXT, meta, col.charset
+    if t == T.GEOMETRY:
+        return R_TEXT, meta, None
+    if t == T.STRING:
+        max_length = (((meta >> 4) & 0x300) ^ 0x300) + (meta & 0xFF)
+        size = 1 if max_length < 256 else 2
+        if col.extended in _EXTENDED_TEXT:
+            return R_CHAR, size, (max_length, getattr(values, _EXTENDED_TEXT[col.extended]))
+        if col.charset is None:
+            return R_CHAR, size, (max_length, None)
+        return R_TEXT, size, col.charset
+    if t == T.JSON:
+        return R_LEN_CALL, meta, _mysql_json
+    if t == T.ENUM:
+        return R_ENUM, 1 if meta == 1 else 2, col.enum_values
+    if t == T.DATE:
+        return R_DATE, 3, _date
+    if t == T.DATETIME2:
+        return (R_DATETIME2, 5 + values.frac_bytes(meta),
+                (meta, functools.partial(_with_fsp, values.datetime2, meta)))
+    if t == T.TIMESTAMP2:
+        return (R_TIMESTAMP2, 4 + values.frac_bytes(meta),
+                (meta, values.UTC, functools.partial(_with_fsp, values.timestamp2, meta)))
+    if t == T.NULL:
+        return R_NONE, 0, None
+    return _c_call(col)
+
+
+def _c_call(col: ColumnDef) -> COp | None:
+    """The types C reads as bytes and hands to their Python function."""
+    t, meta = col.binlog_type, col.meta
+    if t == T.SET:
+        return R_FIXED_CALL, meta, functools.partial(_set, col.set_values)
+    if t == T.BIT:
+        return R_FIXED_CALL, (meta >> 8) + (1 if meta & 0xFF else 0), _big_endian
+    if t == T.TIME2:
+        return (R_FIXED_CALL, 3 + values.frac_bytes(meta),
+                functools.partial(_with_fsp, values.time2, meta))
+    return None  # the old temporal formats: the Python decoder
+
+
+def _with_fsp(function: Callable[[bytes, int], Any], fsp: int, raw: bytes) -> Any:
+    return function(raw, fsp)
+
+
+def _date(raw: bytes) -> Any:
+    return values.date_from_int(int.from_bytes(raw, "little"))
+
+
+def _set(labels: tuple[str, ...], raw: bytes) -> str:
+    return values.set_labels(int.from_bytes(raw, "little"), labels)
+
+
+def _big_endian(raw: bytes) -> int:
+    return int.from_bytes(raw, "big")
 
 
 @lru_cache(maxsize=4096)
