@@ -34,7 +34,8 @@ if os.environ.get("CDC_PURE_PYTHON"):  # to measure or test the Python path
 
 # _databus.pyx's operations (keep in step)
 _C_CALL = 0
-_C_OPS = {Kind.INT: 1, Kind.LONG: 1, Kind.STRING: 2, Kind.ENUM: 2, Kind.BYTES: 3}
+_C_OPS = {Kind.INT: 1, Kind.LONG: 1, Kind.STRING: 2, Kind.ENUM: 2, Kind.BYTES: 3,
+          Kind.DOUBLE: 7, Kind.FLOAT: 7, Kind.DECIMAL: 8}
 _C_DATETIME = {0: 4, 3: 5, 6: 6}
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -127,7 +128,12 @@ def _debezium_converter(f: Field) -> Callable[[Any], Any]:
         return str
     if k == Kind.BOOLEAN:  # BIT(1): the row holds the bit as an int
         return bool
-    return lambda v: v
+    return _same
+
+
+def _same(value: Any) -> Any:
+    """The value as it is (orjson writes it)."""
+    return value
 
 
 class Debezium(MessageFormat):
@@ -153,12 +159,20 @@ class Debezium(MessageFormat):
     def _row(self, e: RowEvent, row: tuple[Any, ...] | None) -> dict[str, Any] | None:
         if row is None:
             return None
-        converters = e.shape.cache.get("debezium.converters")
-        if converters is None:
-            converters = e.shape.cache["debezium.converters"] = [
-                _debezium_converter(f) for f in e.shape.fields]
-        return {f.column: None if v is None else convert(v)
-                for f, v, convert in zip(e.shape.fields, row, converters, strict=True)}
+        shaped = e.shape.cache.get("debezium.row")
+        if shaped is None:  # the column names, and the columns whose values are converted
+            converters = [_debezium_converter(f) for f in e.shape.fields]
+            shaped = e.shape.cache["debezium.row"] = (
+                tuple(f.column for f in e.shape.fields),
+                tuple((i, c) for i, c in enumerate(converters) if c is not _same))
+        names, converted = shaped
+        if converted:
+            values = list(row)
+            for i, convert in converted:
+                if values[i] is not None:
+                    values[i] = convert(values[i])
+            return dict(zip(names, values, strict=True))
+        return dict(zip(names, row, strict=True))
 
     def row_value(self, e: RowEvent) -> bytes:
         source = {"version": "mariadb-cdc", "connector": self.flavor, "name": self.source_name,
@@ -168,8 +182,7 @@ class Debezium(MessageFormat):
                   "thread": None, "query": None}
         return dumps({"before": self._row(e, e.before), "after": self._row(e, e.after),
                       "source": source, "op": self._OPS[e.action],
-                      "ts_ms": int(dt.datetime.now(dt.UTC).timestamp() * 1000),
-                      "transaction": None})
+                      "ts_ms": int(time.time() * 1000), "transaction": None})
 
     def statement(self, e: StatementEvent) -> Message:
         """Debezium's schema change event, on its schema change topic, keyed by the

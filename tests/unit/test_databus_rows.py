@@ -51,16 +51,42 @@ def _row(rng: random.Random) -> tuple[Any, ...]:
             some(lambda: moment), some(lambda: moment), some(lambda: moment),
             some(lambda: rng.choice([moment, "0000-00-00 00:00:00",
                                      moment.replace(tzinfo=dt.UTC)])),
-            some(lambda: Decimal(rng.randint(-10**12, 10**12)).scaleb(-2)),
-            some(lambda: rng.choice([0.1, -1e300, 5e-324])),
+            some(lambda: _decimal(rng)),
+            some(lambda: rng.choice([0.1, -1e300, 5e-324, -0.0, 0.0, 1e16, 123.0, 1e22,
+                                     float("inf"), float("-inf"), float("nan"),
+                                     rng.uniform(-1e6, 1e6), 7])),
             some(lambda: rng.choice(["a", "b", ""])))
 
 
-def test_rows_are_written_byte_for_byte_as_the_python_path_writes_them() -> None:
+class _Money(Decimal):
+    """A subclass of Decimal: not read in place (its encoder writes it)."""
+
+
+def _decimal(rng: random.Random) -> Any:
+    """Decimals as the row decoder makes them (up to 38 digits, scale 0 to 38), and what it
+    never makes (more digits, a positive exponent, NaN, a subclass), each as Python writes it."""
+    digits, scale = rng.randint(1, 40), rng.randint(0, 40)
+    unscaled = rng.randint(-10**digits + 1, 10**digits - 1)
+    return rng.choice([Decimal(f"{unscaled}E-{scale}"), Decimal(f"{unscaled}E-{scale}"),
+                       Decimal(f"{unscaled}E-{scale}"), Decimal(rng.randint(-999, 999)),
+                       Decimal(f"-0E-{scale}"), Decimal("0.00"), Decimal("0.001"),
+                       Decimal(f"{unscaled}E+{rng.randint(1, 5)}"), Decimal("NaN"),
+                       Decimal("-Infinity"), Decimal("sNaN"), _Money("12.50"),
+                       Decimal("9" * 38) / 10**rng.randint(0, 38),
+                       Decimal("-" + "9" * 38), Decimal("1" + "0" * 38)])
+
+
+@pytest.mark.parametrize("simd", [True, False])
+def test_rows_are_written_byte_for_byte_as_the_python_path_writes_them(simd: bool) -> None:
     rng = random.Random(20261128)
     rows = [_row(rng) for _ in range(3000)] + [(None,) * len(FIELDS)]
-    assert compiled.rows_json(rows, OPS, ENCODERS) == _python(rows)
-    assert compiled.rows_json([], OPS, ENCODERS) == b""
+    was = compiled.simd()
+    compiled.simd(simd)
+    try:
+        assert compiled.rows_json(rows, OPS, ENCODERS) == _python(rows)
+        assert compiled.rows_json([], OPS, ENCODERS) == b""
+    finally:
+        compiled.simd(was)
 
 
 def test_a_datetime_with_a_zone_and_a_row_of_another_width_go_to_python() -> None:
@@ -76,3 +102,14 @@ def test_text_that_has_no_utf8_fails_as_in_python() -> None:
         _python([row])
     with pytest.raises(UnicodeEncodeError):
         compiled.rows_json([row], OPS, ENCODERS)
+
+
+def test_floats_and_decimals_of_the_row_decoder_are_written_in_c() -> None:
+    """The compiled writer writes these itself: their Python encoders are never called."""
+    def refuse(value: Any) -> bytes:
+        raise AssertionError(f"{value!r} went to its Python encoder")
+    encoders = (*ENCODERS[:8], refuse, refuse, ENCODERS[10])
+    rows = [(None,) * 8 + (Decimal(text), number, None)
+            for text, number in (("-0.00", -0.0), ("123.45", 1e16), ("0.000001", 5e-324),
+                                 ("9" * 38, float("nan")), ("-1E-38", 0.1))]
+    assert compiled.rows_json(rows, OPS, encoders) == _python(rows)
