@@ -31,6 +31,7 @@ import datetime as dt
 import json
 import time
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -290,16 +291,17 @@ class MaxScale(MessageFormat):
                 number: int) -> RowMessage:
         assert row is not None
         g = e.gtid
+        shaped = e.shape.cache.get("maxscale.columns")
+        if shaped is None:  # the table's names and each column's name and writer, once
+            shaped = e.shape.cache["maxscale.columns"] = (
+                f'"table_schema":{json.dumps(e.table.database, ensure_ascii=False)},'
+                f'"table_name":{json.dumps(e.table.table, ensure_ascii=False)}',
+                [("," + json.dumps(f.name, ensure_ascii=False) + ":", _json_text(f, self.zone))
+                 for f in e.shape.fields])
+        table, columns = shaped
         head = (f'{{"domain":{g.domain},"server_id":{g.server_id},"sequence":{g.sequence},'
                 f'"event_number":{number},"timestamp":{e.timestamp},'
-                f'"event_type":"{event_type}","table_schema":'
-                f'{json.dumps(e.table.database, ensure_ascii=False)},"table_name":'
-                f'{json.dumps(e.table.table, ensure_ascii=False)}')
-        columns = e.shape.cache.get("maxscale.columns")
-        if columns is None:
-            columns = e.shape.cache["maxscale.columns"] = [
-                ("," + json.dumps(f.name, ensure_ascii=False) + ":", _json_text(f, self.zone))
-                for f in e.shape.fields]
+                f'"event_type":"{event_type}",{table}')
         body = "".join([name + ("null" if v is None else text(v))
                         for (name, text), v in zip(columns, row)])  # noqa: B905
         key = f"{g}:{number}".encode() if self.key_style != "primary-key" else self.row_key(e)
@@ -339,6 +341,12 @@ def _json_text(f: Field, zone: dt.tzinfo) -> Callable[[Any], str]:
         return string
     if kind == Kind.DOUBLE:
         return lambda v: repr(v) if type(v) is float else general(v)
+    if kind == Kind.DECIMAL:
+        return lambda v: format(v, "f") if type(v) is Decimal else general(v)
+    spec = {0: "seconds", 3: "milliseconds", 6: "microseconds"}.get(fsp)
+    if kind == Kind.DATETIME and spec is not None:  # a naive datetime: isoformat's digits
+        return lambda v: ('"' + v.isoformat(" ", spec) + '"'
+                          if type(v) is dt.datetime and v.tzinfo is None else general(v))
     return general
 
 

@@ -1,0 +1,41 @@
+"""The Kafka formats' per-column writers (their fast paths for the common types) against
+the general functions they stand in for: every value the row decoder makes for a column,
+and values of another type than the column's (a zero date held as text), give the same text.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from decimal import Decimal
+from typing import Any
+
+from cdcserver.messages.formats import _json_text
+from mariadb_cdc_client.format.schema import Field, Kind, to_json_text
+
+ZONE = dt.timezone(dt.timedelta(hours=-3, minutes=-30))
+
+
+def _values(rng: random.Random, kind: Kind) -> list[Any]:
+    moment = dt.datetime(1, 1, 1) + dt.timedelta(microseconds=rng.randrange(315537897600000000))
+    return {
+        Kind.DECIMAL: [Decimal(f"{rng.randint(-10**20, 10**20)}E-{rng.randint(0, 30)}"),
+                       Decimal("-0.00"), Decimal("1E+3"), Decimal("0.0000001"), 12,
+                       "0.5"],
+        Kind.DATETIME: [moment, moment.replace(microsecond=0), "0000-00-00 00:00:00",
+                        moment.replace(tzinfo=dt.UTC), moment.replace(tzinfo=ZONE)
+                        if moment.year > 1 else moment],
+        Kind.DOUBLE: [rng.uniform(-1e9, 1e9), float("inf"), -0.0, 3],
+        Kind.INT: [rng.randint(-2**31, 2**31), True, "7"],
+        Kind.STRING: ["é€🎉\n\"\\", "\ud800", ""],
+    }[kind]
+
+
+def test_maxscale_column_writers_write_what_to_json_text_writes() -> None:
+    rng = random.Random(20261128)
+    for kind in (Kind.DECIMAL, Kind.DATETIME, Kind.DOUBLE, Kind.INT, Kind.STRING):
+        for fsp in ((0, 1, 3, 6) if kind == Kind.DATETIME else (0,)):
+            write = _json_text(Field("c", kind, "c", fsp=fsp), ZONE)
+            for _ in range(200):
+                for value in _values(rng, kind):
+                    assert write(value) == to_json_text(kind, value, fsp, ZONE), (kind, value)
