@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -75,10 +76,29 @@ def _key_value(f: Field) -> Callable[[Any], bytes]:
 
 def text_form(f: Field) -> Callable[[Any], str]:
     """A value's MariaDB text form (binary data as hex), for one column, chosen once."""
-    if f.kind == Kind.BYTES:
+    kind = f.kind
+    if kind == Kind.BYTES:
         return lambda v: bytes(v).hex()
     encode = value_encoder(f)
-    return lambda v: encode(v).decode("utf-8")
+
+    def general(v: Any) -> str:
+        return encode(v).decode("utf-8")
+
+    # The common types without the bytes in between (the same text: tests/unit/
+    # test_message_values.py compares them with the general path).
+    if kind in (Kind.INT, Kind.LONG):
+        return lambda v: str(v) if type(v) is int else general(v)
+    if kind in (Kind.STRING, Kind.ENUM):
+        return lambda v: v if type(v) is str and v.isascii() else general(v)
+    if kind == Kind.DOUBLE:
+        return lambda v: repr(v) if type(v) is float else general(v)
+    if kind == Kind.DECIMAL:
+        return lambda v: format(v, "f") if type(v) is Decimal else general(v)
+    spec = {0: "seconds", 3: "milliseconds", 6: "microseconds"}.get(f.fsp)
+    if kind == Kind.DATETIME and spec is not None:
+        return lambda v: (v.isoformat(" ", spec)
+                          if type(v) is dt.datetime and v.tzinfo is None else general(v))
+    return general
 
 
 class MessageFormat:

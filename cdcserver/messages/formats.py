@@ -55,6 +55,10 @@ class Dip(MessageFormat):
     name = "dip"
     _TYPES = {"insert": "I", "update": "U", "delete": "D"}
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._when: dict[int, str] = {}  # binlog timestamp -> TIME
+
     def _values(self, e: RowEvent, row: tuple[Any, ...] | None) -> dict[str, str | None] | None:
         if row is None:
             return None
@@ -66,7 +70,12 @@ class Dip(MessageFormat):
                 for (name, text), v in zip(columns, row)}  # noqa: B905
 
     def row_value(self, e: RowEvent) -> bytes:
-        when = dt.datetime.fromtimestamp(e.timestamp, self.zone).strftime("%Y%m%d%H%M%S")
+        when = self._when.get(e.timestamp)
+        if when is None:  # a transaction's rows share their timestamp
+            if len(self._when) > 1024:
+                self._when.clear()
+            when = self._when[e.timestamp] = dt.datetime.fromtimestamp(
+                e.timestamp, self.zone).strftime("%Y%m%d%H%M%S")
         # BINLOG_POS: where the transaction starts (its GTID event), as the seed's 154 on a
         # fresh binlog is.
         return dumps({"BINLOG_NAME": e.file, "BINLOG_POS": e.transaction_start,

@@ -1,6 +1,7 @@
-"""The Kafka formats' per-column writers (their fast paths for the common types) against
-the general functions they stand in for: every value the row decoder makes for a column,
-and values of another type than the column's (a zero date held as text), give the same text.
+"""The Kafka formats' per-column writers (maxscale's JSON, dip's text forms), with their
+fast paths for the common types, against the general functions they stand in for: every
+value the row decoder makes for a column, and values of another type than the column's (a
+zero date held as text), give the same text.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import random
 from decimal import Decimal
 from typing import Any
 
+from cdcserver.messages.base import text_form
 from cdcserver.messages.formats import _json_text
+from mariadb_cdc_client.format.dump import value_encoder
 from mariadb_cdc_client.format.schema import Field, Kind, to_json_text
 
 ZONE = dt.timezone(dt.timedelta(hours=-3, minutes=-30))
@@ -39,3 +42,22 @@ def test_maxscale_column_writers_write_what_to_json_text_writes() -> None:
             for _ in range(200):
                 for value in _values(rng, kind):
                     assert write(value) == to_json_text(kind, value, fsp, ZONE), (kind, value)
+
+
+def test_dip_text_forms_write_what_the_value_encoder_writes() -> None:
+    rng = random.Random(7)
+    for kind in (Kind.DECIMAL, Kind.DATETIME, Kind.DOUBLE, Kind.INT, Kind.STRING):
+        for fsp in ((0, 1, 3, 6) if kind == Kind.DATETIME else (0,)):
+            field = Field("c", kind, "c", fsp=fsp)
+            write, encode = text_form(field), value_encoder(field)
+            for _ in range(200):
+                for value in _values(rng, kind):
+                    try:
+                        expected: Any = encode(value).decode("utf-8")
+                    except UnicodeEncodeError as exc:
+                        expected = type(exc)
+                    try:
+                        got: Any = write(value)
+                    except UnicodeEncodeError as exc:
+                        got = type(exc)
+                    assert got == expected, (kind, value)
