@@ -243,13 +243,16 @@ cdef int _signed(Out *out, char *text, Py_ssize_t n, bint negative) except -1:
 
 def rows_json(list rows, tuple ops, tuple encoders):
     """``[...],[...]``: each row (a tuple of values, one per column) as a JSON array of its
-    values' base64, or null; None for a row of another width (the Python path decides)."""
+    values' base64, or null; None for a row of another width or a table of over 512
+    columns (the Python path decides)."""
     cdef Out out
     cdef Py_ssize_t r, i, width = len(ops)
     cdef tuple row
     cdef int[512] codes
-    if width > 512 or len(encoders) != width:
-        raise ValueError("a row layout this encoder does not take")
+    if len(encoders) != width:
+        raise ValueError("one encoder per column")
+    if width > 512:
+        return None  # a table this wide (MariaDB allows 4,096 columns): the Python path
     for i in range(width):
         codes[i] = ops[i]
     out.data = NULL

@@ -10,6 +10,7 @@ import binascii
 import datetime as dt
 import random
 from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -113,3 +114,19 @@ def test_floats_and_decimals_of_the_row_decoder_are_written_in_c() -> None:
             for text, number in (("-0.00", -0.0), ("123.45", 1e16), ("0.000001", 5e-324),
                                  ("9" * 38, float("nan")), ("-1E-38", 0.1))]
     assert compiled.rows_json(rows, OPS, encoders) == _python(rows)
+
+
+def test_a_table_of_4096_columns_is_written_by_the_python_path() -> None:
+    """MariaDB allows 4,096 columns; the compiled writer takes 512 and leaves wider rows to
+    the Python path, which writes them (it raised, stopping the sink, before)."""
+    encoders = tuple(value_encoder(Field(f"c{i}", Kind.INT, f"c{i}")) for i in range(4096))
+    ops = (databus._C_OPS[Kind.INT],) * 4096
+    rows = [tuple(range(4096)), (None,) * 4096]
+    assert compiled.rows_json(rows, ops, encoders) is None
+    # the shape's derived state, as Databus keeps it in the shape's cache
+    shape: Any = SimpleNamespace(cache={"databus.encoders": list(encoders),
+                                        "databus.ops": ops})
+    written = databus.Databus().rows_json(shape, rows)
+    assert written == b",".join([b"[" + b",".join([
+        b"null" if v is None else b'"' + binascii.b2a_base64(b"%d" % v, newline=False) + b'"'
+        for v in row]) + b"]" for row in rows])
