@@ -28,9 +28,9 @@ from typing import Any, TypeVar
 from cdcserver.core.changes import Rows, RowsKind, TableLayout
 from cdcserver.core.names import TableName
 from cdcserver.reread.values import from_avro
-from cdcserver.store.avrofile import scan_blocks
+from cdcserver.store.avrofile import Block, scan_blocks
 from cdcserver.store.catalog import Catalog, VersionInfo
-from cdcserver.store.records import decode_records
+from cdcserver.store.records import Record, decode_records
 
 Row = dict[str, Any]
 T = TypeVar("T")
@@ -61,6 +61,23 @@ class TableView:
         return _pack(tuple(sorted(row.items())))
 
     # -- changes -----------------------------------------------------------------------
+
+    @property
+    def keyed_fold(self) -> bool:
+        """Whether changes may be collapsed per key before they are written (:meth:`settle`):
+        a keyed view with no index of matched columns to keep in step."""
+        return bool(self.key) and not self._indexes
+
+    def settle(self, final: dict[bytes, Row | None]) -> None:
+        """Each key's last state (None: removed), in two statements: what a fold's run of
+        ``put`` and ``remove`` calls on a keyed view without indexes leaves (the keys are
+        distinct, so the writes commute)."""
+        assert self.keyed_fold
+        self.db.executemany("DELETE FROM rows WHERE view = ? AND key = ?",
+                            [(self.id, key) for key, row in final.items() if row is None])
+        self.db.executemany("INSERT OR REPLACE INTO rows VALUES (?, ?, ?, 1)",
+                            [(self.id, key, _pack(row)) for key, row in final.items()
+                             if row is not None])
 
     def apply(self, rows: Rows) -> None:
         names = [c.name for c in rows.layout.columns]
@@ -315,18 +332,57 @@ def _fold_into(view: TableView, catalog: Catalog, table: TableName, closing: thr
         _fold_version(view, info, closing)
 
 
+FOLD_BATCH = 20_000  # records of a keyed fold collapsed to one state per key, then written
+
+
 def _fold_version(view: TableView, info: VersionInfo, closing: threading.Event) -> None:
     fields = info.schema.columns
     converters = [(f.name, f.column, from_avro(f)) for f in fields]
-    for block in scan_blocks(info.path, info.header, info.header.size, info.committed):
-        if closing.is_set():
-            raise ViewsClosed("the views were closed during a fold")
+    if view.keyed_fold and set(view.key) <= {column for _, column, _ in converters}:
+        _fold_keyed(view, info, closing, converters)
+        return
+    for block in _blocks(info, closing):
         for record in decode_records(info, block):
             row = {column: convert(record.get(name)) for name, column, convert in converters}
             if record["event_type"] in ("insert", "update_after"):
                 view.put(row)
             else:
                 view.remove(row)
+
+
+def _fold_keyed(view: TableView, info: VersionInfo, closing: threading.Event,
+                converters: list[tuple[str, str, Any]]) -> None:
+    """A keyed view without indexes: a batch of records collapsed to each key's last
+    record, only its key's columns converted, then the survivors converted and written
+    (:meth:`TableView.settle`). What ``put`` and ``remove`` per record would leave, in a
+    fraction of the statements and conversions (a stream updates the same rows again and
+    again)."""
+    by_column = {column: (name, convert) for name, column, convert in converters}
+    key = [by_column[column] for column in view.key]
+    last: dict[bytes, Record | None] = {}  # each key's last record (None: removed)
+    for block in _blocks(info, closing):
+        for record in decode_records(info, block):
+            packed = _pack(tuple(convert(record.get(name)) for name, convert in key))
+            last[packed] = record if record["event_type"] in ("insert", "update_after") \
+                else None
+        if len(last) >= FOLD_BATCH:
+            view.settle(_rows(last, converters))
+            last = {}
+    view.settle(_rows(last, converters))
+
+
+def _rows(last: dict[bytes, Record | None], converters: list[tuple[str, str, Any]]
+          ) -> dict[bytes, Row | None]:
+    return {key: None if record is None else
+            {column: convert(record.get(name)) for name, column, convert in converters}
+            for key, record in last.items()}
+
+
+def _blocks(info: VersionInfo, closing: threading.Event) -> Iterator[Block]:
+    for block in scan_blocks(info.path, info.header, info.header.size, info.committed):
+        if closing.is_set():
+            raise ViewsClosed("the views were closed during a fold")
+        yield block
 
 
 def _loose(value: Any) -> Any:

@@ -212,6 +212,55 @@ async def test_closing_the_views_stops_a_fold_and_waits_for_it(tmp_path, monkeyp
     stream.store.close()
 
 
+@pytest.mark.parametrize("batch", [7, 20_000])
+async def test_a_keyed_fold_of_random_changes_holds_the_last_row_of_each_key(
+        tmp_path, monkeypatch, source: Source, batch: int):
+    """A fold collapses each batch of records to each key's last state before writing it:
+    random inserts, deletes and updates (some moving a row to another key) over many
+    transactions, folded in batches smaller than a transaction and larger than the whole
+    stream, give the table a Python dict of the same changes gives. No MariaDB rows are
+    involved: the store is fed by hand."""
+    import random
+
+    db = f"`{source.database}`"
+    source.execute(f"CREATE TABLE {db}.churn (id INT PRIMARY KEY, v VARCHAR(20))")
+    layout = _layout(source, "churn")
+    stream = _Stream(str(tmp_path / "data"))
+    rng, table = random.Random(batch), {}
+    for _ in range(40):
+        changes = []
+        for _ in range(rng.randint(1, 30)):
+            choice = rng.random()
+            if choice < 0.4 or not table:
+                key = rng.randint(0, 200)
+                if key in table:
+                    continue
+                table[key] = f"v{rng.randint(0, 99)}"
+                changes.append(Rows(layout, RowsKind.INSERT, 0, [(key, table[key])]))
+            elif choice < 0.6:
+                key = rng.choice(sorted(table))
+                changes.append(Rows(layout, RowsKind.DELETE, 0, [(key, table.pop(key))]))
+            else:
+                key = rng.choice(sorted(table))
+                moved = rng.randint(0, 200) if rng.random() < 0.3 else key
+                if moved != key and moved in table:
+                    continue
+                before = (key, table.pop(key))
+                table[moved] = f"u{rng.randint(0, 99)}"
+                changes.append(Rows(layout, RowsKind.UPDATE, 0, [before, (moved, table[moved])]))
+        await stream.transaction(changes, _position(source))
+    monkeypatch.setattr(view_module, "FOLD_BATCH", batch)
+    views = Views(str(tmp_path / "views.sqlite"))
+    try:
+        folded = views.locked(views.fold, stream.catalog,
+                              TableName(source.database, "churn"), ("id",))
+        assert {row["id"]: (row["v"], count) for row, count in folded.rows()} == \
+            {key: (value, 1) for key, value in table.items()}
+    finally:
+        views.close()
+        stream.store.close()
+
+
 def wait_for(condition: Any, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
