@@ -55,10 +55,19 @@ def view_key(stream: TableLayout | None, source: TableLayout | None) -> tuple[st
 def differences(view: TableView, scope: Scope) -> list[tuple[Row | None, Row | None]]:
     """(the view's row, the source's row) for each row that differs; None where absent."""
     changed: list[tuple[Row | None, Row | None]] = []
+    if view.key and scope.keys is None:  # the whole table: one pass over the view's rows
+        seen: set[bytes] = set()
+        for row, _ in view.rows():
+            key = view.key_of(row)
+            seen.add(key)
+            known = scope.source.get(key)
+            if known is None or not same_row(row, known[0]):
+                changed.append((row, None if known is None else known[0]))
+        changed += [(None, row) for key, (row, _) in scope.source.items() if key not in seen]
+        return changed
     if view.key:
-        keys: set[bytes] = set(scope.keys) if scope.keys is not None else \
-            {view.key_of(r) for r, _ in view.rows()} | set(scope.source)
-        for key in keys:
+        assert scope.keys is not None
+        for key in set(scope.keys):
             mine = view.get(key)
             theirs = scope.source.get(key)
             source_row = theirs[0] if theirs else None

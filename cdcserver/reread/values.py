@@ -24,7 +24,7 @@ _WHOLE_NUMBERS = frozenset({"bigint", "bit"})  # real_type of the decimal(20,0) 
 def from_text(field: Field) -> Convert:
     """A value as the text protocol carries it (``None`` for NULL) to the binlog's type."""
     decode = value_decoder(field)
-    adapt = _adapter(field)
+    adapt = adapter(field)
 
     def convert(raw: bytes | None) -> Any:
         return None if raw is None else adapt(decode(raw))
@@ -34,7 +34,7 @@ def from_text(field: Field) -> Convert:
 
 def from_avro(field: Field) -> Convert:
     """A value fastavro decoded from a stored record to the binlog's type."""
-    adapt = _adapter(field)
+    adapt = adapter(field)
     kind = field.kind
 
     def convert(value: Any) -> Any:
@@ -43,15 +43,15 @@ def from_avro(field: Field) -> Convert:
     return convert
 
 
-def _adapter(field: Field) -> Convert:
+def adapter(field: Field) -> Convert:
     if field.kind == Kind.BOOLEAN:
         return int
     if field.kind == Kind.DECIMAL and field.real_type in _WHOLE_NUMBERS:
         return int
     if field.kind == Kind.UUID:
         return str
-    return _same
+    return same_value
 
 
-def _same(value: Any) -> Any:
+def same_value(value: Any) -> Any:
     return value

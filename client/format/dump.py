@@ -35,7 +35,7 @@ import json
 import os
 import struct
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -231,6 +231,17 @@ _C_OPS = {Kind.INT: _C_INT, Kind.LONG: _C_INT, Kind.DECIMAL: _C_DECIMAL, Kind.DO
           Kind.DATE: _C_DATE, Kind.DATETIME: _C_DATETIME, Kind.TIMESTAMP: _C_TIMESTAMP}
 
 
+def compiled_rows_parser(fields: Sequence[Field], names: Sequence[str]) -> Any:
+    """The compiled decoder of operation lines whose rows hold ``fields``, the rows as dicts
+    keyed by ``names`` (``parse(line) -> DumpRows``, or None for a line it hands back to the
+    Python path); None where it is not built."""
+    if _compiled is None:
+        return None
+    return _compiled.OperationDecoder(
+        [(_C_OPS.get(f.kind, _C_CALL), name, value_decoder(f))
+         for f, name in zip(fields, names, strict=True)], DumpRows)
+
+
 class _OperationParser:
     """A dump's operation lines as ``DumpRows``: by the compiled decoder where it is built,
     and by ``json`` and each column's ``value_decoder`` for the lines it hands back (or all of
@@ -240,10 +251,7 @@ class _OperationParser:
     def __init__(self, header: DumpHeader) -> None:
         self.names = [f.column for f in header.columns]
         self.decoders = [value_decoder(f) for f in header.columns]
-        self.compiled = None if _compiled is None else _compiled.OperationDecoder(
-            [(_C_OPS.get(f.kind, _C_CALL), name, decode)
-             for f, name, decode in zip(header.columns, self.names, self.decoders, strict=True)],
-            DumpRows)
+        self.compiled = compiled_rows_parser(header.columns, self.names)
 
     def parse(self, line: bytes) -> DumpRows:
         if self.compiled is not None:
