@@ -19,7 +19,10 @@ that noise is wider than the differences measured):
   (an Arrow IPC file of the batches the cdc source made, untimed) and yields them: the
   fastest a Python data source can hand rows to Spark.
 Prints the three rates (medians) and the cdc source's ratio to each reference (and to the
-Arrow-batch source round by round: its median and range), after the code paths measured:
+Arrow-batch source round by round: its median and range), each job's median wall time and the
+CPU time each side spent on it (the Spark JVM, its Python workers, the service's thread, the
+rest of this process: from /proc, for the cdc source and the Arrow-batch source), after the
+code paths measured:
 the service's, and the decoder of the source's executors (the compiled Avro to Arrow
 decoder, or with ``CDC_PURE_PYTHON=1`` the Python one).
 """
@@ -72,6 +75,7 @@ class ServiceThread:
         self.target = GtidState.parse(str(server.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]))
         self.ready = threading.Event()
         self.port = 0
+        self.tid = 0  # the service thread's (for its CPU time)
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._loop.run_until_complete,
@@ -85,6 +89,7 @@ class ServiceThread:
         await service.store.flush()
         assert service.address is not None
         self.port = service.address[1]
+        self.tid = threading.get_native_id()
         self.ready.set()
         await task
 
@@ -185,11 +190,75 @@ def pickle_partitions(options: dict[str, str], directory: str
     return schema, files, arrow_files, total
 
 
-def timed_noop(spark: Any, fmt: str, options: dict[str, str]) -> float:
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _process_cpu(pid: int) -> tuple[str, float]:
+    """A process's command name and CPU-seconds, its reaped children's included."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    name = stat[stat.index(b"(") + 1:stat.rindex(b")")].decode(errors="replace")
+    fields = stat[stat.rindex(b")") + 2:].split()
+    utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+    return name, (utime + stime + cutime + cstime) / CLOCK_TICKS
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        children = []
+        try:  # a process started by any of the parent's threads (the JVM's are many)
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    children += [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+        out += children
+        todo += children
+    return out
+
+
+def cpu_by_side(service_tid: int) -> dict[str, float]:
+    """CPU-seconds so far of each side of a job: the Spark JVM, its Python workers, the
+    service (its event loop's thread in this process) and the rest of this process (the
+    driver's Python, the service's worker threads)."""
+    sides = {"jvm": 0.0, "python workers": 0.0, "service": 0.0, "driver": 0.0}
+    for pid in _descendants(os.getpid()):
+        try:
+            name, seconds = _process_cpu(pid)
+        except OSError:
+            continue
+        sides["jvm" if name == "java" else "python workers"] += seconds
+    try:
+        with open(f"/proc/self/task/{service_tid}/stat", "rb") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(b")") + 2:].split()
+        sides["service"] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    except OSError:
+        pass
+    _, own = _process_cpu(os.getpid())
+    sides["driver"] = own - sides["service"]
+    return sides
+
+
+def timed_noop(spark: Any, fmt: str, options: dict[str, str],
+               cpu: dict[str, list[float]] | None = None, service_tid: int = 0) -> float:
+    """The job's wall time; with ``cpu``, each side's CPU-seconds for it appended there."""
+    before = cpu_by_side(service_tid) if cpu is not None else {}
     start = time.perf_counter()
     spark.read.format(fmt).options(**options).load().write.format("noop") \
         .mode("overwrite").save()
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    if cpu is not None:
+        after = cpu_by_side(service_tid)
+        for side, value in after.items():
+            cpu.setdefault(side, []).append(value - before[side])
+    return seconds
 
 
 def announce_decoder_path() -> str:
@@ -233,10 +302,12 @@ def main() -> None:
             timed_noop(spark, "trivial", trivial)
             timed_noop(spark, "arrowref", arrow)
         cdc_times, trivial_times, arrow_times = [], [], []
+        cdc_cpu: dict[str, list[float]] = {}
+        arrow_cpu: dict[str, list[float]] = {}
         for _ in range(args.runs):
-            cdc_times.append(timed_noop(spark, "cdc", options))
+            cdc_times.append(timed_noop(spark, "cdc", options, cdc_cpu, service.tid))
             trivial_times.append(timed_noop(spark, "trivial", trivial))
-            arrow_times.append(timed_noop(spark, "arrowref", arrow))
+            arrow_times.append(timed_noop(spark, "arrowref", arrow, arrow_cpu, service.tid))
         spark.stop()
     cdc_rate = RECORDS / statistics.median(cdc_times)
     trivial_rate = RECORDS / statistics.median(trivial_times)
@@ -252,6 +323,12 @@ def main() -> None:
     paired = sorted(a / c for c, a in zip(cdc_times, arrow_times, strict=True))
     line("  the same, round by round: median (lowest-highest)",
          f"{statistics.median(paired):.2f} ({paired[0]:.2f}-{paired[-1]:.2f})")
+    line("median wall time a job, ms: cdc / Arrow batches",
+         f"{statistics.median(cdc_times) * 1000:.0f} / {statistics.median(arrow_times) * 1000:.0f}")
+    for side in cdc_cpu:
+        line(f"  CPU ms a job, {side}: cdc / Arrow batches",
+             f"{statistics.median(cdc_cpu[side]) * 1000:.0f} / "
+             f"{statistics.median(arrow_cpu[side]) * 1000:.0f}")
 
 
 if __name__ == "__main__":
