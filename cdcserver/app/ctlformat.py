@@ -65,11 +65,11 @@ def when(iso: str | None, now: dt.datetime | None = None) -> str:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.UTC)
     local = moment.astimezone()
-    today = (now or dt.datetime.now().astimezone()).date()
+    today = (now or dt.datetime.now()).astimezone().date()
     return local.strftime("%H:%M:%S" if local.date() == today else "%Y-%m-%d %H:%M")
 
 
-def render_replication(doc: dict[str, Any]) -> str:
+def render_replication(doc: dict[str, Any], now: dt.datetime | None = None) -> str:
     source = doc.get("source") or {}
     where = source.get("current") or "-"
     more = []
@@ -87,12 +87,12 @@ def render_replication(doc: dict[str, Any]) -> str:
         lags.append(f"{transactions:,} {'transaction' if transactions == 1 else 'transactions'}")
     lag = ", ".join(lags) or "not measured yet"
     if lags and doc.get("lag_measured_at"):
-        lag += f" (measured {when(doc['lag_measured_at'])})"
+        lag += f" (measured {when(doc['lag_measured_at'], now)})"
     queue = doc.get("queue") or {}
     rows = [("State", str(doc.get("state", "?"))),
             ("Source", where),
             ("Position", doc.get("position") or "(nothing applied yet)"),
-            ("Last commit", when(doc.get("last_commit"))),
+            ("Last commit", when(doc.get("last_commit"), now)),
             ("Lag", lag),
             ("Transactions", thousands(doc.get("transactions"))),
             ("Queue", f"{human_bytes(queue.get('bytes'))} of "
@@ -149,7 +149,7 @@ def render_tables(tables: list[dict[str, Any]]) -> str:
                         right=["VERSIONS", "RECORDS", "SIZE"])
 
 
-def render_dumps(doc: dict[str, Any]) -> str:
+def render_dumps(doc: dict[str, Any], now: dt.datetime | None = None) -> str:
     rows = [[d["name"], d["table"], human_bytes(d.get("bytes")), thousands(d.get("rows")),
              d.get("gtid") or "-", ", ".join(map(str, d.get("readers") or [])) or "-"]
             for d in doc.get("dumps", [])]
@@ -160,7 +160,7 @@ def render_dumps(doc: dict[str, Any]) -> str:
         rows = []
         for t in taking:
             rows.append([t.get("ref") or table_ref(t["database"], t["table"]),
-                         str(t.get("state", "?")), _progress(t), when(t.get("started")),
+                         str(t.get("state", "?")), _progress(t), when(t.get("started"), now),
                          str(t.get("error") or "")])
         text += "\n\nBeing taken:\n" + render_table(
             ["TABLE", "STATE", "PROGRESS", "STARTED", "ERROR"], rows, right=["PROGRESS"])
