@@ -239,6 +239,9 @@ class EmbeddedMariaDB:
         return f"mysql://{auth}@localhost?socket={urllib.parse.quote(self.socket)}"
 
     def connect(self, database: str | None = None, **kwargs: Any) -> pymysql.connections.Connection:
+        # No TLS on the server's own Unix socket: without ssl_disabled pymysql 1.2 tries it
+        # ("preferred") and builds a context per connection, loading the CA bundle (25 ms).
+        kwargs.setdefault("ssl_disabled", True)
         return pymysql.connect(unix_socket=self.socket, user="root", database=database,
                                autocommit=True, charset="utf8mb4", **kwargs)
 
