@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import logging
 import os
+import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -235,9 +236,31 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """With pytest-xdist (tests/run.sh runs the suite on several workers, each with its own
-    MariaDB, broker and ports), the Spark tests share one worker: one JVM, not one each."""
+    MariaDB, broker and ports), the Spark tests share one worker: one JVM, not one each.
+    First among the hooks: xdist's own (``--dist loadgroup``) reads the groups from the
+    markers in the same hook, and a marker added after it has no effect."""
     for item in items:
         if item.get_closest_marker("spark") is not None:
             item.add_marker(pytest.mark.xdist_group("spark"))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Refuse to run when ``--dist loadgroup`` does not group: pytest 9.2 renamed what
+    xdist 3.8 sets to group a test (``item._nodeid``), and every group went to every worker
+    without a word: four Spark JVMs and clusters at once, the same wheel built four times,
+    two in-tree builds colliding. A worker's group shows as a ``@name`` suffix of the node
+    ID."""
+    if not session.config.getoption("loadgroup", default=False):
+        return
+    ungrouped = [item.nodeid for item in session.items
+                 if item.get_closest_marker("xdist_group") is not None and "@" not in
+                 item.nodeid]
+    if ungrouped:
+        message = (f"--dist loadgroup does not group with pytest {pytest.__version__} and "
+                   f"this pytest-xdist (e.g. {ungrouped[0]}): use the versions "
+                   "pyproject.toml's test extra pins")
+        sys.__stderr__.write(f"\ntests/conftest.py: {message}\n")  # xdist hides the error
+        raise pytest.UsageError(message)
