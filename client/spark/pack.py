@@ -27,6 +27,7 @@ import importlib.metadata
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -72,8 +73,10 @@ def requirements() -> list[str]:
     return found
 
 
-def pack(output: str, python: str | None = None, log: bool = True) -> str:
-    """Build the archive at ``output``; returns its path."""
+def pack(output: str, python: str | None = None, log: bool = True,
+         wheel: str | None = None) -> str:
+    """Build the archive at ``output``; returns its path. ``wheel``: this package as a wheel
+    already built for that interpreter (else it is built here)."""
     output = os.path.abspath(output)
     with tempfile.TemporaryDirectory(prefix="cdc-pack-") as work:
         env = os.path.join(work, "environment")
@@ -81,7 +84,7 @@ def pack(output: str, python: str | None = None, log: bool = True) -> str:
         pip = [os.path.join(env, "bin", "python"), "-m", "pip", "install", "--quiet",
                "--disable-pip-version-check"]
         _run([*pip, *requirements()], log)
-        _run([*pip, "--no-deps", this_package()], log)
+        _run([*pip, "--no-deps", wheel or _installable(this_package(), work)], log)
         _check(env)
         partial = output + ".partial"
         with tarfile.open(partial, "w:gz", compresslevel=1) as tar:
@@ -89,6 +92,26 @@ def pack(output: str, python: str | None = None, log: bool = True) -> str:
                 tar.add(os.path.join(env, entry), arcname=entry)
         os.replace(partial, output)
     return output
+
+
+# What a source tree holds that is not source: a build of it in the copy starts clean
+_NOT_SOURCE = ("build", "dist", "*.egg-info", ".git", ".venv", "__pycache__", "*.so",
+               ".pytest_cache", ".mypy_cache", ".ruff_cache", ".cdc-demo", ".cdc-test",
+               "test-artifacts")
+
+
+def _installable(package: str, work: str) -> str:
+    """What pip installs: a requirement as it is; a source tree copied first. pip builds a
+    local tree in place (``build/`` and the generated C beside the sources), so two builds of
+    one checkout at once, or a build beside a running editable install, would share
+    ``build/bdist.*/wheel``: the copy keeps every build of this package out of the user's
+    tree."""
+    if not os.path.isdir(package):
+        return package
+    copy = os.path.join(work, "source")
+    shutil.copytree(package, copy, symlinks=True,
+                    ignore=shutil.ignore_patterns(*_NOT_SOURCE))
+    return copy
 
 
 def _check(env: str) -> None:
@@ -113,8 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("output", help="the archive to write (e.g. cdc-env.tar.gz)")
     parser.add_argument("--python", help="the interpreter to build it for (default: the base "
                                          "of this one; the executors need the same)")
+    parser.add_argument("--wheel", help="install this package from this wheel (built for that "
+                                        "interpreter) instead of building it")
     args = parser.parse_args(argv)
-    path = pack(args.output, args.python)
+    path = pack(args.output, args.python, wheel=args.wheel)
     sys.stdout.write(f"{path}: ship with --archives {os.path.basename(path)}#environment "
                      "and --conf spark.pyspark.python=./environment/bin/python\n")
     return 0

@@ -5,9 +5,6 @@ extensions, hence ``slow``."""
 from __future__ import annotations
 
 import email.parser
-import shutil
-import subprocess
-import sys
 import tomllib
 import zipfile
 from collections.abc import Iterator
@@ -19,9 +16,9 @@ import pytest
 
 import cdcserver
 import mariadb_cdc_client
+from tests import artifacts
 
-# One wheel for the module: under pytest-xdist its tests would otherwise go to several
-# workers, each compiling every extension at once beside the rest of the suite.
+# The module's tests on one worker: the others need not wait for the run's one wheel.
 pytestmark = pytest.mark.xdist_group("packaging")
 
 ROOT = Path(__file__).parent.parent.parent
@@ -30,23 +27,9 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[zipfile.ZipFile]:
-    """A wheel built the way `pip install` builds one, from a copy of the files git would
-    commit (so nothing left over in this tree, a build/ directory or generated C, gets in)."""
-    tmp = tmp_path_factory.mktemp("packaging")
-    source = tmp / "src"
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
-                             "--exclude-standard"], cwd=ROOT, check=True,
-                            capture_output=True).stdout.decode().split("\0")
-    for name in filter(None, listed):
-        if (ROOT / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, source / name)
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
-                            "--wheel-dir", str(tmp / "dist"), str(source)],
-                           capture_output=True, text=True, timeout=600)
-    assert built.returncode == 0, built.stdout + built.stderr
-    (path,) = (tmp / "dist").glob("mariadb_cdc-*.whl")
-    with zipfile.ZipFile(path) as archive:
+    """The run's wheel (tests/artifacts.py: built once, from a copy of the files git would
+    commit, so nothing left over in this tree, a build/ directory or generated C, gets in)."""
+    with zipfile.ZipFile(artifacts.wheel(tmp_path_factory)) as archive:
         yield archive
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import artifacts
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER, until, wait_until
 
@@ -42,12 +43,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The executors' environment, as the README says to build it."""
-    out = tmp_path_factory.mktemp("pack") / "cdc-env.tar.gz"
-    built = subprocess.run([sys.executable, "-m", "mariadb_cdc_client.spark.pack", str(out)],
-                           capture_output=True, text=True, timeout=600, check=False)
-    assert built.returncode == 0, built.stderr[-4000:]
-    return out
+    """The executors' environment, as the README says to build it (once per run)."""
+    return artifacts.packed_environment(tmp_path_factory)
 
 
 class Cluster:
