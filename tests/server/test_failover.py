@@ -313,6 +313,7 @@ async def test_a_chunked_dump_after_a_move_reads_the_new_server_exactly(
 
     from cdcserver.core.config import DumpConfig, parse_source_url
     from cdcserver.core.names import TableName
+    from cdcserver.dump.chunks import service_source
     from cdcserver.dump.dumper import DumpOptions, dump_tables
 
     _create_table(topology)
@@ -330,10 +331,14 @@ async def test_a_chunked_dump_after_a_move_reads_the_new_server_exactly(
     try:
         await _caught_up(cdc, topology.primary)
         topology.primary.stop()
-        await until(lambda: cdc.service.sources.index == 1, timeout=60)
         replica, other = topology.servers[1], topology.servers[2]
-        await _caught_up(cdc, replica)
         data_dir = cdc.service.config.store.data_dir
+        # Reading it, not only chosen: the service records the server it reads when it has
+        # connected (state/source.json), which is what a dump compares itself with; its
+        # GTID state may cover the replica's before that.
+        await until(lambda: (service_source(data_dir) or ("", ""))[1].endswith(
+            f":{replica.port}"), timeout=60, what="the service reading the replica")
+        await _caught_up(cdc, replica)
         table = TableName("shop", "orders")
         expected = {row[0]: (row[1], row[2]) for row in
                     replica.query("SELECT id, note, amount FROM shop.orders")}
