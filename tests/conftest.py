@@ -35,7 +35,7 @@ from cdcserver.core.config import (
 )
 from cdcserver.core.gtid import GtidState, same_transaction
 from cdcserver.protocol.users import UsersFile
-from tests.helpers import PASSWORD, USER
+from tests.helpers import JVM_OPTIONS, PASSWORD, USER
 from tests.kafka_broker import Tansu
 
 _server_ids = itertools.count(5000)
@@ -226,6 +226,7 @@ def spark() -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     session = (SparkSession.builder.master("local[2]").appName("cdc-tests")
+               .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.sql.session.timeZone", "UTC")
@@ -239,11 +240,13 @@ def spark() -> Iterator[Any]:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """With pytest-xdist (tests/run.sh runs the suite on several workers, each with its own
-    MariaDB, broker and ports), the Spark tests share one worker: one JVM, not one each.
-    First among the hooks: xdist's own (``--dist loadgroup``) reads the groups from the
-    markers in the same hook, and a marker added after it has no effect."""
+    MariaDB, broker and ports), the tests that use the local Spark session (``spark``)
+    share one worker: one JVM, not one each. Those that run Spark in processes of their own
+    (``spark-submit``, ``spark-pipelines``) go wherever there is room. First among the
+    hooks: xdist's own (``--dist loadgroup``) reads the groups from the markers in the same
+    hook, and a marker added after it has no effect."""
     for item in items:
-        if item.get_closest_marker("spark") is not None:
+        if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("spark"))
 
 

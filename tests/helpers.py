@@ -32,6 +32,12 @@ T = TypeVar("T")
 
 USER, PASSWORD = "cdcuser", "cdcpass"
 
+# For the JVMs the tests start (Spark's drivers, executors, master and workers): compiled
+# by C1 alone and collected by one thread, a JVM that lives seconds to minutes costs a
+# fraction of the CPU the optimising compiler and the parallel collector spend warming up,
+# on two cores the other test workers share. Spark's behaviour is the same.
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1"
+
 
 class RawClient:
     """Bytes in, bytes out, with a timeout on every read."""

@@ -28,9 +28,11 @@ import pytest
 
 from tests import artifacts
 from tests.conftest import RunningService, Source
-from tests.helpers import PASSWORD, USER, until, wait_until
+from tests.helpers import JVM_OPTIONS, PASSWORD, USER, until, wait_until
 
-pytestmark = [pytest.mark.mariadb, pytest.mark.spark]
+# one worker for the module: its tests share the cluster (eight JVMs or more per test)
+pytestmark = [pytest.mark.mariadb, pytest.mark.spark,
+              pytest.mark.xdist_group("spark-cluster")]
 
 SPARK_HOME = Path(__import__("pyspark").__file__).parent
 
@@ -58,7 +60,8 @@ class Cluster:
                     os.environ.get("JAVA_HOME", ""), "SPARK_HOME": str(SPARK_HOME),
                     "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": str(bare / "bin/python"),
                     "SPARK_WORKER_DIR": str(root / "work"), "SPARK_LOG_DIR": str(root / "logs"),
-                    "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"}
+                    "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
+                    "SPARK_DAEMON_JAVA_OPTS": JVM_OPTIONS}
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> None:
@@ -98,6 +101,8 @@ class Cluster:
         """The spark-submit command line of an application on this cluster."""
         command = [str(SPARK_HOME / "bin" / "spark-submit"), "--master", self.url,
                    "--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=512m",
+                   "--conf", f"spark.driver.extraJavaOptions={JVM_OPTIONS}",
+                   "--conf", f"spark.executor.extraJavaOptions={JVM_OPTIONS}",
                    "--conf", "spark.task.maxFailures=4",
                    "--conf", "spark.python.worker.reuse=false",
                    "--conf", f"spark.pyspark.driver.python={sys.executable}"]

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import RunningService, Source
-from tests.helpers import PASSWORD, USER
+from tests.helpers import JVM_OPTIONS, PASSWORD, USER
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.spark]
 
@@ -58,6 +58,7 @@ def _spark_pipelines(project: Path, *args: str) -> subprocess.CompletedProcess[s
     command = [str(BIN / "spark-pipelines"), *args,
                "--conf", f"spark.sql.warehouse.dir={project / 'spark-warehouse'}",
                "--conf", "spark.ui.enabled=false",
+               "--conf", f"spark.driver.extraJavaOptions={JVM_OPTIONS}",
                *shlex.split(os.environ.get("CDC_SDP_SPARK_ARGS", ""))]
     return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True,
                           timeout=240, check=False)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RunningService, Source
-from tests.helpers import PASSWORD, USER
+from tests.helpers import JVM_OPTIONS, PASSWORD, USER
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.spark]
 
@@ -33,7 +33,8 @@ def without_pyspark_python(tmp_path: Path) -> dict[str, str]:
         pytest.skip("the system's python3 imports `mariadb_cdc_client`: the failure cannot "
                     "happen here")
     return {"PATH": SYSTEM_PATH, "HOME": os.environ.get("HOME", str(tmp_path)),
-            "SPARK_LOCAL_IP": "127.0.0.1", "CDC_PASSWORD": PASSWORD}
+            "SPARK_LOCAL_IP": "127.0.0.1", "CDC_PASSWORD": PASSWORD,
+            "SPARK_SUBMIT_OPTS": JVM_OPTIONS}  # the driver JVM's (tests/helpers.py)
 
 
 def _run(command: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
