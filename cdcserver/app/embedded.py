@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -273,8 +274,37 @@ def running(base_dir: str, **kwargs: Any) -> Iterator[EmbeddedMariaDB]:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on (at the time of asking)."""
-    with socket.socket() as probe:
+    """A TCP port on 127.0.0.1 that nothing listens on (at the time of asking), for a server
+    that cannot bind port 0 and say which it got, or that must restart on the same one.
+    Below the kernel's ephemeral range: a port from the range (what a bind on port 0 gets)
+    is also what the kernel gives any process's next outgoing connection, which may take it
+    between this probe and the server's bind, or while the server restarts; one below it is
+    taken only by a process that names it."""
+    low, _ = _ephemeral_ports()
+    first = _LOWEST_CHOSEN_PORT if low > _LOWEST_CHOSEN_PORT + 1000 else 1024
+    chooser = random.Random()
+    for _ in range(100 if low - first > 100 else 0):
+        port = chooser.randrange(first, low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as probe:  # a crowded range: the kernel's choice after all
         probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+        chosen: int = probe.getsockname()[1]
+        return chosen
+
+
+_LOWEST_CHOSEN_PORT = 10000  # above the well-known and the common service ports
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel gives ports from (``net.ipv4.ip_local_port_range``)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from cdcserver.app.embedded import free_port
 from tests import artifacts
 from tests.conftest import RunningService, Source
 from tests.helpers import JVM_OPTIONS, PASSWORD, USER, until, wait_until
@@ -37,12 +37,6 @@ pytestmark = [pytest.mark.mariadb, pytest.mark.spark,
 SPARK_HOME = Path(__import__("pyspark").__file__).parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The executors' environment, as the README says to build it (once per run)."""
@@ -52,7 +46,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class Cluster:
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
         bare = root / "bare"  # the workers' own Python: cannot import this package
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
@@ -66,10 +60,10 @@ class Cluster:
 
     def start(self) -> None:
         self._spawn("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                    "--port", str(self.port), "--webui-port", str(_free_port()))
+                    "--port", str(self.port), "--webui-port", str(free_port()))
         for n in (1, 2):
             self._spawn(f"worker{n}", "org.apache.spark.deploy.worker.Worker", "--host",
-                        "127.0.0.1", "--webui-port", str(_free_port()), "--cores", "1",
+                        "127.0.0.1", "--webui-port", str(free_port()), "--cores", "1",
                         "--memory", "1g", self.url)
         wait_until(lambda: self._registered() >= 2, timeout=90,
                    what="both workers registered with the master")
