@@ -2,9 +2,9 @@
 # The whole test suite, from a fresh clone on a fresh machine (Debian 12, as root): installs
 # what the tests need (Debian's mariadb-server and galera-4 with rsync, a Java runtime for
 # Spark, Go for the databus consumer, Prometheus with promtool, Chromium and ChromeDriver for the
-# web console's test, the Python packages into
-# .venv), then runs pytest on four workers. The
-# tests start their own private MariaDB and services; nothing needs to be running.
+# web console's test, libfaketime, the Python packages into .venv), then runs pytest on four
+# workers, and the unit tier once more beside it under a faked date and zone. The tests
+# start their own private MariaDB and services; nothing needs to be running.
 # Extra arguments go to pytest, e.g. `bash tests/run.sh -k listener -x`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +21,7 @@ command -v ss >/dev/null 2>&1 || missing+=(iproute2)  # the transfer script wait
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)  # tests/integration/test_prometheus.py
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # the web console's browser test
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)  # ... driven by Selenium
+command -v faketime >/dev/null 2>&1 || missing+=(faketime)  # the unit tier on another day
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "tests/run.sh: please install ${missing[*]} (needs root)" >&2
@@ -35,7 +36,28 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test,kafka,spark,lakehouse,pipelines]'
 
+# The unit tier a second time, beside the suite, on another day in another zone
+# (libfaketime): more than a year ahead, on a leap day, in a zone with a half-hour offset,
+# at an hour when the local date is not UTC's. A test that depends on the day it runs or on
+# the zone fails here, not on the day after it was written. Its output is printed at the end.
+# (The monotonic clock is faked too: with it excluded, libfaketime 0.9.10 fails Python's
+# time.sleep with EINVAL. FAKETIME_DONT_RESET: a child process's clock goes on from its
+# parent's instead of starting again at the given time.)
+other_day="$(mktemp -d)"
+FAKETIME_DONT_RESET=1 TZ=America/St_Johns faketime -m '2028-02-29 21:15:00' \
+  .venv/bin/python -m pytest tests/unit -q -p no:cacheprovider \
+  --basetemp "${other_day}/tmp" >"${other_day}/log" 2>&1 &
+other_day_pid=$!
+
 # Four workers (pytest-xdist), each with its own MariaDB, broker, ports and directories; the
-# Spark tests share one worker (one JVM). Most tests wait on servers, so four beat two cores'
-# worth. The slowest tests are listed at the end.
-exec .venv/bin/python -m pytest -n 4 --dist loadgroup --durations=25 "$@"
+# tests on the local Spark session share one worker (one JVM). Most tests wait on servers,
+# so four beat two cores' worth. The slowest tests are listed at the end.
+suite=0
+.venv/bin/python -m pytest -n 4 --dist loadgroup --durations=25 "$@" || suite=$?
+
+moved=0
+wait "${other_day_pid}" || moved=$?
+echo "tests/run.sh: the unit tier on 2028-02-29 21:15 in America/St_Johns (faketime):"
+if [ "${moved}" -eq 0 ]; then tail -n 1 "${other_day}/log"; else cat "${other_day}/log"; fi
+rm -rf "${other_day}"
+[ "${suite}" -eq 0 ] && [ "${moved}" -eq 0 ]
