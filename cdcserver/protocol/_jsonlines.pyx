@@ -16,6 +16,7 @@ from libc.stdlib cimport free, malloc, strtod
 from libc.string cimport memcpy, strlen
 
 from cdcserver._cbuffer cimport Out, reserve as _reserve
+from cdcserver._cvalues cimport civil as _civil
 from mariadb_cdc_client.format._cavro cimport Cursor, read_long, take, utf8_valid as _utf8_valid
 
 cdef extern from "Python.h":
@@ -128,19 +129,6 @@ cdef int _json_string(Out *out, const uint8_t *p, Py_ssize_t n, const char *tabl
             _char(out, _HEX[b & 15])
     _char(out, b'"')
     return 1
-
-
-cdef inline void _civil(int64_t days, int64_t *year, int64_t *month, int64_t *day) noexcept:
-    """H. Hinnant's civil_from_days: days since 1970-01-01 to a proleptic Gregorian date."""
-    days += 719468
-    cdef int64_t era = (days if days >= 0 else days - 146096) // 146097
-    cdef int64_t doe = days - era * 146097
-    cdef int64_t yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
-    cdef int64_t doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
-    cdef int64_t mp = (5 * doy + 2) // 153
-    day[0] = doy - (153 * mp + 2) // 5 + 1
-    month[0] = mp + 3 if mp < 10 else mp - 9
-    year[0] = yoe + era * 400 + (1 if month[0] <= 2 else 0)
 
 
 cdef inline void _fraction(Out *out, int64_t micros, int fsp) noexcept:

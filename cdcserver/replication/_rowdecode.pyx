@@ -22,6 +22,9 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy, memset
 
+from cdcserver._cvalues cimport be as _be, civil as _civil, frac_micros as _frac_micros, le as _le
+from cdcserver._cvalues cimport valid_date as _valid_date
+
 import_datetime()
 
 cdef extern from "Python.h":
@@ -45,8 +48,6 @@ cdef enum:
     R_TIMESTAMP2 = 12  # size bytes; arg: (fsp, UTC, the Python function)
     R_NONE = 13        # no bytes: None
 
-cdef int[13] _MONTH_DAYS = [0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
-cdef int64_t[4] _FRAC_SCALE = [1, 10000, 100, 1]
 
 
 cdef struct Column:
@@ -55,44 +56,6 @@ cdef struct Column:
     int arg  # R_INT: unsigned; R_FLOAT/...: unused; R_CHAR: max length; R_*2: fsp
     bint nullable
     bint utf8  # R_TEXT: the codec is UTF-8
-
-
-cdef inline uint64_t _le(const uint8_t *p, int n) noexcept:
-    cdef uint64_t v = 0
-    cdef int i
-    for i in range(n - 1, -1, -1):
-        v = (v << 8) | p[i]
-    return v
-
-
-cdef inline uint64_t _be(const uint8_t *p, int n) noexcept:
-    cdef uint64_t v = 0
-    cdef int i
-    for i in range(n):
-        v = (v << 8) | p[i]
-    return v
-
-
-cdef inline int64_t _frac_micros(const uint8_t *p, int fsp) noexcept:
-    """Signed big-endian fractional seconds as microseconds (values.frac_micros)."""
-    cdef int n = (fsp + 1) // 2
-    cdef int64_t v
-    if n == 0:
-        return 0
-    v = <int64_t>_be(p, n)
-    if v >> (8 * n - 1):  # negative
-        v -= (<int64_t>1) << (8 * n)
-    return v * _FRAC_SCALE[n]
-
-
-cdef inline bint _leap(int64_t y) noexcept:
-    return y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)
-
-
-cdef inline bint _valid_date(int64_t y, int64_t m, int64_t d) noexcept:
-    if y < 1 or y > 9999 or m < 1 or m > 12 or d < 1:
-        return False
-    return d <= (29 if m == 2 and _leap(y) else _MONTH_DAYS[m])
 
 
 cdef class RowsDecoder:
@@ -263,17 +226,3 @@ cdef class RowsDecoder:
         memset(<char *>(<bytes>value) + n, 0, width - n)
         function = self.args[i][1]
         return value if function is None else PyObject_CallOneArg(function, value)
-
-
-cdef void _civil(int64_t days, int64_t *year, int64_t *month, int64_t *day) noexcept:
-    """The proleptic Gregorian date ``days`` after 1970-01-01 (H. Hinnant's algorithm)."""
-    cdef int64_t z = days + 719468
-    cdef int64_t era = (z if z >= 0 else z - 146096) // 146097
-    cdef int64_t doe = z - era * 146097
-    cdef int64_t yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
-    cdef int64_t doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
-    cdef int64_t mp = (5 * doy + 2) // 153
-    day[0] = doy - (153 * mp + 2) // 5 + 1
-    month[0] = mp + 3 if mp < 10 else mp - 9
-    year[0] = yoe + era * 400 + (1 if month[0] <= 2 else 0)
-

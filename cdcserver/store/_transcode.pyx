@@ -30,6 +30,8 @@ from posix.unistd cimport write
 from cpython.exc cimport PyErr_CheckSignals, PyErr_SetFromErrno
 
 from cdcserver._cbuffer cimport Out, reserve as _reserve
+from cdcserver._cvalues cimport be as _be, frac_micros as _frac_micros, le as _le
+from cdcserver._cvalues cimport valid_date as _valid_date
 from mariadb_cdc_client.format._cavro cimport utf8_valid as _utf8_valid
 
 # Column operations (transcoder.py names them; keep in step).
@@ -96,7 +98,6 @@ cdef int64_t _DAY_MICROS = 86400000000
 cdef int64_t[10] _POW10 = [1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000,
                            1000000000]
 cdef int[10] _DIG2BYTES = [0, 1, 1, 2, 2, 3, 3, 4, 4, 4]
-cdef int[13] _MONTH_DAYS = [0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
 
 
 cdef inline void _byte(Out *out, uint8_t b) noexcept:
@@ -122,22 +123,6 @@ cdef inline void _raw(Out *out, const uint8_t *p, Py_ssize_t n) noexcept:
     out.size += n
 
 
-cdef inline uint64_t _be(const uint8_t *p, int n) noexcept:
-    cdef uint64_t v = 0
-    cdef int i
-    for i in range(n):
-        v = (v << 8) | p[i]
-    return v
-
-
-cdef inline uint64_t _le(const uint8_t *p, int n) noexcept:
-    cdef uint64_t v = 0
-    cdef int i
-    for i in range(n - 1, -1, -1):
-        v = (v << 8) | p[i]
-    return v
-
-
 cdef inline int _bit_length(uint64_t v) noexcept:
     cdef int n = 0
     while v:
@@ -158,19 +143,6 @@ cdef int _decimal_bytes(Out *out, uint64_t bits, bint negative) except -1:
         _byte(out, <uint8_t>((bits >> (8 * i)) & 0xFF) if i < 8 else
               (0xFF if negative else 0))
     return 0
-
-
-cdef inline bint _leap(int64_t year) noexcept:
-    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
-
-
-cdef inline bint _valid_date(int64_t year, int64_t month, int64_t day) noexcept:
-    """What ``datetime.date`` accepts."""
-    if year < 1 or year > 9999 or month < 1 or month > 12 or day < 1:
-        return False
-    if month == 2 and _leap(year):
-        return day <= 29
-    return day <= _MONTH_DAYS[month]
 
 
 cdef inline int64_t _days(int64_t y, int64_t m, int64_t d) noexcept:
@@ -268,22 +240,6 @@ cdef int _text(Out *out, bytes text) except -1:
     _varint(out, <uint64_t>n << 1)
     _raw(out, <const uint8_t *>PyBytes_AS_STRING(text), n)
     return 0
-
-
-cdef inline int64_t _frac_micros(const uint8_t *p, int fsp) noexcept:
-    """Signed big-endian fractional seconds of (fsp + 1) // 2 bytes, as microseconds."""
-    cdef int n = (fsp + 1) // 2
-    cdef int64_t v
-    if n == 0:
-        return 0
-    v = <int64_t>_be(p, n)
-    if v >= (<int64_t>1 << (8 * n - 1)):
-        v -= <int64_t>1 << (8 * n)
-    if n == 1:
-        return v * 10000
-    if n == 2:
-        return v * 100
-    return v
 
 
 cdef class Transcoder:
