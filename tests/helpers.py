@@ -300,3 +300,18 @@ def self_signed_certificate(directory: str) -> tuple[str, str]:
                     "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key, "-out", cert],
                    check=True, capture_output=True)
     return cert, key
+
+
+def binary_decimal(fmt: Any, unscaled: int) -> bytes:
+    """MariaDB's binary DECIMAL (strings/decimal.cc, decimal2bin) of ``unscaled * 10 **
+    -scale`` in the layout ``fmt`` (a ``replication.values.DecimalFormat``): what the binlog
+    holds, written here from the format's definition, not from the decoder."""
+    rest, parts = abs(unscaled), []
+    for nbytes, digits in reversed(fmt.groups):
+        parts.append((rest % 10 ** digits).to_bytes(nbytes, "big"))
+        rest //= 10 ** digits
+    raw = bytearray(b"".join(reversed(parts)))
+    if unscaled < 0:
+        raw = bytearray(b ^ 0xFF for b in raw)
+    raw[0] ^= 0x80
+    return bytes(raw)

@@ -12,22 +12,10 @@ from decimal import Decimal
 import pytest
 
 from cdcserver.replication import values
+from tests.helpers import binary_decimal
 
 compiled = values._bindecimal
 pytestmark = pytest.mark.skipif(compiled is None, reason="_bindecimal.pyx is not built here")
-
-
-def _encode(fmt: values.DecimalFormat, unscaled: int) -> bytes:
-    """MariaDB's binary form (decimal2bin) of ``unscaled * 10 ** -scale``."""
-    rest, parts = abs(unscaled), []
-    for nbytes, digits in reversed(fmt.groups):
-        parts.append((rest % 10 ** digits).to_bytes(nbytes, "big"))
-        rest //= 10 ** digits
-    raw = bytearray(b"".join(reversed(parts)))
-    if unscaled < 0:
-        raw = bytearray(b ^ 0xFF for b in raw)
-    raw[0] ^= 0x80
-    return bytes(raw)
 
 
 def _outcome(decode: object, raw: bytes) -> object:
@@ -52,11 +40,11 @@ def test_every_precision_and_scale_decodes_as_the_python_path_does() -> None:
             assert type(decoder) is compiled.BinaryDecimal
             top = 10 ** precision - 1
             for unscaled in (0, 1, -1, top, -top, *(rng.randint(-top, top) for _ in range(40))):
-                raw = _encode(fmt, unscaled)
+                raw = binary_decimal(fmt, unscaled)
                 assert fmt.decode(raw).as_tuple() == Decimal(f"{unscaled}E-{scale}").as_tuple()
                 assert _outcome(decoder, raw) == _outcome(fmt.decode, raw), (precision, scale,
                                                                              unscaled)
-            raw = bytes(b ^ 0xFF for b in _encode(fmt, 0))  # a negative zero
+            raw = bytes(b ^ 0xFF for b in binary_decimal(fmt, 0))  # a negative zero
             assert _outcome(decoder, raw) == _outcome(fmt.decode, raw)
 
 

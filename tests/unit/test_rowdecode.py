@@ -20,6 +20,7 @@ import pytest
 from cdcserver.core.changes import ColumnDef
 from cdcserver.mariadb.constants import ColumnType as T
 from cdcserver.replication import rowcodec, values
+from tests.helpers import binary_decimal
 
 pytestmark = pytest.mark.skipif(rowcodec._rowdecode is None,
                                 reason="_rowdecode.pyx is not built here")
@@ -123,7 +124,7 @@ def _value(rng: random.Random, col: ColumnDef) -> bytes:
     if t == T.NEWDECIMAL:
         fmt = values.DecimalFormat(meta >> 8, meta & 0xFF)
         top = 10 ** (meta >> 8) - 1
-        return _decimal_bytes(fmt, rng.randint(-top, top))
+        return binary_decimal(fmt, rng.randint(-top, top))
     if t == T.DATE:
         return (rng.randint(0, 9999) << 9 | rng.randint(0, 12) << 5 |
                 rng.randint(0, 31)).to_bytes(3, "little")
@@ -137,18 +138,6 @@ def _value(rng: random.Random, col: ColumnDef) -> bytes:
     if t == T.ENUM:
         return rng.randint(0, 6).to_bytes(size, "little")
     return rng.randbytes(size)
-
-
-def _decimal_bytes(fmt: values.DecimalFormat, unscaled: int) -> bytes:
-    rest, parts = abs(unscaled), []
-    for nbytes, digits in reversed(fmt.groups):
-        parts.append((rest % 10 ** digits).to_bytes(nbytes, "big"))
-        rest //= 10 ** digits
-    raw = bytearray(b"".join(reversed(parts)))
-    if unscaled < 0:
-        raw = bytearray(b ^ 0xFF for b in raw)
-    raw[0] ^= 0x80
-    return bytes(raw)
 
 
 def _image(rng: random.Random, columns: tuple[ColumnDef, ...]) -> bytes:
@@ -230,7 +219,7 @@ def test_an_image_of_the_standard_workload_decodes_to_these_values() -> None:
                ColumnDef("at", T.TIMESTAMP2, 3))
     created = (((2024 * 13 + 2) << 5 | 29) << 17 | 13 << 12 | 14 << 6 | 15) + 0x8000000000
     image = (b"\x00" + (-7).to_bytes(4, "little", signed=True) + b"\x05\x00caf\xc3\xa9" +
-             _decimal_bytes(values.DecimalFormat(12, 2), -123456) +
+             binary_decimal(values.DecimalFormat(12, 2), -123456) +
              created.to_bytes(5, "big") + struct.pack("<d", 2.5) +
              (1700000000).to_bytes(4, "big") + (4560).to_bytes(2, "big"))  # fsp 3: 1/10,000 s
     nulls = b"\x3e"  # every nullable column NULL: only the id is read
