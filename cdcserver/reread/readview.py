@@ -199,8 +199,8 @@ class TextRows:
     def __init__(self, fields: tuple[Field, ...]) -> None:
         self.converters = [from_text(f) for f in fields]
         self.names = [str(i) for i in range(len(fields))]
-        self.adapters = [(i, adapter(f)) for i, f in enumerate(fields)
-                         if adapter(f) is not same_value]
+        adapters = [adapter(f) for f in fields]
+        self.adapters = [(i, adapt) for i, adapt in enumerate(adapters) if adapt is not same_value]
         self.compiled = dump_format.compiled_rows_parser(fields, self.names)
 
     def __call__(self, batch: list[bytes]) -> list[Row]:
