@@ -44,6 +44,7 @@ from cdcserver.ops.metrics import (
 from cdcserver.ops.monitoring import MonitoringServer
 from cdcserver.ops.probes import live, ready
 from cdcserver.protocol.queries import SessionContext
+from cdcserver.protocol.scram import login_secret
 from cdcserver.protocol.server import CdcServer, ListenerStats
 from cdcserver.protocol.throttle import LoginThrottle
 from cdcserver.protocol.users import UsersFile
@@ -321,7 +322,8 @@ class Service:
                                  dialect=Dialect(cfg.json_dialect),
                                  throttle=LoginThrottle(cfg.login_failures,
                                                         max_wait=cfg.login_lockout),
-                                 dumps=self.scheduler, capture=self.capture)
+                                 dumps=self.scheduler, capture=self.capture,
+                                 login_secret=login_secret(self.layout.login_secret))
         server = CdcServer(context, cfg,
                            zoneinfo.ZoneInfo(cfg.timestamp_zone),
                            databus_labels=self.config.kafka.databus_labels)

@@ -10,9 +10,11 @@ can be made either.
 
 The exchange itself is scramp's (a maintained implementation, also pg8000's). What this
 module adds: a user without a verifier, or no user of that name, goes through the same
-exchange with a salt derived from a secret of the process, so the replies do not tell
-which names exist; and the key a proof was made with (``attempt``), recovered from the proof
-as the server can, which lets the login throttle tell a retried wrong password from a new
+exchange with a verifier derived from a secret the service keeps in its data directory
+(``state/login-secret``): a salt as long as a real one (scramp's 32 bytes), the same
+iteration count, the same for a name across restarts, so the replies do not tell which
+names exist; and the key a proof was made with (``attempt``), recovered from the proof as
+the server can, which lets the login throttle tell a retried wrong password from a new
 one, as it does with MaxScale's login.
 """
 
@@ -22,14 +24,19 @@ import base64
 import hashlib
 import hmac
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from scramp import ScramException, ScramMechanism
 
+from cdcserver.core.durable import write_atomically
+from cdcserver.core.errors import ConfigError
+
 MECHANISM = "SCRAM-SHA-256"
 ITERATIONS = 4096  # RFC 7677's minimum, and PostgreSQL's default
-_SECRET = os.urandom(32)  # the fake verifiers of names without one
+SALT_BYTES = 32  # what scramp's make_auth_info draws (secrets.token_bytes())
+SECRET_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -69,11 +76,41 @@ class Verifier:
             self.salt, self.stored_key, self.server_key))])
 
 
-def fake_verifier(user: str) -> Verifier:
-    """The same verifier for a name every time, which no password matches."""
-    key = hmac.new(_SECRET, user.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
-    return Verifier(ITERATIONS, key[:16], hashlib.sha256(key + b"stored").digest(),
-                    hashlib.sha256(key + b"server").digest())
+def fake_verifier(user: str, secret: bytes) -> Verifier:
+    """The same verifier for a name every time ``secret`` is the same, shaped as a real one
+    (its salt's length, the default iteration count), which no password matches."""
+    name = user.encode("utf-8", "surrogatepass")
+
+    def derived(purpose: bytes) -> bytes:
+        return hmac.new(secret, purpose + b"\0" + name, hashlib.sha256).digest()
+
+    return Verifier(ITERATIONS, derived(b"salt")[:SALT_BYTES], derived(b"stored"),
+                    derived(b"server"))
+
+
+def login_secret(path: str) -> bytes:
+    """The secret the made-up verifiers come from: read from ``path``, or made there the
+    first time (owner-only, written whole or not at all). A file that others may read, or
+    of another length, is refused: a known secret would tell made-up salts from real
+    ones."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        secret = os.urandom(SECRET_BYTES)
+        write_atomically(path, secret, mode=0o600)
+        return secret
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror}") from exc
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ConfigError(f"{path} may be read by other users (mode "
+                              f"{stat.S_IMODE(mode):o}); chmod 600 {path}")
+        secret = f.read(SECRET_BYTES + 1)
+    if len(secret) != SECRET_BYTES:
+        raise ConfigError(f"{path} holds {len(secret)} bytes, not the {SECRET_BYTES} of a "
+                          "login secret; remove it and a new one is made")
+    return secret
 
 
 class ScramFailed(Exception):
@@ -83,8 +120,8 @@ class ScramFailed(Exception):
 class ServerExchange:
     """One login's exchange, once the client's first message named ``user``."""
 
-    def __init__(self, client_first: str, verifier_of: Callable[[str], Verifier | None]
-                 ) -> None:
+    def __init__(self, client_first: str, verifier_of: Callable[[str], Verifier | None],
+                 secret: bytes) -> None:
         self.user = ""
         self.has_verifier = False  # False: a made-up verifier, which no password matches
         self._verifier: Verifier | None = None
@@ -93,7 +130,7 @@ class ServerExchange:
             self.user = name
             found = verifier_of(name)
             self.has_verifier = found is not None
-            self._verifier = found or fake_verifier(name)
+            self._verifier = found or fake_verifier(name, secret)
             v = self._verifier
             return v.salt, v.stored_key, v.server_key, v.iterations
 

@@ -227,7 +227,8 @@ class Session:
             raise ProtocolError(Code.BAD_AUTH, f"unknown mechanism {mechanism[:40]!r}: "
                                 f"{SCRAM_VERB}{MECHANISM} <client-first-message>")
         try:
-            exchange = ServerExchange(client_first.strip(), self.context.users.verifier)
+            exchange = ServerExchange(client_first.strip(), self.context.users.verifier,
+                                      self.context.login_secret)
         except ScramFailed as exc:
             raise ProtocolError(Code.BAD_AUTH, f"not a SCRAM client-first-message: {exc}"
                                 ) from None

@@ -18,6 +18,7 @@ names under the data directory.
                 writer.lock          held by the one process that writes here
                 resync/              resyncs of quarantined tables asked for (cdcserver resync)
                 capture.json         the [capture] filters of the last start, dumps owed
+                login-secret         what SCRAM's answers for unknown user names come from
                 .room-probe          written and removed to tell a full disk has room again
 """
 
@@ -58,6 +59,7 @@ class DataDir:
     room_probe = _Path("state", ".room-probe")
     resync_requests = _Path("state", "resync")
     capture = _Path("state", "capture.json")  # the filters of the last start (dump/included)
+    login_secret = _Path("state", "login-secret")  # protocol/scram.py's made-up verifiers
 
     def resync_request(self, table: TableName) -> str:
         """The file that asks the running service to resync a quarantined table."""

@@ -4,6 +4,7 @@ and no password in the process title."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import logging
 import os
@@ -25,7 +26,7 @@ from cdcserver.protocol.users import UsersFile
 from mariadb_cdc_client import SyncCdcClient
 from mariadb_cdc_client.format.wire import auth_message
 from tests.conftest import make_config, start_service
-from tests.helpers import PASSWORD, USER, RawClient, self_signed_certificate, wait_until
+from tests.helpers import PASSWORD, USER, RawClient, self_signed_certificate, until, wait_until
 from tests.unit.test_listener import Listener, _listener
 
 
@@ -432,3 +433,47 @@ async def test_the_clients_password_option_is_not_in_its_process_title(listener:
     finally:
         process.terminate()
         await process.wait()
+
+
+async def _made_up_salt(port: int) -> str:
+    """The salt of the SCRAM server-first-message for a name nobody has."""
+    raw = await RawClient.connect(port)
+    try:
+        await raw.send(b"AUTH SCRAM-SHA-256 n,,n=nobody-here,r=clientnonce\n")
+        reply = (await raw.line()).decode()
+        assert reply.startswith("SCRAM "), reply
+        return dict(f.split("=", 1) for f in reply[6:].strip().split(","))["s"]
+    finally:
+        await raw.close()
+
+
+async def test_an_unknown_name_gets_the_same_salt_after_a_restart(tmp_path, source,
+                                                                   users_file: str):
+    """The made-up SCRAM verifier of a name that does not exist comes from a secret kept in
+    the data directory: a salt that changed with each restart of the process, while real
+    users' stay, would tell the two apart. ``cdcserver run`` processes, restarted."""
+    from tests.server.test_shutdown import Service
+
+    salts = []
+    for folder in ("one", "one", "other"):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        service = Service(tmp_path / folder, source.url, users_file)
+        service.start()
+        try:
+            await until(functools.partial(_listening, service.port), what="the CDC listener")
+            salts.append(await _made_up_salt(service.port))
+        finally:
+            assert service.terminate() == 0
+    assert salts[0] == salts[1] != salts[2]
+    secret = tmp_path / "one" / "data" / "state" / "login-secret"
+    assert secret.stat().st_size == 32 and secret.stat().st_mode & 0o077 == 0
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True

@@ -14,6 +14,7 @@ import hmac
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -21,7 +22,8 @@ import threading
 import pytest
 
 from cdcserver.core.config import ListenerConfig
-from cdcserver.protocol.scram import Verifier
+from cdcserver.core.errors import ConfigError
+from cdcserver.protocol.scram import Verifier, fake_verifier, login_secret
 from cdcserver.protocol.users import UsersFile
 from mariadb_cdc_client import CdcClient, SyncCdcClient
 from mariadb_cdc_client.format.wire import ProtocolError, auth_message
@@ -112,22 +114,46 @@ async def test_a_captured_scram_login_cannot_be_replayed(listener: Listener):
     await replay.close()
 
 
+def _server_first(reply: bytes) -> dict[str, str]:
+    return dict(f.split("=", 1) for f in reply.decode().split(" ", 1)[1].strip().split(","))
+
+
 async def test_a_wrong_password_fails_and_an_unknown_user_looks_the_same(listener: Listener):
-    raw, _, wrong = await _scram(listener.port, RfcClient(USER, "not the password"))
+    raw, real_first, wrong = await _scram(listener.port, RfcClient(USER, "not the password"))
     assert wrong == b"ERR AUTH-FAILED Authentication failed\n"
     await raw.close()
-    # A made-up name gets the same shape of exchange, with a salt that does not change
-    # between attempts (a random one would tell it apart from a real user's), and fails.
+    real = _server_first(real_first)
+    # A made-up name gets the same shape of exchange (a salt as long as a real user's, the
+    # same iteration count), with a salt that does not change between attempts (a random
+    # one would tell it apart from a real user's), and fails the same way.
     salts = []
     for _ in range(2):
         raw, server_first, last = await _scram(listener.port, RfcClient("nobody", "x"))
-        fields = dict(f.split("=", 1) for f in server_first.decode().split(" ", 1)[1].strip()
-                      .split(","))
-        assert fields["i"] == "4096" and len(base64.b64decode(fields["s"])) == 16
-        salts.append(fields["s"])
+        made_up = _server_first(server_first)
+        assert made_up.keys() == real.keys() and made_up["i"] == real["i"] == "4096"
+        assert len(base64.b64decode(made_up["s"])) == len(base64.b64decode(real["s"])) == 32
+        salts.append(made_up["s"])
         assert last == b"ERR AUTH-FAILED Authentication failed\n"
         await raw.close()
-    assert salts[0] == salts[1]
+    assert salts[0] == salts[1] != real["s"]
+
+
+def test_the_login_secret_is_made_once_kept_private_and_checked(tmp_path):
+    path = str(tmp_path / "login-secret")
+    secret = login_secret(path)
+    assert len(secret) == 32 and login_secret(path) == secret
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert fake_verifier("nobody", secret) == fake_verifier("nobody", login_secret(path))
+    assert fake_verifier("nobody", secret) != fake_verifier("nobody", b"\1" * 32)
+    assert fake_verifier("nobody", secret) != fake_verifier("somebody", secret)
+    os.chmod(path, 0o644)
+    with pytest.raises(ConfigError, match="may be read by other users"):
+        login_secret(path)
+    os.chmod(path, 0o600)
+    with open(path, "ab") as f:
+        f.write(b"x")
+    with pytest.raises(ConfigError, match="holds 33 bytes"):
+        login_secret(path)
 
 
 async def test_a_scram_only_user_is_refused_maxscales_login(listener: Listener, tmp_path,
