@@ -1,7 +1,10 @@
 """Chunked dumps: a table read in short consistent reads, with the changes between them merged
 in, so that no lock is held across chunks and a big table is read by several readers at once.
 
-1. The key space is split into ranges in key order: an integer key arithmetically, in ranges
+1. The key space is split into ranges in key order, in one consistent snapshot whose binlog
+   position the changes are merged from (step 4), the last range ending at the table's last
+   key there (rows added after it come from those changes, so the readers never chase the
+   table's end): an integer key arithmetically, in ranges
    of about half ``chunk_rows`` rows (from its span and the table's estimated rows), the last
    quarter of them a quarter as long (so that the readers run out of ranges together), which
    the readers take in turn; any other key in one range per reader, at sampled keys (the key
@@ -25,7 +28,7 @@ in, so that no lock is held across chunks and a big table is read by several rea
    continues after its last recorded chunk.
 4. When every range is read, the dump's point is the store's checkpoint once it has caught
    up with the source (so that it is not between a change without binlog rows and its
-   repair), and the table's changes since the first chunk are taken from the store
+   repair), and the table's changes since the split's snapshot are taken from the store
    (:func:`cdcserver.dump.fixups.records_between`), each with where its transaction ends in
    the binlog (the store's transaction log, read back to the first chunk). A key's last
    change wins over the row a chunk read before it; a key no chunk read exists if its last
@@ -162,16 +165,17 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
     if fresh:
         partial.discard()  # a single-snapshot attempt, if any
         discard(directory, table)
+        start = _now(conn)  # before the split's snapshot: the floor covers none after it
         ranges = split(conn, described.plan, table, options.config.readers,
-                        options.config.chunk_rows)
-        start = _now(conn)
+                       options.config.chunk_rows)
         record = Progress(table, start.to_json(), described.fingerprint, stream_version,
                           _reserve(described, start), consistent=described.consistent)
         progress = ChunkedProgress(described.text, described.fingerprint, stream_version,
-                                   described.consistent, ranges, record.reserved,
-                                   floor=str(start.gtid), server=server)
+                                   described.consistent, ranges.ranges, record.reserved,
+                                   floor=str(start.gtid), server=server,
+                                   split_file=ranges.file, split_pos=ranges.pos)
         log.info("dump of %s: %d readers over %d key ranges, %d rows per chunk", table,
-                 options.config.readers, len(ranges), options.config.chunk_rows)
+                 options.config.readers, len(ranges.ranges), options.config.chunk_rows)
     else:
         assert progress is not None and record is not None
         record.body = progress.body - record.reserved  # what the chunk record vouches for

@@ -13,7 +13,7 @@ from cdcserver.core.errors import CdcError, SourceError
 from cdcserver.core.gtid import GtidState, binlog_ordinal
 from cdcserver.dump import fixups, rawrows
 from cdcserver.dump.chunkreader import Run
-from cdcserver.dump.chunks import Chunk, TableChanged, service_source
+from cdcserver.dump.chunks import Chunk, ChunkedProgress, TableChanged, service_source
 from cdcserver.dump.snapshot import (
     SnapshotPoint,
 )
@@ -62,22 +62,22 @@ def end_point(conn: Any, data_dir: str, timeout: float, server: str) -> EndPoint
 
 
 def store_overlay(run: Run, end: EndPoint, timeout: float) -> Overlay:
-    """Each key's last change between the earliest chunk and the dump's point, with where
-    its transaction ends in the binlog (from the store's transaction log, read back from
-    its end to the earliest chunk). When no transaction in that window touched the table,
+    """Each key's last change between the snapshot the ranges were split in and the dump's
+    point, with where its transaction ends in the binlog (from the store's transaction
+    log, read back from its end to that snapshot). When no transaction in that window
+    touched the table,
     nothing is read from the table's files (its versions are still checked for a schema
     change)."""
-    chunks = [c for r in run.progress.ranges for c in r.chunks]
-    if not chunks:
+    first = _merged_from(run.progress)
+    if first is None:
         return {}
-    first = min(chunks, key=lambda c: binlog_ordinal(c.file, c.pos))
     point = end.point
     origin = end.checkpoint.origin
     if origin is None or binlog_ordinal(origin.file, origin.pos) > \
-            binlog_ordinal(first.file, first.pos):
+            binlog_ordinal(*first):
         raise TableChanged("the changes made during the dump are not available: the store "
-                           "began replicating after its first chunk")
-    window = store_index.window(DataDir(run.data_dir).index, (first.file, first.pos),
+                           "began replicating after the dump's first read")
+    window = store_index.window(DataDir(run.data_dir).index, first,
                                 (point.file, point.pos), GtidState.parse(run.progress.floor))
     ends = {t.gtid: binlog_ordinal(t.file, t.pos) for t in window.transactions}
     since = _state_before(window, point.gtid, origin.gtid_state)
@@ -93,12 +93,25 @@ def store_overlay(run: Run, end: EndPoint, timeout: float) -> Overlay:
                 (point.file, point.pos), timeout):
             if gtid not in ends:
                 raise CdcError(f"the store's transaction log does not hold {gtid} between "
-                               f"{first.file}:{first.pos} and {point.file}:{point.pos}")
+                               f"{first[0]}:{first[1]} and {point.file}:{point.pos}")
             overlay[key_text(row)] = (ends[gtid], kind, row)
     except (fixups.Unavailable, CdcError) as exc:
         raise TableChanged(f"the changes made during the dump are not available: {exc}") \
             from exc
     return overlay
+
+
+def _merged_from(progress: ChunkedProgress) -> tuple[str, int] | None:
+    """Where the changes to merge begin: the snapshot the ranges were split in (rows after
+    its last key were read by no chunk), else (a dump recorded before) the earliest chunk;
+    None: nothing was read and there is nothing to merge into."""
+    if progress.split_file:
+        return progress.split_file, progress.split_pos
+    chunks = [c for r in progress.ranges for c in r.chunks]
+    if not chunks:
+        return None
+    first = min(chunks, key=lambda c: binlog_ordinal(c.file, c.pos))
+    return first.file, first.pos
 
 
 def _state_before(window: store_index.Window, end: GtidState, origin: GtidState

@@ -52,13 +52,45 @@ _TAIL_SPLIT = 4
 _RANGE_BYTES = 32 << 20  # at most about this much of a range's dump in one range
 
 
+@dataclass(frozen=True)
+class Split:
+    """The key ranges, and the binlog position of the snapshot they were taken in: the
+    last range ends at the table's last key there, and every change after it is merged."""
+
+    ranges: list[KeyRange]
+    file: str
+    pos: int
+
+
 def split(conn: Any, plan: ScanPlan, table: TableName, readers: int,
-           chunk_rows: int) -> list[KeyRange]:
-    """The key space in ranges, in key order: an integer key in ranges of about half
-    ``chunk_rows`` rows each, more in a big table (:func:`_range_rows`; arithmetically, from
-    its span and the table's estimated rows), the last quarter of them a quarter as long,
-    which the readers take in turn; any other key in one range per reader, split at sampled
-    keys (``LIMIT 1 OFFSET n`` on the key)."""
+          chunk_rows: int) -> Split:
+    """The key space in ranges, in key order, in one consistent snapshot: an integer key
+    in ranges of about half ``chunk_rows`` rows each, more in a big table
+    (:func:`_range_rows`; arithmetically, from its span and the table's estimated rows),
+    the last quarter of them a quarter as long, which the readers take in turn; any other
+    key in one range per reader, split at sampled keys (``LIMIT 1 OFFSET n`` on the key).
+    The last range ends at the last key in the snapshot (an empty table has none): a range
+    open at the end would chase rows added there for as long as they came faster than its
+    chunks read them, and those come from the changes after the snapshot anyway."""
+    file, pos, _ = open_snapshot_position(conn)
+    try:
+        cuts, last = _cuts(conn, plan, table, readers, chunk_rows)
+    finally:
+        source_sql.query(conn, "COMMIT")
+    if last is None:
+        return Split([], file, pos)
+    hexed = [[v.hex() for v in cut] for cut in cuts]  # in key order, at most the last
+    hexed = [h for i, h in enumerate(hexed) if i == 0 or h != hexed[i - 1]]
+    edges: list[list[str] | None] = [None, *hexed, [v.hex() for v in last]]
+    if len(edges) > 2 and edges[-2] == edges[-1]:
+        edges.pop(-2)
+    return Split([KeyRange(edges[i], edges[i + 1]) for i in range(len(edges) - 1)], file, pos)
+
+
+def _cuts(conn: Any, plan: ScanPlan, table: TableName, readers: int, chunk_rows: int
+          ) -> tuple[list[list[bytes]], list[bytes] | None]:
+    """Where the ranges meet (each the last key of the range before), and the table's last
+    key (None: no row)."""
     key = plan.key
     cuts: list[list[bytes]] = []
     if len(key) == 1 and key[0].sql_type in _INTEGER_KEYS:
@@ -69,32 +101,42 @@ def split(conn: Any, plan: ScanPlan, table: TableName, readers: int,
                   f"{conn.escape(table.database)} AND TABLE_NAME = {conn.escape(table.table)})"
                   f" FROM {qualified(table)}")[0]
         estimate = int(estimate or 0)
-        if low is not None:
-            low, high = int(low), int(high)
-            count = min(max(readers, -(-estimate // _range_rows(
-                conn, table, estimate, readers, chunk_rows))), _MOST_RANGES,
-                max(high - low, 1))
-            step = max((high - low) // count, 1)
-            points = [low + step * i for i in range(1, count)]
-            # the last quarter in ranges a quarter as long: the readers run out of ranges
-            # at about the same time (one reader left alone with a whole range would leave
-            # the source's other core idle)
-            tail = count // 4 if readers > 1 and step >= _TAIL_SPLIT else 0
-            for i in range(count - tail, count):
-                start = low + step * i
-                points += [start + step * j // _TAIL_SPLIT for j in range(1, _TAIL_SPLIT)]
-            cuts = [[str(point).encode()] for point in sorted(points)]
-    elif readers > 1 and (estimate := source_sql.estimated_rows(
+        if low is None:
+            return [], None
+        low, high = int(low), int(high)
+        count = min(max(readers, -(-estimate // _range_rows(
+            conn, table, estimate, readers, chunk_rows))), _MOST_RANGES,
+            max(high - low, 1))
+        step = max((high - low) // count, 1)
+        points = [low + step * i for i in range(1, count)]
+        # the last quarter in ranges a quarter as long: the readers run out of ranges
+        # at about the same time (one reader left alone with a whole range would leave
+        # the source's other core idle)
+        tail = count // 4 if readers > 1 and step >= _TAIL_SPLIT else 0
+        for i in range(count - tail, count):
+            start = low + step * i
+            points += [start + step * j // _TAIL_SPLIT for j in range(1, _TAIL_SPLIT)]
+        cuts = [[str(point).encode()] for point in sorted(points) if point < high]
+        return cuts, [str(high).encode()]
+    last = _key_row(conn, plan.last_key_sql())
+    if last is None:
+        return [], None
+    if readers > 1 and (estimate := source_sql.estimated_rows(
             conn, table.database, table.table)) >= readers * 2:
         for i in range(1, readers):
-            found = [row for batch in rawrows.query_rows(conn, plan.key_sql(
-                estimate * i // readers)) for row in batch]
-            if found:
-                cuts.append([base64.b64decode(v) for v in found[0][2:-2].split(b'","')])
-    hexed = [[v.hex() for v in cut] for cut in cuts]
-    hexed = [h for i, h in enumerate(hexed) if i == 0 or h != hexed[i - 1]]
-    edges: list[list[str] | None] = [None, *hexed, None]
-    return [KeyRange(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+            found = _key_row(conn, plan.key_sql(estimate * i // readers))
+            if found is not None:
+                cuts.append(found)
+    return cuts, last
+
+
+def _key_row(conn: Any, sql: str) -> list[bytes] | None:
+    """The key values of the one row ``sql`` reads (its raw form, as the ranges hold them;
+    None: no row)."""
+    found = [row for batch in rawrows.query_rows(conn, sql) for row in batch]
+    if not found:
+        return None
+    return [base64.b64decode(v) for v in found[0][2:-2].split(b'","')]
 
 
 def _range_rows(conn: Any, table: TableName, estimate: int, readers: int, chunk_rows: int

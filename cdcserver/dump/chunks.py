@@ -87,6 +87,11 @@ class ChunkedProgress:
     # every chunk), and the server the chunks are read from (server_id@host:port)
     floor: str = ""
     server: str = ""
+    # the binlog position of the snapshot the ranges were split in (the last range ends at
+    # the last key there): changes are merged from there on ("": a dump recorded before
+    # ranges ended there, whose last range is open; merged from its first chunk)
+    split_file: str = ""
+    split_pos: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,7 +101,8 @@ class ChunkedProgress:
         return cls(data["definition"], data["fields"], int(data["stream_version"]),
                    bool(data["consistent"]), [KeyRange.from_json(r) for r in data["ranges"]],
                    int(data["body"]), bool(data.get("resumed", False)),
-                   str(data.get("floor", "")), str(data.get("server", "")))
+                   str(data.get("floor", "")), str(data.get("server", "")),
+                   str(data.get("split_file", "")), int(data.get("split_pos", 0)))
 
 
 Progressed = Callable[[TableName, int], None]

@@ -130,6 +130,13 @@ class ScanPlan:
         return (f"SELECT {order} FROM {qualified(self.table)} ORDER BY {order} "
                 f"LIMIT 1 OFFSET {int(offset)}")
 
+    def last_key_sql(self) -> str:
+        """The key of the table's last row in key order (where its last range ends)."""
+        assert self.key
+        columns = ", ".join(quote(k.name) for k in self.key)
+        order = ", ".join(f"{quote(k.name)} DESC" for k in self.key)
+        return f"SELECT {columns} FROM {qualified(self.table)} ORDER BY {order} LIMIT 1"
+
     def _upto(self, values: tuple[bytes, ...]) -> str:
         """Key <= values, in the expanded form: a < x OR (a = x AND b <= y)."""
         terms = []

@@ -440,3 +440,51 @@ async def test_a_requested_dump_that_fails_is_listed_failed_with_its_error(
     await client.send(f"LIST-DUMPS {db}.orders\n".encode())
     assert len((await client.json_line())["dumps"]) == 1
     await client.close()
+
+
+async def test_a_table_growing_at_the_end_of_its_key_does_not_keep_the_dump_reading(
+        cdc: RunningService, source: Source):
+    """The last key range ends at the table's last key when the dump begins; rows added
+    after it come from the changes merged in. A dump whose last range was open chased the
+    table's end for as long as rows came faster than its chunks read them (here 50 rows a
+    transaction against chunks of 2 rows: it never finished). The same for an empty
+    table: every row comes from the changes."""
+    for name, first_rows in (("grows", 200), ("empty", 0)):
+        table = f"`{source.database}`.{name}"
+        source.execute(f"CREATE TABLE {table} (id INT AUTO_INCREMENT PRIMARY KEY, v INT)",
+                       *([f"INSERT INTO {table} (v) SELECT seq FROM "
+                          f"`{source.database}`.seq_1_to_{first_rows}"]
+                         if first_rows else []))
+        await cdc.caught_up(source)
+        stop = threading.Event()
+
+        def grow(table: str = table, stop: threading.Event = stop) -> None:
+            conn = source.server.connect()
+            try:
+                with conn.cursor() as cur:
+                    while not stop.is_set():
+                        cur.execute(f"INSERT INTO {table} (v) SELECT seq FROM "
+                                    f"`{source.database}`.seq_1_to_50")
+            finally:
+                conn.close()
+
+        grower = threading.Thread(target=grow, daemon=True)
+        grower.start()
+        try:
+            dumping = asyncio.to_thread(
+                dump_tables, parse_source_url(source.url), cdc.service.config.store.data_dir,
+                [TableName(source.database, name)], DumpOptions(DumpConfig(chunk_rows=2,
+                                                                            readers=1)))
+            (result,) = await asyncio.wait_for(dumping, 120)  # a hang guard: about 1 s
+        finally:
+            stop.set()
+            grower.join(30)
+        source.execute(f"INSERT INTO {table} (id, v) VALUES (10000000, -1)")
+        await cdc.caught_up(source)
+        image: dict[tuple[Any, ...], dict[str, Any]] = {}
+        client = SyncCdcClient(cdc.host, cdc.port, USER, PASSWORD)
+        await asyncio.to_thread(_follow_until, client, f"{source.database}.{name}", image,
+                                10000000)
+        assert {k: v["v"] for k, v in image.items()} == \
+            {(i,): v for i, v in source.query(f"SELECT id, v FROM {table}")}
+        assert result.info.header.rows >= first_rows
