@@ -118,12 +118,14 @@ class _TableMapEntry:
     applied), how its row images decode to those rows, and whether they are handed over
     undecoded."""
 
-    __slots__ = ("captured", "decode", "deferred", "layout", "width")
+    __slots__ = ("captured", "decode", "deferred", "layout", "ruled", "width")
 
     def __init__(self, layout: TableLayout, defer: DeferDecoding | None,
                  captured: bool = True, projection: Projection | None = None) -> None:
         self.width = len(layout.columns)  # of the row image
         self.captured = captured
+        # column rules apply: an update's images may be the same once they are applied
+        self.ruled = projection is not None
         decode = compile_rows_decoder(layout.columns)
         if projection is not None:
             layout = projection.layout
@@ -131,6 +133,16 @@ class _TableMapEntry:
         self.layout = layout
         self.decode: RowsDecoder = decode
         self.deferred = defer is not None and defer(layout.image_columns)
+
+
+def _changed_pairs(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """An update's before/after pairs without those the column rules made the same: an
+    update of excluded or masked columns only would otherwise tell that, and when, they
+    changed (a hashed column's change shows: its hash changes)."""
+    if all(rows[i] != rows[i + 1] for i in range(0, len(rows), 2)):
+        return rows
+    return [row for i in range(0, len(rows), 2) if rows[i] != rows[i + 1]
+            for row in rows[i:i + 2]]
 
 
 def _projected(decode: RowsDecoder, project: RowFunction) -> RowsDecoder:
@@ -473,7 +485,8 @@ class EventDecoder:
             start, stop = 0, len(data)
         images: RowImages | None = None
         rows: list[tuple[Any, ...]] | DeferredRows
-        if entry.deferred:
+        hiding = entry.ruled and _ROWS_KINDS[kind] == RowsKind.UPDATE
+        if entry.deferred and not hiding:
             images = RowImages(data, start, stop)
             rows = DeferredRows(entry.decode, images, entry.layout.qualified_name, self.file,
                                 self.pos)
@@ -484,6 +497,11 @@ class EventDecoder:
                 self._quarantine(entry.layout, f"rows that do not match its table map: {exc}",
                                  out)
                 return
+            if hiding:
+                rows = _changed_pairs(rows)
+                if not rows:  # it changed hidden columns only: nothing to stream
+                    self._written.add(TableName(entry.layout.database, entry.layout.table))
+                    return
         change = Rows(entry.layout, _ROWS_KINDS[kind], timestamp, rows, self.file,
                       self._event_end, images, start=self._event_start)
         if self.history is not None:  # tables whose history missed a change: re-read them

@@ -356,3 +356,37 @@ async def test_huge_values_are_hashed_and_masked_whole(tmp_path, source: Source,
         assert row["photo"] == hashlib.sha256(SALT.encode() + b"\x00\xff" * 2000000).hexdigest()
     finally:
         await running.stop()
+
+
+async def test_an_update_of_hidden_columns_only_is_not_streamed(tmp_path, source: Source,
+                                                                users_file: str):
+    """Its before and after images would be the same: the pair would tell that, and when,
+    a hidden column changed. Excluded (password_hash) and masked (note: nothing kept)
+    columns hide their changes; a hashed column's change shows (its hash changes), and an
+    update that also changes a kept column streams whole."""
+    db = source.database
+    _, running = await _people_service(tmp_path, source, users_file)
+    try:
+        _write_people(source, db, 1)
+        source.execute(f"UPDATE `{db}`.people SET password_hash = 'rotated' WHERE id = 1",
+                       f"UPDATE `{db}`.people SET note = 'a new secret' WHERE id = 1",
+                       f"UPDATE `{db}`.people SET password_hash = 'again', note = 'n2' "
+                       "WHERE id IN (1, 2)",
+                       f"UPDATE `{db}`.people SET email = 'moved@example.com' WHERE id = 2",
+                       f"UPDATE `{db}`.people SET password_hash = 'p', card = '4000' "
+                       "WHERE id = 1",
+                       f"INSERT INTO `{db}`.people (id) VALUES (100)")
+        await running.caught_up(source)
+        lines = await read_stream(running.port, f"`{db}`.people", user=USER,
+                                  password=PASSWORD, quiet=0.5)
+    finally:
+        await running.stop()
+    records = [r for r in lines if "event_type" in r]
+    pairs = [(r["event_type"], r["id"]) for r in records if r["event_type"].startswith("update")]
+    # the UPDATE of email and card in _write_people, then the hash change, then the card's
+    assert pairs == [("update_before", 1), ("update_after", 1),
+                     ("update_before", 2), ("update_after", 2),
+                     ("update_before", 1), ("update_after", 1)], pairs
+    before, after = [r for r in records if r["event_type"].startswith("update")][-2:]
+    assert before["card"] != after["card"]
+    assert records[-1]["event_type"] == "insert" and records[-1]["id"] == 100
