@@ -102,6 +102,14 @@ async def reply_to(port: int, command: str) -> bytes:
         await client.close()
 
 
+def write_secret(path: os.PathLike[str] | str, text: str) -> str:
+    """A file only its owner may read (a salt, a token), as the service requires."""
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
+    return str(path)
+
+
 def files_holding(directory: str, needle: bytes) -> list[str]:
     """The files under ``directory`` whose bytes hold ``needle``."""
     found = []

@@ -232,6 +232,13 @@ NO_COLUMN_RULES = ColumnRules()
 RULED_STATEMENT = "(not shown: [capture] column rules apply to this table)"
 
 
+def salt_id(salt: bytes) -> str:
+    """What names a salt in a hashed column's field (protocol.md, "Masked columns"): hashes
+    made with two salts never share a version. A one-way digest, under a label of its
+    own, so that it is not the hash of any value."""
+    return hashlib.sha256(b"cdcserver salt id\0" + salt).hexdigest()[:16]
+
+
 def hash_value(salt: bytes, value: str | bytes) -> str:
     """The hex SHA-256 of the salt and the value (a string's UTF-8): what MariaDB's
     ``SHA2(CONCAT(salt, value), 256)`` gives for a utf8mb4 value."""

@@ -17,6 +17,7 @@ import difflib
 import os
 import re
 import ssl
+import stat
 import tomllib
 import urllib.parse
 import zoneinfo
@@ -460,18 +461,29 @@ class CaptureConfig:
 
     def hash_salt(self) -> bytes | None:
         """The salt of ``columns_hash``: the file's bytes (one trailing newline dropped), or
-        CDCSERVER_HASH_SALT's; None when neither is set."""
+        CDCSERVER_HASH_SALT's; None when neither is set. As with the admin token's file, a
+        salt file other users may read or change is refused (the salt is what keeps a
+        hashed value from being found by hashing guesses), and so is one of whitespace
+        only."""
         if self.hash_salt_file:
+            path = self.hash_salt_file
             try:
-                with open(self.hash_salt_file, "rb") as f:
+                with open(path, "rb") as f:
+                    mode = os.fstat(f.fileno()).st_mode
                     salt = f.read()
             except OSError as exc:
                 raise ConfigError(f"capture.hash_salt_file: {exc}") from exc
+            if mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise ConfigError(f"capture.hash_salt_file {path} may be read by other users "
+                                  f"(mode {stat.S_IMODE(mode):o}); chmod 600 {path}")
             salt = salt[:-1] if salt.endswith(b"\n") else salt
-            if not salt:
-                raise ConfigError(f"capture.hash_salt_file: {self.hash_salt_file} is empty")
+            if not salt.strip():
+                raise ConfigError(f"capture.hash_salt_file {path} holds no salt (empty, or "
+                                  "whitespace only)")
             return salt
         value = os.environ.get(HASH_SALT_VARIABLE)
+        if value is not None and value and not value.strip():
+            raise ConfigError(f"{HASH_SALT_VARIABLE} holds no salt (whitespace only)")
         return value.encode("utf-8") if value else None
 
 

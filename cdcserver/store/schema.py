@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from cdcserver.core.capture import HASH, salt_id
 from cdcserver.core.changes import ColumnDef, TableLayout
 from cdcserver.core.names import TableName
 from cdcserver.schema.avrotypes import map_column
@@ -85,6 +86,8 @@ class TableSchema:
                 spec["column"] = col.name
             if col.rule:  # protocol.md, "Masked columns"
                 spec["masked"] = col.rule
+                if col.rule == HASH and layout.salt:  # another salt: another version
+                    spec["salt"] = salt_id(layout.salt)
             columns.append(spec)
         avsc = {"namespace": NAMESPACE, "type": "record", "name": "ChangeRecord",
                 "table": layout.table, "database": layout.database, "version": version,

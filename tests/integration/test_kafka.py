@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from mariadb_cdc_client.kafka import KafkaChange, KafkaChangeReader
 from tests.conftest import RunningService, Source, make_config, start_service
-from tests.helpers import pace
+from tests.helpers import pace, write_secret
 from tests.kafka_broker import Tansu
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.kafka]
@@ -390,7 +390,7 @@ async def test_kafka_gets_excluded_hashed_and_masked_columns_as_the_store_does(
     state) holds a clear value, in any format; the hash is the salted SHA-256 of the value."""
     db = source.database
     salt = tmp_path / "salt"
-    salt.write_text("kafka-salt")
+    write_secret(salt, "kafka-salt")
     clear = ["mail-7731@example.com", "hash-of-a-password-7731", "4111222233334444"]
     config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
                          kafka=kafka_section(kafka_broker, source, format=fmt),

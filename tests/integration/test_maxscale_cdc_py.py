@@ -24,7 +24,7 @@ import pytest
 from cdcserver.protocol.users import UsersFile
 from mariadb_cdc_client.format.wire import Dialect
 from tests.conftest import RunningService, Source
-from tests.helpers import PASSWORD, USER
+from tests.helpers import PASSWORD, USER, write_secret
 from tests.server.test_types import _fill, _from_maxscale, _json_lines, _typed, _zero_date_text
 
 
@@ -207,7 +207,7 @@ async def test_cdc_py_reads_a_table_under_column_rules(examples: str, tmp_path,
     from tests.conftest import make_config, start_service
 
     salt = tmp_path / "salt"
-    salt.write_text("cdc-py-salt")
+    write_secret(salt, "cdc-py-salt")
     db = source.database
     config = make_config(os.path.join(tmp_path, "data"), source.url, users_file, capture={
         "columns_exclude": f"`{db}`.u.secret", "columns_hash": f"`{db}`.u.email",

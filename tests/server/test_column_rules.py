@@ -26,7 +26,7 @@ from cdcserver.dump.options import DumpOptions
 from mariadb_cdc_client import ChangeRecord, SyncCdcClient
 from mariadb_cdc_client.format.dump import DumpRows
 from tests.conftest import RunningService, Source, make_config, start_service
-from tests.helpers import PASSWORD, USER, files_holding, until
+from tests.helpers import PASSWORD, USER, files_holding, until, write_secret
 from tests.oracle import assert_stream_equals_table, read_stream
 
 pytestmark = pytest.mark.mariadb
@@ -44,7 +44,7 @@ def _people(db: str) -> str:
 
 def _rules(db: str, tmp_path, card: str = "card:4") -> dict[str, object]:
     salt = tmp_path / "salt"
-    salt.write_text(SALT + "\n")
+    write_secret(salt, SALT + "\n")
     return {"columns_exclude": f"`{db}`.people.password_hash",
             "columns_hash": f"`{db}`.people.email, `{db}`.people.photo, `{db}`.people.age, "
                             f"`{db}`.*.contact",
@@ -288,7 +288,7 @@ async def test_verify_compares_hashed_and_masked_columns_under_their_rules(
                 config.store.data_dir, "--hash-salt-file", config.capture.hash_salt_file]
         assert await asyncio.to_thread(cdcserver_main, args) == 0, capsys.readouterr()
         wrong = tmp_path / "wrong-salt"
-        wrong.write_text("not the salt")
+        write_secret(wrong, "not the salt")
         args[-1] = str(wrong)
         assert await asyncio.to_thread(cdcserver_main, args) == 1  # it does compare
     finally:
@@ -303,7 +303,7 @@ async def test_hostile_column_names_are_named_by_quoted_patterns(
     source.execute(f"CREATE TABLE `{db}`.`weird_t` (id INT PRIMARY KEY, `e.mail ü` "
                    "VARCHAR(60), `a:1` VARCHAR(20), `x``y` TEXT) DEFAULT CHARSET=utf8mb4")
     salt = tmp_path / "salt"
-    salt.write_text(SALT)
+    write_secret(salt, SALT)
     config = make_config(str(tmp_path / "data"), source.url, users_file, capture={
         "columns_hash": f"`{db}`.`weird_t`.`e.mail ü`",
         "columns_mask": f"`{db}`.`weird_t`.`a:1`:1",
@@ -334,7 +334,7 @@ async def test_huge_values_are_hashed_and_masked_whole(tmp_path, source: Source,
     source.execute(f"CREATE TABLE `{db}`.big (id INT PRIMARY KEY, note LONGTEXT, "
                    "photo LONGBLOB) DEFAULT CHARSET=utf8mb4")
     salt = tmp_path / "salt"
-    salt.write_text(SALT)
+    write_secret(salt, SALT)
     config = make_config(str(tmp_path / "data"), source.url, users_file, capture={
         "columns_hash": f"`{db}`.big.photo", "columns_mask": f"`{db}`.big.note:3",
         "hash_salt_file": str(salt)})
@@ -390,3 +390,50 @@ async def test_an_update_of_hidden_columns_only_is_not_streamed(tmp_path, source
     before, after = [r for r in records if r["event_type"].startswith("update")][-2:]
     assert before["card"] != after["card"]
     assert records[-1]["event_type"] == "insert" and records[-1]["id"] == 100
+
+
+def test_the_salt_file_gets_the_token_files_checks(tmp_path, monkeypatch):
+    """A salt others may read is not a secret; one of whitespace only is none."""
+    monkeypatch.delenv("CDCSERVER_HASH_SALT", raising=False)
+    salt = tmp_path / "salt"
+    salt.write_text(SALT + "\n")
+    os.chmod(salt, 0o600)
+    assert CaptureConfig(hash_salt_file=str(salt)).hash_salt() == SALT.encode()
+    os.chmod(salt, 0o644)
+    with pytest.raises(ConfigError, match="may be read by other users"):
+        CaptureConfig(hash_salt_file=str(salt)).hash_salt()
+    salt.write_text(" \t\n\n")
+    os.chmod(salt, 0o600)
+    with pytest.raises(ConfigError, match="holds no salt"):
+        CaptureConfig(hash_salt_file=str(salt)).hash_salt()
+
+
+async def test_another_salt_after_a_restart_is_a_new_version(tmp_path, source: Source,
+                                                              users_file: str):
+    """Hashes of one value under two salts must not meet in one version: an update's
+    before and after images would carry two hashes of the same value."""
+    db = source.database
+    config, running = await _people_service(tmp_path, source, users_file)
+    try:
+        _write_people(source, db, 1)
+        await running.caught_up(source)
+    finally:
+        await running.stop()
+    other = tmp_path / "other-salt"
+    write_secret(other, "another-pepper\n")
+    rules = {**_rules(db, tmp_path), "hash_salt_file": str(other)}
+    config = make_config(config.store.data_dir, source.url, users_file, capture=rules)
+    running = await start_service(config)
+    try:
+        source.execute(f"UPDATE `{db}`.people SET card = '4000' WHERE id = 1")
+        await running.caught_up(source)
+        lines = await read_stream(running.port, f"`{db}`.people", user=USER,
+                                  password=PASSWORD, quiet=0.5)
+    finally:
+        await running.stop()
+    versions = [line for line in lines if "fields" in line]
+    assert len(versions) == 2, versions
+    assert versions[0]["version"] == 1 and versions[1]["version"] == 2
+    before, after = [r for r in lines if r.get("event_type", "").startswith("update")][-2:]
+    assert before["email"] == after["email"] == hashlib.sha256(
+        ("another-pepper" + "new." + CLEAR[0]).encode()).hexdigest()
