@@ -230,6 +230,9 @@ NO_COLUMN_RULES = ColumnRules()
 # What a schema statement of a table under column rules is shown as (in the schema's ``ddl``
 # key, in Kafka's DDL events): its text may name an excluded column or hold a value in clear
 RULED_STATEMENT = "(not shown: [capture] column rules apply to this table)"
+# why a repair re-reads such a table after a schema change (the column-by-column reasons
+# name columns, an excluded one's too, and their types)
+RULED_REWRITES = f"a schema change may have rewritten stored values {RULED_STATEMENT}"
 
 
 def salt_id(salt: bytes) -> str:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
+from cdcserver.core.capture import EVERY_USER_TABLE, RULED_REWRITES, CaptureFilter
 from cdcserver.core.changes import (
     Abort,
     Begin,
@@ -421,17 +421,28 @@ class EventDecoder:
                         if self.capture.captures(c.database, c.table))
         out.append(Ddl(database, sql, timestamp, kind, changes, self.file, self._event_end,
                        self._event_start))
-        out += statement_markers(changes, sql)
+        out += statement_markers(changes, sql, self._ruled)
         if self.history is not None:
             out += sequence_markers(changes, self.history)
         if self._standalone:
             self._commit(timestamp, out)
 
     def _stored(self, change: TableChange) -> TableChange:
-        """The change with its layout as the column rules store it."""
+        """The change with its layout as the column rules store it; under column rules,
+        without the reasons its values were rewritten, which name columns and their types
+        (an excluded one's too): a generic one says a repair follows."""
         projection = None if change.layout is None else \
             project_layout(change.layout, self.columns)
-        return change if projection is None else replace(change, layout=projection.layout)
+        if projection is not None:
+            change = replace(change, layout=projection.layout)
+        if change.rewrites and self._ruled(change):
+            change = replace(change, rewrites=RULED_REWRITES)
+        return change
+
+    def _ruled(self, change: TableChange) -> bool:
+        """Whether column rules apply to the table a schema change is about."""
+        return bool(self.columns) and self.columns.touches(
+            TableName(change.database, change.table))
 
     def _query_codec(self, status: bytes) -> str:
         """The statement's character set, from the Q_CHARSET_CODE status variable."""

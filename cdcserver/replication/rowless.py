@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from cdcserver.core.capture import RULED_STATEMENT
 from cdcserver.core.changes import ForeignKeyEdge, Rowless, RowsKind, TableChange, TableLayout
 from cdcserver.core.names import TableName
 
@@ -32,12 +33,18 @@ if TYPE_CHECKING:
 _CASCADING = frozenset({"cascade", "set null", "set default"})
 
 
-def statement_markers(changes: Sequence[TableChange], sql: str) -> list[Rowless]:
-    """A marker for each table whose stored rows a schema statement rewrote or removed."""
+def statement_markers(changes: Sequence[TableChange], sql: str,
+                      hidden: Callable[[TableChange], bool] = lambda change: False
+                      ) -> list[Rowless]:
+    """A marker for each table whose stored rows a schema statement rewrote or removed. Its
+    reason quotes the statement, but for a table ``hidden`` says column rules apply to:
+    the text could name an excluded column or hold a value (a DEFAULT)."""
     statement = " ".join(sql.split())
     if len(statement) > 200:
         statement = statement[:197] + "..."
-    return [Rowless(c.database, c.table, f"{c.rewrites}: {statement}", layout=c.layout)
+    return [Rowless(c.database, c.table,
+                    f"{c.rewrites}: {RULED_STATEMENT if hidden(c) else statement}",
+                    layout=c.layout)
             for c in changes if c.rewrites]
 
 

@@ -19,11 +19,12 @@ import base64
 import datetime as dt
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pymysql
 
-from cdcserver.core.capture import NO_COLUMN_RULES, ColumnRules
+from cdcserver.core.capture import EXCLUDE, NO_COLUMN_RULES, ColumnRules
 from cdcserver.core.changes import TableLayout
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import SourceError
@@ -146,7 +147,7 @@ class ReadView:
         table = TableName(layout.database, layout.table)
         if self.definitions.get(table) is None:
             return []
-        fields = TableSchema.from_layout(layout, 0, "").columns
+        fields = TableSchema.from_layout(clear_layout(layout), 0, "").columns
         select = f"SELECT {', '.join(select_expression(f) for f in fields)} FROM " \
                  f"{qualified(table)}"
         if "WITH SYSTEM VERSIONING" in (self.definitions.get(table) or ""):
@@ -187,6 +188,15 @@ class ReadView:
         finally:
             if self.conn.open:
                 self.conn.close()
+
+
+def clear_layout(layout: TableLayout) -> TableLayout:
+    """The columns a stored layout keeps, typed as the source types them: a hashed BLOB is
+    read as its bytes (then hashed), not as the text its stored field holds."""
+    if layout.image is None:
+        return layout
+    kept = tuple(replace(c, rule=None) for c in layout.image if c.rule != EXCLUDE)
+    return replace(layout, columns=kept, image=None, description=None)
 
 
 class TextRows:
