@@ -21,15 +21,17 @@ import resource
 from dataclasses import dataclass, replace
 
 from cdcserver.core.config import Config
+from cdcserver.ops.httpgate import CONNECTIONS as HTTP_CONNECTIONS
 from cdcserver.store.inuse import FILES
 
 log = logging.getLogger(__name__)
 
 # Descriptors the process needs besides the budgets: the interpreter and its libraries, the
 # connections to the source (replication, lag probe, repairs), the index and views
-# (SQLite and its journal), the checkpoint, the log, the Kafka brokers, the monitoring
-# endpoint's connections (64 waiting at most) and what a thread opens for a moment.
-RESERVED = 160
+# (SQLite and its journal), the checkpoint, the log, the Kafka brokers, what a thread opens
+# for a moment (96), and the connections of the two HTTP listeners, the monitoring
+# endpoint's and the admin API's (ops/httpgate.py: 64 each at most).
+RESERVED = 96 + 2 * HTTP_CONNECTIONS
 CEILING = 1 << 20  # a hard limit of "unlimited" is not taken whole
 PER_CONNECTION = 1  # a client's socket (the files it reads: the stored files' budget)
 PER_DUMP_READER = 3  # a reader's connection to the source, the dump file, its progress record

@@ -11,11 +11,14 @@ nothing but code: the console asks the operator for the token), nor do ``/live``
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import os
 import stat
+import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,6 +27,7 @@ from aiohttp import web
 
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.names import TableName
+from cdcserver.ops.httpgate import ConnectionGate, GatedProtocol, client_host
 from mariadb_cdc_client.format.names import BadTableRef, parse_table, split_list
 
 log = logging.getLogger(__name__)
@@ -86,9 +90,73 @@ class TokenFile:
         try:
             token = self.current()
         except ConfigError as exc:  # removed or loosened meanwhile: nobody gets in
-            log.error("admin API: %s", exc)
+            self._unusable(str(exc))
             return False
+        self._unusable_said = ""
         return hmac.compare_digest(given.strip().encode(), token)
+
+    _unusable_said = ""
+    _unusable_at = 0.0
+
+    def _unusable(self, why: str) -> None:
+        """Say once (and again each minute it lasts) that the file cannot be used: every
+        request that comes meanwhile is refused, and would otherwise log a line each."""
+        now = time.monotonic()
+        if why != self._unusable_said or now - self._unusable_at >= 60.0:
+            log.error("admin API: %s; every request is refused until it is fixed", why)
+            self._unusable_said, self._unusable_at = why, now
+
+
+class TokenGuesses:
+    """Wrong tokens, by address: past ``limit`` within ``window`` seconds an address is
+    answered 429 without its token being compared, until the oldest of them leaves the
+    window; each is logged, the first ``first`` of a minute one line each, then summed up."""
+
+    def __init__(self, limit: int = 10, window: float = 60.0, first: int = 10,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit, self.window, self.first, self.clock = limit, window, first, clock
+        self._failed: dict[str, list[float]] = {}
+        self._logged = 0
+        self._more: Counter[str] = Counter()
+        self._since = clock()
+
+    def wait(self, host: str) -> float:
+        """Seconds ``host`` must wait before a token of its is compared again (0: now)."""
+        times = self._recent(host)
+        return 0.0 if len(times) < self.limit else times[0] + self.window - self.clock()
+
+    def failed(self, host: str) -> None:
+        self._recent(host).append(self.clock())
+        self._summarise()
+        if self._logged < self.first:
+            self._logged += 1
+            log.warning("admin API: a request from %s with a wrong or missing token", host)
+        else:
+            self._more[host] += 1
+
+    def refused(self, host: str) -> None:
+        self._summarise()
+        self._more[host] += 1
+
+    def _recent(self, host: str) -> list[float]:
+        """``host``'s wrong tokens within the window (the list kept for it)."""
+        now = self.clock()
+        times = self._failed[host] = [t for t in self._failed.get(host, ())
+                                      if now - t < self.window]
+        if len(self._failed) > 10_000:  # forget the addresses whose guesses are all old
+            self._failed = {h: t for h, t in self._failed.items()
+                            if h == host or (t and now - t[-1] < self.window)}
+        return times
+
+    def _summarise(self) -> None:
+        now = self.clock()
+        if now - self._since < 60.0:
+            return
+        if self._more:
+            log.warning("admin API: %d more requests with a wrong token, or refused for too "
+                        "many of them, in the last %.0f s, from %d addresses",
+                        sum(self._more.values()), now - self._since, len(self._more))
+        self._logged, self._more, self._since = 0, Counter(), now
 
 
 def _read_token(path: str, st: os.stat_result) -> bytes:
@@ -104,21 +172,29 @@ def _read_token(path: str, st: os.stat_result) -> bytes:
     return token
 
 
+# A connection's idle time between requests (aiohttp's default is an hour); the first
+# request has httpgate.FIRST_REQUEST
+KEEPALIVE = 15.0
+
+
 class AdminServer:
     def __init__(self, state: AdminState, token: TokenFile, probes: dict[str, Probe]) -> None:
         self.state = state
         self.token = token
         self.probes = probes  # /live and /ready: open, as on the monitoring listener
+        self.gate = ConnectionGate("admin API")
+        self.guesses = TokenGuesses()
         self._runner: web.AppRunner | None = None
 
     async def start(self, host: str, port: int, ssl: object = None) -> tuple[str, int]:
         app = web.Application(client_max_size=MAX_BODY,
                               middlewares=[self._errors, self._authenticated])
         self._routes(app)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     keepalive_timeout=KEEPALIVE)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, ssl_context=ssl,  # type: ignore[arg-type]
-                           backlog=128)
+        site = _GatedSite(self._runner, host, port, self.gate,
+                          ssl_context=ssl, backlog=128)
         await site.start()
         server = site._server  # the bound address, port 0 included
         assert server is not None
@@ -161,18 +237,22 @@ class AdminServer:
     async def _errors(self, request: web.Request,
                       handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                       ) -> web.StreamResponse:
-        """Every answer under /api/ is JSON, errors included; the console gets its
-        security headers."""
+        """Every answer under /api/ is JSON, errors included; every other one, a redirect
+        or a 404 of the console's files included, gets the console's security headers;
+        and no answer names the server's software."""
         try:
             response = await handler(request)
         except Refused as exc:
             response = _error(exc.status, str(exc))
         except web.HTTPException as exc:
-            if not request.path.startswith("/api/") or exc.status < 400:
-                raise
-            response = _error(exc.status, _reason(exc))
-            if "Allow" in exc.headers:
-                response.headers["Allow"] = exc.headers["Allow"]
+            if not request.path.startswith("/api/"):
+                response = web.Response(status=exc.status, text=exc.text,
+                                        headers={k: v for k, v in exc.headers.items()
+                                                 if k in ("Location", "Allow")})
+            else:
+                response = _error(exc.status, _reason(exc))
+                if "Allow" in exc.headers:
+                    response.headers["Allow"] = exc.headers["Allow"]
         except Exception:  # a bug in one view must not take the API down (logged)
             log.exception("admin API: %s %s failed", request.method, request.path)
             response = _error(500, "internal error; see the service's log")
@@ -189,8 +269,19 @@ class AdminServer:
     async def _authenticated(self, request: web.Request,
                              handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                              ) -> web.StreamResponse:
-        if request.path.startswith("/api/") and \
-                not self.token.accepts(request.headers.get("Authorization")):
+        if not request.path.startswith("/api/"):
+            return await handler(request)
+        host = client_host(request.transport.get_extra_info("peername")
+                           if request.transport is not None else request.remote)
+        wait = self.guesses.wait(host)
+        if wait > 0:
+            self.guesses.refused(host)
+            response = _error(429, "too many requests with a wrong token from this address; "
+                                   f"try again in {wait:.0f} s")
+            response.headers["Retry-After"] = str(max(1, round(wait)))
+            return response
+        if not self.token.accepts(request.headers.get("Authorization")):
+            self.guesses.failed(host)
             response = _error(401, "this needs the admin token: Authorization: Bearer <the "
                                    "content of [admin] token_file>")
             response.headers["WWW-Authenticate"] = 'Bearer realm="cdcserver"'
@@ -207,7 +298,7 @@ class AdminServer:
 
     async def _disconnect(self, request: web.Request) -> web.Response:
         text = request.match_info["id"]
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):  # "²" is a digit to str.isdigit()
             raise Refused(400, f"a client id is a number (GET /api/v1/clients), not {text!r}")
         self.state.disconnect(int(text))
         return _json({"disconnected": int(text)})
@@ -232,6 +323,27 @@ class AdminServer:
     async def _probe(self, request: web.Request) -> web.Response:
         good, document = self.probes[request.path]()
         return _json(document, status=200 if good else 503)
+
+
+class _GatedSite(web.TCPSite):
+    """aiohttp's TCP site, each connection behind the listener's :class:`ConnectionGate`."""
+
+    __slots__ = ("_gate",)
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, gate: ConnectionGate,
+                 **kwargs: Any) -> None:
+        super().__init__(runner, host, port, **kwargs)
+        self._gate = gate
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registered with the runner, as TCPSite.start does
+        server = self._runner.server
+        assert server is not None
+        gate = self._gate
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: GatedProtocol(server(), gate), self._host, self._port,
+            ssl=self._ssl_context, backlog=self._backlog)
+        self._bound_port = self._server.sockets[0].getsockname()[1]
 
 
 async def _to_console(request: web.Request) -> web.Response:
@@ -266,6 +378,8 @@ async def _body(request: web.Request) -> Any:
         raise Refused(413, f"a request body may be at most {MAX_BODY // 1024} KiB") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise Refused(400, f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        raise Refused(400, "the body is not JSON this API reads: nested too deeply") from None
 
 
 def _table(text: str) -> TableName:

@@ -4,9 +4,11 @@ probes ``GET /live`` and ``GET /ready`` (``probes.py``).
 A few routes on the service's own event loop (so reading its state needs no locks), HTTP/1.1
 with ``Connection: close``. prometheus_client renders the metrics; the request handling is
 small enough not to need a web framework, and it is bounded like the CDC listener: a request
-head of at most 8 KiB, 5 seconds to send it, 64 connections waiting for theirs. A new
-connection is never turned away for those waiting: when 64 wait, the one that has waited
-longest is closed, so that idle or slow connections cannot keep a probe from its answer.
+head of at most 8 KiB, 5 seconds to send it, 10 seconds for the client to take the answer,
+and the HTTP listeners' bounds on connections (``httpgate.py``: 64 in all, 32 from one
+address). A new connection is not turned away for those waiting: when the listener is full,
+the one that has waited longest for its request is closed, so that idle or slow connections
+cannot keep a probe from its answer.
 
 ``/health`` answers 200 with ``{"status": "ok", ...}`` while replication is connected and
 within the lag limit, and 503 with ``"status": "degraded"`` and the problems otherwise, so a
@@ -26,11 +28,13 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from cdcserver.ops.httpgate import ConnectionGate, client_host
+
 log = logging.getLogger(__name__)
 
 MAX_HEAD = 8192
 REQUEST_TIMEOUT = 5.0
-MAX_WAITING = 64  # connections that have not sent their request head yet
+ANSWER_TIMEOUT = 10.0  # to take the answer: a client that does not read holds no socket
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             500: "Internal Server Error", 503: "Service Unavailable"}
 
@@ -43,8 +47,7 @@ class MonitoringServer:
         self.registry = registry
         self.documents = documents
         self._server: asyncio.base_events.Server | None = None
-        # the connections that have not sent their request yet, the longest waiting first
-        self._waiting: dict[asyncio.StreamWriter, None] = {}
+        self.gate = ConnectionGate("monitoring endpoint")
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         self._server = await asyncio.start_server(self._handle, host, port, limit=MAX_HEAD)
@@ -61,11 +64,10 @@ class MonitoringServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
                       ) -> None:
-        if len(self._waiting) >= MAX_WAITING:
-            longest = next(iter(self._waiting))
-            del self._waiting[longest]
-            longest.close()  # its handler's read ends, and it closes
-        self._waiting[writer] = None
+        if not self.gate.admit(writer, client_host(writer.get_extra_info("peername")),
+                               _drop):
+            _drop(writer)
+            return
         try:
             try:
                 async with asyncio.timeout(REQUEST_TIMEOUT):
@@ -74,8 +76,7 @@ class MonitoringServer:
                     asyncio.IncompleteReadError, ConnectionError):
                 await _respond(writer, 400, b"bad request\n", "text/plain")
                 return
-            finally:
-                self._waiting.pop(writer, None)
+            self.gate.requested(writer)
             try:
                 status, body, content_type = self._route(method, path)
             except Exception:  # a bug in a collector must not take the endpoint down
@@ -85,6 +86,7 @@ class MonitoringServer:
             await _respond(writer, status, b"" if method == "HEAD" else body, content_type,
                            length=len(body))
         finally:
+            self.gate.release(writer)
             writer.close()
             with contextlib.suppress(ConnectionError, OSError, RuntimeError):
                 await writer.wait_closed()
@@ -121,9 +123,20 @@ async def _request_head(reader: asyncio.StreamReader) -> tuple[str, str]:
 
 async def _respond(writer: asyncio.StreamWriter, status: int, body: bytes, content_type: str,
                    length: int | None = None) -> None:
+    """The answer, within :data:`ANSWER_TIMEOUT` (else the connection is dropped)."""
     head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
             f"Content-Length: {len(body) if length is None else length}\r\n"
             "Connection: close\r\n\r\n")
-    with contextlib.suppress(ConnectionError, RuntimeError):
+    try:
         writer.write(head.encode() + body)
-        await writer.drain()
+        async with asyncio.timeout(ANSWER_TIMEOUT):
+            await writer.drain()
+    except TimeoutError:
+        _drop(writer)
+    except (ConnectionError, RuntimeError):
+        pass
+
+
+def _drop(writer: asyncio.StreamWriter) -> None:
+    """Close a connection now, whatever it has not sent."""
+    writer.transport.abort()

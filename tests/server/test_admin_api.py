@@ -83,15 +83,19 @@ async def test_every_endpoint_needs_the_token(admin: tuple[RunningService, Api])
              ("GET", "/api/v1/tables"), ("GET", "/api/v1/dumps"),
              ("POST", "/api/v1/dumps"), ("POST", "/api/v1/tables/a.b/resync"),
              ("DELETE", "/api/v1/clients/1"), ("POST", "/api/v1/users/reload")]
-    for method, path in calls:
-        for token in (None, "wrong-token-wrong-token", TOKEN + "x", TOKEN[:-1]):
-            status, data = await api.call(method, path, token=token)
-            assert status == 401, (method, path, token, data)
-            assert "admin token" in data["error"]
-    async with api.session.get(api.base + "/api/v1/clients",
-                               headers={"Authorization": f"Basic {TOKEN}"}) as response:
-        assert response.status == 401
-        assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    tries = [(method, path, None) for method, path in calls] + \
+        [("GET", "/api/v1/clients", t) for t in ("wrong-token-wrong-token", TOKEN + "x")]
+    for method, path, token in tries:  # ten: an address's budget of wrong tokens a minute
+        status, data = await api.call(method, path, token=token)
+        assert status == 401, (method, path, token, data)
+        assert "admin token" in data["error"]
+    # past it, the address is answered 429 without its token being compared, the right one
+    # too, for the rest of the minute
+    for token in (TOKEN[:-1], TOKEN):
+        async with api.session.get(api.base + "/api/v1/clients",
+                                   headers={"Authorization": f"Bearer {token}"}) as response:
+            assert response.status == 429 and 50 <= int(response.headers["Retry-After"]) <= 60
+            assert "too many requests with a wrong token" in (await response.json())["error"]
     # the probes and the console's files stay open
     for path in ("/live", "/console/", "/console/console.js"):
         async with api.session.get(api.base + path) as response:
@@ -266,10 +270,14 @@ async def test_hostile_requests_get_clear_refusals(admin: tuple[RunningService, 
                                headers={"Authorization": f"Bearer {TOKEN}"}) as response:
         assert response.status == 405 and "GET" in response.headers["Allow"]
         assert "takes" in (await response.json())["error"]
-    # a flood of connections does not stop the API: each answers, none left hanging
-    async def replication() -> int:
-        return (await api.call("GET", "/api/v1/replication"))[0]
-    assert set(await asyncio.gather(*(replication() for _ in range(200)))) == {200}
+    # a flood of requests does not stop the API: each answers, none left hanging (16 at a
+    # time: within the connections an address may hold, 32)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=16)) as flood:
+        async def replication() -> int:
+            async with flood.get(api.base + "/api/v1/replication",
+                                 headers={"Authorization": f"Bearer {TOKEN}"}) as response:
+                return response.status
+        assert set(await asyncio.gather(*(replication() for _ in range(200)))) == {200}
     # the token file turned loose while running: nobody gets in, with a clear log line
     os.chmod(secret, 0o644)
     try:
@@ -323,3 +331,39 @@ async def test_a_quarantined_table_in_the_api_and_its_resync(
             assert status == 409 and "not quarantined" in data["error"]
     finally:
         await running.stop()
+
+
+async def test_odd_requests_get_clear_refusals_and_every_answer_its_headers(
+        admin: tuple[RunningService, Api]) -> None:
+    """A deeply nested body and a client id of a non-ASCII digit answered 500 with a
+    traceback in the log; a 404 of the console's files, or a redirect, came without the
+    console's Content-Security-Policy and named aiohttp and Python's versions."""
+    _, api = admin
+    async with api.session.post(api.base + "/api/v1/dumps", data=b"[" * 50_000,
+                                headers={"Authorization": f"Bearer {TOKEN}",
+                                         "Content-Type": "application/json"}) as response:
+        assert response.status == 400 and "nested" in (await response.json())["error"]
+    status, data = await api.call("DELETE", "/api/v1/clients/\u00b2")
+    assert status == 400 and "a number" in data["error"], data
+    for path in ("/console/missing.js", "/console", "/nothing"):
+        async with api.session.get(api.base + path, allow_redirects=False) as response:
+            assert response.status in (302, 404), path
+            assert response.headers["Content-Security-Policy"].startswith("default-src"), path
+            assert response.headers["Server"] == "cdcserver", path
+            assert response.headers["X-Content-Type-Options"] == "nosniff", path
+
+
+async def test_an_unusable_token_file_is_said_once_not_for_every_request(
+        admin: tuple[RunningService, Api], caplog: pytest.LogCaptureFixture) -> None:
+    running, api = admin
+    secret = running.service.config.admin.token_file
+    caplog.set_level("INFO", logger="cdcserver.ops.admin")
+    os.chmod(secret, 0o644)
+    try:
+        for _ in range(8):
+            assert (await api.call("GET", "/api/v1/clients"))[0] == 401
+    finally:
+        os.chmod(secret, 0o600)
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "may be read or changed by other users" in errors[0].message
+    assert (await api.call("GET", "/api/v1/clients"))[0] == 200

@@ -36,14 +36,23 @@ from cdcserver.dump.dumper import DumpOptions, dump_tables
 from cdcserver.store.inuse import FILES, delete_unless_in_use
 from cdcserver.store.naming import version_file
 from tests.conftest import RunningService, Source
-from tests.helpers import PASSWORD, USER, RawClient, eventually, read_descriptors_of, until
+from tests.hardening import raise_fd_limit
+from tests.helpers import (
+    PASSWORD,
+    USER,
+    RawClient,
+    eventually,
+    read_descriptors_of,
+    until,
+    write_secret,
+)
 from tests.oracle import assert_stream_equals_table
 
 LISTENING = re.compile(r"cdcserver\.protocol\.server: listening on [\d.]+:(\d+)")
 MONITORING = re.compile(r"metrics and health on http://[\d.]+:(\d+)/metrics")
 
 
-@pytest.mark.parametrize("limit", [64, 200, 1024, 20000, 1 << 20])
+@pytest.mark.parametrize("limit", [64, 200, 400, 1024, 20000, 1 << 20])
 def test_the_budgets_fit_the_limit_and_keep_room_for_the_rest(limit: int):
     shares = budgets(Config(), limit)
     used = shares.table_files + shares.connections + shares.stored_files + \
@@ -55,7 +64,7 @@ def test_the_budgets_fit_the_limit_and_keep_room_for_the_rest(limit: int):
         assert used + RESERVED <= limit
     if limit >= 20000:  # room for what is configured: the configuration decides
         assert (shares.table_files, shares.connections) == (256, 2048)
-    if limit in (200, 1024):  # one descriptor a connection: they take all the rest
+    if limit in (400, 1024):  # one descriptor a connection: they take all the rest
         assert used + RESERVED == limit
 
 
@@ -64,14 +73,14 @@ def test_ten_thousand_connections_fit_a_hard_limit_of_20000():
     config = dataclasses.replace(config, listener=dataclasses.replace(
         config.listener, max_connections=10064))
     shares = budgets(config, 20000)
-    assert shares.connections == 10064 and shares.stored_files == 4894
+    assert shares.connections == 10064 and shares.stored_files == 4878
 
 
 class ServiceProcess:
     """``cdcserver run`` in a process of its own, under a file descriptor limit."""
 
     def __init__(self, tmp_path: os.PathLike[str], source: Source, users_file: str,
-                 limit: int) -> None:
+                 limit: int, *extra: str) -> None:
         self.log_path = os.path.join(tmp_path, "service.log")
         exe = os.path.join(os.path.dirname(sys.executable), "cdcserver")
 
@@ -83,7 +92,8 @@ class ServiceProcess:
                 [exe, "run", "--source", source.url, "--data-dir",
                  os.path.join(tmp_path, "data"), "--listen", "127.0.0.1:0",
                  "--metrics-listen", "127.0.0.1:0", "--users-file", users_file,
-                 "--server-id", "6401", "--start-gtid", "oldest", "--log-level", "info"],
+                 "--server-id", "6401", "--start-gtid", "oldest", "--log-level", "info",
+                 *extra],
                 stdout=subprocess.DEVNULL, stderr=log, preexec_fn=limited)
         self.port = self.metrics_port = 0
 
@@ -114,9 +124,9 @@ class ServiceProcess:
 
 
 @contextlib.asynccontextmanager
-async def service(tmp_path: os.PathLike[str], source: Source, users_file: str, limit: int
-                  ) -> AsyncIterator[ServiceProcess]:
-    running = ServiceProcess(tmp_path, source, users_file, limit)
+async def service(tmp_path: os.PathLike[str], source: Source, users_file: str, limit: int,
+                  *extra: str) -> AsyncIterator[ServiceProcess]:
+    running = ServiceProcess(tmp_path, source, users_file, limit, *extra)
     try:
         await running.started()
         yield running
@@ -195,10 +205,10 @@ async def test_a_flood_of_idle_connections_stops_no_table(tmp_path, source: Sour
 @pytest.mark.mariadb
 async def test_one_address_cannot_hold_every_login_slot(tmp_path, source: Source,
                                                         users_file: str):
-    # A limit of 400 leaves 131 connections; past half of them in use, one address may hold
+    # A limit of 400 leaves 95 connections; past half of them in use, one address may hold
     # 32 that have not logged in.
     async with service(tmp_path, source, users_file, limit=400) as running:
-        assert "131 client connections" in running.log()
+        assert "95 client connections" in running.log()
         others = await _open_idle(running.port, [f"127.0.0.{i}" for i in range(3, 8)], 8)
         mine = await _open_idle(running.port, ["127.0.0.2"], 33)
         try:
@@ -237,6 +247,61 @@ async def test_probes_answer_whatever_waits_on_the_monitoring_port(tmp_path, sou
             _close_all(idle)
 
 
+
+
+ADMIN = re.compile(r"admin API and console on http://[\d.]+:(\d+)/console/")
+
+
+@pytest.mark.mariadb
+async def test_more_idle_sockets_than_descriptors_on_every_port_stop_nothing(
+        tmp_path, source: Source, users_file: str):
+    """Issue 49: 1,000 idle connections to the admin port, which had no bound, took the
+    replication thread's last descriptor at ``ulimit -n 1024`` and the process exited. Here
+    1,200 to each of the three ports (3,600 against a limit of 1,024): every listener
+    holds what its budget allows and closes the rest at once; a DDL and rows replicate, and
+    each port still answers (the probe and the API over the idle connections of their own
+    address, which they close to make room)."""
+    raise_fd_limit(8000)
+    db = source.database
+    token = write_secret(tmp_path / "admin.token", "an-admin-token-0123456789abcdef")
+    async with service(tmp_path, source, users_file, 1024, "--admin-listen", "127.0.0.1:0",
+                       "--admin-token-file", token) as running:
+        found = await eventually(lambda: asyncio.to_thread(ADMIN.search, running.log()),
+                                 bool, 60, "the admin listener")
+        assert found is not None
+        admin_port = int(found[1])
+        addresses = [f"127.0.0.{i}" for i in range(2, 42)]
+        floods = []
+        try:
+            for port in (running.port, running.metrics_port, admin_port):
+                floods += await _open_idle(port, addresses, 30)
+            source.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY, v VARCHAR(10))",
+                           f"INSERT INTO `{db}`.t VALUES (1, 'a'), (2, 'b')")
+            status, _ = await asyncio.to_thread(_get, running.metrics_port, "/live")
+            assert status == 200
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{admin_port}/api/v1/replication",
+                headers={"Authorization": "Bearer an-admin-token-0123456789abcdef"})
+            with await asyncio.to_thread(urllib.request.urlopen, request, timeout=10) as r:
+                assert r.status == 200 and "state" in json.loads(r.read())
+            held = len(os.listdir(f"/proc/{running.process.pid}/fd"))
+            assert held < 1024, held
+        finally:
+            _close_all(floods)
+        assert running.process.poll() is None, running.log()[-3000:]
+        conn = source.server.connect()
+        try:
+            async def equal() -> bool:
+                with contextlib.suppress(AssertionError, ConnectionError):
+                    await assert_stream_equals_table(running.port, conn, db, "t", user=USER,
+                                                     password=PASSWORD, quiet=0.5)
+                    return True
+                return False
+
+            await eventually(equal, bool, 60, "the table's stream once the floods are gone")
+        finally:
+            conn.close()
+    assert "Too many open files" not in running.log()
 
 
 # -- one descriptor a connection ---------------------------------------------------------------
@@ -382,11 +447,12 @@ async def _streaming(port: int, table: str) -> RawClient:
 @pytest.mark.mariadb
 async def test_every_connection_the_budget_admits_streams_on_one_descriptor(
         tmp_path, source: Source, users_file: str):
-    # At a limit of 400, 131 connections (87 when each stream held its version file open)
+    # At a limit of 464, 131 connections (87 when each stream held its version file open);
+    # 224 are the rest's, the HTTP listeners' 128 among them
     db = source.database
     source.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY)",
                    f"INSERT INTO `{db}`.t VALUES (1)")
-    async with service(tmp_path, source, users_file, limit=400) as running:
+    async with service(tmp_path, source, users_file, limit=464) as running:
         assert "131 client connections, 43 stored files read by clients" in running.log()
         pid = running.process.pid
         first = await _streaming(running.port, f"{db}.t")
