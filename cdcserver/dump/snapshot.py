@@ -56,13 +56,16 @@ class SnapshotPoint:
                    dt.datetime.fromisoformat(data["taken"]))
 
 
-def prepare_session(conn: Any, mariadb: bool) -> None:
+def prepare_session(conn: Any, mariadb: bool, lock_wait: int | None = None) -> None:
     """A session for long consistent reads: UTC TIMESTAMPs, no statement time limit (in
-    two statements: a round trip each, for every reader of a chunked dump)."""
+    two statements: a round trip each, for every reader of a chunked dump). ``lock_wait``:
+    the seconds a statement waits for a table's metadata lock (``lock_wait_timeout``; the
+    server's default is a year), then fails with error 1205."""
     limit = "max_statement_time" if mariadb else "max_execution_time"
+    waits = f", lock_wait_timeout = {int(lock_wait)}" if lock_wait is not None else ""
     for statement in ("SET SESSION time_zone = '+00:00', "
                       "sql_mode = '', "  # e.g. no PAD_CHAR_TO_FULL_LENGTH
-                      f"net_write_timeout = 3600, {limit} = 0",
+                      f"net_write_timeout = 3600, {limit} = 0{waits}",
                       "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ"):
         source_sql.query(conn, statement)
 

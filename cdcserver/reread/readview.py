@@ -49,6 +49,16 @@ from mariadb_cdc_client.format import dump as dump_format
 from mariadb_cdc_client.format.schema import Field
 
 ER_NO_SUCH_TABLE = 1146
+ER_LOCK_WAIT_TIMEOUT = 1205
+# Seconds a read waits for a table's metadata lock. Replication waits with it: a session that
+# holds the table (LOCK TABLES, a long ALTER) would otherwise stop every table's stream for as
+# long as it likes (the server's lock_wait_timeout is a year). Past it the table is
+# quarantined alone and resynced by itself (app/resyncs.py) once the lock is gone.
+LOCK_WAIT = 5
+
+
+class TableLocked(SourceError):
+    """Another session held a table the read needs for longer than :data:`LOCK_WAIT`."""
 
 
 class DefinitionUnreadable(SourceError):
@@ -69,7 +79,7 @@ class ReadView:
         try:
             info = source_sql.describe(self.conn)
             mariadb = info.flavor == "mariadb"
-            prepare_session(self.conn, mariadb)
+            prepare_session(self.conn, mariadb, lock_wait=LOCK_WAIT)
             if mariadb:
                 before = {t: self._show_create(t) for t in self.tables}
                 self.point = open_mariadb_point(self.conn)
@@ -109,6 +119,11 @@ class ReadView:
                 if exc.args and exc.args[0] == ER_NO_SUCH_TABLE:
                     definitions[table] = None
                     continue
+                if exc.args and exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
+                    raise TableLocked(
+                        f"{table} is locked by another session (LOCK TABLES, or a schema "
+                        f"statement that holds it) for longer than {LOCK_WAIT} s; it is "
+                        "read again when the lock is gone") from exc
                 raise
             definitions[table] = self._show_create(table)
         return definitions
