@@ -245,7 +245,7 @@ class ServiceView:
             "taking": scheduler.listed() if scheduler is not None else [],
         }
 
-    async def take_dumps(self, refs: list[tuple[str, str]]) -> dict[str, list[str]]:
+    async def take_dumps(self, refs: list[tuple[str, str | None]]) -> dict[str, list[str]]:
         scheduler = self.service.scheduler
         if scheduler is None:
             raise Refused(503, "the service is starting; try again")
@@ -253,12 +253,13 @@ class ServiceView:
             found = await asyncio.to_thread(scheduler.resolve, refs)
         except CdcError as exc:
             raise Refused(503, f"cannot list the tables on the source: {exc}") from None
-        missing = [table_ref(d, t) for d, t in refs if t != "*" and TableName(d, t) not in found]
+        missing = [table_ref(d, t) for d, t in refs
+                   if t is not None and TableName(d, t) not in found]
         if missing:
             raise Refused(404, f"no table {', '.join(missing)} on the source (or not captured)")
         if not found:
             raise Refused(404, "no table matches " + ", ".join(
-                f"{table_ref(d, 'x')[:-2]}.*" if t == "*" else table_ref(d, t) for d, t in refs))
+                f"{table_ref(d, 'x')[:-2]}.*" if t is None else table_ref(d, t) for d, t in refs))
         try:
             queued = scheduler.request(found)
         except CdcError as exc:

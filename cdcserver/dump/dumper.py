@@ -108,11 +108,11 @@ def require_captured(table: TableName, capture: CaptureFilter) -> None:
         raise SourceError(f"{table} is not captured: {why}")
 
 
-def resolve_refs(address: SourceAddress, refs: list[tuple[str, str]],
+def resolve_refs(address: SourceAddress, refs: list[tuple[str, str | None]],
                  capture: CaptureFilter = EVERY_USER_TABLE) -> list[TableName]:
-    """The base tables ``(db, table)`` and ``(db, "*")`` name on the source, in the order
-    given; a named table the source does not have, or the service does not capture, is
-    left out."""
+    """The base tables ``(db, table)`` and ``(db, None)`` (every table of ``db``) name on
+    the source, in the order given; a named table the source does not have, or the service
+    does not capture, is left out."""
     from cdcserver.replication import source as source_sql
 
     names: list[TableName] = []
@@ -122,7 +122,7 @@ def resolve_refs(address: SourceAddress, refs: list[tuple[str, str]],
             sql = ("SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
                    "AND TABLE_TYPE = 'BASE TABLE'")
             args: tuple[str, ...] = (database,)
-            if table != "*":
+            if table is not None:
                 sql, args = sql + " AND TABLE_NAME = %s", (database, table)
             rows = source_sql.query(conn, sql + " ORDER BY TABLE_NAME", args)
             names += [TableName(database, str(r[0])) for r in rows

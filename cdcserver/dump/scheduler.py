@@ -119,9 +119,9 @@ class DumpScheduler:
             self._loop.call_soon_threadsafe(self._requests.put_nowait, fresh)
         return fresh
 
-    def resolve(self, refs: list[tuple[str, str]]) -> list[TableName]:
-        """The base tables that ``(db, table)`` and ``(db, "*")`` name on the source, in the
-        order given (blocking)."""
+    def resolve(self, refs: list[tuple[str, str | None]]) -> list[TableName]:
+        """The base tables that ``(db, table)`` and ``(db, None)`` (every table of ``db``)
+        name on the source, in the order given (blocking)."""
         return resolve_refs(self.address, refs, self.capture)
 
     def listed(self) -> list[dict[str, object]]:

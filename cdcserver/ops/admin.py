@@ -16,6 +16,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import stat
 import time
 from collections import Counter
@@ -57,7 +58,8 @@ class AdminState(Protocol):
     async def clients(self) -> list[dict[str, Any]]: ...
     async def tables(self) -> list[dict[str, Any]]: ...
     async def dumps(self) -> dict[str, Any]: ...
-    async def take_dumps(self, refs: list[tuple[str, str]]) -> dict[str, list[str]]: ...
+    async def take_dumps(self, refs: list[tuple[str, str | None]]
+                         ) -> dict[str, list[str]]: ...
     def resync(self, table: TableName) -> str: ...
     def disconnect(self, client_id: int) -> None: ...
     async def reload_users(self) -> int: ...
@@ -363,8 +365,14 @@ def _reason(exc: web.HTTPException) -> str:
 
 
 def _json(document: object, status: int = 200) -> web.Response:
-    return web.Response(text=json.dumps(document, indent=1, ensure_ascii=False) + "\n",
-                        status=status, content_type="application/json")
+    """UTF-8 JSON, but for the characters that reorder or hide the text around them (a
+    table named with U+202E), which are escaped: a person reads the answer."""
+    text = json.dumps(document, indent=1, ensure_ascii=False)
+    text = _UNSHOWN.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
+    return web.Response(text=text + "\n", status=status, content_type="application/json")
+
+
+_UNSHOWN = re.compile("[\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 
 
 def _error(status: int, why: str) -> web.Response:
@@ -392,8 +400,10 @@ def _table(text: str) -> TableName:
     return TableName(parsed.database, parsed.table)
 
 
-def _dump_refs(body: Any) -> list[tuple[str, str]]:
-    """``{"table": "db.t"}`` or ``{"tables": ["db.t", "db.*"]}``: (database, table or *)."""
+def _dump_refs(body: Any) -> list[tuple[str, str | None]]:
+    """``{"table": "db.t"}`` or ``{"tables": ["db.t", "db.*"]}``: (database, table), the
+    table None for every table of the database (a table named ``*`` is written quoted,
+    ``db.`*```, and is itself)."""
     if not isinstance(body, dict) or not ({"table", "tables"} & body.keys()):
         raise Refused(400, 'name the tables: {"table": "db.t"} or {"tables": ["db.t", '
                            '"db.*"]}')
@@ -404,10 +414,10 @@ def _dump_refs(body: Any) -> list[tuple[str, str]]:
         names = [body["table"], *names]
     if not names or not all(isinstance(n, str) for n in names):
         raise Refused(400, "tables are named as strings: db.table, or db.* for a database's")
-    refs = []
+    refs: list[tuple[str, str | None]] = []
     for name in names:
         if name.strip().endswith(".*"):
-            refs.append((_database(name.strip()[:-2]), "*"))
+            refs.append((_database(name.strip()[:-2]), None))
             continue
         table = _table(name)
         refs.append((table.database, table.table))

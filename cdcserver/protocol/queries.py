@@ -35,8 +35,8 @@ log = logging.getLogger("cdcserver.protocol.session")
 class DumpControl(Protocol):
     """The service's dumps, as sessions start and watch them (cdcserver.dump.scheduler)."""
 
-    def resolve(self, refs: list[tuple[str, str]]) -> list[TableName]:
-        """The tables that ``db.table`` and ``db.*`` name on the source (blocking)."""
+    def resolve(self, refs: list[tuple[str, str | None]]) -> list[TableName]:
+        """The tables that ``db.table`` and ``db.*`` (None) name on the source (blocking)."""
 
     def request(self, tables: list[TableName]) -> list[TableName]:
         """Queue dumps; the tables queued now."""
@@ -117,7 +117,7 @@ class ResolveTables:
     """START-DUMP: the tables ``db.table`` and ``db.*`` name on the source (or why that
     cannot be said)."""
 
-    refs: tuple[tuple[str, str], ...]
+    refs: tuple[tuple[str, str | None], ...]  # None: every table of the database
 
     def fetch(self, context: SessionContext) -> list[TableName] | CdcError:
         assert context.dumps is not None

@@ -356,7 +356,7 @@ class Session:
         names those queued (``LIST-DUMPS`` shows their progress)."""
         refs = parse_start_dump(argument)
         for database, name in refs:
-            if name != "*":
+            if name is not None:
                 self._require_access(TableName(database, name))
         if self.context.dumps is None or self.context.data_dir is None:
             raise ProtocolError(Code.NO_FILE, "this server takes no dumps on request")
@@ -370,12 +370,12 @@ class Session:
             raise ProtocolError(Code.NO_FILE, f"cannot list the tables: {found}")
         tables = [t for t in found if self._may_read(t)]
         missing = [table_ref(d, t) for d, t in refs
-                   if t != "*" and TableName(d, t) not in found]
+                   if t is not None and TableName(d, t) not in found]
         if missing:
             raise ProtocolError(Code.NO_FILE, f"no table {', '.join(missing)} on the source")
         if not tables:
             raise ProtocolError(Code.NO_FILE, "no table you may read matches "
-                                + " ".join(table_ref(d, t) if t != "*" else f"{d}.*"
+                                + " ".join(table_ref(d, t) if t is not None else f"{d}.*"
                                            for d, t in refs))
         try:
             queued = control.request(tables)

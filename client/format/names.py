@@ -22,7 +22,9 @@ from dataclasses import dataclass
 
 # Invisible characters: a name holding one is written as a JSON string, where they show as
 # escapes (json.dumps escapes U+0000-U+001F; the others are escaped below).
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# What a name may not show as it is: control characters, line separators, and the marks and
+# overrides that reorder the text around them (U+202E would show "gpj.exe" as "exe.jpg")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 _BARE = re.compile(r"[^.\s]+")  # \s is str.isspace(), what str.split() splits commands at
 _VERSION = re.compile(r"[0-9]{6}(?=\s|$)")
 _WORD = re.compile(r"\S*")
@@ -68,8 +70,9 @@ def as_table(table: Table, *, version: bool = False) -> TableRef:
 def needs_quoting(name: str) -> bool:
     """Whether a name cannot be written bare. A comma or a quote inside a name would do no
     harm to a command, but lists of tables (the Spark source's ``tables``) split at commas,
-    and one written form serves both."""
-    return not name or _CONTROL.search(name) is not None or any(
+    and one written form serves both; a table named ``*`` bare would be every table
+    (``db.*``)."""
+    return not name or name == "*" or _CONTROL.search(name) is not None or any(
         c in ".,`\"" or c.isspace() for c in name)
 
 

@@ -410,20 +410,21 @@ _DUMP_OPTIONS = (["FOLLOW"], ["DATABUS"])
 _START_DUMP = "START-DUMP db.table|db.* [db.table|db.* ...]"
 
 
-def parse_start_dump(argument: str) -> list[tuple[str, str]]:
+def parse_start_dump(argument: str) -> list[tuple[str, str | None]]:
     """``START-DUMP`` (extension): the tables to dump now, each ``db.table`` or ``db.*``
-    (every table of ``db``; the table part is then ``*``), separated by spaces (a bare name
-    may hold a comma, as everywhere in this protocol)."""
+    (every table of ``db``; the table part is then None, so that a table named ``*``,
+    quoted, is itself), separated by spaces (a bare name may hold a comma, as everywhere in
+    this protocol)."""
     rest = argument.strip()
     if not rest:
         raise ProtocolError(Code.BAD_SYNTAX, f"expected {_START_DUMP}")
-    refs: list[tuple[str, str]] = []
+    refs: list[tuple[str, str | None]] = []
     while rest:
         try:
             database, pos, quoted = read_name(rest, 0)
             if (database or quoted) and rest.startswith(".*", pos) and \
                     rest[pos + 2:pos + 3] in ("", " ", "\t"):
-                refs.append((database, "*"))
+                refs.append((database, None))
                 rest = rest[pos + 2:]
             else:
                 ref, rest = read_table(rest)

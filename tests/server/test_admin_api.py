@@ -4,6 +4,7 @@ clients connected: every endpoint, the token, and what each action does to the c
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -367,3 +368,56 @@ async def test_an_unusable_token_file_is_said_once_not_for_every_request(
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "may be read or changed by other users" in errors[0].message
     assert (await api.call("GET", "/api/v1/clients"))[0] == 200
+
+
+async def test_a_table_named_star_is_itself_not_the_wildcard(
+        admin: tuple[RunningService, Api], source: Source) -> None:
+    """``db.`*``` names a table called ``*``; ``db.*`` every table of ``db``. Both the API and
+    START-DUMP took the quoted one for the wildcard and dumped every table."""
+    from tests.helpers import RawClient
+
+    running, api = admin
+    db = source.database
+    run_sql(source, "CREATE TABLE `*` (id INT PRIMARY KEY)", "INSERT INTO `*` VALUES (1)",
+            "CREATE TABLE other (id INT PRIMARY KEY)", "INSERT INTO other VALUES (1)")
+    await running.caught_up(source)
+    status, data = await api.call("POST", "/api/v1/dumps", body={"table": f"{db}.`*`"})
+    assert status == 202 and data["queued"] == [f"{db}.`*`"], data
+    await eventually(lambda: api.get("/api/v1/dumps"),
+                     lambda d: d["dumps"] and not d["taking"], timeout=60)
+    client = await RawClient.connect(running.port)
+    try:
+        await client.login()
+        await client.send(f"START-DUMP `{db}`.`*`\n".encode())
+        assert await client.json_line() == {"started": [f"{db}.`*`"], "under_way": []}
+    finally:
+        await client.close()
+    dumps = await eventually(lambda: api.get("/api/v1/dumps"),
+                             lambda d: len(d["dumps"]) >= 2 and not d["taking"], timeout=60)
+    assert {d["table"] for d in dumps["dumps"]} == {f"{db}.`*`"}, dumps
+
+
+async def test_names_that_reorder_text_are_shown_escaped(
+        admin: tuple[RunningService, Api], source: Source) -> None:
+    """A table named with U+202E (right-to-left override) showed as another name in the API
+    and in references: every such mark is escaped where a person reads it."""
+    running, api = admin
+    db = source.database
+    evil = "gpj\u202eexe"
+    run_sql(source, f"CREATE TABLE `{evil}` (id INT PRIMARY KEY)",
+            f"INSERT INTO `{evil}` VALUES (1)")
+    await running.caught_up(source)
+    async with api.session.get(api.base + "/api/v1/tables",
+                               headers={"Authorization": f"Bearer {TOKEN}"}) as response:
+        raw = await response.read()
+    assert "\u202e".encode() not in raw
+    tables = {t["name"]: t for t in json.loads(raw)["tables"]}
+    assert tables[evil]["table"] == f'{db}."gpj\\u202eexe"'  # a reference that reads back
+    client = RawClient(*await asyncio.open_connection("127.0.0.1", running.port))
+    try:
+        await client.login()
+        await client.send(b"LIST-TABLES\n")
+        line = await client.line()
+        assert "\u202e".encode() not in line and evil in line.decode("unicode_escape")
+    finally:
+        await client.close()
