@@ -347,3 +347,30 @@ def test_the_spark_sources_auth_option():
     assert plan.Options.parse({**base, "auth": "SCRAM"}, streaming=True).auth == "scram"
     with pytest.raises(plan.OptionError, match="auth is auto, scram or legacy"):
         plan.Options.parse({**base, "auth": "none"}, streaming=True)
+
+
+async def test_the_gs2_flag_y_is_accepted_and_p_refused(listener: Listener):
+    """RFC 5802, section 6: a server without channel binding takes 'y' (the client could
+    bind, and believes the server cannot: with no -PLUS mechanism offered, there is no
+    downgrade to detect) and refuses 'p' (binding asked for)."""
+    client = RfcClient(USER, PASSWORD)
+    raw = await RawClient.connect(listener.port)
+    await raw.send(f"AUTH SCRAM-SHA-256 y,,{client.first_bare}\n".encode())
+    server_first = await raw.line()
+    # the proof covers the channel binding the client names: "y,," here, not "n,,"
+    fields = _server_first(server_first)
+    salted = hashlib.pbkdf2_hmac("sha256", PASSWORD.encode(), base64.b64decode(fields["s"]),
+                                 int(fields["i"]))
+    client_key = _hmac(salted, "Client Key")
+    without_proof = f"c={base64.b64encode(b'y,,').decode()},r={fields['r']}"
+    message = f"{client.first_bare},{server_first.decode()[6:].strip()},{without_proof}"
+    proof = bytes(a ^ b for a, b in zip(client_key, _hmac(hashlib.sha256(client_key).digest(),
+                                                          message), strict=True))
+    final = f"{without_proof},p={base64.b64encode(proof).decode()}\n".encode()
+    await raw.send(final)
+    assert (await raw.line()).startswith(b"OK v=")
+    await raw.close()
+    raw = await RawClient.connect(listener.port)
+    await raw.send(f"AUTH SCRAM-SHA-256 p=tls-unique,,{client.first_bare}\n".encode())
+    assert (await raw.line()).startswith(b"ERR BAD-AUTH")
+    await raw.close()
