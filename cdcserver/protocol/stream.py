@@ -46,6 +46,7 @@ from typing import Any, BinaryIO, NoReturn
 
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.core.names import TableName
+from cdcserver.protocol.bigjson import large, send_large_block
 from cdcserver.protocol.dialect import JsonStyle, schema_line
 from cdcserver.protocol.outbox import Outbox
 from cdcserver.protocol.render import (
@@ -522,6 +523,10 @@ class Streamer:
 
     async def _send_json(self, info: VersionInfo, block: Block,
                          until: _Until | None = None) -> None:
+        if large(info, block, self._held().fd):  # not held whole: big values in pieces
+            await send_large_block(info, block, self._held().fd, self.style, self._write,
+                                   self._sent_records, self._accepts(until))
+            return
         if until is None and (self._filter is None or self._filter.settled):
             await self._write(json_block(info, block, self.style))
             self._sent_records(block.count)
@@ -545,6 +550,18 @@ class Streamer:
         if out:
             await self._write(bytes(out))
 
+    def _accepts(self, until: _Until | None) -> Callable[[dict[str, Any]], bool] | None:
+        """Whether a record is sent, by the stream's filter and its end (None: every one)."""
+        accepts = self._filter
+        if until is None and (accepts is None or accepts.settled):
+            return None
+
+        def sent(record: dict[str, Any]) -> bool:
+            if accepts is not None and not accepts.settled and not accepts.accepts(record):
+                return False
+            return until is None or until.covers(record)
+        return sent
+
     async def _send_avro_block(self, info: VersionInfo, block: Block,
                                until: _Until | None = None) -> None:
         """A block seen while a GTID filter is not settled, or at the end of a bounded read:
@@ -556,11 +573,15 @@ class Streamer:
             kept = [r for r in kept if self._filter.accepts(r[0])]
         if until is not None:
             kept = [r for r in kept if until.covers(r[0])]
-        if len(kept) == len(records):
-            await self._write(self._held().pread(block.end - block.offset, block.offset))
-        elif kept:
-            await self._write(block_of(info, [encoded for _, encoded in kept]))
-        self._sent_records(len(kept))
+        count, whole = len(kept), len(kept) == len(records)
+        data = None if whole or not kept else block_of(info, [encoded for _, encoded in kept])
+        del records, kept  # not held while the client takes the block
+        if whole:  # as stored, from the file
+            self.bytes_sent += await self.out.send_file(self._held().fd, block.offset,
+                                                        block.end - block.offset)
+        elif data is not None:
+            await self._write(data)
+        self._sent_records(count)
 
     async def _send_file(self, info: VersionInfo, pos: int, end: int) -> None:
         """Stored bytes as they are (:meth:`Outbox.send_file`), from the shared descriptor."""
