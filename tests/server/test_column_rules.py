@@ -27,7 +27,7 @@ from mariadb_cdc_client import ChangeRecord, SyncCdcClient
 from mariadb_cdc_client.format.dump import DumpRows
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import PASSWORD, USER, files_holding, until, write_secret
-from tests.oracle import assert_stream_equals_table, read_stream
+from tests.oracle import assert_stream_equals_table, auth_message, read_stream
 
 pytestmark = pytest.mark.mariadb
 
@@ -472,3 +472,107 @@ async def test_a_rewriting_alter_of_a_ruled_table_tells_nothing_the_rules_hide(
         found = [f for f in files_holding(config.store.data_dir, secret)
                  if not f.endswith("schema_history.jsonl")]
         assert found == [], (secret, found)
+
+
+async def _raw_exchange(port: int, commands: list[bytes], fmt: str = "JSON",
+                        quiet: float = 1.0) -> bytes:
+    """Every byte the listener sends for ``commands`` after a login in ``fmt``, until it has
+    been quiet for ``quiet`` seconds."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 24)
+    out = bytearray()
+    try:
+        writer.write(auth_message(USER, PASSWORD))
+        assert await reader.readline() == b"OK\n"
+        writer.write(f"REGISTER UUID=grep, TYPE={fmt}\n".encode())
+        assert await reader.readline() == b"OK\n"
+        for command in commands:
+            writer.write(command + b"\n")
+        await writer.drain()
+        while True:
+            try:
+                data = await asyncio.wait_for(reader.read(1 << 16), quiet)
+            except TimeoutError:
+                break
+            if not data:
+                break
+            out += data
+    finally:
+        writer.close()
+    return bytes(out)
+
+
+async def test_no_byte_the_service_writes_or_sends_holds_what_the_rules_hide(
+        tmp_path, source: Source, users_file: str, capfd: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture):
+    """Issue 49's "masks everywhere": a run that stores, repairs, dumps and serves a ruled
+    table through every door (the CDC protocol in both formats and dialects, its errors and
+    listings, the admin API, the console, /metrics, the log at DEBUG, the data directory),
+    then a grep of every byte for the clear values and the excluded column's name. (The
+    schema history in state/ keeps the definitions the binlog is decoded with.)"""
+    import aiohttp
+
+    from tests.server.test_admin_api import TOKEN, token_file
+
+    db = source.database
+    caplog.set_level("DEBUG")
+    source.execute(_people(db))
+    config = make_config(str(tmp_path / "data"), source.url, users_file,
+                         capture=_rules(db, tmp_path),
+                         admin={"listen": "127.0.0.1:0",
+                                "token_file": token_file(str(tmp_path))})
+    running = await start_service(config)
+    sent: list[bytes] = []
+    try:
+        _write_people(source, db, 1)
+        source.execute(f"UPDATE `{db}`.people SET password_hash = 'hidden-change-77' "
+                       "WHERE id = 1",  # an update of the excluded column alone
+                       "SET SESSION sql_mode = ''",
+                       f"ALTER TABLE `{db}`.people MODIFY card VARCHAR(4), "
+                       "MODIFY password_hash VARCHAR(90) NOT NULL DEFAULT "
+                       "'PW-DEFAULT-SECRET', MODIFY note VARCHAR(40) DEFAULT "
+                       "'4000123412349999'")
+        source.execute(f"INSERT INTO `{db}`.people VALUES (20, '{CLEAR[4]}', '{CLEAR[1]}', "
+                       f"'4111', '{CLEAR[3][:40]}', X'00', 3, 'abcdef')")
+        await running.caught_up(source)
+        await asyncio.to_thread(dump_tables, parse_source_url(source.url),
+                                config.store.data_dir, [TableName(db, "people")],
+                                DumpOptions(config.dump), capture=running.service.capture)
+        table = f"`{db}`.people".encode()
+        for fmt in ("JSON", "AVRO"):
+            sent.append(await _raw_exchange(running.port, [
+                b"LIST-TABLES", b"QUERY-STATE", b"REQUEST-DATA " + table,
+            ], fmt))
+        sent.append(await _raw_exchange(running.port, [b"REQUEST-DATA " + table],
+                                        "JSON, DIALECT=MAXSCALE"))
+        sent.append(await _raw_exchange(running.port, [b"START-DUMP " + table]))
+        sent.append(await _raw_exchange(running.port, [
+            b"REQUEST-DATA " + table + b".000099", f"REQUEST-DATA `{db}`.nosuch".encode(),
+            b"NOT-A-COMMAND",  # errors (an echo of the client's own words is no leak)
+        ]))
+        host, port = running.service.admin_address  # type: ignore[misc]
+        mhost, mport = running.service.monitoring_address  # type: ignore[misc]
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with aiohttp.ClientSession() as session:
+            for url in [f"http://{host}:{port}{path}" for path in (
+                    "/api/v1/replication", "/api/v1/clients", "/api/v1/tables",
+                    "/api/v1/dumps", "/live", "/ready", "/health", "/console/")] + \
+                    [f"http://{mhost}:{mport}/metrics"]:
+                async with session.get(url, headers=headers) as response:
+                    sent.append(await response.read())
+                    sent.append(str(response.headers).encode())
+    finally:
+        await running.stop()
+    assert any(b"5500***" in data for data in sent), [d[:300] for d in sent]
+    logged = (capfd.readouterr().err + caplog.text).encode()
+    hidden = [*CLEAR, "password_hash", "hidden-change-77", "PW-DEFAULT-SECRET",
+              "4000123412349999"]
+    for secret in hidden:
+        forms = {secret.encode(), json.dumps(secret)[1:-1].encode()}
+        for form in forms:
+            assert not any(form in data for data in sent), \
+                (secret, [d[max(0, d.find(form) - 300):d.find(form) + 100] for d in sent
+                          if form in d])
+            assert form not in logged, secret
+            found = [f for f in files_holding(config.store.data_dir, form)
+                     if not f.endswith("schema_history.jsonl")]
+            assert found == [], (secret, found)
