@@ -347,5 +347,9 @@ class Service:
                 replication.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await replication
-        await self.store.flush()
+        pipeline = self.replication.pipeline
+        if pipeline is None or not pipeline.repair_pending:
+            # (a repair not yet out: the checkpoint must stay before the change it repairs,
+            # so that the next start reads the change, and repairs it, again)
+            await self.store.flush()
 

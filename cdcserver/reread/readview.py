@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -178,6 +178,25 @@ class ReadView:
                                for k in chunk)
             rows += self._query(f"{select} WHERE ({names}) IN ({values})", fields, stored)
         return rows
+
+    def row_batches(self, layout: TableLayout) -> Iterator[list[Row]]:
+        """The whole table's rows as :meth:`rows` reads them, a batch at a time as the server
+        sends them (a table of any size in bounded memory)."""
+        table = TableName(layout.database, layout.table)
+        if self.definitions.get(table) is None:
+            return
+        fields = TableSchema.from_layout(clear_layout(layout), 0, "").columns
+        select = f"SELECT {', '.join(select_expression(f) for f in fields)} FROM " \
+                 f"{qualified(table)}"
+        stored = rule_functions(layout, self.columns.salt)
+        parse = TextRows(fields)
+        for batch in rawrows.query_rows(self.conn, select):
+            rows = parse(batch)
+            yield rows if stored is None else [stored(row) for row in rows]
+
+    def versioned(self, table: TableName) -> bool:
+        """Whether the table keeps history rows (system versioning) at the watermark."""
+        return "WITH SYSTEM VERSIONING" in (self.definitions.get(table) or "")
 
     def _query(self, sql: str, fields: tuple[Field, ...],
                stored: RowFunction | None = None) -> list[Row]:

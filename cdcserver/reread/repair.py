@@ -32,7 +32,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -64,6 +66,7 @@ from cdcserver.core.gtid import BinlogPosition, binlog_ordinal, same_state
 from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.replication.sources import Sources
+from cdcserver.reread.beside import BesideRepair, Cancelled, FrozenCatalog, eligible
 from cdcserver.reread.difference import Scope, differences, records, view_key
 from cdcserver.reread.markers import cascades, keeps_rows, retarget, together
 from cdcserver.reread.readview import ReadView
@@ -139,6 +142,12 @@ class Repairer:
         self._stopping: list[Quarantine] = []  # to emit before the next commit
         self._resyncs: dict[TableName, tuple[str, float]] = {}  # asked for: why, when
         self._resyncing: set[TableName] = set()  # read, waiting for their watermark
+        # Whole-table repairs read in a thread beside the stream (:mod:`.beside`), the
+        # repairs of their tables that came next, and those the pipeline must read itself
+        self._beside: dict[TableName, BesideRepair] = {}
+        self._queued: dict[TableName, list[tuple[list[Rowless], str]]] = {}
+        self._inline: list[tuple[list[Rowless], str]] = []
+        self._launched = 0
 
     @property
     def address(self) -> SourceAddress:
@@ -149,7 +158,8 @@ class Repairer:
     def pending(self) -> bool:
         """Whether a repair waits for the stream to reach its watermark (then no checkpoint
         may be written: it would pass the change the repair is for)."""
-        return bool(self._pending or self._again)
+        return bool(self._pending or self._again or self._beside or self._queued or
+                    self._inline)
 
     def request_resync(self, table: TableName, why: str) -> bool:
         """Read a quarantined table again at a watermark and release it there (in the first
@@ -165,7 +175,12 @@ class Repairer:
 
     def carry_over(self) -> list[tuple[list[Rowless], str]]:
         """The waiting repairs (markers and cause), for the next pipeline's repairer."""
-        return [(p.markers, p.cause) for p in self._pending] + self._again
+        beside = [(b.markers, b.cause) for b in self._beside.values()]
+        for repair in self._beside.values():
+            repair.cancel()
+        queued = [q for waiting in self._queued.values() for q in waiting]
+        return [(p.markers, p.cause) for p in self._pending] + self._again + beside + \
+            queued + self._inline
 
     def take_over(self, waiting: list[tuple[list[Rowless], str]]) -> None:
         """Repairs a previous pipeline left waiting: read again before the first batch."""
@@ -209,6 +224,7 @@ class Repairer:
             elif isinstance(change, Quarantine):  # rows the decoder could not decode
                 self._quarantined.add(TableName(change.database, change.table))
                 self.views.drop(TableName(change.database, change.table))
+                self._call_off(TableName(change.database, change.table))
             elif isinstance(change, Abort):
                 self._begin, self._found, self._txn_rows = None, [], []
                 self._sequence_rows = {}
@@ -230,6 +246,7 @@ class Repairer:
         stage saw rows of them the store then dropped), so they are built again."""
         for table in set(self.catalog.quarantined) - self._quarantined:
             self.views.drop(table)
+            self._call_off(table)
         self._quarantined = set(self.catalog.quarantined) | \
             {TableName(q.database, q.table) for q in self._stopping}
 
@@ -239,17 +256,114 @@ class Repairer:
         watched = [r for r in self._txn_rows if self.views.get(_name(r.layout)) is not None]
         if watched:
             await asyncio.to_thread(self.views.locked, _apply_all, self.views, watched)
+        self._touch_beside(self._txn_rows)
         found, self._found = self._found, []
         again, self._reissue = self._reissue, []
+        inline, self._inline = self._inline, []
         if found:
             assert self._begin is not None
             again.append((found, str(self._begin.gtid)))
         if again:  # one read for all: a lagging stream may hold many on one table
             await self._start(*together(again), commit)
+        if inline:
+            await self._start(*together(inline), commit, beside_ok=False)
+        out = await self._attach_beside(commit)
         self._batch_rows += self._txn_rows
         self._txn_rows = []
         self._begin = None
-        return await self._attach_due(commit)
+        due = await self._attach_due(commit)
+        self._touch_beside(due)
+        return out + due
+
+    # -- whole tables beside the stream (:mod:`.beside`) ------------------------------------
+
+    def _launch(self, markers: list[Rowless], cause: str) -> bool:
+        """Start a whole-table repair beside the stream; False where it cannot be (then the
+        pipeline reads it). A table with one under way queues the next until it is out."""
+        if not eligible(markers, self.catalog):
+            return False
+        table = TableName(markers[0].database, markers[0].table)
+        if table in self._beside or table in self._queued:
+            self._queued.setdefault(table, []).append((markers, cause))
+            return True
+        if any(s.table == table for p in self._pending for s in p.scopes):
+            return False  # the pipeline's own repair of it waits for its watermark
+        unstored = [r for r in self._batch_rows + self._txn_rows if _name(r.layout) == table]
+        self._launched += 1
+        path = f"{self.views.path}.repair-{os.getpid()}-{self._launched}"
+        repair = BesideRepair(markers, cause, self.address, self.columns,
+                              FrozenCatalog(self.catalog, table), unstored, path,
+                              self.views.closing)
+        self._beside[table] = repair
+        repair.start()
+        return True
+
+    def _touch_beside(self, changes: Sequence[Change]) -> None:
+        """Rows the stream carries after a repair's cause leave that repair."""
+        if self._beside:
+            for change in changes:
+                if not isinstance(change, Rows):
+                    continue
+                repair = self._beside.get(_name(change.layout))
+                if repair is not None:
+                    repair.touch(change)
+
+    def _call_off(self, table: TableName) -> list[tuple[list[Rowless], str]]:
+        """Stop the table's repair under way (quarantined, or a schema statement): its
+        markers, and those queued behind it, for whoever reads them again."""
+        repair = self._beside.pop(table, None)
+        queued = self._queued.pop(table, [])
+        if repair is None:
+            return queued
+        repair.cancel()
+        return [(repair.markers, repair.cause), *queued]
+
+    async def _attach_beside(self, commit: Commit) -> list[Change]:
+        out: list[Change] = []
+        for table, repair in list(self._beside.items()):
+            if repair.done.is_set() and (repair.error is not None or repair.fallback):
+                self._beside.pop(table)
+                repair.close()
+                self._beside_failed(repair)
+                continue
+            if not repair.due(commit):
+                continue
+            note = json.dumps({"reason": repair.reason, "cause": repair.cause},
+                              ensure_ascii=False, separators=(", ", ": "))
+            if not repair.sent:
+                await asyncio.to_thread(self.views.locked, self.views.drop, table)
+            made = await asyncio.to_thread(repair.attach, commit, note)
+            for rows in made:
+                self.stats.records[rows.kind] = self.stats.records.get(rows.kind, 0) + \
+                    len(rows.rows)
+            out += made
+            if repair.finished:
+                self._beside.pop(table)
+                repair.close()
+                self.stats.repairs += 1
+                assert repair.point is not None
+                log.info("%s: repaired %d rows at the watermark %s:%d beside the stream, in "
+                         "%.1f s (%s)", table, repair.sent, repair.point.file,
+                         repair.point.pos, time.monotonic() - repair.started, note)
+                self._reissue += self._queued.pop(table, [])
+        return out
+
+    def _beside_failed(self, repair: BesideRepair) -> None:
+        exc = repair.error
+        if isinstance(exc, (Cancelled, ViewsClosed)):
+            return  # called off: whoever did it reads the markers again
+        if repair.fallback:
+            log.info("%s: the repair of %s is read by the pipeline: %s", repair.cause,
+                     repair.table, repair.fallback)
+        elif exc is not None and not (isinstance(exc, (*_UNREACHABLE, DefinitionChanged))):
+            self._give_up(repair.markers, repair.cause, exc)
+            self._queued.pop(repair.table, None)
+            return
+        else:
+            log.warning("re-reading the rows %s changed: %s; the pipeline reads them",
+                        repair.cause, exc)
+        self._inline.append((repair.markers, repair.cause))
+        self._inline += self._queued.pop(repair.table, [])
 
     def _schema_changed(self, ddl: Ddl) -> None:
         """A statement renamed, dropped, emptied or altered tables. Their views are built
@@ -270,6 +384,12 @@ class Repairer:
             if table in renamed or keeps_rows(change):
                 continue
             self.views.drop(table)
+        for table in [t for t in self._beside if t in touched or t in renamed] + \
+                [t for t in self._queued if t in touched or t in renamed]:
+            for markers, cause in self._call_off(table):
+                kept = [m for m in (retarget(m, ddl) for m in markers) if m is not None]
+                if kept:
+                    self._reissue.append((kept, cause))
         for pending in list(self._pending):
             if _after(ddl.file, ddl.pos, pending.point) or \
                     not any(s.table in touched for s in pending.scopes):
@@ -328,13 +448,15 @@ class Repairer:
     # -- 1 and 2: what to read, and reading it ---------------------------------------------
 
     async def _start(self, markers: list[Rowless], cause: str, commit: Commit | None, *,
-                     resync: float | None = None) -> None:
+                     resync: float | None = None, beside_ok: bool = True) -> None:
         """Read what ``markers`` name at a watermark; the repair waits for the stream there
         (``commit``: the transaction that made the changes, not yet passed on; ``resync``:
         when a quarantined table's resync was asked for). A source that cannot be reached
         stops the pipeline for a restart (:class:`SourceUnavailable`); a table that cannot
         be read is quarantined, and every other table goes on."""
         markers = list(markers)
+        if resync is None and beside_ok and self._launch(markers, cause):
+            return
         tables = {TableName(m.database, m.table) for m in markers}
         tables |= {TableName.parse(e.child) for m in markers for e in m.edges}
         for attempt in range(len(RETRY_DELAYS) + 1):
@@ -385,6 +507,7 @@ class Repairer:
                   ", ".join(sorted({m.qualified_name for m in markers})), exc,
                   exc_info=not isinstance(exc, (SourceError, pymysql.err.MySQLError)))
         for table in sorted({TableName(m.database, m.table) for m in markers}):
+            self._call_off(table)
             self._resyncing.discard(table)
             self.views.drop(table)
             self._quarantined.add(table)
@@ -604,6 +727,10 @@ def same_shape(a: TableLayout, b: TableLayout) -> bool:
     first, second = TableSchema.from_layout(a, 0, ""), TableSchema.from_layout(b, 0, "")
     return (first.avsc["fields"] == second.avsc["fields"]
             and first.avsc.get("primary_key") == second.avsc.get("primary_key"))
+
+
+def reached(position: BinlogPosition, point: SnapshotPoint) -> bool:
+    return _reached(position, point)
 
 
 def _after(file: str, pos: int, point: SnapshotPoint) -> bool:

@@ -196,6 +196,7 @@ class Views:
         for suffix in ("", "-journal", "-wal", "-shm"):
             if os.path.exists(path + suffix):
                 os.unlink(path + suffix)
+        self.path = path
         self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self.db.executescript("""
             PRAGMA journal_mode = OFF;
@@ -215,6 +216,11 @@ class Views:
         # a thread folds a view must not close the database under it) and stops a fold
         self._lock = threading.Lock()
         self._closing = threading.Event()
+
+    @property
+    def closing(self) -> threading.Event:
+        """Set once the views close (the pipeline stops): work beside them stops too."""
+        return self._closing
 
     def locked(self, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)`` (in a thread) while no other work uses the views."""

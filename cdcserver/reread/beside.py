@@ -1,0 +1,363 @@
+"""A whole table's repair, read beside the stream.
+
+A repair that must compare a whole table (a value-rewriting ALTER, a truncated partition: see
+:mod:`.repair`) used to hold the pipeline while it built the table's view, read every row and
+compared them: every table's stream stopped for as long, minutes for a million rows, and the
+rows were held in memory. For a table with a primary key (the usual case) the repair now runs
+in a thread of its own while every table, this one included, keeps streaming:
+
+1. At the transaction X that made the change, the table's stored versions are *frozen* (their
+   committed sizes then) and the rows of the batch not stored yet are copied: the thread
+   folds them into a private view in its own SQLite file, the stream's table right after X.
+2. It opens a consistent read of the source (the watermark S) and writes the table's rows
+   there into the same file, as the server sends them.
+3. It compares the two in key order (a merge of two sorted scans) and writes each difference
+   as the records that repair it.
+4. Meanwhile the pipeline notes the key of every row the stream changes in the table after X.
+   Such a row is the source's row in the stream already (each change carries the whole row,
+   as it is after the change): it leaves the repair. Every other key is as it was at X in
+   the stream and as it was at S on the source, so its difference is still exact at any later
+   transaction (the merge step of DBLog's watermark algorithm, applied at the end).
+5. From the first transaction after the stream reached S and the thread finished, the records
+   of the keys the stream did not touch are appended, ``ATTACH_ROWS`` at most to each
+   transaction (a repair of millions of rows spans a few transactions, each record saying
+   why it is there), until all are out. On a source that writes nothing more they wait for
+   its next transaction, as a resync does.
+
+Tables of less than ``MIN_BYTES`` stored are repaired in the transaction that changed them,
+by the pipeline, as before: a fraction of a second, and no later transaction needed.
+
+Memory is bounded by a batch of rows, one transaction's share of records and the keys the
+stream changed in the table meanwhile; the table's rows are on disk (``state/``, removed when
+done). No checkpoint is written until the repair is out, as before: a crash replays the change
+and it is repaired again. A schema statement on the table while the repair is under way, a
+table without a primary key, a system-versioned table, a cascade and a quarantined table's
+resync take the pipeline's own path (:meth:`.repair.Repairer._start`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from cdcserver.core.capture import ColumnRules
+from cdcserver.core.changes import Commit, Rowless, Rows, RowsKind, TableLayout
+from cdcserver.core.config import SourceAddress
+from cdcserver.core.names import TableName
+from cdcserver.dump.snapshot import SnapshotPoint
+from cdcserver.reread.difference import Fit, same_row, view_key
+from cdcserver.reread.readview import ReadView
+from cdcserver.reread.view import Row, TableView, Views, key_names
+from cdcserver.store.catalog import Catalog, TableEntry
+
+log = logging.getLogger(__name__)
+
+ATTACH_ROWS = 2_000  # differences appended to one transaction at most (a few ms of writing)
+_PROGRESS_ROWS = 1_000_000  # rows read between two log lines
+_DELETE, _UPDATE, _INSERT = 0, 1, 2
+_KINDS = {_DELETE: RowsKind.DELETE, _UPDATE: RowsKind.UPDATE, _INSERT: RowsKind.INSERT}
+
+
+class Cancelled(Exception):
+    """The repair was called off (a schema statement, the pipeline stopping)."""
+
+
+class FrozenCatalog:
+    """A table's stored versions as they were at one moment (and those of the tables a
+    rename brought its rows from): what a fold reads while the store goes on writing."""
+
+    def __init__(self, catalog: Catalog, table: TableName) -> None:
+        self.entries: dict[TableName, TableEntry] = {}
+        self._freeze(catalog, table)
+
+    def _freeze(self, catalog: Catalog, table: TableName) -> None:
+        entry = catalog.get(table)
+        if entry is None or table in self.entries:
+            return
+        self.entries[table] = TableEntry(table, {
+            number: replace(info, notes=dict(info.notes))
+            for number, info in entry.versions.items()})
+        for info in entry.versions.values():
+            renamed_from = (info.schema.avsc.get("ddl") or {}).get("renamed_from")
+            if renamed_from:
+                self._freeze(catalog, TableName.parse(renamed_from))
+
+    def get(self, table: TableName) -> TableEntry | None:
+        return self.entries.get(table)
+
+
+# Stored bytes of a table from which its whole-table repairs are read beside the stream; a
+# smaller table is repaired in the transaction that changed it, as it always was (a fraction
+# of a second; its records then need no later transaction to ride on)
+MIN_BYTES = 8 << 20
+
+
+def eligible(markers: list[Rowless], catalog: Catalog) -> bool:
+    """Whether the markers ask for one keyed table, whole, with no cascade to follow, whose
+    stored versions hold at least ``MIN_BYTES``."""
+    tables = {TableName(m.database, m.table) for m in markers}
+    if len(tables) != 1 or not all(
+            m.layout is not None and m.layout.primary_key and not m.layout.sequence
+            and not m.edges and not m.columns for m in markers):
+        return False
+    return stored_bytes(catalog, tables.pop()) >= MIN_BYTES
+
+
+def stored_bytes(catalog: Catalog, table: TableName) -> int:
+    """The bytes of the table's stored records (a fold reads them all)."""
+    entry = catalog.get(table)
+    if entry is None:
+        return 0
+    return sum(info.committed - info.header.size for info in entry.versions.values())
+
+
+class BesideRepair:
+    """One table's whole-table repair, read in a thread (see the module's description)."""
+
+    def __init__(self, markers: list[Rowless], cause: str, address: SourceAddress,
+                 columns: ColumnRules, frozen: FrozenCatalog, unstored: list[Rows],
+                 path: str, closing: threading.Event) -> None:
+        first = markers[0]
+        assert first.layout is not None
+        self.table = TableName(first.database, first.table)
+        self.markers = markers
+        self.cause = cause
+        self.reason = "; ".join(dict.fromkeys(m.reason for m in markers))
+        self.stream_layout: TableLayout = first.layout
+        self.key = key_names(first.layout)
+        self.touched: set[bytes] = set()  # keys the stream changed after the cause
+        self.started = time.monotonic()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.fallback = ""  # why the pipeline's own path must do it after all
+        self.point: SnapshotPoint | None = None
+        self.layout: TableLayout | None = None  # the records'
+        self.differences = 0
+        self.sent = 0  # differences attached so far
+        self._address, self._columns = address, columns
+        self._frozen, self._unstored = frozen, unstored
+        self._path = path
+        self._closing = closing
+        self._cancel = threading.Event()
+        self._next = 0  # the next difference to attach
+        self._private: Views | None = None
+        self._thread = threading.Thread(target=self._run, name=f"repair {self.table}",
+                                        daemon=True)
+
+    def start(self) -> None:
+        log.info("%s: the repair of %s is read beside the stream (%s)", self.cause,
+                 self.table, self.reason)
+        self._thread.start()
+
+    def cancel(self) -> None:
+        """Stop the thread at its next batch (a fold under way, at its next block); the
+        file goes with it."""
+        self._cancel.set()
+        if self._private is not None:
+            self._private.closing.set()
+        if self.done.is_set():
+            self._remove()
+
+    # -- the pipeline's side --------------------------------------------------------------
+
+    def touch(self, rows: Rows) -> None:
+        """The stream changed these rows of the table after the cause: they leave it."""
+        names = [c.name for c in rows.layout.columns]
+        if not all(c in names for c in self.key):
+            self.fallback = "the stream's rows no longer hold the table's key"
+            return
+        index = [names.index(c) for c in self.key]
+        for row in rows.rows:
+            self.touched.add(_pack(tuple(row[i] for i in index)))
+
+    def due(self, commit: Commit) -> bool:
+        """Whether records may be attached to this transaction: the thread is done and the
+        stream has reached the watermark."""
+        if not self.done.is_set() or self.error is not None or self.fallback:
+            return False
+        from cdcserver.reread.repair import reached
+
+        assert self.point is not None
+        return reached(commit.position, self.point)
+
+    def attach(self, commit: Commit, note: str) -> list[Rows]:
+        """(In a thread.) The next ``ATTACH_ROWS`` differences as records of ``commit``,
+        without the keys the stream changed since the cause."""
+        assert self.layout is not None
+        found: dict[int, list[tuple[Any, ...]]] = {_DELETE: [], _UPDATE: [], _INSERT: []}
+        with contextlib.closing(sqlite3.connect(self._path)) as db:
+            rows = db.execute("SELECT seq, key, kind, image FROM diff WHERE seq >= ? "
+                              "ORDER BY seq LIMIT ?", (self._next, ATTACH_ROWS)).fetchall()
+        for seq, key, kind, image in rows:
+            self._next = seq + 1
+            if key in self.touched:
+                continue
+            found[kind] += pickle.loads(image)
+            self.sent += 1
+        if len(rows) < ATTACH_ROWS:
+            self._next = -1  # all out
+        return [Rows(self.layout, _KINDS[kind], commit.timestamp, images,
+                     commit.position.file, commit.position.pos, repair=note)
+                for kind, images in found.items() if images]
+
+    @property
+    def finished(self) -> bool:
+        return self._next < 0
+
+    def close(self) -> None:
+        self._remove()
+
+    # -- the thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._read()
+        except BaseException as exc:  # noqa: BLE001 - handed to the pipeline
+            self.error = exc
+        finally:
+            self.done.set()
+            if self._cancel.is_set():
+                self._remove()
+
+    def _read(self) -> None:
+        private = self._private = Views(self._path)
+        if self._cancel.is_set():
+            private.closing.set()
+        try:
+            view = private.fold(self._frozen, self.table, self.key)  # type: ignore[arg-type]
+            for rows in self._unstored:
+                view.apply(rows)
+            self._check()
+            read = ReadView(self._address, [self.table], self._columns)
+            try:
+                self.point = read.point
+                layout = self._layout(read)
+                if layout is None:
+                    return
+                self._spool_source(private.db, view, read, layout)
+            finally:
+                read.close()
+            self.layout = layout
+            self._compare(private.db, view, layout)
+        finally:
+            private.close()
+        log.info("%s: %d rows of %s differ from the stream at the watermark %s:%d; read in "
+                 "%.1f s", self.cause, self.differences, self.table, self.point.file,
+                 self.point.pos, time.monotonic() - self.started)
+
+    def _layout(self, read: ReadView) -> TableLayout | None:
+        """The columns the rows are read and written in: the stream's, or the source's where
+        it has moved on. None (and a fallback) where the pipeline's own path must read."""
+        source = read.source_layout(self.table)
+        if read.versioned(self.table):
+            self.fallback = "a system-versioned table"
+        elif view_key(self.stream_layout, source) != self.key:
+            self.fallback = "the source's primary key is not the stream's"
+        if self.fallback:
+            return None
+        if source is None:
+            return self.stream_layout  # gone at the watermark: every row of the view goes
+        from cdcserver.reread.repair import same_shape
+
+        if not same_shape(self.stream_layout, source):
+            self.reason += " (the whole table was read again: its columns on the source " \
+                           "were no longer the stream's)"
+            return source
+        return self.stream_layout
+
+    def _spool_source(self, db: sqlite3.Connection, view: TableView, read: ReadView,
+                      layout: TableLayout) -> None:
+        names = [c.name for c in layout.columns]
+        db.execute("CREATE TABLE source (key BLOB PRIMARY KEY, row BLOB)")
+        db.execute("BEGIN")
+        count = 0
+        for batch in read.row_batches(layout):
+            self._check()
+            db.executemany("INSERT OR REPLACE INTO source VALUES (?, ?)",
+                           [(view.key_of(row), _pack(row))
+                            for row in (dict(zip(names, values, strict=True))
+                                        for values in batch)])
+            before, count = count, count + len(batch)
+            if count // _PROGRESS_ROWS != before // _PROGRESS_ROWS:
+                log.info("%s: %d rows of %s read for its repair", self.cause, count,
+                         self.table)
+        db.execute("COMMIT")
+
+    def _compare(self, db: sqlite3.Connection, view: TableView, layout: TableLayout) -> None:
+        """The view and the source in key order, each difference written as its records."""
+        self._check()
+        names = [c.name for c in layout.columns]
+        fit = Fit(layout)
+        db.execute("CREATE TABLE diff (seq INTEGER PRIMARY KEY, key BLOB, kind INTEGER, "
+                   "image BLOB)")
+        mine = _sorted_rows(db.cursor(), "SELECT key, row FROM rows WHERE view = ? "
+                            "ORDER BY key", (view.id,))
+        theirs = _sorted_rows(db.cursor(), "SELECT key, row FROM source ORDER BY key", ())
+        pending: list[tuple[int, bytes, int, bytes]] = []
+        db.execute("BEGIN")
+        for key, a, b in _merged(mine, theirs):
+            if a is not None and b is not None and same_row(a, b):
+                continue
+            if a is None:
+                assert b is not None
+                kind, images = _INSERT, [_values(b, names)]
+            elif b is None:
+                kind, images = _DELETE, [_values(fit(a, None), names)]
+            else:
+                kind, images = _UPDATE, [_values(fit(a, b), names), _values(b, names)]
+            pending.append((self.differences, key, kind, _pack(images)))
+            self.differences += 1
+            if len(pending) >= 10_000:
+                self._check()
+                db.executemany("INSERT INTO diff VALUES (?, ?, ?, ?)", pending)
+                pending = []
+        db.executemany("INSERT INTO diff VALUES (?, ?, ?, ?)", pending)
+        db.execute("COMMIT")
+
+    def _check(self) -> None:
+        if self._cancel.is_set() or self._closing.is_set():
+            raise Cancelled(f"the repair of {self.table} was called off")
+
+    def _remove(self) -> None:
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path + suffix)
+
+
+def _sorted_rows(db: Any, sql: str, args: tuple[Any, ...]) -> Iterator[tuple[bytes, Row]]:
+    for key, row in db.execute(sql, args):
+        yield key, pickle.loads(row)
+
+
+def _merged(mine: Iterator[tuple[bytes, Row]], theirs: Iterator[tuple[bytes, Row]]
+            ) -> Iterator[tuple[bytes, Row | None, Row | None]]:
+    """Two scans in key order, merged: (key, the view's row, the source's row)."""
+    a, b = next(mine, None), next(theirs, None)
+    while a is not None or b is not None:
+        if b is None or (a is not None and a[0] < b[0]):
+            assert a is not None
+            yield a[0], a[1], None
+            a = next(mine, None)
+        elif a is None or b[0] < a[0]:
+            yield b[0], None, b[1]
+            b = next(theirs, None)
+        else:
+            yield a[0], a[1], b[1]
+            a, b = next(mine, None), next(theirs, None)
+
+
+def _values(row: Row, names: list[str]) -> tuple[Any, ...]:
+    return tuple(row.get(n) for n in names)
+
+
+def _pack(value: Any) -> bytes:
+    return pickle.dumps(value, protocol=5)
+
