@@ -4,10 +4,11 @@ A repair that must compare a whole table (a value-rewriting ALTER, a truncated p
 :mod:`.repair`) used to hold the pipeline while it built the table's view, read every row and
 compared them: every table's stream stopped for as long, minutes for a million rows, and the
 rows were held in memory. For a table with a primary key (the usual case) the repair now runs
-in a thread of its own while every table, this one included, keeps streaming:
+in a process of its own (at a lower priority, sharing no interpreter lock with the service)
+while every table, this one included, keeps streaming:
 
 1. At the transaction X that made the change, the table's stored versions are *frozen* (their
-   committed sizes then) and the rows of the batch not stored yet are copied: the thread
+   committed sizes then) and the rows of the batch not stored yet are copied: the process
    folds them into a private view in its own SQLite file, the stream's table right after X.
 2. It opens a consistent read of the source (the watermark S) and writes the table's rows
    there into the same file, as the server sends them.
@@ -18,49 +19,55 @@ in a thread of its own while every table, this one included, keeps streaming:
    as it is after the change): it leaves the repair. Every other key is as it was at X in
    the stream and as it was at S on the source, so its difference is still exact at any later
    transaction (the merge step of DBLog's watermark algorithm, applied at the end).
-5. From the first transaction after the stream reached S and the thread finished, the records
-   of the keys the stream did not touch are appended, ``ATTACH_ROWS`` at most to each
-   transaction (a repair of millions of rows spans a few transactions, each record saying
-   why it is there), until all are out. On a source that writes nothing more they wait for
-   its next transaction, as a resync does.
+5. From the first transaction after the stream reached S and the read finished, the records
+   of the keys the stream did not touch are appended to transactions, ``ATTACH_ROWS`` at a
+   time, with a pause between two shares that leaves the stream's own transactions most of
+   the pipeline's time (a repair of millions of rows spans many transactions, each record
+   saying why it is there), until all are out. On a source that writes nothing more they
+   wait for its next transaction, as a resync does.
 
 Tables of less than ``MIN_BYTES`` stored are repaired in the transaction that changed them,
 by the pipeline, as before: a fraction of a second, and no later transaction needed.
 
-Memory is bounded by a batch of rows, one transaction's share of records and the keys the
-stream changed in the table meanwhile; the table's rows are on disk (``state/``, removed when
-done). No checkpoint is written until the repair is out, as before: a crash replays the change
-and it is repaired again. A schema statement on the table while the repair is under way, a
-table without a primary key, a system-versioned table, a cascade and a quarantined table's
-resync take the pipeline's own path (:meth:`.repair.Repairer._start`).
+The service holds one share of records and the keys the stream changed in the table
+meanwhile; the process, a batch of rows and its SQLite cache; the table's rows are on disk
+(``state/``, removed when done). No checkpoint is written until the repair is out, as before:
+a crash replays the change and it is repaired again. A schema statement on the table while
+the repair is under way calls it off and it starts again after the statement. A table without
+a primary key, a system-versioned table, a cascade and a quarantined table's resync take the
+pipeline's own path (:meth:`.repair.Repairer._start`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
 import os
 import pickle
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
+
+import pymysql
 
 from cdcserver.core.capture import ColumnRules
 from cdcserver.core.changes import Commit, Rowless, Rows, RowsKind, TableLayout
 from cdcserver.core.config import SourceAddress
+from cdcserver.core.errors import DefinitionChanged, SourceError, SourceUnavailable
 from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.reread.difference import Fit, same_row, view_key
 from cdcserver.reread.readview import ReadView
-from cdcserver.reread.view import Row, TableView, Views, key_names
+from cdcserver.reread.view import Row, TableView, Views, ViewsClosed, key_names
 from cdcserver.store.catalog import Catalog, TableEntry
 
 log = logging.getLogger(__name__)
 
-ATTACH_ROWS = 2_000  # differences appended to one transaction at most (a few ms of writing)
+ATTACH_ROWS = 2_000  # differences appended to one batch of transactions at most (ms of work)
 _PROGRESS_ROWS = 1_000_000  # rows read between two log lines
 _DELETE, _UPDATE, _INSERT = 0, 1, 2
 _KINDS = {_DELETE: RowsKind.DELETE, _UPDATE: RowsKind.UPDATE, _INSERT: RowsKind.INSERT}
@@ -119,8 +126,40 @@ def stored_bytes(catalog: Catalog, table: TableName) -> int:
     return sum(info.committed - info.header.size for info in entry.versions.values())
 
 
+@dataclass
+class _Job:
+    """What the repair's process is given (it is pickled to it)."""
+
+    table: TableName
+    stream_layout: TableLayout
+    key: tuple[str, ...]
+    reason: str
+    cause: str
+    address: SourceAddress
+    columns: ColumnRules
+    frozen: FrozenCatalog
+    unstored: list[tuple[TableLayout, RowsKind, list[tuple[Any, ...]]]]
+    path: str
+    hold: str | None  # a file to wait for before comparing (a test's hold point)
+
+
+@dataclass
+class _Result:
+    point: SnapshotPoint
+    layout: TableLayout | None  # the records' (None: a fallback)
+    reason: str
+    fallback: str
+    differences: int
+
+
+# Tests hold a repair after it has read the source and before it compares: the path of a file
+# whose existence lets it go on (None: no hold)
+HOLD_BEFORE_COMPARE: str | None = None
+
+
 class BesideRepair:
-    """One table's whole-table repair, read in a thread (see the module's description)."""
+    """One table's whole-table repair, read in a process of its own (see the module's
+    description): the service's event loop shares no interpreter lock with it."""
 
     def __init__(self, markers: list[Rowless], cause: str, address: SourceAddress,
                  columns: ColumnRules, frozen: FrozenCatalog, unstored: list[Rows],
@@ -131,7 +170,6 @@ class BesideRepair:
         self.markers = markers
         self.cause = cause
         self.reason = "; ".join(dict.fromkeys(m.reason for m in markers))
-        self.stream_layout: TableLayout = first.layout
         self.key = key_names(first.layout)
         self.touched: set[bytes] = set()  # keys the stream changed after the cause
         self.started = time.monotonic()
@@ -142,29 +180,77 @@ class BesideRepair:
         self.layout: TableLayout | None = None  # the records'
         self.differences = 0
         self.sent = 0  # differences attached so far
-        self._address, self._columns = address, columns
-        self._frozen, self._unstored = frozen, unstored
+        self._job = _Job(self.table, first.layout, self.key, self.reason, cause, address,
+                         columns, frozen,
+                         [(r.layout, r.kind, list(r.rows)) for r in unstored], path,
+                         HOLD_BEFORE_COMPARE)
         self._path = path
         self._closing = closing
         self._cancel = threading.Event()
         self._next = 0  # the next difference to attach
-        self._private: Views | None = None
-        self._thread = threading.Thread(target=self._run, name=f"repair {self.table}",
-                                        daemon=True)
 
     def start(self) -> None:
         log.info("%s: the repair of %s is read beside the stream (%s)", self.cause,
                  self.table, self.reason)
-        self._thread.start()
+        context = multiprocessing.get_context("spawn")
+        mine, theirs = context.Pipe()
+        process = context.Process(target=_work, args=(self._job, theirs),
+                                  name=f"cdcserver repair {self.table}", daemon=True)
+        process.start()
+        theirs.close()
+        threading.Thread(target=self._watch, args=(process, mine),
+                         name=f"repair {self.table}", daemon=True).start()
 
     def cancel(self) -> None:
-        """Stop the thread at its next batch (a fold under way, at its next block); the
-        file goes with it."""
+        """Stop the repair's process; its file goes with it."""
         self._cancel.set()
-        if self._private is not None:
-            self._private.closing.set()
         if self.done.is_set():
             self._remove()
+
+    def _watch(self, process: Any, pipe: Any) -> None:
+        """(A thread.) The process's progress and outcome, or its end when called off."""
+        try:
+            while self.error is None and self.point is None and not self.fallback:
+                if self._cancel.is_set() or self._closing.is_set():
+                    self.error = Cancelled(f"the repair of {self.table} was called off")
+                elif pipe.poll(0.2):
+                    self._heard(pipe.recv())
+                elif not process.is_alive() and not pipe.poll(0):
+                    self.error = SourceError(f"the repair's process ended (exit code "
+                                             f"{process.exitcode})")
+        except (EOFError, OSError) as exc:
+            self.error = SourceError(f"the repair's process ended (exit code "
+                                     f"{process.exitcode}): {exc}")
+        finally:
+            if process.is_alive():
+                process.terminate()
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+                process.join()
+            pipe.close()
+            self.done.set()
+            if self._cancel.is_set() or self.error is not None or self.fallback:
+                self._remove()
+
+    def _heard(self, message: tuple[Any, ...]) -> None:
+        what = message[0]
+        if what == "progress":
+            log.info("%s: %d rows of %s read for its repair", self.cause, message[1],
+                     self.table)
+        elif what == "done":
+            result: _Result = message[1]
+            self.layout, self.reason = result.layout, result.reason
+            self.fallback, self.differences = result.fallback, result.differences
+            self.point = result.point
+            if not self.fallback:
+                log.info("%s: %d rows of %s differ from the stream at the watermark %s:%d; "
+                         "read in %.1f s", self.cause, self.differences, self.table,
+                         result.point.file, result.point.pos, time.monotonic() - self.started)
+        elif what == "error":
+            kind, text = message[1], message[2]
+            self.error = Cancelled(text) if kind == "cancelled" else \
+                SourceUnavailable(text) if kind == "retry" else SourceError(text)
 
     # -- the pipeline's side --------------------------------------------------------------
 
@@ -179,7 +265,7 @@ class BesideRepair:
             self.touched.add(_pack(tuple(row[i] for i in index)))
 
     def due(self, commit: Commit) -> bool:
-        """Whether records may be attached to this transaction: the thread is done and the
+        """Whether records may be attached to this transaction: the read is done and the
         stream has reached the watermark."""
         if not self.done.is_set() or self.error is not None or self.fallback:
             return False
@@ -215,63 +301,89 @@ class BesideRepair:
     def close(self) -> None:
         self._remove()
 
-    # -- the thread -----------------------------------------------------------------------
+    def _remove(self) -> None:
+        _remove(self._path)
 
-    def _run(self) -> None:
-        try:
-            self._read()
-        except BaseException as exc:  # noqa: BLE001 - handed to the pipeline
-            self.error = exc
-        finally:
-            self.done.set()
-            if self._cancel.is_set():
-                self._remove()
 
-    def _read(self) -> None:
-        private = self._private = Views(self._path)
-        if self._cancel.is_set():
-            private.closing.set()
+# -- the repair's process ------------------------------------------------------------------
+
+
+def _work(job: _Job, pipe: Any) -> None:
+    """The repair's process: read, compare, say how it went (at a lower priority than the
+    service: the stream's transactions come first)."""
+    with contextlib.suppress(OSError):
+        os.nice(10)
+    try:
+        result = _Reader(job, lambda rows: pipe.send(("progress", rows))).run()
+        pipe.send(("done", result))
+    except BaseException as exc:  # noqa: BLE001 - told to the service
+        kind = "cancelled" if isinstance(exc, (Cancelled, ViewsClosed)) else \
+            "retry" if isinstance(exc, _RETRIED) else "fail"
+        pipe.send(("error", kind, f"{type(exc).__name__}: {exc}"))
+    finally:
+        pipe.close()
+
+
+_RETRIED = (SourceUnavailable, DefinitionChanged, pymysql.err.OperationalError,
+            pymysql.err.InterfaceError)
+
+
+class _Reader:
+    """The work of the repair's process (see the module's description, steps 1 to 3)."""
+
+    def __init__(self, job: _Job, progress: Callable[[int], None]) -> None:
+        self.job = job
+        self.progress = progress
+        self.reason = job.reason
+        self.fallback = ""
+        self.differences = 0
+
+    def run(self) -> _Result:
+        job = self.job
+        private = Views(job.path)
         try:
-            view = private.fold(self._frozen, self.table, self.key)  # type: ignore[arg-type]
-            for rows in self._unstored:
-                view.apply(rows)
-            self._check()
-            read = ReadView(self._address, [self.table], self._columns)
+            view = private.fold(job.frozen, job.table, job.key)  # type: ignore[arg-type]
+            for stream_layout, kind, rows in job.unstored:
+                view.apply(Rows(stream_layout, kind, 0, rows))
+            read = ReadView(job.address, [job.table], job.columns)
             try:
-                self.point = read.point
+                point = read.point
                 layout = self._layout(read)
-                if layout is None:
-                    return
-                self._spool_source(private.db, view, read, layout)
+                if layout is not None:
+                    self._spool_source(private.db, view, read, layout)
             finally:
                 read.close()
-            self.layout = layout
-            self._compare(private.db, view, layout)
+            if layout is not None:
+                self._hold()
+                self._compare(private.db, view, layout)
         finally:
             private.close()
-        log.info("%s: %d rows of %s differ from the stream at the watermark %s:%d; read in "
-                 "%.1f s", self.cause, self.differences, self.table, self.point.file,
-                 self.point.pos, time.monotonic() - self.started)
+        return _Result(point, layout, self.reason, self.fallback, self.differences)
+
+    def _hold(self) -> None:
+        while self.job.hold is not None and not os.path.exists(self.job.hold):
+            time.sleep(0.05)
 
     def _layout(self, read: ReadView) -> TableLayout | None:
         """The columns the rows are read and written in: the stream's, or the source's where
         it has moved on. None (and a fallback) where the pipeline's own path must read."""
-        source = read.source_layout(self.table)
-        if read.versioned(self.table):
+        job = self.job
+        source = read.source_layout(job.table)
+        if read.versioned(job.table):
             self.fallback = "a system-versioned table"
-        elif view_key(self.stream_layout, source) != self.key:
+        elif view_key(job.stream_layout, source) != job.key:
             self.fallback = "the source's primary key is not the stream's"
         if self.fallback:
             return None
         if source is None:
-            return self.stream_layout  # gone at the watermark: every row of the view goes
+            return job.stream_layout  # gone at the watermark: every row of the view goes
         from cdcserver.reread.repair import same_shape
 
-        if not same_shape(self.stream_layout, source):
+        if not same_shape(job.stream_layout, source):
             self.reason += " (the whole table was read again: its columns on the source " \
                            "were no longer the stream's)"
             return source
-        return self.stream_layout
+        return job.stream_layout
 
     def _spool_source(self, db: sqlite3.Connection, view: TableView, read: ReadView,
                       layout: TableLayout) -> None:
@@ -280,20 +392,17 @@ class BesideRepair:
         db.execute("BEGIN")
         count = 0
         for batch in read.row_batches(layout):
-            self._check()
             db.executemany("INSERT OR REPLACE INTO source VALUES (?, ?)",
                            [(view.key_of(row), _pack(row))
                             for row in (dict(zip(names, values, strict=True))
                                         for values in batch)])
             before, count = count, count + len(batch)
             if count // _PROGRESS_ROWS != before // _PROGRESS_ROWS:
-                log.info("%s: %d rows of %s read for its repair", self.cause, count,
-                         self.table)
+                self.progress(count)
         db.execute("COMMIT")
 
     def _compare(self, db: sqlite3.Connection, view: TableView, layout: TableLayout) -> None:
         """The view and the source in key order, each difference written as its records."""
-        self._check()
         names = [c.name for c in layout.columns]
         fit = Fit(layout)
         db.execute("CREATE TABLE diff (seq INTEGER PRIMARY KEY, key BLOB, kind INTEGER, "
@@ -316,20 +425,16 @@ class BesideRepair:
             pending.append((self.differences, key, kind, _pack(images)))
             self.differences += 1
             if len(pending) >= 10_000:
-                self._check()
                 db.executemany("INSERT INTO diff VALUES (?, ?, ?, ?)", pending)
                 pending = []
         db.executemany("INSERT INTO diff VALUES (?, ?, ?, ?)", pending)
         db.execute("COMMIT")
 
-    def _check(self) -> None:
-        if self._cancel.is_set() or self._closing.is_set():
-            raise Cancelled(f"the repair of {self.table} was called off")
 
-    def _remove(self) -> None:
-        for suffix in ("", "-journal", "-wal", "-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._path + suffix)
+def _remove(path: str) -> None:
+    for suffix in ("", "-journal", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path + suffix)
 
 
 def _sorted_rows(db: Any, sql: str, args: tuple[Any, ...]) -> Iterator[tuple[bytes, Row]]:

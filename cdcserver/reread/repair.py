@@ -78,6 +78,7 @@ from cdcserver.store.schema import TableSchema
 log = logging.getLogger(__name__)
 
 RETRY_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
+SHARE_PAUSE = 0.05  # seconds between two shares of a repair's records beside the stream
 # A source that does not answer (every table's problem: replication restarts and retries)
 _UNREACHABLE = (SourceUnavailable, pymysql.err.OperationalError, pymysql.err.InterfaceError)
 # ... by MariaDB's error numbers: can't connect, gone away, lost, too many connections,
@@ -148,6 +149,7 @@ class Repairer:
         self._queued: dict[TableName, list[tuple[list[Rowless], str]]] = {}
         self._inline: list[tuple[list[Rowless], str]] = []
         self._launched = 0
+        self._next_share = 0.0  # (monotonic) when a repair beside the stream may go on
 
     @property
     def address(self) -> SourceAddress:
@@ -326,8 +328,9 @@ class Repairer:
                 repair.close()
                 self._beside_failed(repair)
                 continue
-            if not repair.due(commit):
+            if time.monotonic() < self._next_share or not repair.due(commit):
                 continue
+            started = time.monotonic()
             note = json.dumps({"reason": repair.reason, "cause": repair.cause},
                               ensure_ascii=False, separators=(", ", ": "))
             if not repair.sent:
@@ -337,6 +340,9 @@ class Repairer:
                 self.stats.records[rows.kind] = self.stats.records.get(rows.kind, 0) + \
                     len(rows.rows)
             out += made
+            # the stream's own transactions get the rest of the time
+            self._next_share = time.monotonic() + SHARE_PAUSE + 0.5 * (time.monotonic() -
+                                                                        started)
             if repair.finished:
                 self._beside.pop(table)
                 repair.close()

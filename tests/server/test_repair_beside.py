@@ -3,7 +3,7 @@ table's repair reads, every other table streams, and so does the table itself; t
 stream changes meanwhile leave the repair, and the table rebuilt from its raw JSON stream
 equals ``SELECT`` on the source, value by value.
 
-The repair's thread is held at a gate (after it has read the source, before it compares) so
+The repair's process is held at a gate (after it has read the source, before it compares) so
 the test knows what the stream carries while it waits; ``MIN_BYTES`` is 0 so that a table of a
 few hundred rows takes the path a big one takes, and ``ATTACH_ROWS`` small so that the
 records span several transactions."""
@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 
 import pytest
 
 from cdcserver.reread import beside
-from cdcserver.reread.beside import BesideRepair
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import PASSWORD, USER, until
 from tests.oracle import assert_stream_equals_table, read_stream
@@ -27,20 +25,25 @@ pytestmark = pytest.mark.mariadb
 ROWS = 300
 
 
+class Gate:
+    """A file the repair's process waits for before it compares."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def set(self) -> None:
+        with open(self.path, "w"):
+            pass
+
+
 @pytest.fixture
-def gate(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+def gate(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Gate:
     """Repairs beside the stream for every keyed table, held before they compare until set."""
-    opened = threading.Event()
-    real = BesideRepair._compare
-
-    def held(self, *args):
-        assert opened.wait(120), "the test never opened the gate"
-        return real(self, *args)
-
+    held = Gate(str(tmp_path / "open"))
     monkeypatch.setattr(beside, "MIN_BYTES", 0)
     monkeypatch.setattr(beside, "ATTACH_ROWS", 40)
-    monkeypatch.setattr(BesideRepair, "_compare", held)
-    return opened
+    monkeypatch.setattr(beside, "HOLD_BEFORE_COMPARE", held.path)
+    return held
 
 
 def _fill(source: Source) -> tuple[str, str]:
@@ -71,7 +74,7 @@ async def _until_repaired(cdc: RunningService, source: Source, other: str) -> No
 
 
 async def test_other_tables_and_the_table_itself_stream_while_it_is_repaired(
-        cdc: RunningService, source: Source, gate: threading.Event):
+        cdc: RunningService, source: Source, gate: Gate):
     m, other = _fill(source)
     await cdc.caught_up(source)
     source.execute(f"ALTER TABLE {m} ADD COLUMN k INT NOT NULL DEFAULT 7")  # every row
@@ -107,7 +110,7 @@ async def test_other_tables_and_the_table_itself_stream_while_it_is_repaired(
 
 
 async def test_a_schema_statement_during_the_repair_reads_it_again(
-        cdc: RunningService, source: Source, gate: threading.Event):
+        cdc: RunningService, source: Source, gate: Gate):
     m, other = _fill(source)
     await cdc.caught_up(source)
     source.execute("SET SESSION sql_mode = ''",
@@ -115,7 +118,8 @@ async def test_a_schema_statement_during_the_repair_reads_it_again(
     await until(lambda: bool(_repairing(cdc)), timeout=30)
     first = next(iter(_repairing(cdc).values()))
     source.execute(f"ALTER TABLE {m} ADD COLUMN z INT DEFAULT 3")  # calls it off
-    await until(lambda: first._cancel.is_set(), timeout=30)
+    await until(lambda: first.done.is_set(), timeout=30)
+    assert isinstance(first.error, beside.Cancelled)
     gate.set()
     await _until_repaired(cdc, source, other)
     conn = source.server.connect()
@@ -127,7 +131,7 @@ async def test_a_schema_statement_during_the_repair_reads_it_again(
 
 
 async def test_a_restart_during_the_repair_repairs_it_again(
-        tmp_path, source: Source, users_file: str, gate: threading.Event):
+        tmp_path, source: Source, users_file: str, gate: Gate):
     m, other = _fill(source)
     config = make_config(str(tmp_path / "data"), source.url, users_file)
     running = await start_service(config)
