@@ -141,6 +141,7 @@ class _Job:
     unstored: list[tuple[TableLayout, RowsKind, list[tuple[Any, ...]]]]
     path: str
     hold: str | None  # a file to wait for before comparing (a test's hold point)
+    service: int  # the service's process id
 
 
 @dataclass
@@ -153,8 +154,9 @@ class _Result:
 
 
 # Tests hold a repair after it has read the source and before it compares: the path of a file
-# whose existence lets it go on (None: no hold)
-HOLD_BEFORE_COMPARE: str | None = None
+# whose existence lets it go on (None: no hold; a test of a service process sets it with the
+# environment variable)
+HOLD_BEFORE_COMPARE: str | None = os.environ.get("CDC_TEST_REPAIR_HOLD") or None
 
 
 class BesideRepair:
@@ -183,7 +185,7 @@ class BesideRepair:
         self._job = _Job(self.table, first.layout, self.key, self.reason, cause, address,
                          columns, frozen,
                          [(r.layout, r.kind, list(r.rows)) for r in unstored], path,
-                         HOLD_BEFORE_COMPARE)
+                         HOLD_BEFORE_COMPARE, os.getpid())
         self._path = path
         self._closing = closing
         self._cancel = threading.Event()
@@ -313,6 +315,7 @@ def _work(job: _Job, pipe: Any) -> None:
     service: the stream's transactions come first)."""
     with contextlib.suppress(OSError):
         os.nice(10)
+    _die_with_the_service(job.service)
     try:
         result = _Reader(job, lambda rows: pipe.send(("progress", rows))).run()
         pipe.send(("done", result))
@@ -322,6 +325,19 @@ def _work(job: _Job, pipe: Any) -> None:
         pipe.send(("error", kind, f"{type(exc).__name__}: {exc}"))
     finally:
         pipe.close()
+
+
+def _die_with_the_service(service: int) -> None:
+    """SIGKILL this process when the service's thread that started it ends (Linux's
+    parent-death signal), so that a service killed with -9 leaves no repair reading on; end
+    now if it already has (``service``: its process id)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    if os.getppid() != service:  # the service ended before the signal was asked for
+        os._exit(1)
 
 
 _RETRIED = (SourceUnavailable, DefinitionChanged, pymysql.err.OperationalError,

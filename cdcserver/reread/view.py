@@ -17,6 +17,8 @@ equality and the repair re-reads every candidate anyway.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import pickle
 import sqlite3
@@ -196,6 +198,9 @@ class Views:
         for suffix in ("", "-journal", "-wal", "-shm"):
             if os.path.exists(path + suffix):
                 os.unlink(path + suffix)
+        for left in glob.glob(glob.escape(path) + ".repair-*"):  # a killed service's repairs
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(left)
         self.path = path
         self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self.db.executescript("""

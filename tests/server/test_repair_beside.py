@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 
 import pytest
 
 from cdcserver.reread import beside
+from cdcserver.store.checkpoint import covered_state
+from cdcserver.store.layout import DataDir
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import PASSWORD, USER, until
 from tests.oracle import assert_stream_equals_table, read_stream
+from tests.server.test_crash import ServiceProcess, _service_args
 
 pytestmark = pytest.mark.mariadb
 
@@ -156,3 +161,107 @@ async def test_a_restart_during_the_repair_repairs_it_again(
             conn.close()
     finally:
         await running.stop()
+
+
+def _stored(data_dir: str, source: Source) -> bool:
+    """Whether the service's checkpoint covers everything the source has logged."""
+    stored = covered_state(DataDir(data_dir).checkpoint)
+    return all(stored.covers(gtid) for gtid in source.gtid_state())
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _described(pids: list[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                out.append(f"{pid} {_running(pid)} {f.read()[:200]!r}")
+        except OSError:
+            out.append(f"{pid} gone")
+    return out
+
+
+def _children(pid: int) -> list[int]:
+    """The repair processes the service spawned (multiprocessing's spawn entry point)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if parent == pid and b"multiprocessing" in cmdline:
+            found.append(int(entry))
+    return found
+
+
+async def test_kill_9_of_the_service_ends_its_repair_and_the_next_start_repairs_again(
+        tmp_path, source: Source, users_file: str):
+    """A real big table (over MIN_BYTES stored): the service killed with -9 while the repair's
+    process reads takes that process with it; the next start reads the change again (no
+    checkpoint passed it) and repairs it, and no file of the killed repair is left."""
+    db = source.database
+    source.execute(f"USE `{db}`",
+                   f"CREATE TABLE `{db}`.big (id INT PRIMARY KEY, a VARCHAR(600), b INT)",
+                   f"CREATE TABLE `{db}`.other (id INT PRIMARY KEY, v INT)",
+                   f"INSERT INTO `{db}`.big SELECT seq, REPEAT(CONCAT('row ', seq), 50), "
+                   "seq FROM seq_1_to_20000")  # 10 MB stored, over MIN_BYTES
+    data_dir = str(tmp_path / "data")
+    args = [a if a != "warning" else "info" for a in _service_args(data_dir, source,
+                                                                   users_file)]
+    log_path = str(tmp_path / "service.log")
+    hold = Gate(str(tmp_path / "open"))  # the repair waits for it: killed while it reads
+    service = ServiceProcess(args, log_path)
+    os.environ["CDC_TEST_REPAIR_HOLD"] = hold.path
+    try:
+        service.start()
+    finally:
+        del os.environ["CDC_TEST_REPAIR_HOLD"]
+
+    def logged(text: str) -> bool:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            return text in f.read()
+
+    try:
+        await until(lambda: _stored(data_dir, source), timeout=120)
+        source.execute(f"ALTER TABLE `{db}`.big ADD COLUMN k INT NOT NULL DEFAULT 7")
+        await until(lambda: logged("is read beside the stream"), timeout=60)
+        assert service.process is not None
+        await until(lambda: bool(_children(service.process.pid)), timeout=30)
+        repairs = _children(service.process.pid)
+        service.kill()
+        await until(lambda: not any(_running(p) for p in repairs), timeout=10,
+                    what=f"the repair's process to end with the service: {_described(repairs)}")
+        hold.set()  # (the next start's repair is not held)
+        service.start()
+        for i in range(600):  # transactions for the repair's records to ride on
+            source.execute(f"INSERT INTO `{db}`.other VALUES ({i}, {i})")
+            if logged("beside the stream, in"):
+                break
+            await asyncio.sleep(0.1)
+        assert logged("beside the stream, in"), "the repair was not done again"
+        await until(lambda: _stored(data_dir, source), timeout=120)
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            port = int(re.findall(r"listening on [\d.]+:(\d+)", f.read())[-1])
+        conn = source.server.connect()
+        try:
+            await assert_stream_equals_table(port, conn, db, "big", user=USER,
+                                             password=PASSWORD)
+        finally:
+            conn.close()
+        assert not [n for n in os.listdir(os.path.join(data_dir, "state"))
+                    if ".repair-" in n]
+    finally:
+        if service.process is not None and service.process.poll() is None:
+            service.terminate()
