@@ -60,7 +60,7 @@ from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import DefinitionChanged, SourceError, SourceUnavailable
 from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
-from cdcserver.reread.difference import Fit, same_row, view_key
+from cdcserver.reread.difference import Fit, reached, same_row, same_shape, view_key
 from cdcserver.reread.readview import ReadView
 from cdcserver.reread.view import Row, TableView, Views, ViewsClosed, key_names
 from cdcserver.store.catalog import Catalog, TableEntry
@@ -271,8 +271,6 @@ class BesideRepair:
         stream has reached the watermark."""
         if not self.done.is_set() or self.error is not None or self.fallback:
             return False
-        from cdcserver.reread.repair import reached
-
         assert self.point is not None
         return reached(commit.position, self.point)
 
@@ -393,8 +391,6 @@ class _Reader:
             return None
         if source is None:
             return job.stream_layout  # gone at the watermark: every row of the view goes
-        from cdcserver.reread.repair import same_shape
-
         if not same_shape(job.stream_layout, source):
             self.reason += " (the whole table was read again: its columns on the source " \
                            "were no longer the stream's)"

@@ -16,7 +16,9 @@ from cdcserver.core.changes import (
     RowsKind,
     TableLayout,
 )
+from cdcserver.core.gtid import BinlogPosition, binlog_ordinal, same_state
 from cdcserver.core.names import TableName
+from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.reread.values import from_text
 from cdcserver.reread.view import Row, TableView, key_names
 from cdcserver.store.schema import TableSchema
@@ -191,3 +193,20 @@ def _sorted(rows: list[tuple[Any, ...]], layout: TableLayout, kind: RowsKind
         return sorted(rows, key=order)
     pairs = sorted(zip(rows[::2], rows[1::2], strict=True), key=lambda p: order(p[0]))
     return [row for pair in pairs for row in pair]
+
+
+def same_shape(a: TableLayout, b: TableLayout) -> bool:
+    """Whether rows of ``a`` and ``b`` are the same Avro records: the same columns, in
+    the same order, of the same types, under the same primary key."""
+    first, second = TableSchema.from_layout(a, 0, ""), TableSchema.from_layout(b, 0, "")
+    return (first.avsc["fields"] == second.avsc["fields"]
+            and first.avsc.get("primary_key") == second.avsc.get("primary_key"))
+
+
+def reached(position: BinlogPosition, point: SnapshotPoint) -> bool:
+    """Whether the stream, right after the transaction that ends at ``position``, stands at
+    the watermark (or has passed it: the merge step kept the repair exact)."""
+    if same_state(position.gtid_state, point.gtid):
+        return True
+    return bool(position.file) and binlog_ordinal(position.file, position.pos) >= \
+        binlog_ordinal(point.file, point.pos)

@@ -62,18 +62,24 @@ from cdcserver.core.errors import (
     SourceError,
     SourceUnavailable,
 )
-from cdcserver.core.gtid import BinlogPosition, binlog_ordinal, same_state
+from cdcserver.core.gtid import binlog_ordinal
 from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.replication.sources import Sources
 from cdcserver.reread.beside import BesideRepair, Cancelled, FrozenCatalog, eligible
-from cdcserver.reread.difference import Scope, differences, records, view_key
+from cdcserver.reread.difference import (
+    Scope,
+    differences,
+    reached,
+    records,
+    same_shape,
+    view_key,
+)
 from cdcserver.reread.markers import cascades, keeps_rows, retarget, together
 from cdcserver.reread.readview import ReadView
 from cdcserver.reread.view import Row, TableView, Views, ViewsClosed, key_names
 from cdcserver.schema.masking import project_layout
 from cdcserver.store.catalog import Catalog
-from cdcserver.store.schema import TableSchema
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +193,28 @@ class Repairer:
     def take_over(self, waiting: list[tuple[list[Rowless], str]]) -> None:
         """Repairs a previous pipeline left waiting: read again before the first batch."""
         self._again = list(waiting)
+
+    @property
+    def reading_beside(self) -> bool:
+        """Whether a repair reads beside the stream (the pipeline then looks in, with
+        :meth:`idle`, while the source writes nothing)."""
+        return bool(self._beside)
+
+    async def idle(self) -> list[Change]:
+        """No transaction came for a while: a repair beside the stream that failed is dealt
+        with now (its table quarantined, or read by the pipeline), not at the next
+        transaction. What it returns goes to the sinks outside any transaction."""
+        for table, repair in list(self._beside.items()):
+            if repair.done.is_set() and (repair.error is not None or repair.fallback):
+                self._beside.pop(table)
+                repair.close()
+                self._beside_failed(repair)
+        inline, self._inline = self._inline, []
+        if inline:
+            await self._start(*together(inline), None, beside_ok=False)
+        out: list[Change] = [*self._stopping]
+        self._stopping = []
+        return out
 
     async def process(self, batch: list[Change]) -> list[Change]:
         self._learn_quarantines()
@@ -501,7 +529,7 @@ class Repairer:
             pending.resync, pending.started = True, resync
             self._resyncing |= tables
         self._pending.append(pending)
-        if commit is None or not _reached(commit.position, pending.point):
+        if commit is None or not reached(commit.position, pending.point):
             log.info("%s: the repair of %s waits for the stream to reach %s:%d", cause,
                      ", ".join(sorted({m.qualified_name for m in markers})),
                      pending.point.file, pending.point.pos)
@@ -659,7 +687,7 @@ class Repairer:
                         scope.source.pop(key, None)
 
     async def _attach_due(self, commit: Commit) -> list[Change]:
-        due = [p for p in self._pending if _reached(commit.position, p.point)]
+        due = [p for p in self._pending if reached(commit.position, p.point)]
         if not due:
             return []
         self._pending = [p for p in self._pending if not any(p is d for d in due)]
@@ -727,28 +755,7 @@ def _name(layout: TableLayout) -> TableName:
     return TableName(layout.database, layout.table)
 
 
-def same_shape(a: TableLayout, b: TableLayout) -> bool:
-    """Whether rows of ``a`` and ``b`` are the same Avro records: the same columns, in
-    the same order, of the same types, under the same primary key."""
-    first, second = TableSchema.from_layout(a, 0, ""), TableSchema.from_layout(b, 0, "")
-    return (first.avsc["fields"] == second.avsc["fields"]
-            and first.avsc.get("primary_key") == second.avsc.get("primary_key"))
-
-
-def reached(position: BinlogPosition, point: SnapshotPoint) -> bool:
-    return _reached(position, point)
-
-
 def _after(file: str, pos: int, point: SnapshotPoint) -> bool:
     return bool(file) and binlog_ordinal(file, pos) > binlog_ordinal(point.file, point.pos)
-
-
-def _reached(position: BinlogPosition, point: SnapshotPoint) -> bool:
-    """Whether the stream, right after the transaction that ends at ``position``, stands at
-    the watermark (or has passed it: the merge step kept the repair exact)."""
-    if same_state(position.gtid_state, point.gtid):
-        return True
-    return bool(position.file) and binlog_ordinal(position.file, position.pos) >= \
-        binlog_ordinal(point.file, point.pos)
 
 

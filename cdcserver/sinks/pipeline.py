@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.changes import Abort, Begin, Change, Commit, Ddl, Rows, TableLayout
@@ -133,6 +134,9 @@ def segments(batch: list[Change]) -> list[list[Change]]:
     return parts or [batch]
 
 
+IDLE_LOOK = 0.5  # seconds without a batch after which a repair beside the stream is looked at
+
+
 class Pipeline:
     def __init__(self, handoff: Handoff, sinks: list[Sink], start: GtidState,
                  flush_interval: float = 0.2, repairer: Repairer | None = None,
@@ -162,19 +166,28 @@ class Pipeline:
         """Until the replicator's stream ends (returns) or fails, or a checkpoint cannot be
         written (raises the error)."""
         flusher = asyncio.create_task(self._flush_periodically())
+        taking: asyncio.Future[list[list[Change]]] | None = None
         try:
             while True:
-                taking = asyncio.ensure_future(self.handoff.get())
-                await asyncio.wait({taking, flusher}, return_when=asyncio.FIRST_COMPLETED)
+                if taking is None:
+                    taking = asyncio.ensure_future(self.handoff.get())
+                waited: set[asyncio.Future[Any]] = {taking, flusher}
+                await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED,
+                                   timeout=IDLE_LOOK if self._reading_beside else None)
                 if flusher.done():
                     taking.cancel()
                     flusher.result()  # a failed checkpoint stops the pipeline
-                batches = taking.result()
+                if not taking.done():  # quiet: a repair beside the stream may need us
+                    await self._idle()
+                    continue
+                batches, taking = taking.result(), None
                 if not batches:
                     break
                 for batch in batches:
                     await self._apply(batch)
         finally:
+            if taking is not None and not taking.done():
+                taking.cancel()
             flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher
@@ -186,6 +199,16 @@ class Pipeline:
             return
         for part in segments(batch):
             await self._apply_part(self._captured_only(await self.repairer.process(part)))
+
+    @property
+    def _reading_beside(self) -> bool:
+        return self.repairer is not None and self.repairer.reading_beside
+
+    async def _idle(self) -> None:
+        assert self.repairer is not None
+        changes = await self.repairer.idle()
+        if changes:
+            await self._apply_part(self._captured_only(changes))
 
     def _captured_only(self, changes: list[Change]) -> list[Change]:
         """Without the rows a repair read of tables the service does not capture (a cascade

@@ -23,11 +23,21 @@ import pytest
 from cdcserver.core.names import TableName
 from cdcserver.ops.metrics import health
 from cdcserver.ops.probes import ready
+from cdcserver.reread import beside
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER, until
 from tests.oracle import assert_stream_equals_table
 
 pytestmark = pytest.mark.mariadb
+
+
+@pytest.fixture(params=["in the pipeline", "beside the stream"])
+def repair_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways a whole-table repair reads: in the pipeline (small tables) and in a process
+    of its own beside the stream (big ones: ``MIN_BYTES`` 0 makes every keyed table one)."""
+    if request.param == "beside the stream":
+        monkeypatch.setattr(beside, "MIN_BYTES", 0)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -70,7 +80,7 @@ async def _until_streamed(cdc: RunningService, source: Source, table: str,
 
 
 async def test_a_locked_tables_repair_stops_no_other_table(cdc: RunningService, source: Source,
-                                                           schema_user: Any):
+                                                           schema_user: Any, repair_path: str):
     db = source.database
     source.execute(f"CREATE TABLE `{db}`.lk (id INT PRIMARY KEY, v INT)",
                    f"CREATE TABLE `{db}`.free (id INT PRIMARY KEY, v INT)",
@@ -114,7 +124,7 @@ async def test_a_locked_tables_repair_stops_no_other_table(cdc: RunningService, 
 
 async def test_a_discarded_tablespace_is_quarantined_alone(cdc: RunningService,
                                                            source: Source,
-                                                           schema_user: Any):
+                                                           schema_user: Any, repair_path: str):
     db = source.database
     source.execute(f"CREATE TABLE `{db}`.qt (id INT PRIMARY KEY, v INT)",
                    f"CREATE TABLE `{db}`.free (id INT PRIMARY KEY, v INT)",
