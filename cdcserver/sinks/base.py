@@ -76,6 +76,11 @@ class Sink(Protocol):
 
     async def flush(self) -> BinlogPosition | None: ...
 
+    async def keep_up(self) -> None:
+        """While no checkpoint may be written (a repair waits for its watermark): the work a
+        flush would do that does not move the checkpoint, so that memory does not grow with
+        every transaction meanwhile."""
+
     async def close(self) -> None: ...
 
     def status(self) -> SinkStatus: ...

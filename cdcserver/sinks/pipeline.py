@@ -288,6 +288,7 @@ class Pipeline:
         while True:
             await asyncio.sleep(self.flush_interval)
             if self.repair_pending:
+                await sink.keep_up()
                 continue
             try:
                 await sink.flush()

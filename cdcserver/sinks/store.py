@@ -40,6 +40,9 @@ class StoreSink:
     async def flush(self) -> BinlogPosition | None:
         return await self.store.flush()
 
+    async def keep_up(self) -> None:
+        await self.store.persist_index()
+
     async def close(self) -> None:
         """Nothing to let go of: the service closes the store after the listener."""
 

@@ -550,6 +550,14 @@ class AvroStore:
 
     # -- durability --------------------------------------------------------------------
 
+    async def persist_index(self) -> None:
+        """Write the index's new entries without a checkpoint (while none may be written: a
+        repair waits). A start drops the entries past its checkpoint (``recovery``), and
+        the entries do not pile up in memory with every transaction meanwhile."""
+        async with self._flush_lock:
+            if self.index is not None:
+                await asyncio.to_thread(self.index.persist)
+
     async def flush(self) -> BinlogPosition | None:
         """Make everything committed so far durable, then write the checkpoint."""
         async with self._flush_lock:

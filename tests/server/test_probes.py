@@ -67,6 +67,9 @@ class Gate:
     async def flush(self) -> BinlogPosition | None:
         return None
 
+    async def keep_up(self) -> None:
+        pass
+
     async def close(self) -> None:
         pass
 

@@ -154,6 +154,10 @@ class LeasedSink:
     async def flush(self) -> BinlogPosition | None:
         return await self._sink.flush() if self._sink is not None else None
 
+    async def keep_up(self) -> None:
+        if self._sink is not None:
+            await self._sink.keep_up()
+
     def status(self) -> SinkStatus:
         sink = self._sink
         return SinkStatus(self.name, role="publisher" if self.lease.held else "standby",

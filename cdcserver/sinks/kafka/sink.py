@@ -250,6 +250,9 @@ class KafkaSink:
                 self.stats.transactions += 1
         await self._ship_all()
 
+    async def keep_up(self) -> None:
+        """Nothing: acknowledged messages leave the buffer as room is needed."""
+
     async def flush(self) -> BinlogPosition | None:
         """Wait until what was sent so far is acknowledged, then record the position."""
         await self._ship_all()
