@@ -439,14 +439,20 @@ async def _send_value(sender: _Sender, data: BlockData, big: _Big) -> None:
     decoder = codecs.getincrementaldecoder("utf-8")()
     pos, end = big.start, big.start + big.size
     while pos < end:
-        chunk = data.read(pos, min(PIECE, end - pos))
-        pos += len(chunk)
-        if big.kind == "bytes":
-            await sender.send(chunk.hex().encode())
-            continue
-        text = decoder.decode(chunk, final=pos >= end)
-        if text:
-            await sender.send(escape(text).encode("utf-8"))
+        piece = _piece(data, pos, min(PIECE, end - pos), big.kind, decoder, escape,
+                       final=pos + PIECE >= end)
+        pos = min(end, pos + PIECE)
+        if piece:
+            await sender.send(piece)  # (only the piece is held while the client is slow)
+
+
+def _piece(data: BlockData, pos: int, size: int, kind: str, decoder: codecs.IncrementalDecoder,
+           escape: Callable[[str], str], final: bool) -> bytes:
+    """``size`` bytes of a value from ``pos``, as JSON text (a bytes value's hex)."""
+    chunk = data.read(pos, size)
+    if kind == "bytes":
+        return chunk.hex().encode()
+    return escape(decoder.decode(chunk, final=final)).encode("utf-8")
 
 
 def _record(value: Any) -> dict[str, Any]:
