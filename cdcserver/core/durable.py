@@ -3,8 +3,10 @@ entries are on disk."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+from typing import Any
 
 
 def write_all(fd: int, data: bytes | bytearray) -> None:
@@ -48,3 +50,12 @@ def private_files(group: bool = False) -> None:
     """Files and directories this process creates from now on are its user's only (0600,
     0700), or also its group's (0640, 0750): rows, dumps, the index, the checkpoint."""
     os.umask(0o027 if group else 0o077)
+
+
+async def outlast(work: asyncio.Future[Any]) -> None:
+    """Wait until ``work`` (a write in a thread, which cannot be cancelled) is done, through
+    any number of cancellations of the caller: whoever holds a lock around the write keeps it
+    until the write has ended, so two writes of one file never overlap."""
+    while not work.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({work})

@@ -52,7 +52,7 @@ from cdcserver.core.changes import (
     TableChange,
     TableLayout,
 )
-from cdcserver.core.durable import fsync_dir, write_atomically
+from cdcserver.core.durable import fsync_dir, outlast, write_atomically
 from cdcserver.core.errors import DiskFull, StoreError, UndecodableEvent
 from cdcserver.core.gtid import BinlogPosition
 from cdcserver.core.names import TableName
@@ -583,7 +583,7 @@ class AvroStore:
                 # checkpoint writes never overlap, however often this task is cancelled
                 # meanwhile. Its own failure must not replace the cancellation (a caller
                 # that retries failures would never stop).
-                await _outlast(work)
+                await outlast(work)
                 if work.exception() is not None:
                     self._not_durable(dirty, new_files, changed)
                 raise
@@ -697,13 +697,6 @@ def _mark(entry: TableEntry | None) -> TableMark | None:
     size (None: no version is left)."""
     latest = entry.latest() if entry is not None else None
     return None if latest is None else TableMark(latest.version, latest.committed)
-
-
-async def _outlast(work: asyncio.Future[None]) -> None:
-    """Wait until ``work`` is done, through any number of cancellations of the caller."""
-    while not work.done():
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait({work})
 
 
 def _same_columns(current: TableSchema, candidate: TableSchema) -> bool:

@@ -48,7 +48,7 @@ from aiokafka.partitioner import murmur2
 from cdcserver.core.capture import TableSelection
 from cdcserver.core.changes import Change, Ddl, Rows
 from cdcserver.core.config import KafkaConfig
-from cdcserver.core.durable import write_atomically
+from cdcserver.core.durable import outlast, write_atomically
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import BinlogPosition
 from cdcserver.core.names import TableName
@@ -479,7 +479,15 @@ class KafkaSink:
             self.stats.acknowledged += 1
         if moved is not None:
             self.durable = moved
-            await asyncio.to_thread(_save_state, self.state_path, moved)
+            saving = asyncio.ensure_future(asyncio.to_thread(_save_state, self.state_path,
+                                                             moved))
+            try:
+                await asyncio.shield(saving)
+            except asyncio.CancelledError:
+                # the thread goes on: keep the lock until it ends, or the next harvest's
+                # write of the same file would race it (its temporary file removed under it)
+                await outlast(saving)
+                raise
             self._record_state_in_kafka(moved)
 
     async def _recover(self, error: BaseException | None) -> None:
