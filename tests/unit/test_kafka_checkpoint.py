@@ -14,7 +14,7 @@ import pytest
 from cdcserver.core.config import KafkaConfig
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.sinks.kafka import sink as sink_module
-from cdcserver.sinks.kafka.sink import KafkaSink, _Marker, _load_state
+from cdcserver.sinks.kafka.sink import KafkaSink, _load_state, _Marker
 
 
 def _position(n: int) -> BinlogPosition:
