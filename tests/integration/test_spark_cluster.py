@@ -235,6 +235,8 @@ async def test_executors_without_the_package_read_with_the_packed_environment(
 @pytest.mark.timeout(900)
 async def test_the_mirror_survives_an_executor_and_the_driver_killed(
         cluster: Cluster, packed: Path, cdc: RunningService, source: Source, tmp_path: Path):
+    """(One of the suite's longest, about 2 minutes on 2 cores: a driver JVM started twice
+    and an executor killed and replaced, each waited for as a user's job would be.)"""
     t = f"`{source.database}`.stock"
     source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, name VARCHAR(20), qty INT)")
     written = 0

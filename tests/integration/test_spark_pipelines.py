@@ -89,6 +89,8 @@ def _changes(source: Source) -> str:
 
 async def test_the_changes_table_holds_every_change_in_stream_order(
         cdc: RunningService, source: Source, tmp_path: Path):
+    """(One of the suite's longest, 1.5-3 minutes on 2 cores: ``spark-pipelines`` is run twice,
+    a dry run and a run, each a JVM of its own; that is what a user runs.)"""
     _changes(source)
     await cdc.caught_up(source)
     project = _project(tmp_path, cdc, f"{source.database}.customers")
