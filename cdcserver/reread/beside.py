@@ -62,7 +62,14 @@ from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.reread.difference import Fit, reached, same_row, same_shape, view_key
 from cdcserver.reread.readview import ReadView
-from cdcserver.reread.view import Row, TableView, Views, ViewsClosed, key_names
+from cdcserver.reread.view import (
+    Row,
+    TableView,
+    Views,
+    ViewsClosed,
+    key_names,
+    remove_database,
+)
 from cdcserver.store.catalog import Catalog, TableEntry
 
 log = logging.getLogger(__name__)
@@ -302,7 +309,7 @@ class BesideRepair:
         self._remove()
 
     def _remove(self) -> None:
-        _remove(self._path)
+        remove_database(self._path)
 
 
 # -- the repair's process ------------------------------------------------------------------
@@ -441,12 +448,6 @@ class _Reader:
                 pending = []
         db.executemany("INSERT INTO diff VALUES (?, ?, ?, ?)", pending)
         db.execute("COMMIT")
-
-
-def _remove(path: str) -> None:
-    for suffix in ("", "-journal", "-wal", "-shm"):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path + suffix)
 
 
 def _sorted_rows(db: Any, sql: str, args: tuple[Any, ...]) -> Iterator[tuple[bytes, Row]]:

@@ -195,9 +195,7 @@ class Views:
     """The views of the tables being watched, in one scratch SQLite file."""
 
     def __init__(self, path: str) -> None:
-        for suffix in ("", "-journal", "-wal", "-shm"):
-            if os.path.exists(path + suffix):
-                os.unlink(path + suffix)
+        remove_database(path)
         for left in glob.glob(glob.escape(path) + ".repair-*"):  # a killed service's repairs
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(left)
@@ -309,6 +307,13 @@ class Views:
         self._closing.set()
         with self._lock:
             self.db.close()
+
+
+def remove_database(path: str) -> None:
+    """A scratch SQLite file and its journal files, if there."""
+    for suffix in ("", "-journal", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path + suffix)
 
 
 def key_names(layout: TableLayout) -> tuple[str, ...]:

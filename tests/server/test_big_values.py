@@ -9,6 +9,7 @@ import json
 import os
 import random
 import socket
+import time
 
 import pytest
 
@@ -19,7 +20,7 @@ from cdcserver.protocol.render import EXACT, json_block
 from cdcserver.store.avrofile import scan_blocks
 from mariadb_cdc_client.format.wire import Dialect
 from tests.conftest import RunningService, Source, make_config, start_service
-from tests.helpers import RawClient
+from tests.helpers import RawClient, until
 
 pytestmark = pytest.mark.mariadb
 
@@ -143,13 +144,15 @@ async def test_json_clients_that_do_not_read_hold_no_copy_of_big_values(
     before, sent_before = _rss(), traffic.bytes_sent
     clients = [await _stalled_client(cdc.port, request) for _ in range(8)]
     try:
-        sent, still = traffic.bytes_sent, 0
-        for _ in range(300):  # until the clients' sockets are full and nothing moves
-            await asyncio.sleep(0.1)
-            still = still + 1 if traffic.bytes_sent == sent else 0
-            sent = traffic.bytes_sent
-            if still >= 10:
-                break
+        last = [traffic.bytes_sent, time.monotonic()]  # bytes sent, and since when
+
+        def settled() -> bool:  # the clients' sockets are full: nothing has moved for 1 s
+            if traffic.bytes_sent != last[0]:
+                last[:] = [traffic.bytes_sent, time.monotonic()]
+            return time.monotonic() - last[1] >= 1.0
+
+        await until(settled, timeout=30, what="the stalled clients' sockets to fill")
+        sent = traffic.bytes_sent
         grown = _rss() - before
         assert sent - sent_before > 8 * bigjson.PIECE  # each was sent what it could take
         # whole blocks rendered per client held the block and its rendering (8 MiB of text,
