@@ -1,6 +1,6 @@
 """The listener (issue 7): AVRO mode beside sendfile, JSON rows/s, tail latency and RSS under load.
 
-    .venv/bin/python bench/bench_listener.py [--runs N] [--seconds S | --minutes M]
+    .venv/bin/python bench/bench_listener.py [--runs N] [--seconds S | --minutes M] [--service EXE]
         [--clients C] [--rate R] [--batch B] [--sample T] [--only avro|json|latency]
         [--tables N] [--client-processes P]
 
@@ -111,6 +111,9 @@ from mariadb_cdc_client.format.wire import auth_message
 USER = PASSWORD = "bench"
 MIB = 1 << 20
 USERS = os.path.join(OUT, "listener-cdcusers")
+# the ``cdcserver`` executable run (``--service``: another tree's, to compare with this one)
+THIS_SERVICE = os.path.join(os.path.dirname(sys.executable), "cdcserver")
+SERVICE = [THIS_SERVICE]
 CLIENT_PROCESSES = 2
 TRANSFERS = 7  # a run of the AVRO comparison: the median of this many transfers of each kind
 SEED_ID, FIRST_ID = 1, 2  # the row every tailing client sees first; the writer's first id
@@ -130,8 +133,7 @@ class ServiceProcess:
         shutil.rmtree(self.data_dir, ignore_errors=True)
         os.makedirs(self.data_dir)
         self.log_path = os.path.join(OUT, f"listener-{name}.log")
-        exe = os.path.join(os.path.dirname(sys.executable), "cdcserver")
-        self.args = [exe, "run", "--source", server.url(), "--data-dir", self.data_dir,
+        self.args = [SERVICE[0], "run", "--source", server.url(), "--data-dir", self.data_dir,
                      "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
                      "--users-file", USERS,
                      "--server-id", str(server_id), "--start-gtid", start_gtid,
@@ -698,6 +700,8 @@ def latency_part(server: EmbeddedMariaDB, args: argparse.Namespace,
     limit = raise_nofile(2 * args.clients + 4096)
     options = ("--max-connections", str(max(2048, args.clients + 64)))
     environment = {"CDCSERVER_LISTENER_MAX_UNAUTHENTICATED": str(max(32, CONNECTING * procs))}
+    if SERVICE[0] != THIS_SERVICE:
+        environment = {}  # an older tree's service: it has no such limit (and refuses the name)
     with ServiceProcess(server, "latency", 9401, start_state, options, environment) as service:
         server.execute(*(f"CREATE TABLE {name} (id INT AUTO_INCREMENT PRIMARY KEY, "
                          "sent BIGINT)" for name in names),
@@ -987,10 +991,22 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=10, help="rows per transaction")
     parser.add_argument("--sample", type=float, default=5.0, help="seconds between RSS samples")
     parser.add_argument("--only", choices=("avro", "json", "latency"))
+    parser.add_argument("--service", default=SERVICE[0],
+                        help="the cdcserver executable to measure (default: this one's); "
+                             "another tree's installed copy, to compare the two with the "
+                             "same clients")
     args = parser.parse_args()
+    SERVICE[0] = os.path.abspath(args.service)
     os.makedirs(OUT, exist_ok=True)
-    UsersFile(USERS).add(USER, PASSWORD)
+    if SERVICE[0] == THIS_SERVICE:
+        UsersFile(USERS).add(USER, PASSWORD)
+    else:  # in the measured tree's own format
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(USERS)
+        subprocess.run([SERVICE[0], "users", "add", USER, "--users-file", USERS,
+                        "--password-stdin"], input=PASSWORD.encode(), check=True)
     announce_code_path()
+    line("service measured", SERVICE[0])
     with private_server(workload=args.only != "latency") as server:
         if args.only != "latency":
             bulk_parts(server, args)

@@ -1,10 +1,13 @@
 """The one way the listener writes to a client.
 
-Every write goes through a client's :class:`Outbox`: replies to commands, stream data, the
-shared tails' commits and dump transfers. It refuses to write to a connection the client has
-closed (uvloop raises RuntimeError there, not ConnectionError), waits for the socket to take
-each write (``drain``), yields the loop after each, and counts the bytes of streams, tails
-and dumps in the listener's totals (``cdc_sent_bytes``; replies to commands are not counted).
+Every write goes through a client's :class:`Outbox`: replies to commands, stream data and
+dump transfers; one exception, the shared tails (:mod:`.tail`) write a commit to each
+following client's :attr:`Outbox.transport` themselves and count it as the outbox would (that
+loop is the fan-out's cost, so it calls nothing per client it need not). It refuses to write
+to a connection the client has closed (uvloop raises RuntimeError there, not
+ConnectionError), waits for the socket to take each write (``drain``), yields the loop after
+each, and counts the bytes of streams, tails and dumps in the listener's totals
+(``cdc_sent_bytes``; replies to commands are not counted).
 
 Stored bytes (AVRO streams, dumps) go as they are on disk with :meth:`Outbox.send_file`:
 ``sendfile(2)`` from the page cache to the transport's own socket, on the event loop. The
@@ -50,6 +53,7 @@ class FileEnded(FileNotFoundError):
 class Outbox:
     def __init__(self, writer: asyncio.StreamWriter, traffic: Traffic) -> None:
         self.writer = writer
+        self.transport = writer.transport  # (a shared tail writes to it directly)
         self.traffic = traffic
         self.bytes_sent = 0  # by this connection, counted as the listener's are
         self.records_sent = 0
@@ -85,12 +89,6 @@ class Outbox:
         with contextlib.suppress(ConnectionError, RuntimeError):
             if not self.writer.is_closing():
                 self.writer.write(data)
-
-    def write_now(self, data: bytes) -> None:
-        """Counted data written without waiting: a shared tail writes one commit to many
-        clients, each of whose buffers it checks first (:attr:`buffered`)."""
-        self.writer.write(data)
-        self.sent(len(data))
 
     def records(self, count: int) -> None:
         """``count`` records were written (counted with the listener's)."""

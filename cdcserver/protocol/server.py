@@ -121,7 +121,7 @@ class CdcServer:
         self.traffic = Traffic()  # bytes and records sent, counted as they are written
         self.dumps_sent = 0
         self.dump_released: Callable[[], None] | None = None  # wakes the cleaner
-        self.tails = Tails(read_range)  # one reader per table end
+        self.tails = Tails(read_range, self.traffic)  # one reader per table end
         self.tails.stopped = lambda table: table in context.catalog.quarantined
 
     @property

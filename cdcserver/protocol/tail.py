@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from cdcserver.core.names import TableName
 from cdcserver.protocol.dialect import JsonStyle
-from cdcserver.protocol.outbox import Outbox
+from cdcserver.protocol.outbox import Outbox, Traffic
 from cdcserver.store.catalog import TableEntry, VersionInfo
 from mariadb_cdc_client.format.wire import Format
 
@@ -60,6 +60,8 @@ class Tail:
         self.info = info
         self.pos = pos
         self.followers: set[Follower] = set()
+        self.bytes_sent = 0  # to each follower present, since the tail started
+        self.records_sent = 0
         self.task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
@@ -82,29 +84,51 @@ class Tail:
                 self._release(follower)
 
     def _broadcast(self, end: int) -> None:
+        """One commit's bytes to every follower: a ``write`` each (the socket takes them at
+        once unless the client lags), the counting done once for all. This loop is the
+        fan-out's cost: a thousand clients make it a thousand sends per commit."""
         data, records = self.tails.read_range(self.info, self.pos, end, self.key[1], self.key[2])
+        size = len(data)
         writes = 0
         for follower in list(self.followers):
             out = follower.out
-            if out.closing:
-                self.followers.discard(follower)
+            transport = out.transport
+            if transport.is_closing():
+                self.leave(follower)
                 if not follower.returned.done():
                     follower.returned.set_exception(
                         ConnectionResetError("the client closed the connection"))
-            elif out.buffered > MAX_BUFFERED:
+            elif transport.get_write_buffer_size() > MAX_BUFFERED:
                 self._release(follower)  # a slow reader: it continues alone, with drain()
             else:
-                out.write_now(data)
+                transport.write(data)
+                out.bytes_sent += size
+                out.records_sent += records
                 writes += 1
-                follower.bytes_sent += len(data)
-                follower.records_sent += records
-                out.records(records)
         self.pos = end
-        if writes and self.tails.delivered is not None:
-            self.tails.delivered(self.entry.name, writes)
+        self.bytes_sent += size
+        self.records_sent += records
+        if writes:
+            traffic = self.tails.traffic
+            if traffic is not None:
+                traffic.bytes_sent += size * writes
+                traffic.records_sent += records * writes
+            if self.tails.delivered is not None:
+                self.tails.delivered(self.entry.name, writes)
+
+    def join(self, follower: Follower) -> None:
+        follower.bytes_sent, follower.records_sent = self.bytes_sent, self.records_sent
+        self.followers.add(follower)
+
+    def leave(self, follower: Follower) -> None:
+        """``follower`` gets no more: it was sent what the tail sent since it joined."""
+        if follower in self.followers:
+            self.followers.discard(follower)
+            follower.bytes_sent = self.bytes_sent - follower.bytes_sent
+            follower.records_sent = self.records_sent - follower.records_sent
 
     def _release(self, follower: Follower) -> None:
-        self.followers.discard(follower)
+        self.leave(follower)
         if not follower.returned.done():
             follower.returned.set_result(self.pos)
 
@@ -112,8 +136,9 @@ class Tail:
 class Tails:
     """The tails of one listener."""
 
-    def __init__(self, read_range: RangeReader) -> None:
+    def __init__(self, read_range: RangeReader, traffic: Traffic | None = None) -> None:
         self.read_range = read_range
+        self.traffic = traffic  # the listener's totals, counted for every write
         # whether a table's stream stopped (quarantined): its tail hands its sessions back
         self.stopped: Callable[[TableName], bool] = lambda table: False
         self.delivered: Delivered | None = None
@@ -135,11 +160,11 @@ class Tails:
                 await asyncio.shield(entry.changed())
             follower.returned.set_result(pos)
             return follower
-        tail.followers.add(follower)
+        tail.join(follower)
         try:
             await follower.returned
         finally:
-            tail.followers.discard(follower)
+            tail.leave(follower)
         return follower
 
     def ended(self, tail: Tail) -> None:
