@@ -224,6 +224,8 @@ class ReplicationRunner:
             assert self.handoff is not None and self.replicator is not None
             self.handoff.close()
             await asyncio.to_thread(self.replicator.stop)
+            if self.pipeline is not None and self.pipeline.repairer is not None:
+                self.pipeline.repairer.stop()
             if self._views is not None:  # once no thread folds or reads them
                 await asyncio.to_thread(self._views.close)
 

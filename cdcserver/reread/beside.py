@@ -5,7 +5,7 @@ A repair that must compare a whole table (a value-rewriting ALTER, a truncated p
 compared them: every table's stream stopped for as long, minutes for a million rows, and the
 rows were held in memory. For a table with a primary key (the usual case) the repair now runs
 in a process of its own (at a lower priority, sharing no interpreter lock with the service)
-while every table, this one included, keeps streaming:
+while every other table keeps streaming, and this one waits alone:
 
 1. At the transaction X that made the change, the table's stored versions are *frozen* (their
    committed sizes then) and the rows of the batch not stored yet are copied: the process
@@ -13,29 +13,30 @@ while every table, this one included, keeps streaming:
 2. It opens a consistent read of the source (the watermark S) and writes the table's rows
    there into the same file, as the server sends them.
 3. It compares the two in key order (a merge of two sorted scans) and writes each difference
-   as the records that repair it.
-4. Meanwhile the pipeline notes the key of every row the stream changes in the table after X.
-   Such a row is the source's row in the stream already (each change carries the whole row,
-   as it is after the change): it leaves the repair. Every other key is as it was at X in
-   the stream and as it was at S on the source, so its difference is still exact at any later
-   transaction (the merge step of DBLog's watermark algorithm, applied at the end).
+   as the records that repair it: from the table as the stream has it at X to the table as
+   the source has it at S.
+4. Meanwhile the stream's changes to the table after X are held (:mod:`.held`), not given to
+   the sinks, so the table's consumers still hold it as it was at X.
 5. From the first transaction after the stream reached S and the read finished, the records
-   of the keys the stream did not touch are appended to transactions, ``ATTACH_ROWS`` at a
-   time, with a pause between two shares that leaves the stream's own transactions most of
-   the pipeline's time (a repair of millions of rows spans many transactions, each record
-   saying why it is there), until all are out. On a source that writes nothing more they
-   wait for its next transaction, as a resync does.
+   are appended to transactions, ``ATTACH_ROWS`` at a time, with a pause between two shares
+   that leaves the stream's own transactions most of the pipeline's time (a repair of
+   millions of rows spans many transactions, each record saying why it is there); then the
+   held changes after S, in their order, the same way (those up to S are in the records
+   already), until none waits and the table streams live again. Every before-image a
+   consumer then gets is the row it holds. On a source that writes nothing more they wait
+   for its next transaction, as a resync does.
 
 Tables of less than ``MIN_BYTES`` stored are repaired in the transaction that changed them,
 by the pipeline, as before: a fraction of a second, and no later transaction needed.
 
-The service holds one share of records and the keys the stream changed in the table
-meanwhile; the process, a batch of rows and its SQLite cache; the table's rows are on disk
-(``state/``, removed when done). No checkpoint is written until the repair is out, as before:
-a crash replays the change and it is repaired again. A schema statement on the table while
-the repair is under way calls it off and it starts again after the statement. A table without
-a primary key, a system-versioned table, a cascade and a quarantined table's resync take the
-pipeline's own path (:meth:`.repair.Repairer._start`).
+The service holds one share of records or held changes; the process, a batch of rows and its
+SQLite cache; the table's rows and its held changes are on disk (``state/``, removed when
+done). No checkpoint is written until the repair and the held changes are out, as before: a
+crash replays the change and it is repaired again. A schema statement on the table while the
+repair is under way calls it off (its held changes go on at once, before the statement) and
+it starts again after the statement. A table without a primary key, a system-versioned table,
+a cascade and a quarantined table's resync take the pipeline's own path
+(:meth:`.repair.Repairer._start`).
 """
 
 from __future__ import annotations
@@ -58,9 +59,11 @@ from cdcserver.core.capture import ColumnRules
 from cdcserver.core.changes import Commit, Rowless, Rows, RowsKind, TableLayout
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import DefinitionChanged, SourceError, SourceUnavailable
+from cdcserver.core.gtid import binlog_ordinal
 from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.reread.difference import Fit, reached, same_row, same_shape, view_key
+from cdcserver.reread.held import HeldChanges
 from cdcserver.reread.readview import ReadView
 from cdcserver.reread.view import (
     Row,
@@ -180,7 +183,8 @@ class BesideRepair:
         self.cause = cause
         self.reason = "; ".join(dict.fromkeys(m.reason for m in markers))
         self.key = key_names(first.layout)
-        self.touched: set[bytes] = set()  # keys the stream changed after the cause
+        self.held = HeldChanges(f"{path}.held")  # the table's changes after the cause
+        self.dropped = 0  # held rows the source's read held already
         self.started = time.monotonic()
         self.done = threading.Event()
         self.error: BaseException | None = None
@@ -211,8 +215,10 @@ class BesideRepair:
                          name=f"repair {self.table}", daemon=True).start()
 
     def cancel(self) -> None:
-        """Stop the repair's process; its file goes with it."""
+        """Stop the repair's process; its files go with it (the changes held too: take them
+        first with :meth:`unhold` where they must go on)."""
         self._cancel.set()
+        self.held.close()
         if self.done.is_set():
             self._remove()
 
@@ -263,15 +269,13 @@ class BesideRepair:
 
     # -- the pipeline's side --------------------------------------------------------------
 
-    def touch(self, rows: Rows) -> None:
-        """The stream changed these rows of the table after the cause: they leave it."""
-        names = [c.name for c in rows.layout.columns]
-        if not all(c in names for c in self.key):
-            self.fallback = "the stream's rows no longer hold the table's key"
-            return
-        index = [names.index(c) for c in self.key]
-        for row in rows.rows:
-            self.touched.add(_pack(tuple(row[i] for i in index)))
+    def hold(self, rows: Rows) -> None:
+        """The stream changed the table after the cause: the change waits for the repair."""
+        self.held.add(rows)
+
+    def unhold(self) -> list[Rows]:
+        """Every change held, in order (the repair is called off: they go on now)."""
+        return self.held.take()
 
     def due(self, commit: Commit) -> bool:
         """Whether records may be attached to this transaction: the read is done and the
@@ -282,17 +286,14 @@ class BesideRepair:
         return reached(commit.position, self.point)
 
     def attach(self, commit: Commit, note: str) -> list[Rows]:
-        """(In a thread.) The next ``ATTACH_ROWS`` differences as records of ``commit``,
-        without the keys the stream changed since the cause."""
+        """(In a thread.) The next ``ATTACH_ROWS`` differences as records of ``commit``."""
         assert self.layout is not None
         found: dict[int, list[tuple[Any, ...]]] = {_DELETE: [], _UPDATE: [], _INSERT: []}
         with contextlib.closing(sqlite3.connect(self._path)) as db:
-            rows = db.execute("SELECT seq, key, kind, image FROM diff WHERE seq >= ? "
+            rows = db.execute("SELECT seq, kind, image FROM diff WHERE seq >= ? "
                               "ORDER BY seq LIMIT ?", (self._next, ATTACH_ROWS)).fetchall()
-        for seq, key, kind, image in rows:
+        for seq, kind, image in rows:
             self._next = seq + 1
-            if key in self.touched:
-                continue
             found[kind] += pickle.loads(image)
             self.sent += 1
         if len(rows) < ATTACH_ROWS:
@@ -302,13 +303,35 @@ class BesideRepair:
                 for kind, images in found.items() if images]
 
     @property
-    def finished(self) -> bool:
+    def attached(self) -> bool:
+        """Whether every difference is out (then the held changes follow)."""
         return self._next < 0
 
+    def release(self, commit: Commit) -> list[Rows]:
+        """The next share of the held changes, in ``commit``: those the source's read
+        already held (at or before the watermark) are dropped, the records brought the table
+        there."""
+        point = self.point
+        assert point is not None
+        out = []
+        for rows in self.held.take(ATTACH_ROWS):
+            if rows.file and not _after(rows, point):
+                self.dropped += len(rows.rows)
+                continue
+            out.append(replace(rows, file=commit.position.file, pos=commit.position.pos,
+                               start=0))
+        return out
+
+    @property
+    def finished(self) -> bool:
+        return self.attached and not self.held
+
     def close(self) -> None:
+        self.held.close()
         self._remove()
 
     def _remove(self) -> None:
+        """(The pipeline's thread or the watching one.) The repair's SQLite file."""
         remove_database(self._path)
 
 
@@ -470,6 +493,10 @@ def _merged(mine: Iterator[tuple[bytes, Row]], theirs: Iterator[tuple[bytes, Row
         else:
             yield a[0], a[1], b[1]
             a, b = next(mine, None), next(theirs, None)
+
+
+def _after(rows: Rows, point: SnapshotPoint) -> bool:
+    return binlog_ordinal(rows.file, rows.pos) > binlog_ordinal(point.file, point.pos)
 
 
 def _values(row: Row, names: list[str]) -> tuple[Any, ...]:

@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -154,6 +153,7 @@ class Repairer:
         self._beside: dict[TableName, BesideRepair] = {}
         self._queued: dict[TableName, list[tuple[list[Rowless], str]]] = {}
         self._inline: list[tuple[list[Rowless], str]] = []
+        self._unheld: list[Rows] = []  # held by repairs called off, to go on now
         self._launched = 0
         self._next_share = 0.0  # (monotonic) when a repair beside the stream may go on
 
@@ -167,7 +167,7 @@ class Repairer:
         """Whether a repair waits for the stream to reach its watermark (then no checkpoint
         may be written: it would pass the change the repair is for)."""
         return bool(self._pending or self._again or self._beside or self._queued or
-                    self._inline)
+                    self._inline or self._unheld)
 
     def request_resync(self, table: TableName, why: str) -> bool:
         """Read a quarantined table again at a watermark and release it there (in the first
@@ -190,6 +190,13 @@ class Repairer:
         return [(p.markers, p.cause) for p in self._pending] + self._again + beside + \
             queued + self._inline
 
+    def stop(self) -> None:
+        """The pipeline stopped: the repairs beside the stream end, and the changes they held
+        are dropped (no checkpoint passed them: the binlog gives them again; their markers
+        stay for :meth:`carry_over`)."""
+        for repair in self._beside.values():
+            repair.cancel()
+
     def take_over(self, waiting: list[tuple[list[Rowless], str]]) -> None:
         """Repairs a previous pipeline left waiting: read again before the first batch."""
         self._again = list(waiting)
@@ -207,9 +214,12 @@ class Repairer:
         for table, repair in list(self._beside.items()):
             if repair.done.is_set() and (repair.error is not None or repair.fallback):
                 self._beside.pop(table)
+                self._unheld += repair.unhold()  # they go on with the next transaction
                 repair.close()
                 self._beside_failed(repair)
         inline, self._inline = self._inline, []
+        if inline and self._unheld:  # read once they are in the stream (its next commit)
+            self._inline, inline = inline, []
         if inline:
             await self._start(*together(inline), None, beside_ok=False)
         out: list[Change] = [*self._stopping]
@@ -235,7 +245,10 @@ class Repairer:
                 self._sequence_rows = {}
             elif isinstance(change, Rows) and _name(change.layout) in self._quarantined:
                 pass  # not stored: it changes neither a view nor a repair
+            elif isinstance(change, Rows) and self._held(change):
+                continue  # waits for its table's repair (:mod:`.held`)
             elif isinstance(change, Rows):
+                out += self._unheld_now()  # a repair called off just now: ahead of these
                 if change.layout.sequence and change.kind == RowsKind.INSERT:
                     change = await asyncio.to_thread(self.views.locked, self._sequence_write,
                                                     change)
@@ -251,10 +264,12 @@ class Repairer:
                           self._begin.gtid if self._begin else "?")
             elif isinstance(change, Ddl):
                 self._schema_changed(change)
+                out += self._unheld_now()
             elif isinstance(change, Quarantine):  # rows the decoder could not decode
+                self._call_off(TableName(change.database, change.table))
+                out += self._unheld_now()
                 self._quarantined.add(TableName(change.database, change.table))
                 self.views.drop(TableName(change.database, change.table))
-                self._call_off(TableName(change.database, change.table))
             elif isinstance(change, Abort):
                 self._begin, self._found, self._txn_rows = None, [], []
                 self._sequence_rows = {}
@@ -283,10 +298,10 @@ class Repairer:
     async def _committing(self, commit: Commit) -> list[Change]:
         """The transaction ends: bring the views up to it, start a repair for what it
         changed without rows, and attach the repairs whose watermark it reaches."""
+        unheld = self._unheld_now()  # of a repair called off meanwhile: they go first
         watched = [r for r in self._txn_rows if self.views.get(_name(r.layout)) is not None]
         if watched:
             await asyncio.to_thread(self.views.locked, _apply_all, self.views, watched)
-        self._touch_beside(self._txn_rows)
         found, self._found = self._found, []
         again, self._reissue = self._reissue, []
         inline, self._inline = self._inline, []
@@ -297,12 +312,11 @@ class Repairer:
             await self._start(*together(again), commit)
         if inline:
             await self._start(*together(inline), commit, beside_ok=False)
-        out = await self._attach_beside(commit)
+        out = unheld + await self._attach_beside(commit)
         self._batch_rows += self._txn_rows
         self._txn_rows = []
         self._begin = None
         due = await self._attach_due(commit)
-        self._touch_beside(due)
         return out + due
 
     # -- whole tables beside the stream (:mod:`.beside`) ------------------------------------
@@ -328,15 +342,30 @@ class Repairer:
         repair.start()
         return True
 
-    def _touch_beside(self, changes: Sequence[Change]) -> None:
-        """Rows the stream carries after a repair's cause leave that repair."""
-        if self._beside:
-            for change in changes:
-                if not isinstance(change, Rows):
-                    continue
-                repair = self._beside.get(_name(change.layout))
-                if repair is not None:
-                    repair.touch(change)
+    def _held(self, rows: Rows) -> bool:
+        """Whether ``rows`` wait for their table's repair beside the stream (held): the
+        table's consumers get the repair first. Rows that cannot be held (their images do
+        not decode) call the repair off and go on."""
+        repair = self._beside.get(_name(rows.layout))
+        if repair is None:
+            return False
+        try:
+            repair.hold(rows)
+        except Exception as exc:  # noqa: BLE001 - the rows go on; the store says what is wrong
+            log.warning("%s: a change of %s could not be held for its repair (%s); the repair "
+                        "is called off and read again", repair.cause, repair.table, exc)
+            self._reissue += self._call_off(repair.table)
+            return False
+        return True
+
+    def _unheld_now(self) -> list[Rows]:
+        """The changes of repairs called off since, to go on now, in the open transaction
+        (the views learn them with its rows)."""
+        unheld, self._unheld = self._unheld, []
+        for rows in unheld:
+            self._merge(rows)
+        self._txn_rows += unheld
+        return unheld
 
     def _call_off(self, table: TableName) -> list[tuple[list[Rowless], str]]:
         """Stop the table's repair under way (quarantined, or a schema statement): its
@@ -345,6 +374,7 @@ class Repairer:
         queued = self._queued.pop(table, [])
         if repair is None:
             return queued
+        self._unheld += repair.unhold()
         repair.cancel()
         return [(repair.markers, repair.cause), *queued]
 
@@ -353,21 +383,28 @@ class Repairer:
         for table, repair in list(self._beside.items()):
             if repair.done.is_set() and (repair.error is not None or repair.fallback):
                 self._beside.pop(table)
+                self._unheld += repair.unhold()
                 repair.close()
                 self._beside_failed(repair)
+                out += self._unheld_now()
                 continue
             if time.monotonic() < self._next_share or not repair.due(commit):
                 continue
             started = time.monotonic()
             note = json.dumps({"reason": repair.reason, "cause": repair.cause},
                               ensure_ascii=False, separators=(", ", ": "))
-            if not repair.sent:
-                await asyncio.to_thread(self.views.locked, self.views.drop, table)
-            made = await asyncio.to_thread(repair.attach, commit, note)
-            for rows in made:
-                self.stats.records[rows.kind] = self.stats.records.get(rows.kind, 0) + \
-                    len(rows.rows)
-            out += made
+            if not repair.attached:
+                if not repair.sent:
+                    await asyncio.to_thread(self.views.locked, self.views.drop, table)
+                made = await asyncio.to_thread(repair.attach, commit, note)
+                for rows in made:
+                    self.stats.records[rows.kind] = self.stats.records.get(rows.kind, 0) + \
+                        len(rows.rows)
+                out += made
+            else:  # then the table's changes held meanwhile, in their order
+                released = repair.release(commit)
+                self._txn_rows += released
+                out += released
             # the stream's own transactions get the rest of the time
             self._next_share = time.monotonic() + SHARE_PAUSE + 0.5 * (time.monotonic() -
                                                                         started)
@@ -377,8 +414,10 @@ class Repairer:
                 self.stats.repairs += 1
                 assert repair.point is not None
                 log.info("%s: repaired %d rows at the watermark %s:%d beside the stream, in "
-                         "%.1f s (%s)", table, repair.sent, repair.point.file,
-                         repair.point.pos, time.monotonic() - repair.started, note)
+                         "%.1f s; %d changes of its rows waited for it (%d of them were "
+                         "read already) (%s)", table, repair.sent, repair.point.file,
+                         repair.point.pos, time.monotonic() - repair.started,
+                         repair.held.held, repair.dropped, note)
                 self._reissue += self._queued.pop(table, [])
         return out
 
@@ -493,6 +532,10 @@ class Repairer:
             return
         tables = {TableName(m.database, m.table) for m in markers}
         tables |= {TableName.parse(e.child) for m in markers for e in m.edges}
+        held = sorted(t for t in tables if t in self._beside)
+        if held and resync is None:  # its rows wait for its repair: read after it
+            self._queued.setdefault(held[0], []).append((markers, cause))
+            return
         for attempt in range(len(RETRY_DELAYS) + 1):
             last = attempt == len(RETRY_DELAYS)
             try:
