@@ -128,6 +128,12 @@ def eligible(markers: list[Rowless], catalog: Catalog) -> bool:
     return stored_bytes(catalog, tables.pop()) >= MIN_BYTES
 
 
+def resync_eligible(table: TableName, catalog: Catalog) -> bool:
+    """Whether a quarantined table's resync is read beside the stream: its stored versions
+    hold at least ``MIN_BYTES`` (its key is the source's, learned by the read)."""
+    return stored_bytes(catalog, table) >= MIN_BYTES
+
+
 def stored_bytes(catalog: Catalog, table: TableName) -> int:
     """The bytes of the table's stored records (a fold reads them all)."""
     entry = catalog.get(table)
@@ -141,7 +147,7 @@ class _Job:
     """What the repair's process is given (it is pickled to it)."""
 
     table: TableName
-    stream_layout: TableLayout
+    stream_layout: TableLayout | None  # None: a resync (the table read as the source has it)
     key: tuple[str, ...]
     reason: str
     cause: str
@@ -175,14 +181,15 @@ class BesideRepair:
 
     def __init__(self, markers: list[Rowless], cause: str, address: SourceAddress,
                  columns: ColumnRules, frozen: FrozenCatalog, unstored: list[Rows],
-                 path: str, closing: threading.Event) -> None:
+                 path: str, closing: threading.Event, resync: float | None = None) -> None:
         first = markers[0]
-        assert first.layout is not None
         self.table = TableName(first.database, first.table)
+        self.resync = resync  # a quarantined table's resync: when it was asked for
+        self.released = False  # (a resync) its release went out
         self.markers = markers
         self.cause = cause
         self.reason = "; ".join(dict.fromkeys(m.reason for m in markers))
-        self.key = key_names(first.layout)
+        self.key = key_names(first.layout) if first.layout is not None else ()
         self.held = HeldChanges(f"{path}.held")  # the table's changes after the cause
         self.dropped = 0  # held rows the source's read held already
         self.started = time.monotonic()
@@ -386,23 +393,33 @@ class _Reader:
         job = self.job
         private = Views(job.path)
         try:
-            view = private.fold(job.frozen, job.table, job.key)  # type: ignore[arg-type]
-            for stream_layout, kind, rows in job.unstored:
-                view.apply(Rows(stream_layout, kind, 0, rows))
+            # a repair's view is keyed as the stream has the table; a resync's as the source
+            view = self._fold(private, job.key) if job.stream_layout is not None else None
             read = ReadView(job.address, [job.table], job.columns)
             try:
                 point = read.point
                 layout = self._layout(read)
                 if layout is not None:
+                    if view is None:
+                        view = self._fold(private, key_names(layout))
                     self._spool_source(private.db, view, read, layout)
             finally:
                 read.close()
             if layout is not None:
+                assert view is not None
                 self._hold()
                 self._compare(private.db, view, layout)
         finally:
             private.close()
         return _Result(point, layout, self.reason, self.fallback, self.differences)
+
+    def _fold(self, private: Views, key: tuple[str, ...]) -> TableView:
+        """The stream's table right after the cause: its frozen versions and unstored rows."""
+        job = self.job
+        view = private.fold(job.frozen, job.table, key)  # type: ignore[arg-type]
+        for stream_layout, kind, rows in job.unstored:
+            view.apply(Rows(stream_layout, kind, 0, rows))
+        return view
 
     def _hold(self) -> None:
         while self.job.hold is not None and not os.path.exists(self.job.hold):
@@ -415,9 +432,15 @@ class _Reader:
         source = read.source_layout(job.table)
         if read.versioned(job.table):
             self.fallback = "a system-versioned table"
-        elif view_key(job.stream_layout, source) != job.key:
+            return None
+        if job.stream_layout is None:  # a resync: in the source's columns, by its key
+            if source is None or not source.primary_key:
+                self.fallback = "the table is gone from the source" if source is None else \
+                    "a table without a primary key"
+                return None
+            return source
+        if view_key(job.stream_layout, source) != job.key:
             self.fallback = "the source's primary key is not the stream's"
-        if self.fallback:
             return None
         if source is None:
             return job.stream_layout  # gone at the watermark: every row of the view goes

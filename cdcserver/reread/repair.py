@@ -65,7 +65,13 @@ from cdcserver.core.gtid import binlog_ordinal
 from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.replication.sources import Sources
-from cdcserver.reread.beside import BesideRepair, Cancelled, FrozenCatalog, eligible
+from cdcserver.reread.beside import (
+    BesideRepair,
+    Cancelled,
+    FrozenCatalog,
+    eligible,
+    resync_eligible,
+)
 from cdcserver.reread.difference import (
     Scope,
     differences,
@@ -154,6 +160,7 @@ class Repairer:
         self._queued: dict[TableName, list[tuple[list[Rowless], str]]] = {}
         self._inline: list[tuple[list[Rowless], str]] = []
         self._unheld: list[Rows] = []  # held by repairs called off, to go on now
+        self._resync_here: set[TableName] = set()  # resyncs the pipeline reads itself
         self._launched = 0
         self._next_share = 0.0  # (monotonic) when a repair beside the stream may go on
 
@@ -172,14 +179,15 @@ class Repairer:
     def request_resync(self, table: TableName, why: str) -> bool:
         """Read a quarantined table again at a watermark and release it there (in the first
         batch from now); False if one is asked for or under way already."""
-        if table in self._resyncs or table in self._resyncing:
+        if table in self._resyncs or table in self.resyncing:
             return False
         self._resyncs[table] = (why, time.monotonic())
         return True
 
     @property
     def resyncing(self) -> set[TableName]:
-        return set(self._resyncs) | self._resyncing
+        return set(self._resyncs) | self._resyncing | \
+            {t for t, r in self._beside.items() if r.resync is not None}
 
     def carry_over(self) -> list[tuple[list[Rowless], str]]:
         """The waiting repairs (markers and cause), for the next pipeline's repairer."""
@@ -217,9 +225,9 @@ class Repairer:
                 self._unheld += repair.unhold()  # they go on with the next transaction
                 repair.close()
                 self._beside_failed(repair)
+        # (changes held by a repair that failed go on with the next transaction, whose
+        # commit applies them to the views before any difference is taken)
         inline, self._inline = self._inline, []
-        if inline and self._unheld:  # read once they are in the stream (its next commit)
-            self._inline, inline = inline, []
         if inline:
             await self._start(*together(inline), None, beside_ok=False)
         out: list[Change] = [*self._stopping]
@@ -234,7 +242,9 @@ class Repairer:
         for table, (why, asked) in list(self._resyncs.items()):
             del self._resyncs[table]
             marker = Rowless(table.database, table.table, f"resync: {why}")
-            await self._start([marker], "resync", None, resync=asked)
+            await self._start([marker], "resync", None, resync=asked,
+                              beside_ok=table not in self._resync_here)
+            self._resync_here.discard(table)
         out: list[Change] = [*self._stopping]
         self._stopping = []
         self._batch_rows = []
@@ -243,10 +253,10 @@ class Repairer:
             if isinstance(change, Begin):
                 self._begin, self._found, self._txn_rows = change, [], []
                 self._sequence_rows = {}
+            elif isinstance(change, Rows) and self._held(change):
+                continue  # waits for its table's repair or resync (:mod:`.held`)
             elif isinstance(change, Rows) and _name(change.layout) in self._quarantined:
                 pass  # not stored: it changes neither a view nor a repair
-            elif isinstance(change, Rows) and self._held(change):
-                continue  # waits for its table's repair (:mod:`.held`)
             elif isinstance(change, Rows):
                 out += self._unheld_now()  # a repair called off just now: ahead of these
                 if change.layout.sequence and change.kind == RowsKind.INSERT:
@@ -342,6 +352,21 @@ class Repairer:
         repair.start()
         return True
 
+    def _launch_resync(self, marker: Rowless, asked: float) -> bool:
+        """Start a quarantined table's resync beside the stream (its stored rows hold at least
+        ``MIN_BYTES``); False where the pipeline reads it."""
+        table = TableName(marker.database, marker.table)
+        if not resync_eligible(table, self.catalog) or table in self._beside:
+            return False
+        self._launched += 1
+        path = f"{self.views.path}.repair-{os.getpid()}-{self._launched}"
+        repair = BesideRepair([marker], "resync", self.address, self.columns,
+                              FrozenCatalog(self.catalog, table), [], path,
+                              self.views.closing, resync=asked)
+        self._beside[table] = repair
+        repair.start()
+        return True
+
     def _held(self, rows: Rows) -> bool:
         """Whether ``rows`` wait for their table's repair beside the stream (held): the
         table's consumers get the repair first. Rows that cannot be held (their images do
@@ -376,6 +401,9 @@ class Repairer:
             return queued
         self._unheld += repair.unhold()
         repair.cancel()
+        if repair.resync is not None:  # still quarantined: its resync starts again
+            self._resyncs[table] = (repair.reason.removeprefix("resync: "), repair.resync)
+            return queued
         return [(repair.markers, repair.cause), *queued]
 
     async def _attach_beside(self, commit: Commit) -> list[Change]:
@@ -396,6 +424,11 @@ class Repairer:
             if not repair.attached:
                 if not repair.sent:
                     await asyncio.to_thread(self.views.locked, self.views.drop, table)
+                if repair.resync is not None and not repair.released:
+                    assert repair.point is not None
+                    repair.released = True
+                    out += self._release(table, repair.layout, repair.reason, repair.point,
+                                         repair.resync, commit, "the records that follow")
                 made = await asyncio.to_thread(repair.attach, commit, note)
                 for rows in made:
                     self.stats.records[rows.kind] = self.stats.records.get(rows.kind, 0) + \
@@ -425,6 +458,14 @@ class Repairer:
         exc = repair.error
         if isinstance(exc, (Cancelled, ViewsClosed)):
             return  # called off: whoever did it reads the markers again
+        retried = exc is not None and isinstance(exc, (*_UNREACHABLE, DefinitionChanged))
+        if repair.resync is not None and (repair.fallback or retried):
+            log.info("%s: its resync is read by the pipeline: %s", repair.table,
+                     repair.fallback or exc)
+            self._resyncs[repair.table] = (repair.reason.removeprefix("resync: "),
+                                           repair.resync)
+            self._resync_here.add(repair.table)
+            return
         if repair.fallback:
             log.info("%s: the repair of %s is read by the pipeline: %s", repair.cause,
                      repair.table, repair.fallback)
@@ -528,7 +569,8 @@ class Repairer:
         stops the pipeline for a restart (:class:`SourceUnavailable`); a table that cannot
         be read is quarantined, and every other table goes on."""
         markers = list(markers)
-        if resync is None and beside_ok and self._launch(markers, cause):
+        if beside_ok and (self._launch(markers, cause) if resync is None else
+                          self._launch_resync(markers[0], resync)):
             return
         tables = {TableName(m.database, m.table) for m in markers}
         tables |= {TableName.parse(e.child) for m in markers for e in m.edges}
@@ -748,24 +790,30 @@ class Repairer:
         (the table's columns on the source there) that its difference is written in."""
         out: list[Change] = []
         for scope in pending.scopes:
-            table = scope.table
-            seconds = time.monotonic() - pending.started
-            note = (f"{scope.reason.removeprefix('resync: ')}; read again at "
-                    f"{pending.point.file}:{pending.point.pos}: the records of this "
-                    "transaction that follow bring the stream to the table's rows there")
-            kind = "resync" if scope.layout is not None else "drop"
-            out += [Release(table.database, table.table, note),
-                    Ddl(table.database, "-- cdcserver resync", commit.timestamp, kind=kind,
-                        changes=(TableChange(kind, table.database, table.table,
-                                             scope.layout, note=note),),
-                        file=commit.position.file, pos=commit.position.pos)]
-            self._quarantined.discard(table)
-            self._resyncing.discard(table)
-            self.views.drop(table)  # built again from the store, as the release left it
-            self.stats.resyncs.append(seconds)
-            log.warning("%s: resynced in %.2f s at the watermark %s:%d", table, seconds,
-                        pending.point.file, pending.point.pos)
+            out += self._release(scope.table, scope.layout, scope.reason, pending.point,
+                                 pending.started, commit,
+                                 "the records of this transaction that follow")
         return out
+
+    def _release(self, table: TableName, layout: TableLayout | None, reason: str,
+                 point: SnapshotPoint, asked: float, commit: Commit, records: str
+                 ) -> list[Change]:
+        """The table released in ``commit``, with a version in ``layout`` (None: gone)."""
+        seconds = time.monotonic() - asked
+        note = (f"{reason.removeprefix('resync: ')}; read again at {point.file}:{point.pos}: "
+                f"{records} bring the stream to the table's rows there")
+        kind = "resync" if layout is not None else "drop"
+        self._quarantined.discard(table)
+        self._resyncing.discard(table)
+        self.views.drop(table)  # built again from the store, as the release left it
+        self.stats.resyncs.append(seconds)
+        log.warning("%s: resynced in %.2f s at the watermark %s:%d", table, seconds,
+                    point.file, point.pos)
+        return [Release(table.database, table.table, note),
+                Ddl(table.database, "-- cdcserver resync", commit.timestamp, kind=kind,
+                    changes=(TableChange(kind, table.database, table.table, layout,
+                                         note=note),),
+                    file=commit.position.file, pos=commit.position.pos)]
 
     def _difference(self, pending: _Pending, commit: Commit) -> list[Rows]:
         out: list[Rows] = []

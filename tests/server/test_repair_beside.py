@@ -13,9 +13,12 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from typing import Any
 
 import pytest
 
+from cdcserver.app import resyncs
+from cdcserver.core.names import TableName
 from cdcserver.reread import beside
 from cdcserver.store.checkpoint import covered_state
 from cdcserver.store.layout import DataDir
@@ -176,6 +179,74 @@ async def test_a_restart_during_the_repair_repairs_it_again(
         await running.caught_up(source)
         await _until_repaired(running, source, other)
         await _equals_select(running.port, source, "m")
+    finally:
+        await running.stop()
+
+
+@pytest.fixture
+def reader_of_other(source: Source) -> Any:
+    """The test's tables (:func:`_fill`) and a replication user who may read ``other`` but
+    not ``m``: a repair of ``m`` cannot read it (the table is quarantined) until ``m`` is
+    granted."""
+    user = f"rb{os.getpid()}"
+    hosts = ("127.0.0.1", "localhost")
+    tables = _fill(source)
+    for host in hosts:
+        source.execute(f"CREATE USER IF NOT EXISTS '{user}'@'{host}' IDENTIFIED BY 'pw'",
+                       f"GRANT RELOAD, REPLICATION SLAVE, BINLOG MONITOR, REPLICATION MASTER "
+                       f"ADMIN ON *.* TO '{user}'@'{host}'",
+                       f"GRANT SELECT ON `{source.database}`.`other` TO '{user}'@'{host}'")
+
+    def grant_m() -> None:
+        source.execute(*(f"GRANT SELECT ON `{source.database}`.`m` TO '{user}'@'{host}'"
+                         for host in hosts))
+
+    yield source.server.url(user, "pw"), grant_m, tables
+    for host in hosts:
+        source.execute(f"DROP USER IF EXISTS '{user}'@'{host}'")
+
+
+async def test_a_quarantined_table_is_resynced_beside_the_stream(
+        tmp_path, source: Source, users_file: str, gate: Gate, reader_of_other: Any):
+    url, grant_m, (m, other) = reader_of_other
+    table = TableName(source.database, "m")
+    data_dir = str(tmp_path / "data")
+    running = await start_service(make_config(data_dir, url, users_file))
+    try:
+        await running.caught_up(source)
+        # a rewrite the service cannot read again: m is quarantined; a change made then is
+        # not stored (the resync brings it)
+        source.execute("SET SESSION sql_mode = ''", f"ALTER TABLE {m} MODIFY a VARCHAR(5)",
+                       f"UPDATE {m} SET b = 0 WHERE id = 3")
+        await until(lambda: table in running.service.store.quarantined, timeout=30)
+        grant_m()
+        resyncs.ask(data_dir, table)
+        for i in range(2000, 2300):  # a resync starts with the next transaction
+            if table in _repairing(running):
+                break
+            source.execute(f"INSERT INTO {other} VALUES ({i}, {i})")
+            await asyncio.sleep(0.1)
+        assert table in _repairing(running), "the resync was not read beside the stream"
+        # held at the gate after its read: the other table streams, m's changes wait
+        source.execute(f"INSERT INTO {other} VALUES (1, 1), (2, 2)",
+                       f"UPDATE {m} SET b = -b WHERE id IN (20, 21)",
+                       f"DELETE FROM {m} WHERE id = 30",
+                       f"INSERT INTO {m} VALUES (1001, 'new', 1)",
+                       f"UPDATE {m} SET a = 'x' WHERE id = 5")
+        await running.caught_up(source)
+        others = await read_stream(running.port, other, user=USER, password=PASSWORD,
+                                   quiet=0.5)
+        assert [r["id"] for r in others if "event_type" in r and r["id"] < 2000] == [1, 2]
+        assert table in running.service.store.quarantined
+        gate.set()
+        await _until_repaired(running, source, other)
+        assert table not in running.service.store.quarantined
+        assert running.service.replication.repair_stats.resyncs
+        await _equals_select(running.port, source, "m")
+        lines = await read_stream(running.port, m, user=USER, password=PASSWORD, quiet=0.5)
+        _check_before_images([r for r in lines if "event_type" in r])
+        schemas = [line for line in lines if "event_type" not in line]
+        assert (schemas[-1].get("ddl") or {}).get("kind") == "resync", schemas[-1]
     finally:
         await running.stop()
 
