@@ -525,15 +525,19 @@ def service_args(source_url: str, data_dir: str, users_file: str, server_id: int
 
 
 def settled(service: Service, conn: Any, timeout: float) -> bool:
-    """Until the service has applied everything the source logged and quarantines no table:
-    a resync completes with a transaction after its watermark, so the source gets one (on
-    a table the generator does not touch) every half second meanwhile."""
+    """Until the service has applied everything the source logged, quarantines no table and
+    has no repair out: a resync, and a repair read beside the stream, complete with
+    transactions after their watermark, so the source gets one (on a table the generator
+    does not touch) every half second meanwhile."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with conn.cursor() as cur:
             cur.execute("INSERT INTO _tick VALUES ()")
-        if caught_up(service, conn, 0.5) and not service.health().get("quarantined"):
-            return caught_up(service, conn, 30)
+        if caught_up(service, conn, 0.5):
+            health = service.health()
+            if not health.get("quarantined") and \
+                    not health.get("replication", {}).get("repair_pending"):
+                return caught_up(service, conn, 30)
     return False
 
 

@@ -289,6 +289,7 @@ def health(stats: ServiceStats, max_lag: float) -> tuple[bool, dict[str, Any]]:
         "replication": {
             "connected": replication.connected,
             "applied": stats.applied,
+            "repair_pending": replication.repair_pending,
             "lag_seconds": lag.seconds if lag else None,
             "lag_transactions": lag.transactions if lag else None,
             "lag_measured_at": lag.measured_at if lag and lag.measured_at else None,

@@ -34,9 +34,16 @@ SQLite cache; the table's rows and its held changes are on disk (``state/``, rem
 done). No checkpoint is written until the repair and the held changes are out, as before: a
 crash replays the change and it is repaired again. A schema statement on the table while the
 repair is under way calls it off (its held changes go on at once, before the statement) and
-it starts again after the statement. A table without a primary key, a system-versioned table,
-a cascade and a quarantined table's resync take the pipeline's own path
-(:meth:`.repair.Repairer._start`).
+it starts again after the statement. A table without a primary key, a system-versioned table
+and a cascade take the pipeline's own path (:meth:`.repair.Repairer._start`).
+
+A quarantined table's resync of at least ``MIN_BYTES`` stored takes this path too: its stored
+versions are frozen as the quarantine left them, the source's primary key and columns are
+learned first (the view is keyed by them), its changes are held from the moment the resync
+starts (they were dropped while it was quarantined), and the table's release and ``resync``
+version go out with the first share of records. A schema statement meanwhile asks for the
+resync again; a table that turns out to have no key or to be gone from the source, and a
+source that cannot be reached, go to the pipeline's own resync.
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ from cdcserver.reread.view import (
     key_names,
     remove_database,
 )
+from cdcserver.schema.rewrites import VERSIONING_REWRITES
 from cdcserver.store.catalog import Catalog, TableEntry
 
 log = logging.getLogger(__name__)
@@ -113,14 +121,17 @@ class FrozenCatalog:
 
 # Stored bytes of a table from which its whole-table repairs are read beside the stream; a
 # smaller table is repaired in the transaction that changed it, as it always was (a fraction
-# of a second; its records then need no later transaction to ride on)
-MIN_BYTES = 8 << 20
+# of a second; its records then need no later transaction to ride on). Tests of a service
+# process lower it with the environment variable (0: every keyed table's repair and resync)
+MIN_BYTES = int(os.environ.get("CDC_TEST_BESIDE_MIN_BYTES") or 8 << 20)
 
 
 def eligible(markers: list[Rowless], catalog: Catalog) -> bool:
-    """Whether the markers ask for one keyed table, whole, with no cascade to follow, whose
-    stored versions hold at least ``MIN_BYTES``."""
+    """Whether the markers ask for one keyed table, whole, with no cascade to follow and no
+    change of system versioning, whose stored versions hold at least ``MIN_BYTES``."""
     tables = {TableName(m.database, m.table) for m in markers}
+    if any(rewrite in m.reason for m in markers for rewrite in VERSIONING_REWRITES):
+        return False  # the rows gain or lose a period: the pipeline's path knows them
     if len(tables) != 1 or not all(
             m.layout is not None and m.layout.primary_key and not m.layout.sequence
             and not m.edges and not m.columns for m in markers):

@@ -504,6 +504,13 @@ class Repairer:
                 kept = [m for m in (retarget(m, ddl) for m in markers) if m is not None]
                 if kept:
                     self._reissue.append((kept, cause))
+        inline, self._inline = self._inline, []  # the pipeline's to read: they follow too
+        for markers, cause in inline:
+            if any(TableName(m.database, m.table) in touched or
+                   TableName(m.database, m.table) in renamed for m in markers):
+                markers = [m for m in (retarget(m, ddl) for m in markers) if m is not None]
+            if markers:
+                self._inline.append((markers, cause))
         for pending in list(self._pending):
             if _after(ddl.file, ddl.pos, pending.point) or \
                     not any(s.table in touched for s in pending.scopes):

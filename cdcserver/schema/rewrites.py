@@ -44,6 +44,12 @@ _BYTE_STRINGS = frozenset({"binary", "varbinary"}) | _BLOB_NAMES  # BINARY pads 
 _UNICODE = {"utf8mb4", "utf16", "utf32"}  # holds every character of every character set
 
 
+# The rewrites of a statement that turns system versioning on or off (the stream's rows before
+# and after it differ in their period; a repair beside the stream leaves them to the pipeline)
+DROP_VERSIONING = "DROP SYSTEM VERSIONING removes the history rows"
+ADD_VERSIONING = "ADD SYSTEM VERSIONING gives every row its period"
+VERSIONING_REWRITES = (DROP_VERSIONING, ADD_VERSIONING)
+
 def action_rewrites(definition: TableDefinition, action: object) -> list[str]:
     """Why ``action`` on a table of ``definition`` may have rewritten stored values (one
     reason per column), or nothing."""
@@ -64,9 +70,9 @@ def action_rewrites(definition: TableDefinition, action: object) -> list[str]:
                 and not _charset_holds(c.charset, action.charset)]
     if isinstance(action, ddl.SetVersioning) and not action.on \
             and definition.period is not None:
-        return ["DROP SYSTEM VERSIONING removes the history rows"]
+        return [DROP_VERSIONING]
     if isinstance(action, ddl.SetVersioning) and action.on:
-        return ["ADD SYSTEM VERSIONING gives every row its period"]
+        return [ADD_VERSIONING]
     return []
 
 

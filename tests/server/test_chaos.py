@@ -27,7 +27,22 @@ STATEMENTS = int(os.environ.get("CHAOS_STATEMENTS", "350"))
 @pytest.mark.parametrize("seed", SEEDS)
 async def test_random_migrations_with_kills_keep_every_table_exact(
         tmp_path, source: Source, users_file: str, seed: int):
-    kill_every = 0 if seed == SEEDS[-1] else 60
+    await _chaos(tmp_path, source, users_file, seed, 0 if seed == SEEDS[-1] else 60)
+
+
+async def test_random_migrations_with_kills_and_every_repair_beside_the_stream(
+        tmp_path, source: Source, users_file: str, monkeypatch: pytest.MonkeyPatch):
+    """Another seed, with every keyed table's whole-table repair and resync read
+    beside the stream (``reread/beside.py``: its changes held meanwhile, ``reread/held.py``),
+    however small the table: kills land while repairs read, hold and release."""
+    monkeypatch.setenv("CDC_TEST_BESIDE_MIN_BYTES", "0")
+    await _chaos(tmp_path, source, users_file, SEEDS[0] + 1, 60)
+    log = (tmp_path / "service.log").read_text(errors="replace")
+    assert "is read beside the stream" in log, "no repair took the path this test is for"
+
+
+async def _chaos(tmp_path, source: Source, users_file: str, seed: int,
+                 kill_every: int) -> None:
     outcome = await chaos.run(
         source.url, lambda: source.server.connect(source.database), source.database,
         str(tmp_path / "data"), users_file, USER, PASSWORD, seed=seed, statements=STATEMENTS,
