@@ -39,8 +39,9 @@ from typing import TypeVar
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import INSERTS, OUT, line, require_tools, workload_server
-from cdcserver.app.embedded import EmbeddedMariaDB, kill_me_with_my_parent
+from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.core.config import DumpConfig, SourceAddress
+from cdcserver.core.lifetime import die_with_parent
 from cdcserver.core.names import TableName
 from cdcserver.dump.dumper import DumpOptions, dump_tables
 from cdcserver.dump.files import DumpInfo
@@ -106,7 +107,7 @@ def service_replicating(server: EmbeddedMariaDB, data_dir: str) -> Iterator[None
         [cdcserver, "run", "--source", server.url(), "--data-dir", data_dir, "--listen",
          "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--users-file", users,
          "--server-id", "9300", "--start-gtid", "oldest", "--log-level", "warning"],
-        start_new_session=True, preexec_fn=kill_me_with_my_parent)  # no service left behind
+        start_new_session=True, preexec_fn=die_with_parent)  # no service left behind
     try:
         file, pos = server.query("SHOW MASTER STATUS")[0][:2]
         state = GtidState.parse(str(server.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]))

@@ -97,8 +97,9 @@ from bench.bench_listener import (
 )
 from bench.common import INSERTS, OUT, RECORDS, UPDATES, code_path, line, load_workload
 from bench.common import refuse_python_path as refuse_service_python_path
-from cdcserver.app.embedded import EmbeddedMariaDB, kill_leftovers, kill_me_with_my_parent
+from cdcserver.app.embedded import EmbeddedMariaDB, kill_leftovers
 from cdcserver.core.gtid import GtidState
+from cdcserver.core.lifetime import die_with_parent
 from cdcserver.protocol.users import UsersFile
 from mariadb_cdc_client import CdcClient, ChangeRecord, Event, Format, SyncCdcClient
 from mariadb_cdc_client.format.dump import DumpDecoder, DumpHeader, DumpRows
@@ -494,7 +495,7 @@ def python_path_figures(port: int, runs: int, scale: int) -> dict[str, Any]:
         [sys.executable, os.path.abspath(__file__), "--child-port", str(port),
          "--runs", str(runs), "--scale", str(scale)],
         env={**os.environ, "CDC_PURE_PYTHON": "1"}, stdout=subprocess.PIPE,
-        preexec_fn=kill_me_with_my_parent)
+        preexec_fn=die_with_parent)
     if out.returncode:
         ended = f"signal {signal.Signals(-out.returncode).name}" if out.returncode < 0 \
             else f"status {out.returncode}"

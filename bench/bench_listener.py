@@ -101,8 +101,9 @@ from typing import Any, cast
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import OUT, RECORDS, announce_code_path, line, load_workload
-from cdcserver.app.embedded import EmbeddedMariaDB, kill_me_with_my_parent
+from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.core.gtid import GtidState
+from cdcserver.core.lifetime import die_with_parent
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.checkpoint import covered_state
 from cdcserver.store.layout import DataDir
@@ -147,7 +148,7 @@ class ServiceProcess:
             # killed with this process, even by -9: no service is left behind
             self.process = subprocess.Popen(self.args, stdout=log, stderr=log,
                                             env=self.environment,
-                                            preexec_fn=kill_me_with_my_parent)
+                                            preexec_fn=die_with_parent)
         deadline = time.monotonic() + 60
         while not self.port:
             found = re.search(r"listening on [\d.]+:(\d+)", self._log())

@@ -20,8 +20,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import OUT, announce_code_path, line
-from cdcserver.app.embedded import EmbeddedMariaDB, kill_me_with_my_parent
+from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.core.gtid import GtidState
+from cdcserver.core.lifetime import die_with_parent
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.checkpoint import covered_state
 
@@ -41,7 +42,7 @@ def run_service(server: EmbeddedMariaDB, name: str) -> tuple[float, float, int]:
                                 "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
                                 "--users-file", users,
                                 "--server-id", "9200", "--log-level", "warning"],
-                               preexec_fn=kill_me_with_my_parent)  # no service left behind
+                               preexec_fn=die_with_parent)  # no service left behind
     checkpoint = os.path.join(data_dir, "state", "checkpoint.json")
     peak = 0.0
     while True:

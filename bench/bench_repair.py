@@ -2,7 +2,7 @@
 the service's memory while a rewriting ALTER of an N-row table is repaired.
 
     .venv/bin/python bench/bench_repair.py [--rows 10000000] [--tables 100] [--rate 1000]
-        [--baseline 15]
+        [--baseline 15] [--resync] [--timeline]
 
 A private MariaDB under bench/out/repair-mariadb holds ``bench.big`` (id INT PRIMARY KEY,
 a VARCHAR(40), b INT, c DOUBLE: N rows, inserted in transactions of 200,000) and ``--tables``
@@ -20,6 +20,13 @@ binlog and first catches up with the load. Then:
   DEFAULT 1`` (instant in MariaDB; every row gets a value the binlog does not carry: a repair
   of every row) and the run goes on until /metrics says the repair is out
   (``cdc_repairs_total`` grew and ``cdc_repair_pending`` is 0).
+
+With ``--resync`` the same ALTER is made by a session that holds ``LOCK TABLES bench.big
+WRITE`` for 10 s around it (the issue's finding 4): the repair cannot read the table within
+its 5 s lock wait, the table is quarantined, and once the lock is gone the service resyncs it
+by itself (2 s after the quarantine), beside the stream; the run goes on until
+``cdc_resyncs_total`` grew and no repair is pending, and the times are from the ALTER to the
+release's records all out.
 
 Printed: the repair's time (ALTER to out), the rows it wrote (``cdc_repair_records_total``),
 the small tables' latency p50/p99/max before the ALTER and during the repair, the rows they
@@ -61,6 +68,9 @@ def main() -> int:
     parser.add_argument("--tables", type=int, default=100)
     parser.add_argument("--rate", type=int, default=1000, help="rows/s to the small tables")
     parser.add_argument("--baseline", type=float, default=15.0)
+    parser.add_argument("--resync", action="store_true",
+                        help="quarantine the table (the ALTER under a 10 s LOCK TABLES) and "
+                             "measure its resync instead of its repair")
     parser.add_argument("--timeline", action="store_true",
                         help="the largest latency of each second of the repair")
     args = parser.parse_args()
@@ -108,7 +118,7 @@ def metrics(service: ServiceProcess) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port[1]}/metrics", timeout=10) as r:
         text = r.read().decode()
     found: dict[str, float] = {}
-    for name in ("cdc_repairs_total", "cdc_repair_pending"):
+    for name in ("cdc_repairs_total", "cdc_repair_pending", "cdc_resyncs_total"):
         match = re.search(rf"^{name} (\S+)$", text, re.M)
         found[name] = float(match[1]) if match else 0.0
     found["records"] = sum(float(m[1]) for m in
@@ -142,12 +152,18 @@ def run(server: EmbeddedMariaDB, service: ServiceProcess, args: argparse.Namespa
     time.sleep(args.baseline)
     before = metrics(service)
     alter_at = time.monotonic()
-    server.execute("ALTER TABLE bench.big ADD COLUMN k INT NOT NULL DEFAULT 1")
+    alter = "ALTER TABLE bench.big ADD COLUMN k INT NOT NULL DEFAULT 1"
+    if args.resync:
+        locker = threading.Thread(target=server.execute, args=(
+            "LOCK TABLES bench.big WRITE", alter, "DO SLEEP(10)", "UNLOCK TABLES"))
+        locker.start()
+    else:
+        server.execute(alter)
+    done = "cdc_resyncs_total" if args.resync else "cdc_repairs_total"
     while True:
         time.sleep(0.5)
         now = metrics(service)
-        if now["cdc_repairs_total"] > before["cdc_repairs_total"] and \
-                not now["cdc_repair_pending"]:
+        if now[done] > before[done] and not now["cdc_repair_pending"]:
             break
         if time.monotonic() - alter_at > 7200:
             raise RuntimeError("the repair did not finish in 2 hours")
@@ -158,8 +174,11 @@ def run(server: EmbeddedMariaDB, service: ServiceProcess, args: argparse.Namespa
     parent.send("stop")
     latencies: list[tuple[float, float]] = parent.recv()  # (arrival, latency ms)
     clients.join()
-    line("repair of every row (ALTER to out)", f"{done_at - alter_at:.1f} s, "
-                                               f"{now['records'] - before['records']:,.0f} records")
+    if args.resync:
+        locker.join()
+    what = "resync (ALTER to out)" if args.resync else "repair of every row (ALTER to out)"
+    line(what, f"{done_at - alter_at:.1f} s, "
+               f"{now['records'] - before['records']:,.0f} records")
     report("latency before the ALTER", [ms for at, ms in latencies if at < alter_at])
     report("latency during the repair",
            [ms for at, ms in latencies if alter_at <= at <= done_at])

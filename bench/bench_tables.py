@@ -48,7 +48,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import OUT, announce_code_path, line
-from cdcserver.app.embedded import EmbeddedMariaDB, kill_leftovers, kill_me_with_my_parent
+from cdcserver.app.embedded import EmbeddedMariaDB, kill_leftovers
 from cdcserver.app.service import Service
 from cdcserver.core.config import (
     Config,
@@ -58,6 +58,7 @@ from cdcserver.core.config import (
     StoreConfig,
 )
 from cdcserver.core.gtid import GtidState
+from cdcserver.core.lifetime import die_with_parent
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.layout import DataDir
 from mariadb_cdc_client.format.wire import auth_message
@@ -93,7 +94,7 @@ def run_counts(counts: list[int], commits: int) -> int:
 def limited_child() -> None:
     """The child's descriptor limit; it dies with this process (no bench left behind)."""
     resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
-    kill_me_with_my_parent()
+    die_with_parent()
 
 
 def print_table(results: list[dict[str, Any]]) -> None:

@@ -13,7 +13,7 @@ import socket
 import subprocess
 from typing import IO
 
-from cdcserver.app.embedded import kill_me_with_my_parent
+from cdcserver.core.lifetime import die_with_parent
 from tests.helpers import wait_until
 
 
@@ -58,7 +58,7 @@ class Tansu:
              "--listener-url", f"tcp://127.0.0.1:{self.port}",
              "--advertised-listener-url", f"tcp://127.0.0.1:{self.advertised_port}"],
             stdout=self._log, stderr=subprocess.STDOUT,
-            preexec_fn=kill_me_with_my_parent if self.die_with_parent else None)
+            preexec_fn=die_with_parent if self.die_with_parent else None)
         wait_until(lambda: _accepting(self.port) or self._process is None or
                    self._process.poll() is not None, 30, "tansu to listen")
         if self._process.poll() is not None:

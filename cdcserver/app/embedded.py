@@ -25,6 +25,7 @@ from typing import Any
 import pymysql
 
 from cdcserver.core.errors import ConfigError
+from cdcserver.core.lifetime import die_with_parent
 
 CDC_SETTINGS = (
     "--log-bin=mysql-bin", "--binlog-format=ROW", "--binlog-row-image=FULL",
@@ -91,15 +92,6 @@ def _binary(name: str) -> str:
     return shutil.which(name) or f"/usr/sbin/{name}"
 
 
-def kill_me_with_my_parent() -> None:
-    """In a child between fork and exec: SIGKILL it when its parent (thread) ends."""
-    import ctypes
-    import signal
-
-    pr_set_pdeathsig = 1  # <sys/prctl.h>
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
-
-
 class EmbeddedMariaDB:
     """``port=None`` listens on the Unix socket only; ``port=0`` picks a free TCP port.
     ``die_with_parent``: the server is killed when the thread that started it ends (Linux's
@@ -156,7 +148,7 @@ class EmbeddedMariaDB:
                 *networking, *CDC_SETTINGS, *_SMALL_FOOTPRINT, *self.extra_args]
         self.process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            preexec_fn=kill_me_with_my_parent if self.die_with_parent else None)
+            preexec_fn=die_with_parent if self.die_with_parent else None)
         self._wait_ready(timeout)
 
     def _install_datadir(self) -> None:

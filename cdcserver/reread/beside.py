@@ -67,6 +67,7 @@ from cdcserver.core.changes import Commit, Rowless, Rows, RowsKind, TableLayout
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import DefinitionChanged, SourceError, SourceUnavailable
 from cdcserver.core.gtid import binlog_ordinal
+from cdcserver.core.lifetime import die_with_parent
 from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.reread.difference import Fit, reached, same_row, same_shape, view_key
@@ -374,14 +375,10 @@ def _work(job: _Job, pipe: Any) -> None:
 
 
 def _die_with_the_service(service: int) -> None:
-    """SIGKILL this process when the service's thread that started it ends (Linux's
-    parent-death signal), so that a service killed with -9 leaves no repair reading on; end
-    now if it already has (``service``: its process id)."""
-    import ctypes
-    import signal
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    """End with the service's thread that started this process (:mod:`core.lifetime`), so
+    that a service killed with -9 leaves no repair reading on; end now if it already has
+    (``service``: its process id)."""
+    die_with_parent()
     if os.getppid() != service:  # the service ended before the signal was asked for
         os._exit(1)
 
