@@ -129,12 +129,14 @@ class ServiceProcess:
 
     def __init__(self, server: EmbeddedMariaDB, name: str, server_id: int,
                  start_gtid: str = "oldest", options: Sequence[str] = (),
-                 environment: dict[str, str] | None = None) -> None:
+                 environment: dict[str, str] | None = None, source: str | None = None
+                 ) -> None:
         self.data_dir = os.path.join(OUT, f"listener-{name}")
         shutil.rmtree(self.data_dir, ignore_errors=True)
         os.makedirs(self.data_dir)
         self.log_path = os.path.join(OUT, f"listener-{name}.log")
-        self.args = [SERVICE[0], "run", "--source", server.url(), "--data-dir", self.data_dir,
+        self.args = [SERVICE[0], "run", "--source", source or server.url(),
+                     "--data-dir", self.data_dir,
                      "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
                      "--users-file", USERS,
                      "--server-id", str(server_id), "--start-gtid", start_gtid,

@@ -21,12 +21,12 @@ binlog and first catches up with the load. Then:
   of every row) and the run goes on until /metrics says the repair is out
   (``cdc_repairs_total`` grew and ``cdc_repair_pending`` is 0).
 
-With ``--resync`` the same ALTER is made by a session that holds ``LOCK TABLES bench.big
-WRITE`` for 10 s around it (the issue's finding 4): the repair cannot read the table within
-its 5 s lock wait, the table is quarantined, and once the lock is gone the service resyncs it
-by itself (2 s after the quarantine), beside the stream; the run goes on until
-``cdc_resyncs_total`` grew and no repair is pending, and the times are from the ALTER to the
-release's records all out.
+With ``--resync`` the service replicates as a user who may read the small tables but not
+``bench.big`` (``SELECT`` granted table by table): the ALTER's repair cannot read it, so the
+table is quarantined; then ``bench.big`` is granted and a resync asked for
+(``cdcserver resync``'s request file), which the service reads beside the stream; the run
+goes on until ``cdc_resyncs_total`` grew and no repair is pending. The times and the "during"
+figures are from the grant to the resync's records all out.
 
 Printed: the repair's time (ALTER to out), the rows it wrote (``cdc_repair_records_total``),
 the small tables' latency p50/p99/max before the ALTER and during the repair, the rows they
@@ -54,11 +54,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_listener import USERS, ServiceProcess
 from bench.common import OUT, announce_code_path, line
+from cdcserver.app import resyncs
 from cdcserver.app.embedded import EmbeddedMariaDB, kill_leftovers
+from cdcserver.core.names import TableName
 from cdcserver.protocol.users import UsersFile
 from mariadb_cdc_client.format.wire import auth_message
 
 USER = "bench"
+REPLICA = "cdcrepl"  # the service's source user with --resync
 LOAD_BATCH = 200_000
 
 
@@ -69,8 +72,8 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=1000, help="rows/s to the small tables")
     parser.add_argument("--baseline", type=float, default=15.0)
     parser.add_argument("--resync", action="store_true",
-                        help="quarantine the table (the ALTER under a 10 s LOCK TABLES) and "
-                             "measure its resync instead of its repair")
+                        help="quarantine the table (the service may not read it) and measure "
+                             "its resync instead of its repair")
     parser.add_argument("--timeline", action="store_true",
                         help="the largest latency of each second of the repair")
     args = parser.parse_args()
@@ -87,7 +90,8 @@ def main() -> int:
         line("source loaded", f"{args.rows:,} rows + {args.tables} tables in "
                               f"{time.monotonic() - started:.0f} s")
         UsersFile(USERS).add(USER, USER)
-        with ServiceProcess(server, "repair", server_id=4242) as service:
+        source = limited_user(server, args.tables) if args.resync else None
+        with ServiceProcess(server, "repair", server_id=4242, source=source) as service:
             run(server, service, args)
     finally:
         server.stop()
@@ -112,13 +116,26 @@ def load(server: EmbeddedMariaDB, rows: int, tables: int) -> None:
     conn.close()
 
 
+def limited_user(server: EmbeddedMariaDB, tables: int) -> str:
+    """A replication user who may read the small tables, not ``bench.big``: its URL."""
+    grants = [f"GRANT SELECT ON bench.t{i:03d} TO '{REPLICA}'@'{host}'"
+              for i in range(tables) for host in ("127.0.0.1", "localhost")]
+    server.execute(*(f"CREATE USER '{REPLICA}'@'{host}' IDENTIFIED BY '{REPLICA}'"
+                     for host in ("127.0.0.1", "localhost")),
+                   *(f"GRANT RELOAD, REPLICATION SLAVE, BINLOG MONITOR, REPLICATION MASTER "
+                     f"ADMIN ON *.* TO '{REPLICA}'@'{host}'"
+                     for host in ("127.0.0.1", "localhost")), *grants)
+    return server.url(REPLICA, REPLICA)
+
+
 def metrics(service: ServiceProcess) -> dict[str, float]:
     port = re.search(r"metrics and health on http://[\d.]+:(\d+)", service._log())
     assert port is not None, "no metrics address in the service's log"
     with urllib.request.urlopen(f"http://127.0.0.1:{port[1]}/metrics", timeout=10) as r:
         text = r.read().decode()
     found: dict[str, float] = {}
-    for name in ("cdc_repairs_total", "cdc_repair_pending", "cdc_resyncs_total"):
+    for name in ("cdc_repairs_total", "cdc_repair_pending", "cdc_resyncs_total",
+                 "cdc_tables_quarantined"):
         match = re.search(rf"^{name} (\S+)$", text, re.M)
         found[name] = float(match[1]) if match else 0.0
     found["records"] = sum(float(m[1]) for m in
@@ -152,13 +169,17 @@ def run(server: EmbeddedMariaDB, service: ServiceProcess, args: argparse.Namespa
     time.sleep(args.baseline)
     before = metrics(service)
     alter_at = time.monotonic()
-    alter = "ALTER TABLE bench.big ADD COLUMN k INT NOT NULL DEFAULT 1"
+    server.execute("ALTER TABLE bench.big ADD COLUMN k INT NOT NULL DEFAULT 1")
     if args.resync:
-        locker = threading.Thread(target=server.execute, args=(
-            "LOCK TABLES bench.big WRITE", alter, "DO SLEEP(10)", "UNLOCK TABLES"))
-        locker.start()
-    else:
-        server.execute(alter)
+        while not metrics(service)["cdc_tables_quarantined"]:
+            time.sleep(0.2)
+        line("bench.big quarantined (it cannot be read)", f"{time.monotonic() - alter_at:.1f} s "
+                                                          "after the ALTER")
+        before = metrics(service)
+        server.execute(*(f"GRANT SELECT ON bench.big TO '{REPLICA}'@'{host}'"
+                         for host in ("127.0.0.1", "localhost")))
+        alter_at = time.monotonic()  # the figures below: from the grant
+        resyncs.ask(service.data_dir, TableName("bench", "big"))
     done = "cdc_resyncs_total" if args.resync else "cdc_repairs_total"
     while True:
         time.sleep(0.5)
@@ -174,24 +195,24 @@ def run(server: EmbeddedMariaDB, service: ServiceProcess, args: argparse.Namespa
     parent.send("stop")
     latencies: list[tuple[float, float]] = parent.recv()  # (arrival, latency ms)
     clients.join()
-    if args.resync:
-        locker.join()
-    what = "resync (ALTER to out)" if args.resync else "repair of every row (ALTER to out)"
+    what = "resync (grant to out)" if args.resync else "repair of every row (ALTER to out)"
     line(what, f"{done_at - alter_at:.1f} s, "
                f"{now['records'] - before['records']:,.0f} records")
-    report("latency before the ALTER", [ms for at, ms in latencies if at < alter_at])
-    report("latency during the repair",
+    start, during = ("the grant (the ALTER and quarantine included)", "the resync") \
+        if args.resync else ("the ALTER", "the repair")
+    report(f"latency before {start}", [ms for at, ms in latencies if at < alter_at])
+    report(f"latency during {during}",
            [ms for at, ms in latencies if alter_at <= at <= done_at])
     if args.timeline:
         for second in range(int(done_at - alter_at) + 1):
             window = sorted(ms for at, ms in latencies
                             if alter_at + second <= at < alter_at + second + 1)
             if window:
-                line(f"  second {second} of the repair",
+                line(f"  second {second} of {during}",
                      f"max {window[-1]:.0f} ms, {len(window)} rows")
-    line("RSS before the ALTER (largest sample)",
+    line(f"RSS before {start} (largest sample)",
          f"{max((mb for at, mb in samples if at < alter_at), default=0):.0f} MB")
-    line("RSS during the repair (largest sample)",
+    line(f"RSS during {during} (largest sample)",
          f"{max((mb for at, mb in samples if alter_at <= at <= done_at), default=0):.0f} MB")
     line("VmHWM at the end (the catch-up included)", f"{rss_mb(service.pid, 'VmHWM'):.0f} MB")
 

@@ -60,8 +60,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-import pymysql
-
 from cdcserver.core.capture import ColumnRules
 from cdcserver.core.changes import Commit, Rowless, Rows, RowsKind, TableLayout
 from cdcserver.core.config import SourceAddress
@@ -72,7 +70,7 @@ from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.reread.difference import Fit, reached, same_row, same_shape, view_key
 from cdcserver.reread.held import HeldChanges
-from cdcserver.reread.readview import ReadView
+from cdcserver.reread.readview import ReadView, definition_changed, unreachable
 from cdcserver.reread.view import (
     Row,
     TableView,
@@ -368,7 +366,7 @@ def _work(job: _Job, pipe: Any) -> None:
         pipe.send(("done", result))
     except BaseException as exc:  # noqa: BLE001 - told to the service
         kind = "cancelled" if isinstance(exc, (Cancelled, ViewsClosed)) else \
-            "retry" if isinstance(exc, _RETRIED) else "fail"
+            "retry" if _retried(exc) else "fail"
         pipe.send(("error", kind, f"{type(exc).__name__}: {exc}"))
     finally:
         pipe.close()
@@ -383,8 +381,11 @@ def _die_with_the_service(service: int) -> None:
         os._exit(1)
 
 
-_RETRIED = (SourceUnavailable, DefinitionChanged, pymysql.err.OperationalError,
-            pymysql.err.InterfaceError)
+def _retried(exc: BaseException) -> bool:
+    """Whether the pipeline reads it again (the source's trouble, or a schema statement that
+    raced the read); otherwise the table's (a privilege, a lock held past the wait, a
+    discarded tablespace): it is quarantined, with no second read that would fail too."""
+    return isinstance(exc, DefinitionChanged) or unreachable(exc) or definition_changed(exc)
 
 
 class _Reader:

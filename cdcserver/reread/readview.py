@@ -27,7 +27,7 @@ import pymysql
 from cdcserver.core.capture import EXCLUDE, NO_COLUMN_RULES, ColumnRules
 from cdcserver.core.changes import TableLayout
 from cdcserver.core.config import SourceAddress
-from cdcserver.core.errors import SourceError
+from cdcserver.core.errors import ER_TABLE_DEF_CHANGED, SourceError, SourceUnavailable
 from cdcserver.core.names import TableName
 from cdcserver.dump import rawrows
 from cdcserver.dump.scan import select_expression
@@ -56,6 +56,24 @@ ER_LOCK_WAIT_TIMEOUT = 1205
 # quarantined alone and resynced by itself (app/resyncs.py) once the lock is gone.
 LOCK_WAIT = 5
 
+
+# A read that failed for every table, not for the tables read (the source's state: replication
+# restarts and the read is tried again), by MariaDB's error numbers: can't connect, gone away,
+# lost, too many connections, shutting down, connection killed, the account refused. Any
+# other (a table's privilege, a lock wait, its definition) concerns the tables read.
+_UNREACHABLE_ERRNOS = frozenset({2002, 2003, 2006, 2013, 2055, 1040, 1045, 1053, 1927})
+
+
+def unreachable(exc: BaseException) -> bool:
+    if isinstance(exc, (SourceUnavailable, pymysql.err.InterfaceError)):
+        return True
+    return bool(exc.args) and exc.args[0] in _UNREACHABLE_ERRNOS
+
+
+def definition_changed(exc: BaseException) -> bool:
+    """A read that met a schema statement newer than its snapshot (error 1412): read again."""
+    return isinstance(exc, pymysql.err.MySQLError) and bool(exc.args) and \
+        exc.args[0] == ER_TABLE_DEF_CHANGED
 
 class TableLocked(SourceError):
     """Another session held a table the read needs for longer than :data:`LOCK_WAIT`."""

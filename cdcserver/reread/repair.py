@@ -56,7 +56,6 @@ from cdcserver.core.changes import (
 )
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import (
-    ER_TABLE_DEF_CHANGED,
     DefinitionChanged,
     SourceError,
     SourceUnavailable,
@@ -81,7 +80,7 @@ from cdcserver.reread.difference import (
     view_key,
 )
 from cdcserver.reread.markers import cascades, keeps_rows, retarget, together
-from cdcserver.reread.readview import ReadView
+from cdcserver.reread.readview import ReadView, definition_changed, unreachable
 from cdcserver.reread.view import Row, TableView, Views, ViewsClosed, key_names
 from cdcserver.schema.masking import project_layout
 from cdcserver.store.catalog import Catalog
@@ -92,22 +91,7 @@ RETRY_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
 SHARE_PAUSE = 0.05  # seconds between two shares of a repair's records beside the stream
 # A source that does not answer (every table's problem: replication restarts and retries)
 _UNREACHABLE = (SourceUnavailable, pymysql.err.OperationalError, pymysql.err.InterfaceError)
-# ... by MariaDB's error numbers: can't connect, gone away, lost, too many connections,
-# shutting down, connection killed, the account refused; any other (a table's privilege,
-# its definition) concerns the tables read
-_UNREACHABLE_ERRNOS = frozenset({2002, 2003, 2006, 2013, 2055, 1040, 1045, 1053, 1927})
-
-
-def unreachable(exc: BaseException) -> bool:
-    if isinstance(exc, (SourceUnavailable, pymysql.err.InterfaceError)):
-        return True
-    return bool(exc.args) and exc.args[0] in _UNREACHABLE_ERRNOS
-
-
-def _definition_changed(exc: BaseException) -> bool:
-    """A read that met a schema statement newer than its snapshot (error 1412): read again."""
-    return isinstance(exc, pymysql.err.MySQLError) and bool(exc.args) and \
-        exc.args[0] == ER_TABLE_DEF_CHANGED
+# (which of them are the source's, not the tables': :func:`.readview.unreachable`)
 
 
 @dataclass
@@ -592,7 +576,7 @@ class Repairer:
                                                   tables, cause)
                 break
             except _UNREACHABLE as exc:
-                if _definition_changed(exc):  # a schema statement raced the read: again
+                if definition_changed(exc):  # a schema statement raced the read: again
                     if last:
                         self._give_up(markers, cause, exc)
                         return
