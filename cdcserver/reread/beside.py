@@ -33,9 +33,13 @@ The service holds one share of records or held changes; the process, a batch of 
 SQLite cache; the table's rows and its held changes are on disk (``state/``, removed when
 done). No checkpoint is written until the repair and the held changes are out, as before: a
 crash replays the change and it is repaired again. A schema statement on the table while the
-repair is under way calls it off (its held changes go on at once, before the statement) and
-it starts again after the statement. A table without a primary key, a system-versioned table
-and a cascade take the pipeline's own path (:meth:`.repair.Repairer._start`).
+repair is under way calls it off (the changes it held are dropped: the read after the
+statement holds them) and it starts again after the statement. A table without a primary
+key, a cascade and a statement that turns system versioning on or off take the pipeline's own
+path (:meth:`.repair.Repairer._start`), and so does a system-versioned table once the read
+finds it is one. Before it folds anything the process checks, in a second, that the table can
+be read (its privilege, a lock held past the wait): a table that cannot is quarantined at
+once, not after minutes of work.
 
 A quarantined table's resync of at least ``MIN_BYTES`` stored takes this path too: its stored
 versions are frozen as the quarantine left them, the source's primary key and columns are
@@ -70,7 +74,12 @@ from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.reread.difference import Fit, reached, same_row, same_shape, view_key
 from cdcserver.reread.held import HeldChanges
-from cdcserver.reread.readview import ReadView, definition_changed, unreachable
+from cdcserver.reread.readview import (
+    ReadView,
+    check_readable,
+    definition_changed,
+    unreachable,
+)
 from cdcserver.reread.view import (
     Row,
     TableView,
@@ -232,8 +241,7 @@ class BesideRepair:
                          name=f"repair {self.table}", daemon=True).start()
 
     def cancel(self) -> None:
-        """Stop the repair's process; its files go with it (the changes held too: take them
-        first with :meth:`unhold` where they must go on)."""
+        """Stop the repair's process; its files go with it, the changes held too."""
         self._cancel.set()
         self.held.close()
         if self.done.is_set():
@@ -289,10 +297,6 @@ class BesideRepair:
     def hold(self, rows: Rows) -> None:
         """The stream changed the table after the cause: the change waits for the repair."""
         self.held.add(rows)
-
-    def unhold(self) -> list[Rows]:
-        """Every change held, in order (the repair is called off: they go on now)."""
-        return self.held.take()
 
     def due(self, commit: Commit) -> bool:
         """Whether records may be attached to this transaction: the read is done and the
@@ -400,6 +404,7 @@ class _Reader:
 
     def run(self) -> _Result:
         job = self.job
+        check_readable(job.address, job.table)  # before minutes of folding
         private = Views(job.path)
         try:
             # a repair's view is keyed as the stream has the table; a resync's as the source

@@ -11,7 +11,9 @@ Once the repair's records are out, the changes the source's read already holds (
 before its watermark) are dropped, since the records brought the table to the source's rows
 there, and the others go on in their order, a share at a time, while the table's new changes
 join the end of the line, until none waits. A repair called off (a schema statement on the
-table, its failure) lets every held change go at once, in order, before what called it off.
+table, its failure, the table quarantined) drops what it held: no consumer got those changes,
+and the table's next read (the repair again, after the statement; the pipeline's own; a
+resync) is at a later watermark, so its records bring them.
 
 Only the file's name and counts are in memory: a share at a time is read back. The file
 goes with the repair's (``state/`` scratch files: a start removes a killed service's).
@@ -49,14 +51,14 @@ class HeldChanges:
         self.rows += len(plain.rows)
         self.held += len(plain.rows)
 
-    def take(self, limit: int | None = None) -> list[Rows]:
-        """The oldest changes waiting, about ``limit`` rows of them (every one: None)."""
+    def take(self, limit: int) -> list[Rows]:
+        """The oldest changes waiting, about ``limit`` rows of them."""
         self._writer.flush()
         taken: list[Rows] = []
         count = 0
         with open(self.path, "rb") as reader:
             reader.seek(self._read_at)
-            while self._entries and (limit is None or count < limit):
+            while self._entries and count < limit:
                 rows: Rows = pickle.load(reader)
                 self._read_at = reader.tell()
                 self._entries -= 1

@@ -86,6 +86,28 @@ KEYS_PER_QUERY = 500
 Row = tuple[Any, ...]
 
 
+def check_readable(address: SourceAddress, table: TableName) -> None:
+    """Raise what a read of ``table`` would meet first (its privilege, another session's
+    lock held past :data:`LOCK_WAIT`), in a second: a read that folds the stream's view of a
+    big table first learns it before minutes of work, not after."""
+    conn = source_sql.connect(address)
+    try:
+        info = source_sql.describe(conn)
+        prepare_session(conn, info.flavor == "mariadb", lock_wait=LOCK_WAIT)
+        try:
+            source_sql.query(conn, f"SELECT 1 FROM {qualified(table)} LIMIT 0")
+        except pymysql.err.MySQLError as exc:
+            if exc.args and exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
+                raise TableLocked(
+                    f"{table} is locked by another session (LOCK TABLES, or a schema "
+                    f"statement that holds it) for longer than {LOCK_WAIT} s; it is read "
+                    "again when the lock is gone") from exc
+            if not (exc.args and exc.args[0] == ER_NO_SUCH_TABLE):
+                raise
+    finally:
+        conn.close()
+
+
 class ReadView:
     """A consistent read of ``tables`` on the source; ``close()`` ends it."""
 

@@ -143,7 +143,6 @@ class Repairer:
         self._beside: dict[TableName, BesideRepair] = {}
         self._queued: dict[TableName, list[tuple[list[Rowless], str]]] = {}
         self._inline: list[tuple[list[Rowless], str]] = []
-        self._unheld: list[Rows] = []  # held by repairs called off, to go on now
         self._resync_here: set[TableName] = set()  # resyncs the pipeline reads itself
         self._launched = 0
         self._next_share = 0.0  # (monotonic) when a repair beside the stream may go on
@@ -158,7 +157,7 @@ class Repairer:
         """Whether a repair waits for the stream to reach its watermark (then no checkpoint
         may be written: it would pass the change the repair is for)."""
         return bool(self._pending or self._again or self._beside or self._queued or
-                    self._inline or self._unheld)
+                    self._inline)
 
     def request_resync(self, table: TableName, why: str) -> bool:
         """Read a quarantined table again at a watermark and release it there (in the first
@@ -206,11 +205,8 @@ class Repairer:
         for table, repair in list(self._beside.items()):
             if repair.done.is_set() and (repair.error is not None or repair.fallback):
                 self._beside.pop(table)
-                self._unheld += repair.unhold()  # they go on with the next transaction
                 repair.close()
                 self._beside_failed(repair)
-        # (changes held by a repair that failed go on with the next transaction, whose
-        # commit applies them to the views before any difference is taken)
         inline, self._inline = self._inline, []
         if inline:
             await self._start(*together(inline), None, beside_ok=False)
@@ -242,7 +238,6 @@ class Repairer:
             elif isinstance(change, Rows) and _name(change.layout) in self._quarantined:
                 pass  # not stored: it changes neither a view nor a repair
             elif isinstance(change, Rows):
-                out += self._unheld_now()  # a repair called off just now: ahead of these
                 if change.layout.sequence and change.kind == RowsKind.INSERT:
                     change = await asyncio.to_thread(self.views.locked, self._sequence_write,
                                                     change)
@@ -258,10 +253,8 @@ class Repairer:
                           self._begin.gtid if self._begin else "?")
             elif isinstance(change, Ddl):
                 self._schema_changed(change)
-                out += self._unheld_now()
             elif isinstance(change, Quarantine):  # rows the decoder could not decode
                 self._call_off(TableName(change.database, change.table))
-                out += self._unheld_now()
                 self._quarantined.add(TableName(change.database, change.table))
                 self.views.drop(TableName(change.database, change.table))
             elif isinstance(change, Abort):
@@ -292,7 +285,6 @@ class Repairer:
     async def _committing(self, commit: Commit) -> list[Change]:
         """The transaction ends: bring the views up to it, start a repair for what it
         changed without rows, and attach the repairs whose watermark it reaches."""
-        unheld = self._unheld_now()  # of a repair called off meanwhile: they go first
         watched = [r for r in self._txn_rows if self.views.get(_name(r.layout)) is not None]
         if watched:
             await asyncio.to_thread(self.views.locked, _apply_all, self.views, watched)
@@ -306,7 +298,7 @@ class Repairer:
             await self._start(*together(again), commit)
         if inline:
             await self._start(*together(inline), commit, beside_ok=False)
-        out = unheld + await self._attach_beside(commit)
+        out = await self._attach_beside(commit)
         self._batch_rows += self._txn_rows
         self._txn_rows = []
         self._begin = None
@@ -354,7 +346,7 @@ class Repairer:
     def _held(self, rows: Rows) -> bool:
         """Whether ``rows`` wait for their table's repair beside the stream (held): the
         table's consumers get the repair first. Rows that cannot be held (their images do
-        not decode) call the repair off and go on."""
+        not decode) call the repair off and go on (the store says what is wrong with them)."""
         repair = self._beside.get(_name(rows.layout))
         if repair is None:
             return False
@@ -367,24 +359,17 @@ class Repairer:
             return False
         return True
 
-    def _unheld_now(self) -> list[Rows]:
-        """The changes of repairs called off since, to go on now, in the open transaction
-        (the views learn them with its rows)."""
-        unheld, self._unheld = self._unheld, []
-        for rows in unheld:
-            self._merge(rows)
-        self._txn_rows += unheld
-        return unheld
-
     def _call_off(self, table: TableName) -> list[tuple[list[Rowless], str]]:
         """Stop the table's repair under way (quarantined, or a schema statement): its
-        markers, and those queued behind it, for whoever reads them again."""
+        markers, and those queued behind it, for whoever reads them again. The changes it
+        held are dropped: the table's next read (a repair or resync at a later watermark)
+        holds them, and a consumer never got them, so nothing goes out that the records of
+        that read do not bring (every before-image stays the row a consumer holds)."""
         repair = self._beside.pop(table, None)
         queued = self._queued.pop(table, [])
         if repair is None:
             return queued
-        self._unheld += repair.unhold()
-        repair.cancel()
+        repair.cancel()  # and the changes it held: the table's next read holds them
         if repair.resync is not None:  # still quarantined: its resync starts again
             self._resyncs[table] = (repair.reason.removeprefix("resync: "), repair.resync)
             return queued
@@ -395,10 +380,8 @@ class Repairer:
         for table, repair in list(self._beside.items()):
             if repair.done.is_set() and (repair.error is not None or repair.fallback):
                 self._beside.pop(table)
-                self._unheld += repair.unhold()
-                repair.close()
+                repair.close()  # (its held changes: whoever reads the table next holds them)
                 self._beside_failed(repair)
-                out += self._unheld_now()
                 continue
             if time.monotonic() < self._next_share or not repair.due(commit):
                 continue

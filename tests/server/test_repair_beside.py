@@ -152,12 +152,17 @@ async def test_a_schema_statement_during_the_repair_reads_it_again(
                    f"ALTER TABLE {m} MODIFY a VARCHAR(5)")  # truncates: a rewrite
     await until(lambda: bool(_repairing(cdc)), timeout=30)
     first = next(iter(_repairing(cdc).values()))
-    source.execute(f"ALTER TABLE {m} ADD COLUMN z INT DEFAULT 3")  # calls it off
+    source.execute(f"UPDATE {m} SET b = -b WHERE id IN (20, 21)",  # held (before-image 'row 2')
+                   f"ALTER TABLE {m} ADD COLUMN z INT DEFAULT 3")  # calls it off
     await until(lambda: first.done.is_set(), timeout=30)
     assert isinstance(first.error, beside.Cancelled)
+    source.execute(f"UPDATE {m} SET b = 0 WHERE id = 22")  # held by the repair read again
     gate.set()
     await _until_repaired(cdc, source, other)
     await _equals_select(cdc.port, source, "m")
+    # what the first repair held never went out with the old rows' before-images
+    lines = await read_stream(cdc.port, m, user=USER, password=PASSWORD, quiet=0.5)
+    _check_before_images([r for r in lines if "event_type" in r])
 
 
 async def test_a_restart_during_the_repair_repairs_it_again(
