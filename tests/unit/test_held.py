@@ -1,0 +1,56 @@
+"""The changes a repair beside the stream holds (``cdcserver/reread/held.py``): in a file, in
+their order, read back a share at a time, decoded, and gone with the repair."""
+
+from __future__ import annotations
+
+import os
+from decimal import Decimal
+
+from cdcserver.core.changes import ColumnDef, RowImages, Rows, RowsKind, TableLayout
+from cdcserver.mariadb.constants import ColumnType
+from cdcserver.reread.held import HeldChanges
+
+LAYOUT = TableLayout("shop", "items", (ColumnDef("id", ColumnType.LONG, nullable=False),
+                                       ColumnDef("price", ColumnType.NEWDECIMAL)), (0,))
+
+
+def _rows(first: int, count: int, kind: RowsKind = RowsKind.INSERT) -> Rows:
+    return Rows(LAYOUT, kind, 1_700_000_000, [(i, Decimal(f"{i}.50"))
+                                              for i in range(first, first + count)],
+                "mysql-bin.000001", 1000 + first, start=900 + first)
+
+
+def test_changes_come_back_in_their_order_a_share_at_a_time(tmp_path):
+    held = HeldChanges(str(tmp_path / "r.held"))
+    for n in range(10):
+        held.add(_rows(n * 3, 3))
+    assert held and held.rows == 30
+    first = held.take(7)  # whole entries: 3 + 3 + 3 rows, the first past the limit
+    assert [r.rows[0][0] for r in first] == [0, 3, 6] and held.rows == 21
+    held.add(_rows(100, 2, RowsKind.DELETE))  # joins the end of the line meanwhile
+    rest = held.take(1000)
+    assert [r.rows[0][0] for r in rest] == [9, 12, 15, 18, 21, 24, 27, 100]
+    assert rest[-1].kind == RowsKind.DELETE and rest[-1].rows[1] == (101, Decimal("101.50"))
+    assert (rest[0].file, rest[0].pos, rest[0].start) == ("mysql-bin.000001", 1009, 909)
+    assert not held and held.rows == 0 and held.held == 32
+    assert held.take(10) == []
+    held.close()
+
+
+def test_undecoded_images_are_not_kept(tmp_path):
+    held = HeldChanges(str(tmp_path / "r.held"))
+    images = RowImages(b"\x00" * 64, 0, 64)
+    held.add(Rows(LAYOUT, RowsKind.INSERT, 0, [(1, Decimal("1"))], images=images))
+    (back,) = held.take(10)
+    held.close()
+    assert back.images is None and list(back.rows) == [(1, Decimal("1"))]
+
+
+def test_the_file_goes_with_the_repair(tmp_path):
+    path = str(tmp_path / "r.held")
+    held = HeldChanges(path)
+    held.add(_rows(0, 1))
+    assert os.path.exists(path)
+    held.close()
+    held.close()  # twice: the repair's cancel and close both end it
+    assert not os.path.exists(path)
