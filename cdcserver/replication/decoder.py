@@ -486,10 +486,16 @@ class EventDecoder:
                                            f"{entry.width}", out)
             return
         bitmaps = 2 if _ROWS_KINDS[kind] == RowsKind.UPDATE else 1
-        for _ in range(bitmaps):
-            self._require_full_image(head.take((count + 7) // 8), count, entry.layout)
+        full = [_full_image(head.take((count + 7) // 8), count) for _ in range(bitmaps)]
         if not self.in_transaction:
             raise UndecodableEvent("row event outside a transaction")
+        if not all(full):
+            # One session's choice (SET SESSION binlog_row_image = MINIMAL or NOBLOB): its
+            # rows miss columns, so the table is read again by its resync; the others go on.
+            self._quarantine(entry.layout, "a row event with a partial image (a session set "
+                             "binlog_row_image to MINIMAL or NOBLOB): the rows it changed "
+                             "are read again by the table's resync", out)
+            return
         data, start, stop = buf, head.pos, end
         if kind in _COMPRESSED_ROWS:
             data = compression.mariadb_uncompress(buf[start:stop])
@@ -539,14 +545,6 @@ class EventDecoder:
         return {TableName(e.layout.database, e.layout.table): e.layout
                 for e in self._tables.values()}
 
-    @staticmethod
-    def _require_full_image(bitmap: bytes, count: int, layout: TableLayout) -> None:
-        full = (1 << count) - 1
-        if int.from_bytes(bitmap, "little") & full != full:
-            raise UndecodableEvent(
-                f"partial row image for {layout.qualified_name}: set binlog_row_image=FULL "
-                "on the source (SET GLOBAL binlog_row_image=FULL)")
-
     # -- stream bookkeeping ------------------------------------------------------------
 
     def _rotate(self, body: Cursor) -> None:
@@ -592,3 +590,9 @@ class EventDecoder:
 
     def _error(self, message: str) -> UndecodableEvent:
         return UndecodableEvent(message, file=self.file, pos=self.pos)
+
+
+def _full_image(bitmap: bytes, count: int) -> bool:
+    """Whether a row event's column bitmap names every one of its ``count`` columns."""
+    full = (1 << count) - 1
+    return int.from_bytes(bitmap, "little") & full == full
