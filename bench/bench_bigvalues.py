@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import socket
 import sys
 import time
@@ -29,8 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_listener import USERS, ServiceProcess
 from bench.bench_repair import rss_mb
-from bench.common import OUT, announce_code_path, line
-from cdcserver.app.embedded import EmbeddedMariaDB, kill_leftovers
+from bench.common import announce_code_path, fresh_server, line
 from cdcserver.protocol.users import UsersFile
 from mariadb_cdc_client.format.wire import auth_message
 
@@ -45,12 +43,7 @@ def main() -> int:
     args = parser.parse_args()
     announce_code_path()
     line("path measured", "cdcserver run (its own process), raw sockets that stop reading")
-    base = os.path.join(OUT, "bigvalues-mariadb")
-    kill_leftovers(os.path.join(base, "data"))
-    shutil.rmtree(base, ignore_errors=True)
-    server = EmbeddedMariaDB(base, port=0, die_with_parent=True)
-    server.start()
-    try:
+    with fresh_server("bigvalues-mariadb") as server:
         server.execute("SET GLOBAL max_allowed_packet = 1073741824")
         conn = server.connect()  # a new session: the new max_allowed_packet
         with conn.cursor() as cur:
@@ -67,8 +60,6 @@ def main() -> int:
             check_one_reader(service.port, args.mib)
             for mode in ("JSON", "AVRO"):
                 stalled(service, mode, args.clients)
-    finally:
-        server.stop()
     return 0
 
 

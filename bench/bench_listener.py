@@ -100,7 +100,7 @@ from typing import Any, cast
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import OUT, RECORDS, announce_code_path, line, load_workload
+from bench.common import OUT, RECORDS, announce_code_path, fresh_server, line, load_workload
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.core.gtid import GtidState
 from cdcserver.core.lifetime import die_with_parent
@@ -963,18 +963,12 @@ def report_latency(args: argparse.Namespace, results: list[ClientStats], written
 
 @contextlib.contextmanager
 def private_server(workload: bool) -> Iterator[EmbeddedMariaDB]:
-    base = os.path.join(OUT, "listener-mariadb")
-    shutil.rmtree(base, ignore_errors=True)
-    server = EmbeddedMariaDB(base, port=0, die_with_parent=True)
-    server.start()
-    try:
+    with fresh_server("listener-mariadb") as server:
         if workload:
             load_workload(server)
         else:
             server.execute("RESET MASTER", "CREATE DATABASE bench")
         yield server
-    finally:
-        server.stop()
 
 
 def main() -> int:

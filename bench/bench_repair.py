@@ -43,7 +43,6 @@ import asyncio
 import multiprocessing
 import os
 import re
-import shutil
 import sys
 import threading
 import time
@@ -53,9 +52,9 @@ from multiprocessing.connection import Connection
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_listener import USERS, ServiceProcess
-from bench.common import OUT, announce_code_path, line
+from bench.common import announce_code_path, fresh_server, line
 from cdcserver.app import resyncs
-from cdcserver.app.embedded import EmbeddedMariaDB, kill_leftovers
+from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.core.names import TableName
 from cdcserver.protocol.users import UsersFile
 from mariadb_cdc_client.format.wire import auth_message
@@ -79,12 +78,7 @@ def main() -> int:
     args = parser.parse_args()
     announce_code_path()
     line("path measured", "cdcserver run (its own process), JSON clients over TCP")
-    base = os.path.join(OUT, "repair-mariadb")
-    kill_leftovers(os.path.join(base, "data"))
-    shutil.rmtree(base, ignore_errors=True)
-    server = EmbeddedMariaDB(base, port=0, die_with_parent=True)
-    server.start()
-    try:
+    with fresh_server("repair-mariadb") as server:
         started = time.monotonic()
         load(server, args.rows, args.tables)
         line("source loaded", f"{args.rows:,} rows + {args.tables} tables in "
@@ -93,8 +87,6 @@ def main() -> int:
         source = limited_user(server, args.tables) if args.resync else None
         with ServiceProcess(server, "repair", server_id=4242, source=source) as service:
             run(server, service, args)
-    finally:
-        server.stop()
     return 0
 
 

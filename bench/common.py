@@ -37,20 +37,28 @@ CREATE = """CREATE TABLE bench.orders (
 
 
 @contextlib.contextmanager
-def workload_server(scale: int = 1, tables: tuple[str, ...] = ("orders",)
-                    ) -> Iterator[EmbeddedMariaDB]:
-    """A fresh MariaDB in bench/out with the standard workload (``scale`` times its rows) as
-    its whole binlog (``tables``: spread over these tables of ``bench``, batch by batch)."""
-    base = os.path.join(OUT, "mariadb")
+def fresh_server(name: str) -> Iterator[EmbeddedMariaDB]:
+    """A private MariaDB in bench/out/``name``, started empty, stopped after (killed with
+    this process, however it ends)."""
+    base = os.path.join(OUT, name)
     kill_leftovers(os.path.join(base, "data"))  # a bench killed by a timeout left it running
     shutil.rmtree(base, ignore_errors=True)
     server = EmbeddedMariaDB(base, port=0, die_with_parent=True)
     server.start()
     try:
-        load_workload(server, scale, tables)
         yield server
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def workload_server(scale: int = 1, tables: tuple[str, ...] = ("orders",)
+                    ) -> Iterator[EmbeddedMariaDB]:
+    """A fresh MariaDB in bench/out with the standard workload (``scale`` times its rows) as
+    its whole binlog (``tables``: spread over these tables of ``bench``, batch by batch)."""
+    with fresh_server("mariadb") as server:
+        load_workload(server, scale, tables)
+        yield server
 
 
 def load_workload(server: EmbeddedMariaDB, scale: int = 1,
