@@ -68,11 +68,10 @@ from cdcserver.core.capture import ColumnRules
 from cdcserver.core.changes import Commit, Rowless, Rows, RowsKind, TableLayout
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import DefinitionChanged, SourceError, SourceUnavailable
-from cdcserver.core.gtid import binlog_ordinal
 from cdcserver.core.lifetime import die_with_parent
 from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
-from cdcserver.reread.difference import Fit, reached, same_row, same_shape, view_key
+from cdcserver.reread.difference import Fit, past_watermark, reached, same_row, same_shape, view_key
 from cdcserver.reread.held import HeldChanges
 from cdcserver.reread.readview import (
     ReadView,
@@ -336,7 +335,7 @@ class BesideRepair:
         assert point is not None
         out = []
         for rows in self.held.take(ATTACH_ROWS):
-            if rows.file and not _after(rows, point):
+            if rows.file and not past_watermark(rows.file, rows.pos, point):
                 self.dropped += len(rows.rows)
                 continue
             out.append(replace(rows, file=commit.position.file, pos=commit.position.pos,
@@ -530,10 +529,6 @@ def _merged(mine: Iterator[tuple[bytes, Row]], theirs: Iterator[tuple[bytes, Row
         else:
             yield a[0], a[1], b[1]
             a, b = next(mine, None), next(theirs, None)
-
-
-def _after(rows: Rows, point: SnapshotPoint) -> bool:
-    return binlog_ordinal(rows.file, rows.pos) > binlog_ordinal(point.file, point.pos)
 
 
 def _values(row: Row, names: list[str]) -> tuple[Any, ...]:

@@ -210,3 +210,9 @@ def reached(position: BinlogPosition, point: SnapshotPoint) -> bool:
         return True
     return bool(position.file) and binlog_ordinal(position.file, position.pos) >= \
         binlog_ordinal(point.file, point.pos)
+
+
+def past_watermark(file: str, pos: int, point: SnapshotPoint) -> bool:
+    """Whether the binlog event ending at ``file``:``pos`` comes after the watermark (a change
+    the read at ``point`` does not hold yet)."""
+    return bool(file) and binlog_ordinal(file, pos) > binlog_ordinal(point.file, point.pos)

@@ -60,7 +60,6 @@ from cdcserver.core.errors import (
     SourceError,
     SourceUnavailable,
 )
-from cdcserver.core.gtid import binlog_ordinal
 from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.replication.sources import Sources
@@ -74,6 +73,7 @@ from cdcserver.reread.beside import (
 from cdcserver.reread.difference import (
     Scope,
     differences,
+    past_watermark,
     reached,
     records,
     same_shape,
@@ -479,7 +479,7 @@ class Repairer:
             if markers:
                 self._inline.append((markers, cause))
         for pending in list(self._pending):
-            if _after(ddl.file, ddl.pos, pending.point) or \
+            if past_watermark(ddl.file, ddl.pos, pending.point) or \
                     not any(s.table in touched for s in pending.scopes):
                 continue
             self._pending.remove(pending)
@@ -732,7 +732,7 @@ class Repairer:
         """Rows the stream changes after a pending repair's watermark are its own truth."""
         table = _name(rows.layout)
         for pending in self._pending:
-            if not _after(rows.file, rows.pos, pending.point):
+            if not past_watermark(rows.file, rows.pos, pending.point):
                 continue
             for scope in pending.scopes:
                 if scope.table == table and scope.keys is not None:
@@ -818,9 +818,3 @@ def _apply_all(views: Views, rows: list[Rows]) -> None:
 
 def _name(layout: TableLayout) -> TableName:
     return TableName(layout.database, layout.table)
-
-
-def _after(file: str, pos: int, point: SnapshotPoint) -> bool:
-    return bool(file) and binlog_ordinal(file, pos) > binlog_ordinal(point.file, point.pos)
-
-
