@@ -124,9 +124,8 @@ class Tail:
         self.records_sent += records
         if writes:
             traffic = self.tails.traffic
-            if traffic is not None:
-                traffic.bytes_sent += size * writes
-                traffic.records_sent += records * writes
+            traffic.bytes_sent += size * writes
+            traffic.records_sent += records * writes
             if self.tails.delivered is not None:
                 self.tails.delivered(self.entry.name, writes)
 
@@ -150,7 +149,7 @@ class Tail:
 class Tails:
     """The tails of one listener."""
 
-    def __init__(self, read_range: RangeReader, traffic: Traffic | None = None) -> None:
+    def __init__(self, read_range: RangeReader, traffic: Traffic) -> None:
         self.read_range = read_range
         self.traffic = traffic  # the listener's totals, counted for every write
         # whether a table's stream stopped (quarantined): its tail hands its sessions back

@@ -94,18 +94,27 @@ def check_readable(address: SourceAddress, table: TableName) -> None:
     try:
         info = source_sql.describe(conn)
         prepare_session(conn, info.flavor == "mariadb", lock_wait=LOCK_WAIT)
-        try:
-            source_sql.query(conn, f"SELECT 1 FROM {qualified(table)} LIMIT 0")
-        except pymysql.err.MySQLError as exc:
-            if exc.args and exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
-                raise TableLocked(
-                    f"{table} is locked by another session (LOCK TABLES, or a schema "
-                    f"statement that holds it) for longer than {LOCK_WAIT} s; it is read "
-                    "again when the lock is gone") from exc
-            if not (exc.args and exc.args[0] == ER_NO_SUCH_TABLE):
-                raise
+        _lock_table(conn, table)
     finally:
         conn.close()
+
+
+def _lock_table(conn: Any, table: TableName) -> bool:
+    """Take ``table``'s metadata lock (held to the end of the session's transaction); False
+    when the table does not exist. Another session holding it past :data:`LOCK_WAIT` raises
+    :class:`TableLocked`."""
+    try:
+        source_sql.query(conn, f"SELECT 1 FROM {qualified(table)} LIMIT 0")
+    except pymysql.err.MySQLError as exc:
+        if exc.args and exc.args[0] == ER_NO_SUCH_TABLE:
+            return False
+        if exc.args and exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
+            raise TableLocked(
+                f"{table} is locked by another session (LOCK TABLES, or a schema statement "
+                f"that holds it) for longer than {LOCK_WAIT} s; it is read again when the "
+                "lock is gone") from exc
+        raise
+    return True
 
 
 class ReadView:
@@ -153,19 +162,8 @@ class ReadView:
         definition (None: the table does not exist at the watermark)."""
         definitions: dict[TableName, str | None] = {}
         for table in self.tables:
-            try:
-                source_sql.query(self.conn, f"SELECT 1 FROM {qualified(table)} LIMIT 0")
-            except pymysql.err.MySQLError as exc:
-                if exc.args and exc.args[0] == ER_NO_SUCH_TABLE:
-                    definitions[table] = None
-                    continue
-                if exc.args and exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
-                    raise TableLocked(
-                        f"{table} is locked by another session (LOCK TABLES, or a schema "
-                        f"statement that holds it) for longer than {LOCK_WAIT} s; it is "
-                        "read again when the lock is gone") from exc
-                raise
-            definitions[table] = self._show_create(table)
+            definitions[table] = self._show_create(table) if _lock_table(self.conn, table) \
+                else None
         return definitions
 
     def _show_create(self, table: TableName) -> str | None:
