@@ -260,6 +260,45 @@ async def test_a_quarantined_table_is_resynced_beside_the_stream(
         await running.stop()
 
 
+async def test_a_schema_statement_during_a_resync_beside_the_stream_starts_it_again(
+        tmp_path, source: Source, users_file: str, gate: Gate, reader_of_other: Any):
+    url, grant_m, (m, other) = reader_of_other
+    table = TableName(source.database, "m")
+    data_dir = str(tmp_path / "data")
+    running = await start_service(make_config(data_dir, url, users_file))
+    try:
+        await running.caught_up(source)
+        source.execute("SET SESSION sql_mode = ''", f"ALTER TABLE {m} MODIFY a VARCHAR(5)")
+        await until(lambda: table in running.service.store.quarantined, timeout=30)
+        grant_m()
+        resyncs.ask(data_dir, table)
+        for i in range(2000, 2300):  # a resync starts with the next transaction
+            if table in _repairing(running):
+                break
+            source.execute(f"INSERT INTO {other} VALUES ({i}, {i})")
+            await asyncio.sleep(0.1)
+        first = _repairing(running)[table]
+        assert first.resync is not None
+        source.execute(f"UPDATE {m} SET b = -b WHERE id = 20",  # held, then dropped
+                       f"ALTER TABLE {m} ADD COLUMN z INT DEFAULT 3")  # calls it off
+        await until(lambda: first.done.is_set(), timeout=30)
+        assert isinstance(first.error, beside.Cancelled)
+        gate.set()
+        for i in range(2300, 2600):  # asked again, it reads after the statement
+            if table not in running.service.store.quarantined and not _repairing(running):
+                break
+            source.execute(f"INSERT INTO {other} VALUES ({i}, {i})")
+            await asyncio.sleep(0.1)
+        assert table not in running.service.store.quarantined
+        await _equals_select(running.port, source, "m")
+        lines = await read_stream(running.port, m, user=USER, password=PASSWORD, quiet=0.5)
+        _check_before_images([r for r in lines if "event_type" in r])
+        assert [(line.get("ddl") or {}).get("kind") for line in lines
+                if "event_type" not in line][-1] == "resync"
+    finally:
+        await running.stop()
+
+
 def _stored(data_dir: str, source: Source) -> bool:
     """Whether the service's checkpoint covers everything the source has logged."""
     stored = covered_state(DataDir(data_dir).checkpoint)
