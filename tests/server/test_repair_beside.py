@@ -140,6 +140,9 @@ async def test_other_tables_stream_while_a_table_is_repaired_and_its_own_changes
     assert all(r.get("cdc:repair") for r in records[first:first + len(repairs)])
     assert {r["id"] for r in repairs} >= set(range(10, ROWS + 1)) - {20, 21, 30}
     assert all(len(r["a"]) <= 5 for r in repairs if r["event_type"] == "update_after")
+    # held changes ride on transactions after the repair's records, with their GTIDs
+    assert all(r["sequence"] >= repairs[-1]["sequence"]
+               for r in records[first + len(repairs):])
     assert len({r["sequence"] for r in repairs}) > 1  # spread over several transactions
     assert repairs[0]["cdc:repair"]["cause"]
 
