@@ -17,7 +17,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.changes import Abort
@@ -40,6 +40,7 @@ from cdcserver.replication import preflight, source
 from cdcserver.replication.decoder import DeferDecoding
 from cdcserver.replication.replicator import Replicator
 from cdcserver.replication.sources import Sources
+from cdcserver.replication.xa import PreparedXa
 from cdcserver.reread.repair import Repairer, RepairStats
 from cdcserver.reread.view import Views
 from cdcserver.schema.history import SchemaHistory
@@ -86,6 +87,7 @@ class ReplicationRunner:
         self.on_applied: Applied | None = None  # told after each sink's apply (the metrics)
         self._unreachable = Backoff()  # between restarts after the source could not be read
         self._replaced: asyncio.Future[None] | None = None
+        self.xa: PreparedXa | None = None  # prepared XA transactions, once replication runs
 
     # -- what it is doing --------------------------------------------------------------
 
@@ -105,7 +107,15 @@ class ReplicationRunner:
             repair_pending=pipeline is not None and pipeline.repair_pending,
             source=self.sources.current.describe(), sources=len(self.sources.addresses),
             source_switches=self.sources.switches,
-            refused=[r.text() for r in self.sources.refusals])
+            refused=[r.text() for r in self.sources.refusals],
+            **self._xa_stats())
+
+    def _xa_stats(self) -> dict[str, Any]:
+        xa = self.xa
+        if xa is None:
+            return {}
+        return {"xa_prepared": len(xa.pending()), "xa_oldest_seconds": xa.oldest_age(),
+                "xa_lost": list(xa.lost)}
 
     def request_resync(self, table: TableName, why: str) -> bool:
         """Resync a quarantined table (``cdcserver/app/resyncs.py``); False if it cannot be
@@ -240,6 +250,7 @@ class ReplicationRunner:
         history = SchemaHistory(self.data_dir.schema_history)
         await asyncio.to_thread(history.load, start)
         handoff = self.handoff = Handoff(asyncio.get_running_loop())
+        xa = self.xa = await asyncio.to_thread(PreparedXa, self.data_dir.xa)
         self.replicator = Replicator(self.sources, cfg.server_id, handoff, start,
                                      heartbeat=cfg.heartbeat, backoff=Backoff(),
                                      report_host=cfg.report_host, history=history,
@@ -247,14 +258,14 @@ class ReplicationRunner:
                                      pos=position.pos, defer_decoding=self.defer_decoding,
                                      failover_after=cfg.failover_after,
                                      connected_to=self._record_source,
-                                     capture=self.capture)
+                                     capture=self.capture, xa=xa)
         views = self._views = Views(self.data_dir.views)
         repairer = Repairer(self.sources, self.catalog, views, self.repair_stats,
                             self.capture.columns)
         if self.pipeline is not None and self.pipeline.repairer is not None:
             repairer.take_over(self.pipeline.repairer.carry_over())  # after a pause
         self.pipeline = Pipeline(handoff, sinks, start, self.flush_interval, repairer,
-                                 self.on_applied, self.capture)
+                                 self.on_applied, self.capture, xa)
         if self._replaced is not None and not self._replaced.done():
             self._replaced.set_result(None)
         self.replicator.start()

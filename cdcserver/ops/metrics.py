@@ -50,6 +50,9 @@ class ReplicationStats:
     refused: list[str] = field(default_factory=list)  # servers it could not take, and why
     halted: bool = False  # the service is stopping
     failure: str = ""  # why replication failed (the service then stops), "" otherwise
+    xa_prepared: int = 0  # XA transactions prepared on the source, their commit not seen yet
+    xa_oldest_seconds: float = 0.0  # since the oldest of them was prepared
+    xa_lost: list[str] = field(default_factory=list)  # commits of XA prepared before the start
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,11 @@ def _replication(r: ReplicationStats, lag: Lag | None) -> Iterator[Any]:
                  "that are not applied yet", _nan_if_none(lag.transactions if lag else None))
     yield _counter("cdc_transactions", "transactions applied by every sink",
                    r.transactions)
+    yield _gauge("cdc_xa_prepared", "XA transactions prepared on the source whose XA COMMIT "
+                 "or ROLLBACK has not been read yet (their rows are kept until then)",
+                 r.xa_prepared)
+    yield _gauge("cdc_xa_oldest_prepared_seconds", "age of the oldest of them (0 if none)",
+                 r.xa_oldest_seconds)
     yield _gauge("cdc_queue_bytes", "binlog bytes handed over by the replicator and not "
                  "applied yet", r.queue_bytes)
     yield _gauge("cdc_queue_capacity_bytes", "the most binlog bytes held in flight",
@@ -276,6 +284,7 @@ def health(stats: ServiceStats, max_lag: float) -> tuple[bool, dict[str, Any]]:
     elif not replication.connected:
         problems.append("the replication connection is down (reconnecting)")
     problems.extend(stats.sinks_waiting)
+    problems.extend(replication.xa_lost)
     problems += [f"{table_ref(str(q['database']), str(q['table']))} is quarantined since "
                  f"transaction {q['since']}: {q['cause']} (the service resyncs it once it can; "
                  "`cdcserver resync` asks at once)" for q in stats.store.quarantined]
@@ -290,6 +299,8 @@ def health(stats: ServiceStats, max_lag: float) -> tuple[bool, dict[str, Any]]:
             "connected": replication.connected,
             "applied": stats.applied,
             "repair_pending": replication.repair_pending,
+            "xa_prepared": replication.xa_prepared,
+            "xa_oldest_prepared_seconds": round(replication.xa_oldest_seconds, 3),
             "lag_seconds": lag.seconds if lag else None,
             "lag_transactions": lag.transactions if lag else None,
             "lag_measured_at": lag.measured_at if lag and lag.measured_at else None,

@@ -49,7 +49,6 @@ from cdcserver.core.names import TableName
 from cdcserver.mariadb.charsets import CollationTable, codec_for
 from cdcserver.mariadb.checksum import crc32
 from cdcserver.mariadb.constants import (
-    FL_COMPLETED_XA,
     FL_GROUP_COMMIT_ID,
     FL_PREPARED_XA,
     FL_STANDALONE,
@@ -65,8 +64,10 @@ from cdcserver.replication.rowless import (
     sequence_markers,
     statement_dml_markers,
     statement_markers,
+    statement_tables,
 )
 from cdcserver.replication.tablemap import parse_table_map
+from cdcserver.replication.xa import PreparedXa, Recording, Xid
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.schema.masking import Projection, RowFunction, project_layout
 
@@ -105,6 +106,11 @@ _STATEMENT_DML = re.compile(
     r"^\s*(?:/\*.*?\*/\s*)*(INSERT|UPDATE|DELETE|REPLACE|LOAD\s+DATA)\b", re.I | re.S)
 _TRANSACTION_CONTROL = re.compile(r"^\s*(SAVEPOINT|ROLLBACK\s+TO|RELEASE\s+SAVEPOINT)\b", re.I)
 _Q_CHARSET_CODE = 4
+_STATEMENT_LOGGED = ("a data change logged as an SQL statement (a session set binlog_format to "
+                     "STATEMENT or MIXED): the table is read again")
+_SAVEPOINT_ROLLBACK = ("a transaction rolled back to a savepoint after changing "
+                       "non-transactional tables: which of its rows stand is read from the "
+                       "table")
 # Query status variable sizes, for walking to Q_CHARSET_CODE (MySQL log_event.cc).
 _STATUS_SIZES = {0: 4, 1: 8, 3: 4, 4: 6, 7: 2, 8: 2, 9: 8, 10: 4, 13: 3, 16: 1, 17: 8, 18: 2,
                  19: 1, 20: 1, 128: 3, 129: 8, 130: 1}
@@ -162,8 +168,11 @@ class EventDecoder:
                  checksums: bool, verify_checksums: bool = True,
                  history: SchemaHistory | None = None,
                  defer_decoding: DeferDecoding | None = None,
-                 capture: CaptureFilter = EVERY_USER_TABLE) -> None:
+                 capture: CaptureFilter = EVERY_USER_TABLE,
+                 xa: PreparedXa | None = None) -> None:
         self.collations = collations
+        self.xa = xa if xa is not None else PreparedXa()  # prepared XA transactions' events
+        self._recording: Recording | None = None  # of the open XA prepare group
         self.capture = capture  # the tables whose changes are captured (the others are not
         # decoded: their table maps are read, their rows skipped)
         self.columns = capture.columns  # what becomes of their columns, before any sink
@@ -188,6 +197,9 @@ class EventDecoder:
         self._event_start = 0  # where the current event starts in its binlog file
         self._transaction_start = 0  # where the open (or pending MySQL) transaction's GTID is
         self._written: set[TableName] = set()  # tables with rows in the open transaction
+        # After a ROLLBACK TO SAVEPOINT over non-transactional tables: the tables whose rows
+        # the binlog cannot tell, read again at the commit (None: the transaction is sure).
+        self._unsure: set[TableName] | None = None
         self.in_transaction = False
 
     # -- entry point -------------------------------------------------------------------
@@ -215,7 +227,9 @@ class EventDecoder:
         if not enclosing_end:  # an event inside a transaction payload starts where it does
             self._event_start = log_pos - size if log_pos >= size else 0
         try:
-            self._dispatch(kind, buf, start + HEADER_SIZE, end, timestamp, server_id, out)
+            if self._recording is None or \
+                    not self._recorded(kind, buf, start, end, timestamp, out):
+                self._dispatch(kind, buf, start + HEADER_SIZE, end, timestamp, server_id, out)
         except UndecodableEvent as exc:
             raise exc if exc.file else self._error(f"{kind.name} event: {exc}") from exc
         except CdcError as exc:
@@ -225,6 +239,9 @@ class EventDecoder:
         self._advance(log_pos)
 
     def abort_open_transaction(self, out: list[Change], reason: str) -> None:
+        if self._recording is not None:  # its group is read again whole
+            self._recording.discard()
+            self._recording = None
         if self.in_transaction:
             out.append(Abort(reason))
         self._reset_transaction()
@@ -255,7 +272,7 @@ class EventDecoder:
         elif kind == EventKind.TRANSACTION_PAYLOAD:
             self._transaction_payload(Cursor(buf, pos, end), out)
         elif kind == EventKind.XA_PREPARE:
-            raise UndecodableEvent("XA PREPARE: XA transactions are not supported")
+            self._xa_prepare(Cursor(buf, pos, end), timestamp, out)
         elif kind not in _PASSIVE:
             raise UndecodableEvent(f"binlog event {kind.name} is not supported")
 
@@ -285,11 +302,11 @@ class EventDecoder:
                       out: list[Change]) -> None:
         sequence, domain, flags = body.u64(), body.u32(), body.u8()
         commit_id = body.u64() if flags & FL_GROUP_COMMIT_ID else None
-        if flags & (FL_PREPARED_XA | FL_COMPLETED_XA):
-            raise UndecodableEvent(f"XA transaction {domain}-{server_id}-{sequence}: "
-                                   "XA transactions are not supported")
-        self._open(Gtid(domain, server_id, sequence), timestamp, out,
-                   standalone=bool(flags & FL_STANDALONE), commit_id=commit_id)
+        gtid = Gtid(domain, server_id, sequence)
+        self._open(gtid, timestamp, out, standalone=bool(flags & FL_STANDALONE),
+                   commit_id=commit_id)
+        if flags & FL_PREPARED_XA:  # its rows wait for XA COMMIT, in another group
+            self._recording = self.xa.record(gtid)
 
     def _mysql_gtid(self, kind: EventKind, body: Cursor, server_id: int) -> None:
         body.u8()  # commit flag
@@ -325,6 +342,8 @@ class EventDecoder:
     def _commit(self, timestamp: int, out: list[Change]) -> None:
         if not self.in_transaction or self._gtid is None:
             raise UndecodableEvent("commit outside a transaction")
+        if self._unsure:
+            out += self._read_again(self._unsure, _SAVEPOINT_ROLLBACK)
         self.gtid_state = self.gtid_state.advanced(self._gtid)
         if self._event_end:
             self.pos = self._event_end
@@ -334,24 +353,56 @@ class EventDecoder:
     def _rollback(self, timestamp: int, out: list[Change]) -> None:
         """A logged group that ends in ROLLBACK: its rows of transactional tables were
         undone on the primary. Discard them and still advance the GTID state; rows of
-        any other table may have survived, which the binlog cannot tell, so stop."""
-        unsure = [t for t in sorted(self._written) if self.history is None or
-                  not self.history.transactional(t)]
-        if unsure:
+        any other table may have survived, which the binlog cannot tell: those tables are
+        read again (repaired, as a change without binlog rows is)."""
+        unsure = {t for t in self._written if self.history is None or
+                  not self.history.transactional(t)} | (self._unsure or set())
+        if unsure and self.history is None:
             raise UndecodableEvent(
                 f"transaction {self._gtid} was rolled back after writing rows of "
-                f"{', '.join(map(str, unsure))}, which are not known to be transactional; "
-                "the binlog cannot tell which of its rows survived")
-        gtid, standalone = self._gtid, self._standalone
-        if self._written:
-            out.append(Abort("rolled back on the primary"))
-            self._reset_transaction()
-            assert gtid is not None
-            self._open(gtid, timestamp, out, standalone=standalone, again=True)
+                f"{', '.join(map(str, sorted(unsure)))}, which are not known to be "
+                "transactional; the binlog cannot tell which of its rows survived")
+        if self._written or self._unsure is not None:
+            self._start_again("rolled back on the primary", timestamp, out)
+        out += self._read_again(unsure, "a transaction rolled back after changing "
+                                "non-transactional tables: which of its rows survived is "
+                                "read from the table")
+        self._unsure = None
         self._commit(timestamp, out)
+
+    def _start_again(self, reason: str, timestamp: int, out: list[Change]) -> None:
+        """Drop what the open transaction handed on so far (``Abort``) and open it again."""
+        gtid, standalone, unsure = self._gtid, self._standalone, self._unsure
+        out.append(Abort(reason))
+        self._reset_transaction()
+        assert gtid is not None
+        self._open(gtid, timestamp, out, standalone=standalone, again=True)
+        self._unsure = unsure
+
+    def _rolled_back_to_savepoint(self, timestamp: int, out: list[Change]) -> None:
+        """MariaDB logs ``ROLLBACK TO SAVEPOINT`` only when non-transactional tables changed
+        after the savepoint, and then keeps every row in the group, the undone ones too:
+        which rows stand cannot be told. The transaction's rows so far are dropped, its later
+        ones are not handed on, and every table it writes is read again at its commit."""
+        if self.history is None:
+            raise UndecodableEvent(
+                "a transaction rolled back to a savepoint after changing non-transactional "
+                "tables; which of its logged rows survived cannot be told from the binlog")
+        unsure = (self._unsure or set()) | self._written
+        self._start_again("rolled back to a savepoint: its tables are read again", timestamp,
+                          out)
+        self._unsure = unsure
+
+    def _read_again(self, tables: set[TableName], reason: str) -> list[Change]:
+        """A marker per captured table: any of its rows may have changed without a row
+        event the stream can trust; the repair stage reads it again at a later watermark."""
+        layouts = self._mapped_layouts()
+        return [Rowless(t.database, t.table, reason, layout=layouts.get(t))
+                for t in sorted(tables, key=str) if self.capture.captures(t.database, t.table)]
 
     def _reset_transaction(self) -> None:
         self._written = set()
+        self._unsure = None
         self._gtid = None
         self._standalone = False
         self.in_transaction = False
@@ -363,6 +414,10 @@ class EventDecoder:
     # -- queries -----------------------------------------------------------------------
 
     def _query(self, kind: EventKind, body: Cursor, timestamp: int, out: list[Change]) -> None:
+        sql, database = self._query_sql(kind, body)
+        self._statement(sql, database, timestamp, out)
+
+    def _query_sql(self, kind: EventKind, body: Cursor) -> tuple[str, str]:
         body.u32()  # thread id
         body.u32()  # execution time
         db_len = body.u8()
@@ -373,8 +428,7 @@ class EventDecoder:
         raw = body.rest()
         if kind == EventKind.QUERY_COMPRESSED:
             raw = compression.mariadb_uncompress(raw)
-        sql = raw.decode(self._query_codec(status), errors="surrogateescape")
-        self._statement(sql, database, timestamp, out)
+        return raw.decode(self._query_codec(status), errors="surrogateescape"), database
 
     def _statement(self, sql: str, database: str, timestamp: int, out: list[Change]) -> None:
         head = sql.lstrip()[:16].upper()
@@ -382,8 +436,16 @@ class EventDecoder:
             if self._pending_mysql_gtid is not None:
                 self._open(self._pending_mysql_gtid, timestamp, out, standalone=False)
                 self._pending_mysql_gtid = None
+                if head.startswith("XA START"):  # MySQL: the XA group starts here
+                    assert self._gtid is not None
+                    self._recording = self.xa.record(self._gtid)
             elif not self.in_transaction:
                 raise UndecodableEvent("BEGIN without a GTID event")
+            return
+        if head.startswith("XA END"):
+            return
+        if head.startswith(("XA COMMIT", "XA ROLLBACK")):
+            self._xa_complete(sql, timestamp, out, commit=head.startswith("XA COMMIT"))
             return
         if head.startswith("COMMIT"):
             self._commit(timestamp, out)
@@ -392,20 +454,13 @@ class EventDecoder:
             self._rollback(timestamp, out)
             return
         if head.startswith("ROLLBACK"):  # ROLLBACK TO SAVEPOINT
-            raise UndecodableEvent(
-                "a transaction rolled back to a savepoint after changing non-transactional "
-                "tables; which of its logged rows survived cannot be told from the binlog")
+            self._rolled_back_to_savepoint(timestamp, out)
+            return
         if _TRANSACTION_CONTROL.match(sql):
             return
         if _STATEMENT_DML.match(sql):
-            markers = statement_dml_markers(sql, database, self.history) \
-                if self.history is not None and self.in_transaction else None
-            if markers is not None:
-                out += markers
-                return
-            raise UndecodableEvent(
-                "a data change was logged as an SQL statement (binlog_format is not ROW): "
-                f"{sql[:120]!r}; run SET GLOBAL binlog_format=ROW on the source")
+            self._statement_logged(sql, database, out)
+            return
         if self._pending_mysql_gtid is not None:  # MySQL DDL: GTID, then the statement
             self._open(self._pending_mysql_gtid, timestamp, out, standalone=True)
             self._pending_mysql_gtid = None
@@ -426,6 +481,100 @@ class EventDecoder:
             out += sequence_markers(changes, self.history)
         if self._standalone:
             self._commit(timestamp, out)
+
+    # -- XA transactions (cdcserver/replication/xa.py) ----------------------------------
+
+    def _recorded(self, kind: EventKind, buf: bytes, start: int, end: int, timestamp: int,
+                  out: list[Change]) -> bool:
+        """An event of an XA prepare group: kept for the commit (True), or the group's end,
+        which :meth:`_dispatch` handles (False)."""
+        if kind in _PASSIVE:
+            return True
+        if kind == EventKind.XA_PREPARE:
+            return False
+        if kind == EventKind.XID:  # MySQL's one phase: the group commits as it is
+            self._replay(self._take_recording().events_back(), out)
+            return False
+        if kind in (EventKind.QUERY, EventKind.QUERY_COMPRESSED):
+            head = self._query_sql(kind, Cursor(buf, start + HEADER_SIZE, end))[0] \
+                .lstrip()[:16].upper()
+            if head.startswith("XA END"):
+                return True
+            if head.startswith(("COMMIT", "XA COMMIT")):  # MySQL's one phase: not prepared
+                self._replay(self._take_recording().events_back(), out)
+                return False
+        assert self._recording is not None
+        self._recording.add(_portable(buf, start, end))
+        return True
+
+    def _take_recording(self) -> Recording:
+        recording, self._recording = self._recording, None
+        assert recording is not None
+        return recording
+
+    def _xa_prepare(self, body: Cursor, timestamp: int, out: list[Change]) -> None:
+        """``XA PREPARE``: the group's rows are kept (durably) for its ``XA COMMIT``; the
+        group itself commits empty, so that its GTID is passed. One phase: they go now."""
+        one_phase, format_id = body.u8(), body.u32()
+        gtrid_length, bqual_length = body.u32(), body.u32()
+        data = body.take(gtrid_length + bqual_length)
+        xid = Xid(format_id, bytes(data[:gtrid_length]), bytes(data[gtrid_length:]))
+        if self._recording is None or self._gtid is None:
+            raise UndecodableEvent(f"XA PREPARE of {xid} outside an XA transaction")
+        recording = self._take_recording()
+        if one_phase:
+            self._replay(recording.events_back(), out)
+        else:
+            self.xa.prepared(recording, xid, self._gtid, timestamp)
+        self._commit(timestamp, out)
+
+    def _xa_complete(self, sql: str, timestamp: int, out: list[Change], *,
+                     commit: bool) -> None:
+        """``XA COMMIT xid``: the prepared rows, as this transaction's; ``XA ROLLBACK``:
+        none. Either way this group's GTID is passed."""
+        if self._pending_mysql_gtid is not None:
+            self._open(self._pending_mysql_gtid, timestamp, out, standalone=True)
+            self._pending_mysql_gtid = None
+        xid = Xid.from_statement(sql)
+        if not self.in_transaction or self._gtid is None or xid is None:
+            raise UndecodableEvent(f"an XA completion outside its group: {sql[:120]!r}")
+        events = self.xa.complete(xid, self._gtid, commit=commit)
+        if events:
+            self._replay(events, out)
+        if self._standalone:
+            self._commit(timestamp, out)
+
+    def _replay(self, events: list[bytes], out: list[Change]) -> None:
+        """Decode a prepare group's events as part of the open transaction, positioned at
+        the current event (the rows became visible here, not at their prepare)."""
+        tables, end = self._tables, self._event_end
+        self._tables = {}
+        try:
+            for event in events:
+                self._event(event, 0, out, checksummed=False, enclosing_end=end)
+        finally:
+            self._tables, self._event_end = tables, end
+
+    def _statement_logged(self, sql: str, database: str, out: list[Change]) -> None:
+        """A data change logged as the SQL statement: a session set ``binlog_format`` to
+        ``STATEMENT`` or ``MIXED`` for itself (or MariaDB logs a table versioned by
+        transaction ids so). No rows: every table it names is read again."""
+        if self.history is None or not self.in_transaction:
+            raise UndecodableEvent(
+                "a data change was logged as an SQL statement (binlog_format is not ROW): "
+                f"{sql[:120]!r}; run SET GLOBAL binlog_format=ROW on the source")
+        markers = statement_dml_markers(sql, database, self.history)
+        if markers is not None:
+            out += markers
+            return
+        tables = statement_tables(sql, database, self.history)
+        if not tables:  # a view, a name the history does not know: its database, whole
+            log.warning("a statement-logged change names no table known here: every table "
+                        "of %s is read again: %.120r", database, sql)
+            tables = [t for t in self.history.tables if t.database == database]
+        for table in tables:
+            self._written.add(table)
+        out += self._read_again(set(tables), _STATEMENT_LOGGED)
 
     def _stored(self, change: TableChange) -> TableChange:
         """The change with its layout as the column rules store it; under column rules,
@@ -527,7 +676,10 @@ class EventDecoder:
                             layout=entry.layout if TableName(entry.layout.database,
                                                              entry.layout.table) == t else None)
                     for t in self.history.take_relearned()]
-        out.append(change)
+        if self._unsure is None:
+            out.append(change)
+        else:  # after a ROLLBACK TO SAVEPOINT the rows are not trusted: read again
+            self._unsure.add(TableName(entry.layout.database, entry.layout.table))
         self._written.add(TableName(entry.layout.database, entry.layout.table))
         if self.cascades is not None and not flags & NO_FOREIGN_KEY_CHECKS_F:
             out += self.cascades.markers(entry.layout, change.kind, change.rows,
@@ -590,6 +742,14 @@ class EventDecoder:
 
     def _error(self, message: str) -> UndecodableEvent:
         return UndecodableEvent(message, file=self.file, pos=self.pos)
+
+
+def _portable(buf: bytes, start: int, end: int) -> bytes:
+    """An event without its checksum and binlog position, to decode again later as part of
+    another transaction (like the events of a MySQL transaction payload)."""
+    event = bytearray(buf[start:end])
+    struct.pack_into("<II", event, 9, end - start, 0)  # event size, log_pos
+    return bytes(event)
 
 
 def _full_image(bitmap: bytes, count: int) -> bool:

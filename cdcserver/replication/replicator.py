@@ -39,6 +39,7 @@ from cdcserver.replication import source
 from cdcserver.replication.connection import BinlogConnection
 from cdcserver.replication.decoder import DeferDecoding, EventDecoder
 from cdcserver.replication.sources import Sources
+from cdcserver.replication.xa import PreparedXa
 from cdcserver.schema.history import SchemaHistory
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,10 @@ class Replicator:
                  defer_decoding: DeferDecoding | None = None,
                  failover_after: float = 10.0,
                  connected_to: Callable[[SourceAddress, str], None] | None = None,
-                 capture: CaptureFilter = EVERY_USER_TABLE) -> None:
+                 capture: CaptureFilter = EVERY_USER_TABLE,
+                 xa: PreparedXa | None = None) -> None:
         self.capture = capture
+        self.xa = xa if xa is not None else PreparedXa()  # kept across reconnects
         self.sources = Sources.of(address)
         self.failover_after = failover_after
         self.connected_to = connected_to  # told the server (and its identity) on each connect
@@ -251,7 +254,7 @@ class Replicator:
             self._dump_thread = conn.server_thread
             decoder = EventDecoder(collations, self.state, checksums=conn.checksums,
                                    history=self.history, defer_decoding=self.defer_decoding,
-                                   capture=self.capture)
+                                   capture=self.capture, xa=self.xa)
             log.info("replicating from %s as server_id %d, after GTID state '%s'%s",
                      self.address.describe(), self.server_id, self.state,
                      f" at {self.file}:{self.pos}" if by_position else "")

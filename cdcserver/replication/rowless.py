@@ -85,6 +85,34 @@ def statement_dml_markers(sql: str, database: str, history: SchemaHistory
                     "its changes logged as statements", layout=layout_of(table, definition))]
 
 
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.|\"\")*\"", re.S)
+_COMMENT = re.compile(r"/\*.*?\*/|(?:--\s|#)[^\n]*", re.S)
+_NAME = r"(?:`(?:[^`]|``)+`|[A-Za-z0-9_$\u0080-\uffff]+)"
+_REFERENCE = re.compile(rf"({_NAME})(?:\s*\.\s*({_NAME}))?")
+
+
+def statement_tables(sql: str, database: str, history: SchemaHistory) -> list[TableName]:
+    """Every table the schema history knows that a data-changing statement names, the
+    tables it writes among them (a multi-table ``UPDATE``/``DELETE`` writes any of those it
+    joins; ``INSERT ... SELECT`` reads some): more than it changed, never fewer, except what
+    its triggers or stored functions change. Literals and comments are not looked in."""
+    text = _COMMENT.sub(" ", _QUOTED.sub("''", sql))
+    by_lower = {(t.database.lower(), t.table.lower()): t for t in history.tables}
+    found: dict[TableName, None] = {}
+    for match in _REFERENCE.finditer(text):
+        first, second = (_unquoted(p) if p else p for p in match.groups())
+        assert first is not None
+        key = (first, second) if second else (database, first)
+        table = by_lower.get((key[0].lower(), key[1].lower()))
+        if table is not None:
+            found[table] = None
+    return list(found)
+
+
+def _unquoted(name: str) -> str:
+    return name[1:-1].replace("``", "`") if name.startswith("`") else name
+
+
 class CascadeFinder:
     """Which child rows a parent's row event can have reached, from the foreign keys the
     schema history knows."""

@@ -22,6 +22,7 @@ from cdcserver.core.errors import CdcError, SourceError
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState, binlog_ordinal, same_transaction
 from cdcserver.core.handoff import Handoff
 from cdcserver.core.names import TableName
+from cdcserver.replication.xa import PreparedXa
 from cdcserver.reread.repair import Repairer
 from cdcserver.schema.masking import project_layout
 from cdcserver.sinks.base import Sink
@@ -141,8 +142,10 @@ class Pipeline:
     def __init__(self, handoff: Handoff, sinks: list[Sink], start: GtidState,
                  flush_interval: float = 0.2, repairer: Repairer | None = None,
                  applied: Applied | None = None,
-                 capture: CaptureFilter = EVERY_USER_TABLE) -> None:
+                 capture: CaptureFilter = EVERY_USER_TABLE,
+                 xa: PreparedXa | None = None) -> None:
         self.handoff = handoff
+        self.xa = xa  # prepared XA transactions: those completed and checkpointed are let go
         self.capture = capture  # the last guard: no sink is given a table not captured
         self._captured: dict[tuple[str, str], bool] = {}
         self._touched: dict[tuple[str, str], bool] = {}  # tables column rules may name
@@ -296,3 +299,11 @@ class Pipeline:
                 if not exc.retriable:
                     raise
                 log.warning("%s: checkpoint not written, retrying: %s", sink.name, exc)
+                continue
+            await self._let_go_of_xa()
+
+    async def _let_go_of_xa(self) -> None:
+        """Completed XA transactions every sink's checkpoint covers are not read again."""
+        durable = [s.durable for s in self.sinks]
+        if self.xa is not None and all(p is not None for p in durable):
+            await asyncio.to_thread(self.xa.prune, [p.gtid_state for p in durable if p])

@@ -58,6 +58,7 @@ class DataDir:
     writer_lock = _Path("state", "writer.lock")
     room_probe = _Path("state", ".room-probe")
     resync_requests = _Path("state", "resync")
+    xa = _Path("state", "xa")  # prepared XA transactions' events (replication/xa.py)
     capture = _Path("state", "capture.json")  # the filters of the last start (dump/included)
     login_secret = _Path("state", "login-secret")  # protocol/scram.py's made-up verifiers
 

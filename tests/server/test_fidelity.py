@@ -9,7 +9,6 @@ from collections.abc import Iterator
 import pytest
 
 from cdcserver.core.config import parse_source_url
-from cdcserver.core.errors import UndecodableEvent
 from cdcserver.core.names import TableName
 from cdcserver.ops.verify import verify_table
 from mariadb_cdc_client import ChangeRecord, SyncCdcClient
@@ -79,42 +78,6 @@ async def test_non_transactional_rows_of_a_rolled_back_transaction_are_kept(
     [record] = await asyncio.to_thread(_records, cdc.port, f"{source.database}.m")
     assert record.values == {"id": 1}
     await _verified(cdc, source, "m")
-
-
-async def test_rollback_to_a_savepoint_stops_replication(cdc: RunningService, source: Source):
-    """Logged only when non-transactional tables changed after the savepoint; which of the
-    transaction's logged rows survived cannot be told, so replication stops before it."""
-    innodb, myisam = f"`{source.database}`.i", f"`{source.database}`.m"
-    source.execute(f"CREATE TABLE {innodb} (id INT PRIMARY KEY) ENGINE=InnoDB",
-                   f"CREATE TABLE {myisam} (id INT PRIMARY KEY) ENGINE=MyISAM",
-                   f"INSERT INTO {innodb} VALUES (0)")
-    await cdc.caught_up(source)
-    before = cdc.service.replication.pipeline.state  # type: ignore[union-attr]
-    conn = source.server.connect()
-    with conn.cursor() as cur:
-        for statement in ("BEGIN", f"INSERT INTO {innodb} VALUES (10)", "SAVEPOINT s",
-                          f"INSERT INTO {innodb} VALUES (11)", f"INSERT INTO {myisam} VALUES (11)",
-                          "ROLLBACK TO SAVEPOINT s", "COMMIT"):
-            cur.execute(statement)
-    conn.close()
-    with pytest.raises(UndecodableEvent, match="savepoint"):
-        await asyncio.wait_for(cdc.task, 60)
-    durable = cdc.service.store.durable
-    assert durable is not None
-    newer = [g for g in source.gtid_state() if not before.covers(g)]
-    assert newer and not any(durable.gtid_state.covers(g) for g in newer)
-
-
-async def test_statement_based_changes_stop_replication(cdc: RunningService, source: Source):
-    table = f"`{source.database}`.s"
-    source.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY)")
-    conn = source.server.connect()
-    with conn.cursor() as cur:
-        cur.execute("SET SESSION binlog_format = 'STATEMENT'")
-        cur.execute(f"INSERT INTO {table} VALUES (1)")
-    conn.close()
-    with pytest.raises(UndecodableEvent, match="binlog_format is not ROW"):
-        await asyncio.wait_for(cdc.task, 60)
 
 
 @pytest.fixture

@@ -54,3 +54,92 @@ async def test_a_session_with_a_partial_row_image_quarantines_its_table_alone(
                                          password=PASSWORD)
     finally:
         conn.close()
+
+
+async def _repaired(cdc: RunningService, source: Source) -> None:
+    """Until no repair waits: one completes with a transaction after its watermark, so the
+    source gets one (on a table of its own) meanwhile."""
+    db = source.database
+    source.execute(f"CREATE TABLE IF NOT EXISTS `{db}`._tick (id INT AUTO_INCREMENT "
+                   "PRIMARY KEY)")
+
+    async def done() -> bool:
+        source.execute(f"INSERT INTO `{db}`._tick VALUES ()")
+        await cdc.caught_up(source)
+        return not cdc.service.replication.stats().repair_pending
+
+    await eventually(done, bool, 60, "the repairs")
+
+
+async def _stream_equals(cdc: RunningService, source: Source, *tables: str) -> None:
+    conn = source.server.connect()
+    try:
+        for table in tables:
+            await assert_stream_equals_table(cdc.port, conn, source.database, table,
+                                             user=USER, password=PASSWORD)
+    finally:
+        conn.close()
+
+
+async def test_a_session_logging_statements_has_its_tables_read_again(
+        cdc: RunningService, source: Source):
+    """``SET SESSION binlog_format=STATEMENT`` (or ``MIXED``): the changes come as SQL text,
+    no rows. Every table the statement names is read again (a repair, in-band); the
+    service used to stop ("a data change was logged as an SQL statement")."""
+    db = source.database
+    source.execute(f"CREATE TABLE `{db}`.s (id INT PRIMARY KEY, v INT)",
+                   f"CREATE TABLE `{db}`.u (id INT PRIMARY KEY, w INT)",
+                   f"CREATE TABLE `{db}`.other (id INT PRIMARY KEY)",
+                   f"INSERT INTO `{db}`.s VALUES (1, 1), (2, 2)",
+                   f"INSERT INTO `{db}`.u VALUES (1, 10)")
+    await cdc.caught_up(source)
+    source.execute("SET SESSION binlog_format = 'STATEMENT'",
+                   f"INSERT INTO `{db}`.s VALUES (3, 3)",
+                   f"UPDATE `{db}`.s JOIN `{db}`.u ON s.id = u.id SET s.v = 100, u.w = 1000",
+                   "SET SESSION binlog_format = 'MIXED'",
+                   f"DELETE FROM `{db}`.s WHERE id = 2",
+                   "SET SESSION binlog_format = 'ROW'",
+                   f"INSERT INTO `{db}`.other VALUES (1)",
+                   f"UPDATE `{db}`.s SET v = 101 WHERE id = 1")
+    await _repaired(cdc, source)
+    assert cdc.service.replication.stats().failure == ""
+    repairs = [r for r in await read_stream(cdc.port, f"`{db}`.s", user=USER,
+                                            password=PASSWORD, quiet=0.5)
+               if "cdc:repair" in r]
+    assert repairs and all("as an SQL statement" in r["cdc:repair"]["reason"]
+                           for r in repairs), repairs
+    await _stream_equals(cdc, source, "s", "u", "other")
+
+
+async def test_a_rollback_to_a_savepoint_over_a_myisam_table_reads_its_tables_again(
+        cdc: RunningService, source: Source):
+    """MariaDB logs ``ROLLBACK TO SAVEPOINT`` only when non-transactional tables changed
+    after the savepoint, and keeps every row in the group, the undone ones too. The
+    transaction's tables are read again at its commit: the undone InnoDB row never goes
+    out, the MyISAM row that stayed does. The service used to stop."""
+    db = source.database
+    source.execute(f"CREATE TABLE `{db}`.i (id INT PRIMARY KEY) ENGINE=InnoDB",
+                   f"CREATE TABLE `{db}`.m (id INT PRIMARY KEY) ENGINE=MyISAM",
+                   f"CREATE TABLE `{db}`.other (id INT PRIMARY KEY)",
+                   f"INSERT INTO `{db}`.i VALUES (0)")
+    await cdc.caught_up(source)
+    conn = source.server.connect()
+    try:
+        with conn.cursor() as cur:
+            for statement in ("BEGIN", f"INSERT INTO `{db}`.i VALUES (10)", "SAVEPOINT s",
+                              f"INSERT INTO `{db}`.i VALUES (11)",
+                              f"INSERT INTO `{db}`.m VALUES (11)",
+                              "ROLLBACK TO SAVEPOINT s", f"INSERT INTO `{db}`.i VALUES (12)",
+                              "COMMIT", f"INSERT INTO `{db}`.other VALUES (1)",
+                              "BEGIN", f"INSERT INTO `{db}`.i VALUES (20)",
+                              f"INSERT INTO `{db}`.m VALUES (20)", "ROLLBACK"):
+                cur.execute(statement)
+    finally:
+        conn.close()
+    await _repaired(cdc, source)
+    assert cdc.service.replication.stats().failure == ""
+    inserted = [r["id"] for r in await read_stream(cdc.port, f"`{db}`.i", user=USER,
+                                                   password=PASSWORD, quiet=0.5)
+                if r.get("event_type") == "insert"]
+    assert sorted(inserted) == [0, 10, 12], "an undone row went out"
+    await _stream_equals(cdc, source, "i", "m", "other")
