@@ -2,6 +2,7 @@
 killed with -9 at random points, every table compared with its raw JSON stream after each run.
 
     .venv/bin/python -m bench.bench_chaos --statements 100000 [--per-run 5000] [--kill-every 60]
+        [--sessions]
 
 Runs ``tests/chaos.py`` (the same generator and oracle as ``tests/server/test_chaos.py``) for
 ``statements / per-run`` seeds in a row, each on a database of its own, a fresh data directory
@@ -49,7 +50,7 @@ async def soak(server: EmbeddedMariaDB, args: argparse.Namespace) -> int:
         outcome = await chaos.run(
             server.url(), lambda db=database: server.connect(db), database, data_dir, users,
             USER, PASSWORD, seed=seed, statements=args.per_run, kill_every=args.kill_every,
-            log_path=os.path.join(OUT, "chaos-service.log"))
+            log_path=os.path.join(OUT, "chaos-service.log"), sessions=args.sessions)
         line(f"run {run + 1}/{runs} (seed {seed})",
              f"{outcome.statements} statements ({outcome.refused} refused), {outcome.kills} "
              f"kills, {outcome.quarantines} quarantines, {len(outcome.exits)} exits, "
@@ -96,6 +97,9 @@ def main() -> None:
     parser.add_argument("--kill-every", type=int, default=60,
                         help="a kill -9 about every this many statements (0: none)")
     parser.add_argument("--seed", type=int, default=20261128, help="the first run's seed")
+    parser.add_argument("--sessions", action="store_true",
+                        help="application sessions too: XA transactions left prepared "
+                        "across kills, statement-logged changes, savepoint rollbacks")
     args = parser.parse_args()
     announce_code_path()
     base = os.path.join(OUT, "chaos-mariadb")

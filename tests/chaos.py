@@ -91,8 +91,13 @@ class Executed:
 class Migrations:
     """The statement generator (see the module's description)."""
 
-    def __init__(self, conn: Any, database: str, seed: int) -> None:
+    def __init__(self, conn: Any, database: str, seed: int,
+                 connect: Callable[[], Any] | None = None) -> None:
         self.conn = conn
+        # With ``connect``: application sessions too (see :meth:`_session`), on connections
+        # of their own: XA transactions left prepared, statement logging, savepoints.
+        self.connect = connect
+        self.prepared: list[str] = []  # xids of XA transactions prepared, not completed
         self.database = database
         self.rng = random.Random(seed)
         self.tables: dict[str, Table] = {}
@@ -129,6 +134,14 @@ class Migrations:
         self.execute("CREATE TABLE c2 (id INT PRIMARY KEY, pid INT, KEY (pid), FOREIGN KEY "
                      "(pid) REFERENCES p (id) ON DELETE SET NULL ON UPDATE SET NULL)")
         self.execute("CREATE TABLE _tick (id INT AUTO_INCREMENT PRIMARY KEY)")  # not drawn
+        if self.connect is not None:
+            with self.conn.cursor() as cur:  # a prepared XA's row locks fail a statement fast
+                cur.execute("SET SESSION innodb_lock_wait_timeout = 1")
+            self.execute("CREATE TABLE m (id INT PRIMARY KEY, a INT, b VARCHAR(20)) "
+                         "ENGINE=MyISAM")
+            self.next_id["m"] = 1
+            self.refresh("m")
+            self.tables["m"].kind = "myisam"
         self.execute("CREATE TABLE pt (id INT PRIMARY KEY, v INT) PARTITION BY RANGE (id) ("
                      "PARTITION p0 VALUES LESS THAN (1000), PARTITION p1 VALUES LESS THAN "
                      "(2000), PARTITION p2 VALUES LESS THAN MAXVALUE)")
@@ -166,12 +179,17 @@ class Migrations:
         self.counter += 1
         if self.counter % PRUNE_EVERY == 0:  # a long run's tables stay small
             table = self._random_table("generic")
+            self.complete_prepared()
             if table is not None:
                 keep = self.next_id.get(table.name, 0) - KEEP_ROWS
                 self.execute(f"DELETE FROM `{table.name}` WHERE id < {keep}")
             return
+        if self.prepared and (self.rng.random() < 0.3 or len(self.prepared) > 2):
+            self.complete_prepared(1)
         choice = self.rng.random()
-        if choice < 0.55:
+        if self.connect is not None and choice < 0.1:
+            self._session()
+        elif choice < 0.55:
             self._dml()
         elif choice < 0.62:
             self._transaction()
@@ -269,7 +287,65 @@ class Migrations:
 
     # -- schema changes ---------------------------------------------------------------------
 
+    # -- what one application's session does ---------------------------------------------
+
+    def _session(self) -> None:
+        self.rng.choice((self._xa, self._xa, self._statement_logged, self._savepoint))()
+
+    def _xa(self) -> None:
+        """An XA transaction prepared on a connection that then goes away: it stays
+        prepared (across kills of the service) until a later step commits or rolls it back."""
+        table = self._random_table("generic", "parent", "child", "partitioned")
+        assert self.connect is not None
+        if table is None:
+            return
+        xid = f"'chaos{self.counter}', X'00ff', {self.counter % 7}"
+        statements = [f"XA START {xid}", *self._insert(table), f"XA END {xid}",
+                      f"XA PREPARE {xid}"]
+        conn = self.connect()  # closed: an XA not prepared yet is rolled back with it
+        try:
+            with conn.cursor() as cur:
+                for sql in statements:
+                    cur.execute(sql)
+        except pymysql.err.MySQLError as exc:
+            self.log.append(Executed(" ; ".join(statements), str(exc.args[:2])))
+            return
+        finally:
+            conn.close()
+        self.log.append(Executed(" ; ".join(statements)))
+        self.prepared.append(xid)
+
+    def complete_prepared(self, count: int | None = None) -> None:
+        """XA COMMIT (mostly) or XA ROLLBACK of the oldest prepared transactions."""
+        while self.prepared and (count is None or count > 0):
+            xid = self.prepared.pop(0)
+            verb = "COMMIT" if self.rng.random() < 0.8 else "ROLLBACK"
+            self.execute(f"XA {verb} {xid}")
+            count = None if count is None else count - 1
+
+    def _statement_logged(self) -> None:
+        """A change a session logs as SQL text (binlog_format STATEMENT or MIXED)."""
+        table = self._random_table()
+        if table is None:
+            return
+        action = self.rng.choice((self._insert, self._update, self._delete))
+        self.execute(f"SET SESSION binlog_format = '{self.rng.choice(('STATEMENT', 'MIXED'))}'")
+        try:
+            self.execute(*action(table))
+        finally:
+            self.execute("SET SESSION binlog_format = 'ROW'")
+
+    def _savepoint(self) -> None:
+        """A transaction rolled back to a savepoint after changing the MyISAM table."""
+        table, myisam = self._random_table("generic", "parent"), self.tables.get("m")
+        if table is None or myisam is None:
+            return
+        self.execute("BEGIN", *self._insert(table), "SAVEPOINT s", *self._update(table),
+                     *self._insert(myisam), "ROLLBACK TO SAVEPOINT s", *self._insert(table),
+                     "COMMIT")
+
     def _schema_change(self) -> None:
+        self.complete_prepared()  # a prepared XA's metadata locks would hold the statement
         changes: list[Callable[[], list[tuple[str, ...]]]] = [
             self._add_column, self._add_column, self._drop_column, self._rename_column,
             self._change_column, self._modify_column, self._modify_column,
@@ -601,7 +677,7 @@ async def differences(port: int, conn: Any, database: str, user: str, password: 
 async def run(source_url: str, connect: Callable[[], Any], database: str, data_dir: str,
               users_file: str, user: str, password: str, *, seed: int, statements: int,
               kill_every: int = 60, server_id: int = 6501,
-              log_path: str | None = None) -> Outcome:
+              log_path: str | None = None, sessions: bool = False) -> Outcome:
     """The whole check: setup, ``statements`` random statements with a kill -9 about every
     ``kill_every`` (0: none), then every table against ``SELECT``."""
     outcome = Outcome(seed)
@@ -610,7 +686,7 @@ async def run(source_url: str, connect: Callable[[], Any], database: str, data_d
     conn = connect()
     chance = random.Random(seed ^ 0x5EED)
     try:
-        migrations = Migrations(conn, database, seed)
+        migrations = Migrations(conn, database, seed, connect if sessions else None)
         await asyncio.to_thread(migrations.setup)
         service.start()
         await asyncio.to_thread(service.wait_ready)
@@ -630,6 +706,7 @@ async def run(source_url: str, connect: Callable[[], Any], database: str, data_d
                 outcome.exits.append(service.text()[-2000:])
                 service.start()
                 await asyncio.to_thread(service.wait_ready)
+        await asyncio.to_thread(migrations.complete_prepared)
         outcome.statements = statements
         outcome.log = migrations.log
         outcome.refused = sum(1 for e in migrations.log if e.error)

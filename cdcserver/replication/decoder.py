@@ -572,9 +572,23 @@ class EventDecoder:
             log.warning("a statement-logged change names no table known here: every table "
                         "of %s is read again: %.120r", database, sql)
             tables = [t for t in self.history.tables if t.database == database]
+        tables = self._with_cascades(tables)
         for table in tables:
             self._written.add(table)
         out += self._read_again(set(tables), _STATEMENT_LOGGED)
+
+    def _with_cascades(self, tables: list[TableName]) -> list[TableName]:
+        """The tables and every table a foreign key's cascade reaches from them: a
+        statement's cascades are not logged either (a replica runs them itself)."""
+        assert self.history is not None
+        found = dict.fromkeys(tables)
+        queue = list(tables)
+        while queue:
+            for child, _ in self.history.children_of(queue.pop()):
+                if child not in found:
+                    found[child] = None
+                    queue.append(child)
+        return list(found)
 
     def _stored(self, change: TableChange) -> TableChange:
         """The change with its layout as the column rules store it; under column rules,

@@ -41,12 +41,23 @@ async def test_random_migrations_with_kills_and_every_repair_beside_the_stream(
     assert "is read beside the stream" in log, "no repair took the path this test is for"
 
 
+async def test_random_migrations_with_kills_and_application_sessions(
+        tmp_path, source: Source, users_file: str):
+    """Another seed, with what one application's session may do among the migrations
+    (issue 50): XA transactions left prepared across kills and committed or rolled back
+    later from another connection, changes logged as statements, a rollback to a savepoint
+    over a MyISAM table. The service used to stop at each."""
+    await _chaos(tmp_path, source, users_file, SEEDS[0] + 2, 60, sessions=True)
+    log = (tmp_path / "service.log").read_text(errors="replace")
+    assert " prepared at " in log, "no XA transaction was prepared"
+
+
 async def _chaos(tmp_path, source: Source, users_file: str, seed: int,
-                 kill_every: int) -> None:
+                 kill_every: int, sessions: bool = False) -> None:
     outcome = await chaos.run(
         source.url, lambda: source.server.connect(source.database), source.database,
         str(tmp_path / "data"), users_file, USER, PASSWORD, seed=seed, statements=STATEMENTS,
-        kill_every=kill_every, log_path=str(tmp_path / "service.log"))
+        kill_every=kill_every, log_path=str(tmp_path / "service.log"), sessions=sessions)
     replay = tmp_path / f"chaos-{seed}.sql"
     replay.write_text(outcome.statement_list())
     assert outcome.exact, f"{outcome.report()}\nstatements: {replay}\nservice log: " \
