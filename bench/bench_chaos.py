@@ -8,7 +8,10 @@ Runs ``tests/chaos.py`` (the same generator and oracle as ``tests/server/test_ch
 ``statements / per-run`` seeds in a row, each on a database of its own, a fresh data directory
 and a service of its own, and prints per run and in all: statements (and those the source
 refused, as an application would see them), kills, quarantines, exits of the service by itself
-(goal 0), tables that differ from SELECT (goal 0), and how long each resync took. A failing
+(goal 0), tables that differ from SELECT (goal 0), stream inconsistencies (goal 0: an
+``update_before`` or ``delete`` that is not the row the stream holds for its key, an ``insert``
+of a key it holds, counted by ``tests/oracle.py`` as a consumer auditing before-images would),
+and how long each resync took. A failing
 run's statement list is written to bench/out/chaos-<seed>.sql to replay it. The code path
 measured is printed first (it does not change the figures, which are counts).
 """
@@ -54,7 +57,10 @@ async def soak(server: EmbeddedMariaDB, args: argparse.Namespace) -> int:
         line(f"run {run + 1}/{runs} (seed {seed})",
              f"{outcome.statements} statements ({outcome.refused} refused), {outcome.kills} "
              f"kills, {outcome.quarantines} quarantines, {len(outcome.exits)} exits, "
-             f"{len(outcome.differences)} tables differ")
+             f"{len(outcome.differences)} tables differ, "
+             f"{sum(outcome.inconsistencies.values())} stream inconsistencies")
+        for example in outcome.inconsistency_examples[:3]:
+            print(f"    e.g. {example}", flush=True)
         if not outcome.exact:
             failures += 1
             path = os.path.join(OUT, f"chaos-{seed}.sql")
@@ -67,6 +73,7 @@ async def soak(server: EmbeddedMariaDB, args: argparse.Namespace) -> int:
         totals.exits += outcome.exits
         totals.resyncs += outcome.resyncs
         totals.differences.update({f"{seed}:{t}": d for t, d in outcome.differences.items()})
+        totals.inconsistencies.update(outcome.inconsistencies)
         server.execute(f"DROP DATABASE {database}")
     elapsed = time.monotonic() - started
     line("statements (refused by the source)", f"{totals.statements:,} ({totals.refused:,})")
@@ -74,6 +81,9 @@ async def soak(server: EmbeddedMariaDB, args: argparse.Namespace) -> int:
     line("quarantines", f"{totals.quarantines:,}")
     line("exits of the service by itself (goal 0)", f"{len(totals.exits):,}")
     line("tables different from SELECT (goal 0)", f"{len(totals.differences):,}")
+    line("stream inconsistencies (goal 0)", f"{sum(totals.inconsistencies.values()):,}")
+    for kind, count in totals.inconsistencies.most_common():
+        line(f"  {kind}", f"{count:,}")
     if totals.resyncs:
         line("resyncs: count, median, max seconds",
              f"{len(totals.resyncs)}, {statistics.median(totals.resyncs):.2f}, "

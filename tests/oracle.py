@@ -43,6 +43,11 @@ class Rebuilt:
     bag: Counter[Any] = field(default_factory=Counter)
     records: list[dict[str, Any]] = field(default_factory=list)  # every record line read
     schemas: list[dict[str, Any]] = field(default_factory=list)  # every schema line read
+    # What a consumer that audits before-images would find untrue, by kind: an
+    # ``update_before``/``delete`` that is not the row held for its key (or of a key not
+    # held), an ``insert`` of a key already held; "(repair)" when a repair record did it.
+    inconsistencies: Counter[str] = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)  # the first few, for a report
 
     def apply(self, columns: dict[str, str], record: dict[str, Any]) -> None:
         self.records.append(record)
@@ -52,6 +57,7 @@ class Rebuilt:
             # A key column the record's version did not have yet is NULL in a consumer's
             # table (it added the column): records of later versions find the row by it.
             key = tuple(_hashable(row.get(c)) for c in self.key)
+            self._audit(record, key, row)
             if upsert:
                 self.rows[key] = row
             else:
@@ -64,6 +70,27 @@ class Rebuilt:
             self.bag[frozen] -= 1
             if not self.bag[frozen]:
                 del self.bag[frozen]
+
+    def _audit(self, record: dict[str, Any], key: Any, row: dict[str, Any]) -> None:
+        event = record["event_type"]
+        held = self.rows.get(key)
+        kind = ""
+        if event == "insert" and held is not None:
+            kind = "insert of a held key"
+        elif event in ("update_before", "delete") and held is None:
+            kind = f"{event} of a key not held"
+        elif event in ("update_before", "delete") and held is not None:
+            changed = [c for c in row if c in held and _hashable(row[c]) != _hashable(held[c])]
+            if changed:
+                kind = f"{event} differs"
+                key = (key, {c: (held[c], row[c]) for c in changed})
+        if kind:
+            kind += " (repair)" if "cdc:repair" in record else ""
+            self.inconsistencies[kind] += 1
+            if len(self.examples) < 5:
+                self.examples.append(f"{kind} at {record.get('domain')}-"
+                                     f"{record.get('server_id')}-{record.get('sequence')}: "
+                                     f"{key}")
 
     def clear(self) -> None:
         self.rows.clear()
