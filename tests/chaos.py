@@ -53,6 +53,7 @@ SESSION = ("SET SESSION system_versioning_alter_history = KEEP",
            "SET SESSION sql_mode = 'STRICT_TRANS_TABLES,NO_ENGINE_SUBSTITUTION'",
            "SET SESSION time_zone = '+00:00'")
 IMPLICIT = {"row_start": "timestamp", "row_end": "timestamp"}
+XAER_NOTA = 1397  # MariaDB's "Unknown XID"
 PRUNE_EVERY, KEEP_ROWS = 50, 200  # a table's old rows are deleted now and then
 
 # (a column type, an expression for one of its values given a random integer)
@@ -321,8 +322,24 @@ class Migrations:
         while self.prepared and (count is None or count > 0):
             xid = self.prepared.pop(0)
             verb = "COMMIT" if self.rng.random() < 0.8 else "ROLLBACK"
-            self.execute(f"XA {verb} {xid}")
+            self._complete(f"XA {verb} {xid}")
             count = None if count is None else count - 1
+
+    def _complete(self, sql: str) -> None:
+        """The server detaches a prepared XA from its closed connection a moment after the
+        close: until then the xid is unknown to other sessions (XAER_NOTA), so ask again."""
+        for _ in range(100):
+            try:
+                with self.conn.cursor() as cur:
+                    cur.execute(sql)
+            except pymysql.err.MySQLError as exc:
+                if exc.args[0] == XAER_NOTA:
+                    time.sleep(0.05)
+                    continue
+                raise
+            self.log.append(Executed(sql))
+            return
+        raise AssertionError(f"{sql}: the prepared transaction never became known")
 
     def _statement_logged(self) -> None:
         """A change a session logs as SQL text (binlog_format STATEMENT or MIXED)."""
