@@ -87,7 +87,7 @@ class Rebuilt:
         if kind:
             kind += " (repair)" if "cdc:repair" in record else ""
             self.inconsistencies[kind] += 1
-            if len(self.examples) < 5:
+            if self.inconsistencies[kind] <= 3:  # the first few of each kind
                 self.examples.append(f"{kind} at {record.get('domain')}-"
                                      f"{record.get('server_id')}-{record.get('sequence')}: "
                                      f"{key}")

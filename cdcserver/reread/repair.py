@@ -466,6 +466,8 @@ class Repairer:
         renamed = {t for pair in renames for t in pair}
         for change in ddl.changes:
             table = TableName(change.database, change.table)
+            if keeps_rows(change) and change.renamed_columns and table not in renamed:
+                self.views.rename_columns(table, dict(change.renamed_columns))
             if table in renamed or keeps_rows(change):
                 continue
             self.views.drop(table)

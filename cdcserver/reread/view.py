@@ -263,6 +263,20 @@ class Views:
                 view.put(row)
         return view
 
+    def rename_columns(self, table: TableName, renamed: dict[str, str]) -> None:
+        """An ALTER renamed columns (a swap is ``{a: b, b: a}``): the rows held keep their
+        values under the new names, as a consumer's do."""
+        old = self.tables.get(table)
+        if old is None:
+            return
+        rows = list(old.rows())
+        old.clear()
+        view = self.new(table, tuple(renamed.get(c, c) for c in old.key))
+        for row, count in rows:
+            moved = {renamed.get(c, c): v for c, v in row.items()}
+            for _ in range(count):
+                view.put(moved)
+
     def move(self, old: TableName, new: TableName) -> None:
         """``old`` was renamed ``new``: its view (if any) is ``new``'s now."""
         view = self.tables.pop(old, None)
@@ -321,10 +335,14 @@ def key_names(layout: TableLayout) -> tuple[str, ...]:
 
 
 def _fold_into(view: TableView, catalog: Catalog, table: TableName, closing: threading.Event,
-               renamed_to: tuple[str, str] | None = None) -> None:
+               renamed_to: tuple[str, str] | None = None,
+               onward: dict[str, str] | None = None) -> None:
     """Apply ``table``'s versions; with ``renamed_to`` (the new name and the rename's GTID),
     only up to the rename that gave its rows to that table. Folding starts at the last
-    version that emptied the table: what came before it is gone from a consumer's table."""
+    version that emptied the table: what came before it is gone from a consumer's table.
+    A version whose ``ddl`` names ``renamed_columns`` renames the columns of the rows held,
+    as a consumer does: every row is kept under the view's (the last version's) names, and
+    ``onward`` maps this table's last names to those of the table it was renamed to."""
     entry = catalog.get(table)
     if entry is None:
         return
@@ -337,23 +355,44 @@ def _fold_into(view: TableView, catalog: Catalog, table: TableName, closing: thr
             break
         versions.append((info, ddl.get("kind")))
     start = max((i for i, (_, kind) in enumerate(versions) if kind in _EMPTYING), default=0)
-    for info, kind in versions[start:]:
+    folded = versions[start:]
+    names = _names_onward([info for info, _ in folded], onward or {})
+    for (info, kind), (own, before) in zip(folded, names, strict=True):
         ddl = info.schema.avsc.get("ddl") or {}
         if kind in _EMPTYING:
             view.clear()
         if kind == "create" and ddl.get("renamed_from"):
             # the renamed table's rows, as they were then
             _fold_into(view, catalog, TableName.parse(ddl["renamed_from"]), closing,
-                       (str(table), info.schema.gtid))
-        _fold_version(view, info, closing)
+                       (str(table), info.schema.gtid), before)
+        _fold_version(view, info, closing, own)
+
+
+def _names_onward(versions: list[VersionInfo], last: dict[str, str]
+                  ) -> list[tuple[dict[str, str], dict[str, str]]]:
+    """For each version, where its column names end up (``last`` maps the last version's),
+    and where the names just before it end up (its own ``renamed_columns`` undone: a swap
+    is ``{a: b, b: a}``). A name missing from a map stays as it is."""
+    result = []
+    mapping = dict(last)
+    for info in reversed(versions):
+        own = mapping
+        renamed: dict[str, str] = (info.schema.avsc.get("ddl") or {}).get(
+            "renamed_columns") or {}
+        if renamed:
+            mapping = {c: own.get(renamed.get(c, c), renamed.get(c, c))
+                       for c in {*own, *renamed}}
+        result.append((own, mapping))
+    return result[::-1]
 
 
 FOLD_BATCH = 20_000  # records of a keyed fold collapsed to one state per key, then written
 
 
-def _fold_version(view: TableView, info: VersionInfo, closing: threading.Event) -> None:
+def _fold_version(view: TableView, info: VersionInfo, closing: threading.Event,
+                  names: dict[str, str]) -> None:
     fields = info.schema.columns
-    converters = [(f.name, f.column, from_avro(f)) for f in fields]
+    converters = [(f.name, names.get(f.column, f.column), from_avro(f)) for f in fields]
     if view.keyed_fold and set(view.key) <= {column for _, column, _ in converters}:
         _fold_keyed(view, info, closing, converters)
         return

@@ -406,3 +406,31 @@ async def test_a_repair_read_under_a_swapped_name_keeps_history_rows_apart(
          "INSERT INTO b VALUES (1, 5, 'y')"),
         ("ALTER TABLE a ADD SYSTEM VERSIONING", "UPDATE a SET v = v + 1 WHERE id = 1",
          "ALTER TABLE a MODIFY w VARCHAR(8)", *then))
+
+
+async def test_repairs_after_column_renames_take_their_before_images_from_the_rows_held(
+        cdc: RunningService, source: Source):
+    """A repair's ``update_before``/``delete`` is the row a consumer holds (issue 50, item
+    3): after columns were renamed or swapped, its values under their new names. The view
+    a repair compares with used to keep the old names (folded from the store or kept up to
+    date alike), so a repair's before-images had NULL where the renamed columns held values.
+    The stream is audited as a consumer that checks every before-image would."""
+    _run(source, "CREATE TABLE f (id INT PRIMARY KEY, a INT, b VARCHAR(10), c INT)",
+         "CREATE TABLE tick (id INT AUTO_INCREMENT PRIMARY KEY)",
+         "INSERT INTO f VALUES (1, 1, 'one', 10), (2, 2, 'two', 20)")
+    for statement in (
+            "ALTER TABLE f CHANGE a b2 INT, CHANGE b a VARCHAR(10)",  # renamed, not repaired
+            "ALTER TABLE f ADD COLUMN n INT NOT NULL DEFAULT 7",  # a repair: the view folded
+            "ALTER TABLE f CHANGE b2 b INT, CHANGE a b2 VARCHAR(10)",  # the view kept, renamed
+            "ALTER TABLE f ADD COLUMN m INT NOT NULL DEFAULT 8",  # a repair from the kept view
+            "UPDATE f SET c = c + 1"):
+        _run(source, statement, "INSERT INTO tick VALUES ()")  # the repair rides on it
+        await cdc.caught_up(source)
+    conn = source.server.connect()
+    try:
+        rebuilt = await assert_stream_equals_table(cdc.port, conn, source.database, "f",
+                                                   user=USER, password=PASSWORD, quiet=0.5)
+    finally:
+        conn.close()
+    assert sum(1 for r in rebuilt.records if "cdc:repair" in r) == 8, rebuilt.records
+    assert not rebuilt.inconsistencies, rebuilt.examples
