@@ -63,6 +63,7 @@ from cdcserver.core.errors import (
 from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.replication.sources import Sources
+from cdcserver.reread.asheld import as_held
 from cdcserver.reread.beside import (
     BesideRepair,
     Cancelled,
@@ -130,6 +131,11 @@ class Repairer:
         self._found: list[Rowless] = []  # in the open transaction
         self._txn_rows: list[Rows] = []  # of the open transaction
         self._sequence_rows: dict[TableName, Row] = {}  # sequences it wrote, their new row
+        # what this transaction changed in views of tables a repair waits on (:mod:`.asheld`)
+        self._overlay: dict[TableName, dict[bytes, Row | None]] = {}
+        # columns a statement of this part renamed, in a table with no view yet: the store
+        # holds the statement only once the part is stored, so a fold before then renames
+        self._renamed_columns: dict[TableName, dict[str, str]] = {}
         self._batch_rows: list[Rows] = []  # committed earlier in this batch (not in the store)
         self._reissue: list[tuple[list[Rowless], str]] = []  # to read again at this commit
         # Quarantined tables (the store's, and those this stage gave up on): their rows are
@@ -229,10 +235,11 @@ class Repairer:
         self._stopping = []
         self._batch_rows = []
         self.views.stored()  # the previous part, its renames included, is in the store
+        self._renamed_columns = {}
         for change in batch:
             if isinstance(change, Begin):
                 self._begin, self._found, self._txn_rows = change, [], []
-                self._sequence_rows = {}
+                self._sequence_rows, self._overlay = {}, {}
             elif isinstance(change, Rows) and self._held(change):
                 continue  # waits for its table's repair or resync (:mod:`.held`)
             elif isinstance(change, Rows) and _name(change.layout) in self._quarantined:
@@ -241,8 +248,11 @@ class Repairer:
                 if change.layout.sequence and change.kind == RowsKind.INSERT:
                     change = await asyncio.to_thread(self.views.locked, self._sequence_write,
                                                     change)
-                self._txn_rows.append(change)
-                self._merge(change)
+                for told in await self._as_held(change):
+                    self._txn_rows.append(told)
+                    self._merge(told)
+                    out.append(told)
+                continue
             elif isinstance(change, Rowless):
                 change = self._stored_marker(change)
                 # A quarantined table's resync reads it all: its own rows need no repair
@@ -263,13 +273,26 @@ class Repairer:
                 self.views.drop(TableName(change.database, change.table))
             elif isinstance(change, Abort):
                 self._begin, self._found, self._txn_rows = None, [], []
-                self._sequence_rows = {}
+                self._sequence_rows, self._overlay = {}, {}
             elif isinstance(change, Commit):
                 out += await self._committing(change)
                 out += self._stopping
                 self._stopping = []
             out.append(change)
         return out
+
+    async def _as_held(self, rows: Rows) -> list[Rows]:
+        """A change of a table whose repair waits for its watermark, told against the rows
+        the stream holds (:mod:`.asheld`): every before-image true. Others as they are."""
+        table = _name(rows.layout)
+        if not any(s.table == table and not past_watermark(rows.file, rows.pos, p.point)
+                   for p in self._pending for s in p.scopes):
+            return [rows]
+        view = self.views.get(table)
+        if view is None or not view.key:
+            return [rows]
+        overlay = self._overlay.setdefault(table, {})
+        return await asyncio.to_thread(self.views.locked, as_held, rows, view, overlay)
 
     def _stored_marker(self, marker: Rowless) -> Rowless:
         """The marker with its layout (the history's, the source's) as the rules store it."""
@@ -467,7 +490,10 @@ class Repairer:
         for change in ddl.changes:
             table = TableName(change.database, change.table)
             if keeps_rows(change) and change.renamed_columns and table not in renamed:
-                self.views.rename_columns(table, dict(change.renamed_columns))
+                if self.views.get(table) is not None:
+                    self.views.rename_columns(table, dict(change.renamed_columns))
+                else:  # a view folded before the store holds the statement renames them
+                    self._renamed_columns[table] = dict(change.renamed_columns)
             if table in renamed or keeps_rows(change):
                 continue
             self.views.drop(table)
@@ -666,10 +692,15 @@ class Repairer:
         if view is not None and view.key != key and self.views.unstored(table):
             return self.views.rekeyed(table, key)  # the store does not know the rename yet
         if view is None or view.key != key:
-            view = self.views.fold(self.catalog, table, key)
+            renamed = self._renamed_columns.get(table, {})  # by a statement not stored yet
+            before = {new: old for old, new in renamed.items()}
+            view = self.views.fold(self.catalog, table, tuple(before.get(c, c) for c in key))
             for rows in self._batch_rows + self._txn_rows:  # not in the store yet
                 if _name(rows.layout) == table:
                     view.apply(rows)
+            if renamed:
+                self.views.rename_columns(table, renamed)
+                view = self.views.tables[table]
         return view
 
     @staticmethod

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from cdcserver.core.names import TableName
-from tests.conftest import RunningService, Source
+from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import PASSWORD, USER, eventually
 from tests.oracle import assert_stream_equals_table, read_stream
 
@@ -150,3 +150,40 @@ async def test_a_rollback_to_a_savepoint_over_a_myisam_table_reads_its_tables_ag
                 if r.get("event_type") == "insert"]
     assert sorted(inserted) == [0, 10, 12], "an undone row went out"
     await _stream_equals(cdc, source, "i", "m", "other")
+
+
+async def test_changes_before_a_repair_carry_the_rows_the_stream_holds(
+        tmp_path, source: Source, users_file: str):
+    """While the service was stopped a session logged changes as statements, and later
+    changes of the same rows came as row events: their binlog before-images are the source's
+    rows after the statements, which the stream never carried. Read as a backlog, the repair
+    of the statements waits for its watermark behind them; meanwhile each such change is told
+    against the rows the stream holds (issue 50, item 3): every before-image true, no delete
+    of a row it never had. An auditing consumer finds nothing untrue."""
+    db = source.database
+    source.execute(f"CREATE TABLE `{db}`.s (id INT PRIMARY KEY, v INT)",
+                   f"INSERT INTO `{db}`.s VALUES (1, 1), (2, 2)")
+    config = make_config(str(tmp_path / "data"), source.url, users_file)
+    running = await start_service(config)
+    await running.caught_up(source)
+    await running.stop()
+    source.execute("SET SESSION binlog_format = 'STATEMENT'",
+                   f"UPDATE `{db}`.s SET v = 5 WHERE id = 1",
+                   f"INSERT INTO `{db}`.s VALUES (3, 3), (4, 4)",
+                   "SET SESSION binlog_format = 'ROW'",
+                   f"UPDATE `{db}`.s SET v = 6 WHERE id = 1",  # the binlog's before: v = 5
+                   f"DELETE FROM `{db}`.s WHERE id = 3",  # a row the stream never had
+                   f"UPDATE `{db}`.s SET v = 44 WHERE id = 4",
+                   f"INSERT INTO `{db}`.s VALUES (3, 33)")
+    running = await start_service(config)
+    try:
+        await _repaired(running, source)
+        conn = source.server.connect()
+        try:
+            rebuilt = await assert_stream_equals_table(running.port, conn, db, "s",
+                                                       user=USER, password=PASSWORD)
+        finally:
+            conn.close()
+    finally:
+        await running.stop()
+    assert not rebuilt.inconsistencies, rebuilt.examples
