@@ -289,7 +289,8 @@ class Repairer:
                    for p in self._pending for s in p.scopes):
             return [rows]
         view = self.views.get(table)
-        if view is None or not view.key:
+        if view is None or not view.key or view.key != key_names(rows.layout) or \
+                rows.layout.sequence:  # (a view keyed otherwise is folded again by its repair)
             return [rows]
         overlay = self._overlay.setdefault(table, {})
         return await asyncio.to_thread(self.views.locked, as_held, rows, view, overlay)
