@@ -48,6 +48,17 @@ class Rebuilt:
     # held), an ``insert`` of a key already held; "(repair)" when a repair record did it.
     inconsistencies: Counter[str] = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)  # the first few, for a report
+    # The audit keys rows as the consumer does: by the primary key each version's schema
+    # names (a system-versioned table's has ``row_end``), not by the table's key today.
+    audit_key: tuple[str, ...] = ()
+    audited: dict[Any, dict[str, Any]] = field(default_factory=dict)
+
+    def keyed_by(self, key: tuple[str, ...]) -> None:
+        """A version whose schema names ``key``: the rows audited are keyed anew."""
+        if key and key != self.audit_key:
+            self.audit_key = key
+            self.audited = {tuple(_hashable(row.get(c)) for c in key): row
+                            for row in self.audited.values()}
 
     def apply(self, columns: dict[str, str], record: dict[str, Any]) -> None:
         self.records.append(record)
@@ -57,7 +68,7 @@ class Rebuilt:
             # A key column the record's version did not have yet is NULL in a consumer's
             # table (it added the column): records of later versions find the row by it.
             key = tuple(_hashable(row.get(c)) for c in self.key)
-            self._audit(record, key, row)
+            self._audit(record, row)
             if upsert:
                 self.rows[key] = row
             else:
@@ -71,9 +82,14 @@ class Rebuilt:
             if not self.bag[frozen]:
                 del self.bag[frozen]
 
-    def _audit(self, record: dict[str, Any], key: Any, row: dict[str, Any]) -> None:
+    def _audit(self, record: dict[str, Any], row: dict[str, Any]) -> None:
         event = record["event_type"]
-        held = self.rows.get(key)
+        key: Any = tuple(_hashable(row.get(c)) for c in self.audit_key or self.key)
+        held = self.audited.get(key)
+        if event in ("insert", "update_after"):
+            self.audited[key] = row
+        else:
+            self.audited.pop(key, None)
         kind = ""
         if event == "insert" and held is not None:
             kind = "insert of a held key"
@@ -95,12 +111,16 @@ class Rebuilt:
     def clear(self) -> None:
         self.rows.clear()
         self.bag.clear()
+        self.audited.clear()
 
     def rename_columns(self, renamed: dict[str, str]) -> None:
         """An ALTER renamed columns (all at once: a swap is two renames): the rows held keep
         their values under the new names, as the table's do."""
         for key, row in self.rows.items():
             self.rows[key] = {renamed.get(c, c): v for c, v in row.items()}
+        for key, row in self.audited.items():
+            self.audited[key] = {renamed.get(c, c): v for c, v in row.items()}
+        self.audit_key = tuple(renamed.get(c, c) for c in self.audit_key)
         self.bag = Counter({tuple(sorted((renamed.get(c, c), v) for c, v in frozen)): n
                             for frozen, n in self.bag.items()})
 
@@ -167,6 +187,7 @@ def rebuild(lines: list[dict[str, Any]], key: tuple[str, ...],
             if ddl.get("kind") in ("truncate", "drop", "create"):
                 table.clear()
             table.rename_columns(ddl.get("renamed_columns") or {})
+            table.keyed_by(tuple(line.get("primary_key") or ()))
             origin = ddl.get("renamed_from") if ddl.get("kind") == "create" else None
             if origin and others is not None and origin in others:
                 name = f"{line['database']}.{line['table']}"
@@ -177,6 +198,8 @@ def rebuild(lines: list[dict[str, Any]], key: tuple[str, ...],
                                                   (name, line.get("gtid")), done)
                 table.rows.update(before.rows)
                 table.bag.update(before.bag)
+                table.audited.update({tuple(_hashable(r.get(c)) for c in table.audit_key): r
+                                      for r in before.audited.values()})
             continue
         table.apply(columns, line)
     return table
