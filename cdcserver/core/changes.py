@@ -189,6 +189,8 @@ class TableChange:
     rewrites: str = ""
     # The columns an ALTER renamed, (old, new) each: their values are kept under the new name
     renamed_columns: tuple[tuple[str, str], ...] = ()
+    # An ALTER's: the table's columns before it, when the history knew them
+    previous: TableLayout | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -598,6 +598,10 @@ class EventDecoder:
             project_layout(change.layout, self.columns)
         if projection is not None:
             change = replace(change, layout=projection.layout)
+        previous = None if change.previous is None else \
+            project_layout(change.previous, self.columns)
+        if previous is not None:
+            change = replace(change, previous=previous.layout)
         if change.rewrites and self._ruled(change):
             change = replace(change, rewrites=RULED_REWRITES)
         return change

@@ -65,11 +65,13 @@ from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.replication.sources import Sources
 from cdcserver.reread.asheld import as_held
 from cdcserver.reread.beside import (
+    MIN_BYTES,
     BesideRepair,
     Cancelled,
     FrozenCatalog,
     eligible,
     resync_eligible,
+    stored_bytes,
 )
 from cdcserver.reread.difference import (
     Scope,
@@ -82,6 +84,7 @@ from cdcserver.reread.difference import (
 )
 from cdcserver.reread.markers import cascades, keeps_rows, retarget, together
 from cdcserver.reread.readview import ReadView, definition_changed, unreachable
+from cdcserver.reread.retype import renders_otherwise, retyped
 from cdcserver.reread.view import Row, TableView, Views, ViewsClosed, key_names
 from cdcserver.schema.masking import project_layout
 from cdcserver.store.catalog import Catalog
@@ -266,6 +269,9 @@ class Repairer:
                           change.qualified_name, change.reason,
                           self._begin.gtid if self._begin else "?")
             elif isinstance(change, Ddl):
+                for deleted in await self._retyped_rows_out(change):
+                    self._txn_rows.append(deleted)
+                    out.append(deleted)
                 self._schema_changed(change)
             elif isinstance(change, Quarantine):  # rows the decoder could not decode
                 self._call_off(TableName(change.database, change.table))
@@ -279,6 +285,37 @@ class Repairer:
                 out += self._stopping
                 self._stopping = []
             out.append(change)
+        return out
+
+    async def _retyped_rows_out(self, ddl: Ddl) -> list[Rows]:
+        """Before an ALTER that retypes columns of a table the pipeline repairs itself, the
+        rows holding values the new types render otherwise, deleted in the old version: the
+        repair then inserts them as they are, and no ``update_before`` shows a row in a type
+        it was never held in (:mod:`.retype`)."""
+        out: list[Rows] = []
+        for change in ddl.changes:
+            table = TableName(change.database, change.table)
+            previous = change.previous
+            if change.kind != "alter" or not change.rewrites or previous is None or \
+                    change.layout is None or not previous.primary_key or \
+                    table in self._quarantined or table in self._beside or \
+                    table in self._queued or stored_bytes(self.catalog, table) >= MIN_BYTES:
+                continue
+            columns = retyped(change, previous)
+            if not columns:
+                continue
+            view = await asyncio.to_thread(self.views.locked, self._view, table, previous)
+            gone = [row for row, _ in view.rows() if renders_otherwise(row, columns)]
+            if not gone:
+                continue
+            names = [c.name for c in previous.columns]
+            note = json.dumps({"reason": f"{change.rewrites}: the rows it retypes go out again "
+                               "in the new types", "cause": str(self._begin.gtid)
+                               if self._begin else ""},
+                              ensure_ascii=False, separators=(", ", ": "))
+            out.append(Rows(previous, RowsKind.DELETE, ddl.timestamp,
+                            [tuple(row.get(n) for n in names) for row in gone],
+                            ddl.file, ddl.pos, repair=note, start=ddl.start))
         return out
 
     async def _as_held(self, rows: Rows) -> list[Rows]:

@@ -268,7 +268,8 @@ class SchemaHistory:
         self._record(table, definition, gtid)
         changes = [TableChange("alter", table.database, table.table, self._layout(table),
                                changed=changed, rewrites="; ".join(rewrites),
-                               renamed_columns=renames)]
+                               renamed_columns=renames,
+                               previous=None if before is None else layout_of(table, before))]
         for move in applied.moved:
             if move.other is not None:
                 changes += self._moved_rows(move, definition, gtid)

@@ -434,3 +434,32 @@ async def test_repairs_after_column_renames_take_their_before_images_from_the_ro
         conn.close()
     assert sum(1 for r in rebuilt.records if "cdc:repair" in r) == 8, rebuilt.records
     assert not rebuilt.inconsistencies, rebuilt.examples
+
+
+async def test_a_narrowing_alter_deletes_in_the_old_types_what_the_new_ones_render_otherwise(
+        cdc: RunningService, source: Source):
+    """Issue 50, item 4: after ``MODIFY d DECIMAL(10,1)`` the repair's ``update_before`` of a
+    row the stream held as ``12.345`` showed ``12.3``, its new scale. The rows whose values
+    the new types render otherwise are deleted in the old version, exactly as held, and the
+    repair inserts them as the table has them; the others keep their update pairs."""
+    _run(source, "CREATE TABLE n (id INT PRIMARY KEY, d DECIMAL(10,3), at DATETIME(3), "
+                 "day DATE, s VARCHAR(20))",
+         "CREATE TABLE tick (id INT AUTO_INCREMENT PRIMARY KEY)",
+         "INSERT INTO n VALUES (1, 12.345, '2024-01-02 03:04:05.678', '2024-01-02', 'x'), "
+         "(2, 1.5, NULL, NULL, 'y'), (3, NULL, NULL, NULL, 'zzzzzzzzzz')")
+    await cdc.caught_up(source)
+    for statement in ("ALTER TABLE n MODIFY d DECIMAL(10,1)",
+                      "ALTER TABLE n MODIFY at DATETIME, MODIFY day DATETIME",
+                      "ALTER TABLE n MODIFY s VARCHAR(5)"):
+        _run(source, "SET SESSION sql_mode = ''", statement, "INSERT INTO tick VALUES ()")
+        await cdc.caught_up(source)
+    conn = source.server.connect()
+    try:
+        rebuilt = await assert_stream_equals_table(cdc.port, conn, source.database, "n",
+                                                   user=USER, password=PASSWORD, quiet=0.5)
+    finally:
+        conn.close()
+    assert not rebuilt.inconsistencies, rebuilt.examples
+    repairs = [(r["event_type"], r["id"]) for r in rebuilt.records if "cdc:repair" in r]
+    assert repairs[:2] == [("delete", 1), ("insert", 1)], repairs  # 12.345 out, 12.3 in
+    assert ("update_before", 3) in repairs  # a narrower VARCHAR renders 'zzzzzzzzzz' alike

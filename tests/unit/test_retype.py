@@ -1,0 +1,38 @@
+"""Which retyped values render otherwise in the new type (cdcserver/reread/retype.py): those
+rows are deleted in the old version before an ALTER's new one."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from cdcserver.core.changes import TableChange
+from cdcserver.reread.retype import renders_otherwise, retyped
+from cdcserver.schema.history import SchemaHistory
+
+
+def _alter(sql: str) -> tuple[TableChange, dict]:
+    history = SchemaHistory(None)
+    history.apply("CREATE TABLE t (id INT PRIMARY KEY, d DECIMAL(10,3), f DOUBLE, "
+                  "s VARCHAR(20), n BIGINT, at DATETIME(3))", "db", None)
+    _, changes = history.apply(sql, "db", None)
+    [change] = changes
+    assert change.previous is not None
+    return change, retyped(change, change.previous)
+
+
+def test_values_a_narrower_type_renders_alike_or_not():
+    _, columns = _alter("ALTER TABLE t MODIFY d DECIMAL(10,1), MODIFY f FLOAT, "
+                        "MODIFY s VARCHAR(5), MODIFY n INT, MODIFY at DATETIME")
+    assert set(columns) == {"d", "f", "n", "at"}  # a VARCHAR's length is not its type
+    assert not renders_otherwise({"d": Decimal("1.500"), "f": 4.5, "s": "long text",
+                                  "n": 7, "at": None}, columns)
+    assert renders_otherwise({"d": Decimal("12.345")}, columns)
+    assert renders_otherwise({"f": 18.5714}, columns)
+    assert renders_otherwise({"d": Decimal("1234567890.5")}, columns)  # past DECIMAL(10,1)
+    assert renders_otherwise({"at": "2024-01-02 03:04:05.678"}, columns)
+
+
+def test_renamed_and_unchanged_columns_are_not_retyped():
+    _, columns = _alter("ALTER TABLE t CHANGE s s2 VARCHAR(20), MODIFY d DECIMAL(12,4)")
+    assert "s" not in columns
+    assert not renders_otherwise({"d": Decimal("12.345")}, columns)  # a wider scale holds it
