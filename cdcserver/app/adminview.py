@@ -73,6 +73,7 @@ class ServiceView:
             "quarantined": [{"table": table_ref(t.database, t.table), "cause": q.cause,
                              "since": q.since, "at": _iso(q.at), "resyncing": t in resyncing}
                             for t, q in sorted(service.catalog.quarantined.items())],
+            "repairs": [{**r, "at": _iso(r["at"])} for r in stats.repairs.recent],
             "time": _iso(time.time()),
         }
 

@@ -188,9 +188,10 @@ def _replication(r: ReplicationStats, lag: Lag | None) -> Iterator[Any]:
 def _repairs(stats: RepairStats, pending: bool) -> Iterator[Any]:
     rowless = CounterMetricFamily(
         "cdc_rowless_changes", "changes made without row events that replication "
-        "recognised (a foreign key's cascade, or a statement that rewrote stored rows)",
+        "recognised (a foreign key's cascade, a statement that rewrote stored rows, or a "
+        "session's own setting: statement logging, a savepoint rollback over MyISAM)",
         labels=["cause"])
-    for cause in ("foreign key", "statement"):
+    for cause in ("foreign key", "statement", "session"):
         rowless.add_metric([cause], stats.rowless.get(cause, 0))
     yield rowless
     yield _counter("cdc_repairs", "repairs attached to the stream (rows re-read from the "
@@ -309,6 +310,7 @@ def health(stats: ServiceStats, max_lag: float) -> tuple[bool, dict[str, Any]]:
         "source": {"current": replication.source, "sources": replication.sources,
                    "switches": replication.source_switches, "refused": replication.refused},
         "quarantined": stats.store.quarantined,
+        "repairs": stats.repairs.recent,
         "checkpoint_age_seconds": stats.store.checkpoint_age,
         "tables": stats.store.tables,
         "clients": stats.listener.clients,

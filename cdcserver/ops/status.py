@@ -59,6 +59,10 @@ def render_health(url: str, doc: dict[str, Any]) -> str:
             since = dt.datetime.fromtimestamp(float(entry["at"])).strftime("%Y-%m-%d %H:%M:%S")
             lines.append(f"  quarantined  {table_ref(entry['database'], entry['table'])} since "
                          f"{since} (transaction {entry['since']}): {entry['cause']}")
+        for entry in doc.get("repairs") or []:
+            at = dt.datetime.fromtimestamp(float(entry["at"])).strftime("%Y-%m-%d %H:%M:%S")
+            lines.append(f"  repaired     {entry['table']} at {at} ({entry['records']} rows, "
+                         f"transaction {entry['cause']}): {entry['reason']}")
         lines.append(f"  clients      {doc['clients']} connected; {doc['records_sent']:,} "
                      f"records, {doc['bytes_sent']:,} bytes sent since start")
     return "\n".join(lines)

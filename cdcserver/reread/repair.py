@@ -98,6 +98,13 @@ _UNREACHABLE = (SourceUnavailable, pymysql.err.OperationalError, pymysql.err.Int
 # (which of them are the source's, not the tables': :func:`.readview.unreachable`)
 
 
+RECENT = 20  # repairs /health names
+# What one application's session did (replication/decoder.py's reasons): counted apart
+SESSION_REASONS = ("a data change logged as an SQL statement",
+                   "a transaction rolled back to a savepoint",
+                   "a transaction rolled back after changing non-transactional")
+
+
 @dataclass
 class RepairStats:
     """Counted for /metrics: rowless changes recognised and records emitted to repair them."""
@@ -107,6 +114,13 @@ class RepairStats:
     records: dict[str, int] = field(default_factory=dict)  # by event type
     resyncs: list[float] = field(default_factory=list)  # seconds each took (asked to done)
     widened: int = 0  # repairs of named rows that read the whole table instead
+    # The last repairs out, newest last: what happened to which table and when it was
+    # repaired (/health, `cdcserver status`, the admin API)
+    recent: list[dict[str, Any]] = field(default_factory=list)
+
+    def repaired(self, table: TableName, reason: str, cause: str, records: int) -> None:
+        self.recent = [*self.recent, {"table": str(table), "reason": reason, "cause": cause,
+                                      "records": records, "at": time.time()}][-RECENT:]
 
 
 @dataclass
@@ -263,7 +277,8 @@ class Repairer:
                 if change.edges or \
                         TableName(change.database, change.table) not in self._quarantined:
                     self._found.append(change)
-                kind = "foreign key" if change.columns else "statement"
+                kind = "foreign key" if change.columns else \
+                    "session" if change.reason.startswith(SESSION_REASONS) else "statement"
                 self.stats.rowless[kind] = self.stats.rowless.get(kind, 0) + 1
                 log.debug("%s: rows changed without row events (%s) in %s",
                           change.qualified_name, change.reason,
@@ -483,6 +498,7 @@ class Repairer:
                          "read already) (%s)", table, repair.sent, repair.point.file,
                          repair.point.pos, time.monotonic() - repair.started,
                          repair.held.held, repair.dropped, note)
+                self.stats.repaired(table, repair.reason, repair.cause, repair.sent)
                 self._reissue += self._queued.pop(table, [])
         return out
 
@@ -877,10 +893,11 @@ class Repairer:
                 view.apply(rows)
                 self.stats.records[rows.kind] = self.stats.records.get(rows.kind, 0) + \
                     len(rows.rows)
+            count = sum(len(r.rows) // (2 if r.kind == RowsKind.UPDATE else 1) for r in made)
             if made:
                 log.info("%s: repaired %d rows at the watermark %s:%d (%s)", scope.table,
-                         sum(len(r.rows) // (2 if r.kind == RowsKind.UPDATE else 1)
-                             for r in made), pending.point.file, pending.point.pos, note)
+                         count, pending.point.file, pending.point.pos, note)
+            self.stats.repaired(scope.table, scope.reason, pending.cause, count)
             out += made
         self.stats.repairs += 1
         return out

@@ -9,11 +9,14 @@ stream equals ``SELECT`` on the source. It used to stop the whole service (exit 
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from cdcserver.core.names import TableName
+from cdcserver.ops.metrics import ServiceCollector, health, service_registry
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import PASSWORD, USER, eventually
 from tests.oracle import assert_stream_equals_table, read_stream
@@ -116,6 +119,11 @@ async def test_a_session_logging_statements_has_its_tables_read_again(
     repairs = [r for r in await _bounded(cdc, source, "s") if "cdc:repair" in r]
     assert repairs and all("as an SQL statement" in r["cdc:repair"]["reason"]
                            for r in repairs), repairs
+    _, document = health(cdc.service.stats(), 60.0)  # what /health and `status` name
+    named = [r for r in document["repairs"] if r["table"] == f"{db}.s"]
+    assert named and "as an SQL statement" in named[-1]["reason"] and named[-1]["at"] > 0
+    exposed = generate_latest(service_registry(ServiceCollector(cdc.service.stats))).decode()
+    assert re.search(r'cdc_rowless_changes_total\{cause="session"\} [1-9]', exposed)
     await _stream_equals(cdc, source, "s", "u", "other")
 
 
