@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 
 from cdcserver.core.gtid import Gtid
+from cdcserver.ops.metrics import health
+from cdcserver.replication.xa import Xid
 from cdcserver.store import checkpoint
 from cdcserver.store.layout import DataDir
 from tests.conftest import RunningService, Source, make_config, start_service
@@ -230,3 +232,33 @@ def _no_prepared_left(source: Source) -> Iterator[None]:
                        f"X'{raw[gtrid_length:].hex()}', {format_id}")
     finally:
         conn.close()
+
+
+async def test_a_commit_of_a_transaction_prepared_before_the_start_is_named_in_health(
+        tmp_path, source: Source, users_file: str):
+    """Its rows were logged before the position the service starts from: they cannot be
+    streamed, and the service says so (`/health` degraded, naming the xid and the commit)
+    instead of passing the commit in silence."""
+    db = source.database
+    source.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY, v VARCHAR(20))")
+    conn = _session(source)
+    try:
+        _prepare(conn, db, "'early'", "(1, 'before the start')")
+    finally:
+        conn.close()
+    start = str(source.gtid_state())
+    running = await start_service(make_config(str(tmp_path / "data"), source.url, users_file,
+                                              source={"start_gtid": start}))
+    try:
+        conn = _session(source)
+        try:
+            committed = _run(conn, "XA COMMIT 'early'")
+        finally:
+            conn.close()
+        await running.caught_up(source)
+        healthy, document = health(running.service.stats(), 60.0)
+        assert not healthy
+        assert any(str(Xid(1, b"early", b"")) in p and committed in p and "resync" in p
+                   for p in document["problems"]), document["problems"]
+    finally:
+        await running.stop()
