@@ -111,16 +111,21 @@ class FrozenCatalog:
         self._freeze(catalog, table)
 
     def _freeze(self, catalog: Catalog, table: TableName) -> None:
-        entry = catalog.get(table)
-        if entry is None or table in self.entries:
-            return
-        self.entries[table] = TableEntry(table, {
-            number: replace(info, notes=dict(info.notes))
-            for number, info in entry.versions.items()})
-        for info in entry.versions.values():
-            renamed_from = (info.schema.avsc.get("ddl") or {}).get("renamed_from")
-            if renamed_from:
-                self._freeze(catalog, TableName.parse(renamed_from))
+        """The table's entry and those of every table a rename brought rows from, down the
+        chain (walked, not recursed: a table swapped thousands of times)."""
+        waiting = [table]
+        while waiting:
+            table = waiting.pop()
+            entry = catalog.get(table)
+            if entry is None or table in self.entries:
+                continue
+            self.entries[table] = TableEntry(table, {
+                number: replace(info, notes=dict(info.notes))
+                for number, info in entry.versions.items()})
+            for info in entry.versions.values():
+                renamed_from = (info.schema.avsc.get("ddl") or {}).get("renamed_from")
+                if renamed_from:
+                    waiting.append(TableName.parse(renamed_from))
 
     def get(self, table: TableName) -> TableEntry | None:
         return self.entries.get(table)

@@ -334,38 +334,55 @@ def key_names(layout: TableLayout) -> tuple[str, ...]:
     return tuple(layout.columns[i].name for i in layout.primary_key)
 
 
-def _fold_into(view: TableView, catalog: Catalog, table: TableName, closing: threading.Event,
-               renamed_to: tuple[str, str] | None = None,
-               onward: dict[str, str] | None = None) -> None:
-    """Apply ``table``'s versions; with ``renamed_to`` (the new name and the rename's GTID),
-    only up to the rename that gave its rows to that table. Folding starts at the last
-    version that emptied the table: what came before it is gone from a consumer's table.
-    A version whose ``ddl`` names ``renamed_columns`` renames the columns of the rows held,
-    as a consumer does: every row is kept under the view's (the last version's) names, and
-    ``onward`` maps this table's last names to those of the table it was renamed to."""
-    entry = catalog.get(table)
-    if entry is None:
-        return
-    versions = []
-    for number in sorted(entry.versions):
-        info = entry.versions[number]
-        ddl = info.schema.avsc.get("ddl") or {}
-        if renamed_to is not None and ddl.get("renamed_to") == renamed_to[0] and \
-                info.schema.gtid == renamed_to[1]:
+def _fold_into(view: TableView, catalog: Catalog, table: TableName,
+               closing: threading.Event) -> None:
+    """Apply ``table``'s versions from the last one that emptied it (what came before is gone
+    from a consumer's table). When that version made the table by a rename, the renamed
+    table's rows as they were then come first: its versions up to the rename, and so on down
+    the chain (a table swapped back and forth thousands of times: walked, not recursed).
+    A version whose ``ddl`` names ``renamed_columns`` renames the columns of the rows held, as
+    a consumer does: every row is kept under the view's (the last version's) names."""
+    segments = _lineage(catalog, table)
+    view.clear()
+    for versions, names in reversed(segments):
+        for info, (own, _) in zip(versions, names, strict=True):
+            _fold_version(view, info, closing, own)
+
+
+def _lineage(catalog: Catalog, table: TableName
+             ) -> list[tuple[list[VersionInfo], list[tuple[dict[str, str], dict[str, str]]]]]:
+    """The versions to fold, newest table first: each table's from its last emptying version
+    (up to the rename that gave its rows to the table before it in the list), with where
+    each version's column names end up."""
+    segments = []
+    renamed_to: tuple[str, str] | None = None
+    onward: dict[str, str] = {}
+    seen: set[tuple[TableName, tuple[str, str] | None]] = set()
+    while (table, renamed_to) not in seen:
+        seen.add((table, renamed_to))
+        entry = catalog.get(table)
+        if entry is None:
             break
-        versions.append((info, ddl.get("kind")))
-    start = max((i for i, (_, kind) in enumerate(versions) if kind in _EMPTYING), default=0)
-    folded = versions[start:]
-    names = _names_onward([info for info, _ in folded], onward or {})
-    for (info, kind), (own, before) in zip(folded, names, strict=True):
-        ddl = info.schema.avsc.get("ddl") or {}
-        if kind in _EMPTYING:
-            view.clear()
-        if kind == "create" and ddl.get("renamed_from"):
-            # the renamed table's rows, as they were then
-            _fold_into(view, catalog, TableName.parse(ddl["renamed_from"]), closing,
-                       (str(table), info.schema.gtid), before)
-        _fold_version(view, info, closing, own)
+        versions = []
+        for number in sorted(entry.versions):
+            info = entry.versions[number]
+            ddl = info.schema.avsc.get("ddl") or {}
+            if renamed_to is not None and ddl.get("renamed_to") == renamed_to[0] and \
+                    info.schema.gtid == renamed_to[1]:
+                break
+            versions.append(info)
+        kinds = [(v.schema.avsc.get("ddl") or {}).get("kind") for v in versions]
+        start = max((i for i, kind in enumerate(kinds) if kind in _EMPTYING), default=0)
+        folded = versions[start:]
+        names = _names_onward(folded, onward)
+        segments.append((folded, names))
+        first = (folded[0].schema.avsc.get("ddl") or {}) if folded else {}
+        if first.get("kind") != "create" or not first.get("renamed_from"):
+            break
+        renamed_to = (str(table), folded[0].schema.gtid)
+        onward = names[0][1]  # the names just before the rename's version, onward
+        table = TableName.parse(first["renamed_from"])
+    return segments
 
 
 def _names_onward(versions: list[VersionInfo], last: dict[str, str]
