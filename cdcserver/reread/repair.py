@@ -87,6 +87,7 @@ from cdcserver.reread.readview import ReadView, definition_changed, unreachable
 from cdcserver.reread.retype import renders_otherwise, retyped
 from cdcserver.reread.view import Row, TableView, Views, ViewsClosed, key_names
 from cdcserver.schema.masking import project_layout
+from cdcserver.schema.rewrites import DROP_VERSIONING
 from cdcserver.store.catalog import Catalog
 
 log = logging.getLogger(__name__)
@@ -303,10 +304,15 @@ class Repairer:
         return out
 
     async def _retyped_rows_out(self, ddl: Ddl) -> list[Rows]:
-        """Before an ALTER that retypes columns of a table the pipeline repairs itself, the
-        rows holding values the new types render otherwise, deleted in the old version: the
-        repair then inserts them as they are, and no ``update_before`` shows a row in a type
-        it was never held in (:mod:`.retype`)."""
+        """Before an ALTER the new version cannot tell a held row in, that row deleted in the
+        old version, exactly as held; the repair then inserts it as the table has it, and no
+        before-image is a row in a form it was never held in:
+
+        - a retyped column whose new type renders its value otherwise (:mod:`.retype`), in a
+          table the pipeline repairs itself;
+        - ``DROP SYSTEM VERSIONING``: every row, keyed with its ``row_end`` in the old
+          version (in the new one a history row's delete would name its id only, which is the
+          current row's too)."""
         out: list[Rows] = []
         for change in ddl.changes:
             table = TableName(change.database, change.table)
@@ -314,19 +320,23 @@ class Repairer:
             if change.kind != "alter" or not change.rewrites or previous is None or \
                     change.layout is None or not previous.primary_key or \
                     table in self._quarantined or table in self._beside or \
-                    table in self._queued or stored_bytes(self.catalog, table) >= MIN_BYTES:
+                    table in self._queued:
                 continue
-            columns = retyped(change, previous)
-            if not columns:
+            unversioned = DROP_VERSIONING in change.rewrites
+            columns = {} if unversioned or stored_bytes(self.catalog, table) >= MIN_BYTES \
+                else retyped(change, previous)
+            if not columns and not unversioned:
                 continue
             view = await asyncio.to_thread(self.views.locked, self._view, table, previous)
-            gone = [row for row, _ in view.rows() if renders_otherwise(row, columns)]
+            gone = [row for row, _ in view.rows()
+                    if unversioned or renders_otherwise(row, columns)]
             if not gone:
                 continue
             names = [c.name for c in previous.columns]
-            note = json.dumps({"reason": f"{change.rewrites}: the rows it retypes go out again "
-                               "in the new types", "cause": str(self._begin.gtid)
-                               if self._begin else ""},
+            what = "the rows go out again without their period" if unversioned else \
+                "the rows it retypes go out again in the new types"
+            note = json.dumps({"reason": f"{change.rewrites}: {what}", "cause":
+                               str(self._begin.gtid) if self._begin else ""},
                               ensure_ascii=False, separators=(", ", ": "))
             out.append(Rows(previous, RowsKind.DELETE, ddl.timestamp,
                             [tuple(row.get(n) for n in names) for row in gone],

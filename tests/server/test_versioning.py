@@ -27,26 +27,34 @@ KEEP = ("SET SESSION system_versioning_alter_history = KEEP",)
 
 async def _all_time(cdc: RunningService, source: Source, table: str, *,
                     key: tuple[str, ...], implicit: bool = True) -> Rebuilt:
-    """The stream of ``table`` equals every row it has had (FOR SYSTEM_TIME ALL)."""
+    """The stream of ``table`` equals every row it has had (FOR SYSTEM_TIME ALL), and every
+    before-image in it is the row a consumer keyed like each version's schema holds."""
     await cdc.caught_up(source)
     conn = source.server.connect()
     try:
-        return await assert_stream_equals_table(
+        rebuilt = await assert_stream_equals_table(
             cdc.port, conn, source.database, table, user=USER, password=PASSWORD, key=key,
             extra_columns=IMPLICIT if implicit else None,
             from_clause=f"`{source.database}`.`{table}` FOR SYSTEM_TIME ALL")
     finally:
         conn.close()
+    assert not rebuilt.inconsistencies, f"{table}: {rebuilt.examples}"
+    return rebuilt
 
 
 async def _equal(cdc: RunningService, source: Source, table: str, **kwargs: Any) -> Rebuilt:
+    """The stream equals the table, and every before-image in it is true (issue 50, item
+    4: the history rows DROP SYSTEM VERSIONING removes used to be deleted by id alone, in a
+    version without ``row_end``, which is the current row's key too)."""
     await cdc.caught_up(source)
     conn = source.server.connect()
     try:
-        return await assert_stream_equals_table(cdc.port, conn, source.database, table,
-                                                user=USER, password=PASSWORD, **kwargs)
+        rebuilt = await assert_stream_equals_table(cdc.port, conn, source.database, table,
+                                                   user=USER, password=PASSWORD, **kwargs)
     finally:
         conn.close()
+    assert not rebuilt.inconsistencies, f"{table}: {rebuilt.examples}"
+    return rebuilt
 
 
 def _changes(table: str) -> tuple[str, ...]:
@@ -139,3 +147,18 @@ async def test_a_sequence_is_one_row(cdc: RunningService, source: Source):
         assert len(inserts) == 1, f"{name}: {len(inserts)} inserts"
         await _verified(cdc, source, name)
 
+
+
+async def test_drop_system_versioning_deletes_the_history_rows_by_their_whole_key(
+        cdc: RunningService, source: Source):
+    """Issue 50, item 4: the history rows DROP SYSTEM VERSIONING removes were deleted in the
+    new version, without ``row_end``: by their id alone, which is the current row's key too
+    for a consumer keyed like the stored schema. They go out in the old version now, with
+    their ``row_end``; the current rows come back without a period."""
+    _run(source, "CREATE TABLE d (id INT PRIMARY KEY, v INT) WITH SYSTEM VERSIONING",
+         *_changes("d"), "ALTER TABLE d DROP SYSTEM VERSIONING", session=KEEP)
+    rebuilt = await _equal(cdc, source, "d", key=("id",))
+    deletes = [r for r in rebuilt.records if "cdc:repair" in r and r["event_type"] == "delete"]
+    assert deletes and all(r.get("row_end") is not None for r in deletes), deletes
+    history = [r for r in deletes if not str(r["row_end"]).startswith("2038")]
+    assert sorted(r["id"] for r in history) == [1, 1, 2]  # two updates of 1, the deleted 2
