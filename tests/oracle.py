@@ -28,6 +28,7 @@ import hashlib
 import json
 import struct
 from collections import Counter
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,8 +173,34 @@ def rebuild(lines: list[dict[str, Any]], key: tuple[str, ...],
     rows as they were then: its stream, from ``others`` (by ``db.table``), up to the version
     ``until`` (the new name and the rename's GTID) that says it was renamed away. Each such
     origin is rebuilt once (tables swapped back and forth name each other's pasts again and
-    again: without that, the work would double with every swap)."""
+    again: without that, the work would double with every swap), and the chain of origins is
+    walked with a stack of its own, not Python's (a soak swaps a table thousands of times)."""
     done = {} if _done is None else _done
+    stack = [_rebuilding(lines, key, others, until, done)]
+    result: Rebuilt | None = None
+    while stack:
+        try:
+            wanted = stack[-1].send(result) if result is not None else next(stack[-1])
+        except StopIteration as finished:
+            stack.pop()
+            result = finished.value
+            continue
+        result = None
+        stack.append(_rebuilding(*wanted, done))
+    assert result is not None
+    return result
+
+
+_Wanted = tuple[list[dict[str, Any]], tuple[str, ...], "dict[str, list[dict[str, Any]]] | None",
+                tuple[str, str]]
+
+
+def _rebuilding(lines: list[dict[str, Any]], key: tuple[str, ...],
+                others: dict[str, list[dict[str, Any]]] | None,
+                until: tuple[str, str] | None,
+                done: dict[tuple[str, str, str], Rebuilt]
+                ) -> Generator[_Wanted, Rebuilt, Rebuilt]:
+    """:func:`rebuild` of one table, yielding each origin it needs rebuilt (and given)."""
     table = Rebuilt(key)
     columns: dict[str, str] = {}
     for line in lines:
@@ -194,8 +221,8 @@ def rebuild(lines: list[dict[str, Any]], key: tuple[str, ...],
                 mark = (origin, name, str(line.get("gtid")))
                 before = done.get(mark)
                 if before is None:
-                    before = done[mark] = rebuild(others[origin], key, others,
-                                                  (name, line.get("gtid")), done)
+                    before = done[mark] = yield (others[origin], key, others,
+                                                 (name, line.get("gtid")))
                 table.rows.update(before.rows)
                 table.bag.update(before.bag)
                 table.audited.update({tuple(_hashable(r.get(c)) for c in table.audit_key): r
