@@ -689,7 +689,6 @@ async def differences(port: int, conn: Any, database: str, user: str, password: 
         except AssertionError as exc:
             found[table] = f"no stream: {exc}"
             continue
-        sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))  # long rename chains
         rebuilt = rebuild(lines, key, others)
         if audit is not None:
             audit.inconsistencies.update(rebuilt.inconsistencies)
