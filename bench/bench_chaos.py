@@ -61,11 +61,13 @@ async def soak(server: EmbeddedMariaDB, args: argparse.Namespace) -> int:
              f"{sum(outcome.inconsistencies.values())} stream inconsistencies")
         for example in outcome.inconsistency_examples[:3]:
             print(f"    e.g. {example}", flush=True)
+        if outcome.inconsistencies or not outcome.exact:  # to replay it
+            await asyncio.to_thread(_write, os.path.join(OUT, f"chaos-{seed}.sql"),
+                                    outcome.statement_list())
         if not outcome.exact:
             failures += 1
-            path = os.path.join(OUT, f"chaos-{seed}.sql")
-            await asyncio.to_thread(_write, path, outcome.statement_list())
-            print(outcome.report(), f"\nstatements: {path}", flush=True)
+            print(outcome.report(), f"\nstatements: {os.path.join(OUT, f'chaos-{seed}.sql')}",
+                  flush=True)
         totals.statements += outcome.statements
         totals.refused += outcome.refused
         totals.kills += outcome.kills
