@@ -11,8 +11,8 @@ refused, as an application would see them), kills, quarantines, exits of the ser
 (goal 0), tables that differ from SELECT (goal 0), stream inconsistencies (goal 0: an
 ``update_before`` or ``delete`` that is not the row the stream holds for its key, an ``insert``
 of a key it holds, counted by ``tests/oracle.py`` as a consumer auditing before-images would),
-and how long each resync took. A failing
-run's statement list is written to bench/out/chaos-<seed>.sql to replay it. The code path
+and how long each resync took. The statement list of a run that failed or found
+inconsistencies is written to bench/out/chaos-<seed>.sql to replay it. The code path
 measured is printed first (it does not change the figures, which are counts).
 """
 
