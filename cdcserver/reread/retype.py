@@ -69,6 +69,8 @@ def _alike(before: Field, after: Field) -> Alike:
         return _fits_decimal(after.precision, after.scale)
     if before.kind == Kind.DOUBLE and after.kind == Kind.FLOAT:
         return _single_precision
+    if before.kind == Kind.FLOAT and after.kind == Kind.DOUBLE:
+        return _short_single
     return _never
 
 
@@ -94,6 +96,22 @@ def _fits_decimal(precision: int, scale: int) -> Alike:
         return digits <= precision
 
     return fits
+
+
+def _short_single(value: Any) -> bool:
+    """A FLOAT's value that a DOUBLE renders alike: its shortest single-precision text is
+    the double itself (``0.5``, ``1.25``; not ``0.1``, which is ``0.10000000149011612`` as a
+    double)."""
+    try:
+        number = float(value)
+        single = struct.unpack("<f", struct.pack("<f", number))[0]
+        for digits in range(1, 10):
+            text = f"{single:.{digits}g}"
+            if struct.unpack("<f", struct.pack("<f", float(text)))[0] == single:
+                return float(text) == number
+    except (OverflowError, TypeError, ValueError, struct.error):
+        return False
+    return False
 
 
 def _single_precision(value: Any) -> bool:

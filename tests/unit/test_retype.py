@@ -36,3 +36,14 @@ def test_renamed_and_unchanged_columns_are_not_retyped():
     _, columns = _alter("ALTER TABLE t CHANGE s s2 VARCHAR(20), MODIFY d DECIMAL(12,4)")
     assert "s" not in columns
     assert not renders_otherwise({"d": Decimal("12.345")}, columns)  # a wider scale holds it
+
+
+def test_a_float_widened_to_double_renders_alike_unless_single_precision_shows():
+    history = SchemaHistory(None)
+    history.apply("CREATE TABLE w (id INT PRIMARY KEY, f FLOAT)", "db", None)
+    _, [change] = history.apply("ALTER TABLE w MODIFY f DOUBLE", "db", None)
+    assert change.previous is not None
+    columns = retyped(change, change.previous)
+    assert not renders_otherwise({"f": 0.5}, columns)
+    assert not renders_otherwise({"f": 1.25}, columns)
+    assert renders_otherwise({"f": 0.10000000149011612}, columns)  # FLOAT 0.1 as a double
