@@ -72,6 +72,7 @@ from mariadb_cdc_client.format.dump import value_encoder
 log = logging.getLogger(__name__)
 
 _OVERHEAD = 128  # bytes counted per message beyond key and value
+STATE_READ_TIMEOUT = 120.0  # seconds reading the state topic back may take at most
 
 
 _LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -163,6 +164,7 @@ class KafkaSink:
         self.durable: BinlogPosition | None = _load_state(self.state_path)
         self.stats = SinkStats()
         self._producer: Any = None
+        self._state_sent: asyncio.Future[Any] | None = None  # the last position sent to Kafka
         self._pending: collections.deque[_Message | _Marker] = collections.deque()
         self._bytes = 0
         self._open: dict[tuple[str, int], _Batch] = {}  # batches not yet shipped
@@ -189,7 +191,9 @@ class KafkaSink:
         if self._producer is not None:
             with contextlib.suppress(KafkaError, OSError, TimeoutError):
                 async with asyncio.timeout(10):
-                    await self._producer.stop()
+                    if self._state_sent is not None:  # the last position, handed over
+                        await asyncio.wait({self._state_sent})
+                    await self._producer.stop()  # (which delivers what it holds)
             self._producer = None
 
     @property
@@ -561,6 +565,7 @@ class KafkaSink:
             task = asyncio.ensure_future(self._producer.send(
                 self.config.state_topic, value, key=self.state_key.encode(), partition=0))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._state_sent = task
 
     async def _read_state_topic(self) -> BinlogPosition | None:
         topic = self.config.state_topic
@@ -575,14 +580,14 @@ class KafkaSink:
             consumer.assign([tp])
             end = (await consumer.end_offsets([tp]))[tp]
             consumer.seek(tp, max(end - 1000, 0))
-            while True:
-                batch = await consumer.getmany(tp, timeout_ms=1000)
-                messages = batch.get(tp, [])
-                if not messages:
-                    break
-                for message in messages:
-                    if message.key == self.state_key.encode() and message.value:
-                        found = BinlogPosition.from_json(json.loads(message.value))
+            # Up to the end offset, however slow the broker answers: a pause is not the end
+            # (stopping at the first quiet second read an older position on a busy machine).
+            async with asyncio.timeout(STATE_READ_TIMEOUT):
+                while await consumer.position(tp) < end:
+                    batch = await consumer.getmany(tp, timeout_ms=1000)
+                    for message in batch.get(tp, []):
+                        if message.key == self.state_key.encode() and message.value:
+                            found = BinlogPosition.from_json(json.loads(message.value))
         finally:
             await consumer.stop()
         return found
