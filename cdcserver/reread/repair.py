@@ -335,9 +335,8 @@ class Repairer:
             names = [c.name for c in previous.columns]
             what = "the rows go out again without their period" if unversioned else \
                 "the rows it retypes go out again in the new types"
-            note = json.dumps({"reason": f"{change.rewrites}: {what}", "cause":
-                               str(self._begin.gtid) if self._begin else ""},
-                              ensure_ascii=False, separators=(", ", ": "))
+            note = _note(f"{change.rewrites}: {what}",
+                         str(self._begin.gtid) if self._begin else "")
             out.append(Rows(previous, RowsKind.DELETE, ddl.timestamp,
                             [tuple(row.get(n) for n in names) for row in gone],
                             ddl.file, ddl.pos, repair=note, start=ddl.start))
@@ -476,8 +475,7 @@ class Repairer:
             if time.monotonic() < self._next_share or not repair.due(commit):
                 continue
             started = time.monotonic()
-            note = json.dumps({"reason": repair.reason, "cause": repair.cause},
-                              ensure_ascii=False, separators=(", ", ": "))
+            note = _note(repair.reason, repair.cause)
             if not repair.attached:
                 if not repair.sent:
                     await asyncio.to_thread(self.views.locked, self.views.drop, table)
@@ -896,8 +894,7 @@ class Repairer:
             if scope.layout is None:
                 continue
             view = self._scope_view(scope)
-            note = json.dumps({"reason": scope.reason, "cause": pending.cause},
-                              ensure_ascii=False, separators=(", ", ": "))
+            note = _note(scope.reason, pending.cause)
             made = records(scope, view, note, commit)
             for rows in made:
                 view.apply(rows)
@@ -916,6 +913,12 @@ class Repairer:
 def _apply_all(views: Views, rows: list[Rows]) -> None:
     for change in rows:
         views.apply(change)
+
+
+def _note(reason: str, cause: str) -> str:
+    """A repair record's ``cdc:repair`` (protocol.md, "In-band")."""
+    return json.dumps({"reason": reason, "cause": cause}, ensure_ascii=False,
+                      separators=(", ", ": "))
 
 
 def _name(layout: TableLayout) -> TableName:
