@@ -60,6 +60,9 @@ from cdcserver.replication import compression
 from cdcserver.replication.cursor import Cursor
 from cdcserver.replication.rowcodec import DeferredRows, RowsDecoder, compile_rows_decoder
 from cdcserver.replication.rowless import (
+    SAVEPOINT_ROLLBACK,
+    STATEMENT_LOGGED,
+    UNSURE_ROLLBACK,
     CascadeFinder,
     sequence_markers,
     statement_dml_markers,
@@ -106,11 +109,6 @@ _STATEMENT_DML = re.compile(
     r"^\s*(?:/\*.*?\*/\s*)*(INSERT|UPDATE|DELETE|REPLACE|LOAD\s+DATA)\b", re.I | re.S)
 _TRANSACTION_CONTROL = re.compile(r"^\s*(SAVEPOINT|ROLLBACK\s+TO|RELEASE\s+SAVEPOINT)\b", re.I)
 _Q_CHARSET_CODE = 4
-_STATEMENT_LOGGED = ("a data change logged as an SQL statement (a session set binlog_format to "
-                     "STATEMENT or MIXED): the table is read again")
-_SAVEPOINT_ROLLBACK = ("a transaction rolled back to a savepoint after changing "
-                       "non-transactional tables: which of its rows stand is read from the "
-                       "table")
 # Query status variable sizes, for walking to Q_CHARSET_CODE (MySQL log_event.cc).
 _STATUS_SIZES = {0: 4, 1: 8, 3: 4, 4: 6, 7: 2, 8: 2, 9: 8, 10: 4, 13: 3, 16: 1, 17: 8, 18: 2,
                  19: 1, 20: 1, 128: 3, 129: 8, 130: 1}
@@ -343,7 +341,7 @@ class EventDecoder:
         if not self.in_transaction or self._gtid is None:
             raise UndecodableEvent("commit outside a transaction")
         if self._unsure:
-            out += self._read_again(self._unsure, _SAVEPOINT_ROLLBACK)
+            out += self._read_again(self._unsure, SAVEPOINT_ROLLBACK)
         self.gtid_state = self.gtid_state.advanced(self._gtid)
         if self._event_end:
             self.pos = self._event_end
@@ -364,9 +362,7 @@ class EventDecoder:
                 "transactional; the binlog cannot tell which of its rows survived")
         if self._written or self._unsure is not None:
             self._start_again("rolled back on the primary", timestamp, out)
-        out += self._read_again(unsure, "a transaction rolled back after changing "
-                                "non-transactional tables: which of its rows survived is "
-                                "read from the table")
+        out += self._read_again(unsure, UNSURE_ROLLBACK)
         self._unsure = None
         self._commit(timestamp, out)
 
@@ -575,7 +571,7 @@ class EventDecoder:
         tables = self._with_cascades(tables)
         for table in tables:
             self._written.add(table)
-        out += self._read_again(set(tables), _STATEMENT_LOGGED)
+        out += self._read_again(set(tables), STATEMENT_LOGGED)
 
     def _with_cascades(self, tables: list[TableName]) -> list[TableName]:
         """The tables and every table a foreign key's cascade reaches from them: a

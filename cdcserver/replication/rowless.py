@@ -56,6 +56,18 @@ def sequence_markers(changes: Sequence[TableChange], history: SchemaHistory) -> 
             and history.is_sequence(TableName(c.database, c.table))]
 
 
+# Why a session's own choice makes tables be read again (replication/decoder.py); the repair
+# stage counts these apart (``cdc_rowless_changes_total{cause="session"}``)
+STATEMENT_LOGGED = ("a data change logged as an SQL statement (a session set binlog_format to "
+                    "STATEMENT or MIXED): the table is read again")
+SAVEPOINT_ROLLBACK = ("a transaction rolled back to a savepoint after changing "
+                      "non-transactional tables: which of its rows stand is read from the "
+                      "table")
+UNSURE_ROLLBACK = ("a transaction rolled back after changing non-transactional tables: which "
+                   "of its rows survived is read from the table")
+SESSION_REASONS = (STATEMENT_LOGGED, SAVEPOINT_ROLLBACK, UNSURE_ROLLBACK)
+
+
 _DML_TARGET = re.compile(
     r"^\s*(?:/\*.*?\*/\s*)*(?:INSERT|REPLACE|UPDATE|DELETE(?:\s+HISTORY)?)"
     r"(?:\s+(?:LOW_PRIORITY|DELAYED|HIGH_PRIORITY|QUICK|IGNORE))*(?:\s+(?:INTO|FROM))?\s+"

@@ -62,6 +62,7 @@ from cdcserver.core.errors import (
 )
 from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
+from cdcserver.replication.rowless import SESSION_REASONS
 from cdcserver.replication.sources import Sources
 from cdcserver.reread.asheld import as_held
 from cdcserver.reread.beside import (
@@ -100,10 +101,6 @@ _UNREACHABLE = (SourceUnavailable, pymysql.err.OperationalError, pymysql.err.Int
 
 
 RECENT = 20  # repairs /health names
-# What one application's session did (replication/decoder.py's reasons): counted apart
-SESSION_REASONS = ("a data change logged as an SQL statement",
-                   "a transaction rolled back to a savepoint",
-                   "a transaction rolled back after changing non-transactional")
 
 
 @dataclass
@@ -279,7 +276,7 @@ class Repairer:
                         TableName(change.database, change.table) not in self._quarantined:
                     self._found.append(change)
                 kind = "foreign key" if change.columns else \
-                    "session" if change.reason.startswith(SESSION_REASONS) else "statement"
+                    "session" if change.reason in SESSION_REASONS else "statement"
                 self.stats.rowless[kind] = self.stats.rowless.get(kind, 0) + 1
                 log.debug("%s: rows changed without row events (%s) in %s",
                           change.qualified_name, change.reason,
