@@ -254,28 +254,28 @@ class Views:
         moved here that the store does not know yet (:meth:`unstored`), which folding the
         store again would lose. (Where rows collide under the new key, the last one read
         stays; a fold from the store keeps the stream's order.)"""
+        return self._rebuilt(table, key, lambda row: row)
+
+    def _rebuilt(self, table: TableName, key: tuple[str, ...],
+                 row_now: Callable[[Row], Row]) -> TableView:
+        """The table's view anew under ``key``, from its own rows as ``row_now`` makes them."""
         old = self.tables.pop(table)
         rows = list(old.rows())
         old.clear()
         view = self.new(table, key)
         for row, count in rows:
+            moved = row_now(row)
             for _ in range(count):
-                view.put(row)
+                view.put(moved)
         return view
 
     def rename_columns(self, table: TableName, renamed: dict[str, str]) -> None:
         """An ALTER renamed columns (a swap is ``{a: b, b: a}``): the rows held keep their
         values under the new names, as a consumer's do."""
         old = self.tables.get(table)
-        if old is None:
-            return
-        rows = list(old.rows())
-        old.clear()
-        view = self.new(table, tuple(renamed.get(c, c) for c in old.key))
-        for row, count in rows:
-            moved = {renamed.get(c, c): v for c, v in row.items()}
-            for _ in range(count):
-                view.put(moved)
+        if old is not None:
+            self._rebuilt(table, tuple(renamed.get(c, c) for c in old.key),
+                          lambda row: {renamed.get(c, c): v for c, v in row.items()})
 
     def move(self, old: TableName, new: TableName) -> None:
         """``old`` was renamed ``new``: its view (if any) is ``new``'s now."""
