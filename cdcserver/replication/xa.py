@@ -193,6 +193,12 @@ class PreparedXa:
 
     # -- what the pipeline and /health do ----------------------------------------------
 
+    @property
+    def completing(self) -> bool:
+        """Whether a completed transaction waits to be let go (:meth:`prune` has work)."""
+        with self._lock:
+            return any(e.completed is not None for e in self._entries)
+
     def prune(self, durable: list[GtidState]) -> None:
         """Forget the completed transactions every sink's checkpoint covers."""
         with self._lock:

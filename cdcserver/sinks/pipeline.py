@@ -304,6 +304,8 @@ class Pipeline:
 
     async def _let_go_of_xa(self) -> None:
         """Completed XA transactions every sink's checkpoint covers are not read again."""
+        if self.xa is None or not self.xa.completing:  # (every flush: the usual case is none)
+            return
         durable = [s.durable for s in self.sinks]
-        if self.xa is not None and all(p is not None for p in durable):
+        if all(p is not None for p in durable):
             await asyncio.to_thread(self.xa.prune, [p.gtid_state for p in durable if p])

@@ -159,6 +159,8 @@ async def test_a_thousand_interleaved_xa_transactions_from_8_connections(
     finally:
         conn.close()
     assert cdc.service.replication.stats().xa_prepared == 0
+    kept = DataDir(cdc.service.config.store.data_dir).xa  # let go once checkpointed
+    await until(lambda: not os.listdir(kept), 30, "the completed XA transactions let go")
 
 
 async def test_prepared_rows_survive_kill_9_of_the_service_and_a_restart_of_mariadb(
