@@ -30,7 +30,7 @@ from mariadb_cdc_client import ChangeRecord, SyncCdcClient
 from tests import chaos
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import PASSWORD, USER, RawClient, eventually
-from tests.oracle import assert_stream_equals_table
+from tests.oracle import Rebuilt, assert_stream_equals_table
 
 pytestmark = pytest.mark.mariadb
 
@@ -58,13 +58,14 @@ def _run(source: Source, *statements: str, session: tuple[str, ...] = ()) -> Non
         conn.close()
 
 
-async def _exact(running: RunningService, source: Source, *tables: str) -> None:
+async def _exact(running: RunningService, source: Source, *tables: str) -> list[Rebuilt]:
+    """Each table rebuilt from its stream equals it (the rebuilds, for more checks)."""
     await running.caught_up(source)
     conn = source.server.connect()
     try:
-        for table in tables:
-            await assert_stream_equals_table(running.port, conn, source.database, table,
-                                             user=USER, password=PASSWORD, quiet=0.5)
+        return [await assert_stream_equals_table(running.port, conn, source.database, table,
+                                                 user=USER, password=PASSWORD, quiet=0.5)
+                for table in tables]
     finally:
         conn.close()
 
@@ -426,12 +427,7 @@ async def test_repairs_after_column_renames_take_their_before_images_from_the_ro
             "UPDATE f SET c = c + 1"):
         _run(source, statement, "INSERT INTO tick VALUES ()")  # the repair rides on it
         await cdc.caught_up(source)
-    conn = source.server.connect()
-    try:
-        rebuilt = await assert_stream_equals_table(cdc.port, conn, source.database, "f",
-                                                   user=USER, password=PASSWORD, quiet=0.5)
-    finally:
-        conn.close()
+    [rebuilt] = await _exact(cdc, source, "f")
     assert sum(1 for r in rebuilt.records if "cdc:repair" in r) == 8, rebuilt.records
     assert not rebuilt.inconsistencies, rebuilt.examples
 
@@ -453,12 +449,7 @@ async def test_a_narrowing_alter_deletes_in_the_old_types_what_the_new_ones_rend
                       "ALTER TABLE n MODIFY s VARCHAR(5)"):
         _run(source, "SET SESSION sql_mode = ''", statement, "INSERT INTO tick VALUES ()")
         await cdc.caught_up(source)
-    conn = source.server.connect()
-    try:
-        rebuilt = await assert_stream_equals_table(cdc.port, conn, source.database, "n",
-                                                   user=USER, password=PASSWORD, quiet=0.5)
-    finally:
-        conn.close()
+    [rebuilt] = await _exact(cdc, source, "n")
     assert not rebuilt.inconsistencies, rebuilt.examples
     repairs = [(r["event_type"], r["id"]) for r in rebuilt.records if "cdc:repair" in r]
     assert repairs[:2] == [("delete", 1), ("insert", 1)], repairs  # 12.345 out, 12.3 in

@@ -19,7 +19,7 @@ from cdcserver.core.names import TableName
 from cdcserver.ops.metrics import ServiceCollector, health, service_registry
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import PASSWORD, USER, eventually
-from tests.oracle import assert_stream_equals_table, read_stream
+from tests.oracle import Rebuilt, assert_stream_equals_table, read_stream
 
 pytestmark = pytest.mark.mariadb
 
@@ -84,12 +84,13 @@ async def _bounded(cdc: RunningService, source: Source, table: str) -> list[dict
     return lines
 
 
-async def _stream_equals(cdc: RunningService, source: Source, *tables: str) -> None:
+async def _stream_equals(cdc: RunningService, source: Source, *tables: str) -> list[Rebuilt]:
+    """Each table rebuilt from its stream equals it (the rebuilds, for more checks)."""
     conn = source.server.connect()
     try:
-        for table in tables:
-            await assert_stream_equals_table(cdc.port, conn, source.database, table,
-                                             user=USER, password=PASSWORD)
+        return [await assert_stream_equals_table(cdc.port, conn, source.database, table,
+                                                 user=USER, password=PASSWORD)
+                for table in tables]
     finally:
         conn.close()
 
@@ -186,12 +187,7 @@ async def test_changes_before_a_repair_carry_the_rows_the_stream_holds(
     running = await start_service(config)
     try:
         await _repaired(running, source)
-        conn = source.server.connect()
-        try:
-            rebuilt = await assert_stream_equals_table(running.port, conn, db, "s",
-                                                       user=USER, password=PASSWORD)
-        finally:
-            conn.close()
+        [rebuilt] = await _stream_equals(running, source, "s")
     finally:
         await running.stop()
     assert not rebuilt.inconsistencies, rebuilt.examples

@@ -66,6 +66,15 @@ async def _records(cdc: RunningService, source: Source, table: str = "t"
     return [line for line in lines if "event_type" in line]
 
 
+async def _stream_equals_table(cdc: RunningService, source: Source) -> None:
+    conn = source.server.connect()
+    try:
+        await assert_stream_equals_table(cdc.port, conn, source.database, "t", user=USER,
+                                         password=PASSWORD)
+    finally:
+        conn.close()
+
+
 def _gtid(record: dict[str, Any]) -> str:
     return f"{record['domain']}-{record['server_id']}-{record['sequence']}"
 
@@ -99,11 +108,7 @@ async def test_rows_go_out_once_at_the_commit_with_its_gtid_and_never_at_a_rollb
         (2, "insert"), (1, "insert"), (4, "insert"), (5, "insert")]
     assert [_gtid(r) for r in records[1:]] == [committed, one_phase, again]
     assert rolled_back not in [_gtid(r) for r in records]
-    conn = source.server.connect()
-    try:
-        await assert_stream_equals_table(cdc.port, conn, db, "t", user=USER, password=PASSWORD)
-    finally:
-        conn.close()
+    await _stream_equals_table(cdc, source)
 
 
 def _interleaved(source: Source, seed: int, workers: int, each: int) -> dict[int, str]:
@@ -153,11 +158,7 @@ async def test_a_thousand_interleaved_xa_transactions_from_8_connections(
     assert stream == committed, f"seed {seed}: rows or their GTIDs differ"
     sequences = [r["sequence"] for r in records]
     assert sequences == sorted(sequences), f"seed {seed}: not in commit order"
-    conn = source.server.connect()
-    try:
-        await assert_stream_equals_table(cdc.port, conn, db, "t", user=USER, password=PASSWORD)
-    finally:
-        conn.close()
+    await _stream_equals_table(cdc, source)
     assert cdc.service.replication.stats().xa_prepared == 0
     kept = DataDir(cdc.service.config.store.data_dir).xa  # let go once checkpointed
     await until(lambda: not os.listdir(kept), 30, "the completed XA transactions let go")
