@@ -73,6 +73,18 @@ async def _equals_select(port: int, source: Source, table: str) -> None:
         conn.close()
 
 
+async def _resync_beside(running: RunningService, source: Source, data_dir: str,
+                         table: TableName, other: str) -> None:
+    """Ask for the table's resync, and give the source transactions (on ``other``) until
+    its read beside the stream is under way: a resync starts with the next transaction."""
+    resyncs.ask(data_dir, table)
+    for i in range(2000, 2300):
+        if table in _repairing(running):
+            return
+        source.execute(f"INSERT INTO {other} VALUES ({i}, {i})")
+        await asyncio.sleep(0.1)
+
+
 def _repairing(cdc: RunningService) -> dict:
     pipeline = cdc.service.replication.pipeline
     assert pipeline is not None and pipeline.repairer is not None
@@ -232,12 +244,7 @@ async def test_a_quarantined_table_is_resynced_beside_the_stream(
         # stream, not read again by the pipeline (which would hold every table as it folds)
         assert "the pipeline reads them" not in caplog.text
         grant_m()
-        resyncs.ask(data_dir, table)
-        for i in range(2000, 2300):  # a resync starts with the next transaction
-            if table in _repairing(running):
-                break
-            source.execute(f"INSERT INTO {other} VALUES ({i}, {i})")
-            await asyncio.sleep(0.1)
+        await _resync_beside(running, source, data_dir, table, other)
         assert table in _repairing(running), "the resync was not read beside the stream"
         # held at the gate after its read: the other table streams, m's changes wait
         source.execute(f"INSERT INTO {other} VALUES (1, 1), (2, 2)",
@@ -274,12 +281,7 @@ async def test_a_schema_statement_during_a_resync_beside_the_stream_starts_it_ag
         source.execute("SET SESSION sql_mode = ''", f"ALTER TABLE {m} MODIFY a VARCHAR(5)")
         await until(lambda: table in running.service.store.quarantined, timeout=30)
         grant_m()
-        resyncs.ask(data_dir, table)
-        for i in range(2000, 2300):  # a resync starts with the next transaction
-            if table in _repairing(running):
-                break
-            source.execute(f"INSERT INTO {other} VALUES ({i}, {i})")
-            await asyncio.sleep(0.1)
+        await _resync_beside(running, source, data_dir, table, other)
         first = _repairing(running)[table]
         assert first.resync is not None
         source.execute(f"UPDATE {m} SET b = -b WHERE id = 20",  # held, then dropped
