@@ -343,15 +343,23 @@ class Repairer:
         """A change of a table whose repair waits for its watermark, told against the rows
         the stream holds (:mod:`.asheld`): every before-image true. Others as they are."""
         table = _name(rows.layout)
-        if not any(s.table == table and not past_watermark(rows.file, rows.pos, p.point)
-                   for p in self._pending for s in p.scopes):
-            return [rows]
-        view = self.views.get(table)
-        if view is None or not view.key or view.key != key_names(rows.layout) or \
-                rows.layout.sequence:  # (a view keyed otherwise is folded again by its repair)
+        key = key_names(rows.layout)
+        if not key or rows.layout.sequence or not any(
+                s.table == table and not past_watermark(rows.file, rows.pos, p.point)
+                for p in self._pending for s in p.scopes):
             return [rows]
         overlay = self._overlay.setdefault(table, {})
-        return await asyncio.to_thread(self.views.locked, as_held, rows, view, overlay)
+        return await asyncio.to_thread(self.views.locked, self._told_as_held, rows, key,
+                                       overlay)
+
+    def _told_as_held(self, rows: Rows, key: tuple[str, ...],
+                      overlay: dict[bytes, Row | None]) -> list[Rows]:
+        """In a thread, views locked: :func:`as_held` against the view keyed like ``rows``.
+        A repair's view may be keyed otherwise: by the source's key where the source has
+        moved on by its watermark (versioning added since, whose ``row_end`` joins the key),
+        or dropped by a statement since; it is folded again here, and again by the repair
+        (which reads it anew at that statement anyway)."""
+        return as_held(rows, self._keyed_view(_name(rows.layout), key), overlay)
 
     def _stored_marker(self, marker: Rowless) -> Rowless:
         """The marker with its layout (the history's, the source's) as the rules store it."""
