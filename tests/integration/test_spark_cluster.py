@@ -205,6 +205,11 @@ def _run(command: list[str], env: dict[str, str], cwd: Path
                           timeout=300, check=False)
 
 
+# The module's first test also carries its fixtures: the cluster's two JVMs, and the wheel and
+# the packed environment built once per run (C extensions compiled; pack bounded by its own
+# 900 s). On a loaded machine that setup alone took 221 s of the suite's 300 s guard against
+# hangs; each step is bounded on its own, and their sum bounds the test.
+@pytest.mark.timeout(900)
 async def test_executors_without_the_package_read_with_the_packed_environment(
         cluster: Cluster, packed: Path, cdc: RunningService, source: Source, tmp_path: Path):
     t = f"`{source.database}`.stock"
