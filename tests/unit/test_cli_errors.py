@@ -161,8 +161,8 @@ def test_a_misspelled_variable_is_refused_with_the_name_meant(tmp_path):
 def test_every_cdcserver_variable_the_project_names_is_accepted():
     """The secrets read beside the settings, and every name the code, the tests, the
     deployment files and the documentation use."""
-    texts = [ROOT / name for name in ("README.md", "SECURITY.md", "configuration.md")]
-    for folder in ("cdcserver", "client", "tests", "docker", "deploy"):
+    texts = [ROOT / name for name in ("README.md", "SECURITY.md", "protocol.md")]
+    for folder in ("docs", "cdcserver", "client", "tests", "docker", "deploy"):
         texts += [path for path in (ROOT / folder).rglob("*") if path.is_file() and
                   path.suffix in ("", ".py", ".md", ".toml", ".yaml", ".service")]
     named = {name for path in texts

@@ -1,4 +1,4 @@
-"""configuration.md: generated from config.py, and true of it. The settings are enumerated here
+"""docs/configuration.md: generated from config.py, and true of it. The settings are enumerated here
 from the dataclasses (not through the generator), and each row's environment variable, flag and
 default are checked against what config.py does with them."""
 
@@ -16,13 +16,13 @@ from cdcserver.core import reference
 from cdcserver.core.errors import ConfigError
 
 ROOT = Path(__file__).parent.parent.parent
-DOCUMENT = ROOT / "configuration.md"
+DOCUMENT = ROOT / "docs" / "configuration.md"
 
 Row = dict[str, str]
 
 
 def _tables() -> dict[str, dict[str, Row]]:
-    """{section: {key: {column: cell}}} from configuration.md's per-section tables."""
+    """{section: {key: {column: cell}}} from docs/configuration.md's per-section tables."""
     found: dict[str, dict[str, Row]] = {}
     for block in re.split(r"^## ", DOCUMENT.read_text(), flags=re.M)[1:]:
         heading = re.match(r"\[(\w+)\]", block)
@@ -44,7 +44,7 @@ def _settings() -> dict[str, list[dataclasses.Field]]:
 
 def test_the_document_is_what_the_generator_renders():
     assert DOCUMENT.read_text() == reference.render(), (
-        "configuration.md is stale: python -m cdcserver.core.reference > configuration.md")
+        "docs/configuration.md is stale: python -m cdcserver.core.reference > docs/configuration.md")
 
 
 def test_every_setting_is_documented_once():
