@@ -81,7 +81,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def packed_environment(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The Spark executors' environment, as the README says to build it, with this run's
+    """The Spark executors' environment, as docs/spark.md says to build it, with this run's
     wheel (``--wheel``) instead of a second build of the tree."""
     built_wheel = wheel(tmp_path_factory)
 

@@ -275,7 +275,7 @@ def _mirror_rows(spark: Any, path: str) -> list[tuple[Any, ...]]:
 
 async def test_a_mirror_built_from_the_latest_dump_equals_the_source_table(
         cdc: RunningService, source: Source, spark: Any, tmp_path: Any):
-    """The README's example pipeline: snapshot then stream, applied per micro-batch."""
+    """The example pipeline of docs/spark.md: snapshot then stream, applied per micro-batch."""
     from mariadb_cdc_client.spark.mirror import start
 
     t = f"`{source.database}`.stock"

@@ -39,7 +39,7 @@ SPARK_HOME = Path(__import__("pyspark").__file__).parent
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The executors' environment, as the README says to build it (once per run)."""
+    """The executors' environment, as docs/spark.md says to build it (once per run)."""
     return artifacts.packed_environment(tmp_path_factory)
 
 

@@ -1,4 +1,4 @@
-"""Spark's Python workers and the ``cdc`` source, without ``PYSPARK_PYTHON``: the README's
+"""Spark's Python workers and the ``cdc`` source, without ``PYSPARK_PYTHON``: docs/spark.md's
 mirror command works as written, and in a session the user made, a read says what to set.
 
 Each runs in a process of its own, as a user would, outside the source tree, with the
