@@ -44,7 +44,8 @@ def _settings() -> dict[str, list[dataclasses.Field]]:
 
 def test_the_document_is_what_the_generator_renders():
     assert DOCUMENT.read_text() == reference.render(), (
-        "docs/configuration.md is stale: python -m cdcserver.core.reference > docs/configuration.md")
+        "docs/configuration.md is stale: "
+        "python -m cdcserver.core.reference > docs/configuration.md")
 
 
 def test_every_setting_is_documented_once():
