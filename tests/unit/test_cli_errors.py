@@ -26,7 +26,7 @@ from cdcserver.core.errors import ConfigError
 from cdcserver.protocol.users import UsersFile
 
 UNREACHABLE = "mysql://root@127.0.0.1:1"
-MISSPELT = {"CDCSERVER_SOURCE_UR", "CDCSERVER_FOO"}  # here and in the README's example
+MISSPELT = {"CDCSERVER_SOURCE_UR", "CDCSERVER_FOO"}  # here and in docs/operations.md's example
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
