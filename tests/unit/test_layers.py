@@ -1,4 +1,4 @@
-"""The order of the packages: each imports only the packages below it (README, "Layout").
+"""The order of the packages: each imports only the packages below it (docs/architecture.md, "The layers").
 
 Every import in the tree counts, also those inside functions (an extra loaded lazily) and
 those only type checkers read: an arrow that runs back up is a layer in the wrong place, even
