@@ -524,13 +524,13 @@ class Outcome:
     differences: dict[str, str] = field(default_factory=dict)  # table -> what differs
     log: list[Executed] = field(default_factory=list)
     # records a consumer auditing before-images finds untrue (tests/oracle.py, Rebuilt):
-    # a figure of bench_chaos (issue 50, item 3), not yet a condition of ``exact``
+    # issue 50, item 3: a stream is exact only with none
     inconsistencies: Counter[str] = field(default_factory=Counter)
     inconsistency_examples: list[str] = field(default_factory=list)
 
     @property
     def exact(self) -> bool:
-        return not self.exits and not self.differences
+        return not self.exits and not self.differences and not self.inconsistencies
 
     def report(self) -> str:
         lines = [f"seed {self.seed}: {self.statements} statements ({self.refused} refused by "
