@@ -13,24 +13,40 @@ import collections
 import datetime as dt
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from cdcserver.app.runner import ReplicationRunner
+from cdcserver.core.config import Config
 from cdcserver.core.errors import CdcError
 from cdcserver.core.gtid import Gtid
 from cdcserver.core.names import TableName
 from cdcserver.dump import files
+from cdcserver.dump.scheduler import DumpScheduler
 from cdcserver.ops.admin import Refused
-from cdcserver.ops.metrics import health
+from cdcserver.ops.metrics import ServiceStats, health
 from cdcserver.protocol.positions import Positions
 from cdcserver.protocol.server import CdcServer, Connection
 from cdcserver.protocol.session import Phase
-from cdcserver.store.catalog import TableEntry, VersionInfo
+from cdcserver.protocol.users import UsersFile
+from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.index import StoreIndex
+from cdcserver.store.store import AvroStore
 from mariadb_cdc_client.format.names import table_ref
 from mariadb_cdc_client.format.wire import Format
 
-if TYPE_CHECKING:
-    from cdcserver.app.service import Service
+
+class Running(Protocol):
+    """What the view reads of the running service (:class:`cdcserver.app.service.Service`)."""
+
+    config: Config
+    catalog: Catalog
+    store: AvroStore
+    replication: ReplicationRunner
+    server: CdcServer | None
+    scheduler: DumpScheduler | None
+    users: UsersFile
+
+    def stats(self) -> ServiceStats: ...
 
 RATE_WINDOW = 10.0  # seconds a client's bytes/s is measured over
 SAMPLE_EVERY = 2.0
@@ -38,7 +54,7 @@ KICKED = "disconnected by an administrator"
 
 
 class ServiceView:
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Running) -> None:
         self.service = service
         self.positions = Positions()
         self._samples: dict[int, collections.deque[tuple[float, int]]] = {}
@@ -293,7 +309,7 @@ class _Where:
     behind: int
 
     @classmethod
-    def of(cls, c: Connection, service: Service) -> _Where | None:
+    def of(cls, c: Connection, service: Running) -> _Where | None:
         streamer = c.streamer
         if streamer is None or streamer.at is None or c.sending is not None:
             return None

@@ -32,13 +32,35 @@ import hashlib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from cdcserver.core.errors import ConfigError
 from cdcserver.core.names import TableName
 from mariadb_cdc_client.format.names import BadTableRef, read_name, split_list
 
-if TYPE_CHECKING:
-    from cdcserver.core.config import CaptureConfig
+
+class CaptureSettings(Protocol):
+    """What the rules read of ``[capture]`` (``cdcserver.core.config``'s section)."""
+
+    @property
+    def system_tables(self) -> str: ...
+
+    @property
+    def include(self) -> str: ...
+
+    @property
+    def exclude(self) -> str: ...
+
+    @property
+    def columns_exclude(self) -> str: ...
+
+    @property
+    def columns_hash(self) -> str: ...
+
+    @property
+    def columns_mask(self) -> str: ...
+
+    def hash_salt(self) -> bytes | None: ...
 
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 NEVER = frozenset({("mysql", "global_priv"), ("mysql", "user")})  # password hashes
@@ -189,10 +211,8 @@ class ColumnRules:
                              "CDCSERVER_HASH_SALT")
 
     @classmethod
-    def of(cls, capture: CaptureConfig) -> ColumnRules:
+    def of(cls, capture: CaptureSettings) -> ColumnRules:
         """The rules ``[capture]`` declares (ConfigError when a hash has no salt)."""
-        from cdcserver.core.errors import ConfigError
-
         hashes = parse_column_patterns(capture.columns_hash)
         try:
             return cls(parse_column_patterns(capture.columns_exclude), hashes,
@@ -296,7 +316,7 @@ class CaptureFilter:
         return cls(named, parse_patterns(include), parse_patterns(exclude))
 
     @classmethod
-    def of(cls, capture: CaptureConfig) -> CaptureFilter:
+    def of(cls, capture: CaptureSettings) -> CaptureFilter:
         """The filter a configuration's ``[capture]`` section declares."""
         tables = cls.parse(capture.system_tables, capture.include, capture.exclude)
         tables.columns = ColumnRules.of(capture)

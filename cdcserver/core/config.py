@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
+from cdcserver.core.capture import parse_column_patterns, parse_patterns
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import GtidState
 
@@ -294,8 +295,6 @@ class RetentionConfig:
 
 
 def table_patterns(value: str) -> str | None:
-    from cdcserver.core.capture import parse_patterns
-
     try:
         parse_patterns(value)
     except ValueError as exc:
@@ -409,8 +408,6 @@ def system_tables(value: str) -> str | None:
 
 
 def column_patterns(value: str) -> str | None:
-    from cdcserver.core.capture import parse_column_patterns
-
     try:
         parse_column_patterns(value, keep=False)
     except ValueError as exc:
@@ -419,8 +416,6 @@ def column_patterns(value: str) -> str | None:
 
 
 def mask_patterns(value: str) -> str | None:
-    from cdcserver.core.capture import parse_column_patterns
-
     try:
         parse_column_patterns(value, keep=True)
     except ValueError as exc:

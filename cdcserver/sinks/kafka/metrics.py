@@ -8,12 +8,37 @@ sink this process had (:class:`Totals`), so they only grow; the gauges are the c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from cdcserver.sinks.base import SinkMetric
 
-if TYPE_CHECKING:
-    from cdcserver.sinks.kafka.sink import KafkaSink, SinkStats
+
+@dataclass
+class SinkStats:
+    """Counted as it happens (:meth:`KafkaSink.status` reports them)."""
+
+    messages: int = 0  # produced (a message sent again after a failure counts once)
+    acknowledged: int = 0
+    resent: int = 0  # sent again after a failed delivery
+    reconnects: int = 0  # failed deliveries: each one reconnects and sends again
+    transactions: int = 0
+    topics: set[str] = field(default_factory=set)
+
+
+class Measured(Protocol):
+    """What the figures read of a sink (:class:`~cdcserver.sinks.kafka.sink.KafkaSink`)."""
+
+    stats: SinkStats
+
+    @property
+    def buffered_bytes(self) -> int: ...
+
+    @property
+    def held_messages(self) -> int: ...
+
+    def oldest_unacknowledged(self) -> float: ...
+
 
 COUNTERS = (  # SinkStats field, metric, help
     ("messages", "cdc_kafka_messages", "messages produced (one sent again counts once)"),
@@ -36,7 +61,7 @@ class Totals:
         for name in self._before:
             self._before[name] += getattr(stats, name)
 
-    def figures(self, current: KafkaSink | None, capacity: int) -> tuple[SinkMetric, ...]:
+    def figures(self, current: Measured | None, capacity: int) -> tuple[SinkMetric, ...]:
         stats = current.stats if current is not None else None
         counters = [SinkMetric(metric, "counter", documentation,
                                self._before[name] + (getattr(stats, name) if stats else 0))
@@ -44,7 +69,7 @@ class Totals:
         return (*counters, *gauges(current, capacity))
 
 
-def gauges(sink: KafkaSink | None, capacity: int) -> tuple[SinkMetric, ...]:
+def gauges(sink: Measured | None, capacity: int) -> tuple[SinkMetric, ...]:
     return (
         SinkMetric("cdc_kafka_buffered_bytes", "gauge", "bytes of messages held until the "
                    "broker acknowledges them", sink.buffered_bytes if sink else 0),

@@ -65,7 +65,7 @@ from cdcserver.messages.events import (
 from cdcserver.messages.formats import FORMATS
 from cdcserver.sinks.base import SinkStatus, SourceInfo
 from cdcserver.sinks.kafka import connect
-from cdcserver.sinks.kafka.metrics import Totals
+from cdcserver.sinks.kafka.metrics import SinkStats, Totals
 from cdcserver.store.layout import DataDir
 from mariadb_cdc_client.format.dump import value_encoder
 
@@ -118,18 +118,6 @@ class _Marker:
     checkpoint may move to ``position``."""
 
     position: BinlogPosition
-
-
-@dataclass
-class SinkStats:
-    """Counted as it happens (:meth:`KafkaSink.status` reports them)."""
-
-    messages: int = 0  # produced (a message sent again after a failure counts once)
-    acknowledged: int = 0
-    resent: int = 0  # sent again after a failed delivery
-    reconnects: int = 0  # failed deliveries: each one reconnects and sends again
-    transactions: int = 0
-    topics: set[str] = field(default_factory=set)
 
 
 class KafkaSink:
