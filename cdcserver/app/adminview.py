@@ -1,4 +1,4 @@
-"""What the admin API (``cdcserver/ops/admin.py``, admin.md) reads of the running service, and
+"""What the admin API (``cdcserver/ops/admin.py``, docs/admin.md) reads of the running service, and
 the actions it takes on it.
 
 Everything is gathered on the service's event loop, where the listener, the catalog and the

@@ -10,7 +10,7 @@
     cdcserver resync DB.TABLE [...] --data-dir DIR   a quarantined table, read again
     cdcserver resync --source URL --data-dir DIR     after the source purged the binlog it needed
     cdcserver ctl replication|clients|tables|dumps|dump|resync|kick|reload-users [--url URL]
-                  [--token-file FILE] [--json]   a running service's admin API (admin.md)
+                  [--token-file FILE] [--json]   a running service's admin API (docs/admin.md)
     cdcserver demo        a private MariaDB with sample data, and the service on top of it
     cdcserver --version
 

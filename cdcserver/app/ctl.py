@@ -1,4 +1,4 @@
-"""``cdcserver ctl``: the admin API (admin.md) from a terminal, as ``maxctrl`` is MaxScale's.
+"""``cdcserver ctl``: the admin API (docs/admin.md) from a terminal, as ``maxctrl`` is MaxScale's.
 
     cdcserver ctl [--url URL] [--token-file FILE] [--cacert FILE] [--json] [--timeout S]
                   [--config FILE] COMMAND
@@ -69,8 +69,8 @@ class CtlError(Exception):
 def add_command(commands: Any) -> None:
     """``ctl`` and its actions, under ``cdcserver``'s subcommands."""
     ctl = commands.add_parser("ctl", help="a running service's admin API from the terminal "
-                                          "(clients, tables, dumps, resync, kick; admin.md)",
-                              description="The admin API of a running service (admin.md), as "
+                                          "(clients, tables, dumps, resync, kick; docs/admin.md)",
+                              description="The admin API of a running service (docs/admin.md), as "
                                           "maxctrl is MaxScale's: tables for a person, --json "
                                           "for a script.")
     _common_options(ctl)

@@ -219,7 +219,7 @@ class Service:
                               "endpoint off") from exc
 
     async def _start_admin(self) -> None:
-        """The admin API and the web console (admin.md), with a token file only."""
+        """The admin API and the web console (docs/admin.md), with a token file only."""
         cfg = self.config.admin
         if not cfg.enabled:
             return

@@ -485,7 +485,7 @@ class CaptureConfig:
 @dataclass(frozen=True)
 class AdminConfig:
     listen: str = option("127.0.0.1:8989", "HOST:PORT of the admin API and the web console "
-                                           "(admin.md); served only with a token_file",
+                                           "(docs/admin.md); served only with a token_file",
                          cli="--admin-listen", check=host_port)
     token_file: str = option("", "file holding the bearer token the admin API and the console "
                                  "ask for (at least 16 characters, readable by its owner "
@@ -611,7 +611,7 @@ def _unknown_variable(name: str, known: list[str]) -> str:
     suffixes = [variable[len(_PREFIX):] for variable in known]
     close = difflib.get_close_matches(name[len(_PREFIX):], suffixes, n=1)
     hint = (f"did you mean {_PREFIX}{close[0]}?" if close else
-            "configuration.md lists every variable")
+            "docs/configuration.md lists every variable")
     return f"unknown environment variable {name} ({hint}): fix or unset it"
 
 

@@ -1,7 +1,7 @@
 """Taking dumps: per table, a consistent snapshot read into its own dump file.
 
 1. Note the table's newest stream version (before the snapshot, so a version whose
-   changes all precede the snapshot; a hint, see protocol.md "Dumps").
+   changes all precede the snapshot; a hint, see docs/dumps.md).
 2. Open a consistent snapshot (:mod:`cdcserver.dump.snapshot`). Each table has its own, so
    its metadata lock (which makes an ALTER of it wait) is held only while it is read.
 3. Read its definition in the snapshot, derive its Avro schema (the change stream's mapping),

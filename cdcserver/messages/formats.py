@@ -88,7 +88,7 @@ class Dip(MessageFormat):
     def statement(self, e: StatementEvent) -> Message:
         kind = _CANAL_TYPES.get(e.kind, "QUERY") if e.table is not None else "QUERY"
         # es and ts: the statement's binlog time in seconds, equal, as in most of the seed's
-        # examples (its RENAME example has milliseconds; protocol.md says why seconds).
+        # examples (its RENAME example has milliseconds; the sink's README.md says why seconds).
         value = dumps({"data": None, "database": e.database, "es": e.timestamp, "id": 0,
                        "isDdl": True, "mysqlType": None, "old": None, "pkNames": None,
                        "sql": _without_server_comment(e.sql), "sqlType": None,

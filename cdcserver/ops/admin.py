@@ -1,4 +1,4 @@
-"""The admin API and the web console (admin.md): JSON over HTTP(S) on a listener of its own.
+"""The admin API and the web console (docs/admin.md): JSON over HTTP(S) on a listener of its own.
 
 aiohttp serves it (routing, request bodies, keep-alive, TLS, static files): the monitoring
 endpoint's few fixed GET routes are small enough to answer by hand (``monitoring.py``), an API
@@ -358,7 +358,7 @@ async def _console_page(request: web.Request) -> web.FileResponse:
 
 def _reason(exc: web.HTTPException) -> str:
     if exc.status == 404:
-        return "no such path in the admin API (admin.md lists them)"
+        return "no such path in the admin API (docs/admin.md lists them)"
     if exc.status == 405 and "Allow" in exc.headers:
         return f"this path takes {exc.headers['Allow']}"
     return exc.reason

@@ -3,7 +3,7 @@
 The collector reads a :class:`ServiceStats` snapshot when Prometheus scrapes (prometheus_client's
 custom-collector interface), so the hot paths only bump plain integers. Names follow the
 Prometheus conventions: ``cdc_`` prefix, base units (seconds, bytes), ``_total`` counters.
-``protocol.md`` is about the CDC protocol; the metric list lives in the README ("Observing it").
+``protocol.md`` is about the CDC protocol; the metric list lives in docs/monitoring.md.
 """
 
 from __future__ import annotations

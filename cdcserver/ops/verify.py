@@ -230,7 +230,7 @@ class _Replay:
     def repaired(self) -> None:
         """A repair's records follow: rows had changed without row events since some earlier
         point, and records between that change and the repair carry the binlog's row images
-        (protocol.md, "Changes without binlog rows"): mismatches so far are explained."""
+        (docs/repairs.md, "Changes without binlog rows"): mismatches so far are explained."""
         self.explained += len(self._unexplained)
         self._unexplained = []
 

@@ -8,7 +8,7 @@
           .option("tables", "shop.orders").option("startingPosition", "earliest")
           .load())
 
-Needs the ``spark`` extra (pyspark, pyarrow). See the README's "Spark" section.
+Needs the ``spark`` extra (pyspark, pyarrow). See docs/spark.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The web console (admin.md) in a real browser against a real service: Debian's Chromium,
+"""The web console (docs/admin.md) in a real browser against a real service: Debian's Chromium,
 headless, driven through chromedriver by Selenium, the way an operator uses it.
 
 The service runs in the test's event loop, so every blocking Selenium call runs in a worker
@@ -31,7 +31,7 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 ARTIFACTS = Path(os.environ.get("CDC_TEST_ARTIFACTS", "test-artifacts")) / "console"
 ROWS = 1200  # shown as 1,200: the browser speaks en-US (--lang)
 HOSTILE = '<b onmouseover=x>t&amp;"'  # a table name that is markup if it is not escaped
-KICKED = b"ERR FORBIDDEN disconnected by an administrator\n"  # admin.md
+KICKED = b"ERR FORBIDDEN disconnected by an administrator\n"  # docs/admin.md
 WAIT = 30.0  # seconds for anything the console shows to show up
 
 # The rows of a table as the browser shows them, read in one go (a refresh may replace cells

@@ -44,7 +44,7 @@ def test_the_wheel_holds_no_generated_c_nor_cython_sources(wheel: zipfile.ZipFil
     assert not [n for n in names if n.endswith((".c", ".pyx", ".pxd"))]
     assert "cdcserver/py.typed" in names and "mariadb_cdc_client/py.typed" in names
     assert "cdcserver/mariadb/charmaps.json.gz" in names
-    for page in ("index.html", "console.js", "console.css"):  # the web console (admin.md)
+    for page in ("index.html", "console.js", "console.css"):  # the web console (docs/admin.md)
         assert f"cdcserver/ops/console/{page}" in names
 
 

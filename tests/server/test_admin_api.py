@@ -1,4 +1,4 @@
-"""The admin API (admin.md) on a real service replicating the real MariaDB, with real CDC
+"""The admin API (docs/admin.md) on a real service replicating the real MariaDB, with real CDC
 clients connected: every endpoint, the token, and what each action does to the clients."""
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ async def test_kick_ends_a_client_and_resync_of_a_whole_table_is_refused(
     assert (code, out) == (0, f"disconnected client {listed['id']}\n"), err
     rest = await client.closed()
     last = rest.splitlines()[-1]
-    # (admin.md writes the line "ERR FORBIDDEN: ..."; the wire's ERR lines have no colon)
+    # (docs/admin.md writes the line "ERR FORBIDDEN: ..."; the wire's ERR lines have no colon)
     assert re.fullmatch(rb"ERR FORBIDDEN:? disconnected by an administrator", last), last
     code, out, err = await admin.ctl(capsys, "kick", str(listed["id"]))
     assert code == 1 and out == ""

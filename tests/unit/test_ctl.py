@@ -109,7 +109,7 @@ def test_sizes_and_columns():
     assert ctlformat.render_table(["ID", "USER"], []) == "ID  USER"
 
 
-# The examples of admin.md.
+# The examples of docs/admin.md.
 CLIENT = {"id": 12, "address": "10.0.0.7:51234", "user": "reader", "uuid": "a3c5",
           "format": "AVRO", "dialect": "maxscale", "phase": "streaming",
           "reading": "shop.orders", "request": "REQUEST-DATA shop.orders 0-1-4000",

@@ -1,4 +1,4 @@
-// The cdcserver web console (admin.md): the admin API's views and actions in a browser.
+// The cdcserver web console (docs/admin.md): the admin API's views and actions in a browser.
 //
 // Plain JavaScript, no build step, nothing fetched from elsewhere: the service's
 // Content-Security-Policy allows scripts and styles from its own origin only, so nothing here
