@@ -628,8 +628,12 @@ def settled(service: Service, conn: Any, timeout: float) -> bool:
     """Until the service has applied everything the source logged, quarantines no table and
     has no repair out: a resync, and a repair read beside the stream, complete with
     transactions after their watermark, so the source gets one (on a table the generator
-    does not touch) every half second meanwhile."""
+    does not touch) every half second meanwhile. False after ``timeout`` seconds in which
+    the service, behind the source, applied nothing new, or caught up but did not settle: a
+    service that is slow (a long backlog after the last kill, on a machine other soaks
+    load) but moving is waited for."""
     deadline = time.monotonic() + timeout
+    applied = None
     while time.monotonic() < deadline:
         with conn.cursor() as cur:
             cur.execute("INSERT INTO _tick VALUES ()")
@@ -638,7 +642,19 @@ def settled(service: Service, conn: Any, timeout: float) -> bool:
             if not health.get("quarantined") and \
                     not health.get("replication", {}).get("repair_pending"):
                 return caught_up(service, conn, 30)
+            continue  # caught up: what is left (a repair, a resync) has the time left
+        now = _applied(service)
+        if now != applied:  # behind, but moving
+            applied, deadline = now, time.monotonic() + timeout
     return False
+
+
+def _applied(service: Service) -> str:
+    """The GTID state the service's /health says it applied ('' while it cannot say)."""
+    try:
+        return str(service.health().get("replication", {}).get("applied", ""))
+    except (OSError, ValueError):
+        return ""
 
 
 def caught_up(service: Service, conn: Any, timeout: float) -> bool:
@@ -652,10 +668,7 @@ def caught_up(service: Service, conn: Any, timeout: float) -> bool:
     while time.monotonic() < deadline:
         if service.exited() is not None:
             return False
-        try:
-            state = str(service.health().get("replication", {}).get("applied", ""))
-        except (OSError, ValueError):
-            state = ""
+        state = _applied(service)
         have = {item.rsplit("-", 1)[0]: int(item.rsplit("-", 1)[1])
                 for item in state.split(",") if item}
         if all(have.get(k, -1) >= v for k, v in wanted.items()):
