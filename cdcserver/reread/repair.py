@@ -166,6 +166,7 @@ class Repairer:
         self._inline: list[tuple[list[Rowless], str]] = []
         self._resync_here: set[TableName] = set()  # resyncs the pipeline reads itself
         self._launched = 0
+        self._reading = 0  # repairs being read now (in no list meanwhile)
         self._next_share = 0.0  # (monotonic) when a repair beside the stream may go on
 
     @property
@@ -175,10 +176,12 @@ class Repairer:
 
     @property
     def pending(self) -> bool:
-        """Whether a repair waits for the stream to reach its watermark (then no checkpoint
-        may be written: it would pass the change the repair is for)."""
+        """Whether a repair waits for the stream to reach its watermark, or to be read (then
+        no checkpoint may be written: it would pass the change the repair is for). A repair
+        read again after a schema statement is in no list while it is read: the pipeline's
+        flush looks in meanwhile, and the transactions since its change are stored."""
         return bool(self._pending or self._again or self._beside or self._queued or
-                    self._inline)
+                    self._inline or self._reissue or self._reading)
 
     def request_resync(self, table: TableName, why: str) -> bool:
         """Read a quarantined table again at a watermark and release it there (in the first
@@ -641,7 +644,14 @@ class Repairer:
         when a quarantined table's resync was asked for). A source that cannot be reached
         stops the pipeline for a restart (:class:`SourceUnavailable`); a table that cannot
         be read is quarantined, and every other table goes on."""
-        markers = list(markers)
+        self._reading += 1
+        try:
+            await self._read_and_wait(list(markers), cause, commit, resync, beside_ok)
+        finally:
+            self._reading -= 1
+
+    async def _read_and_wait(self, markers: list[Rowless], cause: str, commit: Commit | None,
+                             resync: float | None, beside_ok: bool) -> None:
         if beside_ok and (self._launch(markers, cause) if resync is None else
                           self._launch_resync(markers[0], resync)):
             return

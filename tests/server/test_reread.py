@@ -16,7 +16,16 @@ from typing import Any
 
 import pytest
 
-from cdcserver.core.changes import Begin, Commit, Rowless, Rows, RowsKind, TableLayout
+from cdcserver.core.changes import (
+    Begin,
+    Commit,
+    Ddl,
+    Rowless,
+    Rows,
+    RowsKind,
+    TableChange,
+    TableLayout,
+)
 from cdcserver.core.config import parse_source_url
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.core.names import TableName
@@ -108,6 +117,45 @@ async def test_a_rowless_change_is_repaired_by_a_read_at_the_watermark(tmp_path,
     # The view now holds the table: a second repair finds nothing to do.
     batch = await stream.transaction([marker], _position(source), repairer)
     assert not [c for c in batch if isinstance(c, Rows)]
+    views.close()
+    stream.store.close()
+
+
+async def test_a_repair_read_again_after_a_schema_statement_holds_the_checkpoint_back(
+        tmp_path, source: Source, monkeypatch: pytest.MonkeyPatch):
+    """Found by the soak (seed 50007): a repair waiting for its watermark is read again after
+    a schema statement on its table. While that read ran, the repair was in neither the
+    waiting list nor the one to read again, so the pipeline saw none pending and wrote a
+    checkpoint past the change being repaired; a kill -9 then lost the repair (the rows a
+    rollback to a savepoint left unsent never went out)."""
+    db = f"`{source.database}`"
+    source.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)",
+                   f"CREATE TABLE {db}.u (id INT PRIMARY KEY)", f"INSERT INTO {db}.t VALUES (1, 1)")
+    layout = _layout(source, "t")
+    stream = _Stream(str(tmp_path / "data"))
+    await stream.transaction([Rows(layout, RowsKind.INSERT, 0, _rows(source, layout))],
+                             _position(source))
+    behind = _position(source)  # the stream is here; the source moves on
+    source.execute(f"INSERT INTO {db}.u VALUES (1)")
+    views = Views(str(tmp_path / "views.sqlite"))
+    repairer = Repairer(parse_source_url(source.url), stream.catalog, views)
+    marker = Rowless(source.database, "t", "a test's hidden change", layout=layout)
+    await stream.transaction([marker], behind, repairer)
+    assert repairer.pending, "the watermark is ahead of the stream"
+    pending_while_read: list[bool] = []
+    read = repairer._read
+
+    def reading(*args: Any) -> Any:
+        pending_while_read.append(repairer.pending)
+        return read(*args)
+
+    monkeypatch.setattr(repairer, "_read", reading)
+    index = Ddl(source.database, "ALTER TABLE t ADD INDEX (v)", 0, "alter",
+                (TableChange("alter", source.database, "t", layout, changed=False),),
+                behind.file, behind.pos)
+    await stream.transaction([index], behind, repairer)
+    assert pending_while_read == [True]
+    assert repairer.pending
     views.close()
     stream.store.close()
 
