@@ -538,6 +538,7 @@ class Outcome:
                  f"{self.quarantines} quarantines, {len(self.differences)} tables differ"]
         lines += [f"  stream inconsistencies: {dict(self.inconsistencies)}"] \
             if self.inconsistencies else []
+        lines += [f"    e.g. {e}" for e in self.inconsistency_examples[:5]]
         lines += [f"  exit: {e}" for e in self.exits]
         lines += [f"  {t}: {d}" for t, d in self.differences.items()]
         return "\n".join(lines)
