@@ -75,6 +75,7 @@ from cdcserver.reread.beside import (
     stored_bytes,
 )
 from cdcserver.reread.difference import (
+    Fit,
     Scope,
     differences,
     past_watermark,
@@ -332,13 +333,13 @@ class Repairer:
                     if unversioned or renders_otherwise(row, columns)]
             if not gone:
                 continue
-            names = [c.name for c in previous.columns]
+            names, fit = [c.name for c in previous.columns], Fit(previous)
             what = "the rows go out again without their period" if unversioned else \
                 "the rows it retypes go out again in the new types"
             note = _note(f"{change.rewrites}: {what}",
                          str(self._begin.gtid) if self._begin else "")
             out.append(Rows(previous, RowsKind.DELETE, ddl.timestamp,
-                            [tuple(row.get(n) for n in names) for row in gone],
+                            [tuple(fit(row, None).get(n) for n in names) for row in gone],
                             ddl.file, ddl.pos, repair=note, start=ddl.start))
         return out
 
