@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -158,6 +158,7 @@ class Pipeline:
         self.transactions = 0
         self.last_commit_timestamp: int | None = None  # the source's, of the newest applied
         self._progress: asyncio.Future[None] | None = None
+        self._finishing = 0  # parts being repaired and applied while a repair was out
 
     def progress(self) -> asyncio.Future[None]:
         """A future resolved after the next batch of transactions is applied."""
@@ -201,7 +202,8 @@ class Pipeline:
             await self._apply_part(batch)
             return
         for part in segments(batch):
-            await self._apply_part(self._captured_only(await self.repairer.process(part)))
+            async with self._finishing_repairs():
+                await self._apply_part(self._captured_only(await self.repairer.process(part)))
 
     @property
     def _reading_beside(self) -> bool:
@@ -209,9 +211,25 @@ class Pipeline:
 
     async def _idle(self) -> None:
         assert self.repairer is not None
-        changes = await self.repairer.idle()
-        if changes:
-            await self._apply_part(self._captured_only(changes))
+        async with self._finishing_repairs():
+            changes = await self.repairer.idle()
+            if changes:
+                await self._apply_part(self._captured_only(changes))
+
+    @contextlib.asynccontextmanager
+    async def _finishing_repairs(self) -> AsyncIterator[None]:
+        """A repair out when a part starts may reach its watermark in it: it leaves the
+        repairer's lists then, but its rows are out only once the part is applied. Until
+        then no checkpoint: one written meanwhile (the repairer reads the source in a thread,
+        the flush loop runs) would pass the change repaired without its rows, and a kill
+        then lost them. A repair that starts in the part is safe: its change is applied with
+        the part, no earlier."""
+        held = self.repairer is not None and self.repairer.pending
+        self._finishing += held
+        try:
+            yield
+        finally:
+            self._finishing -= held
 
     def _captured_only(self, changes: list[Change]) -> list[Change]:
         """Without the rows a repair read of tables the service does not capture (a cascade
@@ -267,7 +285,7 @@ class Pipeline:
     def repair_pending(self) -> bool:
         """While a repair waits for its watermark no checkpoint is written (it would pass the
         change being repaired; a restart replays from the last one instead)."""
-        return self.repairer is not None and self.repairer.pending
+        return self.repairer is not None and (self.repairer.pending or self._finishing > 0)
 
     async def flush(self) -> None:
         if self.repair_pending:

@@ -28,6 +28,7 @@ from cdcserver.core.changes import (
 )
 from cdcserver.core.config import parse_source_url
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.core.handoff import Handoff
 from cdcserver.core.names import TableName
 from cdcserver.mariadb.charsets import CollationTable
 from cdcserver.replication.connection import BinlogConnection
@@ -39,6 +40,8 @@ from cdcserver.reread.view import Views, ViewsClosed
 from cdcserver.schema import ddl
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.schema.layouts import layout_of
+from cdcserver.sinks.pipeline import Pipeline
+from cdcserver.sinks.store import StoreSink
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.store import AvroStore
 from tests.conftest import RunningService, Source
@@ -158,6 +161,48 @@ async def test_a_repair_read_again_after_a_schema_statement_holds_the_checkpoint
     assert repairer.pending
     views.close()
     stream.store.close()
+
+
+async def test_a_repair_reaching_its_watermark_holds_the_checkpoint_until_its_rows_are_out(
+        tmp_path, source: Source, monkeypatch: pytest.MonkeyPatch):
+    """Found by CI's chaos test (seed 20261130, application sessions): a repair reaching its
+    watermark left the waiting list, then read the difference in a thread. The pipeline's
+    flush loop ran meanwhile, saw no repair out, and wrote a checkpoint past the change
+    repaired without its rows; a kill -9 then lost them (rows a rollback to a savepoint left
+    unsent, deleted later: "delete of a key not held")."""
+    db = f"`{source.database}`"
+    source.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)",
+                   f"INSERT INTO {db}.t VALUES (1, 1)")
+    layout = _layout(source, "t")
+    store = _Stream(str(tmp_path / "data")).store
+    views = Views(str(tmp_path / "views.sqlite"))
+    repairer = Repairer(parse_source_url(source.url), store.catalog, views)
+    applied: list[Any] = []
+    pipeline = Pipeline(Handoff(asyncio.get_running_loop()), [StoreSink(store)], GtidState(),
+                        repairer=repairer, applied=lambda sink, changes: applied.extend(changes))
+    behind = _position(source)
+    source.execute(f"INSERT INTO {db}.t VALUES (2, 2)")  # the change repaired, ahead
+    await pipeline._apply([Begin(Gtid(9, 1, 1), 0),
+                           Rows(layout, RowsKind.INSERT, 0, [(1, 1)]),
+                           Rowless(source.database, "t", "a test's hidden change",
+                                   layout=layout), Commit(behind, 0)])
+    assert pipeline.repair_pending, "the watermark is ahead of the stream"
+    held_while_read: list[bool] = []
+    difference = repairer._difference
+
+    def reading(*args: Any) -> Any:
+        held_while_read.append(pipeline.repair_pending)
+        return difference(*args)
+
+    monkeypatch.setattr(repairer, "_difference", reading)
+    ahead = _position(source)
+    await pipeline._apply([Begin(Gtid(9, 1, 2), 0), Commit(ahead, 0)])
+    assert held_while_read == [True]
+    assert not pipeline.repair_pending
+    repaired = [row for c in applied if isinstance(c, Rows) and c.repair for row in c.rows]
+    assert repaired == [(2, 2)]
+    views.close()
+    store.close()
 
 
 async def test_rows_read_again_are_the_binlog_decoders_values_on_every_type(
