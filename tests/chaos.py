@@ -37,6 +37,7 @@ from typing import Any
 
 import pymysql
 
+from cdcserver.core.lifetime import die_with_parent
 from tests.oracle import (
     Comparison,
     column_types,
@@ -567,7 +568,10 @@ class Service:
             self._offset = log.tell()
             if self._first is None:
                 self._first = self._offset
-            self.process = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=log)
+            # (killed with this process, however it ends: a test killed at its timeout
+            # leaves no service behind; start it from a thread that lasts, as run() does)
+            self.process = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=log,
+                                            preexec_fn=die_with_parent)
 
     def text(self, since_start: bool = True) -> str:
         """The log since the latest start, or (``since_start`` False) since the first."""
