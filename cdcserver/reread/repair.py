@@ -563,8 +563,9 @@ class Repairer:
             if keeps_rows(change) and change.renamed_columns and table not in renamed:
                 if self.views.get(table) is not None:
                     self.views.rename_columns(table, dict(change.renamed_columns))
-                else:  # a view folded before the store holds the statement renames them
-                    self._renamed_columns[table] = dict(change.renamed_columns)
+                # and a view folded again before the store holds the statement (a repair
+                # read again now, keyed like the source) renames them too
+                self._renamed_columns[table] = dict(change.renamed_columns)
             if table in renamed or keeps_rows(change):
                 continue
             self.views.drop(table)

@@ -205,6 +205,50 @@ async def test_a_repair_reaching_its_watermark_holds_the_checkpoint_until_its_ro
     store.close()
 
 
+async def test_a_view_folded_again_before_the_store_holds_a_column_rename_has_the_new_names(
+        tmp_path, source: Source):
+    """Found by the soak (seeds 50014, 70015: deletes whose renamed columns were NULL): a
+    repair waiting for its watermark is read again after each schema statement on its table.
+    The read keys the table's view like the source (``id``, ``row_end``: versioning was
+    added there since), not like the stream (``id``), so the view is folded again from the
+    store. After ``RENAME COLUMN`` the store does not hold the statement yet; the view the
+    stream had was renamed, but the one folded again kept the old names, and the repair's
+    images then named the renamed column NULL."""
+    db = f"`{source.database}`"
+    source.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, a INT, v INT)",
+                   f"CREATE TABLE {db}.u (id INT PRIMARY KEY)",
+                   f"INSERT INTO {db}.t VALUES (1, 10, 100)")
+    layout = _layout(source, "t")
+    stream = _Stream(str(tmp_path / "data"))
+    await stream.transaction([Rows(layout, RowsKind.INSERT, 0, [(1, 10, 100)])],
+                             _position(source))
+    behind = _position(source)  # the stream is here; the source moves on
+    source.execute(f"ALTER TABLE {db}.t RENAME COLUMN a TO b",
+                   f"ALTER TABLE {db}.t ADD SYSTEM VERSIONING",
+                   f"INSERT INTO {db}.u VALUES (1)")
+    views = Views(str(tmp_path / "views.sqlite"))
+    repairer = Repairer(parse_source_url(source.url), stream.catalog, views)
+    marker = Rowless(source.database, "t", "a test's hidden change", layout=layout)
+    await stream.transaction([marker], behind, repairer)
+    assert repairer.pending, "the watermark is ahead of the stream"
+    renamed = layout_of(TableName(source.database, "t"), _definition(
+        "CREATE TABLE t (id INT PRIMARY KEY, b INT, v INT)", source.database))
+    rename = Ddl(source.database, "ALTER TABLE t RENAME COLUMN a TO b", 0, "alter",
+                 (TableChange("alter", source.database, "t", renamed, previous=layout,
+                              renamed_columns=(("a", "b"),)),), behind.file, behind.pos)
+    await stream.transaction([rename], behind, repairer)
+    held = [row for row, _ in views.tables[TableName(source.database, "t")].rows()]
+    assert [(r["id"], r.get("b"), "a" in r) for r in held] == [(1, 10, False)], held
+    views.close()
+    stream.store.close()
+
+
+def _definition(text: str, database: str) -> Any:
+    statement = ddl.parse(text, database)
+    assert isinstance(statement, ddl.CreateTable) and statement.definition is not None
+    return statement.definition
+
+
 async def test_rows_read_again_are_the_binlog_decoders_values_on_every_type(
         tmp_path, cdc: RunningService, source: Source):
     """The same rows three ways: decoded from the binlog (what the stream is made of), read
