@@ -124,6 +124,20 @@ async def test_a_rowless_change_is_repaired_by_a_read_at_the_watermark(tmp_path,
     stream.store.close()
 
 
+def _seen_during(monkeypatch: pytest.MonkeyPatch, obj: Any, method: str,
+                 probe: Any) -> list[Any]:
+    """What ``probe()`` returns each time ``obj.method`` is called (in its thread)."""
+    seen: list[Any] = []
+    original = getattr(obj, method)
+
+    def spied(*args: Any) -> Any:
+        seen.append(probe())
+        return original(*args)
+
+    monkeypatch.setattr(obj, method, spied)
+    return seen
+
+
 async def test_a_repair_read_again_after_a_schema_statement_holds_the_checkpoint_back(
         tmp_path, source: Source, monkeypatch: pytest.MonkeyPatch):
     """Found by the soak (seed 50007): a repair waiting for its watermark is read again after
@@ -145,14 +159,7 @@ async def test_a_repair_read_again_after_a_schema_statement_holds_the_checkpoint
     marker = Rowless(source.database, "t", "a test's hidden change", layout=layout)
     await stream.transaction([marker], behind, repairer)
     assert repairer.pending, "the watermark is ahead of the stream"
-    pending_while_read: list[bool] = []
-    read = repairer._read
-
-    def reading(*args: Any) -> Any:
-        pending_while_read.append(repairer.pending)
-        return read(*args)
-
-    monkeypatch.setattr(repairer, "_read", reading)
+    pending_while_read = _seen_during(monkeypatch, repairer, "_read", lambda: repairer.pending)
     index = Ddl(source.database, "ALTER TABLE t ADD INDEX (v)", 0, "alter",
                 (TableChange("alter", source.database, "t", layout, changed=False),),
                 behind.file, behind.pos)
@@ -187,14 +194,8 @@ async def test_a_repair_reaching_its_watermark_holds_the_checkpoint_until_its_ro
                            Rowless(source.database, "t", "a test's hidden change",
                                    layout=layout), Commit(behind, 0)])
     assert pipeline.repair_pending, "the watermark is ahead of the stream"
-    held_while_read: list[bool] = []
-    difference = repairer._difference
-
-    def reading(*args: Any) -> Any:
-        held_while_read.append(pipeline.repair_pending)
-        return difference(*args)
-
-    monkeypatch.setattr(repairer, "_difference", reading)
+    held_while_read = _seen_during(monkeypatch, repairer, "_difference",
+                                   lambda: pipeline.repair_pending)
     ahead = _position(source)
     await pipeline._apply([Begin(Gtid(9, 1, 2), 0), Commit(ahead, 0)])
     assert held_while_read == [True]
