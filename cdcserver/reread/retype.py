@@ -23,7 +23,7 @@ from typing import Any
 
 from cdcserver.core.changes import TableChange, TableLayout
 from cdcserver.store.schema import TableSchema
-from mariadb_cdc_client.format.schema import Field, Kind
+from mariadb_cdc_client.format.schema import Field, Kind, float32_text
 
 Alike = Callable[[Any], bool]  # whether a value of the old column renders alike in the new
 _INTEGERS = frozenset({Kind.INT, Kind.LONG})
@@ -115,7 +115,11 @@ def _short_single(value: Any) -> bool:
 
 
 def _single_precision(value: Any) -> bool:
+    """A DOUBLE's value that a FLOAT renders alike: FLOAT's text (the shortest that reads
+    back as the same float32, as the stream prints it) reads as the double itself. Being a
+    float32 exactly is not enough: 35048288.0 is one, and FLOAT prints it 3.504829e+07."""
     try:
-        return float(value) == struct.unpack("<f", struct.pack("<f", float(value)))[0]
+        number = float(value)
+        return float(float32_text(number)) == number
     except (OverflowError, TypeError, ValueError, struct.error):
         return False

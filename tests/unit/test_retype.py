@@ -27,9 +27,14 @@ def test_values_a_narrower_type_renders_alike_or_not():
     assert not renders_otherwise({"d": Decimal("1.500"), "f": 4.5, "s": "long text",
                                   "n": 7, "at": None}, columns)
     assert renders_otherwise({"d": Decimal("12.345")}, columns)
-    assert renders_otherwise({"f": 18.5714}, columns)
+    assert renders_otherwise({"f": 18.5714286}, columns)  # FLOAT prints 18.57143
+    assert not renders_otherwise({"f": 18.5714}, columns)  # FLOAT prints 18.5714 too
     assert renders_otherwise({"d": Decimal("1234567890.5")}, columns)  # past DECIMAL(10,1)
     assert renders_otherwise({"at": "2024-01-02 03:04:05.678"}, columns)
+    # Found by the soak (seed 70000): a float32 holds 35048288 exactly, but FLOAT prints it
+    # with seven digits, 3.504829e+07 (35048290), where the DOUBLE printed 35048288.0.
+    assert renders_otherwise({"f": 35048288.0}, columns)
+    assert not renders_otherwise({"f": 16777216.0}, columns)  # printed 16777216 in both
 
 
 def test_renamed_and_unchanged_columns_are_not_retyped():
