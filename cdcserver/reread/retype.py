@@ -67,10 +67,8 @@ def _alike(before: Field, after: Field) -> Alike:
         return _always
     if before.kind == after.kind == Kind.DECIMAL:
         return _fits_decimal(after.precision, after.scale)
-    if before.kind == Kind.DOUBLE and after.kind == Kind.FLOAT:
-        return _single_precision
-    if before.kind == Kind.FLOAT and after.kind == Kind.DOUBLE:
-        return _short_single
+    if {before.kind, after.kind} == {Kind.FLOAT, Kind.DOUBLE}:
+        return _prints_alike
     return _never
 
 
@@ -98,26 +96,11 @@ def _fits_decimal(precision: int, scale: int) -> Alike:
     return fits
 
 
-def _short_single(value: Any) -> bool:
-    """A FLOAT's value that a DOUBLE renders alike: its shortest single-precision text is
-    the double itself (``0.5``, ``1.25``; not ``0.1``, which is ``0.10000000149011612`` as a
-    double)."""
-    try:
-        number = float(value)
-        single = struct.unpack("<f", struct.pack("<f", number))[0]
-        for digits in range(1, 10):
-            text = f"{single:.{digits}g}"
-            if struct.unpack("<f", struct.pack("<f", float(text)))[0] == single:
-                return float(text) == number
-    except (OverflowError, TypeError, ValueError, struct.error):
-        return False
-    return False
-
-
-def _single_precision(value: Any) -> bool:
-    """A DOUBLE's value that a FLOAT renders alike: FLOAT's text (the shortest that reads
-    back as the same float32, as the stream prints it) reads as the double itself. Being a
-    float32 exactly is not enough: 35048288.0 is one, and FLOAT prints it 3.504829e+07."""
+def _prints_alike(value: Any) -> bool:
+    """A value FLOAT and DOUBLE print alike, narrowed or widened: FLOAT's text (the shortest
+    that reads back as the same float32, as the stream prints it) reads back as the double
+    itself. ``0.5``, ``1.25`` and ``18.5714`` do; ``0.10000000149011612`` (FLOAT's 0.1 as a
+    double) does not, nor ``35048288`` (a float32 exactly, printed ``3.504829e+07``)."""
     try:
         number = float(value)
         return float(float32_text(number)) == number
