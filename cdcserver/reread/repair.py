@@ -872,6 +872,7 @@ class Repairer:
                 out += self._released(pending, commit)
             rows = await asyncio.to_thread(self.views.locked, self._difference, pending,
                                            commit)
+            self._batch_rows += rows  # a view folded again in this part must hold them
             out += rows
         return out
 

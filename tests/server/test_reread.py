@@ -244,6 +244,43 @@ async def test_a_view_folded_again_before_the_store_holds_a_column_rename_has_th
     stream.store.close()
 
 
+async def test_two_repairs_due_together_keyed_otherwise_do_not_insert_a_row_twice(
+        tmp_path, source: Source):
+    """Found by the soak (seed 80005: 22 "insert of a held key (repair)"): two repairs of a
+    table reached their watermarks in one commit. The first inserted the rows the stream
+    lacked; the second, keyed like a later read of the source (``id``, ``row_end``: the
+    source had versioning by then), folded its view again from the store, which did not hold
+    the first one's rows yet, and inserted them again: a key held, inserted."""
+    db = f"`{source.database}`"
+    source.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)",
+                   f"CREATE TABLE {db}.u (id INT PRIMARY KEY)",
+                   f"INSERT INTO {db}.t VALUES (1, 1)")
+    layout = _layout(source, "t")
+    stream = _Stream(str(tmp_path / "data"))
+    await stream.transaction([Rows(layout, RowsKind.INSERT, 0, [(1, 1)])], _position(source))
+    behind = _position(source)
+    conn = source.server.connect(source.database)
+    with conn.cursor() as cur:  # a change no row event tells
+        cur.execute("SET SESSION sql_log_bin = 0")
+        cur.execute("INSERT INTO t VALUES (2, 2)")
+    conn.close()
+    source.execute(f"INSERT INTO {db}.u VALUES (1)")
+    views = Views(str(tmp_path / "views.sqlite"))
+    repairer = Repairer(parse_source_url(source.url), stream.catalog, views)
+    marker = Rowless(source.database, "t", "a test's hidden change", layout=layout)
+    await stream.transaction([marker], behind, repairer)
+    source.execute(f"ALTER TABLE {db}.t ADD SYSTEM VERSIONING", f"INSERT INTO {db}.u VALUES (2)")
+    await stream.transaction([marker], behind, repairer)
+    assert len(repairer._pending) == 2
+    batch = await stream.transaction([], _position(source), repairer)
+    told = [(c.kind, row[0]) for c in batch if isinstance(c, Rows) for row in c.rows]
+    # the first inserts it; the second, keyed with row_end, replaces it (it was held)
+    assert [kind for kind, key in told if key == 2] == \
+        [RowsKind.INSERT, RowsKind.DELETE, RowsKind.INSERT], told
+    views.close()
+    stream.store.close()
+
+
 def _definition(text: str, database: str) -> Any:
     statement = ddl.parse(text, database)
     assert isinstance(statement, ddl.CreateTable) and statement.definition is not None
