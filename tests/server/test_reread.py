@@ -216,13 +216,7 @@ async def test_a_view_folded_again_before_the_store_holds_a_column_rename_has_th
     stream had was renamed, but the one folded again kept the old names, and the repair's
     images then named the renamed column NULL."""
     db = f"`{source.database}`"
-    source.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, a INT, v INT)",
-                   f"CREATE TABLE {db}.u (id INT PRIMARY KEY)",
-                   f"INSERT INTO {db}.t VALUES (1, 10, 100)")
-    layout = _layout(source, "t")
-    stream = _Stream(str(tmp_path / "data"))
-    await stream.transaction([Rows(layout, RowsKind.INSERT, 0, [(1, 10, 100)])],
-                             _position(source))
+    layout, stream = await _streamed(tmp_path, source, "a INT, v INT", (1, 10, 100))
     behind = _position(source)  # the stream is here; the source moves on
     source.execute(f"ALTER TABLE {db}.t RENAME COLUMN a TO b",
                    f"ALTER TABLE {db}.t ADD SYSTEM VERSIONING",
@@ -252,12 +246,7 @@ async def test_two_repairs_due_together_keyed_otherwise_do_not_insert_a_row_twic
     source had versioning by then), folded its view again from the store, which did not hold
     the first one's rows yet, and inserted them again: a key held, inserted."""
     db = f"`{source.database}`"
-    source.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)",
-                   f"CREATE TABLE {db}.u (id INT PRIMARY KEY)",
-                   f"INSERT INTO {db}.t VALUES (1, 1)")
-    layout = _layout(source, "t")
-    stream = _Stream(str(tmp_path / "data"))
-    await stream.transaction([Rows(layout, RowsKind.INSERT, 0, [(1, 1)])], _position(source))
+    layout, stream = await _streamed(tmp_path, source, "v INT", (1, 1))
     behind = _position(source)
     conn = source.server.connect(source.database)
     with conn.cursor() as cur:  # a change no row event tells
@@ -279,6 +268,20 @@ async def test_two_repairs_due_together_keyed_otherwise_do_not_insert_a_row_twic
         [RowsKind.INSERT, RowsKind.DELETE, RowsKind.INSERT], told
     views.close()
     stream.store.close()
+
+
+async def _streamed(tmp_path: Any, source: Source, columns: str, row: tuple[Any, ...]
+                    ) -> tuple[TableLayout, _Stream]:
+    """``t`` (``id INT PRIMARY KEY, columns``) holding ``row`` on the source and in a stream
+    fed by hand; ``u``, a table to move the source on with."""
+    db = f"`{source.database}`"
+    source.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, {columns})",
+                   f"CREATE TABLE {db}.u (id INT PRIMARY KEY)",
+                   f"INSERT INTO {db}.t VALUES ({', '.join(map(repr, row))})")
+    layout = _layout(source, "t")
+    stream = _Stream(str(tmp_path / "data"))
+    await stream.transaction([Rows(layout, RowsKind.INSERT, 0, [row])], _position(source))
+    return layout, stream
 
 
 def _definition(text: str, database: str) -> Any:
