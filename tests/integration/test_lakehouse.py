@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER
+from tests.spark_queries import run_to_end
 
 COLUMNS = ("id", "ubig", "price", "name", "raw", "d", "dtm", "ts", "tm", "f")
 EPOCH = dt.datetime(1970, 1, 1)
@@ -142,9 +143,8 @@ def _run_once(spark: Any, options: dict[str, str], table: str, path: str, checkp
     """The mirror with trigger availableNow; the number of batches that read rows."""
     from mariadb_cdc_client.spark.mirror import start
 
-    query = start(spark, options, table, path, checkpoint, {"availableNow": True}, format,
-                  catalog)
-    query.awaitTermination(180)
+    query = run_to_end(lambda: start(spark, options, table, path, checkpoint,
+                                     {"availableNow": True}, format, catalog), 180)
     assert query.exception() is None, query.exception()
     return len([p for p in query.recentProgress if p["numInputRows"]])
 

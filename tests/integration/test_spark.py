@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER, wait_until
+from tests.spark_queries import run_to_end
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.spark]
 
@@ -79,8 +80,8 @@ def _stream(spark: Any, options: dict[str, str], sink: str, checkpoint: str,
 
 def _run_available_now(spark: Any, options: dict[str, str], sink: str, checkpoint: str
                        ) -> list[dict[str, Any]]:
-    query = _stream(spark, options, sink, checkpoint, availableNow=True)
-    query.awaitTermination(120)
+    query = run_to_end(lambda: _stream(spark, options, sink, checkpoint, availableNow=True),
+                       120)
     assert query.exception() is None, query.exception()
     return [p for p in query.recentProgress if p["numInputRows"]]
 
@@ -294,9 +295,8 @@ async def test_a_mirror_built_from_the_latest_dump_equals_the_source_table(
     options = _options(cdc, "unused", startingPosition="dump", maxRowsPerBatch="25")
 
     def run_once() -> int:
-        query = start(spark, options, f"{source.database}.stock", path, checkpoint,
-                      {"availableNow": True})
-        query.awaitTermination(180)
+        query = run_to_end(lambda: start(spark, options, f"{source.database}.stock", path,
+                                         checkpoint, {"availableNow": True}), 180)
         assert query.exception() is None, query.exception()
         return len([p for p in query.recentProgress if p["numInputRows"]])
 
