@@ -339,7 +339,7 @@ class Repairer:
             note = _note(f"{change.rewrites}: {what}",
                          str(self._begin.gtid) if self._begin else "")
             out.append(Rows(previous, RowsKind.DELETE, ddl.timestamp,
-                            [tuple(fit(row, None).get(n) for n in names) for row in gone],
+                            [tuple(map(fit(row, None).get, names)) for row in gone],
                             ddl.file, ddl.pos, repair=note, start=ddl.start))
         return out
 
