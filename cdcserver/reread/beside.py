@@ -39,7 +39,15 @@ key, a cascade and a statement that turns system versioning on or off take the p
 path (:meth:`.repair.Repairer._start`), and so does a system-versioned table once the read
 finds it is one. Before it folds anything the process checks, in a second, that the table can
 be read (its privilege, a lock held past the wait): a table that cannot is quarantined at
-once, not after minutes of work.
+once, not after minutes of work. The columns the statement renamed are renamed in the view
+once it is folded (the frozen versions end before the statement), as a consumer renames them.
+
+An ALTER that retypes columns whose new types may render a stored value otherwise (``12.345``
+in ``DECIMAL(10,1)``, a ``DATE`` in a ``DATETIME``) is itself held (:class:`HeldStatement`):
+the process also finds the rows holding such values, and they go out first, deleted in the
+old version exactly as a consumer holds them; then the statement; then the records, which
+insert those rows as the source has them (:mod:`.retype`). A repair called off or failed lets
+the statement go at once, the pipeline reading those rows itself.
 
 A quarantined table's resync of at least ``MIN_BYTES`` stored takes this path too: its stored
 versions are frozen as the quarantine left them, the source's primary key and columns are
@@ -65,7 +73,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cdcserver.core.capture import ColumnRules
-from cdcserver.core.changes import Commit, Rowless, Rows, RowsKind, TableLayout
+from cdcserver.core.changes import (
+    Change,
+    Commit,
+    Ddl,
+    Rowless,
+    Rows,
+    RowsKind,
+    TableChange,
+    TableLayout,
+)
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import DefinitionChanged, SourceError, SourceUnavailable
 from cdcserver.core.lifetime import die_with_parent
@@ -79,6 +96,7 @@ from cdcserver.reread.readview import (
     definition_changed,
     unreachable,
 )
+from cdcserver.reread.retype import renders_otherwise, retyped
 from cdcserver.reread.view import (
     Row,
     TableView,
@@ -100,6 +118,26 @@ _KINDS = {_DELETE: RowsKind.DELETE, _UPDATE: RowsKind.UPDATE, _INSERT: RowsKind.
 
 class Cancelled(Exception):
     """The repair was called off (a schema statement, the pipeline stopping)."""
+
+
+@dataclass
+class HeldStatement:
+    """An ALTER whose new version waits for its table's repair beside the stream (see the
+    module's description): the rows it retypes go out before it, deleted in the old
+    version."""
+
+    ddl: Ddl
+    change: TableChange  # the table's, in ``ddl``
+    cause: str  # the statement's transaction
+
+    @property
+    def table(self) -> TableName:
+        return TableName(self.change.database, self.change.table)
+
+    @property
+    def previous(self) -> TableLayout:
+        assert self.change.previous is not None
+        return self.change.previous
 
 
 class FrozenCatalog:
@@ -148,12 +186,17 @@ def eligible(markers: list[Rowless], catalog: Catalog) -> bool:
             m.layout is not None and m.layout.primary_key and not m.layout.sequence
             and not m.edges and not m.columns for m in markers):
         return False
-    return stored_bytes(catalog, tables.pop()) >= MIN_BYTES
+    return big(catalog, tables.pop())
 
 
 def resync_eligible(table: TableName, catalog: Catalog) -> bool:
     """Whether a quarantined table's resync is read beside the stream: its stored versions
     hold at least ``MIN_BYTES`` (its key is the source's, learned by the read)."""
+    return big(catalog, table)
+
+
+def big(catalog: Catalog, table: TableName) -> bool:
+    """Whether the table's whole-table repairs are read beside the stream, by its size."""
     return stored_bytes(catalog, table) >= MIN_BYTES
 
 
@@ -181,6 +224,8 @@ class _Job:
     path: str
     hold: str | None  # a file to wait for before comparing (a test's hold point)
     service: int  # the service's process id
+    renamed: dict[str, str]  # columns the statement renamed (not in the frozen versions)
+    retype: tuple[TableChange, TableLayout] | None  # a held statement's: the rows it retypes
 
 
 @dataclass
@@ -190,6 +235,7 @@ class _Result:
     reason: str
     fallback: str
     differences: int
+    gone: int  # rows a held statement retypes, deleted in the old version
 
 
 # Tests hold a repair after it has read the source and before it compares: the path of a file
@@ -204,7 +250,9 @@ class BesideRepair:
 
     def __init__(self, markers: list[Rowless], cause: str, address: SourceAddress,
                  columns: ColumnRules, frozen: FrozenCatalog, unstored: list[Rows],
-                 path: str, closing: threading.Event, resync: float | None = None) -> None:
+                 path: str, closing: threading.Event, resync: float | None = None,
+                 renamed: dict[str, str] | None = None,
+                 statement: HeldStatement | None = None) -> None:
         first = markers[0]
         self.table = TableName(first.database, first.table)
         self.resync = resync  # a quarantined table's resync: when it was asked for
@@ -223,14 +271,20 @@ class BesideRepair:
         self.layout: TableLayout | None = None  # the records'
         self.differences = 0
         self.sent = 0  # differences attached so far
+        self.statement = statement  # held for the repair, until ``statement_out``
+        self.statement_out = False
+        self.gone = 0  # rows the statement retypes (:class:`HeldStatement`)
         self._job = _Job(self.table, first.layout, self.key, self.reason, cause, address,
                          columns, frozen,
                          [(r.layout, r.kind, list(r.rows)) for r in unstored], path,
-                         HOLD_BEFORE_COMPARE, os.getpid())
+                         HOLD_BEFORE_COMPARE, os.getpid(), dict(renamed or {}),
+                         None if statement is None else
+                         (statement.change, statement.previous))
         self._path = path
         self._closing = closing
         self._cancel = threading.Event()
         self._next = 0  # the next difference to attach
+        self._next_gone = 0 if statement is not None else -1  # the next row retyped out
 
     def start(self) -> None:
         log.info("%s: the repair of %s is read beside the stream (%s)", self.cause,
@@ -286,6 +340,7 @@ class BesideRepair:
             result: _Result = message[1]
             self.layout, self.reason = result.layout, result.reason
             self.fallback, self.differences = result.fallback, result.differences
+            self.gone = result.gone
             self.point = result.point
             if not self.fallback:
                 log.info("%s: %d rows of %s differ from the stream at the watermark %s:%d; "
@@ -326,6 +381,35 @@ class BesideRepair:
         return [Rows(self.layout, _KINDS[kind], commit.timestamp, images,
                      commit.position.file, commit.position.pos, repair=note)
                 for kind, images in found.items() if images]
+
+    @property
+    def letting_go(self) -> HeldStatement | None:
+        """The statement it holds, not out yet: to go out with the rows it retypes when
+        the repair does not (it is called off, or fails)."""
+        return None if self.statement is None or self.statement_out else self.statement
+
+    def attach_retyped(self, commit: Commit, note: str) -> list[Change]:
+        """(In a thread.) A held statement's next ``ATTACH_ROWS`` rows it retypes, deleted in
+        the old version as a consumer holds them, as records of ``commit``; once none is
+        left, the statement itself. Nothing once the statement is out."""
+        held = self.letting_go
+        if held is None:
+            return []
+        out: list[Change] = []
+        if self._next_gone >= 0:
+            with contextlib.closing(sqlite3.connect(self._path)) as db:
+                rows = db.execute("SELECT seq, image FROM gone WHERE seq >= ? ORDER BY seq "
+                                  "LIMIT ?", (self._next_gone, ATTACH_ROWS)).fetchall()
+            if rows:
+                self._next_gone = rows[-1][0] + 1
+                out.append(Rows(held.previous, RowsKind.DELETE, commit.timestamp,
+                                [pickle.loads(image) for _, image in rows],
+                                commit.position.file, commit.position.pos, repair=note))
+            if len(rows) == ATTACH_ROWS:
+                return out  # more in the next share
+            self._next_gone = -1
+        self.statement_out = True
+        return [*out, held.ddl]
 
     @property
     def attached(self) -> bool:
@@ -405,6 +489,7 @@ class _Reader:
         self.reason = job.reason
         self.fallback = ""
         self.differences = 0
+        self.gone = 0
 
     def run(self) -> _Result:
         job = self.job
@@ -429,15 +514,46 @@ class _Reader:
                 self._compare(private.db, view, layout)
         finally:
             private.close()
-        return _Result(point, layout, self.reason, self.fallback, self.differences)
+        return _Result(point, layout, self.reason, self.fallback, self.differences, self.gone)
 
     def _fold(self, private: Views, key: tuple[str, ...]) -> TableView:
-        """The stream's table right after the cause: its frozen versions and unstored rows."""
+        """The stream's table right after the cause: its frozen versions and unstored rows,
+        the rows a held statement retypes out, its columns renamed as the statement did."""
         job = self.job
-        view = private.fold(job.frozen, job.table, key)  # type: ignore[arg-type]
+        before = {new: old for old, new in job.renamed.items()}
+        view = private.fold(job.frozen, job.table,  # type: ignore[arg-type]
+                            tuple(before.get(c, c) for c in key))
         for stream_layout, kind, rows in job.unstored:
             view.apply(Rows(stream_layout, kind, 0, rows))
+        if job.retype is not None:
+            self._retyped_out(private.db, view, *job.retype)
+        if job.renamed:
+            private.rename_columns(job.table, job.renamed)
+            view = private.tables[job.table]
         return view
+
+    def _retyped_out(self, db: sqlite3.Connection, view: TableView, change: TableChange,
+                     previous: TableLayout) -> None:
+        """The rows whose values the statement's new types render otherwise: written (as the
+        old version's deletes) to go out before the statement, and out of the view, so that
+        the comparison inserts them as the source has them."""
+        columns = retyped(change, previous)
+        names, fit = [c.name for c in previous.columns], Fit(previous)
+        db.execute("CREATE TABLE gone (seq INTEGER PRIMARY KEY, key BLOB, image BLOB)")
+        db.execute("BEGIN")
+        pending: list[tuple[int, bytes, bytes]] = []
+        for key, row in _sorted_rows(db.cursor(), "SELECT key, row FROM rows WHERE view = ? "
+                                     "ORDER BY key", (view.id,)):
+            if renders_otherwise(row, columns):
+                pending.append((self.gone, key, _pack(_values(fit(row, None), names))))
+                self.gone += 1
+            if len(pending) >= 10_000:
+                db.executemany("INSERT INTO gone VALUES (?, ?, ?)", pending)
+                pending = []
+        db.executemany("INSERT INTO gone VALUES (?, ?, ?)", pending)
+        db.execute("DELETE FROM rows WHERE view = ? AND key IN (SELECT key FROM gone)",
+                   (view.id,))
+        db.execute("COMMIT")
 
     def _hold(self) -> None:
         while self.job.hold is not None and not os.path.exists(self.job.hold):

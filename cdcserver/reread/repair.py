@@ -66,13 +66,13 @@ from cdcserver.replication.rowless import SESSION_REASONS
 from cdcserver.replication.sources import Sources
 from cdcserver.reread.asheld import as_held
 from cdcserver.reread.beside import (
-    MIN_BYTES,
     BesideRepair,
     Cancelled,
     FrozenCatalog,
+    HeldStatement,
+    big,
     eligible,
     resync_eligible,
-    stored_bytes,
 )
 from cdcserver.reread.difference import (
     Fit,
@@ -86,10 +86,15 @@ from cdcserver.reread.difference import (
 )
 from cdcserver.reread.markers import cascades, keeps_rows, retarget, together
 from cdcserver.reread.readview import ReadView, definition_changed, unreachable
-from cdcserver.reread.retype import renders_otherwise, retyped
+from cdcserver.reread.retype import (
+    RETYPED_OUT,
+    may_render_otherwise,
+    renders_otherwise,
+    retyped,
+)
 from cdcserver.reread.view import Row, TableView, Views, ViewsClosed, key_names
 from cdcserver.schema.masking import project_layout
-from cdcserver.schema.rewrites import DROP_VERSIONING
+from cdcserver.schema.rewrites import DROP_VERSIONING, VERSIONING_REWRITES
 from cdcserver.store.catalog import Catalog
 
 log = logging.getLogger(__name__)
@@ -165,6 +170,11 @@ class Repairer:
         self._beside: dict[TableName, BesideRepair] = {}
         self._queued: dict[TableName, list[tuple[list[Rowless], str]]] = {}
         self._inline: list[tuple[list[Rowless], str]] = []
+        # ALTERs held for their table's repair beside the stream (:class:`.beside.
+        # HeldStatement`): those of the open transaction, to launch at its commit; and those
+        # whose repair was called off or failed, to go out before the next change
+        self._statements: dict[TableName, HeldStatement] = {}
+        self._letting_go: list[HeldStatement] = []
         self._resync_here: set[TableName] = set()  # resyncs the pipeline reads itself
         self._launched = 0
         self._reading = 0  # repairs being read now (in no list meanwhile)
@@ -182,7 +192,7 @@ class Repairer:
         read again after a schema statement is in no list while it is read: the pipeline's
         flush looks in meanwhile, and the transactions since its change are stored."""
         return bool(self._pending or self._again or self._beside or self._queued or
-                    self._inline or self._reissue or self._reading)
+                    self._inline or self._reissue or self._reading or self._letting_go)
 
     def request_resync(self, table: TableName, why: str) -> bool:
         """Read a quarantined table again at a watermark and release it there (in the first
@@ -197,14 +207,18 @@ class Repairer:
         return set(self._resyncs) | self._resyncing | \
             {t for t, r in self._beside.items() if r.resync is not None}
 
-    def carry_over(self) -> list[tuple[list[Rowless], str]]:
-        """The waiting repairs (markers and cause), for the next pipeline's repairer."""
+    def carry_over(self) -> tuple[list[tuple[list[Rowless], str]], list[HeldStatement]]:
+        """The waiting repairs (markers and cause), for the next pipeline's repairer, and
+        the statements held for them (the next pipeline starts where the sinks stand, past
+        them: it lets them go first)."""
         beside = [(b.markers, b.cause) for b in self._beside.values()]
+        held = self._letting_go + [r.letting_go for r in self._beside.values()
+                                   if r.letting_go is not None]
         for repair in self._beside.values():
             repair.cancel()
         queued = [q for waiting in self._queued.values() for q in waiting]
         return [(p.markers, p.cause) for p in self._pending] + self._again + beside + \
-            queued + self._inline
+            queued + self._inline, held
 
     def stop(self) -> None:
         """The pipeline stopped: the repairs beside the stream end, and the changes they held
@@ -213,9 +227,12 @@ class Repairer:
         for repair in self._beside.values():
             repair.cancel()
 
-    def take_over(self, waiting: list[tuple[list[Rowless], str]]) -> None:
-        """Repairs a previous pipeline left waiting: read again before the first batch."""
+    def take_over(self, waiting: list[tuple[list[Rowless], str]],
+                  held: list[HeldStatement]) -> None:
+        """Repairs a previous pipeline left waiting: read again before the first batch, after
+        the statements it held."""
         self._again = list(waiting)
+        self._letting_go = list(held)
 
     @property
     def reading_beside(self) -> bool:
@@ -228,7 +245,8 @@ class Repairer:
         with now (its table quarantined, or read by the pipeline), not at the next
         transaction. What it returns goes to the sinks outside any transaction."""
         for table, repair in list(self._beside.items()):
-            if repair.done.is_set() and (repair.error is not None or repair.fallback):
+            if repair.done.is_set() and (repair.error is not None or repair.fallback) and \
+                    repair.letting_go is None:  # (its statement goes out in a transaction)
                 self._beside.pop(table)
                 repair.close()
                 self._beside_failed(repair)
@@ -256,11 +274,14 @@ class Repairer:
         self.views.stored()  # the previous part, its renames included, is in the store
         self._renamed_columns = {}
         for change in batch:
+            if isinstance(change, Rows) and self._held(change):
+                continue  # waits for its table's repair or resync (:mod:`.held`)
+            if self._letting_go and self._begin is not None and not isinstance(change, Begin):
+                out += await self._let_go()  # before anything else of their tables
             if isinstance(change, Begin):
                 self._begin, self._found, self._txn_rows = change, [], []
                 self._sequence_rows, self._overlay = {}, {}
-            elif isinstance(change, Rows) and self._held(change):
-                continue  # waits for its table's repair or resync (:mod:`.held`)
+                self._statements = {}
             elif isinstance(change, Rows) and _name(change.layout) in self._quarantined:
                 pass  # not stored: it changes neither a view nor a repair
             elif isinstance(change, Rows):
@@ -286,10 +307,16 @@ class Repairer:
                           change.qualified_name, change.reason,
                           self._begin.gtid if self._begin else "?")
             elif isinstance(change, Ddl):
-                for deleted in await self._retyped_rows_out(change):
-                    self._txn_rows.append(deleted)
-                    out.append(deleted)
+                out += await self._let_go(self._held_statements(change))
+                statement = self._to_hold(change)
+                if statement is None:
+                    for deleted in await self._retyped_rows_out(change):
+                        self._txn_rows.append(deleted)
+                        out.append(deleted)
                 self._schema_changed(change)
+                if statement is not None:  # it goes out with its table's repair
+                    self._statements[statement.table] = statement
+                    continue
             elif isinstance(change, Quarantine):  # rows the decoder could not decode
                 self._call_off(TableName(change.database, change.table))
                 self._quarantined.add(TableName(change.database, change.table))
@@ -297,6 +324,7 @@ class Repairer:
             elif isinstance(change, Abort):
                 self._begin, self._found, self._txn_rows = None, [], []
                 self._sequence_rows, self._overlay = {}, {}
+                self._statements = {}
             elif isinstance(change, Commit):
                 out += await self._committing(change)
                 out += self._stopping
@@ -309,8 +337,9 @@ class Repairer:
         old version, exactly as held; the repair then inserts it as the table has it, and no
         before-image is a row in a form it was never held in:
 
-        - a retyped column whose new type renders its value otherwise (:mod:`.retype`), in a
-          table the pipeline repairs itself;
+        - a retyped column whose new type renders its value otherwise (:mod:`.retype`), where
+          the statement is not held for its table's repair beside the stream
+          (:meth:`_to_hold`);
         - ``DROP SYSTEM VERSIONING``: every row, keyed with its ``row_end`` in the old
           version (in the new one a history row's delete would name its id only, which is the
           current row's too)."""
@@ -324,24 +353,99 @@ class Repairer:
                     table in self._queued:
                 continue
             unversioned = DROP_VERSIONING in change.rewrites
-            columns = {} if unversioned or stored_bytes(self.catalog, table) >= MIN_BYTES \
-                else retyped(change, previous)
-            if not columns and not unversioned:
+            columns = {} if unversioned else retyped(change, previous)
+            if not unversioned and not may_render_otherwise(columns):
                 continue
             view = await asyncio.to_thread(self.views.locked, self._view, table, previous)
             gone = [row for row, _ in view.rows()
                     if unversioned or renders_otherwise(row, columns)]
-            if not gone:
-                continue
-            names, fit = [c.name for c in previous.columns], Fit(previous)
-            what = "the rows go out again without their period" if unversioned else \
-                "the rows it retypes go out again in the new types"
-            note = _note(f"{change.rewrites}: {what}",
-                         str(self._begin.gtid) if self._begin else "")
-            out.append(Rows(previous, RowsKind.DELETE, ddl.timestamp,
-                            [tuple(map(fit(row, None).get, names)) for row in gone],
-                            ddl.file, ddl.pos, repair=note, start=ddl.start))
+            what = "the rows go out again without their period" if unversioned else RETYPED_OUT
+            out += self._deleted_before(ddl, change, gone, what,
+                                        str(self._begin.gtid) if self._begin else "")
         return out
+
+    @staticmethod
+    def _deleted_before(ddl: Ddl, change: TableChange, gone: list[Row], what: str,
+                        cause: str) -> list[Rows]:
+        """``gone`` (rows of the table before the statement), deleted in the old version
+        exactly as held, before the statement."""
+        if not gone:
+            return []
+        assert change.previous is not None
+        previous = change.previous
+        names, fit = [c.name for c in previous.columns], Fit(previous)
+        note = _note(f"{change.rewrites}: {what}", cause)
+        return [Rows(previous, RowsKind.DELETE, ddl.timestamp,
+                     [tuple(map(fit(row, None).get, names)) for row in gone],
+                     ddl.file, ddl.pos, repair=note, start=ddl.start)]
+
+    # -- statements held for a repair beside the stream (:class:`.beside.HeldStatement`) --
+
+    def _to_hold(self, ddl: Ddl) -> HeldStatement | None:
+        """The statement, where it is an ALTER of a table repaired beside the stream whose
+        new types may render some stored value otherwise: held for the repair, which finds
+        the rows concerned. None where the pipeline reads them now (:meth:`_retyped_rows_out`)
+        or there are none."""
+        if len(ddl.changes) != 1:
+            return None
+        change = ddl.changes[0]
+        table = TableName(change.database, change.table)
+        previous, layout = change.previous, change.layout
+        if change.kind != "alter" or not change.rewrites or previous is None or \
+                layout is None or not previous.primary_key or not layout.primary_key or \
+                layout.sequence or table in self._quarantined or \
+                any(rewrite in change.rewrites for rewrite in VERSIONING_REWRITES) or \
+                any(s.table == table for p in self._pending for s in p.scopes):
+            return None
+        if not big(self.catalog, table) or \
+                not may_render_otherwise(retyped(change, previous)):
+            return None
+        return HeldStatement(ddl, change, str(self._begin.gtid) if self._begin else "")
+
+    def _held_statements(self, ddl: Ddl) -> list[HeldStatement]:
+        """The statements held for the repairs of the tables ``ddl`` touches: they go out
+        now, before it (it calls the repairs off)."""
+        touched = {TableName(c.database, c.table) for c in ddl.changes} | \
+            {TableName.parse(c.renamed) for c in ddl.changes if c.renamed}
+        held = []
+        for table in touched:
+            repair = self._beside.get(table)
+            if repair is not None and repair.letting_go is not None:
+                held.append(repair.letting_go)
+                repair.statement = None  # let go here, not again when called off
+        return held
+
+    async def _let_go(self, held: list[HeldStatement] | None = None) -> list[Change]:
+        """Statements held for repairs that were called off or failed (``held``; by default
+        those waiting), each after the rows it retypes, read from the store here (the
+        pipeline waits), deleted in the old version."""
+        if held is None:
+            held, self._letting_go = self._letting_go, []
+        out: list[Change] = []
+        for statement in held:
+            gone = await asyncio.to_thread(self.views.locked, self._retyped_now, statement)
+            deleted = self._deleted_before(statement.ddl, statement.change, gone, RETYPED_OUT,
+                                           statement.cause)
+            self._txn_rows += deleted
+            out += [*deleted, statement.ddl]
+            log.info("%s: its repair beside the stream did not finish; the statement it held "
+                     "goes out, after %d rows it retypes", statement.table,
+                     sum(len(r.rows) for r in deleted))
+        return out
+
+    def _retyped_now(self, statement: HeldStatement) -> list[Row]:
+        """(In a thread, views locked.) The table's rows before the statement (the store
+        holds no later version of it) whose values its new types render otherwise."""
+        table, previous = statement.table, statement.previous
+        self.views.drop(table)
+        view = self.views.fold(self.catalog, table, key_names(previous))
+        for rows in self._batch_rows + self._txn_rows:  # not in the store yet
+            if _name(rows.layout) == table:
+                view.apply(rows)
+        columns = retyped(statement.change, previous)
+        gone = [row for row, _ in view.rows() if renders_otherwise(row, columns)]
+        self.views.drop(table)
+        return gone
 
     async def _as_held(self, rows: Rows) -> list[Rows]:
         """A change of a table whose repair waits for its watermark, told against the rows
@@ -386,7 +490,7 @@ class Repairer:
         watched = [r for r in self._txn_rows if self.views.get(_name(r.layout)) is not None]
         if watched:
             await asyncio.to_thread(self.views.locked, _apply_all, self.views, watched)
-        found, self._found = self._found, []
+        found, self._found = self._launch_held(self._found), []
         again, self._reissue = self._reissue, []
         inline, self._inline = self._inline, []
         if found:
@@ -405,7 +509,25 @@ class Repairer:
 
     # -- whole tables beside the stream (:mod:`.beside`) ------------------------------------
 
-    def _launch(self, markers: list[Rowless], cause: str) -> bool:
+    def _launch_held(self, found: list[Rowless]) -> list[Rowless]:
+        """The transaction's held statements each start their table's repair beside the
+        stream, with its markers (:meth:`_to_hold` checked it can); the other markers."""
+        statements, self._statements = self._statements, {}
+        cause = str(self._begin.gtid) if self._begin is not None else ""
+        for table, statement in statements.items():
+            mine = [m for m in found if TableName(m.database, m.table) == table] or \
+                [Rowless(table.database, table.table, statement.change.rewrites,
+                         layout=statement.change.layout)]
+            found = [m for m in found if TableName(m.database, m.table) != table]
+            if self._launch(mine, cause, statement):
+                self.views.drop(table)  # renamed for a statement the store does not hold
+            else:  # (not expected: checked when it was held)
+                self._letting_go.append(statement)
+                self._inline.append((mine, cause))
+        return found
+
+    def _launch(self, markers: list[Rowless], cause: str,
+                statement: HeldStatement | None = None) -> bool:
         """Start a whole-table repair beside the stream; False where it cannot be (then the
         pipeline reads it). A table with one under way queues the next until it is out."""
         if not eligible(markers, self.catalog):
@@ -421,7 +543,9 @@ class Repairer:
         path = f"{self.views.path}.repair-{os.getpid()}-{self._launched}"
         repair = BesideRepair(markers, cause, self.address, self.columns,
                               FrozenCatalog(self.catalog, table), unstored, path,
-                              self.views.closing)
+                              self.views.closing,
+                              renamed=self._renamed_columns.get(table),
+                              statement=statement)
         self._beside[table] = repair
         repair.start()
         return True
@@ -467,6 +591,8 @@ class Repairer:
         queued = self._queued.pop(table, [])
         if repair is None:
             return queued
+        if repair.letting_go is not None:  # out before anything else of the table
+            self._letting_go.append(repair.letting_go)
         repair.cancel()  # and the changes it held: the table's next read holds them
         if repair.resync is not None:  # still quarantined: its resync starts again
             self._resyncs[table] = (repair.reason.removeprefix("resync: "), repair.resync)
@@ -478,6 +604,8 @@ class Repairer:
         for table, repair in list(self._beside.items()):
             if repair.done.is_set() and (repair.error is not None or repair.fallback):
                 self._beside.pop(table)
+                if repair.letting_go is not None:  # before whoever reads the table next
+                    out += await self._let_go([repair.letting_go])
                 repair.close()  # (its held changes: whoever reads the table next holds them)
                 self._beside_failed(repair)
                 continue
@@ -485,7 +613,13 @@ class Repairer:
                 continue
             started = time.monotonic()
             note = _note(repair.reason, repair.cause)
-            if not repair.attached:
+            if repair.letting_go is not None:  # first the rows it retypes, then it
+                first = await asyncio.to_thread(
+                    repair.attach_retyped, commit,
+                    _note(f"{repair.letting_go.change.rewrites}: {RETYPED_OUT}", repair.cause))
+                self._txn_rows += [r for r in first if isinstance(r, Rows)]
+                out += first
+            elif not repair.attached:
                 if not repair.sent:
                     await asyncio.to_thread(self.views.locked, self.views.drop, table)
                 if repair.resync is not None and not repair.released:

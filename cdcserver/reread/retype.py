@@ -10,8 +10,10 @@ them as the table has them then. Rows whose every retyped value renders alike (t
 narrower ``VARCHAR``, an integer in a smaller integer type, a decimal that fits the new
 scale) stay, and the repair's ``update_before`` of them is the row held.
 
-Only tables the pipeline repairs itself (less than ``MIN_BYTES`` stored) take this path; a big
-table's repair beside the stream keeps its update pairs.
+A table the pipeline repairs itself (less than ``MIN_BYTES`` stored) is read for those rows
+there and then. A big table's statement waits for its repair beside the stream instead
+(:class:`cdcserver.reread.beside.HeldStatement`): the repair's process finds the rows, and
+they go out first, deleted in the old version, then the statement, then the repair.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from cdcserver.store.schema import TableSchema
 from mariadb_cdc_client.format.schema import Field, Kind, float32_text
 
 Alike = Callable[[Any], bool]  # whether a value of the old column renders alike in the new
+RETYPED_OUT = "the rows it retypes go out again in the new types"  # the deletes' note
 _INTEGERS = frozenset({Kind.INT, Kind.LONG})
 _TEXT = frozenset({Kind.STRING, Kind.ENUM})
 
@@ -50,6 +53,12 @@ def renders_otherwise(row: dict[str, Any], columns: dict[str, Alike]) -> bool:
     """Whether a row holds a value a retyped column renders otherwise."""
     return any(row.get(name) is not None and not alike(row[name])
                for name, alike in columns.items())
+
+
+def may_render_otherwise(columns: dict[str, Alike]) -> bool:
+    """Whether a retyped column may render some value otherwise (text in a narrower
+    ``VARCHAR`` and an integer in another integer type never do)."""
+    return any(alike is not _always for alike in columns.values())
 
 
 def _fields(layout: TableLayout) -> list[Field]:

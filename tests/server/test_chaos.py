@@ -38,13 +38,7 @@ async def test_random_migrations_with_kills_and_every_repair_beside_the_stream(
     beside the stream (``reread/beside.py``: its changes held meanwhile, ``reread/held.py``),
     however small the table: kills land while repairs read, hold and release."""
     monkeypatch.setenv("CDC_TEST_BESIDE_MIN_BYTES", "0")
-    # Not yet a true stream on this path: an ALTER whose new types render a big table's held
-    # values otherwise (DECIMAL(10,3) to (10,1), DATETIME(3) to DATETIME) is repaired beside
-    # the stream by updates whose before-images are the held rows in the new types. A small
-    # table's rows go out in the old version first (``Repairer._retyped_rows_out``); a big
-    # one's would need its view folded there, which is what this path keeps off the stream.
-    # Issue 50 stays open for it; the tables must still end exact.
-    await _chaos(tmp_path, source, users_file, SEEDS[0] + 1, 60, true_stream=False)
+    await _chaos(tmp_path, source, users_file, SEEDS[0] + 1, 60)
     log = (tmp_path / "service.log").read_text(errors="replace")
     assert "is read beside the stream" in log, "no repair took the path this test is for"
 
@@ -61,14 +55,13 @@ async def test_random_migrations_with_kills_and_application_sessions(
 
 
 async def _chaos(tmp_path, source: Source, users_file: str, seed: int,
-                 kill_every: int, sessions: bool = False, true_stream: bool = True) -> None:
+                 kill_every: int, sessions: bool = False) -> None:
     outcome = await chaos.run(
         source.url, lambda: source.server.connect(source.database), source.database,
         str(tmp_path / "data"), users_file, USER, PASSWORD, seed=seed, statements=STATEMENTS,
         kill_every=kill_every, log_path=str(tmp_path / "service.log"), sessions=sessions)
     replay = tmp_path / f"chaos-{seed}.sql"
     replay.write_text(outcome.statement_list())
-    exact = outcome.exact if true_stream else not outcome.exits and not outcome.differences
-    assert exact, f"{outcome.report()}\nstatements: {replay}\nservice log: " \
+    assert outcome.exact, f"{outcome.report()}\nstatements: {replay}\nservice log: " \
                   f"{tmp_path / 'service.log'}"
     assert outcome.kills >= (STATEMENTS // 90 if kill_every else 0)

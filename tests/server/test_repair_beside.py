@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -157,6 +158,106 @@ async def test_other_tables_stream_while_a_table_is_repaired_and_its_own_changes
                for r in records[first + len(repairs):])
     assert len({r["sequence"] for r in repairs}) > 1  # spread over several transactions
     assert repairs[0]["cdc:repair"]["cause"]
+
+
+def _decimals(source: Source) -> tuple[str, str]:
+    """A table whose odd rows hold a value ``DECIMAL(10,1)`` renders otherwise (``1.345``),
+    and whose even rows one it renders alike (``2.500``)."""
+    db = source.database
+    source.execute(f"USE `{db}`",
+                   f"CREATE TABLE `{db}`.n (id INT PRIMARY KEY, d DECIMAL(10,3), b INT)",
+                   f"CREATE TABLE `{db}`.other (id INT PRIMARY KEY, v INT)",
+                   f"INSERT INTO `{db}`.n SELECT seq, seq + IF(seq % 2, 0.345, 0.5), seq "
+                   f"FROM seq_1_to_{ROWS}")
+    return f"`{db}`.n", f"`{db}`.other"
+
+
+async def _exact_and_true(cdc: RunningService, source: Source, table: str) -> list[dict]:
+    """The table rebuilt from its raw JSON stream equals SELECT, and no before-image or
+    insert in it contradicts what a consumer holds; its lines."""
+    conn = source.server.connect()
+    try:
+        rebuilt = await assert_stream_equals_table(cdc.port, conn, source.database, table,
+                                                   user=USER, password=PASSWORD)
+    finally:
+        conn.close()
+    assert not rebuilt.inconsistencies, rebuilt.examples
+    return await read_stream(cdc.port, f"`{source.database}`.{table}", user=USER,
+                             password=PASSWORD, quiet=0.5)
+
+
+def _retyped_out(lines: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The records before the table's second version (the retyping ALTER's) and after."""
+    second = next(i for i, line in enumerate(lines) if i and "event_type" not in line)
+    return ([r for r in lines[:second] if "event_type" in r],
+            [r for r in lines[second:] if "event_type" in r])
+
+
+async def test_a_retyping_alter_waits_for_its_repair_and_the_rows_it_retypes_go_first(
+        cdc: RunningService, source: Source, gate: Gate):
+    """Issue 50, items 3 and 4, for a table repaired beside the stream: after ``MODIFY d
+    DECIMAL(10,1), CHANGE b c INT`` the repair's ``update_before`` of a row held as
+    ``1.345`` showed ``1.3`` (the new scale), and ``c``, renamed by the statement, was NULL
+    in every before-image. The statement now waits with the table's changes while the
+    repair reads; the rows whose values the new types render otherwise go out first,
+    deleted in the old version exactly as held, then the new version, then the repair,
+    which inserts them as the table has them."""
+    n, other = _decimals(source)
+    await cdc.caught_up(source)
+    source.execute("SET SESSION sql_mode = ''",
+                   f"ALTER TABLE {n} MODIFY d DECIMAL(10,1), CHANGE b c INT")
+    await until(lambda: bool(_repairing(cdc)), timeout=30)
+    source.execute(f"UPDATE {n} SET c = -c WHERE id IN (1, 2)",  # held, in the new version
+                   f"INSERT INTO {other} VALUES (1, 1)")
+    await cdc.caught_up(source)  # the other table streams
+    waiting = await read_stream(cdc.port, n, user=USER, password=PASSWORD, quiet=0.5)
+    assert [line for line in waiting if "event_type" not in line] == waiting[:1], \
+        "the new version went out before the rows it retypes"
+    assert _repairing(cdc), "the repair finished before the test opened its gate"
+    gate.set()
+    await _until_repaired(cdc, source, other)
+
+    lines = await _exact_and_true(cdc, source, "n")
+    before, after = _retyped_out(lines)
+    deleted = [r for r in before if r["event_type"] == "delete"]
+    assert sorted(r["id"] for r in deleted) == list(range(1, ROWS + 1, 2))
+    assert all(r.get("cdc:repair") for r in deleted)
+    first = next(r for r in deleted if r["id"] == 1)
+    assert (Decimal(str(first["d"])), first["b"]) == (Decimal("1.345"), 1)  # exactly as held
+    repaired = [r for r in after if r.get("cdc:repair")]
+    assert {r["id"] for r in repaired if r["event_type"] == "insert"} == \
+        set(range(1, ROWS + 1, 2))
+    # rows the new types render alike, renamed, are the rows held: nothing to repair (but
+    # the two updated meanwhile, where the repair's read holds their update already)
+    assert not [r for r in repaired if r["event_type"] != "insert" and r["id"] not in (1, 2)]
+
+
+async def test_a_retyping_alter_whose_repair_is_called_off_goes_out_after_the_rows_it_retypes(
+        cdc: RunningService, source: Source, gate: Gate):
+    """A schema statement on the table while the retyping ALTER waits for its repair calls
+    the repair off: the ALTER goes out then, after the rows it retypes (read by the
+    pipeline), and the repair read again after the second statement inserts them."""
+    n, other = _decimals(source)
+    await cdc.caught_up(source)
+    source.execute("SET SESSION sql_mode = ''", f"ALTER TABLE {n} MODIFY d DECIMAL(10,1)")
+    await until(lambda: bool(_repairing(cdc)), timeout=30)
+    first = next(iter(_repairing(cdc).values()))
+    waiting = await read_stream(cdc.port, n, user=USER, password=PASSWORD, quiet=0.5)
+    assert [line for line in waiting if "event_type" not in line] == waiting[:1], \
+        "the ALTER was not held for its repair"
+    source.execute(f"UPDATE {n} SET b = -b WHERE id IN (3, 4)",  # held, then dropped
+                   f"ALTER TABLE {n} ADD COLUMN z INT DEFAULT 3")  # calls it off
+    await until(lambda: first.done.is_set(), timeout=30)
+    assert isinstance(first.error, beside.Cancelled)
+    gate.set()
+    await _until_repaired(cdc, source, other)
+
+    lines = await _exact_and_true(cdc, source, "n")
+    before, after = _retyped_out(lines)
+    assert sorted(r["id"] for r in before if r["event_type"] == "delete") == \
+        list(range(1, ROWS + 1, 2))
+    assert {r["id"] for r in after if r["event_type"] == "insert"} >= \
+        set(range(1, ROWS + 1, 2))
 
 
 async def test_a_schema_statement_during_the_repair_reads_it_again(
