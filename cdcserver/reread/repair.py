@@ -157,6 +157,9 @@ class Repairer:
         # columns a statement of this part renamed, in a table with no view yet: the store
         # holds the statement only once the part is stored, so a fold before then renames
         self._renamed_columns: dict[TableName, dict[str, str]] = {}
+        # and the tables a statement of this part renamed: the name the store holds each
+        # one's rows under until the part is stored (None: no table, it was renamed away)
+        self._renamed_tables: dict[TableName, TableName | None] = {}
         self._batch_rows: list[Rows] = []  # committed earlier in this batch (not in the store)
         self._reissue: list[tuple[list[Rowless], str]] = []  # to read again at this commit
         # Quarantined tables (the store's, and those this stage gave up on): their rows are
@@ -258,10 +261,13 @@ class Repairer:
         return out
 
     async def process(self, batch: list[Change]) -> list[Change]:
+        self._batch_rows = []
+        self.views.stored()  # the previous part, its renames included, is in the store
+        self._renamed_columns, self._renamed_tables = {}, {}
         self._learn_quarantines()
         if self._again:
-            await self._start(*together(self._again), None)
-            self._again = []
+            again, self._again = self._again, []
+            await self._start(*together(again), None)
         for table, (why, asked) in list(self._resyncs.items()):
             del self._resyncs[table]
             marker = Rowless(table.database, table.table, f"resync: {why}")
@@ -270,9 +276,6 @@ class Repairer:
             self._resync_here.discard(table)
         out: list[Change] = [*self._stopping]
         self._stopping = []
-        self._batch_rows = []
-        self.views.stored()  # the previous part, its renames included, is in the store
-        self._renamed_columns = {}
         for change in batch:
             if isinstance(change, Rows) and self._held(change):
                 continue  # waits for its table's repair or resync (:mod:`.held`)
@@ -533,6 +536,11 @@ class Repairer:
         if not eligible(markers, self.catalog):
             return False
         table = TableName(markers[0].database, markers[0].table)
+        if table in self._renamed_tables and statement is None:
+            # the store holds another table's rows under this name until the part is
+            # stored: the process would fold those. Started with the next batch
+            self._again.append((markers, cause))
+            return True
         if table in self._beside or table in self._queued:
             self._queued.setdefault(table, []).append((markers, cause))
             return True
@@ -554,7 +562,8 @@ class Repairer:
         """Start a quarantined table's resync beside the stream (its stored rows hold at least
         ``MIN_BYTES``); False where the pipeline reads it."""
         table = TableName(marker.database, marker.table)
-        if not resync_eligible(table, self.catalog) or table in self._beside:
+        if not resync_eligible(table, self.catalog) or table in self._beside or \
+                table in self._renamed_tables:
             return False
         self._launched += 1
         path = f"{self.views.path}.repair-{os.getpid()}-{self._launched}"
@@ -692,6 +701,7 @@ class Repairer:
         if renames:
             self._follow_renames(renames)
         renamed = {t for pair in renames for t in pair}
+        self._renamed_tables = _stored_names(renames)
         for change in ddl.changes:
             table = TableName(change.database, change.table)
             if keeps_rows(change) and change.renamed_columns and table not in renamed:
@@ -907,9 +917,14 @@ class Repairer:
         if view is None or view.key != key:
             renamed = self._renamed_columns.get(table, {})  # by a statement not stored yet
             before = {new: old for old, new in renamed.items()}
-            view = self.views.fold(self.catalog, table, tuple(before.get(c, c) for c in key))
+            # the rows of a table a rename not stored yet brought here are the store's under
+            # their name before it (and the part's rows under that name, not this one's)
+            stored = self._renamed_tables.get(table, table)
+            key = tuple(before.get(c, c) for c in key)
+            view = self.views.new(table, key) if stored is None else \
+                self.views.fold(self.catalog, table, key, stored)
             for rows in self._batch_rows + self._txn_rows:  # not in the store yet
-                if _name(rows.layout) == table:
+                if _name(rows.layout) == stored:
                     view.apply(rows)
             if renamed:
                 self.views.rename_columns(table, renamed)
@@ -1071,6 +1086,18 @@ def _note(reason: str, cause: str) -> str:
     """A repair record's ``cdc:repair`` (protocol.md, "In-band")."""
     return json.dumps({"reason": reason, "cause": cause}, ensure_ascii=False,
                       separators=(", ", ": "))
+
+
+def _stored_names(renames: list[tuple[TableName, TableName]]
+                  ) -> dict[TableName, TableName | None]:
+    """For each table a statement's renames (in order: a swap is three) touched, the name
+    the store holds its rows under before the statement; None for a name left empty."""
+    where: dict[TableName, TableName | None] = {}
+    for old, new in renames:
+        moved = where.get(old, old)
+        where[old] = None  # empty, unless a later rename brings a table here
+        where[new] = moved
+    return {table: stored for table, stored in where.items() if stored != table}
 
 
 def _name(layout: TableLayout) -> TableName:

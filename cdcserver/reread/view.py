@@ -303,13 +303,15 @@ class Views:
                 view = self.rekeyed(view.table, key_names(rows.layout))
             view.apply(rows)
 
-    def fold(self, catalog: Catalog, table: TableName, key: tuple[str, ...]) -> TableView:
+    def fold(self, catalog: Catalog, table: TableName, key: tuple[str, ...],
+             stored: TableName | None = None) -> TableView:
         """A view built from the table's stored versions, as a consumer reading the stream
-        from its first version holds it now."""
+        from its first version holds it now (``stored``: the name the store holds its rows
+        under, where a rename it does not hold yet gave them this one)."""
         view = self.new(table, key)
         self.db.execute("BEGIN")
         try:
-            _fold_into(view, catalog, table, self._closing)
+            _fold_into(view, catalog, stored or table, self._closing)
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")

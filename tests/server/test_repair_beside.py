@@ -260,6 +260,31 @@ async def test_a_retyping_alter_whose_repair_is_called_off_goes_out_after_the_ro
         set(range(1, ROWS + 1, 2))
 
 
+async def test_a_repair_called_off_by_a_table_swap_reads_the_rows_under_their_new_name(
+        cdc: RunningService, source: Source, gate: Gate):
+    """A swap (``RENAME TABLE m TO tmp, x TO m, tmp TO x``) while ``m``'s repair reads calls
+    it off, and it starts again for ``x``, where its rows went. It used to start at once, in
+    the swap's own transaction, when the store still held the other table's rows under
+    ``x``: the repair compared those with the source and sent deletes and updates of rows no
+    consumer of ``x`` held. It starts with the next transaction now, once the swap is
+    stored."""
+    m, other = _fill(source)
+    db = source.database
+    source.execute(f"USE `{db}`",
+                   f"CREATE TABLE `{db}`.x (id INT PRIMARY KEY, c INT, e VARCHAR(10))",
+                   f"INSERT INTO `{db}`.x SELECT seq, -seq, 'x' FROM seq_1_to_50")
+    await cdc.caught_up(source)
+    source.execute("SET SESSION sql_mode = ''", f"ALTER TABLE {m} MODIFY a VARCHAR(5)")
+    await until(lambda: bool(_repairing(cdc)), timeout=30)
+    first = next(iter(_repairing(cdc).values()))
+    source.execute(f"RENAME TABLE {m} TO `{db}`.tmp, `{db}`.x TO {m}, `{db}`.tmp TO `{db}`.x")
+    await until(lambda: first.done.is_set(), timeout=30)
+    gate.set()
+    await _until_repaired(cdc, source, other)
+    for table in ("x", "m"):
+        await _exact_and_true(cdc, source, table)
+
+
 async def test_a_schema_statement_during_the_repair_reads_it_again(
         cdc: RunningService, source: Source, gate: Gate):
     m, other = _fill(source)
