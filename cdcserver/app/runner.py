@@ -263,7 +263,7 @@ class ReplicationRunner:
         repairer = Repairer(self.sources, self.catalog, views, self.repair_stats,
                             self.capture.columns)
         if self.pipeline is not None and self.pipeline.repairer is not None:
-            repairer.take_over(*self.pipeline.repairer.carry_over())  # after a pause
+            repairer.take_over(self.pipeline.repairer.carry_over())  # after a pause
         self.pipeline = Pipeline(handoff, sinks, start, self.flush_interval, repairer,
                                  self.on_applied, self.capture, xa)
         if self._replaced is not None and not self._replaced.done():

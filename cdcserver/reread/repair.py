@@ -210,18 +210,16 @@ class Repairer:
         return set(self._resyncs) | self._resyncing | \
             {t for t, r in self._beside.items() if r.resync is not None}
 
-    def carry_over(self) -> tuple[list[tuple[list[Rowless], str]], list[HeldStatement]]:
-        """The waiting repairs (markers and cause), for the next pipeline's repairer, and
-        the statements held for them (the next pipeline starts where the sinks stand, past
-        them: it lets them go first)."""
+    def carry_over(self) -> list[tuple[list[Rowless], str]]:
+        """The waiting repairs (markers and cause), for the next pipeline's repairer. (Not
+        the statements held for repairs beside the stream: no checkpoint passed them, so the
+        next pipeline, which starts at the sinks' checkpoints, holds them again.)"""
         beside = [(b.markers, b.cause) for b in self._beside.values()]
-        held = self._letting_go + [r.letting_go for r in self._beside.values()
-                                   if r.letting_go is not None]
         for repair in self._beside.values():
             repair.cancel()
         queued = [q for waiting in self._queued.values() for q in waiting]
         return [(p.markers, p.cause) for p in self._pending] + self._again + beside + \
-            queued + self._inline, held
+            queued + self._inline
 
     def stop(self) -> None:
         """The pipeline stopped: the repairs beside the stream end, and the changes they held
@@ -230,12 +228,9 @@ class Repairer:
         for repair in self._beside.values():
             repair.cancel()
 
-    def take_over(self, waiting: list[tuple[list[Rowless], str]],
-                  held: list[HeldStatement]) -> None:
-        """Repairs a previous pipeline left waiting: read again before the first batch, after
-        the statements it held."""
+    def take_over(self, waiting: list[tuple[list[Rowless], str]]) -> None:
+        """Repairs a previous pipeline left waiting: read again before the first batch."""
         self._again = list(waiting)
-        self._letting_go = list(held)
 
     @property
     def reading_beside(self) -> bool:
