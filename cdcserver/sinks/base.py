@@ -66,6 +66,14 @@ class Sink(Protocol):
     def durable(self) -> BinlogPosition | None: ...
 
     @property
+    def applied(self) -> BinlogPosition | None:
+        """Where what it holds ends: a pipeline started again in the same process (a sink
+        added, a full disk, a repair that could not reach the source) starts at the
+        earliest checkpoint, and skips for each sink what it applied already (its checkpoint,
+        for a sink that keeps nothing it has not made durable)."""
+        ...
+
+    @property
     def active(self) -> bool: ...
 
     async def open(self, source: SourceInfo) -> None: ...

@@ -153,7 +153,7 @@ class Pipeline:
         self.repairer = repairer  # turns changes without binlog rows into records
         self.applied = applied  # told after each sink's apply (the latency metrics)
         self.flush_interval = flush_interval
-        self._filters = [_ReplayFilter(s.name, s.durable, start) for s in sinks]
+        self._filters = [_ReplayFilter(s.name, s.applied, start) for s in sinks]
         self.state = start  # after the last transaction every sink has applied
         self.transactions = 0
         self.last_commit_timestamp: int | None = None  # the source's, of the newest applied

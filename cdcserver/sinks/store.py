@@ -25,6 +25,11 @@ class StoreSink:
         return self.store.durable
 
     @property
+    def applied(self) -> BinlogPosition | None:
+        """Every transaction it committed, checkpointed or not (the files hold them)."""
+        return self.store.position if self.store.position is not None else self.store.durable
+
+    @property
     def active(self) -> bool:
         return True
 

@@ -143,6 +143,10 @@ class LeasedSink:
     def durable(self) -> BinlogPosition | None:
         return self._sink.durable if self._sink is not None else None
 
+    @property
+    def applied(self) -> BinlogPosition | None:
+        return self._sink.applied if self._sink is not None else None
+
     def starting_at(self, position: BinlogPosition) -> None:
         if self._sink is not None:
             self._sink.starting_at(position)

@@ -206,6 +206,12 @@ class KafkaSink:
         """Nothing to record: the checkpoint says where this sink stands."""
 
     @property
+    def applied(self) -> BinlogPosition | None:
+        """Its checkpoint: what it sent since is sent again, as after a crash (at least
+        once)."""
+        return self.durable
+
+    @property
     def active(self) -> bool:
         return True
 
