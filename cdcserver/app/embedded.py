@@ -252,7 +252,7 @@ class EmbeddedMariaDB:
         for host in ("localhost", "127.0.0.1"):
             self.execute(f"CREATE USER IF NOT EXISTS '{user}'@'{host}' IDENTIFIED BY "
                          f"'{password}'",
-                         f"GRANT SELECT, RELOAD, REPLICATION SLAVE, BINLOG MONITOR, "
+                         f"GRANT SELECT, LOCK TABLES, RELOAD, REPLICATION SLAVE, BINLOG MONITOR, "
                          f"REPLICATION MASTER ADMIN ON *.* TO '{user}'@'{host}'")
 
 

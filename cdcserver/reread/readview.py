@@ -9,6 +9,14 @@ taken) right after the view opens, and their definitions are read before and aft
 would otherwise let an *instant* ALTER committed in between show rows in a layout the view
 does not know (:class:`DefinitionChanged`: open a new view).
 
+A consistent snapshot holds InnoDB's rows, not those of a table without one (MyISAM, Aria,
+MEMORY): a read of it sees every write up to the moment it reads, after the watermark too,
+and the stream then carries those writes again. So on MariaDB another session holds such
+tables with ``LOCK TABLES ... READ`` from before the watermark until the view closes
+(:class:`_WritesHeld`); the applications' writes to them wait meanwhile, as under
+``mariadb-dump --lock-tables``. It needs the ``LOCK TABLES`` privilege; without it the read
+goes on unheld, with a warning.
+
 Values are selected in the dump's text forms (``dump/scan.py``) and converted to the types the
 binlog decoder gives (:mod:`.values`).
 """
@@ -16,8 +24,11 @@ binlog decoder gives (:mod:`.values`).
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import json
+import logging
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -48,7 +59,13 @@ from cdcserver.store.schema import TableSchema
 from mariadb_cdc_client.format import dump as dump_format
 from mariadb_cdc_client.format.schema import Field
 
+log = logging.getLogger(__name__)
+
 ER_NO_SUCH_TABLE = 1146
+_ACCESS_DENIED = frozenset({1044, 1142, 1227})
+# Engines whose rows a consistent snapshot holds; any other table's writes are held off
+_SNAPSHOT_ENGINES = frozenset({"innodb", "rocksdb", "tokudb"})
+_ENGINE = re.compile(r"\)\s*ENGINE=(\w+)", re.IGNORECASE)
 ER_LOCK_WAIT_TIMEOUT = 1205
 # Seconds a read waits for a table's metadata lock. Replication waits with it: a session that
 # holds the table (LOCK TABLES, a long ALTER) would otherwise stop every table's stream for as
@@ -125,12 +142,15 @@ class ReadView:
         self.tables = tuple(dict.fromkeys(tables))
         self.columns = columns  # the [capture] column rules: rows are read as stored
         self.conn = source_sql.connect(address)
+        self._writes: _WritesHeld | None = None  # tables without a snapshot, held still
         try:
             info = source_sql.describe(self.conn)
             mariadb = info.flavor == "mariadb"
             prepare_session(self.conn, mariadb, lock_wait=LOCK_WAIT)
             if mariadb:
                 before = {t: self._show_create(t) for t in self.tables}
+                unheld = without_snapshot(before)
+                self._writes = _WritesHeld(address, unheld) if unheld else None
                 self.point = open_mariadb_point(self.conn)
                 self.definitions = self._open_tables()
                 if before != self.definitions:
@@ -140,6 +160,8 @@ class ReadView:
                 self.point = self._open_mysql(info)
         except BaseException:
             self.conn.close()
+            if self._writes is not None:
+                self._writes.close()
             raise
 
     def _open_mysql(self, info: source_sql.SourceInfo) -> SnapshotPoint:
@@ -251,6 +273,9 @@ class ReadView:
         return literal
 
     def close(self) -> None:
+        if self._writes is not None:
+            self._writes.close()
+            self._writes = None
         if not self.conn.open:
             return
         try:
@@ -260,6 +285,46 @@ class ReadView:
         finally:
             if self.conn.open:
                 self.conn.close()
+
+
+def without_snapshot(definitions: dict[TableName, str | None]) -> list[TableName]:
+    """The tables whose engine a consistent snapshot does not hold still (MyISAM, Aria...),
+    by their definitions."""
+    found = []
+    for table, text in definitions.items():
+        engine = _ENGINE.search(text or "")
+        if engine is not None and engine.group(1).lower() not in _SNAPSHOT_ENGINES:
+            found.append(table)
+    return found
+
+
+class _WritesHeld:
+    """Another session's ``LOCK TABLES ... READ`` of ``tables`` (see the module's
+    description): taken before the watermark, let go when the view closes."""
+
+    def __init__(self, address: SourceAddress, tables: list[TableName]) -> None:
+        self.conn = source_sql.connect(address)
+        try:
+            prepare_session(self.conn, True, lock_wait=LOCK_WAIT)
+            source_sql.query(self.conn, "LOCK TABLES " +
+                             ", ".join(f"{qualified(t)} READ" for t in tables))
+        except pymysql.err.MySQLError as exc:
+            self.conn.close()
+            names = ", ".join(map(str, tables))
+            if exc.args and exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
+                raise TableLocked(f"{names}: locked by another session for longer than "
+                                  f"{LOCK_WAIT} s; read again when the lock is gone") from exc
+            if not (exc.args and exc.args[0] in _ACCESS_DENIED):
+                raise
+            log.warning("%s: read without holding their writes off (no snapshot holds them): "
+                        "%s; grant the replication user LOCK TABLES for exact repairs of "
+                        "such tables", names, exc.args[-1])
+
+    def close(self) -> None:
+        if self.conn.open:
+            with contextlib.suppress(pymysql.err.MySQLError):
+                source_sql.query(self.conn, "UNLOCK TABLES")
+            self.conn.close()
 
 
 def clear_layout(layout: TableLayout) -> TableLayout:

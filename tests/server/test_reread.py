@@ -468,3 +468,31 @@ def test_a_read_that_meets_a_newer_schema_statement_is_told_to_read_again(source
     finally:
         if reader.open:
             reader.close()
+
+
+def test_a_read_of_a_myisam_table_holds_its_writes_off_until_it_closes(source: Source):
+    """A consistent snapshot holds InnoDB's rows, not MyISAM's: a repair's read of a MyISAM
+    table saw writes made after its watermark, and the stream then carried them again (the
+    100,000-statement soak: inserts of keys the stream held, before-images of rows it had
+    not yet changed). Another session now holds the table's writes off from before the
+    watermark until the read closes."""
+    db = source.database
+    source.execute(f"CREATE TABLE `{db}`.m (id INT PRIMARY KEY, v INT) ENGINE=MyISAM",
+                   f"INSERT INTO `{db}`.m VALUES (1, 1)")
+    layout = _layout(source, "m")
+    view = ReadView(parse_source_url(source.url), [TableName(db, "m")])
+    written = threading.Event()
+
+    def write() -> None:
+        source.execute(f"INSERT INTO `{db}`.m VALUES (2, 2)")
+        written.set()
+
+    writer = threading.Thread(target=write)
+    try:
+        writer.start()
+        assert not written.wait(1.0), "a write went in after the watermark"
+        assert view.rows(layout) == [(1, 1)]
+    finally:
+        view.close()
+    writer.join(30)
+    assert written.is_set() and source.query(f"SELECT COUNT(*) FROM `{db}`.m")[0][0] == 2
