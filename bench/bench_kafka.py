@@ -61,6 +61,7 @@ class Recorder:
     name = "recorder"
     after: tuple[str, ...] = ()
     durable: BinlogPosition | None = None
+    applied: BinlogPosition | None = None
 
     def __init__(self) -> None:
         self.batches: list[list[Change]] = []

@@ -47,6 +47,7 @@ class Gate:
     name = "gate"
     after = ("avro",)
     durable: BinlogPosition | None = None
+    applied: BinlogPosition | None = None
 
     def __init__(self, table: str) -> None:
         self.table = table

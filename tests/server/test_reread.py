@@ -496,3 +496,26 @@ def test_a_read_of_a_myisam_table_holds_its_writes_off_until_it_closes(source: S
         view.close()
     writer.join(30)
     assert written.is_set() and source.query(f"SELECT COUNT(*) FROM `{db}`.m")[0][0] == 2
+
+
+def test_a_read_of_a_myisam_table_without_the_lock_tables_privilege_goes_on_unheld(
+        source: Source, caplog: pytest.LogCaptureFixture):
+    """docs/operations.md: without ``LOCK TABLES`` the read goes on, with a warning that
+    names the tables and the grant."""
+    db, user = source.database, f"nolock{os.getpid()}"
+    source.execute(f"CREATE TABLE `{db}`.m (id INT PRIMARY KEY, v INT) ENGINE=MyISAM",
+                   f"INSERT INTO `{db}`.m VALUES (1, 1)")
+    for host in ("127.0.0.1", "localhost"):
+        source.execute(f"CREATE USER IF NOT EXISTS '{user}'@'{host}' IDENTIFIED BY 'pw'",
+                       f"GRANT SELECT, RELOAD, BINLOG MONITOR ON *.* TO '{user}'@'{host}'")
+    try:
+        view = ReadView(parse_source_url(source.server.url(user, "pw")),
+                        [TableName(db, "m")])
+        try:
+            assert view.rows(_layout(source, "m")) == [(1, 1)]
+        finally:
+            view.close()
+        assert "grant the replication user LOCK TABLES" in caplog.text
+    finally:
+        for host in ("127.0.0.1", "localhost"):
+            source.execute(f"DROP USER IF EXISTS '{user}'@'{host}'")
