@@ -98,10 +98,13 @@ def fields_from_schema(schema: dict[str, Any]) -> tuple[Field, ...]:
 
 def float32_text(value: float) -> str:
     """The shortest decimal that reads back as the same 32-bit float (MariaDB prints FLOAT
-    this way; Python's repr would show the float64 expansion)."""
+    this way; Python's repr would show the float64 expansion). A double that is not a
+    float32 is taken as the float32 nearest it, and printed as that: 78375862.0 as
+    ``78375864``, the text of the float32 it becomes, whichever double it came from."""
     if value != value or value in (float("inf"), float("-inf")):
         raise ValueError("FLOAT value is not finite")
     packed = struct.pack("<f", value)
+    value = struct.unpack("<f", packed)[0]
     for digits in range(1, 10):
         text = f"{value:.{digits}g}"
         try:

@@ -61,3 +61,12 @@ def test_dip_text_forms_write_what_the_value_encoder_writes() -> None:
                     except UnicodeEncodeError as exc:
                         got = type(exc)
                     assert got == expected, (kind, value)
+
+
+def test_a_float_prints_as_the_float32_it_is_whichever_double_it_came_from():
+    """78375862.0 and 78375864.0 are one float32 (78375864): one text for both, the one a
+    FLOAT column shows (before, each printed as its own eight digits)."""
+    from mariadb_cdc_client.format.schema import float32_text
+
+    assert float32_text(78375862.0) == float32_text(78375864.0) == "78375864"
+    assert float32_text(0.1) == "0.1" and float32_text(35048288.0) == "3.504829e+07"

@@ -35,6 +35,9 @@ def test_values_a_narrower_type_renders_alike_or_not():
     # with seven digits, 3.504829e+07 (35048290), where the DOUBLE printed 35048288.0.
     assert renders_otherwise({"f": 35048288.0}, columns)
     assert not renders_otherwise({"f": 16777216.0}, columns)  # printed 16777216 in both
+    # Soak seed 92001: a FLOAT holds 78375862 as 78375864 (the nearest float32), though
+    # "78375862" is also the shortest text that reads back as that float32
+    assert renders_otherwise({"f": 78375862.0}, columns)
 
 
 def test_renamed_and_unchanged_columns_are_not_retyped():
