@@ -692,6 +692,9 @@ async def differences(port: int, conn: Any, database: str, user: str, password: 
         cur.execute("SELECT TABLE_NAME, TABLE_TYPE FROM information_schema.TABLES WHERE "
                     "TABLE_SCHEMA = %s", (database,))
         tables = [(str(n), str(t)) for n, t in cur.fetchall()]
+    with conn.cursor() as cur:  # every read bounded by what the source has logged
+        cur.execute("SELECT @@gtid_binlog_pos")
+        (logged,) = cur.fetchone()
     found = {}
     streams: dict[str, list[dict[str, Any]]] = {}  # every table's, once
     for table, kind in sorted(tables):
@@ -703,7 +706,8 @@ async def differences(port: int, conn: Any, database: str, user: str, password: 
             key = (*key, "row_end")
         try:
             lines, others = await read_renamed(port, database, table, user=user,
-                                               password=password, quiet=0.7, cache=streams)
+                                               password=password, cache=streams,
+                                               until=str(logged) or None)
         except AssertionError as exc:
             found[table] = f"no stream: {exc}"
             continue

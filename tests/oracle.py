@@ -138,15 +138,24 @@ def auth_message(user: str, password: str) -> bytes:
 
 async def read_stream(port: int, table: str, *, user: str, password: str,
                       quiet: float = 1.0, first_line_timeout: float = 30.0,
-                      request: str | None = None) -> list[dict[str, Any]]:
+                      request: str | None = None, until: str | None = None
+                      ) -> list[dict[str, Any]]:
     """Every JSON line of ``REQUEST-DATA table`` until the server has been quiet for
-    ``quiet`` seconds (call it once the service has stored what the test wrote)."""
+    ``quiet`` seconds (call it once the service has stored what the test wrote).
+
+    With ``until`` (a GTID state the service has stored), the read is bounded instead
+    (``REQUEST-DATA table UNTIL state``): every line up to the server's end line, however
+    long the server pauses (a busy machine paused one soak's stream for longer than its
+    quiet time, and the chain of renames it walked lost a table's past); a stream that ends
+    without its end line was cut, and fails. The end line is not returned."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 26)
     try:
         writer.write(auth_message(user, password))
         assert await reader.readline() == b"OK\n"
         writer.write(b"REGISTER UUID=oracle, TYPE=JSON, DIALECT=EXACT\n")
         assert await reader.readline() == b"OK\n"
+        if until is not None:
+            request = f"REQUEST-DATA {table} UNTIL {until}"
         writer.write(f"{request or 'REQUEST-DATA ' + table}\n".encode())
         lines = []
         timeout = first_line_timeout
@@ -154,13 +163,21 @@ async def read_stream(port: int, table: str, *, user: str, password: str,
             try:
                 line = await asyncio.wait_for(reader.readline(), timeout)
             except TimeoutError:
+                if until is not None:
+                    raise AssertionError(f"{table}: no line for {timeout} s before the end "
+                                         f"of a bounded read") from None
                 return lines
             if not line:
+                if until is not None:
+                    if not lines or "end" not in lines[-1]:
+                        raise AssertionError(f"{table}: the bounded read ended without its "
+                                             f"end line (cut)")
+                    lines.pop()
                 return lines
             if line.startswith(b"ERR"):
                 raise AssertionError(f"the server answered {line!r}")
             lines.append(json.loads(line, parse_float=decimal.Decimal))
-            timeout = quiet
+            timeout = quiet if until is None else first_line_timeout
     finally:
         writer.close()
 
@@ -233,20 +250,23 @@ def _rebuilding(lines: list[dict[str, Any]], key: tuple[str, ...],
 
 
 async def read_renamed(port: int, database: str, table: str, *, user: str, password: str,
-                       quiet: float = 1.0, cache: dict[str, list[dict[str, Any]]] | None = None
+                       quiet: float = 1.0, cache: dict[str, list[dict[str, Any]]] | None = None,
+                       until: str | None = None
                        ) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
     """The table's stream, and the streams of every table its rows came from by renames.
     The tables of one step back along the renames are read at once; ``cache`` keeps streams
-    between calls (tables of one database share their history: give one dict to each)."""
+    between calls (tables of one database share their history: give one dict to each).
+    ``until``: each read bounded by that GTID state (:func:`read_stream`)."""
     name = f"{database}.{table}"
     streams = {} if cache is None else cache
 
     async def read(current: str) -> list[dict[str, Any]]:
         try:
-            return await read_stream(port, current, user=user, password=password, quiet=quiet)
-        except AssertionError:
-            if current == name:
-                raise
+            return await read_stream(port, current, user=user, password=password, quiet=quiet,
+                                     until=until, first_line_timeout=120.0 if until else 30.0)
+        except AssertionError as exc:
+            if current == name or "ERR NO-FILE" not in str(exc):
+                raise  # (a cut stream, or any other refusal, is never taken for no table)
             return []  # a table the service never stored
 
     wanted = {name}
@@ -302,6 +322,16 @@ def canonical(data_type: str, value: Any) -> Any:
     if isinstance(value, (bytes, bytearray)):
         return bytes(value).decode("utf-8")
     return value
+
+
+def _canonical_or_as_is(data_type: str, value: Any) -> Any:
+    """A stream's value in canonical form; one that cannot be of the column's type (text in
+    an INT column: a row the stream kept in a column's old type) as it is, so that the
+    comparison reports that row as different instead of the oracle failing on it."""
+    try:
+        return canonical(data_type, value)
+    except (ValueError, TypeError, ArithmeticError, struct.error):
+        return ("not a", data_type, value)
 
 
 def column_types(conn: Any, database: str, table: str) -> dict[str, str]:
@@ -375,7 +405,8 @@ def compare(stream: Rebuilt, table_rows: list[dict[str, Any]], types: dict[str, 
     result = Comparison()
 
     def from_stream(row: dict[str, Any]) -> dict[str, Any]:
-        return {c: canonical(t, row.get(c, None if c in null_when_absent else MISSING))
+        return {c: _canonical_or_as_is(t, row.get(c, None if c in null_when_absent else
+                                                  MISSING))
                 for c, t in types.items()}
 
     if stream.key:

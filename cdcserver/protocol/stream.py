@@ -211,17 +211,28 @@ class _After:
 
 class _Until:
     """``UNTIL <state>``: only records of transactions the state covers. Once a record past
-    the state has been seen in each of its domains, nothing later can be covered."""
+    the state has been seen in each of its domains, nothing later can be covered
+    (:attr:`finished`); within a version, once it has been seen in each domain the version
+    has records of, nothing later in the version can (:attr:`done`)."""
 
     def __init__(self, state: GtidState, given: GtidState, order: _Order | None = None) -> None:
         self.state = state
         self.given = given
         self.order = order or _Order(None)
-        self._open = {g.domain for g in state}
+        self._open = {g.domain for g in state}  # the state's domains not passed yet
+        self._open_here = set(self._open)  # and those of them the version has records of
         self.domains: set[int] | None = None  # the current version's, when the index knows
 
     @property
     def done(self) -> bool:
+        """Nothing later in this version is covered."""
+        return not self._open_here
+
+    @property
+    def finished(self) -> bool:
+        """Nothing later in the table is covered. (A version with no records of a domain,
+        one with none at all above all, says nothing of the versions after it: such a
+        version used to end the range, and the versions after it were never sent.)"""
         return not self._open
 
     def covers(self, record: dict[str, Any]) -> bool:
@@ -229,15 +240,17 @@ class _Until:
         if last is not None and self.order.compare(record, last) <= 0:
             return True
         self._open.discard(record["domain"])
+        self._open_here.discard(record["domain"])
         return False
 
     def version_started(self, index: StoreIndex | None, info: VersionInfo) -> None:
-        """Only the domains the version has records of can still close the range."""
+        """Only the domains the version has records of can close the range within it."""
         self.order.version_started()
+        self._open_here = set(self._open)
         if index is None:
             return
         self.domains = index.domains(info.table, info.version)
-        self._open = {g.domain for g in self.state} & self.domains
+        self._open_here &= self.domains
 
     def covered_prefix(self, index: StoreIndex | None, info: VersionInfo) -> int:
         """An offset of ``info``'s file before which every record is covered (the file's
@@ -346,7 +359,7 @@ class Streamer:
         info = self._first_version(entry) if entry is not None and entry.versions else None
         first = True
         while entry is not None and info is not None:
-            if until is not None and (until.done or not (
+            if until is not None and (until.finished or not (
                     first or until.covers_version(info.schema.gtid))):
                 break
             first = False

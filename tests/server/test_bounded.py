@@ -13,6 +13,7 @@ from mariadb_cdc_client import ranges
 from mariadb_cdc_client.sync import SyncCdcConnection
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER, RawClient
+from tests.oracle import read_stream
 
 pytestmark = pytest.mark.mariadb
 
@@ -71,6 +72,33 @@ async def test_a_range_holds_exactly_its_transactions_and_ends_with_a_count(
     empty = await _bounded(cdc, f"REQUEST-DATA {source.database}.t AFTER {second} "
                                 f"UNTIL {second}")
     assert _records(empty) == [] and empty[-1] == {"end": second, "records": 0}
+
+
+@pytest.mark.parametrize("empty", ["TRUNCATE TABLE {t}", "RENAME TABLE {t} TO {t}2",
+                                   "ALTER TABLE {t} ADD COLUMN x INT"])
+async def test_a_version_with_no_records_does_not_end_the_range(
+        cdc: RunningService, source: Source, empty: str):
+    """A table whose first versions hold no record (created, then truncated, renamed away
+    and back, or altered before its first row) ended a bounded read there: the versions
+    after them, and their records in the range, were never sent, and the end line said the
+    range was complete. Found by the chaos oracle, which now reads with UNTIL."""
+    t = f"`{source.database}`.t"
+    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, v INT)", empty.format(t=t))
+    if "RENAME" in empty:
+        source.execute(f"RENAME TABLE {t}2 TO {t}")
+    source.execute(f"ALTER TABLE {t} ADD COLUMN w INT", f"INSERT INTO {t} (id, v) VALUES (2, 2)")
+    await cdc.caught_up(source)
+    state = await _state(cdc)
+    bounded = await _bounded(cdc, f"REQUEST-DATA {source.database}.t UNTIL {state}")
+    whole = await read_stream(cdc.port, f"{source.database}.t", user=USER, password=PASSWORD)
+
+    def outline(lines: list[dict[str, Any]]) -> list[Any]:
+        return [line["version"] if "fields" in line else (line["event_type"], line["id"])
+                for line in lines]
+
+    assert outline(bounded[:-1]) == outline(whole)
+    assert outline(whole)[-1] == ("insert", 2)
+    assert bounded[-1] == {"end": state, "records": len(_records(whole))}
 
 
 async def test_a_range_not_yet_stored_is_waited_for(cdc: RunningService, source: Source):
