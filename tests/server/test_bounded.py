@@ -79,9 +79,12 @@ async def test_a_range_holds_exactly_its_transactions_and_ends_with_a_count(
 async def test_a_version_with_no_records_does_not_end_the_range(
         cdc: RunningService, source: Source, empty: str):
     """A table whose first versions hold no record (created, then truncated, renamed away
-    and back, or altered before its first row) ended a bounded read there: the versions
-    after them, and their records in the range, were never sent, and the end line said the
-    range was complete. Found by the chaos oracle, which now reads with UNTIL."""
+    and back, or altered before its first row): a bounded read sends every version and the
+    records after them, as the unbounded stream does. Found by the chaos oracle (which now
+    reads with UNTIL): after a kill -9, the store's index held no block for such a version,
+    and the range ended there, with an end line saying it was complete. Here the running
+    service's index holds a block for each version, so this passed before the fix too;
+    tests/unit/test_bounded_until.py drives the index that failed."""
     t = f"`{source.database}`.t"
     source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, v INT)", empty.format(t=t))
     if "RENAME" in empty:
