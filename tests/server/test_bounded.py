@@ -11,7 +11,7 @@ import pytest
 
 from mariadb_cdc_client import ranges
 from mariadb_cdc_client.sync import SyncCdcConnection
-from tests.conftest import RunningService, Source
+from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import PASSWORD, USER, RawClient
 from tests.oracle import read_stream
 
@@ -80,11 +80,9 @@ async def test_a_version_with_no_records_does_not_end_the_range(
         cdc: RunningService, source: Source, empty: str):
     """A table whose first versions hold no record (created, then truncated, renamed away
     and back, or altered before its first row): a bounded read sends every version and the
-    records after them, as the unbounded stream does. Found by the chaos oracle (which now
-    reads with UNTIL): after a kill -9, the store's index held no block for such a version,
-    and the range ended there, with an end line saying it was complete. Here the running
-    service's index holds a block for each version, so this passed before the fix too;
-    tests/unit/test_bounded_until.py drives the index that failed."""
+    records after them, as the unbounded stream does. (The running service indexes a block
+    for each of these versions; the next test is the index a restart leaves, which ended
+    the range.)"""
     t = f"`{source.database}`.t"
     source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, v INT)", empty.format(t=t))
     if "RENAME" in empty:
@@ -102,6 +100,35 @@ async def test_a_version_with_no_records_does_not_end_the_range(
     assert outline(bounded[:-1]) == outline(whole)
     assert outline(whole)[-1] == ("insert", 2)
     assert bounded[-1] == {"end": state, "records": len(_records(whole))}
+
+
+async def test_a_range_goes_past_a_version_a_restart_left_without_an_index_block(
+        tmp_path, source: Source, users_file: str):
+    """The case the chaos run met (seed 20261128): a table renamed away, the service started
+    again (its recovery cuts the table's newest version back to the checkpoint, and with it
+    the index's block for that empty version), the table renamed back and written. The
+    range ended at the empty version: the row after it was never sent, and the end line
+    said the range was complete."""
+    t = f"`{source.database}`.t"
+    config = make_config(str(tmp_path / "data"), source.url, users_file)
+    running = await start_service(config)
+    try:
+        source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, v INT)",
+                       f"RENAME TABLE {t} TO {t}2")
+        await running.caught_up(source)
+    finally:
+        await running.stop()
+    running = await start_service(config)
+    try:
+        source.execute(f"RENAME TABLE {t}2 TO {t}", f"ALTER TABLE {t} ADD COLUMN w INT",
+                       f"INSERT INTO {t} (id, v) VALUES (1, 1)")
+        await running.caught_up(source)
+        state = await _state(running)
+        bounded = await _bounded(running, f"REQUEST-DATA {source.database}.t UNTIL {state}")
+        assert [r["id"] for r in _records(bounded)] == [1], bounded
+        assert bounded[-1] == {"end": state, "records": 1}
+    finally:
+        await running.stop()
 
 
 async def test_a_range_not_yet_stored_is_waited_for(cdc: RunningService, source: Source):
