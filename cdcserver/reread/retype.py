@@ -106,16 +106,13 @@ def _fits_decimal(precision: int, scale: int) -> Alike:
 
 
 def _prints_alike(value: Any) -> bool:
-    """A value FLOAT and DOUBLE print alike, narrowed or widened: the value as a FLOAT holds
-    it (rounded to the nearest float32), in FLOAT's text (the shortest that reads back as
-    that float32, as the stream prints it), reads back as the double itself. ``0.5``,
-    ``1.25`` and ``18.5714`` do; ``0.10000000149011612`` (FLOAT's 0.1 as a double) does not,
-    nor ``35048288`` (a float32 exactly, printed ``3.504829e+07``), nor ``78375862`` (held as
-    the float32 78375864: rounding it first matters, as ``78375862`` is also the shortest
-    text that reads back as that float32)."""
+    """A value FLOAT and DOUBLE print alike, narrowed or widened: FLOAT's text (that of the
+    float32 nearest the value, as the stream prints it) reads back as the double itself.
+    ``0.5``, ``1.25`` and ``18.5714`` do; ``0.10000000149011612`` (FLOAT's 0.1 as a double)
+    does not, nor ``35048288`` (a float32 exactly, printed ``3.504829e+07``), nor
+    ``78375862`` (held as the float32 78375864, printed ``78375864``)."""
     try:
         number = float(value)
-        held = struct.unpack("<f", struct.pack("<f", number))[0]
-        return float(float32_text(held)) == number
+        return float(float32_text(number)) == number
     except (OverflowError, TypeError, ValueError, struct.error):
         return False
