@@ -692,8 +692,7 @@ async def differences(port: int, conn: Any, database: str, user: str, password: 
         cur.execute("SELECT TABLE_NAME, TABLE_TYPE FROM information_schema.TABLES WHERE "
                     "TABLE_SCHEMA = %s", (database,))
         tables = [(str(n), str(t)) for n, t in cur.fetchall()]
-    with conn.cursor() as cur:  # every read bounded by what the source has logged
-        cur.execute("SELECT @@gtid_binlog_pos")
+        cur.execute("SELECT @@gtid_binlog_pos")  # every read bounded by what it has logged
         (logged,) = cur.fetchone()
     found = {}
     streams: dict[str, list[dict[str, Any]]] = {}  # every table's, once
