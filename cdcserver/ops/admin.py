@@ -72,7 +72,6 @@ class TokenFile:
         self.path = path
         self._signature: tuple[int, int, int, int] | None = None
         self._token = b""
-        self.current()  # a file that cannot be used stops the start
 
     def current(self) -> bytes:
         try:
@@ -189,6 +188,7 @@ class AdminServer:
         self._runner: web.AppRunner | None = None
 
     async def start(self, host: str, port: int, ssl: object = None) -> tuple[str, int]:
+        self.token.current()  # a token file that cannot be used stops the start
         app = web.Application(client_max_size=MAX_BODY,
                               middlewares=[self._errors, self._authenticated])
         self._routes(app)

@@ -11,7 +11,6 @@ changes. ``fetch`` reads; it never touches a session.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -22,7 +21,7 @@ from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.core.names import TableName
 from cdcserver.dump.files import DumpInfo, list_dumps
 from cdcserver.protocol.requests import StreamRequest
-from cdcserver.protocol.scram import SECRET_BYTES
+from cdcserver.protocol.scram import LoginSecret
 from cdcserver.protocol.throttle import FailureLog, LoginThrottle
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
@@ -67,7 +66,7 @@ class SessionContext:
     capture: CaptureFilter = EVERY_USER_TABLE
     # What the SCRAM verifiers of unknown names come from (the service's is kept in its
     # data directory, so that they are the same after a restart)
-    login_secret: bytes = field(default_factory=lambda: os.urandom(SECRET_BYTES))
+    login_secret: LoginSecret = field(default_factory=LoginSecret)
 
     def dumps_of(self, table: TableName | None) -> list[DumpInfo]:
         """The complete dumps of a table (None: of every table), oldest first."""

@@ -113,6 +113,19 @@ def login_secret(path: str) -> bytes:
     return secret
 
 
+class LoginSecret:
+    """The listener's login secret: random until :meth:`load` reads (or makes) the one kept
+    at ``path``, which keeps the made-up verifiers the same after a restart."""
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path
+        self.value = os.urandom(SECRET_BYTES)
+
+    def load(self) -> None:
+        if self.path is not None:
+            self.value = login_secret(self.path)
+
+
 class ScramFailed(Exception):
     """The client's message is not a SCRAM-SHA-256 message this server accepts."""
 

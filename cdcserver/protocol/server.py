@@ -36,7 +36,7 @@ from cdcserver.protocol.session import (
     StartStream,
 )
 from cdcserver.protocol.stream import Streamer, dump_in_use, read_range
-from cdcserver.protocol.tail import Tails
+from cdcserver.protocol.tail import Delivered, Tails
 from mariadb_cdc_client.format.wire import Code, ProtocolError, error_line
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,9 @@ DEFAULT_LIMITS = ListenerConfig()  # the listener's bounds: the configuration's 
 
 class CdcServer:
     def __init__(self, context: SessionContext, limits: ListenerConfig = DEFAULT_LIMITS,
-                 zone: dt.tzinfo = dt.UTC, databus_labels: bool = False) -> None:
+                 zone: dt.tzinfo = dt.UTC, databus_labels: bool = False,
+                 dump_released: Callable[[], None] | None = None,
+                 delivered: Delivered | None = None) -> None:
         self.context = context
         self.limits = limits
         self.zone = zone
@@ -120,9 +122,11 @@ class CdcServer:
         self.connections_total = 0
         self.traffic = Traffic()  # bytes and records sent, counted as they are written
         self.dumps_sent = 0
-        self.dump_released: Callable[[], None] | None = None  # wakes the cleaner
-        self.tails = Tails(read_range, self.traffic)  # one reader per table end
-        self.tails.stopped = lambda table: table in context.catalog.quarantined
+        self.dump_released = dump_released  # wakes the cleaner
+        # one reader per table end; a quarantined table's stream stops
+        self.tails = Tails(read_range, self.traffic,
+                           stopped=lambda table: table in context.catalog.quarantined,
+                           delivered=delivered)
 
     @property
     def connections(self) -> int:

@@ -228,7 +228,7 @@ class Session:
                                 f"{SCRAM_VERB}{MECHANISM} <client-first-message>")
         try:
             exchange = ServerExchange(client_first.strip(), self.context.users.verifier,
-                                      self.context.login_secret)
+                                      self.context.login_secret.value)
         except ScramFailed as exc:
             raise ProtocolError(Code.BAD_AUTH, f"not a SCRAM client-first-message: {exc}"
                                 ) from None

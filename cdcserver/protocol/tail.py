@@ -149,12 +149,14 @@ class Tail:
 class Tails:
     """The tails of one listener."""
 
-    def __init__(self, read_range: RangeReader, traffic: Traffic) -> None:
+    def __init__(self, read_range: RangeReader, traffic: Traffic,
+                 stopped: Callable[[TableName], bool] = lambda table: False,
+                 delivered: Delivered | None = None) -> None:
         self.read_range = read_range
         self.traffic = traffic  # the listener's totals, counted for every write
         # whether a table's stream stopped (quarantined): its tail hands its sessions back
-        self.stopped: Callable[[TableName], bool] = lambda table: False
-        self.delivered: Delivered | None = None
+        self.stopped = stopped
+        self.delivered = delivered  # told of each write a tail delivers (the metrics)
         self._tails: dict[tuple[str, Format, JsonStyle], Tail] = {}
 
     async def follow(self, out: Outbox, entry: TableEntry,
