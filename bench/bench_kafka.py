@@ -96,9 +96,8 @@ async def read_changes(server: EmbeddedMariaDB) -> list[list[Change]]:
                     store=StoreConfig(data_dir=data_dir),
                     listener=ListenerConfig(listen="127.0.0.1:0", users_file=users),
                     metrics=MetricsConfig(listen="127.0.0.1:0"))
-    service = Service(config)
     recorder = Recorder()
-    service.sinks.append(recorder)
+    service = Service(config, more_sinks=[recorder])
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(stop))
     await service.wait_caught_up(GtidState.parse(

@@ -78,9 +78,10 @@ async def service_to_durable_avro(server: EmbeddedMariaDB, data_dir: str,
     start = time.perf_counter()
     task = asyncio.create_task(service.run(stop))
     await service.wait_caught_up(target)
-    await service.store.flush()
+    await service.data.store.flush()
     seconds = time.perf_counter() - start
-    assert service.store.durable is not None and service.store.durable.gtid_state == target
+    durable = service.data.store.durable
+    assert durable is not None and durable.gtid_state == target
     rate = await json_client_rate(service, records)
     stop.set()
     await task
@@ -89,8 +90,8 @@ async def service_to_durable_avro(server: EmbeddedMariaDB, data_dir: str,
 
 async def json_client_rate(service: Service, records: int) -> int:
     """Records/s one JSON client receives for the whole table (counting lines)."""
-    assert service.address is not None
-    reader, writer = await asyncio.open_connection(*service.address, limit=1 << 24)
+    assert service.listener.address is not None
+    reader, writer = await asyncio.open_connection(*service.listener.address, limit=1 << 24)
     writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
     for command in (auth_message("bench", "bench"), b"REGISTER UUID=bench, TYPE=JSON"):
         writer.write(command)

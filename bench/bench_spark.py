@@ -86,9 +86,9 @@ class ServiceThread:
         self._stop = asyncio.Event()
         task = asyncio.create_task(service.run(self._stop))
         await service.wait_caught_up(self.target)
-        await service.store.flush()
-        assert service.address is not None
-        self.port = service.address[1]
+        await service.data.store.flush()
+        assert service.listener.address is not None
+        self.port = service.listener.address[1]
         self.tid = threading.get_native_id()
         self.ready.set()
         await task

@@ -206,9 +206,9 @@ class InProcess:
         self.task = asyncio.create_task(self.service.run(
             self.stop_event, started=lambda _: started.set_result(None)))
         await started
-        await self.service.replication.replicating.wait()
-        assert self.service.replication.replicator is not None
-        await asyncio.to_thread(self.service.replication.replicator.connected.wait, 60)
+        await self.service.replication.runner.replicating.wait()
+        assert self.service.replication.runner.replicator is not None
+        await asyncio.to_thread(self.service.replication.runner.replicator.connected.wait, 60)
         return time.perf_counter() - begun
 
     async def stop(self) -> None:
@@ -233,7 +233,7 @@ async def last_journal_line_after_one_commit(service: Service, server: EmbeddedM
     for _ in range(3):
         await asyncio.to_thread(commit_to, server, [0])
         await service.wait_caught_up(binlog_state(server))
-        await service.store.flush()
+        await service.data.store.flush()
         lines = (await asyncio.to_thread(read_bytes, journal)).splitlines()
         if lines:
             return len(lines[-1]) + 1
@@ -293,7 +293,7 @@ async def one_count(n: int, commits: int) -> dict[str, Any]:
         begun = time.perf_counter()
         await running.start()
         await running.service.wait_caught_up(target)
-        await running.service.store.flush()
+        await running.service.data.store.flush()
         result["first_capture"] = time.perf_counter() - begun
         result["first_capture_per_table"] = result["first_capture"] * 1000 / n
         await running.stop()
@@ -320,10 +320,10 @@ async def one_count(n: int, commits: int) -> dict[str, Any]:
         for _ in range(7):
             await asyncio.to_thread(commit_to, server, [rng.randrange(n)])
             await service.wait_caught_up(binlog_state(server))
-            ones.append(await timed(service.store.flush))
+            ones.append(await timed(service.data.store.flush))
             await asyncio.to_thread(commit_to, server, rng.sample(range(n), min(100, n)))
             await service.wait_caught_up(binlog_state(server))
-            hundreds.append(await timed(service.store.flush))
+            hundreds.append(await timed(service.data.store.flush))
         result["checkpoint_1_ms"] = statistics.median(ones) * 1000
         result["checkpoint_100_ms"] = statistics.median(hundreds) * 1000
         layout = DataDir(os.path.join(base, "data"))
@@ -331,9 +331,10 @@ async def one_count(n: int, commits: int) -> dict[str, Any]:
         result["journal_line_bytes"] = await last_journal_line_after_one_commit(
             service, server, layout.checkpoint_log)
 
-        assert service.address is not None
+        assert service.listener.address is not None
         picks = rng.sample(sorted(first), min(25, len(first)))
-        seeks = [await asyncio.to_thread(first_record_ms, service.address, table(i), first[i])
+        address = service.listener.address
+        seeks = [await asyncio.to_thread(first_record_ms, address, table(i), first[i])
                  for i in picks]
         result["seek_ms"] = statistics.median(seeks)
         await running.stop()

@@ -106,17 +106,17 @@ class RunningService:
 
     @property
     def host(self) -> str:
-        assert self.service.address is not None
-        return self.service.address[0]
+        assert self.service.listener.address is not None
+        return self.service.listener.address[0]
 
     @property
     def port(self) -> int:
-        assert self.service.address is not None
-        return self.service.address[1]
+        assert self.service.listener.address is not None
+        return self.service.listener.address[1]
 
     async def replicating(self, timeout: float = 60.0) -> None:
         """Wait until the replicator has resolved its start position and is running."""
-        await self._unless_stopped(self.service.replication.replicating.wait(), timeout)
+        await self._unless_stopped(self.service.replication.runner.replicating.wait(), timeout)
 
     async def caught_up(self, source: Source, timeout: float = 60.0) -> None:
         """Wait until every sink has applied everything the source has logged so far: the
@@ -128,7 +128,7 @@ class RunningService:
         service = self.service
         await service.wait_caught_up(target)
         while True:
-            pipeline = service.replication.pipeline
+            pipeline = service.replication.runner.pipeline
             assert pipeline is not None
             if all(same_transaction(pipeline.state.get(g.key), g) for g in target):
                 return
@@ -190,8 +190,7 @@ def make_config(data_dir: str, source_url: str, users: str, **sections: dict[str
 async def start_service(config: Config, sinks: tuple[Any, ...] = ()) -> RunningService:
     """The service running in this event loop (``sinks``: more sinks, there from the
     start)."""
-    service = Service(config)
-    service.sinks.extend(sinks)
+    service = Service(config, more_sinks=sinks)
     stop = asyncio.Event()
     started = asyncio.get_running_loop().create_future()
     task = asyncio.create_task(service.run(stop, started=lambda s: started.set_result(s)))

@@ -12,10 +12,12 @@ import asyncio
 import collections
 import datetime as dt
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from cdcserver.app.runner import ReplicationRunner
+from cdcserver.app.stored import StoredData
 from cdcserver.core.config import Config
 from cdcserver.core.errors import CdcError
 from cdcserver.core.gtid import Gtid
@@ -27,26 +29,10 @@ from cdcserver.ops.metrics import ServiceStats, health
 from cdcserver.protocol.positions import Positions
 from cdcserver.protocol.server import CdcServer, Connection
 from cdcserver.protocol.session import Phase
-from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.index import StoreIndex
-from cdcserver.store.store import AvroStore
 from mariadb_cdc_client.format.names import table_ref
 from mariadb_cdc_client.format.wire import Format
-
-
-class Running(Protocol):
-    """What the view reads of the running service (:class:`cdcserver.app.service.Service`)."""
-
-    config: Config
-    catalog: Catalog
-    store: AvroStore
-    replication: ReplicationRunner
-    server: CdcServer | None
-    scheduler: DumpScheduler | None
-    users: UsersFile
-
-    def stats(self) -> ServiceStats: ...
 
 RATE_WINDOW = 10.0  # seconds a client's bytes/s is measured over
 SAMPLE_EVERY = 2.0
@@ -54,8 +40,19 @@ KICKED = "disconnected by an administrator"
 
 
 class ServiceView:
-    def __init__(self, service: Running) -> None:
-        self.service = service
+    """What the admin API reads of the running service's parts, and does to them."""
+
+    def __init__(self, config: Config, data: StoredData, runner: ReplicationRunner,
+                 server: CdcServer, scheduler: DumpScheduler,
+                 stats: Callable[[], ServiceStats]) -> None:
+        self.config = config
+        self.catalog = data.catalog
+        self.store = data.store
+        self.users = data.users
+        self.runner = runner
+        self.server = server
+        self.scheduler = scheduler
+        self.stats = stats
         self.positions = Positions()
         self._samples: dict[int, collections.deque[tuple[float, int]]] = {}
 
@@ -68,12 +65,11 @@ class ServiceView:
     # -- replication -----------------------------------------------------------------------
 
     def replication(self) -> dict[str, Any]:
-        service = self.service
-        stats = service.stats()
-        _, document = health(stats, service.config.metrics.max_lag)
+        stats = self.stats()
+        _, document = health(stats, self.config.metrics.max_lag)
         replication, lag = stats.replication, stats.lag
-        last_commit = service.replication.last_commit()
-        resyncing = self._resyncing()
+        last_commit = self.runner.last_commit()
+        resyncing = self.runner.resyncing()
         return {
             "state": _state(replication),
             "problems": document["problems"],
@@ -88,7 +84,7 @@ class ServiceView:
                       "capacity": replication.queue_capacity},
             "quarantined": [{"table": table_ref(t.database, t.table), "cause": q.cause,
                              "since": q.since, "at": _iso(q.at), "resyncing": t in resyncing}
-                            for t, q in sorted(service.catalog.quarantined.items())],
+                            for t, q in sorted(self.catalog.quarantined.items())],
             "repairs": [{**r, "at": _iso(r["at"])} for r in stats.repairs.recent],
             "time": _iso(time.time()),
         }
@@ -96,11 +92,10 @@ class ServiceView:
     # -- clients ---------------------------------------------------------------------------
 
     async def clients(self) -> list[dict[str, Any]]:
-        server = self._server()
         now = time.monotonic()
         self._sample(now)
-        seen = [(c, _Where.of(c, self.service)) for c in server.sessions()]
-        index = self.service.store.index
+        seen = [(c, _Where.of(c, self.catalog)) for c in self.server.sessions()]
+        index = self.store.index
         found = await asyncio.to_thread(self._locate, index, [w for _, w in seen])
         return [self._client(c, where, located, now)
                 for (c, where), located in zip(seen, found, strict=True)]
@@ -156,12 +151,11 @@ class ServiceView:
         return found
 
     def disconnect(self, client_id: int) -> None:
-        if not self._server().disconnect(client_id, KICKED):
+        if not self.server.disconnect(client_id, KICKED):
             raise Refused(404, f"no client {client_id} is connected (GET /api/v1/clients)")
 
     def _sample(self, now: float) -> None:
-        server = self.service.server
-        sessions = server.sessions() if server is not None else []
+        sessions = self.server.sessions()
         for c in sessions:
             samples = self._samples.setdefault(c.id, collections.deque())
             samples.append((now, c.out.bytes_sent))
@@ -182,18 +176,17 @@ class ServiceView:
     # -- tables ----------------------------------------------------------------------------
 
     async def tables(self) -> list[dict[str, Any]]:
-        service = self.service
-        readers = collections.Counter(c.reading for c in self._server().sessions()
+        readers = collections.Counter(c.reading for c in self.server.sessions()
                                       if c.reading is not None)
-        resyncing = self._resyncing()
+        resyncing = self.runner.resyncing()
         entries = [(entry, list(entry.versions.values()))
-                   for _, entry in sorted(service.catalog.tables.items())]
+                   for _, entry in sorted(self.catalog.tables.items())]
         paths = {info.path for _, infos in entries for info in infos}
         self.positions.forget(paths)
-        counted = await asyncio.to_thread(self._count, service.store.index, entries)
+        counted = await asyncio.to_thread(self._count, self.store.index, entries)
         listed = []
         for (entry, infos), (records, last) in zip(entries, counted, strict=True):
-            why = service.catalog.quarantined.get(entry.name)
+            why = self.catalog.quarantined.get(entry.name)
             listed.append({
                 "table": table_ref(entry.name.database, entry.name.table),
                 "database": entry.name.database, "name": entry.name.table,
@@ -222,50 +215,40 @@ class ServiceView:
         return counted
 
     def resync(self, table: TableName) -> str:
-        service = self.service
         ref = table_ref(table.database, table.table)
-        why = service.catalog.quarantined.get(table)
+        why = self.catalog.quarantined.get(table)
         if why is None:
-            if service.catalog.get(table) is None:
+            if self.catalog.get(table) is None:
                 raise Refused(404, f"the service stores no table {ref}")
             raise Refused(409, f"{ref} is not quarantined: its stream is whole, there is "
                                "nothing to resync")
-        if table in self._resyncing():
+        if table in self.runner.resyncing():
             raise Refused(409, f"a resync of {ref} is under way already")
-        if service.replication.pipeline is None:
+        if not self.runner.replicating.is_set():
             raise Refused(503, "replication does not run now; the service resyncs "
                                f"{ref} once it does")
-        if not service.replication.request_resync(table, why.cause):
+        if not self.runner.request_resync(table, why.cause):
             raise Refused(409, f"a resync of {ref} cannot be asked for now; try again")
         return ref
-
-    def _resyncing(self) -> set[TableName]:
-        pipeline = self.service.replication.pipeline
-        repairer = pipeline.repairer if pipeline is not None else None
-        return repairer.resyncing if repairer is not None else set()
 
     # -- dumps -----------------------------------------------------------------------------
 
     async def dumps(self) -> dict[str, Any]:
-        service = self.service
         readers: dict[str, list[int]] = collections.defaultdict(list)
-        for c in self._server().sessions():
+        for c in self.server.sessions():
             if c.sending is not None:
                 readers[c.sending].append(c.id)
-        found = await asyncio.to_thread(files.list_dumps, service.config.store.data_dir)
-        scheduler = service.scheduler
+        found = await asyncio.to_thread(files.list_dumps, self.config.store.data_dir)
         return {
             "dumps": [{"name": d.name, "table": table_ref(d.table.database, d.table.table),
                        "bytes": d.size, "rows": d.header.rows, "created": d.header.created,
                        "gtid": d.header.gtid, "readers": readers.get(d.name, [])}
                       for d in found],
-            "taking": scheduler.listed() if scheduler is not None else [],
+            "taking": self.scheduler.listed(),
         }
 
     async def take_dumps(self, refs: list[tuple[str, str | None]]) -> dict[str, list[str]]:
-        scheduler = self.service.scheduler
-        if scheduler is None:
-            raise Refused(503, "the service is starting; try again")
+        scheduler = self.scheduler
         try:
             found = await asyncio.to_thread(scheduler.resolve, refs)
         except CdcError as exc:
@@ -288,15 +271,9 @@ class ServiceView:
     # -- users -----------------------------------------------------------------------------
 
     async def reload_users(self) -> int:
-        count = await asyncio.to_thread(self.service.users.reload)
-        self._server().revoke_lost_access()
+        count = await asyncio.to_thread(self.users.reload)
+        self.server.revoke_lost_access()
         return count
-
-    def _server(self) -> CdcServer:
-        server = self.service.server
-        if server is None:
-            raise Refused(503, "the service is starting; try again")
-        return server
 
 
 @dataclass(frozen=True)
@@ -309,12 +286,12 @@ class _Where:
     behind: int
 
     @classmethod
-    def of(cls, c: Connection, service: Running) -> _Where | None:
+    def of(cls, c: Connection, catalog: Catalog) -> _Where | None:
         streamer = c.streamer
         if streamer is None or streamer.at is None or c.sending is not None:
             return None
         info, offset = streamer.at, streamer.offset
-        entry = service.catalog.get(info.table)
+        entry = catalog.get(info.table)
         later = [v for n, v in entry.versions.items() if n > info.version] if entry else []
         behind = max(0, info.committed - offset) + sum(
             max(0, v.committed - v.header.size) for v in later)

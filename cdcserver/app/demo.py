@@ -114,13 +114,13 @@ async def _announce(service: Service, db: EmbeddedMariaDB, trickle: float) -> No
 
 
 def _print_instructions(service: Service, db: EmbeddedMariaDB) -> None:
-    assert service.address is not None
-    host, port = service.address
+    assert service.listener.address is not None
+    host, port = service.listener.address
     auth = auth_message(DEMO_USER, DEMO_PASSWORD).decode()
-    assert service.monitoring_address is not None
-    metrics = "http://{}:{}".format(*service.monitoring_address)
-    assert service.admin_address is not None
-    admin = "http://{}:{}".format(*service.admin_address)
+    assert service.monitoring.address is not None
+    metrics = "http://{}:{}".format(*service.monitoring.address)
+    assert service.admin.address is not None
+    admin = "http://{}:{}".format(*service.admin.address)
     token_file = service.config.admin.token_file
     print(f"""
 The CDC service is listening on {host}:{port} (user {DEMO_USER}, password {DEMO_PASSWORD}).

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import json
 import logging
 import os
@@ -56,12 +57,23 @@ T = TypeVar("T")
 ROOM_NEEDED = 16 << 20  # bytes a probe write must fit before replication resumes
 
 
+class State(enum.Enum):
+    """What replication is doing; the runner's ``why`` says why, in the last three."""
+
+    STARTING = "starting"  # checking the sources, opening the sinks
+    REPLICATING = "replicating"  # a replicator and pipeline run (or start again)
+    PAUSED = "paused"  # the data directory is full; resumes once a write fits
+    STOPPED = "stopped"  # for good, while the service serves what is stored
+    FAILED = "failed"  # run() raised
+
+
 class ReplicationRunner:
     def __init__(self, config: SourceConfig, data_dir: DataDir, catalog: Catalog,
                  sinks: list[Sink], *, flush_interval: float, disk_full_retry: float,
                  defer_decoding: DeferDecoding | None = None,
                  sources: Sources | None = None,
-                 capture: CaptureFilter = EVERY_USER_TABLE) -> None:
+                 capture: CaptureFilter = EVERY_USER_TABLE,
+                 on_applied: Applied | None = None) -> None:
         self.capture = capture
         self.config = config
         self.sources = sources if sources is not None else Sources(config.addresses())
@@ -74,8 +86,8 @@ class ReplicationRunner:
         self.replicator: Replicator | None = None
         self.pipeline: Pipeline | None = None
         self.handoff: Handoff | None = None
-        self.paused = ""
-        self.stopped = ""  # why replication stopped for good while the service serves on
+        self.state = State.STARTING
+        self.why = ""  # why it is paused, stopped or failed
         self.info: SourceInfo | None = None  # what the source is, once checked
         self._restarting = False
         self._setting_up = asyncio.Lock()
@@ -83,13 +95,37 @@ class ReplicationRunner:
         self._halted = asyncio.Event()  # set by stop()
         self.repair_stats = RepairStats()  # changes without binlog rows, and their repairs
         self.replicating = asyncio.Event()  # set once the replicator is started
-        self.failure = ""  # why run() raised, once it did (/live says so)
-        self.on_applied: Applied | None = None  # told after each sink's apply (the metrics)
+        self.on_applied = on_applied  # told after each sink's apply (the metrics)
         self._unreachable = Backoff()  # between restarts after the source could not be read
         self._replaced: asyncio.Future[None] | None = None
         self.xa: PreparedXa | None = None  # prepared XA transactions, once replication runs
 
     # -- what it is doing --------------------------------------------------------------
+
+    @property
+    def paused(self) -> str:
+        """Why replication is paused (a full disk); empty while it is not."""
+        return self.why if self.state is State.PAUSED else ""
+
+    @property
+    def stopped(self) -> str:
+        """Why replication stopped for good while the service serves on; empty if it did not."""
+        return self.why if self.state is State.STOPPED else ""
+
+    @property
+    def failure(self) -> str:
+        """Why run() raised, once it did (/live says so)."""
+        return self.why if self.state is State.FAILED else ""
+
+    def repair_pending(self) -> bool:
+        """A repair is under way whose records are not out yet: no checkpoint may pass the
+        change it repairs."""
+        return self.pipeline is not None and self.pipeline.repair_pending
+
+    def resyncing(self) -> set[TableName]:
+        """The tables whose resync is under way."""
+        repairer = self.pipeline.repairer if self.pipeline is not None else None
+        return repairer.resyncing if repairer is not None else set()
 
     def stats(self) -> ReplicationStats:
         replicator, pipeline, handoff = self.replicator, self.pipeline, self.handoff
@@ -104,7 +140,7 @@ class ReplicationRunner:
             transactions=pipeline.transactions if pipeline is not None else 0,
             queue_bytes=handoff.in_flight if handoff is not None else 0,
             queue_capacity=handoff.capacity if handoff is not None else 0,
-            repair_pending=pipeline is not None and pipeline.repair_pending,
+            repair_pending=self.repair_pending(),
             source=self.sources.current.describe(), sources=len(self.sources.addresses),
             source_switches=self.sources.switches,
             refused=[r.text() for r in self.sources.refusals],
@@ -157,7 +193,7 @@ class ReplicationRunner:
         try:
             await self._run()
         except Exception as exc:
-            self.failure = f"{type(exc).__name__}: {exc}"
+            self._enter(State.FAILED, f"{type(exc).__name__}: {exc}")
             raise
 
     async def _run(self) -> None:
@@ -269,25 +305,29 @@ class ReplicationRunner:
         if self._replaced is not None and not self._replaced.done():
             self._replaced.set_result(None)
         self.replicator.start()
+        self._enter(State.REPLICATING)
         self.replicating.set()
+
+    def _enter(self, state: State, why: str = "") -> None:
+        self.state, self.why = state, why
 
     async def _stopped_by_purge(self, exc: BinlogPurged) -> None:
         """The binlog after the stored state is gone: say so once, with the way out, and
         serve what is stored until stopped (``/health`` says it too)."""
         state = self.pipeline.state if self.pipeline is not None else None
-        self.stopped = (
+        self._enter(State.STOPPED, (
             f"replication stopped: the source no longer holds the binlog after GTID state "
             f"'{state}' (purged), so the changes since then are lost to the stream. The way "
             "out: stop the service and run `cdcserver resync` with its configuration (it "
             "marks every table in the stream, dumps each, and replication continues from the "
-            "source's position then)")
+            "source's position then)"))
         log.error("%s [%s]", self.stopped, exc)
         await self._halted.wait()
 
     async def _stopped_for_good(self, why: str) -> None:
         """Say once why replication cannot go on, and serve what is stored until stopped
         (``/health`` and ``/ready`` say it too; ``cdc_replication_stopped`` is 1)."""
-        self.stopped = why
+        self._enter(State.STOPPED, why)
         log.error("%s", why)
         await self._halted.wait()
 
@@ -301,7 +341,7 @@ class ReplicationRunner:
         """The data directory is full: every sink drops its open transaction; wait until a
         write fits again, then replication starts over from what they applied. The listener
         serves meanwhile (from the committed data, which nothing touched)."""
-        self.paused = f"replication paused: {cause}"
+        self._enter(State.PAUSED, f"replication paused: {cause}")
         log.error("%s; resuming when %s has room again", self.paused, self.data_dir.root)
         for sink in ordered(self.sinks):
             with contextlib.suppress(Exception):
@@ -318,7 +358,7 @@ class ReplicationRunner:
             except DiskFull:
                 continue
         log.warning("the data directory has room again: resuming replication")
-        self.paused = ""
+        self._enter(State.REPLICATING)
 
     def _check_sources(self) -> tuple[BinlogPosition, SourceInfo]:
         """The first source, in order of preference, that answers and can be captured

@@ -264,7 +264,7 @@ async def test_console_shows_the_service_and_takes_its_actions(tmp_path: Path, s
     orders, hostile = fill(source)
     async with console_service(tmp_path, source, users_file, token_file) as running:
         await running.caught_up(source)
-        host, port = running.service.admin_address  # type: ignore[misc]
+        host, port = running.service.admin.address  # type: ignore[misc]
         async with library_client(running.port, orders) as follower, \
                 raw_client(running.port, orders) as (raw, raw_address), \
                 browser(tmp_path / "chromium", f"http://{host}:{port}/console/") as console:

@@ -157,12 +157,12 @@ async def test_every_metric_the_dashboard_and_alerts_use_is_served(
     running = await start_service(make_config(str(tmp_path / "data"), source.url, users_file,
                                               kafka=kafka))
     try:
-        await until(lambda: running.service.sink("kafka") is not None, timeout=30,
+        await until(lambda: running.service.replication.sink("kafka") is not None, timeout=30,
                     what="the publisher lock")
         source.execute(f"CREATE TABLE `{source.database}`.t (id INT PRIMARY KEY)",
                        f"INSERT INTO `{source.database}`.t VALUES (1), (2)")
         await kafka_caught_up(running, source)
-        host, port = running.service.monitoring_address  # type: ignore[misc]
+        host, port = running.service.monitoring.address  # type: ignore[misc]
         text = await asyncio.to_thread(_scrape, f"http://{host}:{port}/metrics")
     finally:
         await running.stop()

@@ -161,7 +161,7 @@ async def test_the_service_moves_to_a_surviving_node_exactly_once(
         await until(lambda: writer.transactions >= 150, timeout=60)
         first.kill()  # the node the service reads
         before = writer.transactions
-        await until(lambda: cdc.service.sources.index != 0, timeout=60)
+        await until(lambda: cdc.service.replication.sources.index != 0, timeout=60)
         await until(lambda: writer.transactions >= before + 150, timeout=60)
     finally:
         writer.halt.set()
@@ -180,6 +180,6 @@ async def test_the_service_moves_to_a_surviving_node_exactly_once(
         assert len(identities) == len(set(identities)), "a record arrived twice"
         assert len(rebuilt.records) == writer.records
         assert {r["domain"] for r in rebuilt.records} == {DOMAIN}
-        assert cdc.service.sources.switches == 1
+        assert cdc.service.replication.sources.switches == 1
     finally:
         await cdc.stop()

@@ -49,7 +49,7 @@ async def kafka_caught_up(running: RunningService, source: Source,
     """Until the sink's checkpoint covers everything the source has logged."""
     await running.caught_up(source, timeout)
     target = source.gtid_state()
-    sink = running.service.sink("kafka")
+    sink = running.service.replication.sink("kafka")
     assert sink is not None
     deadline = asyncio.get_running_loop().time() + timeout
     while sink.durable is None or not all(sink.durable.gtid_state.covers(g) for g in target):
@@ -363,7 +363,7 @@ async def test_kafka_publishes_only_the_tables_its_include_and_exclude_select(
                        f"INSERT INTO `{db}`.private VALUES (1, 'hidden-4471')",
                        f"UPDATE `{db}`.public SET v = 'shut' WHERE id = 2")
         await kafka_caught_up(running, source)
-        stored = {t.table for t in running.service.catalog.tables if t.database == db}
+        stored = {t.table for t in running.service.data.catalog.tables if t.database == db}
         assert stored == {"public", "private"}
     finally:
         await running.stop()

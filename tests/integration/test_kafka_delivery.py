@@ -98,7 +98,7 @@ def source_rows(source: Source, table: str, columns: str) -> dict[Any, tuple[Any
 
 async def _metrics(running: RunningService) -> dict[str, float]:
     """The service's unlabelled series, from its /metrics."""
-    host, port = running.service.monitoring_address  # type: ignore[misc]
+    host, port = running.service.monitoring.address  # type: ignore[misc]
 
     def scrape() -> str:
         with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
@@ -264,7 +264,7 @@ async def test_broker_outage_stalls_with_bounded_memory_and_loses_nothing(
         writer = threading.Thread(target=write, daemon=True)
         writer.start()
         await pace(1.0)
-        sink = running.service.sink("kafka")
+        sink = running.service.replication.sink("kafka")
         assert sink is not None
         proxy.refuse = True
         proxy.cut()
@@ -334,8 +334,8 @@ async def test_position_is_read_back_from_the_state_topic(tmp_path, source: Sour
     running = await start_service(config)
     try:
         await running.replicating()
-        assert running.service.sink("kafka") is not None
-        durable = running.service.sink("kafka").durable
+        assert running.service.replication.sink("kafka") is not None
+        durable = running.service.replication.sink("kafka").durable
         assert durable is not None and durable.gtid_state == source.gtid_state()
         source.execute(f"INSERT INTO {db}.t VALUES (101)")
         await kafka_caught_up(running, source)

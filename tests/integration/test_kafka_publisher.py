@@ -59,7 +59,7 @@ async def test_one_instance_publishes_and_the_standby_takes_over(
     source.execute(f"CREATE TABLE `{source.database}`.t (id INT PRIMARY KEY, v INT)")
     first = await start_service(make_config(os.path.join(tmp_path, "a"), source.url,
                                             users_file, kafka=kafka))
-    await until(lambda: first.service.sink("kafka") is not None, timeout=30)
+    await until(lambda: first.service.replication.sink("kafka") is not None, timeout=30)
     second = await start_service(make_config(os.path.join(tmp_path, "b"), source.url,
                                              users_file, kafka=kafka))
     stop, counter = threading.Event(), [0]
@@ -67,12 +67,12 @@ async def test_one_instance_publishes_and_the_standby_takes_over(
     writer.start()
     try:
         await until(lambda: counter[0] >= 300)
-        assert second.service.sink("kafka") is None  # it stands by
+        assert second.service.replication.sink("kafka") is None  # it stands by
         document = health(second.service.stats(), 60)[1]
         assert document["kafka"] == {"role": "standby"}
         assert health(first.service.stats(), 60)[1]["kafka"] == {"role": "publisher"}
         await first.stop()  # its lock goes with its connection
-        await until(lambda: second.service.sink("kafka") is not None, timeout=30)
+        await until(lambda: second.service.replication.sink("kafka") is not None, timeout=30)
         mark = counter[0]
         await until(lambda: counter[0] >= mark + 300)
     finally:

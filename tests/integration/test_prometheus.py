@@ -127,9 +127,9 @@ async def test_prometheus_scrapes_the_service_and_answers_the_dashboard(
                                               kafka=kafka))
     prometheus = None
     try:
-        await until(lambda: running.service.sink("kafka") is not None, timeout=30,
+        await until(lambda: running.service.replication.sink("kafka") is not None, timeout=30,
                     what="the publisher lock")
-        host, port = running.service.monitoring_address  # type: ignore[misc]
+        host, port = running.service.monitoring.address  # type: ignore[misc]
         (tmp_path / "prometheus").mkdir()
         prometheus = Prometheus(tmp_path / "prometheus", f"{host}:{port}")
         await prometheus.started()

@@ -33,7 +33,7 @@ def token_file(directory: str, text: str = TOKEN, mode: int = 0o600) -> str:
 
 class Api:
     def __init__(self, running: RunningService, session: aiohttp.ClientSession) -> None:
-        host, port = running.service.admin_address  # type: ignore[misc]
+        host, port = running.service.admin.address  # type: ignore[misc]
         self.base = f"http://{host}:{port}"
         self.session = session
 

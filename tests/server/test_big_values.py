@@ -78,7 +78,7 @@ async def test_large_blocks_go_out_as_the_lines_the_block_renderer_writes(
                                           store={"codec": codec}))
     try:
         await cdc.caught_up(source)
-        entry = cdc.service.catalog.get(TableName(source.database, "big"))
+        entry = cdc.service.data.catalog.get(TableName(source.database, "big"))
         assert entry is not None
         info = entry.latest()
         fd = os.open(info.path, os.O_RDONLY)
@@ -139,8 +139,8 @@ async def test_json_clients_that_do_not_read_hold_no_copy_of_big_values(
                 record["n"]) == row
     await reader.close()
 
-    assert cdc.service.server is not None
-    traffic = cdc.service.server.traffic
+    assert cdc.service.listener.server is not None
+    traffic = cdc.service.listener.server.traffic
     before, sent_before = _rss(), traffic.bytes_sent
     clients = [await _stalled_client(cdc.port, request) for _ in range(8)]
     try:

@@ -62,7 +62,7 @@ async def test_tables_left_out_reach_nothing_and_the_selected_stream_exactly(
                                                  password=PASSWORD, quiet=0.5)
         finally:
             conn.close()
-        stored = {t.table for t in running.service.catalog.tables if t.database == db}
+        stored = {t.table for t in running.service.data.catalog.tables if t.database == db}
         assert stored == {"kept_a", "parent"}
         for table in ("kept_secret", "other", "child"):
             reply = await reply_to(running.port, f"REQUEST-DATA `{db}`.{table}")
@@ -71,7 +71,7 @@ async def test_tables_left_out_reach_nothing_and_the_selected_stream_exactly(
             assert reply.startswith(b"ERR FORBIDDEN"), reply
         with pytest.raises(SourceError, match="exclude leaves it out"):
             dump_tables(parse_source_url(source.url), config.store.data_dir,
-                        [TableName(db, "kept_secret")], capture=running.service.capture)
+                        [TableName(db, "kept_secret")], capture=running.service.replication.capture)
         assert cdcserver_main(["dump", f"`{db}`.kept_secret", "--source", source.url,
                                "--data-dir", config.store.data_dir, "--exclude",
                                f"`{db}`.kept_secret"]) == 1
@@ -109,7 +109,7 @@ async def test_a_restart_with_a_table_newly_excluded_stops_its_stream(
             conn.close()
         reply = await reply_to(running.port, f"REQUEST-DATA `{db}`.b")
         assert reply.startswith(b"ERR FORBIDDEN") and b"exclude leaves it out" in reply
-        b = running.service.catalog.get(TableName(db, "b"))
+        b = running.service.data.catalog.get(TableName(db, "b"))
         assert b is not None  # what was stored stays (retention ages it out), and no more
         ids = []
         for info in b.versions.values():

@@ -68,7 +68,7 @@ async def test_async_client_resumes_after_a_dropped_connection(cdc: RunningServi
             received.append(event.values["id"])
             if len(received) == 2:
                 # Drop every client connection on the server side, mid-stream.
-                for task in list(cdc.service.server._connections):  # type: ignore[union-attr]
+                for task in list(cdc.service.listener.server._connections):  # type: ignore[union-attr]
                     task.cancel()
             if len(received) == 3:
                 source.execute(f"INSERT INTO `{source.database}`.accounts VALUES "

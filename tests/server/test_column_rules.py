@@ -108,7 +108,7 @@ async def test_excluded_hashed_and_masked_columns_are_stored_only_as_the_rules_s
 
         results = await asyncio.to_thread(
             dump_tables, parse_source_url(source.url), config.store.data_dir,
-            [TableName(db, "people")], capture=running.service.capture)
+            [TableName(db, "people")], capture=running.service.replication.capture)
         dumped = await _dumped_rows(running.port, db)
         assert dumped == {key[0]: {c: v for c, v in row.items()}
                           for key, row in rebuilt.rows.items()}
@@ -158,7 +158,7 @@ async def test_rows_a_repair_reads_from_the_source_are_hashed_too(
         await running.caught_up(source)
         conn = source.server.connect()
         try:
-            pipeline = running.service.replication.pipeline
+            pipeline = running.service.replication.runner.pipeline
             assert pipeline is not None
             await until(lambda: not pipeline.repair_pending, timeout=30)
             rebuilt = await assert_stream_equals_table(
@@ -208,7 +208,7 @@ async def test_a_rule_that_changes_makes_a_new_version_announced_in_band(
                 keep = int({f["name"]: f.get("masked") for f in line["fields"]}["card"][5:])
             elif line.get("card") is not None:
                 assert line["card"].endswith("***") and len(line["card"]) <= keep + 3, line
-        versions = running.service.catalog.get(TableName(db, "people"))
+        versions = running.service.data.catalog.get(TableName(db, "people"))
         assert versions is not None and len(versions.versions) >= 2
         for info in versions.versions.values():
             with open(info.path, "rb") as f:
@@ -264,7 +264,7 @@ async def test_a_dump_holds_the_rules_values_and_no_clear_one(
             await running.caught_up(source)
             await asyncio.to_thread(dump_tables, parse_source_url(source.url), data_dir,
                                     [TableName(db, "people")], DumpOptions(config.dump),
-                                    capture=running.service.capture)
+                                    capture=running.service.replication.capture)
             assert list_dumps(data_dir, TableName(db, "people"))
             dumped = await _dumped_rows(running.port, db)
         finally:
@@ -536,7 +536,8 @@ async def test_no_byte_the_service_writes_or_sends_holds_what_the_rules_hide(
         await running.caught_up(source)
         await asyncio.to_thread(dump_tables, parse_source_url(source.url),
                                 config.store.data_dir, [TableName(db, "people")],
-                                DumpOptions(config.dump), capture=running.service.capture)
+                                DumpOptions(config.dump),
+                                capture=running.service.replication.capture)
         table = f"`{db}`.people".encode()
         for fmt in ("JSON", "AVRO"):
             sent.append(await _raw_exchange(running.port, [
@@ -549,8 +550,8 @@ async def test_no_byte_the_service_writes_or_sends_holds_what_the_rules_hide(
             b"REQUEST-DATA " + table + b".000099", f"REQUEST-DATA `{db}`.nosuch".encode(),
             b"NOT-A-COMMAND",  # errors (an echo of the client's own words is no leak)
         ]))
-        host, port = running.service.admin_address  # type: ignore[misc]
-        mhost, mport = running.service.monitoring_address  # type: ignore[misc]
+        host, port = running.service.admin.address  # type: ignore[misc]
+        mhost, mport = running.service.monitoring.address  # type: ignore[misc]
         headers = {"Authorization": f"Bearer {TOKEN}"}
         async with aiohttp.ClientSession() as session:
             for url in [f"http://{host}:{port}{path}" for path in (

@@ -229,8 +229,8 @@ async def test_mariadb_restarted_under_the_service(tmp_path, restartable: Source
         await asyncio.to_thread(threading.Event().wait, 1.0)
         load.finish()
         await running.caught_up(source, timeout=120)
-        assert running.service.replication.replicator is not None
-        assert running.service.replication.replicator.reconnects >= 1
+        assert running.service.replication.runner.replicator is not None
+        assert running.service.replication.runner.replicator.reconnects >= 1
         reports = await asyncio.to_thread(_verify_all, source,
                                           running.service.config.store.data_dir)
     finally:
@@ -255,8 +255,8 @@ async def test_network_drops_are_survived(tmp_path, source: Source, users_file: 
             proxy.refuse = False
         load.finish()
         await running.caught_up(source, timeout=120)
-        assert running.service.replication.replicator is not None
-        assert running.service.replication.replicator.reconnects >= 3
+        assert running.service.replication.runner.replicator is not None
+        assert running.service.replication.runner.replicator.reconnects >= 3
         reports = await asyncio.to_thread(_verify_all, source,
                                           running.service.config.store.data_dir)
     finally:

@@ -61,8 +61,8 @@ async def admin(tmp_path: os.PathLike[str], source: Source, users_file: str
         os.path.join(tmp, "data"), source.url, users_file,
         admin={"listen": "127.0.0.1:0", "token_file": token}))
     try:
-        assert running.service.admin_address is not None
-        host, port = running.service.admin_address
+        assert running.service.admin.address is not None
+        host, port = running.service.admin.address
         yield Admin(running, f"http://{host}:{port}", token, tmp)
     finally:
         if not running.task.done():
@@ -216,7 +216,7 @@ async def test_refusals_and_where_the_address_and_token_come_from(
     # The token in the environment; the address and its scheme from a configuration.
     with open(admin.token_file) as f:
         token = f.read().strip()
-    _, port = admin.running.service.admin_address  # type: ignore[misc]
+    _, port = admin.running.service.admin.address  # type: ignore[misc]
     config = os.path.join(admin.tmp, "cdcserver.toml")
     with open(config, "w") as f:
         f.write(f'[admin]\nlisten = "0.0.0.0:{port}"\ntoken_file = "{wrong}"\n')

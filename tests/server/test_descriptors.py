@@ -343,7 +343,7 @@ async def test_streams_of_a_table_share_one_descriptor_of_its_version_file(
                    f"CREATE TABLE `{db}`.b (id INT PRIMARY KEY)",
                    f"INSERT INTO `{db}`.a VALUES (1)", f"INSERT INTO `{db}`.b VALUES (1)")
     await cdc.caught_up(source)
-    a, b = (cdc.service.catalog.get(TableName(db, t)) for t in "ab")
+    a, b = (cdc.service.data.catalog.get(TableName(db, t)) for t in "ab")
     assert a is not None and b is not None
     a_file, b_file = a.latest(), b.latest()
     assert a_file is not None and b_file is not None

@@ -47,10 +47,10 @@ async def test_a_full_disk_pauses_replication_and_loses_nothing(small_disk: str,
 
         for i in range(2, 62):  # 60 transactions of 60 KB: far more than is left
             source.execute(f"INSERT INTO {table} VALUES ({i}, REPEAT('x', 60000))")
-        while not cdc.service.replication.paused:
+        while not cdc.service.replication.runner.paused:
             await asyncio.wait({cdc.task}, timeout=0.05)
             assert not cdc.task.done(), "the service stopped instead of pausing"
-        assert "paused" in cdc.service.replication.paused
+        assert "paused" in cdc.service.replication.runner.paused
         status, doc = await fetch_probe(cdc, "/ready")  # live, and says why it is not ready
         assert status == 503 and doc["reason"] == "paused" and "No space" in doc["message"]
         assert (await fetch_probe(cdc, "/live"))[0] == 200
@@ -65,7 +65,7 @@ async def test_a_full_disk_pauses_replication_and_loses_nothing(small_disk: str,
 
         os.unlink(ballast)  # room again
         await cdc.caught_up(source, timeout=120)
-        assert not cdc.service.replication.paused
+        assert not cdc.service.replication.runner.paused
     finally:
         await cdc.stop()
 

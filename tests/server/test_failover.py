@@ -229,12 +229,12 @@ async def test_a_promotion_under_writes_continues_the_stream_exactly_once(
             writer.running.set()
             before = writer.transactions
             await until(lambda: writer.transactions >= before + 100)
-            await until(lambda: cdc.service.sources.index == 1, timeout=60)
+            await until(lambda: cdc.service.replication.sources.index == 1, timeout=60)
             writer.pause()
         await _caught_up(cdc, topology.primary)
         await _assert_exactly_once(cdc, topology.primary, writer)
-        assert cdc.service.sources.switches == 1
-        refused = {r.address.port: r.reason for r in cdc.service.sources.refusals}
+        assert cdc.service.replication.sources.switches == 1
+        refused = {r.address.port: r.reason for r in cdc.service.replication.sources.refusals}
         assert "unreachable" in refused.get(old.port, "unreachable"), refused
     finally:
         await cdc.stop()
@@ -267,7 +267,7 @@ async def test_a_replica_behind_the_stream_is_passed_over_and_a_diverged_one_ref
         topology.primary.stop()
 
         def refusals() -> dict[int, str]:
-            return {r.address.port: r.reason for r in cdc.service.sources.refusals}
+            return {r.address.port: r.reason for r in cdc.service.replication.sources.refusals}
 
         await until(lambda: first.port in refusals() and second.port in refusals(),
                     timeout=60)
@@ -277,7 +277,7 @@ async def test_a_replica_behind_the_stream_is_passed_over_and_a_diverged_one_ref
         assert "gtid_slave_pos" in reasons[first.port], reasons  # it is a replica
         assert reasons[second.port].startswith("diverged"), reasons
         assert f"0-1-{last}" in reasons[second.port], reasons
-        assert cdc.service.sources.index == 0  # still the lost primary: nothing taken
+        assert cdc.service.replication.sources.index == 0  # still the lost primary: nothing taken
         healthy, document = health(cdc.service.stats(), 60)
         assert not healthy and any("behind" in t for t in document["source"]["refused"])
         assert any("no source can continue" in p for p in document["problems"]), document
@@ -286,7 +286,7 @@ async def test_a_replica_behind_the_stream_is_passed_over_and_a_diverged_one_ref
         first.execute("START SLAVE")
         wait_until(lambda: gtid_binlog_pos(first) == stored, 30)
         topology.primary.kill()
-        await until(lambda: cdc.service.sources.index == 1, timeout=60)
+        await until(lambda: cdc.service.replication.sources.index == 1, timeout=60)
         first.execute("STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL read_only = OFF",
                       "INSERT INTO shop.orders VALUES (200, 'after', 2)")
         await _caught_up(cdc, first)

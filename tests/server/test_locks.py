@@ -95,9 +95,9 @@ async def test_a_locked_tables_repair_stops_no_other_table(cdc: RunningService, 
         source.execute(f"INSERT INTO `{db}`.free VALUES (1, 10), (2, 20)")
         await _until_streamed(cdc, source, "free", 120)
         table = TableName(db, "lk")
-        await until(lambda: table in cdc.service.catalog.quarantined, 60,
+        await until(lambda: table in cdc.service.data.catalog.quarantined, 60,
                     "the locked table quarantined")
-        cause = cdc.service.catalog.quarantined[table].cause
+        cause = cdc.service.data.catalog.quarantined[table].cause
         assert "locked by another session" in cause, cause
         good, document = health(cdc.service.stats(), 60)
         assert not good and any(f"{db}.lk" in p for p in document["problems"]), document
@@ -109,11 +109,11 @@ async def test_a_locked_tables_repair_stops_no_other_table(cdc: RunningService, 
         # resync is released at the first transaction past its watermark: the source goes
         # on being written to)
         for n in range(3, 300):
-            if table not in cdc.service.catalog.quarantined:
+            if table not in cdc.service.data.catalog.quarantined:
                 break
             source.execute(f"INSERT INTO `{db}`.free VALUES ({n}, {n})")
             await asyncio.sleep(0.5)
-        assert table not in cdc.service.catalog.quarantined, "not resynced"
+        assert table not in cdc.service.data.catalog.quarantined, "not resynced"
         await _until_streamed(cdc, source, "lk", 60)
         assert [r[2] for r in _rows(source, "lk")] == [5, 5]
     finally:
@@ -138,7 +138,7 @@ async def test_a_discarded_tablespace_is_quarantined_alone(cdc: RunningService,
     source.execute(f"INSERT INTO `{db}`.free VALUES (1, 10)")
     await _until_streamed(cdc, source, "free", 120)
     table = TableName(db, "qt")
-    await until(lambda: table in cdc.service.catalog.quarantined, 60, "qt quarantined")
+    await until(lambda: table in cdc.service.data.catalog.quarantined, 60, "qt quarantined")
     source.execute(f"INSERT INTO `{db}`.free VALUES (2, 20)")
     await _until_streamed(cdc, source, "free", 60)
     good, document = health(cdc.service.stats(), 60)

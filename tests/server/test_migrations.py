@@ -82,7 +82,7 @@ async def test_a_migration_script_keeps_the_stream_exact(cdc: RunningService,
     _run(source, *MIGRATION)
     await _exact(cdc, source, "t")
     await _verified(cdc, source, "t")
-    assert cdc.service.store.quarantined == {}
+    assert cdc.service.data.store.quarantined == {}
 
 
 async def test_migrations_while_the_service_is_stopped(tmp_path, source: Source,
@@ -108,7 +108,7 @@ async def test_migrations_while_the_service_is_stopped(tmp_path, source: Source,
     try:
         await _exact(running, source, "t", "u")
         await _verified(running, source, "t")
-        assert running.service.store.quarantined == {}
+        assert running.service.data.store.quarantined == {}
     finally:
         await running.stop()
 
@@ -176,7 +176,7 @@ async def test_verify_agrees_after_add_system_versioning(cdc: RunningService, so
 
 
 def _health(running: RunningService) -> dict[str, Any]:
-    host, port = running.service.monitoring_address  # type: ignore[misc]
+    host, port = running.service.monitoring.address  # type: ignore[misc]
     try:
         with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=10) as answer:
             data: dict[str, Any] = json.loads(answer.read())
@@ -214,7 +214,7 @@ async def test_a_table_that_cannot_be_read_is_quarantined_and_resynced(
         _run(source, "ALTER TABLE hidden ADD COLUMN c INT NOT NULL DEFAULT 7",
              "INSERT INTO hidden VALUES (3, 3, 3)", "INSERT INTO t VALUES (2, 2)")
         await running.caught_up(source)
-        assert set(running.service.store.quarantined) == {TableName(db, "hidden")}
+        assert set(running.service.data.store.quarantined) == {TableName(db, "hidden")}
         await _exact(running, source, "t")  # every other table goes on
         health = await asyncio.to_thread(_health, running)
         assert health["status"] == "degraded" and \
@@ -236,11 +236,11 @@ async def test_a_table_that_cannot_be_read_is_quarantined_and_resynced(
 
         async def released() -> bool:
             _run(source, "INSERT INTO t SELECT MAX(id) + 1, 0 FROM t")  # a transaction
-            return not running.service.store.quarantined
+            return not running.service.data.store.quarantined
 
         await eventually(released, bool, 90, "the resync")
         await _exact(running, source, "t", "hidden")
-        assert running.service.replication.repair_stats.resyncs
+        assert running.service.replication.runner.repair_stats.resyncs
         assert not (await asyncio.to_thread(_health, running))["quarantined"]
     finally:
         await running.stop()

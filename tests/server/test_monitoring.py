@@ -28,7 +28,7 @@ def _get(url: str) -> tuple[int, bytes]:
 
 
 async def _metrics(cdc: RunningService) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    host, port = cdc.service.monitoring_address  # type: ignore[misc]
+    host, port = cdc.service.monitoring.address  # type: ignore[misc]
     status, body = await asyncio.to_thread(_get, f"http://{host}:{port}/metrics")
     assert status == 200
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -37,7 +37,7 @@ async def _metrics(cdc: RunningService) -> dict[tuple[str, tuple[tuple[str, str]
 
 
 async def _health(cdc: RunningService) -> tuple[int, dict]:
-    host, port = cdc.service.monitoring_address  # type: ignore[misc]
+    host, port = cdc.service.monitoring.address  # type: ignore[misc]
     status, body = await asyncio.to_thread(_get, f"http://{host}:{port}/health")
     return status, json.loads(body)
 
@@ -48,7 +48,7 @@ async def test_metrics_count_what_went_in_and_out(cdc: RunningService, source: S
                    f"INSERT INTO {table} VALUES (1, 'a'), (2, 'b'), (3, 'c')",
                    f"UPDATE {table} SET v = 'z' WHERE id = 1")
     await cdc.caught_up(source)
-    await cdc.service.lag.measure()  # type: ignore[union-attr]
+    await cdc.service.housekeeping.lag.measure()  # type: ignore[union-attr]
     before = await _metrics(cdc)
     assert before["cdc_rows_in_total", ()] == 5  # three inserts, an update's two images
     assert before["cdc_table_version", (("database", source.database), ("table", "t"))] == 1
@@ -131,11 +131,11 @@ async def test_the_process_and_build_are_described(cdc: RunningService):
 async def test_health_and_status_of_a_healthy_service(cdc: RunningService, source: Source,
                                                       capsys):
     await cdc.caught_up(source)
-    await cdc.service.lag.measure()  # type: ignore[union-attr]
+    await cdc.service.housekeeping.lag.measure()  # type: ignore[union-attr]
     status, doc = await _health(cdc)
     assert status == 200 and doc["status"] == "ok" and doc["problems"] == []
     assert doc["replication"]["connected"] and doc["replication"]["lag_transactions"] == 0
-    host, port = cdc.service.monitoring_address  # type: ignore[misc]
+    host, port = cdc.service.monitoring.address  # type: ignore[misc]
     code = await asyncio.to_thread(cdcserver_main,
                                    ["status", "--metrics-url", f"http://{host}:{port}"])
     out = capsys.readouterr().out
@@ -150,7 +150,7 @@ async def test_health_is_503_while_the_source_is_unreachable(tmp_path, users_fil
         status, doc = await _health(running)
         assert status == 503 and doc["status"] == "degraded"
         assert any("not started" in p for p in doc["problems"])
-        host, port = running.service.monitoring_address  # type: ignore[misc]
+        host, port = running.service.monitoring.address  # type: ignore[misc]
         code = await asyncio.to_thread(cdcserver_main,
                                        ["status", "--metrics-url", f"http://{host}:{port}"])
         assert code == 1 and "DEGRADED" in capsys.readouterr().out
@@ -159,7 +159,7 @@ async def test_health_is_503_while_the_source_is_unreachable(tmp_path, users_fil
 
 
 async def test_the_endpoint_refuses_what_is_not_a_monitoring_request(cdc: RunningService):
-    host, port = cdc.service.monitoring_address  # type: ignore[misc]
+    host, port = cdc.service.monitoring.address  # type: ignore[misc]
     assert await asyncio.to_thread(_get, f"http://{host}:{port}/nothing") == \
         (404, b"try /metrics, /health, /live, /ready\n")
     request = urllib.request.Request(f"http://{host}:{port}/metrics", data=b"x", method="POST")

@@ -60,7 +60,7 @@ async def test_no_client_reads_or_dumps_the_password_tables(cdc: RunningService,
     listed = json.loads(await reply_to(cdc.port, "LIST-TABLES"))["tables"]
     assert {t["database"] for t in listed} == {source.database}
     # nothing of mysql.* was stored, though the CREATE USER changed mysql.global_priv
-    stored = {t.database for t in cdc.service.catalog.tables}
+    stored = {t.database for t in cdc.service.data.catalog.tables}
     assert "mysql" not in stored
     data_dir = cdc.service.config.store.data_dir
     with pytest.raises(SourceError, match="not captured"):
@@ -80,7 +80,7 @@ async def test_the_data_directory_and_its_files_are_private(cdc: RunningService,
     data_dir = cdc.service.config.store.data_dir
     await asyncio.to_thread(dump_tables, parse_source_url(source.url), data_dir,
                             [TableName(source.database, "t")])
-    await cdc.service.store.flush()
+    await cdc.service.data.store.flush()
     assert stat.S_IMODE(os.stat(data_dir).st_mode) == 0o700
     seen = 0
     for dirpath, dirnames, names in os.walk(data_dir):

@@ -36,7 +36,7 @@ def _get(url: str) -> tuple[int, dict[str, Any]]:
 
 
 async def fetch_probe(running: RunningService, path: str) -> tuple[int, dict[str, Any]]:
-    host, port = running.service.monitoring_address  # type: ignore[misc]
+    host, port = running.service.monitoring.address  # type: ignore[misc]
     return await asyncio.to_thread(_get, f"http://{host}:{port}{path}")
 
 
@@ -90,12 +90,12 @@ async def test_a_caught_up_service_is_live_and_ready(cdc: RunningService, source
     source.execute(f"CREATE TABLE `{source.database}`.t (id INT PRIMARY KEY)",
                    f"INSERT INTO `{source.database}`.t VALUES (1)")
     await cdc.caught_up(source)
-    await cdc.service.lag.measure()  # type: ignore[union-attr]
+    await cdc.service.housekeeping.lag.measure()  # type: ignore[union-attr]
     assert await fetch_probe(cdc, "/live") == (200, {"live": True})
     status, doc = await fetch_probe(cdc, "/ready")
     assert (status, doc) == (200, {"ready": True, "lag_seconds": 0.0, "lag_transactions": 0,
                                    "max_lag_seconds": MAX_LAG})
-    host, port = cdc.service.monitoring_address  # type: ignore[misc]
+    host, port = cdc.service.monitoring.address  # type: ignore[misc]
     code = await asyncio.to_thread(probe.main, ["ready", "--url", f"http://{host}:{port}"])
     assert code == 0 and json.loads(capsys.readouterr().out)["ready"] is True
 
@@ -108,7 +108,7 @@ async def test_a_service_that_never_reached_its_source_is_live_not_ready(
         assert (await fetch_probe(running, "/live"))[0] == 200
         status, doc = await fetch_probe(running, "/ready")
         assert status == 503 and doc["ready"] is False and doc["reason"] == "starting"
-        host, port = running.service.monitoring_address  # type: ignore[misc]
+        host, port = running.service.monitoring.address  # type: ignore[misc]
         code = await asyncio.to_thread(probe.main,
                                        ["ready", "--url", f"http://{host}:{port}"])
         assert code == 1 and json.loads(capsys.readouterr().out)["reason"] == "starting"
@@ -157,7 +157,7 @@ async def test_ready_waits_until_the_lag_is_within_the_budget(tmp_path, source: 
     try:
         source.execute(f"INSERT INTO {db}.held VALUES (1)")
         await asyncio.wait_for(gate.reached.wait(), 60)
-        await running.service.lag.measure()  # type: ignore[union-attr]
+        await running.service.housekeeping.lag.measure()  # type: ignore[union-attr]
         status, doc = await fetch_probe(running, "/ready")
         assert status == 503 and doc["reason"] == "lagging", doc
         assert doc["lag_transactions"] == 1 and 3590 < doc["lag_seconds"] < 3700
@@ -165,7 +165,7 @@ async def test_ready_waits_until_the_lag_is_within_the_budget(tmp_path, source: 
         assert (await fetch_probe(running, "/live"))[0] == 200
         gate.release.set()
         await running.caught_up(source)
-        await running.service.lag.measure()  # type: ignore[union-attr]
+        await running.service.housekeeping.lag.measure()  # type: ignore[union-attr]
         status, doc = await fetch_probe(running, "/ready")
         assert status == 200 and doc["lag_seconds"] == 0
     finally:
@@ -202,7 +202,7 @@ async def test_each_reason_not_to_be_ready_comes_first_in_its_turn(cdc: RunningS
     binlog, several sources refused, a failed replication thread), on a real service's
     figures."""
     await cdc.caught_up(source)
-    await cdc.service.lag.measure()  # type: ignore[union-attr]
+    await cdc.service.housekeeping.lag.measure()  # type: ignore[union-attr]
     stats = cdc.service.stats()
     assert ready(stats)[0] and live(stats.replication)[0]
 

@@ -87,7 +87,7 @@ async def _resync_beside(running: RunningService, source: Source, data_dir: str,
 
 
 def _repairing(cdc: RunningService) -> dict:
-    pipeline = cdc.service.replication.pipeline
+    pipeline = cdc.service.replication.runner.pipeline
     assert pipeline is not None and pipeline.repairer is not None
     return pipeline.repairer._beside
 
@@ -274,7 +274,7 @@ async def test_replication_started_again_in_the_process_while_a_repair_waits_dou
     await until(lambda: bool(_repairing(cdc)), timeout=30)
     source.execute(*(f"INSERT INTO {other} VALUES ({i}, {i})" for i in range(1, 20)))
     await cdc.caught_up(source)
-    await cdc.service.replication.restart()
+    await cdc.service.replication.runner.restart()
     source.execute(*(f"INSERT INTO {other} VALUES ({i}, {i})" for i in range(20, 30)),
                    f"UPDATE {n} SET b = -b WHERE id = 3")
     await cdc.caught_up(source)
@@ -393,7 +393,7 @@ async def test_a_quarantined_table_is_resynced_beside_the_stream(
         # not stored (the resync brings it)
         source.execute("SET SESSION sql_mode = ''", f"ALTER TABLE {m} MODIFY a VARCHAR(5)",
                        f"UPDATE {m} SET b = 0 WHERE id = 3")
-        await until(lambda: table in running.service.store.quarantined, timeout=30)
+        await until(lambda: table in running.service.data.store.quarantined, timeout=30)
         # a table the service may not read is quarantined by the failed read beside the
         # stream, not read again by the pipeline (which would hold every table as it folds)
         assert "the pipeline reads them" not in caplog.text
@@ -410,11 +410,11 @@ async def test_a_quarantined_table_is_resynced_beside_the_stream(
         others = await read_stream(running.port, other, user=USER, password=PASSWORD,
                                    quiet=0.5)
         assert [r["id"] for r in others if "event_type" in r and r["id"] < 2000] == [1, 2]
-        assert table in running.service.store.quarantined
+        assert table in running.service.data.store.quarantined
         gate.set()
         await _until_repaired(running, source, other)
-        assert table not in running.service.store.quarantined
-        assert running.service.replication.repair_stats.resyncs
+        assert table not in running.service.data.store.quarantined
+        assert running.service.replication.runner.repair_stats.resyncs
         await _equals_select(running.port, source, "m")
         lines = await read_stream(running.port, m, user=USER, password=PASSWORD, quiet=0.5)
         _check_before_images([r for r in lines if "event_type" in r])
@@ -433,7 +433,7 @@ async def test_a_schema_statement_during_a_resync_beside_the_stream_starts_it_ag
     try:
         await running.caught_up(source)
         source.execute("SET SESSION sql_mode = ''", f"ALTER TABLE {m} MODIFY a VARCHAR(5)")
-        await until(lambda: table in running.service.store.quarantined, timeout=30)
+        await until(lambda: table in running.service.data.store.quarantined, timeout=30)
         grant_m()
         await _resync_beside(running, source, data_dir, table, other)
         first = _repairing(running)[table]
@@ -444,11 +444,11 @@ async def test_a_schema_statement_during_a_resync_beside_the_stream_starts_it_ag
         assert isinstance(first.error, beside.Cancelled)
         gate.set()
         for i in range(2300, 2600):  # asked again, it reads after the statement
-            if table not in running.service.store.quarantined and not _repairing(running):
+            if table not in running.service.data.store.quarantined and not _repairing(running):
                 break
             source.execute(f"INSERT INTO {other} VALUES ({i}, {i})")
             await asyncio.sleep(0.1)
-        assert table not in running.service.store.quarantined
+        assert table not in running.service.data.store.quarantined
         await _equals_select(running.port, source, "m")
         lines = await read_stream(running.port, m, user=USER, password=PASSWORD, quiet=0.5)
         _check_before_images([r for r in lines if "event_type" in r])

@@ -332,7 +332,7 @@ async def test_rows_read_again_are_the_binlog_decoders_values_on_every_type(
     await cdc.caught_up(source)
     views = Views(str(tmp_path / "views.sqlite"))
     try:
-        folded = views.fold(cdc.service.catalog, TableName(source.database, "types"), ("id",))
+        folded = views.fold(cdc.service.data.catalog, TableName(source.database, "types"), ("id",))
         for row, count in folded.rows():
             assert count == 1
             mismatched = {n: (row[n], b) for n, b in zip(names, binlog[row["id"]], strict=True)

@@ -190,7 +190,7 @@ async def test_the_cleaner_never_deletes_a_dump_being_sent_and_deletes_it_after(
     sock, reader, size = await asyncio.to_thread(_open_transfer, retaining, old.name)
     try:
         for _ in range(3):  # the cleaner runs while the client reads nothing
-            report = await retaining.service.cleaner.clean()
+            report = await retaining.service.housekeeping.cleaner.clean()
             assert old.name in report.in_use and os.path.exists(old.path)
         received = bytearray()
         while len(received) < size:  # now the client reads it all
@@ -218,7 +218,7 @@ async def test_a_client_that_hangs_up_mid_transfer_releases_the_dump(
     await _take_dump(retaining, source)
     sock, reader, _ = await asyncio.to_thread(_open_transfer, retaining, old.name)
     reader.close()
-    report = await retaining.service.cleaner.clean()
+    report = await retaining.service.housekeeping.cleaner.clean()
     assert old.name in report.in_use
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
     sock.close()  # a reset, as a crashed client leaves
@@ -241,7 +241,7 @@ async def test_a_restarted_service_holds_no_stale_locks(tmp_path, source: Source
         await running.stop()  # mid-transfer
         assert os.path.exists(old.path)
         running = await start_service(config)
-        report = await running.service.cleaner.clean()
+        report = await running.service.housekeeping.cleaner.clean()
         assert old.name in report.deleted or not os.path.exists(old.path)
     finally:
         sock.close()
@@ -261,16 +261,16 @@ async def test_versions_a_newer_dump_replaces_are_deleted_and_streams_start_afte
                        f"ALTER TABLE {table} ADD COLUMN v INT DEFAULT 7",
                        f"INSERT INTO {table} VALUES (2, 8)")
         await running.caught_up(source)
-        entry = running.service.catalog.get(TableName(source.database, "t"))
+        entry = running.service.data.catalog.get(TableName(source.database, "t"))
         assert entry is not None and len(entry.versions) >= 2
         first = entry.first()
         assert first is not None
-        report = await running.service.cleaner.clean()
+        report = await running.service.housekeeping.cleaner.clean()
         assert report.deleted == []  # no dump replaces anything yet
         address = parse_source_url(source.url)
         await asyncio.to_thread(dump_tables, address, config.store.data_dir,
                                 [TableName(source.database, "t")], DumpOptions())
-        report = await running.service.cleaner.clean()
+        report = await running.service.housekeeping.cleaner.clean()
         assert os.path.basename(first.path) in report.deleted
         assert not os.path.exists(first.path)
         latest = entry.latest()
@@ -312,7 +312,7 @@ async def test_scheduled_dumps_run_when_due_and_not_again_after_a_restart(
         await running.stop()
     running = await start_service(config)
     try:
-        scheduler = running.service.scheduler
+        scheduler = running.service.dumps.scheduler
         assert scheduler is not None
         wait = await scheduler.run_due()
         assert 3500 < wait <= 3600 and len(list_dumps(data_dir)) == 2
@@ -339,13 +339,13 @@ async def test_versions_an_older_kept_dump_continues_in_are_kept(tmp_path, sourc
                        "(2, 2)", f"ALTER TABLE {table} ADD COLUMN w INT")
         await running.caught_up(source)
         await asyncio.to_thread(dump_tables, address, config.store.data_dir, [name])
-        entry = running.service.catalog.get(name)
+        entry = running.service.data.catalog.get(name)
         assert entry is not None and sorted(entry.versions) == [1, 2, 3]
-        report = await running.service.cleaner.clean()
+        report = await running.service.housekeeping.cleaner.clean()
         assert report.deleted == [] and sorted(entry.versions) == [1, 2, 3]
         first = list_dumps(config.store.data_dir, name)[0]
         await asyncio.to_thread(delete_unless_in_use, first.path)  # the older dump goes
-        report = await running.service.cleaner.clean()
+        report = await running.service.housekeeping.cleaner.clean()
         assert sorted(entry.versions) == [3]
         # A stream from a version retention deleted is refused, not silently skipped.
         client = SyncCdcClient(running.host, running.port, USER, PASSWORD)
@@ -389,7 +389,7 @@ async def test_the_schedule_survives_a_table_that_cannot_be_dumped(tmp_path, sou
     try:
         await asyncio.to_thread(wait_until, lambda: len(list_dumps(config.store.data_dir)) == 1,
                                 60, "the dump of the table that exists")
-        assert running.service.scheduler is not None
+        assert running.service.dumps.scheduler is not None
         assert not running.task.done()
     finally:
         await running.stop()

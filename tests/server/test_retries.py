@@ -39,7 +39,7 @@ def test_backoff_grows_with_jitter_and_a_short_lived_connection_is_a_failure(mon
 
 
 def _replicating(running: RunningService) -> bool:
-    replicator = running.service.replication.replicator
+    replicator = running.service.replication.runner.replicator
     return replicator is not None and replicator.connected.is_set()
 
 
@@ -57,21 +57,21 @@ async def test_two_services_with_one_server_id_stop_one_with_the_cause(
         await first.caught_up(source)
         second = await start_service(configs[1])
         both = (first, second)
-        await asyncio.to_thread(wait_until, lambda: any(r.service.replication.stopped
+        await asyncio.to_thread(wait_until, lambda: any(r.service.replication.runner.stopped
                                                         for r in both), 60, "one to stop")
-        stopped = [r for r in both if r.service.replication.stopped]
-        going = [r for r in both if not r.service.replication.stopped]
+        stopped = [r for r in both if r.service.replication.runner.stopped]
+        going = [r for r in both if not r.service.replication.runner.stopped]
         assert len(stopped) == 1 and len(going) == 1
-        why = stopped[0].service.replication.stopped
+        why = stopped[0].service.replication.runner.stopped
         assert "server_id 4711" in why and "server_id of its own" in why, why
         ok, document = health(stopped[0].service.stats(), 60)
         assert not ok and why in document["problems"]
-        replicator = stopped[0].service.replication.replicator
+        replicator = stopped[0].service.replication.runner.replicator
         assert replicator is not None and replicator.reconnects <= 6  # no storm
         source.execute(f"INSERT INTO {table} VALUES (2)")  # the other one goes on
         await going[0].caught_up(source)
         await asyncio.sleep(2)  # a quiet window: it must not be stopped later on (no event)
-        assert _replicating(going[0]) and not going[0].service.replication.stopped
+        assert _replicating(going[0]) and not going[0].service.replication.runner.stopped
     finally:
         for running in (first, second):
             if running is not None:

@@ -113,7 +113,7 @@ async def test_foreign_key_cascades_reach_the_stream(cdc: RunningService, source
                          and child in n["cdc:repair"]["reason"] for n in notes), notes
     assert {r["event_type"] for r in _repairs(await _equal(cdc, source, "c2"))} == {
         "update_before", "update_after"}
-    stats = cdc.service.replication.repair_stats
+    stats = cdc.service.replication.runner.repair_stats
     assert stats.rowless["foreign key"] >= 8 and stats.repairs >= 6
     for table in ("c", "g", "tree", "cs"):
         await _verified(cdc, source, table)
@@ -174,8 +174,8 @@ async def test_a_repair_waits_for_its_watermark_and_keeps_later_changes(
     try:
         for table in ("p", "c"):
             await _equal(running, source, table)
-        assert running.service.replication.repair_stats.repairs >= 1
-        assert not running.service.replication.pipeline.repair_pending  # type: ignore[union-attr]
+        assert running.service.replication.runner.repair_stats.repairs >= 1
+        assert not running.service.replication.runner.pipeline.repair_pending  # type: ignore[union-attr]
     finally:
         await running.stop()
     running = await start_service(config)  # and nothing is repaired twice after a restart

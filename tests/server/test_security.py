@@ -351,7 +351,7 @@ async def test_replication_over_tls_to_a_mariadb_that_requires_it(tmp_path, user
             await running.replicating()
             await running.service.wait_caught_up(GtidState.parse(
                 str(server.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0])))
-            entry = running.service.catalog.get(TableName("d", "t"))
+            entry = running.service.data.catalog.get(TableName("d", "t"))
             assert entry is not None and entry.latest() is not None
         finally:
             await running.stop()

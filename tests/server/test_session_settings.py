@@ -40,8 +40,8 @@ async def test_a_session_with_a_partial_row_image_quarantines_its_table_alone(
                    "SET SESSION binlog_row_image = FULL",
                    f"INSERT INTO `{db}`.other VALUES (2, 2)")
     await cdc.caught_up(source)  # the service goes on
-    assert table in cdc.service.store.quarantined
-    assert "binlog_row_image" in cdc.service.store.quarantined[table].cause
+    assert table in cdc.service.data.store.quarantined
+    assert "binlog_row_image" in cdc.service.data.store.quarantined[table].cause
     others = await read_stream(cdc.port, f"`{db}`.other", user=USER, password=PASSWORD,
                                quiet=0.5)
     assert [r["id"] for r in others if "event_type" in r] == [1, 2]
@@ -49,7 +49,7 @@ async def test_a_session_with_a_partial_row_image_quarantines_its_table_alone(
     async def released() -> bool:  # the resync rides on the source's next transaction
         source.execute(f"INSERT INTO `{db}`.other SELECT MAX(id) + 1, 0 FROM `{db}`.other")
         await asyncio.sleep(0.2)
-        return table not in cdc.service.store.quarantined
+        return table not in cdc.service.data.store.quarantined
 
     await eventually(released, bool, 60, "the resync")
     conn = source.server.connect()
@@ -70,7 +70,7 @@ async def _repaired(cdc: RunningService, source: Source) -> None:
     async def done() -> bool:
         source.execute(f"INSERT INTO `{db}`._tick VALUES ()")
         await cdc.caught_up(source)
-        return not cdc.service.replication.stats().repair_pending
+        return not cdc.service.replication.runner.stats().repair_pending
 
     await eventually(done, bool, 60, "the repairs")
 
@@ -116,7 +116,7 @@ async def test_a_session_logging_statements_has_its_tables_read_again(
                    f"INSERT INTO `{db}`.other VALUES (1)",
                    f"UPDATE `{db}`.s SET v = 101 WHERE id = 1")
     await _repaired(cdc, source)
-    assert cdc.service.replication.stats().failure == ""
+    assert cdc.service.replication.runner.stats().failure == ""
     repairs = [r for r in await _bounded(cdc, source, "s") if "cdc:repair" in r]
     assert repairs and all("as an SQL statement" in r["cdc:repair"]["reason"]
                            for r in repairs), repairs
@@ -154,7 +154,7 @@ async def test_a_rollback_to_a_savepoint_over_a_myisam_table_reads_its_tables_ag
     finally:
         conn.close()
     await _repaired(cdc, source)
-    assert cdc.service.replication.stats().failure == ""
+    assert cdc.service.replication.runner.stats().failure == ""
     inserted = [r["id"] for r in await _bounded(cdc, source, "i")
                 if r.get("event_type") == "insert"]
     assert sorted(inserted) == [0, 10, 12], "an undone row went out"

@@ -342,7 +342,7 @@ async def test_the_stored_files_read_the_same_in_apache_avro(cdc: RunningService
 
     name = _fill(source)
     await cdc.caught_up(source)
-    entry = cdc.service.catalog.get(TableName(*name.split(".")))
+    entry = cdc.service.data.catalog.get(TableName(*name.split(".")))
     assert entry is not None and list(entry.versions) == [1]
     path = entry.versions[1].path
     with open(path, "rb") as f, warnings.catch_warnings():

@@ -159,7 +159,7 @@ async def test_a_thousand_interleaved_xa_transactions_from_8_connections(
     sequences = [r["sequence"] for r in records]
     assert sequences == sorted(sequences), f"seed {seed}: not in commit order"
     await _stream_equals_table(cdc, source)
-    assert cdc.service.replication.stats().xa_prepared == 0
+    assert cdc.service.replication.runner.stats().xa_prepared == 0
     kept = DataDir(cdc.service.config.store.data_dir).xa  # let go once checkpointed
     await until(lambda: not os.listdir(kept), 30, "the completed XA transactions let go")
 
@@ -209,7 +209,7 @@ async def test_prepared_rows_survive_kill_9_of_the_service_and_a_restart_of_mari
         records = await _records(running, source)
         assert [(r["id"], _gtid(r)) for r in records] == [
             (3, after), (1, committed), (2, committed)]
-        assert running.service.replication.stats().xa_prepared == 0
+        assert running.service.replication.runner.stats().xa_prepared == 0
     finally:
         await running.stop()
 
