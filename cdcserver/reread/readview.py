@@ -1,13 +1,14 @@
 """One consistent read of the source at a watermark, with rows in the replication's values.
 
-A :class:`ReadView` is a transaction on its own connection: on MariaDB ``START TRANSACTION WITH
-CONSISTENT SNAPSHOT``, whose binlog position and GTID state the server reports
-(``dump/snapshot.py`` explains how); on MySQL the same under a brief ``FLUSH TABLES WITH READ
-LOCK``. That position is the watermark: the rows read are exactly the table's rows after every
-transaction before it and none after. The tables to be read are opened (their metadata lock
-taken) right after the view opens, and their definitions are read before and after: InnoDB
-would otherwise let an *instant* ALTER committed in between show rows in a layout the view
-does not know (:class:`DefinitionChanged`: open a new view).
+A :class:`ReadView` is a transaction on its own connection, opened and ended as the dump's
+snapshot is (``dump/snapshot.py``, :class:`ConsistentSnapshot`): on MariaDB ``START TRANSACTION
+WITH CONSISTENT SNAPSHOT``, whose binlog position and GTID state the server reports; on MySQL
+the same under a brief ``FLUSH TABLES WITH READ LOCK``. That position is the watermark: the
+rows read are exactly the table's rows after every transaction before it and none after. The
+tables to be read are opened (their metadata lock taken) right after the view opens, and
+their definitions are read before and after: InnoDB would otherwise let an *instant* ALTER
+committed in between show rows in a layout the view does not know (:class:`DefinitionChanged`:
+open a new view).
 
 A consistent snapshot holds InnoDB's rows, not those of a table without one (MyISAM, Aria,
 MEMORY): a read of it sees every write up to the moment it reads, after the watermark too,
@@ -43,12 +44,13 @@ from cdcserver.core.names import TableName
 from cdcserver.dump import rawrows
 from cdcserver.dump.scan import select_expression
 from cdcserver.dump.snapshot import (
-    DefinitionChanged,
-    SnapshotPoint,
-    open_mariadb_point,
+    ER_NO_SUCH_TABLE,
+    ConsistentSnapshot,
+    open_table,
     prepare_session,
     qualified,
     quote,
+    show_create,
 )
 from cdcserver.replication import source as source_sql
 from cdcserver.reread.values import adapter, from_text, same_value
@@ -61,7 +63,6 @@ from mariadb_cdc_client.format.schema import Field
 
 log = logging.getLogger(__name__)
 
-ER_NO_SUCH_TABLE = 1146
 _ACCESS_DENIED = frozenset({1044, 1142, 1227})
 # Engines whose rows a consistent snapshot holds; any other table's writes are held off
 _SNAPSHOT_ENGINES = frozenset({"innodb", "rocksdb", "tokudb"})
@@ -121,7 +122,7 @@ def _lock_table(conn: Any, table: TableName) -> bool:
     when the table does not exist. Another session holding it past :data:`LOCK_WAIT` raises
     :class:`TableLocked`."""
     try:
-        source_sql.query(conn, f"SELECT 1 FROM {qualified(table)} LIMIT 0")
+        open_table(conn, table)
     except pymysql.err.MySQLError as exc:
         if exc.args and exc.args[0] == ER_NO_SUCH_TABLE:
             return False
@@ -134,64 +135,35 @@ def _lock_table(conn: Any, table: TableName) -> bool:
     return True
 
 
-class ReadView:
-    """A consistent read of ``tables`` on the source; ``close()`` ends it."""
+class ReadView(ConsistentSnapshot[str | None]):
+    """A consistent read of ``tables`` on the source; ``close()`` ends it. A table's
+    definition is its ``SHOW CREATE TABLE`` text, None where the table does not exist; the
+    source's errors reach the caller as they are, but for a lock held past
+    :data:`LOCK_WAIT` (:class:`TableLocked`)."""
+
+    lock_wait = LOCK_WAIT
+    mysql_purpose = "re-reading rows from MySQL"
+    changed = "a table's definition changed while the read view opened"
 
     def __init__(self, address: SourceAddress, tables: Iterable[TableName],
                  columns: ColumnRules = NO_COLUMN_RULES) -> None:
-        self.tables = tuple(dict.fromkeys(tables))
         self.columns = columns  # the [capture] column rules: rows are read as stored
-        self.conn = source_sql.connect(address)
-        self._writes: _WritesHeld | None = None  # tables without a snapshot, held still
-        try:
-            info = source_sql.describe(self.conn)
-            mariadb = info.flavor == "mariadb"
-            prepare_session(self.conn, mariadb, lock_wait=LOCK_WAIT)
-            if mariadb:
-                before = {t: self._show_create(t) for t in self.tables}
-                unheld = without_snapshot(before)
-                self._writes = _WritesHeld(address, unheld) if unheld else None
-                self.point = open_mariadb_point(self.conn)
-                self.definitions = self._open_tables()
-                if before != self.definitions:
-                    raise DefinitionChanged("a table's definition changed while the read view "
-                                            "opened")
-            else:
-                self.point = self._open_mysql(info)
-        except BaseException:
-            self.conn.close()
-            if self._writes is not None:
-                self._writes.close()
-            raise
+        super().__init__(address, tables)
 
-    def _open_mysql(self, info: source_sql.SourceInfo) -> SnapshotPoint:
-        try:
-            source_sql.query(self.conn, "FLUSH TABLES WITH READ LOCK")
-        except pymysql.err.OperationalError as exc:
-            raise SourceError(f"re-reading rows from MySQL needs the RELOAD privilege for a "
-                              f"brief FLUSH TABLES WITH READ LOCK: {exc}") from exc
-        try:
-            source_sql.query(self.conn, "START TRANSACTION WITH CONSISTENT SNAPSHOT")
-            taken = dt.datetime.now(dt.UTC)
-            position = source_sql.newest_position(self.conn, info)
-            self.definitions = self._open_tables()
-        finally:
-            source_sql.query(self.conn, "UNLOCK TABLES")
-        return SnapshotPoint(position.gtid_state, position.file, position.pos, taken)
+    def _definition_before(self, table: TableName) -> str | None:
+        return self._show_create(table)
 
-    def _open_tables(self) -> dict[TableName, str | None]:
-        """Take each table's metadata lock (held to the end of the view), then read its
-        definition (None: the table does not exist at the watermark)."""
-        definitions: dict[TableName, str | None] = {}
-        for table in self.tables:
-            definitions[table] = self._show_create(table) if _lock_table(self.conn, table) \
-                else None
-        return definitions
+    def _hold_writes(self, address: SourceAddress, before: dict[TableName, str | None]
+                     ) -> _WritesHeld | None:
+        unheld = without_snapshot(before)
+        return _WritesHeld(address, unheld) if unheld else None
+
+    def _open_table(self, table: TableName) -> str | None:
+        return self._show_create(table) if _lock_table(self.conn, table) else None
 
     def _show_create(self, table: TableName) -> str | None:
         try:
-            return str(source_sql.query(self.conn, f"SHOW CREATE TABLE {qualified(table)}"
-                                        )[0][1])
+            return show_create(self.conn, table)
         except pymysql.err.MySQLError as exc:
             if exc.args and exc.args[0] == ER_NO_SUCH_TABLE:
                 return None
@@ -271,20 +243,6 @@ class ReadView:
             value = value.astimezone(dt.UTC).replace(tzinfo=None)  # the session is in UTC
         literal: str = self.conn.escape(value)
         return literal
-
-    def close(self) -> None:
-        if self._writes is not None:
-            self._writes.close()
-            self._writes = None
-        if not self.conn.open:
-            return
-        try:
-            source_sql.query(self.conn, "COMMIT")
-        except pymysql.err.MySQLError:
-            pass
-        finally:
-            if self.conn.open:
-                self.conn.close()
 
 
 def without_snapshot(definitions: dict[TableName, str | None]) -> list[TableName]:
