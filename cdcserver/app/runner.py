@@ -2,10 +2,11 @@
 disk.
 
 The runner checks the source (preflight) and resolves where a new store starts, retrying while
-the source does not answer; opens every sink; then runs a replicator and a pipeline from the
-earliest sink checkpoint until the stream ends or fails. A full data directory pauses it: every
-sink drops its open transaction, and once a probe write fits again replication starts over from
-what the sinks applied. What it is doing is readable at any time from :meth:`stats`.
+the source does not answer (:mod:`cdcserver.app.firstsource`); opens every sink; then runs a
+replicator and a pipeline from the earliest sink checkpoint until the stream ends or fails. A
+full data directory pauses it: every sink drops its open transaction, and once a probe write
+fits again (:mod:`cdcserver.app.diskroom`) replication starts over from what the sinks
+applied. What it is doing (:class:`State`) is readable at any time from :meth:`stats`.
 """
 
 from __future__ import annotations
@@ -15,21 +16,20 @@ import contextlib
 import enum
 import json
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
+from cdcserver.app.diskroom import until_room
+from cdcserver.app.firstsource import choose_source, retrying
 from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.changes import Abort
 from cdcserver.core.config import SourceAddress, SourceConfig
 from cdcserver.core.durable import write_atomically
 from cdcserver.core.errors import (
     BinlogPurged,
-    ConfigError,
     DiskFull,
     ServerIdInUse,
-    SourceError,
     SourceUnavailable,
 )
 from cdcserver.core.gtid import BinlogPosition, GtidState
@@ -37,7 +37,6 @@ from cdcserver.core.handoff import Handoff
 from cdcserver.core.names import TableName
 from cdcserver.core.retry import Backoff
 from cdcserver.ops.metrics import ReplicationStats
-from cdcserver.replication import preflight, source
 from cdcserver.replication.decoder import DeferDecoding
 from cdcserver.replication.replicator import Replicator
 from cdcserver.replication.sources import Sources
@@ -52,9 +51,7 @@ from cdcserver.store.layout import DataDir
 from cdcserver.store.store import DISK_FULL_ERRNOS
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
-ROOM_NEEDED = 16 << 20  # bytes a probe write must fit before replication resumes
 
 
 class State(enum.Enum):
@@ -197,7 +194,7 @@ class ReplicationRunner:
             raise
 
     async def _run(self) -> None:
-        default, info = await self._retrying(self._check_sources)
+        default, info = await retrying(lambda: choose_source(self.sources, self.config))
         self.info = info = replace(info, control=self)
         for sink in self.sinks:
             await sink.open(info)  # a broker is waited for here; the listener serves meanwhile
@@ -348,7 +345,7 @@ class ReplicationRunner:
                 await sink.apply([Abort("the data directory is full")])
         probe = self.data_dir.room_probe
         while True:
-            await _poll(lambda: _room_for(probe, ROOM_NEEDED), self.disk_full_retry)
+            await until_room(probe, self.disk_full_retry)
             try:
                 # Checkpoints must cover everything applied: replication restarts from them,
                 # and nothing may be applied twice.
@@ -359,86 +356,3 @@ class ReplicationRunner:
                 continue
         log.warning("the data directory has room again: resuming replication")
         self._enter(State.REPLICATING)
-
-    def _check_sources(self) -> tuple[BinlogPosition, SourceInfo]:
-        """The first source, in order of preference, that answers and can be captured
-        becomes the one read; unavailable while none answers, refused if none can be
-        captured."""
-        failures: list[SourceError] = []
-        order = [self.sources.index] + [i for i in range(len(self.sources.addresses))
-                                        if i != self.sources.index]
-        for index in order:
-            try:
-                found = self._check_source(self.sources.addresses[index])
-            except SourceError as exc:
-                failures.append(exc)
-                continue
-            if self.sources.several and not found[1].mariadb:
-                raise ConfigError("several sources need MariaDB (its GTIDs name a transaction "
-                                  "on every server); give one MySQL source")
-            self.sources.switch(index)
-            for failure in failures:
-                log.warning("not reading it: %s", failure)
-            return found
-        if all(isinstance(f, SourceUnavailable) for f in failures):
-            raise failures[0]
-        raise next(f for f in failures if not isinstance(f, SourceUnavailable))
-
-    def _check_source(self, address: SourceAddress) -> tuple[BinlogPosition, SourceInfo]:
-        """Where to start without a checkpoint, and what the source is."""
-        conn = source.connect(address)
-        try:
-            report = preflight.check_connection(conn, address.describe(), self.config.server_id)
-            if report.fatal:
-                raise SourceError(report.refusal() + "\n(`cdcserver check` prints every "
-                                  "finding)")
-            for finding in report.warnings:
-                log.warning("preflight: %s", finding.text())
-            info = report.info
-            assert info is not None
-            flavor = SourceInfo(mariadb=info.flavor == "mariadb")
-            wanted = self.config.start_gtid.strip()  # checked when the configuration loaded
-            if wanted == "oldest":
-                return source.oldest_position(conn, info), flavor
-            if wanted == "newest":
-                return source.newest_position(conn, info), flavor
-            return BinlogPosition(GtidState.parse(wanted), "", 4), flavor
-        finally:
-            conn.close()
-
-    async def _retrying(self, action: Callable[[], T]) -> T:
-        """Run ``action`` in a thread until the source answers (the listener keeps serving)."""
-        backoff = Backoff()
-        while True:
-            try:
-                return await asyncio.to_thread(action)
-            except SourceUnavailable as exc:
-                delay = backoff.failed()
-                log.warning("%s; retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-
-
-async def _poll(check: Callable[[], bool], every: float) -> None:
-    """Until ``check`` (run in a thread) holds: the file system sends no event for "space
-    was freed", so polling is the only way to learn it."""
-    while True:
-        if await asyncio.to_thread(check):
-            return
-        await asyncio.sleep(every)
-
-
-def _room_for(probe: str, size: int) -> bool:
-    """Whether ``size`` bytes can be written beside the data (then removed again)."""
-    try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    except OSError:
-        return False
-    try:
-        os.posix_fallocate(fd, 0, size)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(probe)

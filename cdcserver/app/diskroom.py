@@ -1,0 +1,42 @@
+"""Waiting for room in a full data directory: the file system sends no event for "space was
+freed", so a probe write is tried again until it fits."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable
+
+ROOM_NEEDED = 16 << 20  # bytes a probe write must fit before replication resumes
+
+
+async def until_room(probe: str, every: float) -> None:
+    """Until ``ROOM_NEEDED`` bytes can be written at ``probe`` (tried every ``every`` s)."""
+    await _poll(lambda: _room_for(probe, ROOM_NEEDED), every)
+
+
+async def _poll(check: Callable[[], bool], every: float) -> None:
+    """Until ``check`` (run in a thread) holds: the file system sends no event for "space
+    was freed", so polling is the only way to learn it."""
+    while True:
+        if await asyncio.to_thread(check):
+            return
+        await asyncio.sleep(every)
+
+
+def _room_for(probe: str, size: int) -> bool:
+    """Whether ``size`` bytes can be written beside the data (then removed again)."""
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError:
+        return False
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
