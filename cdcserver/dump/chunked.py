@@ -145,71 +145,15 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
     directory = files.dump_dir(data_dir)
     started = time.monotonic()
     described = describe(conn, table, stream_version, options.columns)
-    progress = load(directory, table)
     partial = PartialDump(directory, table)
-    record = partial.load_progress()
-    why = "--restart was given" if options.restart else \
-        "the table's definition changed" if progress is not None and (
-            progress.definition != described.text or
-            progress.fields != described.fingerprint) else \
-        "its body is missing" if progress is not None and (
-            record is None or not os.path.exists(partial.path)) else \
-        "it was read from another server" if progress is not None and \
-        progress.server != server else \
-        "it stopped while merging" if os.path.exists(body_path(directory, table)) else None
-    if progress is not None and why is not None:
-        log.info("dump of %s: starting over (%s)", table, why)
-        discard(directory, table)
-        progress = None
-    fresh = progress is None or record is None
-    if fresh:
-        partial.discard()  # a single-snapshot attempt, if any
-        discard(directory, table)
-        start = _now(conn)  # before the split's snapshot: the floor covers none after it
-        ranges = split(conn, described.plan, table, options.config.readers,
-                       options.config.chunk_rows)
-        record = Progress(table, start.to_json(), described.fingerprint, stream_version,
-                          _reserve(described, start), consistent=described.consistent)
-        progress = ChunkedProgress(described.text, described.fingerprint, stream_version,
-                                   described.consistent, ranges.ranges, record.reserved,
-                                   floor=str(start.gtid), server=server,
-                                   split_file=ranges.file, split_pos=ranges.pos)
-        log.info("dump of %s: %d readers over %d key ranges, %d rows per chunk", table,
-                 options.config.readers, len(ranges.ranges), options.config.chunk_rows)
-    else:
-        assert progress is not None and record is not None
-        record.body = progress.body - record.reserved  # what the chunk record vouches for
-        progress.resumed = True
-        progress.stream_version = min(progress.stream_version, stream_version)
-        log.info("dump of %s: continuing after %d rows", table,
-                 sum(r.rows for r in progress.ranges))
+    progress, record, fresh = _progress(conn, directory, table, described, partial,
+                                        stream_version, options, server)
     run = Run(address, data_dir, directory, described, progress, partial,
-               options.config.chunk_rows, options.config.batch_rows, stop, progressed,
-               options.config.sync_interval,
-               rows_read=sum(r.rows for r in progress.ranges), connections=connections)
+              options.config.chunk_rows, options.config.batch_rows, stop, progressed,
+              options.config.sync_interval,
+              rows_read=sum(r.rows for r in progress.ranges), connections=connections)
     try:
-        readers = max(1, min(options.config.readers, len(progress.ranges)))
-        try:
-            with ThreadPoolExecutor(max_workers=readers,
-                                    thread_name_prefix=f"dump-{dump_stem(table)}") as pool:
-                # the readers connect and read their first ranges (into their buffers)
-                # while the body is made ready
-                futures = [pool.submit(reader, run) for _ in range(readers)]
-                try:
-                    if fresh:
-                        os.makedirs(directory, exist_ok=True)
-                        partial.create(record)
-                        save(directory, table, progress)
-                    else:
-                        partial.reopen(record)
-                    run.open()
-                except BaseException:
-                    run.fail()
-                    raise
-                for future in futures:
-                    future.result()
-        finally:
-            run.close()
+        _read(run, options.config.readers, fresh, record)
         if stop is not None and stop.is_set():
             run.sync()  # the next dump of the table continues after every chunk read
             return None
@@ -226,6 +170,97 @@ def _attempt(address: SourceAddress, data_dir: str, conn: Any, table: TableName,
              os.path.getsize(path), time.monotonic() - started,
              " (resumed)" if progress.resumed else "")
     return files.read_info(path)
+
+
+def _progress(conn: Any, directory: str, table: TableName, described: Table,
+              partial: PartialDump, stream_version: int, options: DumpOptions, server: str
+              ) -> tuple[ChunkedProgress, Progress, bool]:
+    """The dump's progress and its chunk record: those left by an earlier attempt, unless it
+    must start over, or new ones; and whether they are new."""
+    progress = load(directory, table)
+    record = partial.load_progress()
+    why = _why_start_over(directory, table, described, partial, progress, record, options,
+                          server)
+    if progress is not None and why is not None:
+        log.info("dump of %s: starting over (%s)", table, why)
+        discard(directory, table)
+        progress = None
+    if progress is None or record is None:
+        progress, record = _fresh(conn, directory, table, described, partial,
+                                  stream_version, options, server)
+        return progress, record, True
+    record.body = progress.body - record.reserved  # what the chunk record vouches for
+    progress.resumed = True
+    progress.stream_version = min(progress.stream_version, stream_version)
+    log.info("dump of %s: continuing after %d rows", table,
+             sum(r.rows for r in progress.ranges))
+    return progress, record, False
+
+
+def _why_start_over(directory: str, table: TableName, described: Table, partial: PartialDump,
+                    progress: ChunkedProgress | None, record: Progress | None,
+                    options: DumpOptions, server: str) -> str | None:
+    """Why an earlier attempt's progress cannot be continued (None: it can, or there is
+    none)."""
+    if options.restart:
+        return "--restart was given"
+    if progress is not None and (progress.definition != described.text or
+                                 progress.fields != described.fingerprint):
+        return "the table's definition changed"
+    if progress is not None and (record is None or not os.path.exists(partial.path)):
+        return "its body is missing"
+    if progress is not None and progress.server != server:
+        return "it was read from another server"
+    if os.path.exists(body_path(directory, table)):
+        return "it stopped while merging"
+    return None
+
+
+def _fresh(conn: Any, directory: str, table: TableName, described: Table,
+           partial: PartialDump, stream_version: int, options: DumpOptions, server: str
+           ) -> tuple[ChunkedProgress, Progress]:
+    """A new dump: the table split into key ranges, and where the source stood before."""
+    partial.discard()  # a single-snapshot attempt, if any
+    discard(directory, table)
+    start = _now(conn)  # before the split's snapshot: the floor covers none after it
+    ranges = split(conn, described.plan, table, options.config.readers,
+                   options.config.chunk_rows)
+    record = Progress(table, start.to_json(), described.fingerprint, stream_version,
+                      _reserve(described, start), consistent=described.consistent)
+    progress = ChunkedProgress(described.text, described.fingerprint, stream_version,
+                               described.consistent, ranges.ranges, record.reserved,
+                               floor=str(start.gtid), server=server,
+                               split_file=ranges.file, split_pos=ranges.pos)
+    log.info("dump of %s: %d readers over %d key ranges, %d rows per chunk", table,
+             options.config.readers, len(ranges.ranges), options.config.chunk_rows)
+    return progress, record
+
+
+def _read(run: Run, readers: int, fresh: bool, record: Progress) -> None:
+    """Every key range read by ``readers`` threads into the dump's body."""
+    readers = max(1, min(readers, len(run.progress.ranges)))
+    table, directory, partial = run.table.name, run.directory, run.partial
+    try:
+        with ThreadPoolExecutor(max_workers=readers,
+                                thread_name_prefix=f"dump-{dump_stem(table)}") as pool:
+            # the readers connect and read their first ranges (into their buffers)
+            # while the body is made ready
+            futures = [pool.submit(reader, run) for _ in range(readers)]
+            try:
+                if fresh:
+                    os.makedirs(directory, exist_ok=True)
+                    partial.create(record)
+                    save(directory, table, run.progress)
+                else:
+                    partial.reopen(record)
+                run.open()
+            except BaseException:
+                run.fail()
+                raise
+            for future in futures:
+                future.result()
+    finally:
+        run.close()
 
 
 def _now(conn: Any) -> SnapshotPoint:
