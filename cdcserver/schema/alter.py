@@ -11,11 +11,10 @@ from typing import Any
 from cdcserver.core.changes import Index
 from cdcserver.core.names import TableName
 from cdcserver.schema import ddl
+from cdcserver.schema.columnspec import CHARACTER_TYPES, ColumnSpec
 from cdcserver.schema.definition import (
-    CHARACTER_TYPES,
     IMPLICIT_ROW_END,
     IMPLICIT_ROW_START,
-    ColumnSpec,
     TableDefinition,
     named,
     with_foreign_key_index,

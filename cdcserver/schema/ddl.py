@@ -20,16 +20,13 @@ from dataclasses import dataclass, field, replace
 
 from cdcserver.core.changes import Index
 from cdcserver.core.names import TableName
+from cdcserver.schema.columnspec import BINARY_TYPES, CHARACTER_TYPES, ColumnSpec, canonical_type
 from cdcserver.schema.definition import (
-    BINARY_TYPES,
-    CHARACTER_TYPES,
     IMPLICIT_ROW_END,
     IMPLICIT_ROW_START,
     SEQUENCE_COLUMNS,
-    ColumnSpec,
     ForeignKey,
     TableDefinition,
-    canonical_type,
     named,
     with_foreign_key_index,
     with_index,

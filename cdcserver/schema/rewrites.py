@@ -18,13 +18,8 @@ the table and adds no record.
 from __future__ import annotations
 
 from cdcserver.schema import ddl
-from cdcserver.schema.definition import (
-    BINARY_TYPES,
-    CHARACTER_TYPES,
-    ColumnSpec,
-    TableDefinition,
-    canonical_type,
-)
+from cdcserver.schema.columnspec import BINARY_TYPES, CHARACTER_TYPES, ColumnSpec, canonical_type
+from cdcserver.schema.definition import TableDefinition
 
 _INTEGER_BYTES = {"tinyint": 1, "smallint": 2, "mediumint": 3, "int": 4, "bigint": 8}
 _TEXT_BYTES = {"tinytext": 255, "text": 65535, "mediumtext": 1 << 24, "longtext": 1 << 32,
