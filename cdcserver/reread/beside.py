@@ -97,14 +97,8 @@ from cdcserver.reread.readview import (
     unreachable,
 )
 from cdcserver.reread.retype import renders_otherwise, retyped
-from cdcserver.reread.view import (
-    Row,
-    TableView,
-    Views,
-    ViewsClosed,
-    key_names,
-    remove_database,
-)
+from cdcserver.reread.tableview import Row, TableView, ViewsClosed
+from cdcserver.reread.view import Views, key_names, remove_database
 from cdcserver.schema.rewrites import VERSIONING_REWRITES
 from cdcserver.store.catalog import Catalog, TableEntry
 

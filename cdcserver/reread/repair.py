@@ -92,7 +92,8 @@ from cdcserver.reread.retype import (
     renders_otherwise,
     retyped,
 )
-from cdcserver.reread.view import Row, TableView, Views, ViewsClosed, key_names
+from cdcserver.reread.tableview import Row, TableView, ViewsClosed
+from cdcserver.reread.view import Views, key_names
 from cdcserver.schema.masking import project_layout
 from cdcserver.schema.rewrites import DROP_VERSIONING, VERSIONING_REWRITES
 from cdcserver.store.catalog import Catalog
