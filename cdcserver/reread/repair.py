@@ -65,15 +65,8 @@ from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.replication.rowless import SESSION_REASONS
 from cdcserver.replication.sources import Sources
 from cdcserver.reread.asheld import as_held
-from cdcserver.reread.beside import (
-    BesideRepair,
-    Cancelled,
-    FrozenCatalog,
-    HeldStatement,
-    big,
-    eligible,
-    resync_eligible,
-)
+from cdcserver.reread.beside import BesideRepair, HeldStatement, big, eligible, resync_eligible
+from cdcserver.reread.besideprocess import Cancelled
 from cdcserver.reread.difference import (
     Fit,
     Scope,
@@ -84,6 +77,7 @@ from cdcserver.reread.difference import (
     same_shape,
     view_key,
 )
+from cdcserver.reread.frozen import FrozenCatalog
 from cdcserver.reread.markers import cascades, keeps_rows, retarget, together
 from cdcserver.reread.readview import ReadView, definition_changed, unreachable
 from cdcserver.reread.retype import (
