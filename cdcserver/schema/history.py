@@ -55,6 +55,21 @@ from cdcserver.schema.layouts import (
     stored_shape,
 )
 from cdcserver.schema.rewrites import action_rewrites
+from cdcserver.schema.statements import (
+    AddColumns,
+    AlterTable,
+    ChangeColumn,
+    ConvertCharset,
+    CreateTable,
+    DropDatabase,
+    DropTables,
+    RenameTables,
+    RenameTo,
+    RowsChanged,
+    SetVersioning,
+    TruncateTable,
+    Unparsed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +77,7 @@ Lookup = Callable[[TableName], str | None]  # SHOW CREATE TABLE text now, None i
 TRANSACTIONAL_ENGINES = frozenset({"innodb", "xtradb", "rocksdb", "tokudb"})
 # ALTER actions that can rewrite stored values (rewrites.py judges them when the old columns
 # are known; on a table whose columns are not, each of them means a re-read)
-_MAY_REWRITE = (ddl.ChangeColumn, ddl.AddColumns, ddl.ConvertCharset, ddl.SetVersioning)
+_MAY_REWRITE = (ChangeColumn, AddColumns, ConvertCharset, SetVersioning)
 
 
 @dataclass
@@ -71,7 +86,7 @@ class _Applied:
 
     definition: TableDefinition | None
     renamed_to: TableName | None = None
-    moved: list[ddl.RowsChanged] = field(default_factory=list)  # rows without row events
+    moved: list[RowsChanged] = field(default_factory=list)  # rows without row events
     rewrites: list[str] = field(default_factory=list)  # values rewritten in place
 
 
@@ -156,25 +171,25 @@ class SchemaHistory:
                                                                                    ...]]:
         """Replay one statement; returns its kind and its effect on each table."""
         statement = ddl.parse(sql, database)
-        if isinstance(statement, ddl.CreateTable):
+        if isinstance(statement, CreateTable):
             return "create", self._create(statement, gtid)
-        if isinstance(statement, ddl.AlterTable):
+        if isinstance(statement, AlterTable):
             return self._alter(statement, gtid)
-        if isinstance(statement, ddl.RenameTables):
+        if isinstance(statement, RenameTables):
             moves: list[TableChange] = []
             for old, new in statement.pairs:
                 moves += self._move(old, new, self.tables.get(old), gtid)
             return "rename", tuple(moves)
-        if isinstance(statement, ddl.DropTables):
+        if isinstance(statement, DropTables):
             return "drop", tuple(self._drop(t, gtid) for t in statement.tables)
-        if isinstance(statement, ddl.TruncateTable):
+        if isinstance(statement, TruncateTable):
             table = statement.table
             return "truncate", (TableChange("truncate", table.database, table.table,
                                             self._layout(table)),)
-        if isinstance(statement, ddl.DropDatabase):
+        if isinstance(statement, DropDatabase):
             gone = [t for t in self.tables if t.database == statement.database]
             return "drop", tuple(self._drop(t, gtid) for t in gone)
-        if isinstance(statement, ddl.Unparsed):
+        if isinstance(statement, Unparsed):
             log.warning("schema history: %s", statement.reason)
             for table in statement.tables:
                 self._forget(table, gtid, "a statement could not be read")
@@ -182,7 +197,7 @@ class SchemaHistory:
                                   for t in statement.tables)
         return "query", ()
 
-    def _create(self, statement: ddl.CreateTable, gtid: Gtid | None) -> tuple[TableChange, ...]:
+    def _create(self, statement: CreateTable, gtid: Gtid | None) -> tuple[TableChange, ...]:
         table = statement.table
         if statement.if_not_exists and table in self.tables:
             return ()
@@ -195,13 +210,13 @@ class SchemaHistory:
         self._record(table, definition, gtid)
         return (TableChange("create", table.database, table.table, self._layout(table)),)
 
-    def _alter(self, statement: ddl.AlterTable, gtid: Gtid | None
+    def _alter(self, statement: AlterTable, gtid: Gtid | None
                ) -> tuple[str, tuple[TableChange, ...]]:
         table = statement.table
         before = self.tables.get(table)
         applied = self._apply_actions(table, before, statement.actions, gtid)
         if applied.renamed_to is not None:
-            only_rename = all(isinstance(a, ddl.RenameTo) for a in statement.actions)
+            only_rename = all(isinstance(a, RenameTo) for a in statement.actions)
             return ("rename" if only_rename else "alter",
                     tuple(self._move(table, applied.renamed_to, applied.definition, gtid)))
         if applied.definition is None:
@@ -216,9 +231,9 @@ class SchemaHistory:
         without row events, the values it rewrites."""
         applied = _Applied(definition)
         for action in one_at_a_time(sorted(actions, key=phase)):
-            if isinstance(action, ddl.RenameTo):
+            if isinstance(action, RenameTo):
                 applied.renamed_to = action.table
-            elif isinstance(action, ddl.RowsChanged):
+            elif isinstance(action, RowsChanged):
                 applied.moved.append(action)
             elif applied.definition is not None:
                 applied.definition = self._apply_action(table, applied, action, gtid)
@@ -244,8 +259,8 @@ class SchemaHistory:
             log.warning("schema history: %s: %s", table, exc)
             return None
 
-    def _altered_unknown(self, table: TableName, statement: ddl.AlterTable,
-                         moved: list[ddl.RowsChanged], gtid: Gtid | None) -> TableChange:
+    def _altered_unknown(self, table: TableName, statement: AlterTable,
+                         moved: list[RowsChanged], gtid: Gtid | None) -> TableChange:
         """The table is forgotten (its columns are learned again); its rows are read again
         where the statement may have changed them."""
         self._forget(table, gtid, "altered while unknown or in a way not understood")
@@ -275,7 +290,7 @@ class SchemaHistory:
                 changes += self._moved_rows(move, definition, gtid)
         return changes
 
-    def _moved_rows(self, move: ddl.RowsChanged, definition: TableDefinition,
+    def _moved_rows(self, move: RowsChanged, definition: TableDefinition,
                     gtid: Gtid | None) -> list[TableChange]:
         """The other table of a partition exchange or conversion."""
         other = move.other
@@ -377,7 +392,7 @@ class SchemaHistory:
             log.warning("schema history: cannot read the definition of %s: %s", table, exc)
             return None
         statement = ddl.parse(text, table.database) if text else None
-        if not isinstance(statement, ddl.CreateTable) or statement.definition is None:
+        if not isinstance(statement, CreateTable) or statement.definition is None:
             self.unknown.add(table)
             return None
         self._looked_up[table] = statement.definition
@@ -405,7 +420,7 @@ class SchemaHistory:
             log.warning("schema history: cannot read the definition of %s: %s", table, exc)
             return definition
         statement = ddl.parse(text, table.database) if text else None
-        if not isinstance(statement, ddl.CreateTable) or statement.definition is None:
+        if not isinstance(statement, CreateTable) or statement.definition is None:
             return definition
         found = statement.definition
         if not agrees(layout, found) or [(c.name.lower(), c.column_type()) for c in
@@ -431,7 +446,7 @@ class SchemaHistory:
                 log.warning("schema history: cannot read the engine of %s: %s", table, exc)
                 text = None
             statement = ddl.parse(text, table.database) if text else None
-            if isinstance(statement, ddl.CreateTable) and statement.definition is not None:
+            if isinstance(statement, CreateTable) and statement.definition is not None:
                 engine = statement.definition.engine
         return engine in TRANSACTIONAL_ENGINES
 
