@@ -37,7 +37,7 @@ crash replays the change and it is repaired again. A schema statement on the tab
 repair is under way calls it off (the changes it held are dropped: the read after the
 statement holds them) and it starts again after the statement. A table without a primary
 key, a cascade and a statement that turns system versioning on or off take the pipeline's own
-path (:meth:`.repair.Repairer._start`), and so does a system-versioned table once the read
+path (:meth:`.rereads.Rereads._start`), and so does a system-versioned table once the read
 finds it is one. Before it folds anything the process checks, in a second, that the table can
 be read (its privilege, a lock held past the wait): a table that cannot is quarantined at
 once, not after minutes of work. The columns the statement renamed are renamed in the view
