@@ -41,7 +41,8 @@ from cdcserver.replication.decoder import DeferDecoding
 from cdcserver.replication.replicator import Replicator
 from cdcserver.replication.sources import Sources
 from cdcserver.replication.xa import PreparedXa
-from cdcserver.reread.repair import Repairer, RepairStats
+from cdcserver.reread.repair import Repairer
+from cdcserver.reread.repairstats import RepairStats
 from cdcserver.reread.view import Views
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.sinks.base import Sink, SourceInfo, ordered

@@ -29,7 +29,8 @@ from cdcserver.core.capture import HASH, value_function
 from cdcserver.core.names import TableName
 from cdcserver.dump import rawrows
 from cdcserver.dump.snapshot import qualified, quote
-from cdcserver.schema.definition import BINARY_TYPES, TableDefinition
+from cdcserver.schema.columnspec import BINARY_TYPES
+from cdcserver.schema.definition import TableDefinition
 from mariadb_cdc_client.format.schema import Field, Kind
 
 _NUMERIC_KEY = frozenset({"tinyint", "smallint", "mediumint", "int", "bigint", "decimal",

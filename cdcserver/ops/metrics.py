@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 import cdcserver
 from cdcserver.ops.lag import Lag
 from cdcserver.protocol.server import ListenerStats
-from cdcserver.reread.repair import RepairStats
+from cdcserver.reread.repairstats import RepairStats
 from cdcserver.sinks.base import SinkStatus
 from cdcserver.store import transcoder
 from cdcserver.store.store import StoreStats

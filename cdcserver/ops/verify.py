@@ -38,6 +38,7 @@ from cdcserver.core.names import TableName
 from cdcserver.dump.scan import select_expression
 from cdcserver.replication import source as source_sql
 from cdcserver.schema import ddl
+from cdcserver.schema.statements import AlterTable, ChangeColumn, RenameColumn
 from cdcserver.store.avrofile import scan_blocks
 from cdcserver.store.catalog import VersionInfo
 from cdcserver.store.reader import (
@@ -390,13 +391,13 @@ def _changes(op: DumpRows, fields: tuple[Field, ...]) -> Iterator[tuple[Any, Any
 def _column_renames(statement: str, database: str) -> dict[str, str]:
     """The columns an ALTER TABLE renamed: lowercase old name -> new name."""
     parsed = ddl.parse(statement, database) if statement else None
-    if not isinstance(parsed, ddl.AlterTable):
+    if not isinstance(parsed, AlterTable):
         return {}
     renames = {}
     for action in parsed.actions:
-        if isinstance(action, ddl.RenameColumn):
+        if isinstance(action, RenameColumn):
             renames[action.old.lower()] = action.new
-        elif isinstance(action, ddl.ChangeColumn) and action.old.lower() != \
+        elif isinstance(action, ChangeColumn) and action.old.lower() != \
                 action.column.name.lower():
             renames[action.old.lower()] = action.column.name
     return renames

@@ -25,7 +25,7 @@ from typing import Any
 
 from cdcserver.core.changes import Rows, RowsKind
 from cdcserver.reread.difference import Fit
-from cdcserver.reread.view import Row, TableView
+from cdcserver.reread.tableview import Row, TableView
 
 Held = Callable[[bytes], Row | None]
 

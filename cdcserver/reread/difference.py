@@ -19,8 +19,9 @@ from cdcserver.core.changes import (
 from cdcserver.core.gtid import BinlogPosition, binlog_ordinal, same_state
 from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
+from cdcserver.reread.tableview import Row, TableView
 from cdcserver.reread.values import from_text
-from cdcserver.reread.view import Row, TableView, key_names
+from cdcserver.reread.view import key_names
 from cdcserver.store.schema import TableSchema
 from mariadb_cdc_client.format.schema import Field, Kind
 

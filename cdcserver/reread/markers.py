@@ -11,7 +11,7 @@ from cdcserver.core.changes import (
     Rowless,
     TableChange,
 )
-from cdcserver.reread.view import Row
+from cdcserver.reread.tableview import Row
 
 _CASCADING = frozenset({"cascade", "set null", "set default"})
 

@@ -10,16 +10,32 @@ from typing import Any
 
 from cdcserver.core.changes import Index
 from cdcserver.core.names import TableName
-from cdcserver.schema import ddl
+from cdcserver.schema.columnspec import CHARACTER_TYPES, ColumnSpec
 from cdcserver.schema.definition import (
-    CHARACTER_TYPES,
     IMPLICIT_ROW_END,
     IMPLICIT_ROW_START,
-    ColumnSpec,
     TableDefinition,
     named,
     with_foreign_key_index,
     with_index,
+)
+from cdcserver.schema.statements import (
+    AddColumns,
+    AddForeignKey,
+    AddIndex,
+    AddPeriod,
+    ChangeColumn,
+    ConvertCharset,
+    DropColumn,
+    DropForeignKey,
+    DropIndex,
+    Position,
+    RenameColumn,
+    RenameIndex,
+    SetEngine,
+    SetPrimaryKey,
+    SetVersioning,
+    UnknownAction,
 )
 
 log = logging.getLogger('cdcserver.schema.history')
@@ -32,9 +48,9 @@ def column_renames(actions: Sequence[object], definition: TableDefinition | None
     the two)."""
     renames = []
     for action in actions:
-        if isinstance(action, ddl.RenameColumn):
+        if isinstance(action, RenameColumn):
             renames.append((action.old, action.new))
-        elif isinstance(action, ddl.ChangeColumn) and \
+        elif isinstance(action, ChangeColumn) and \
                 action.old.lower() != action.column.name.lower() and \
                 (definition is None or definition.has(action.old)):
             renames.append((action.old, action.column.name))
@@ -52,15 +68,15 @@ def one_at_a_time(actions: list[object]) -> list[object]:
     out: list[object] = []
     later: list[object] = []
     for number, action in enumerate(actions):
-        if isinstance(action, ddl.RenameColumn) and action.new.lower() in sources:
+        if isinstance(action, RenameColumn) and action.new.lower() in sources:
             temporary = f"\x00cdc-rename-{number}"
-            out.append(ddl.RenameColumn(action.old, temporary))
-            later.append(ddl.RenameColumn(temporary, action.new))
-        elif isinstance(action, ddl.ChangeColumn) and action.column.name.lower() in sources \
+            out.append(RenameColumn(action.old, temporary))
+            later.append(RenameColumn(temporary, action.new))
+        elif isinstance(action, ChangeColumn) and action.column.name.lower() in sources \
                 and action.old.lower() != action.column.name.lower():
             temporary = f"\x00cdc-rename-{number}"
             out.append(replace(action, column=replace(action.column, name=temporary)))
-            later.append(ddl.RenameColumn(temporary, action.column.name))
+            later.append(RenameColumn(temporary, action.column.name))
         else:
             out.append(action)
     return out + later
@@ -68,9 +84,9 @@ def one_at_a_time(actions: list[object]) -> list[object]:
 
 def renamed_column(definition: TableDefinition, action: object) -> tuple[str, str] | None:
     """(old, new) when ``action`` renames a column of the table."""
-    if isinstance(action, ddl.RenameColumn):
+    if isinstance(action, RenameColumn):
         return action.old, action.new
-    if isinstance(action, ddl.ChangeColumn) and action.old.lower() != \
+    if isinstance(action, ChangeColumn) and action.old.lower() != \
             action.column.name.lower() and definition.has(action.old):
         return action.old, action.column.name
     return None
@@ -82,17 +98,17 @@ class IndexesUnknown(Exception):
     indexes are not. Never a reason to forget the table."""
 
 
-_INDEX_ACTIONS = (ddl.AddIndex, ddl.DropIndex, ddl.RenameIndex)
+_INDEX_ACTIONS = (AddIndex, DropIndex, RenameIndex)
 
 
 def phase(action: object) -> int:
     """The order MariaDB applies an ALTER TABLE's actions in, whatever order they are
     written in: keys dropped and renamed, then columns changed, then keys added."""
-    if isinstance(action, (ddl.DropIndex, ddl.RenameIndex, ddl.DropForeignKey)):
+    if isinstance(action, (DropIndex, RenameIndex, DropForeignKey)):
         return 0
-    if isinstance(action, ddl.SetPrimaryKey):
+    if isinstance(action, SetPrimaryKey):
         return 0 if not action.columns else 2
-    if isinstance(action, (ddl.AddIndex, ddl.AddForeignKey)):
+    if isinstance(action, (AddIndex, AddForeignKey)):
         return 2
     return 1
 
@@ -103,7 +119,7 @@ def alter(table: TableName, definition: TableDefinition, action: object) -> Tabl
     if isinstance(action, _INDEX_ACTIONS) and not definition.described:
         return definition  # re-learned from the source as a whole
     renamed = renamed_column(definition, action)
-    if renamed is not None or isinstance(action, ddl.DropColumn):
+    if renamed is not None or isinstance(action, DropColumn):
         definition = _keys_after_column_change(table, definition, action, renamed)
     if renamed is not None:
         definition = definition.with_renamed_column(*renamed)
@@ -114,25 +130,25 @@ def alter(table: TableName, definition: TableDefinition, action: object) -> Tabl
 
 
 def _add_foreign_key(table: TableName, definition: TableDefinition,
-                     action: ddl.AddForeignKey) -> TableDefinition:
+                     action: AddForeignKey) -> TableDefinition:
     definition = with_foreign_key_index(definition, Index(action.key.name, action.key.columns))
     key = named(action.key, table.table, definition.foreign_keys)
     return replace(definition, foreign_keys=(*definition.foreign_keys, key))
 
 
 def _drop_foreign_key(table: TableName, definition: TableDefinition,
-                      action: ddl.DropForeignKey) -> TableDefinition:
+                      action: DropForeignKey) -> TableDefinition:
     return replace(definition, foreign_keys=tuple(
         k for k in definition.foreign_keys if k.name.lower() != action.name.lower()))
 
 
 def _add_period(table: TableName, definition: TableDefinition,
-                action: ddl.AddPeriod) -> TableDefinition:
+                action: AddPeriod) -> TableDefinition:
     return replace(definition, period=(action.start, action.end), implicit_period=False)
 
 
 def _set_versioning(table: TableName, definition: TableDefinition,
-                    action: ddl.SetVersioning) -> TableDefinition:
+                    action: SetVersioning) -> TableDefinition:
     if not action.on:
         return definition.unversioned()
     if definition.period is not None:  # ADD PERIOD FOR SYSTEM_TIME named the columns
@@ -141,7 +157,7 @@ def _set_versioning(table: TableName, definition: TableDefinition,
 
 
 def _add_columns(table: TableName, definition: TableDefinition,
-                 action: ddl.AddColumns) -> TableDefinition:
+                 action: AddColumns) -> TableDefinition:
     columns = list(definition.columns)
     for column in action.columns:
         if definition.has(column.name):
@@ -155,7 +171,7 @@ def _add_columns(table: TableName, definition: TableDefinition,
 
 
 def _drop_column(table: TableName, definition: TableDefinition,
-                 action: ddl.DropColumn) -> TableDefinition:
+                 action: DropColumn) -> TableDefinition:
     if not definition.has(action.name):
         if action.if_exists:
             return definition
@@ -168,7 +184,7 @@ def _drop_column(table: TableName, definition: TableDefinition,
 
 
 def _change_column(table: TableName, definition: TableDefinition,
-                   action: ddl.ChangeColumn) -> TableDefinition:
+                   action: ChangeColumn) -> TableDefinition:
     if not definition.has(action.old):
         if action.if_exists:
             return definition
@@ -188,7 +204,7 @@ def _change_column(table: TableName, definition: TableDefinition,
 
 
 def _rename_column(table: TableName, definition: TableDefinition,
-                   action: ddl.RenameColumn) -> TableDefinition:
+                   action: RenameColumn) -> TableDefinition:
     columns = list(definition.columns)
     index = definition.index(action.old)
     columns[index] = replace(columns[index], name=action.new)
@@ -197,7 +213,7 @@ def _rename_column(table: TableName, definition: TableDefinition,
 
 
 def _set_primary_key(table: TableName, definition: TableDefinition,
-                     action: ddl.SetPrimaryKey) -> TableDefinition:
+                     action: SetPrimaryKey) -> TableDefinition:
     for name in action.columns:
         definition.index(name)
     columns = [replace(c, nullable=False) if c.name in action.columns else c
@@ -210,46 +226,46 @@ def _set_primary_key(table: TableName, definition: TableDefinition,
 
 
 def _convert_charset(table: TableName, definition: TableDefinition,
-                     action: ddl.ConvertCharset) -> TableDefinition:
+                     action: ConvertCharset) -> TableDefinition:
     columns = [replace(c, charset=action.charset, binary=action.charset == "binary")
                if c.type in CHARACTER_TYPES else c for c in definition.columns]
     return replace(definition, columns=tuple(columns), default_charset=action.charset)
 
 
 def _set_engine(table: TableName, definition: TableDefinition,
-                action: ddl.SetEngine) -> TableDefinition:
+                action: SetEngine) -> TableDefinition:
     return replace(definition, engine=action.engine)
 
 
 def _unknown_action(table: TableName, definition: TableDefinition,
-                    action: ddl.UnknownAction) -> TableDefinition:
+                    action: UnknownAction) -> TableDefinition:
     raise ValueError(f"ALTER TABLE action not understood: {action.text[:60]!r}")
 
 
 def _index_action(table: TableName, definition: TableDefinition,
-                  action: ddl.AddIndex | ddl.DropIndex | ddl.RenameIndex) -> TableDefinition:
+                  action: AddIndex | DropIndex | RenameIndex) -> TableDefinition:
     return _indexes_altered(definition, action)
 
 
 # One step per kind of action (each takes the table, the definition and the action)
 _ALTER_STEPS: dict[type, Callable[[TableName, TableDefinition, Any], TableDefinition]] = {
-    ddl.AddForeignKey: _add_foreign_key, ddl.DropForeignKey: _drop_foreign_key,
-    ddl.AddIndex: _index_action, ddl.DropIndex: _index_action, ddl.RenameIndex: _index_action,
-    ddl.AddPeriod: _add_period, ddl.SetVersioning: _set_versioning,
-    ddl.AddColumns: _add_columns, ddl.DropColumn: _drop_column,
-    ddl.ChangeColumn: _change_column, ddl.RenameColumn: _rename_column,
-    ddl.SetPrimaryKey: _set_primary_key, ddl.ConvertCharset: _convert_charset,
-    ddl.SetEngine: _set_engine, ddl.UnknownAction: _unknown_action,
+    AddForeignKey: _add_foreign_key, DropForeignKey: _drop_foreign_key,
+    AddIndex: _index_action, DropIndex: _index_action, RenameIndex: _index_action,
+    AddPeriod: _add_period, SetVersioning: _set_versioning,
+    AddColumns: _add_columns, DropColumn: _drop_column,
+    ChangeColumn: _change_column, RenameColumn: _rename_column,
+    SetPrimaryKey: _set_primary_key, ConvertCharset: _convert_charset,
+    SetEngine: _set_engine, UnknownAction: _unknown_action,
 }
 
 
 def _indexes_altered(definition: TableDefinition,
-                     action: ddl.AddIndex | ddl.DropIndex | ddl.RenameIndex) -> TableDefinition:
+                     action: AddIndex | DropIndex | RenameIndex) -> TableDefinition:
     """``definition`` with an index added, dropped or renamed; IndexesUnknown when the
     statement does not fit the indexes known (a table learned from the source as it is
     now meets the statements that made it so: those that already show change nothing)."""
     names = [i.name.lower() for i in definition.indexes]
-    if isinstance(action, ddl.AddIndex):
+    if isinstance(action, AddIndex):
         index = _unique_with_row_end(definition, action.index)
         name = index.name.lower()
         if name and name in names:
@@ -262,14 +278,14 @@ def _indexes_altered(definition: TableDefinition,
         if not index.columns or not all(definition.has(c) for c in index.columns):
             raise IndexesUnknown(f"index {index.name or '?'} on columns not known")
         return with_index(definition, index)
-    old = action.name if isinstance(action, ddl.DropIndex) else action.old
+    old = action.name if isinstance(action, DropIndex) else action.old
     if old.lower() not in names:
-        if isinstance(action, ddl.DropIndex) and action.if_exists:
+        if isinstance(action, DropIndex) and action.if_exists:
             return definition
-        if isinstance(action, ddl.RenameIndex) and action.new.lower() in names:
+        if isinstance(action, RenameIndex) and action.new.lower() in names:
             return definition
         raise IndexesUnknown(f"no index {old}")
-    if isinstance(action, ddl.DropIndex):
+    if isinstance(action, DropIndex):
         return replace(definition, indexes=tuple(
             i for i in definition.indexes if i.name.lower() != old.lower()))
     return replace(definition, indexes=tuple(
@@ -300,14 +316,14 @@ def _keys_after_column_change(table: TableName, definition: TableDefinition, act
             if TableName(*key.parent) == table:
                 key = replace(key, parent_columns=tuple(
                     new if c.lower() == old.lower() else c for c in key.parent_columns))
-        elif isinstance(action, ddl.DropColumn) and action.name.lower() in (
+        elif isinstance(action, DropColumn) and action.name.lower() in (
                 c.lower() for c in key.columns):
             continue
         keys.append(key)
     return replace(definition, foreign_keys=tuple(keys))
 
 
-def _insert(columns: list[ColumnSpec], column: ColumnSpec, position: ddl.Position | None,
+def _insert(columns: list[ColumnSpec], column: ColumnSpec, position: Position | None,
             definition: TableDefinition) -> None:
     if position is None and definition.implicit_period:
         columns.insert(definition.index(IMPLICIT_ROW_START), column)  # they stay last

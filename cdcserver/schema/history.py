@@ -12,67 +12,57 @@ Where definitions come from:
 - for a table whose creation predates the binlog, ``SHOW CREATE TABLE`` on the source, adopted
   only if it agrees with the table map being decoded (the table may have changed since the
   position being replicated; then the table stays unknown and the lookup is tried again at its
-  next layout).
+  next layout; :mod:`.fromsource`).
 
 Each change is appended to ``state/schema_history.jsonl`` with the GTID of its transaction and
 fsynced. On start, entries the replication start position does not cover are dropped: they
-will be replayed.
+will be replayed (:mod:`.historyfile`). An ``ALTER TABLE``'s actions are applied by
+:mod:`.applyalter`; foreign keys follow a renamed parent by :mod:`.foreignkeys`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from cdcserver.core.changes import TableChange, TableLayout
-from cdcserver.core.durable import write_atomically
 from cdcserver.core.errors import SchemaError
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.core.names import TableName
 from cdcserver.schema import ddl
-from cdcserver.schema.alter import (
-    IndexesUnknown,
-    alter,
-    column_renames,
-    one_at_a_time,
-    phase,
-    renamed_column,
+from cdcserver.schema.alter import column_renames
+from cdcserver.schema.applyalter import MAY_REWRITE, Applied, apply_actions
+from cdcserver.schema.definition import ForeignKey, TableDefinition
+from cdcserver.schema.foreignkeys import (
+    referencing,
+    with_renamed_parent,
+    with_renamed_parent_column,
 )
-from cdcserver.schema.definition import (
-    ForeignKey,
-    TableDefinition,
+from cdcserver.schema.fromsource import (
+    Lookup,
+    LookupFailed,
+    described_by,
+    source_definition,
+    typed_by_name,
 )
-from cdcserver.schema.layouts import (
-    OLD_TEMPORAL,
-    agrees,
-    describe,
-    enrich,
-    layout_of,
-    signature,
-    stored_shape,
+from cdcserver.schema.historyfile import append_change, compact_history, read_history
+from cdcserver.schema.layouts import agrees, describe, enrich, layout_of, stored_shape
+from cdcserver.schema.statements import (
+    AlterTable,
+    CreateTable,
+    DropDatabase,
+    DropTables,
+    RenameTables,
+    RenameTo,
+    RowsChanged,
+    TruncateTable,
+    Unparsed,
 )
-from cdcserver.schema.rewrites import action_rewrites
 
 log = logging.getLogger(__name__)
 
-Lookup = Callable[[TableName], str | None]  # SHOW CREATE TABLE text now, None if no table
 TRANSACTIONAL_ENGINES = frozenset({"innodb", "xtradb", "rocksdb", "tokudb"})
-# ALTER actions that can rewrite stored values (rewrites.py judges them when the old columns
-# are known; on a table whose columns are not, each of them means a re-read)
-_MAY_REWRITE = (ddl.ChangeColumn, ddl.AddColumns, ddl.ConvertCharset, ddl.SetVersioning)
-
-
-@dataclass
-class _Applied:
-    """What an ALTER TABLE's actions did, as they were applied one by one."""
-
-    definition: TableDefinition | None
-    renamed_to: TableName | None = None
-    moved: list[ddl.RowsChanged] = field(default_factory=list)  # rows without row events
-    rewrites: list[str] = field(default_factory=list)  # values rewritten in place
 
 
 class SchemaHistory:
@@ -97,26 +87,8 @@ class SchemaHistory:
         self._children = None
         if self.path is None or not os.path.exists(self.path):
             return
-        with open(self.path, encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                if not line.endswith("\n"):
-                    # A torn last line (a crash or a full disk while appending): its
-                    # transaction was not applied, so the entry is replayed.
-                    log.warning("schema history: ignoring an incomplete last line")
-                    break
-                entry = json.loads(line)
-                if entry["gtid"] and not start.covers(Gtid.parse(entry["gtid"])):
-                    continue
-                table = TableName(*entry["table"])
-                if entry["definition"] is None:
-                    self.tables.pop(table, None)
-                else:
-                    self.tables[table] = TableDefinition.from_json(entry["definition"])
-        lines = [json.dumps({"gtid": "", "table": [t.database, t.table],
-                             "definition": d.to_json()}) for t, d in sorted(self.tables.items())]
-        write_atomically(self.path, "".join(line + "\n" for line in lines).encode("utf-8"))
+        self.tables.update(read_history(self.path, start))
+        compact_history(self.path, self.tables)
 
     def _record(self, table: TableName, definition: TableDefinition | None,
                 gtid: Gtid | None) -> None:
@@ -126,22 +98,8 @@ class SchemaHistory:
         else:
             self.tables[table] = definition
             self.unknown.discard(table)
-        if self.path is None:
-            return
-        line = json.dumps({"gtid": str(gtid) if gtid else "", "table": [table.database,
-                                                                        table.table],
-                           "definition": definition.to_json() if definition else None})
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-        try:
-            size = os.fstat(fd).st_size
-            try:
-                os.write(fd, (line + "\n").encode("utf-8"))
-            except OSError:
-                os.ftruncate(fd, size)  # no torn line (a full disk): the caller stops
-                raise
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if self.path is not None:
+            append_change(self.path, table, definition, gtid)
 
     def _forget(self, table: TableName, gtid: Gtid | None, why: str) -> None:
         if table in self.tables:
@@ -156,25 +114,25 @@ class SchemaHistory:
                                                                                    ...]]:
         """Replay one statement; returns its kind and its effect on each table."""
         statement = ddl.parse(sql, database)
-        if isinstance(statement, ddl.CreateTable):
+        if isinstance(statement, CreateTable):
             return "create", self._create(statement, gtid)
-        if isinstance(statement, ddl.AlterTable):
+        if isinstance(statement, AlterTable):
             return self._alter(statement, gtid)
-        if isinstance(statement, ddl.RenameTables):
+        if isinstance(statement, RenameTables):
             moves: list[TableChange] = []
             for old, new in statement.pairs:
                 moves += self._move(old, new, self.tables.get(old), gtid)
             return "rename", tuple(moves)
-        if isinstance(statement, ddl.DropTables):
+        if isinstance(statement, DropTables):
             return "drop", tuple(self._drop(t, gtid) for t in statement.tables)
-        if isinstance(statement, ddl.TruncateTable):
+        if isinstance(statement, TruncateTable):
             table = statement.table
             return "truncate", (TableChange("truncate", table.database, table.table,
                                             self._layout(table)),)
-        if isinstance(statement, ddl.DropDatabase):
+        if isinstance(statement, DropDatabase):
             gone = [t for t in self.tables if t.database == statement.database]
             return "drop", tuple(self._drop(t, gtid) for t in gone)
-        if isinstance(statement, ddl.Unparsed):
+        if isinstance(statement, Unparsed):
             log.warning("schema history: %s", statement.reason)
             for table in statement.tables:
                 self._forget(table, gtid, "a statement could not be read")
@@ -182,7 +140,7 @@ class SchemaHistory:
                                   for t in statement.tables)
         return "query", ()
 
-    def _create(self, statement: ddl.CreateTable, gtid: Gtid | None) -> tuple[TableChange, ...]:
+    def _create(self, statement: CreateTable, gtid: Gtid | None) -> tuple[TableChange, ...]:
         table = statement.table
         if statement.if_not_exists and table in self.tables:
             return ()
@@ -195,13 +153,15 @@ class SchemaHistory:
         self._record(table, definition, gtid)
         return (TableChange("create", table.database, table.table, self._layout(table)),)
 
-    def _alter(self, statement: ddl.AlterTable, gtid: Gtid | None
+    def _alter(self, statement: AlterTable, gtid: Gtid | None
                ) -> tuple[str, tuple[TableChange, ...]]:
         table = statement.table
         before = self.tables.get(table)
-        applied = self._apply_actions(table, before, statement.actions, gtid)
+        applied = apply_actions(table, before, statement.actions)
+        for old, new in applied.renamed_columns:
+            self._rename_referenced(table, old, new, gtid)
         if applied.renamed_to is not None:
-            only_rename = all(isinstance(a, ddl.RenameTo) for a in statement.actions)
+            only_rename = all(isinstance(a, RenameTo) for a in statement.actions)
             return ("rename" if only_rename else "alter",
                     tuple(self._move(table, applied.renamed_to, applied.definition, gtid)))
         if applied.definition is None:
@@ -209,55 +169,20 @@ class SchemaHistory:
         return "alter", tuple(self._altered(table, before, applied,
                                             column_renames(statement.actions, before), gtid))
 
-    def _apply_actions(self, table: TableName, definition: TableDefinition | None,
-                       actions: tuple[object, ...], gtid: Gtid | None) -> _Applied:
-        """The statement's actions one at a time, in MariaDB's order, on the definition
-        (None once it cannot be followed): what it renames the table to, the rows it moves
-        without row events, the values it rewrites."""
-        applied = _Applied(definition)
-        for action in one_at_a_time(sorted(actions, key=phase)):
-            if isinstance(action, ddl.RenameTo):
-                applied.renamed_to = action.table
-            elif isinstance(action, ddl.RowsChanged):
-                applied.moved.append(action)
-            elif applied.definition is not None:
-                applied.definition = self._apply_action(table, applied, action, gtid)
-        if applied.definition is not None:
-            applied.definition = applied.definition.with_keys_sorted()
-        return applied
-
-    def _apply_action(self, table: TableName, applied: _Applied, action: object,
-                      gtid: Gtid | None) -> TableDefinition | None:
-        definition = applied.definition
-        assert definition is not None
-        applied.rewrites += action_rewrites(definition, action)
-        renamed = renamed_column(definition, action)
-        if renamed is not None:
-            self._rename_referenced(table, *renamed, gtid)
-        try:
-            return alter(table, definition, action)
-        except IndexesUnknown as exc:
-            log.info("schema history: %s: %s; its indexes are re-learned from the source "
-                     "when it agrees", table, exc)
-            return replace(definition, described=False)
-        except (KeyError, ValueError) as exc:
-            log.warning("schema history: %s: %s", table, exc)
-            return None
-
-    def _altered_unknown(self, table: TableName, statement: ddl.AlterTable,
-                         moved: list[ddl.RowsChanged], gtid: Gtid | None) -> TableChange:
+    def _altered_unknown(self, table: TableName, statement: AlterTable,
+                         moved: list[RowsChanged], gtid: Gtid | None) -> TableChange:
         """The table is forgotten (its columns are learned again); its rows are read again
         where the statement may have changed them."""
         self._forget(table, gtid, "altered while unknown or in a way not understood")
         reasons = [m.reason for m in moved]
-        if any(isinstance(a, _MAY_REWRITE) for a in statement.actions):
+        if any(isinstance(a, MAY_REWRITE) for a in statement.actions):
             # The old columns are unknown, so whether their values survived cannot be told:
             # the table is read again (a narrowing MODIFY after `schema forget`)
             reasons.append("an ALTER of a table whose columns were unknown may have "
                            "rewritten its values")
         return TableChange("alter", table.database, table.table, rewrites="; ".join(reasons))
 
-    def _altered(self, table: TableName, before: TableDefinition | None, applied: _Applied,
+    def _altered(self, table: TableName, before: TableDefinition | None, applied: Applied,
                  renames: tuple[tuple[str, str], ...], gtid: Gtid | None
                  ) -> list[TableChange]:
         definition = applied.definition
@@ -275,7 +200,7 @@ class SchemaHistory:
                 changes += self._moved_rows(move, definition, gtid)
         return changes
 
-    def _moved_rows(self, move: ddl.RowsChanged, definition: TableDefinition,
+    def _moved_rows(self, move: RowsChanged, definition: TableDefinition,
                     gtid: Gtid | None) -> list[TableChange]:
         """The other table of a partition exchange or conversion."""
         other = move.other
@@ -293,9 +218,7 @@ class SchemaHistory:
               gtid: Gtid | None) -> list[TableChange]:
         self._repoint(old, new, gtid)
         if definition is not None:  # a key of the table on itself follows it too
-            definition = replace(definition, foreign_keys=tuple(
-                replace(k, parent=(new.database, new.table)) if TableName(*k.parent) == old
-                else k for k in definition.foreign_keys))
+            definition = referencing(definition, old, new)
         self._record(old, None, gtid)
         self.unknown.discard(old)
         if definition is None:
@@ -347,50 +270,34 @@ class SchemaHistory:
         return enrich(layout, definition)
 
     def _typed_by_name(self, table: TableName, layout: TableLayout) -> TableLayout:
-        """An unknown table's layout, each column with the type only DDL can tell (UUID,
-        INET4, INET6, JSON) that the source's definition now, or the table's last known
-        definition, gives a column of that name and binlog type: a value's type does not
-        change because a statement could not be read."""
-        described = layout.metadata != "none"
-        sources = [d for d in (self._looked_up.get(table), self.last_known.get(table))
-                   if d is not None]
-        columns = []
-        for column in layout.columns:
-            precise = column.binlog_type not in OLD_TEMPORAL
-            mine = signature(column, described, precise)
-            for definition in sources:
-                if definition.has(column.name):
-                    spec = definition.columns[definition.index(column.name)]
-                    if signature(spec.column_def(), described, precise) == mine:
-                        column = replace(column, extended=spec.extended)
-                        break
-            columns.append(column)
-        return replace(layout, columns=tuple(columns))
+        """An unknown table's layout, with the types only DDL can tell that the source's
+        definition now, or the table's last known one, gives its columns by name."""
+        return typed_by_name(layout, [d for d in (self._looked_up.get(table),
+                                                  self.last_known.get(table))
+                                      if d is not None])
 
     def _bootstrap(self, table: TableName, layout: TableLayout, gtid: Gtid | None
                    ) -> TableDefinition | None:
         if self.lookup is None:
             return None
-        try:
-            text = self.lookup(table)
-        except Exception as exc:  # noqa: BLE001 - a failed lookup leaves the table unknown
-            log.warning("schema history: cannot read the definition of %s: %s", table, exc)
+        try:  # (a failed lookup leaves the table unknown)
+            definition = source_definition(self.lookup, table, "definition")
+        except LookupFailed:
             return None
-        statement = ddl.parse(text, table.database) if text else None
-        if not isinstance(statement, ddl.CreateTable) or statement.definition is None:
+        if definition is None:
             self.unknown.add(table)
             return None
-        self._looked_up[table] = statement.definition
-        if not agrees(layout, statement.definition):
+        self._looked_up[table] = definition
+        if not agrees(layout, definition):
             if table not in self.unknown:
                 log.info("schema history: %s has changed since the position being "
                          "replicated; its extended types are unknown until it matches again",
                          table)
             self.unknown.add(table)
             return None
-        self._record(table, statement.definition, gtid)
+        self._record(table, definition, gtid)
         log.info("schema history: learned %s from the source", table)
-        return statement.definition
+        return definition
 
     def _describe(self, table: TableName, layout: TableLayout, definition: TableDefinition,
                   gtid: Gtid | None) -> TableDefinition:
@@ -399,23 +306,13 @@ class SchemaHistory:
         stays as it is, and is tried again at the table's next layout)."""
         if self.lookup is None:
             return definition
-        try:
-            text = self.lookup(table)
-        except Exception as exc:  # noqa: BLE001 - a failed lookup leaves it as it is
-            log.warning("schema history: cannot read the definition of %s: %s", table, exc)
+        try:  # (a failed lookup leaves it as it is)
+            found = source_definition(self.lookup, table, "definition")
+        except LookupFailed:
             return definition
-        statement = ddl.parse(text, table.database) if text else None
-        if not isinstance(statement, ddl.CreateTable) or statement.definition is None:
+        described = None if found is None else described_by(definition, found, layout)
+        if described is None:
             return definition
-        found = statement.definition
-        if not agrees(layout, found) or [(c.name.lower(), c.column_type()) for c in
-                                         found.columns] != [(c.name.lower(), c.column_type())
-                                                            for c in definition.columns]:
-            return definition
-        described = replace(definition, indexes=found.indexes, columns=tuple(
-            replace(mine, auto_increment=theirs.auto_increment, zerofill=theirs.zerofill)
-            for mine, theirs in zip(definition.columns, found.columns, strict=True)),
-            described=True)
         self._record(table, described, gtid)
         log.info("schema history: learned the indexes of %s from the source", table)
         return described
@@ -425,14 +322,12 @@ class SchemaHistory:
         definition = self.tables.get(table)
         engine = definition.engine if definition is not None else None
         if engine is None and self.lookup is not None:
-            try:
-                text = self.lookup(table)
-            except Exception as exc:  # noqa: BLE001 - unknown means "not known transactional"
-                log.warning("schema history: cannot read the engine of %s: %s", table, exc)
-                text = None
-            statement = ddl.parse(text, table.database) if text else None
-            if isinstance(statement, ddl.CreateTable) and statement.definition is not None:
-                engine = statement.definition.engine
+            try:  # (unknown means "not known transactional")
+                found = source_definition(self.lookup, table, "engine")
+            except LookupFailed:
+                found = None
+            if found is not None:
+                engine = found.engine
         return engine in TRANSACTIONAL_ENGINES
 
     def take_relearned(self) -> list[TableName]:
@@ -464,20 +359,11 @@ class SchemaHistory:
     def _rename_referenced(self, parent: TableName, old: str, new: str,
                            gtid: Gtid | None) -> None:
         """A parent's column renamed: the foreign keys on it name the new column."""
-        for child, definition in list(self.tables.items()):
-            if child == parent:
-                continue
-            keys = tuple(replace(k, parent_columns=tuple(
-                new if c.lower() == old.lower() else c for c in k.parent_columns))
-                if TableName(*k.parent) == parent else k for k in definition.foreign_keys)
-            if keys != definition.foreign_keys:
-                self._record(child, replace(definition, foreign_keys=keys), gtid)
+        for child, definition in with_renamed_parent_column(self.tables, parent, old,
+                                                            new).items():
+            self._record(child, definition, gtid)
 
     def _repoint(self, old: TableName, new: TableName, gtid: Gtid | None) -> None:
         """A renamed table's children reference it by its new name (InnoDB does so)."""
-        for child, definition in list(self.tables.items()):
-            if any(TableName(*k.parent) == old for k in definition.foreign_keys):
-                keys = tuple(replace(k, parent=(new.database, new.table))
-                             if TableName(*k.parent) == old else k
-                             for k in definition.foreign_keys)
-                self._record(child, replace(definition, foreign_keys=keys), gtid)
+        for child, definition in with_renamed_parent(self.tables, old, new).items():
+            self._record(child, definition, gtid)

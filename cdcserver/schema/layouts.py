@@ -14,10 +14,8 @@ from cdcserver.core.names import TableName
 from cdcserver.mariadb.charsets import codec_for
 from cdcserver.mariadb.constants import ColumnType as T
 from cdcserver.schema.avrotypes import map_column
-from cdcserver.schema.definition import (
-    ColumnSpec,
-    TableDefinition,
-)
+from cdcserver.schema.columnspec import ColumnSpec
+from cdcserver.schema.definition import TableDefinition
 
 log = logging.getLogger('cdcserver.schema.history')
 

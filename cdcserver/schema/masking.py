@@ -31,7 +31,8 @@ from cdcserver.core.capture import EXCLUDE, HASH, ColumnRules, value_function
 from cdcserver.core.changes import ColumnDef, TableDescription, TableLayout
 from cdcserver.core.names import TableName
 from cdcserver.mariadb.constants import ColumnType as T
-from cdcserver.schema.definition import BINARY_TYPES, ColumnSpec, TableDefinition
+from cdcserver.schema.columnspec import BINARY_TYPES, ColumnSpec
+from cdcserver.schema.definition import TableDefinition
 
 log = logging.getLogger(__name__)
 

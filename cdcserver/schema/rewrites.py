@@ -17,14 +17,9 @@ the table and adds no record.
 
 from __future__ import annotations
 
-from cdcserver.schema import ddl
-from cdcserver.schema.definition import (
-    BINARY_TYPES,
-    CHARACTER_TYPES,
-    ColumnSpec,
-    TableDefinition,
-    canonical_type,
-)
+from cdcserver.schema.columnspec import BINARY_TYPES, CHARACTER_TYPES, ColumnSpec, canonical_type
+from cdcserver.schema.definition import TableDefinition
+from cdcserver.schema.statements import AddColumns, ChangeColumn, ConvertCharset, SetVersioning
 
 _INTEGER_BYTES = {"tinyint": 1, "smallint": 2, "mediumint": 3, "int": 4, "bigint": 8}
 _TEXT_BYTES = {"tinytext": 255, "text": 65535, "mediumtext": 1 << 24, "longtext": 1 << 32,
@@ -53,25 +48,25 @@ VERSIONING_REWRITES = (DROP_VERSIONING, ADD_VERSIONING)
 def action_rewrites(definition: TableDefinition, action: object) -> list[str]:
     """Why ``action`` on a table of ``definition`` may have rewritten stored values (one
     reason per column), or nothing."""
-    if isinstance(action, ddl.ChangeColumn) and definition.has(action.old):
+    if isinstance(action, ChangeColumn) and definition.has(action.old):
         old = definition.columns[definition.index(action.old)]
         new = _with_charset(action.column, definition.default_charset)
         if not holds_every_value(old, new):
             return [f"{'MODIFY' if old.name == new.name else 'CHANGE'} {old.name} "
                     f"{_describe(old)} to {_describe(new)} rewrites its values"]
-    if isinstance(action, ddl.AddColumns):
+    if isinstance(action, AddColumns):
         return [f"ADD COLUMN {name} gives the rows already there a value"
                 for name in dict.fromkeys(action.filled)
                 if not (action.if_not_exists and definition.has(name))]
-    if isinstance(action, ddl.ConvertCharset):
+    if isinstance(action, ConvertCharset):
         return [f"CONVERT TO CHARACTER SET {action.charset} rewrites {c.name}"
                 for c in definition.columns
                 if c.type in CHARACTER_TYPES and not c.binary
                 and not _charset_holds(c.charset, action.charset)]
-    if isinstance(action, ddl.SetVersioning) and not action.on \
+    if isinstance(action, SetVersioning) and not action.on \
             and definition.period is not None:
         return [DROP_VERSIONING]
-    if isinstance(action, ddl.SetVersioning) and action.on:
+    if isinstance(action, SetVersioning) and action.on:
         return [ADD_VERSIONING]
     return []
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from cdcserver.core.changes import Index
 from cdcserver.core.names import TableName
-from cdcserver.schema.definition import ColumnSpec, ForeignKey, TableDefinition
+from cdcserver.schema.columnspec import ColumnSpec
+from cdcserver.schema.definition import ForeignKey, TableDefinition
 
 Position = tuple[str, str | None]  # ("first", None) or ("after", column)
 

@@ -21,6 +21,7 @@ import pytest
 from cdcserver.app import resyncs
 from cdcserver.core.names import TableName
 from cdcserver.reread import beside
+from cdcserver.reread.besideprocess import Cancelled
 from cdcserver.store.checkpoint import covered_state
 from cdcserver.store.layout import DataDir
 from tests.conftest import RunningService, Source, make_config, start_service
@@ -248,7 +249,7 @@ async def test_a_retyping_alter_whose_repair_is_called_off_goes_out_after_the_ro
     source.execute(f"UPDATE {n} SET b = -b WHERE id IN (3, 4)",  # held, then dropped
                    f"ALTER TABLE {n} ADD COLUMN z INT DEFAULT 3")  # calls it off
     await until(lambda: first.done.is_set(), timeout=30)
-    assert isinstance(first.error, beside.Cancelled)
+    assert isinstance(first.error, Cancelled)
     gate.set()
     await _until_repaired(cdc, source, other)
 
@@ -324,7 +325,7 @@ async def test_a_schema_statement_during_the_repair_reads_it_again(
     source.execute(f"UPDATE {m} SET b = -b WHERE id IN (20, 21)",  # held (before-image 'row 2')
                    f"ALTER TABLE {m} ADD COLUMN z INT DEFAULT 3")  # calls it off
     await until(lambda: first.done.is_set(), timeout=30)
-    assert isinstance(first.error, beside.Cancelled)
+    assert isinstance(first.error, Cancelled)
     source.execute(f"UPDATE {m} SET b = 0 WHERE id = 22")  # held by the repair read again
     gate.set()
     await _until_repaired(cdc, source, other)
@@ -441,7 +442,7 @@ async def test_a_schema_statement_during_a_resync_beside_the_stream_starts_it_ag
         source.execute(f"UPDATE {m} SET b = -b WHERE id = 20",  # held, then dropped
                        f"ALTER TABLE {m} ADD COLUMN z INT DEFAULT 3")  # calls it off
         await until(lambda: first.done.is_set(), timeout=30)
-        assert isinstance(first.error, beside.Cancelled)
+        assert isinstance(first.error, Cancelled)
         gate.set()
         for i in range(2300, 2600):  # asked again, it reads after the statement
             if table not in running.service.data.store.quarantined and not _repairing(running):

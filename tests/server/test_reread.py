@@ -33,10 +33,11 @@ from cdcserver.core.names import TableName
 from cdcserver.mariadb.charsets import CollationTable
 from cdcserver.replication.connection import BinlogConnection
 from cdcserver.replication.decoder import EventDecoder
-from cdcserver.reread import view as view_module
+from cdcserver.reread import fold as fold_module
 from cdcserver.reread.readview import ReadView
 from cdcserver.reread.repair import Repairer
-from cdcserver.reread.view import Views, ViewsClosed
+from cdcserver.reread.tableview import ViewsClosed
+from cdcserver.reread.view import Views
 from cdcserver.schema import ddl
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.schema.layouts import layout_of
@@ -356,14 +357,14 @@ async def test_closing_the_views_stops_a_fold_and_waits_for_it(tmp_path, monkeyp
         await stream.transaction([Rows(layout, RowsKind.INSERT, 0, rows)], _position(source))
     views = Views(str(tmp_path / "views.sqlite"))
     folding, done = threading.Event(), threading.Event()
-    original = view_module.decode_records
+    original = fold_module.decode_records
 
     def slow_decode(*args: Any) -> Any:  # the fold holds the views when close is called
         folding.set()
         assert wait_for(lambda: views._closing.is_set(), 30)
         return original(*args)
 
-    monkeypatch.setattr(view_module, "decode_records", slow_decode)
+    monkeypatch.setattr(fold_module, "decode_records", slow_decode)
     outcome: list[BaseException | None] = []
 
     def fold_holding_the_views() -> None:
@@ -427,7 +428,7 @@ async def test_a_keyed_fold_of_random_changes_holds_the_last_row_of_each_key(
                 table[moved] = f"u{rng.randint(0, 99)}"
                 changes.append(Rows(layout, RowsKind.UPDATE, 0, [before, (moved, table[moved])]))
         await stream.transaction(changes, _position(source))
-    monkeypatch.setattr(view_module, "FOLD_BATCH", batch)
+    monkeypatch.setattr(fold_module, "FOLD_BATCH", batch)
     views = Views(str(tmp_path / "views.sqlite"))
     try:
         folded = views.locked(views.fold, stream.catalog,

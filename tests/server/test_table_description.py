@@ -22,6 +22,16 @@ from cdcserver.schema import ddl
 from cdcserver.schema.definition import TableDefinition
 from cdcserver.schema.history import SchemaHistory
 from cdcserver.schema.layouts import layout_of
+from cdcserver.schema.statements import (
+    AddForeignKey,
+    AddIndex,
+    AlterTable,
+    CreateTable,
+    DropForeignKey,
+    DropIndex,
+    RenameIndex,
+    SetPrimaryKey,
+)
 from tests.conftest import Source
 
 pytestmark = pytest.mark.mariadb
@@ -160,12 +170,12 @@ def test_a_table_learned_as_it_is_now_meets_the_statements_that_made_it(
     for name in ("p", "r", "f", "q", "w", "m"):
         text = source.query(f"SHOW CREATE TABLE `{database}`.`{name}`")[0][1]
         history.apply(str(text), database, None)
-    index_only = (ddl.AddIndex, ddl.DropIndex, ddl.RenameIndex, ddl.SetPrimaryKey,
-                  ddl.AddForeignKey, ddl.DropForeignKey)
+    index_only = (AddIndex, DropIndex, RenameIndex, SetPrimaryKey,
+                  AddForeignKey, DropForeignKey)
     for sql in ALTER_SCRIPT:
         statement = sql.split("; ")[-1]
         parsed = ddl.parse(statement, database)
-        if isinstance(parsed, ddl.AlterTable) and all(isinstance(a, index_only)
+        if isinstance(parsed, AlterTable) and all(isinstance(a, index_only)
                                                       for a in parsed.actions):
             history.apply(statement, database, None)
     for name in ("p", "r", "f", "q", "w", "m"):
@@ -185,7 +195,7 @@ def test_a_table_learned_from_the_source_is_described_as_shown(source: Source) -
     for name in ("a", "b", "c", "p", "s", "v", "w"):
         text = source.query(f"SHOW CREATE TABLE `{database}`.`{name}`")[0][1]
         statement = ddl.parse(str(text), database)
-        assert isinstance(statement, ddl.CreateTable) and statement.definition is not None
+        assert isinstance(statement, CreateTable) and statement.definition is not None
         shown = _shown(source, TableName(database, name))
         assert shown is not None
         assert statement.definition.describe() == _with_hidden_period(shown,
@@ -237,7 +247,7 @@ def test_a_definition_recorded_without_indexes_learns_them_from_the_source(
         return str(source.query(f"SHOW CREATE TABLE `{name.database}`.`{name.table}`")[0][1])
 
     current = ddl.parse(show_create(table), database)
-    assert isinstance(current, ddl.CreateTable) and current.definition is not None
+    assert isinstance(current, CreateTable) and current.definition is not None
     old = current.definition.to_json()
     del old["indexes"]  # as the history recorded it before
     for column in old["columns"]:

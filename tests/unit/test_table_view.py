@@ -1,4 +1,4 @@
-"""A table's view (cdcserver/reread/view.py) against a dict model: random inserts, deletes
+"""A table's view (cdcserver/reread/tableview.py) against a dict model: random inserts, deletes
 and updates (some changing keys, some not) applied as row events of several rows, as a bulk
 statement logs them. The view takes whole events in one statement where it can."""
 

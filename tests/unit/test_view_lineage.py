@@ -1,5 +1,5 @@
 """A view is folded down the chain of renames that brought a table its rows
-(cdcserver/reread/view.py): walked, not recursed. A table swapped back and forth thousands of
+(cdcserver/reread/fold.py): walked, not recursed. A table swapped back and forth thousands of
 times (a long soak of migrations) made the fold raise RecursionError, which quarantined it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from cdcserver.core.names import TableName
-from cdcserver.reread.view import _lineage
+from cdcserver.reread.fold import _lineage
 
 DEPTH = 5000  # renames, far past Python's recursion limit
 

@@ -1,0 +1,109 @@
+"""Steps 3 and 4 of a repair (:mod:`.repair`): the stream reaching a repair's watermark. Until
+then a change of a table the repair waits on is told against the rows the stream holds
+(:mod:`.asheld`), and rows the stream changes after the watermark are its own truth (they
+leave the repair); at the transaction that reaches it, the difference between the view and
+the rows read is attached as ordinary records, and a resync releases its table there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from cdcserver.core.changes import Change, Commit, Rows, RowsKind
+from cdcserver.reread.asheld import as_held
+from cdcserver.reread.difference import past_watermark, reached, records
+from cdcserver.reread.repairstate import Pending, RepairState, repair_note, table_of
+from cdcserver.reread.tableview import Row
+from cdcserver.reread.view import key_names
+
+log = logging.getLogger('cdcserver.reread.repair')
+
+
+class Watermarks(RepairState):
+    """The repair stage, with its repairs reaching their watermarks."""
+
+    async def _as_held(self, rows: Rows) -> list[Rows]:
+        """A change of a table whose repair waits for its watermark, told against the rows
+        the stream holds (:mod:`.asheld`): every before-image true. Others as they are."""
+        table = table_of(rows.layout)
+        key = key_names(rows.layout)
+        if not key or rows.layout.sequence or not any(
+                s.table == table and not past_watermark(rows.file, rows.pos, p.point)
+                for p in self._pending for s in p.scopes):
+            return [rows]
+        overlay = self._overlay.setdefault(table, {})
+        return await asyncio.to_thread(self.views.locked, self._told_as_held, rows, key,
+                                       overlay)
+
+    def _told_as_held(self, rows: Rows, key: tuple[str, ...],
+                      overlay: dict[bytes, Row | None]) -> list[Rows]:
+        """In a thread, views locked: :func:`as_held` against the view keyed like ``rows``.
+        A repair's view may be keyed otherwise: by the source's key where the source has
+        moved on by its watermark (versioning added since, whose ``row_end`` joins the key),
+        or dropped by a statement since; it is folded again here, and again by the repair
+        (which reads it anew at that statement anyway)."""
+        return as_held(rows, self._keyed_view(table_of(rows.layout), key), overlay)
+
+    def _merge(self, rows: Rows) -> None:
+        """Rows the stream changes after a pending repair's watermark are its own truth."""
+        table = table_of(rows.layout)
+        for pending in self._pending:
+            if not past_watermark(rows.file, rows.pos, pending.point):
+                continue
+            for scope in pending.scopes:
+                if scope.table == table and scope.keys is not None:
+                    view = self.views.get(table)
+                    if view is None:
+                        continue
+                    names = [c.name for c in rows.layout.columns]
+                    for values in rows.rows:
+                        key = view.key_of(dict(zip(names, values, strict=True)))
+                        scope.keys.discard(key)
+                        scope.source.pop(key, None)
+
+    async def _attach_due(self, commit: Commit) -> list[Change]:
+        due = [p for p in self._pending if reached(commit.position, p.point)]
+        if not due:
+            return []
+        self._pending = [p for p in self._pending if not any(p is d for d in due)]
+        out: list[Change] = []
+        for pending in due:
+            if pending.resync:
+                out += self._released(pending, commit)
+            rows = await asyncio.to_thread(self.views.locked, self._difference, pending,
+                                           commit)
+            self._batch_rows += rows  # a view folded again in this part must hold them
+            out += rows
+        return out
+
+    def _released(self, pending: Pending, commit: Commit) -> list[Change]:
+        """A resync reached its watermark: the table is released, with a version of its own
+        (the table's columns on the source there) that its difference is written in."""
+        out: list[Change] = []
+        for scope in pending.scopes:
+            out += self._release(scope.table, scope.layout, scope.reason, pending.point,
+                                 pending.started, commit,
+                                 "the records of this transaction that follow")
+        return out
+
+    def _difference(self, pending: Pending, commit: Commit) -> list[Rows]:
+        out: list[Rows] = []
+        for scope in pending.scopes:
+            if scope.layout is None:
+                continue
+            view = self._scope_view(scope)
+            note = repair_note(scope.reason, pending.cause)
+            made = records(scope, view, note, commit)
+            for rows in made:
+                view.apply(rows)
+                self.stats.records[rows.kind] = self.stats.records.get(rows.kind, 0) + \
+                    len(rows.rows)
+            count = sum(len(r.rows) // (2 if r.kind == RowsKind.UPDATE else 1) for r in made)
+            if made:
+                log.info("%s: repaired %d rows at the watermark %s:%d (%s)", scope.table,
+                         count, pending.point.file, pending.point.pos, note)
+            self.stats.repaired(scope.table, scope.reason, pending.cause, count)
+            out += made
+        self.stats.repairs += 1
+        return out

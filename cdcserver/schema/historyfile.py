@@ -1,0 +1,69 @@
+"""The schema history's file, ``state/schema_history.jsonl``: one line per change of a table's
+definition, with the GTID of its transaction, appended and fsynced before the change is used.
+
+On start the file is read up to the replication start position (entries it does not cover
+are replayed from the binlog) and compacted to one line per table known then.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from cdcserver.core.durable import write_atomically
+from cdcserver.core.gtid import Gtid, GtidState
+from cdcserver.core.names import TableName
+from cdcserver.schema.definition import TableDefinition
+
+log = logging.getLogger('cdcserver.schema.history')
+
+
+def read_history(path: str, start: GtidState) -> dict[TableName, TableDefinition]:
+    """Each table's definition up to ``start``, as the file at ``path`` records it."""
+    tables: dict[TableName, TableDefinition] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            if not line.endswith("\n"):
+                # A torn last line (a crash or a full disk while appending): its
+                # transaction was not applied, so the entry is replayed.
+                log.warning("schema history: ignoring an incomplete last line")
+                break
+            entry = json.loads(line)
+            if entry["gtid"] and not start.covers(Gtid.parse(entry["gtid"])):
+                continue
+            table = TableName(*entry["table"])
+            if entry["definition"] is None:
+                tables.pop(table, None)
+            else:
+                tables[table] = TableDefinition.from_json(entry["definition"])
+    return tables
+
+
+def compact_history(path: str, tables: dict[TableName, TableDefinition]) -> None:
+    """The file at ``path`` replaced, atomically, by one line per table of ``tables``."""
+    lines = [json.dumps({"gtid": "", "table": [t.database, t.table],
+                         "definition": d.to_json()}) for t, d in sorted(tables.items())]
+    write_atomically(path, "".join(line + "\n" for line in lines).encode("utf-8"))
+
+
+def append_change(path: str, table: TableName, definition: TableDefinition | None,
+                  gtid: Gtid | None) -> None:
+    """A line for the table's new definition (None: no table any more), fsynced; nothing of
+    it left when the write fails (a full disk: the caller stops)."""
+    line = json.dumps({"gtid": str(gtid) if gtid else "", "table": [table.database,
+                                                                    table.table],
+                       "definition": definition.to_json() if definition else None})
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            os.write(fd, (line + "\n").encode("utf-8"))
+        except OSError:
+            os.ftruncate(fd, size)  # no torn line (a full disk): the caller stops
+            raise
+        os.fsync(fd)
+    finally:
+        os.close(fd)
