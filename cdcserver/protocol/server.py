@@ -24,6 +24,7 @@ from cdcserver.core.config import ListenerConfig
 from cdcserver.core.names import TableName
 from cdcserver.dump.databus import NoDefinition, write_databus
 from cdcserver.protocol.dialect import JsonStyle
+from cdcserver.protocol.openfiles import dump_in_use
 from cdcserver.protocol.outbox import Outbox, Traffic
 from cdcserver.protocol.queries import QUERIES
 from cdcserver.protocol.session import (
@@ -35,8 +36,8 @@ from cdcserver.protocol.session import (
     SessionContext,
     StartStream,
 )
-from cdcserver.protocol.stream import Streamer, dump_in_use, read_range
-from cdcserver.protocol.tail import Tails
+from cdcserver.protocol.stream import Streamer
+from cdcserver.protocol.tail import Tails, read_range
 from mariadb_cdc_client.format.wire import Code, ProtocolError, error_line
 
 log = logging.getLogger(__name__)

@@ -402,7 +402,7 @@ def test_after_dump_and_list_dumps_grammar():
 def test_resuming_after_a_gtid_state_is_exact_in_every_domain():
     """A stream AFTER a state, cut after any record and resumed (the server filtering with
     its real AFTER filter), delivers every record exactly once, across domains."""
-    from cdcserver.protocol.stream import _After
+    from cdcserver.protocol.filters import After
     from mariadb_cdc_client.stream import ChangeRecord, Resume, SchemaChange
 
     def record(domain: int, seq: int, event: int) -> ChangeRecord:
@@ -413,7 +413,7 @@ def test_resuming_after_a_gtid_state_is_exact_in_every_domain():
     schema = SchemaChange("db", "t", 3, "0-1-1", {}, ())
 
     def served(after: str) -> list[ChangeRecord]:
-        wanted = _After.parse(after)
+        wanted = After.parse(after)
         return [r for r in stored if wanted.accepts({"domain": r.domain,
                                                        "sequence": r.sequence})]
 
