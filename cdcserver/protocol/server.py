@@ -26,16 +26,9 @@ from cdcserver.dump.databus import NoDefinition, write_databus
 from cdcserver.protocol.dialect import JsonStyle
 from cdcserver.protocol.openfiles import dump_in_use
 from cdcserver.protocol.outbox import Outbox, Traffic
-from cdcserver.protocol.queries import QUERIES
-from cdcserver.protocol.session import (
-    Delay,
-    Phase,
-    Reply,
-    SendDump,
-    Session,
-    SessionContext,
-    StartStream,
-)
+from cdcserver.protocol.outcomes import Delay, Phase, Reply, SendDump, StartStream
+from cdcserver.protocol.queries import QUERIES, SessionContext
+from cdcserver.protocol.session import Session
 from cdcserver.protocol.stream import Streamer
 from cdcserver.protocol.tail import Tails, read_range
 from mariadb_cdc_client.format.wire import Code, ProtocolError, error_line
