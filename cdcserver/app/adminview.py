@@ -24,9 +24,10 @@ from cdcserver.dump import files
 from cdcserver.dump.scheduler import DumpScheduler
 from cdcserver.ops.admin import Refused
 from cdcserver.ops.metrics import ServiceStats, health
+from cdcserver.protocol.connection import Connection
 from cdcserver.protocol.outcomes import Phase
 from cdcserver.protocol.positions import Positions
-from cdcserver.protocol.server import CdcServer, Connection
+from cdcserver.protocol.server import CdcServer
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.index import StoreIndex

@@ -8,7 +8,7 @@ one of the others. The session's state changes only in these two calls, on the e
 The phases are MaxScale's: authenticate, register, then commands. Verbs are methods named
 ``verb_<VERB>`` (``-`` becomes ``_``), found by name; ``receive`` alone does the checks
 before dispatch (phase, unknown verb, the budget of bad commands). The connection task in
-:mod:`cdcserver.protocol.server` owns the socket and executes the outcomes
+:mod:`cdcserver.protocol.connection` owns the socket and executes the outcomes
 (:mod:`cdcserver.protocol.outcomes`). The login's steps (``login.py``) and the verbs of
 dumps (``dumpverbs.py``) are methods of the session from modules of their own.
 """

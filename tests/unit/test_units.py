@@ -21,7 +21,7 @@ from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.core.handoff import Handoff
 from cdcserver.core.names import TableName
 from cdcserver.mariadb.constants import ColumnType as T
-from cdcserver.protocol.server import MessageReader
+from cdcserver.protocol.framing import MessageReader
 from cdcserver.replication import values
 from cdcserver.store.encoder import compile_encoder, record_head, record_tail
 from cdcserver.store.naming import (
