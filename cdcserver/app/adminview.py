@@ -22,7 +22,7 @@ from cdcserver.core.gtid import Gtid
 from cdcserver.core.names import TableName
 from cdcserver.dump import files
 from cdcserver.dump.scheduler import DumpScheduler
-from cdcserver.ops.admin import Refused
+from cdcserver.ops.adminjson import Refused
 from cdcserver.ops.metrics import ServiceStats, health
 from cdcserver.protocol.connection import Connection
 from cdcserver.protocol.outcomes import Phase
