@@ -67,7 +67,8 @@ from mariadb_cdc_client.format.wire import (
     auth_message,
     parse_request_data,
 )
-from mariadb_cdc_client.stream import JsonStreamDecoder, Resume
+from mariadb_cdc_client.resume import Resume
+from mariadb_cdc_client.stream import JsonStreamDecoder
 from mariadb_cdc_client.sync import SyncCdcConnection
 
 

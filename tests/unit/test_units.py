@@ -403,7 +403,8 @@ def test_resuming_after_a_gtid_state_is_exact_in_every_domain():
     """A stream AFTER a state, cut after any record and resumed (the server filtering with
     its real AFTER filter), delivers every record exactly once, across domains."""
     from cdcserver.protocol.filters import After
-    from mariadb_cdc_client.stream import ChangeRecord, Resume, SchemaChange
+    from mariadb_cdc_client.resume import Resume
+    from mariadb_cdc_client.stream import ChangeRecord, SchemaChange
 
     def record(domain: int, seq: int, event: int) -> ChangeRecord:
         return ChangeRecord("db", "t", 3, domain, 1, seq, event, 0, "insert", {"n": seq})
@@ -433,7 +434,8 @@ def test_resuming_after_a_gtid_state_is_exact_in_every_domain():
 
 
 def test_an_after_state_for_a_mysql_source_resumes_by_its_uuid():
-    from mariadb_cdc_client.stream import ChangeRecord, Resume
+    from mariadb_cdc_client.resume import Resume
+    from mariadb_cdc_client.stream import ChangeRecord
 
     uuid = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
     resume = Resume(None, None, f"{uuid}:1-57")
