@@ -1,4 +1,4 @@
-"""``REQUEST-DATA … UNTIL state`` (cdcserver/protocol/stream.py ``_Until``): when a bounded
+"""``REQUEST-DATA … UNTIL state`` (cdcserver/protocol/filters.py ``Until``): when a bounded
 read may stop. Driven directly with a stand-in for the store's index (which versions hold
 records of which domains); the whole path, against MariaDB, is in
 tests/server/test_bounded.py."""
