@@ -29,6 +29,10 @@ A database or table name holding a space, a dot, a comma or a quote is quoted as
 The password can also come from the ``CDC_PASSWORD`` environment variable (for ``cdc
 kafka``, the SASL password from ``CDC_KAFKA_PASSWORD``). A first word that is neither a
 command nor a table but close to a command (``cdc dumsp``) is reported as a mistyped command.
+
+The dump commands are in ``dump_cli.py``, ``cdc kafka`` in ``kafka_cli.py``, and what the
+commands share (the connection options, opening a connection, copying a stream) in
+``cli_connection.py``.
 """
 
 from __future__ import annotations
@@ -44,23 +48,28 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import mariadb_cdc_client
+from mariadb_cdc_client import dump_cli
+from mariadb_cdc_client.cli_connection import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_USAGE,
+    connection_options,
+    copy_stream,
+    open_connection,
+)
 from mariadb_cdc_client.endpoints import Endpoints
-from mariadb_cdc_client.format.dump import DumpDecoder, DumpError, DumpHeader
 from mariadb_cdc_client.format.extras import MissingExtra, require
 from mariadb_cdc_client.format.names import BadTableRef, parse_table
 from mariadb_cdc_client.format.wire import (
     DataRequest,
-    DumpRequest,
     Format,
     ProtocolError,
     auth_message,
     parse_request_data,
 )
-from mariadb_cdc_client.login import Auth
-from mariadb_cdc_client.stream import JsonStreamDecoder, Resume
+from mariadb_cdc_client.resume import Resume
+from mariadb_cdc_client.stream import JsonStreamDecoder
 from mariadb_cdc_client.sync import SyncCdcConnection
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 
 class Command(NamedTuple):
@@ -70,30 +79,6 @@ class Command(NamedTuple):
     summary: str
     parser: Callable[[], argparse.ArgumentParser]
     run: Callable[[list[str]], int]
-
-
-def _connection_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-h", "--host", default="localhost",
-                        help="server address; several service instances as HOST[:PORT],... "
-                             "(the first that answers is used)")
-    parser.add_argument("-P", "--port", type=int, default=4001, help="server port")
-    parser.add_argument("-u", "--user", default="", help="user name")
-    parser.add_argument("-p", "--password", default=None,
-                        help="password (or set CDC_PASSWORD)")
-    parser.add_argument("--auth", default="auto", choices=[a.value for a in Auth],
-                        help="the login: auto (SCRAM-SHA-256 when the server offers it, else "
-                             "MaxScale's), scram (never MaxScale's replayable login) or "
-                             "legacy (MaxScale's only)")
-    parser.add_argument("-f", "--format", default="JSON", choices=["JSON", "AVRO"],
-                        help="stream format")
-    parser.add_argument("-t", "--timeout", type=float, default=0,
-                        help="exit after this many seconds without data (0: never)")
-    parser.add_argument("--tls", action="store_true",
-                        help="connect with TLS, verifying the server's certificate")
-    parser.add_argument("--tls-ca", metavar="FILE",
-                        help="the CA bundle that signed the server's certificate (implies "
-                             "--tls; default: the system's)")
-    parser.add_argument("--help", action="help", help="show this help and exit")
 
 
 def _stream_parser() -> argparse.ArgumentParser:
@@ -106,7 +91,7 @@ def _stream_parser() -> argparse.ArgumentParser:
               "       %(prog)s COMMAND [options]",
         description="Stream a table's changes from a CDC server, or run a command",
         epilog=f"commands (cdc COMMAND --help for their options):\n{commands}")
-    _connection_options(parser)
+    connection_options(parser)
     parser.add_argument("--version", action="version",
                         version=f"cdc {mariadb_cdc_client.__version__}",
                         help="print the version and exit")
@@ -171,12 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     if several and args.format == "JSON" and not request.until:
         return _follow_instances(args, request)
     try:
-        conn = _open(args)
+        conn = open_connection(args)
     except (ProtocolError, OSError, ValueError) as exc:
         print(f"cdc: {exc}", file=sys.stderr)
         return EXIT_ERROR
     try:
-        return _copy_stream(conn, request, args.timeout)
+        return copy_stream(conn, request, args.timeout)
     finally:
         conn.close()
 
@@ -285,58 +270,6 @@ def _print_new_lines(conn: SyncCdcConnection, request: DataRequest, resume: Resu
         pending += data
 
 
-def _open(args: argparse.Namespace) -> SyncCdcConnection:
-    if not args.user:  # no user name is valid: the server would only say BAD-AUTH
-        raise ValueError("a user is required: -u USER (and -p PASSWORD or CDC_PASSWORD)")
-    password = args.password if args.password is not None else os.environ.get("CDC_PASSWORD", "")
-    tls = None
-    if args.tls or args.tls_ca:
-        tls = ssl.create_default_context(cafile=args.tls_ca)
-    endpoints = Endpoints.of(args.host, args.port)
-    for _ in range(len(endpoints.all)):
-        host, port = endpoints.current
-        try:
-            return SyncCdcConnection.open(host, port, args.user, password,
-                                          format=Format(args.format), ssl=tls,
-                                          timeout=args.timeout or 10.0, auth=args.auth)
-        except OSError as exc:
-            tried = endpoints.describe()
-            if endpoints.failed():
-                raise
-            print(f"cdc: {tried}: {exc}; trying {endpoints.describe()}", file=sys.stderr)
-    raise AssertionError("unreachable")
-
-
-def _copy_stream(conn: SyncCdcConnection, request: DataRequest | None, timeout: float) -> int:
-    """Write what the server sends to stdout, as it arrives (``request`` None: the stream
-    has already begun, after a dump)."""
-    if request is not None:
-        conn.sock.sendall(request.line().encode())
-    conn.sock.settimeout(timeout or None)
-    out = sys.stdout.buffer
-    first = True
-    if conn._pending:
-        out.write(bytes(conn._pending))
-        conn._pending.clear()
-        first = False
-    while True:
-        try:
-            data = conn.sock.recv(1 << 16)
-        except TimeoutError:
-            return EXIT_OK
-        except OSError as exc:
-            print(f"cdc: {exc}", file=sys.stderr)
-            return EXIT_ERROR
-        if not data:
-            return EXIT_OK
-        if first and data.startswith(b"ERR"):
-            sys.stderr.write(data.decode("utf-8", "replace"))
-            return EXIT_ERROR
-        first = False
-        out.write(data)
-        out.flush()
-
-
 def _auth_string_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cdc auth-string", add_help=False,
                                      description="print hex(user:SHA1(password))")
@@ -359,7 +292,7 @@ def _query(summary: str, command: str, with_gtid: bool) -> Command:
     def parser() -> argparse.ArgumentParser:
         parser = argparse.ArgumentParser(prog=f"cdc {command.lower().removeprefix('query-')}",
                                          add_help=False, description=summary)
-        _connection_options(parser)
+        connection_options(parser)
         if with_gtid:
             parser.add_argument("GTID", help="the transaction's GTID (domain-server-sequence)")
         return parser
@@ -367,7 +300,7 @@ def _query(summary: str, command: str, with_gtid: bool) -> Command:
     def run(argv: list[str]) -> int:
         args = parser().parse_args(argv)
         try:
-            conn = _open(args)
+            conn = open_connection(args)
             try:
                 line = command + (f" {args.GTID}" if with_gtid else "")
                 print(json.dumps(conn.query(line)))
@@ -378,118 +311,6 @@ def _query(summary: str, command: str, with_gtid: bool) -> Command:
             return EXIT_ERROR
         return EXIT_OK
     return Command(summary, parser, run)
-
-
-def _dumps_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cdc dumps", add_help=False,
-                                     description="list the server's dumps")
-    _connection_options(parser)
-    parser.add_argument("TABLE", nargs="?", help="only this DATABASE.TABLE's")
-    return parser
-
-
-def _dumps(argv: list[str]) -> int:
-    args = _dumps_parser().parse_args(argv)
-    try:
-        if args.TABLE:
-            parse_table(args.TABLE)
-    except BadTableRef as exc:
-        print(f"cdc: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        conn = _open(args)
-        try:
-            for dump in conn.list_dumps(args.TABLE):
-                print(json.dumps(dump))
-        finally:
-            conn.close()
-    except (TimeoutError, ProtocolError, OSError, ValueError) as exc:
-        print(f"cdc: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    return EXIT_OK
-
-
-def _dump_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cdc dump", add_help=False,
-                                     description="save a dump, then optionally follow the "
-                                                 "changes after it")
-    _connection_options(parser)
-    parser.add_argument("TARGET", help="DATABASE.TABLE (its newest dump) or a dump name")
-    parser.add_argument("-o", "--output", help="file to write (default: the dump's name)")
-    parser.add_argument("--follow", action="store_true",
-                        help="then print the changes after the dump to stdout")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="show a progress bar (default: when stderr is a terminal)")
-    parser.add_argument("--new", action="store_true",
-                        help="have the server take a new dump of the table first "
-                             "(START-DUMP; the stream goes on meanwhile), then save it")
-    return parser
-
-
-def _dump(argv: list[str]) -> int:
-    args = _dump_parser().parse_args(argv)
-    try:
-        conn = _open(args)
-    except (ProtocolError, OSError, ValueError) as exc:
-        print(f"cdc: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    try:
-        if args.new:
-            _take_new_dump(conn, args)
-        header = _save_dump(conn, args)
-        print(f"cdc: saved {header[1]} ({header[0].rows} rows at GTID "
-              f"{header[0].gtid or '(none)'})", file=sys.stderr)
-        if not args.follow:
-            return EXIT_OK
-        return _copy_stream(conn, None, args.timeout)
-    except (ProtocolError, OSError, DumpError) as exc:
-        print(f"cdc: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    finally:
-        conn.close()
-
-
-def _take_new_dump(conn: SyncCdcConnection, args: argparse.Namespace) -> None:
-    """START-DUMP the table, then follow LIST-DUMPS (rows written of the rows the source
-    estimates) until its new dump is there."""
-    from tqdm import tqdm
-
-    table = args.TARGET
-    before = {d["name"] for d in conn.list_dumps(table)}
-    conn.start_dumps(table)
-    show = sys.stderr.isatty() if args.progress is None else args.progress
-    with tqdm(unit=" rows", unit_scale=True, desc=f"dumping {table}", disable=not show,
-              file=sys.stderr) as bar:
-        while True:
-            taking = conn.taking(table)
-            if taking and taking[0]["state"] == "failed":
-                raise DumpError(f"the dump of {table} failed: {taking[0].get('error', '')}")
-            if taking:
-                bar.total = max(int(taking[0]["estimated_rows"]), int(taking[0]["rows"])) \
-                    or None
-                bar.n = int(taking[0]["rows"])
-                bar.refresh()
-            elif {d["name"] for d in conn.list_dumps(table)} - before:
-                return
-            time.sleep(0.25)
-
-
-def _save_dump(conn: SyncCdcConnection, args: argparse.Namespace) -> tuple[DumpHeader, str]:
-    from tqdm import tqdm
-
-    size, name = conn.request_dump(DumpRequest(args.TARGET, args.follow))
-    path = args.output or name
-    decoder = DumpDecoder()
-    show = sys.stderr.isatty() if args.progress is None else args.progress
-    with open(path, "wb") as out, tqdm(total=size, unit="B", unit_scale=True,
-                                       unit_divisor=1024, desc=name, disable=not show,
-                                       file=sys.stderr) as bar:
-        for data in conn.read_dump(size):
-            out.write(data)
-            for _ in decoder.feed(data):
-                pass
-            bar.update(len(data))
-    return decoder.finish(), path
 
 
 def _kafka_parser() -> argparse.ArgumentParser:
@@ -508,8 +329,9 @@ def _kafka(argv: list[str]) -> int:
 
 COMMANDS = {
     "dump": Command("save a dump, checked; with --follow, then the changes after it",
-                    _dump_parser, _dump),
-    "dumps": Command("list the server's dumps, one JSON line each", _dumps_parser, _dumps),
+                    dump_cli.dump_parser, dump_cli.run_dump),
+    "dumps": Command("list the server's dumps, one JSON line each", dump_cli.dumps_parser,
+                     dump_cli.run_dumps),
     "last-transaction": _query("the last transaction the server stored, as JSON",
                                "QUERY-LAST-TRANSACTION", False),
     "transaction": _query("a stored transaction, by its GTID, as JSON", "QUERY-TRANSACTION",

@@ -16,9 +16,7 @@ after a dump (the reader scans from the beginning and skips the others).
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import json
-import struct
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -27,7 +25,13 @@ from typing import Any
 
 from mariadb_cdc_client.format.dump import decode_value
 from mariadb_cdc_client.format.extras import require
-from mariadb_cdc_client.format.schema import Field, Kind, fields_from_schema, from_json_value
+from mariadb_cdc_client.format.schema import Field, fields_from_schema, from_json_value
+from mariadb_cdc_client.kafka_values import (
+    databus_labels,
+    fields_from_databus,
+    from_debezium,
+    from_text,
+)
 
 FORMATS = ("databus", "dip", "debezium", "maxscale")
 
@@ -105,8 +109,8 @@ class KafkaDecoder:
         if "Query" in doc:
             sql = base64.b64decode(doc["Query"]).decode("utf-8")
             return database, name, doc["Action"], None, None, sql
-        fields = fields or _fields_from_databus(table)
-        labels = [None if self._labels else _databus_labels(c)
+        fields = fields or fields_from_databus(table)
+        labels = [None if self._labels else databus_labels(c)
                   for c in table.get("Columns") or []]
         rows = [{f.column: None if v is None else decode_value(
                     f, label(base64.b64decode(v)) if label else base64.b64decode(v))
@@ -133,7 +137,7 @@ class KafkaDecoder:
         def typed(values: dict[str, Any] | None) -> dict[str, Any] | None:
             if values is None:
                 return None
-            return {c: _from_text(by_name.get(c), v) for c, v in values.items()}
+            return {c: from_text(by_name.get(c), v) for c, v in values.items()}
 
         return (doc["DATABASE"], doc["TABLE"], action, typed(doc["OLD_VALUES"]),
                 typed(doc["NEW_VALUES"]), None)
@@ -151,7 +155,7 @@ class KafkaDecoder:
         def typed(values: dict[str, Any] | None) -> dict[str, Any] | None:
             if values is None:
                 return None
-            return {c: _from_debezium(by_name.get(c), v) for c, v in values.items()}
+            return {c: from_debezium(by_name.get(c), v) for c, v in values.items()}
 
         return (source.get("db", ""), source.get("table", ""), action, typed(doc["before"]),
                 typed(doc["after"]), None)
@@ -172,100 +176,6 @@ class KafkaDecoder:
         before = values if kind in ("update_before", "delete") else None
         after = values if kind in ("update_after", "insert") else None
         return doc["table_schema"], doc["table_name"], kind, before, after, None
-
-
-def _from_text(f: Field | None, value: Any) -> Any:
-    if value is None or f is None:
-        return value
-    if f.kind == Kind.BYTES:
-        return bytes.fromhex(value)
-    return decode_value(f, value.encode("utf-8"))
-
-
-_EPOCH = dt.datetime(1970, 1, 1)
-
-
-def _from_debezium(f: Field | None, value: Any) -> Any:
-    if value is None or f is None:
-        return value
-    k = f.kind
-    if k == Kind.DECIMAL:
-        return Decimal(value) if f.real_type == "decimal" else Decimal(int(value))
-    if k == Kind.FLOAT:
-        return struct.unpack("<f", struct.pack("<f", float(value)))[0]
-    if k == Kind.DOUBLE:
-        return float(value)
-    if k == Kind.BYTES:
-        if isinstance(value, dict):  # geometry: {"wkb", "srid"}
-            return int(value["srid"]).to_bytes(4, "little") + base64.b64decode(value["wkb"])
-        return base64.b64decode(value)
-    if k == Kind.DATE:
-        return _EPOCH.date() + dt.timedelta(days=int(value))
-    if k == Kind.DATETIME:
-        unit = dt.timedelta(milliseconds=1) if f.fsp <= 3 else dt.timedelta(microseconds=1)
-        return _EPOCH + int(value) * unit
-    if k == Kind.TIMESTAMP:
-        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    if k == Kind.TIME:
-        return dt.timedelta(microseconds=int(value))
-    return from_json_value(k, value)
-
-
-def _databus_labels(column: dict[str, Any]) -> Callable[[bytes], bytes] | None:
-    """go-mysql's ENUM index and SET bitmask back to labels. (Messages sent with the
-    service's ``databus_labels`` say so in their ``values`` header and are not read here;
-    a label in a message from before that header stays a label, unless it is a number.)"""
-    enum, members = column.get("EnumValues") or [], column.get("SetValues") or []
-    if enum:
-        def label(text: bytes) -> bytes:
-            if not text.isdigit():
-                return text
-            n = int(text)
-            return enum[n - 1].encode() if 0 < n <= len(enum) else b""
-        return label
-    if members:
-        def chosen(text: bytes) -> bytes:
-            if not text.isdigit():
-                return text
-            mask = int(text)
-            return ",".join(m for i, m in enumerate(members) if mask >> i & 1).encode()
-        return chosen
-    return None
-
-
-def _fields_from_databus(table: dict[str, Any]) -> tuple[Field, ...]:
-    """Each column's kind from its ``RawType`` (``SHOW COLUMNS``'s text), for a message
-    without a schema: go-mysql's type codes are too coarse (DECIMAL is FLOAT, BLOB is
-    STRING)."""
-    return tuple(Field(c["Name"], _kind_of_raw_type(c.get("RawType", "")), c["Name"],
-                       c.get("RawType", "").split("(")[0].split(" ")[0])
-                 for c in table.get("Columns", []))
-
-
-def _kind_of_raw_type(raw_type: str) -> Kind:
-    """The change stream's kind of a ``SHOW COLUMNS`` type: ``int(11)``, ``decimal(8,2)``,
-    ``bit(1)``, ``varbinary(16)``, ``datetime(3)``..."""
-    name, _, rest = raw_type.lower().partition("(")
-    name = name.split(" ")[0]
-    width = int(rest.split(")")[0]) if rest.split(")")[0].isdigit() else 0
-    if name.endswith("int") or name in ("integer", "year", "serial"):
-        return Kind.LONG
-    if name in ("float", "double", "real"):
-        return Kind.DOUBLE
-    if name in ("decimal", "numeric"):
-        return Kind.DECIMAL
-    if name == "bit":
-        return Kind.BOOLEAN if width == 1 else Kind.LONG if width < 64 else Kind.DECIMAL
-    kinds = {"date": Kind.DATE, "datetime": Kind.DATETIME, "timestamp": Kind.TIMESTAMP,
-             "time": Kind.TIME, "binary": Kind.BYTES, "varbinary": Kind.BYTES,
-             "uuid": Kind.UUID}
-    if name in kinds:
-        return kinds[name]
-    if name.endswith("blob") or name in ("geometry", "point", "linestring", "polygon",
-                                         "multipoint", "multilinestring", "multipolygon",
-                                         "geometrycollection"):
-        return Kind.BYTES
-    return Kind.STRING
 
 
 class KafkaChangeReader:

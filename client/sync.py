@@ -34,7 +34,8 @@ from mariadb_cdc_client.format.wire import (
 )
 from mariadb_cdc_client.login import Auth, ScramLogin, scram_login
 from mariadb_cdc_client.reconnect import DELAYS, FAILURES, Reconnect
-from mariadb_cdc_client.stream import AvroStreamDecoder, Event, JsonStreamDecoder, Resume
+from mariadb_cdc_client.resume import Resume
+from mariadb_cdc_client.stream import AvroStreamDecoder, Event, JsonStreamDecoder
 
 log = logging.getLogger(__name__)
 

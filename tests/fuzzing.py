@@ -23,8 +23,9 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from cdcserver.protocol.outcomes import Delay, Reply, SendDump, StartStream
 from cdcserver.protocol.queries import QUERIES
-from cdcserver.protocol.session import Delay, Reply, SendDump, Session, StartStream
+from cdcserver.protocol.session import Session
 from mariadb_cdc_client.format.wire import Code, auth_message
 from tests.helpers import PASSWORD, USER, RawClient
 from tests.unit.test_listener import Listener

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdcserver.core.config import ListenerConfig
+from cdcserver.protocol.outcomes import Reply, SendDump, StartStream
 from cdcserver.protocol.queries import QUERIES
-from cdcserver.protocol.session import Reply, SendDump, Session, StartStream
+from cdcserver.protocol.session import Session
 from mariadb_cdc_client.format.wire import auth_message
 from tests import fuzzing
 from tests.helpers import PASSWORD, USER, RawClient

@@ -24,11 +24,12 @@ from cdcserver.core.gtid import Gtid
 from cdcserver.core.names import TableName
 from cdcserver.dump import files
 from cdcserver.dump.scheduler import DumpScheduler
-from cdcserver.ops.admin import Refused
+from cdcserver.ops.adminjson import Refused
 from cdcserver.ops.metrics import ServiceStats, health
+from cdcserver.protocol.connection import Connection
+from cdcserver.protocol.outcomes import Phase
 from cdcserver.protocol.positions import Positions
-from cdcserver.protocol.server import CdcServer, Connection
-from cdcserver.protocol.session import Phase
+from cdcserver.protocol.server import CdcServer
 from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
 from cdcserver.store.index import StoreIndex
 from mariadb_cdc_client.format.names import table_ref

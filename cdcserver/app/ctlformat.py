@@ -1,9 +1,12 @@
 """How ``cdcserver ctl`` prints the admin API's answers for a person: aligned tables, sizes
-(1.8 MiB), counts with separators, times and ages (``--json`` prints the API's JSON instead)."""
+(1.8 MiB), counts with separators, times and ages (``--json`` prints the API's JSON instead),
+a line at a time on stdout, a failure on stderr."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -175,3 +178,15 @@ def _progress(entry: dict[str, Any]) -> str:
     if not estimate:
         return f"{rows:,} rows"
     return f"{rows:,} / {estimate:,} rows ({min(100.0, 100.0 * rows / estimate):.0f}%)"
+
+
+def out(text: str) -> None:
+    sys.stdout.write(text + "\n")
+
+
+def err(text: str) -> None:
+    sys.stderr.write(text + "\n")
+
+
+def print_json(document: Any) -> None:
+    out(json.dumps(document, indent=1, ensure_ascii=False))

@@ -6,17 +6,16 @@ with bodies, methods, path parameters and a console is not. Everything under ``/
 the bearer token of ``[admin] token_file``; the console's static files need none (they hold
 nothing but code: the console asks the operator for the token), nor do ``/live`` and
 ``/ready``. What the API reports and does comes from an :class:`AdminState` (the service's is
-``cdcserver/app/adminview.py``), on the service's own event loop.
+``cdcserver/app/adminview.py``), on the service's own event loop. Its answers and the
+requests' bodies are read and written by ``adminjson.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import os
-import re
 import stat
 import time
 from collections import Counter
@@ -28,26 +27,26 @@ from aiohttp import web
 
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.names import TableName
+from cdcserver.ops.adminjson import (
+    MAX_BODY,
+    Refused,
+    answer,
+    dump_refs,
+    error_answer,
+    http_reason,
+    path_table,
+    read_body,
+)
 from cdcserver.ops.httpgate import ConnectionGate, GatedProtocol, client_host
-from mariadb_cdc_client.format.names import BadTableRef, parse_table, split_list
 
 log = logging.getLogger(__name__)
 
 CONSOLE = Path(__file__).with_name("console")  # index.html, console.js, console.css
 MIN_TOKEN = 16  # characters
-MAX_BODY = 64 * 1024
 # The console is served from here only: no inline script, no other origin, no framing.
 _CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
         "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 Probe = Callable[[], tuple[bool, dict[str, Any]]]
-
-
-class Refused(Exception):
-    """An action the API cannot take: its HTTP status and why (``{"error": why}``)."""
-
-    def __init__(self, status: int, why: str) -> None:
-        super().__init__(why)
-        self.status = status
 
 
 class AdminState(Protocol):
@@ -245,19 +244,19 @@ class AdminServer:
         try:
             response = await handler(request)
         except Refused as exc:
-            response = _error(exc.status, str(exc))
+            response = error_answer(exc.status, str(exc))
         except web.HTTPException as exc:
             if not request.path.startswith("/api/"):
                 response = web.Response(status=exc.status, text=exc.text,
                                         headers={k: v for k, v in exc.headers.items()
                                                  if k in ("Location", "Allow")})
             else:
-                response = _error(exc.status, _reason(exc))
+                response = error_answer(exc.status, http_reason(exc))
                 if "Allow" in exc.headers:
                     response.headers["Allow"] = exc.headers["Allow"]
         except Exception:  # a bug in one view must not take the API down (logged)
             log.exception("admin API: %s %s failed", request.method, request.path)
-            response = _error(500, "internal error; see the service's log")
+            response = error_answer(500, "internal error; see the service's log")
         if request.path.startswith("/api/"):
             response.headers["Cache-Control"] = "no-store"
         else:
@@ -278,14 +277,14 @@ class AdminServer:
         wait = self.guesses.wait(host)
         if wait > 0:
             self.guesses.refused(host)
-            response = _error(429, "too many requests with a wrong token from this address; "
-                                   f"try again in {wait:.0f} s")
+            response = error_answer(429, "too many requests with a wrong token from this "
+                                         f"address; try again in {wait:.0f} s")
             response.headers["Retry-After"] = str(max(1, round(wait)))
             return response
         if not self.token.accepts(request.headers.get("Authorization")):
             self.guesses.failed(host)
-            response = _error(401, "this needs the admin token: Authorization: Bearer <the "
-                                   "content of [admin] token_file>")
+            response = error_answer(401, "this needs the admin token: Authorization: Bearer "
+                                         "<the content of [admin] token_file>")
             response.headers["WWW-Authenticate"] = 'Bearer realm="cdcserver"'
             return response
         return await handler(request)
@@ -293,38 +292,38 @@ class AdminServer:
     # -- views -----------------------------------------------------------------------------
 
     async def _replication(self, request: web.Request) -> web.Response:
-        return _json(self.state.replication())
+        return answer(self.state.replication())
 
     async def _clients(self, request: web.Request) -> web.Response:
-        return _json({"clients": await self.state.clients()})
+        return answer({"clients": await self.state.clients()})
 
     async def _disconnect(self, request: web.Request) -> web.Response:
         text = request.match_info["id"]
         if not (text.isascii() and text.isdigit()):  # "²" is a digit to str.isdigit()
             raise Refused(400, f"a client id is a number (GET /api/v1/clients), not {text!r}")
         self.state.disconnect(int(text))
-        return _json({"disconnected": int(text)})
+        return answer({"disconnected": int(text)})
 
     async def _tables(self, request: web.Request) -> web.Response:
-        return _json({"tables": await self.state.tables()})
+        return answer({"tables": await self.state.tables()})
 
     async def _resync(self, request: web.Request) -> web.Response:
-        table = _table(request.match_info["table"])
-        return _json({"resyncing": self.state.resync(table)}, status=202)
+        table = path_table(request.match_info["table"])
+        return answer({"resyncing": self.state.resync(table)}, status=202)
 
     async def _dumps(self, request: web.Request) -> web.Response:
-        return _json(await self.state.dumps())
+        return answer(await self.state.dumps())
 
     async def _take_dumps(self, request: web.Request) -> web.Response:
-        refs = _dump_refs(await _body(request))
-        return _json(await self.state.take_dumps(refs), status=202)
+        refs = dump_refs(await read_body(request))
+        return answer(await self.state.take_dumps(refs), status=202)
 
     async def _reload_users(self, request: web.Request) -> web.Response:
-        return _json({"users": await self.state.reload_users()})
+        return answer({"users": await self.state.reload_users()})
 
     async def _probe(self, request: web.Request) -> web.Response:
         good, document = self.probes[request.path]()
-        return _json(document, status=200 if good else 503)
+        return answer(document, status=200 if good else 503)
 
 
 class _GatedSite(web.TCPSite):
@@ -354,78 +353,3 @@ async def _to_console(request: web.Request) -> web.Response:
 
 async def _console_page(request: web.Request) -> web.FileResponse:
     return web.FileResponse(CONSOLE / "index.html")
-
-
-def _reason(exc: web.HTTPException) -> str:
-    if exc.status == 404:
-        return "no such path in the admin API (docs/admin.md lists them)"
-    if exc.status == 405 and "Allow" in exc.headers:
-        return f"this path takes {exc.headers['Allow']}"
-    return exc.reason
-
-
-def _json(document: object, status: int = 200) -> web.Response:
-    """UTF-8 JSON, but for the characters that reorder or hide the text around them (a
-    table named with U+202E), which are escaped: a person reads the answer."""
-    text = json.dumps(document, indent=1, ensure_ascii=False)
-    text = _UNSHOWN.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
-    return web.Response(text=text + "\n", status=status, content_type="application/json")
-
-
-_UNSHOWN = re.compile("[\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
-
-
-def _error(status: int, why: str) -> web.Response:
-    return _json({"error": why}, status=status)
-
-
-async def _body(request: web.Request) -> Any:
-    try:
-        return json.loads(await request.read() or b"null")
-    except web.HTTPRequestEntityTooLarge:
-        raise Refused(413, f"a request body may be at most {MAX_BODY // 1024} KiB") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise Refused(400, f"the body is not JSON: {exc}") from None
-    except RecursionError:
-        raise Refused(400, "the body is not JSON this API reads: nested too deeply") from None
-
-
-def _table(text: str) -> TableName:
-    """A table as a path names it: its protocol reference, percent-encoded."""
-    ref = text  # (decoded by the router)
-    try:
-        parsed = parse_table(ref)
-    except BadTableRef as exc:
-        raise Refused(400, f"{ref!r} is not a table: {exc}") from None
-    return TableName(parsed.database, parsed.table)
-
-
-def _dump_refs(body: Any) -> list[tuple[str, str | None]]:
-    """``{"table": "db.t"}`` or ``{"tables": ["db.t", "db.*"]}``: (database, table), the
-    table None for every table of the database (a table named ``*`` is written quoted,
-    ``db.`*```, and is itself)."""
-    if not isinstance(body, dict) or not ({"table", "tables"} & body.keys()):
-        raise Refused(400, 'name the tables: {"table": "db.t"} or {"tables": ["db.t", '
-                           '"db.*"]}')
-    names = body.get("tables", [])
-    if isinstance(names, str):
-        names = split_list(names)
-    if "table" in body:
-        names = [body["table"], *names]
-    if not names or not all(isinstance(n, str) for n in names):
-        raise Refused(400, "tables are named as strings: db.table, or db.* for a database's")
-    refs: list[tuple[str, str | None]] = []
-    for name in names:
-        if name.strip().endswith(".*"):
-            refs.append((_database(name.strip()[:-2]), None))
-            continue
-        table = _table(name)
-        refs.append((table.database, table.table))
-    return refs
-
-
-def _database(text: str) -> str:
-    try:
-        return parse_table(f"{text}.x").database
-    except BadTableRef as exc:
-        raise Refused(400, f"{text!r} is not a database name: {exc}") from None

@@ -8,7 +8,9 @@ one of the others. The session's state changes only in these two calls, on the e
 The phases are MaxScale's: authenticate, register, then commands. Verbs are methods named
 ``verb_<VERB>`` (``-`` becomes ``_``), found by name; ``receive`` alone does the checks
 before dispatch (phase, unknown verb, the budget of bad commands). The connection task in
-:mod:`cdcserver.protocol.server` owns the socket and executes the outcomes.
+:mod:`cdcserver.protocol.connection` owns the socket and executes the outcomes
+(:mod:`cdcserver.protocol.outcomes`). The login's steps (``login.py``) and the verbs of
+dumps (``dumpverbs.py``) are methods of the session from modules of their own.
 """
 
 from __future__ import annotations
@@ -16,15 +18,15 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from cdcserver.core.config import ListenerConfig
-from cdcserver.core.errors import CdcError
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.core.names import TableName
 from cdcserver.dump.files import DumpInfo
+from cdcserver.protocol.dumpverbs import DumpVerbs
+from cdcserver.protocol.login import SCRAM_VERB, Login
+from cdcserver.protocol.outcomes import Delay, Outcome, Phase, Reply, StartStream
 from cdcserver.protocol.queries import (
     DumpedTable,
     FindDump,
@@ -37,78 +39,27 @@ from cdcserver.protocol.queries import (
     StateOf,
 )
 from cdcserver.protocol.requests import StreamRequest, state_bound, stream_request
-from cdcserver.protocol.scram import MECHANISM, ScramFailed, ServerExchange
+from cdcserver.protocol.scram import ServerExchange
 from cdcserver.protocol.stream import quarantined
-from cdcserver.protocol.throttle import Turn, shown_name
 from cdcserver.store.index import RangePlan, TransactionInfo
 from mariadb_cdc_client.format.names import table_ref
 from mariadb_cdc_client.format.wire import (
-    MAX_USER_NAME,
     OK,
     Code,
-    DataRequest,
     Dialect,
     Format,
     ProtocolError,
     auth_incomplete,
-    parse_auth,
-    parse_list_dumps,
     parse_query_range,
     parse_register,
     parse_request_data,
-    parse_request_dump,
-    parse_start_dump,
     split_command,
 )
 
 log = logging.getLogger(__name__)
-SCRAM_VERB = "AUTH "  # then the mechanism and the client-first-message
 
 
-class Phase(StrEnum):
-    AUTH = "auth"
-    REGISTER = "register"
-    READY = "ready"
-    STREAMING = "streaming"
-    CLOSED = "closed"
-
-
-@dataclass(frozen=True)
-class Reply:
-    data: bytes
-    close: bool = False
-
-
-@dataclass(frozen=True)
-class StartStream:
-    request: StreamRequest
-    format: Format
-    dialect: Dialect = Dialect.MAXSCALE  # JSON mode
-
-
-@dataclass(frozen=True)
-class SendDump:
-    """Send a dump file; then, with ``follow``, stream the changes after it."""
-
-    dump: DumpInfo
-    follow: StreamRequest | None
-    format: Format
-    dialect: Dialect = Dialect.MAXSCALE  # JSON mode
-    databus: bool = False  # in mysql-databus's layout (cdcserver.dump.databus)
-
-
-@dataclass(frozen=True)
-class Delay:
-    """Wait ``seconds`` (without blocking other connections), then take ``then``'s outcome."""
-
-    seconds: float
-    then: Callable[[], Reply]
-
-
-Outcome = Reply | StartStream | SendDump | Query | Delay
-
-
-class Session:
+class Session(Login, DumpVerbs):
     def __init__(self, context: SessionContext, peer: str,
                  bad_command_limit: int = ListenerConfig.bad_command_limit) -> None:
         self.context = context
@@ -180,90 +131,6 @@ class Session:
                 close=True)
         return Reply(exc.reply())
 
-    # -- phases --------------------------------------------------------------------------
-
-    def _authenticate(self, message: bytes) -> Outcome:
-        host = self.peer.rpartition(":")[0] or self.peer
-        user, digest = parse_auth(message)
-        known = self.context.users.exists(user)
-        turn = self.context.throttle.turn(host, user, digest, known)
-        if turn.refused:
-            raise ProtocolError(Code.THROTTLED, f"too many new passwords tried for {user!r} "
-                                f"from {host}; try again in {turn.wait:.0f}s", fatal=True)
-        if turn.wait:
-            log.info("%s: login as %s waits %.1fs for its turn (too many new passwords "
-                     "tried for it from %s)", self.peer, shown_name(user), turn.wait, host)
-            return Delay(turn.wait, lambda: self._check(host, user, digest, turn, known))
-        return self._check(host, user, digest, turn, known)
-
-    def _check(self, host: str, user: str, digest: bytes, turn: Turn, known: bool) -> Reply:
-        if not self.context.users.verify(user, digest):
-            if self.context.users.legacy_refused(user):
-                log.info("%s: %s may log in with SCRAM-SHA-256 only", self.peer,
-                         shown_name(user))
-            return self._failed(host, user, digest, known)
-        return self._logged_in(host, user, digest, turn, OK)
-
-    def _failed(self, host: str, user: str, digest: bytes, known: bool) -> Reply:
-        self.context.failures.failed(self.peer, host, user)
-        self.context.login_failures += 1
-        self.context.throttle.failed(host, user, digest, known)
-        return self._bad(ProtocolError(Code.AUTH_FAILED, "Authentication failed"))
-
-    def _logged_in(self, host: str, user: str, digest: bytes, turn: Turn, reply: bytes
-                   ) -> Reply:
-        self.context.throttle.succeeded(host, user, turn, digest)
-        self.user = user
-        self.phase = Phase.REGISTER
-        log.info("%s: authenticated as %s", self.peer, shown_name(user))
-        return Reply(reply)
-
-    # -- SCRAM-SHA-256 (an extension; see protocol.md) -------------------------------------
-
-    def _scram_first(self, client_first: str) -> Reply:
-        """``AUTH SCRAM-SHA-256 <client-first-message>``: the server's first message."""
-        mechanism, _, client_first = client_first.partition(" ")
-        if mechanism != MECHANISM:
-            raise ProtocolError(Code.BAD_AUTH, f"unknown mechanism {mechanism[:40]!r}: "
-                                f"{SCRAM_VERB}{MECHANISM} <client-first-message>")
-        try:
-            exchange = ServerExchange(client_first.strip(), self.context.users.verifier,
-                                      self.context.login_secret.value)
-        except ScramFailed as exc:
-            raise ProtocolError(Code.BAD_AUTH, f"not a SCRAM client-first-message: {exc}"
-                                ) from None
-        if not exchange.user or len(exchange.user) > MAX_USER_NAME:
-            raise ProtocolError(Code.BAD_AUTH, f"a user name has at most {MAX_USER_NAME} "
-                                "characters")
-        self._scram = exchange
-        return Reply(f"SCRAM {exchange.server_first}\n".encode())
-
-    def _scram_final(self, exchange: ServerExchange, client_final: str) -> Outcome:
-        """The client's proof: checked after the throttle's turn, as MaxScale's login is."""
-        self._scram = None
-        host = self.peer.rpartition(":")[0] or self.peer
-        user, attempt = exchange.user, exchange.attempt(client_final)
-        known = self.context.users.exists(user)
-        turn = self.context.throttle.turn(host, user, attempt, known)
-        if turn.refused:
-            raise ProtocolError(Code.THROTTLED, f"too many new passwords tried for {user!r} "
-                                f"from {host}; try again in {turn.wait:.0f}s", fatal=True)
-
-        def check() -> Reply:
-            final = exchange.verify()
-            if final is None:
-                if known and not exchange.has_verifier:
-                    log.info("%s: %s has no SCRAM verifier: `cdcserver users add` gives it "
-                             "one", self.peer, shown_name(user))
-                return self._failed(host, user, attempt, known)
-            return self._logged_in(host, user, attempt, turn, f"OK {final}\n".encode())
-
-        if turn.wait:
-            log.info("%s: login as %s waits %.1fs for its turn (too many new passwords "
-                     "tried for it from %s)", self.peer, shown_name(user), turn.wait, host)
-            return Delay(turn.wait, check)
-        return check()
-
     def verb_REGISTER(self, line: str) -> Outcome:
         registration = parse_register(line)
         self.client_uuid = registration.uuid
@@ -329,87 +196,6 @@ class Session:
             return self._bad(exc)
         assert not isinstance(outcome, Delay)
         return outcome
-
-    def verb_LIST_DUMPS(self, argument: str) -> Outcome:
-        """Extension: the complete dumps, oldest first, as one JSON line."""
-        parsed = parse_list_dumps(argument)
-        table = TableName(*parsed) if parsed else None
-        if table is not None:
-            self._require_access(table)
-        return ListDumps(table)
-
-    def _list_dumps(self, query: ListDumps, found: list[DumpInfo]) -> Reply:
-        table = query.table
-        # "ref": the table as commands name it (protocol.md, "Table names")
-        dumps = [{**d.summary(), "ref": _ref(d.table)} for d in found
-                 if self._may_read(d.table)]
-        listing: dict[str, object] = {"dumps": dumps}
-        if self.context.dumps is not None:
-            taking = [(TableName(str(p["database"]), str(p["table"])), p)
-                      for p in self.context.dumps.listed()]
-            listing["taking"] = [p for name, p in taking if self._may_read(name)
-                                 and (table is None or name == table)]
-        return Reply(json.dumps(listing, separators=(",", ":")).encode() + b"\n")
-
-    def verb_START_DUMP(self, argument: str) -> Outcome:
-        """Extension: take new dumps of tables now, while the stream goes on; one JSON line
-        names those queued (``LIST-DUMPS`` shows their progress)."""
-        refs = parse_start_dump(argument)
-        for database, name in refs:
-            if name is not None:
-                self._require_access(TableName(database, name))
-        if self.context.dumps is None or self.context.data_dir is None:
-            raise ProtocolError(Code.NO_FILE, "this server takes no dumps on request")
-        return ResolveTables(tuple(refs))
-
-    def _start_dumps(self, query: ResolveTables, found: list[TableName] | CdcError) -> Reply:
-        refs = query.refs
-        control = self.context.dumps
-        assert control is not None
-        if isinstance(found, CdcError):
-            raise ProtocolError(Code.NO_FILE, f"cannot list the tables: {found}")
-        tables = [t for t in found if self._may_read(t)]
-        missing = [table_ref(d, t) for d, t in refs
-                   if t is not None and TableName(d, t) not in found]
-        if missing:
-            raise ProtocolError(Code.NO_FILE, f"no table {', '.join(missing)} on the source")
-        if not tables:
-            raise ProtocolError(Code.NO_FILE, "no table you may read matches "
-                                + " ".join(table_ref(d, t) if t is not None else f"{d}.*"
-                                           for d, t in refs))
-        try:
-            queued = control.request(tables)
-        except CdcError as exc:
-            raise ProtocolError(Code.NO_FILE, str(exc)) from None
-        log.info("%s: user %r started dumps of %s", self.peer, self.user,
-                 ", ".join(_ref(t) for t in queued) or "(already under way)")
-        reply = {"started": [_ref(t) for t in queued],
-                 "under_way": [_ref(t) for t in tables if t not in queued]}
-        return Reply(json.dumps(reply, separators=(",", ":")).encode() + b"\n")
-
-    def verb_REQUEST_DUMP(self, argument: str) -> Outcome:
-        """Extension: send a dump (by name, or a table's newest), then optionally follow."""
-        request = parse_request_dump(argument)
-        return FindDump(request)
-
-    def _send_dump(self, query: FindDump, found: list[DumpInfo]) -> SendDump:
-        request = query.request
-        named = request.table
-        if named is not None:
-            dump = found[-1] if found else None
-        else:
-            dump = next((d for d in found if d.name == request.target), None)
-        if dump is None or not self._may_read(dump.table):
-            if named is not None:
-                self._require_access(TableName(*named))
-            raise ProtocolError(Code.NO_FILE, f"no dump of {table_ref(*named)}" if named
-                                else f"no dump named {request.target}")
-        follow = None
-        if request.follow:
-            h = dump.header
-            follow = stream_request(DataRequest(h.database, h.table, None, None, h.gtid or None))
-            self.phase = Phase.STREAMING
-        return SendDump(dump, follow, self.format, self.dialect, request.databus)
 
     def lost_access(self, reading: TableName | None) -> str | None:
         """Why this session must end now that the users file changed, if it must: its user

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from cdcserver.core.names import TableName
 from cdcserver.protocol.dialect import JsonStyle
 from cdcserver.protocol.outbox import Outbox, Traffic
+from cdcserver.protocol.render import json_block
+from cdcserver.store.avrofile import scan_blocks
 from cdcserver.store.catalog import TableEntry, VersionInfo
 from mariadb_cdc_client.format.wire import Format
 
@@ -45,6 +47,26 @@ REST = 0.5
 RangeReader = Callable[[VersionInfo, int, int, Format, JsonStyle], tuple[bytes, int]]
 # told after what a table's newest commit added was written to this many clients (the metrics)
 Delivered = Callable[[TableName, int], None]
+
+
+def read_range(info: VersionInfo, pos: int, end: int, fmt: Format, style: JsonStyle
+               ) -> tuple[bytes, int]:
+    """The bytes an unfiltered stream sends for ``info`` from ``pos`` to ``end`` (block
+    boundaries), and how many records they hold (JSON; AVRO copies bytes and counts 0)."""
+    if fmt == Format.AVRO:
+        return _read(info, pos, end - pos), 0
+    out, count = bytearray(), 0
+    for block in scan_blocks(info.path, info.header, pos, end):
+        out += json_block(info, block, style)
+        count += block.count
+    return bytes(out), count
+
+
+def _read(info: VersionInfo, offset: int, size: int) -> bytes:
+    """A tail's read (:func:`read_range`): a descriptor for the call only, no await."""
+    with open(info.path, "rb") as f:
+        f.seek(offset)
+        return f.read(size)
 
 
 @dataclass(eq=False)

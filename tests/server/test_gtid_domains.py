@@ -17,7 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from mariadb_cdc_client.stream import ChangeRecord, Resume
+from mariadb_cdc_client.resume import Resume
+from mariadb_cdc_client.stream import ChangeRecord
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import PASSWORD, USER
 from tests.oracle import assert_stream_equals_table, auth_message, read_stream

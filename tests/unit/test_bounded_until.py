@@ -1,4 +1,4 @@
-"""``REQUEST-DATA … UNTIL state`` (cdcserver/protocol/stream.py ``_Until``): when a bounded
+"""``REQUEST-DATA … UNTIL state`` (cdcserver/protocol/filters.py ``Until``): when a bounded
 read may stop. Driven directly with a stand-in for the store's index (which versions hold
 records of which domains); the whole path, against MariaDB, is in
 tests/server/test_bounded.py."""
@@ -10,7 +10,7 @@ from typing import Any
 
 from cdcserver.core.gtid import GtidState
 from cdcserver.core.names import TableName
-from cdcserver.protocol.stream import _Until
+from cdcserver.protocol.filters import Until
 
 TABLE = TableName("db", "t")
 
@@ -42,7 +42,7 @@ def test_a_version_with_no_records_does_not_end_the_range():
     in it were never sent."""
     state = GtidState.parse("0-1-100")
     index = Index({3: {0}})
-    until = _Until(state, state)
+    until = Until(state, state)
     for version in (1, 2):  # no records
         until.version_started(index, _version(version))  # type: ignore[arg-type]
         assert not until.finished
@@ -55,7 +55,7 @@ def test_a_version_with_no_records_does_not_end_the_range():
 def test_a_version_of_one_domain_ends_itself_not_the_range_of_two():
     state = GtidState.parse("0-1-100,1-1-50")
     index = Index({1: {0}, 2: {0, 1}})
-    until = _Until(state, state)
+    until = Until(state, state)
     until.version_started(index, _version(1))  # type: ignore[arg-type]
     assert not until.covers(_record(101))
     assert until.done and not until.finished  # domain 1's records may still be covered

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from cdcserver.app import ctl, ctlformat
+from cdcserver.app import ctldumps, ctlformat
 from cdcserver.app.cli import main as cdcserver_main
 from tests.helpers import self_signed_certificate
 
@@ -267,7 +267,7 @@ def test_no_token_says_how_to_give_one(capsys, monkeypatch, tmp_path):
 
 
 def test_dump_progress_ends_at_the_failure(fake, token_file, capsys, monkeypatch):
-    monkeypatch.setattr(ctl, "POLL", 0.01)
+    monkeypatch.setattr(ctldumps, "POLL", 0.01)
     taking = iter([
         [{"ref": "shop.a", "state": "running", "rows": 10, "estimated_rows": 100},
          {"ref": "shop.b", "state": "queued", "rows": 0, "estimated_rows": 0}],

@@ -18,8 +18,9 @@ from cdcserver.core.config import ListenerConfig
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.core.names import TableName
 from cdcserver.mariadb.constants import ColumnType
+from cdcserver.protocol.framing import MessageReader
 from cdcserver.protocol.queries import SessionContext
-from cdcserver.protocol.server import CdcServer, MessageReader
+from cdcserver.protocol.server import CdcServer
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.store import AvroStore

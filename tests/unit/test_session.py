@@ -18,16 +18,9 @@ import pytest
 from cdcserver.core.changes import Begin, Commit, Rows, RowsKind
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.core.names import TableName
-from cdcserver.protocol.queries import QUERIES, ListDumps, LookupTransaction
-from cdcserver.protocol.session import (
-    Outcome,
-    Phase,
-    Reply,
-    SendDump,
-    Session,
-    SessionContext,
-    StartStream,
-)
+from cdcserver.protocol.outcomes import Outcome, Phase, Reply, SendDump, StartStream
+from cdcserver.protocol.queries import QUERIES, ListDumps, LookupTransaction, SessionContext
+from cdcserver.protocol.session import Session
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.store import AvroStore

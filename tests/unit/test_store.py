@@ -28,7 +28,8 @@ from cdcserver.store import avrofile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.store import AvroStore
 from mariadb_cdc_client.format.schema import Field, Kind
-from mariadb_cdc_client.stream import ChangeRecord, Resume, SchemaChange
+from mariadb_cdc_client.resume import Resume
+from mariadb_cdc_client.stream import ChangeRecord, SchemaChange
 
 
 def _layout(table: str) -> TableLayout:

@@ -21,7 +21,7 @@ from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.core.handoff import Handoff
 from cdcserver.core.names import TableName
 from cdcserver.mariadb.constants import ColumnType as T
-from cdcserver.protocol.server import MessageReader
+from cdcserver.protocol.framing import MessageReader
 from cdcserver.replication import values
 from cdcserver.store.encoder import compile_encoder, record_head, record_tail
 from cdcserver.store.naming import (
@@ -402,8 +402,9 @@ def test_after_dump_and_list_dumps_grammar():
 def test_resuming_after_a_gtid_state_is_exact_in_every_domain():
     """A stream AFTER a state, cut after any record and resumed (the server filtering with
     its real AFTER filter), delivers every record exactly once, across domains."""
-    from cdcserver.protocol.stream import _After
-    from mariadb_cdc_client.stream import ChangeRecord, Resume, SchemaChange
+    from cdcserver.protocol.filters import After
+    from mariadb_cdc_client.resume import Resume
+    from mariadb_cdc_client.stream import ChangeRecord, SchemaChange
 
     def record(domain: int, seq: int, event: int) -> ChangeRecord:
         return ChangeRecord("db", "t", 3, domain, 1, seq, event, 0, "insert", {"n": seq})
@@ -413,7 +414,7 @@ def test_resuming_after_a_gtid_state_is_exact_in_every_domain():
     schema = SchemaChange("db", "t", 3, "0-1-1", {}, ())
 
     def served(after: str) -> list[ChangeRecord]:
-        wanted = _After.parse(after)
+        wanted = After.parse(after)
         return [r for r in stored if wanted.accepts({"domain": r.domain,
                                                        "sequence": r.sequence})]
 
@@ -433,7 +434,8 @@ def test_resuming_after_a_gtid_state_is_exact_in_every_domain():
 
 
 def test_an_after_state_for_a_mysql_source_resumes_by_its_uuid():
-    from mariadb_cdc_client.stream import ChangeRecord, Resume
+    from mariadb_cdc_client.resume import Resume
+    from mariadb_cdc_client.stream import ChangeRecord
 
     uuid = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
     resume = Resume(None, None, f"{uuid}:1-57")

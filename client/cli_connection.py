@@ -1,0 +1,92 @@
+"""What the ``cdc`` commands share: the connection options, a connection opened from them
+(each service instance tried in turn), and the stream copied to stdout as it arrives."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import ssl
+import sys
+
+from mariadb_cdc_client.endpoints import Endpoints
+from mariadb_cdc_client.format.wire import DataRequest, Format
+from mariadb_cdc_client.login import Auth
+from mariadb_cdc_client.sync import SyncCdcConnection
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+def connection_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-h", "--host", default="localhost",
+                        help="server address; several service instances as HOST[:PORT],... "
+                             "(the first that answers is used)")
+    parser.add_argument("-P", "--port", type=int, default=4001, help="server port")
+    parser.add_argument("-u", "--user", default="", help="user name")
+    parser.add_argument("-p", "--password", default=None,
+                        help="password (or set CDC_PASSWORD)")
+    parser.add_argument("--auth", default="auto", choices=[a.value for a in Auth],
+                        help="the login: auto (SCRAM-SHA-256 when the server offers it, else "
+                             "MaxScale's), scram (never MaxScale's replayable login) or "
+                             "legacy (MaxScale's only)")
+    parser.add_argument("-f", "--format", default="JSON", choices=["JSON", "AVRO"],
+                        help="stream format")
+    parser.add_argument("-t", "--timeout", type=float, default=0,
+                        help="exit after this many seconds without data (0: never)")
+    parser.add_argument("--tls", action="store_true",
+                        help="connect with TLS, verifying the server's certificate")
+    parser.add_argument("--tls-ca", metavar="FILE",
+                        help="the CA bundle that signed the server's certificate (implies "
+                             "--tls; default: the system's)")
+    parser.add_argument("--help", action="help", help="show this help and exit")
+
+
+def open_connection(args: argparse.Namespace) -> SyncCdcConnection:
+    if not args.user:  # no user name is valid: the server would only say BAD-AUTH
+        raise ValueError("a user is required: -u USER (and -p PASSWORD or CDC_PASSWORD)")
+    password = args.password if args.password is not None else os.environ.get("CDC_PASSWORD", "")
+    tls = None
+    if args.tls or args.tls_ca:
+        tls = ssl.create_default_context(cafile=args.tls_ca)
+    endpoints = Endpoints.of(args.host, args.port)
+    for _ in range(len(endpoints.all)):
+        host, port = endpoints.current
+        try:
+            return SyncCdcConnection.open(host, port, args.user, password,
+                                          format=Format(args.format), ssl=tls,
+                                          timeout=args.timeout or 10.0, auth=args.auth)
+        except OSError as exc:
+            tried = endpoints.describe()
+            if endpoints.failed():
+                raise
+            print(f"cdc: {tried}: {exc}; trying {endpoints.describe()}", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
+def copy_stream(conn: SyncCdcConnection, request: DataRequest | None, timeout: float) -> int:
+    """Write what the server sends to stdout, as it arrives (``request`` None: the stream
+    has already begun, after a dump)."""
+    if request is not None:
+        conn.sock.sendall(request.line().encode())
+    conn.sock.settimeout(timeout or None)
+    out = sys.stdout.buffer
+    first = True
+    if conn._pending:
+        out.write(bytes(conn._pending))
+        conn._pending.clear()
+        first = False
+    while True:
+        try:
+            data = conn.sock.recv(1 << 16)
+        except TimeoutError:
+            return EXIT_OK
+        except OSError as exc:
+            print(f"cdc: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        if not data:
+            return EXIT_OK
+        if first and data.startswith(b"ERR"):
+            sys.stderr.write(data.decode("utf-8", "replace"))
+            return EXIT_ERROR
+        first = False
+        out.write(data)
+        out.flush()
