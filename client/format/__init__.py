@@ -11,5 +11,7 @@ no client, no server. The service imports only this package from ``mariadb_cdc_c
   binlog form to its Avro, JSON, Python, Spark and Arrow forms;
 - :mod:`~mariadb_cdc_client.format.avro`: Avro object-container framing (header, blocks, sync
   markers);
-- :mod:`~mariadb_cdc_client.format.dump`: the dump format (header, operations, value texts).
+- :mod:`~mariadb_cdc_client.format.dump`: the dump format (header, operations, value texts);
+- :mod:`~mariadb_cdc_client.format.compiled`: how both load their optional C extensions
+  (and ``CDC_PURE_PYTHON``, which does without them).
 """

@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
-import importlib
 import io
 import json
 import math
@@ -49,6 +48,7 @@ from mariadb_cdc_client import stream
 from mariadb_cdc_client.format import dump
 from mariadb_cdc_client.format.avro import container_header, parse_header, write_varint
 from mariadb_cdc_client.format.coltypes import BINLOG_TYPES, BY_CODE, KINDS, SqlType
+from mariadb_cdc_client.format.compiled import compiled_module
 from mariadb_cdc_client.format.gtid import unsigned_metadata
 from mariadb_cdc_client.format.schema import METADATA_FIELDS, Field, Kind, from_avro_value
 from tests.helpers import binary_decimal
@@ -56,10 +56,7 @@ from tests.helpers import binary_decimal
 
 def _compiled(name: str) -> Any:
     """The extension itself, whatever CDC_PURE_PYTHON says: this test compares both paths."""
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
+    return compiled_module(name, unless_pure_python=False)
 
 
 _ROWDECODE = _compiled("cdcserver.replication._rowdecode")
