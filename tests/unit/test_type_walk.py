@@ -50,7 +50,13 @@ from mariadb_cdc_client.format.avro import container_header, parse_header, write
 from mariadb_cdc_client.format.coltypes import BINLOG_TYPES, BY_CODE, KINDS, SqlType
 from mariadb_cdc_client.format.compiled import compiled_module
 from mariadb_cdc_client.format.gtid import unsigned_metadata
-from mariadb_cdc_client.format.schema import METADATA_FIELDS, Field, Kind, from_avro_value
+from mariadb_cdc_client.format.schema import (
+    METADATA_FIELDS,
+    Field,
+    Kind,
+    field_from_avro,
+    from_avro_value,
+)
 from tests.helpers import binary_decimal
 
 
@@ -275,6 +281,8 @@ def test_the_avro_mapping_is_the_tables(variant):
     plain = [{k: v for k, v in b.items() if k not in ("precision", "scale")}
              if isinstance(b, dict) else b for b in mapping.branches]
     assert tuple(plain) == KINDS[sql.kind].avro
+    read = field_from_avro({"name": "c", "type": ["null", *mapping.branches]})
+    assert read.kind == sql.kind  # what a client's schema reader makes of it
 
 
 class Written(NamedTuple):
