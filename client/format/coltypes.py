@@ -40,7 +40,7 @@ class KindForm:
     avro: tuple[Any, ...]  # the union's branches besides "null" (a decimal adds its digits)
     json: JsonType  # the JSON value a column of this kind renders as (not counting NULL)
     python: type  # the value a client's records hold (a WITH_TEXT kind also: MariaDB's str)
-    spark: str  # the pyspark.sql.types class of its DataFrame column
+    spark: str  # the pyspark.sql.types class of its column (a DECIMAL over 38 digits: String)
     arrow: str  # the Arrow type of that column, as pyarrow prints it
 
 
