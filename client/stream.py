@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import io
 import json
-import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
@@ -30,6 +29,7 @@ from mariadb_cdc_client.format.avro import (
     decompress,
     parse_header,
 )
+from mariadb_cdc_client.format.compiled import compiled_module
 from mariadb_cdc_client.format.gtid import unsigned_metadata
 from mariadb_cdc_client.format.schema import (
     METADATA_FIELDS,
@@ -42,12 +42,8 @@ from mariadb_cdc_client.format.schema import (
 )
 from mariadb_cdc_client.format.wire import Code, ProtocolError, parse_reply
 
-try:  # the compiled decoder (client/format/_records.pyx): the same records, in C
-    from mariadb_cdc_client.format import _records  # type: ignore[attr-defined]
-except ImportError:  # not built (no C compiler where it was installed): the Python path
-    _records = None
-if os.environ.get("CDC_PURE_PYTHON"):  # to measure or test the Python path
-    _records = None
+# the compiled decoder (client/format/_records.pyx): the same records, in C
+_records = compiled_module("mariadb_cdc_client.format._records")
 
 DECODING = "C" if _records is not None else "Python"  # what an AVRO stream is decoded by
 

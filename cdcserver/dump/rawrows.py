@@ -24,13 +24,10 @@ from pymysql.constants import COMMAND
 
 from cdcserver.core.errors import ER_TABLE_DEF_CHANGED, DefinitionChanged, SourceError
 from cdcserver.mariadb.receive import receive_into
+from mariadb_cdc_client.format.compiled import compiled_module
 
-try:  # the row path in C (cdcserver/dump/_rawrows.pyx); the same bytes as _row below
-    from cdcserver.dump import _rawrows as compiled  # type: ignore[attr-defined]
-except ImportError:  # not built: the pure-Python path
-    compiled = None
-if os.environ.get("CDC_PURE_PYTHON"):  # to measure or test the Python path
-    compiled = None
+# the row path in C (cdcserver/dump/_rawrows.pyx); the same bytes as _row below
+compiled = compiled_module("cdcserver.dump._rawrows")
 
 T = TypeVar("T")
 

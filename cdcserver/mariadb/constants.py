@@ -1,12 +1,15 @@
 """Binlog event and column type numbers.
 
 Event types: MySQL ``libbinlogevents/include/binlog_event.h`` and MariaDB ``sql/log_event.h``.
-Column types: ``include/mysql_com.h`` (``enum_field_types``).
+Column types: ``include/mysql_com.h`` (``enum_field_types``); what each means, from its table-map
+metadata to its Avro type, is in the type table, :mod:`mariadb_cdc_client.format.coltypes`.
 """
 
 from __future__ import annotations
 
 from enum import IntEnum
+
+from mariadb_cdc_client.format import coltypes
 
 
 class EventKind(IntEnum):
@@ -118,18 +121,9 @@ class ColumnType(IntEnum):
     GEOMETRY = 255
 
 
-NUMERIC_TYPES = frozenset(
-    {
-        ColumnType.TINY, ColumnType.SHORT, ColumnType.INT24, ColumnType.LONG,
-        ColumnType.LONGLONG, ColumnType.NEWDECIMAL, ColumnType.FLOAT, ColumnType.DOUBLE,
-    }
-)
-
-# Columns that carry a character set in the optional metadata (MySQL is_character_type;
-# MariaDB also counts GEOMETRY).
-CHARACTER_TYPES = frozenset(
-    {ColumnType.STRING, ColumnType.VAR_STRING, ColumnType.VARCHAR, ColumnType.BLOB,
-     ColumnType.TINY_BLOB, ColumnType.MEDIUM_BLOB, ColumnType.LONG_BLOB}
-)
+# Which types the optional metadata gives a SIGNEDNESS bit or a character set (MySQL
+# is_numeric_type, is_character_type): the type table's columns.
+NUMERIC_TYPES = frozenset(ColumnType(code) for code in coltypes.codes(numeric=True))
+CHARACTER_TYPES = frozenset(ColumnType(code) for code in coltypes.codes(character=True))
 
 BINARY_COLLATION_ID = 63

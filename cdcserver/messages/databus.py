@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -22,15 +21,12 @@ from cdcserver.messages.base import (
 )
 from cdcserver.messages.events import RowBatch, RowEvent, StatementEvent, TableShape
 from cdcserver.schema.ddl import qualified
+from mariadb_cdc_client.format.compiled import compiled_module
 from mariadb_cdc_client.format.dump import value_encoder
 from mariadb_cdc_client.format.schema import Field, Kind
 
-try:  # the compiled row writer (cdcserver/messages/_databus.pyx): the same bytes, in C
-    from cdcserver.messages import _databus  # type: ignore[attr-defined]
-except ImportError:  # not built: the Python path
-    _databus = None
-if os.environ.get("CDC_PURE_PYTHON"):  # to measure or test the Python path
-    _databus = None
+# the compiled row writer (cdcserver/messages/_databus.pyx): the same bytes, in C
+_databus = compiled_module("cdcserver.messages._databus")
 
 # _databus.pyx's operations (keep in step)
 _C_CALL = 0

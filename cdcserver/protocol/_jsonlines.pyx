@@ -16,7 +16,7 @@ from libc.stdlib cimport free, malloc, strtod
 from libc.string cimport memcpy, strlen
 
 from cdcserver._cbuffer cimport Out, reserve as _reserve
-from cdcserver._cvalues cimport civil as _civil
+from mariadb_cdc_client.format._cvalues cimport civil as _civil
 from mariadb_cdc_client.format._cavro cimport Cursor, read_long, take, utf8_valid as _utf8_valid
 
 cdef extern from "Python.h":

@@ -21,13 +21,12 @@ from cdcserver.store.avrofile import Block
 from cdcserver.store.catalog import VersionInfo
 from cdcserver.store.records import Record, decode_records, read_block, record_slices
 from cdcserver.store.schema import TableSchema
+from mariadb_cdc_client.format.compiled import compiled_module
 from mariadb_cdc_client.format.schema import Field, Kind, to_json_text
 from mariadb_cdc_client.format.wire import Dialect
 
-try:
-    from cdcserver.protocol import _jsonlines  # type: ignore[attr-defined]
-except ImportError:  # built without a C compiler: compile_renderer alone
-    _jsonlines = None
+# compile_block_renderer asks CDC_PURE_PYTHON on each use (through transcoder.available)
+_jsonlines = compiled_module("cdcserver.protocol._jsonlines", unless_pure_python=False)
 
 Renderer = Callable[[Record], bytes]
 EXACT = JsonStyle()  # the exact dialect, TIMESTAMPs in UTC

@@ -22,8 +22,8 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy, memset
 
-from cdcserver._cvalues cimport be as _be, civil as _civil, frac_micros as _frac_micros, le as _le
-from cdcserver._cvalues cimport valid_date as _valid_date
+from mariadb_cdc_client.format._cvalues cimport be as _be, civil as _civil, frac_micros as _frac_micros, le as _le
+from mariadb_cdc_client.format._cvalues cimport valid_date as _valid_date
 
 import_datetime()
 

@@ -13,7 +13,6 @@ columns (LSB first), then each non-NULL value in its ``Field::pack`` format.
 from __future__ import annotations
 
 import functools
-import os
 import re
 import struct
 from collections.abc import Callable, Iterator, Sequence
@@ -25,6 +24,7 @@ from cdcserver.core.changes import ColumnDef, RowImages
 from cdcserver.core.errors import UndecodableEvent
 from cdcserver.mariadb.constants import ColumnType as T
 from cdcserver.replication import values
+from mariadb_cdc_client.format.compiled import compiled_module
 
 RowsDecoder = Callable[[bytes, int, int], list[tuple[Any, ...]]]
 
@@ -231,12 +231,7 @@ def compile_rows_decoder(columns: tuple[ColumnDef, ...]) -> RowsDecoder:
 
 # -- the compiled decoder (cdcserver/replication/_rowdecode.pyx) ---------------------------
 
-try:
-    from cdcserver.replication import _rowdecode  # type: ignore[attr-defined]
-except ImportError:  # not built: the Python path
-    _rowdecode = None
-if os.environ.get("CDC_PURE_PYTHON"):  # to measure or test the Python path
-    _rowdecode = None
+_rowdecode = compiled_module("cdcserver.replication._rowdecode")
 
 # _rowdecode.pyx's operations (keep in step)
 R_INT, R_FLOAT, R_DOUBLE, R_YEAR, R_FIXED_CALL, R_TEXT, R_LEN_CALL, R_CHAR, R_ENUM = range(1, 10)

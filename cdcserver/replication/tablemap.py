@@ -22,6 +22,7 @@ from cdcserver.mariadb.constants import (
     ColumnType,
 )
 from cdcserver.replication.cursor import Cursor
+from mariadb_cdc_client.format import coltypes
 
 # Optional metadata field types (MySQL Table_map_log_event::Optional_metadata_field_type).
 SIGNEDNESS = 1
@@ -37,15 +38,12 @@ ENUM_AND_SET_DEFAULT_CHARSET = 10
 ENUM_AND_SET_COLUMN_CHARSET = 11
 COLUMN_VISIBILITY = 12
 
-_ONE_BYTE_META = frozenset(
-    {ColumnType.FLOAT, ColumnType.DOUBLE, ColumnType.BLOB, ColumnType.TINY_BLOB,
-     ColumnType.MEDIUM_BLOB, ColumnType.LONG_BLOB, ColumnType.GEOMETRY, ColumnType.JSON,
-     ColumnType.TIME2, ColumnType.DATETIME2, ColumnType.TIMESTAMP2}
-)
-_TWO_BYTE_LE_META = frozenset({ColumnType.VARCHAR, ColumnType.VAR_STRING, ColumnType.BIT})
+# How many metadata bytes each type has, in which order (the type table's columns).
+_ONE_BYTE_META = frozenset(ColumnType(code) for code in coltypes.codes(meta_size=1))
+_TWO_BYTE_LE_META = frozenset(
+    ColumnType(code) for code in coltypes.codes(meta_size=2, meta_order="little"))
 _TWO_BYTE_BE_META = frozenset(
-    {ColumnType.NEWDECIMAL, ColumnType.STRING, ColumnType.ENUM, ColumnType.SET}
-)
+    ColumnType(code) for code in coltypes.codes(meta_size=2, meta_order="big"))
 
 
 @dataclass

@@ -9,16 +9,13 @@ returns the plain Python value documented in ``protocol.md``; values the Python 
 from __future__ import annotations
 
 import datetime as dt
-import os
 from collections.abc import Callable
 from decimal import Decimal
 
-try:  # DECIMAL values made in C (cdcserver/replication/_bindecimal.pyx): the same Decimals
-    from cdcserver.replication import _bindecimal  # type: ignore[attr-defined]
-except ImportError:  # not built: the Python path
-    _bindecimal = None
-if os.environ.get("CDC_PURE_PYTHON"):  # to measure or test the Python path
-    _bindecimal = None
+from mariadb_cdc_client.format.compiled import compiled_module
+
+# DECIMAL values made in C (cdcserver/replication/_bindecimal.pyx): the same Decimals
+_bindecimal = compiled_module("cdcserver.replication._bindecimal")
 
 UTC = dt.UTC
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)

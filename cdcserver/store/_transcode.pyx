@@ -30,8 +30,8 @@ from posix.unistd cimport write
 from cpython.exc cimport PyErr_CheckSignals, PyErr_SetFromErrno
 
 from cdcserver._cbuffer cimport Out, reserve as _reserve
-from cdcserver._cvalues cimport be as _be, frac_micros as _frac_micros, le as _le
-from cdcserver._cvalues cimport valid_date as _valid_date
+from mariadb_cdc_client.format._cvalues cimport be as _be, frac_micros as _frac_micros, le as _le
+from mariadb_cdc_client.format._cvalues cimport valid_date as _valid_date
 from mariadb_cdc_client.format._cavro cimport utf8_valid as _utf8_valid
 
 # Column operations (transcoder.py names them; keep in step).

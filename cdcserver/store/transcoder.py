@@ -35,7 +35,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import hashlib
-import os
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Protocol
@@ -45,15 +44,11 @@ from cdcserver.core.changes import ColumnDef
 from cdcserver.mariadb.charsets import single_byte_table
 from cdcserver.mariadb.constants import ColumnType as T
 from cdcserver.store.encoder import encode_string
+from mariadb_cdc_client.format.compiled import compiled_module, pure_python
 from mariadb_cdc_client.format.schema import Field, Kind
 
-try:
-    from cdcserver.store import _transcode  # type: ignore[attr-defined]
-except ImportError:  # built without a compiler: the Python path only
-    _transcode = None
-
-# Set to any non-empty value to take the Python path even when the extension is built.
-DISABLE_ENV = "CDC_PURE_PYTHON"
+# available() asks CDC_PURE_PYTHON on each use
+_transcode = compiled_module("cdcserver.store._transcode", unless_pure_python=False)
 
 
 class Transcoder(Protocol):
@@ -87,7 +82,7 @@ _BIT_OPS = {Kind.BOOLEAN: OP_BIT_BOOL, Kind.LONG: OP_BIT_LONG}
 
 
 def available() -> bool:
-    return _transcode is not None and not os.environ.get(DISABLE_ENV)
+    return _transcode is not None and not pure_python()
 
 
 @lru_cache(maxsize=4096)

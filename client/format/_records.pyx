@@ -26,6 +26,7 @@ from libc.string cimport memchr, memcmp, memcpy
 
 from mariadb_cdc_client.format._cavro cimport Cursor, read_long, take
 from mariadb_cdc_client.format cimport _cdecimal, _ctext
+from mariadb_cdc_client.format._cvalues cimport civil as _civil
 
 import datetime
 import sys
@@ -114,46 +115,30 @@ cdef struct Column:
     PyObject *text     # WITH_TEXT: called on the string branch's text, or NULL (kept as str)
 
 
-cdef inline void _civil(int64_t days, int64_t *year, int *month, int *day) noexcept:
-    """The proleptic Gregorian date ``days`` after 1970-01-01 (Howard Hinnant's
-    civil_from_days)."""
-    cdef int64_t z = days + 719468
-    cdef int64_t era = (z if z >= 0 else z - 146096) // 146097
-    cdef int64_t doe = z - era * 146097
-    cdef int64_t yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
-    cdef int64_t doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
-    cdef int64_t mp = (5 * doy + 2) // 153
-    day[0] = <int>(doy - (153 * mp + 2) // 5 + 1)
-    month[0] = <int>(mp + 3 if mp < 10 else mp - 9)
-    year[0] = yoe + era * 400 + (1 if month[0] <= 2 else 0)
-
-
 cdef inline bint _days_in_range(int64_t days) noexcept:
     """``days`` after 1970-01-01 is a date of years 1 to 9999, which Python holds."""
     return -DAYS_0001_TO_1970 <= days <= 2932896
 
 
 cdef object _date(int64_t days):
-    cdef int64_t year
-    cdef int month, day
+    cdef int64_t year, month, day
     if not _days_in_range(days):
         return FALLBACK
     _civil(days, &year, &month, &day)
-    return date_new(<int>year, month, day)
+    return date_new(<int>year, <int>month, <int>day)
 
 
 cdef object _datetime(int64_t micros, object tz):
     """``epoch + timedelta(microseconds=micros)``, naive or in ``tz``."""
     cdef int64_t days = micros // MICROS_PER_DAY
-    cdef int64_t rest, year
-    cdef int month, day
+    cdef int64_t rest, year, month, day
     if micros % MICROS_PER_DAY < 0:  # C division truncates; Python's floors
         days -= 1
     rest = micros - days * MICROS_PER_DAY
     if not _days_in_range(days):
         return FALLBACK
     _civil(days, &year, &month, &day)
-    return datetime_new(<int>year, month, day, <int>(rest // MICROS_PER_HOUR),
+    return datetime_new(<int>year, <int>month, <int>day, <int>(rest // MICROS_PER_HOUR),
                         <int>(rest // MICROS_PER_MINUTE % 60),
                         <int>(rest // MICROS_PER_SECOND % 60),
                         <int>(rest % MICROS_PER_SECOND), tz)

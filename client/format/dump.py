@@ -32,7 +32,6 @@ import binascii
 import datetime as dt
 import hashlib
 import json
-import os
 import struct
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -41,6 +40,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from mariadb_cdc_client.format.compiled import compiled_module
 from mariadb_cdc_client.format.schema import (
     Field,
     Kind,
@@ -50,12 +50,8 @@ from mariadb_cdc_client.format.schema import (
     time_text,
 )
 
-try:  # the compiled decoder (client/format/_dumprows.pyx): the same rows, several times faster
-    from mariadb_cdc_client.format import _dumprows  # type: ignore[attr-defined]
-except ImportError:  # not built (no C compiler where it was installed): the Python path
-    _dumprows = None
-if os.environ.get("CDC_PURE_PYTHON"):  # to measure or test the Python path
-    _dumprows = None
+# the compiled decoder (client/format/_dumprows.pyx): the same rows, several times faster
+_dumprows = compiled_module("mariadb_cdc_client.format._dumprows")
 
 _compiled = _dumprows  # what a new DumpDecoder parses lines with (a test sets None: Python)
 DECODING = "C" if _compiled is not None else "Python"  # what a dump's lines are parsed by

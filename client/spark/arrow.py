@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from collections.abc import Callable
 from decimal import Decimal
 from functools import reduce
@@ -40,17 +39,14 @@ from mariadb_cdc_client.format.avro import (
     decompress,
     write_varint,
 )
+from mariadb_cdc_client.format.compiled import compiled_module
 from mariadb_cdc_client.format.names import table_ref
 from mariadb_cdc_client.format.schema import Field, Kind, fields_from_schema, parse_time
 from mariadb_cdc_client.ranges import Blocks, Trim
 from mariadb_cdc_client.spark.types import invalid_date
 
-try:  # the compiled decoder (client/spark/_avroarrow.pyx): the same batches, several times faster
-    from mariadb_cdc_client.spark import _avroarrow  # type: ignore[attr-defined]
-except ImportError:  # built without a compiler: the Python path only
-    _avroarrow = None
-if os.environ.get("CDC_PURE_PYTHON"):  # to measure or test the Python path
-    _avroarrow = None
+# the compiled decoder (client/spark/_avroarrow.pyx): the same batches, several times faster
+_avroarrow = compiled_module("mariadb_cdc_client.spark._avroarrow")
 
 Records = list[dict[str, Any]]
 Values = tuple[Any, ...]  # one column's values

@@ -13,12 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from pyspark.sql import types as spark_types
 from pyspark.sql.types import (
-    BinaryType,
-    BooleanType,
     DataType,
-    DateType,
-    DayTimeIntervalType,
     DecimalType,
     DoubleType,
     FloatType,
@@ -28,10 +25,9 @@ from pyspark.sql.types import (
     StringType,
     StructField,
     StructType,
-    TimestampNTZType,
-    TimestampType,
 )
 
+from mariadb_cdc_client.format.coltypes import KINDS
 from mariadb_cdc_client.format.names import table_ref
 from mariadb_cdc_client.format.schema import METADATA_FIELDS, Field, Kind, fields_from_schema
 
@@ -63,13 +59,9 @@ def spark_type(field: Field) -> DataType:
     return _SIMPLE[kind]
 
 
-_SIMPLE: dict[Kind, DataType] = {
-    Kind.BOOLEAN: BooleanType(), Kind.INT: IntegerType(), Kind.LONG: LongType(),
-    Kind.FLOAT: FloatType(), Kind.DOUBLE: DoubleType(), Kind.STRING: StringType(),
-    Kind.BYTES: BinaryType(), Kind.UUID: StringType(), Kind.DATE: DateType(),
-    Kind.DATETIME: TimestampNTZType(), Kind.TIMESTAMP: TimestampType(),
-    Kind.TIME: DayTimeIntervalType(), Kind.ENUM: StringType(), Kind.NULL: NullType(),
-}
+# Every kind but DECIMAL (which has its digits) by the type table's Spark type.
+_SIMPLE: dict[Kind, DataType] = {kind: getattr(spark_types, form.spark)()
+                                 for kind, form in KINDS.items() if kind != Kind.DECIMAL}
 
 
 def wider(a: DataType, b: DataType) -> DataType | None:

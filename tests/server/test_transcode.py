@@ -26,6 +26,7 @@ from cdcserver.protocol.render import EXACT, compile_block_renderer, compile_ren
 from cdcserver.store import store as store_module
 from cdcserver.store import transcoder
 from mariadb_cdc_client.format.avro import block_at, decompress, parse_header
+from mariadb_cdc_client.format.compiled import PURE_PYTHON_ENV
 from mariadb_cdc_client.format.wire import Dialect
 from tests.conftest import Source, make_config, start_service
 
@@ -197,7 +198,7 @@ async def test_transcoded_avro_equals_the_python_path(source: Source, users_file
 
     monkeypatch.setattr(store_module, "records", counting)
     fast = await _replicate(str(tmp_path / "fast"), source, users_file)
-    monkeypatch.setenv(transcoder.DISABLE_ENV, "1")
+    monkeypatch.setenv(PURE_PYTHON_ENV, "1")
     slow = await _replicate(str(tmp_path / "slow"), source, users_file)
 
     assert transcoded > 20  # most events took the compiled path...

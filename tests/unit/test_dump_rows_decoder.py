@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
-import importlib
 import json
 import os
 import struct
@@ -27,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from mariadb_cdc_client.format import compiled as extensions
 from mariadb_cdc_client.format import dump
 from mariadb_cdc_client.format.dump import (
     DumpDecoder,
@@ -38,10 +38,9 @@ from mariadb_cdc_client.format.dump import (
 )
 from mariadb_cdc_client.format.schema import METADATA_FIELDS, Field, Kind
 
-try:  # the module itself, whatever CDC_PURE_PYTHON says: these tests compare both paths
-    compiled_module: Any = importlib.import_module("mariadb_cdc_client.format._dumprows")
-except ImportError:
-    compiled_module = None
+# the module itself, whatever CDC_PURE_PYTHON says: these tests compare both paths
+compiled_module: Any = extensions.compiled_module("mariadb_cdc_client.format._dumprows",
+                                                  unless_pure_python=False)
 needs_compiled = pytest.mark.skipif(compiled_module is None,
                                     reason="client/format/_dumprows.pyx is not built here")
 

@@ -8,7 +8,6 @@ broken framing). Pure functions over bytes: no service or Spark session needed."
 
 from __future__ import annotations
 
-import importlib
 import os
 import random
 import subprocess
@@ -32,6 +31,7 @@ from mariadb_cdc_client.format.avro import (
     block_at,
     write_varint,
 )
+from mariadb_cdc_client.format.compiled import compiled_module
 from mariadb_cdc_client.ranges import Blocks, Trim
 from mariadb_cdc_client.spark import arrow
 from mariadb_cdc_client.spark.types import ZeroDateError, table_schema
@@ -47,10 +47,8 @@ from tests.avro_samples import metadata as _metadata
 from tests.avro_samples import sample_records as _records
 from tests.helpers import stored_blocks
 
-try:
-    _avroarrow = importlib.import_module("mariadb_cdc_client.spark._avroarrow")
-except ImportError:
-    _avroarrow = None
+# the module itself, whatever CDC_PURE_PYTHON says: these tests compare both paths
+_avroarrow = compiled_module("mariadb_cdc_client.spark._avroarrow", unless_pure_python=False)
 
 def _blocks(avsc: dict[str, Any], records: list[dict[str, Any]], codec: str = "null",
             sync_interval: int = 4000) -> tuple[Any, Blocks]:

@@ -1,7 +1,9 @@
-"""What the service's C extensions share to read values: the binlog's big- and little-endian
-integers and fractional seconds (``store/_transcode.pyx``, ``replication/_rowdecode.pyx``)
-and the proleptic Gregorian calendar (those two and ``protocol/_jsonlines.pyx``). Inline
-functions only: no module of its own is built or imported."""
+"""What the C extensions share to read values: the binlog's big- and little-endian integers
+and fractional seconds (the service's ``store/_transcode.pyx`` and
+``replication/_rowdecode.pyx``) and the proleptic Gregorian calendar (those two, the service's
+``protocol/_jsonlines.pyx`` and the client's ``format/_records.pyx``). In the shared format
+package, the one both sides may cimport. Inline functions only: no module of its own is built
+or imported."""
 
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 
