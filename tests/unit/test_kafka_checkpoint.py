@@ -13,8 +13,9 @@ import pytest
 
 from cdcserver.core.config import KafkaConfig
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
-from cdcserver.sinks.kafka import sink as sink_module
-from cdcserver.sinks.kafka.sink import KafkaSink, _load_state, _Marker
+from cdcserver.sinks.kafka import checkpoint as checkpoint_module
+from cdcserver.sinks.kafka.checkpoint import _load_state
+from cdcserver.sinks.kafka.sink import KafkaSink
 
 
 def _position(n: int) -> BinlogPosition:
@@ -24,8 +25,8 @@ def _position(n: int) -> BinlogPosition:
 async def test_a_cancelled_checkpoint_write_is_not_overlapped_by_the_next(
         tmp_path, monkeypatch: pytest.MonkeyPatch):
     sink = KafkaSink(KafkaConfig(bootstrap="127.0.0.1:1"), str(tmp_path), "x")
-    monkeypatch.setattr(sink, "_record_state_in_kafka", lambda position: None)
-    real = sink_module._save_state
+    monkeypatch.setattr(sink.checkpoint, "send", lambda position, producer: None)
+    real = checkpoint_module._save_state
     writing, overlapped, lock = [0], [False], threading.Lock()
 
     def slow_save(path: str, position: BinlogPosition) -> None:
@@ -37,14 +38,14 @@ async def test_a_cancelled_checkpoint_write_is_not_overlapped_by_the_next(
         with lock:
             writing[0] -= 1
 
-    monkeypatch.setattr(sink_module, "_save_state", slow_save)
-    sink._pending.append(_Marker(_position(1)))
-    first = asyncio.create_task(sink._harvest())
+    monkeypatch.setattr(checkpoint_module, "_save_state", slow_save)
+    sink.sender.end_transaction(_position(1))
+    first = asyncio.create_task(sink.sender.harvest())
     await asyncio.sleep(0.05)
     first.cancel()  # the flush loop, cancelled by a stopping service
-    sink._pending.append(_Marker(_position(2)))
-    await sink._harvest()  # the final flush
+    sink.sender.end_transaction(_position(2))
+    await sink.sender.harvest()  # the final flush
     with pytest.raises(asyncio.CancelledError):
         await first
     assert not overlapped[0], "two writes of state/kafka.json ran at once"
-    assert _load_state(sink.state_path) == _position(2)
+    assert _load_state(sink.checkpoint.path) == _position(2)
