@@ -2,19 +2,19 @@
 again after a broker outage.
 
 As in aiokafka's own split (``aiokafka/producer/sender.py``), this is the half that talks to
-the broker. Every message the router makes is held in flight (:class:`InFlight`) until the
-broker acknowledges it, then handed to the record batches
-(:mod:`cdcserver.sinks.kafka.accumulator`). While the broker is away, up to
-``max_buffer_bytes`` of messages wait; then :meth:`Sender.hold` waits, which stops
-replication (the listener keeps serving what is stored). A harvest takes what is acknowledged
-off the front and moves the checkpoint (:mod:`cdcserver.sinks.kafka.checkpoint`) to the last
-transaction whose messages, and all before them, are acknowledged.
+the broker. Every message the router makes is handed to the record batches
+(:mod:`cdcserver.sinks.kafka.accumulator`) and held in flight (:class:`InFlight`) until the
+broker acknowledges it. While the broker is away, up to ``max_buffer_bytes`` of messages
+wait; then :meth:`Sender.hold` waits, which stops replication (the listener keeps serving
+what is stored). A harvest takes what is acknowledged off the front and moves the checkpoint
+(:mod:`cdcserver.sinks.kafka.checkpoint`) to the last transaction whose messages, and all
+before them, are acknowledged.
 
 If a delivery fails (the broker is gone longer than ``request_timeout``), the sender starts a
 new producer, waiting for the broker as long as it takes, and sends everything not yet
 acknowledged again, in order: a partition may hold a message twice, never out of order for
-good. Until the broker first answers, why the sink waits is in :attr:`Sender.waiting`
-(``/health`` shows it).
+good. While the broker does not answer, why is in :attr:`Sender.waiting` (``/health`` shows
+it).
 """
 
 from __future__ import annotations
