@@ -33,6 +33,8 @@ PACKAGES = ("cdcserver", "mariadb_cdc_client")
 # Modules that exist only for an extra, and the extra's modules they may miss.
 EXTRA_ONLY = {
     "cdcserver.sinks.kafka.sink": "aiokafka", "cdcserver.sinks.kafka.connect": "aiokafka",
+    "cdcserver.sinks.kafka.routing": "aiokafka", "cdcserver.sinks.kafka.sender": "aiokafka",
+    "cdcserver.sinks.kafka.accumulator": "aiokafka", "cdcserver.sinks.kafka.checkpoint": "aiokafka",
     "mariadb_cdc_client.spark.": "pyspark|pyarrow",  # every module of the package
 }
 

@@ -314,7 +314,7 @@ async def test_debezium_keys_and_schema_changes_as_debezium_documents_them(
 
 
 def test_topic_names_kafka_refuses_are_made_legal_and_stay_apart():
-    from cdcserver.sinks.kafka.sink import legal_topic
+    from cdcserver.sinks.kafka.routing import legal_topic
 
     assert legal_topic("shop.orders") == "shop.orders"  # what was legal keeps its topic
     names = ["t.sp ace", "t.sp_ace", "t.ж" * 30, "t." + "ж" * 64, "t." + "ж" * 63 + "з", ".."]
@@ -328,7 +328,7 @@ async def test_tables_named_in_any_script_are_published(tmp_path, source: Source
                                                         users_file: str, kafka_broker: Tansu):
     """A table whose name Kafka would refuse as a topic (a space, 64 Cyrillic letters) is
     published on a legal topic, beside an ordinary one: no table stops the others."""
-    from cdcserver.sinks.kafka.sink import legal_topic
+    from cdcserver.sinks.kafka.routing import legal_topic
 
     db = source.database
     names = ["sp ace", "ж" * 64, "plain"]

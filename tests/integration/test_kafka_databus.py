@@ -279,7 +279,7 @@ def test_a_table_topic_sends_statements_to_its_database_part(tmp_path) -> None:
                        ("{table}", "{db}"), ("bus", "bus")):
         sink = KafkaSink(KafkaConfig(bootstrap="127.0.0.1:1", format="databus", topic=topic),
                          str(tmp_path), "x")
-        assert sink.ddl_topic == ddl, topic
+        assert sink.router.ddl_topic == ddl, topic
 
 
 def _go_consumer(tmp_path, messages: list[tuple[bytes, bytes]]) -> tuple[list[Any], int]:

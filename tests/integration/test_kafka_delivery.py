@@ -22,7 +22,7 @@ import fastavro
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cdcserver.sinks.kafka.sink import _load_state
+from cdcserver.sinks.kafka.checkpoint import _load_state
 from mariadb_cdc_client.kafka import KafkaChange, KafkaChangeReader, KafkaDecoder
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import TcpProxy, pace

@@ -1,0 +1,204 @@
+"""The Kafka sink's checkpoint: which positions the broker has acknowledged, and where the
+sink keeps the last one.
+
+:class:`InFlight` keeps every message sent, in the order produced, until the broker
+acknowledges it; the end of each transaction is a :class:`Marker` among them. The position
+may move to a marker once every message before it is acknowledged (:meth:`InFlight.release`),
+never past an unacknowledged one, so what is lost in a crash is sent again. :class:`Checkpoint`
+keeps that position: in ``state/kafka.json`` (one writer at a time, and a write cancelled
+while its thread runs keeps the others out until it ends) and, with ``state_topic``, as a
+record keyed by the sink's state key, which a sink without the file (a new instance behind
+the publisher lease) reads back when it opens.
+
+This module is the seam for exactly-once delivery (issue 52). The router only marks where
+each transaction ends, the record batches know nothing of positions, and the sender
+(:mod:`cdcserver.sinks.kafka.sender`) asks this module which position the acknowledged
+messages reach, then hands it that position to keep (:meth:`Checkpoint.save`,
+:meth:`Checkpoint.send`). A transactional checkpoint sends the position's record inside the
+producer's transaction with the messages before it, instead of after their
+acknowledgements, and reads it back committed; routing and batching stay as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka.errors import KafkaError
+
+from cdcserver.core.config import KafkaConfig
+from cdcserver.core.durable import outlast, write_atomically
+from cdcserver.core.errors import ConfigError
+from cdcserver.core.gtid import BinlogPosition
+from cdcserver.sinks.kafka import connect
+from cdcserver.sinks.kafka.accumulator import Message
+
+log = logging.getLogger(__name__)
+
+STATE_READ_TIMEOUT = 120.0  # seconds reading the state topic back may take at most
+
+
+@dataclass
+class Marker:
+    """The end of a transaction: once everything before it is acknowledged, the sink's
+    checkpoint may move to ``position``."""
+
+    position: BinlogPosition
+
+
+class InFlight:
+    """The messages sent and not yet taken off as acknowledged, with the transactions' ends
+    among them, in order."""
+
+    def __init__(self) -> None:
+        self._entries: collections.deque[Message | Marker] = collections.deque()
+        self.bytes = 0  # the messages' size
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def hold(self, message: Message) -> None:
+        message.created = time.monotonic()
+        self._entries.append(message)
+        self.bytes += message.size
+
+    def end_transaction(self, position: BinlogPosition) -> None:
+        self._entries.append(Marker(position))
+
+    def messages(self) -> Iterator[Message]:
+        return (e for e in self._entries if isinstance(e, Message))
+
+    def oldest(self) -> Message | None:
+        return next(self.messages(), None)
+
+    def unfinished(self) -> list[asyncio.Future[Any]]:
+        """The delivery futures the broker has not answered yet."""
+        return [m.future for m in self.messages() if m.future is not None
+                and not m.future.done()]
+
+    def oldest_unacknowledged(self) -> float:
+        """Seconds the oldest message the broker has not acknowledged has waited (0: none).
+        The ones before it were acknowledged since the last flush: at most a flush's worth."""
+        for message in self.messages():
+            if not _acknowledged(message):
+                return time.monotonic() - message.created
+        return 0.0
+
+    def release(self) -> tuple[BinlogPosition | None, int, asyncio.Future[Any] | None]:
+        """Take the acknowledged messages, and the markers they reach, off the front: the
+        last marker's position passed (``None``: none), how many messages were acknowledged,
+        and the oldest message's future if its delivery failed (it stays at the front)."""
+        passed, acknowledged = None, 0
+        while self._entries:
+            entry = self._entries[0]
+            if isinstance(entry, Marker):
+                passed = entry.position
+                self._entries.popleft()
+                continue
+            future = entry.future
+            if future is None or not future.done():
+                break
+            if future.cancelled() or future.exception() is not None:
+                return passed, acknowledged, future
+            self._entries.popleft()
+            self.bytes -= entry.size
+            acknowledged += 1
+        return passed, acknowledged, None
+
+
+class Checkpoint:
+    """The position every message before it was acknowledged at: in the file and in
+    ``state_topic``."""
+
+    def __init__(self, config: KafkaConfig, path: str, key: str) -> None:
+        self.config = config
+        self.path = path  # state/kafka.json
+        self.key = key  # the record's key on the state topic
+        self.durable: BinlogPosition | None = _load_state(path)
+        self.lock = asyncio.Lock()  # one writer at a time: held over a whole harvest
+        self._sent: asyncio.Future[Any] | None = None  # the last position sent to Kafka
+
+    async def save(self, position: BinlogPosition) -> None:
+        """Move to ``position`` and write the file. The caller holds :attr:`lock`."""
+        self.durable = position
+        saving = asyncio.ensure_future(asyncio.to_thread(_save_state, self.path, position))
+        try:
+            await asyncio.shield(saving)
+        except asyncio.CancelledError:
+            # the thread goes on: keep the lock until it ends, or the next harvest's
+            # write of the same file would race it (its temporary file removed under it)
+            await outlast(saving)
+            raise
+
+    def send(self, position: BinlogPosition, producer: Any) -> None:
+        """Record ``position`` in ``state_topic`` too, without waiting for the broker."""
+        if not self.config.state_topic or producer is None:
+            return
+        value = json.dumps(position.to_json()).encode()
+        with contextlib.suppress(KafkaError, OSError):
+            task = asyncio.ensure_future(producer.send(
+                self.config.state_topic, value, key=self.key.encode(), partition=0))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._sent = task
+
+    async def handed_over(self) -> None:
+        """Until the producer has taken the last position sent (before it stops)."""
+        if self._sent is not None:
+            await asyncio.wait({self._sent})
+
+    async def read_back(self) -> None:
+        """The position the state topic holds for this key, as the checkpoint (the topic
+        exists: the caller made sure)."""
+        topic = self.config.state_topic
+        found: BinlogPosition | None = None
+        consumer = connect.consumer(self.config)
+        await consumer.start()
+        try:
+            from aiokafka import TopicPartition
+
+            tp = TopicPartition(topic, 0)
+            consumer.assign([tp])
+            end = (await consumer.end_offsets([tp]))[tp]
+            consumer.seek(tp, max(end - 1000, 0))
+            # Up to the end offset, however slow the broker answers: a pause is not the end
+            # (stopping at the first quiet second read an older position on a busy machine).
+            async with asyncio.timeout(STATE_READ_TIMEOUT):
+                while await consumer.position(tp) < end:
+                    batch = await consumer.getmany(tp, timeout_ms=1000)
+                    for message in batch.get(tp, []):
+                        if message.key == self.key.encode() and message.value:
+                            found = BinlogPosition.from_json(json.loads(message.value))
+        finally:
+            await consumer.stop()
+        self.durable = found
+        if found is not None:
+            log.info("kafka: position %s read back from topic %s", found.gtid_state, topic)
+
+
+def _acknowledged(message: Message) -> bool:
+    future = message.future
+    return future is not None and future.done() and not future.cancelled() and \
+        future.exception() is None
+
+
+def _load_state(path: str) -> BinlogPosition | None:
+    try:
+        with open(path, "rb") as f:
+            return BinlogPosition.from_json(json.loads(f.read())["position"])
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path} is unreadable: {exc}") from exc
+
+
+def _save_state(path: str, position: BinlogPosition) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_atomically(path, json.dumps({"position": position.to_json()}).encode())

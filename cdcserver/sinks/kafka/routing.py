@@ -1,0 +1,235 @@
+"""The Kafka sink's routing: each change made into messages, each message to its topic and
+partition, with its headers.
+
+A row change goes to its table's topic (``topic`` template), to the partition its primary key
+hashes to (see :meth:`Router._partition`), so each row's changes stay in order; an update
+that changes the key goes to both keys' partitions. A schema statement goes to every
+partition of the table's topic, so it is in order with every row's changes; a statement that
+changes no table goes to ``ddl_topic``. A topic name holding characters Kafka does not allow
+(``[A-Za-z0-9._-]``, 249 at most), as a table named in any other script would give, is made
+legal by :func:`legal_topic`. Every message carries the headers ``gtid``, ``event`` (the
+record's ``event_number``) and ``schema`` (the id of the table's schema on ``schema_topic``,
+which clients read to type the values); a databus message sent with ``databus_labels`` also
+``values: labels``. Missing topics are created here, as they are first used.
+
+The router sits above the sender (:mod:`cdcserver.sinks.kafka.sender`): it hands it every
+message in order, and the end of every transaction, and waits while the sender has no room.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import zlib
+import zoneinfo
+from typing import Any
+
+from aiokafka.partitioner import murmur2
+
+from cdcserver.core.capture import TableSelection
+from cdcserver.core.changes import Change, Ddl, Rows
+from cdcserver.core.config import KafkaConfig
+from cdcserver.core.names import TableName
+from cdcserver.messages.base import MessageFormat, VersionLookup, primary_key
+from cdcserver.messages.events import (
+    CommitEvent,
+    EventBuilder,
+    RowBatch,
+    RowEvent,
+    StatementEvent,
+    TableShape,
+)
+from cdcserver.messages.formats import FORMATS
+from cdcserver.sinks.kafka import connect
+from cdcserver.sinks.kafka.accumulator import Message
+from cdcserver.sinks.kafka.metrics import SinkStats
+from cdcserver.sinks.kafka.sender import Sender, retrying
+from mariadb_cdc_client.format.dump import value_encoder
+
+_LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_ILLEGAL = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def legal_topic(name: str) -> str:
+    """``name`` itself when Kafka allows it as a topic; else with every character it does
+    not allow written ``_``, the name cut to fit 249 characters, and ``-`` and 12 hex digits
+    of the name's SHA-256 after it, so two names never share a topic."""
+    if _LEGAL_TOPIC.fullmatch(name) and name not in (".", ".."):
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{_ILLEGAL.sub('_', name)[:249 - 13]}-{digest}"
+
+
+def _headers(gtid: bytes, event: int, schema: bytes) -> list[tuple[str, bytes]]:
+    """``gtid``, ``event`` and, for a table whose schema is published, ``schema``."""
+    if schema:
+        return [("gtid", gtid), ("event", b"%d" % event), ("schema", schema)]
+    return [("gtid", gtid), ("event", b"%d" % event)]
+
+
+class Router:
+    def __init__(self, config: KafkaConfig, sender: Sender, stats: SinkStats,
+                 versions: VersionLookup | None = None) -> None:
+        """``versions`` numbers the table versions in messages as the Avro store created
+        them."""
+        self.config = config
+        self.sender = sender
+        self.stats = stats
+        zone = zoneinfo.ZoneInfo(config.time_zone)  # checked when the configuration loaded
+        self.format: MessageFormat = FORMATS[config.format](
+            key=config.key, zone=zone, source_name=config.client_id,
+            key_schema=config.key_schema, labels=config.databus_labels)
+        fmt = self.format
+        self.topic = fmt.default_topic if config.topic == "auto" else config.topic
+        self.ddl_topic = fmt.default_ddl_topic if config.ddl_topic == "auto" \
+            else config.ddl_topic
+        if self.ddl_topic == "auto":  # the format's one topic, or its database's part
+            self.ddl_topic = self.topic if "{table}" not in self.topic else \
+                fmt.default_ddl_topic_for(self.topic)
+        self.partitions = config.partitions or fmt.default_partitions
+        if versions is not None:
+            self.format.version_of = versions
+        self.builder = EventBuilder()
+        self.tables = TableSelection.parse(config.include, config.exclude, "kafka")
+        self._partitions: dict[str, int] = {}
+
+    def _publishes(self, change: Change) -> bool:
+        """``[kafka] include``/``exclude``: rows and statements of the tables selected (a
+        statement naming no table, CREATE DATABASE, goes as before)."""
+        if isinstance(change, Rows):
+            return self.tables.selects(TableName(change.layout.database, change.layout.table))
+        if isinstance(change, Ddl) and change.changes:
+            return any(self.tables.selects(TableName(c.database, c.table))
+                       for c in change.changes)
+        return True
+
+    async def route(self, changes: list[Change]) -> None:
+        """Every message of ``changes`` to the sender, in order, and each transaction's end."""
+        if not self.tables.everything:
+            changes = [c for c in changes if self._publishes(c)]
+        for event in self.builder.events(changes):
+            if isinstance(event, RowBatch):
+                if self.format.per_row_event:
+                    await self._row_event(event)
+                else:
+                    for row in event.rows:
+                        await self._row(row)
+            elif isinstance(event, StatementEvent):
+                await self._statement(event)
+            elif isinstance(event, CommitEvent):
+                self.sender.end_transaction(event.position)
+
+    async def partition_count(self, topic: str) -> int:
+        """The topic's partitions (the topic created first, with ``create_topics``)."""
+        count = self._partitions.get(topic)
+        if count is None:
+            if self.config.create_topics:
+                await retrying(lambda: connect.create_topics(self.config, [topic],
+                                                             self.partitions))
+            partitions = await retrying(lambda: self.sender.producer.partitions_for(topic))
+            count = self._partitions[topic] = len(partitions)
+            self.stats.topics.add(topic)
+        return count
+
+    # -- messages --------------------------------------------------------------------------
+
+    async def _row(self, e: RowEvent) -> None:
+        shape = e.shape
+        topic, count, schema = await self._route(shape)
+        before, after = e.before, e.after
+        if before is None or after is None:
+            row = after if before is None else before
+            assert row is not None
+            partitions: tuple[int, ...] = (self._partition(shape, row, count),)
+        else:  # an update: both keys' partitions, if the key changed
+            partitions = tuple(sorted({self._partition(shape, before, count),
+                                       self._partition(shape, after, count)}))
+        gtid = e.gtid_text.encode()
+        for key, value, event in self.format.rows(e):
+            headers = _headers(gtid, event, schema)
+            for partition in partitions:
+                await self.sender.hold(Message(topic, partition, key, value, headers))
+
+    async def _row_event(self, batch: RowBatch) -> None:
+        """One message for a whole binlog row event (the databus format). Its rows may hash
+        to different partitions, so a table's row events all go to one partition (the CRC-32
+        of its name), which keeps every row's changes in order."""
+        if not batch.rows:
+            return
+        first = batch.rows[0]
+        topic, count, schema = await self._route(first.shape)
+        partition = zlib.crc32(str(first.shape.table).encode()) % count
+        key, value, event = self.format.row_event(batch)
+        headers = _headers(first.gtid_text.encode(), event, schema)
+        if self.format.labels:  # ENUM and SET values are labels, not indexes and bitmasks
+            headers.append(("values", b"labels"))
+        await self.sender.hold(Message(topic, partition, key, value, headers))
+
+    async def _statement(self, e: StatementEvent) -> None:
+        message = self.format.statement(e)
+        if message is None:
+            return
+        key, value = message
+        schema = await self._schema(e.shape) if e.shape is not None else ""
+        headers = _headers(str(e.gtid).encode(), 0, schema.encode())  # once per statement
+        if self.format.statement_topic:  # the format's schema-change topic, once
+            await self._to_first_partition(self.format.statement_topic, key, value, headers)
+        elif e.table is None:
+            topic = legal_topic(self.ddl_topic.replace("{db}", e.database))
+            await self._to_first_partition(topic, key, value, headers)
+        else:
+            topic = self._topic(e.database, e.table)
+            for partition in range(await self.partition_count(topic)):
+                await self.sender.hold(Message(topic, partition, key, value, headers))
+
+    async def _to_first_partition(self, topic: str, key: bytes, value: bytes,
+                                  headers: list[tuple[str, bytes]]) -> None:
+        await self.partition_count(topic)
+        await self.sender.hold(Message(topic, 0, key, value, headers))
+
+    # -- topics, partitions, schemas -------------------------------------------------------
+
+    async def _route(self, shape: TableShape) -> tuple[str, int, bytes]:
+        route: tuple[str, int, bytes] | None = shape.cache.get("kafka.route")
+        if route is None:
+            topic = self._topic(shape.table.database, shape.table.table)
+            route = shape.cache["kafka.route"] = (
+                topic, await self.partition_count(topic), (await self._schema(shape)).encode())
+        return route
+
+    def _topic(self, database: str, table: str) -> str:
+        return legal_topic(self.topic.replace("{db}", database).replace("{table}", table))
+
+    def _partition(self, shape: TableShape, row: tuple[Any, ...], count: int) -> int:
+        """With primary-key message keys, Kafka's own partitioner (murmur2 of the key), so
+        the topic is partitioned as any producer of those keys would; else a CRC-32 of the
+        table and the primary key's text."""
+        if self.format.key_style == "primary-key":
+            return (murmur2(primary_key(shape, row)) & 0x7FFFFFFF) % count
+        encoders = shape.cache.get("kafka.key_encoders")
+        if encoders is None:
+            fields = shape.fields
+            key_columns = shape.primary_key or tuple(range(len(fields)))
+            encoders = shape.cache["kafka.key_encoders"] = (
+                str(shape.table).encode(), [(i, value_encoder(fields[i])) for i in key_columns])
+        name, columns = encoders
+        key = b"\x00".join([name, *[b"\x01" if row[i] is None else encode(row[i])
+                                    for i, encode in columns]])
+        return zlib.crc32(key) % count
+
+    async def _schema(self, shape: TableShape) -> str:
+        """The schema's id; published on the schema topic the first time it is used."""
+        known: str | None = shape.cache.get("kafka.schema_id")
+        if known is not None:
+            return known
+        schema = shape.schema.avsc
+        text = json.dumps({k: schema[k] for k in ("database", "table", "fields")} |
+                          {"primary_key": schema.get("primary_key", [])},
+                          separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+        schema_id = hashlib.sha256(text.encode()).hexdigest()[:16]
+        if self.config.schema_topic:
+            await self._to_first_partition(self.config.schema_topic, schema_id.encode(),
+                                           text.encode(), [])
+        shape.cache["kafka.schema_id"] = schema_id
+        return schema_id

@@ -1,0 +1,192 @@
+"""The Kafka sink's deliveries: the producer, the broker's acknowledgements, and sending
+again after a broker outage.
+
+As in aiokafka's own split (``aiokafka/producer/sender.py``), this is the half that talks to
+the broker. Every message the router makes is handed to the record batches
+(:mod:`cdcserver.sinks.kafka.accumulator`) and held in flight (:class:`InFlight`) until the
+broker acknowledges it. While the broker is away, up to ``max_buffer_bytes`` of messages
+wait; then :meth:`Sender.hold` waits, which stops replication (the listener keeps serving
+what is stored). A harvest takes what is acknowledged off the front and moves the checkpoint
+(:mod:`cdcserver.sinks.kafka.checkpoint`) to the last transaction whose messages, and all
+before them, are acknowledged.
+
+If a delivery fails (the broker is gone longer than ``request_timeout``), the sender starts a
+new producer, waiting for the broker as long as it takes, and sends everything not yet
+acknowledged again, in order: a partition may hold a message twice, never out of order for
+good. While the broker does not answer, why is in :attr:`Sender.waiting` (``/health`` shows
+it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from aiokafka.errors import KafkaError
+
+from cdcserver.core.config import KafkaConfig
+from cdcserver.core.errors import ConfigError
+from cdcserver.core.gtid import BinlogPosition
+from cdcserver.core.retry import Backoff
+from cdcserver.sinks.kafka import connect
+from cdcserver.sinks.kafka.accumulator import Message, MessageAccumulator
+from cdcserver.sinks.kafka.checkpoint import Checkpoint, InFlight
+from cdcserver.sinks.kafka.metrics import SinkStats
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def _backoff() -> Backoff:
+    """How long to wait between attempts while the broker does not answer."""
+    return Backoff(first=0.5, maximum=30.0)
+
+
+async def retrying(action: Callable[[], Awaitable[T]]) -> T:
+    """``action`` until the broker answers it."""
+    backoff = _backoff()
+    while True:
+        try:
+            return await action()
+        except (KafkaError, OSError) as exc:
+            delay = backoff.failed()
+            log.warning("kafka: %s; retrying in %.1fs", exc, delay)
+            await asyncio.sleep(delay)
+
+
+class Sender:
+    def __init__(self, config: KafkaConfig, accumulator: MessageAccumulator,
+                 checkpoint: Checkpoint, stats: SinkStats) -> None:
+        self.config = config
+        self.accumulator = accumulator
+        self.checkpoint = checkpoint
+        self.stats = stats
+        self.in_flight = InFlight()
+        self.waiting = ""  # why the sink cannot deliver yet (the broker does not answer)
+        self.producer: Any = None
+        self._recovering = asyncio.Lock()
+        self._generation = 0  # producers started so far
+
+    # -- the producer ----------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Until the broker answers: the wait is in ``waiting`` (``/health`` shows it), logged
+        at the first failure and then once a minute or when the error changes."""
+        backoff = _backoff()
+        logged, logged_at = "", 0.0
+        while True:
+            producer = connect.producer(self.config)
+            try:
+                await producer.start()
+            except (KafkaError, OSError) as exc:
+                with contextlib.suppress(KafkaError, OSError):
+                    await producer.stop()
+                if self.config.idempotence and "InitProducerId" in repr(exc):
+                    raise ConfigError("the Kafka broker refused an idempotent producer; set "
+                                      "kafka.idempotence = false for it") from exc
+                delay = backoff.failed()
+                self.waiting = (f"waiting for the Kafka broker at {self.config.bootstrap} "
+                                f"(replication starts when it answers): {exc}")
+                if self.waiting != logged or time.monotonic() - logged_at >= 60:
+                    log.warning("kafka: %s; trying again (every %.0fs at most)",
+                                self.waiting, backoff.maximum)
+                    logged, logged_at = self.waiting, time.monotonic()
+                await asyncio.sleep(delay)
+                continue
+            if self.waiting:
+                log.info("kafka: connected to %s", self.config.bootstrap)
+            self.waiting = ""
+            self.producer = producer
+            self._generation += 1
+            self.accumulator.use(producer)
+            return
+
+    async def close(self) -> None:
+        if self.producer is not None:
+            with contextlib.suppress(KafkaError, OSError, TimeoutError):
+                async with asyncio.timeout(10):
+                    await self.checkpoint.handed_over()  # the last position
+                    await self.producer.stop()  # (which delivers what it holds)
+            self.producer = None
+            self.accumulator.use(None)
+
+    # -- messages in flight ----------------------------------------------------------------
+
+    async def hold(self, message: Message) -> None:
+        """Keep ``message`` until the broker acknowledges it (waiting for room first), and
+        batch it."""
+        if self.in_flight.bytes + message.size > self.config.max_buffer_bytes and \
+                self.in_flight:
+            await self._make_room(message.size)
+        self.in_flight.hold(message)
+        self.stats.messages += 1
+        await self.accumulator.add(message)
+
+    def end_transaction(self, position: BinlogPosition) -> None:
+        self.in_flight.end_transaction(position)
+        self.stats.transactions += 1
+
+    async def flush(self) -> BinlogPosition | None:
+        """Wait until what was sent so far is acknowledged, then record the position."""
+        await self.accumulator.ship_all()
+        waiting = self.in_flight.unfinished()
+        if waiting:
+            await asyncio.wait(waiting)
+        await self.harvest()
+        return self.checkpoint.durable
+
+    async def _make_room(self, size: int) -> None:
+        while self.in_flight.bytes + size > self.config.max_buffer_bytes and self.in_flight:
+            await self._settle_oldest()
+
+    async def _settle_oldest(self) -> None:
+        """Wait for the oldest message's acknowledgement (resending on failure), then take
+        every acknowledged message and marker off the front."""
+        await self.accumulator.ship_all()
+        head = self.in_flight.oldest()
+        if head is not None and head.future is not None:
+            await asyncio.wait([head.future])
+        await self.harvest()
+
+    # -- acknowledgements ------------------------------------------------------------------
+
+    async def harvest(self) -> None:
+        async with self.checkpoint.lock:
+            await self._harvest_locked()
+
+    async def _harvest_locked(self) -> None:
+        moved = None
+        while True:
+            passed, acknowledged, failed = self.in_flight.release()
+            self.stats.acknowledged += acknowledged
+            if passed is not None:
+                moved = passed
+            if failed is None:
+                break
+            await self._recover(failed.exception() if not failed.cancelled() else None)
+        if moved is not None:
+            await self.checkpoint.save(moved)
+            self.checkpoint.send(moved, self.producer)
+
+    async def _recover(self, error: BaseException | None) -> None:
+        """A delivery failed: reconnect and send everything unacknowledged again, in order."""
+        generation = self._generation
+        async with self._recovering:
+            if generation != self._generation:
+                return  # another waiter already recovered
+            log.warning("kafka: delivery failed (%s); reconnecting and sending the %d "
+                        "unacknowledged messages again", error or "cancelled",
+                        sum(1 for _ in self.in_flight.messages()))
+            self.stats.reconnects += 1
+            await self.close()
+            await self.connect()  # (the open batches are dropped: batched again below)
+            for message in self.in_flight.messages():
+                message.future = None
+                await self.accumulator.add(message)
+                self.stats.resent += 1
+            await self.accumulator.ship_all()
