@@ -15,6 +15,7 @@ import pytest
 from cdcserver.core.config import KafkaConfig
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.sinks.kafka import checkpoint as checkpoint_module
+from cdcserver.sinks.kafka import sender as sender_module
 from cdcserver.sinks.kafka.accumulator import Message
 from cdcserver.sinks.kafka.checkpoint import InFlight, _load_state
 from cdcserver.sinks.kafka.sink import KafkaSink
@@ -73,3 +74,89 @@ async def test_the_position_moves_only_past_acknowledged_messages():
     second.future.set_result(None)
     assert in_flight.release() == (_position(2), 1, None)
     assert len(in_flight) == 0 and in_flight.bytes == 0
+
+
+class _Broker:
+    """Stands for a broker (none runs here: the test must stop it at one exact moment, a
+    delivery failed and the producer being started again while the sink goes on)."""
+
+    def __init__(self) -> None:
+        self.up = True
+        self.sent: list[tuple[int, list[bytes], asyncio.Future[None]]] = []  # per producer
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.values: list[bytes] = []
+
+    def append(self, timestamp: None, key: bytes, value: bytes, headers: list) -> object:
+        self.values.append(value)
+        return self  # room left
+
+    def close(self) -> None:
+        pass
+
+
+class _Producer:
+    started = 0
+
+    def __init__(self, broker: _Broker) -> None:
+        self.broker = broker
+        _Producer.started += 1
+        self.number = _Producer.started
+
+    async def start(self) -> None:
+        if not self.broker.up:
+            raise OSError("connection refused")
+
+    async def stop(self) -> None:
+        pass
+
+    async def send(self, topic: str, value: bytes, key: bytes, partition: int
+                   ) -> asyncio.Future[None]:  # the state topic's position record
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+    def create_batch(self) -> _Builder:
+        return _Builder()
+
+    async def send_batch(self, builder: _Builder, topic: str, partition: int
+                         ) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.broker.sent.append((self.number, list(builder.values), future))
+        return future
+
+
+async def test_a_message_made_while_the_producer_is_started_again_waits_and_keeps_its_order(
+        tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """A delivery fails and the flush loop starts a new producer, waiting for the broker;
+    meanwhile the pipeline applies the next transaction. Its message waits, and goes out
+    after the one sent again, not into a producer that is gone (which raised
+    AttributeError and stopped replication) nor ahead of it."""
+    broker = _Broker()
+    monkeypatch.setattr(sender_module.connect, "producer", lambda config: _Producer(broker))
+    sink = KafkaSink(KafkaConfig(bootstrap="127.0.0.1:1"), str(tmp_path), "x")
+    await sink.sender.connect()
+    await sink.sender.hold(Message("t", 0, b"k", b"first", []))
+    sink.sender.end_transaction(_position(1))
+    await sink.accumulator.ship_all()
+    broker.up = False
+    broker.sent[0][2].set_exception(OSError("the broker is gone"))
+    flushing = asyncio.create_task(sink.sender.flush())  # the flush loop: it recovers
+    await asyncio.sleep(0.05)
+    assert sink.sender.producer is None  # waiting for the broker
+    holding = asyncio.create_task(sink.sender.hold(Message("t", 0, b"k", b"second", [])))
+    await asyncio.sleep(0.05)
+    assert not holding.done()  # it waits for the new producer
+    broker.up = True
+    await asyncio.wait_for(holding, 10)
+    await asyncio.wait_for(flushing, 10)
+    sink.sender.end_transaction(_position(2))
+    final = asyncio.create_task(sink.sender.flush())  # ships, then waits for the answers
+    await asyncio.sleep(0.05)
+    for _, _, future in broker.sent[1:]:
+        future.set_result(None)
+    assert await asyncio.wait_for(final, 10) == _position(2)
+    after = [values for number, values, _ in broker.sent if number > 1]
+    assert [v for values in after for v in values] == [b"first", b"second"]

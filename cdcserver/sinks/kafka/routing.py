@@ -127,7 +127,7 @@ class Router:
             if self.config.create_topics:
                 await retrying(lambda: connect.create_topics(self.config, [topic],
                                                              self.partitions))
-            partitions = await retrying(lambda: self.sender.producer.partitions_for(topic))
+            partitions = await retrying(lambda: self.sender.partitions_for(topic))
             count = self._partitions[topic] = len(partitions)
             self.stats.topics.add(topic)
         return count

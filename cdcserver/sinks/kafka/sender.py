@@ -14,7 +14,8 @@ If a delivery fails (the broker is gone longer than ``request_timeout``), the se
 new producer, waiting for the broker as long as it takes, and sends everything not yet
 acknowledged again, in order: a partition may hold a message twice, never out of order for
 good. While the broker does not answer, why is in :attr:`Sender.waiting` (``/health`` shows
-it).
+it). Nothing is handed to the record batches while a new producer is being started: a message
+the sink makes meanwhile waits until every message before it was batched again, in order.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ class Sender:
         self.in_flight = InFlight()
         self.waiting = ""  # why the sink cannot deliver yet (the broker does not answer)
         self.producer: Any = None
+        # held while a new producer starts and what is in flight is batched again; every
+        # use of the producer and the batches takes it too, so none finds the producer gone
+        # and no new message passes an older one being sent again
         self._recovering = asyncio.Lock()
         self._generation = 0  # producers started so far
 
@@ -123,9 +127,19 @@ class Sender:
         if self.in_flight.bytes + message.size > self.config.max_buffer_bytes and \
                 self.in_flight:
             await self._make_room(message.size)
-        self.in_flight.hold(message)
-        self.stats.messages += 1
-        await self.accumulator.add(message)
+        async with self._recovering:
+            self.in_flight.hold(message)
+            self.stats.messages += 1
+            await self.accumulator.add(message)
+
+    async def ship_all(self) -> None:
+        """Hand every open record batch to the producer."""
+        async with self._recovering:
+            await self.accumulator.ship_all()
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        async with self._recovering:
+            return set(await self.producer.partitions_for(topic))
 
     def end_transaction(self, position: BinlogPosition) -> None:
         self.in_flight.end_transaction(position)
@@ -133,7 +147,7 @@ class Sender:
 
     async def flush(self) -> BinlogPosition | None:
         """Wait until what was sent so far is acknowledged, then record the position."""
-        await self.accumulator.ship_all()
+        await self.ship_all()
         waiting = self.in_flight.unfinished()
         if waiting:
             await asyncio.wait(waiting)
@@ -147,7 +161,7 @@ class Sender:
     async def _settle_oldest(self) -> None:
         """Wait for the oldest message's acknowledgement (resending on failure), then take
         every acknowledged message and marker off the front."""
-        await self.accumulator.ship_all()
+        await self.ship_all()
         head = self.in_flight.oldest()
         if head is not None and head.future is not None:
             await asyncio.wait([head.future])

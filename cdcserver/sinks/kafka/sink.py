@@ -112,7 +112,7 @@ class KafkaSink:
 
     async def apply(self, changes: list[Change]) -> None:
         await self.router.route(changes)
-        await self.accumulator.ship_all()
+        await self.sender.ship_all()
 
     async def keep_up(self) -> None:
         """Nothing: acknowledged messages leave the buffer as room is needed."""
