@@ -140,7 +140,7 @@ def start(spark: Any, options: dict[str, str], table: str, path: str, checkpoint
     return writer.trigger(**(trigger or {"processingTime": "2 seconds"})).start()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mariadb_cdc_client.spark.mirror",
                                      description="Keep a copy of a table: Parquet snapshots, "
                                                  "or a Delta Lake or Iceberg table")
@@ -170,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="dump (default), earliest, latest or a GTID state")
     parser.add_argument("--once", action="store_true",
                         help="apply what is stored now and exit (trigger availableNow)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if not args.password:
         parser.error("--password or CDC_PASSWORD is required")
