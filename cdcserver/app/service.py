@@ -55,7 +55,7 @@ class Service:
         self.monitoring = Monitoring(config, latency, self.stats, replication.runner.stats)
         self.admin = AdminApi(config, data, replication.runner, self.listener.server,
                               self.dumps.scheduler, self.stats)
-        self._ended: asyncio.Future[None] | None = None  # when run() ends, and how
+        self._ended = _Ended()
 
     def components(self) -> list[Component]:
         """In start order; they stop in reverse."""
@@ -65,22 +65,14 @@ class Service:
     async def run(self, stop: asyncio.Event, started: Callable[[Service], None] | None = None
                   ) -> None:
         """Serve until ``stop`` is set; raises if replication fails for good."""
-        ended = self._ending()
         try:
             await self._run(stop, started)
         except BaseException as exc:
-            ended.set_exception(exc if isinstance(exc, Exception) else
-                                CdcError("the service was cancelled"))
-            ended.exception()  # retrieved: there may be no waiter
+            self._ended.set(exc if isinstance(exc, Exception) else
+                            CdcError("the service was cancelled"))
             raise
         else:
-            ended.set_result(None)
-
-    def _ending(self) -> asyncio.Future[None]:
-        """Resolved when run() ends (with its exception, if it failed)."""
-        if self._ended is None:
-            self._ended = asyncio.get_running_loop().create_future()
-        return self._ended
+            self._ended.set(None)
 
     async def _run(self, stop: asyncio.Event, started: Callable[[Service], None] | None
                    ) -> None:
@@ -108,19 +100,19 @@ class Service:
         if the service ended first (it failed to start, or stopped), instead of waiting
         forever."""
         waiting = asyncio.ensure_future(self._caught_up(target))
-        ended = self._ending()
-        finished = False
+        ended = asyncio.ensure_future(self._ended.event.wait())
         try:
             await asyncio.wait({waiting, ended}, return_when=asyncio.FIRST_COMPLETED)
-            finished = waiting.done()
         finally:
-            if not waiting.done():
-                waiting.cancel()
-        if finished:
+            for task in (waiting, ended):
+                if not task.done():
+                    task.cancel()
+        if waiting.done() and not waiting.cancelled():
             waiting.result()
             return
-        if ended.exception() is not None:
-            raise CdcError(f"the service stopped: {ended.exception()}") from ended.exception()
+        error = self._ended.error
+        if error is not None:
+            raise CdcError(f"the service stopped: {error}") from error
         raise CdcError("the service stopped before it caught up")
 
     async def _caught_up(self, target: GtidState) -> None:
@@ -129,6 +121,18 @@ class Service:
         index = self.data.store.index
         assert index is not None
         await runner.wait_applied(lambda state: all(index.reached(state, g) for g in target))
+
+
+class _Ended:
+    """Whether run() has ended, and its error if it failed."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.error: Exception | None = None
+
+    def set(self, error: Exception | None) -> None:
+        self.error = error
+        self.event.set()
 
 
 async def _first(*waits: Coroutine[Any, Any, object]) -> None:

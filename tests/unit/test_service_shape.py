@@ -24,9 +24,7 @@ def test_the_service_holds_at_most_ten_attributes_none_of_them_empty(tmp_path):
     service = _service(tmp_path, metrics={"listen": "127.0.0.1:0"})
     attributes = vars(service)
     assert len(attributes) <= MAX_ATTRIBUTES, sorted(attributes)
-    empty = [name for name, value in attributes.items()
-             if value is None and name != "_ended"]  # _ended: made in run()'s event loop
-    assert empty == []
+    assert [name for name, value in attributes.items() if value is None] == []
 
 
 def test_every_component_starts_and_stops(tmp_path):
