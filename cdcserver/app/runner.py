@@ -37,7 +37,7 @@ from cdcserver.core.names import TableName
 from cdcserver.core.retry import Backoff
 from cdcserver.ops.metrics import ReplicationStats
 from cdcserver.replication import preflight, source
-from cdcserver.replication.decoder import DeferDecoding
+from cdcserver.replication.mappedtable import DeferDecoding
 from cdcserver.replication.replicator import Replicator
 from cdcserver.replication.sources import Sources
 from cdcserver.replication.xa import PreparedXa
