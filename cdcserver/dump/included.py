@@ -28,7 +28,7 @@ from cdcserver.core.names import TableName
 from cdcserver.core.retry import Backoff
 from cdcserver.dump.files import list_dumps
 from cdcserver.dump.scheduler import DumpScheduler
-from cdcserver.replication.preflight import capture_selection
+from cdcserver.replication.selection import capture_selection
 from cdcserver.store.layout import DataDir
 
 log = logging.getLogger(__name__)
