@@ -47,8 +47,8 @@ from cdcserver.schema.history import SchemaHistory
 from cdcserver.sinks.base import Sink, SourceInfo, ordered
 from cdcserver.sinks.pipeline import Applied, Pipeline, start_position
 from cdcserver.store.catalog import Catalog
+from cdcserver.store.faults import DISK_FULL_ERRNOS
 from cdcserver.store.layout import DataDir
-from cdcserver.store.store import DISK_FULL_ERRNOS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
