@@ -40,7 +40,7 @@ from cdcserver.protocol.requests import StreamRequest, state_bound, stream_reque
 from cdcserver.protocol.scram import MECHANISM, ScramFailed, ServerExchange
 from cdcserver.protocol.stream import quarantined
 from cdcserver.protocol.throttle import Turn, shown_name
-from cdcserver.store.index import RangePlan, TransactionInfo
+from cdcserver.store.transactionlog import RangePlan, TransactionInfo
 from mariadb_cdc_client.format.names import table_ref
 from mariadb_cdc_client.format.wire import (
     MAX_USER_NAME,

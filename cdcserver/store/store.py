@@ -47,8 +47,9 @@ from cdcserver.store.checkpoint import Checkpoint, Quarantined
 from cdcserver.store.durability import make_durable, table_mark
 from cdcserver.store.encoder import record_head
 from cdcserver.store.faults import DISK_FULL_ERRNOS, TABLE_FAULTS, concerns_one_table
-from cdcserver.store.index import StoreIndex, TransactionInfo
+from cdcserver.store.index import StoreIndex
 from cdcserver.store.layout import DataDir
+from cdcserver.store.transactionlog import TransactionInfo
 from cdcserver.store.versionnote import version_note
 from cdcserver.store.versions import OpenTransaction, VersionFiles
 from cdcserver.store.writerlock import lock_for_writing
