@@ -44,10 +44,11 @@ from cdcserver.app.ctlformat import (
 from cdcserver.app.process import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from cdcserver.core import config as cfg
 from cdcserver.core.errors import ConfigError
+from cdcserver.core.options import ADMIN_TOKEN_VARIABLE
 from mariadb_cdc_client.format.names import BadTableRef, parse_table, table_ref
 
 PROG = "cdcserver ctl"
-TOKEN_VARIABLE = cfg.ADMIN_TOKEN_VARIABLE
+TOKEN_VARIABLE = ADMIN_TOKEN_VARIABLE
 TIMEOUT = 10.0  # seconds, per request
 RESYNC_PATH = "/api/v1/tables/{table}/resync"  # the table percent-encoded
 POLL = 0.5  # seconds between looks at a dump being taken

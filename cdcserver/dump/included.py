@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import pymysql
 
 from cdcserver.core.capture import CaptureFilter
-from cdcserver.core.config import CaptureConfig, SourceAddress
+from cdcserver.core.captureconfig import CaptureConfig
+from cdcserver.core.config import SourceAddress
 from cdcserver.core.durable import write_atomically
 from cdcserver.core.errors import CdcError
 from cdcserver.core.names import TableName

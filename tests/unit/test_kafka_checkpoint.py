@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from cdcserver.core.config import KafkaConfig
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.sinks.kafka import sink as sink_module
 from cdcserver.sinks.kafka.sink import KafkaSink, _load_state, _Marker
 

@@ -248,7 +248,7 @@ def test_commands_take_their_flags_from_the_configuration():
 
 
 def test_passwords_kept_in_files(tmp_path):
-    from cdcserver.core.config import KafkaConfig
+    from cdcserver.core.kafkaconfig import KafkaConfig
 
     secret = tmp_path / "secret"
     secret.write_text("p@ss word\n")

@@ -47,10 +47,10 @@ from aiokafka.partitioner import murmur2
 
 from cdcserver.core.capture import TableSelection
 from cdcserver.core.changes import Change, Ddl, Rows
-from cdcserver.core.config import KafkaConfig
 from cdcserver.core.durable import outlast, write_atomically
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import BinlogPosition
+from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.core.names import TableName
 from cdcserver.core.retry import Backoff
 from cdcserver.messages.base import MessageFormat, VersionLookup, primary_key
