@@ -46,7 +46,8 @@ from typing import Any, BinaryIO, NoReturn
 
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.core.names import TableName
-from cdcserver.protocol.bigjson import large, send_large_block
+from cdcserver.protocol.bigjson import send_large_block
+from cdcserver.protocol.blockdata import large
 from cdcserver.protocol.dialect import JsonStyle, schema_line
 from cdcserver.protocol.outbox import Outbox
 from cdcserver.protocol.render import (
