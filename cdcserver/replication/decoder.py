@@ -48,6 +48,7 @@ from cdcserver.replication.eventkinds import (
     PASSIVE,
     ROWS_KINDS,
     V2_ROWS,
+    describe_format,
 )
 from cdcserver.replication.mappedtable import DeferDecoding, MappedTable, changed_pairs, full_image
 from cdcserver.replication.queryevent import STATEMENT_DML, TRANSACTION_CONTROL, query_statement
@@ -211,6 +212,12 @@ class EventDecoder(TransactionFraming):
         if STATEMENT_DML.match(sql):
             self._statement_logged(sql, database, out)
             return
+        self._schema_statement(sql, database, timestamp, out)
+
+    def _schema_statement(self, sql: str, database: str, timestamp: int,
+                          out: list[Change]) -> None:
+        """A statement that is neither transaction control nor a data change: DDL (or
+        another statement the schema history reads), with the markers its changes need."""
         if self._pending_mysql_gtid is not None:  # MySQL DDL: GTID, then the statement
             self._open(self._pending_mysql_gtid, timestamp, out, standalone=True)
             self._pending_mysql_gtid = None
@@ -358,22 +365,9 @@ class EventDecoder(TransactionFraming):
         self._tables.clear()
 
     def _format_description(self, buf: bytes, pos: int, end: int) -> None:
-        body = Cursor(buf, pos, end)
-        body.u16()  # binlog version
-        self.mariadb = b"mariadb" in body.take(50).lower()
-        body.u32()  # created
-        header_len = body.u8()
-        if header_len != HEADER_SIZE:
-            raise UndecodableEvent(f"unsupported event header length {header_len}")
-        # The checksum algorithm byte sits just before the event's own CRC (if any). The
-        # event-size arithmetic in feed() already excluded a CRC we knew about; the FDE tells
-        # us whether one is coming from now on.
-        event_end = pos - HEADER_SIZE + int.from_bytes(buf[pos - 10 : pos - 6], "little")
-        algorithm = buf[event_end - 5]
-        self.checksum_size = 4 if algorithm == 1 else 0
-        post_headers = buf[body.pos : event_end - 5]
-        table_map_post_header = post_headers[EventKind.TABLE_MAP - 1]
-        self.table_id_size = 6 if table_map_post_header == 8 else 4
+        described = describe_format(buf, pos, end)
+        self.mariadb = described.mariadb
+        self.checksum_size, self.table_id_size = described.checksum_size, described.table_id_size
 
     def _transaction_payload(self, body: Cursor, out: list[Change]) -> None:
         """MySQL 8.0.20+ binlog_transaction_compression: the events of one transaction,
