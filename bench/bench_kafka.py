@@ -41,13 +41,13 @@ from cdcserver.app.service import Service
 from cdcserver.core.changes import Change
 from cdcserver.core.config import (
     Config,
-    KafkaConfig,
     ListenerConfig,
     MetricsConfig,
     SourceConfig,
     StoreConfig,
 )
 from cdcserver.core.gtid import BinlogPosition, GtidState
+from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.protocol.users import UsersFile
 from cdcserver.sinks.base import SinkStatus, SourceInfo
 from cdcserver.sinks.kafka import connect

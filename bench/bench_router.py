@@ -46,8 +46,8 @@ from bench.common import (
 )
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.app.service import Service
+from cdcserver.core.captureconfig import CaptureConfig
 from cdcserver.core.config import (
-    CaptureConfig,
     Config,
     ListenerConfig,
     MetricsConfig,

@@ -21,12 +21,11 @@ import pytest
 
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.app.service import Service
+from cdcserver.core.captureconfig import CaptureConfig
 from cdcserver.core.config import (
     AdminConfig,
-    CaptureConfig,
     Config,
     DumpConfig,
-    KafkaConfig,
     ListenerConfig,
     MetricsConfig,
     RetentionConfig,
@@ -34,6 +33,7 @@ from cdcserver.core.config import (
     StoreConfig,
 )
 from cdcserver.core.gtid import GtidState, same_transaction
+from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.protocol.users import UsersFile
 from tests.helpers import JVM_OPTIONS, PASSWORD, USER
 from tests.kafka_broker import Tansu

@@ -172,7 +172,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Exit 0 when the source is ready (warnings included), 1 on a fatal finding."""
-    from cdcserver.replication.preflight import capture_selection, check_source
+    from cdcserver.replication.preflight import check_source
+    from cdcserver.replication.selection import capture_selection
 
     config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
     report = check_source(config.source.address(), config.source.server_id)

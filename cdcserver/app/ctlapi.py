@@ -19,10 +19,11 @@ from typing import Any
 
 from cdcserver.app.process import EXIT_FAILED, EXIT_USAGE
 from cdcserver.core import config as cfg
+from cdcserver.core.options import ADMIN_TOKEN_VARIABLE
 from mariadb_cdc_client.format.names import BadTableRef, parse_table, table_ref
 
 PROG = "cdcserver ctl"
-TOKEN_VARIABLE = cfg.ADMIN_TOKEN_VARIABLE
+TOKEN_VARIABLE = ADMIN_TOKEN_VARIABLE
 TIMEOUT = 10.0  # seconds, per request
 
 

@@ -37,7 +37,7 @@ from cdcserver.core.handoff import Handoff
 from cdcserver.core.names import TableName
 from cdcserver.core.retry import Backoff
 from cdcserver.ops.metrics import ReplicationStats
-from cdcserver.replication.decoder import DeferDecoding
+from cdcserver.replication.mappedtable import DeferDecoding
 from cdcserver.replication.replicator import Replicator
 from cdcserver.replication.sources import Sources
 from cdcserver.replication.xa import PreparedXa
@@ -48,8 +48,8 @@ from cdcserver.schema.history import SchemaHistory
 from cdcserver.sinks.base import Sink, SourceInfo, ordered
 from cdcserver.sinks.pipeline import Applied, Pipeline, start_position
 from cdcserver.store.catalog import Catalog
+from cdcserver.store.faults import DISK_FULL_ERRNOS
 from cdcserver.store.layout import DataDir
-from cdcserver.store.store import DISK_FULL_ERRNOS
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ import sys
 from typing import Any, get_type_hints
 
 from cdcserver.core import config as cfg
+from cdcserver.core import options
 
 # One line on what each section configures (the dataclasses carry no docstring of their own).
 SECTIONS = {
@@ -31,8 +32,8 @@ SECTIONS = {
     "log": "The service's log on standard error.",
 }
 
-# Read by config.py beside the settings (``SourceConfig._password``,
-# ``KafkaConfig.sasl_password``, ``CaptureConfig.hash_salt``): a secret, never a TOML key or a flag.
+# Read beside the settings (``SourceConfig._password``, ``KafkaConfig.sasl_password``,
+# ``CaptureConfig.hash_salt``; declared in options.py): a secret, never a TOML key or a flag.
 SECRET_VARIABLES = {
     "CDCSERVER_SOURCE_PASSWORD": "the source password, for each source URL that holds none of "
                                  "its own (`source.password_file` wins over it)",
@@ -46,13 +47,13 @@ SECRET_VARIABLES = {
 
 # What each declared check requires, in words.
 CHECKS = {
-    cfg.positive: "more than 0",
-    cfg.not_negative: "0 or more",
-    cfg.time_zone: "a time zone name, e.g. `UTC` or `Europe/Berlin`",
-    cfg.host_port: "`HOST:PORT`",
-    cfg.host_port_or_off: "`HOST:PORT`, or empty",
-    cfg.start_position: "`oldest`, `newest` or a GTID state",
-    cfg.system_tables: "`db.table` names, comma-separated, each named (no pattern)",
+    options.positive: "more than 0",
+    options.not_negative: "0 or more",
+    options.time_zone: "a time zone name, e.g. `UTC` or `Europe/Berlin`",
+    options.host_port: "`HOST:PORT`",
+    options.host_port_or_off: "`HOST:PORT`, or empty",
+    options.start_position: "`oldest`, `newest` or a GTID state",
+    options.system_tables: "`db.table` names, comma-separated, each named (no pattern)",
 }
 
 _INTRO = """\
@@ -87,8 +88,8 @@ Settings checked together: `listener.tls_key` needs `listener.tls_cert`;
 
 def render() -> str:
     """The whole reference, as Markdown."""
-    parts = [_INTRO.format(durations=_units(cfg._DURATION),
-                           sizes=_units(cfg._SIZE, sizes=True))]
+    parts = [_INTRO.format(durations=_units(options.DURATION),
+                           sizes=_units(options.SIZE, sizes=True))]
     for section, section_type in cfg.Config.sections().items():
         parts.append(_section(section, section_type))
     parts.append(_secrets())
@@ -110,7 +111,7 @@ def _section(section: str, section_type: type[Any]) -> str:
 
 
 def environment_variable(section: str, key: str) -> str:
-    """The variable config.py reads a setting from (``_from_environment``)."""
+    """The variable a setting is read from (``configload.from_environment``)."""
     return f"CDCSERVER_{section.upper()}_{key.upper()}"
 
 
@@ -124,7 +125,7 @@ def _flag(f: dataclasses.Field[Any], kind: Any) -> str:
 
 
 def _kind(kind: Any, key: str) -> str:
-    allowed = cfg.choices(kind)
+    allowed = options.choices(kind)
     if allowed:
         return "one of " + ", ".join(f"`{value}`" for value in allowed)
     if kind is bool:
@@ -166,7 +167,7 @@ def _units(units: dict[str, int], sizes: bool = False) -> str:
     for unit, worth in units.items():
         if unit:
             name = (unit[0].upper() + "iB" if unit.endswith("ib") else unit.upper()) \
-                if sizes else unit  # config.py's tables are lowercase; any case is read
+                if sizes else unit  # options.py's tables are lowercase; any case is read
             by_worth.setdefault(worth, []).append(f"`{name}`")
     return ", ".join(f"{' or '.join(names)} ({_worth(worth)})"
                      for worth, names in by_worth.items())

@@ -61,7 +61,7 @@ from cdcserver.core.gtid import GtidState
 from cdcserver.core.names import TableName
 from cdcserver.dump import files
 from cdcserver.dump.chunkmerge import Overlay, end_point, merged_lines, store_overlay
-from cdcserver.dump.chunkreader import Connections, Run, reader, split
+from cdcserver.dump.chunkreader import Run, reader, split
 from cdcserver.dump.chunks import (
     ChunkedProgress,
     NotChunkable,
@@ -77,6 +77,7 @@ from cdcserver.dump.chunks import (
 )
 from cdcserver.dump.options import DumpOptions
 from cdcserver.dump.partial import HEADER_SLACK, PartialDump, Progress
+from cdcserver.dump.readerconnections import Connections
 from cdcserver.dump.snapshot import (
     SnapshotPoint,
     prepare_session,

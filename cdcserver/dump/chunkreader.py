@@ -4,13 +4,9 @@ reads, and its rows written to the body in key order."""
 
 from __future__ import annotations
 
-import base64
 import logging
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -18,7 +14,6 @@ import pymysql
 
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.names import TableName
-from cdcserver.dump import rawrows
 from cdcserver.dump.chunks import (
     Chunk,
     ChunkedProgress,
@@ -30,13 +25,15 @@ from cdcserver.dump.chunks import (
     save,
     show_create,
 )
-from cdcserver.dump.partial import AREA, PartialDump, area, release
+from cdcserver.dump.keyranges import key_cuts, key_ranges
+from cdcserver.dump.partial import PartialDump
+from cdcserver.dump.rangebuffer import Blocks, RangeBuffer
+from cdcserver.dump.readerconnections import Connections, reader_connection
 from cdcserver.dump.scan import ScanPlan
 from cdcserver.dump.snapshot import (
     ER_NO_SUCH_TABLE,
     ER_TABLE_DEF_CHANGED,
     open_snapshot_position,
-    prepare_session,
     qualified,
 )
 from cdcserver.replication import source as source_sql
@@ -45,12 +42,6 @@ log = logging.getLogger(__name__)
 
 
 # -- ranges ------------------------------------------------------------------------------
-
-_INTEGER_KEYS = ("tinyint", "smallint", "mediumint", "int", "bigint", "serial")
-_MOST_RANGES = 100_000
-_TAIL_SPLIT = 4
-_RANGE_BYTES = 32 << 20  # at most about this much of a range's dump in one range
-
 
 @dataclass(frozen=True)
 class Split:
@@ -66,7 +57,7 @@ def split(conn: Any, plan: ScanPlan, table: TableName, readers: int,
           chunk_rows: int) -> Split:
     """The key space in ranges, in key order, in one consistent snapshot: an integer key
     in ranges of about half ``chunk_rows`` rows each, more in a big table
-    (:func:`_range_rows`; arithmetically, from its span and the table's estimated rows),
+    (:mod:`cdcserver.dump.keyranges`; arithmetically, from its span and the table's estimated rows),
     the last quarter of them a quarter as long, which the readers take in turn; any other
     key in one range per reader, split at sampled keys (``LIMIT 1 OFFSET n`` on the key).
     The last range ends at the last key in the snapshot (an empty table has none): a range
@@ -74,90 +65,10 @@ def split(conn: Any, plan: ScanPlan, table: TableName, readers: int,
     chunks read them, and those come from the changes after the snapshot anyway."""
     file, pos, _ = open_snapshot_position(conn)
     try:
-        cuts, last = _cuts(conn, plan, table, readers, chunk_rows)
+        cuts, last = key_cuts(conn, plan, table, readers, chunk_rows)
     finally:
         source_sql.query(conn, "COMMIT")
-    if last is None:
-        return Split([], file, pos)
-    hexed = [[v.hex() for v in cut] for cut in cuts]  # in key order, at most the last
-    hexed = [h for i, h in enumerate(hexed) if i == 0 or h != hexed[i - 1]]
-    edges: list[list[str] | None] = [None, *hexed, [v.hex() for v in last]]
-    if len(edges) > 2 and edges[-2] == edges[-1]:
-        edges.pop(-2)
-    return Split([KeyRange(edges[i], edges[i + 1]) for i in range(len(edges) - 1)], file, pos)
-
-
-def _cuts(conn: Any, plan: ScanPlan, table: TableName, readers: int, chunk_rows: int
-          ) -> tuple[list[list[bytes]], list[bytes] | None]:
-    """Where the ranges meet (each the last key of the range before), and the table's last
-    key (None: no row)."""
-    key = plan.key
-    cuts: list[list[bytes]] = []
-    if len(key) == 1 and key[0].sql_type in _INTEGER_KEYS:
-        column = f"`{key[0].name.replace('`', '``')}`"
-        low, high, estimate = source_sql.query(  # and the estimate, in one round trip
-            conn, f"SELECT MIN({column}), MAX({column}), (SELECT TABLE_ROWS FROM "
-                  f"information_schema.TABLES WHERE TABLE_SCHEMA = "
-                  f"{conn.escape(table.database)} AND TABLE_NAME = {conn.escape(table.table)})"
-                  f" FROM {qualified(table)}")[0]
-        estimate = int(estimate or 0)
-        if low is None:
-            return [], None
-        low, high = int(low), int(high)
-        count = min(max(readers, -(-estimate // _range_rows(
-            conn, table, estimate, readers, chunk_rows))), _MOST_RANGES,
-            max(high - low, 1))
-        step = max((high - low) // count, 1)
-        points = [low + step * i for i in range(1, count)]
-        # the last quarter in ranges a quarter as long: the readers run out of ranges
-        # at about the same time (one reader left alone with a whole range would leave
-        # the source's other core idle)
-        tail = count // 4 if readers > 1 and step >= _TAIL_SPLIT else 0
-        for i in range(count - tail, count):
-            start = low + step * i
-            points += [start + step * j // _TAIL_SPLIT for j in range(1, _TAIL_SPLIT)]
-        cuts = [[str(point).encode()] for point in sorted(points) if point < high]
-        return cuts, [str(high).encode()]
-    last = _key_row(conn, plan.last_key_sql())
-    if last is None:
-        return [], None
-    if readers > 1 and (estimate := source_sql.estimated_rows(
-            conn, table.database, table.table)) >= readers * 2:
-        for i in range(1, readers):
-            found = _key_row(conn, plan.key_sql(estimate * i // readers))
-            if found is not None:
-                cuts.append(found)
-    return cuts, last
-
-
-def _key_row(conn: Any, sql: str) -> list[bytes] | None:
-    """The key values of the one row ``sql`` reads (its raw form, as the ranges hold them;
-    None: no row)."""
-    found = [row for batch in rawrows.query_rows(conn, sql) for row in batch]
-    if not found:
-        return None
-    return [base64.b64decode(v) for v in found[0][2:-2].split(b'","')]
-
-
-def _range_rows(conn: Any, table: TableName, estimate: int, readers: int, chunk_rows: int
-                ) -> int:
-    """Rows per range of an integer key: about half a chunk, so that one query usually
-    reads a range; in a big table more, at least a ``readers * 8``th of it, up to four
-    chunks or ``_RANGE_BYTES`` of dump (what a reader may hold of a range before its turn).
-    A range is one reader's contiguous scan, and InnoDB reads the next extent ahead only
-    within one: where the table is not in the buffer pool, every range's start costs the
-    source synchronous page reads (ranges of 25,000 rows of the bench's big table: 5-15 %
-    more CPU for mariadbd than ranges of 100,000)."""
-    rows = max(chunk_rows // 2, 1)
-    wanted = estimate // (readers * 8)
-    if wanted <= rows:
-        return rows
-    found = source_sql.query(conn, "SELECT AVG_ROW_LENGTH FROM information_schema.TABLES "
-                                   "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
-                             (table.database, table.table))
-    length = int(found[0][0] or 0) if found else 0
-    row_bytes = max(length, 1) * 4 // 3 + 8  # base64 and JSON
-    return max(rows, min(wanted, 4 * chunk_rows, _RANGE_BYTES // row_bytes))
+    return Split(key_ranges(cuts, last) if last is not None else [], file, pos)
 
 
 def _values(hexed: list[str] | None) -> tuple[bytes, ...] | None:
@@ -174,7 +85,7 @@ class _Failed(Exception):
 class _Done:
     """A range read before its turn: its buffer and chunks, appended when its turn comes."""
 
-    buffer: _Buffer
+    buffer: RangeBuffer
     held: list[Chunk]
     after: list[str] | None
 
@@ -209,7 +120,7 @@ class Run:
     rows_read: int = 0
     synced: float = field(default_factory=time.monotonic)
     waiting: dict[int, _Done] = field(default_factory=dict)
-    blocks: _Blocks = field(default_factory=lambda: _Blocks())
+    blocks: Blocks = field(default_factory=lambda: Blocks())
     connections: Connections | None = None  # the readers' (None: each opens its own)
     ready: bool = False  # the body can be written (the readers start before it can)
     _turn: int = 0
@@ -285,53 +196,10 @@ class Run:
             self.progressed(self.table.name, total)
 
 
-class Connections:
-    """The readers' connections, opened ahead in threads while the dump gets ready (connect,
-    authenticate, the session set up: round trips that would delay the first chunks); one
-    asked for when none is left is opened then."""
-
-    def __init__(self, address: SourceAddress, count: int) -> None:
-        self.address = address
-        self.lock = threading.Lock()
-        self.pending: list[Future[tuple[Any, str]]] = []
-        if count > 0:
-            pool = ThreadPoolExecutor(max_workers=count, thread_name_prefix="dump-connect")
-            self.pending = [pool.submit(_reader_connection, address) for _ in range(count)]
-            pool.shutdown(wait=False)
-
-    def take(self) -> tuple[Any, str]:
-        """A connection ready to read, and the server it reached."""
-        with self.lock:
-            future = self.pending.pop(0) if self.pending else None
-        return future.result() if future is not None else _reader_connection(self.address)
-
-    def close(self) -> None:
-        """The connections not taken closed (after they are open, or failed to)."""
-        with self.lock:
-            pending, self.pending = self.pending, []
-        for future in pending:
-            try:
-                conn, _ = future.result()
-            except Exception:  # noqa: BLE001 - never used: its failure is no one's
-                continue
-            conn.close()
-
-
-def _reader_connection(address: SourceAddress) -> tuple[Any, str]:
-    conn = source_sql.connect(address)
-    try:
-        here = source_sql.server_identity(conn)
-        prepare_session(conn, mariadb=True)
-    except BaseException:
-        conn.close()
-        raise
-    return conn, here
-
-
 def reader(run: Run) -> None:
     try:
         conn, here = run.connections.take() if run.connections is not None else \
-            _reader_connection(run.address)
+            reader_connection(run.address)
     except BaseException:
         run.fail()
         raise
@@ -355,7 +223,7 @@ def _read_range(run: Run, conn: Any, index: int) -> None:
     body; then pass the turn on, or leave the range to whoever holds the turn when it
     comes."""
     rng = run.progress.ranges[index]
-    target = _Target(run, index, _Buffer(run.buffer_bytes, run.directory, run.blocks),
+    target = _Target(run, index, RangeBuffer(run.buffer_bytes, run.directory, run.blocks),
                      rng.after)
     handed = False  # to whoever finishes the range before it
     try:
@@ -389,7 +257,7 @@ class _Target:
     too: when it comes, what the buffer holds goes into the body first, and the rest of
     the range is written straight there."""
 
-    def __init__(self, run: Run, index: int, buffer: _Buffer, after: list[str] | None
+    def __init__(self, run: Run, index: int, buffer: RangeBuffer, after: list[str] | None
                  ) -> None:
         self.run, self.index, self.buffer, self.after = run, index, buffer, after
         self.held: list[Chunk] = []  # read into the buffer: offsets in it
@@ -438,7 +306,7 @@ class _Target:
         self.after = after
 
 
-def _finish_range(run: Run, index: int, buffer: _Buffer, held: list[Chunk],
+def _finish_range(run: Run, index: int, buffer: RangeBuffer, held: list[Chunk],
                   after: list[str] | None) -> None:
     """The turn's range is read: what it holds appended, the range done; then each range
     after it that was read before its turn, in order, the same way."""
@@ -460,135 +328,7 @@ def _finish_range(run: Run, index: int, buffer: _Buffer, held: list[Chunk],
         buffer, held, after = done.buffer, done.held, done.after
 
 
-class _Blocks:
-    """The blocks that buffers encode rows into (:func:`partial.area`), reused within a
-    dump, given back at its end."""
-
-    SIZE = AREA
-
-    def __init__(self) -> None:
-        self.free: list[Any] = []
-        self.lock = threading.Lock()
-
-    def get(self) -> Any:
-        with self.lock:
-            if self.free:
-                return self.free.pop()
-        return area()
-
-    def put(self, block: Any) -> None:
-        with self.lock:
-            self.free.append(block)
-
-    def close(self) -> None:
-        with self.lock:
-            for block in self.free:
-                release(block)
-            self.free = []
-
-
-class _Buffer:
-    """What a reader reads before its range's turn (a :class:`rawrows.Sink`): rows encoded
-    into blocks of memory (no copy, no reallocation) and pieces of bytes, in order; moved
-    to a temporary file beside the dump past ``limit`` bytes."""
-
-    def __init__(self, limit: int, directory: str, blocks: _Blocks | None = None) -> None:
-        self.limit, self.directory = limit, directory
-        self.blocks = blocks if blocks is not None else _Blocks()
-        self.pieces: list[Any] = []  # bytes, or (block, start, end)
-        self.size = 0
-        self.spill: Any = None
-        self.block: Any = None  # the block being encoded into: used up to fill, its bytes
-        self.fill = self.mark = 0  # up to mark are in pieces
-        self.taken: list[Any] = []  # blocks from self.blocks, to give back
-
-    def tell(self) -> int:
-        return self.size
-
-    def space(self, need: int = 0) -> tuple[Any, int, int] | None:
-        if self.block is None or len(self.block) - self.fill < max(need, 1):
-            self._close_piece()
-            if need > _Blocks.SIZE:
-                return None
-            self.block = self.blocks.get()
-            self.taken.append(self.block)
-            self.fill = self.mark = 0
-        return self.block, self.fill, len(self.block)
-
-    def wrote(self, end: int) -> None:
-        self.size += end - self.fill
-        self.fill = end
-        if self.spill is not None:  # straight through, the block used again
-            with memoryview(self.block) as block, block[self.mark:end] as new:
-                self.spill.write(new)
-            self.fill = self.mark = 0
-        elif self.size > self.limit:
-            self._spill()
-
-    def write(self, data: bytes) -> None:
-        self._close_piece()
-        self.size += len(data)
-        if self.spill is not None:
-            self.spill.write(data)
-            return
-        self.pieces.append(data)
-        if self.size > self.limit:
-            self._spill()
-
-    def _close_piece(self) -> None:
-        if self.block is not None and self.fill > self.mark:
-            self.pieces.append((self.block, self.mark, self.fill))
-            self.mark = self.fill
-
-    def _views(self) -> Iterator[Any]:
-        """The pieces in order (a block's piece as a memoryview, released after use)."""
-        for piece in self.pieces:
-            if isinstance(piece, tuple):
-                block, start, end = piece
-                with memoryview(block) as whole, whole[start:end] as view:
-                    yield view
-            else:
-                yield piece
-
-    def _spill(self) -> None:
-        self._close_piece()
-        self.spill = tempfile.TemporaryFile(dir=self.directory)  # noqa: SIM115
-        for piece in self._views():
-            self.spill.write(piece)
-        self.pieces = []
-        self._give_back()
-
-    def _give_back(self) -> None:
-        for block in self.taken:
-            self.blocks.put(block)
-        self.taken = []
-        self.block = None
-        self.fill = self.mark = 0
-
-    def drain(self, write: Callable[[Any], None]) -> None:
-        """Everything held, in order, to ``write`` (bytes-like objects, valid only during
-        the call); the buffer is empty after."""
-        self._close_piece()
-        if self.spill is not None:
-            self.spill.seek(0)
-            while data := self.spill.read(1 << 20):
-                write(data)
-            self.spill.close()
-            self.spill = None
-        for piece in self._views():
-            write(piece)
-        self.pieces, self.size = [], 0
-        self._give_back()
-
-    def close(self) -> None:
-        if self.spill is not None:
-            self.spill.close()
-            self.spill = None
-        self.pieces = []
-        self._give_back()
-
-
-def _append_held(run: Run, rng: KeyRange, buffer: _Buffer, held: list[Chunk],
+def _append_held(run: Run, rng: KeyRange, buffer: RangeBuffer, held: list[Chunk],
                  after: list[str] | None) -> None:
     """The turn has come: the chunks read into the buffer go into the body (``after``: the
     key of their last row)."""

@@ -24,7 +24,7 @@ from cdcserver.core.errors import StoreError
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.core.names import TableName
 from cdcserver.store import checkpoint as ckpt
-from cdcserver.store.index import stored_sequence
+from cdcserver.store.indexschema import stored_sequence
 from cdcserver.store.layout import DataDir
 from cdcserver.store.reader import (
     committed_records,

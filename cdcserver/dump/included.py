@@ -21,14 +21,15 @@ from dataclasses import dataclass, field
 import pymysql
 
 from cdcserver.core.capture import CaptureFilter
-from cdcserver.core.config import CaptureConfig, SourceAddress
+from cdcserver.core.captureconfig import CaptureConfig
+from cdcserver.core.config import SourceAddress
 from cdcserver.core.durable import write_atomically
 from cdcserver.core.errors import CdcError
 from cdcserver.core.names import TableName
 from cdcserver.core.retry import Backoff
 from cdcserver.dump.files import list_dumps
 from cdcserver.dump.scheduler import DumpScheduler
-from cdcserver.replication.preflight import capture_selection
+from cdcserver.replication.selection import capture_selection
 from cdcserver.store.layout import DataDir
 
 log = logging.getLogger(__name__)

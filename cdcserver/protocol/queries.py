@@ -25,7 +25,8 @@ from cdcserver.protocol.scram import LoginSecret
 from cdcserver.protocol.throttle import FailureLog, LoginThrottle
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
-from cdcserver.store.index import RangePlan, StoreIndex, TransactionInfo
+from cdcserver.store.index import StoreIndex
+from cdcserver.store.transactionlog import RangePlan, TransactionInfo
 from mariadb_cdc_client.format.wire import Dialect, DumpRequest, RangeQuery
 
 log = logging.getLogger("cdcserver.protocol.session")

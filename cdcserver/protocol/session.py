@@ -41,7 +41,7 @@ from cdcserver.protocol.queries import (
 from cdcserver.protocol.requests import StreamRequest, state_bound, stream_request
 from cdcserver.protocol.scram import ServerExchange
 from cdcserver.protocol.stream import quarantined
-from cdcserver.store.index import RangePlan, TransactionInfo
+from cdcserver.store.transactionlog import RangePlan, TransactionInfo
 from mariadb_cdc_client.format.names import table_ref
 from mariadb_cdc_client.format.wire import (
     OK,

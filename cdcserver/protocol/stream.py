@@ -39,7 +39,8 @@ from typing import Any, NoReturn
 
 from cdcserver.core.gtid import GtidState
 from cdcserver.core.names import TableName
-from cdcserver.protocol.bigjson import large, send_large_block
+from cdcserver.protocol.bigjson import send_large_block
+from cdcserver.protocol.blockdata import large
 from cdcserver.protocol.dialect import JsonStyle, schema_line
 from cdcserver.protocol.filters import After, Order, Seek, Until
 from cdcserver.protocol.openfiles import files_spent

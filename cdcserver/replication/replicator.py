@@ -37,7 +37,8 @@ from cdcserver.core.retry import Backoff
 from cdcserver.mariadb.charsets import CollationTable
 from cdcserver.replication import source
 from cdcserver.replication.connection import BinlogConnection
-from cdcserver.replication.decoder import DeferDecoding, EventDecoder
+from cdcserver.replication.decoder import EventDecoder
+from cdcserver.replication.mappedtable import DeferDecoding
 from cdcserver.replication.sources import Sources
 from cdcserver.replication.xa import PreparedXa
 from cdcserver.schema.history import SchemaHistory

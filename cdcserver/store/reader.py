@@ -19,7 +19,7 @@ from cdcserver.core.names import TableName
 from cdcserver.store import checkpoint as ckpt
 from cdcserver.store.avrofile import scan_blocks
 from cdcserver.store.catalog import Catalog, VersionInfo
-from cdcserver.store.index import sequence_of
+from cdcserver.store.indexschema import sequence_of
 from cdcserver.store.layout import DataDir
 from cdcserver.store.records import decode_records
 

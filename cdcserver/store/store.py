@@ -6,12 +6,14 @@ current version's starts a new version, invisible until commit); a buffer over `
 written out as a block; ``commit`` writes the last blocks, then publishes the new committed sizes
 and versions to the :class:`Catalog` and wakes the readers. Memory stays bounded by one block per
 table touched, whatever the transaction's size.
+(The version files, and which of them rows go to, are :mod:`cdcserver.store.versions`.)
 
 Durability is group-committed: ``flush()`` fsyncs the files written since the last flush,
 persists the index, and only then writes the checkpoint (binlog position + newest version and
 committed size per table). ``open()`` repairs the directory back to the checkpoint, so a
 ``kill -9`` at any instant loses nothing and duplicates nothing: the binlog is replayed from
-the checkpoint and produces the same bytes again.
+the checkpoint and produces the same bytes again. (The flush's part in a thread is
+:mod:`cdcserver.store.durability`.)
 
 **One table's problem is that table's.** A change the store cannot write for a table (a value
 its encoder refuses, a file it cannot create, rows that do not decode) quarantines the table
@@ -25,93 +27,35 @@ other table goes on; the checkpoint holds the quarantine, so a restart keeps it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
-import fcntl
 import logging
 import os
-import sqlite3
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cdcserver.core.capture import RULED_STATEMENT
-from cdcserver.core.changes import (
-    Abort,
-    Begin,
-    Change,
-    Commit,
-    Ddl,
-    EventType,
-    Quarantine,
-    Release,
-    Rows,
-    RowsKind,
-    TableChange,
-    TableLayout,
-)
-from cdcserver.core.durable import fsync_dir, outlast, write_atomically
-from cdcserver.core.errors import DiskFull, StoreError, UndecodableEvent
+from cdcserver.core.changes import Abort, Begin, Change, Commit, Ddl, Quarantine, Release, Rows
+from cdcserver.core.durable import outlast
+from cdcserver.core.errors import DiskFull, StoreError
 from cdcserver.core.gtid import BinlogPosition
 from cdcserver.core.names import TableName
 from cdcserver.store import checkpoint as ckpt
 from cdcserver.store import recovery
-from cdcserver.store.avrofile import (
-    Header,
-    OpenFiles,
-    VersionFileWriter,
-)
-from cdcserver.store.catalog import Catalog, TableEntry, VersionInfo
-from cdcserver.store.checkpoint import Checkpoint, Quarantined, TableMark
-from cdcserver.store.encoder import RecordsEncoder, compile_encoder, record_head, record_tail
-from cdcserver.store.index import StoreIndex, TransactionInfo
+from cdcserver.store.avrofile import Header, VersionFileWriter
+from cdcserver.store.catalog import Catalog
+from cdcserver.store.checkpoint import Checkpoint, Quarantined
+from cdcserver.store.durability import make_durable, table_mark
+from cdcserver.store.encoder import record_head
+from cdcserver.store.faults import DISK_FULL_ERRNOS, TABLE_FAULTS, concerns_one_table
+from cdcserver.store.index import StoreIndex
 from cdcserver.store.layout import DataDir
-from cdcserver.store.naming import MAX_VERSION
-from cdcserver.store.schema import TableSchema
-from cdcserver.store.transcoder import Transcoder, compile_transcoder, records
+from cdcserver.store.transactionlog import TransactionInfo
+from cdcserver.store.versionnote import version_note
+from cdcserver.store.versions import OpenTransaction, VersionFiles
+from cdcserver.store.writerlock import lock_for_writing
 from mariadb_cdc_client.format.names import table_ref
 
 log = logging.getLogger(__name__)
-
-
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-# What writing one table's change can raise that concerns that table only: a value its
-# encoder does not take, rows that do not decode, a file of its own that cannot be created or
-# written (a name, a permission). Not a full or failing disk, which every table shares.
-_TABLE_FAULTS = (TypeError, ValueError, OverflowError, ArithmeticError, KeyError, IndexError,
-                 AttributeError, struct.error, UndecodableEvent, StoreError, OSError)
-_SHARED_ERRNOS = (*DISK_FULL_ERRNOS, errno.EIO, errno.EROFS, errno.EMFILE, errno.ENFILE,
-                  errno.ENOMEM)
-
-class TableFault(StoreError):
-    """One table cannot be stored any more (it used up its version numbers...)."""
-
-
-_TAILS = {RowsKind.INSERT: (EventType.INSERT, EventType.INSERT),
-          RowsKind.DELETE: (EventType.DELETE, EventType.DELETE),
-          RowsKind.UPDATE: (EventType.UPDATE_BEFORE, EventType.UPDATE_AFTER)}
-
-
-@dataclass
-class _Target:
-    """A table version being written by the open transaction."""
-
-    info: VersionInfo
-    writer: VersionFileWriter
-    start: int  # where this transaction's data for the version begins
-    new: bool  # the version was created by this transaction
-
-
-@dataclass
-class _Route:
-    """Where rows decoded with one table layout go, and how they are encoded."""
-
-    layout: TableLayout
-    info: VersionInfo
-    encode: RecordsEncoder
-    transcode: Transcoder | None  # the compiled path, for rows handed over as images
 
 
 @dataclass(frozen=True)
@@ -123,19 +67,6 @@ class StoreStats:
     tables: int
     versions: dict[TableName, int]  # the newest version of each table
     quarantined: list[dict[str, object]] = field(default_factory=list)  # their to_json
-
-
-@dataclass
-class _Open:
-    begin: Begin
-    head: bytes
-    event_no: int = 1
-    targets: dict[tuple[TableName, int], _Target] = field(default_factory=dict)
-    created: dict[TableName, VersionInfo] = field(default_factory=dict)  # new versions
-    fresh: dict[TableName, bool] = field(default_factory=dict)  # re-created: True, served: False
-    notes: list[tuple[VersionInfo, int, str]] = field(default_factory=list)  # repair blocks
-    # each table's records and the highest event number among them
-    counts: dict[TableName, tuple[int, int]] = field(default_factory=dict)
 
 
 class AvroStore:
@@ -157,20 +88,13 @@ class AvroStore:
         self.records_written = 0  # since start, for the metrics
         self._undurable_since: float | None = None  # monotonic: first commit not durable yet
         self.origin: BinlogPosition | None = None  # where the store began replicating
-        self._writers: dict[tuple[TableName, int], VersionFileWriter] = {}
-        self._files = OpenFiles(max_open_files)  # of the writers: the rest are parked
-        self._routes: dict[int, _Route] = {}
-        self._fresh: set[TableName] = set()  # re-created tables awaiting their first rows
-        self._retired: list[VersionFileWriter] = []  # to close once no flush can use them
-        # Writers that may belong to a table's older version, to close after a flush (the
-        # flush looks at these, not at every table's writer)
-        self._maybe_sealed: set[tuple[TableName, int]] = set()
+        self.versions = VersionFiles(self.layout, catalog, codec=codec, block_size=block_size,
+                                     max_open_files=max_open_files)
         self._checkpoints: ckpt.CheckpointWriter | None = None  # set by open()
         self._headers: dict[str, Header] = {}  # read by open()'s recovery, for the catalog
-        self._open: _Open | None = None
+        self._open: OpenTransaction | None = None
         self.quarantined: dict[TableName, Quarantined] = {}  # restored from the checkpoint
         self._lock_fd = -1
-        self._new_files = False
         self._flush_lock = asyncio.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -179,7 +103,7 @@ class AvroStore:
         """Lock the data directory, repair it back to the checkpoint, load the catalog."""
         os.makedirs(self.avro_dir, exist_ok=True)
         os.makedirs(self.state_dir, exist_ok=True)
-        self._lock_directory()
+        self._lock_fd = lock_for_writing(self.layout.writer_lock, self.data_dir)
         self.index = StoreIndex(self.layout.index)
         checkpoint = ckpt.load(self.checkpoint_path)
         recovery.recover(self.layout, self.index, self._headers, checkpoint)
@@ -194,7 +118,7 @@ class AvroStore:
             for info in entry.versions.values():
                 info.notes = self.index.notes(info.table, info.version)
         self.position = self.durable = checkpoint.position
-        self._fresh = set(checkpoint.fresh)
+        self.versions.fresh = set(checkpoint.fresh)
         self.origin = checkpoint.origin
         self.quarantined = dict(checkpoint.quarantined)
         for table, why in self.quarantined.items():
@@ -208,35 +132,13 @@ class AvroStore:
             self.origin = position
 
     def close(self) -> None:
-        for writer in [*self._writers.values(), *self._retired]:
-            writer.close()
-        self._writers.clear()
-        self._retired.clear()
+        self.versions.close()
         if self.index is not None:
             self.index.close()
             self.index = None
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
-
-    def _lock_directory(self) -> None:
-        """The data directory's writer lock. Held by another process for a second: in use
-        (a dump may hold it shared for an instant to see whether a service runs)."""
-        path = self.layout.writer_lock
-        self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        deadline = time.monotonic() + 1.0
-        while True:
-            try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() < deadline:
-                    time.sleep(0.01)
-                    continue
-                os.close(self._lock_fd)
-                self._lock_fd = -1
-                raise StoreError(f"{self.data_dir} is in use by another cdcserver process") \
-                    from None
 
     # -- the sink interface ------------------------------------------------------------
 
@@ -275,10 +177,8 @@ class AvroStore:
         """Write one table's change; a fault that concerns that table only quarantines it."""
         try:
             write(change)
-        except _TABLE_FAULTS as exc:
-            if isinstance(exc, OSError) and exc.errno in _SHARED_ERRNOS:
-                raise
-            if isinstance(exc, StoreError) and not isinstance(exc, TableFault):
+        except TABLE_FAULTS as exc:
+            if not concerns_one_table(exc):
                 raise
             log.exception("%s: the store cannot write this change", table)
             self.quarantine(table, f"{type(exc).__name__}: {exc}")
@@ -291,7 +191,7 @@ class AvroStore:
         txn = self._open
         if txn is not None:
             self._drop_from(txn, table)
-        self._drop_table_routes(table)
+        self.versions.drop_table_routes(table)
         previous = self.quarantined.get(table)
         if previous is not None:  # a resync failed: the stream still stops where it did
             self.quarantined[table] = why = replace(previous, cause=cause)
@@ -320,13 +220,13 @@ class AvroStore:
         assert self.index is not None
         recovery.delete_version(self.layout, self.index, table, version)
 
-    def _drop_from(self, txn: _Open, table: TableName) -> None:
+    def _drop_from(self, txn: OpenTransaction, table: TableName) -> None:
         """Undo what the open transaction wrote of ``table``."""
         for key in [k for k in txn.targets if k[0] == table]:
             target = txn.targets.pop(key)
             target.writer.rollback()
             if target.new:
-                self._retired.append(self._writers.pop(key))
+                self.versions.retire(key)
                 self._delete_version(*key)
         txn.created.pop(table, None)
         txn.fresh.pop(table, None)
@@ -336,36 +236,10 @@ class AvroStore:
         if self._open is not None:
             raise StoreError(f"transaction {begin.gtid} begins inside {self._open.begin.gtid}")
         gtid = begin.gtid
-        self._open = _Open(begin, record_head(gtid.domain, gtid.server_id, gtid.sequence))
+        self._open = OpenTransaction(begin, record_head(gtid.domain, gtid.server_id, gtid.sequence))
 
     def rows(self, rows: Rows) -> None:
-        txn = self._require_open()
-        route = self._routes.get(id(rows.layout))
-        if route is None or route.layout is not rows.layout or route.info.sealed:
-            route = self._route(rows.layout, txn)
-        target = self._target(txn, route.info)
-        kinds = _TAILS[rows.kind]
-        tails = (record_tail(rows.timestamp, kinds[0]), record_tail(rows.timestamp, kinds[1]))
-        writer = target.writer
-        if rows.repair:  # a block of its own, so the stream can say why it is there
-            writer.end_block()
-            txn.notes.append((target.info, writer.size, rows.repair))
-        avro = None
-        if rows.images is not None and route.transcode is not None:
-            avro = route.transcode.rows(*rows.images)
-        if avro is not None:
-            txn.event_no = records(writer.buffer, txn.head, tails, *avro, txn.event_no)
-            count = len(avro[1]) // 4
-        else:
-            txn.event_no = route.encode(writer.buffer, txn.head, tails, rows.rows, txn.event_no)
-            count = len(rows.rows)
-        writer.count += count
-        self.records_written += count
-        table = route.info.table
-        before, _ = txn.counts.get(table, (0, 0))
-        txn.counts[table] = (before + count, txn.event_no - 1)
-        if rows.repair or len(writer.buffer) >= self.block_size:
-            writer.end_block()
+        self.records_written += self.versions.write_rows(self._require_open(), rows)
 
     def ddl(self, ddl: Ddl) -> None:
         """Make what a schema statement did visible: each table it truncated, dropped,
@@ -383,30 +257,8 @@ class AvroStore:
                 if change.renamed:
                     self.quarantine(TableName.parse(change.renamed), f"{why.cause} (renamed "
                                     f"from {table_ref(table.database, table.table)})")
-            self._confined(table, lambda c: self._table_change(txn, ddl, c), change)
-
-    def _table_change(self, txn: _Open, ddl: Ddl, change: TableChange) -> None:
-        table = TableName(change.database, change.table)
-        self._drop_table_routes(table)
-        current = self._current_version(table, txn)
-        about: dict[str, Any] = {"kind": change.kind, "statement": own_statement(ddl, change)}
-        if change.layout is not None and change.layout.image is not None:
-            about["statement"] = RULED_STATEMENT
-        if change.note:
-            about["note"] = change.note
-        if change.renamed:
-            about["renamed_to" if change.kind == "drop" else "renamed_from"] = change.renamed
-        if change.rewrites:  # rows changed without row events: a repair follows
-            about["rewrites"] = change.rewrites
-        if change.renamed_columns:  # the rows stored before keep their values, renamed
-            about["renamed_columns"] = dict(change.renamed_columns)
-        if change.layout is not None:
-            if change.kind == "create" or current is None or change.changed:
-                self._new_version(table, txn, layout=change.layout, ddl=about)
-        elif change.kind in ("truncate", "drop") and current is not None:
-            self._new_version(table, txn, base=current.schema, ddl=about)
-        elif change.kind == "create":
-            txn.fresh[table] = True  # columns unknown: the next rows start a version
+            self._confined(table, lambda c: self.versions.table_change(
+                txn, c, version_note(ddl, c)), change)
 
     def commit(self, commit: Commit) -> None:
         txn = self._require_open()
@@ -432,9 +284,9 @@ class AvroStore:
             counts=tuple(txn.counts.get(t, (0, 0)) for t in tables)))
         for table, waiting in txn.fresh.items():
             if waiting:
-                self._fresh.add(table)
+                self.versions.fresh.add(table)
             else:
-                self._fresh.discard(table)
+                self.versions.fresh.discard(table)
         self.position = commit.position
         if self._undurable_since is None:
             self._undurable_since = time.monotonic()
@@ -449,104 +301,17 @@ class AvroStore:
         for (table, version), target in txn.targets.items():
             target.writer.rollback()
             if target.new:
-                # A flush in progress may be fsyncing it: close it after the next flush.
-                self._retired.append(self._writers.pop((table, version)))
+                self.versions.retire((table, version))
                 self._delete_version(table, version)
         created = [t.info for t in txn.targets.values() if t.new]
-        self._drop_routes(lambda info: any(info is c for c in created))
+        self.versions.drop_routes(lambda info: any(info is c for c in created))
 
-    def _require_open(self) -> _Open:
+    def _require_open(self) -> OpenTransaction:
         if self._open is None:
             raise StoreError("row data outside a transaction")
         return self._open
 
     # -- versions ----------------------------------------------------------------------
-
-    def _route(self, layout: TableLayout, txn: _Open) -> _Route:
-        """Pick the version rows of ``layout`` belong to: the table's current version if its
-        Avro fields are the same, otherwise a new version."""
-        table = TableName(layout.database, layout.table)
-        candidate = TableSchema.from_layout(layout, 1, "")
-        current = self._current_version(table, txn)
-        fresh = txn.fresh.get(table, table in self._fresh)
-        if current is not None and not fresh and _same_columns(current.schema, candidate):
-            info = current
-        else:
-            info = self._new_version(table, txn, base=candidate)
-            if fresh:
-                txn.fresh[table] = False
-        fields = info.schema.columns
-        route = _Route(layout, info, compile_encoder(fields, layout.columns),
-                       compile_transcoder(fields, layout.image_columns, layout.salt))
-        self._routes[id(layout)] = route
-        return route
-
-    def _current_version(self, table: TableName, txn: _Open) -> VersionInfo | None:
-        if table in txn.created:
-            return txn.created[table]
-        entry = self.catalog.get(table)
-        return entry.latest() if entry else None
-
-    def _target(self, txn: _Open, info: VersionInfo) -> _Target:
-        key = (info.table, info.version)
-        target = txn.targets.get(key)
-        if target is None:
-            writer = self._writer(info)
-            new = txn.created.get(info.table) is info
-            target = txn.targets[key] = _Target(info, writer, writer.size, new)
-        return target
-
-    def _new_version(self, table: TableName, txn: _Open, *, layout: TableLayout | None = None,
-                     base: TableSchema | None = None, ddl: dict[str, Any] | None = None
-                     ) -> VersionInfo:
-        """Create the next version of ``table``, from a layout or with ``base``'s columns;
-        it becomes visible when the transaction commits."""
-        current = self._current_version(table, txn)
-        version = 1 if current is None else current.version + 1
-        if version > MAX_VERSION:
-            raise TableFault(f"{table} has reached the last version number {MAX_VERSION}")
-        gtid = str(txn.begin.gtid)
-        if layout is not None:
-            schema = TableSchema.from_layout(layout, version, gtid, ddl)
-        else:
-            assert base is not None
-            schema = base.successor(version, gtid, ddl)
-        avsc_path = self.layout.table_file(table, version, "avsc")
-        path = self.layout.table_file(table, version, "avro")
-        try:
-            write_atomically(avsc_path, schema.text().encode("utf-8") + b"\n")
-            writer = VersionFileWriter.create(path, schema.text(), self.codec, self._files)
-        except OSError:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(avsc_path)
-            raise
-        self._writers[(table, version)] = writer
-        self._maybe_sealed.add((table, version))
-        if current is not None:
-            self._maybe_sealed.add((table, current.version))  # sealed once this commits
-        self._new_files = True
-        self._drop_table_routes(table)
-        log.info("%s: version %d (transaction %s%s)", table, version, gtid,
-                 f", {ddl['kind']}" if ddl else "")
-        info = VersionInfo(table, version, schema, path, writer.header, writer.size)
-        txn.created[table] = info
-        txn.targets[(table, version)] = _Target(info, writer, writer.size, True)
-        return info
-
-    def _writer(self, info: VersionInfo) -> VersionFileWriter:
-        key = (info.table, info.version)
-        writer = self._writers.get(key)
-        if writer is None:
-            writer = self._writers[key] = VersionFileWriter.known(
-                info.path, info.header, info.committed, self._files)
-            self._maybe_sealed.add(key)
-        return writer
-
-    def _drop_table_routes(self, table: TableName) -> None:
-        self._routes = {k: r for k, r in self._routes.items() if r.info.table != table}
-
-    def _drop_routes(self, matches: Callable[[VersionInfo], bool]) -> None:
-        self._routes = {k: r for k, r in self._routes.items() if not matches(r.info)}
 
     # -- durability --------------------------------------------------------------------
 
@@ -564,18 +329,20 @@ class AvroStore:
             position = self.position
             if position is None or position == self.durable:
                 return self.durable
-            dirty = list(self._files.dirty)
+            dirty = list(self.versions.files.dirty)
             for writer in dirty:
                 writer.dirty = False
             changed, self.catalog.changed = self.catalog.changed, set()
-            marks = {name: _mark(self.catalog.get(name)) for name in changed}
-            new_files, self._new_files = self._new_files, False
+            marks = {name: table_mark(self.catalog.get(name)) for name in changed}
+            new_files, self.versions.new_files = self.versions.new_files, False
             assert self.index is not None
-            checkpoint = Checkpoint(position, fresh=frozenset(self._fresh),
+            checkpoint = Checkpoint(position, fresh=frozenset(self.versions.fresh),
                                     origin=self.origin, index_ordinal=self.index.last_id,
                                     quarantined=dict(self.quarantined))
+            assert self._checkpoints is not None
             work = asyncio.ensure_future(asyncio.to_thread(
-                self._make_durable, dirty, new_files, checkpoint, marks))
+                make_durable, self.data_dir, dirty, self.avro_dir if new_files else None,
+                self.index, self._checkpoints, checkpoint, marks))
             try:
                 await asyncio.shield(work)
             except asyncio.CancelledError:
@@ -593,7 +360,7 @@ class AvroStore:
             self.durable = position
             if self.position == position:
                 self._undurable_since = None
-            self._close_sealed()
+            self.versions.close_sealed(self._open)
             return position
 
     def _stored_table(self, text: str) -> TableName:
@@ -623,82 +390,5 @@ class AvroStore:
                      changed: set[TableName]) -> None:
         for writer in dirty:  # still not known to be on disk
             writer.dirty = True
-        self._new_files |= new_files
+        self.versions.new_files |= new_files
         self.catalog.changed |= changed  # their marks go into the next checkpoint
-
-    def _make_durable(self, dirty: list[VersionFileWriter], new_files: bool,
-                      checkpoint: Checkpoint, marks: dict[TableName, TableMark | None]
-                      ) -> None:
-        assert self.index is not None and self._checkpoints is not None
-        for writer in dirty:
-            try:
-                writer.fsync()
-            except OSError as exc:
-                # After a failed fsync the kernel may have dropped the pages: retrying could
-                # "succeed" without the data. Stop; a restart recovers from the checkpoint.
-                raise StoreError(f"fsync of {writer.path} failed ({exc.strerror}); restart "
-                                 "the service to recover from the checkpoint") from exc
-        if new_files:
-            fsync_dir(self.avro_dir)
-        try:
-            self.index.persist()
-            self._checkpoints.write(checkpoint, marks)
-        except OSError as exc:
-            if exc.errno not in DISK_FULL_ERRNOS:
-                raise
-            raise DiskFull(f"{self.data_dir}: {exc.strerror}; checkpoint not written") from exc
-        except sqlite3.OperationalError as exc:
-            if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_FULL:
-                raise
-            raise DiskFull(f"{self.data_dir}: the index's disk is full; checkpoint not "
-                           "written") from exc
-
-    def _close_sealed(self) -> None:
-        """After a flush: close the writers no transaction will write again."""
-        for retired in self._retired:
-            retired.close()
-        self._retired.clear()
-        for key in list(self._maybe_sealed):
-            writer = self._writers.get(key)
-            entry = self.catalog.get(key[0])
-            latest = entry.latest() if entry else None
-            if writer is None or (latest is not None and latest.version == key[1]):
-                self._maybe_sealed.discard(key)  # gone, or the newest: a new version adds it
-            elif latest is not None and not writer.dirty \
-                    and (self._open is None or key not in self._open.targets):
-                writer.close()
-                del self._writers[key]
-                self._maybe_sealed.discard(key)
-
-
-
-def own_statement(ddl: Ddl, change: TableChange) -> str:
-    """The statement as a version of ``change``'s table shows it. One that renamed or
-    dropped several tables is told as its part for this table alone (``RENAME TABLE a TO
-    b``, ``DROP TABLE a``): a user who may read one table does not learn the others'
-    names from its schema."""
-    own = {(change.database, change.table), tuple(change.renamed.partition(".")[::2])}
-    named = {(c.database, c.table) for c in ddl.changes}
-    if ddl.kind not in ("rename", "drop") or named <= own:
-        return ddl.sql
-    this = _quoted(change.database, change.table)
-    if change.renamed:
-        other = _quoted(*change.renamed.partition(".")[::2])
-        return f"RENAME TABLE {this} TO {other}" if change.kind == "drop" else \
-            f"RENAME TABLE {other} TO {this}"
-    return f"DROP TABLE {this}"
-
-
-def _quoted(database: str, table: str) -> str:
-    return ".".join("`" + name.replace("`", "``") + "`" for name in (database, table))
-
-def _mark(entry: TableEntry | None) -> TableMark | None:
-    """A table's mark in the checkpoint: its newest version and that version's committed
-    size (None: no version is left)."""
-    latest = entry.latest() if entry is not None else None
-    return None if latest is None else TableMark(latest.version, latest.committed)
-
-
-def _same_columns(current: TableSchema, candidate: TableSchema) -> bool:
-    return (current.avsc["fields"] == candidate.avsc["fields"]
-            and current.avsc.get("primary_key") == candidate.avsc.get("primary_key"))

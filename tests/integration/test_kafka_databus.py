@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from cdcserver.core.config import DumpConfig, KafkaConfig, parse_source_url
+from cdcserver.core.config import DumpConfig, parse_source_url
+from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.core.names import TableName
 from cdcserver.dump.databus import NoDefinition, databus_lines
 from cdcserver.dump.dumper import DumpOptions, dump_tables

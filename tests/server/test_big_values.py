@@ -14,7 +14,7 @@ import time
 import pytest
 
 from cdcserver.core.names import TableName
-from cdcserver.protocol import bigjson
+from cdcserver.protocol import bigjson, blockdata
 from cdcserver.protocol.dialect import JsonStyle
 from cdcserver.protocol.render import EXACT, json_block
 from cdcserver.store.avrofile import scan_blocks
@@ -85,7 +85,7 @@ async def test_large_blocks_go_out_as_the_lines_the_block_renderer_writes(
         try:
             blocks = list(scan_blocks(info.path, info.header, info.header.size,
                                       info.committed, fd))
-            assert sum(bigjson.large(info, b, fd) for b in blocks) >= 3
+            assert sum(blockdata.large(info, b, fd) for b in blocks) >= 3
             for style in (EXACT, JsonStyle(Dialect.MAXSCALE)):
                 for block in blocks:
                     expected = json_block(info, block, style)

@@ -17,7 +17,8 @@ import pytest
 
 from cdcserver.app.cli import main as cdcserver_main
 from cdcserver.core.capture import CaptureFilter
-from cdcserver.core.config import CaptureConfig, Config, parse_source_url
+from cdcserver.core.captureconfig import CaptureConfig
+from cdcserver.core.config import Config, parse_source_url
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.names import TableName
 from cdcserver.dump.dumper import dump_tables

@@ -23,8 +23,8 @@ import pytest
 from cdcserver.protocol import render as render_module
 from cdcserver.protocol.dialect import JsonStyle
 from cdcserver.protocol.render import EXACT, compile_block_renderer, compile_renderer
-from cdcserver.store import store as store_module
 from cdcserver.store import transcoder
+from cdcserver.store import versions as versions_module
 from mariadb_cdc_client.format.avro import block_at, decompress, parse_header
 from mariadb_cdc_client.format.compiled import PURE_PYTHON_ENV
 from mariadb_cdc_client.format.wire import Dialect
@@ -189,14 +189,14 @@ async def test_transcoded_avro_equals_the_python_path(source: Source, users_file
     assert transcoder.available(), "the C extension was not built (is a C compiler missing?)"
     _fill(source)
     transcoded = 0
-    real_records = store_module.records
+    real_records = versions_module.records
 
     def counting(*args):  # a spy: counts the events the transcoder took, changes nothing
         nonlocal transcoded
         transcoded += 1
         return real_records(*args)
 
-    monkeypatch.setattr(store_module, "records", counting)
+    monkeypatch.setattr(versions_module, "records", counting)
     fast = await _replicate(str(tmp_path / "fast"), source, users_file)
     monkeypatch.setenv(PURE_PYTHON_ENV, "1")
     slow = await _replicate(str(tmp_path / "slow"), source, users_file)

@@ -1,6 +1,6 @@
 """A dump's writing path without a server: rows encoded into given memory (encode_lines,
 receive_lines), the body staged and written in aligned blocks (PartialDump, with and without
-O_DIRECT), and a reader's buffer of blocks (chunkreader._Buffer)."""
+O_DIRECT), and a reader's buffer of blocks (rangebuffer.RangeBuffer)."""
 
 from __future__ import annotations
 
@@ -244,15 +244,15 @@ def test_a_reader_buffer_of_blocks_keeps_pieces_in_order(tmp_path) -> None:
     """Rows encoded into a buffer's blocks and bytes written to it come out in the order
     they went in, in memory and after it spilled to a file; its blocks go back to the pool
     when drained."""
-    from cdcserver.dump.chunkreader import _Blocks, _Buffer
+    from cdcserver.dump.rangebuffer import Blocks, RangeBuffer
 
-    blocks = _Blocks()
+    blocks = Blocks()
     rnd = random.Random(6)
-    for limit in (1 << 30, 3 * _Blocks.SIZE // 2):
-        buffer = _Buffer(limit, str(tmp_path), blocks)
+    for limit in (1 << 30, 3 * Blocks.SIZE // 2):
+        buffer = RangeBuffer(limit, str(tmp_path), blocks)
         expected = bytearray()
         for i in range(60):
-            data = rnd.randbytes(rnd.choice([1, 1000, 300_000, _Blocks.SIZE // 3]))
+            data = rnd.randbytes(rnd.choice([1, 1000, 300_000, Blocks.SIZE // 3]))
             if i % 3 == 0:
                 buffer.write(data)
             else:
@@ -264,7 +264,7 @@ def test_a_reader_buffer_of_blocks_keeps_pieces_in_order(tmp_path) -> None:
             expected += data
         assert buffer.tell() == len(expected)
         assert (buffer.spill is not None) == (limit < len(expected))
-        assert buffer.space(_Blocks.SIZE + 1) is None  # more than a block: as bytes
+        assert buffer.space(Blocks.SIZE + 1) is None  # more than a block: as bytes
         out = bytearray()
         buffer.drain(out.extend)
         assert out == expected and buffer.tell() == 0 and not buffer.taken

@@ -8,7 +8,8 @@ import sqlite3
 
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.core.names import TableName
-from cdcserver.store.index import StoreIndex, TransactionInfo
+from cdcserver.store.index import StoreIndex
+from cdcserver.store.transactionlog import TransactionInfo
 
 
 def _log(index: StoreIndex, *gtids: str) -> list[TransactionInfo]:

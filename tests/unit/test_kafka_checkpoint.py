@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from cdcserver.core.config import KafkaConfig
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.sinks.kafka import checkpoint as checkpoint_module
 from cdcserver.sinks.kafka import sender as sender_module
 from cdcserver.sinks.kafka.accumulator import Message

@@ -248,7 +248,7 @@ def test_commands_take_their_flags_from_the_configuration():
 
 
 def test_passwords_kept_in_files(tmp_path):
-    from cdcserver.core.config import KafkaConfig
+    from cdcserver.core.kafkaconfig import KafkaConfig
 
     secret = tmp_path / "secret"
     secret.write_text("p@ss word\n")
@@ -543,9 +543,9 @@ def test_the_compiled_dump_row_path_writes_the_same_bytes_as_the_python_one() ->
 def test_a_chunked_dump_buffer_spills_to_a_file_and_drains_in_order(tmp_path) -> None:
     """What a reader holds before its range's turn: pieces in memory, then a temporary file
     past its limit; drained in the order written, empty after."""
-    from cdcserver.dump.chunkreader import _Buffer
+    from cdcserver.dump.rangebuffer import RangeBuffer
 
-    buffer = _Buffer(10, str(tmp_path))
+    buffer = RangeBuffer(10, str(tmp_path))
     pieces = [b"abc", b"defgh", b"ijklmnop", b"q"]  # the third passes the limit
     for piece in pieces:
         buffer.write(piece)

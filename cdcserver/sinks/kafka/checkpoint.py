@@ -34,10 +34,10 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
-from cdcserver.core.config import KafkaConfig
 from cdcserver.core.durable import outlast, write_atomically
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import BinlogPosition
+from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.sinks.kafka import connect
 from cdcserver.sinks.kafka.accumulator import Message
 

@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from cdcserver.core.config import KafkaConfig
+from cdcserver.core.kafkaconfig import KafkaConfig
 
 
 def common(config: KafkaConfig) -> dict[str, Any]:

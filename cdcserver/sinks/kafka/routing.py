@@ -29,7 +29,7 @@ from aiokafka.partitioner import murmur2
 
 from cdcserver.core.capture import TableSelection
 from cdcserver.core.changes import Change, Ddl, Rows
-from cdcserver.core.config import KafkaConfig
+from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.core.names import TableName
 from cdcserver.messages.base import MessageFormat, VersionLookup, primary_key
 from cdcserver.messages.events import (

@@ -29,9 +29,9 @@ from typing import Any, TypeVar
 
 from aiokafka.errors import KafkaError
 
-from cdcserver.core.config import KafkaConfig
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import BinlogPosition
+from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.core.retry import Backoff
 from cdcserver.sinks.kafka import connect
 from cdcserver.sinks.kafka.accumulator import Message, MessageAccumulator

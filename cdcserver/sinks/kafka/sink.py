@@ -22,8 +22,8 @@ lost, and what is sent again has the same key.
 from __future__ import annotations
 
 from cdcserver.core.changes import Change
-from cdcserver.core.config import KafkaConfig
 from cdcserver.core.gtid import BinlogPosition
+from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.messages.base import VersionLookup
 from cdcserver.sinks.base import SinkStatus, SourceInfo
 from cdcserver.sinks.kafka.accumulator import MessageAccumulator

@@ -1,0 +1,99 @@
+"""The ``[kafka]`` section of the configuration (:mod:`cdcserver.core.config`): publishing every
+change to Kafka as well, and how."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from cdcserver.core.options import (
+    KAFKA_SASL_PASSWORD_VARIABLE,
+    not_negative,
+    option,
+    positive,
+    read_secret,
+    table_patterns,
+    time_zone,
+)
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    bootstrap: str = option("", "publish every change to Kafka: HOST:PORT[,HOST:PORT...] "
+                                "(empty: off)", cli="--kafka")
+    format: Literal["databus", "dip", "debezium", "maxscale"] = option(
+        "databus", "message format (cdcserver/sinks/kafka/README.md)", cli="--kafka-format")
+    topic: str = option("auto", "topic of a table's changes; {db} and {table} are replaced (a "
+                                "fixed name: one topic); auto: the format's ('databus' for "
+                                "databus, else '{db}.{table}')", cli="--kafka-topic")
+    ddl_topic: str = option("auto", "topic of statements that change no table (CREATE "
+                                    "DATABASE...); table statements go to the table's topic; "
+                                    "auto: the format's (databus: its one topic, else '{db}')")
+    key: Literal["auto", "position", "primary-key"] = option(
+        "auto", "message key: the change's binlog position and action, or the row's primary "
+        "key; auto: the format's own (debezium: the primary key; the others: the position)")
+    databus_labels: bool = option(False, "databus: ENUM and SET values as their labels instead "
+                                         "of go-mysql's index and bitmask")
+    key_schema: bool = option(False, "debezium: keys as Kafka Connect's JsonConverter writes "
+                                     "them with schemas.enable ({\"schema\": ..., "
+                                     "\"payload\": ...})")
+    schema_topic: str = option("cdcserver-schemas", "topic of the tables' schemas, which "
+                                                    "clients use to type values ('': none)")
+    state_topic: str = option("cdcserver-state", "topic the sink also records its position in, "
+                                                 "read back if state/kafka.json is lost ('': "
+                                                 "none)")
+    publisher_lock: str = option("", "with several service instances on one source: publish "
+                                     "only while holding this named lock on the source "
+                                     "(GET_LOCK); the others stand by and take over from "
+                                     "state_topic when it is free ('': always publish)",
+                                 cli="--kafka-publisher-lock")
+    include: str = option("", "of the tables captured, those published: db.table patterns as "
+                              "[capture] include's ('': every table captured)",
+                          cli="--kafka-include", check=table_patterns)
+    exclude: str = option("", "tables captured but not published: db.table patterns as "
+                              "[capture] exclude's", cli="--kafka-exclude",
+                          check=table_patterns)
+    create_topics: bool = option(True, "create missing topics")
+    partitions: int = option(0, "partitions of the topics it creates (0: the format's: 1 for "
+                                "databus, whose consumers read partition 0; else 3)",
+                             check=not_negative)
+    replication_factor: int = option(1, "replication factor of the topics it creates",
+                                     check=positive)
+    acks: Literal["all", "1", "0"] = option("all", "producer acks")
+    idempotence: bool = option(True, "idempotent producer (turn off for brokers without it)",
+                               cli="--kafka-idempotence")
+    compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = option(
+        "none", "compression codec")
+    linger_ms: int = option(5, "how long the producer waits to fill a batch")
+    max_batch_bytes: int = option(256 * 1024, "largest batch per partition")
+    max_buffer_bytes: int = option(64 * 1024 * 1024, "unacknowledged message bytes held; when "
+                                                     "full (a slow or absent broker), "
+                                                     "replication waits")
+    request_timeout: float = option(30.0, "how long a send waits for the broker's "
+                                          "acknowledgement; then the sink reconnects and "
+                                          "sends everything unacknowledged again")
+    client_id: str = option("cdcserver", "client id, and the source name in Debezium messages")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = option(
+        "PLAINTEXT", "how the producer talks to the brokers")
+    ssl_cafile: str = option("", "CA bundle that signs the brokers' certificates")
+    ssl_certfile: str = option("", "client certificate (mutual TLS)")
+    ssl_keyfile: str = option("", "client certificate's key")
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = option(
+        "PLAIN", "SASL mechanism")
+    sasl_username: str = option("", "SASL user")
+    sasl_password_file: str = option("", "file holding the SASL password (or "
+                                         "CDCSERVER_KAFKA_SASL_PASSWORD)", secret=True)
+    time_zone: str = option("UTC", "zone of the dip format's TIME field and of TIMESTAMP values "
+                                   "in the maxscale format (the data platform's examples are in "
+                                   "UTC+8: Asia/Shanghai)", cli="--kafka-time-zone",
+                            check=time_zone)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.bootstrap.strip())
+
+    def sasl_password(self) -> str:
+        if self.sasl_password_file:
+            return read_secret(self.sasl_password_file, "kafka.sasl_password_file")
+        return os.environ.get(KAFKA_SASL_PASSWORD_VARIABLE, "")

@@ -1,0 +1,56 @@
+"""The store's flush, the part that runs in a thread: what the store committed made durable,
+then the checkpoint; and the mark the checkpoint keeps of each table.
+
+The order is the store's promise (:mod:`cdcserver.store.store`): the version files first, their
+directory when files were created, the index, and only then the checkpoint, so a checkpoint
+never covers data a crash could take back.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from cdcserver.core.durable import fsync_dir
+from cdcserver.core.errors import DiskFull, StoreError
+from cdcserver.core.names import TableName
+from cdcserver.store.avrofile import VersionFileWriter
+from cdcserver.store.catalog import TableEntry
+from cdcserver.store.checkpoint import Checkpoint, CheckpointWriter, TableMark
+from cdcserver.store.faults import DISK_FULL_ERRNOS
+from cdcserver.store.index import StoreIndex
+
+
+def make_durable(data_dir: str, dirty: list[VersionFileWriter], new_files_in: str | None,
+                 index: StoreIndex, checkpoints: CheckpointWriter, checkpoint: Checkpoint,
+                 marks: dict[TableName, TableMark | None]) -> None:
+    """Fsync the ``dirty`` writers (and ``new_files_in``, the directory that has new files),
+    persist the index, write the checkpoint. A full disk is :class:`DiskFull`."""
+    for writer in dirty:
+        try:
+            writer.fsync()
+        except OSError as exc:
+            # After a failed fsync the kernel may have dropped the pages: retrying could
+            # "succeed" without the data. Stop; a restart recovers from the checkpoint.
+            raise StoreError(f"fsync of {writer.path} failed ({exc.strerror}); restart "
+                             "the service to recover from the checkpoint") from exc
+    if new_files_in is not None:
+        fsync_dir(new_files_in)
+    try:
+        index.persist()
+        checkpoints.write(checkpoint, marks)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL_ERRNOS:
+            raise
+        raise DiskFull(f"{data_dir}: {exc.strerror}; checkpoint not written") from exc
+    except sqlite3.OperationalError as exc:
+        if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_FULL:
+            raise
+        raise DiskFull(f"{data_dir}: the index's disk is full; checkpoint not "
+                       "written") from exc
+
+
+def table_mark(entry: TableEntry | None) -> TableMark | None:
+    """A table's mark in the checkpoint: its newest version and that version's committed
+    size (None: no version is left)."""
+    latest = entry.latest() if entry is not None else None
+    return None if latest is None else TableMark(latest.version, latest.committed)
