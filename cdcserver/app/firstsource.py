@@ -21,7 +21,7 @@ from cdcserver.replication import preflight, source
 from cdcserver.replication.sources import Sources
 from cdcserver.sinks.base import SourceInfo
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("cdcserver.app.runner")  # as before: operators grep for it
 T = TypeVar("T")
 
 

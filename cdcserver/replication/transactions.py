@@ -40,7 +40,7 @@ from cdcserver.replication.rowless import (
 from cdcserver.replication.xa import PreparedXa, Recording, Xid
 from cdcserver.schema.history import SchemaHistory
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("cdcserver.replication.decoder")  # as before: operators grep for it
 
 
 class TransactionFraming:

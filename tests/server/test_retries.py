@@ -106,7 +106,7 @@ async def test_a_broker_down_at_start_is_in_health_and_logged_once(
     port = _closed_port()
     config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
                          kafka={"bootstrap": f"127.0.0.1:{port}"})
-    caplog.set_level(logging.WARNING, logger="cdcserver.sinks.kafka.sender")
+    caplog.set_level(logging.WARNING, logger="cdcserver.sinks.kafka.sink")
     running = await start_service(config)
     try:
         await asyncio.to_thread(wait_until, lambda: running.service.stats().sinks_waiting, 30,

@@ -41,7 +41,7 @@ from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.sinks.kafka import connect
 from cdcserver.sinks.kafka.accumulator import Message
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("cdcserver.sinks.kafka.sink")  # as before: operators grep for it
 
 STATE_READ_TIMEOUT = 120.0  # seconds reading the state topic back may take at most
 

@@ -38,7 +38,7 @@ from cdcserver.sinks.kafka.accumulator import Message, MessageAccumulator
 from cdcserver.sinks.kafka.checkpoint import Checkpoint, InFlight
 from cdcserver.sinks.kafka.metrics import SinkStats
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("cdcserver.sinks.kafka.sink")  # as before: operators grep for it
 
 T = TypeVar("T")
 
