@@ -56,13 +56,13 @@ log = logging.getLogger(__name__)
 
 
 class State(enum.Enum):
-    """What replication is doing; the runner's ``why`` says why, in the last three."""
+    """What replication is doing; the runner's ``why`` says why it is paused or stopped. (That
+    run() raised is told apart, in ``failure``: it may have raised in any of them.)"""
 
     STARTING = "starting"  # checking the sources, opening the sinks
     REPLICATING = "replicating"  # a replicator and pipeline run (or start again)
     PAUSED = "paused"  # the data directory is full; resumes once a write fits
     STOPPED = "stopped"  # for good, while the service serves what is stored
-    FAILED = "failed"  # run() raised
 
 
 class ReplicationRunner:
@@ -85,7 +85,8 @@ class ReplicationRunner:
         self.pipeline: Pipeline | None = None
         self.handoff: Handoff | None = None
         self.state = State.STARTING
-        self.why = ""  # why it is paused, stopped or failed
+        self.why = ""  # why it is paused or stopped
+        self.failure = ""  # why run() raised, once it did (/live says so)
         self.info: SourceInfo | None = None  # what the source is, once checked
         self._restarting = False
         self._setting_up = asyncio.Lock()
@@ -109,11 +110,6 @@ class ReplicationRunner:
     def stopped(self) -> str:
         """Why replication stopped for good while the service serves on; empty if it did not."""
         return self.why if self.state is State.STOPPED else ""
-
-    @property
-    def failure(self) -> str:
-        """Why run() raised, once it did (/live says so)."""
-        return self.why if self.state is State.FAILED else ""
 
     def repair_pending(self) -> bool:
         """A repair is under way whose records are not out yet: no checkpoint may pass the
@@ -191,7 +187,7 @@ class ReplicationRunner:
         try:
             await self._run()
         except Exception as exc:
-            self._enter(State.FAILED, f"{type(exc).__name__}: {exc}")
+            self.failure = f"{type(exc).__name__}: {exc}"
             raise
 
     async def _run(self) -> None:
