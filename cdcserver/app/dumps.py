@@ -1,6 +1,6 @@
 """Dumps as a component: the ones asked for (by clients, the admin API and tables newly
-included in the capture), and the schedule if one is configured (docs/dumps.md). Started
-before the listener, so that a client's first request is taken."""
+included in the capture), and the schedule if one is configured (docs/dumps.md). A request
+that comes before they start (the listener starts first) waits in the scheduler's queue."""
 
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """The service: its components, started in order and stopped in reverse, in one process.
 
 Start order: the stored data (the users file is checked, the store opened, which repairs it back
-to its checkpoint), the dumps (a client's first request is taken), the listener (it serves
-what is stored even while the source does not answer), monitoring, the admin API, replication,
-then housekeeping beside it; what cannot be used stops the start in one line
-(:mod:`cdcserver.app.startup`). Stop order, the reverse: housekeeping ends, replication stops
-reading, the pipeline applies what was handed over and the final checkpoint is written, then
-the endpoints close, the listener, the dumps under way, and the store last. A component that
-fails stops the others the same way, and its error goes on (:mod:`cdcserver.app.lifecycle`).
+to its checkpoint), the listener (it serves what is stored even while the source does not
+answer), monitoring, the admin API, replication, then the dumps and housekeeping that work
+beside it; what cannot be used stops the start in one line (:mod:`cdcserver.app.startup`).
+Stop order, the reverse: housekeeping and the dumps end, replication stops reading, the
+pipeline applies what was handed over and the final checkpoint is written, then the endpoints
+close, the listener last, and the store. A component that fails stops the others the same
+way, and its error goes on (:mod:`cdcserver.app.lifecycle`).
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ class Service:
 
     def components(self) -> list[Component]:
         """In start order; they stop in reverse."""
-        return [self.data, self.dumps, self.listener, self.monitoring, self.admin,
-                self.replication, self.housekeeping]
+        return [self.data, self.listener, self.monitoring, self.admin, self.replication,
+                self.dumps, self.housekeeping]
 
     async def run(self, stop: asyncio.Event, started: Callable[[Service], None] | None = None
                   ) -> None:

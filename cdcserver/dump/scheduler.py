@@ -108,6 +108,9 @@ class DumpScheduler:
     def request(self, tables: list[TableName]) -> list[TableName]:
         """Queue dumps of ``tables`` (from any thread); returns those queued now (a table
         already queued or running is not queued twice)."""
+        if self._loop is None:  # made before the service's loop ran: asked from it now?
+            with contextlib.suppress(RuntimeError):
+                self._loop = asyncio.get_running_loop()
         if self._loop is None:
             raise CdcError("the service is not taking dumps yet")
         with self._progress_lock:

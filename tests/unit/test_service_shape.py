@@ -8,6 +8,7 @@ import inspect
 
 from cdcserver.app.lifecycle import Loops, running
 from cdcserver.app.service import Service
+from cdcserver.core.names import TableName
 from tests.conftest import make_config
 
 MAX_ATTRIBUTES = 10
@@ -117,3 +118,17 @@ def test_loops_are_cancelled_at_stop_and_one_loops_failure_leaves_the_others():
 
     alive, stopped = asyncio.run(scenario())
     assert alive and stopped
+
+
+def test_a_dump_asked_for_before_the_dumps_start_waits_for_them(tmp_path):
+    """The service is built outside its event loop (``cdcserver run``), and the listener
+    starts before the dumps: a client's REQUEST-DUMP in between is queued, not refused."""
+    service = _service(tmp_path)
+    scheduler = service.dumps.scheduler
+    table = TableName("shop", "orders")
+
+    async def ask() -> list[TableName]:
+        return scheduler.request([table])
+
+    assert asyncio.run(ask()) == [table]
+    assert [entry["state"] for entry in scheduler.listed()] == ["queued"]
