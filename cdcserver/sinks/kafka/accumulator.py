@@ -75,9 +75,14 @@ class MessageAccumulator:
             batch.messages.append(message)
 
     async def _add_to_new_batch(self, message: Message) -> None:
-        """Ship the partition's full batch, if any, and start a new one with the message."""
+        """Ship the partition's full batch, if any, and start a new one with the message;
+        unless the producer is gone or was replaced meanwhile (then the sender batches every
+        message in flight again, this one too)."""
         tp = (message.topic, message.partition)
+        generation = self._generation
         await self.ship(tp)
+        if self.producer is None or generation != self._generation:
+            return
         batch = self._open[tp] = Batch(self.producer.create_batch())
         # An empty batch takes a message of any size (up to max_request_size).
         batch.builder.append(timestamp=None, key=message.key, value=message.value,
@@ -89,6 +94,8 @@ class MessageAccumulator:
         in the order they were closed: ``apply`` and ``flush`` both ship, and aiokafka takes a
         batch as soon as the partition's queue is empty, so two shippers waiting for the
         queue could otherwise swap. The per-partition lock is first come, first served."""
+        if self.producer is None:  # being started again: it batches everything again
+            return
         batch = self._open.pop(tp, None)
         if batch is None or not batch.messages:
             return
@@ -99,7 +106,10 @@ class MessageAccumulator:
         generation = self._generation
         try:
             async with lock:
-                future: asyncio.Future[Any] = await self.producer.send_batch(
+                producer = self.producer
+                if producer is None or generation != self._generation:
+                    return  # replaced while this waited its turn: batched again there
+                future: asyncio.Future[Any] = await producer.send_batch(
                     batch.builder, tp[0], partition=tp[1])
         except (KafkaError, OSError) as exc:  # the producer cannot take it: settle later
             future = asyncio.get_running_loop().create_future()

@@ -14,20 +14,22 @@ If a delivery fails (the broker is gone longer than ``request_timeout``), the se
 new producer, waiting for the broker as long as it takes, and sends everything not yet
 acknowledged again, in order: a partition may hold a message twice, never out of order for
 good. While the broker does not answer, why is in :attr:`Sender.waiting` (``/health`` shows
-it). Nothing is handed to the record batches while a new producer is being started: a message
-the sink makes meanwhile waits until every message before it was batched again, in order.
+it). A message the sink makes while a new producer is being started is held in flight like
+the others (the buffer keeps filling, up to its bound) and batched by the recovery, after every
+older one: no message passes an older one being sent again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import BinlogPosition
@@ -70,9 +72,8 @@ class Sender:
         self.in_flight = InFlight()
         self.waiting = ""  # why the sink cannot deliver yet (the broker does not answer)
         self.producer: Any = None
-        # held while a new producer starts and what is in flight is batched again; every
-        # use of the producer and the batches takes it too, so none finds the producer gone
-        # and no new message passes an older one being sent again
+        # held while a new producer starts and what is in flight is batched again: a message
+        # held meanwhile is left to it
         self._recovering = asyncio.Lock()
         self._generation = 0  # producers started so far
 
@@ -127,19 +128,23 @@ class Sender:
         if self.in_flight.bytes + message.size > self.config.max_buffer_bytes and \
                 self.in_flight:
             await self._make_room(message.size)
-        async with self._recovering:
-            self.in_flight.hold(message)
-            self.stats.messages += 1
-            await self.accumulator.add(message)
+        self.in_flight.hold(message)
+        self.stats.messages += 1
+        if self._recovering.locked():
+            return  # the recovery batches it, after every older message
+        await self.accumulator.add(message)
 
     async def ship_all(self) -> None:
-        """Hand every open record batch to the producer."""
-        async with self._recovering:
-            await self.accumulator.ship_all()
+        """Hand every open record batch to the producer (none while it is started again)."""
+        await self.accumulator.ship_all()
 
     async def partitions_for(self, topic: str) -> set[int]:
-        async with self._recovering:
-            return set(await self.producer.partitions_for(topic))
+        if self.producer is None:  # being started again
+            async with self._recovering:
+                pass
+        if self.producer is None:
+            raise KafkaConnectionError("the producer is being started again")
+        return set(await self.producer.partitions_for(topic))
 
     def end_transaction(self, position: BinlogPosition) -> None:
         self.in_flight.end_transaction(position)
@@ -199,8 +204,20 @@ class Sender:
             self.stats.reconnects += 1
             await self.close()
             await self.connect()  # (the open batches are dropped: batched again below)
-            for message in self.in_flight.messages():
+            await self._batch_again()
+
+    async def _batch_again(self) -> None:
+        """Every message in flight batched again, in order, with those held meanwhile (the
+        sink goes on while the batches are shipped); the lock is let go only once none is
+        left, with nothing awaited between the last look and the release."""
+        done = 0
+        while True:
+            left = list(itertools.islice(self.in_flight.messages(), done, None))
+            if not left:
+                return
+            for message in left:
                 message.future = None
                 await self.accumulator.add(message)
                 self.stats.resent += 1
+            done += len(left)
             await self.accumulator.ship_all()
