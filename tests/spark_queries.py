@@ -22,7 +22,10 @@ def run_to_end(start: Callable[[], Any], timeout: float) -> Any:
     missed Spark's deadline before it read anything."""
     for attempt in range(1, STARTS + 1):
         query = start()
-        query.awaitTermination(timeout)
+        try:
+            query.awaitTermination(timeout)
+        except Exception:  # noqa: BLE001 - it raises the query's failure, judged below
+            pass
         error = query.exception()
         if error is None or CONNECT_BACK not in str(error) or attempt == STARTS or \
                 any(p["numInputRows"] for p in query.recentProgress):
