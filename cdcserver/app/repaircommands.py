@@ -5,7 +5,6 @@ needs) and ``cdcserver schema forget`` (a table's definition re-learnt from the 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
@@ -16,6 +15,7 @@ from cdcserver.core import config as cfg
 from cdcserver.core.durable import private_files
 from cdcserver.core.errors import CdcError, ConfigError
 from cdcserver.core.names import TableName
+from cdcserver.store import writerlock
 from cdcserver.store.layout import DataDir
 from mariadb_cdc_client.format.names import parse_table, table_ref
 
@@ -97,7 +97,7 @@ def _resync_tables(args: argparse.Namespace) -> int:
         ask(data_dir, table)
     if not wanted:
         return EXIT_OK
-    if not _service_runs(layout):
+    if not writerlock.held(layout.writer_lock):
         print("asked; the service resyncs them when it starts")
         return EXIT_OK
     if args.wait <= 0:
@@ -122,23 +122,6 @@ def _resync_tables(args: argparse.Namespace) -> int:
               + (f": {why.cause}" if why else "") + " (the service goes on trying; "
               "`cdcserver status` shows it)", file=sys.stderr)
     return EXIT_FAILED
-
-
-def _service_runs(layout: DataDir) -> bool:
-    """Whether a service holds the data directory's writer lock."""
-    import fcntl
-
-    try:
-        fd = os.open(layout.writer_lock, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def cmd_schema_forget(args: argparse.Namespace) -> int:

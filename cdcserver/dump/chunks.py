@@ -4,7 +4,6 @@ read of them, the files that hold them, and the table as the dump read it."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -32,6 +31,7 @@ from cdcserver.schema.history import TRANSACTIONAL_ENGINES
 from cdcserver.schema.layouts import layout_of
 from cdcserver.schema.masking import project_definition
 from cdcserver.store import checkpoint as ckpt
+from cdcserver.store import writerlock
 from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import dump_stem
 from cdcserver.store.schema import TableSchema
@@ -208,7 +208,7 @@ def check_store(conn: Any, data_dir: str) -> str:
     replicating into ``data_dir`` (it holds the store's writer lock; the merge waits for it
     to reach the dump's point), from the server the dump reads (binlog positions are
     compared with the store's, which only holds on one server). Returns which server it is."""
-    if not _service_running(data_dir):
+    if not writerlock.held(DataDir(data_dir).writer_lock):
         raise NotChunkable(f"the service is not replicating into {data_dir}")
     if ckpt.load(DataDir(data_dir).checkpoint) is None:
         raise NotChunkable(f"the service has stored nothing in {data_dir} yet")
@@ -230,20 +230,3 @@ def service_source(data_dir: str) -> tuple[str, str] | None:
         return str(record["source"]), str(record["server"])
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         return None
-
-
-def _service_running(data_dir: str) -> bool:
-    """Whether a process holds the store's writer lock: a shared lock cannot be had then.
-    (Had, it is let go at once; a service starting in that instant waits for it: see
-    Store._lock_directory.)"""
-    try:
-        fd = os.open(DataDir(data_dir).writer_lock, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # and with it the lock
-    return False

@@ -29,3 +29,20 @@ def lock_for_writing(path: str, data_dir: str) -> int:
                 continue
             os.close(fd)
             raise StoreError(f"{data_dir} is in use by another cdcserver process") from None
+
+
+def held(path: str) -> bool:
+    """Whether a process holds the writer lock at ``path``: a shared lock cannot be had then.
+    (Had, it is let go at once; a service starting in that instant waits for it: see
+    :func:`lock_for_writing`.)"""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # and with it the lock
+    return False
