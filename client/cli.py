@@ -53,6 +53,7 @@ from mariadb_cdc_client.cli_connection import (
     EXIT_ERROR,
     EXIT_OK,
     EXIT_USAGE,
+    answered,
     connection_options,
     copy_stream,
     open_connection,
@@ -299,17 +300,8 @@ def _query(summary: str, command: str, with_gtid: bool) -> Command:
 
     def run(argv: list[str]) -> int:
         args = parser().parse_args(argv)
-        try:
-            conn = open_connection(args)
-            try:
-                line = command + (f" {args.GTID}" if with_gtid else "")
-                print(json.dumps(conn.query(line)))
-            finally:
-                conn.close()
-        except (TimeoutError, ProtocolError, OSError, ValueError) as exc:
-            print(f"cdc: {exc}", file=sys.stderr)
-            return EXIT_ERROR
-        return EXIT_OK
+        line = command + (f" {args.GTID}" if with_gtid else "")
+        return answered(args, lambda conn: print(json.dumps(conn.query(line))))
     return Command(summary, parser, run)
 
 

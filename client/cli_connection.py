@@ -7,9 +7,10 @@ import argparse
 import os
 import ssl
 import sys
+from collections.abc import Callable
 
 from mariadb_cdc_client.endpoints import Endpoints
-from mariadb_cdc_client.format.wire import DataRequest, Format
+from mariadb_cdc_client.format.wire import DataRequest, Format, ProtocolError
 from mariadb_cdc_client.login import Auth
 from mariadb_cdc_client.sync import SyncCdcConnection
 
@@ -90,3 +91,18 @@ def copy_stream(conn: SyncCdcConnection, request: DataRequest | None, timeout: f
         first = False
         out.write(data)
         out.flush()
+
+
+def answered(args: argparse.Namespace, ask: Callable[[SyncCdcConnection], None]) -> int:
+    """Connect, ``ask`` (it prints the answers), close: EXIT_OK, or EXIT_ERROR with the
+    failure printed as ``cdc: <why>``."""
+    try:
+        conn = open_connection(args)
+        try:
+            ask(conn)
+        finally:
+            conn.close()
+    except (TimeoutError, ProtocolError, OSError, ValueError) as exc:
+        print(f"cdc: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK

@@ -13,6 +13,7 @@ from mariadb_cdc_client.cli_connection import (
     EXIT_ERROR,
     EXIT_OK,
     EXIT_USAGE,
+    answered,
     connection_options,
     copy_stream,
     open_connection,
@@ -39,17 +40,12 @@ def run_dumps(argv: list[str]) -> int:
     except BadTableRef as exc:
         print(f"cdc: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        conn = open_connection(args)
-        try:
-            for dump in conn.list_dumps(args.TABLE):
-                print(json.dumps(dump))
-        finally:
-            conn.close()
-    except (TimeoutError, ProtocolError, OSError, ValueError) as exc:
-        print(f"cdc: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    return EXIT_OK
+
+    def listed(conn: SyncCdcConnection) -> None:
+        for dump in conn.list_dumps(args.TABLE):
+            print(json.dumps(dump))
+
+    return answered(args, listed)
 
 
 def dump_parser() -> argparse.ArgumentParser:
