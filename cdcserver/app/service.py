@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -32,8 +31,6 @@ from cdcserver.core.errors import CdcError
 from cdcserver.core.gtid import GtidState
 from cdcserver.ops.metrics import HousekeepingStats, ServiceStats
 from cdcserver.sinks.base import Sink
-
-log = logging.getLogger(__name__)
 
 
 class Service:
