@@ -40,6 +40,16 @@ def test_every_component_starts_and_stops(tmp_path):
     assert {id(c) for c in held} == {id(c) for c in components}
 
 
+def test_replication_stops_first_and_the_listener_after_its_final_checkpoint(tmp_path):
+    """docs/architecture.md's order: the store opens first and closes last; the listener
+    starts before replication (it serves while the source is away), so it stops after
+    replication's final checkpoint; housekeeping and the dumps start last, stop first."""
+    service = _service(tmp_path)
+    assert service.components() == [service.data, service.listener, service.monitoring,
+                                     service.admin, service.replication, service.dumps,
+                                     service.housekeeping]
+
+
 class _Part:
     def __init__(self, name: str, log: list[str], fails: bool = False) -> None:
         self.name, self.log, self.fails = name, log, fails
