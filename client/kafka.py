@@ -210,16 +210,18 @@ class KafkaChangeReader:
         consumer = self._consumer()
         await consumer.start()
         try:
-            if self.schema_topic not in await consumer.topics():
+            cluster = await consumer._client.fetch_all_metadata()  # (see changes())
+            if self.schema_topic not in cluster.topics():
                 return
-            partitions = consumer.partitions_for_topic(self.schema_topic) or {0}
+            partitions = cluster.partitions_for_topic(self.schema_topic) or {0}
             tps = [TopicPartition(self.schema_topic, p) for p in sorted(partitions)]
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
-            while True:
+            ends = await consumer.end_offsets(tps)
+            # to the end offsets, however slowly the broker answers (a quiet moment is not
+            # the end)
+            while any([await consumer.position(tp) < ends[tp] for tp in tps]):
                 batch = await consumer.getmany(*tps, timeout_ms=500)
-                if not any(batch.values()):
-                    break
                 for messages in batch.values():
                     for m in messages:
                         if m.key and m.value:
@@ -243,12 +245,16 @@ class KafkaChangeReader:
         consumer = self._consumer()
         await consumer.start()
         try:
-            known = await consumer.topics()
+            # The cluster's metadata as the broker gives it now: the consumer's own
+            # (partitions_for_topic) only knows topics it was asked for before, and Apache
+            # Kafka does not send every topic's partitions to a new client unasked.
+            cluster = await consumer._client.fetch_all_metadata()
+            known = cluster.topics()
             tps = []
             for topic in self.topics:
                 if topic not in known:
                     raise LookupError(f"no topic {topic!r} on {self.bootstrap}")
-                partitions = consumer.partitions_for_topic(topic) or set()
+                partitions = cluster.partitions_for_topic(topic) or set()
                 tps += [TopicPartition(topic, p) for p in sorted(partitions)]
             consumer.assign(tps)
             if start == "latest":

@@ -64,8 +64,8 @@ async def raw_messages(broker: Tansu, topic: str) -> list[Any]:
     consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
-        await consumer.topics()
-        partitions = sorted(consumer.partitions_for_topic(topic) or ())
+        cluster = await consumer._client.fetch_all_metadata()  # (as client/kafka.py)
+        partitions = sorted(cluster.partitions_for_topic(topic) or ())
         tps = [TopicPartition(topic, p) for p in partitions]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
