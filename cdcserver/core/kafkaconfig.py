@@ -67,6 +67,11 @@ class KafkaConfig:
         "none", "compression codec")
     linger_ms: int = option(5, "how long the producer waits to fill a batch")
     max_batch_bytes: int = option(256 * 1024, "largest batch per partition")
+    max_message_bytes: int = option(1_000_000, "largest value of a databus message: a row "
+                                               "event's message larger than this is sent as "
+                                               "several, each with part of its rows (the "
+                                               "brokers' message.max.bytes is 1 MiB by "
+                                               "default)", check=positive)
     max_buffer_bytes: int = option(64 * 1024 * 1024, "unacknowledged message bytes held; when "
                                                      "full (a slow or absent broker), "
                                                      "replication waits")

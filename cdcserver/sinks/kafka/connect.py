@@ -39,7 +39,8 @@ def producer(config: KafkaConfig) -> AIOKafkaProducer:
         **common(config), acks=acks, enable_idempotence=config.idempotence,
         compression_type=None if config.compression == "none" else config.compression,
         linger_ms=config.linger_ms, max_batch_size=config.max_batch_bytes,
-        max_request_size=max(config.max_batch_bytes, 1 << 20),
+        max_request_size=max(config.max_batch_bytes, config.max_message_bytes + 65536,
+                             1 << 20),
         request_timeout_ms=int(config.request_timeout * 1000))
 
 

@@ -154,17 +154,29 @@ class Router:
     async def _row_event(self, batch: RowBatch) -> None:
         """One message for a whole binlog row event (the databus format). Its rows may hash
         to different partitions, so a table's row events all go to one partition (the CRC-32
-        of its name), which keeps every row's changes in order."""
+        of its name), which keeps every row's changes in order. A message larger than
+        ``max_message_bytes`` (a statement that changed many rows can make one row event of
+        megabytes) is sent as two, each with half the rows, again until each fits: brokers
+        refuse a message over their ``message.max.bytes``."""
         if not batch.rows:
             return
         first = batch.rows[0]
         topic, count, schema = await self._route(first.shape)
         partition = zlib.crc32(str(first.shape.table).encode()) % count
-        key, value, event = self.format.row_event(batch)
-        headers = _headers(first.gtid_text.encode(), event, schema)
-        if self.format.labels:  # ENUM and SET values are labels, not indexes and bitmasks
-            headers.append(("values", b"labels"))
-        await self.sender.hold(Message(topic, partition, key, value, headers))
+        for key, value, event in self._fitting(batch):
+            headers = _headers(first.gtid_text.encode(), event, schema)
+            if self.format.labels:  # ENUM and SET values are labels, not indexes and bitmasks
+                headers.append(("values", b"labels"))
+            await self.sender.hold(Message(topic, partition, key, value, headers))
+
+    def _fitting(self, batch: RowBatch) -> list[tuple[bytes, bytes, int]]:
+        """``batch``'s message, or its halves' messages when it is too large."""
+        message = self.format.row_event(batch)
+        if len(message[1]) <= self.config.max_message_bytes or len(batch.rows) == 1:
+            return [message]
+        half = len(batch.rows) // 2
+        return [*self._fitting(RowBatch(batch.rows[:half])),
+                *self._fitting(RowBatch(batch.rows[half:]))]
 
     async def _statement(self, e: StatementEvent) -> None:
         message = self.format.statement(e)
