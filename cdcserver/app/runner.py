@@ -29,7 +29,9 @@ from cdcserver.core.durable import write_atomically
 from cdcserver.core.errors import (
     BinlogPurged,
     DiskFull,
+    PublisherFenced,
     ServerIdInUse,
+    SinkRewound,
     SourceUnavailable,
 )
 from cdcserver.core.gtid import BinlogPosition, GtidState
@@ -205,9 +207,13 @@ class ReplicationRunner:
             except BinlogPurged as exc:
                 await self._stopped_by_purge(exc)
                 return
-            except ServerIdInUse as exc:
+            except (ServerIdInUse, PublisherFenced) as exc:
                 await self._stopped_for_good(f"replication stopped: {exc}")
                 return
+            except SinkRewound as exc:  # it stands at its last commit again
+                log.warning("replication starts over from the checkpoints: %s", exc)
+                if self._halted.is_set():
+                    return
             except (DiskFull, OSError) as exc:
                 if isinstance(exc, OSError) and exc.errno not in DISK_FULL_ERRNOS:
                     raise

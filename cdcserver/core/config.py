@@ -311,6 +311,14 @@ class Config:
         if self.kafka.publisher_lock and not self.kafka.state_topic:
             raise ConfigError("kafka.publisher_lock needs kafka.state_topic: the instance that "
                               "takes over reads the position there")
+        if self.kafka.exactly_once:
+            kafka = self.kafka
+            if not kafka.state_topic:
+                raise ConfigError("kafka.delivery = \"exactly-once\" needs kafka.state_topic: "
+                                  "the position is committed there with the messages")
+            if not kafka.idempotence or kafka.acks != "all":
+                raise ConfigError("kafka.delivery = \"exactly-once\" needs kafka.idempotence "
+                                  "= true and kafka.acks = \"all\" (Kafka transactions do)")
 
 
 def add_config_flag(parser: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup,

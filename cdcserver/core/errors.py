@@ -76,3 +76,13 @@ class DiskFull(StoreError):
     undid the transaction it was writing; replication pauses until there is room again."""
 
     retriable = True
+
+
+class SinkRewound(CdcError):
+    """A sink lost what it had not committed (a Kafka transaction aborted) and stands again at
+    its last commit: replication starts over from the sinks' checkpoints, at once."""
+
+
+class PublisherFenced(CdcError):
+    """Another instance publishes the same stream with the same transactional id: this one
+    was fenced out and must not publish again (exactly one publishes)."""

@@ -60,6 +60,19 @@ class KafkaConfig:
                              check=not_negative)
     replication_factor: int = option(1, "replication factor of the topics it creates",
                                      check=positive)
+    delivery: Literal["at-least-once", "exactly-once"] = option(
+        "at-least-once", "at-least-once: a message may be sent twice after a failure "
+        "(drop repeated keys); exactly-once: each transaction is published in a Kafka "
+        "transaction with the position it reaches, and a read_committed consumer sees every "
+        "change once (needs brokers with transactions)", cli="--kafka-delivery")
+    transactional_id: str = option("", "exactly-once: the producer's transactional id and "
+                                       "the key of its position in state_topic; instances "
+                                       "given the same one publish the same stream, and the "
+                                       "newest fences the others out ('': client_id:"
+                                       "server_id, or client_id:publisher_lock)")
+    transaction_timeout: float = option(60.0, "exactly-once: how long the brokers keep an "
+                                              "open transaction before aborting it "
+                                              "(transaction.timeout.ms)", check=positive)
     acks: Literal["all", "1", "0"] = option("all", "producer acks")
     idempotence: bool = option(True, "idempotent producer (turn off for brokers without it)",
                                cli="--kafka-idempotence")
@@ -93,6 +106,10 @@ class KafkaConfig:
                                    "in the maxscale format (the data platform's examples are in "
                                    "UTC+8: Asia/Shanghai)", cli="--kafka-time-zone",
                             check=time_zone)
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.delivery == "exactly-once"
 
     @property
     def enabled(self) -> bool:

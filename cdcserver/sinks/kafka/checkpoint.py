@@ -73,6 +73,10 @@ class InFlight:
     def end_transaction(self, position: BinlogPosition) -> None:
         self._entries.append(Marker(position))
 
+    def clear(self) -> None:
+        self._entries.clear()
+        self.bytes = 0
+
     def messages(self) -> Iterator[Message]:
         return (e for e in self._entries if isinstance(e, Message))
 
@@ -154,12 +158,14 @@ class Checkpoint:
         if self._sent is not None:
             await asyncio.wait({self._sent})
 
-    async def read_back(self) -> None:
+    async def read_back(self, committed: bool = False) -> None:
         """The position the state topic holds for this key, as the checkpoint (the topic
-        exists: the caller made sure)."""
+        exists: the caller made sure); ``committed``: of committed Kafka transactions only
+        (exactly-once), up to the last stable offset."""
         topic = self.config.state_topic
         found: BinlogPosition | None = None
-        consumer = connect.consumer(self.config)
+        consumer = connect.consumer(self.config, isolation_level="read_committed") \
+            if committed else connect.consumer(self.config)
         await consumer.start()
         try:
             from aiokafka import TopicPartition
@@ -167,7 +173,9 @@ class Checkpoint:
             tp = TopicPartition(topic, 0)
             consumer.assign([tp])
             end = (await consumer.end_offsets([tp]))[tp]
-            consumer.seek(tp, max(end - 1000, 0))
+            # (exactly-once: each commit also takes an offset for its marker, and other
+            # streams' instances may share the topic)
+            consumer.seek(tp, max(end - (100_000 if committed else 1000), 0))
             # Up to the end offset, however slow the broker answers: a pause is not the end
             # (stopping at the first quiet second read an older position on a busy machine).
             async with asyncio.timeout(STATE_READ_TIMEOUT):

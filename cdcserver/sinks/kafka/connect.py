@@ -33,10 +33,16 @@ def common(config: KafkaConfig) -> dict[str, Any]:
     return kwargs
 
 
-def producer(config: KafkaConfig) -> AIOKafkaProducer:
+def producer(config: KafkaConfig, transactional_id: str | None = None) -> AIOKafkaProducer:
+    """A producer; with ``transactional_id`` a transactional one (its ``start`` fences every
+    earlier producer with that id and aborts its open transaction)."""
     acks: Any = "all" if config.acks == "all" else int(config.acks)
+    transactional: dict[str, Any] = {}
+    if transactional_id is not None:
+        transactional = {"transactional_id": transactional_id,
+                         "transaction_timeout_ms": int(config.transaction_timeout * 1000)}
     return AIOKafkaProducer(
-        **common(config), acks=acks, enable_idempotence=config.idempotence,
+        **common(config), **transactional, acks=acks, enable_idempotence=config.idempotence,
         compression_type=None if config.compression == "none" else config.compression,
         linger_ms=config.linger_ms, max_batch_size=config.max_batch_bytes,
         max_request_size=max(config.max_batch_bytes, config.max_message_bytes + 65536,
@@ -49,8 +55,11 @@ def consumer(config: KafkaConfig, **kwargs: Any) -> AIOKafkaConsumer:
                             auto_offset_reset="earliest", **kwargs)
 
 
-async def create_topics(config: KafkaConfig, names: list[str], partitions: int) -> None:
-    """Create the topics that do not exist yet, with ``partitions`` partitions."""
+async def create_topics(config: KafkaConfig, names: list[str], partitions: int,
+                        compact: bool = False) -> None:
+    """Create the topics that do not exist yet, with ``partitions`` partitions (``compact``:
+    with ``cleanup.policy=compact``, for topics read for each key's last value)."""
+    configs = {"cleanup.policy": "compact"} if compact else None
     admin = AIOKafkaAdminClient(**common(config))
     await admin.start()
     try:
@@ -59,7 +68,8 @@ async def create_topics(config: KafkaConfig, names: list[str], partitions: int) 
         if missing:
             try:
                 await admin.create_topics([NewTopic(n, partitions,
-                                                    config.replication_factor)
+                                                    config.replication_factor,
+                                                    topic_configs=configs)
                                            for n in missing])
             except TopicAlreadyExistsError:
                 pass  # created meanwhile

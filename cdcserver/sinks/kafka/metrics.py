@@ -23,6 +23,8 @@ class SinkStats:
     resent: int = 0  # sent again after a failed delivery
     reconnects: int = 0  # failed deliveries: each one reconnects and sends again
     transactions: int = 0
+    commits: int = 0  # Kafka transactions committed (exactly-once)
+    rewinds: int = 0  # Kafka transactions aborted: publishing again from the last commit
     topics: set[str] = field(default_factory=set)
 
 
@@ -48,6 +50,9 @@ COUNTERS = (  # SinkStats field, metric, help
      "not acknowledge within request_timeout): each makes the sink reconnect and send "
      "everything unacknowledged again"),
     ("transactions", "cdc_kafka_transactions", "transactions published"),
+    ("commits", "cdc_kafka_commits", "Kafka transactions committed (exactly-once delivery)"),
+    ("rewinds", "cdc_kafka_rewinds", "Kafka transactions aborted after a failure "
+     "(exactly-once): the sink publishes again from its last commit"),
 )
 
 

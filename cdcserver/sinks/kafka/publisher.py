@@ -49,6 +49,8 @@ def kafka_sinks(config: Config, sources: Sources, versions: VersionLookup) -> li
     kafka = config.kafka
     # instances that take turns publishing share one position in the state topic
     key = f"{kafka.client_id}:{kafka.publisher_lock or config.source.server_id}"
+    if kafka.exactly_once and kafka.transactional_id:
+        key = kafka.transactional_id  # instances sharing it share (and fence for) the stream
 
     def sink() -> KafkaSink:
         return KafkaSink(kafka, config.store.data_dir, key, versions=versions)

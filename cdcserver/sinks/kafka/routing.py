@@ -119,6 +119,7 @@ class Router:
                 await self._statement(event)
             elif isinstance(event, CommitEvent):
                 self.sender.end_transaction(event.position)
+                await self.sender.at_boundary()
 
     async def partition_count(self, topic: str) -> int:
         """The topic's partitions (the topic created first, with ``create_topics``)."""

@@ -85,7 +85,7 @@ class Sender:
         backoff = _backoff()
         logged, logged_at = "", 0.0
         while True:
-            producer = connect.producer(self.config)
+            producer = self._producer()
             try:
                 await producer.start()
             except (KafkaError, OSError) as exc:
@@ -110,6 +110,9 @@ class Sender:
             self._generation += 1
             self.accumulator.use(producer)
             return
+
+    def _producer(self) -> Any:
+        return connect.producer(self.config)
 
     async def close(self) -> None:
         if self.producer is not None:
@@ -149,6 +152,12 @@ class Sender:
     def end_transaction(self, position: BinlogPosition) -> None:
         self.in_flight.end_transaction(position)
         self.stats.transactions += 1
+
+    async def at_boundary(self) -> None:
+        """A source transaction was routed to its end (exactly-once commits there)."""
+
+    def starting_at(self, position: BinlogPosition) -> None:
+        """A pipeline starts feeding the sink."""
 
     async def flush(self) -> BinlogPosition | None:
         """Wait until what was sent so far is acknowledged, then record the position."""

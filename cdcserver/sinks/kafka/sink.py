@@ -11,7 +11,10 @@ class over the parts aiokafka's producer is split into, and the checkpoint:
 - :mod:`~cdcserver.sinks.kafka.accumulator` packs the messages into one record batch per
   partition and hands the batches to the producer;
 - :mod:`~cdcserver.sinks.kafka.checkpoint` knows which transactions are acknowledged, and
-  keeps the last one's position in ``state/kafka.json`` and ``state_topic``.
+  keeps the last one's position in ``state/kafka.json`` and ``state_topic``;
+- with ``delivery = "exactly-once"``, :mod:`~cdcserver.sinks.kafka.transactional`'s sender
+  publishes in Kafka transactions, each committed with the position it reaches, and rewinds
+  to the last commit after a failure instead of sending again.
 
 ``apply`` routes the changes and ships every open batch; ``flush`` waits for the
 acknowledgements and moves the checkpoint to the last transaction whose messages, and all
@@ -31,6 +34,7 @@ from cdcserver.sinks.kafka.checkpoint import Checkpoint
 from cdcserver.sinks.kafka.metrics import SinkStats, Totals
 from cdcserver.sinks.kafka.routing import Router
 from cdcserver.sinks.kafka.sender import Sender
+from cdcserver.sinks.kafka.transactional import TransactionalSender
 from cdcserver.store.layout import DataDir
 
 
@@ -46,7 +50,13 @@ class KafkaSink:
         self.stats = SinkStats()
         self.checkpoint = Checkpoint(config, DataDir(data_dir).kafka_state, state_key)
         self.accumulator = MessageAccumulator()
-        self.sender = Sender(config, self.accumulator, self.checkpoint, self.stats)
+        self.transactions: TransactionalSender | None = None
+        if config.exactly_once:
+            self.transactions = TransactionalSender(config, self.accumulator, self.checkpoint,
+                                                    self.stats)
+            self.sender: Sender = self.transactions
+        else:
+            self.sender = Sender(config, self.accumulator, self.checkpoint, self.stats)
         self.router = Router(config, self.sender, self.stats, versions)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -55,6 +65,9 @@ class KafkaSink:
         """Connect (waiting for the broker) and, without local state, read the position back
         from the state topic."""
         self.router.format.flavor = "mariadb" if source.mariadb else "mysql"
+        if self.transactions is not None:  # the position is Kafka's, never the file's
+            await self.transactions.open()
+            return
         await self.sender.connect()
         if self.checkpoint.durable is None and self.config.state_topic:
             await self.router.partition_count(self.config.state_topic)
@@ -93,6 +106,7 @@ class KafkaSink:
 
     def starting_at(self, position: BinlogPosition) -> None:
         """Nothing to record: the checkpoint says where this sink stands."""
+        self.sender.starting_at(position)
 
     @property
     def applied(self) -> BinlogPosition | None:
@@ -111,6 +125,11 @@ class KafkaSink:
     # -- the Sink interface ----------------------------------------------------------------
 
     async def apply(self, changes: list[Change]) -> None:
+        if self.transactions is not None:  # not while a commit is under way
+            async with self.transactions.lock:
+                await self.router.route(changes)
+                await self.sender.ship_all()
+            return
         await self.router.route(changes)
         await self.sender.ship_all()
 

@@ -1,0 +1,231 @@
+"""Exactly-once delivery (``[kafka] delivery = "exactly-once"``): Kafka transactions, each
+committed with the position it reaches.
+
+The sender here is a transactional producer's. Messages go into an open Kafka transaction as
+the router makes them; at a source transaction's end, when a commit is due (every flush,
+which the pipeline asks for every ``flush_interval``), the position reached is written to
+``state_topic`` (a compacted topic, keyed by the sink's state key) **in the same
+transaction**, and the transaction is committed. A Kafka transaction therefore holds whole
+source transactions and the position after the last of them, or nothing: a ``read_committed``
+consumer sees every change once, and the position committed is exactly what it has seen. As
+Kafka Connect does for exactly-once sources (KIP-618), the position is read back from Kafka,
+never from a local file: at every open and after every failure.
+
+Failures are not repaired by sending again, as at-least-once does (that would duplicate what
+a commit the client did not hear about already published). Instead the sink **rewinds**: it
+lets its producer go, starts a new one with the same transactional id (the broker aborts
+whatever the old one left open), reads back the position committed, and raises
+:class:`~cdcserver.core.errors.SinkRewound`; replication starts over from the checkpoints,
+and this sink is fed again from its commit. Until then it refuses what the old pipeline still
+hands it. A broker away for long waits in the reconnect (``/health`` says why).
+
+Two instances with the same transactional id: the newer one's producer fences the older, whose
+next send or commit fails with ``ProducerFenced``; the older raises
+:class:`~cdcserver.core.errors.PublisherFenced` and stops publishing for good (exactly one
+publishes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from aiokafka.errors import (
+    InvalidProducerEpoch,
+    KafkaError,
+    ProducerFenced,
+    TransactionalIdAuthorizationFailed,
+)
+
+from cdcserver.core.errors import PublisherFenced, SinkRewound
+from cdcserver.core.gtid import BinlogPosition
+from cdcserver.core.kafkaconfig import KafkaConfig
+from cdcserver.sinks.kafka import connect
+from cdcserver.sinks.kafka.accumulator import Message, MessageAccumulator
+from cdcserver.sinks.kafka.checkpoint import Checkpoint
+from cdcserver.sinks.kafka.metrics import SinkStats
+from cdcserver.sinks.kafka.sender import Sender, retrying
+
+log = logging.getLogger("cdcserver.sinks.kafka.sink")
+
+FENCED = (ProducerFenced, InvalidProducerEpoch, TransactionalIdAuthorizationFailed)
+
+
+def fenced(error: BaseException | None) -> bool:
+    return isinstance(error, FENCED) or (
+        error is not None and isinstance(error.__cause__, FENCED))
+
+
+class TransactionalSender(Sender):
+    def __init__(self, config: KafkaConfig, accumulator: MessageAccumulator,
+                 checkpoint: Checkpoint, stats: SinkStats) -> None:
+        super().__init__(config, accumulator, checkpoint, stats)
+        self.transactional_id = config.transactional_id or checkpoint.key
+        self.lock = asyncio.Lock()  # one of: routing a batch, committing
+        self._open = False  # a Kafka transaction is open
+        self._reached: BinlogPosition | None = None  # the last source transaction routed
+        self._tail = 0  # messages routed after it (a commit waits for its end)
+        self._commit_wanted = False  # a flush came while a source transaction was open
+        self._rewound = False  # until the next pipeline starts: refuse the old one's batches
+        self._fenced: BaseException | None = None
+
+    def _producer(self) -> Any:
+        return connect.producer(self.config, self.transactional_id)
+
+    # -- what the sink calls ---------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect (fencing every earlier producer with this id) and read back the position
+        committed (``state_topic`` created first, compacted)."""
+        await self.connect()
+        if self.config.create_topics:
+            await retrying(lambda: connect.create_topics(
+                self.config, [self.config.state_topic], 1, compact=True))
+        await self._read_back()
+
+    async def close(self) -> None:
+        """Commit nothing more: an open transaction is aborted (what it held is sent again
+        from the committed position at the next start)."""
+        producer = self.producer
+        if producer is not None and self._open:
+            with contextlib.suppress(KafkaError, OSError, TimeoutError):
+                async with asyncio.timeout(10):
+                    await producer.abort_transaction()
+        self._open = False
+        await super().close()
+
+    def starting_at(self, position: BinlogPosition) -> None:
+        """A new pipeline feeds the sink: accept batches again."""
+        self._rewound = False
+
+    async def hold(self, message: Message) -> None:
+        self._check_usable()
+        if not self._open:
+            await self._begin()
+        await super().hold(message)
+        self._tail += 1
+
+    def end_transaction(self, position: BinlogPosition) -> None:
+        super().end_transaction(position)
+        self._reached, self._tail = position, 0
+
+    async def at_boundary(self) -> None:
+        """A source transaction ended: commit if a flush asked for it meanwhile."""
+        if self._commit_wanted:
+            await self._commit()
+
+    async def flush(self) -> BinlogPosition | None:
+        """Commit what is routed, if a source transaction is not half routed (else the next
+        one routed to its end commits); returns the position committed."""
+        async with self.lock:
+            self._check_usable()
+            if self._tail:
+                self._commit_wanted = True
+            elif self._open:
+                await self._commit()
+        return self.checkpoint.durable
+
+    # -- transactions ----------------------------------------------------------------------
+
+    async def _begin(self) -> None:
+        try:
+            await self.producer.begin_transaction()
+        except (KafkaError, OSError) as exc:
+            await self._rewind(exc)
+        self._open = True
+
+    async def _commit(self) -> None:
+        """The position reached, in ``state_topic``, and the transaction committed with it."""
+        self._commit_wanted = False
+        position = self._reached
+        if not self._open or position is None:
+            return
+        await self._delivered()
+        try:
+            value = json.dumps(position.to_json()).encode()
+            state = await self.producer.send(self.config.state_topic, value,
+                                             key=self.checkpoint.key.encode(), partition=0)
+            await self.producer.commit_transaction()
+            await state  # (delivered: the commit waited for it)
+        except (KafkaError, OSError) as exc:
+            await self._rewind(exc)
+        self._open = False
+        self.stats.commits += 1
+        self.stats.acknowledged += sum(1 for _ in self.in_flight.messages())
+        self.in_flight.clear()
+        async with self.checkpoint.lock:
+            await self.checkpoint.save(position)  # (for the operator: read back from Kafka)
+
+    async def _delivered(self) -> None:
+        """Every message of the transaction acknowledged, or a rewind: the producer commits
+        a transaction even when one of its batches was refused (a message too large, say),
+        so the batches are checked first."""
+        await self.ship_all()
+        waiting = self.in_flight.unfinished()
+        if waiting:
+            await asyncio.wait(waiting)
+        async with self.checkpoint.lock:
+            await self._harvest_locked()
+
+    # -- failures --------------------------------------------------------------------------
+
+    async def _harvest_locked(self) -> None:
+        """Take what the broker acknowledged off the front, to make room: nothing is sent
+        again, so nothing need be kept (the position moves only at a commit)."""
+        while True:
+            _, acknowledged, failed = self.in_flight.release()
+            self.stats.acknowledged += acknowledged
+            if failed is None:
+                return
+            await self._recover(failed.exception() if not failed.cancelled() else None)
+
+    async def _recover(self, error: BaseException | None) -> None:
+        await self._rewind(error)
+
+    async def _rewind(self, error: BaseException | None) -> None:
+        """Let the producer go, start a new one (the broker aborts the open transaction),
+        read back the position committed, and have replication start over from it."""
+        if fenced(error):
+            self._fenced = error
+            await self._let_go()
+            raise PublisherFenced(self._fenced_text()) from error
+        log.warning("kafka: %s; aborting the open transaction and publishing again from "
+                    "the position committed", error or "delivery cancelled")
+        self.stats.reconnects += 1
+        self.stats.rewinds += 1
+        await self._let_go()
+        self._rewound = True
+        await self.connect()
+        await self._read_back()
+        raise SinkRewound(f"kafka: the open transaction was aborted ({error}); publishing "
+                          f"again from {self.checkpoint.durable}") from error
+
+    async def _let_go(self) -> None:
+        producer, self.producer = self.producer, None
+        self.accumulator.use(None)
+        self.in_flight.clear()
+        self._open, self._tail, self._commit_wanted = False, 0, False
+        self._reached = None
+        if producer is not None:
+            with contextlib.suppress(KafkaError, OSError, TimeoutError):
+                async with asyncio.timeout(5):
+                    await producer.stop()
+
+    async def _read_back(self) -> None:
+        await self.checkpoint.read_back(committed=True)
+        self._reached = self.checkpoint.durable
+
+    def _check_usable(self) -> None:
+        if self._fenced is not None:
+            raise PublisherFenced(self._fenced_text())
+        if self._rewound:
+            raise SinkRewound("kafka: rewound; waiting for replication to start over")
+
+    def _fenced_text(self) -> str:
+        return (f"kafka: another instance publishes this stream with transactional id "
+                f"{self.transactional_id!r} and fenced this one out ({self._fenced}); this "
+                "instance no longer publishes (exactly one does)")
+

@@ -1,0 +1,79 @@
+"""Exactly-once delivery (``[kafka] delivery = "exactly-once"``) against Apache Kafka and a
+real MariaDB: a ``read_committed`` consumer reads every change once, in GTID order per
+partition, across ``kill -9`` of the service under load and a second instance fencing the
+first. (``bench/bench_kafka_exactly_once.py`` runs the same loop with 100 kills.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from cdcserver.core.config import Config
+from cdcserver.core.errors import ConfigError
+from cdcserver.core.kafkaconfig import KafkaConfig
+from tests.conftest import Source, make_config, start_service
+from tests.helpers import pace
+from tests.integration.test_kafka import kafka_caught_up
+from tests.kafka_exactly_once import check, committed_changes, kill_loop
+from tests.server.test_crash import Load
+
+pytestmark = [pytest.mark.mariadb, pytest.mark.kafka]
+
+
+async def test_kill_9_under_load_publishes_every_change_once(tmp_path, source: Source,
+                                                             users_file: str, kafka_broker):
+    figures = await kill_loop(str(tmp_path), source, users_file, kafka_broker.bootstrap,
+                              kills=6, seed=52)
+    print("\n" + figures.line())
+    assert figures.duplicates == 0 and figures.missing == 0 and figures.out_of_order == 0
+
+
+def _eos(kafka_broker, source: Source, **extra: object) -> dict[str, object]:
+    db = source.database
+    section: dict[str, object] = {
+        "bootstrap": kafka_broker.bootstrap, "delivery": "exactly-once",
+        "schema_topic": f"{db}.schemas", "state_topic": f"{db}.state",
+        "topic": "{db}.{table}", "partitions": 3, "transactional_id": f"{db}-stream"}
+    section.update(extra)
+    return section
+
+
+async def test_a_second_instance_fences_the_first_and_only_it_publishes(
+        tmp_path, source: Source, users_file: str, kafka_broker):
+    """Two instances for the same stream (the same transactional id): the second one's
+    producer fences the first, whose replication stops saying so; the second publishes from
+    what the first committed, and a read_committed consumer reads every change once."""
+    load = Load(source, seed=7, big=200, pause=0.005)
+    load.create()
+    first = await start_service(make_config(str(tmp_path / "a"), source.url, users_file,
+                                            kafka=_eos(kafka_broker, source)))
+    second = None
+    try:
+        load.start()
+        await pace(2.0)
+        second = await start_service(make_config(str(tmp_path / "b"), source.url, users_file,
+                                                 kafka=_eos(kafka_broker, source)))
+        runner = first.service.replication.runner
+        for _ in range(600):
+            if runner.stopped:
+                break
+            await pace(0.1)
+        assert "fenced" in runner.stopped and f"{source.database}-stream" in runner.stopped
+        await pace(1.0)
+        load.finish()
+        await kafka_caught_up(second, source, timeout=120)
+    finally:
+        load.stop.set()
+        await first.stop()
+        if second is not None:
+            await second.stop()
+    changes = await committed_changes(kafka_broker.bootstrap, source)
+    assert check(changes, str(tmp_path / "b"), source) == (0, 0, 0)
+
+
+def test_exactly_once_needs_idempotence_acks_all_and_a_state_topic():
+    for wrong, said in (({"idempotence": False}, "idempotence"), ({"acks": "1"}, "acks"),
+                        ({"state_topic": ""}, "state_topic")):
+        config = Config(kafka=KafkaConfig(bootstrap="k:9092", delivery="exactly-once",
+                                          **wrong))  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=said):
+            config.check()

@@ -1,0 +1,148 @@
+"""Checks of exactly-once delivery shared by the tests and ``bench/bench_kafka_exactly_once.py``:
+the service killed (-9) again and again under load, then what a ``read_committed`` consumer
+reads compared with the Avro store and with the source.
+
+The oracle is the source (``SELECT``) and the Avro store's records (read with fastavro), never
+the sink's own bookkeeping: every stored record (GTID, event number) must be in Kafka exactly
+once, each partition in GTID order, and replaying the topics must give the tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from cdcserver.sinks.kafka.checkpoint import _load_state
+from mariadb_cdc_client.kafka import KafkaChange, KafkaChangeReader
+from tests.conftest import Source
+from tests.helpers import pace
+from tests.integration.test_kafka_delivery import (
+    message_positions,
+    replay,
+    source_rows,
+    stored_positions,
+)
+from tests.server.test_crash import TABLES, Load, ServiceProcess, _service_args
+
+
+def exactly_once_config(bootstrap: str, source: Source, **extra: Any) -> str:
+    db = source.database
+    lines = [f'bootstrap = "{bootstrap}"', 'delivery = "exactly-once"',
+             f'schema_topic = "{db}.schemas"', f'state_topic = "{db}.state"',
+             'topic = "{db}.{table}"', "partitions = 3", "linger_ms = 5"]
+    lines += [f"{k} = {v!r}".replace("'", '"') for k, v in extra.items()]
+    return "[kafka]\n" + "\n".join(lines) + "\n"
+
+
+async def committed_changes(bootstrap: str, source: Source,
+                            tables: tuple[str, ...] = TABLES) -> list[KafkaChange]:
+    """Every change a read_committed consumer reads from the tables' topics."""
+    reader = KafkaChangeReader(bootstrap, [f"{source.database}.{t}" for t in tables],
+                               format="databus", schema_topic=f"{source.database}.schemas",
+                               isolation_level="read_committed")
+    return [c async for c in reader.changes(idle_timeout=2.0)]
+
+
+@dataclass
+class Figures:
+    kills: int
+    transactions: int
+    messages: int
+    duplicates: int
+    missing: int
+    out_of_order: int
+    seconds: float
+
+    def line(self) -> str:
+        return (f"exactly-once kill -9: {self.kills} kills, {self.transactions} source "
+                f"transactions, {self.messages} messages, {self.duplicates} duplicates, "
+                f"{self.missing} gaps, {self.out_of_order} out of order ({self.seconds:.0f} s)")
+
+
+def check(changes: list[KafkaChange], data_dir: str, source: Source,
+          tables: tuple[str, ...] = TABLES) -> tuple[int, int, int]:
+    """(duplicates, missing, out of order) of what was read against the store and the
+    source; asserts the replayed tables equal the source."""
+    seen: Counter[tuple[str, int, str, int]] = Counter(
+        (c.topic, c.partition, c.gtid, c.event_number) for c in changes if not c.is_statement)
+    duplicates = sum(n - 1 for n in seen.values())
+    missing = 0
+    for table in tables:
+        stored = stored_positions(data_dir, table)
+        assert stored, f"nothing stored for {table}"
+        missing += len(stored - message_positions(changes, table))
+        extra = message_positions(changes, table) - stored
+        assert not extra, f"{table}: in Kafka but not in the store: {sorted(extra)[:5]}"
+    out_of_order = 0
+    last: dict[tuple[str, int], tuple[int, int]] = {}
+    for c in sorted(changes, key=lambda c: (c.topic, c.partition, c.offset)):
+        if c.is_statement:
+            continue
+        order = (int(c.gtid.split("-")[2]), c.event_number)
+        before = last.get((c.topic, c.partition))
+        if before is not None and order <= before:
+            out_of_order += 1
+        last[(c.topic, c.partition)] = order
+    state = replay(changes)
+    if "orders" in tables:
+        assert {k: (r["amount"], r["note"]) for k, r in state["orders"].items()} == {
+            k: (amount, note) for k, amount, note in
+            source_rows(source, "orders", "amount, note").values()}
+    if "line_items" in tables:
+        assert {k: r["qty"] for k, r in state["line_items"].items()} == {
+            k: qty for k, qty in source_rows(source, "line_items", "qty").values()}
+    return duplicates, missing, out_of_order
+
+
+async def kill_loop(tmp: str, source: Source, users_file: str, bootstrap: str, kills: int,
+                    seed: int) -> Figures:
+    """``kills`` times: start the service (exactly-once), kill -9 it at a random instant
+    while the load writes; then let it catch up and compare."""
+    began = time.monotonic()
+    data_dir = os.path.join(tmp, "data")
+    config = os.path.join(tmp, "kafka.toml")
+    with open(config, "w") as f:
+        f.write(exactly_once_config(bootstrap, source))
+    load = Load(source, seed=seed, big=500, pause=0.002)
+    load.create()
+    load.start()
+    args = [*_service_args(data_dir, source, users_file), "--config", config]
+    service = ServiceProcess(args, os.path.join(tmp, "service.log"))
+    chance = random.Random(seed)
+    pause = threading.Event()  # never set: a timer for the random kill instants
+    print(f"kill loop: seed {seed}, {kills} kills")
+    try:
+        for kill in range(kills):
+            service.start()
+            await asyncio.to_thread(pause.wait, chance.uniform(0.5, 2.5))
+            service.kill()
+            if kill == kills // 2:
+                load.alter()
+    finally:
+        load.finish()
+    target = source.gtid_state()
+    service.start()
+    try:
+        state_path = os.path.join(data_dir, "state", "kafka.json")
+
+        def covered() -> bool:
+            durable = _load_state(state_path)
+            return durable is not None and all(durable.gtid_state.covers(g) for g in target)
+
+        deadline = time.monotonic() + 300
+        while not await asyncio.to_thread(covered):
+            assert time.monotonic() < deadline, \
+                f"the Kafka commits did not catch up (seed {seed}); see {service.log}"
+            await pace(0.2)
+    finally:
+        assert service.terminate() == 0
+    changes = await committed_changes(bootstrap, source)
+    duplicates, missing, out_of_order = check(changes, data_dir, source)
+    return Figures(kills, load.transactions, len(changes), duplicates, missing, out_of_order,
+                   time.monotonic() - began)
