@@ -30,6 +30,9 @@ def parser() -> argparse.ArgumentParser:
                    help="the service's kafka.schema_topic ('': untyped values)")
     p.add_argument("--from", dest="start", default="earliest",
                    help="earliest, latest, PARTITION:OFFSET[,...] or a GTID state")
+    p.add_argument("--read-committed", action="store_true",
+                   help="only messages of committed Kafka transactions (the service's "
+                        "kafka.delivery = \"exactly-once\": each change once)")
     p.add_argument("-t", "--timeout", type=float, default=0,
                    help="exit after this many seconds without a message (0: never)")
     p.add_argument("--security-protocol", default="PLAINTEXT",
@@ -84,6 +87,8 @@ def line(c: KafkaChange) -> str:
 
 def consumer_options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {"security_protocol": args.security_protocol}
+    if args.read_committed:
+        options["isolation_level"] = "read_committed"
     if args.security_protocol in ("SSL", "SASL_SSL"):
         from aiokafka.helpers import create_ssl_context
 

@@ -64,3 +64,13 @@ def test_every_option_of_every_command_has_help():
                for parser in parsers for action in parser._actions
                if not action.help]
     assert missing == []
+
+
+def test_cdc_kafka_reads_committed_transactions_only_when_asked():
+    from mariadb_cdc_client import kafka_cli
+
+    def options(*argv: str) -> dict[str, object]:
+        return kafka_cli.consumer_options(kafka_cli.parser().parse_args(["t", *argv]))
+
+    assert options("--read-committed")["isolation_level"] == "read_committed"
+    assert "isolation_level" not in options()
