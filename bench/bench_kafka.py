@@ -11,12 +11,18 @@ into memory (untimed). Then, against a local tansu broker, each run times:
   sink sent (topic, partition, key, value, headers), then waiting for every acknowledgement.
 Each gets a fresh topic of its own. A first, untimed round warms both up (the first pass
 over a fresh heap ran at 0.6 of the later ones). Prints both rates (medians) and their ratio.
+
+Each run also times the sink with ``delivery = "exactly-once"`` over the same transactions
+(Kafka transactions, each committed with its position at a flush), and prints its rate and
+its ratio to the at-least-once sink's. Both sinks are flushed every 0.2 s while they apply,
+as the pipeline's flush loop does (``[store] flush_interval``): exactly-once commits there.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import os
 import shutil
@@ -130,12 +136,21 @@ async def sink_run(config: KafkaConfig, batches: list[list[Change]]) -> tuple[fl
         for topic in ("bench.orders", config.schema_topic, config.state_topic):
             await sink.router.partition_count(topic)  # topic creation is not what is measured
         start = time.perf_counter()
+        flushing = asyncio.create_task(flush_loop(sink))
         for batch in batches:
             await sink.apply(batch)
+        flushing.cancel()
         await sink.flush()
         seconds = time.perf_counter() - start
         await sink.close()
     return seconds, sink.sent
+
+
+async def flush_loop(sink: KafkaSink, interval: float = 0.2) -> None:
+    """As the pipeline's: a checkpoint (exactly-once: a commit) every ``interval``."""
+    while True:
+        await asyncio.sleep(interval)
+        await sink.flush()
 
 
 async def bare_run(config: KafkaConfig, messages: list[Message], topic: str) -> float:
@@ -172,7 +187,7 @@ def main() -> int:
     broker = Tansu(OUT, die_with_parent=True)
     broker.start()
     try:
-        sink_rates, bare_rates = [], []
+        sink_rates, bare_rates, once_rates = [], [], []
         for run in range(-1, args.runs):  # run -1 warms up (heap, broker) and is not shown
             config = KafkaConfig(bootstrap=broker.bootstrap, format=args.format,
                                  idempotence=False, topic=f"run{run}.{{table}}",
@@ -184,18 +199,31 @@ def main() -> int:
             count, bare_count = len(sent), len(data)
             del sent, data
             gc.collect()
+            once = dataclasses.replace(config, delivery="exactly-once", idempotence=True,
+                                       topic=f"once{run}.{{table}}",
+                                       schema_topic=f"once{run}.schemas",
+                                       state_topic=f"once{run}.state")
+            once_seconds, once_sent = asyncio.run(sink_run(once, batches))
+            once_count = len(once_sent)
+            del once_sent
+            gc.collect()
             if run < 0:
                 continue
             sink_rates.append(count / seconds)
             bare_rates.append(bare_count / bare)
+            once_rates.append(once_count / once_seconds)
             line(f"run {run + 1}", f"sink {sink_rates[-1]:,.0f} msg/s ({count:,} messages "
                                    f"for {ROW_CHANGES:,} row changes), bare producer "
-                                   f"{bare_rates[-1]:,.0f} msg/s")
+                                   f"{bare_rates[-1]:,.0f} msg/s, exactly-once sink "
+                                   f"{once_rates[-1]:,.0f} msg/s")
         sink, bare_rate = statistics.median(sink_rates), statistics.median(bare_rates)
         line(f"bare aiokafka producer (reference), messages/s [{args.format}]",
              f"{bare_rate:,.0f}")
         line("Kafka sink, messages/s", f"{sink:,.0f}")
         line("ratio sink / bare producer", f"{sink / bare_rate:.3f}")
+        once_rate = statistics.median(once_rates)
+        line("Kafka sink, exactly-once, messages/s", f"{once_rate:,.0f}")
+        line("ratio exactly-once / at-least-once sink", f"{once_rate / sink:.3f}")
         line("peak RSS of this process, MB", f"{peak_rss_mb():.0f}")
     finally:
         broker.stop()

@@ -105,6 +105,7 @@ async def kill_loop(tmp: str, source: Source, users_file: str, bootstrap: str, k
     """``kills`` times: start the service (exactly-once), kill -9 it at a random instant
     while the load writes; then let it catch up and compare."""
     began = time.monotonic()
+    os.makedirs(tmp, exist_ok=True)
     data_dir = os.path.join(tmp, "data")
     config = os.path.join(tmp, "kafka.toml")
     with open(config, "w") as f:
@@ -146,3 +147,89 @@ async def kill_loop(tmp: str, source: Source, users_file: str, bootstrap: str, k
     duplicates, missing, out_of_order = check(changes, data_dir, source)
     return Figures(kills, load.transactions, len(changes), duplicates, missing, out_of_order,
                    time.monotonic() - began)
+
+
+class RowWriter:
+    """Inserts rows into ``items`` from a thread, 50 to a transaction, until stopped."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.written = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rows", daemon=True)
+
+    def start(self) -> None:
+        self.source.execute(f"CREATE TABLE `{self.source.database}`.items "
+                            "(id INT PRIMARY KEY, body TEXT)")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        conn = self.source.server.connect(self.source.database)
+        with conn.cursor() as cur:
+            while not self._stop.wait(0.01):
+                cur.executemany("INSERT INTO items (id, body) VALUES (%s, %s)",
+                                [(self.written + i, "x" * 200) for i in range(1, 51)])
+                conn.commit()
+                self.written += 50
+        conn.close()
+
+
+async def items_exactly_once(bootstrap: str, source: Source, written: int) -> int:
+    """The ``items`` rows a read_committed consumer reads: each written row once, in order
+    of id within each partition (ids grow with the GTIDs); returns how many messages."""
+    changes = await committed_changes(bootstrap, source, ("items",))
+    ids = [c.after["id"] for c in changes if c.after is not None]
+    assert written > 0 and len(ids) == len(set(ids)), "a row was published twice"
+    assert set(ids) == set(range(1, written + 1)), "a row is missing"
+    by_partition: dict[int, list[int]] = {}
+    for c in sorted(changes, key=lambda c: (c.partition, c.offset)):
+        if c.after is not None:
+            by_partition.setdefault(c.partition, []).append(c.after["id"])
+    assert all(p == sorted(p) for p in by_partition.values()), "out of order"
+    return len(ids)
+
+
+@dataclass
+class Outage:
+    away: float  # seconds the broker was down
+    written: int  # rows written meanwhile and around
+    messages: int
+    rewinds: int
+
+
+async def broker_outage(broker: Any, source: Source, users_file: str, data_dir: str,
+                        away: float) -> Outage:
+    """The service publishes exactly once to ``broker`` (an ``ApacheKafka`` of its own)
+    while rows are written; the broker is killed (-9) and stays down ``away`` seconds, then
+    starts again on its log. Every row must reach a read_committed consumer once."""
+    from tests.conftest import make_config, start_service
+    from tests.integration.test_kafka import kafka_caught_up
+
+    db = source.database
+    config = make_config(data_dir, source.url, users_file, kafka={
+        "bootstrap": broker.bootstrap, "delivery": "exactly-once", "request_timeout": 5.0,
+        "schema_topic": f"{db}.schemas", "state_topic": f"{db}.state",
+        "topic": "{db}.{table}", "partitions": 3})
+    running = await start_service(config)
+    writer = RowWriter(source)
+    try:
+        writer.start()
+        await pace(2.0)
+        await asyncio.to_thread(broker.kill, 1)
+        await pace(away)
+        await asyncio.to_thread(broker.start, 1)
+        await pace(2.0)
+        writer.stop()
+        await kafka_caught_up(running, source, timeout=300)
+        sink = running.service.replication.sink("kafka")
+        assert sink is not None
+        rewinds = sink.stats.rewinds  # type: ignore[attr-defined]
+    finally:
+        writer.stop()
+        await running.stop()
+    messages = await items_exactly_once(broker.bootstrap, source, writer.written)
+    return Outage(away, writer.written, messages, rewinds)

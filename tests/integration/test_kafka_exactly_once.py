@@ -5,6 +5,8 @@ first. (``bench/bench_kafka_exactly_once.py`` runs the same loop with 100 kills.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from cdcserver.core.config import Config
@@ -13,7 +15,15 @@ from cdcserver.core.kafkaconfig import KafkaConfig
 from tests.conftest import Source, make_config, start_service
 from tests.helpers import pace
 from tests.integration.test_kafka import kafka_caught_up
-from tests.kafka_exactly_once import check, committed_changes, kill_loop
+from tests.apache_kafka import ApacheKafka
+from tests.kafka_exactly_once import (
+    RowWriter,
+    broker_outage,
+    check,
+    committed_changes,
+    items_exactly_once,
+    kill_loop,
+)
 from tests.server.test_crash import Load
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.kafka]
@@ -77,3 +87,50 @@ def test_exactly_once_needs_idempotence_acks_all_and_a_state_topic():
                                           **wrong))  # type: ignore[arg-type]
         with pytest.raises(ConfigError, match=said):
             config.check()
+
+
+async def test_a_broker_killed_and_away_publishes_every_row_once(tmp_path, source: Source,
+                                                                 users_file: str):
+    """The broker is killed (-9) while rows are written and stays away 10 s (the bench:
+    a minute), longer than the request timeout: the open Kafka transaction is aborted, the
+    sink waits for the broker, reads its committed position back and publishes from there.
+    A read_committed consumer reads each row once, in order."""
+    broker = ApacheKafka(tmp_path / "kafka")  # its own: the session's is not killed
+    await asyncio.to_thread(broker.start)
+    try:
+        outage = await broker_outage(broker, source, users_file, str(tmp_path / "data"),
+                                     away=10.0)
+    finally:
+        await asyncio.to_thread(broker.close)
+    print(f"\nexactly-once, broker away {outage.away:.0f} s: {outage.written} rows, "
+          f"{outage.messages} read once, {outage.rewinds} rewinds")
+    assert outage.rewinds >= 1
+
+
+async def test_the_partition_leader_killed_in_a_three_broker_cluster(
+        tmp_path, source: Source, users_file: str, kafka_cluster):
+    """Three brokers, every topic replicated 3 times (min.insync.replicas 2): the leader
+    of a partition the rows go to is killed (-9) under load, then started again. A
+    read_committed consumer reads each row once, in order."""
+    db = source.database
+    config = make_config(str(tmp_path / "data"), source.url, users_file, kafka=_eos(
+        kafka_cluster, source, replication_factor=3, request_timeout=10.0))
+    running = await start_service(config)
+    writer = RowWriter(source)
+    try:
+        writer.start()
+        await pace(2.0)
+        leader = await asyncio.to_thread(kafka_cluster.leader_of, f"{db}.items", 0)
+        assert leader is not None
+        await asyncio.to_thread(kafka_cluster.kill, leader)
+        await pace(4.0)
+        await asyncio.to_thread(kafka_cluster.start, leader)
+        await pace(1.0)
+        writer.stop()
+        await kafka_caught_up(running, source, timeout=300)
+    finally:
+        writer.stop()
+        await running.stop()
+    messages = await items_exactly_once(kafka_cluster.bootstrap, source, writer.written)
+    print(f"\nexactly-once, leader {leader} killed: {writer.written} rows, {messages} read "
+          "once")

@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from cdcserver.core.changes import Change
 from cdcserver.core.config import Config
-from cdcserver.core.errors import ConfigError
+from cdcserver.core.errors import ConfigError, PublisherFenced
 from cdcserver.core.gtid import BinlogPosition
 from cdcserver.messages.base import VersionLookup
 from cdcserver.replication.sources import Sources
@@ -77,6 +77,7 @@ class LeasedSink:
         self._source: SourceInfo | None = None
         self._task: asyncio.Task[None] | None = None
         self._totals = Totals()
+        self._fenced = ""  # why the sink publishing now cannot (exactly-once: fenced out)
 
     # -- the lease ---------------------------------------------------------------------
 
@@ -113,7 +114,7 @@ class LeasedSink:
         await sink.open(self._source)
         if sink.durable is not None:  # recorded by another instance, maybe on another server
             sink.durable = BinlogPosition(sink.durable.gtid_state, "", 4)
-        self._sink, self._joined = sink, True
+        self._sink, self._joined, self._fenced = sink, True, ""
         await self._restart()
 
     async def _stand_by(self) -> None:
@@ -155,10 +156,28 @@ class LeasedSink:
 
     async def apply(self, changes: list[Change]) -> None:
         if self._sink is not None:
-            await self._sink.apply(changes)
+            with self._fenced_out():
+                await self._sink.apply(changes)
 
     async def flush(self) -> BinlogPosition | None:
-        return await self._sink.flush() if self._sink is not None else None
+        if self._sink is None:
+            return None
+        with self._fenced_out():
+            return await self._sink.flush()
+        return self._sink.durable
+
+    @contextlib.contextmanager
+    def _fenced_out(self) -> Iterator[None]:
+        """Exactly-once: a newer publisher fenced this one's producer, which happens when it
+        took the lock this instance is about to find lost (its poll runs every second): this
+        instance publishes nothing more and stands by when the lease says so, instead of
+        stopping replication as a lone instance would."""
+        try:
+            yield
+        except PublisherFenced as exc:
+            if not self._fenced:
+                log.warning("kafka: %s; standing by", exc)
+            self._fenced = str(exc)
 
     async def keep_up(self) -> None:
         if self._sink is not None:
@@ -167,5 +186,6 @@ class LeasedSink:
     def status(self) -> SinkStatus:
         sink = self._sink
         return SinkStatus(self.name, role="publisher" if self.lease.held else "standby",
-                          waiting=sink.waiting if sink is not None else "",
+                          waiting=self._fenced or (sink.waiting if sink is not None
+                                                   else ""),
                           metrics=self._totals.figures(sink, self.capacity))

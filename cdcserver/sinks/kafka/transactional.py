@@ -225,7 +225,10 @@ class TransactionalSender(Sender):
             raise SinkRewound("kafka: rewound; waiting for replication to start over")
 
     def _fenced_text(self) -> str:
-        return (f"kafka: another instance publishes this stream with transactional id "
-                f"{self.transactional_id!r} and fenced this one out ({self._fenced}); this "
-                "instance no longer publishes (exactly one does)")
+        return (f"kafka: this instance's producer was fenced out ({self._fenced}): another "
+                f"instance publishes this stream with transactional id "
+                f"{self.transactional_id!r}, or a Kafka transaction stayed open longer than "
+                "kafka.transaction_timeout and the brokers aborted it; this instance no "
+                "longer publishes (exactly one does). Restart it to publish again (it then "
+                "fences the other out)")
 
