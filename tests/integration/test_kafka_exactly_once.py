@@ -12,10 +12,10 @@ import pytest
 from cdcserver.core.config import Config
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.kafkaconfig import KafkaConfig
+from tests.apache_kafka import ApacheKafka
 from tests.conftest import Source, make_config, start_service
 from tests.helpers import pace
 from tests.integration.test_kafka import kafka_caught_up
-from tests.apache_kafka import ApacheKafka
 from tests.kafka_exactly_once import (
     RowWriter,
     broker_outage,
