@@ -21,7 +21,7 @@ from typing import Any
 from cdcserver.sinks.kafka.checkpoint import _load_state
 from mariadb_cdc_client.kafka import KafkaChange, KafkaChangeReader
 from tests.conftest import Source
-from tests.helpers import pace
+from tests.helpers import TcpProxy, pace
 from tests.integration.test_kafka_delivery import (
     message_positions,
     replay,
@@ -202,16 +202,20 @@ class Outage:
 
 
 async def broker_outage(broker: Any, source: Source, users_file: str, data_dir: str,
-                        away: float) -> Outage:
+                        away: float, transaction_timeout: float = 60.0,
+                        proxy: TcpProxy | None = None) -> Outage:
     """The service publishes exactly once to ``broker`` (an ``ApacheKafka`` of its own)
     while rows are written; the broker is killed (-9) and stays down ``away`` seconds, then
-    starts again on its log. Every row must reach a read_committed consumer once."""
+    starts again on its log; or, with ``proxy`` (in front of the broker, which advertises
+    it), the broker runs on but cannot be reached for ``away`` seconds. Every row must reach
+    a read_committed consumer once."""
     from tests.conftest import make_config, start_service
     from tests.integration.test_kafka import kafka_caught_up
 
     db = source.database
     config = make_config(data_dir, source.url, users_file, kafka={
         "bootstrap": broker.bootstrap, "delivery": "exactly-once", "request_timeout": 5.0,
+        "transaction_timeout": transaction_timeout,
         "schema_topic": f"{db}.schemas", "state_topic": f"{db}.state",
         "topic": "{db}.{table}", "partitions": 3})
     running = await start_service(config)
@@ -219,9 +223,15 @@ async def broker_outage(broker: Any, source: Source, users_file: str, data_dir: 
     try:
         writer.start()
         await pace(2.0)
-        await asyncio.to_thread(broker.kill, 1)
-        await pace(away)
-        await asyncio.to_thread(broker.start, 1)
+        if proxy is not None:
+            proxy.refuse = True
+            proxy.cut()
+            await pace(away)
+            proxy.refuse = False
+        else:
+            await asyncio.to_thread(broker.kill, 1)
+            await pace(away)
+            await asyncio.to_thread(broker.start, 1)
         await pace(2.0)
         writer.stop()
         await kafka_caught_up(running, source, timeout=300)

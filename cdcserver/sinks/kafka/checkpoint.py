@@ -74,6 +74,12 @@ class InFlight:
         self._entries.append(Marker(position))
 
     def clear(self) -> None:
+        """Forget every message (exactly-once rewinds: nothing is sent again), their
+        failures taken as seen."""
+        for message in self.messages():
+            future = message.future
+            if future is not None and future.done() and not future.cancelled():
+                future.exception()
         self._entries.clear()
         self.bytes = 0
 

@@ -88,7 +88,11 @@ class Sender:
             producer = self._producer()
             try:
                 await producer.start()
-            except (KafkaError, OSError) as exc:
+            except BaseException as exc:
+                if not isinstance(exc, (KafkaError, OSError)):  # cancelled (a stop): let go
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(producer.stop())
+                    raise
                 with contextlib.suppress(KafkaError, OSError):
                     await producer.stop()
                 if self.config.idempotence and "InitProducerId" in repr(exc):
@@ -119,7 +123,9 @@ class Sender:
             with contextlib.suppress(KafkaError, OSError, TimeoutError):
                 async with asyncio.timeout(10):
                     await self.checkpoint.handed_over()  # the last position
-                    await self.producer.stop()  # (which delivers what it holds)
+            with contextlib.suppress(KafkaError, OSError, TimeoutError):
+                async with asyncio.timeout(10):  # (stopped even if the last one was not
+                    await self.producer.stop()  # handed over; it delivers what it holds)
             self.producer = None
             self.accumulator.use(None)
 

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from typing import Any
 
 from aiokafka.errors import (
@@ -71,6 +72,7 @@ class TransactionalSender(Sender):
         self._commit_wanted = False  # a flush came while a source transaction was open
         self._rewound = False  # until the next pipeline starts: refuse the old one's batches
         self._fenced: BaseException | None = None
+        self._began = 0.0  # time.monotonic() when the open transaction began
 
     def _producer(self) -> Any:
         return connect.producer(self.config, self.transactional_id)
@@ -135,7 +137,7 @@ class TransactionalSender(Sender):
             await self.producer.begin_transaction()
         except (KafkaError, OSError) as exc:
             await self._rewind(exc)
-        self._open = True
+        self._open, self._began = True, time.monotonic()
 
     async def _commit(self) -> None:
         """The position reached, in ``state_topic``, and the transaction committed with it."""
@@ -188,7 +190,7 @@ class TransactionalSender(Sender):
     async def _rewind(self, error: BaseException | None) -> None:
         """Let the producer go, start a new one (the broker aborts the open transaction),
         read back the position committed, and have replication start over from it."""
-        if fenced(error):
+        if fenced(error) and not self._aged():
             self._fenced = error
             await self._let_go()
             raise PublisherFenced(self._fenced_text()) from error
@@ -202,6 +204,14 @@ class TransactionalSender(Sender):
         await self._read_back()
         raise SinkRewound(f"kafka: the open transaction was aborted ({error}); publishing "
                           f"again from {self.checkpoint.durable}") from error
+
+    def _aged(self) -> bool:
+        """The open transaction is old enough that the brokers may have aborted it for its
+        age (``transaction_timeout``), which they report as a fencing: a producer fenced
+        then rewinds, and is taken for fenced out by another instance only while its
+        transaction is younger than half the timeout."""
+        return self._open and \
+            time.monotonic() - self._began >= self.config.transaction_timeout / 2
 
     async def _let_go(self) -> None:
         producer, self.producer = self.producer, None

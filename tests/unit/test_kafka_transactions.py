@@ -1,0 +1,166 @@
+"""Exactly-once delivery's decisions (cdcserver/sinks/kafka/transactional.py), each at the one
+instant that decides it: a batch refused inside a Kafka transaction, a producer fenced while
+its transaction is young (another instance) or old (the brokers aborted it for its age).
+
+A real broker cannot be made to refuse or fence at a chosen instant, so futures stand for its
+answers here; tests/integration/test_kafka_exactly_once.py runs the same paths against Apache
+Kafka (kill -9 loops, an unreachable broker past the transaction timeout, a second instance).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from aiokafka.errors import MessageSizeTooLargeError, ProducerFenced
+
+from cdcserver.core.errors import PublisherFenced, SinkRewound
+from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.core.kafkaconfig import KafkaConfig
+from cdcserver.sinks.kafka import sender as sender_module
+from cdcserver.sinks.kafka.accumulator import Message
+from cdcserver.sinks.kafka.sink import KafkaSink
+
+
+def _position(n: int) -> BinlogPosition:
+    return BinlogPosition(GtidState([Gtid(0, 1, n)]), "bin.000001", 100 * n)
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.values: list[bytes] = []
+
+    def append(self, timestamp: None, key: bytes, value: bytes, headers: list[Any]) -> object:
+        self.values.append(value)
+        return self
+
+    def close(self) -> None:
+        pass
+
+
+class _Producer:
+    """A transactional producer whose answers the test gives."""
+
+    made: list[_Producer] = []
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.batches: list[asyncio.Future[None]] = []
+        self.commit_error: BaseException | None = None
+        self.state: list[bytes] = []  # position records sent to the state topic
+        _Producer.made.append(self)
+
+    async def start(self) -> None:
+        self.calls.append("start")
+
+    async def stop(self) -> None:
+        self.calls.append("stop")
+
+    async def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    async def commit_transaction(self) -> None:
+        self.calls.append("commit")
+        if self.commit_error is not None:
+            raise self.commit_error
+
+    async def abort_transaction(self) -> None:
+        self.calls.append("abort")
+
+    async def send(self, topic: str, value: bytes, key: bytes, partition: int
+                   ) -> asyncio.Future[None]:
+        self.state.append(value)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+    def create_batch(self) -> _Builder:
+        return _Builder()
+
+    async def send_batch(self, builder: _Builder, topic: str, partition: int
+                         ) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.batches.append(future)
+        return future
+
+
+@pytest.fixture
+def sink(tmp_path, monkeypatch: pytest.MonkeyPatch) -> KafkaSink:
+    _Producer.made.clear()
+    monkeypatch.setattr(sender_module.connect, "producer",
+                        lambda config, transactional_id=None: _Producer())
+    sink = KafkaSink(KafkaConfig(bootstrap="127.0.0.1:1", delivery="exactly-once",
+                                 transaction_timeout=0.4), str(tmp_path), "stream")
+
+    async def committed(committed: bool = False) -> None:  # what the state topic holds
+        sink.checkpoint.durable = _position(0)
+
+    monkeypatch.setattr(sink.checkpoint, "read_back", committed)
+    return sink
+
+
+async def _one_transaction(sink: KafkaSink, n: int) -> _Producer:
+    sender = sink.transactions
+    assert sender is not None
+    await sender.hold(Message("t", 0, b"k", b"row %d" % n, []))
+    sender.end_transaction(_position(n))
+    await sender.ship_all()
+    producer = _Producer.made[-1]
+    return producer
+
+
+async def test_a_commit_carries_the_position_after_every_batch_is_acknowledged(sink):
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+    flushing = asyncio.create_task(sink.flush())
+    await asyncio.sleep(0.05)
+    assert "commit" not in producer.calls  # not before the broker acknowledged the batch
+    producer.batches[0].set_result(None)
+    assert await asyncio.wait_for(flushing, 5) == _position(1)
+    assert producer.calls == ["start", "begin", "commit"]
+    assert [json.loads(v) for v in producer.state] == [_position(1).to_json()]
+
+
+async def test_a_refused_batch_is_never_committed_the_sink_rewinds(sink):
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+    producer.batches[0].set_exception(MessageSizeTooLargeError())
+    with pytest.raises(SinkRewound):
+        await sink.flush()
+    assert "commit" not in producer.calls and "stop" in producer.calls
+    assert len(_Producer.made) == 2 and _Producer.made[1].calls == ["start"]
+    assert sink.durable == _position(0)  # read back from the state topic
+    with pytest.raises(SinkRewound):  # the old pipeline's batches are refused...
+        await sink.transactions.hold(Message("t", 0, b"k", b"late", []))
+    sink.starting_at(_position(0))  # ...until replication starts over
+    await _one_transaction(sink, 1)
+    assert _Producer.made[1].calls == ["start", "begin"]
+
+
+async def test_fenced_while_young_another_instance_publishes_this_one_stops(sink):
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+    producer.batches[0].set_result(None)
+    producer.commit_error = ProducerFenced()
+    with pytest.raises(PublisherFenced, match="transactional id 'stream'"):
+        await sink.flush()
+    assert len(_Producer.made) == 1  # no new producer: it would fence the other back
+    with pytest.raises(PublisherFenced):
+        await sink.transactions.hold(Message("t", 0, b"k", b"late", []))
+
+
+async def test_fenced_when_old_the_brokers_aborted_it_for_its_age_the_sink_rewinds(sink):
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+    producer.batches[0].set_result(None)
+    producer.commit_error = ProducerFenced()
+    await asyncio.sleep(0.25)  # more than half of transaction_timeout (0.4 s)
+    with pytest.raises(SinkRewound):
+        await sink.flush()
+    assert len(_Producer.made) == 2 and sink.durable == _position(0)
