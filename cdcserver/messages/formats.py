@@ -40,12 +40,14 @@ from cdcserver.messages import connect_schema
 from cdcserver.messages.base import (
     Message,
     MessageFormat,
+    RoutedRow,
     RowMessage,
     dumps,
+    primary_key,
     text_form,
 )
 from cdcserver.messages.databus import Databus
-from cdcserver.messages.events import RowEvent, StatementEvent
+from cdcserver.messages.events import RowEvent, StatementEvent, TableShape
 from mariadb_cdc_client.format.schema import Field, Kind, float32_text, to_json_text
 
 _CANAL_TYPES = {"create": "CREATE", "alter": "ALTER", "drop": "ERASE", "rename": "RENAME",
@@ -162,15 +164,48 @@ class Debezium(MessageFormat):
         # Debezium writes schema changes to the topic named after the server (topic.prefix).
         self.statement_topic = self.source_name
 
-    def row_key(self, e: RowEvent) -> bytes:
-        key = super().row_key(e)
-        if not self.key_schema or self.key_style != "primary-key":
+    def _key(self, e: RowEvent, row: tuple[Any, ...]) -> bytes:
+        """The message key of ``row`` (one image of the change)."""
+        if self.key_style != "primary-key":
+            return super().row_key(e)
+        key = primary_key(e.shape, row)
+        if not self.key_schema:
             return key
-        schema = e.shape.cache.get("debezium.key_schema")
+        cached = f"debezium.key_schema.{self.source_name}"  # shapes are shared, names not
+        schema = e.shape.cache.get(cached)
         if schema is None:
-            schema = e.shape.cache["debezium.key_schema"] = dumps(
+            schema = e.shape.cache[cached] = dumps(
                 connect_schema.key_schema(e.shape, self.source_name))
         return _with_schema(schema, key)
+
+    def row_key(self, e: RowEvent) -> bytes:
+        row = e.after if e.after is not None else e.before
+        assert row is not None
+        return self._key(e, row)
+
+    def routed_rows(self, e: RowEvent) -> list[RoutedRow]:
+        """Debezium's messages of a change (RelationalChangeRecordEmitter, EventDispatcher):
+        an update that changes the primary key is a delete of the old key (header
+        ``__debezium.newkey``), its tombstone and a create of the new key (header
+        ``__debezium.oldkey``); a delete is followed by a tombstone (``tombstones``, as
+        Debezium's ``tombstones.on.delete``, true by default)."""
+        before, after = e.before, e.after
+        if e.action == "update" and e.shape.primary_key and before is not None and \
+                after is not None and (old := primary_key(e.shape, before)) != (
+                    new := primary_key(e.shape, after)):
+            old_key, new_key = self._key(e, before), self._key(e, after)
+            to_new = (("__debezium.newkey", new),)
+            messages = [RoutedRow(old_key, self._value(e, "d", before, None), e.event_number,
+                                  before, to_new)]
+            if self.tombstones:
+                messages.append(RoutedRow(old_key, None, e.event_number, before, to_new))
+            messages.append(RoutedRow(new_key, self._value(e, "c", None, after),
+                                      e.event_number + 1, after, (("__debezium.oldkey", old),)))
+            return messages
+        key, value = self.row_key(e), self.row_value(e)
+        if e.action == "delete" and self.tombstones:
+            return [RoutedRow(key, value, e.event_number), RoutedRow(key, None, e.event_number)]
+        return [RoutedRow(key, value, e.event_number)]
 
     def _row(self, e: RowEvent, row: tuple[Any, ...] | None) -> dict[str, Any] | None:
         if row is None:
@@ -191,14 +226,46 @@ class Debezium(MessageFormat):
         return dict(zip(names, row, strict=True))
 
     def row_value(self, e: RowEvent) -> bytes:
+        return self._value(e, self._OPS[e.action], e.before, e.after)
+
+    def _value(self, e: RowEvent, op: str, before: tuple[Any, ...] | None,
+               after: tuple[Any, ...] | None) -> bytes:
         source = {"version": "mariadb-cdc", "connector": self.flavor, "name": self.source_name,
                   "ts_ms": e.timestamp * 1000, "snapshot": "false", "db": e.table.database,
                   "sequence": None, "table": e.table.table, "server_id": e.gtid.server_id,
                   "gtid": e.gtid_text, "file": e.file, "pos": e.pos, "row": e.row,
                   "thread": None, "query": None}
-        return dumps({"before": self._row(e, e.before), "after": self._row(e, e.after),
-                      "source": source, "op": self._OPS[e.action],
-                      "ts_ms": int(time.time() * 1000), "transaction": None})
+        value = dumps({"before": self._row(e, before), "after": self._row(e, after),
+                       "source": source, "op": op,
+                       "ts_ms": int(time.time() * 1000), "transaction": None})
+        return self._with_value_schema(e.shape, value)
+
+    def _with_value_schema(self, shape: TableShape, value: bytes) -> bytes:
+        """``value`` with the Connect schema of the table's envelope, with ``value_schema``."""
+        if not self.value_schema:
+            return value
+        cached = f"debezium.value_schema.{self.source_name}.{self.flavor}"
+        schema = shape.cache.get(cached)
+        if schema is None:
+            schema = shape.cache[cached] = dumps(
+                connect_schema.envelope_schema(shape, self.source_name, self.flavor))
+        return _with_schema(schema, value)
+
+    def statement_rows(self, e: StatementEvent) -> list[tuple[bytes | None, bytes]]:
+        """With ``truncate_events``, a TRUNCATE TABLE as Debezium's binlog connectors send it
+        when ``skipped.operations`` leaves out ``t`` (its default skips it): a change event
+        ``op: "t"``, ``before`` and ``after`` null, on the table's topic, with no key."""
+        if not self.truncate_events or e.kind != "truncate" or e.table is None or \
+                e.shape is None:
+            return []
+        source = {"version": "mariadb-cdc", "connector": self.flavor, "name": self.source_name,
+                  "ts_ms": e.timestamp * 1000, "snapshot": "false", "db": e.database,
+                  "sequence": None, "table": e.table, "server_id": e.gtid.server_id,
+                  "gtid": str(e.gtid), "file": e.file, "pos": e.pos, "row": 0,
+                  "thread": None, "query": None}
+        value = dumps({"before": None, "after": None, "source": source, "op": "t",
+                       "ts_ms": int(time.time() * 1000), "transaction": None})
+        return [(None, self._with_value_schema(e.shape, value))]
 
     def statement(self, e: StatementEvent) -> Message:
         """Debezium's schema change event, on its schema change topic, keyed by the
