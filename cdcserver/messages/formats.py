@@ -117,7 +117,9 @@ _EPOCH = dt.datetime(1970, 1, 1)
 def _debezium_converter(f: Field) -> Callable[[Any], Any]:
     k = f.kind
     if k == Kind.DECIMAL:
-        return lambda v: format(v, "f") if f.real_type == "decimal" else int(v)
+        if f.real_type == "decimal":
+            return lambda v: format(v, "f")
+        return _as_int64  # BIGINT UNSIGNED, BIT(64)
     if k == Kind.FLOAT:
         return lambda v: float(float32_text(v))
     if k == Kind.BYTES:
@@ -147,6 +149,32 @@ def _debezium_converter(f: Field) -> Callable[[Any], Any]:
 def _with_schema(schema: bytes, payload: bytes) -> bytes:
     """``payload`` as JsonConverter writes it with ``schemas.enable=true``."""
     return b'{"schema":' + schema + b',"payload":' + payload + b"}"
+
+
+# What Debezium writes for a NOT NULL temporal column the binlog gives no value of (a zero or
+# invalid date): the fallback of JdbcValueConverters.convertValue, the epoch, since the Connect
+# schema makes the field required.
+_FALLBACKS = {Kind.DATE: 0, Kind.DATETIME: 0, Kind.TIMESTAMP: "1970-01-01T00:00:00Z"}
+
+
+def _required(f: Field, convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``convert`` for a NOT NULL column: a zero date is Debezium's fallback, not null."""
+    if f.kind not in _FALLBACKS:
+        return convert
+    fallback = _FALLBACKS[f.kind]
+
+    def required(value: Any) -> Any:
+        converted = convert(value)
+        return fallback if converted is None else converted
+
+    return required
+
+
+def _as_int64(value: Any) -> int:
+    """A 64-bit unsigned value as Debezium's bigint.unsigned.handling.mode=long sends it: the
+    INT64 of the same bits (above 2^63-1, negative, as the binlog holds it)."""
+    n = int(value)
+    return n - (1 << 64) if n >= 1 << 63 else n
 
 
 def _same(value: Any) -> Any:
@@ -212,7 +240,10 @@ class Debezium(MessageFormat):
             return None
         shaped = e.shape.cache.get("debezium.row")
         if shaped is None:  # the column names, and the columns whose values are converted
-            converters = [_debezium_converter(f) for f in e.shape.fields]
+            converters = [_required(f, _debezium_converter(f)) if not col.nullable else
+                          _debezium_converter(f)
+                          for f, col in zip(e.shape.fields, e.shape.layout.columns,
+                                            strict=True)]
             shaped = e.shape.cache["debezium.row"] = (
                 tuple(f.column for f in e.shape.fields),
                 tuple((i, c) for i, c in enumerate(converters) if c is not _same))

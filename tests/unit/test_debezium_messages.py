@@ -91,3 +91,34 @@ def test_truncate_is_a_change_event_only_when_asked() -> None:
     alter = StatementEvent("shop", "t", "alter", "ALTER TABLE t ADD c INT", GTID, 1, "f", 1,
                            SHAPE)
     assert Debezium(truncate_events=True).statement_rows(alter) == []
+
+
+def test_bigint_unsigned_is_debeziums_int64() -> None:
+    """bigint.unsigned.handling.mode=long: the INT64 of the same bits, which JsonConverter
+    reads (a number above 2^63-1 it refuses); the client reads it back unsigned."""
+    from decimal import Decimal
+
+    from cdcserver.messages.formats import _debezium_converter
+    from mariadb_cdc_client.kafka_values import from_debezium
+
+    layout = TableLayout("shop", "u", (ColumnDef("n", T.LONGLONG, unsigned=True),), ())
+    [field] = TableSchema.from_layout(layout, 1, "").columns
+    convert = _debezium_converter(field)
+    assert [convert(Decimal(v)) for v in (0, 2**63 - 1, 2**63, 2**64 - 1)] == [
+        0, 2**63 - 1, -(2**63), -1]
+    assert from_debezium(field, -1) == Decimal(2**64 - 1)
+
+
+def test_a_zero_date_in_a_not_null_column_is_the_epoch_as_in_debezium() -> None:
+    """JdbcValueConverters.convertValue: no value for a required column gives its fallback,
+    the epoch (a null would break the value's schema); a nullable column's is null."""
+    columns = (ColumnDef("id", T.LONG, nullable=False), ColumnDef("d", T.DATE, nullable=False),
+               ColumnDef("t", T.DATETIME2, 3, nullable=False),
+               ColumnDef("z", T.TIMESTAMP2, 0, nullable=False), ColumnDef("n", T.DATE))
+    layout = TableLayout("shop", "z", columns, (0,))
+    shape = TableShape(TableName("shop", "z"), TableSchema.from_layout(layout, 1, ""), layout)
+    zero = "0000-00-00"  # how the row holds a zero date
+    e = RowEvent(shape, "insert", None, (1, zero, zero + " 00:00:00", zero + " 00:00:00", zero),
+                 GTID, 1, 1700000000, "f", 4, 0, str(GTID))
+    after = json.loads(Debezium().row_value(e))["after"]
+    assert after == {"id": 1, "d": 0, "t": 0, "z": "1970-01-01T00:00:00Z", "n": None}
