@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from cdcserver.core.lifetime import die_with_parent
 from tests import jvm
-from tests.kafka_broker import free_port
+from tests.apache_kafka import free_port
 
 _STANDALONE = "org.apache.kafka.connect.cli.ConnectStandalone"
 # slf4j-simple: INFO with times; neither the classpath scanner's complaints about jars

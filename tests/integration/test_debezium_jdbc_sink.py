@@ -35,6 +35,7 @@ from typing import Any
 import pymysql
 import pytest
 
+from tests.apache_kafka import ApacheKafka
 from tests.conftest import Source, make_config, start_service
 from tests.helpers import pace
 from tests.integration.test_kafka import kafka_caught_up
@@ -138,7 +139,7 @@ def _sink(source: Source, target_db: str, topic: str, table: str) -> dict[str, o
 
 
 async def test_debeziums_jdbc_sink_makes_a_copy_equal_to_the_source(
-        tmp_path, source: Source, users_file: str, kafka_broker: Any) -> None:
+        tmp_path, source: Source, users_file: str, kafka_broker: ApacheKafka) -> None:
     db = source.database
     target_db = f"{db}_sink"  # t_...: the source fixture drops it with the test's database
     source.execute(f"CREATE DATABASE `{target_db}` CHARACTER SET utf8mb4",
@@ -151,7 +152,7 @@ async def test_debeziums_jdbc_sink_makes_a_copy_equal_to_the_source(
     config = make_config(
         os.path.join(tmp_path, "data"), source.url, users_file,
         capture={"include": f"{db}.*"},
-        kafka={"bootstrap": kafka_broker.bootstrap, "format": "debezium", "idempotence": False,
+        kafka={"bootstrap": kafka_broker.bootstrap, "format": "debezium",
                "topic": run + ".{db}.{table}", "partitions": 1, "client_id": "cdc",
                "schema_topic": "", "state_topic": f"{run}.{db}.state", "key_schema": True,
                "value_schema": True, "truncate_events": True})
