@@ -44,6 +44,14 @@ HEAP = "256m"
 _launcher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kafka-launcher")
 
 
+# Ports are drawn independently of the random module's state (tests seed it), and never
+# handed out twice by this process: a port is free until its node binds it, seconds later,
+# and a cluster once drew the same one for node 1's controller and node 2's clients (node 2
+# failed to start: "Address already in use").
+_random = random.SystemRandom()
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
     """A free port on 127.0.0.1 below the kernel's ephemeral range: a node stopped and
     started again binds its ports again, and in between no port 0 of another test (nor the
@@ -55,13 +63,16 @@ def free_port() -> int:
         first = 32768
     low = min(first, 32768) // 2
     while True:
+        port = _random.randrange(low, first)
+        if port in _handed_out:
+            continue
         with socket.socket() as s:
-            port = random.randrange(low, first)
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _handed_out.add(port)
+        return port
 
 
 def _accepting(port: int) -> bool:
