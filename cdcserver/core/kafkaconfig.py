@@ -38,6 +38,18 @@ class KafkaConfig:
     key_schema: bool = option(False, "debezium: keys as Kafka Connect's JsonConverter writes "
                                      "them with schemas.enable ({\"schema\": ..., "
                                      "\"payload\": ...})")
+    value_schema: bool = option(False, "debezium: values as Kafka Connect's JsonConverter "
+                                       "writes them with schemas.enable: the Connect schema "
+                                       "of Debezium's envelope with each value, which "
+                                       "Debezium's JDBC sink needs")
+    tombstones: bool = option(True, "debezium: a tombstone (the key, no value) after each "
+                                    "delete, as Debezium's tombstones.on.delete (compacted "
+                                    "topics drop the row)")
+    truncate_events: bool = option(False, "debezium: TRUNCATE TABLE also as a change event "
+                                          "(op \"t\", no key) on the table's topic, as "
+                                          "Debezium sends it when skipped.operations leaves "
+                                          "out \"t\"; sinks apply it (the JDBC sink's "
+                                          "truncate.enabled)")
     schema_topic: str = option("cdcserver-schemas", "topic of the tables' schemas, which "
                                                     "clients use to type values ('': none)")
     state_topic: str = option("cdcserver-state", "topic the sink also records its position in, "

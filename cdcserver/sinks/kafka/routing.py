@@ -79,7 +79,9 @@ class Router:
         zone = zoneinfo.ZoneInfo(config.time_zone)  # checked when the configuration loaded
         self.format: MessageFormat = FORMATS[config.format](
             key=config.key, zone=zone, source_name=config.client_id,
-            key_schema=config.key_schema, labels=config.databus_labels)
+            key_schema=config.key_schema, labels=config.databus_labels,
+            value_schema=config.value_schema, tombstones=config.tombstones,
+            truncate_events=config.truncate_events)
         fmt = self.format
         self.topic = fmt.default_topic if config.topic == "auto" else config.topic
         self.ddl_topic = fmt.default_ddl_topic if config.ddl_topic == "auto" \
@@ -147,9 +149,12 @@ class Router:
             partitions = tuple(sorted({self._partition(shape, before, count),
                                        self._partition(shape, after, count)}))
         gtid = e.gtid_text.encode()
-        for key, value, event in self.format.rows(e):
+        for key, value, event, keyed_by, own in self.format.routed_rows(e):
             headers = _headers(gtid, event, schema)
-            for partition in partitions:
+            if own:
+                headers.extend(own)
+            for partition in partitions if keyed_by is None else (
+                    self._partition(shape, keyed_by, count),):
                 await self.sender.hold(Message(topic, partition, key, value, headers))
 
     async def _row_event(self, batch: RowBatch) -> None:
@@ -195,8 +200,12 @@ class Router:
             topic = self._topic(e.database, e.table)
             for partition in range(await self.partition_count(topic)):
                 await self.sender.hold(Message(topic, partition, key, value, headers))
+        if e.table is not None:  # the debezium format's TRUNCATE event: once, as Debezium
+            for row_key, row_value in self.format.statement_rows(e):
+                await self._to_first_partition(self._topic(e.database, e.table), row_key,
+                                               row_value, headers)
 
-    async def _to_first_partition(self, topic: str, key: bytes, value: bytes,
+    async def _to_first_partition(self, topic: str, key: bytes | None, value: bytes,
                                   headers: list[tuple[str, bytes]]) -> None:
         await self.partition_count(topic)
         await self.sender.hold(Message(topic, 0, key, value, headers))
