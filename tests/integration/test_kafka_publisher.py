@@ -5,10 +5,12 @@ When the publisher stops, its lock is freed with its connection and the standby 
 from the position recorded in the state topic: every change reaches Kafka, a duplicate is
 only ever an identical copy (at least once), and the messages rebuild the table.
 
-Not shown here: fencing of a publisher that keeps running but lost its lock connection (a
-network partition from the source) while its in-flight batches still reach the broker (the
-service does not fence through Kafka transactions); the lease is polled every second, so such
-a publisher stops within it.
+With ``delivery = "exactly-once"`` the instances share a transactional id (the lock's): the
+new publisher's producer fences the last one's, so a publisher that lost its lock connection
+(a network partition from the source) but still reaches the broker cannot commit any more
+(tests/unit/test_kafka_transactions.py; a lone instance fenced out:
+tests/integration/test_kafka_exactly_once.py); at least once, the lease's one-second poll
+stops such a publisher, and what it sends meanwhile is a duplicate.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tests.integration.test_kafka_delivery import (
     source_rows,
     stored_positions,
 )
+from tests.kafka_exactly_once import committed_changes
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.kafka]
 
@@ -53,10 +56,15 @@ def _writer(source: Source, stop: threading.Event, counter: list[int]) -> None:
         conn.close()
 
 
+@pytest.mark.parametrize("delivery", ["at-least-once", "exactly-once"])
 async def test_one_instance_publishes_and_the_standby_takes_over(
         tmp_path: os.PathLike[str], source: Source, users_file: str,
-        kafka_broker: ApacheKafka) -> None:
-    kafka = kafka_section(kafka_broker, source, publisher_lock=f"cdc-{source.database}")
+        kafka_broker: ApacheKafka, delivery: str) -> None:
+    """Exactly once, the standby's producer (the same transactional id, the lock's) fences
+    whatever the last publisher left open, and a read_committed consumer reads no
+    duplicate."""
+    kafka = kafka_section(kafka_broker, source, publisher_lock=f"cdc-{source.database}",
+                          delivery=delivery)
     source.execute(f"CREATE TABLE `{source.database}`.t (id INT PRIMARY KEY, v INT)")
     first = await start_service(make_config(os.path.join(tmp_path, "a"), source.url,
                                             users_file, kafka=kafka))
@@ -83,10 +91,15 @@ async def test_one_instance_publishes_and_the_standby_takes_over(
         await kafka_caught_up(second, source)
     finally:
         await second.stop()
-    changes = await read_changes(kafka_broker, source, ("t",))
+    if delivery == "exactly-once":
+        changes = await committed_changes(kafka_broker.bootstrap, source, ("t",))
+    else:
+        changes = await read_changes(kafka_broker, source, ("t",))
     duplicates = assert_duplicates_identical(changes)
     stored = stored_positions(os.path.join(tmp_path, "b"), "t")
     assert len(stored) > 600 and stored <= message_positions(changes, "t")  # nothing lost
     rows = {key: (key, row["v"]) for key, row in replay(changes)["t"].items()}
     assert rows == source_rows(source, "t", "v")
     assert duplicates < len(changes) // 2, duplicates  # a tail, not everything again
+    if delivery == "exactly-once":
+        assert duplicates == 0 and stored == message_positions(changes, "t")
