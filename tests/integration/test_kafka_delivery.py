@@ -26,7 +26,7 @@ from cdcserver.sinks.kafka.checkpoint import _load_state
 from mariadb_cdc_client.kafka import KafkaChange, KafkaChangeReader, KafkaDecoder
 from tests.apache_kafka import ApacheKafka
 from tests.conftest import RunningService, Source, make_config, start_service
-from tests.helpers import pace
+from tests.helpers import TcpProxy, pace
 from tests.integration.test_kafka import kafka_caught_up, kafka_section, raw_messages
 from tests.server.test_crash import TABLES, Load, ServiceProcess, _service_args
 
@@ -224,25 +224,28 @@ async def test_kill_9_under_load_loses_nothing(tmp_path, source: Source, users_f
 
 async def test_broker_outage_stalls_with_bounded_memory_and_loses_nothing(
         tmp_path, source: Source, users_file: str):
-    """The broker is killed (``kill -9``: what it had not acknowledged may or may not be in
-    its log) while rows are written and stays away for 6 seconds, then starts again on its
-    log: sends fail, the sink holds at most max_buffer_bytes and reconnects until the broker
-    is back, the CDC listener keeps serving meanwhile, and then every row reaches Kafka, the
-    unacknowledged ones sent again. /metrics shows it: the oldest unacknowledged message
-    ages with the outage, then the failures are counted and nothing is held."""
+    """The broker (behind a proxy it advertises) cannot be reached for 6 seconds while rows
+    are written (every connection cut, new ones refused): sends time out (after 2 s here),
+    the sink holds at most max_buffer_bytes and reconnects until the broker is back, the CDC
+    listener keeps serving meanwhile, and then every row reaches Kafka, the unacknowledged
+    ones sent again. /metrics shows it: the oldest unacknowledged message ages with the
+    outage, then the failures are counted and nothing is held. (A killed broker is
+    tests/integration/test_kafka_exactly_once.py's: there the producer waits for the
+    partition's one batch in flight to drain, which it never does, so the sink's buffer
+    stops short of its bound by a timing-dependent amount.)"""
     from mariadb_cdc_client import ChangeRecord, SyncCdcClient
     from tests.helpers import PASSWORD, USER
 
-    broker = ApacheKafka(tmp_path / "kafka")  # its own: the session's is not killed
+    proxy = TcpProxy("127.0.0.1", 0)
+    await proxy.start()
+    broker = ApacheKafka(tmp_path / "kafka", advertised_port=proxy.port)  # its own
+    proxy.target = ("127.0.0.1", broker.port)
     await asyncio.to_thread(broker.start)
-    # The buffer grows only until the first send times out (request_timeout): then the sink
-    # reconnects and replication waits for it. 128 KB in 4 s, not 256 KB in 2 s: on two
-    # cores shared with the other tests and the broker's JVM, 2 s replicated 108 KB once.
-    limit = 128 * 1024
+    limit = 256 * 1024
     db = f"`{source.database}`"
     config = make_config(str(tmp_path / "data"), source.url, users_file,
                          kafka=kafka_section(broker, source, max_buffer_bytes=limit,
-                                             request_timeout=4.0))
+                                             request_timeout=2.0))
     running = await start_service(config)
     writes = threading.Event()
     written = 0
@@ -266,7 +269,8 @@ async def test_broker_outage_stalls_with_bounded_memory_and_loses_nothing(
         await pace(1.0)
         sink = running.service.replication.sink("kafka")
         assert sink is not None
-        await asyncio.to_thread(broker.kill, 1)
+        proxy.refuse = True
+        proxy.cut()
         peak = 0
         for _ in range(60):  # 6 seconds away
             peak = max(peak, sink.buffered_bytes)
@@ -280,7 +284,7 @@ async def test_broker_outage_stalls_with_bounded_memory_and_loses_nothing(
             if isinstance(e, ChangeRecord)]
         assert served
         assert sink.durable == stalled_at  # nothing acknowledged while away
-        await asyncio.to_thread(broker.start)
+        proxy.refuse = False
         await pace(1.0)
         writes.set()
         await asyncio.to_thread(writer.join, 30)
@@ -294,6 +298,7 @@ async def test_broker_outage_stalls_with_bounded_memory_and_loses_nothing(
         ids = [c.after["id"] for c in await read_changes(broker, source, ("items",))
                if c.after is not None]
     finally:
+        await proxy.stop()
         await asyncio.to_thread(broker.close)
     assert limit // 2 < peak <= limit  # it filled up, then replication waited
     assert stats.reconnects >= 1 and stats.resent >= 1
