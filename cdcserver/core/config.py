@@ -308,6 +308,13 @@ class Config:
             raise ConfigError("listener.tls_key is set without listener.tls_cert")
         if self.admin.tls_key and not self.admin.tls_cert:
             raise ConfigError("admin.tls_key is set without admin.tls_cert")
+        if self.kafka.avro and self.kafka.format != "debezium":
+            raise ConfigError("kafka.value_format = \"avro\" takes format = \"debezium\" (the "
+                              "Kafka Connect world Confluent's wire format belongs to); the "
+                              f"{self.kafka.format} format's values are JSON")
+        if self.kafka.avro and not self.kafka.schema_registry_url:
+            raise ConfigError("kafka.value_format = \"avro\" needs schema_registry_url, where "
+                              "the tables' schemas are registered")
         if self.kafka.publisher_lock and not self.kafka.state_topic:
             raise ConfigError("kafka.publisher_lock needs kafka.state_topic: the instance that "
                               "takes over reads the position there")

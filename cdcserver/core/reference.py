@@ -39,6 +39,9 @@ SECRET_VARIABLES = {
                                  "its own (`source.password_file` wins over it)",
     "CDCSERVER_KAFKA_SASL_PASSWORD": "the SASL password for Kafka (`kafka.sasl_password_file` "
                                      "wins over it)",
+    "CDCSERVER_KAFKA_SCHEMA_REGISTRY_PASSWORD": "the schema registry user's password "
+                                                "(`kafka.schema_registry_password_file` wins "
+                                                "over it)",
     "CDCSERVER_HASH_SALT": "the salt of `[capture] columns_hash` (`capture.hash_salt_file` "
                            "wins over it)",
     "CDCSERVER_ADMIN_TOKEN": "the admin API's token, for `cdcserver ctl` (its `--token-file` "

@@ -43,6 +43,7 @@ from cdcserver.messages.base import (
     dumps,
     text_form,
 )
+from cdcserver.messages.connect_avro import avro_name
 from cdcserver.messages.databus import Databus
 from cdcserver.messages.events import RowEvent, StatementEvent, TableShape
 from mariadb_cdc_client.format.schema import Field, Kind, float32_text, to_json_text
@@ -111,13 +112,19 @@ def _without_server_comment(sql: str) -> str:
 _EPOCH = dt.datetime(1970, 1, 1)
 
 
-def _debezium_converter(f: Field) -> Callable[[Any], Any]:
+def _debezium_converter(f: Field, binary: bool = False) -> Callable[[Any], Any]:
+    """A column's value as Debezium's JSON has it; ``binary``: as its Avro has it (bytes
+    as they are, not base64)."""
     k = f.kind
     if k == Kind.DECIMAL:
         return lambda v: format(v, "f") if f.real_type == "decimal" else int(v)
     if k == Kind.FLOAT:
         return lambda v: float(float32_text(v))
     if k == Kind.BYTES:
+        if binary:
+            if f.real_type == "geometry":
+                return lambda v: {"wkb": bytes(v[4:]), "srid": int.from_bytes(v[:4], "little")}
+            return bytes
         if f.real_type == "geometry":
             return lambda v: {"wkb": base64.b64encode(v[4:]).decode(),
                               "srid": int.from_bytes(v[:4], "little")}
@@ -166,15 +173,17 @@ class Debezium(MessageFormat):
                 e.shape, f"{self.source_name}.{e.table.database}.{e.table.table}.Key"))
         return b'{"schema":' + schema + b',"payload":' + key + b"}"
 
-    def _row(self, e: RowEvent, row: tuple[Any, ...] | None) -> dict[str, Any] | None:
+    def _row(self, e: RowEvent, row: tuple[Any, ...] | None,
+             binary: bool = False) -> dict[str, Any] | None:
         if row is None:
             return None
-        shaped = e.shape.cache.get("debezium.row")
+        cached = "debezium.avro_row" if binary else "debezium.row"
+        shaped = e.shape.cache.get(cached)
         if shaped is None:  # the column names, and the columns whose values are converted
-            converters = [_debezium_converter(f) for f in e.shape.fields]
-            shaped = e.shape.cache["debezium.row"] = (
-                tuple(f.column for f in e.shape.fields),
-                tuple((i, c) for i, c in enumerate(converters) if c is not _same))
+            converters = [_debezium_converter(f, binary) for f in e.shape.fields]
+            names = tuple(avro_name(f.column) if binary else f.column for f in e.shape.fields)
+            shaped = e.shape.cache[cached] = (
+                names, tuple((i, c) for i, c in enumerate(converters) if c is not _same))
         names, converted = shaped
         if converted:
             values = list(row)
@@ -185,14 +194,20 @@ class Debezium(MessageFormat):
         return dict(zip(names, row, strict=True))
 
     def row_value(self, e: RowEvent) -> bytes:
+        return dumps(self.envelope(e))
+
+    def envelope(self, e: RowEvent, binary: bool = False) -> dict[str, Any]:
+        """The change event; ``binary``: with the values and names of its Avro form
+        (:mod:`cdcserver.messages.connect_avro`)."""
         source = {"version": "mariadb-cdc", "connector": self.flavor, "name": self.source_name,
                   "ts_ms": e.timestamp * 1000, "snapshot": "false", "db": e.table.database,
                   "sequence": None, "table": e.table.table, "server_id": e.gtid.server_id,
                   "gtid": e.gtid_text, "file": e.file, "pos": e.pos, "row": e.row,
                   "thread": None, "query": None}
-        return dumps({"before": self._row(e, e.before), "after": self._row(e, e.after),
-                      "source": source, "op": self._OPS[e.action],
-                      "ts_ms": int(time.time() * 1000), "transaction": None})
+        return {"before": self._row(e, e.before, binary),
+                "after": self._row(e, e.after, binary), "source": source,
+                "op": self._OPS[e.action], "ts_ms": int(time.time() * 1000),
+                "transaction": None}
 
     def statement(self, e: StatementEvent) -> Message:
         """Debezium's schema change event, on its schema change topic, keyed by the

@@ -32,6 +32,7 @@ from cdcserver.core.changes import Change, Ddl, Rows
 from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.core.names import TableName
 from cdcserver.messages.base import MessageFormat, VersionLookup, primary_key
+from cdcserver.messages.connect_avro import envelope_schema, to_avro
 from cdcserver.messages.events import (
     CommitEvent,
     EventBuilder,
@@ -40,10 +41,11 @@ from cdcserver.messages.events import (
     StatementEvent,
     TableShape,
 )
-from cdcserver.messages.formats import FORMATS
+from cdcserver.messages.formats import FORMATS, Debezium
 from cdcserver.sinks.kafka import connect
 from cdcserver.sinks.kafka.accumulator import Message
 from cdcserver.sinks.kafka.metrics import SinkStats
+from cdcserver.sinks.kafka.registry import AvroEncoder, Registry, record_name, subject
 from cdcserver.sinks.kafka.sender import Sender, retrying
 from mariadb_cdc_client.format.dump import value_encoder
 
@@ -93,6 +95,8 @@ class Router:
         self.builder = EventBuilder()
         self.tables = TableSelection.parse(config.include, config.exclude, "kafka")
         self._partitions: dict[str, int] = {}
+        # value_format = "avro" (the debezium format, as the configuration checks)
+        self.registry = Registry(config) if config.avro else None
 
     def _publishes(self, change: Change) -> bool:
         """``[kafka] include``/``exclude``: rows and statements of the tables selected (a
@@ -146,10 +150,26 @@ class Router:
             partitions = tuple(sorted({self._partition(shape, before, count),
                                        self._partition(shape, after, count)}))
         gtid = e.gtid_text.encode()
-        for key, value, event in self.format.rows(e):
+        messages = self.format.rows(e) if self.registry is None else \
+            await self._avro_rows(e, topic)
+        for key, value, event in messages:
             headers = _headers(gtid, event, schema)
             for partition in partitions:
                 await self.sender.hold(Message(topic, partition, key, value, headers))
+
+    async def _avro_rows(self, e: RowEvent, topic: str) -> list[tuple[bytes, bytes, int]]:
+        """The row's Debezium change event in Confluent's wire format: its table shape's
+        Avro schema registered the first time the shape is used."""
+        fmt = self.format
+        assert isinstance(fmt, Debezium) and self.registry is not None
+        encoder: AvroEncoder | None = e.shape.cache.get("kafka.avro_value")
+        if encoder is None:
+            schema = to_avro(envelope_schema(e.shape, fmt.source_name))
+            name = subject(self.config.subject_name_strategy, topic, record_name(schema))
+            schema_id = await self.registry.id(name, schema, str(e.shape.table))
+            encoder = e.shape.cache["kafka.avro_value"] = AvroEncoder(schema_id, schema)
+        return [(fmt.row_key(e), encoder.encode(fmt.envelope(e, binary=True)),
+                 e.event_number)]
 
     async def _row_event(self, batch: RowBatch) -> None:
         """One message for a whole binlog row event (the databus format). Its rows may hash
