@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone on a fresh machine (Debian 12, as root): installs
 # what the tests need (Debian's mariadb-server and galera-4 with rsync, a Java runtime for
-# Spark, Go for the databus consumer, Prometheus with promtool, Chromium and ChromeDriver for the
-# web console's test, libfaketime, the Python packages into .venv), then runs pytest on four
-# workers, and the unit tier once more beside it under a faked date and zone. The tests
-# start their own private MariaDB and services; nothing needs to be running.
+# Spark and Apache Kafka, Maven, Go for the databus consumer, Prometheus with promtool,
+# Chromium and ChromeDriver for the web console's test, libfaketime, the Python packages into
+# .venv), fetches the JVM programs the tests run, then runs pytest on four workers, and the
+# unit tier once more beside it under a faked date and zone. The tests start their own
+# private MariaDB, Kafka and services; nothing needs to be running.
 # Extra arguments go to pytest, e.g. `bash tests/run.sh -k listener -x`.
+#
+# JVM programs (Apache Kafka; a component per folder tests/jvm/<name>/ with a pom.xml of
+# pinned versions): tests/jvm/fetch.sh resolves them from Maven Central once, into
+# ${CDC_TEST_CACHE:-$HOME/.cache/mariadb-cdc-tests}/m2, and writes each one's classpath
+# beside it (classpath/<name>-<pom hash>.txt), which tests/jvm/__init__.py reads. A later run
+# finds them there and starts no Maven (well under a second); a test never downloads. Run
+# `bash tests/jvm/fetch.sh` yourself before `pytest` outside this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
 command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server mariadb-client)
-command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)  # local Spark
+command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)  # local Spark, Apache Kafka
+command -v mvn >/dev/null 2>&1 || missing+=(maven)  # fetches the JVM programs (tests/jvm/fetch.sh)
 command -v cc >/dev/null 2>&1 || missing+=(gcc)  # builds the transcoder (cdcserver/store/_transcode.pyx)
 command -v go >/dev/null 2>&1 || missing+=(golang-go)  # the Go databus consumer (tests/databus_go)
 [ -e /usr/lib/galera/libgalera_smm.so ] || missing+=(galera-4)  # tests/integration/test_galera.py's cluster
@@ -35,6 +44,7 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test,kafka,spark,lakehouse,pipelines]'
+bash tests/jvm/fetch.sh
 
 # The unit tier a second time, beside the suite, on another day in another zone
 # (libfaketime): more than a year ahead, on a leap day, in a zone with a half-hour offset,
