@@ -8,8 +8,9 @@ optional ``before``/``after`` of ``<prefix>.<db>.<table>.Value``, the
 ``io.debezium.connector.mysql.Source`` block, the optional ``event.block`` transaction, ``op``
 and ``ts_ms``. The column types are those of the format's keys (``_connect_type`` in
 :mod:`cdcserver.messages.formats`); a geometry is Debezium's ``io.debezium.data.geometry.
-Geometry`` struct; a column is optional when it is nullable, and every DATE/DATETIME/
-TIMESTAMP column is, since a zero date is written as null.
+Geometry`` struct. Every column but the primary key's is optional, NOT NULL ones too
+(where Debezium makes them required): a zero date is written as null, and a row logged
+before an ADD COLUMN may be read with the new column as null.
 
 ``AvroData``'s rules applied here: a struct is a record named by its Connect name (split at the
 last dot into namespace and name), with ``connect.name``, ``connect.version`` and
@@ -27,7 +28,6 @@ import re
 from typing import Any
 
 from cdcserver.messages.events import TableShape
-from mariadb_cdc_client.format.schema import Kind
 
 ConnectSchema = dict[str, Any]  # a Connect schema as Kafka Connect's JsonConverter writes it
 
@@ -74,7 +74,6 @@ TRANSACTION: ConnectSchema = {"type": "struct", "optional": True, "name": "event
 GEOMETRY_FIELDS: list[ConnectSchema] = [
     {"type": "bytes", "optional": False, "field": "wkb"},
     {"type": "int32", "optional": True, "field": "srid"}]
-_TEMPORAL = (Kind.DATE, Kind.DATETIME, Kind.TIMESTAMP)
 
 
 def column_schemas(shape: TableShape) -> list[ConnectSchema]:
@@ -82,14 +81,15 @@ def column_schemas(shape: TableShape) -> list[ConnectSchema]:
     from cdcserver.messages.formats import _connect_type  # the keys' types: one source
 
     fields = []
-    for f, col in zip(shape.fields, shape.layout.columns, strict=True):
-        optional = col.nullable or f.kind in _TEMPORAL
+    key = set(shape.primary_key)
+    for i, f in enumerate(shape.fields):
+        optional = i not in key
         if f.real_type == "geometry":
             schema: ConnectSchema = {"type": "struct", "fields": GEOMETRY_FIELDS,
                                      "name": "io.debezium.data.geometry.Geometry",
                                      "version": 1}
         else:
-            schema = _connect_type(f, col.unsigned)
+            schema = _connect_type(f, shape.layout.columns[i].unsigned)
             if "name" in schema:
                 schema = {**schema, "version": 1}
         fields.append({**schema, "optional": optional, "field": f.column})

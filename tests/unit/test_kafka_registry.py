@@ -68,8 +68,9 @@ def test_the_envelope_schema_is_what_avrodata_writes() -> None:
     assert fields["before"]["type"][0] == "null" and fields["before"]["default"] is None
     assert fields["after"]["type"] == ["null", "srv.shop.items.Value"]  # met again: by name
     columns = {f["name"]: f["type"] for f in value["fields"]}
-    assert columns["id"] == "int"  # NOT NULL: no union
-    assert columns["qty"] == {"type": "int", "connect.type": "int16"}  # TINYINT
+    assert columns["id"] == "int"  # the primary key: no union
+    # NOT NULL, yet optional: only the key's columns are required
+    assert columns["qty"] == ["null", {"type": "int", "connect.type": "int16"}]  # TINYINT
     assert columns["name"] == ["null", "string"]
     assert columns["price"] == ["null", "string"]  # decimal.handling.mode=string
     assert columns["day"] == ["null", {"type": "int", "connect.version": 1,
