@@ -25,6 +25,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from mariadb_cdc_client.kafka import KafkaChangeReader
 from tests.apicurio import Apicurio
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import pace
@@ -130,6 +131,18 @@ async def test_avro_values_decoded_with_the_registry_rebuild_the_table(
     assert "note" not in events[0][1]["after"] and events[-1][1]["after"]["note"] == "n"
     rows = source.query(f"SELECT id, name, amount, at, raw, day, note FROM `{db}`.t")
     assert rebuilt([r for _, r in events]) == {row[0]: tuple(row) for row in rows}
+    # the project's own reader, with the registry, gives the source's values and types
+    reader = KafkaChangeReader(kafka_broker.bootstrap, [topic], format="debezium",
+                               schema_topic=f"{db}.schemas",
+                               schema_registry_url=schema_registry.url)
+    table: dict[Any, tuple[Any, ...]] = {}
+    columns = ("id", "name", "amount", "at", "raw", "day", "note")
+    async for change in reader.changes(idle_timeout=1.5):
+        if change.action == "delete":
+            del table[change.before["id"]]  # type: ignore[index]
+        elif change.after is not None:
+            table[change.after["id"]] = tuple(change.after.get(c) for c in columns)
+    assert table == {row[0]: tuple(row) for row in rows}
     # a version per table version, under the topic's subject, with the configured rule
     assert registry_get(schema_registry, f"/subjects/{subject}/versions") == [1, 2]
     assert [registry_get(schema_registry, f"/subjects/{subject}/versions/{v}")["id"]

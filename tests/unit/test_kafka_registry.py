@@ -115,6 +115,25 @@ def test_a_change_event_encodes_in_the_wire_format_and_decodes() -> None:
     assert json.loads(fmt.row_value(e))["after"]["raw"] == "AP8="
 
 
+def test_the_client_reads_avro_values() -> None:
+    from mariadb_cdc_client import kafka as client
+
+    for name in ("my col", "1st", "naïve", "ok_9"):
+        assert client._avro_name(name) == avro_name(name)
+    s = shape()
+    schema = to_avro(envelope_schema(s, "srv"))
+    e = event(s, None, ROW)
+    value = AvroEncoder(3, schema).encode(Debezium(source_name="srv").envelope(e, binary=True))
+    decoder = client.KafkaDecoder("debezium")
+    with pytest.raises(LookupError, match="schema 3"):
+        decoder.decode(value, {})
+    decoder.add_avro_schema(3, json.dumps(schema))
+    change = decoder.decode(value, {"gtid": b"0-1-7"})
+    assert change is not None and change.action == "insert" and change.before is None
+    assert change.after is not None and change.after["name"] == "pen"
+    assert change.after["raw"] == "AP8="  # untyped without the table's fields, as from JSON
+
+
 def test_subjects() -> None:
     assert subject("topic", "srv.shop.items", "srv.shop.items.Envelope") == \
         "srv.shop.items-value"
