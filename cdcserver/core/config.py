@@ -312,6 +312,11 @@ class Config:
             raise ConfigError("kafka.value_format = \"avro\" takes format = \"debezium\" (the "
                               "Kafka Connect world Confluent's wire format belongs to); the "
                               f"{self.kafka.format} format's values are JSON")
+        if self.kafka.key_format == "avro" and not self.kafka.avro:
+            raise ConfigError("kafka.key_format = \"avro\" goes with value_format = \"avro\"")
+        if self.kafka.key_format == "avro" and self.kafka.key not in ("auto", "primary-key"):
+            raise ConfigError("kafka.key_format = \"avro\" writes the primary key (key = "
+                              "\"primary-key\", the debezium format's own)")
         if self.kafka.avro and not self.kafka.schema_registry_url:
             raise ConfigError("kafka.value_format = \"avro\" needs schema_registry_url, where "
                               "the tables' schemas are registered")

@@ -43,14 +43,18 @@ class KafkaConfig:
         "json", "avro: debezium values as Avro in Confluent's wire format (a magic 0 byte, "
         "the schema's 4-byte registry id, the Avro binary), each table's schema registered "
         "in schema_registry_url (the debezium format only)", cli="--kafka-value-format")
+    key_format: Literal["json", "avro"] = option(
+        "json", "avro: debezium primary-key keys as Avro in Confluent's wire format, the "
+        "key's schema registered as the values' are (with value_format = avro)",
+        cli="--kafka-key-format")
     schema_registry_url: str = option("", "schema registry with Confluent's REST API, for "
                                           "value_format = avro: http(s)://HOST:PORT[/PATH] "
                                           "(Apicurio Registry: .../apis/ccompat/v7)",
                                       cli="--kafka-schema-registry")
     subject_name_strategy: Literal["topic", "record", "topic-record"] = option(
-        "topic", "registry subject of a topic's value schemas: topic: '<topic>-value' "
-        "(Confluent's TopicNameStrategy); record: the record's full name; topic-record: "
-        "'<topic>-<record name>'")
+        "topic", "registry subject of a topic's value (and key) schemas: topic: "
+        "'<topic>-value' and '<topic>-key' (Confluent's TopicNameStrategy); record: the "
+        "record's full name; topic-record: '<topic>-<record name>'")
     schema_compatibility: Literal["BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD",
                                   "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE", "NONE",
                                   ""] = option(

@@ -6,9 +6,9 @@ The Connect schema follows Debezium's MySQL connector with ``decimal.handling.mo
 (as the JSON values do): the envelope ``<prefix>.<db>.<table>.Envelope`` (version 1) with
 optional ``before``/``after`` of ``<prefix>.<db>.<table>.Value``, the
 ``io.debezium.connector.mysql.Source`` block, the optional ``event.block`` transaction, ``op``
-and ``ts_ms``. The column types are those of the format's keys (``_connect_type`` in
-:mod:`cdcserver.messages.formats`); a geometry is Debezium's ``io.debezium.data.geometry.
-Geometry`` struct. Every column but the primary key's is optional, NOT NULL ones too
+and ``ts_ms``. The column types (:func:`connect_type`) are also those of the JSON keys'
+schemas (``key_schema``); a geometry is Debezium's ``io.debezium.data.geometry.Geometry``
+struct. Every column but the primary key's is optional, NOT NULL ones too
 (where Debezium makes them required): a zero date is written as null, and a row logged
 before an ADD COLUMN may be read with the new column as null.
 
@@ -28,6 +28,7 @@ import re
 from typing import Any
 
 from cdcserver.messages.events import TableShape
+from mariadb_cdc_client.format.schema import Field, Kind
 
 ConnectSchema = dict[str, Any]  # a Connect schema as Kafka Connect's JsonConverter writes it
 
@@ -42,6 +43,44 @@ def avro_name(name: str) -> str:
 
 def _full_name(name: str) -> str:
     return ".".join(avro_name(part) for part in name.split("."))
+
+
+# The Connect types of Debezium's MySQL connector's default modes, with
+# decimal.handling.mode=string (as the JSON values are).
+_CONNECT_INTS = {"tinyint": "int16", "smallint": "int16", "mediumint": "int32",
+                 "int": "int32", "year": "int32", "bigint": "int64", "bit": "int64"}
+_CONNECT_NAMES = {Kind.DATE: ("int32", "io.debezium.time.Date"),
+                  Kind.TIME: ("int64", "io.debezium.time.MicroTime"),
+                  Kind.TIMESTAMP: ("string", "io.debezium.time.ZonedTimestamp")}
+
+
+def connect_type(f: Field, unsigned: bool) -> dict[str, Any]:
+    kind = f.kind
+    if kind in (Kind.INT, Kind.LONG):
+        t = _CONNECT_INTS.get(f.real_type, "int64")
+        if unsigned and t != "int64":  # an unsigned column takes the next wider type
+            t = {"int16": "int32", "int32": "int64"}[t]
+        return {"type": t}
+    if kind == Kind.DECIMAL:
+        return {"type": "int64"} if f.real_type in ("bigint", "bit") else {"type": "string"}
+    if kind == Kind.DATETIME:
+        return {"type": "int64", "name": "io.debezium.time.Timestamp" if f.fsp <= 3
+                else "io.debezium.time.MicroTimestamp"}
+    if kind in _CONNECT_NAMES:
+        t, name = _CONNECT_NAMES[kind]
+        return {"type": t, "name": name}
+    simple = {Kind.BOOLEAN: "boolean", Kind.FLOAT: "float32", Kind.DOUBLE: "float64",
+              Kind.BYTES: "bytes"}
+    return {"type": simple.get(kind, "string")}
+
+
+def connect_key_schema(shape: TableShape, name: str) -> dict[str, Any]:
+    columns = shape.primary_key or tuple(range(len(shape.fields)))
+    fields = [{**connect_type(shape.fields[i], shape.layout.columns[i].unsigned),
+               "optional": not shape.primary_key, "field": shape.fields[i].column}
+              for i in columns]
+    return {"type": "struct", "fields": fields, "optional": False, "name": name}
+
 
 
 _SOURCE_FIELDS: list[ConnectSchema] = [
@@ -78,8 +117,6 @@ GEOMETRY_FIELDS: list[ConnectSchema] = [
 
 def column_schemas(shape: TableShape) -> list[ConnectSchema]:
     """The Connect schema of each column's value, as the ``Value`` struct's fields."""
-    from cdcserver.messages.formats import _connect_type  # the keys' types: one source
-
     fields = []
     key = set(shape.primary_key)
     for i, f in enumerate(shape.fields):
@@ -89,7 +126,7 @@ def column_schemas(shape: TableShape) -> list[ConnectSchema]:
                                      "name": "io.debezium.data.geometry.Geometry",
                                      "version": 1}
         else:
-            schema = _connect_type(f, shape.layout.columns[i].unsigned)
+            schema = connect_type(f, shape.layout.columns[i].unsigned)
             if "name" in schema:
                 schema = {**schema, "version": 1}
         fields.append({**schema, "optional": optional, "field": f.column})
@@ -110,8 +147,17 @@ def envelope_schema(shape: TableShape, prefix: str) -> ConnectSchema:
                        {"type": "int64", "optional": True, "field": "ts_ms"}]}
 
 
-def key_schema(fields: list[ConnectSchema], name: str) -> ConnectSchema:
-    return {"type": "struct", "fields": fields, "optional": False, "name": name}
+def key_schema(shape: TableShape, prefix: str) -> ConnectSchema:
+    """The Connect schema of the table's keys (``<prefix>.<db>.<table>.Key``: the primary
+    key's columns, or every column, optional, for a table without one)."""
+    return connect_key_schema(shape, f"{prefix}.{shape.table.database}.{shape.table.table}"
+                                      ".Key")
+
+
+def key_names(shape: TableShape) -> tuple[str, ...]:
+    """The Avro names of the key's fields."""
+    return tuple(avro_name(shape.fields[i].column)
+                 for i in shape.primary_key or range(len(shape.fields)))
 
 
 _PRIMITIVES = {"int8": "int", "int16": "int", "int32": "int", "int64": "long",

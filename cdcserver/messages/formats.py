@@ -43,9 +43,9 @@ from cdcserver.messages.base import (
     dumps,
     text_form,
 )
-from cdcserver.messages.connect_avro import avro_name
+from cdcserver.messages.connect_avro import avro_name, connect_key_schema
 from cdcserver.messages.databus import Databus
-from cdcserver.messages.events import RowEvent, StatementEvent, TableShape
+from cdcserver.messages.events import RowEvent, StatementEvent
 from mariadb_cdc_client.format.schema import Field, Kind, float32_text, to_json_text
 
 _CANAL_TYPES = {"create": "CREATE", "alter": "ALTER", "drop": "ERASE", "rename": "RENAME",
@@ -169,7 +169,7 @@ class Debezium(MessageFormat):
             return key
         schema = e.shape.cache.get("debezium.key_schema")
         if schema is None:
-            schema = e.shape.cache["debezium.key_schema"] = dumps(_connect_key_schema(
+            schema = e.shape.cache["debezium.key_schema"] = dumps(connect_key_schema(
                 e.shape, f"{self.source_name}.{e.table.database}.{e.table.table}.Key"))
         return b'{"schema":' + schema + b',"payload":' + key + b"}"
 
@@ -230,41 +230,6 @@ class Debezium(MessageFormat):
 _SCHEMA_CHANGE_KEY = {"type": "struct", "fields": [
     {"type": "string", "optional": False, "field": "databaseName"}], "optional": False,
     "name": "io.debezium.connector.mysql.SchemaChangeKey"}
-_CONNECT_INTS = {"tinyint": "int16", "smallint": "int16", "mediumint": "int32",
-                 "int": "int32", "year": "int32", "bigint": "int64", "bit": "int64"}
-_CONNECT_NAMES = {Kind.DATE: ("int32", "io.debezium.time.Date"),
-                  Kind.TIME: ("int64", "io.debezium.time.MicroTime"),
-                  Kind.TIMESTAMP: ("string", "io.debezium.time.ZonedTimestamp")}
-
-
-def _connect_type(f: Field, unsigned: bool) -> dict[str, Any]:
-    kind = f.kind
-    if kind in (Kind.INT, Kind.LONG):
-        t = _CONNECT_INTS.get(f.real_type, "int64")
-        if unsigned and t != "int64":  # an unsigned column takes the next wider type
-            t = {"int16": "int32", "int32": "int64"}[t]
-        return {"type": t}
-    if kind == Kind.DECIMAL:
-        return {"type": "int64"} if f.real_type in ("bigint", "bit") else {"type": "string"}
-    if kind == Kind.DATETIME:
-        return {"type": "int64", "name": "io.debezium.time.Timestamp" if f.fsp <= 3
-                else "io.debezium.time.MicroTimestamp"}
-    if kind in _CONNECT_NAMES:
-        t, name = _CONNECT_NAMES[kind]
-        return {"type": t, "name": name}
-    simple = {Kind.BOOLEAN: "boolean", Kind.FLOAT: "float32", Kind.DOUBLE: "float64",
-              Kind.BYTES: "bytes"}
-    return {"type": simple.get(kind, "string")}
-
-
-def _connect_key_schema(shape: TableShape, name: str) -> dict[str, Any]:
-    columns = shape.primary_key or tuple(range(len(shape.fields)))
-    fields = [{**_connect_type(shape.fields[i], shape.layout.columns[i].unsigned),
-               "optional": not shape.primary_key, "field": shape.fields[i].column}
-              for i in columns]
-    return {"type": "struct", "fields": fields, "optional": False, "name": name}
-
-
 _JDBC_TYPES = {"tinyint": -6, "smallint": 5, "mediumint": 4, "int": 4, "bigint": -5,
                "float": 7, "double": 8, "decimal": 3, "date": 91, "time": 92,
                "datetime": 93, "timestamp": 2014, "year": 4, "char": 1, "varchar": 12,

@@ -58,9 +58,9 @@ def registry_put(registry: Apicurio, path: str, body: dict[str, Any]) -> Any:
 
 def avro_section(broker: Tansu, registry_url: str, source: Source,
                  **extra: Any) -> dict[str, Any]:
-    return kafka_section(broker, source, format="debezium", value_format="avro",
-                         schema_registry_url=registry_url, partitions=1,
-                         client_id=source.database, **extra)
+    return kafka_section(broker, source, **({
+        "format": "debezium", "value_format": "avro", "schema_registry_url": registry_url,
+        "partitions": 1, "client_id": source.database} | extra))
 
 
 def decoded(registry_url: str, topic: str, messages: list[Any]) -> list[tuple[int, Any]]:
@@ -228,3 +228,52 @@ async def test_a_registry_not_there_is_waited_for(tmp_path, source: Source, user
         await running.stop()
     assert [r["after"] for _, r in events] == [{"id": 1, "v": "a"}, {"id": 2, "v": "b"},
                                                {"id": 3, "v": "c"}]
+
+
+async def test_avro_keys_partitioned_as_kafka_partitions_them(
+        tmp_path, source: Source, users_file: str, kafka_broker: Tansu,
+        schema_registry: Apicurio):
+    from aiokafka.partitioner import murmur2
+
+    db = source.database
+    topic = f"{db}.t"
+    config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
+                         kafka=avro_section(kafka_broker, schema_registry.url, source,
+                                            key_format="avro", partitions=3,
+                                            subject_name_strategy="topic-record",
+                                            schema_compatibility="NONE"))
+    running = await start_service(config)
+    try:
+        t = f"`{db}`.t"
+        source.execute(f"CREATE TABLE {t} (a INT, b VARCHAR(5), v INT, PRIMARY KEY (a, b))",
+                       f"INSERT INTO {t} VALUES " + ", ".join(
+                           f"({i}, 'k{i}', {i})" for i in range(12)),
+                       f"UPDATE {t} SET a = 100 WHERE a = 1")  # the key changes
+        await kafka_caught_up(running, source)
+    finally:
+        await running.stop()
+    messages = await raw_messages(kafka_broker, topic)
+    with SchemaRegistryClient({"url": schema_registry.url}) as client:
+        keys = AvroDeserializer(client)
+        context = SerializationContext(topic, MessageField.KEY)
+        decoded_keys = [(m.partition, keys(m.key, context)) for m in messages]
+    assert {(k["a"], k["b"]) for _, k in decoded_keys} == \
+        {(i, f"k{i}") for i in range(12)} | {(100, "k1")}
+    assert len({p for p, _ in decoded_keys}) > 1  # spread over the partitions
+
+    def partition(key: bytes) -> int:  # Kafka's default partitioner
+        return (murmur2(key) & 0x7FFFFFFF) % 3
+
+    inserted = {(k["a"], k["b"]): m for m, (_, k) in zip(messages, decoded_keys, strict=True)
+                if k["a"] != 100}
+    assert all(m.partition == partition(m.key) for m in inserted.values())
+    # the update that moved the key: keyed by the new key, in both keys' partitions
+    moved = [m for m, (_, k) in zip(messages, decoded_keys, strict=True) if k["a"] == 100]
+    assert {m.partition for m in moved} == {partition(moved[0].key),
+                                            inserted[(1, "k1")].partition}
+    events = decoded(schema_registry.url, topic, messages)
+    assert all(r["op"] == "u" for _, r in events if r["after"]["a"] == 100)
+    subjects = registry_get(schema_registry, "/subjects")
+    assert f"{topic}-{db}.{db}.t.Envelope" in subjects and f"{topic}-{db}.{db}.t.Key" in subjects
+    assert registry_get(schema_registry, f"/config/{topic}-{db}.{db}.t.Key") == {
+        "compatibilityLevel": "NONE"}

@@ -150,6 +150,8 @@ class FakeRegistry:
         self.requests: list[tuple[str, str, Any]] = []
         self.ids: dict[str, int] = {}
         self.reject: set[str] = set()
+        self.unknown_subjects_have_no_config = False  # Apicurio 3.0 with long names
+        self.registered: set[str] = set()
         self.app = web.Application()
         self.app.router.add_route("PUT", "/config/{subject}", self.config)
         self.app.router.add_route("POST", "/subjects/{subject}/versions", self.register)
@@ -157,6 +159,10 @@ class FakeRegistry:
     async def config(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests.append(("PUT", request.match_info["subject"], body))
+        if self.unknown_subjects_have_no_config and \
+                request.match_info["subject"] not in self.registered:
+            return web.json_response({"error_code": 40401, "message": "No artifact"},
+                                     status=404)
         return web.json_response({"compatibility": body["compatibility"]})
 
     async def register(self, request: web.Request) -> web.Response:
@@ -166,6 +172,7 @@ class FakeRegistry:
         if body["schema"] in self.reject:
             return web.json_response({"error_code": 409, "message": "Incompatible: b at "
                                       "/fields/1"}, status=409)
+        self.registered.add(request.match_info["subject"])
         schema_id = self.ids.setdefault(body["schema"], len(self.ids) + 1)
         return web.json_response({"id": schema_id})
 
@@ -193,6 +200,23 @@ async def test_registration_sets_the_compatibility_once_and_keeps_the_ids() -> N
         assert [(m, s) for m, s, _ in fake.requests] == [
             ("PUT", "t-value"), ("POST", "t-value"), ("POST", "t-value")]
         assert fake.requests[0][2] == {"compatibility": "NONE"}
+    finally:
+        await registry.close()
+        await runner.cleanup()
+
+
+async def test_a_subject_without_config_gets_it_after_its_first_schema() -> None:
+    fake = FakeRegistry()
+    fake.unknown_subjects_have_no_config = True
+    runner, url = await _serve(fake)
+    registry = Registry(KafkaConfig(schema_registry_url=url, value_format="avro",
+                                    format="debezium"))
+    try:
+        assert await registry.id("t-value", {"type": "record", "name": "A", "fields": []},
+                                 "db.t") == 1
+        assert [(m, s) for m, s, _ in fake.requests] == [
+            ("PUT", "t-value"), ("POST", "t-value"), ("PUT", "t-value")]
+        assert registry.waiting == ""
     finally:
         await registry.close()
         await runner.cleanup()

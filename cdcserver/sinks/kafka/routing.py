@@ -32,7 +32,7 @@ from cdcserver.core.changes import Change, Ddl, Rows
 from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.core.names import TableName
 from cdcserver.messages.base import MessageFormat, VersionLookup, primary_key
-from cdcserver.messages.connect_avro import envelope_schema, to_avro
+from cdcserver.messages.connect_avro import envelope_schema, key_names, key_schema, to_avro
 from cdcserver.messages.events import (
     CommitEvent,
     EventBuilder,
@@ -48,6 +48,9 @@ from cdcserver.sinks.kafka.metrics import SinkStats
 from cdcserver.sinks.kafka.registry import AvroEncoder, Registry, record_name, subject
 from cdcserver.sinks.kafka.sender import Sender, retrying
 from mariadb_cdc_client.format.dump import value_encoder
+
+# a table shape's value encoder, key encoder (None: JSON keys) and the key's field names
+_AvroEncoders = tuple[AvroEncoder, AvroEncoder | None, tuple[str, ...]]
 
 _LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _ILLEGAL = re.compile(r"[^A-Za-z0-9._-]")
@@ -139,37 +142,57 @@ class Router:
     # -- messages --------------------------------------------------------------------------
 
     async def _row(self, e: RowEvent) -> None:
-        shape = e.shape
-        topic, count, schema = await self._route(shape)
-        before, after = e.before, e.after
-        if before is None or after is None:
-            row = after if before is None else before
-            assert row is not None
-            partitions: tuple[int, ...] = (self._partition(shape, row, count),)
-        else:  # an update: both keys' partitions, if the key changed
-            partitions = tuple(sorted({self._partition(shape, before, count),
-                                       self._partition(shape, after, count)}))
+        topic, count, schema = await self._route(e.shape)
+        if self.registry is not None:
+            await self._avro_row(e, topic, count, schema)
+            return
+        partitions = self._partitions_of(e, count)
         gtid = e.gtid_text.encode()
-        messages = self.format.rows(e) if self.registry is None else \
-            await self._avro_rows(e, topic)
-        for key, value, event in messages:
+        for key, value, event in self.format.rows(e):
             headers = _headers(gtid, event, schema)
             for partition in partitions:
                 await self.sender.hold(Message(topic, partition, key, value, headers))
 
-    async def _avro_rows(self, e: RowEvent, topic: str) -> list[tuple[bytes, bytes, int]]:
-        """The row's Debezium change event in Confluent's wire format: its table shape's
-        Avro schema registered the first time the shape is used."""
+    async def _avro_row(self, e: RowEvent, topic: str, count: int, schema: bytes) -> None:
+        """The row's Debezium change event in Confluent's wire format (and its key too, with
+        ``key_format = "avro"``; an Avro key goes to the partition Kafka's partitioner
+        gives its bytes)."""
         fmt = self.format
-        assert isinstance(fmt, Debezium) and self.registry is not None
-        encoder: AvroEncoder | None = e.shape.cache.get("kafka.avro_value")
-        if encoder is None:
-            schema = to_avro(envelope_schema(e.shape, fmt.source_name))
-            name = subject(self.config.subject_name_strategy, topic, record_name(schema))
-            schema_id = await self.registry.id(name, schema, str(e.shape.table))
-            encoder = e.shape.cache["kafka.avro_value"] = AvroEncoder(schema_id, schema)
-        return [(fmt.row_key(e), encoder.encode(fmt.envelope(e, binary=True)),
-                 e.event_number)]
+        assert isinstance(fmt, Debezium)
+        shape = e.shape
+        encoders: _AvroEncoders | None = shape.cache.get("kafka.avro")
+        if encoders is None:
+            encoders = shape.cache["kafka.avro"] = await self._avro_encoders(shape, topic)
+        values, keys, names = encoders
+        record = fmt.envelope(e, binary=True)
+        value = values.encode(record)
+        if keys is None:
+            key = fmt.row_key(e)
+            partitions = self._partitions_of(e, count)
+        else:
+            images = [record[side] for side in ("before", "after") if record[side] is not None]
+            encoded = [keys.encode({n: image[n] for n in names}) for image in images]
+            key = encoded[-1]  # the after image's, as for JSON keys
+            partitions = tuple(sorted({(murmur2(k) & 0x7FFFFFFF) % count for k in encoded}))
+        headers = _headers(e.gtid_text.encode(), e.event_number, schema)
+        for partition in partitions:
+            await self.sender.hold(Message(topic, partition, key, value, headers))
+
+    async def _avro_encoders(self, shape: TableShape, topic: str) -> _AvroEncoders:
+        """The table shape's Avro schemas registered (the value's, and the key's with
+        ``key_format = "avro"``), their encoders."""
+        assert self.registry is not None
+        prefix, strategy, what = self.format.source_name, self.config.subject_name_strategy, \
+            str(shape.table)
+        value = to_avro(envelope_schema(shape, prefix))
+        value_id = await self.registry.id(subject(strategy, topic, record_name(value)), value,
+                                          what)
+        if self.config.key_format != "avro":
+            return AvroEncoder(value_id, value), None, ()
+        key = to_avro(key_schema(shape, prefix))
+        key_id = await self.registry.id(subject(strategy, topic, record_name(key), key=True),
+                                        key, f"{what} (its key)")
+        return AvroEncoder(value_id, value), AvroEncoder(key_id, key), key_names(shape)
 
     async def _row_event(self, batch: RowBatch) -> None:
         """One message for a whole binlog row event (the databus format). Its rows may hash
@@ -220,6 +243,16 @@ class Router:
 
     def _topic(self, database: str, table: str) -> str:
         return legal_topic(self.topic.replace("{db}", database).replace("{table}", table))
+
+    def _partitions_of(self, e: RowEvent, count: int) -> tuple[int, ...]:
+        """The row's partition; an update's both keys' partitions, if the key changed."""
+        before, after = e.before, e.after
+        if before is None or after is None:
+            row = after if before is None else before
+            assert row is not None
+            return (self._partition(e.shape, row, count),)
+        return tuple(sorted({self._partition(e.shape, before, count),
+                             self._partition(e.shape, after, count)}))
 
     def _partition(self, shape: TableShape, row: tuple[Any, ...], count: int) -> int:
         """With primary-key message keys, Kafka's own partitioner (murmur2 of the key), so
