@@ -3,7 +3,8 @@
     .venv/bin/python bench/bench_kafka.py [--runs N] [--format databus|dip|debezium|maxscale]
 
 The standard workload (bench/common.py) is read from the binlog once by the real replicator
-into memory (untimed). Then, against a local tansu broker, each run times:
+into memory (untimed). Then, against a local Apache Kafka broker (tests/apache_kafka.py;
+``bash tests/jvm/fetch.sh kafka`` fetches it once), each run times:
 - the sink: ``KafkaSink.apply`` over every transaction (turning changes into messages in the
   chosen format, partitioning, keeping them until acknowledged) and the final ``flush``
   (every message acknowledged, the checkpoint written);
@@ -53,7 +54,7 @@ from cdcserver.sinks.base import SinkStatus, SourceInfo
 from cdcserver.sinks.kafka import connect
 from cdcserver.sinks.kafka.accumulator import Message
 from cdcserver.sinks.kafka.sink import KafkaSink
-from tests.kafka_broker import Tansu
+from tests.apache_kafka import ApacheKafka
 
 
 class Recorder:
@@ -169,13 +170,14 @@ def main() -> int:
     # keep the garbage collector from walking it again and again during the timed runs.
     gc.collect()
     gc.freeze()
-    broker = Tansu(OUT, die_with_parent=True)
+    kafka_dir = tempfile.mkdtemp(prefix="kafka-", dir=OUT)
+    broker = ApacheKafka(kafka_dir)  # (its JVM dies with this process, even on kill -9)
     broker.start()
     try:
         sink_rates, bare_rates = [], []
         for run in range(-1, args.runs):  # run -1 warms up (heap, broker) and is not shown
             config = KafkaConfig(bootstrap=broker.bootstrap, format=args.format,
-                                 idempotence=False, topic=f"run{run}.{{table}}",
+                                 topic=f"run{run}.{{table}}",
                                  schema_topic=f"run{run}.schemas",
                                  state_topic=f"run{run}.state")
             seconds, sent = asyncio.run(sink_run(config, batches))
@@ -198,7 +200,8 @@ def main() -> int:
         line("ratio sink / bare producer", f"{sink / bare_rate:.3f}")
         line("peak RSS of this process, MB", f"{peak_rss_mb():.0f}")
     finally:
-        broker.stop()
+        broker.close()
+        shutil.rmtree(kafka_dir, ignore_errors=True)
     return 0
 
 

@@ -255,10 +255,11 @@ class KafkaChangeReader:
         consumer = self._consumer()
         await consumer.start()
         try:
-            if self.schema_topic not in await consumer.topics():
+            known = await _partitions(consumer)
+            if self.schema_topic not in known:
                 return
-            partitions = consumer.partitions_for_topic(self.schema_topic) or {0}
-            tps = [TopicPartition(self.schema_topic, p) for p in sorted(partitions)]
+            tps = [TopicPartition(self.schema_topic, p)
+                   for p in sorted(known[self.schema_topic])]
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
             while True:
@@ -288,13 +289,12 @@ class KafkaChangeReader:
         consumer = self._consumer()
         await consumer.start()
         try:
-            known = await consumer.topics()
+            known = await _partitions(consumer)
             tps = []
             for topic in self.topics:
                 if topic not in known:
                     raise LookupError(f"no topic {topic!r} on {self.bootstrap}")
-                partitions = consumer.partitions_for_topic(topic) or set()
-                tps += [TopicPartition(topic, p) for p in sorted(partitions)]
+                tps += [TopicPartition(topic, p) for p in sorted(known[topic])]
             consumer.assign(tps)
             if start == "latest":
                 await consumer.seek_to_end(*tps)
@@ -382,6 +382,19 @@ def _from_avro(values: dict[str, Any] | None, columns: dict[str, str]
 
 
 _STATEMENTS_REMEMBERED = 65536  # statements are rare: far more than partitions ever lag by
+
+
+async def _partitions(consumer: Any) -> dict[str, set[int]]:
+    """Every topic of the cluster and its partitions, from metadata fetched now.
+
+    Not ``consumer.partitions_for_topic``: that answers from the consumer's own metadata,
+    which holds only the topics it was given, and none before (its bootstrap asks for no
+    topic: Apache Kafka answers with none, where brokers that ignore the empty list gave
+    every topic). ``consumer.topics()`` fetches every topic's metadata but keeps only the
+    names."""
+    cluster = await consumer._client.fetch_all_metadata()
+    return {topic: set(cluster.partitions_for_topic(topic) or ()) for topic in
+            cluster.topics()}
 
 
 def _covered_by(state: str) -> Callable[[str], bool]:

@@ -35,8 +35,8 @@ from cdcserver.core.config import (
 from cdcserver.core.gtid import GtidState, same_transaction
 from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.protocol.users import UsersFile
+from tests.apache_kafka import ApacheKafka
 from tests.helpers import JVM_OPTIONS, PASSWORD, USER
-from tests.kafka_broker import Tansu
 
 _server_ids = itertools.count(5000)
 
@@ -83,12 +83,34 @@ def source(mariadb: EmbeddedMariaDB, request: pytest.FixtureRequest) -> Source:
 
 
 @pytest.fixture(scope="session")
-def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tansu]:
-    """One tansu broker for the session (tests use topics of their own)."""
-    broker = Tansu(str(tmp_path_factory.mktemp("tansu")))
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApacheKafka]:
+    """One Apache Kafka node (broker and controller) for the session; tests use topics of
+    their own. ``.bootstrap`` is its address."""
+    broker = ApacheKafka(tmp_path_factory.mktemp("kafka"))
     broker.start()
     yield broker
-    broker.stop()
+    broker.close()
+
+
+@pytest.fixture(scope="session")
+def _kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApacheKafka]:
+    cluster = ApacheKafka(tmp_path_factory.mktemp("kafka-cluster"), nodes=3)
+    cluster.start()
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture
+def kafka_cluster(_kafka_cluster: ApacheKafka) -> ApacheKafka:
+    """Three Apache Kafka nodes, each broker and controller (a 3-voter quorum), topics
+    replicated 3 times with min.insync.replicas 2: for fault tests, which kill nodes
+    (``kill(node_id)``, ``start(node_id)``, ``leader_of(topic, partition)``). Started the
+    first time a test asks, shared by the session; a test finds every node running (one a
+    failed test left killed is started again)."""
+    for node_id in _kafka_cluster.nodes:
+        if node_id not in _kafka_cluster.running():
+            _kafka_cluster.start(node_id)
+    return _kafka_cluster
 
 
 @pytest.fixture

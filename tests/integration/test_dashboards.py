@@ -4,7 +4,7 @@ Grafana does not run here, so these files are checked for what can be checked wi
 (``tests/integration/test_prometheus.py`` runs the alert rules and the dashboard's queries in a real
 Prometheus): they have the shape each loads; every metric name their PromQL
 expressions use is served by a real service's /metrics (replicating the real MariaDB and
-publishing to the tansu broker through ``publisher_lock``, so every conditional family is
+publishing to Apache Kafka through ``publisher_lock``, so every conditional family is
 there); ``rate()`` and ``increase()`` are only taken of counters; ``_bucket``, ``_sum`` and
 ``_count`` only of histograms. Every ``cdc_`` family served is in the table of docs/monitoring.md.
 """
@@ -22,10 +22,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.apache_kafka import ApacheKafka
 from tests.conftest import Source, make_config, start_service
 from tests.helpers import until
 from tests.integration.test_kafka import kafka_caught_up, kafka_section
-from tests.kafka_broker import Tansu
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.kafka]
 
@@ -152,7 +152,7 @@ def served(text: str) -> dict[str, str]:
 
 
 async def test_every_metric_the_dashboard_and_alerts_use_is_served(
-        tmp_path, source: Source, users_file: str, kafka_broker: Tansu):
+        tmp_path, source: Source, users_file: str, kafka_broker: ApacheKafka):
     kafka = kafka_section(kafka_broker, source, publisher_lock=f"cdc-{source.database}")
     running = await start_service(make_config(str(tmp_path / "data"), source.url, users_file,
                                               kafka=kafka))

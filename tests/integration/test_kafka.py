@@ -1,9 +1,9 @@
-"""The Kafka sink against a real Kafka-compatible broker (tansu) and a real MariaDB.
+"""The Kafka sink against Apache Kafka (tests/apache_kafka.py) and a real MariaDB, with the
+producer as the service runs it by default (idempotent, acks=all).
 
 Golden messages per format (``tests/golden/kafka_<format>.jsonl``; regenerate with
 ``UPDATE_GOLDEN=1`` and review the diff), keys, ordering per row, every type decoded back by
-the client library, the position read back from Kafka. What tansu cannot do (an idempotent
-producer) is turned off; everything else runs as against Apache Kafka.
+the client library, the position read back from Kafka.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from mariadb_cdc_client.kafka import KafkaChange, KafkaChangeReader
+from mariadb_cdc_client.kafka import KafkaChange, KafkaChangeReader, _partitions
+from tests.apache_kafka import ApacheKafka
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import pace, write_secret
-from tests.kafka_broker import Tansu
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.kafka]
 
@@ -33,13 +33,12 @@ GOLDEN = Path(__file__).parent.parent / "golden"
 FORMATS = ["databus", "dip", "debezium", "maxscale"]
 
 
-def kafka_section(broker: Tansu, source: Source, **extra: Any) -> dict[str, Any]:
+def kafka_section(broker: ApacheKafka, source: Source, **extra: Any) -> dict[str, Any]:
     db = source.database
     # A topic per table and three partitions unless a test says otherwise (the databus
     # format's own default, one topic for everything, is tested on its own).
-    section = {"bootstrap": broker.bootstrap, "idempotence": False,
-               "schema_topic": f"{db}.schemas", "state_topic": f"{db}.state",
-               "topic": "{db}.{table}", "partitions": 3}
+    section = {"bootstrap": broker.bootstrap, "schema_topic": f"{db}.schemas",
+               "state_topic": f"{db}.state", "topic": "{db}.{table}", "partitions": 3}
     section.update(extra)
     return section
 
@@ -59,14 +58,13 @@ async def kafka_caught_up(running: RunningService, source: Source,
         await pace(0.05)
 
 
-async def raw_messages(broker: Tansu, topic: str) -> list[Any]:
+async def raw_messages(broker: ApacheKafka, topic: str) -> list[Any]:
     """Every message of a topic, partition by partition, in offset order."""
     consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
-        await consumer.topics()
-        partitions = sorted(consumer.partitions_for_topic(topic) or ())
-        tps = [TopicPartition(topic, p) for p in partitions]
+        partitions = (await _partitions(consumer)).get(topic, set())
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         found = []
@@ -121,7 +119,7 @@ SCENARIO = [
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-async def test_golden_messages(tmp_path, source: Source, users_file: str, kafka_broker: Tansu,
+async def test_golden_messages(tmp_path, source: Source, users_file: str, kafka_broker: ApacheKafka,
                                fmt: str):
     # client_id names the source in Debezium's messages, and its schema change topic.
     config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
@@ -157,7 +155,7 @@ async def test_golden_messages(tmp_path, source: Source, users_file: str, kafka_
 @pytest.mark.parametrize("fmt", FORMATS)
 async def test_every_type_decodes_back_to_the_stream_values(tmp_path, source: Source,
                                                             users_file: str,
-                                                            kafka_broker: Tansu, fmt: str):
+                                                            kafka_broker: ApacheKafka, fmt: str):
     """The client library turns each format's messages back into the values the change
     stream gives for the same rows (golden type table: every type at its edges)."""
     from mariadb_cdc_client import ChangeRecord, SyncCdcClient
@@ -214,7 +212,7 @@ def _images(changes: list[KafkaChange]) -> dict[tuple[str, int], dict[str, Any]]
 
 
 async def test_cdc_kafka_prints_decoded_changes(tmp_path, source: Source, users_file: str,
-                                                kafka_broker: Tansu):
+                                                kafka_broker: ApacheKafka):
     """``cdc kafka`` reads a table's topic back as JSON lines, from the beginning or after a
     GTID state; an unknown topic is a clear error."""
     import subprocess
@@ -263,7 +261,7 @@ async def test_cdc_kafka_prints_decoded_changes(tmp_path, source: Source, users_
 
 
 async def test_debezium_keys_and_schema_changes_as_debezium_documents_them(
-        tmp_path, source: Source, users_file: str, kafka_broker: Tansu):
+        tmp_path, source: Source, users_file: str, kafka_broker: ApacheKafka):
     """Debezium's MySQL connector documentation: a change event's key is the row's primary
     key, with JsonConverter's schemas.enable a {"schema", "payload"} pair whose schema is a
     struct named <topic.prefix>.<db>.<table>.Key; schema changes go to the topic named
@@ -325,7 +323,7 @@ def test_topic_names_kafka_refuses_are_made_legal_and_stay_apart():
 
 
 async def test_tables_named_in_any_script_are_published(tmp_path, source: Source,
-                                                        users_file: str, kafka_broker: Tansu):
+                                                        users_file: str, kafka_broker: ApacheKafka):
     """A table whose name Kafka would refuse as a topic (a space, 64 Cyrillic letters) is
     published on a legal topic, beside an ordinary one: no table stops the others."""
     from cdcserver.sinks.kafka.routing import legal_topic
@@ -348,7 +346,7 @@ async def test_tables_named_in_any_script_are_published(tmp_path, source: Source
 
 
 async def test_kafka_publishes_only_the_tables_its_include_and_exclude_select(
-        tmp_path, source: Source, users_file: str, kafka_broker: Tansu):
+        tmp_path, source: Source, users_file: str, kafka_broker: ApacheKafka):
     """``[kafka] include``/``exclude`` narrow what is published: the store keeps every table
     captured (the widest set), Kafka only those selected; the others' topics get nothing."""
     db = source.database
@@ -385,7 +383,7 @@ async def test_kafka_publishes_only_the_tables_its_include_and_exclude_select(
 
 @pytest.mark.parametrize("fmt", FORMATS)
 async def test_kafka_gets_excluded_hashed_and_masked_columns_as_the_store_does(
-        tmp_path, source: Source, users_file: str, kafka_broker: Tansu, fmt: str):
+        tmp_path, source: Source, users_file: str, kafka_broker: ApacheKafka, fmt: str):
     """[capture] column rules apply before Kafka too: no topic (record, key, schema or
     state) holds a clear value, in any format; the hash is the salted SHA-256 of the value."""
     db = source.database
@@ -425,7 +423,7 @@ async def test_kafka_gets_excluded_hashed_and_masked_columns_as_the_store_does(
         assert value.encode() not in everything, (fmt, value)
 
 
-async def _topics(broker: Tansu) -> set[str]:
+async def _topics(broker: ApacheKafka) -> set[str]:
     consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap)
     await consumer.start()
     try:

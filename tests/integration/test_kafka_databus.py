@@ -50,7 +50,7 @@ async def test_a_databus_consumer_rebuilds_the_table_from_the_default_topic(
     db = source.database
     config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
                          kafka={"bootstrap": kafka_broker.bootstrap, "format": "databus",
-                                "idempotence": False, "schema_topic": f"{db}.schemas",
+                                "schema_topic": f"{db}.schemas",
                                 "state_topic": f"{db}.state"})
     running = await start_service(config)
     t = f"`{db}`.items"
@@ -153,7 +153,7 @@ async def test_a_databus_consumer_loads_the_dump_then_kafka_after_its_position(
     db = source.database
     config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
                          kafka={"bootstrap": kafka_broker.bootstrap, "format": "databus",
-                                "idempotence": False, "schema_topic": f"{db}.schemas",
+                                "schema_topic": f"{db}.schemas",
                                 "state_topic": f"{db}.state"})
     running = await start_service(config)
     t = f"`{db}`.items"
@@ -251,7 +251,7 @@ async def test_labels_that_are_numbers_read_back_as_labels(tmp_path, source: Sou
     db = source.database
     config = make_config(os.path.join(tmp_path, "data"), source.url, users_file,
                          kafka={"bootstrap": kafka_broker.bootstrap, "format": "databus",
-                                "idempotence": False, "schema_topic": "",
+                                "schema_topic": "",
                                 "state_topic": f"{db}.state", "topic": f"{db}.bus",
                                 "databus_labels": True})
     running = await start_service(config)

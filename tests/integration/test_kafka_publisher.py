@@ -5,9 +5,10 @@ When the publisher stops, its lock is freed with its connection and the standby 
 from the position recorded in the state topic: every change reaches Kafka, a duplicate is
 only ever an identical copy (at least once), and the messages rebuild the table.
 
-What the broker here (tansu) cannot show: fencing of a publisher that keeps running but lost
-its lock connection (a network partition from the source) while its in-flight batches still
-reach the broker; the lease is polled every second, so such a publisher stops within it.
+Not shown here: fencing of a publisher that keeps running but lost its lock connection (a
+network partition from the source) while its in-flight batches still reach the broker (the
+service does not fence through Kafka transactions); the lease is polled every second, so such
+a publisher stops within it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import threading
 import pytest
 
 from cdcserver.ops.metrics import health
+from tests.apache_kafka import ApacheKafka
 from tests.conftest import Source, make_config, start_service
 from tests.helpers import until
 from tests.integration.test_kafka import kafka_caught_up, kafka_section
@@ -29,7 +31,6 @@ from tests.integration.test_kafka_delivery import (
     source_rows,
     stored_positions,
 )
-from tests.kafka_broker import Tansu
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.kafka]
 
@@ -54,7 +55,7 @@ def _writer(source: Source, stop: threading.Event, counter: list[int]) -> None:
 
 async def test_one_instance_publishes_and_the_standby_takes_over(
         tmp_path: os.PathLike[str], source: Source, users_file: str,
-        kafka_broker: Tansu) -> None:
+        kafka_broker: ApacheKafka) -> None:
     kafka = kafka_section(kafka_broker, source, publisher_lock=f"cdc-{source.database}")
     source.execute(f"CREATE TABLE `{source.database}`.t (id INT PRIMARY KEY, v INT)")
     first = await start_service(make_config(os.path.join(tmp_path, "a"), source.url,

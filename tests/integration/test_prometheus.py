@@ -5,7 +5,7 @@
 - ``promtool test rules tests/prometheus/alerts_test.yml``: for every alert, series that must
   fire it and series that must not, with the annotations as they render;
 - a Prometheus server scrapes a running service (replicating the real MariaDB, publishing to
-  the tansu broker) and answers the Grafana dashboard's queries through its HTTP API with
+  Apache Kafka) and answers the Grafana dashboard's queries through its HTTP API with
   series, the alert rules loaded and healthy.
 """
 
@@ -23,11 +23,11 @@ from typing import Any
 
 import yaml
 
+from tests.apache_kafka import ApacheKafka
 from tests.conftest import Source, make_config, start_service
 from tests.helpers import eventually, until
 from tests.integration.test_dashboards import ALERTS, DASHBOARD, alert_rules, dashboard_expressions
 from tests.integration.test_kafka import kafka_caught_up, kafka_section
-from tests.kafka_broker import Tansu
 
 ROOT = Path(__file__).parent.parent.parent
 UNIT_TESTS = ROOT / "tests" / "prometheus" / "alerts_test.yml"
@@ -121,7 +121,7 @@ FILTERING = ("deriv(cdc_dump_rows", "cdc_dump_rows{")
 
 
 async def test_prometheus_scrapes_the_service_and_answers_the_dashboard(
-        tmp_path, source: Source, users_file: str, kafka_broker: Tansu):
+        tmp_path, source: Source, users_file: str, kafka_broker: ApacheKafka):
     kafka = kafka_section(kafka_broker, source, publisher_lock=f"cdc-{source.database}")
     running = await start_service(make_config(str(tmp_path / "data"), source.url, users_file,
                                               kafka=kafka))

@@ -13,8 +13,8 @@ Kafka step's service). What each must show:
   ``cdc dump --follow`` saves a checked dump, then prints the stream after it;
 - ``cdcserver status`` says OK, ``cdcserver ctl ... clients`` prints its table, and the
   console's address serves its page;
-- the Kafka step's service publishes to the suite's broker (tansu, which has no idempotent
-  producer: ``--no-kafka-idempotence`` is added) until Ctrl-C stops it with exit code 0, and
+- the Kafka step's service publishes to the suite's broker (Apache Kafka), as written (an
+  idempotent producer), until Ctrl-C stops it with exit code 0, and
   ``cdc kafka`` prints its messages;
 - the ``pip install`` lines name extras that pyproject.toml declares (the suite's virtualenv
   has them all), and the Spark mirror's command is parsed by the mirror's own argument parser,
@@ -40,8 +40,8 @@ from typing import Any
 
 import pytest
 
+from tests.apache_kafka import ApacheKafka
 from tests.helpers import wait_until
-from tests.kafka_broker import Tansu
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.kafka, pytest.mark.slow,
               pytest.mark.timeout(900)]
@@ -138,7 +138,7 @@ def is_orders_schema(line: dict[str, Any]) -> bool:
 # -- what each command of the tour must show ---------------------------------------------------
 
 class Tour:
-    def __init__(self, cwd: Path, ports: dict[int, int], broker: Tansu,
+    def __init__(self, cwd: Path, ports: dict[int, int], broker: ApacheKafka,
                  monkeypatch: pytest.MonkeyPatch) -> None:
         self.cwd, self.ports, self.broker, self.monkeypatch = cwd, ports, broker, monkeypatch
         self.background: list[Background] = []
@@ -212,7 +212,7 @@ class Tour:
 
     def kafka_service(self, line: str) -> None:
         """A second service publishing to the broker, until Ctrl-C (at the end of the tour)."""
-        self.publisher = Background(line + " --no-kafka-idempotence", self.cwd, "publisher")
+        self.publisher = Background(line, self.cwd, "publisher")
         self.background.append(self.publisher)
 
     def kafka_reader(self, line: str) -> None:
@@ -305,7 +305,7 @@ def test_every_command_of_the_tour_has_a_check_and_every_check_a_command():
     assert not unused, f"checks no command of the tour reaches: {unused}"
 
 
-def test_the_tour_runs_as_written(tmp_path: Path, kafka_broker: Tansu,
+def test_the_tour_runs_as_written(tmp_path: Path, kafka_broker: ApacheKafka,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     commands = tour_commands()
     (tmp_path / ".venv").symlink_to(VENV)

@@ -7,6 +7,7 @@ the lock until it ends. (No broker is needed: futures stand for its answers.)"""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 
@@ -17,7 +18,7 @@ from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.sinks.kafka import checkpoint as checkpoint_module
 from cdcserver.sinks.kafka import sender as sender_module
 from cdcserver.sinks.kafka.accumulator import Message
-from cdcserver.sinks.kafka.checkpoint import InFlight, _load_state
+from cdcserver.sinks.kafka.checkpoint import Checkpoint, InFlight, _load_state
 from cdcserver.sinks.kafka.sink import KafkaSink
 
 
@@ -158,3 +159,26 @@ async def test_a_message_made_while_the_producer_is_started_again_keeps_its_orde
     assert await asyncio.wait_for(final, 10) == _position(2)
     after = [values for number, values, _ in broker.sent if number > 1]
     assert [v for values in after for v in values] == [b"first", b"second"]
+
+
+async def test_positions_reach_the_state_topic_in_their_order(tmp_path):
+    """A producer's ``send`` waits for the topic's metadata first, and sends waiting at once
+    resume in any order (Apache Kafka gives a state topic just created no leader for a
+    moment): the first position's send is the slowest here, and still the positions reach
+    the producer in order, so the last in the topic is the newest."""
+    values = [json.dumps(_position(n).to_json()).encode() for n in range(1, 6)]
+    handed: list[bytes] = []
+
+    class Producer:
+        async def send(self, topic: str, value: bytes, key: bytes, partition: int) -> None:
+            if value == values[0]:
+                await asyncio.sleep(0.2)  # no metadata yet for the first one
+            handed.append(value)
+
+    checkpoint = Checkpoint(KafkaConfig(bootstrap="127.0.0.1:1", state_topic="s"),
+                            str(tmp_path / "kafka.json"), "key")
+    producer = Producer()
+    for n in range(1, 6):
+        checkpoint.send(_position(n), producer)
+    await checkpoint.handed_over()
+    assert handed == values

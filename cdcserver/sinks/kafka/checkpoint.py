@@ -139,15 +139,28 @@ class Checkpoint:
             raise
 
     def send(self, position: BinlogPosition, producer: Any) -> None:
-        """Record ``position`` in ``state_topic`` too, without waiting for the broker."""
+        """Record ``position`` in ``state_topic`` too, without waiting for the broker.
+
+        Each position is handed to the producer after the one before it: ``producer.send``
+        waits for the topic's metadata first, and sends waiting at once resume in any order
+        (against Apache Kafka, a state topic just created has no leader for a moment), which
+        put an older position last in the topic, the one read back."""
         if not self.config.state_topic or producer is None:
             return
         value = json.dumps(position.to_json()).encode()
-        with contextlib.suppress(KafkaError, OSError):
-            task = asyncio.ensure_future(producer.send(
-                self.config.state_topic, value, key=self.key.encode(), partition=0))
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
-            self._sent = task
+        previous = self._sent
+
+        async def after_previous() -> Any:
+            if previous is not None:
+                await asyncio.wait({previous})
+            with contextlib.suppress(KafkaError, OSError):
+                return await producer.send(self.config.state_topic, value,
+                                           key=self.key.encode(), partition=0)
+            return None
+
+        task = asyncio.ensure_future(after_previous())
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        self._sent = task
 
     async def handed_over(self) -> None:
         """Until the producer has taken the last position sent (before it stops)."""

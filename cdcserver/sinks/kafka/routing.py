@@ -197,13 +197,25 @@ class Router:
     async def _row_event(self, batch: RowBatch) -> None:
         """One message for a whole binlog row event (the databus format). Its rows may hash
         to different partitions, so a table's row events all go to one partition (the CRC-32
-        of its name), which keeps every row's changes in order."""
+        of its name), which keeps every row's changes in order.
+
+        A message larger than ``max_batch_bytes`` is sent as several, of consecutive rows,
+        each keyed and numbered by its first row's event number (as MariaDB splits a
+        statement's rows into row events): a table's rows read again after a schema change
+        come as one event of every row, megabytes, and a broker refuses a message above its
+        ``message.max.bytes`` (1 MB by default) every time it is sent again."""
         if not batch.rows:
             return
         first = batch.rows[0]
         topic, count, schema = await self._route(first.shape)
         partition = zlib.crc32(str(first.shape.table).encode()) % count
         key, value, event = self.format.row_event(batch)
+        if len(value) > self.config.max_batch_bytes and len(batch.rows) > 1:
+            pieces = min(len(batch.rows), -(-len(value) // self.config.max_batch_bytes) + 1)
+            step = -(-len(batch.rows) // pieces)
+            for at in range(0, len(batch.rows), step):
+                await self._row_event(RowBatch(batch.rows[at:at + step]))
+            return
         headers = _headers(first.gtid_text.encode(), event, schema)
         if self.format.labels:  # ENUM and SET values are labels, not indexes and bitmasks
             headers.append(("values", b"labels"))
