@@ -17,9 +17,9 @@ import urllib.request
 from typing import IO
 
 from cdcserver.core.lifetime import die_with_parent
+from tests.apache_kafka import free_port
 from tests.helpers import wait_until
 from tests.jvm import command
-from tests.kafka_broker import free_port
 
 MAIN = "io.quarkus.runner.GeneratedMain"  # the runner jar's (its manifest names its lib/)
 CCOMPAT = "/apis/ccompat/v7"

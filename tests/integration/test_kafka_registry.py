@@ -26,11 +26,11 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from mariadb_cdc_client.kafka import KafkaChangeReader
+from tests.apache_kafka import ApacheKafka, free_port
 from tests.apicurio import Apicurio
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import pace
 from tests.integration.test_kafka import kafka_caught_up, kafka_section, raw_messages
-from tests.kafka_broker import Tansu, free_port
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.kafka]
 
@@ -56,7 +56,7 @@ def registry_put(registry: Apicurio, path: str, body: dict[str, Any]) -> Any:
         return json.loads(response.read())
 
 
-def avro_section(broker: Tansu, registry_url: str, source: Source,
+def avro_section(broker: ApacheKafka, registry_url: str, source: Source,
                  **extra: Any) -> dict[str, Any]:
     return kafka_section(broker, source, **({
         "format": "debezium", "value_format": "avro", "schema_registry_url": registry_url,
@@ -97,7 +97,7 @@ def rebuilt(records: list[Any]) -> dict[int, tuple[Any, ...]]:
 
 
 async def test_avro_values_decoded_with_the_registry_rebuild_the_table(
-        tmp_path, source: Source, users_file: str, kafka_broker: Tansu,
+        tmp_path, source: Source, users_file: str, kafka_broker: ApacheKafka,
         schema_registry: Apicurio):
     db = source.database
     topic, subject = f"{db}.t", f"{db}.t-value"
@@ -170,7 +170,7 @@ async def wait_for_waiting(running: RunningService, text: str, timeout: float = 
 
 
 async def test_an_incompatible_schema_stops_replication_saying_why_until_let_in(
-        tmp_path, source: Source, users_file: str, kafka_broker: Tansu,
+        tmp_path, source: Source, users_file: str, kafka_broker: ApacheKafka,
         schema_registry: Apicurio):
     db = source.database
     topic, subject = f"{db}.t", f"{db}.t-value"
@@ -204,7 +204,7 @@ async def test_an_incompatible_schema_stops_replication_saying_why_until_let_in(
 
 
 async def test_a_registry_not_there_is_waited_for(tmp_path, source: Source, users_file: str,
-                                                  kafka_broker: Tansu):
+                                                  kafka_broker: ApacheKafka):
     db = source.database
     topic = f"{db}.t"
     later = Apicurio(str(tmp_path), port=free_port())
@@ -231,7 +231,7 @@ async def test_a_registry_not_there_is_waited_for(tmp_path, source: Source, user
 
 
 async def test_avro_keys_partitioned_as_kafka_partitions_them(
-        tmp_path, source: Source, users_file: str, kafka_broker: Tansu,
+        tmp_path, source: Source, users_file: str, kafka_broker: ApacheKafka,
         schema_registry: Apicurio):
     from aiokafka.partitioner import murmur2
 
