@@ -93,18 +93,20 @@ class KafkaDecoder:
         schema = json.loads(text)
         self.schemas[schema_id] = tuple(fields_from_schema({"fields": schema["fields"]}))[6:]
 
-    def decode(self, value: bytes, headers: dict[str, bytes], key: bytes = b"",
+    def decode(self, value: bytes | None, headers: dict[str, bytes], key: bytes = b"",
                topic: str = "", partition: int = 0, offset: int = 0) -> KafkaChange | None:
         """A message as one change; None for a message that is not one (a maxscale schema).
         A databus message holds a whole binlog row event: use :meth:`decode_all`."""
         changes = self.decode_all(value, headers, key, topic, partition, offset)
         return changes[0] if changes else None
 
-    def decode_all(self, value: bytes, headers: dict[str, bytes], key: bytes = b"",
+    def decode_all(self, value: bytes | None, headers: dict[str, bytes], key: bytes = b"",
                    topic: str = "", partition: int = 0, offset: int = 0) -> list[KafkaChange]:
         """The changes a message holds, in order: one for most formats, every row of its
         binlog row event for databus (numbered from the ``event`` header on, an update's
         before and after counting two, as the change stream numbers records)."""
+        if value is None:  # a tombstone (debezium, after a delete): no change of its own
+            return []
         binary = self.format == "debezium" and value[:1] == b"\x00"
         # (binary: Avro in Confluent's wire format)
         doc = self._avro(value) if binary else json.loads(value, parse_float=Decimal)
@@ -179,13 +181,17 @@ class KafkaDecoder:
         return fastavro.schemaless_reader(io.BytesIO(memoryview(value)[5:]), schema, None)
 
     def _debezium(self, doc: dict[str, Any], fields: tuple[Field, ...] | None, gtid: str,
-                  event: int, binary: bool = False) -> tuple[Any, ...]:
+                  event: int, binary: bool = False) -> tuple[Any, ...] | None:
         """``binary``: decoded from Avro (bytes as they are, names adjusted for Avro)."""
+        if "payload" in doc and "schema" in doc:  # written with its Connect schema
+            doc = doc["payload"]
         source = doc.get("source", {})
         if "ddl" in doc:
             change = (doc.get("tableChanges") or [{}])[0]
             return (source.get("db", ""), source.get("table") or "",
                     str(change.get("type", "query")).lower(), None, None, doc["ddl"])
+        if doc["op"] == "t":  # a TRUNCATE event: its schema change event reports it
+            return None
         action = {"c": "insert", "u": "update", "d": "delete", "r": "insert"}[doc["op"]]
         by_name = {f.column: f for f in fields or ()}
         if binary:  # Avro field names back to the columns'; bytes in base64 as in JSON

@@ -33,7 +33,10 @@ def from_debezium(f: Field | None, value: Any) -> Any:
         return value
     k = f.kind
     if k == Kind.DECIMAL:
-        return Decimal(value) if f.real_type == "decimal" else Decimal(int(value))
+        if f.real_type == "decimal":
+            return Decimal(value)
+        n = int(value)  # BIGINT UNSIGNED or BIT(64), as an INT64: above 2^63-1 negative
+        return Decimal(n + (1 << 64) if n < 0 else n)
     if k == Kind.FLOAT:
         return struct.unpack("<f", struct.pack("<f", float(value)))[0]
     if k == Kind.DOUBLE:

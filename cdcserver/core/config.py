@@ -317,6 +317,14 @@ class Config:
         if self.kafka.key_format == "avro" and self.kafka.key not in ("auto", "primary-key"):
             raise ConfigError("kafka.key_format = \"avro\" writes the primary key (key = "
                               "\"primary-key\", the debezium format's own)")
+        if self.kafka.avro and self.kafka.value_schema:
+            raise ConfigError("kafka.value_schema writes JSON values with their Connect schema; "
+                              "Avro values (value_format = \"avro\") name theirs in the "
+                              "registry: set one of them")
+        if self.kafka.key_format == "avro" and self.kafka.key_schema:
+            raise ConfigError("kafka.key_schema writes JSON keys with their Connect schema; "
+                              "Avro keys (key_format = \"avro\") name theirs in the registry: "
+                              "set one of them")
         if self.kafka.avro and not self.kafka.schema_registry_url:
             raise ConfigError("kafka.value_format = \"avro\" needs schema_registry_url, where "
                               "the tables' schemas are registered")

@@ -39,6 +39,18 @@ class KafkaConfig:
     key_schema: bool = option(False, "debezium: keys as Kafka Connect's JsonConverter writes "
                                      "them with schemas.enable ({\"schema\": ..., "
                                      "\"payload\": ...})")
+    value_schema: bool = option(False, "debezium: values as Kafka Connect's JsonConverter "
+                                       "writes them with schemas.enable: the Connect schema "
+                                       "of Debezium's envelope with each value, which "
+                                       "Debezium's JDBC sink needs")
+    tombstones: bool = option(True, "debezium: a tombstone (the key, no value) after each "
+                                    "delete, as Debezium's tombstones.on.delete (compacted "
+                                    "topics drop the row)")
+    truncate_events: bool = option(False, "debezium: TRUNCATE TABLE also as a change event "
+                                          "(op \"t\", no key) on the table's topic, as "
+                                          "Debezium sends it when skipped.operations leaves "
+                                          "out \"t\"; sinks apply it (the JDBC sink's "
+                                          "truncate.enabled)")
     value_format: Literal["json", "avro"] = option(
         "json", "avro: debezium values as Avro in Confluent's wire format (a magic 0 byte, "
         "the schema's 4-byte registry id, the Avro binary), each table's schema registered "

@@ -9,7 +9,7 @@ import datetime as dt
 import json
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -22,6 +22,18 @@ VersionLookup = Callable[[str, str, str], int | None]
 
 Message = tuple[bytes, bytes]  # key, value
 RowMessage = tuple[bytes, bytes, int]  # key, value, the event_number of its first record
+
+
+class RoutedRow(NamedTuple):
+    """A row change's message with what routes it: ``row``, the image whose key picks its
+    partition (None: the change's, both keys' for an update that changed the key), and
+    headers of its own. ``value`` None is a tombstone."""
+
+    key: bytes
+    value: bytes | None
+    event: int
+    row: tuple[Any, ...] | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 
@@ -122,9 +134,15 @@ class MessageFormat:
 
     def __init__(self, key: str = "auto", zone: dt.tzinfo = dt.UTC,
                  source_name: str = "cdcserver", flavor: str = "mariadb",
-                 key_schema: bool = False, labels: bool = False) -> None:
+                 key_schema: bool = False, labels: bool = False, value_schema: bool = False,
+                 tombstones: bool = True, truncate_events: bool = False) -> None:
         self.key_style = self.default_key if key == "auto" else key
         self.key_schema = key_schema
+        # debezium: values with their Connect schema, a tombstone after each delete, and
+        # TRUNCATE TABLE as a change event ([kafka] value_schema, tombstones, truncate_events)
+        self.value_schema = value_schema
+        self.tombstones = tombstones
+        self.truncate_events = truncate_events
         self.labels = labels  # databus: ENUM/SET labels instead of index/bitmask
         self.zone = zone
         self.source_name = source_name
@@ -138,6 +156,11 @@ class MessageFormat:
 
     def rows(self, e: RowEvent) -> list[RowMessage]:
         return [(self.row_key(e), self.row_value(e), e.event_number)]
+
+    def routed_rows(self, e: RowEvent) -> list[RoutedRow]:
+        """:meth:`rows` with what routes each message (a format whose messages of one change
+        go to different keys says which image each one is keyed by)."""
+        return [RoutedRow(key, value, event) for key, value, event in self.rows(e)]
 
     def row_event(self, batch: RowBatch) -> RowMessage:
         raise NotImplementedError
@@ -154,6 +177,11 @@ class MessageFormat:
 
     def statement(self, e: StatementEvent) -> Message | None:
         raise NotImplementedError
+
+    def statement_rows(self, e: StatementEvent) -> list[tuple[bytes | None, bytes]]:
+        """Messages a statement also sends to its table's topic, as a change of its rows
+        (the debezium format's TRUNCATE event): key (None: none) and value."""
+        return []
 
     def statement_key(self, e: StatementEvent, action: str) -> bytes:
         return position_key(action, e.file, e.pos, str(e.gtid), 0)

@@ -1,25 +1,21 @@
-"""The Avro side of the ``debezium`` format: the Kafka Connect schema of Debezium's envelope
-for a table, and that schema as Avro the way Confluent's ``AvroConverter`` (its ``AvroData``)
-writes it, which is what a Debezium connector configured with that converter registers.
-
-The Connect schema follows Debezium's MySQL connector with ``decimal.handling.mode=string``
-(as the JSON values do): the envelope ``<prefix>.<db>.<table>.Envelope`` (version 1) with
-optional ``before``/``after`` of ``<prefix>.<db>.<table>.Value``, the
-``io.debezium.connector.mysql.Source`` block, the optional ``event.block`` transaction, ``op``
-and ``ts_ms``. The column types (:func:`connect_type`) are also those of the JSON keys'
-schemas (``key_schema``); a geometry is Debezium's ``io.debezium.data.geometry.Geometry``
-struct. Every column but the primary key's is optional, NOT NULL ones too
-(where Debezium makes them required): a zero date is written as null, and a row logged
-before an ADD COLUMN may be read with the new column as null.
+"""The Avro side of the ``debezium`` format: the Kafka Connect schemas of Debezium's envelope
+and key (:mod:`cdcserver.messages.connect_schema`, the one place they are made) as Avro, the way
+Confluent's ``AvroConverter`` (its ``AvroData``) writes them, which is what a Debezium connector
+configured with that converter registers.
 
 ``AvroData``'s rules applied here: a struct is a record named by its Connect name (split at the
-last dot into namespace and name), with ``connect.name``, ``connect.version`` and
-``connect.parameters`` properties; ``int8``/``int16`` are Avro ``int`` with ``connect.type``;
-an optional field is the union ``["null", T]`` with default null (``[T, "null"]`` with the
-Connect default when it has one, also kept as ``connect.default``); a record met again is
-referred to by its full name. Names Avro does not allow are adjusted as Debezium's
-``field.name.adjustment.mode=avro`` does: each character outside ``[A-Za-z0-9_]`` becomes
-``_``, and a leading digit gets a ``_`` before it.
+last dot into namespace and name), with ``connect.name``, ``connect.version``,
+``connect.parameters`` and ``connect.doc`` properties; ``int8``/``int16`` are Avro ``int`` with
+``connect.type``; an optional field is the union ``["null", T]`` with default null
+(``[T, "null"]`` with the Connect default when it has one, also kept as ``connect.default``); a
+record met again is referred to by its full name. Names Avro does not allow are adjusted as
+Debezium's ``field.name.adjustment.mode=avro`` does: each character outside ``[A-Za-z0-9_]``
+becomes ``_``, and a leading digit gets a ``_`` before it.
+
+One difference from the Connect schema: every column but the primary key's is optional in the
+``Value`` record, NOT NULL ones too (where Debezium makes them required), since a row logged
+before an ``ADD COLUMN ... NOT NULL`` is read with the new column as null, which a required
+Avro field cannot encode.
 """
 
 from __future__ import annotations
@@ -27,8 +23,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from cdcserver.messages import connect_schema
 from cdcserver.messages.events import TableShape
-from mariadb_cdc_client.format.schema import Field, Kind
 
 ConnectSchema = dict[str, Any]  # a Connect schema as Kafka Connect's JsonConverter writes it
 
@@ -45,113 +41,21 @@ def _full_name(name: str) -> str:
     return ".".join(avro_name(part) for part in name.split("."))
 
 
-# The Connect types of Debezium's MySQL connector's default modes, with
-# decimal.handling.mode=string (as the JSON values are).
-_CONNECT_INTS = {"tinyint": "int16", "smallint": "int16", "mediumint": "int32",
-                 "int": "int32", "year": "int32", "bigint": "int64", "bit": "int64"}
-_CONNECT_NAMES = {Kind.DATE: ("int32", "io.debezium.time.Date"),
-                  Kind.TIME: ("int64", "io.debezium.time.MicroTime"),
-                  Kind.TIMESTAMP: ("string", "io.debezium.time.ZonedTimestamp")}
+def envelope_schema(shape: TableShape, prefix: str, flavor: str) -> dict[str, Any]:
+    """The Avro schema of the table's change events (``prefix``: Debezium's ``topic.prefix``,
+    the events' ``source.name``; ``flavor``: ``mariadb`` or ``mysql``)."""
+    envelope = connect_schema.envelope_schema(shape, prefix, flavor)
+    key = {shape.fields[i].column for i in shape.primary_key}
+    for side in envelope["fields"][:2]:  # before, after: the Value struct
+        assert side["field"] in ("before", "after")
+        side["fields"] = [f if f["field"] in key else {**f, "optional": True}
+                          for f in side["fields"]]
+    return to_avro(envelope)
 
 
-def connect_type(f: Field, unsigned: bool) -> dict[str, Any]:
-    kind = f.kind
-    if kind in (Kind.INT, Kind.LONG):
-        t = _CONNECT_INTS.get(f.real_type, "int64")
-        if unsigned and t != "int64":  # an unsigned column takes the next wider type
-            t = {"int16": "int32", "int32": "int64"}[t]
-        return {"type": t}
-    if kind == Kind.DECIMAL:
-        return {"type": "int64"} if f.real_type in ("bigint", "bit") else {"type": "string"}
-    if kind == Kind.DATETIME:
-        return {"type": "int64", "name": "io.debezium.time.Timestamp" if f.fsp <= 3
-                else "io.debezium.time.MicroTimestamp"}
-    if kind in _CONNECT_NAMES:
-        t, name = _CONNECT_NAMES[kind]
-        return {"type": t, "name": name}
-    simple = {Kind.BOOLEAN: "boolean", Kind.FLOAT: "float32", Kind.DOUBLE: "float64",
-              Kind.BYTES: "bytes"}
-    return {"type": simple.get(kind, "string")}
-
-
-def connect_key_schema(shape: TableShape, name: str) -> dict[str, Any]:
-    columns = shape.primary_key or tuple(range(len(shape.fields)))
-    fields = [{**connect_type(shape.fields[i], shape.layout.columns[i].unsigned),
-               "optional": not shape.primary_key, "field": shape.fields[i].column}
-              for i in columns]
-    return {"type": "struct", "fields": fields, "optional": False, "name": name}
-
-
-
-_SOURCE_FIELDS: list[ConnectSchema] = [
-    {"type": "string", "optional": False, "field": "version"},
-    {"type": "string", "optional": False, "field": "connector"},
-    {"type": "string", "optional": False, "field": "name"},
-    {"type": "int64", "optional": False, "field": "ts_ms"},
-    {"type": "string", "optional": True, "name": "io.debezium.data.Enum", "version": 1,
-     "parameters": {"allowed": "true,last,false,incremental"}, "default": "false",
-     "field": "snapshot"},
-    {"type": "string", "optional": False, "field": "db"},
-    {"type": "string", "optional": True, "field": "sequence"},
-    {"type": "string", "optional": True, "field": "table"},
-    {"type": "int64", "optional": False, "field": "server_id"},
-    {"type": "string", "optional": True, "field": "gtid"},
-    {"type": "string", "optional": False, "field": "file"},
-    {"type": "int64", "optional": False, "field": "pos"},
-    {"type": "int32", "optional": False, "field": "row"},
-    {"type": "int64", "optional": True, "field": "thread"},
-    {"type": "string", "optional": True, "field": "query"},
-]
-SOURCE: ConnectSchema = {"type": "struct", "fields": _SOURCE_FIELDS, "optional": False,
-                         "name": "io.debezium.connector.mysql.Source"}
-TRANSACTION: ConnectSchema = {"type": "struct", "optional": True, "name": "event.block",
-                              "version": 1, "fields": [
-                                  {"type": "string", "optional": False, "field": "id"},
-                                  {"type": "int64", "optional": False, "field": "total_order"},
-                                  {"type": "int64", "optional": False,
-                                   "field": "data_collection_order"}]}
-GEOMETRY_FIELDS: list[ConnectSchema] = [
-    {"type": "bytes", "optional": False, "field": "wkb"},
-    {"type": "int32", "optional": True, "field": "srid"}]
-
-
-def column_schemas(shape: TableShape) -> list[ConnectSchema]:
-    """The Connect schema of each column's value, as the ``Value`` struct's fields."""
-    fields = []
-    key = set(shape.primary_key)
-    for i, f in enumerate(shape.fields):
-        optional = i not in key
-        if f.real_type == "geometry":
-            schema: ConnectSchema = {"type": "struct", "fields": GEOMETRY_FIELDS,
-                                     "name": "io.debezium.data.geometry.Geometry",
-                                     "version": 1}
-        else:
-            schema = connect_type(f, shape.layout.columns[i].unsigned)
-            if "name" in schema:
-                schema = {**schema, "version": 1}
-        fields.append({**schema, "optional": optional, "field": f.column})
-    return fields
-
-
-def envelope_schema(shape: TableShape, prefix: str) -> ConnectSchema:
-    """The Connect schema of the table's Debezium change events (``prefix``: the topic prefix,
-    Debezium's ``topic.prefix``, the ``source.name`` of the events)."""
-    name = f"{prefix}.{shape.table.database}.{shape.table.table}"
-    value = {"type": "struct", "fields": column_schemas(shape), "optional": True,
-             "name": f"{name}.Value"}
-    return {"type": "struct", "optional": False, "name": f"{name}.Envelope", "version": 1,
-            "fields": [{**value, "field": "before"}, {**value, "field": "after"},
-                       {**SOURCE, "field": "source"},
-                       {**TRANSACTION, "field": "transaction"},
-                       {"type": "string", "optional": False, "field": "op"},
-                       {"type": "int64", "optional": True, "field": "ts_ms"}]}
-
-
-def key_schema(shape: TableShape, prefix: str) -> ConnectSchema:
-    """The Connect schema of the table's keys (``<prefix>.<db>.<table>.Key``: the primary
-    key's columns, or every column, optional, for a table without one)."""
-    return connect_key_schema(shape, f"{prefix}.{shape.table.database}.{shape.table.table}"
-                                      ".Key")
+def key_schema(shape: TableShape, prefix: str) -> dict[str, Any]:
+    """The Avro schema of the table's keys (``<prefix>.<db>.<table>.Key``)."""
+    return to_avro(connect_schema.key_schema(shape, prefix))
 
 
 def key_names(shape: TableShape) -> tuple[str, ...]:
@@ -195,6 +99,8 @@ def _avro(schema: ConnectSchema, named: set[str]) -> Any:
         raise ValueError(f"no Avro type for the Connect type {t!r}")
     if "version" in schema:
         avro["connect.version"] = schema["version"]
+    if "doc" in schema:
+        avro["connect.doc"] = schema["doc"]
     if "parameters" in schema:
         avro["connect.parameters"] = schema["parameters"]
     if "default" in schema:

@@ -36,16 +36,19 @@ from typing import Any
 
 import orjson
 
+from cdcserver.messages import connect_schema
 from cdcserver.messages.base import (
     Message,
     MessageFormat,
+    RoutedRow,
     RowMessage,
     dumps,
+    primary_key,
     text_form,
 )
-from cdcserver.messages.connect_avro import avro_name, connect_key_schema
+from cdcserver.messages.connect_avro import avro_name
 from cdcserver.messages.databus import Databus
-from cdcserver.messages.events import RowEvent, StatementEvent
+from cdcserver.messages.events import RowEvent, StatementEvent, TableShape
 from mariadb_cdc_client.format.schema import Field, Kind, float32_text, to_json_text
 
 _CANAL_TYPES = {"create": "CREATE", "alter": "ALTER", "drop": "ERASE", "rename": "RENAME",
@@ -117,7 +120,9 @@ def _debezium_converter(f: Field, binary: bool = False) -> Callable[[Any], Any]:
     as they are, not base64)."""
     k = f.kind
     if k == Kind.DECIMAL:
-        return lambda v: format(v, "f") if f.real_type == "decimal" else int(v)
+        if f.real_type == "decimal":
+            return lambda v: format(v, "f")
+        return _as_int64  # BIGINT UNSIGNED, BIT(64)
     if k == Kind.FLOAT:
         return lambda v: float(float32_text(v))
     if k == Kind.BYTES:
@@ -148,6 +153,37 @@ def _debezium_converter(f: Field, binary: bool = False) -> Callable[[Any], Any]:
     return _same
 
 
+def _with_schema(schema: bytes, payload: bytes) -> bytes:
+    """``payload`` as JsonConverter writes it with ``schemas.enable=true``."""
+    return b'{"schema":' + schema + b',"payload":' + payload + b"}"
+
+
+# What Debezium writes for a NOT NULL temporal column the binlog gives no value of (a zero or
+# invalid date): the fallback of JdbcValueConverters.convertValue, the epoch, since the Connect
+# schema makes the field required.
+_FALLBACKS = {Kind.DATE: 0, Kind.DATETIME: 0, Kind.TIMESTAMP: "1970-01-01T00:00:00Z"}
+
+
+def _required(f: Field, convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``convert`` for a NOT NULL column: a zero date is Debezium's fallback, not null."""
+    if f.kind not in _FALLBACKS:
+        return convert
+    fallback = _FALLBACKS[f.kind]
+
+    def required(value: Any) -> Any:
+        converted = convert(value)
+        return fallback if converted is None else converted
+
+    return required
+
+
+def _as_int64(value: Any) -> int:
+    """A 64-bit unsigned value as Debezium's bigint.unsigned.handling.mode=long sends it: the
+    INT64 of the same bits (above 2^63-1, negative, as the binlog holds it)."""
+    n = int(value)
+    return n - (1 << 64) if n >= 1 << 63 else n
+
+
 def _same(value: Any) -> Any:
     """The value as it is (orjson writes it)."""
     return value
@@ -162,28 +198,75 @@ class Debezium(MessageFormat):
         super().__init__(*args, **kwargs)
         # Debezium writes schema changes to the topic named after the server (topic.prefix).
         self.statement_topic = self.source_name
+        # [kafka] value_format/key_format = "avro": the Kafka sink's encoders of a table
+        # shape's change events and keys (records with the names and values of their Avro
+        # form) in Confluent's wire format; None: JSON
+        self.encode_value: Callable[[TableShape, dict[str, Any]], bytes] | None = None
+        self.encode_key: Callable[[TableShape, dict[str, Any]], bytes] | None = None
+
+    def _key(self, e: RowEvent, row: tuple[Any, ...]) -> bytes:
+        """The message key of ``row`` (one image of the change)."""
+        if self.key_style != "primary-key":
+            return super().row_key(e)
+        if self.encode_key is not None:
+            image = self._row(e, row, binary=True)
+            assert image is not None
+            return self.encode_key(e.shape, image)
+        key = primary_key(e.shape, row)
+        if not self.key_schema:
+            return key
+        cached = f"debezium.key_schema.{self.source_name}"  # shapes are shared, names not
+        schema = e.shape.cache.get(cached)
+        if schema is None:
+            schema = e.shape.cache[cached] = dumps(
+                connect_schema.key_schema(e.shape, self.source_name))
+        return _with_schema(schema, key)
 
     def row_key(self, e: RowEvent) -> bytes:
-        key = super().row_key(e)
-        if not self.key_schema or self.key_style != "primary-key":
-            return key
-        schema = e.shape.cache.get("debezium.key_schema")
-        if schema is None:
-            schema = e.shape.cache["debezium.key_schema"] = dumps(connect_key_schema(
-                e.shape, f"{self.source_name}.{e.table.database}.{e.table.table}.Key"))
-        return b'{"schema":' + schema + b',"payload":' + key + b"}"
+        row = e.after if e.after is not None else e.before
+        assert row is not None
+        return self._key(e, row)
+
+    def routed_rows(self, e: RowEvent) -> list[RoutedRow]:
+        """Debezium's messages of a change (RelationalChangeRecordEmitter, EventDispatcher):
+        an update that changes the primary key is a delete of the old key (header
+        ``__debezium.newkey``), its tombstone and a create of the new key (header
+        ``__debezium.oldkey``); a delete is followed by a tombstone (``tombstones``, as
+        Debezium's ``tombstones.on.delete``, true by default)."""
+        before, after = e.before, e.after
+        if e.action == "update" and e.shape.primary_key and before is not None and \
+                after is not None and (old := primary_key(e.shape, before)) != (
+                    new := primary_key(e.shape, after)):
+            old_key, new_key = self._key(e, before), self._key(e, after)
+            to_new = (("__debezium.newkey", new),)
+            messages = [RoutedRow(old_key, self._value(e, "d", before, None), e.event_number,
+                                  before, to_new)]
+            if self.tombstones:
+                messages.append(RoutedRow(old_key, None, e.event_number, before, to_new))
+            messages.append(RoutedRow(new_key, self._value(e, "c", None, after),
+                                      e.event_number + 1, after, (("__debezium.oldkey", old),)))
+            return messages
+        key, value = self.row_key(e), self.row_value(e)
+        if e.action == "delete" and self.tombstones:
+            return [RoutedRow(key, value, e.event_number), RoutedRow(key, None, e.event_number)]
+        return [RoutedRow(key, value, e.event_number)]
 
     def _row(self, e: RowEvent, row: tuple[Any, ...] | None,
              binary: bool = False) -> dict[str, Any] | None:
+        """A row image's values by column; ``binary``: by Avro field name, as Avro has
+        them (:mod:`cdcserver.messages.connect_avro`)."""
         if row is None:
             return None
         cached = "debezium.avro_row" if binary else "debezium.row"
         shaped = e.shape.cache.get(cached)
         if shaped is None:  # the column names, and the columns whose values are converted
-            converters = [_debezium_converter(f, binary) for f in e.shape.fields]
-            names = tuple(avro_name(f.column) if binary else f.column for f in e.shape.fields)
+            converters = [_required(f, _debezium_converter(f, binary)) if not col.nullable
+                          else _debezium_converter(f, binary)
+                          for f, col in zip(e.shape.fields, e.shape.layout.columns,
+                                            strict=True)]
             shaped = e.shape.cache[cached] = (
-                names, tuple((i, c) for i, c in enumerate(converters) if c is not _same))
+                tuple(avro_name(f.column) if binary else f.column for f in e.shape.fields),
+                tuple((i, c) for i, c in enumerate(converters) if c is not _same))
         names, converted = shaped
         if converted:
             values = list(row)
@@ -194,20 +277,54 @@ class Debezium(MessageFormat):
         return dict(zip(names, row, strict=True))
 
     def row_value(self, e: RowEvent) -> bytes:
-        return dumps(self.envelope(e))
+        return self._value(e, self._OPS[e.action], e.before, e.after)
 
-    def envelope(self, e: RowEvent, binary: bool = False) -> dict[str, Any]:
-        """The change event; ``binary``: with the values and names of its Avro form
-        (:mod:`cdcserver.messages.connect_avro`)."""
+    def _value(self, e: RowEvent, op: str, before: tuple[Any, ...] | None,
+               after: tuple[Any, ...] | None) -> bytes:
         source = {"version": "mariadb-cdc", "connector": self.flavor, "name": self.source_name,
                   "ts_ms": e.timestamp * 1000, "snapshot": "false", "db": e.table.database,
                   "sequence": None, "table": e.table.table, "server_id": e.gtid.server_id,
                   "gtid": e.gtid_text, "file": e.file, "pos": e.pos, "row": e.row,
                   "thread": None, "query": None}
-        return {"before": self._row(e, e.before, binary),
-                "after": self._row(e, e.after, binary), "source": source,
-                "op": self._OPS[e.action], "ts_ms": int(time.time() * 1000),
-                "transaction": None}
+        binary = self.encode_value is not None
+        record = {"before": self._row(e, before, binary), "after": self._row(e, after, binary),
+                  "source": source, "op": op, "ts_ms": int(time.time() * 1000),
+                  "transaction": None}
+        return self._encoded(e.shape, record)
+
+    def _encoded(self, shape: TableShape, record: dict[str, Any]) -> bytes:
+        """A change event as the message's value: Avro (``encode_value``), or JSON with the
+        envelope's Connect schema when ``value_schema`` says so."""
+        if self.encode_value is not None:
+            return self.encode_value(shape, record)
+        return self._with_value_schema(shape, dumps(record))
+
+    def _with_value_schema(self, shape: TableShape, value: bytes) -> bytes:
+        """``value`` with the Connect schema of the table's envelope, with ``value_schema``."""
+        if not self.value_schema:
+            return value
+        cached = f"debezium.value_schema.{self.source_name}.{self.flavor}"
+        schema = shape.cache.get(cached)
+        if schema is None:
+            schema = shape.cache[cached] = dumps(
+                connect_schema.envelope_schema(shape, self.source_name, self.flavor))
+        return _with_schema(schema, value)
+
+    def statement_rows(self, e: StatementEvent) -> list[tuple[bytes | None, bytes]]:
+        """With ``truncate_events``, a TRUNCATE TABLE as Debezium's binlog connectors send it
+        when ``skipped.operations`` leaves out ``t`` (its default skips it): a change event
+        ``op: "t"``, ``before`` and ``after`` null, on the table's topic, with no key."""
+        if not self.truncate_events or e.kind != "truncate" or e.table is None or \
+                e.shape is None:
+            return []
+        source = {"version": "mariadb-cdc", "connector": self.flavor, "name": self.source_name,
+                  "ts_ms": e.timestamp * 1000, "snapshot": "false", "db": e.database,
+                  "sequence": None, "table": e.table, "server_id": e.gtid.server_id,
+                  "gtid": str(e.gtid), "file": e.file, "pos": e.pos, "row": 0,
+                  "thread": None, "query": None}
+        return [(None, self._encoded(e.shape, {
+            "before": None, "after": None, "source": source, "op": "t",
+            "ts_ms": int(time.time() * 1000), "transaction": None}))]
 
     def statement(self, e: StatementEvent) -> Message:
         """Debezium's schema change event, on its schema change topic, keyed by the
@@ -221,15 +338,10 @@ class Debezium(MessageFormat):
                        "tableChanges": [_table_change(e)] if e.table else []})
         key = dumps({"databaseName": e.database})
         if self.key_schema:
-            key = b'{"schema":' + dumps(_SCHEMA_CHANGE_KEY) + b',"payload":' + key + b"}"
+            key = _with_schema(dumps(connect_schema.SCHEMA_CHANGE_KEY), key)
         return key, value
 
 
-# Kafka Connect schemas of Debezium's keys (its MySQL connector's default modes, with
-# decimal.handling.mode=string, as the values are).
-_SCHEMA_CHANGE_KEY = {"type": "struct", "fields": [
-    {"type": "string", "optional": False, "field": "databaseName"}], "optional": False,
-    "name": "io.debezium.connector.mysql.SchemaChangeKey"}
 _JDBC_TYPES = {"tinyint": -6, "smallint": 5, "mediumint": 4, "int": 4, "bigint": -5,
                "float": 7, "double": 8, "decimal": 3, "date": 91, "time": 92,
                "datetime": 93, "timestamp": 2014, "year": 4, "char": 1, "varchar": 12,

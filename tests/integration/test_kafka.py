@@ -139,10 +139,10 @@ async def test_golden_messages(tmp_path, source: Source, users_file: str, kafka_
     for m in messages:
         headers = {k: v.decode() for k, v in m.headers}
         gtids.append(headers["gtid"])
-        key = m.key.decode()
+        key = m.key.decode() if m.key is not None else None
         lines.append(json.dumps({
-            "key": json.loads(key) if key.startswith("{") else key,
-            "value": json.loads(m.value),
+            "key": json.loads(key) if key and key.startswith("{") else key,
+            "value": json.loads(m.value) if m.value is not None else None,  # a tombstone
             "headers": {k: headers[k] for k in ("gtid", "event")}},
             ensure_ascii=False, sort_keys=False).replace(source.database, "<db>"))
     lines = normalize(lines, gtids)

@@ -21,7 +21,7 @@ from cdcserver.core.gtid import Gtid
 from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.core.names import TableName
 from cdcserver.mariadb.constants import ColumnType as T
-from cdcserver.messages.connect_avro import avro_name, envelope_schema, to_avro
+from cdcserver.messages.connect_avro import avro_name, envelope_schema, key_schema
 from cdcserver.messages.events import RowEvent, TableShape
 from cdcserver.messages.formats import Debezium
 from cdcserver.sinks.kafka.registry import AvroEncoder, Registry, decode, record_name, subject
@@ -57,13 +57,14 @@ ROW = (1, 20, "pen", Decimal("1.50"), dt.date(2024, 5, 6),
 
 
 def test_the_envelope_schema_is_what_avrodata_writes() -> None:
-    schema = to_avro(envelope_schema(shape(), "srv"))
+    schema = envelope_schema(shape(), "srv", "mariadb")
     fastavro.parse_schema(schema)
     assert (schema["name"], schema["namespace"]) == ("Envelope", "srv.shop.items")
     assert schema["connect.name"] == "srv.shop.items.Envelope"
-    assert schema["connect.version"] == 1
+    assert schema["connect.version"] == 2
     fields = {f["name"]: f for f in schema["fields"]}
-    assert list(fields) == ["before", "after", "source", "transaction", "op", "ts_ms"]
+    assert list(fields) == ["before", "after", "source", "op", "ts_ms", "ts_us", "ts_ns",
+                            "transaction"]
     value = fields["before"]["type"][1]
     assert fields["before"]["type"][0] == "null" and fields["before"]["default"] is None
     assert fields["after"]["type"] == ["null", "srv.shop.items.Value"]  # met again: by name
@@ -80,8 +81,8 @@ def test_the_envelope_schema_is_what_avrodata_writes() -> None:
     assert columns["my_col"] == ["null", "long"]  # Debezium's avro name adjustment
     snapshot = {f["name"]: f for f in fields["source"]["type"]["fields"]}["snapshot"]
     assert snapshot["default"] == "false" and snapshot["type"][1] == "null"
-    assert snapshot["type"][0]["connect.parameters"] == {
-        "allowed": "true,last,false,incremental"}
+    assert snapshot["type"][0]["connect.name"] == "io.debezium.data.Enum"
+    assert fields["source"]["type"]["connect.name"] == "io.debezium.connector.mariadb.Source"
     assert record_name(schema) == "srv.shop.items.Envelope"
 
 
@@ -94,11 +95,12 @@ def test_avro_names() -> None:
 def test_a_change_event_encodes_in_the_wire_format_and_decodes() -> None:
     s = shape()
     fmt = Debezium(source_name="srv")
-    schema = to_avro(envelope_schema(s, "srv"))
+    schema = envelope_schema(s, "srv", "mariadb")
     encoder = AvroEncoder(258, schema)
     after = (*ROW[:2], "pencil", *ROW[3:])
     e = event(s, ROW, after)
-    value = encoder.encode(fmt.envelope(e, binary=True))
+    fmt.encode_value = lambda _, record: encoder.encode(record)
+    value = fmt.row_value(e)
     assert value[:5] == b"\x00\x00\x00\x01\x02"
     schema_id, record = decode(value, {258: fastavro.parse_schema(schema)})
     assert schema_id == 258
@@ -111,8 +113,21 @@ def test_a_change_event_encodes_in_the_wire_format_and_decodes() -> None:
     assert record["after"]["my_col"] is None
     assert record["source"]["gtid"] == "0-1-7" and record["source"]["snapshot"] == "false"
     # the JSON form is unchanged: names as the columns, bytes in base64
+    fmt.encode_value = None
     assert json.loads(fmt.row_value(e))["after"]["my col"] is None
     assert json.loads(fmt.row_value(e))["after"]["raw"] == "AP8="
+
+
+def test_avro_keys() -> None:
+    s = shape()
+    schema = key_schema(s, "srv")
+    assert schema["connect.name"] == "srv.shop.items.Key"
+    assert schema["fields"] == [{"name": "id", "type": "int"}]
+    fmt = Debezium(source_name="srv")
+    encoder = AvroEncoder(9, schema)
+    fmt.encode_key = lambda _, image: encoder.encode({"id": image["id"]})
+    key = fmt.row_key(event(s, None, ROW))
+    assert decode(key, {9: fastavro.parse_schema(schema)}) == (9, {"id": 1})
 
 
 def test_the_client_reads_avro_values() -> None:
@@ -121,9 +136,11 @@ def test_the_client_reads_avro_values() -> None:
     for name in ("my col", "1st", "naïve", "ok_9"):
         assert client._avro_name(name) == avro_name(name)
     s = shape()
-    schema = to_avro(envelope_schema(s, "srv"))
+    schema = envelope_schema(s, "srv", "mariadb")
     e = event(s, None, ROW)
-    value = AvroEncoder(3, schema).encode(Debezium(source_name="srv").envelope(e, binary=True))
+    fmt = Debezium(source_name="srv")
+    fmt.encode_value = lambda _, record: AvroEncoder(3, schema).encode(record)
+    value = fmt.row_value(e)
     decoder = client.KafkaDecoder("debezium")
     with pytest.raises(LookupError, match="schema 3"):
         decoder.decode(value, {})

@@ -29,14 +29,14 @@ class Message:
 
     __slots__ = ("created", "future", "headers", "key", "partition", "size", "topic", "value")
 
-    def __init__(self, topic: str, partition: int, key: bytes, value: bytes,
+    def __init__(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
                  headers: list[tuple[str, bytes]]) -> None:
         self.topic = topic
         self.partition = partition
         self.key = key
         self.value = value
         self.headers = headers
-        self.size = len(key) + len(value) + OVERHEAD
+        self.size = len(key or b"") + len(value or b"") + OVERHEAD  # None: a tombstone
         self.future: asyncio.Future[Any] | None = None
         self.created = 0.0  # time.monotonic() when produced (its age while unacknowledged)
 

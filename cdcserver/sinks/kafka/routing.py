@@ -32,7 +32,7 @@ from cdcserver.core.changes import Change, Ddl, Rows
 from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.core.names import TableName
 from cdcserver.messages.base import MessageFormat, VersionLookup, primary_key
-from cdcserver.messages.connect_avro import envelope_schema, key_names, key_schema, to_avro
+from cdcserver.messages.connect_avro import envelope_schema, key_names, key_schema
 from cdcserver.messages.events import (
     CommitEvent,
     EventBuilder,
@@ -49,9 +49,6 @@ from cdcserver.sinks.kafka.registry import AvroEncoder, Registry, record_name, s
 from cdcserver.sinks.kafka.sender import Sender, retrying
 from mariadb_cdc_client.format.dump import value_encoder
 
-# a table shape's value encoder, key encoder (None: JSON keys) and the key's field names
-_AvroEncoders = tuple[AvroEncoder, AvroEncoder | None, tuple[str, ...]]
-
 _LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _ILLEGAL = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -64,6 +61,19 @@ def legal_topic(name: str) -> str:
         return name
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return f"{_ILLEGAL.sub('_', name)[:249 - 13]}-{digest}"
+
+
+def _encode_value(shape: TableShape, record: dict[str, Any]) -> bytes:
+    """A change event in Confluent's wire format, with its shape's registered schema
+    (:meth:`Router._avro_ready` made the encoders first)."""
+    encoder: AvroEncoder = shape.cache["kafka.avro"][0]
+    return encoder.encode(record)
+
+
+def _encode_key(shape: TableShape, image: dict[str, Any]) -> bytes:
+    """A row image's key in Confluent's wire format."""
+    _, encoder, names = shape.cache["kafka.avro"]
+    return encoder.encode({n: image[n] for n in names})
 
 
 def _headers(gtid: bytes, event: int, schema: bytes) -> list[tuple[str, bytes]]:
@@ -84,7 +94,9 @@ class Router:
         zone = zoneinfo.ZoneInfo(config.time_zone)  # checked when the configuration loaded
         self.format: MessageFormat = FORMATS[config.format](
             key=config.key, zone=zone, source_name=config.client_id,
-            key_schema=config.key_schema, labels=config.databus_labels)
+            key_schema=config.key_schema, labels=config.databus_labels,
+            value_schema=config.value_schema, tombstones=config.tombstones,
+            truncate_events=config.truncate_events)
         fmt = self.format
         self.topic = fmt.default_topic if config.topic == "auto" else config.topic
         self.ddl_topic = fmt.default_ddl_topic if config.ddl_topic == "auto" \
@@ -100,6 +112,11 @@ class Router:
         self._partitions: dict[str, int] = {}
         # value_format = "avro" (the debezium format, as the configuration checks)
         self.registry = Registry(config) if config.avro else None
+        if self.registry is not None:
+            assert isinstance(fmt, Debezium)
+            fmt.encode_value = _encode_value
+            if config.key_format == "avro":
+                fmt.encode_key = _encode_key
 
     def _publishes(self, change: Change) -> bool:
         """``[kafka] include``/``exclude``: rows and statements of the tables selected (a
@@ -142,57 +159,42 @@ class Router:
     # -- messages --------------------------------------------------------------------------
 
     async def _row(self, e: RowEvent) -> None:
-        topic, count, schema = await self._route(e.shape)
-        if self.registry is not None:
-            await self._avro_row(e, topic, count, schema)
-            return
-        partitions = self._partitions_of(e, count)
+        shape = e.shape
+        topic, count, schema = await self._route(shape)
+        if self.registry is not None and "kafka.avro" not in shape.cache:
+            await self._avro_ready(shape, topic)
+        avro_keys = self.config.key_format == "avro"
+        partitions = () if avro_keys else self._partitions_of(e, count)
         gtid = e.gtid_text.encode()
-        for key, value, event in self.format.rows(e):
+        for key, value, event, keyed_by, own in self.format.routed_rows(e):
             headers = _headers(gtid, event, schema)
-            for partition in partitions:
+            if own:
+                headers.extend(own)
+            if avro_keys:  # where Kafka's partitioner puts the key's bytes
+                targets: tuple[int, ...] = ((murmur2(key) & 0x7FFFFFFF) % count,)
+            else:
+                targets = partitions if keyed_by is None else (
+                    self._partition(shape, keyed_by, count),)
+            for partition in targets:
                 await self.sender.hold(Message(topic, partition, key, value, headers))
 
-    async def _avro_row(self, e: RowEvent, topic: str, count: int, schema: bytes) -> None:
-        """The row's Debezium change event in Confluent's wire format (and its key too, with
-        ``key_format = "avro"``; an Avro key goes to the partition Kafka's partitioner
-        gives its bytes)."""
-        fmt = self.format
-        assert isinstance(fmt, Debezium)
-        shape = e.shape
-        encoders: _AvroEncoders | None = shape.cache.get("kafka.avro")
-        if encoders is None:
-            encoders = shape.cache["kafka.avro"] = await self._avro_encoders(shape, topic)
-        values, keys, names = encoders
-        record = fmt.envelope(e, binary=True)
-        value = values.encode(record)
-        if keys is None:
-            key = fmt.row_key(e)
-            partitions = self._partitions_of(e, count)
-        else:
-            images = [record[side] for side in ("before", "after") if record[side] is not None]
-            encoded = [keys.encode({n: image[n] for n in names}) for image in images]
-            key = encoded[-1]  # the after image's, as for JSON keys
-            partitions = tuple(sorted({(murmur2(k) & 0x7FFFFFFF) % count for k in encoded}))
-        headers = _headers(e.gtid_text.encode(), e.event_number, schema)
-        for partition in partitions:
-            await self.sender.hold(Message(topic, partition, key, value, headers))
-
-    async def _avro_encoders(self, shape: TableShape, topic: str) -> _AvroEncoders:
+    async def _avro_ready(self, shape: TableShape, topic: str) -> None:
         """The table shape's Avro schemas registered (the value's, and the key's with
-        ``key_format = "avro"``), their encoders."""
+        ``key_format = "avro"``) and their encoders kept with it, which the format's
+        ``encode_value``/``encode_key`` use."""
         assert self.registry is not None
-        prefix, strategy, what = self.format.source_name, self.config.subject_name_strategy, \
-            str(shape.table)
-        value = to_avro(envelope_schema(shape, prefix))
+        fmt, strategy, what = self.format, self.config.subject_name_strategy, str(shape.table)
+        value = envelope_schema(shape, fmt.source_name, fmt.flavor)
         value_id = await self.registry.id(subject(strategy, topic, record_name(value)), value,
                                           what)
-        if self.config.key_format != "avro":
-            return AvroEncoder(value_id, value), None, ()
-        key = to_avro(key_schema(shape, prefix))
-        key_id = await self.registry.id(subject(strategy, topic, record_name(key), key=True),
-                                        key, f"{what} (its key)")
-        return AvroEncoder(value_id, value), AvroEncoder(key_id, key), key_names(shape)
+        keys: AvroEncoder | None = None
+        if self.config.key_format == "avro":
+            key = key_schema(shape, fmt.source_name)
+            key_id = await self.registry.id(
+                subject(strategy, topic, record_name(key), key=True), key,
+                f"{what} (its key)")
+            keys = AvroEncoder(key_id, key)
+        shape.cache["kafka.avro"] = (AvroEncoder(value_id, value), keys, key_names(shape))
 
     async def _row_event(self, batch: RowBatch) -> None:
         """One message for a whole binlog row event (the databus format). Its rows may hash
@@ -237,8 +239,15 @@ class Router:
             topic = self._topic(e.database, e.table)
             for partition in range(await self.partition_count(topic)):
                 await self.sender.hold(Message(topic, partition, key, value, headers))
+        if e.table is not None:  # the debezium format's TRUNCATE event: once, as Debezium
+            if self.registry is not None and self.format.truncate_events and \
+                    e.shape is not None and "kafka.avro" not in e.shape.cache:
+                await self._avro_ready(e.shape, self._topic(e.database, e.table))
+            for row_key, row_value in self.format.statement_rows(e):
+                await self._to_first_partition(self._topic(e.database, e.table), row_key,
+                                               row_value, headers)
 
-    async def _to_first_partition(self, topic: str, key: bytes, value: bytes,
+    async def _to_first_partition(self, topic: str, key: bytes | None, value: bytes,
                                   headers: list[tuple[str, bytes]]) -> None:
         await self.partition_count(topic)
         await self.sender.hold(Message(topic, 0, key, value, headers))

@@ -1,0 +1,124 @@
+"""The debezium format's messages where Debezium's own code decides their number and shape
+(3.6: RelationalChangeRecordEmitter, EventDispatcher, BinlogStreamingChangeEventSource): a key
+change, tombstones, TRUNCATE, and values with their Connect schema."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cdcserver.core.changes import ColumnDef, TableLayout
+from cdcserver.core.gtid import Gtid
+from cdcserver.core.names import TableName
+from cdcserver.mariadb.constants import ColumnType as T
+from cdcserver.messages import connect_schema
+from cdcserver.messages.events import RowEvent, StatementEvent, TableShape
+from cdcserver.messages.formats import Debezium
+from cdcserver.store.schema import TableSchema
+
+_LAYOUT = TableLayout("shop", "t", (ColumnDef("id", T.LONG, nullable=False),
+                                    ColumnDef("name", T.VARCHAR, 80, charset="utf8mb4")), (0,))
+SHAPE = TableShape(TableName("shop", "t"), TableSchema.from_layout(_LAYOUT, 1, ""), _LAYOUT)
+GTID = Gtid(0, 1, 7)
+
+
+def _event(action: str, before: tuple[Any, ...] | None, after: tuple[Any, ...] | None
+           ) -> RowEvent:
+    return RowEvent(SHAPE, action, before, after, GTID, 4, 1700000000, "mysql-bin.000001",
+                    900, 0, str(GTID))
+
+
+def _messages(fmt: Debezium, e: RowEvent) -> list[tuple[Any, Any, int, Any, dict[str, Any]]]:
+    return [(json.loads(r.key), r.value and json.loads(r.value)["op"], r.event, r.row,
+             {k: json.loads(v) for k, v in r.headers}) for r in fmt.routed_rows(e)]
+
+
+def test_an_update_of_the_key_is_a_delete_a_tombstone_and_a_create() -> None:
+    """emitUpdateAsPrimaryKeyChangeRecord: the delete keyed by the old key with the header
+    __debezium.newkey, its tombstone, the create keyed by the new key with __debezium.oldkey;
+    each on its own key's partition (the row it is keyed by)."""
+    before, after = (1, "ada"), (2, "ada")
+    assert _messages(Debezium(), _event("update", before, after)) == [
+        ({"id": 1}, "d", 4, before, {"__debezium.newkey": {"id": 2}}),
+        ({"id": 1}, None, 4, before, {"__debezium.newkey": {"id": 2}}),
+        ({"id": 2}, "c", 5, after, {"__debezium.oldkey": {"id": 1}})]
+    assert [m[1] for m in _messages(Debezium(tombstones=False),
+                                    _event("update", before, after))] == ["d", "c"]
+    # the key unchanged: one update
+    assert _messages(Debezium(), _event("update", before, (1, "bob"))) == [
+        ({"id": 1}, "u", 4, None, {})]
+
+
+def test_a_delete_is_followed_by_its_tombstone_unless_turned_off() -> None:
+    """EventDispatcher: with tombstones.on.delete (Debezium's default) the delete's key with
+    no value follows it."""
+    delete = _event("delete", (1, "ada"), None)
+    assert _messages(Debezium(), delete) == [({"id": 1}, "d", 4, None, {}),
+                                             ({"id": 1}, None, 4, None, {})]
+    assert _messages(Debezium(tombstones=False), delete) == [({"id": 1}, "d", 4, None, {})]
+
+
+def test_values_carry_the_envelopes_connect_schema_with_value_schema() -> None:
+    fmt = Debezium(source_name="srv", value_schema=True, key_schema=True)
+    routed = fmt.routed_rows(_event("insert", None, (1, "ada")))
+    assert len(routed) == 1
+    value = json.loads(routed[0].value or b"")
+    assert value["schema"] == connect_schema.envelope_schema(SHAPE, "srv", "mariadb")
+    assert value["payload"]["after"] == {"id": 1, "name": "ada"}
+    assert value["payload"]["op"] == "c"
+    assert json.loads(routed[0].key)["schema"]["name"] == "srv.shop.t.Key"
+    plain = Debezium(source_name="srv").routed_rows(_event("insert", None, (1, "ada")))
+    assert "schema" not in json.loads(plain[0].value or b"")  # the default is unchanged
+
+
+def _truncate(shape: TableShape | None = SHAPE) -> StatementEvent:
+    return StatementEvent("shop", "t", "truncate", "TRUNCATE TABLE t", GTID, 1700000000,
+                          "mysql-bin.000001", 1200, shape)
+
+
+def test_truncate_is_a_change_event_only_when_asked() -> None:
+    """Debezium's skipped.operations defaults to "t": no TRUNCATE event unless asked; asked,
+    one op "t" event with no key, before and after null (its JDBC sink's truncate.enabled)."""
+    assert Debezium().statement_rows(_truncate()) == []
+    [(key, value)] = Debezium(truncate_events=True, value_schema=True).statement_rows(
+        _truncate())
+    assert key is None
+    doc = json.loads(value)
+    assert doc["schema"]["name"] == "cdcserver.shop.t.Envelope"
+    payload = doc["payload"]
+    assert (payload["op"], payload["before"], payload["after"]) == ("t", None, None)
+    assert (payload["source"]["db"], payload["source"]["table"]) == ("shop", "t")
+    alter = StatementEvent("shop", "t", "alter", "ALTER TABLE t ADD c INT", GTID, 1, "f", 1,
+                           SHAPE)
+    assert Debezium(truncate_events=True).statement_rows(alter) == []
+
+
+def test_bigint_unsigned_is_debeziums_int64() -> None:
+    """bigint.unsigned.handling.mode=long: the INT64 of the same bits, which JsonConverter
+    reads (a number above 2^63-1 it refuses); the client reads it back unsigned."""
+    from decimal import Decimal
+
+    from cdcserver.messages.formats import _debezium_converter
+    from mariadb_cdc_client.kafka_values import from_debezium
+
+    layout = TableLayout("shop", "u", (ColumnDef("n", T.LONGLONG, unsigned=True),), ())
+    [field] = TableSchema.from_layout(layout, 1, "").columns
+    convert = _debezium_converter(field)
+    assert [convert(Decimal(v)) for v in (0, 2**63 - 1, 2**63, 2**64 - 1)] == [
+        0, 2**63 - 1, -(2**63), -1]
+    assert from_debezium(field, -1) == Decimal(2**64 - 1)
+
+
+def test_a_zero_date_in_a_not_null_column_is_the_epoch_as_in_debezium() -> None:
+    """JdbcValueConverters.convertValue: no value for a required column gives its fallback,
+    the epoch (a null would break the value's schema); a nullable column's is null."""
+    columns = (ColumnDef("id", T.LONG, nullable=False), ColumnDef("d", T.DATE, nullable=False),
+               ColumnDef("t", T.DATETIME2, 3, nullable=False),
+               ColumnDef("z", T.TIMESTAMP2, 0, nullable=False), ColumnDef("n", T.DATE))
+    layout = TableLayout("shop", "z", columns, (0,))
+    shape = TableShape(TableName("shop", "z"), TableSchema.from_layout(layout, 1, ""), layout)
+    zero = "0000-00-00"  # how the row holds a zero date
+    e = RowEvent(shape, "insert", None, (1, zero, zero + " 00:00:00", zero + " 00:00:00", zero),
+                 GTID, 1, 1700000000, "f", 4, 0, str(GTID))
+    after = json.loads(Debezium().row_value(e))["after"]
+    assert after == {"id": 1, "d": 0, "t": 0, "z": "1970-01-01T00:00:00Z", "n": None}
