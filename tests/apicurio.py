@@ -47,13 +47,23 @@ class Apicurio:
     def start(self, timeout: float = 180.0) -> None:
         """Start it and wait until its API answers (about 10 s on an idle machine; the
         JVM compiles with C1 only, as the other test JVMs do)."""
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start the JVM. From a thread that outlives it: ``die_with_parent`` kills it when
+        the thread that started it ends (so not from an executor's thread)."""
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._process = subprocess.Popen(
             command("apicurio", MAIN, heap="384m", options=(
                 f"-Dquarkus.http.port={self.port}", "-Dquarkus.http.host=127.0.0.1",
                 "-Dquarkus.log.level=WARN", "-Dquarkus.http.access-log.enabled=false")),
             stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        """Until its API answers (any thread may wait)."""
         process = self._process
+        assert process is not None, "launch() first"
         wait_until(lambda: process.poll() is not None or self._ready(), timeout,
                    f"Apicurio Registry to answer on port {self.port} (log: {self.log_path})")
         if process.poll() is not None:

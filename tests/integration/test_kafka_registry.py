@@ -221,7 +221,8 @@ async def test_a_registry_not_there_is_waited_for(tmp_path, source: Source, user
                        f"INSERT INTO {t} VALUES (1, 'a'), (2, 'b')")
         why = await wait_for_waiting(running, "waiting for the schema registry")
         assert later.url in why
-        await asyncio.get_running_loop().run_in_executor(None, later.start)
+        later.launch()  # from this thread: the JVM dies with the thread that starts it
+        await asyncio.to_thread(later.wait_ready)
         try:
             source.execute(f"INSERT INTO {t} VALUES (3, 'c')")
             await kafka_caught_up(running, source, timeout=120)
