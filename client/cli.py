@@ -20,7 +20,8 @@ A database or table name holding a space, a dot, a comma or a quote is quoted as
 
     cdc kafka TOPIC... [-b BOOTSTRAP] [--kafka-format F] [--from START] [-t TIMEOUT]
         read the service's Kafka topics back and print each change as a JSON line, values
-        typed from the schema topic and decoded (base64 and all) in every message format;
+        typed from the schema topic and decoded (base64 and all) in every message format
+        (Avro values with --schema-registry URL, the service's kafka.schema_registry_url);
         START is earliest (default), latest, PARTITION:OFFSET[,...] or a GTID state
 
     cdc --help       these commands, and the stream's options; cdc COMMAND --help

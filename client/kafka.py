@@ -8,6 +8,11 @@ Values come back as the change stream's Python types (Decimal, datetime, bytes..
 message names its table's schema in its ``schema`` header, and the reader reads the schemas
 from the service's schema topic. :class:`KafkaDecoder` does the decoding without I/O.
 
+The debezium format's values sent as Avro (``[kafka] value_format = "avro"``: Confluent's wire
+format) are read with their schemas from the registry: give the reader
+``schema_registry_url`` (the one the service registers with), or the decoder each schema
+(:meth:`KafkaDecoder.add_avro_schema`).
+
 A start position is ``"earliest"``, ``"latest"``, ``{partition: offset}`` (for every topic
 read), or a GTID state (``"0-1-57"``): the changes of the transactions it does not cover, as
 after a dump (the reader scans from the beginning and skips the others).
@@ -16,6 +21,7 @@ after a dump (the reader scans from the beginning and skips the others).
 from __future__ import annotations
 
 import base64
+import io
 import json
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -66,7 +72,22 @@ class KafkaDecoder:
             raise ValueError(f"unknown format {format!r} (one of {', '.join(FORMATS)})")
         self.format = format
         self.schemas: dict[str, tuple[Field, ...]] = {}
+        self.avro_schemas: dict[int, Any] = {}  # registry id -> parsed Avro schema
         self._labels = False
+
+    def add_avro_schema(self, schema_id: int, text: bytes | str) -> None:
+        """The Avro schema the registry has under ``schema_id``, for values in Confluent's
+        wire format."""
+        import fastavro
+
+        self.avro_schemas[schema_id] = fastavro.parse_schema(json.loads(text))
+
+    @staticmethod
+    def avro_schema_id(value: bytes) -> int | None:
+        """The registry id of a value in Confluent's wire format (None: not one)."""
+        if len(value) >= 5 and value[0] == 0:
+            return int.from_bytes(value[1:5], "big")
+        return None
 
     def add_schema(self, schema_id: str, text: bytes | str) -> None:
         schema = json.loads(text)
@@ -86,12 +107,15 @@ class KafkaDecoder:
         before and after counting two, as the change stream numbers records)."""
         if value is None:  # a tombstone (debezium, after a delete): no change of its own
             return []
-        doc = json.loads(value, parse_float=Decimal)
+        binary = self.format == "debezium" and value[:1] == b"\x00"
+        # (binary: Avro in Confluent's wire format)
+        doc = self._avro(value) if binary else json.loads(value, parse_float=Decimal)
         fields = self.schemas.get(headers.get("schema", b"").decode())
         gtid = headers.get("gtid", b"").decode()
         event = int(headers.get("event", b"0") or 0)
         self._labels = headers.get("values") == b"labels"  # databus: ENUM/SET as labels
-        decoded = getattr(self, f"_{self.format}")(doc, fields, gtid, event)
+        decoded = self._debezium(doc, fields, gtid, event, binary) if binary else \
+            getattr(self, f"_{self.format}")(doc, fields, gtid, event)
         if decoded is None:
             return []
         changes = []
@@ -144,8 +168,21 @@ class KafkaDecoder:
         return (doc["DATABASE"], doc["TABLE"], action, typed(doc["OLD_VALUES"]),
                 typed(doc["NEW_VALUES"]), None)
 
+    def _avro(self, value: bytes) -> Any:
+        import fastavro
+
+        schema_id = self.avro_schema_id(value)
+        assert schema_id is not None
+        schema = self.avro_schemas.get(schema_id)
+        if schema is None:
+            raise LookupError(f"an Avro value with the registry's schema {schema_id}, which "
+                              "this decoder was not given (KafkaChangeReader: give it "
+                              "schema_registry_url)")
+        return fastavro.schemaless_reader(io.BytesIO(memoryview(value)[5:]), schema, None)
+
     def _debezium(self, doc: dict[str, Any], fields: tuple[Field, ...] | None, gtid: str,
-                  event: int) -> tuple[Any, ...] | None:
+                  event: int, binary: bool = False) -> tuple[Any, ...] | None:
+        """``binary``: decoded from Avro (bytes as they are, names adjusted for Avro)."""
         if "payload" in doc and "schema" in doc:  # written with its Connect schema
             doc = doc["payload"]
         source = doc.get("source", {})
@@ -157,6 +194,10 @@ class KafkaDecoder:
             return None
         action = {"c": "insert", "u": "update", "d": "delete", "r": "insert"}[doc["op"]]
         by_name = {f.column: f for f in fields or ()}
+        if binary:  # Avro field names back to the columns'; bytes in base64 as in JSON
+            columns = {_avro_name(f.column): f.column for f in fields or ()}
+            doc = {**doc, "before": _from_avro(doc["before"], columns),
+                   "after": _from_avro(doc["after"], columns)}
 
         def typed(values: dict[str, Any] | None) -> dict[str, Any] | None:
             if values is None:
@@ -188,8 +229,12 @@ class KafkaChangeReader:
     """Consume topics (aiokafka) and decode their messages."""
 
     def __init__(self, bootstrap: str, topics: list[str], *, format: str = "databus",
-                 schema_topic: str = "cdcserver-schemas", **consumer_options: Any) -> None:
+                 schema_topic: str = "cdcserver-schemas", schema_registry_url: str = "",
+                 **consumer_options: Any) -> None:
+        """``schema_registry_url``: where the schemas of Avro values are (Confluent's REST
+        API, as the service's ``[kafka] schema_registry_url``)."""
         require("kafka", "KafkaChangeReader")
+        self.schema_registry_url = schema_registry_url.rstrip("/")
         self.bootstrap = bootstrap
         self.topics = topics
         self.decoder = KafkaDecoder(format)
@@ -281,6 +326,9 @@ class KafkaChangeReader:
                             self._looked_for.add(schema)
                         if skip(headers.get("gtid", b"").decode()):
                             continue
+                        avro_id = self.decoder.avro_schema_id(m.value or b"")
+                        if avro_id is not None and avro_id not in self.decoder.avro_schemas:
+                            await self._fetch_avro_schema(avro_id)
                         for change in self.decoder.decode_all(
                                 m.value, headers, m.key or b"", tp.topic, tp.partition,
                                 m.offset):
@@ -289,6 +337,19 @@ class KafkaChangeReader:
         finally:
             await consumer.stop()
 
+
+    async def _fetch_avro_schema(self, schema_id: int) -> None:
+        """The registry's schema ``schema_id`` (``GET /schemas/ids/<id>``) to the decoder."""
+        if not self.schema_registry_url:
+            return  # the decoder says what is missing
+        import aiohttp
+
+        url = f"{self.schema_registry_url}/schemas/ids/{schema_id}"
+        async with aiohttp.ClientSession() as session, session.get(url) as response:
+            if response.status != 200:
+                raise LookupError(f"{url}: {response.status} {await response.text()}")
+            self.decoder.add_avro_schema(schema_id, (await response.json(
+                content_type=None))["schema"])
 
     def _first_copy(self, change: KafkaChange) -> bool:
         """Whether this statement message is the first of its copies (one per partition)."""
@@ -302,6 +363,29 @@ class KafkaChangeReader:
         if len(self._statements) > _STATEMENTS_REMEMBERED:
             self._statements.popitem(last=False)
         return True
+
+
+def _avro_name(name: str) -> str:
+    """A column's name as the Avro schema has it (the service's ``avro_name``)."""
+    name = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in name) \
+        or "_"
+    return "_" + name if name[0].isdigit() else name
+
+
+def _from_avro(values: dict[str, Any] | None, columns: dict[str, str]
+               ) -> dict[str, Any] | None:
+    """A row decoded from Avro as its JSON form has it (the names of the columns, binary
+    values in base64), for :func:`from_debezium`."""
+    if values is None:
+        return None
+    out = {}
+    for name, v in values.items():
+        if isinstance(v, bytes):
+            v = base64.b64encode(v).decode()
+        elif isinstance(v, dict) and isinstance(v.get("wkb"), bytes):  # geometry
+            v = {**v, "wkb": base64.b64encode(v["wkb"]).decode()}
+        out[columns.get(name, name)] = v
+    return out
 
 
 _STATEMENTS_REMEMBERED = 65536  # statements are rare: far more than partitions ever lag by

@@ -28,6 +28,9 @@ def parser() -> argparse.ArgumentParser:
                    help="the service's kafka.format")
     p.add_argument("--schema-topic", default="cdcserver-schemas",
                    help="the service's kafka.schema_topic ('': untyped values)")
+    p.add_argument("--schema-registry", default="",
+                   help="the service's kafka.schema_registry_url, where the schemas of Avro "
+                        "values are (debezium with value_format = avro)")
     p.add_argument("--from", dest="start", default="earliest",
                    help="earliest, latest, PARTITION:OFFSET[,...] or a GTID state")
     p.add_argument("--read-committed", action="store_true",
@@ -101,7 +104,9 @@ def consumer_options(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _print(args: argparse.Namespace) -> None:
     reader = KafkaChangeReader(args.bootstrap, args.topics, format=args.kafka_format,
-                               schema_topic=args.schema_topic, **consumer_options(args))
+                               schema_topic=args.schema_topic,
+                               schema_registry_url=args.schema_registry,
+                               **consumer_options(args))
     out = sys.stdout
     async for change in reader.changes(parse_start(args.start), args.timeout or None):
         out.write(line(change) + "\n")

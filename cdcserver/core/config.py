@@ -308,6 +308,26 @@ class Config:
             raise ConfigError("listener.tls_key is set without listener.tls_cert")
         if self.admin.tls_key and not self.admin.tls_cert:
             raise ConfigError("admin.tls_key is set without admin.tls_cert")
+        if self.kafka.avro and self.kafka.format != "debezium":
+            raise ConfigError("kafka.value_format = \"avro\" takes format = \"debezium\" (the "
+                              "Kafka Connect world Confluent's wire format belongs to); the "
+                              f"{self.kafka.format} format's values are JSON")
+        if self.kafka.key_format == "avro" and not self.kafka.avro:
+            raise ConfigError("kafka.key_format = \"avro\" goes with value_format = \"avro\"")
+        if self.kafka.key_format == "avro" and self.kafka.key not in ("auto", "primary-key"):
+            raise ConfigError("kafka.key_format = \"avro\" writes the primary key (key = "
+                              "\"primary-key\", the debezium format's own)")
+        if self.kafka.avro and self.kafka.value_schema:
+            raise ConfigError("kafka.value_schema writes JSON values with their Connect schema; "
+                              "Avro values (value_format = \"avro\") name theirs in the "
+                              "registry: set one of them")
+        if self.kafka.key_format == "avro" and self.kafka.key_schema:
+            raise ConfigError("kafka.key_schema writes JSON keys with their Connect schema; "
+                              "Avro keys (key_format = \"avro\") name theirs in the registry: "
+                              "set one of them")
+        if self.kafka.avro and not self.kafka.schema_registry_url:
+            raise ConfigError("kafka.value_format = \"avro\" needs schema_registry_url, where "
+                              "the tables' schemas are registered")
         if self.kafka.publisher_lock and not self.kafka.state_topic:
             raise ConfigError("kafka.publisher_lock needs kafka.state_topic: the instance that "
                               "takes over reads the position there")

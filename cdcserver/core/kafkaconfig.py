@@ -9,6 +9,7 @@ from typing import Literal
 
 from cdcserver.core.options import (
     KAFKA_SASL_PASSWORD_VARIABLE,
+    SCHEMA_REGISTRY_PASSWORD_VARIABLE,
     not_negative,
     option,
     positive,
@@ -50,6 +51,33 @@ class KafkaConfig:
                                           "Debezium sends it when skipped.operations leaves "
                                           "out \"t\"; sinks apply it (the JDBC sink's "
                                           "truncate.enabled)")
+    value_format: Literal["json", "avro"] = option(
+        "json", "avro: debezium values as Avro in Confluent's wire format (a magic 0 byte, "
+        "the schema's 4-byte registry id, the Avro binary), each table's schema registered "
+        "in schema_registry_url (the debezium format only)", cli="--kafka-value-format")
+    key_format: Literal["json", "avro"] = option(
+        "json", "avro: debezium primary-key keys as Avro in Confluent's wire format, the "
+        "key's schema registered as the values' are (with value_format = avro)",
+        cli="--kafka-key-format")
+    schema_registry_url: str = option("", "schema registry with Confluent's REST API, for "
+                                          "value_format = avro: http(s)://HOST:PORT[/PATH] "
+                                          "(Apicurio Registry: .../apis/ccompat/v7)",
+                                      cli="--kafka-schema-registry")
+    subject_name_strategy: Literal["topic", "record", "topic-record"] = option(
+        "topic", "registry subject of a topic's value (and key) schemas: topic: "
+        "'<topic>-value' and '<topic>-key' (Confluent's TopicNameStrategy); record: the "
+        "record's full name; topic-record: '<topic>-<record name>'")
+    schema_compatibility: Literal["BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD",
+                                  "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE", "NONE",
+                                  ""] = option(
+        "BACKWARD", "compatibility set on each subject before its first registration ('': "
+                    "the registry's own); a schema it rejects stops replication, saying why, "
+                    "until the subject's compatibility lets it in")
+    schema_registry_user: str = option("", "basic-auth user of the schema registry ('': no "
+                                           "authentication)")
+    schema_registry_password_file: str = option(
+        "", "file holding the schema registry user's password (or "
+            "CDCSERVER_KAFKA_SCHEMA_REGISTRY_PASSWORD)", secret=True)
     schema_topic: str = option("cdcserver-schemas", "topic of the tables' schemas, which "
                                                     "clients use to type values ('': none)")
     state_topic: str = option("cdcserver-state", "topic the sink also records its position in, "
@@ -122,6 +150,16 @@ class KafkaConfig:
     @property
     def exactly_once(self) -> bool:
         return self.delivery == "exactly-once"
+
+    @property
+    def avro(self) -> bool:
+        return self.value_format == "avro"
+
+    def schema_registry_password(self) -> str:
+        if self.schema_registry_password_file:
+            return read_secret(self.schema_registry_password_file,
+                               "kafka.schema_registry_password_file")
+        return os.environ.get(SCHEMA_REGISTRY_PASSWORD_VARIABLE, "")
 
     @property
     def enabled(self) -> bool:

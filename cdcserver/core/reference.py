@@ -32,6 +32,33 @@ SECTIONS = {
     "log": "The service's log on standard error.",
 }
 
+# A worked example after a section's table, where one helps.
+EXAMPLES = {
+    "kafka": """\
+A real cluster (three brokers, SASL over TLS) with a schema registry that speaks Confluent's
+REST API (here Apicurio Registry 3's, under `/apis/ccompat/v7`) and exactly-once delivery
+([kafka.md](kafka.md) says what each part does and how it was tested):
+
+```toml
+[kafka]
+bootstrap = "kafka1:9093,kafka2:9093,kafka3:9093"
+format = "debezium"
+client_id = "shop"
+topic = "shop.{db}.{table}"
+replication_factor = 3
+security_protocol = "SASL_SSL"
+ssl_cafile = "/etc/cdcserver/kafka-ca.pem"
+sasl_mechanism = "SCRAM-SHA-512"
+sasl_username = "cdc"
+sasl_password_file = "/etc/cdcserver/kafka-password"
+delivery = "exactly-once"
+value_format = "avro"
+schema_registry_url = "https://registry:8443/apis/ccompat/v7"
+schema_compatibility = "BACKWARD"
+```
+""",
+}
+
 # Read beside the settings (``SourceConfig._password``, ``KafkaConfig.sasl_password``,
 # ``CaptureConfig.hash_salt``; declared in options.py): a secret, never a TOML key or a flag.
 SECRET_VARIABLES = {
@@ -39,6 +66,9 @@ SECRET_VARIABLES = {
                                  "its own (`source.password_file` wins over it)",
     "CDCSERVER_KAFKA_SASL_PASSWORD": "the SASL password for Kafka (`kafka.sasl_password_file` "
                                      "wins over it)",
+    "CDCSERVER_KAFKA_SCHEMA_REGISTRY_PASSWORD": "the schema registry user's password "
+                                                "(`kafka.schema_registry_password_file` wins "
+                                                "over it)",
     "CDCSERVER_HASH_SALT": "the salt of `[capture] columns_hash` (`capture.hash_salt_file` "
                            "wins over it)",
     "CDCSERVER_ADMIN_TOKEN": "the admin API's token, for `cdcserver ctl` (its `--token-file` "
@@ -82,7 +112,8 @@ Values:
 - **one of**: exactly one of the values listed.
 
 Settings checked together: `listener.tls_key` needs `listener.tls_cert`;
-`kafka.publisher_lock` needs `kafka.state_topic`.
+`kafka.publisher_lock` needs `kafka.state_topic`; `kafka.delivery = "exactly-once"` needs
+`kafka.state_topic`, `kafka.idempotence` and `kafka.acks = "all"`.
 """
 
 
@@ -107,6 +138,9 @@ def _section(section: str, section_type: type[Any]) -> str:
                  _flag(f, kind), _kind(kind, f.name), _default(f.default, kind, f.name),
                  _meaning(f)]
         lines.append("| " + " | ".join(cells) + " |")
+    example = EXAMPLES.get(section)
+    if example:
+        lines += ["", example.rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 

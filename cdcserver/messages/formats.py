@@ -46,6 +46,7 @@ from cdcserver.messages.base import (
     primary_key,
     text_form,
 )
+from cdcserver.messages.connect_avro import avro_name
 from cdcserver.messages.databus import Databus
 from cdcserver.messages.events import RowEvent, StatementEvent, TableShape
 from mariadb_cdc_client.format.schema import Field, Kind, float32_text, to_json_text
@@ -114,7 +115,9 @@ def _without_server_comment(sql: str) -> str:
 _EPOCH = dt.datetime(1970, 1, 1)
 
 
-def _debezium_converter(f: Field) -> Callable[[Any], Any]:
+def _debezium_converter(f: Field, binary: bool = False) -> Callable[[Any], Any]:
+    """A column's value as Debezium's JSON has it; ``binary``: as its Avro has it (bytes
+    as they are, not base64)."""
     k = f.kind
     if k == Kind.DECIMAL:
         if f.real_type == "decimal":
@@ -123,6 +126,10 @@ def _debezium_converter(f: Field) -> Callable[[Any], Any]:
     if k == Kind.FLOAT:
         return lambda v: float(float32_text(v))
     if k == Kind.BYTES:
+        if binary:
+            if f.real_type == "geometry":
+                return lambda v: {"wkb": bytes(v[4:]), "srid": int.from_bytes(v[:4], "little")}
+            return bytes
         if f.real_type == "geometry":
             return lambda v: {"wkb": base64.b64encode(v[4:]).decode(),
                               "srid": int.from_bytes(v[:4], "little")}
@@ -191,11 +198,20 @@ class Debezium(MessageFormat):
         super().__init__(*args, **kwargs)
         # Debezium writes schema changes to the topic named after the server (topic.prefix).
         self.statement_topic = self.source_name
+        # [kafka] value_format/key_format = "avro": the Kafka sink's encoders of a table
+        # shape's change events and keys (records with the names and values of their Avro
+        # form) in Confluent's wire format; None: JSON
+        self.encode_value: Callable[[TableShape, dict[str, Any]], bytes] | None = None
+        self.encode_key: Callable[[TableShape, dict[str, Any]], bytes] | None = None
 
     def _key(self, e: RowEvent, row: tuple[Any, ...]) -> bytes:
         """The message key of ``row`` (one image of the change)."""
         if self.key_style != "primary-key":
             return super().row_key(e)
+        if self.encode_key is not None:
+            image = self._row(e, row, binary=True)
+            assert image is not None
+            return self.encode_key(e.shape, image)
         key = primary_key(e.shape, row)
         if not self.key_schema:
             return key
@@ -235,17 +251,21 @@ class Debezium(MessageFormat):
             return [RoutedRow(key, value, e.event_number), RoutedRow(key, None, e.event_number)]
         return [RoutedRow(key, value, e.event_number)]
 
-    def _row(self, e: RowEvent, row: tuple[Any, ...] | None) -> dict[str, Any] | None:
+    def _row(self, e: RowEvent, row: tuple[Any, ...] | None,
+             binary: bool = False) -> dict[str, Any] | None:
+        """A row image's values by column; ``binary``: by Avro field name, as Avro has
+        them (:mod:`cdcserver.messages.connect_avro`)."""
         if row is None:
             return None
-        shaped = e.shape.cache.get("debezium.row")
+        cached = "debezium.avro_row" if binary else "debezium.row"
+        shaped = e.shape.cache.get(cached)
         if shaped is None:  # the column names, and the columns whose values are converted
-            converters = [_required(f, _debezium_converter(f)) if not col.nullable else
-                          _debezium_converter(f)
+            converters = [_required(f, _debezium_converter(f, binary)) if not col.nullable
+                          else _debezium_converter(f, binary)
                           for f, col in zip(e.shape.fields, e.shape.layout.columns,
                                             strict=True)]
-            shaped = e.shape.cache["debezium.row"] = (
-                tuple(f.column for f in e.shape.fields),
+            shaped = e.shape.cache[cached] = (
+                tuple(avro_name(f.column) if binary else f.column for f in e.shape.fields),
                 tuple((i, c) for i, c in enumerate(converters) if c is not _same))
         names, converted = shaped
         if converted:
@@ -266,10 +286,18 @@ class Debezium(MessageFormat):
                   "sequence": None, "table": e.table.table, "server_id": e.gtid.server_id,
                   "gtid": e.gtid_text, "file": e.file, "pos": e.pos, "row": e.row,
                   "thread": None, "query": None}
-        value = dumps({"before": self._row(e, before), "after": self._row(e, after),
-                       "source": source, "op": op,
-                       "ts_ms": int(time.time() * 1000), "transaction": None})
-        return self._with_value_schema(e.shape, value)
+        binary = self.encode_value is not None
+        record = {"before": self._row(e, before, binary), "after": self._row(e, after, binary),
+                  "source": source, "op": op, "ts_ms": int(time.time() * 1000),
+                  "transaction": None}
+        return self._encoded(e.shape, record)
+
+    def _encoded(self, shape: TableShape, record: dict[str, Any]) -> bytes:
+        """A change event as the message's value: Avro (``encode_value``), or JSON with the
+        envelope's Connect schema when ``value_schema`` says so."""
+        if self.encode_value is not None:
+            return self.encode_value(shape, record)
+        return self._with_value_schema(shape, dumps(record))
 
     def _with_value_schema(self, shape: TableShape, value: bytes) -> bytes:
         """``value`` with the Connect schema of the table's envelope, with ``value_schema``."""
@@ -294,9 +322,9 @@ class Debezium(MessageFormat):
                   "sequence": None, "table": e.table, "server_id": e.gtid.server_id,
                   "gtid": str(e.gtid), "file": e.file, "pos": e.pos, "row": 0,
                   "thread": None, "query": None}
-        value = dumps({"before": None, "after": None, "source": source, "op": "t",
-                       "ts_ms": int(time.time() * 1000), "transaction": None})
-        return [(None, self._with_value_schema(e.shape, value))]
+        return [(None, self._encoded(e.shape, {
+            "before": None, "after": None, "source": source, "op": "t",
+            "ts_ms": int(time.time() * 1000), "transaction": None}))]
 
     def statement(self, e: StatementEvent) -> Message:
         """Debezium's schema change event, on its schema change topic, keyed by the

@@ -14,6 +14,11 @@
 # that pin different versions share one cache without resolving in turn.)
 # Adding a component: a folder tests/jvm/<name>/ with a pom.xml (packaging pom, pinned
 # <dependencies>); then classpath("<name>") in the tests.
+# A program published as a distribution to unpack (Apicurio Registry's tar.gz, whose parent
+# pom Maven Central lacks, so its dependencies cannot be collected) names it in the pom's
+# maven-dependency-plugin <artifactItems> instead: it is unpacked (dependency:unpack) into
+# <cache>/unpacked/<component>-<hash>/, and the classpath file names the jars at the top of
+# it (a Quarkus runner jar, whose manifest names its lib/).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cache="${CDC_TEST_CACHE:-$HOME/.cache/mariadb-cdc-tests}"
@@ -48,8 +53,23 @@ for name in "${components[@]}"; do
   # Written beside, then renamed: a run that stops halfway leaves no truncated classpath,
   # and two runs at once (two checkouts sharing the cache) each write a whole one.
   tmp="$(mktemp "${out}.XXXXXX")"
-  if ! mvn -B -q -f "${pom}" -Dmaven.repo.local="${cache}/m2" dependency:build-classpath \
+  if grep -q '<artifactItems>' "${pom}"; then
+    unpacked="${cache}/unpacked/$(basename "${out}" .txt)"
+    rm -rf "${unpacked}.tmp" "${unpacked}.markers"
+    # (fetch.markers: where the pom has the plugin keep the markers by which it skips what
+    # it unpacked before, out of the checkout)
+    if mvn -B -q -f "${pom}" -Dmaven.repo.local="${cache}/m2" dependency:unpack \
+        -DoutputDirectory="${unpacked}.tmp" -Dfetch.markers="${unpacked}.markers" \
+        >"${tmp}.log" 2>&1; then
+      rm -rf "${unpacked}" "${unpacked}.markers" && mv "${unpacked}.tmp" "${unpacked}"
+      find "${unpacked}" -maxdepth 1 -name '*.jar' | sort | paste -sd ':' > "${tmp}"
+      [ -s "${tmp}" ] || echo "no jar at the top of ${unpacked}" >> "${tmp}.log"
+    fi
+  elif mvn -B -q -f "${pom}" -Dmaven.repo.local="${cache}/m2" dependency:build-classpath \
       -Dmdep.outputFile="${tmp}" -Dmdep.pathSeparator=':' >"${tmp}.log" 2>&1; then
+    :
+  fi
+  if [ ! -s "${tmp}" ]; then
     cat "${tmp}.log" >&2
     rm -f "${tmp}" "${tmp}.log"
     echo "tests/jvm/fetch.sh: Maven could not resolve ${name} (${pom})" >&2

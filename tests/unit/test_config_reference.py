@@ -109,6 +109,9 @@ def test_the_value_syntax_described_is_what_is_read(key: str, value: str, expect
 @pytest.mark.parametrize("overrides", [
     {"listener": {"tls_key": "key.pem"}},
     {"kafka": {"publisher_lock": "cdc", "state_topic": ""}},
+    {"kafka": {"value_format": "avro", "format": "databus",
+               "schema_registry_url": "http://127.0.0.1:8081"}},
+    {"kafka": {"value_format": "avro", "format": "debezium"}},
 ])
 def test_the_settings_checked_together(overrides: dict[str, dict[str, str]]):
     with pytest.raises(ConfigError):

@@ -32,6 +32,7 @@ from cdcserver.core.changes import Change, Ddl, Rows
 from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.core.names import TableName
 from cdcserver.messages.base import MessageFormat, VersionLookup, primary_key
+from cdcserver.messages.connect_avro import envelope_schema, key_names, key_schema
 from cdcserver.messages.events import (
     CommitEvent,
     EventBuilder,
@@ -40,10 +41,11 @@ from cdcserver.messages.events import (
     StatementEvent,
     TableShape,
 )
-from cdcserver.messages.formats import FORMATS
+from cdcserver.messages.formats import FORMATS, Debezium
 from cdcserver.sinks.kafka import connect
 from cdcserver.sinks.kafka.accumulator import Message
 from cdcserver.sinks.kafka.metrics import SinkStats
+from cdcserver.sinks.kafka.registry import AvroEncoder, Registry, record_name, subject
 from cdcserver.sinks.kafka.sender import Sender, retrying
 from mariadb_cdc_client.format.dump import value_encoder
 
@@ -59,6 +61,19 @@ def legal_topic(name: str) -> str:
         return name
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return f"{_ILLEGAL.sub('_', name)[:249 - 13]}-{digest}"
+
+
+def _encode_value(shape: TableShape, record: dict[str, Any]) -> bytes:
+    """A change event in Confluent's wire format, with its shape's registered schema
+    (:meth:`Router._avro_ready` made the encoders first)."""
+    encoder: AvroEncoder = shape.cache["kafka.avro"][0]
+    return encoder.encode(record)
+
+
+def _encode_key(shape: TableShape, image: dict[str, Any]) -> bytes:
+    """A row image's key in Confluent's wire format."""
+    _, encoder, names = shape.cache["kafka.avro"]
+    return encoder.encode({n: image[n] for n in names})
 
 
 def _headers(gtid: bytes, event: int, schema: bytes) -> list[tuple[str, bytes]]:
@@ -95,6 +110,13 @@ class Router:
         self.builder = EventBuilder()
         self.tables = TableSelection.parse(config.include, config.exclude, "kafka")
         self._partitions: dict[str, int] = {}
+        # value_format = "avro" (the debezium format, as the configuration checks)
+        self.registry = Registry(config) if config.avro else None
+        if self.registry is not None:
+            assert isinstance(fmt, Debezium)
+            fmt.encode_value = _encode_value
+            if config.key_format == "avro":
+                fmt.encode_key = _encode_key
 
     def _publishes(self, change: Change) -> bool:
         """``[kafka] include``/``exclude``: rows and statements of the tables selected (a
@@ -140,22 +162,40 @@ class Router:
     async def _row(self, e: RowEvent) -> None:
         shape = e.shape
         topic, count, schema = await self._route(shape)
-        before, after = e.before, e.after
-        if before is None or after is None:
-            row = after if before is None else before
-            assert row is not None
-            partitions: tuple[int, ...] = (self._partition(shape, row, count),)
-        else:  # an update: both keys' partitions, if the key changed
-            partitions = tuple(sorted({self._partition(shape, before, count),
-                                       self._partition(shape, after, count)}))
+        if self.registry is not None and "kafka.avro" not in shape.cache:
+            await self._avro_ready(shape, topic)
+        avro_keys = self.config.key_format == "avro"
+        partitions = () if avro_keys else self._partitions_of(e, count)
         gtid = e.gtid_text.encode()
         for key, value, event, keyed_by, own in self.format.routed_rows(e):
             headers = _headers(gtid, event, schema)
             if own:
                 headers.extend(own)
-            for partition in partitions if keyed_by is None else (
-                    self._partition(shape, keyed_by, count),):
+            if avro_keys:  # where Kafka's partitioner puts the key's bytes
+                targets: tuple[int, ...] = ((murmur2(key) & 0x7FFFFFFF) % count,)
+            else:
+                targets = partitions if keyed_by is None else (
+                    self._partition(shape, keyed_by, count),)
+            for partition in targets:
                 await self.sender.hold(Message(topic, partition, key, value, headers))
+
+    async def _avro_ready(self, shape: TableShape, topic: str) -> None:
+        """The table shape's Avro schemas registered (the value's, and the key's with
+        ``key_format = "avro"``) and their encoders kept with it, which the format's
+        ``encode_value``/``encode_key`` use."""
+        assert self.registry is not None
+        fmt, strategy, what = self.format, self.config.subject_name_strategy, str(shape.table)
+        value = envelope_schema(shape, fmt.source_name, fmt.flavor)
+        value_id = await self.registry.id(subject(strategy, topic, record_name(value)), value,
+                                          what)
+        keys: AvroEncoder | None = None
+        if self.config.key_format == "avro":
+            key = key_schema(shape, fmt.source_name)
+            key_id = await self.registry.id(
+                subject(strategy, topic, record_name(key), key=True), key,
+                f"{what} (its key)")
+            keys = AvroEncoder(key_id, key)
+        shape.cache["kafka.avro"] = (AvroEncoder(value_id, value), keys, key_names(shape))
 
     async def _row_event(self, batch: RowBatch) -> None:
         """One message for a whole binlog row event (the databus format). Its rows may hash
@@ -201,6 +241,9 @@ class Router:
             for partition in range(await self.partition_count(topic)):
                 await self.sender.hold(Message(topic, partition, key, value, headers))
         if e.table is not None:  # the debezium format's TRUNCATE event: once, as Debezium
+            if self.registry is not None and self.format.truncate_events and \
+                    e.shape is not None and "kafka.avro" not in e.shape.cache:
+                await self._avro_ready(e.shape, self._topic(e.database, e.table))
             for row_key, row_value in self.format.statement_rows(e):
                 await self._to_first_partition(self._topic(e.database, e.table), row_key,
                                                row_value, headers)
@@ -222,6 +265,16 @@ class Router:
 
     def _topic(self, database: str, table: str) -> str:
         return legal_topic(self.topic.replace("{db}", database).replace("{table}", table))
+
+    def _partitions_of(self, e: RowEvent, count: int) -> tuple[int, ...]:
+        """The row's partition; an update's both keys' partitions, if the key changed."""
+        before, after = e.before, e.after
+        if before is None or after is None:
+            row = after if before is None else before
+            assert row is not None
+            return (self._partition(e.shape, row, count),)
+        return tuple(sorted({self._partition(e.shape, before, count),
+                             self._partition(e.shape, after, count)}))
 
     def _partition(self, shape: TableShape, row: tuple[Any, ...], count: int) -> int:
         """With primary-key message keys, Kafka's own partitioner (murmur2 of the key), so

@@ -75,11 +75,15 @@ class KafkaSink:
 
     async def close(self) -> None:
         await self.sender.close()
+        if self.router.registry is not None:
+            await self.router.registry.close()
 
     @property
     def waiting(self) -> str:
-        """Why the sink cannot deliver yet (the broker does not answer); "" when it can."""
-        return self.sender.waiting
+        """Why the sink cannot deliver yet (the broker does not answer, the schema registry
+        does not take a schema); "" when it can."""
+        registry = self.router.registry
+        return self.sender.waiting or (registry.waiting if registry is not None else "")
 
     @property
     def durable(self) -> BinlogPosition | None:
