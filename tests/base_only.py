@@ -35,6 +35,7 @@ EXTRA_ONLY = {
     "cdcserver.sinks.kafka.sink": "aiokafka", "cdcserver.sinks.kafka.connect": "aiokafka",
     "cdcserver.sinks.kafka.routing": "aiokafka", "cdcserver.sinks.kafka.sender": "aiokafka",
     "cdcserver.sinks.kafka.accumulator": "aiokafka", "cdcserver.sinks.kafka.checkpoint": "aiokafka",
+    "cdcserver.sinks.kafka.transactional": "aiokafka",
     "mariadb_cdc_client.spark.": "pyspark|pyarrow",  # every module of the package
 }
 
