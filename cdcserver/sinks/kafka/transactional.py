@@ -52,6 +52,8 @@ from cdcserver.sinks.kafka.sender import Sender, retrying
 
 log = logging.getLogger("cdcserver.sinks.kafka.sink")
 
+SAVE_EVERY = 1.0  # seconds between writes of state/kafka.json (not on the commit's path)
+
 FENCED = (ProducerFenced, InvalidProducerEpoch, TransactionalIdAuthorizationFailed)
 
 
@@ -73,6 +75,8 @@ class TransactionalSender(Sender):
         self._rewound = False  # until the next pipeline starts: refuse the old one's batches
         self._fenced: BaseException | None = None
         self._began = 0.0  # time.monotonic() when the open transaction began
+        self._saved = 0.0  # time.monotonic() when state/kafka.json was last written
+        self._saved_position: BinlogPosition | None = None  # ... and what it holds
 
     def _producer(self) -> Any:
         return connect.producer(self.config, self.transactional_id)
@@ -128,7 +132,19 @@ class TransactionalSender(Sender):
                 self._commit_wanted = True
             elif self._open:
                 await self._commit()
+            await self._keep_file()
         return self.checkpoint.durable
+
+    async def _keep_file(self) -> None:
+        """``state/kafka.json``, the operator's copy of the position (the sink reads its own
+        back from Kafka): written once a second at most, off the commits' path."""
+        position = self.checkpoint.durable
+        if position is None or position == self._saved_position or \
+                time.monotonic() - self._saved < SAVE_EVERY:
+            return
+        self._saved, self._saved_position = time.monotonic(), position
+        async with self.checkpoint.lock:
+            await self.checkpoint.save(position)
 
     # -- transactions ----------------------------------------------------------------------
 
@@ -158,8 +174,7 @@ class TransactionalSender(Sender):
         self.stats.commits += 1
         self.stats.acknowledged += sum(1 for _ in self.in_flight.messages())
         self.in_flight.clear()
-        async with self.checkpoint.lock:
-            await self.checkpoint.save(position)  # (for the operator: read back from Kafka)
+        self.checkpoint.durable = position
 
     async def _delivered(self) -> None:
         """Every message of the transaction acknowledged, or a rewind: the producer commits
