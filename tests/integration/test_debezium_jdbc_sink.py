@@ -68,13 +68,14 @@ ROWS = [
 
 
 
-def avro_converter(registry: Apicurio) -> dict[str, object]:
-    """A connector's settings reading the Avro values with Apicurio Registry 2.6's converter:
-    Confluent's framing (byte 0, a 4-byte id: Legacy4ByteIdHandler), the id a content id
-    (what Apicurio 3's ccompat API hands out), looked up through the v2 API Apicurio 3 still
-    serves; no Apicurio headers on the messages."""
-    prefix = "value.converter.apicurio.registry."
-    return {"value.converter": "io.apicurio.registry.utils.converter.AvroConverter",
+def avro_converter(registry: Apicurio, side: str = "value") -> dict[str, object]:
+    """A connector's settings reading the Avro values (``side="key"``: keys) with Apicurio
+    Registry 2.6's converter: Confluent's framing (byte 0, a 4-byte id:
+    Legacy4ByteIdHandler), the id a content id (what Apicurio 3's ccompat API hands out),
+    looked up through the v2 API Apicurio 3 still serves; no Apicurio headers on the
+    messages."""
+    prefix = f"{side}.converter.apicurio.registry."
+    return {f"{side}.converter": "io.apicurio.registry.utils.converter.AvroConverter",
             prefix + "url": f"http://127.0.0.1:{registry.port}/apis/registry/v2",
             prefix + "id-handler": "io.apicurio.registry.serde.Legacy4ByteIdHandler",
             prefix + "use-id": "contentId",
@@ -168,17 +169,20 @@ def _sink(source: Source, target_db: str, topic: str, table: str) -> dict[str, o
     }
 
 
-@pytest.mark.parametrize("values", ["json", "avro"])
+@pytest.mark.parametrize("values", ["json", "avro", "avro-keys"])
 async def test_debeziums_jdbc_sink_makes_a_copy_equal_to_the_source(
         tmp_path, source: Source, users_file: str, kafka_broker: ApacheKafka, values: str,
         request: pytest.FixtureRequest) -> None:
-    if values == "avro":
+    value_options: dict[str, object] = {"value_schema": True, "key_schema": True}
+    converter: dict[str, object] = {}
+    if values.startswith("avro"):
         registry: Apicurio = request.getfixturevalue("schema_registry")
-        value_options: dict[str, object] = {"value_format": "avro",
-                                            "schema_registry_url": registry.url}
+        value_options = {"value_format": "avro", "schema_registry_url": registry.url,
+                         "key_schema": True}
         converter = avro_converter(registry)
-    else:
-        value_options, converter = {"value_schema": True}, {}
+    if values == "avro-keys":  # the keys Avro too, their schemas in the registry
+        value_options |= {"key_format": "avro", "key_schema": False}
+        converter |= avro_converter(registry, "key")
     db = source.database
     target_db = f"{db}_sink"  # t_...: the source fixture drops it with the test's database
     source.execute(f"CREATE DATABASE `{target_db}` CHARACTER SET utf8mb4",
@@ -193,7 +197,7 @@ async def test_debeziums_jdbc_sink_makes_a_copy_equal_to_the_source(
         capture={"include": f"{db}.*"},
         kafka={"bootstrap": kafka_broker.bootstrap, "format": "debezium",
                "topic": run + ".{db}.{table}", "partitions": 1, "client_id": "cdc",
-               "schema_topic": "", "state_topic": f"{run}.{db}.state", "key_schema": True,
+               "schema_topic": "", "state_topic": f"{run}.{db}.state",
                "truncate_events": True, **value_options})
     running = await start_service(config)
     connect = KafkaConnect(tmp_path / "connect", kafka_broker.bootstrap)
