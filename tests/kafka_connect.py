@@ -3,11 +3,11 @@ messages (tests/integration/test_debezium_jdbc_sink.py).
 
 One worker process (``org.apache.kafka.connect.cli.ConnectStandalone``) with everything on
 its classpath (tests/jvm/debezium-jdbc/pom.xml: connect-runtime, Debezium's JDBC sink and
-transforms, the MariaDB driver), plugins found by their ServiceLoader manifests
-(``plugin.discovery=service_load``: no scan of the jars), its offsets in a file in the test's
-directory, its REST API on a free port of 127.0.0.1, its output in ``connect.log`` (named in
-every error). It dies with the thread that started it (``die_with_parent``), so a test
-process killed with -9 leaves no worker behind.
+transforms, Apicurio Registry 2.6's AvroConverter, the MariaDB driver), plugins found by
+their ServiceLoader manifests (``plugin.discovery=service_load``: no scan of the jars), its
+offsets in a file in the test's directory, its REST API on a free port of 127.0.0.1, its
+output in ``connect.log`` (named in every error). It dies with the thread that started it
+(``die_with_parent``), so a test process killed with -9 leaves no worker behind.
 """
 
 from __future__ import annotations

@@ -22,6 +22,12 @@ are within a day: the sink writes a MicroTime as a java.time.LocalTime, which ho
 it). The topic has
 one partition: Debezium's TRUNCATE event is one message without a key, in order with a
 table's rows only when they share a partition.
+
+Twice: with JSON values (``value_schema``, Kafka's ``JsonConverter``), and with Avro values
+(``value_format = "avro"``: Confluent's wire format, the schemas registered through the
+Confluent-compatible API of Apicurio Registry 3, tests/apicurio.py), which the sinks read with
+Apicurio Registry 2.6's ``AvroConverter`` fetching the schemas by their content ids from the
+same registry's v2 API (``AVRO_CONVERTER``); the keys are JSON with their schema both times.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -36,6 +43,7 @@ import pymysql
 import pytest
 
 from tests.apache_kafka import ApacheKafka
+from tests.apicurio import Apicurio
 from tests.conftest import Source, make_config, start_service
 from tests.helpers import pace
 from tests.integration.test_kafka import kafka_caught_up
@@ -57,6 +65,29 @@ ROWS = [
     "(4, 42, 0.000, 'four', '0001-01-01', '9999-12-31 23:59:59.999', "
     "'1000-01-01 00:00:00.000000', '2037-12-31 23:59:59', '12:34:56', x'ff', 'n4')",
 ]
+
+
+
+def avro_converter(registry: Apicurio, side: str = "value") -> dict[str, object]:
+    """A connector's settings reading the Avro values (``side="key"``: keys) with Apicurio
+    Registry 2.6's converter: Confluent's framing (byte 0, a 4-byte id:
+    Legacy4ByteIdHandler), the id a content id (what Apicurio 3's ccompat API hands out),
+    looked up through the v2 API Apicurio 3 still serves; no Apicurio headers on the
+    messages."""
+    prefix = f"{side}.converter.apicurio.registry."
+    return {f"{side}.converter": "io.apicurio.registry.utils.converter.AvroConverter",
+            prefix + "url": f"http://127.0.0.1:{registry.port}/apis/registry/v2",
+            prefix + "id-handler": "io.apicurio.registry.serde.Legacy4ByteIdHandler",
+            prefix + "use-id": "contentId",
+            prefix + "headers.enabled": "false"}
+
+
+@pytest.fixture(scope="module")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Apicurio]:
+    registry = Apicurio(str(tmp_path_factory.mktemp("apicurio")))
+    registry.start()
+    yield registry
+    registry.stop()
 
 
 def _canonical(value: Any) -> Any:
@@ -138,8 +169,20 @@ def _sink(source: Source, target_db: str, topic: str, table: str) -> dict[str, o
     }
 
 
+@pytest.mark.parametrize("values", ["json", "avro", "avro-keys"])
 async def test_debeziums_jdbc_sink_makes_a_copy_equal_to_the_source(
-        tmp_path, source: Source, users_file: str, kafka_broker: ApacheKafka) -> None:
+        tmp_path, source: Source, users_file: str, kafka_broker: ApacheKafka, values: str,
+        request: pytest.FixtureRequest) -> None:
+    value_options: dict[str, object] = {"value_schema": True, "key_schema": True}
+    converter: dict[str, object] = {}
+    if values.startswith("avro"):
+        registry: Apicurio = request.getfixturevalue("schema_registry")
+        value_options = {"value_format": "avro", "schema_registry_url": registry.url,
+                         "key_schema": True}
+        converter = avro_converter(registry)
+    if values == "avro-keys":  # the keys Avro too, their schemas in the registry
+        value_options |= {"key_format": "avro", "key_schema": False}
+        converter |= avro_converter(registry, "key")
     db = source.database
     target_db = f"{db}_sink"  # t_...: the source fixture drops it with the test's database
     source.execute(f"CREATE DATABASE `{target_db}` CHARACTER SET utf8mb4",
@@ -154,18 +197,19 @@ async def test_debeziums_jdbc_sink_makes_a_copy_equal_to_the_source(
         capture={"include": f"{db}.*"},
         kafka={"bootstrap": kafka_broker.bootstrap, "format": "debezium",
                "topic": run + ".{db}.{table}", "partitions": 1, "client_id": "cdc",
-               "schema_topic": "", "state_topic": f"{run}.{db}.state", "key_schema": True,
-               "value_schema": True, "truncate_events": True})
+               "schema_topic": "", "state_topic": f"{run}.{db}.state",
+               "truncate_events": True, **value_options})
     running = await start_service(config)
     connect = KafkaConnect(tmp_path / "connect", kafka_broker.bootstrap)
     try:
         source.execute(f"CREATE TABLE {t} ({COLUMNS}) DEFAULT CHARSET utf8mb4",
                        f"INSERT INTO {t} VALUES {', '.join(ROWS)}")
         await kafka_caught_up(running, source)  # the topic exists before the sinks start
-        flat = {**_sink(source, target_db, topic, "items_flat"),
+        flat = {**_sink(source, target_db, topic, "items_flat"), **converter,
                 "transforms": "unwrap",
                 "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState"}
-        connect.start({"envelope": _sink(source, target_db, topic, "items"), "flat": flat})
+        connect.start({"envelope": {**_sink(source, target_db, topic, "items"), **converter},
+                       "flat": flat})
         await asyncio.to_thread(connect.wait_running, ["envelope", "flat"])
         source.execute(
             f"UPDATE {t} SET price = price * 2, name = CONCAT(name, ' ü'), "
