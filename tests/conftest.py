@@ -36,6 +36,7 @@ from cdcserver.core.gtid import GtidState, same_transaction
 from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.protocol.users import UsersFile
 from tests.apache_kafka import ApacheKafka
+from tests.apicurio import Apicurio
 from tests.helpers import JVM_OPTIONS, PASSWORD, USER
 
 _server_ids = itertools.count(5000)
@@ -111,6 +112,16 @@ def kafka_cluster(_kafka_cluster: ApacheKafka) -> ApacheKafka:
         if node_id not in _kafka_cluster.running():
             _kafka_cluster.start(node_id)
     return _kafka_cluster
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Apicurio]:
+    """Apicurio Registry 3 (in memory) for the session: the registry tests and the JDBC sink's
+    Avro runs share it (tests use subjects of their own)."""
+    registry = Apicurio(str(tmp_path_factory.mktemp("apicurio")))
+    registry.start()
+    yield registry
+    registry.stop()
 
 
 @pytest.fixture

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -80,14 +79,6 @@ def avro_converter(registry: Apicurio, side: str = "value") -> dict[str, object]
             prefix + "id-handler": "io.apicurio.registry.serde.Legacy4ByteIdHandler",
             prefix + "use-id": "contentId",
             prefix + "headers.enabled": "false"}
-
-
-@pytest.fixture(scope="module")
-def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Apicurio]:
-    registry = Apicurio(str(tmp_path_factory.mktemp("apicurio")))
-    registry.start()
-    yield registry
-    registry.stop()
 
 
 def _canonical(value: Any) -> Any:

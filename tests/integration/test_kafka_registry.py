@@ -16,7 +16,6 @@ import datetime as dt
 import json
 import os
 import urllib.request
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -33,14 +32,6 @@ from tests.helpers import pace
 from tests.integration.test_kafka import kafka_caught_up, kafka_section, raw_messages
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.kafka]
-
-
-@pytest.fixture(scope="session")
-def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Apicurio]:
-    registry = Apicurio(str(tmp_path_factory.mktemp("apicurio")))
-    registry.start()
-    yield registry
-    registry.stop()
 
 
 def registry_get(registry: Apicurio, path: str) -> Any:
