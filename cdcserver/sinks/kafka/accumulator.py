@@ -141,6 +141,7 @@ class MessageAccumulator:
         if partition.last is None or partition.last.done():
             await self._hand_over(tp, partition, once=True)
         if partition.queue and not partition.busy:
+            partition.busy = True  # from now: a second task would send the same batch
             partition.task = asyncio.ensure_future(self._hand_over(tp, partition))
             partition.task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
