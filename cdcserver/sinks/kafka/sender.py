@@ -124,6 +124,9 @@ class Sender:
                 async with asyncio.timeout(10):
                     await self.checkpoint.handed_over()  # the last position
             with contextlib.suppress(KafkaError, OSError, TimeoutError):
+                async with asyncio.timeout(10):  # the batches shipped, to the producer
+                    await self.accumulator.drained()
+            with contextlib.suppress(KafkaError, OSError, TimeoutError):
                 async with asyncio.timeout(10):  # (stopped even if the last one was not
                     await self.producer.stop()  # handed over; it delivers what it holds)
             self.producer = None
@@ -185,6 +188,11 @@ class Sender:
         head = self.in_flight.oldest()
         if head is not None and head.future is not None:
             await asyncio.wait([head.future])
+        elif head is not None:  # not batched yet: a new producer is being started
+            async with self._recovering:
+                pass
+            if head.future is None:  # (no producer: do not spin)
+                await asyncio.sleep(0.05)
         await self.harvest()
 
     # -- acknowledgements ------------------------------------------------------------------
@@ -217,6 +225,7 @@ class Sender:
                         "unacknowledged messages again", error or "cancelled",
                         sum(1 for _ in self.in_flight.messages()))
             self.stats.reconnects += 1
+            self.accumulator.use(None)  # the batches queued for it: all sent again below
             await self.close()
             await self.connect()  # (the open batches are dropped: batched again below)
             await self._batch_again()
