@@ -229,10 +229,11 @@ async def test_broker_outage_stalls_with_bounded_memory_and_loses_nothing(
     the sink holds at most max_buffer_bytes and reconnects until the broker is back, the CDC
     listener keeps serving meanwhile, and then every row reaches Kafka, the unacknowledged
     ones sent again. /metrics shows it: the oldest unacknowledged message ages with the
-    outage, then the failures are counted and nothing is held. (A killed broker is
-    tests/integration/test_kafka_exactly_once.py's: there the producer waits for the
-    partition's one batch in flight to drain, which it never does, so the sink's buffer
-    stops short of its bound by a timing-dependent amount.)"""
+    outage, then the failures are counted and nothing is held. (The sink hands aiokafka a
+    partition's next batch only once the one before is acknowledged, from a task of its own:
+    aiokafka's send_batch would otherwise hold the pipeline for request_timeout per batch
+    while the broker is away, and the buffer never filled. A killed broker is
+    tests/integration/test_kafka_exactly_once.py's.)"""
     from mariadb_cdc_client import ChangeRecord, SyncCdcClient
     from tests.helpers import PASSWORD, USER
 
