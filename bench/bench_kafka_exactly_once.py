@@ -54,7 +54,8 @@ def main() -> int:
         broker.start()
         try:
             figures = asyncio.run(kill_loop(os.path.join(work, "run"), Source(server, "eos"),
-                                            users, broker.bootstrap, args.kills, args.seed))
+                                            users, broker.bootstrap, args.kills, args.seed,
+                                            catch_up=1800.0))
         except AssertionError:
             print(f"FAILED with seed {args.seed}", file=sys.stderr)
             raise

@@ -101,7 +101,7 @@ def check(changes: list[KafkaChange], data_dir: str, source: Source,
 
 
 async def kill_loop(tmp: str, source: Source, users_file: str, bootstrap: str, kills: int,
-                    seed: int) -> Figures:
+                    seed: int, catch_up: float = 300.0) -> Figures:
     """``kills`` times: start the service (exactly-once), kill -9 it at a random instant
     while the load writes; then let it catch up and compare."""
     began = time.monotonic()
@@ -136,7 +136,7 @@ async def kill_loop(tmp: str, source: Source, users_file: str, bootstrap: str, k
             durable = _load_state(state_path)
             return durable is not None and all(durable.gtid_state.covers(g) for g in target)
 
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + catch_up
         while not await asyncio.to_thread(covered):
             assert time.monotonic() < deadline, \
                 f"the Kafka commits did not catch up (seed {seed}); see {service.log}"
