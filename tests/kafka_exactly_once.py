@@ -18,11 +18,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from cdcserver.sinks.kafka.checkpoint import _load_state
 from mariadb_cdc_client.kafka import KafkaChange, KafkaChangeReader
 from tests.conftest import Source
 from tests.helpers import TcpProxy, pace
 from tests.integration.test_kafka_delivery import (
+    kafka_file_covers,
     message_positions,
     replay,
     source_rows,
@@ -130,11 +130,8 @@ async def kill_loop(tmp: str, source: Source, users_file: str, bootstrap: str, k
     target = source.gtid_state()
     service.start()
     try:
-        state_path = os.path.join(data_dir, "state", "kafka.json")
-
         def covered() -> bool:
-            durable = _load_state(state_path)
-            return durable is not None and all(durable.gtid_state.covers(g) for g in target)
+            return kafka_file_covers(data_dir, target)
 
         deadline = time.monotonic() + catch_up
         while not await asyncio.to_thread(covered):

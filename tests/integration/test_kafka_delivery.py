@@ -22,6 +22,7 @@ import fastavro
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cdcserver.core.gtid import GtidState
 from cdcserver.sinks.kafka.checkpoint import _load_state
 from mariadb_cdc_client.kafka import KafkaChange, KafkaChangeReader, KafkaDecoder
 from tests.apache_kafka import ApacheKafka
@@ -89,6 +90,12 @@ def assert_duplicates_identical(changes: list[KafkaChange]) -> int:
             duplicates += 1
             assert (seen.action, seen.before, seen.after) == (c.action, c.before, c.after)
     return duplicates
+
+
+def kafka_file_covers(data_dir: str, target: GtidState) -> bool:
+    """The Kafka sink's ``state/kafka.json`` (read as the sink reads it) covers ``target``."""
+    durable = _load_state(os.path.join(data_dir, "state", "kafka.json"))
+    return durable is not None and all(durable.gtid_state.covers(g) for g in target)
 
 
 def source_rows(source: Source, table: str, columns: str) -> dict[Any, tuple[Any, ...]]:
@@ -192,11 +199,8 @@ async def test_kill_9_under_load_loses_nothing(tmp_path, source: Source, users_f
     target = source.gtid_state()
     service.start()
     try:
-        state_path = os.path.join(data_dir, "state", "kafka.json")
-
         def covered() -> bool:
-            durable = _load_state(state_path)
-            return durable is not None and all(durable.gtid_state.covers(g) for g in target)
+            return kafka_file_covers(data_dir, target)
 
         for _ in range(1200):
             if await asyncio.to_thread(covered):
