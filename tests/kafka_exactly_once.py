@@ -14,11 +14,14 @@ import os
 import random
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from mariadb_cdc_client.kafka import KafkaChange, KafkaChangeReader
+from tests.apache_kafka import free_port
 from tests.conftest import Source
 from tests.helpers import TcpProxy, pace
 from tests.integration.test_kafka_delivery import (
@@ -128,6 +131,8 @@ async def kill_loop(tmp: str, source: Source, users_file: str, bootstrap: str, k
     finally:
         load.finish()
     target = source.gtid_state()
+    health_port = free_port()
+    service.args = [*service.args, "--metrics-listen", f"127.0.0.1:{health_port}"]
     service.start()
     try:
         def covered() -> bool:
@@ -135,8 +140,10 @@ async def kill_loop(tmp: str, source: Source, users_file: str, bootstrap: str, k
 
         deadline = time.monotonic() + catch_up
         while not await asyncio.to_thread(covered):
-            assert time.monotonic() < deadline, \
-                f"the Kafka commits did not catch up (seed {seed}); see {service.log}"
+            if time.monotonic() > deadline:
+                health = await asyncio.to_thread(_health, health_port)
+                raise AssertionError(f"the Kafka commits did not catch up (seed {seed}); "
+                                     f"see {service.log}; /health: {health}")
             await pace(0.2)
     finally:
         assert service.terminate() == 0
@@ -144,6 +151,17 @@ async def kill_loop(tmp: str, source: Source, users_file: str, bootstrap: str, k
     duplicates, missing, out_of_order = check(changes, data_dir, source)
     return Figures(kills, load.transactions, len(changes), duplicates, missing, out_of_order,
                    time.monotonic() - began)
+
+
+def _health(port: int) -> str:
+    """The service's /health, as it answers (for a failure's message)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as answer:
+            return answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.read().decode()
+    except OSError as error:
+        return f"no answer: {error}"
 
 
 class RowWriter:

@@ -137,6 +137,7 @@ class ReplicationRunner:
             queue_bytes=handoff.in_flight if handoff is not None else 0,
             queue_capacity=handoff.capacity if handoff is not None else 0,
             repair_pending=self.repair_pending(),
+            repairs_waiting=self.pipeline.repairs_waiting() if self.pipeline else [],
             source=self.sources.current.describe(), sources=len(self.sources.addresses),
             source_switches=self.sources.switches,
             refused=[r.text() for r in self.sources.refusals],

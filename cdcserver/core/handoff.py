@@ -38,6 +38,12 @@ class Handoff:
         """Binlog bytes handed over and not yet taken (the queue depth metric)."""
         return self._weight
 
+    @property
+    def waiting(self) -> bool:
+        """Whether :meth:`get` would answer at once (batches wait, or the stream ended)."""
+        with self._lock:
+            return bool(self._batches) or self._finished
+
     # -- producer (replication thread) -------------------------------------------------
 
     def put(self, batch: list[Change], weight: int) -> None:

@@ -53,6 +53,8 @@ class ReplicationStats:
     xa_prepared: int = 0  # XA transactions prepared on the source, their commit not seen yet
     xa_oldest_seconds: float = 0.0  # since the oldest of them was prepared
     xa_lost: list[str] = field(default_factory=list)  # commits of XA prepared before the start
+    # what holds the checkpoint back while repair_pending: stage, tables, cause of each
+    repairs_waiting: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -300,6 +302,7 @@ def health(stats: ServiceStats, max_lag: float) -> tuple[bool, dict[str, Any]]:
             "connected": replication.connected,
             "applied": stats.applied,
             "repair_pending": replication.repair_pending,
+            "repairs_waiting": replication.repairs_waiting,
             "xa_prepared": replication.xa_prepared,
             "xa_oldest_prepared_seconds": round(replication.xa_oldest_seconds, 3),
             "lag_seconds": lag.seconds if lag else None,

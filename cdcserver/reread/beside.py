@@ -24,8 +24,9 @@ process's, :mod:`.besideprocess`; the versions it folds are frozen by :mod:`.fro
    millions of rows spans many transactions, each record saying why it is there); then the
    held changes after S, in their order, the same way (those up to S are in the records
    already), until none waits and the table streams live again. Every before-image a
-   consumer then gets is the row it holds. On a source that writes nothing more they wait
-   for its next transaction, as a resync does.
+   consumer then gets is the row it holds. On a source that writes nothing more, the stream's
+   last transaction waits for them, its ``Commit`` held until the repair is out
+   (:mod:`.lastcommit`).
 
 Tables of less than ``MIN_BYTES`` stored are repaired in the transaction that changed them,
 by the pipeline, as before: a fraction of a second, and no later transaction needed.

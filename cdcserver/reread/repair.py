@@ -21,7 +21,8 @@ transaction goes on:
 
 Steps 1 and 2 are :mod:`.rereads` (a big table's whole-table repair is read beside the
 stream instead: :mod:`.besiderepairs`), steps 3 and 4 :mod:`.watermark`; the rows an ALTER
-retypes go out before it (:mod:`.retypedout`). The state these share is :mod:`.repairstate`,
+retypes go out before it (:mod:`.retypedout`); the stream's last transaction waits for a
+repair beside the stream when the source writes nothing more (:mod:`.lastcommit`). The state these share is :mod:`.repairstate`,
 what they count :mod:`.repairstats`; :class:`Repairer` passes each change on.
 
 The checkpoint never passes a rowless change that was not repaired: while a repair waits for
@@ -54,16 +55,15 @@ from cdcserver.core.changes import (
 from cdcserver.core.names import TableName
 from cdcserver.replication.rowless import SESSION_REASONS
 from cdcserver.reread.difference import past_watermark
+from cdcserver.reread.lastcommit import LastCommit
 from cdcserver.reread.markers import keeps_rows, retarget, together
 from cdcserver.reread.repairstate import table_of
-from cdcserver.reread.rereads import Rereads
 from cdcserver.reread.view import Views
-from cdcserver.reread.watermark import Watermarks
 from cdcserver.schema.masking import project_layout
 
 log = logging.getLogger(__name__)
 
-class Repairer(Rereads, Watermarks):
+class Repairer(LastCommit):
     """The repair stage (see the module's description): each batch passes through
     :meth:`process` before the sinks."""
 
@@ -75,6 +75,27 @@ class Repairer(Rereads, Watermarks):
         flush looks in meanwhile, and the transactions since its change are stored."""
         return bool(self._pending or self._again or self._beside or self._queued or
                     self._inline or self._reissue or self._reading or self._letting_go)
+
+    def waiting(self) -> list[dict[str, Any]]:
+        """What holds the checkpoint back (:attr:`pending`), one entry per repair: its
+        tables, the transaction it is for, and the stage it is in, for /health."""
+        def entry(stage: str, markers: list[Rowless], cause: str) -> dict[str, Any]:
+            tables = sorted({f"{m.database}.{m.table}" for m in markers})
+            return {"stage": stage, "tables": tables, "cause": cause}
+        out = [entry("waits for its watermark", p.markers, p.cause) for p in self._pending]
+        out += [entry("read again (carried over)", m, c) for m, c in self._again]
+        out += [entry("read beside the stream", b.markers, b.cause)
+                for b in self._beside.values()]
+        out += [entry("queued behind the table's repair beside the stream", m, c)
+                for waiting in self._queued.values() for m, c in waiting]
+        out += [entry("to be read by the pipeline", m, c) for m, c in self._inline]
+        out += [entry("read again at this commit", m, c) for m, c in self._reissue]
+        out += [{"stage": "its statement goes out", "tables": [str(s.table)],
+                 "cause": s.cause} for s in self._letting_go]
+        if self._reading:
+            out.append({"stage": "being read", "tables": [], "cause": "",
+                        "count": self._reading})
+        return out
 
     def request_resync(self, table: TableName, why: str) -> bool:
         """Read a quarantined table again at a watermark and release it there (in the first
@@ -135,13 +156,22 @@ class Repairer(Rereads, Watermarks):
         return out
 
     async def process(self, batch: list[Change]) -> list[Change]:
+        """What goes on for a part of the stream. Where it ends with the stream's last
+        transaction and a repair beside the stream has more for it, without that
+        transaction's ``Commit``: :attr:`holding`, and :meth:`resume` gives the rest."""
+        assert self._holding is None, "resume() the held transaction first"
         out = await self._part_starts()
         for change in batch:
             if isinstance(change, Rows) and self._held(change):
                 continue  # waits for its table's repair or resync (:mod:`.held`)
             if self._letting_go and self._begin is not None and not isinstance(change, Begin):
                 out += await self._let_go()  # before anything else of their tables
-            out += await self._passed(change)
+            open_from = len(self._batch_rows)
+            passed = await self._passed(change)
+            if change is batch[-1] and isinstance(change, Commit) and \
+                    self._hold(change, open_from):
+                passed.pop()  # the Commit, last: :mod:`.lastcommit`
+            out += passed
         return out
 
     async def _part_starts(self) -> list[Change]:

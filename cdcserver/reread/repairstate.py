@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pymysql
@@ -111,6 +112,12 @@ class RepairState:
         self._launched = 0
         self._reading = 0  # repairs being read now (in no list meanwhile)
         self._next_share = 0.0  # (monotonic) when a repair beside the stream may go on
+        # The stream's last transaction, its commit held while a repair beside the stream
+        # is read or attached and the source writes nothing more (:meth:`.besiderepairs.
+        # BesideRepairs.resume`); and whether the stream has more for the pipeline (set by
+        # it; by default it has, and no commit is held)
+        self._holding: Commit | None = None
+        self.input_waiting: Callable[[], bool] = lambda: True
 
     @property
     def address(self) -> SourceAddress:

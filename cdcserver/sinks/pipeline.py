@@ -159,6 +159,9 @@ class Pipeline:
         self.last_commit_timestamp: int | None = None  # the source's, of the newest applied
         self._progress: asyncio.Future[None] | None = None
         self._finishing = 0  # parts being repaired and applied while a repair was out
+        self._later_batches = self._later_parts = 0  # after the one being applied
+        if repairer is not None:
+            repairer.input_waiting = self._input_waiting
 
     def progress(self) -> asyncio.Future[None]:
         """A future resolved after the next batch of transactions is applied."""
@@ -187,7 +190,8 @@ class Pipeline:
                 batches, taking = taking.result(), None
                 if not batches:
                     break
-                for batch in batches:
+                for i, batch in enumerate(batches):
+                    self._later_batches = len(batches) - i - 1
                     await self._apply(batch)
         finally:
             if taking is not None and not taking.done():
@@ -201,9 +205,17 @@ class Pipeline:
         if self.repairer is None:
             await self._apply_part(batch)
             return
-        for part in segments(batch):
+        parts = segments(batch)
+        for i, part in enumerate(parts):
+            self._later_parts = len(parts) - i - 1
             async with self._finishing_repairs():
                 await self._apply_part(self._captured_only(await self.repairer.process(part)))
+                while self.repairer.holding:  # the last transaction, for a repair beside it
+                    await self._apply_part(self._captured_only(await self.repairer.resume()))
+
+    def _input_waiting(self) -> bool:
+        """Whether the stream has more for the pipeline than the part being passed on."""
+        return self._later_parts > 0 or self._later_batches > 0 or self.handoff.waiting
 
     @property
     def _reading_beside(self) -> bool:
@@ -286,6 +298,16 @@ class Pipeline:
         """While a repair waits for its watermark no checkpoint is written (it would pass the
         change being repaired; a restart replays from the last one instead)."""
         return self.repairer is not None and (self.repairer.pending or self._finishing > 0)
+
+    def repairs_waiting(self) -> list[dict[str, Any]]:
+        """What holds the checkpoint back while :attr:`repair_pending` (for /health)."""
+        if self.repairer is None:
+            return []
+        waiting = self.repairer.waiting()
+        if self._finishing > 0:
+            waiting.append({"stage": "its rows are being applied", "tables": [], "cause": "",
+                            "count": self._finishing})
+        return waiting
 
     async def flush(self) -> None:
         if self.repair_pending:

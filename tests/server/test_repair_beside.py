@@ -120,10 +120,20 @@ def _check_before_images(records: list[dict]) -> None:
             held[key] = row
 
 
+def _stream_always_busy(cdc: RunningService) -> None:
+    """The pipeline is told the stream always has more: no transaction is held for a repair
+    (``reread/lastcommit.py``), so its records spread over the transactions that follow, a
+    share each, as under steady traffic (which a test cannot make steady enough)."""
+    pipeline = cdc.service.replication.runner.pipeline
+    assert pipeline is not None and pipeline.repairer is not None
+    pipeline.repairer.input_waiting = lambda: True
+
+
 async def test_other_tables_stream_while_a_table_is_repaired_and_its_own_changes_wait(
         cdc: RunningService, source: Source, gate: Gate):
     m, other = _fill(source)
     await cdc.caught_up(source)
+    _stream_always_busy(cdc)
     stored = await read_stream(cdc.port, m, user=USER, password=PASSWORD, quiet=0.5)
     # truncates 'row 10' .. 'row 300' to five characters without row events: a rewrite
     source.execute("SET SESSION sql_mode = ''", f"ALTER TABLE {m} MODIFY a VARCHAR(5)")
@@ -159,6 +169,42 @@ async def test_other_tables_stream_while_a_table_is_repaired_and_its_own_changes
                for r in records[first + len(repairs):])
     assert len({r["sequence"] for r in repairs}) > 1  # spread over several transactions
     assert repairs[0]["cdc:repair"]["cause"]
+
+
+async def test_after_the_sources_last_write_one_transaction_takes_the_whole_repair(
+        cdc: RunningService, source: Source, gate: Gate):
+    """The source writes nothing after the ALTER but one transaction: the repair's records
+    and the changes held for it all ride on that one (its commit waits for them), and the
+    checkpoint then covers the source; not one share per transaction still to come."""
+    m, other = _fill(source)
+    await cdc.caught_up(source)
+    source.execute("SET SESSION sql_mode = ''", f"ALTER TABLE {m} MODIFY a VARCHAR(5)")
+    await until(lambda: bool(_repairing(cdc)), timeout=30)
+    source.execute(f"UPDATE {m} SET b = -b WHERE id IN (20, 21)",  # held for the repair
+                   f"INSERT INTO {m} VALUES (1001, 'new', 1)")
+    await cdc.caught_up(source)
+    gate.set()
+    repair = next(iter(_repairing(cdc).values()))
+    await until(repair.done.is_set, timeout=60)
+    assert _repairing(cdc) and cdc.service.replication.runner.repair_pending(), \
+        "the repair went out with no transaction to ride on"
+    assert beside.ATTACH_ROWS * 3 < ROWS  # several shares: one transaction takes them all
+    source.execute(f"INSERT INTO {other} VALUES (1, 1)")
+    await cdc.caught_up(source)
+    assert not _repairing(cdc) and not cdc.service.replication.runner.repair_pending()
+    data_dir = cdc.service.config.store.data_dir
+    await until(lambda: _stored(data_dir, source), timeout=30)
+
+    lines = await _exact_and_true(cdc, source, "m")
+    records = [r for r in lines if "event_type" in r]
+    last = source.gtid_state()
+    first = next(i for i, r in enumerate(records) if r.get("cdc:repair"))
+    # the repair, then the changes held for it (20, 21, 1001: their own records, or in the
+    # repair's where its read came after them)
+    rode = records[first:]
+    assert len(rode) > ROWS and {20, 21, 1001} <= {r["id"] for r in rode}
+    assert {r["sequence"] for r in rode} == \
+        {g.sequence for g in last if g.domain == rode[0]["domain"]}
 
 
 def _decimals(source: Source) -> tuple[str, str]:
