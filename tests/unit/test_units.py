@@ -355,6 +355,17 @@ async def test_handoff_blocks_the_producer_when_full_and_delivers_in_order():
     assert most_in_flight <= 3  # 3 x 4 > capacity 10: never more than fits
 
 
+async def test_handoff_says_whether_a_batch_waits():
+    """What the pipeline asks before it holds the stream's last transaction for a repair."""
+    handoff = Handoff(asyncio.get_running_loop(), capacity=10)
+    assert not handoff.waiting
+    handoff.put([1], weight=4)  # type: ignore[list-item]
+    assert handoff.waiting
+    assert await handoff.get() == [[1]] and not handoff.waiting
+    handoff.finish()
+    assert handoff.waiting  # the stream ended: nothing more will come to wait for
+
+
 def test_replication_starts_at_the_earliest_sink_checkpoint():
     from dataclasses import dataclass as dc
 
