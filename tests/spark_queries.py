@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-CONNECT_BACK = "Python worker failed to connect back"
+from mariadb_cdc_client.spark.mirror import CONNECT_BACK
+
 STARTS = 3
 
 

@@ -25,6 +25,7 @@ its data under ``--path``) commit each batch as one MERGE, exactly once
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import sys
@@ -34,7 +35,14 @@ from typing import Any
 from mariadb_cdc_client.format.extras import MissingExtra, require
 from mariadb_cdc_client.format.names import parse_table
 
+log = logging.getLogger(__name__)
+
 CURRENT = "CURRENT"
+# Spark gives the Python worker of a Python streaming source a fixed 10 s to connect back
+# (PythonWorkerFactory.createSimpleWorker; no setting changes it): on a busy machine the
+# query can fail that way as it starts, before its first batch
+CONNECT_BACK = "Python worker failed to connect back"
+STARTS = 5  # starts in a row that may fail so before the mirror gives up
 
 
 def current_snapshot(path: str) -> str | None:
@@ -203,10 +211,26 @@ def main(argv: list[str] | None = None) -> int:
                "password": args.password, "auth": args.auth,
                "startingPosition": args.starting_position}
     trigger = {"availableNow": True} if args.once else None
-    query = start(spark, options, args.table, args.path, checkpoint, trigger, args.format,
-                  args.catalog, args.file_size_mb * 2**20)
-    query.awaitTermination()
+    run(lambda: start(spark, options, args.table, args.path, checkpoint, trigger, args.format,
+                      args.catalog, args.file_size_mb * 2**20))
     return 0
+
+
+def run(start_query: Callable[[], Any], starts: int = STARTS) -> None:
+    """Run the mirror's query until it ends. One whose Python worker missed Spark's deadline
+    to connect back (``CONNECT_BACK``) is started again from its checkpoint, which makes it
+    the same query, up to ``starts`` times in a row; any other failure is raised."""
+    for attempt in range(1, starts + 1):
+        query = start_query()
+        try:
+            query.awaitTermination()
+            return
+        except Exception as exc:
+            if CONNECT_BACK not in str(exc) or attempt == starts:
+                raise
+            log.warning("the query's Python worker missed Spark's 10 s to connect back "
+                        "(start %d of %d); starting it again from its checkpoint", attempt,
+                        starts)
 
 
 if __name__ == "__main__":
