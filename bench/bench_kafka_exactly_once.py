@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import shutil
 import sys
@@ -63,6 +64,9 @@ def main() -> int:
             broker.close()
         outage = None
         if args.outage:
+            # (the outage runs the service in this process: aiokafka's line per failed
+            # connection to the killed broker, ten a second, would bury the figures)
+            logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
             server.execute("RESET MASTER", "CREATE DATABASE eos_outage")
             broker = ApacheKafka(os.path.join(work, "kafka-outage"))
             broker.start()
