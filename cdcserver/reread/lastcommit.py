@@ -14,14 +14,16 @@ it, then asks :meth:`LastCommit.resume` again and again: each answer is the repa
 share, attached to that transaction as it would be to a later one (no pause: nothing else
 waits), until the repair is out and the ``Commit`` follows, or until the stream brings more,
 when the ``Commit`` goes at once and the rest rides on the transactions after it, as before.
-A repair that failed is dealt with there too (its held statement out, its table quarantined
-or read by the pipeline at that commit). So one transaction after the read is done is
-enough, however many shares the repair has.
+A repair that failed is dealt with there too (its held statement out, its table quarantined,
+or left for the pipeline to read at the next transaction). So one transaction after the
+read is done is enough, however many shares the repair has. A repair queued behind the one
+that ends starts at the next transaction, as before: the store must hold this one's records
+first, for the view it compares with.
 
 A transaction is not held while a repair is still being read: it would wait for the read,
 and every table's consumers with it. A read that ends after the source's last transaction
-waits for the next one; until then no checkpoint passes the change being repaired (see
-``docs/operations.md``, "Repairs").
+waits for the next one; until then no checkpoint passes the change being repaired
+(``docs/repairs.md``).
 
 The pipeline stores every part before the held ``Commit``, so the rows not in the store are
 that transaction's alone: the views a repair folds meanwhile count them once.
@@ -30,15 +32,12 @@ that transaction's alone: the views a repair folds meanwhile count them once.
 from __future__ import annotations
 
 import asyncio
-import time
 
 from cdcserver.core.changes import Change, Commit
-from cdcserver.reread.markers import together
 from cdcserver.reread.rereads import Rereads
 from cdcserver.reread.watermark import Watermarks
 
-RESUME_LOOK = 0.5  # seconds :meth:`LastCommit.resume` waits before it answers with nothing
-RESUME_POLL = 0.05  # seconds between two looks at the repairs being read
+RESUME_POLL = 0.05  # seconds before :meth:`LastCommit.resume` looks again after nothing
 
 
 class LastCommit(Rereads, Watermarks):
@@ -60,55 +59,37 @@ class LastCommit(Rereads, Watermarks):
         return True
 
     async def resume(self) -> list[Change]:
-        """The held transaction's next changes: a repair's next share, nothing while none is
-        ready (after ``RESUME_LOOK``), the ``Commit`` once no share is left or the stream
-        has more."""
+        """The held transaction's next changes: a repair's next share; the ``Commit`` once
+        no share is left or the stream has more."""
         commit = self._holding
         assert commit is not None
-        look = time.monotonic() + RESUME_LOOK
         while self._waits_at(commit) and not self.input_waiting():
-            if self._ready_at(commit):
-                self._next_share = 0.0  # no transaction of the stream waits for its turn
-                out = await self._attached_to(commit)
-                if out:
-                    return out
-            elif time.monotonic() > look:
-                return []
-            await asyncio.sleep(RESUME_POLL)
+            self._next_share = 0.0  # no transaction of the stream waits for its turn
+            out = await self._attached_to(commit)
+            if out:
+                return out
+            await asyncio.sleep(RESUME_POLL)  # (a failed repair dealt with: looked at again)
         self._holding = None
         out = [*self._stopping, commit]
         self._stopping = []
         return out
 
     def _waits_at(self, commit: Commit) -> bool:
-        """Whether a repair has more for ``commit``: one beside the stream that failed, or
-        is due with shares left; or reads to start there. (Not one still being read: the
-        transaction would wait for it, and every table's consumers with it.)"""
-        if self._reissue or self._inline:
-            return True
+        """Whether a repair beside the stream has more for ``commit``: it failed, or is due
+        with shares left. (Not one still being read: the transaction would wait for it, and
+        every table's consumers with it. Nor a read to start, a repair queued behind the
+        one that ends or one the pipeline takes over: it starts at the next transaction,
+        as before, with the store holding this one's records, which its view must count.)"""
         return any(r.done.is_set() and (r.error is not None or bool(r.fallback) or
                                         (r.due(commit) and not r.finished))
                    for r in self._beside.values())
 
-    def _ready_at(self, commit: Commit) -> bool:
-        """Whether something can be attached to ``commit`` now."""
-        return bool(self._reissue or self._inline) or any(
-            r.done.is_set() and (r.error is not None or bool(r.fallback) or r.due(commit))
-            for r in self._beside.values())
-
     async def _attached_to(self, commit: Commit) -> list[Change]:
-        """What ``commit`` gets now, as :meth:`.repair.Repairer._committing` gives it: the
-        reads to start there, the shares of the repairs beside the stream, those due."""
-        again, self._reissue = self._reissue, []
-        inline, self._inline = self._inline, []
-        if again:
-            await self._start(*together(again), commit)
-        if inline:
-            await self._start(*together(inline), commit, beside_ok=False)
+        """What ``commit`` gets now, as :meth:`.besiderepairs.BesideRepairs._attach_beside`
+        gives it at a commit: a failed repair dealt with, or a due one's next share."""
         out = await self._attach_beside(commit)
         self._batch_rows += self._txn_rows
         self._txn_rows = []
-        out += await self._attach_due(commit)
         out += self._stopping
         self._stopping = []
         return out
