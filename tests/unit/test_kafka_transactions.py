@@ -152,6 +152,11 @@ async def test_fenced_while_young_another_instance_publishes_this_one_stops(sink
     assert len(_Producer.made) == 1  # no new producer: it would fence the other back
     with pytest.raises(PublisherFenced):
         await sink.transactions.hold(Message("t", 0, b"k", b"late", []))
+    # routing a new table asks for its partitions: that says so too, and is not retried
+    # as if a producer were being started again (CI run ci11: the pipeline waited there,
+    # holding the sink's lock, and the fenced instance went on for minutes)
+    with pytest.raises(PublisherFenced):
+        await asyncio.wait_for(sink.transactions.partitions_for("t2"), 5)
 
 
 async def test_fenced_when_old_the_brokers_aborted_it_for_its_age_the_sink_rewinds(sink):

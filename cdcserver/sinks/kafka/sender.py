@@ -154,9 +154,14 @@ class Sender:
         if self.producer is None:  # being started again
             async with self._recovering:
                 pass
+        self._check_usable()  # (a producer let go for good is not waited for)
         if self.producer is None:
             raise KafkaConnectionError("the producer is being started again")
         return set(await self.producer.partitions_for(topic))
+
+    def _check_usable(self) -> None:
+        """Raise where the sink can no longer send (exactly once: fenced out, or rewound
+        and waiting for replication to start over); at least once it always can."""
 
     def end_transaction(self, position: BinlogPosition) -> None:
         self.in_flight.end_transaction(position)
