@@ -22,8 +22,9 @@ transaction goes on:
 Steps 1 and 2 are :mod:`.rereads` (a big table's whole-table repair is read beside the
 stream instead: :mod:`.besiderepairs`), steps 3 and 4 :mod:`.watermark`; the rows an ALTER
 retypes go out before it (:mod:`.retypedout`); the stream's last transaction waits for a
-repair beside the stream when the source writes nothing more (:mod:`.lastcommit`). The state these share is :mod:`.repairstate`,
-what they count :mod:`.repairstats`; :class:`Repairer` passes each change on.
+repair beside the stream when the source writes nothing more (:mod:`.lastcommit`). The state
+these share is :mod:`.repairstate`, what they count :mod:`.repairstats`; :class:`Repairer`
+passes each change on.
 
 The checkpoint never passes a rowless change that was not repaired: while a repair waits for
 its watermark the pipeline writes no checkpoint (:attr:`Repairer.pending`), so a crash replays
