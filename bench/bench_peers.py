@@ -308,6 +308,11 @@ def median(results: list[Result]) -> Result:
     return ordered[(len(ordered) - 1) // 2]
 
 
+def _ratio(a: float, b: float) -> float:
+    """a / b; nan when b is 0 (a window too short for a poll to see, in a tiny run)."""
+    return a / b if b else float("nan")
+
+
 def report(service: Result, debezium: Result) -> dict[str, bool]:
     """Print the table and the ratios; returns issue 53's goals, met or not."""
     print(f"{'tool':<12} {'changes':>9} {'start-up s':>10} {'changes/s':>11} "
@@ -315,9 +320,9 @@ def report(service: Result, debezium: Result) -> dict[str, bool]:
     for r in (service, debezium):
         print(f"{r.tool:<12} {r.changes:>9,} {r.startup:>10.1f} {r.rate:>11,.0f} "
               f"{r.cpu_per_million:>20.1f} {r.rss_mb:>12.0f}", flush=True)
-    throughput = service.rate / debezium.rate
-    cpu = service.cpu_per_million / debezium.cpu_per_million
-    memory = service.rss_mb / debezium.rss_mb
+    throughput = _ratio(service.rate, debezium.rate)
+    cpu = _ratio(service.cpu_per_million, debezium.cpu_per_million)
+    memory = _ratio(service.rss_mb, debezium.rss_mb)
     goals = {"throughput": throughput >= THROUGHPUT_GOAL, "memory": memory <= MEMORY_GOAL}
     line("ratio changes/s, service / Debezium",
          f"{throughput:.2f} (goal >= {THROUGHPUT_GOAL:g}: "
