@@ -62,32 +62,42 @@ def workload_server(scale: int = 1, tables: tuple[str, ...] = ("orders",)
 
 
 def load_workload(server: EmbeddedMariaDB, scale: int = 1,
-                  tables: tuple[str, ...] = ("orders",)) -> None:
+                  tables: tuple[str, ...] = ("orders",), *, inserts: int | None = None,
+                  database: str = "bench", reset: bool = True) -> int:
     """``scale`` times the standard workload: ``scale * INSERTS`` rows inserted, then
     ``scale * UPDATES`` updated, in transactions of ``BATCH`` (with several ``tables``, each
-    batch goes to the next table in turn: the same rows and transactions, spread)."""
+    batch goes to the next table in turn: the same rows and transactions, spread).
+    ``inserts``: that many rows instead, and a quarter of them updated, as the standard
+    workload's ratio (the last transaction of each kind smaller when they are not a multiple
+    of ``BATCH``); ``database``: created for the tables, after ``RESET MASTER`` unless not
+    ``reset``. Returns the row changes written."""
+    rows = scale * INSERTS if inserts is None else inserts
+    updates = scale * UPDATES if inserts is None else inserts // 4
     rng = random.Random(20261121)
-    server.execute("RESET MASTER", "CREATE DATABASE bench",
-                   *(CREATE.replace("bench.orders", f"bench.{t}") for t in tables))
+    server.execute(*(["RESET MASTER"] if reset else []), f"CREATE DATABASE {database}",
+                   *(CREATE.replace("bench.orders", f"{database}.{t}") for t in tables))
     conn = server.connect()
     conn.autocommit(False)
     with conn.cursor() as cur:
-        for batch in range(scale * INSERTS // BATCH):
-            rows = [(rng.randint(-10**15, 10**15), f"customer-{batch}-{i}",
-                     f"{rng.randint(0, 10**10) / 100:.2f}",
-                     f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} 12:34:56",
-                     "lorem ipsum dolor sit amet " * 4, rng.random() * 1000,
-                     f'{{"k": {i}, "tag": "t{batch % 7}"}}') for i in range(BATCH)]
-            cur.executemany(f"INSERT INTO bench.{tables[batch % len(tables)]} (big, name, "
-                            "amount, created, body, score, attrs) VALUES (%s, %s, %s, %s, %s, "
-                            "%s, %s)", rows)
+        for batch in range(-(-rows // BATCH)):
+            values = [(rng.randint(-10**15, 10**15), f"customer-{batch}-{i}",
+                       f"{rng.randint(0, 10**10) / 100:.2f}",
+                       f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} 12:34:56",
+                       "lorem ipsum dolor sit amet " * 4, rng.random() * 1000,
+                       f'{{"k": {i}, "tag": "t{batch % 7}"}}')
+                      for i in range(min(BATCH, rows - batch * BATCH))]
+            cur.executemany(f"INSERT INTO {database}.{tables[batch % len(tables)]} (big, "
+                            "name, amount, created, body, score, attrs) VALUES (%s, %s, %s, "
+                            "%s, %s, %s, %s)", values)
             conn.commit()
-        for batch in range(scale * UPDATES // BATCH):
+        for batch in range(-(-updates // BATCH)):
             table, first = tables[batch % len(tables)], batch // len(tables) * BATCH + 1
-            cur.execute(f"UPDATE bench.{table} SET score = score + 1, name = CONCAT(name, '*') "
-                        "WHERE id BETWEEN %s AND %s", (first, first + BATCH - 1))
+            last = first + min(BATCH, updates - batch * BATCH) - 1
+            cur.execute(f"UPDATE {database}.{table} SET score = score + 1, name = CONCAT(name, "
+                        "'*') WHERE id BETWEEN %s AND %s", (first, last))
             conn.commit()
     conn.close()
+    return rows + updates
 
 
 def mariadb_binlog_rate(server: EmbeddedMariaDB) -> tuple[float, int]:

@@ -1,13 +1,17 @@
 """Kafka Connect, standalone, for the tests that run Debezium's own code on this service's
-messages (tests/integration/test_debezium_jdbc_sink.py).
+messages (tests/integration/test_debezium_jdbc_sink.py), and for Debezium's own source
+connector beside the service (bench/bench_peers.py, tests/debezium_source.py).
 
 One worker process (``org.apache.kafka.connect.cli.ConnectStandalone``) with everything on
-its classpath (tests/jvm/debezium-jdbc/pom.xml: connect-runtime, Debezium's JDBC sink and
-transforms, Apicurio Registry 2.6's AvroConverter, the MariaDB driver), plugins found by
+its classpath (a component of tests/jvm: ``debezium-jdbc`` by default, connect-runtime,
+Debezium's JDBC sink and transforms, Apicurio Registry 2.6's AvroConverter, the MariaDB
+driver; ``debezium-mariadb``, Debezium's binlog source connector), plugins found by
 their ServiceLoader manifests (``plugin.discovery=service_load``: no scan of the jars), its
 offsets in a file in the test's directory, its REST API on a free port of 127.0.0.1, its
 output in ``connect.log`` (named in every error). It dies with the thread that started it
 (``die_with_parent``), so a test process killed with -9 leaves no worker behind.
+``worker`` settings go over the defaults: a source connector's producer is the worker's
+(``producer.*``, :func:`producer_settings`).
 """
 
 from __future__ import annotations
@@ -43,11 +47,25 @@ class ConnectFailed(AssertionError):
     pass
 
 
+def producer_settings(acks: str, compression: str, batch_bytes: int, linger_ms: int
+                      ) -> dict[str, object]:
+    """The worker settings giving its source connectors' producer these (Connect's own
+    defaults otherwise: acks all, max.in.flight.requests.per.connection 1, batch.size
+    16384, Kafka 4 clients' linger.ms 5, no compression)."""
+    return {"producer.acks": acks, "producer.compression.type": compression,
+            "producer.batch.size": batch_bytes, "producer.linger.ms": linger_ms}
+
+
 class KafkaConnect:
-    def __init__(self, directory: str | os.PathLike[str], bootstrap: str) -> None:
+    def __init__(self, directory: str | os.PathLike[str], bootstrap: str, *,
+                 component: str = "debezium-jdbc", heap: str = "384m",
+                 tuning: tuple[str, ...] = jvm.JVM_OPTIONS,
+                 worker: Mapping[str, object] | None = None) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.bootstrap = bootstrap
+        self.component, self.heap, self.tuning = component, heap, tuning
+        self.worker = dict(worker or {})
         self.port = free_port()
         self.log_path = self.directory / "connect.log"
         self._process: subprocess.Popen[bytes] | None = None
@@ -68,6 +86,7 @@ class KafkaConnect:
             "consumer.auto.offset.reset": "earliest",
             "consumer.fetch.max.wait.ms": 100,
             "consumer.metadata.max.age.ms": 2000,
+            **self.worker,
         }
 
     def start(self, connectors: Mapping[str, Mapping[str, object]]) -> None:
@@ -79,12 +98,19 @@ class KafkaConnect:
             path = self.directory / f"{name}.properties"
             path.write_text(_properties({"name": name, **config}))
             files.append(str(path))
-        command = jvm.command("debezium-jdbc", _STANDALONE, str(worker), *files, heap="384m",
-                              options=_LOGGING)
+        command = jvm.command(self.component, _STANDALONE, str(worker), *files,
+                              heap=self.heap, options=_LOGGING, tuning=self.tuning)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, cwd=self.directory,
                                          preexec_fn=die_with_parent)
+
+    @property
+    def pid(self) -> int:
+        """The worker's process id (it runs every connector's tasks)."""
+        if self._process is None:
+            raise ConnectFailed("Kafka Connect is not running")
+        return self._process.pid
 
     def _get(self, path: str) -> Any:
         url = f"http://127.0.0.1:{self.port}{path}"

@@ -72,7 +72,9 @@ def java() -> str:
 
 
 def command(component: str, main_class: str, *args: str, heap: str = "256m",
-            options: tuple[str, ...] = ()) -> list[str]:
-    """A command line running ``main_class`` of ``component`` in a small JVM."""
-    return [java(), f"-Xmx{heap}", *JVM_OPTIONS, *options, "-cp", classpath(component),
+            options: tuple[str, ...] = (), tuning: tuple[str, ...] = JVM_OPTIONS) -> list[str]:
+    """A command line running ``main_class`` of ``component`` in a small JVM (``tuning``:
+    other JVM options instead of the tests' short-lived ones, as a benchmark runs a JVM the
+    way its users do)."""
+    return [java(), f"-Xmx{heap}", *tuning, *options, "-cp", classpath(component),
             main_class, *args]

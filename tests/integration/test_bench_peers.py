@@ -1,0 +1,48 @@
+"""bench/bench_peers.py at a few thousand rows (issue 53): both tools, the service and
+Debezium's connector in Kafka Connect, read the same binlog and each publishes every change
+written, once, to its own topic of the session's broker; the comparison prints.
+
+Its own MariaDB, not the session's: the bench restarts the server with another version
+string for Debezium (bench_peers.version_for_debezium), which the other tests must not see.
+Debezium's worker runs in the tests' small JVM (``tuned=False``). No timing is asserted: the
+machine may be loaded; each tool has a bounded wait that names what it saw.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from bench import bench_peers
+from cdcserver.app.embedded import EmbeddedMariaDB
+from tests.apache_kafka import ApacheKafka
+
+pytestmark = [pytest.mark.mariadb, pytest.mark.kafka, pytest.mark.slow]
+
+ROWS = 3_000
+
+
+@pytest.mark.timeout(900)
+def test_both_tools_deliver_every_change(tmp_path: Path, kafka_broker: ApacheKafka,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    run = uuid.uuid4().hex[:8]  # topics of this run's own on the shared broker
+    with EmbeddedMariaDB(str(tmp_path / "mariadb"), port=0) as server:
+        changes = bench_peers.write_workload(server, "peers", ROWS)
+        assert changes == ROWS + ROWS // 4
+        ours = bench_peers.run_service(server, "peers", kafka_broker.bootstrap,
+                                       tmp_path / "service", changes, prefix=f"svc{run}",
+                                       timeout=300)
+        theirs = bench_peers.run_debezium(server, "peers", kafka_broker.bootstrap,
+                                          tmp_path / "debezium", changes, prefix=f"dbz{run}",
+                                          tuned=False, timeout=300)
+    # every change once: the topics hold as many messages as changes were written
+    assert (ours.changes, theirs.changes) == (changes, changes)
+    assert ours.rss_mb > 0 and theirs.rss_mb > 0
+    bench_peers.report(ours, theirs)
+    out = capsys.readouterr().out
+    with capsys.disabled():
+        print(f"\n{out}")
+    assert "ratio changes/s, service / Debezium" in out
+    assert "ratio peak RSS, service / Debezium" in out
