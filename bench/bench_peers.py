@@ -1,6 +1,7 @@
 """This service side by side with Debezium (issue 53): streaming throughput, CPU and memory.
 
     .venv/bin/python bench/bench_peers.py [--rows N] [--runs N] [--compression CODEC]
+        [--latency [--latency-seconds S] [--rates R,R]]
 
 One private MariaDB in bench/out and one Apache Kafka broker (tests/apache_kafka.py); the
 standard workload (bench/common.py: 200,000 rows inserted into a table of 8 mixed columns,
@@ -25,7 +26,8 @@ the brokers' high watermarks, polled every 50 ms); changes/s and the process's C
 streaming window; peak RSS (``VmHWM``; the JVM's is the whole worker's). Prints a table and
 the ratios service/Debezium with issue 53's goals (throughput at least 3 times Debezium's,
 memory at most a quarter of it), each met or not; with ``--runs`` above 1, each tool's run
-of median throughput.
+of median throughput. With ``--latency``, then the time from commit to a consumer's receipt
+at fixed rates (bench/peers_latency.py).
 """
 
 from __future__ import annotations
@@ -391,6 +393,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1, help="runs of each tool (medians)")
     parser.add_argument("--compression", default="lz4",
                         choices=("none", "gzip", "snappy", "lz4", "zstd"))
+    parser.add_argument("--latency", action="store_true",
+                        help="then commit-to-consumer latency at fixed rates (peers_latency.py)")
+    parser.add_argument("--latency-seconds", type=float, default=20.0,
+                        help="seconds of writing at each rate")
+    parser.add_argument("--rates", type=_rates, default=(1_000, 10_000),
+                        help="rows/s the latency writer keeps, comma-separated")
     args = parser.parse_args(argv)
     announce_code_path()
     producer = Producer(compression=args.compression)
@@ -414,7 +422,23 @@ def main(argv: list[str] | None = None) -> int:
                                        producer, server_id=9302 + 2 * run,
                                        prefix=f"dbz{run}"))
         report(median(ours), median(theirs))
+        if args.latency:
+            latency(server, broker.bootstrap, producer, args.rates, args.latency_seconds)
     return 0
+
+
+def _rates(text: str) -> tuple[int, ...]:
+    return tuple(int(r) for r in text.split(","))
+
+
+def latency(server: EmbeddedMariaDB, bootstrap: str, producer: Producer,
+            rates: tuple[int, ...], seconds: float) -> None:
+    # imported here: peers_latency builds on this module
+    from bench import peers_latency
+
+    ours, theirs = peers_latency.measure(server, bootstrap, Path(OUT, "peers", "latency"),
+                                         producer, rates, seconds)
+    peers_latency.report(ours, theirs, seconds)
 
 
 if __name__ == "__main__":
