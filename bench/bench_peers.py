@@ -1,6 +1,7 @@
 """This service side by side with Debezium (issue 53): streaming throughput, CPU and memory.
 
     .venv/bin/python bench/bench_peers.py [--rows N] [--runs N] [--compression CODEC]
+        [--latency [--latency-seconds S] [--rates R,R]]
 
 One private MariaDB in bench/out and one Apache Kafka broker (tests/apache_kafka.py); the
 standard workload (bench/common.py: 200,000 rows inserted into a table of 8 mixed columns,
@@ -25,7 +26,8 @@ the brokers' high watermarks, polled every 50 ms); changes/s and the process's C
 streaming window; peak RSS (``VmHWM``; the JVM's is the whole worker's). Prints a table and
 the ratios service/Debezium with issue 53's goals (throughput at least 3 times Debezium's,
 memory at most a quarter of it), each met or not; with ``--runs`` above 1, each tool's run
-of median throughput.
+of median throughput. With ``--latency``, then the time from commit to a consumer's receipt
+at fixed rates (bench/peers_latency.py).
 """
 
 from __future__ import annotations
@@ -202,31 +204,40 @@ def service_command() -> list[str]:
     return [str(installed)] if installed.exists() else [sys.executable, "-m", "cdcserver"]
 
 
-def run_service(server: EmbeddedMariaDB, database: str, bootstrap: str, directory: Path,
-                changes: int, producer: Producer = Producer(), *, server_id: int = 9301,
-                prefix: str = "svc", timeout: float = 600.0) -> Result:
-    """This service from the binlog's start until every change of ``database``.orders is
-    acknowledged by Kafka, on ``<prefix>.<database>.orders`` (its schema change topic:
-    ``prefix``, as Debezium's)."""
+@dataclasses.dataclass(frozen=True)
+class Running:
+    """A tool started: its process, when it was started, and a check that raises
+    :class:`Stopped` when it is not running any more."""
+
+    pid: int
+    started: float  # time.monotonic() just before the process's start
+    alive: Callable[[], None]
+
+
+@contextlib.contextmanager
+def service_running(server: EmbeddedMariaDB, bootstrap: str, directory: Path,
+                    producer: Producer, *, server_id: int, prefix: str,
+                    topics: list[str]) -> Iterator[Running]:
+    """``cdcserver run`` reading ``server``'s binlog from its start (``topics`` created
+    before), stopped after."""
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     config = directory / "cdcserver.toml"
     config.write_text(service_config(server, bootstrap, directory, producer, server_id,
                                      prefix))
-    topic = f"{prefix}.{database}.orders"
-    create_topics(bootstrap, [topic], producer)
+    create_topics(bootstrap, topics, producer)
     log_path = directory / "cdcserver.log"
     with open(log_path, "wb") as log:
         started = time.monotonic()
         process = subprocess.Popen([*service_command(), "run", "--config", str(config)],
                                    stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+
+        def alive() -> None:
+            if process.poll() is not None:
+                raise Stopped(f"cdcserver exited ({process.returncode}); see {log_path}")
         try:
-            def alive() -> None:
-                if process.poll() is not None:
-                    raise Stopped(f"cdcserver exited ({process.returncode}); see {log_path}")
-            result = watch(bootstrap, topic, producer.partitions, changes, process.pid,
-                           started, alive, timeout)
+            yield Running(process.pid, started, alive)
         finally:
             process.terminate()
             try:
@@ -234,6 +245,19 @@ def run_service(server: EmbeddedMariaDB, database: str, bootstrap: str, director
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def run_service(server: EmbeddedMariaDB, database: str, bootstrap: str, directory: Path,
+                changes: int, producer: Producer = Producer(), *, server_id: int = 9301,
+                prefix: str = "svc", timeout: float = 600.0) -> Result:
+    """This service from the binlog's start until every change of ``database``.orders is
+    acknowledged by Kafka, on ``<prefix>.<database>.orders`` (its schema change topic:
+    ``prefix``, as Debezium's)."""
+    topic = f"{prefix}.{database}.orders"
+    with service_running(server, bootstrap, directory, producer, server_id=server_id,
+                         prefix=prefix, topics=[topic]) as running:
+        result = watch(bootstrap, topic, producer.partitions, changes, running.pid,
+                       running.started, running.alive, timeout)
     return dataclasses.replace(result, tool=SERVICE)
 
 
@@ -267,17 +291,18 @@ def version_for_debezium(server: EmbeddedMariaDB) -> Iterator[None]:
         server.start()
 
 
-def run_debezium(server: EmbeddedMariaDB, database: str, bootstrap: str, directory: Path,
-                 changes: int, producer: Producer = Producer(), *, server_id: int = 9302,
-                 prefix: str = "dbz", tuned: bool = True, timeout: float = 600.0) -> Result:
-    """Debezium's connector in Connect standalone from the binlog's start until every change
-    of ``database``.orders is acknowledged by Kafka, on ``<prefix>.<database>.orders``
-    (``tuned``: the JVM of connect-standalone.sh, else the tests' small one)."""
+@contextlib.contextmanager
+def debezium_running(server: EmbeddedMariaDB, database: str, bootstrap: str,
+                     directory: Path, producer: Producer, *, server_id: int, prefix: str,
+                     tuned: bool, topics: list[str]) -> Iterator[Running]:
+    """Debezium's connector in Connect standalone reading ``server`` (restarted for it:
+    :func:`version_for_debezium`) from the binlog's start, the tables of ``database``
+    (``topics`` created before), stopped after; a :class:`Stopped` raised inside names the
+    worker's log and its tail."""
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     debezium_source.create_user(server)
-    topic = f"{prefix}.{database}.orders"
-    create_topics(bootstrap, [topic], producer)
+    create_topics(bootstrap, topics, producer)
     worker = debezium_source.worker(
         directory, bootstrap, tuned=tuned,
         producer=producer_settings("all", producer.compression, producer.batch_bytes,
@@ -287,16 +312,30 @@ def run_debezium(server: EmbeddedMariaDB, database: str, bootstrap: str, directo
     with version_for_debezium(server):
         started = time.monotonic()
         worker.start({prefix: connector})
+
+        def alive() -> None:
+            worker.check_running(prefix)  # raises when the worker or a task failed
         try:
-            def alive() -> None:
-                worker.check_running(prefix)  # raises when the worker or a task failed
-            result = watch(bootstrap, topic, producer.partitions, changes, worker.pid,
-                           started, alive, timeout)
+            yield Running(worker.pid, started, alive)
         except Stopped as e:
             raise Stopped(f"{e} (Kafka Connect log: {worker.log_path}):\n"
                           f"{worker.log_tail()}") from None
         finally:
             worker.stop()
+
+
+def run_debezium(server: EmbeddedMariaDB, database: str, bootstrap: str, directory: Path,
+                 changes: int, producer: Producer = Producer(), *, server_id: int = 9302,
+                 prefix: str = "dbz", tuned: bool = True, timeout: float = 600.0) -> Result:
+    """Debezium's connector in Connect standalone from the binlog's start until every change
+    of ``database``.orders is acknowledged by Kafka, on ``<prefix>.<database>.orders``
+    (``tuned``: the JVM of connect-standalone.sh, else the tests' small one)."""
+    topic = f"{prefix}.{database}.orders"
+    with debezium_running(server, database, bootstrap, directory, producer,
+                          server_id=server_id, prefix=prefix, tuned=tuned,
+                          topics=[topic]) as running:
+        result = watch(bootstrap, topic, producer.partitions, changes, running.pid,
+                       running.started, running.alive, timeout)
     return dataclasses.replace(result, tool=DEBEZIUM)
 
 
@@ -354,6 +393,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1, help="runs of each tool (medians)")
     parser.add_argument("--compression", default="lz4",
                         choices=("none", "gzip", "snappy", "lz4", "zstd"))
+    parser.add_argument("--latency", action="store_true",
+                        help="then commit-to-consumer latency at fixed rates (peers_latency.py)")
+    parser.add_argument("--latency-seconds", type=float, default=20.0,
+                        help="seconds of writing at each rate")
+    parser.add_argument("--rates", type=_rates, default=(1_000, 10_000),
+                        help="rows/s the latency writer keeps, comma-separated")
     args = parser.parse_args(argv)
     announce_code_path()
     producer = Producer(compression=args.compression)
@@ -377,7 +422,23 @@ def main(argv: list[str] | None = None) -> int:
                                        producer, server_id=9302 + 2 * run,
                                        prefix=f"dbz{run}"))
         report(median(ours), median(theirs))
+        if args.latency:
+            latency(server, broker.bootstrap, producer, args.rates, args.latency_seconds)
     return 0
+
+
+def _rates(text: str) -> tuple[int, ...]:
+    return tuple(int(r) for r in text.split(","))
+
+
+def latency(server: EmbeddedMariaDB, bootstrap: str, producer: Producer,
+            rates: tuple[int, ...], seconds: float) -> None:
+    # imported here: peers_latency builds on this module
+    from bench import peers_latency
+
+    ours, theirs = peers_latency.measure(server, bootstrap, Path(OUT, "peers", "latency"),
+                                         producer, rates, seconds)
+    peers_latency.report(ours, theirs, seconds)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """bench/bench_peers.py at a few thousand rows (issue 53): both tools, the service and
 Debezium's connector in Kafka Connect, read the same binlog and each publishes every change
-written, once, to its own topic of the session's broker; the comparison prints.
+written, once, to its own topic of the session's broker; the comparison prints. And the
+latency path (bench/peers_latency.py) at a low rate: each tool's consumer receives every row.
 
 Its own MariaDB, not the session's: the bench restarts the server with another version
 string for Debezium (bench_peers.version_for_debezium), which the other tests must not see.
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import bench_peers
+from bench import bench_peers, peers_latency
 from cdcserver.app.embedded import EmbeddedMariaDB
 from tests.apache_kafka import ApacheKafka
 
@@ -46,3 +47,28 @@ def test_both_tools_deliver_every_change(tmp_path: Path, kafka_broker: ApacheKaf
         print(f"\n{out}")
     assert "ratio changes/s, service / Debezium" in out
     assert "ratio peak RSS, service / Debezium" in out
+
+
+LATENCY_RATE, LATENCY_SECONDS = 200, 3.0
+
+
+@pytest.mark.timeout(900)
+def test_latency_every_row_received_by_each_tool(tmp_path: Path, kafka_broker: ApacheKafka,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The latency path at a low rate: each tool, streaming live, has every row written
+    received by its consumer, none before its commit returned."""
+    run = uuid.uuid4().hex[:8]
+    with EmbeddedMariaDB(str(tmp_path / "mariadb"), port=0) as server:
+        ours, theirs = peers_latency.measure(server, kafka_broker.bootstrap, tmp_path,
+                                             bench_peers.Producer(), (LATENCY_RATE,),
+                                             LATENCY_SECONDS, tuned=False, run=run)
+    expected = int(LATENCY_RATE * LATENCY_SECONDS)
+    for result in (*ours, *theirs):
+        assert (result.written, result.missing) == (expected, 0), result.tool
+        assert len(result.latencies) == expected
+        assert min(result.latencies) >= 0, result.tool
+    peers_latency.report(ours, theirs, LATENCY_SECONDS)
+    out = capsys.readouterr().out
+    with capsys.disabled():
+        print(f"\n{out}")
+    assert f"ratio p99 at {LATENCY_RATE} rows/s, service / Debezium" in out
