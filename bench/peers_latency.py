@@ -4,15 +4,17 @@ a transaction's commit to a consumer receiving its rows' messages; ``bench_peers
 
 For each tool in turn (one after the other, as the throughput part): ``RESET MASTER`` and a
 new, empty ``latency.orders`` (bench/common.py's table); the tool started on it as in the
-throughput part (bench_peers.service_running, debezium_running: the same producers, its
+throughput part (peers_tools.service_running, debezium_running: the same producers, its
 table's topic created beforehand) and a consumer (aiokafka) of that topic from its end. One
 warm-up row is written and waited for: the tool's start-up (a JVM's, the connection, the
 schema) is not in the figures. Then, for each rate, a writer in a process of its own (not to
 share this one's interpreter lock with the consumer) inserts rows at that rate for
 ``seconds``: every 10 ms tick, the rows due by then in one multi-row INSERT and one
-transaction, their ids given by the writer; ``time.time()`` right after COMMIT returns is
-each of the batch's rows' commit time (the earliest the client knows the rows are
-committed). The consumer notes ``time.time()`` when a fetch hands it messages and reads the
+transaction, their ids given by the writer; ``time.time()`` as the COMMIT is sent is each
+of the batch's rows' commit time (no tool can have its rows before; read once the COMMIT
+returned, it came after the consumer's receipt on a loaded machine, a negative latency). The
+figures include the commit's own round trip, the same for both tools. The consumer notes
+``time.time()`` when a fetch hands it messages and reads the
 row id from each message's key (both tools' keys: Connect's JSON envelope, ``payload.id``);
 a row's latency is its first receipt's time minus its commit time. Per tool and rate: the
 rows written, the rate reached, p50, p99 and the max in ms, and the rows not received within
@@ -36,9 +38,9 @@ from pathlib import Path
 
 import pymysql
 
-from bench import bench_peers as peers
-from bench.bench_peers import Producer, Running
+from bench import peers_tools as peers
 from bench.common import CREATE, line
+from bench.peers_tools import Producer, Running
 from cdcserver.app.embedded import EmbeddedMariaDB
 
 DATABASE = "latency"
@@ -99,7 +101,7 @@ def _row(i: int) -> tuple[object, ...]:
 def write_paced(socket: str, first: int, rate: int, seconds: float) -> dict[int, float]:
     """Rows ``first``, ``first + 1``... inserted at ``rate`` rows/s for ``seconds``: at each
     tick, those due by then (a writer late by a tick catches up in the next). Returns each
-    row's commit time (``time.time()`` once its COMMIT returned)."""
+    row's commit time (``time.time()`` as its COMMIT is sent)."""
     conn = pymysql.connect(unix_socket=socket, user="root", autocommit=False,
                            charset="utf8mb4", ssl_disabled=True)
     committed: dict[int, float] = {}
@@ -109,9 +111,9 @@ def write_paced(socket: str, first: int, rate: int, seconds: float) -> dict[int,
             due = round(rate * ticks * TICK) - written
             ids = range(first + written, first + written + due)
             cur.executemany(_INSERT, [_row(i) for i in ids])  # one multi-row INSERT
-            conn.commit()
-            now = time.time()
-            committed.update(dict.fromkeys(ids, now))
+            issued = time.time()  # (read after the COMMIT returns, a busy machine may
+            conn.commit()  # run the consumer first: a message "before" its commit)
+            committed.update(dict.fromkeys(ids, issued))
             written += due
             time.sleep(max(0.0, start + ticks * TICK - time.monotonic()))  # pacing
     return committed
@@ -259,7 +261,7 @@ def measure(server: EmbeddedMariaDB, bootstrap: str, directory: Path, producer: 
 
 def report(ours: list[Latency], theirs: list[Latency], seconds: float) -> dict[int, bool]:
     """Print the table and, per rate, the ratio of the p99s; returns the goal per rate."""
-    line("latency", f"commit returned -> consumer received, {seconds:g} s per rate, each tool "
+    line("latency", f"COMMIT sent -> consumer received, {seconds:g} s per rate, each tool "
                     "streaming live (start-up excluded)")
     line("latency: sharing the machine", "the writer, the consumer, MariaDB, Kafka and the tool")
     print(f"{'tool':<12} {'rows/s asked':>12} {'reached':>9} {'rows':>8} {'missing':>8} "
@@ -270,7 +272,7 @@ def report(ours: list[Latency], theirs: list[Latency], seconds: float) -> dict[i
               f"{r.p50:>8.1f} {r.p99:>8.1f} {r.max:>8.1f}{behind}", flush=True)
     goals = {}
     for a, b in zip(ours, theirs, strict=True):
-        ratio = peers._ratio(a.p99, b.p99)
+        ratio = peers.ratio(a.p99, b.p99)
         goals[a.rate] = ratio <= LATENCY_GOAL and not (a.missing or b.missing)
         line(f"ratio p99 at {a.rate:,} rows/s, service / Debezium",
              f"{ratio:.2f} (goal <= {LATENCY_GOAL:g}: {'met' if goals[a.rate] else 'not met'})")

@@ -4,7 +4,7 @@ written, once, to its own topic of the session's broker; the comparison prints. 
 latency path (bench/peers_latency.py) at a low rate: each tool's consumer receives every row.
 
 Its own MariaDB, not the session's: the bench restarts the server with another version
-string for Debezium (bench_peers.version_for_debezium), which the other tests must not see.
+string for Debezium (peers_tools.version_for_debezium), which the other tests must not see.
 Debezium's worker runs in the tests' small JVM (``tuned=False``). No timing is asserted: the
 machine may be loaded; each tool has a bounded wait that names what it saw.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import bench_peers, peers_latency
+from bench import bench_peers, peers_latency, peers_tools
 from cdcserver.app.embedded import EmbeddedMariaDB
 from tests.apache_kafka import ApacheKafka
 
@@ -30,7 +30,7 @@ def test_both_tools_deliver_every_change(tmp_path: Path, kafka_broker: ApacheKaf
                                          capsys: pytest.CaptureFixture[str]) -> None:
     run = uuid.uuid4().hex[:8]  # topics of this run's own on the shared broker
     with EmbeddedMariaDB(str(tmp_path / "mariadb"), port=0) as server:
-        changes = bench_peers.write_workload(server, "peers", ROWS)
+        changes = peers_tools.write_workload(server, "peers", ROWS)
         assert changes == ROWS + ROWS // 4
         ours = bench_peers.run_service(server, "peers", kafka_broker.bootstrap,
                                        tmp_path / "service", changes, prefix=f"svc{run}",
@@ -60,7 +60,7 @@ def test_latency_every_row_received_by_each_tool(tmp_path: Path, kafka_broker: A
     run = uuid.uuid4().hex[:8]
     with EmbeddedMariaDB(str(tmp_path / "mariadb"), port=0) as server:
         ours, theirs = peers_latency.measure(server, kafka_broker.bootstrap, tmp_path,
-                                             bench_peers.Producer(), (LATENCY_RATE,),
+                                             peers_tools.Producer(), (LATENCY_RATE,),
                                              LATENCY_SECONDS, tuned=False, run=run)
     expected = int(LATENCY_RATE * LATENCY_SECONDS)
     for result in (*ours, *theirs):
