@@ -50,6 +50,7 @@ def render_health(url: str, doc: dict[str, Any]) -> str:
         lines.append(f"  replication  {'connected' if replication['connected'] else 'DOWN'}, "
                      f"applied up to {replication['applied'] or '(nothing yet)'}")
         lines.append(f"  lag          {_lag(replication)}")
+        lines += [_waiting(entry) for entry in replication.get("repairs_waiting") or []]
     if "checkpoint_age_seconds" in doc:
         lines.append(f"  checkpoint   {_age(doc['checkpoint_age_seconds'])}")
         quarantined = doc.get("quarantined") or []
@@ -66,6 +67,14 @@ def render_health(url: str, doc: dict[str, Any]) -> str:
         lines.append(f"  clients      {doc['clients']} connected; {doc['records_sent']:,} "
                      f"records, {doc['bytes_sent']:,} bytes sent since start")
     return "\n".join(lines)
+
+
+def _waiting(entry: dict[str, Any]) -> str:
+    """A repair that holds the checkpoint back (/health's ``repairs_waiting``)."""
+    tables = ", ".join(entry.get("tables") or []) or "(tables being read)"
+    cause = f", transaction {entry['cause']}" if entry.get("cause") else ""
+    return (f"  repairing    {tables}: {entry['stage']}{cause}; no checkpoint until it is "
+            "out")
 
 
 def _lag(replication: dict[str, Any]) -> str:
