@@ -135,6 +135,7 @@ class Checkpoint:
         self.durable: BinlogPosition | None = _load_state(path)
         self.lock = asyncio.Lock()  # one writer at a time: held over a whole harvest
         self._sent: asyncio.Future[Any] | None = None  # the last position sent to Kafka
+        self._sent_position: BinlogPosition | None = None  # (and which one it was)
 
     async def save(self, position: BinlogPosition) -> None:
         """Move to ``position`` and write the file. The caller holds :attr:`lock`."""
@@ -159,6 +160,7 @@ class Checkpoint:
             return
         value = json.dumps(position.to_json()).encode()
         previous = self._sent
+        self._sent_position = position
 
         async def after_previous() -> Any:
             if previous is not None:
@@ -172,8 +174,12 @@ class Checkpoint:
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         self._sent = task
 
-    async def handed_over(self) -> None:
-        """Until the producer has taken the last position sent (before it stops)."""
+    async def handed_over(self, producer: Any) -> None:
+        """Until the producer has taken the last position (before it stops): the durable one
+        sent first if it was not yet (a stop that interrupted a harvest between the file's
+        write and the send left the topic one position behind the file)."""
+        if self.durable is not None and self.durable != self._sent_position:
+            self.send(self.durable, producer)
         if self._sent is not None:
             await asyncio.wait({self._sent})
 

@@ -122,7 +122,7 @@ class Sender:
         if self.producer is not None:
             with contextlib.suppress(KafkaError, OSError, TimeoutError):
                 async with asyncio.timeout(10):
-                    await self.checkpoint.handed_over()  # the last position
+                    await self.checkpoint.handed_over(self.producer)  # the last position
             with contextlib.suppress(KafkaError, OSError, TimeoutError):
                 async with asyncio.timeout(10):  # the batches shipped, to the producer
                     await self.accumulator.drained()
