@@ -313,8 +313,11 @@ async def _until(condition: Any, tool: Tool, tail: Tail, what: str, timeout: flo
         await asyncio.sleep(0.05)
 
 
+Restarts = list[tuple[float, dict[int, int]]]  # each restart's time, the topic's ends at its kill
+
+
 async def _session(tool: Tool, server: EmbeddedMariaDB, tail: Tail, kills: int, rate: int,
-                   ) -> tuple[dict[int, float], list[tuple[float, dict[int, int]]]]:
+                   ) -> tuple[dict[int, float], Restarts]:
     """The tool streaming the writer's rows, killed and restarted ``kills`` times; returns
     each row's commit time and each restart's time with the topic's ends at its kill."""
     spawn = multiprocessing.get_context("spawn")
@@ -323,7 +326,7 @@ async def _session(tool: Tool, server: EmbeddedMariaDB, tail: Tail, kills: int, 
     os.close(fd)
     writer = spawn.Process(target=write_until, args=(server.socket, rate, stop, last, times),
                            daemon=True)
-    restarts: list[tuple[float, dict[int, int]]] = []
+    restarts: Restarts = []
     await tail.start()
     try:
         tool.start()
@@ -374,7 +377,7 @@ def _read_json(path: str) -> dict[str, float]:
 
 
 def analyse(tool: str, committed: dict[int, float], tail: Tail,
-            restarts: list[tuple[float, dict[int, int]]]) -> Recovery:
+            restarts: Restarts) -> Recovery:
     """The figures of one tool's session."""
     missing = sorted(set(committed) - set(tail.first))
     # duplicates: a copy of an identity seen before, by the window it was received in
@@ -417,8 +420,12 @@ def tool_recovery(server: EmbeddedMariaDB, bootstrap: str, directory: Path,
             handle = Debezium(server, bootstrap, directory / "debezium", producer, prefix, 9502,
                               tuned)
             stack.enter_context(peers.version_for_debezium(server))
-        tail = Tail(bootstrap, topic, producer.partitions)
-        committed, restarts = asyncio.run(_session(handle, server, tail, kills, rate))
+
+        async def session() -> tuple[dict[int, float], Restarts, Tail]:
+            tail = Tail(bootstrap, topic, producer.partitions)  # (in the loop: aiokafka's)
+            return (*await _session(handle, server, tail, kills, rate), tail)
+
+        committed, restarts, tail = asyncio.run(session())
     return analyse(tool, committed, tail, restarts)
 
 
