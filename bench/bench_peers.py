@@ -1,7 +1,8 @@
 """This service side by side with Debezium (issue 53): streaming throughput, CPU and memory.
 
     .venv/bin/python bench/bench_peers.py [--rows N] [--runs N] [--compression CODEC]
-        [--latency [--latency-seconds S] [--rates R,R]]
+        [--workload standard|wide|both|none] [--latency [--latency-seconds S] [--rates R,R]]
+        [--recovery [--kills N] [--recovery-rate R]]
 
 One private MariaDB in bench/out and one Apache Kafka broker (tests/apache_kafka.py); the
 standard workload (bench/common.py: 200,000 rows inserted into a table of 8 mixed columns,
@@ -28,6 +29,15 @@ the ratios service/Debezium with issue 53's goals (throughput at least 3 times D
 memory at most a quarter of it), each met or not; with ``--runs`` above 1, each tool's run
 of median throughput. With ``--latency``, then the time from commit to a consumer's receipt
 at fixed rates (bench/peers_latency.py).
+
+``--workload`` (default ``both``): the standard workload, the wide-row one
+(bench/peers_wide.py: 40 columns, text and JSON among numbers; 60,000 inserts and 15,000
+updates at full size, scaled with ``--rows``) or both, each measured and compared as above,
+each with its peak RSS per phase (bench/peers_memory.py: the process tree's VmRSS sampled
+every 50 ms, the max within start-up and streaming; the latency part's too). With
+``--recovery``, then each tool killed with -9 mid-stream and restarted on its state
+(bench/peers_recovery.py): the time to publish again, to catch up, the duplicates, and
+that nothing is missing.
 """
 
 from __future__ import annotations
