@@ -7,11 +7,12 @@ For each tool in turn: ``RESET MASTER`` and a new, empty ``recovery.orders``
 settings, its table's topic created beforehand: peers_tools), a consumer (aiokafka) reading
 that topic from its start, and a writer in a process of its own inserting rows at a fixed rate
 (peers_latency's rows, one multi-row INSERT and transaction every 10 ms, ids 1, 2, ...) until
-the end. Once the first row is received, ``kills`` times: :data:`STREAM` seconds of live
-streaming, then ``kill -9`` of the tool (the service: ``cdcserver run`` and every process
-below it; Debezium: the Kafka Connect worker's JVM), and at once the same command again on
-the same state (the service: its data directory and its ``state_topic`` in Kafka; Debezium:
-Connect's offsets file and its schema history file); then until the tool has caught up.
+the end. Once the rows written during the tool's first start-up are received, ``kills``
+times: :data:`STREAM` seconds of live streaming, then ``kill -9`` of the tool (the
+service: ``cdcserver run`` and every process below it; Debezium: the Kafka Connect worker's
+JVM), and at once the same command again on the same state (the service: its data
+directory and its ``state_topic`` in Kafka; Debezium: Connect's offsets file and its schema
+history file); then until the tool has caught up.
 Per kill:
 
 - **publishes again**: from the restart (the command started) to the consumer's receipt of
@@ -21,7 +22,8 @@ Per kill:
   received, together with every row before it, within the tool's threshold of its commit (the
   backlog of the downtime drained and the tool live again). The threshold is the larger of
   :data:`LIVE` and twice the tool's own p99 lag (commit to receipt of the row and all before
-  it) in the streaming before the first kill: on a loaded machine neither tool keeps a lag
+  it) in the streaming before the first kill (from when the rows written during its first
+  start-up were received): on a loaded machine neither tool keeps a lag
   under a second, and "caught up" means back to its own normal;
 - **duplicates**: messages received between this restart and the next (or the end) whose
   (row key, source position) a message already had: the key's ``id`` and the Debezium
@@ -326,9 +328,10 @@ Restarts = list[tuple[float, dict[int, int]]]  # each restart's time, the topic'
 
 
 async def _session(tool: Tool, server: EmbeddedMariaDB, tail: Tail, kills: int, rate: int,
-                   ) -> tuple[dict[int, float], Restarts]:
+                   ) -> tuple[dict[int, float], Restarts, float]:
     """The tool streaming the writer's rows, killed and restarted ``kills`` times; returns
-    each row's commit time and each restart's time with the topic's ends at its kill."""
+    each row's commit time, each restart's time with the topic's ends at its kill, and when
+    the tool was live (the rows written during its first start-up received)."""
     spawn = multiprocessing.get_context("spawn")
     stop, last = spawn.Event(), spawn.Value("q", 0)
     fd, times = tempfile.mkstemp(prefix="recovery-", suffix=".json")
@@ -341,6 +344,9 @@ async def _session(tool: Tool, server: EmbeddedMariaDB, tail: Tail, kills: int, 
         tool.start()
         writer.start()
         await _until(lambda: tail.first, tool, tail, "the first row", WAIT)
+        initial = last.value  # the backlog of the tool's first start: drained before a kill
+        await _until(lambda: tail.through >= initial, tool, tail, "the first rows", WAIT)
+        live = time.time()
         for _ in range(kills):
             await asyncio.sleep(STREAM)
             tool.alive()
@@ -365,7 +371,7 @@ async def _session(tool: Tool, server: EmbeddedMariaDB, tail: Tail, kills: int, 
         with contextlib.suppress(Stopped):
             await _until(lambda: tail.through >= written, tool, tail, "every row", DRAIN)
         committed = {int(k): v for k, v in _read_json(times).items()}
-        return committed, restarts
+        return committed, restarts, live
     finally:
         stop.set()
         if writer.is_alive():
@@ -384,8 +390,8 @@ def _read_json(path: str) -> dict[str, float]:
     return loaded
 
 
-def analyse(tool: str, committed: dict[int, float], tail: Tail,
-            restarts: Restarts) -> Recovery:
+def analyse(tool: str, committed: dict[int, float], tail: Tail, restarts: Restarts,
+            live: float) -> Recovery:
     """The figures of one tool's session."""
     missing = sorted(set(committed) - set(tail.first))
     # duplicates: a copy of an identity seen before, by the window it was received in
@@ -402,11 +408,9 @@ def analyse(tool: str, committed: dict[int, float], tail: Tail,
     for i in ids:
         prefix = max(prefix, tail.first.get(i, float("inf")))
         through[i] = prefix
-    # the tool's own steady lag: rows committed from a second after the first was received
-    # to the first kill
-    live_from = min(tail.first.values(), default=0.0) + 1.0
+    # the tool's own steady lag: rows committed from when it was live to the first kill
     killed = restarts[0][0] - 0.5 if restarts else float("inf")
-    steady = sorted(through[i] - committed[i] for i in ids if live_from <= committed[i] < killed)
+    steady = sorted(through[i] - committed[i] for i in ids if live <= committed[i] < killed)
     p99 = steady[min(len(steady) - 1, int(0.99 * len(steady)))] if steady else float("nan")
     threshold = max(LIVE, 2 * p99) if steady else LIVE
     kills = []
@@ -436,15 +440,15 @@ def tool_recovery(server: EmbeddedMariaDB, bootstrap: str, directory: Path,
                               tuned)
             stack.enter_context(peers.version_for_debezium(server))
 
-        async def session() -> tuple[dict[int, float], Restarts, Tail]:
+        async def session() -> tuple[dict[int, float], Restarts, float, Tail]:
             tail = Tail(bootstrap, topic, producer.partitions)  # (in the loop: aiokafka's)
             return (*await _session(handle, server, tail, kills, rate), tail)
 
-        committed, restarts, tail = asyncio.run(session())
+        committed, restarts, live, tail = asyncio.run(session())
     with open(directory / f"{prefix}.json", "w") as f:  # the raw figures, to look into
-        json.dump({"committed": committed, "restarts": restarts,
-                   "messages": [(t, p, o, i[0]) for t, p, o, i in tail.messages]}, f)
-    return analyse(tool, committed, tail, restarts)
+        json.dump({"committed": committed, "restarts": restarts, "live": live,
+                   "messages": [(t, p, o, i) for t, p, o, i in tail.messages]}, f)
+    return analyse(tool, committed, tail, restarts, live)
 
 
 def measure(server: EmbeddedMariaDB, bootstrap: str, directory: Path, producer: Producer, *,
