@@ -12,7 +12,9 @@ times: :data:`STREAM` seconds of live streaming, then ``kill -9`` of the tool (t
 service: ``cdcserver run`` and every process below it; Debezium: the Kafka Connect worker's
 JVM), and at once the same command again on the same state (the service: its data
 directory and its ``state_topic`` in Kafka; Debezium: Connect's offsets file and its schema
-history file); then until the tool has caught up.
+history file); the next kill comes once the tool has received every row committed by its
+restart and its lag is back to normal (at most twice its p99 in the first streaming, or
+1 s), then :data:`STREAM` seconds of streaming.
 Per kill:
 
 - **publishes again**: from the restart (the command started) to the consumer's receipt of
@@ -22,8 +24,8 @@ Per kill:
   received, together with every row before it, within the tool's threshold of its commit (the
   backlog of the downtime drained and the tool live again). The threshold is the larger of
   :data:`LIVE` and twice the tool's own p99 lag (commit to receipt of the row and all before
-  it) in the streaming before the first kill (from when the rows written during its first
-  start-up were received): on a loaded machine neither tool keeps a lag
+  it) of the rows committed once the rows written during its first start-up were received
+  and themselves received before the first kill: on a loaded machine neither tool keeps a lag
   under a second, and "caught up" means back to its own normal;
 - **duplicates**: messages received between this restart and the next (or the end) whose
   (row key, source position) a message already had: the key's ``id`` and the Debezium
@@ -41,6 +43,7 @@ service/Debezium. Writer, consumer, MariaDB, Kafka and the tool share this machi
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import json
@@ -327,6 +330,43 @@ async def _until(condition: Any, tool: Tool, tail: Tail, what: str, timeout: flo
 Restarts = list[tuple[float, dict[int, int]]]  # each restart's time, the topic's ends at its kill
 
 
+class _Lag:
+    """While the session runs, how long the oldest row not yet received (with every row before
+    it) has been committed: the writer's last id noted every 20 ms gives each row's commit
+    time within 20 ms (the figures reported use the writer's own times, after)."""
+
+    def __init__(self, tail: Tail, last: Any) -> None:
+        self.tail, self.last = tail, last
+        self.marks: list[tuple[int, float]] = []  # (last id committed, noted at)
+
+    async def mark(self) -> None:
+        while True:
+            value = self.last.value
+            if not self.marks or value > self.marks[-1][0]:
+                self.marks.append((value, time.time()))
+            await asyncio.sleep(0.02)
+
+    def age(self) -> float:
+        oldest = self.tail.through + 1
+        at = bisect.bisect_left(self.marks, (oldest, 0.0))
+        return time.time() - self.marks[at][1] if at < len(self.marks) else 0.0
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
+
+
+async def _streaming(seconds: float, tool: Tool, tail: Tail, each: Any) -> None:
+    """``seconds`` of the tool streaming, checked (and ``each`` called) every 50 ms."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        tool.alive()
+        tail.check()
+        each()
+        await asyncio.sleep(0.05)
+
+
 async def _session(tool: Tool, server: EmbeddedMariaDB, tail: Tail, kills: int, rate: int,
                    ) -> tuple[dict[int, float], Restarts, float]:
     """The tool streaming the writer's rows, killed and restarted ``kills`` times; returns
@@ -339,7 +379,9 @@ async def _session(tool: Tool, server: EmbeddedMariaDB, tail: Tail, kills: int, 
     writer = spawn.Process(target=write_until, args=(server.socket, rate, stop, last, times),
                            daemon=True)
     restarts: Restarts = []
+    lag = _Lag(tail, last)
     await tail.start()
+    marking = asyncio.create_task(lag.mark())
     try:
         tool.start()
         writer.start()
@@ -347,8 +389,13 @@ async def _session(tool: Tool, server: EmbeddedMariaDB, tail: Tail, kills: int, 
         initial = last.value  # the backlog of the tool's first start: drained before a kill
         await _until(lambda: tail.through >= initial, tool, tail, "the first rows", WAIT)
         live = time.time()
-        for _ in range(kills):
-            await asyncio.sleep(STREAM)
+        ages: list[float] = []
+        await _streaming(STREAM, tool, tail, lambda: ages.append(lag.age()))
+        normal = max(LIVE, 2 * _p99(ages))  # the tool's own lag, while live
+        for n in range(kills):
+            if n:  # live again before the next kill: its lag back to normal, then STREAM s
+                await _until(lambda: lag.age() <= normal, tool, tail, "a normal lag", WAIT)
+                await _streaming(STREAM, tool, tail, lambda: None)
             tool.alive()
             tool.kill()
             await asyncio.sleep(0.1)  # a request the broker had already received, appended
@@ -373,6 +420,7 @@ async def _session(tool: Tool, server: EmbeddedMariaDB, tail: Tail, kills: int, 
         committed = {int(k): v for k, v in _read_json(times).items()}
         return committed, restarts, live
     finally:
+        marking.cancel()
         stop.set()
         if writer.is_alive():
             writer.join(10)
@@ -408,18 +456,22 @@ def analyse(tool: str, committed: dict[int, float], tail: Tail, restarts: Restar
     for i in ids:
         prefix = max(prefix, tail.first.get(i, float("inf")))
         through[i] = prefix
-    # the tool's own steady lag: rows committed from when it was live to the first kill
+    # the tool's own steady lag: rows committed once it was live and received (with all
+    # before them) before the first kill (a row the kill caught in flight has the kill's lag)
     killed = restarts[0][0] - 0.5 if restarts else float("inf")
-    steady = sorted(through[i] - committed[i] for i in ids if live <= committed[i] < killed)
+    steady = sorted(through[i] - committed[i] for i in ids
+                    if live <= committed[i] and through[i] < killed)
     p99 = steady[min(len(steady) - 1, int(0.99 * len(steady)))] if steady else float("nan")
     threshold = max(LIVE, 2 * p99) if steady else LIVE
     kills = []
+    nexts = [t for t, _ in restarts[1:]] + [float("inf")]
     for n, (restarted, ends) in enumerate(restarts):
         later = [t for t, p, offset, _ in tail.messages if offset >= ends.get(p, 0)
                  and t >= restarted]
         republished = min(later, default=float("inf")) - restarted
         caught = next((through[i] for i in ids if committed[i] >= restarted
-                       and through[i] - committed[i] <= threshold), float("inf"))
+                       and through[i] - committed[i] <= threshold
+                       and through[i] < nexts[n]), float("inf"))
         kills.append(Kill(republished, caught - restarted, counts[n + 1]))
     return Recovery(tool, len(committed), missing, counts[0], kills, p99, threshold)
 
