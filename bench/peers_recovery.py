@@ -7,8 +7,9 @@ For each tool in turn: ``RESET MASTER`` and a new, empty ``recovery.orders``
 settings, its table's topic created beforehand: peers_tools), a consumer (aiokafka) reading
 that topic from its start, and a writer in a process of its own inserting rows at a fixed rate
 (peers_latency's rows, one multi-row INSERT and transaction every 10 ms, ids 1, 2, ...) until
-the end. Once the rows written during the tool's first start-up are received, ``kills``
-times: :data:`STREAM` seconds of live streaming, then ``kill -9`` of the tool (the
+the end. Once the rows written during the tool's first start-up are received and its lag
+has settled (under 2 s, or after :data:`SETTLE` s), ``kills`` times: :data:`STREAM` seconds of
+live streaming, then ``kill -9`` of the tool (the
 service: ``cdcserver run`` and every process below it; Debezium: the Kafka Connect worker's
 JVM), and at once the same command again on the same state (the service: its data
 directory and its ``state_topic`` in Kafka; Debezium: Connect's offsets file and its schema
@@ -24,8 +25,8 @@ Per kill:
   received, together with every row before it, within the tool's threshold of its commit (the
   backlog of the downtime drained and the tool live again). The threshold is the larger of
   :data:`LIVE` and twice the tool's own p99 lag (commit to receipt of the row and all before
-  it) of the rows committed once the rows written during its first start-up were received
-  and themselves received before the first kill: on a loaded machine neither tool keeps a lag
+  it) of the rows committed in the streaming before the first kill and received before it:
+  on a loaded machine neither tool keeps a lag
   under a second, and "caught up" means back to its own normal;
 - **duplicates**: messages received between this restart and the next (or the end) whose
   (row key, source position) a message already had: the key's ``id`` and the Debezium
@@ -73,6 +74,7 @@ from tests.kafka_connect import producer_settings
 DATABASE = "recovery"
 RATE = 1_000  # rows/s the writer keeps
 STREAM = 4.0  # seconds of live streaming before each kill
+SETTLE = 30.0  # seconds at most for the lag to fall under 2 s after the first start-up
 LIVE = 1.0  # caught up: a row received within this many seconds of its commit, and all before
 WAIT = 300.0  # seconds a tool may take to publish again, or to catch up, after a restart
 DRAIN = 120.0  # seconds every row written may take to be received after the writer stops
@@ -357,10 +359,12 @@ def _p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
 
 
-async def _streaming(seconds: float, tool: Tool, tail: Tail, each: Any) -> None:
-    """``seconds`` of the tool streaming, checked (and ``each`` called) every 50 ms."""
+async def _streaming(seconds: float, tool: Tool, tail: Tail, each: Any,
+                     until: Any = lambda: False) -> None:
+    """``seconds`` of the tool streaming (less once ``until()`` is true), checked (and
+    ``each`` called) every 50 ms."""
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while time.monotonic() < end and not until():
         tool.alive()
         tail.check()
         each()
@@ -371,7 +375,7 @@ async def _session(tool: Tool, server: EmbeddedMariaDB, tail: Tail, kills: int, 
                    ) -> tuple[dict[int, float], Restarts, float]:
     """The tool streaming the writer's rows, killed and restarted ``kills`` times; returns
     each row's commit time, each restart's time with the topic's ends at its kill, and when
-    the tool was live (the rows written during its first start-up received)."""
+    the streaming before the first kill began."""
     spawn = multiprocessing.get_context("spawn")
     stop, last = spawn.Event(), spawn.Value("q", 0)
     fd, times = tempfile.mkstemp(prefix="recovery-", suffix=".json")
@@ -388,13 +392,14 @@ async def _session(tool: Tool, server: EmbeddedMariaDB, tail: Tail, kills: int, 
         await _until(lambda: tail.first, tool, tail, "the first row", WAIT)
         initial = last.value  # the backlog of the tool's first start: drained before a kill
         await _until(lambda: tail.through >= initial, tool, tail, "the first rows", WAIT)
+        # settled: its lag under 2 s, or what it is after SETTLE s
+        await _streaming(SETTLE, tool, tail, lambda: None, until=lambda: lag.age() <= 2 * LIVE)
         live = time.time()
         ages: list[float] = []
         await _streaming(STREAM, tool, tail, lambda: ages.append(lag.age()))
         normal = max(LIVE, 2 * _p99(ages))  # the tool's own lag, while live
         for n in range(kills):
-            if n:  # live again before the next kill: its lag back to normal, then STREAM s
-                await _until(lambda: lag.age() <= normal, tool, tail, "a normal lag", WAIT)
+            if n:  # (live again since the last restart) STREAM s before the next kill
                 await _streaming(STREAM, tool, tail, lambda: None)
             tool.alive()
             tool.kill()
@@ -411,6 +416,8 @@ async def _session(tool: Tool, server: EmbeddedMariaDB, tail: Tail, kills: int, 
             await _until(published, tool, tail, "a message after the restart", WAIT)
             await _until(lambda b=backlog: tail.through > b, tool, tail,
                          "the rows written before the restart", WAIT)
+            # live again: its lag back to normal (or WAIT s, caught up then reported as inf)
+            await _streaming(WAIT, tool, tail, lambda: None, until=lambda: lag.age() <= normal)
         await asyncio.sleep(STREAM)
         stop.set()
         await asyncio.get_running_loop().run_in_executor(None, writer.join, 60)
