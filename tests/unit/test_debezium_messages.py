@@ -122,3 +122,40 @@ def test_a_zero_date_in_a_not_null_column_is_the_epoch_as_in_debezium() -> None:
                  GTID, 1, 1700000000, "f", 4, 0, str(GTID))
     after = json.loads(Debezium().row_value(e))["after"]
     assert after == {"id": 1, "d": 0, "t": 0, "z": "1970-01-01T00:00:00Z", "n": None}
+
+
+def test_a_json_value_is_its_records_json_byte_for_byte(monkeypatch) -> None:
+    """The JSON value is written from parts made once per table (formats.Debezium.
+    _json_value); it is the same bytes as the change event's record written whole, for any
+    names (quotes, backslashes, characters beyond the BMP) and either flavor."""
+    import orjson
+
+    from cdcserver.messages import formats
+
+    monkeypatch.setattr(formats.time, "time", lambda: 1700000123.4567)
+    layout = TableLayout('sh"op\\', "t\U0001f600", (
+        ColumnDef("id", T.LONG, nullable=False), ColumnDef('n"ame', T.VARCHAR, 80,
+                                                          charset="utf8mb4")), (0,))
+    shape = TableShape(TableName(layout.database, layout.table),
+                       TableSchema.from_layout(layout, 1, ""), layout)
+    gtid = Gtid(3, 4294967295, 12)
+    for flavor in ("mariadb", "mysql"):
+        fmt = Debezium(source_name='s"rv', value_schema=False)
+        fmt.flavor = flavor
+        for action, before, after in (("insert", None, (1, "ä\U0001f600\"")),
+                                      ("update", (1, "a"), (1, None)),
+                                      ("delete", (1, "a"), None)):
+            e = RowEvent(shape, action, before, after, gtid, 4, 1700000000,
+                         'mysql-bin."000001', 900, 3, str(gtid))
+            record = {
+                "before": None if before is None else {"id": before[0], 'n"ame': before[1]},
+                "after": None if after is None else {"id": after[0], 'n"ame': after[1]},
+                "source": {"version": "mariadb-cdc", "connector": flavor, "name": 's"rv',
+                           "ts_ms": 1700000000000, "snapshot": "false", "db": 'sh"op\\',
+                           "sequence": None, "table": "t\U0001f600",
+                           "server_id": 4294967295, "gtid": "3-4294967295-12",
+                           "file": 'mysql-bin."000001', "pos": 900, "row": 3,
+                           "thread": None, "query": None},
+                "op": {"insert": "c", "update": "u", "delete": "d"}[action],
+                "ts_ms": 1700000123456, "transaction": None}
+            assert fmt.row_value(e) == orjson.dumps(record)
