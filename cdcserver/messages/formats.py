@@ -300,22 +300,27 @@ class Debezium(MessageFormat):
         tests compare them), the parts that are the same for every row of a table made
         once. (Building the record's two dicts and writing them took a tenth of the Kafka
         sink's thread in bench/bench_peers.py.)"""
-        cached = f"debezium.json_parts.{self.source_name}.{self.flavor}"
+        cached = f"debezium.json_parts.{self.source_name}.{self.flavor}.{self.value_schema}"
         parts = e.shape.cache.get(cached)
         if parts is None:
+            opening, closing = b"", b""  # the Connect schema around it (value_schema)
+            if self.value_schema:
+                opening = b'{"schema":' + self._value_schema(e.shape) + b',"payload":'
+                closing = b"}"
             parts = e.shape.cache[cached] = (
+                opening + b'{"before":',
                 b',"source":{"version":"mariadb-cdc","connector":' + dumps(self.flavor) +
                 b',"name":' + dumps(self.source_name) + b',"ts_ms":',
                 b',"snapshot":"false","db":' + dumps(e.table.database) +
-                b',"sequence":null,"table":' + dumps(e.table.table) + b',"server_id":')
-        head, middle = parts
-        value = b"".join((
-            b'{"before":', dumps(self._row(e, before)), b',"after":', dumps(self._row(e, after)),
+                b',"sequence":null,"table":' + dumps(e.table.table) + b',"server_id":',
+                b'"transaction":null}' + closing)
+        opening, head, middle, end = parts
+        return b"".join((
+            opening, dumps(self._row(e, before)), b',"after":', dumps(self._row(e, after)),
             head, b"%d" % (e.timestamp * 1000), middle, b"%d" % e.gtid.server_id,
             b',"gtid":', dumps(e.gtid_text), b',"file":', dumps(e.file),
-            b',"pos":%d,"row":%d,"thread":null,"query":null},"op":"%s","ts_ms":%d,'
-            b'"transaction":null}' % (e.pos, e.row, op.encode(), int(time.time() * 1000))))
-        return self._with_value_schema(e.shape, value)
+            b',"pos":%d,"row":%d,"thread":null,"query":null},"op":"%s","ts_ms":%d,' % (
+                e.pos, e.row, op.encode(), int(time.time() * 1000)), end))
 
     def _encoded(self, shape: TableShape, record: dict[str, Any]) -> bytes:
         """A change event as the message's value: Avro (``encode_value``), or JSON with the
@@ -328,12 +333,16 @@ class Debezium(MessageFormat):
         """``value`` with the Connect schema of the table's envelope, with ``value_schema``."""
         if not self.value_schema:
             return value
+        return _with_schema(self._value_schema(shape), value)
+
+    def _value_schema(self, shape: TableShape) -> bytes:
+        """The Connect schema of the table's envelope, in JSON (made once per table)."""
         cached = f"debezium.value_schema.{self.source_name}.{self.flavor}"
-        schema = shape.cache.get(cached)
+        schema: bytes | None = shape.cache.get(cached)
         if schema is None:
             schema = shape.cache[cached] = dumps(
                 connect_schema.envelope_schema(shape, self.source_name, self.flavor))
-        return _with_schema(schema, value)
+        return schema
 
     def statement_rows(self, e: StatementEvent) -> list[tuple[bytes | None, bytes]]:
         """With ``truncate_events``, a TRUNCATE TABLE as Debezium's binlog connectors send it

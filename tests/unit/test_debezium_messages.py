@@ -139,8 +139,8 @@ def test_a_json_value_is_its_records_json_byte_for_byte(monkeypatch) -> None:
     shape = TableShape(TableName(layout.database, layout.table),
                        TableSchema.from_layout(layout, 1, ""), layout)
     gtid = Gtid(3, 4294967295, 12)
-    for flavor in ("mariadb", "mysql"):
-        fmt = Debezium(source_name='s"rv', value_schema=False)
+    for flavor, value_schema in (("mariadb", False), ("mysql", False), ("mariadb", True)):
+        fmt = Debezium(source_name='s"rv', value_schema=value_schema)
         fmt.flavor = flavor
         for action, before, after in (("insert", None, (1, "ä\U0001f600\"")),
                                       ("update", (1, "a"), (1, None)),
@@ -158,4 +158,8 @@ def test_a_json_value_is_its_records_json_byte_for_byte(monkeypatch) -> None:
                            "thread": None, "query": None},
                 "op": {"insert": "c", "update": "u", "delete": "d"}[action],
                 "ts_ms": 1700000123456, "transaction": None}
-            assert fmt.row_value(e) == orjson.dumps(record)
+            expected = orjson.dumps(record)
+            if value_schema:  # as JsonConverter writes it with schemas.enable=true
+                expected = orjson.dumps({"schema": connect_schema.envelope_schema(
+                    shape, 's"rv', flavor), "payload": record})
+            assert fmt.row_value(e) == expected
