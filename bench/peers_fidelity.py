@@ -257,6 +257,9 @@ class Float32:
 
 
 _EPOCH = dt.datetime(1970, 1, 1)
+# the type names JsonConverter writes and reads (JsonSchema's *_TYPE_NAME; it refuses others)
+CONNECT_TYPES = frozenset(("boolean", "int8", "int16", "int32", "int64", "float", "double",
+                           "bytes", "string", "array", "map", "struct"))
 
 
 def _bytes(value: Any) -> bytes:
@@ -266,9 +269,11 @@ def _bytes(value: Any) -> bytes:
 def decode(schema: dict[str, Any], value: Any) -> Any:
     """``value`` of Connect ``schema`` (JsonConverter's JSON) as a Python value, by the
     schema's type and semantic name as Debezium documents them for its MySQL connector."""
+    name, kind = schema.get("name"), schema["type"]
+    if kind not in CONNECT_TYPES:
+        raise ValueError(f"{kind!r} is not a Connect schema type JsonConverter reads")
     if value is None:
         return None
-    name, kind = schema.get("name"), schema["type"]
     if kind == "struct":
         if name in ("io.debezium.data.geometry.Geometry", "io.debezium.data.geometry.Point",
                     "io.debezium.data.geometry.Geography"):
@@ -303,9 +308,9 @@ def decode(schema: dict[str, Any], value: Any) -> Any:
         return int.from_bytes(_bytes(value), "little")
     if kind == "bytes":
         return _bytes(value)
-    if kind in ("float", "float32"):  # JsonConverter's name of FLOAT32 (and Connect's)
+    if kind == "float":  # JsonConverter's name of FLOAT32
         return Float32(float(value))
-    if kind in ("double", "float64"):
+    if kind == "double":
         return float(value)
     if kind == "boolean":
         return bool(value)
@@ -440,7 +445,11 @@ def read_messages(found: Messages, bootstrap: str, topic: str, partitions: int,
         if not isinstance(envelope, dict) or "schema" not in envelope:
             found.problems.append(f"a value without a Connect schema: {value[:80]!r}")
             continue
-        event = decode(envelope["schema"], envelope["payload"])
+        try:
+            event = decode(envelope["schema"], envelope["payload"])
+        except ValueError as e:
+            found.problems.append(f"{topic}: {e}")
+            continue
         fields = {f["field"]: f for f in envelope["schema"]["fields"]}
         for f in fields["after"]["fields"]:
             found.schemas.setdefault(f["field"], schema_label(f))
@@ -559,7 +568,8 @@ def report(results: list[Comparison], schemas: dict[str, dict[str, str]]) -> Non
             cells.append("; ".join(notes) or "same")
         labels = [s.get(column, "-") for s in schemas.values()]
         cells.append(" / ".join(labels) if len(set(labels)) > 1 else "")
-        rows.append((f"`{column}` {_sql_type(column)}", *cells))
+        quoted = f"`` {column} ``" if "`" in column else f"`{column}`"  # Markdown's code
+        rows.append((f"{quoted} {_sql_type(column)}", *cells))
     header = ("column type", *(r.tool for r in results),
               "Connect schemas where they differ (" + " / ".join(schemas) + ")")
     widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(len(header))]
