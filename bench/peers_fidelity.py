@@ -1,19 +1,21 @@
 """Fidelity, this service beside Debezium (issue 53): every MariaDB type at its limits, each
 value each tool publishes compared with the source's, by ``bench_peers.py --fidelity``.
 
-One table, ``fidelity.edge``, of a column per type and edge (``COLUMNS``: DECIMAL(65,30),
-every integer type's bounds signed and unsigned, FLOAT/DOUBLE extremes, zero and invalid
-dates, DATETIME(6)/TIMESTAMP(6) limits, TIME beyond 24 h, YEAR, BIT, ENUM/SET, JSON, INET6,
-UUID, geometries, 4-byte UTF-8, latin1, binary strings with 0x00 and 0xFF, CHAR padding,
-NULLs, a column named with a space and one with a backtick), after ``RESET MASTER``: rows
-inserted (``ROWS``), some updated to other rows' values, one deleted. The source is read
-with pymysql after each phase (``SELECT``, the session in UTC), to be what each message's
-images must hold.
+Two tables (``TABLES``), after ``RESET MASTER``: ``fidelity.edge``, a column per type and
+edge (``EDGE``: DECIMAL(65,30), every integer type's bounds signed and unsigned, FLOAT/DOUBLE
+extremes, zero and invalid dates, a NOT NULL one too, DATETIME(6)/TIMESTAMP(6) limits, TIME
+beyond 24 h, YEAR, BIT, ENUM/SET, JSON, geometries, 4-byte UTF-8, latin1, binary strings with
+0x00 and 0xFF, CHAR padding, NULLs, a column named with a space and one with a backtick), and
+``fidelity_mariadb.types``, MariaDB's INET6 and UUID (``MARIADB_TYPES``, a database of their
+own: Debezium's MySQL connector cannot parse their CREATE TABLE). In each, rows inserted
+(``ROWS``), some updated to other rows' values, one deleted. The source is read with pymysql
+after each phase (``SELECT``, the session in UTC), to be what each message's images must
+hold.
 
 Then each tool reads that binlog from its start, as in the throughput part
 (peers_tools.service_running: the ``debezium`` format with Connect schemas on keys and
 values; debezium_running: Debezium's MySQL connector under Connect's ``JsonConverter``), and
-every message of its table's topic is read back and decoded with :func:`decode` **by the
+every message of its tables' topics is read back and decoded with :func:`decode` **by the
 Connect schema the message carries**, as Debezium documents its MySQL connector's types
 (``org.apache.kafka.connect.data.Decimal``: base64 of the unscaled big-endian two's
 complement, scale in its parameters; ``io.debezium.time.Date``: days; ``Timestamp``:
