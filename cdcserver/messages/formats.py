@@ -126,13 +126,15 @@ def _debezium_converter(f: Field, binary: bool = False) -> Callable[[Any], Any]:
     if k == Kind.FLOAT:
         return lambda v: float(float32_text(v))
     if k == Kind.BYTES:
+        # a geometry's SRID 0 (none given) is null, as Debezium's BinlogGeometry gives it
         if binary:
             if f.real_type == "geometry":
-                return lambda v: {"wkb": bytes(v[4:]), "srid": int.from_bytes(v[:4], "little")}
+                return lambda v: {"wkb": bytes(v[4:]),
+                                  "srid": int.from_bytes(v[:4], "little") or None}
             return bytes
         if f.real_type == "geometry":
             return lambda v: {"wkb": base64.b64encode(v[4:]).decode(),
-                              "srid": int.from_bytes(v[:4], "little")}
+                              "srid": int.from_bytes(v[:4], "little") or None}
         return lambda v: base64.b64encode(v).decode()
     if k == Kind.DATE:
         return lambda v: None if isinstance(v, str) else (v - _EPOCH.date()).days

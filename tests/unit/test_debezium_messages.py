@@ -4,6 +4,7 @@ change, tombstones, TRUNCATE, and values with their Connect schema."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -163,3 +164,21 @@ def test_a_json_value_is_its_records_json_byte_for_byte(monkeypatch) -> None:
                 expected = orjson.dumps({"schema": connect_schema.envelope_schema(
                     shape, 's"rv', flavor), "payload": record})
             assert fmt.row_value(e) == expected
+
+
+def test_a_geometry_without_srid_has_a_null_srid_as_in_debezium() -> None:
+    """Debezium 3.6's MySQL connector sends SRID 0 as null (bench_peers --fidelity saw it);
+    another SRID as it is. The client reads both back to MariaDB's value."""
+    from mariadb_cdc_client.kafka_values import from_debezium
+
+    layout = TableLayout("shop", "g", (ColumnDef("id", T.LONG, nullable=False),
+                                       ColumnDef("g", T.GEOMETRY)), (0,))
+    shape = TableShape(TableName("shop", "g"), TableSchema.from_layout(layout, 1, ""), layout)
+    point = bytes.fromhex("0101000000000000000000f83f00000000000002c0")  # POINT(1.5 -2.25)
+    for srid, expected in ((0, None), (4326, 4326)):
+        value = srid.to_bytes(4, "little") + point
+        e = RowEvent(shape, "insert", None, (1, value), GTID, 1, 1700000000, "f", 4, 0,
+                     str(GTID))
+        g = json.loads(Debezium().row_value(e))["after"]["g"]
+        assert g == {"wkb": base64.b64encode(point).decode(), "srid": expected}
+        assert from_debezium(shape.fields[1], g) == value
