@@ -182,3 +182,25 @@ def test_a_geometry_without_srid_has_a_null_srid_as_in_debezium() -> None:
         g = json.loads(Debezium().row_value(e))["after"]["g"]
         assert g == {"wkb": base64.b64encode(point).decode(), "srid": expected}
         assert from_debezium(shape.fields[1], g) == value
+
+
+def test_a_timestamp_is_debeziums_zoned_timestamp_text_at_every_precision() -> None:
+    """io.debezium.time.ZonedTimestamp: UTC, ISO 8601, as many fraction digits as the
+    column has (the same text as strftime's, which the converter used before)."""
+    import datetime as dt
+    import random
+
+    from cdcserver.messages.formats import _zoned_timestamp
+
+    rng = random.Random(53)
+    zones = [dt.UTC, dt.timezone(dt.timedelta(hours=5, minutes=30)),
+             dt.timezone(dt.timedelta(hours=-8))]
+    for _ in range(2000):
+        moment = dt.datetime.fromtimestamp(rng.randrange(0, 2**31), dt.UTC).replace(
+            microsecond=rng.choice([0, 1, 999999, rng.randrange(10**6)]))
+        value = moment.astimezone(rng.choice(zones))
+        for fsp in range(7):
+            expected = moment.strftime("%Y-%m-%dT%H:%M:%S") + (
+                f".{moment.microsecond:06d}"[: fsp + 1] if fsp else "") + "Z"
+            assert _zoned_timestamp(fsp)(value) == expected
+    assert _zoned_timestamp(3)("0000-00-00 00:00:00") is None
