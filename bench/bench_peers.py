@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_peers.py [--rows N] [--runs N] [--compression CODEC]
         [--workload standard|wide|both|none] [--latency [--latency-seconds S] [--rates R,R]]
-        [--recovery [--kills N] [--recovery-rate R]]
+        [--recovery [--kills N] [--recovery-rate R]] [--fidelity]
 
 One private MariaDB in bench/out and one Apache Kafka broker (tests/apache_kafka.py); the
 standard workload (bench/common.py: 200,000 rows inserted into a table of 8 mixed columns,
@@ -28,7 +28,9 @@ streaming window; peak RSS (``VmHWM``; the JVM's is the whole worker's). Prints 
 the ratios service/Debezium with issue 53's goals (throughput at least 3 times Debezium's,
 memory at most a quarter of it), each met or not; with ``--runs`` above 1, each tool's run
 of median throughput. With ``--latency``, then the time from commit to a consumer's receipt
-at fixed rates (bench/peers_latency.py).
+at fixed rates (bench/peers_latency.py). With ``--fidelity``, instead of all that, every
+MariaDB type at its limits, each tool's values compared with the source's
+(bench/peers_fidelity.py).
 
 ``--workload`` (default ``both``): the standard workload, the wide-row one
 (bench/peers_wide.py: 40 columns, text and JSON among numbers; 60,000 inserts and 15,000
@@ -50,7 +52,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import peers_latency, peers_memory, peers_recovery, peers_wide
+from bench import peers_fidelity, peers_latency, peers_memory, peers_recovery, peers_wide
 from bench.common import INSERTS, OUT, announce_code_path, fresh_server, line
 from bench.peers_memory import Peaks, record_streaming, sampling
 from bench.peers_tools import (
@@ -160,9 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=3, help="kills per tool with --recovery")
     parser.add_argument("--recovery-rate", type=int, default=1_000,
                         help="rows/s the writer keeps with --recovery")
+    parser.add_argument("--fidelity", action="store_true",
+                        help="only the values of every type at its limits (peers_fidelity.py)")
     args = parser.parse_args(argv)
     announce_code_path()
     producer = Producer(compression=args.compression)
+    if args.fidelity:
+        return peers_fidelity.main(producer)
     os.makedirs(OUT, exist_ok=True)
     with fresh_server("mariadb") as server, kafka_broker() as broker:
         line("tools run", "one after the other, each from the binlog's start")
