@@ -34,7 +34,8 @@ Per kill:
   again from the binlog has them all the same; the service fills ``gtid``, Debezium's MySQL
   connector does too when the server has GTIDs).
 
-After the writer stops, every row written must be received within :data:`DRAIN` seconds:
+A row not received while rows :data:`LOST` seconds newer were is given up on (the waits go on
+past it). After the writer stops, every row written must be received within :data:`DRAIN` seconds:
 the rows that are not are **missing** (a loss, which at-least-once delivery must never
 have). Duplicates before the first kill are counted apart (at least once allows them only
 after a failure). Per tool: the median and max over the kills of each figure, and the ratios
@@ -77,6 +78,7 @@ STREAM = 4.0  # seconds of live streaming before each kill
 SETTLE = 30.0  # seconds at most for the lag to fall under 2 s after the first start-up
 LIVE = 1.0  # caught up: a row received within this many seconds of its commit, and all before
 WAIT = 300.0  # seconds a tool may take to publish again, or to catch up, after a restart
+LOST = 30  # seconds of newer rows received while one is not: that one is taken as lost
 DRAIN = 120.0  # seconds every row written may take to be received after the writer stops
 
 _INSERT = (f"INSERT INTO {DATABASE}.orders (id, big, name, amount, created, body, score, attrs) "
@@ -154,7 +156,7 @@ def identity(key: bytes | None, value: bytes | None) -> Identity:
 class Tail:
     """Every message of ``topic`` from its start: when each arrived, and its identity."""
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+    def __init__(self, bootstrap: str, topic: str, partitions: int, lost_after: int) -> None:
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
         self.partitions = [TopicPartition(topic, p) for p in range(partitions)]
@@ -163,7 +165,9 @@ class Tail:
         # (received, partition, offset, identity) in the order received
         self.messages: list[tuple[float, int, int, Identity]] = []
         self.first: dict[int, float] = {}  # row id -> its first receipt
-        self.through = 0  # rows 1..through all received
+        self.through = 0  # rows 1..through all received, or given up as lost
+        self.lost_after = lost_after  # a row is given up once one this many ids later arrived
+        self.top = 0  # the highest row id received
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -181,8 +185,10 @@ class Tail:
                     ident = identity(m.key, m.value)
                     self.messages.append((now, tp.partition, m.offset, ident))
                     self.first.setdefault(ident[0], now)
-            while self.through + 1 in self.first:
-                self.through += 1
+                    self.top = max(self.top, ident[0])
+            while (self.through + 1 in self.first
+                   or self.through + 1 <= self.top - self.lost_after):
+                self.through += 1  # (a row given up is missing in the figures, if it stays so)
 
     def check(self) -> None:
         if self._task is not None and self._task.done():
@@ -460,8 +466,8 @@ def analyse(tool: str, committed: dict[int, float], tail: Tail, restarts: Restar
     # each row's "every row up to it received by" time (ids are committed in order)
     ids = sorted(committed)
     prefix, through = float("-inf"), {}
-    for i in ids:
-        prefix = max(prefix, tail.first.get(i, float("inf")))
+    for i in ids:  # (a row never received is reported missing, not waited for here)
+        prefix = max(prefix, tail.first.get(i, prefix))
         through[i] = prefix
     # the tool's own steady lag: rows committed once it was live and received (with all
     # before them) before the first kill (a row the kill caught in flight has the kill's lag)
@@ -500,7 +506,7 @@ def tool_recovery(server: EmbeddedMariaDB, bootstrap: str, directory: Path,
             stack.enter_context(peers.version_for_debezium(server))
 
         async def session() -> tuple[dict[int, float], Restarts, float, Tail]:
-            tail = Tail(bootstrap, topic, producer.partitions)  # (in the loop: aiokafka's)
+            tail = Tail(bootstrap, topic, producer.partitions, rate * LOST)  # (in the loop)
             return (*await _session(handle, server, tail, kills, rate), tail)
 
         committed, restarts, live, tail = asyncio.run(session())
