@@ -1,7 +1,8 @@
 """This service side by side with Debezium (issue 53): streaming throughput, CPU and memory.
 
     .venv/bin/python bench/bench_peers.py [--rows N] [--runs N] [--compression CODEC]
-        [--latency [--latency-seconds S] [--rates R,R]] [--fidelity]
+        [--workload standard|wide|both|none] [--latency [--latency-seconds S] [--rates R,R]]
+        [--recovery [--kills N] [--recovery-rate R]] [--fidelity]
 
 One private MariaDB in bench/out and one Apache Kafka broker (tests/apache_kafka.py); the
 standard workload (bench/common.py: 200,000 rows inserted into a table of 8 mixed columns,
@@ -30,6 +31,15 @@ of median throughput. With ``--latency``, then the time from commit to a consume
 at fixed rates (bench/peers_latency.py). With ``--fidelity``, instead of all that, every
 MariaDB type at its limits, each tool's values compared with the source's
 (bench/peers_fidelity.py).
+
+``--workload`` (default ``both``): the standard workload, the wide-row one
+(bench/peers_wide.py: 40 columns, text and JSON among numbers; 60,000 inserts and 15,000
+updates at full size, scaled with ``--rows``) or both, each measured and compared as above,
+each with its peak RSS per phase (bench/peers_memory.py: the process tree's VmRSS sampled
+every 50 ms, the max within start-up and streaming; the latency part's too). With
+``--recovery``, then each tool killed with -9 mid-stream and restarted on its state
+(bench/peers_recovery.py): the time to publish again, to catch up, the duplicates, and
+that nothing is missing.
 """
 
 from __future__ import annotations
@@ -42,8 +52,9 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import peers_fidelity, peers_latency
+from bench import peers_fidelity, peers_latency, peers_memory, peers_recovery, peers_wide
 from bench.common import INSERTS, OUT, announce_code_path, fresh_server, line
+from bench.peers_memory import Peaks, record_streaming, sampling
 from bench.peers_tools import (
     DEBEZIUM,
     SERVICE,
@@ -64,15 +75,18 @@ THROUGHPUT_GOAL, MEMORY_GOAL = 3.0, 0.25  # issue 53: >= 3x the changes/s, <= 1/
 
 def run_service(server: EmbeddedMariaDB, database: str, bootstrap: str, directory: Path,
                 changes: int, producer: Producer = DEFAULT_PRODUCER, *, server_id: int = 9301,
-                prefix: str = "svc", timeout: float = 600.0) -> Result:
-    """This service from the binlog's start until every change of ``database``.orders is
-    acknowledged by Kafka, on ``<prefix>.<database>.orders`` (its schema change topic:
-    ``prefix``, as Debezium's)."""
-    topic = f"{prefix}.{database}.orders"
+                prefix: str = "svc", timeout: float = 600.0, table: str = "orders",
+                peaks: Peaks | None = None) -> Result:
+    """This service from the binlog's start until every change of ``database``.``table`` is
+    acknowledged by Kafka, on ``<prefix>.<database>.<table>`` (its schema change topic:
+    ``prefix``, as Debezium's); ``peaks``: its RSS per phase recorded there."""
+    topic = f"{prefix}.{database}.{table}"
     with service_running(server, bootstrap, directory, producer, server_id=server_id,
-                         prefix=prefix, topics=[topic]) as running:
+                         prefix=prefix, topics=[topic]) as running, \
+            sampling(running.pid) as rss:
         result = watch(bootstrap, topic, producer.partitions, changes, running.pid,
                        running.started, running.alive, timeout)
+    record_streaming(peaks, SERVICE, rss, running.started, result.startup, result.streaming)
     return dataclasses.replace(result, tool=SERVICE)
 
 
@@ -82,16 +96,19 @@ def run_service(server: EmbeddedMariaDB, database: str, bootstrap: str, director
 
 def run_debezium(server: EmbeddedMariaDB, database: str, bootstrap: str, directory: Path,
                  changes: int, producer: Producer = DEFAULT_PRODUCER, *, server_id: int = 9302,
-                 prefix: str = "dbz", tuned: bool = True, timeout: float = 600.0) -> Result:
+                 prefix: str = "dbz", tuned: bool = True, timeout: float = 600.0,
+                 table: str = "orders", peaks: Peaks | None = None) -> Result:
     """Debezium's connector in Connect standalone from the binlog's start until every change
-    of ``database``.orders is acknowledged by Kafka, on ``<prefix>.<database>.orders``
-    (``tuned``: the JVM of connect-standalone.sh, else the tests' small one)."""
-    topic = f"{prefix}.{database}.orders"
+    of ``database``.``table`` is acknowledged by Kafka, on ``<prefix>.<database>.<table>``
+    (``tuned``: the JVM of connect-standalone.sh, else the tests' small one; ``peaks``: its
+    RSS per phase recorded there, the JVM's whole process)."""
+    topic = f"{prefix}.{database}.{table}"
     with debezium_running(server, database, bootstrap, directory, producer,
                           server_id=server_id, prefix=prefix, tuned=tuned,
-                          topics=[topic]) as running:
+                          topics=[topic]) as running, sampling(running.pid) as rss:
         result = watch(bootstrap, topic, producer.partitions, changes, running.pid,
                        running.started, running.alive, timeout)
+    record_streaming(peaks, DEBEZIUM, rss, running.started, result.startup, result.streaming)
     return dataclasses.replace(result, tool=DEBEZIUM)
 
 
@@ -137,6 +154,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds of writing at each rate")
     parser.add_argument("--rates", type=_rates, default=(1_000, 10_000),
                         help="rows/s the latency writer keeps, comma-separated")
+    parser.add_argument("--workload", choices=("standard", "wide", "both", "none"),
+                        default="both", help="the throughput part's workloads (none: skip it)")
+    parser.add_argument("--recovery", action="store_true",
+                        help="then kill -9 each tool mid-stream and restart it "
+                             "(peers_recovery.py)")
+    parser.add_argument("--kills", type=int, default=3, help="kills per tool with --recovery")
+    parser.add_argument("--recovery-rate", type=int, default=1_000,
+                        help="rows/s the writer keeps with --recovery")
     parser.add_argument("--fidelity", action="store_true",
                         help="only the values of every type at its limits (peers_fidelity.py)")
     args = parser.parse_args(argv)
@@ -146,27 +171,53 @@ def main(argv: list[str] | None = None) -> int:
         return peers_fidelity.main(producer)
     os.makedirs(OUT, exist_ok=True)
     with fresh_server("mariadb") as server, kafka_broker() as broker:
-        changes = write_workload(server, "bench", args.rows)
-        line("workload", f"{changes:,} row changes ({args.rows:,} inserts, "
-                         f"{changes - args.rows:,} updates) in bench.orders")
         line("tools run", "one after the other, each from the binlog's start")
         line("producers", f"acks=all, {producer.compression}, batch {producer.batch_bytes:,} "
                           f"B, linger {producer.linger_ms} ms, {producer.partitions} "
                           "partitions, at least once")
-        ours, theirs = [], []
-        for run in range(args.runs):
-            # each run's topics are new: the brokers' counts start at 0
-            ours.append(run_service(server, "bench", broker.bootstrap,
-                                    Path(OUT, "peers", f"service{run}"), changes, producer,
-                                    server_id=9301 + 2 * run, prefix=f"svc{run}"))
-            theirs.append(run_debezium(server, "bench", broker.bootstrap,
-                                       Path(OUT, "peers", f"debezium{run}"), changes,
-                                       producer, server_id=9302 + 2 * run,
-                                       prefix=f"dbz{run}"))
-        report(median(ours), median(theirs))
+        for workload in WORKLOADS[args.workload]:
+            compare(server, broker.bootstrap, producer, workload, args.rows, args.runs)
         if args.latency:
             latency(server, broker.bootstrap, producer, args.rates, args.latency_seconds)
+        if args.recovery:
+            peers_recovery.report(*peers_recovery.measure(
+                server, broker.bootstrap, Path(OUT, "peers", "recovery"), producer,
+                kills=args.kills, rate=args.recovery_rate))
     return 0
+
+
+WORKLOADS = {"standard": ("standard",), "wide": ("wide",), "both": ("standard", "wide"),
+             "none": ()}
+
+
+def compare(server: EmbeddedMariaDB, bootstrap: str, producer: Producer, workload: str,
+            rows: int, runs: int) -> dict[str, bool]:
+    """One workload written, then each tool ``runs`` times on it: the table, the ratios and
+    the peak RSS per phase. Returns the goals, met or not."""
+    if workload == "wide":
+        database, table = peers_wide.DATABASE, peers_wide.TABLE
+        inserts = peers_wide.inserts_for(rows)
+        changes = peers_wide.write_wide(server, inserts)
+    else:
+        database, table, inserts = "bench", "orders", rows
+        changes = write_workload(server, database, rows)
+    line(f"workload {workload}", f"{changes:,} row changes ({inserts:,} inserts, "
+                                 f"{changes - inserts:,} updates) in {database}.{table}")
+    tag = "" if workload == "standard" else workload
+    ours, theirs, peaks = [], [], Peaks()
+    for run in range(runs):
+        # each run's topics are new: the brokers' counts start at 0
+        ours.append(run_service(server, database, bootstrap,
+                                Path(OUT, "peers", f"service{tag}{run}"), changes, producer,
+                                server_id=9301 + 2 * run, prefix=f"svc{tag}{run}", table=table,
+                                peaks=peaks))
+        theirs.append(run_debezium(server, database, bootstrap,
+                                   Path(OUT, "peers", f"debezium{tag}{run}"), changes,
+                                   producer, server_id=9302 + 2 * run, prefix=f"dbz{tag}{run}",
+                                   table=table, peaks=peaks))
+    goals = report(median(ours), median(theirs))
+    memory = peers_memory.report(peaks, SERVICE, DEBEZIUM, f"{workload} workload")
+    return {**goals, **{f"memory {phase}": met for phase, met in memory.items()}}
 
 
 def _rates(text: str) -> tuple[int, ...]:
@@ -175,9 +226,11 @@ def _rates(text: str) -> tuple[int, ...]:
 
 def latency(server: EmbeddedMariaDB, bootstrap: str, producer: Producer,
             rates: tuple[int, ...], seconds: float) -> None:
+    peaks = Peaks()
     ours, theirs = peers_latency.measure(server, bootstrap, Path(OUT, "peers", "latency"),
-                                         producer, rates, seconds)
+                                         producer, rates, seconds, peaks=peaks)
     peers_latency.report(ours, theirs, seconds)
+    peers_memory.report(peaks, SERVICE, DEBEZIUM, "latency")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ import pymysql
 
 from bench import peers_tools as peers
 from bench.common import CREATE, line
+from bench.peers_memory import Peaks
 from bench.peers_tools import Producer, Running
 from cdcserver.app.embedded import EmbeddedMariaDB
 
@@ -225,20 +226,20 @@ async def _with_receiver(server: EmbeddedMariaDB, bootstrap: str, topic: str,
 
 
 def tool_latency(server: EmbeddedMariaDB, bootstrap: str, prefix: str, producer: Producer,
-                 start: Starter, tool: str, rates: tuple[int, ...], seconds: float
-                 ) -> list[Latency]:
+                 start: Starter, tool: str, rates: tuple[int, ...], seconds: float,
+                 peaks: Peaks | None = None) -> list[Latency]:
     """One tool's latencies at each rate, on a fresh table (``start``: the tool running,
-    given the topics to create)."""
+    given the topics to create; ``peaks``: its peak RSS meanwhile, phase ``latency``)."""
     fresh_table(server)
     topic = f"{prefix}.{DATABASE}.orders"
-    with start([topic]) as running:
+    with start([topic]) as running, (peaks or Peaks()).phase(tool, "latency", running.pid):
         return asyncio.run(_with_receiver(server, bootstrap, topic, producer, running, tool,
                                           rates, seconds))
 
 
 def measure(server: EmbeddedMariaDB, bootstrap: str, directory: Path, producer: Producer,
             rates: tuple[int, ...] = RATES, seconds: float = 20.0, *, tuned: bool = True,
-            run: str = "") -> tuple[list[Latency], list[Latency]]:
+            run: str = "", peaks: Peaks | None = None) -> tuple[list[Latency], list[Latency]]:
     """The service's latencies, then Debezium's (``run``: a suffix for the topics' prefixes,
     unique on a shared broker)."""
     svc, dbz = f"svclat{run}", f"dbzlat{run}"
@@ -251,9 +252,10 @@ def measure(server: EmbeddedMariaDB, bootstrap: str, directory: Path, producer: 
         return peers.debezium_running(server, DATABASE, bootstrap, directory / "debezium", producer,
                                 server_id=9402, prefix=dbz, tuned=tuned, topics=topics)
 
-    ours = tool_latency(server, bootstrap, svc, producer, service, peers.SERVICE, rates, seconds)
+    ours = tool_latency(server, bootstrap, svc, producer, service, peers.SERVICE, rates, seconds,
+                        peaks)
     theirs = tool_latency(server, bootstrap, dbz, producer, debezium, peers.DEBEZIUM, rates,
-                          seconds)
+                          seconds, peaks)
     return ours, theirs
 
 

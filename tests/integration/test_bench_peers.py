@@ -18,7 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from bench import bench_peers, peers_fidelity, peers_latency, peers_tools
+from bench import (
+    bench_peers,
+    peers_fidelity,
+    peers_latency,
+    peers_memory,
+    peers_recovery,
+    peers_tools,
+    peers_wide,
+)
 from cdcserver.app.embedded import EmbeddedMariaDB
 from tests.apache_kafka import ApacheKafka
 
@@ -74,6 +82,66 @@ def test_latency_every_row_received_by_each_tool(tmp_path: Path, kafka_broker: A
     with capsys.disabled():
         print(f"\n{out}")
     assert f"ratio p99 at {LATENCY_RATE} rows/s, service / Debezium" in out
+
+
+RECOVERY_RATE = 300
+
+
+@pytest.mark.timeout(600)
+def test_recovery_nothing_missing_after_a_kill(tmp_path: Path, kafka_broker: ApacheKafka,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The recovery path (bench/peers_recovery.py), one kill -9 per tool at a low rate: each
+    publishes again after its restart and has every row written; the duplicates each sent on
+    restart are printed (at least once allows them after a kill, not before)."""
+    run = uuid.uuid4().hex[:8]
+    with EmbeddedMariaDB(str(tmp_path / "mariadb"), port=0) as server:
+        ours, theirs, rate = peers_recovery.measure(
+            server, kafka_broker.bootstrap, tmp_path, peers_tools.Producer(), kills=1,
+            rate=RECOVERY_RATE, tuned=False, run=run)
+    for result in (ours, theirs):
+        assert result.written > 0, result.tool
+        assert result.missing == [], result.tool
+        assert result.early_duplicates == 0, result.tool
+        assert len(result.kills) == 1
+        assert result.kills[0].republished < float("inf"), result.tool
+    peers_recovery.report(ours, theirs, rate)
+    out = capsys.readouterr().out
+    with capsys.disabled():
+        print(f"\n{out}")
+    assert "ratio duplicates, service / Debezium" in out
+
+
+WIDE_ROWS = 10_000  # 3,000 wide inserts, 750 updates
+
+
+@pytest.mark.timeout(900)
+def test_wide_workload_every_change_once(tmp_path: Path, kafka_broker: ApacheKafka,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """The wide-row workload (bench/peers_wide.py) through both tools, every change once on
+    each tool's topic, and the peak RSS per phase printed for both."""
+    run = uuid.uuid4().hex[:8]
+    inserts = peers_wide.inserts_for(WIDE_ROWS)
+    peaks = peers_memory.Peaks()
+    with EmbeddedMariaDB(str(tmp_path / "mariadb"), port=0) as server:
+        changes = peers_wide.write_wide(server, inserts)
+        assert changes == inserts + inserts // 4
+        kwargs = {"table": peers_wide.TABLE, "peaks": peaks, "timeout": 300}
+        ours = bench_peers.run_service(server, peers_wide.DATABASE, kafka_broker.bootstrap,
+                                       tmp_path / "service", changes, prefix=f"svcw{run}",
+                                       **kwargs)
+        theirs = bench_peers.run_debezium(server, peers_wide.DATABASE, kafka_broker.bootstrap,
+                                          tmp_path / "debezium", changes, prefix=f"dbzw{run}",
+                                          tuned=False, **kwargs)
+    assert (ours.changes, theirs.changes) == (changes, changes)
+    for tool in (peers_tools.SERVICE, peers_tools.DEBEZIUM):
+        for phase in ("start-up", "streaming"):
+            assert peaks.mb[(tool, phase)] > 0, (tool, phase)
+    bench_peers.report(ours, theirs)
+    peers_memory.report(peaks, peers_tools.SERVICE, peers_tools.DEBEZIUM, "wide")
+    out = capsys.readouterr().out
+    with capsys.disabled():
+        print(f"\n{out}")
+    assert "peak RSS per phase (wide)" in out
 
 
 @pytest.mark.timeout(300)
