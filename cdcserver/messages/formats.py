@@ -277,12 +277,14 @@ class Debezium(MessageFormat):
         return dict(zip(names, row, strict=True))
 
     def row_value(self, e: RowEvent) -> bytes:
-        return self._value(e, self._OPS[e.action], e.before, e.after)
+        # a snapshot row is Debezium's read event (op "r", before null)
+        return self._value(e, "r" if e.snapshot else self._OPS[e.action], e.before, e.after)
 
     def _value(self, e: RowEvent, op: str, before: tuple[Any, ...] | None,
                after: tuple[Any, ...] | None) -> bytes:
         source = {"version": "mariadb-cdc", "connector": self.flavor, "name": self.source_name,
-                  "ts_ms": e.timestamp * 1000, "snapshot": "false", "db": e.table.database,
+                  "ts_ms": e.timestamp * 1000, "snapshot": e.snapshot or "false",
+                  "db": e.table.database,
                   "sequence": None, "table": e.table.table, "server_id": e.gtid.server_id,
                   "gtid": e.gtid_text, "file": e.file, "pos": e.pos, "row": e.row,
                   "thread": None, "query": None}
