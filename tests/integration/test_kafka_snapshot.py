@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import threading
 import time
 from decimal import Decimal
 from typing import Any
 
+import pymysql
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -52,7 +52,7 @@ class Writer:
         self.stop = threading.Event()
         self.commits = 0
         self.thread = threading.Thread(target=self._run, name="writer")
-        self.failure: BaseException | None = None
+        self.failure: pymysql.MySQLError | None = None
 
     def __enter__(self) -> Writer:
         self.thread.start()
@@ -76,7 +76,7 @@ class Writer:
                     conn.commit()
                     self.commits += 1
                     self.stop.wait(0.002)
-        except BaseException as exc:  # said by finish()
+        except pymysql.MySQLError as exc:  # raised again by finish()
             self.failure = exc
         finally:
             conn.close()

@@ -125,12 +125,12 @@ class PointFilter:
         if not self.points:
             return changes
         kept: list[Change] = []
-        for change in changes:
+        for at, change in enumerate(changes):
             if isinstance(change, Begin):
                 self._begin = change
                 if self._past_every_point(change):
                     self.points = {}
-                    return kept + changes[len(kept):]  # (nothing was dropped before)
+                    return kept + changes[at:]
             elif self._drops(change):
                 continue
             kept.append(change)
