@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import threading
 import time
@@ -185,10 +186,12 @@ async def snapshot_joined(running: RunningService, timeout: float = 180.0) -> No
 # -- tests -----------------------------------------------------------------------------------
 
 async def test_snapshot_then_changes_rebuild_the_table_and_an_alter_is_not_blocked(
-        tmp_path, source: Source, users_file: str, kafka_broker: ApacheKafka):
+        tmp_path, source: Source, users_file: str, kafka_broker: ApacheKafka,
+        caplog: pytest.LogCaptureFixture):
     """100,000 rows before the start, a writer all through the snapshot, an ``ADD COLUMN``
     while the table is being dumped: the ALTER is not held, every read event precedes the
     changes of its partition, and the topic rebuilds the table as SELECT reads it."""
+    caplog.set_level(logging.INFO)
     rows = 100_000
     create_items(source, rows)
     db = source.database
@@ -225,6 +228,8 @@ async def test_snapshot_then_changes_rebuild_the_table_and_an_alter_is_not_block
     print(f"\nsnapshot: {progress[0]['total']} rows, {writer.commits} commits meanwhile, "
           f"ALTER took {altered:.2f}s")
     assert altered < 5.0, f"the ALTER waited {altered:.1f}s"
+    assert "starting it over in the new definition" in caplog.text  # (the ALTER hit the dump)
+    assert "read in one snapshot" not in caplog.text  # chunked: no lock held across chunks
 
 
 async def test_kill_9_during_the_snapshot_publish_then_the_topic_still_equals_select(

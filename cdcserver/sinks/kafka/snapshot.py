@@ -39,17 +39,21 @@ from cdcserver.core.config import DumpConfig, SourceAddress
 from cdcserver.core.durable import write_atomically
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState, binlog_ordinal
 from cdcserver.core.names import TableName
+from cdcserver.dump.chunks import service_source
 from cdcserver.dump.dumper import DumpOptions, dump_tables, newest_versions
 from cdcserver.messages.events import RowEvent, TableShape
 from cdcserver.schema.definition import TableDefinition
 from cdcserver.schema.layouts import layout_of
+from cdcserver.store import checkpoint
 from cdcserver.store.catalog import Catalog
+from cdcserver.store.layout import DataDir
 from cdcserver.store.schema import TableSchema
 from mariadb_cdc_client.format.dump import DumpDecoder, DumpRows
 from mariadb_cdc_client.format.names import table_ref
 
 log = logging.getLogger("cdcserver.sinks.kafka.sink")  # operators grep for it
 
+STORE_WAIT = 30.0  # seconds the first dump waits for the store to be ready for chunked dumps
 READ_BYTES = 1 << 20  # a dump is read and decoded in pieces of this size, in a thread
 SYSTEM_SCHEMAS = ("mysql", "information_schema", "performance_schema", "sys")
 
@@ -200,6 +204,7 @@ class InitialSnapshot:
         acknowledged; the earliest point (None: no table)."""
         if self.state.joined:  # the last snapshot's, its sink's position since lost
             self.state.discard()
+        await self._store_ready()
         done: set[TableName] = set()
         while True:  # tables created while the others were dumped are taken too
             tables = [t for t in await asyncio.to_thread(self._tables) if t not in done]
@@ -213,6 +218,22 @@ class InitialSnapshot:
         self.state.joined = True
         await asyncio.to_thread(self.state.save)
         return self.state.earliest()
+
+    async def _store_ready(self) -> None:
+        """Until the store has a checkpoint and has recorded the server it reads, which a
+        chunked dump merges from (else it would read each table in one snapshot, holding its
+        metadata lock): at most ``STORE_WAIT`` seconds (a quiet source may write nothing)."""
+        layout = DataDir(self.sources.data_dir)
+        deadline = time.monotonic() + STORE_WAIT
+
+        def ready() -> bool:
+            return checkpoint.load(layout.checkpoint) is not None and \
+                service_source(self.sources.data_dir) is not None
+
+        while time.monotonic() < deadline:
+            if await asyncio.to_thread(ready):
+                return
+            await asyncio.sleep(0.2)  # (files another process may write: nothing to await)
 
     def _tables(self) -> list[TableName]:
         from cdcserver.replication import source as source_sql
