@@ -135,7 +135,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds of writing at each rate")
     parser.add_argument("--rates", type=_rates, default=(1_000, 10_000),
                         help="rows/s the latency writer keeps, comma-separated")
+    parser.add_argument("--snapshot", action="store_true",
+                        help="instead: a table's rows to Kafka, this service's initial "
+                             "snapshot against Debezium's (peers_snapshot.py; --rows its rows)")
     args = parser.parse_args(argv)
+    if args.snapshot:
+        from bench import peers_snapshot
+
+        rows = args.rows if args.rows != INSERTS else peers_snapshot.ROWS
+        return peers_snapshot.main(["--rows", str(rows)])
     announce_code_path()
     producer = Producer(compression=args.compression)
     os.makedirs(OUT, exist_ok=True)

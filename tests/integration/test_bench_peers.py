@@ -72,3 +72,35 @@ def test_latency_every_row_received_by_each_tool(tmp_path: Path, kafka_broker: A
     with capsys.disabled():
         print(f"\n{out}")
     assert f"ratio p99 at {LATENCY_RATE} rows/s, service / Debezium" in out
+
+
+SNAPSHOT_ROWS = 5_000
+
+
+@pytest.mark.timeout(900)
+def test_snapshot_each_tool_publishes_the_tables_rows(tmp_path: Path, kafka_broker: ApacheKafka,
+                                                      capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    """bench/peers_snapshot.py at a few thousand rows: this service's initial snapshot and
+    Debezium's two modes each put the table's rows on their topic (or, Debezium's
+    incremental snapshot, say why it gave up), with the writer and the ALTER; the ratios
+    print."""
+    from bench import peers_snapshot
+
+    run = uuid.uuid4().hex[:8]
+    with EmbeddedMariaDB(str(tmp_path / "mariadb"), port=0) as server:
+        peers_snapshot.load_table(server, SNAPSHOT_ROWS)
+        results = peers_snapshot.run_all(server, kafka_broker.bootstrap, tmp_path,
+                                         SNAPSHOT_ROWS, run=run, tuned=False, timeout=300)
+    assert [r.tool for r in results] == [peers_snapshot.SERVICE, peers_snapshot.INITIAL,
+                                         peers_snapshot.INCREMENTAL]
+    for result in results:
+        assert result.rows >= SNAPSHOT_ROWS or result.abandoned, result
+        assert result.rss_mb > 0 and result.cpu > 0
+    assert not results[0].abandoned and not results[0].blocked
+    peers_snapshot.report(results)
+    out = capsys.readouterr().out
+    with capsys.disabled():
+        print(f"\n{out}")
+    assert "ratio rows/s, service / Debezium" in out
+    assert "goal: >= 2x Debezium's fastest mode" in out
