@@ -32,9 +32,13 @@ import contextlib
 import logging
 import time
 
+from aiokafka.errors import KafkaError
+
 from cdcserver.core.changes import Change
+from cdcserver.core.errors import CdcError
 from cdcserver.core.gtid import BinlogPosition
 from cdcserver.core.kafkaconfig import KafkaConfig
+from cdcserver.core.retry import Backoff
 from cdcserver.messages.base import VersionLookup
 from cdcserver.sinks.base import SinkStatus, SourceInfo
 from cdcserver.sinks.kafka.accumulator import MessageAccumulator
@@ -108,12 +112,18 @@ class KafkaSink:
                  "table first")
         snapshot = InitialSnapshot(self.snapshot_sources, self.snapshot_state,
                                    self.router.snapshot_rows, self.sender.flush)
-        try:
-            earliest = await snapshot.run()
-        except Exception as exc:  # (said in /health; the next start tries again)
-            self.snapshot_failed = f"the initial snapshot failed: {exc}"
-            log.exception("kafka: %s", self.snapshot_failed)
-            raise
+        backoff = Backoff(first=5.0, maximum=300.0)
+        while True:
+            try:
+                earliest = await snapshot.run()
+                break
+            except (CdcError, OSError, KafkaError) as exc:  # the source away, a full disk...
+                delay = backoff.failed()
+                self.snapshot_failed = (f"the initial snapshot failed (trying again in "
+                                        f"{delay:.0f} s, the same dumps kept): {exc}")
+                log.warning("kafka: %s", self.snapshot_failed)
+                await asyncio.sleep(delay)
+                self.snapshot_failed = ""
         rows = sum(p.rows for p in self.snapshot_sources.progress.values())
         log.info("kafka: initial snapshot published: %d tables, %d rows in %.1fs",
                  len(self.snapshot_sources.progress), rows, time.monotonic() - started)
@@ -178,11 +188,12 @@ class KafkaSink:
 
     @property
     def active(self) -> bool:
-        """Out of replication while its initial snapshot is published (or failed)."""
-        return self._snapshotting is None and not self.snapshot_failed
+        """Out of replication while its initial snapshot is published."""
+        return self._snapshotting is None
 
     def status(self) -> SinkStatus:
-        progress = self.snapshot_sources.progress if self.snapshot_sources else {}
+        progress = self.snapshot_sources.progress if self.snapshot_sources and \
+            self._snapshotting is not None else {}  # (while it is taken)
         return SinkStatus(self.name, waiting=self.waiting,
                           metrics=Totals().figures(self, self.config.max_buffer_bytes),
                           snapshot=tuple(p.summary() for p in progress.values()))

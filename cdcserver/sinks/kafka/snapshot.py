@@ -24,10 +24,12 @@ what the rows hold.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -37,8 +39,10 @@ from cdcserver.core.capture import CaptureFilter, TableSelection
 from cdcserver.core.changes import Begin, Change, Ddl, Rows
 from cdcserver.core.config import DumpConfig, SourceAddress
 from cdcserver.core.durable import write_atomically
+from cdcserver.core.errors import CdcError
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState, binlog_ordinal
 from cdcserver.core.names import TableName
+from cdcserver.dump import files
 from cdcserver.dump.chunks import service_source
 from cdcserver.dump.dumper import DumpOptions, dump_tables, newest_versions
 from cdcserver.messages.events import RowEvent, TableShape
@@ -272,21 +276,30 @@ class InitialSnapshot:
                  "%s:%d)", table, rows, progress.seconds, point.file, point.pos)
 
     async def _dump(self, table: TableName) -> TablePoint:
-        sources = self.sources
-        versions = newest_versions(sources.catalog, [table]) if sources.catalog else {}
-        options = DumpOptions(sources.dump)
-        results = await asyncio.to_thread(
-            dump_tables, sources.address(), sources.data_dir, [table], options, versions,
-            None, None, sources.capture)
-        info = results[0].info
+        info = await self._dump_once(table, restart=False)
         if info.header.resumed:  # (one read in one snapshot may hold updates and deletes)
-            results = await asyncio.to_thread(
-                dump_tables, sources.address(), sources.data_dir, [table],
-                DumpOptions(sources.dump, restart=True), versions, None, None,
-                sources.capture)
-            info = results[0].info
+            info = await self._dump_once(table, restart=True)
         header = info.header
         return TablePoint(header.binlog_file, header.binlog_pos, header.gtid, info.path)
+
+    async def _dump_once(self, table: TableName, restart: bool) -> files.DumpInfo:
+        """The table's dump, in a thread; stopped (to be continued) if this is cancelled,
+        as the service's own dumps are when it stops."""
+        sources = self.sources
+        versions = newest_versions(sources.catalog, [table]) if sources.catalog else {}
+        stop = threading.Event()
+        work = asyncio.ensure_future(asyncio.to_thread(
+            dump_tables, sources.address(), sources.data_dir, [table],
+            DumpOptions(sources.dump, restart=restart), versions, None, stop,
+            sources.capture))
+        try:
+            results = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            stop.set()
+            with contextlib.suppress(CdcError, OSError):
+                await work
+            raise
+        return results[0].info
 
     async def _publish(self, table: TableName, path: str, last: bool) -> int:
         """The dump's rows to the sender, in batches; how many."""
