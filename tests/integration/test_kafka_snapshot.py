@@ -16,6 +16,8 @@ import logging
 import random
 import threading
 import time
+import urllib.error
+import urllib.request
 from decimal import Decimal
 from typing import Any
 
@@ -165,6 +167,15 @@ def assert_snapshot_before_changes(messages: list[Any], rows: int | None = None)
         assert set(markers) <= {"first", "true", "last"}
 
 
+def _health(running: RunningService) -> dict[str, Any]:
+    host, port = running.service.monitoring.address  # type: ignore[misc]
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=10) as response:
+            return dict(json.loads(response.read()))
+    except urllib.error.HTTPError as e:  # 503 while degraded: the same document
+        return dict(json.loads(e.read()))
+
+
 def kafka_sink(running: RunningService) -> KafkaSink:
     sink = next(s for s in running.service.replication.sinks if s.name == "kafka")
     assert isinstance(sink, KafkaSink)
@@ -204,13 +215,16 @@ async def test_snapshot_then_changes_rebuild_the_table_and_an_alter_is_not_block
         try:
             sink = kafka_sink(running)
             deadline = time.monotonic() + 60
-            while not any(p["state"] == "dumping" for p in sink.status().snapshot):
+            while not any(p["state"] == "dumping" and p["rows"] for p in
+                          sink.status().snapshot):  # (the dump has begun reading)
                 assert time.monotonic() < deadline, "no dump seen"
                 await pace(0.01)
             started = time.monotonic()
             await asyncio.to_thread(source.execute,
                                     f"ALTER TABLE `{db}`.items ADD COLUMN extra INT NULL")
             altered = time.monotonic() - started
+            health = await asyncio.to_thread(_health, running)
+            assert [t["table"] for t in health["kafka_snapshot"]] == [f"{db}.items"]
             await snapshot_joined(running)
             await pace(1.0)  # changes after the join too
             writer.finish()

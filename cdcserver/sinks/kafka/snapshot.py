@@ -166,7 +166,7 @@ class TableProgress:
 
     table: TableName
     state: str = "waiting"  # waiting, dumping, publishing, done
-    rows: int = 0  # published so far
+    rows: int = 0  # read so far while dumping, then published
     total: int = 0  # in its dump
     seconds: float = 0.0
 
@@ -288,9 +288,14 @@ class InitialSnapshot:
         sources = self.sources
         versions = newest_versions(sources.catalog, [table]) if sources.catalog else {}
         stop = threading.Event()
+        progress = self.progress[table]
+
+        def read(_: TableName, rows: int) -> None:  # (from the dump's thread)
+            progress.rows = rows
+
         work = asyncio.ensure_future(asyncio.to_thread(
             dump_tables, sources.address(), sources.data_dir, [table],
-            DumpOptions(sources.dump, restart=restart), versions, None, stop,
+            DumpOptions(sources.dump, restart=restart), versions, read, stop,
             sources.capture))
         try:
             results = await asyncio.shield(work)
