@@ -333,17 +333,27 @@ def _signal_once_streaming(server: EmbeddedMariaDB, bootstrap: str, prefix: str,
                    ".orders\"], \"type\": \"incremental\"}')")
 
 
+MODES = (SERVICE, INITIAL, INCREMENTAL)
+
+
 def run_all(server: EmbeddedMariaDB, bootstrap: str, directory: Path, rows: int, *,
             run: str = "", tuned: bool = True, timeout: float = 7200.0,
-            producer: Producer | None = None) -> list[Result]:
-    """(a), (b) and (c) in turn on ``server``, whose ``snap.orders`` holds ``rows`` rows."""
+            producer: Producer | None = None, modes: tuple[str, ...] = MODES
+            ) -> list[Result]:
+    """(a), (b) and (c) in turn (those of ``modes``) on ``server``, whose ``snap.orders``
+    holds ``rows`` rows."""
     producer = producer or Producer()
     results = []
     prefix = f"svc{run}"
     topic = f"{prefix}.{DATABASE}.orders"
-    with service(server, bootstrap, directory / "service", producer, prefix, topic) as r:
-        results.append(measure(SERVICE, server, bootstrap, topic, rows, r, producer, timeout))
+    if SERVICE in modes:
+        with service(server, bootstrap, directory / "service", producer, prefix,
+                     topic) as r:
+            results.append(measure(SERVICE, server, bootstrap, topic, rows, r, producer,
+                                   timeout))
     for incremental, name, server_id in ((False, INITIAL, 9402), (True, INCREMENTAL, 9403)):
+        if name not in modes:
+            continue
         prefix = f"{'inc' if incremental else 'dbz'}{run}"
         topic = f"{prefix}.{DATABASE}.orders"
         with debezium(server, bootstrap, directory / prefix, producer, prefix, topic,
