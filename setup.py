@@ -2,7 +2,8 @@
 Avro blocks to JSON lines: cdcserver/protocol/_jsonlines.pyx; a dump's result rows to its row
 form: cdcserver/dump/_rawrows.pyx; a databus message's rows: cdcserver/messages/_databus.pyx;
 the binlog's DECIMAL values: cdcserver/replication/_bindecimal.pyx; its row images
-to Python values: cdcserver/replication/_rowdecode.pyx;
+to Python values: cdcserver/replication/_rowdecode.pyx; Kafka's partitioner hash of a message
+key: cdcserver/sinks/kafka/_murmur2.pyx;
 on Spark executors, Avro blocks to Arrow buffers:
 client/spark/_avroarrow.pyx, which imports as mariadb_cdc_client.spark._avroarrow, the
 package-dir mapping of pyproject.toml; in the client library, a stream's Avro blocks and JSON
@@ -38,6 +39,8 @@ extensions = cythonize(
      Extension("cdcserver.messages._databus", ["cdcserver/messages/_databus.pyx"],
                optional=True),
      Extension("cdcserver.replication._bindecimal", ["cdcserver/replication/_bindecimal.pyx"],
+               optional=True),
+     Extension("cdcserver.sinks.kafka._murmur2", ["cdcserver/sinks/kafka/_murmur2.pyx"],
                optional=True),
      Extension("cdcserver.replication._rowdecode", ["cdcserver/replication/_rowdecode.pyx"],
                optional=True),

@@ -1,7 +1,7 @@
 """This service side by side with Debezium (issue 53): streaming throughput, CPU and memory.
 
     .venv/bin/python bench/bench_peers.py [--rows N] [--runs N] [--compression CODEC]
-        [--latency [--latency-seconds S] [--rates R,R]]
+        [--latency [--latency-seconds S] [--rates R,R]] [--fidelity]
 
 One private MariaDB in bench/out and one Apache Kafka broker (tests/apache_kafka.py); the
 standard workload (bench/common.py: 200,000 rows inserted into a table of 8 mixed columns,
@@ -27,7 +27,9 @@ streaming window; peak RSS (``VmHWM``; the JVM's is the whole worker's). Prints 
 the ratios service/Debezium with issue 53's goals (throughput at least 3 times Debezium's,
 memory at most a quarter of it), each met or not; with ``--runs`` above 1, each tool's run
 of median throughput. With ``--latency``, then the time from commit to a consumer's receipt
-at fixed rates (bench/peers_latency.py).
+at fixed rates (bench/peers_latency.py). With ``--fidelity``, instead of all that, every
+MariaDB type at its limits, each tool's values compared with the source's
+(bench/peers_fidelity.py).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import peers_latency
+from bench import peers_fidelity, peers_latency
 from bench.common import INSERTS, OUT, announce_code_path, fresh_server, line
 from bench.peers_tools import (
     DEBEZIUM,
@@ -138,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--snapshot", action="store_true",
                         help="instead: a table's rows to Kafka, this service's initial "
                              "snapshot against Debezium's (peers_snapshot.py; --rows its rows)")
+    parser.add_argument("--fidelity", action="store_true",
+                        help="only the values of every type at its limits (peers_fidelity.py)")
     args = parser.parse_args(argv)
     if args.snapshot:
         from bench import peers_snapshot
@@ -146,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         return peers_snapshot.main(["--rows", str(rows)])
     announce_code_path()
     producer = Producer(compression=args.compression)
+    if args.fidelity:
+        return peers_fidelity.main(producer)
     os.makedirs(OUT, exist_ok=True)
     with fresh_server("mariadb") as server, kafka_broker() as broker:
         changes = write_workload(server, "bench", args.rows)

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -259,11 +259,12 @@ def version_for_debezium(server: EmbeddedMariaDB) -> Iterator[None]:
 @contextlib.contextmanager
 def debezium_running(server: EmbeddedMariaDB, database: str, bootstrap: str,
                      directory: Path, producer: Producer, *, server_id: int, prefix: str,
-                     tuned: bool, topics: list[str]) -> Iterator[Running]:
+                     tuned: bool, topics: list[str],
+                     options: Mapping[str, object] | None = None) -> Iterator[Running]:
     """Debezium's connector in Connect standalone reading ``server`` (restarted for it:
     :func:`version_for_debezium`) from the binlog's start, the tables of ``database``
-    (``topics`` created before), stopped after; a :class:`Stopped` raised inside names the
-    worker's log and its tail."""
+    (``topics`` created before; ``options``: connector settings over the usual ones),
+    stopped after; a :class:`Stopped` raised inside names the worker's log and its tail."""
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     debezium_source.create_user(server)
@@ -274,6 +275,7 @@ def debezium_running(server: EmbeddedMariaDB, database: str, bootstrap: str,
                                    producer.linger_ms))
     connector = debezium_source.connector_config(server, directory, prefix=prefix,
                                                  databases=database, server_id=server_id)
+    connector.update(options or {})
     with version_for_debezium(server):
         started = time.monotonic()
         worker.start({prefix: connector})

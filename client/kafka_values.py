@@ -42,8 +42,9 @@ def from_debezium(f: Field | None, value: Any) -> Any:
     if k == Kind.DOUBLE:
         return float(value)
     if k == Kind.BYTES:
-        if isinstance(value, dict):  # geometry: {"wkb", "srid"}
-            return int(value["srid"]).to_bytes(4, "little") + base64.b64decode(value["wkb"])
+        if isinstance(value, dict):  # geometry: {"wkb", "srid"}, srid null for 0
+            return int(value["srid"] or 0).to_bytes(4, "little") + \
+                base64.b64decode(value["wkb"])
         return base64.b64decode(value)
     if k == Kind.DATE:
         return _EPOCH.date() + dt.timedelta(days=int(value))

@@ -122,7 +122,7 @@ class KafkaConfig:
     idempotence: bool = option(True, "idempotent producer (turn off for brokers without it)",
                                cli="--kafka-idempotence")
     compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = option(
-        "none", "compression codec")
+        "none", "compression codec (lz4 and gzip at Kafka's Java client's default levels)")
     linger_ms: int = option(5, "how long the producer waits to fill a batch")
     max_batch_bytes: int = option(256 * 1024, "largest batch per partition")
     max_message_bytes: int = option(1_000_000, "largest value of a databus message: a row "

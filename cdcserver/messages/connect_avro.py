@@ -65,7 +65,7 @@ def key_names(shape: TableShape) -> tuple[str, ...]:
 
 
 _PRIMITIVES = {"int8": "int", "int16": "int", "int32": "int", "int64": "long",
-               "float32": "float", "float64": "double", "boolean": "boolean",
+               "float": "float", "double": "double", "boolean": "boolean",
                "string": "string", "bytes": "bytes"}
 _CONNECT_ONLY = ("int8", "int16")  # Connect types Avro has no own type for
 _FIELD_KEYS = ("field", "optional", "default")

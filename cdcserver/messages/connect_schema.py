@@ -85,7 +85,9 @@ def column_schema(f: Field, column: ColumnDef) -> dict[str, Any]:
         return {"type": "int64", "name": "io.debezium.time.MicroTimestamp", "version": 1}
     if kind == Kind.TIMESTAMP:
         return {"type": "string", "name": "io.debezium.time.ZonedTimestamp", "version": 1}
-    simple = {Kind.BOOLEAN: "boolean", Kind.FLOAT: "float32", Kind.DOUBLE: "float64",
+    # JsonConverter's names of FLOAT32 and FLOAT64 (JsonSchema.FLOAT_TYPE_NAME and
+    # DOUBLE_TYPE_NAME): it refuses a schema saying "float32" ("Unknown schema type")
+    simple = {Kind.BOOLEAN: "boolean", Kind.FLOAT: "float", Kind.DOUBLE: "double",
               Kind.BYTES: "bytes", Kind.INT: "int32", Kind.LONG: "int64"}
     return {"type": simple.get(kind, "string")}
 

@@ -126,13 +126,15 @@ def _debezium_converter(f: Field, binary: bool = False) -> Callable[[Any], Any]:
     if k == Kind.FLOAT:
         return lambda v: float(float32_text(v))
     if k == Kind.BYTES:
+        # a geometry's SRID 0 (none given) is null, as Debezium's BinlogGeometry gives it
         if binary:
             if f.real_type == "geometry":
-                return lambda v: {"wkb": bytes(v[4:]), "srid": int.from_bytes(v[:4], "little")}
+                return lambda v: {"wkb": bytes(v[4:]),
+                                  "srid": int.from_bytes(v[:4], "little") or None}
             return bytes
         if f.real_type == "geometry":
             return lambda v: {"wkb": base64.b64encode(v[4:]).decode(),
-                              "srid": int.from_bytes(v[:4], "little")}
+                              "srid": int.from_bytes(v[:4], "little") or None}
         return lambda v: base64.b64encode(v).decode()
     if k == Kind.DATE:
         return lambda v: None if isinstance(v, str) else (v - _EPOCH.date()).days
@@ -141,9 +143,7 @@ def _debezium_converter(f: Field, binary: bool = False) -> Callable[[Any], Any]:
         return lambda v: None if isinstance(v, str) else (
             (v - _EPOCH) // dt.timedelta(microseconds=1)) // scale
     if k == Kind.TIMESTAMP:
-        return lambda v: None if isinstance(v, str) else (
-            v.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S") +
-            (f".{v.microsecond:06d}"[: f.fsp + 1] if f.fsp else "") + "Z")
+        return _zoned_timestamp(f.fsp)
     if k == Kind.TIME:
         return lambda v: v // dt.timedelta(microseconds=1)
     if k == Kind.UUID:
@@ -151,6 +151,25 @@ def _debezium_converter(f: Field, binary: bool = False) -> Callable[[Any], Any]:
     if k == Kind.BOOLEAN:  # BIT(1): the row holds the bit as an int
         return bool
     return _same
+
+
+def _zoned_timestamp(fsp: int) -> Callable[[Any], Any]:
+    """A TIMESTAMP as io.debezium.time.ZonedTimestamp: UTC, ISO 8601, the column's digits of
+    the fraction (one %-format made per precision: about half strftime's time)."""
+    text = "%04d-%02d-%02dT%02d:%02d:%02d" + (f".%0{fsp}dZ" if fsp else "Z")
+    divisor = 10 ** (6 - fsp)
+
+    def zoned(v: Any) -> Any:
+        if isinstance(v, str):  # a zero date
+            return None
+        if v.tzinfo is not dt.UTC:
+            v = v.astimezone(dt.UTC)
+        if fsp:
+            return text % (v.year, v.month, v.day, v.hour, v.minute, v.second,
+                           v.microsecond // divisor)
+        return text % (v.year, v.month, v.day, v.hour, v.minute, v.second)
+
+    return zoned
 
 
 def _with_schema(schema: bytes, payload: bytes) -> bytes:
@@ -282,6 +301,8 @@ class Debezium(MessageFormat):
 
     def _value(self, e: RowEvent, op: str, before: tuple[Any, ...] | None,
                after: tuple[Any, ...] | None) -> bytes:
+        if self.encode_value is None:
+            return self._json_value(e, op, before, after)
         source = {"version": "mariadb-cdc", "connector": self.flavor, "name": self.source_name,
                   "ts_ms": e.timestamp * 1000, "snapshot": e.snapshot or "false",
                   "db": e.table.database,
@@ -294,6 +315,35 @@ class Debezium(MessageFormat):
                   "transaction": None}
         return self._encoded(e.shape, record)
 
+    def _json_value(self, e: RowEvent, op: str, before: tuple[Any, ...] | None,
+                    after: tuple[Any, ...] | None) -> bytes:
+        """:meth:`_value` in JSON: the same bytes as ``dumps`` of its record (the unit
+        tests compare them), the parts that are the same for every row of a table made
+        once. (Building the record's two dicts and writing them took a tenth of the Kafka
+        sink's thread in bench/bench_peers.py.)"""
+        cached = f"debezium.json_parts.{self.source_name}.{self.flavor}.{self.value_schema}"
+        parts = e.shape.cache.get(cached)
+        if parts is None:
+            opening, closing = b"", b""  # the Connect schema around it (value_schema)
+            if self.value_schema:
+                opening = b'{"schema":' + self._value_schema(e.shape) + b',"payload":'
+                closing = b"}"
+            parts = e.shape.cache[cached] = (
+                opening + b'{"before":',
+                b',"source":{"version":"mariadb-cdc","connector":' + dumps(self.flavor) +
+                b',"name":' + dumps(self.source_name) + b',"ts_ms":',
+                b'","db":' + dumps(e.table.database) +
+                b',"sequence":null,"table":' + dumps(e.table.table) + b',"server_id":',
+                b'"transaction":null}' + closing)
+        opening, head, middle, end = parts
+        return b"".join((
+            opening, dumps(self._row(e, before)), b',"after":', dumps(self._row(e, after)),
+            head, b"%d" % (e.timestamp * 1000), b',"snapshot":"',
+            e.snapshot.encode() if e.snapshot else b"false", middle, b"%d" % e.gtid.server_id,
+            b',"gtid":', dumps(e.gtid_text), b',"file":', dumps(e.file),
+            b',"pos":%d,"row":%d,"thread":null,"query":null},"op":"%s","ts_ms":%d,' % (
+                e.pos, e.row, op.encode(), int(time.time() * 1000)), end))
+
     def _encoded(self, shape: TableShape, record: dict[str, Any]) -> bytes:
         """A change event as the message's value: Avro (``encode_value``), or JSON with the
         envelope's Connect schema when ``value_schema`` says so."""
@@ -305,12 +355,16 @@ class Debezium(MessageFormat):
         """``value`` with the Connect schema of the table's envelope, with ``value_schema``."""
         if not self.value_schema:
             return value
+        return _with_schema(self._value_schema(shape), value)
+
+    def _value_schema(self, shape: TableShape) -> bytes:
+        """The Connect schema of the table's envelope, in JSON (made once per table)."""
         cached = f"debezium.value_schema.{self.source_name}.{self.flavor}"
-        schema = shape.cache.get(cached)
+        schema: bytes | None = shape.cache.get(cached)
         if schema is None:
             schema = shape.cache[cached] = dumps(
                 connect_schema.envelope_schema(shape, self.source_name, self.flavor))
-        return _with_schema(schema, value)
+        return schema
 
     def statement_rows(self, e: StatementEvent) -> list[tuple[bytes | None, bytes]]:
         """With ``truncate_events``, a TRUNCATE TABLE as Debezium's binlog connectors send it

@@ -54,15 +54,16 @@ SINK_USER, SINK_PASSWORD = "jdbcsink", "jdbc-sink-pw"
 
 COLUMNS = ("id INT PRIMARY KEY, big BIGINT UNSIGNED, price DECIMAL(12,3), "
            "name VARCHAR(40) NOT NULL, day DATE, ms DATETIME(3), us DATETIME(6), "
-           "at TIMESTAMP NULL DEFAULT NULL, span TIME, raw BLOB, note VARCHAR(20)")
+           "at TIMESTAMP NULL DEFAULT NULL, span TIME, raw BLOB, note VARCHAR(20), "
+           "ratio FLOAT, score DOUBLE")  # (FLOAT/DOUBLE: JsonConverter's "float"/"double")
 ROWS = [
     "(1, 9223372036854775807, 12345.678, 'ada', '2024-02-29', '2024-01-02 03:04:05.678', "
-    "'1999-12-31 23:59:59.999999', '2024-06-01 12:00:00', '23:59:59', x'00ff10', 'n1')",
+    "'1999-12-31 23:59:59.999999', '2024-06-01 12:00:00', '23:59:59', x'00ff10', 'n1', 1.5, 1e300)",
     "(2, 0, -0.001, 'Grüße, ж, 漢字 😀', '1970-01-01', '1970-01-01 00:00:00.000', "
-    "'2038-01-19 03:14:08.000001', '1970-01-02 00:00:00', '00:00:00.5', '', NULL)",
-    "(3, NULL, NULL, 'nulls', NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+    "'2038-01-19 03:14:08.000001', '1970-01-02 00:00:00', '00:00:00.5', '', NULL, -0.25, -2.5)",
+    "(3, NULL, NULL, 'nulls', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
     "(4, 42, 0.000, 'four', '0001-01-01', '9999-12-31 23:59:59.999', "
-    "'1000-01-01 00:00:00.000000', '2037-12-31 23:59:59', '12:34:56', x'ff', 'n4')",
+    "'1000-01-01 00:00:00.000000', '2037-12-31 23:59:59', '12:34:56', x'ff', 'n4', 0, 0.1)",
 ]
 
 

@@ -4,6 +4,7 @@ change, tombstones, TRUNCATE, and values with their Connect schema."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -122,3 +123,85 @@ def test_a_zero_date_in_a_not_null_column_is_the_epoch_as_in_debezium() -> None:
                  GTID, 1, 1700000000, "f", 4, 0, str(GTID))
     after = json.loads(Debezium().row_value(e))["after"]
     assert after == {"id": 1, "d": 0, "t": 0, "z": "1970-01-01T00:00:00Z", "n": None}
+
+
+def test_a_json_value_is_its_records_json_byte_for_byte(monkeypatch) -> None:
+    """The JSON value is written from parts made once per table (formats.Debezium.
+    _json_value); it is the same bytes as the change event's record written whole, for any
+    names (quotes, backslashes, characters beyond the BMP) and either flavor."""
+    import orjson
+
+    from cdcserver.messages import formats
+
+    monkeypatch.setattr(formats.time, "time", lambda: 1700000123.4567)
+    layout = TableLayout('sh"op\\', "t\U0001f600", (
+        ColumnDef("id", T.LONG, nullable=False), ColumnDef('n"ame', T.VARCHAR, 80,
+                                                          charset="utf8mb4")), (0,))
+    shape = TableShape(TableName(layout.database, layout.table),
+                       TableSchema.from_layout(layout, 1, ""), layout)
+    gtid = Gtid(3, 4294967295, 12)
+    for flavor, value_schema in (("mariadb", False), ("mysql", False), ("mariadb", True)):
+        fmt = Debezium(source_name='s"rv', value_schema=value_schema)
+        fmt.flavor = flavor
+        for action, before, after, snapshot in (("insert", None, (1, "ä\U0001f600\""), ""),
+                                                ("update", (1, "a"), (1, None), ""),
+                                                ("delete", (1, "a"), None, ""),
+                                                ("insert", None, (2, "b"), "last")):
+            e = RowEvent(shape, action, before, after, gtid, 4, 1700000000,
+                         'mysql-bin."000001', 900, 3, str(gtid), snapshot=snapshot)
+            record = {
+                "before": None if before is None else {"id": before[0], 'n"ame': before[1]},
+                "after": None if after is None else {"id": after[0], 'n"ame': after[1]},
+                "source": {"version": "mariadb-cdc", "connector": flavor, "name": 's"rv',
+                           "ts_ms": 1700000000000, "snapshot": snapshot or "false",
+                           "db": 'sh"op\\', "sequence": None, "table": "t\U0001f600",
+                           "server_id": 4294967295, "gtid": "3-4294967295-12",
+                           "file": 'mysql-bin."000001', "pos": 900, "row": 3,
+                           "thread": None, "query": None},
+                "op": "r" if snapshot else {"insert": "c", "update": "u", "delete": "d"}[action],
+                "ts_ms": 1700000123456, "transaction": None}
+            expected = orjson.dumps(record)
+            if value_schema:  # as JsonConverter writes it with schemas.enable=true
+                expected = orjson.dumps({"schema": connect_schema.envelope_schema(
+                    shape, 's"rv', flavor), "payload": record})
+            assert fmt.row_value(e) == expected
+
+
+def test_a_geometry_without_srid_has_a_null_srid_as_in_debezium() -> None:
+    """Debezium 3.6's MySQL connector sends SRID 0 as null (bench_peers --fidelity saw it);
+    another SRID as it is. The client reads both back to MariaDB's value."""
+    from mariadb_cdc_client.kafka_values import from_debezium
+
+    layout = TableLayout("shop", "g", (ColumnDef("id", T.LONG, nullable=False),
+                                       ColumnDef("g", T.GEOMETRY)), (0,))
+    shape = TableShape(TableName("shop", "g"), TableSchema.from_layout(layout, 1, ""), layout)
+    point = bytes.fromhex("0101000000000000000000f83f00000000000002c0")  # POINT(1.5 -2.25)
+    for srid, expected in ((0, None), (4326, 4326)):
+        value = srid.to_bytes(4, "little") + point
+        e = RowEvent(shape, "insert", None, (1, value), GTID, 1, 1700000000, "f", 4, 0,
+                     str(GTID))
+        g = json.loads(Debezium().row_value(e))["after"]["g"]
+        assert g == {"wkb": base64.b64encode(point).decode(), "srid": expected}
+        assert from_debezium(shape.fields[1], g) == value
+
+
+def test_a_timestamp_is_debeziums_zoned_timestamp_text_at_every_precision() -> None:
+    """io.debezium.time.ZonedTimestamp: UTC, ISO 8601, as many fraction digits as the
+    column has (the same text as strftime's, which the converter used before)."""
+    import datetime as dt
+    import random
+
+    from cdcserver.messages.formats import _zoned_timestamp
+
+    rng = random.Random(53)
+    zones = [dt.UTC, dt.timezone(dt.timedelta(hours=5, minutes=30)),
+             dt.timezone(dt.timedelta(hours=-8))]
+    for _ in range(2000):
+        moment = dt.datetime.fromtimestamp(rng.randrange(0, 2**31), dt.UTC).replace(
+            microsecond=rng.choice([0, 1, 999999, rng.randrange(10**6)]))
+        value = moment.astimezone(rng.choice(zones))
+        for fsp in range(7):
+            expected = moment.strftime("%Y-%m-%dT%H:%M:%S") + (
+                f".{moment.microsecond:06d}"[: fsp + 1] if fsp else "") + "Z"
+            assert _zoned_timestamp(fsp)(value) == expected
+    assert _zoned_timestamp(3)("0000-00-00 00:00:00") is None

@@ -79,6 +79,7 @@ def test_the_envelope_schema_is_what_avrodata_writes() -> None:
     assert columns["at"][1]["connect.name"] == "io.debezium.time.MicroTimestamp"
     assert columns["ts"][1]["connect.name"] == "io.debezium.time.ZonedTimestamp"
     assert columns["my_col"] == ["null", "long"]  # Debezium's avro name adjustment
+    assert columns["ratio"] == ["null", "double"]  # Connect's FLOAT64, "double" in its JSON
     snapshot = {f["name"]: f for f in fields["source"]["type"]["fields"]}["snapshot"]
     assert snapshot["default"] == "false" and snapshot["type"][1] == "null"
     assert snapshot["type"][0]["connect.name"] == "io.debezium.data.Enum"

@@ -14,6 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from cdcserver.core.kafkaconfig import KafkaConfig
+from cdcserver.sinks.kafka import compression
 
 
 def common(config: KafkaConfig) -> dict[str, Any]:
@@ -37,6 +38,7 @@ def producer(config: KafkaConfig, transactional_id: str | None = None) -> AIOKaf
     """A producer; with ``transactional_id`` a transactional one (its ``start`` fences every
     earlier producer with that id and aborts its open transaction)."""
     acks: Any = "all" if config.acks == "all" else int(config.acks)
+    compression.install()  # the Java client's levels, not aiokafka's
     transactional: dict[str, Any] = {}
     if transactional_id is not None:
         transactional = {"transactional_id": transactional_id,

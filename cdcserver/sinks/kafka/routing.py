@@ -25,8 +25,6 @@ import zlib
 import zoneinfo
 from typing import Any
 
-from aiokafka.partitioner import murmur2
-
 from cdcserver.core.capture import TableSelection
 from cdcserver.core.changes import Change, Ddl, Rows
 from cdcserver.core.kafkaconfig import KafkaConfig
@@ -45,6 +43,7 @@ from cdcserver.messages.formats import FORMATS, Debezium
 from cdcserver.sinks.kafka import connect
 from cdcserver.sinks.kafka.accumulator import Message
 from cdcserver.sinks.kafka.metrics import SinkStats
+from cdcserver.sinks.kafka.partitioner import partition_of
 from cdcserver.sinks.kafka.registry import AvroEncoder, Registry, record_name, subject
 from cdcserver.sinks.kafka.sender import Sender, retrying
 from mariadb_cdc_client.format.dump import value_encoder
@@ -182,7 +181,7 @@ class Router:
             if own:
                 headers.extend(own)
             if avro_keys:  # where Kafka's partitioner puts the key's bytes
-                targets: tuple[int, ...] = ((murmur2(key) & 0x7FFFFFFF) % count,)
+                targets: tuple[int, ...] = (partition_of(key, count),)
             else:
                 targets = partitions if keyed_by is None else (
                     self._partition(shape, keyed_by, count),)
@@ -291,7 +290,7 @@ class Router:
         the topic is partitioned as any producer of those keys would; else a CRC-32 of the
         table and the primary key's text."""
         if self.format.key_style == "primary-key":
-            return (murmur2(primary_key(shape, row)) & 0x7FFFFFFF) % count
+            return partition_of(primary_key(shape, row), count)
         encoders = shape.cache.get("kafka.key_encoders")
         if encoders is None:
             fields = shape.fields
