@@ -35,8 +35,6 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -51,18 +49,14 @@ from bench.peers_tools import (
     Running,
     Stopped,
     cpu_seconds,
-    create_topics,
+    debezium_running,
     kafka_broker,
     peak_rss_mb,
     ratio,
-    service_command,
-    service_config,
-    version_for_debezium,
+    service_running,
 )
 from cdcserver.app.embedded import EmbeddedMariaDB
-from cdcserver.core.lifetime import die_with_parent
 from tests import debezium_source
-from tests.kafka_connect import producer_settings
 
 ROWS = 10_000_000
 DATABASE = "snap"
@@ -228,31 +222,11 @@ def measure(tool: str, server: EmbeddedMariaDB, bootstrap: str, topic: str, rows
 def service(server: EmbeddedMariaDB, bootstrap: str, directory: Path, producer: Producer,
             prefix: str, topic: str) -> Iterator[Running]:
     """``cdcserver run`` with ``snapshot = "initial"`` on an empty data directory."""
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True)
-    config = directory / "cdcserver.toml"
-    config.write_text(service_config(server, bootstrap, directory, producer, 9401, prefix) +
-                      f'snapshot = "initial"\ninclude = "{DATABASE}.orders"\n')
-    create_topics(bootstrap, [topic], producer)
-    log_path = directory / "cdcserver.log"
-    with open(log_path, "wb") as log:
-        started = time.monotonic()
-        process = subprocess.Popen([*service_command(), "run", "--config", str(config)],
-                                   stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
-
-        def alive() -> None:
-            if process.poll() is not None:
-                raise Stopped(f"cdcserver exited ({process.returncode}); see {log_path}")
-        try:
-            yield Running(process.pid, started, alive)
-        finally:
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    with service_running(server, bootstrap, directory, producer, server_id=9401,
+                         prefix=prefix, topics=[topic],
+                         kafka=f'snapshot = "initial"\ninclude = "{DATABASE}.orders"\n'
+                         ) as running:
+        yield running
 
 
 @contextlib.contextmanager
@@ -261,42 +235,29 @@ def debezium(server: EmbeddedMariaDB, bootstrap: str, directory: Path, producer:
              ) -> Iterator[Running]:
     """Debezium's connector with ``snapshot.mode = initial``, or ``no_data`` and an
     incremental snapshot asked for by a signal once it streams."""
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True)
+    options: dict[str, object] = {"snapshot.mode": "no_data" if incremental else "initial"}
+    if incremental:
+        options["signal.data.collection"] = f"{DATABASE}.debezium_signal"
     debezium_source.create_user(server)
     # an incremental snapshot writes its chunks' open and close marks into the signal table
     server.execute(f"GRANT INSERT, UPDATE, DELETE ON {DATABASE}.debezium_signal TO "
                    f"'{debezium_source.USER}'@'127.0.0.1'")
-    create_topics(bootstrap, [topic], producer)
-    worker = debezium_source.worker(
-        directory, bootstrap, tuned=tuned,
-        producer=producer_settings("all", producer.compression, producer.batch_bytes,
-                                   producer.linger_ms))
-    connector = debezium_source.connector_config(server, directory, prefix=prefix,
-                                                 databases=DATABASE, server_id=server_id)
-    for key in [k for k in connector if k.startswith("snapshot.mode.configuration")]:
-        del connector[key]
-    connector["snapshot.mode"] = "no_data" if incremental else "initial"
-    if incremental:
-        connector["signal.data.collection"] = f"{DATABASE}.debezium_signal"
-    with version_for_debezium(server):
-        started = time.monotonic()
-        worker.start({prefix: connector})
+    with debezium_running(server, DATABASE, bootstrap, directory, producer,
+                          server_id=server_id, prefix=prefix, tuned=tuned, topics=[topic],
+                          options=options) as running:
+        if not incremental:
+            yield running
+            return
+        log = directory / "connect.log"
 
         def alive() -> None:
-            worker.check_running(prefix)
-            if incremental and _gave_up(worker.log_path):
+            running.alive()
+            if _gave_up(log):
                 raise Abandoned("Debezium: 'Error while executing incremental snapshot ..., "
                                 "skipping and continuing streaming' (its log)")
-        try:
-            if incremental:
-                _signal_once_streaming(server, bootstrap, prefix, alive)
-            yield Running(worker.pid, started, alive)
-        except Stopped as e:
-            raise Stopped(f"{e} (Kafka Connect log: {worker.log_path}):\n"
-                          f"{worker.log_tail()}") from None
-        finally:
-            worker.stop()
+
+        _signal_once_streaming(server, bootstrap, prefix, alive)
+        yield Running(running.pid, running.started, alive)
 
 
 def _gave_up(log: str | os.PathLike[str]) -> bool:
