@@ -355,7 +355,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=ROWS, help="rows in the table")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"which to run, comma-separated (default: {','.join(MODES)})")
     args = parser.parse_args(argv)
+    modes = tuple(m.strip() for m in args.modes.split(","))
+    if set(modes) - set(MODES) or SERVICE not in modes or len(modes) < 2:
+        parser.error(f"--modes: {SERVICE} and one or both of Debezium's, among {MODES}")
     announce_code_path()
     os.makedirs(OUT, exist_ok=True)
     with fresh_server("mariadb") as server, kafka_broker() as broker:
@@ -366,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         line("tools run", "one after the other; a writer commits a row every 100 ms, an "
                           "ADD COLUMN at half the rows")
         line("machine", f"{os.cpu_count()} cores, shared with other work")
-        report(run_all(server, broker.bootstrap, Path(OUT, "peers_snapshot"), args.rows))
+        report(run_all(server, broker.bootstrap, Path(OUT, "peers_snapshot"), args.rows,
+                       modes=modes))
     return 0
 
 
