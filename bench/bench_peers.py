@@ -162,9 +162,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=3, help="kills per tool with --recovery")
     parser.add_argument("--recovery-rate", type=int, default=1_000,
                         help="rows/s the writer keeps with --recovery")
+    parser.add_argument("--snapshot", action="store_true",
+                        help="instead: a table's rows to Kafka, this service's initial "
+                             "snapshot against Debezium's (peers_snapshot.py; --rows its rows)")
     parser.add_argument("--fidelity", action="store_true",
                         help="only the values of every type at its limits (peers_fidelity.py)")
     args = parser.parse_args(argv)
+    if args.snapshot:
+        from bench import peers_snapshot
+
+        rows = args.rows if args.rows != INSERTS else peers_snapshot.ROWS
+        return peers_snapshot.main(["--rows", str(rows)])
     announce_code_path()
     producer = Producer(compression=args.compression)
     if args.fidelity:

@@ -198,14 +198,14 @@ class Running:
 @contextlib.contextmanager
 def service_running(server: EmbeddedMariaDB, bootstrap: str, directory: Path,
                     producer: Producer, *, server_id: int, prefix: str,
-                    topics: list[str]) -> Iterator[Running]:
+                    topics: list[str], kafka: str = "") -> Iterator[Running]:
     """``cdcserver run`` reading ``server``'s binlog from its start (``topics`` created
-    before), stopped after."""
+    before; ``kafka``: more ``[kafka]`` settings, TOML lines), stopped after."""
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     config = directory / "cdcserver.toml"
     config.write_text(service_config(server, bootstrap, directory, producer, server_id,
-                                     prefix))
+                                     prefix) + kafka)
     create_topics(bootstrap, topics, producer)
     log_path = directory / "cdcserver.log"
     with open(log_path, "wb") as log:

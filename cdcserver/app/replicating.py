@@ -37,7 +37,7 @@ class Replication:
         self.sources = Sources(config.source.addresses())  # the replicator moves between them
         self.sinks: list[Sink] = [
             StoreSink(store),
-            *kafka_sinks(config, self.sources, catalog.version_created_by),
+            *kafka_sinks(config, self.sources, catalog.version_created_by, catalog),
             *more_sinks,
         ]
         self.runner = ReplicationRunner(

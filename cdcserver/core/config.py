@@ -331,6 +331,13 @@ class Config:
         if self.kafka.publisher_lock and not self.kafka.state_topic:
             raise ConfigError("kafka.publisher_lock needs kafka.state_topic: the instance that "
                               "takes over reads the position there")
+        if self.kafka.snapshot == "initial" and self.kafka.exactly_once:
+            raise ConfigError("kafka.snapshot = \"initial\" publishes at least once (its rows "
+                              "may be sent again after a crash); it does not go with "
+                              "delivery = \"exactly-once\"")
+        if self.kafka.snapshot == "initial" and self.kafka.publisher_lock:
+            raise ConfigError("kafka.snapshot = \"initial\" is taken by one instance; it does "
+                              "not go with kafka.publisher_lock")
         if self.kafka.exactly_once:
             kafka = self.kafka
             if not kafka.state_topic:

@@ -94,6 +94,11 @@ class KafkaConfig:
     exclude: str = option("", "tables captured but not published: db.table patterns as "
                               "[capture] exclude's", cli="--kafka-exclude",
                           check=table_patterns)
+    snapshot: Literal["never", "initial"] = option(
+        "never", "initial: when the sink starts with no position (no state/kafka.json, nothing "
+        "in state_topic), first publish every published table's rows as snapshot records "
+        "(a chunked dump of each; debezium: op \"r\"), then its changes after its dump's "
+        "point; never: changes only, from where replication stands", cli="--kafka-snapshot")
     create_topics: bool = option(True, "create missing topics")
     partitions: int = option(0, "partitions of the topics it creates (0: the format's: 1 for "
                                 "databus, whose consumers read partition 0; else 3)",

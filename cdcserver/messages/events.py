@@ -65,6 +65,10 @@ class RowEvent:
     gtid_text: str = ""  # str(gtid), made once per transaction
     start: int = 0  # where the binlog event starts
     transaction_start: int = 0  # where the transaction's GTID event starts
+    # A row of the Kafka sink's initial snapshot (not a change): Debezium's source.snapshot,
+    # "true", or "first"/"first_in_data_collection"/"last_in_data_collection"/"last"; "": a
+    # change of the stream
+    snapshot: str = ""
 
     @property
     def table(self) -> TableName:

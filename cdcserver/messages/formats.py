@@ -296,14 +296,16 @@ class Debezium(MessageFormat):
         return dict(zip(names, row, strict=True))
 
     def row_value(self, e: RowEvent) -> bytes:
-        return self._value(e, self._OPS[e.action], e.before, e.after)
+        # a snapshot row is Debezium's read event (op "r", before null)
+        return self._value(e, "r" if e.snapshot else self._OPS[e.action], e.before, e.after)
 
     def _value(self, e: RowEvent, op: str, before: tuple[Any, ...] | None,
                after: tuple[Any, ...] | None) -> bytes:
         if self.encode_value is None:
             return self._json_value(e, op, before, after)
         source = {"version": "mariadb-cdc", "connector": self.flavor, "name": self.source_name,
-                  "ts_ms": e.timestamp * 1000, "snapshot": "false", "db": e.table.database,
+                  "ts_ms": e.timestamp * 1000, "snapshot": e.snapshot or "false",
+                  "db": e.table.database,
                   "sequence": None, "table": e.table.table, "server_id": e.gtid.server_id,
                   "gtid": e.gtid_text, "file": e.file, "pos": e.pos, "row": e.row,
                   "thread": None, "query": None}
@@ -330,13 +332,14 @@ class Debezium(MessageFormat):
                 opening + b'{"before":',
                 b',"source":{"version":"mariadb-cdc","connector":' + dumps(self.flavor) +
                 b',"name":' + dumps(self.source_name) + b',"ts_ms":',
-                b',"snapshot":"false","db":' + dumps(e.table.database) +
+                b'","db":' + dumps(e.table.database) +
                 b',"sequence":null,"table":' + dumps(e.table.table) + b',"server_id":',
                 b'"transaction":null}' + closing)
         opening, head, middle, end = parts
         return b"".join((
             opening, dumps(self._row(e, before)), b',"after":', dumps(self._row(e, after)),
-            head, b"%d" % (e.timestamp * 1000), middle, b"%d" % e.gtid.server_id,
+            head, b"%d" % (e.timestamp * 1000), b',"snapshot":"',
+            e.snapshot.encode() if e.snapshot else b"false", middle, b"%d" % e.gtid.server_id,
             b',"gtid":', dumps(e.gtid_text), b',"file":', dumps(e.file),
             b',"pos":%d,"row":%d,"thread":null,"query":null},"op":"%s","ts_ms":%d,' % (
                 e.pos, e.row, op.encode(), int(time.time() * 1000)), end))

@@ -85,6 +85,11 @@ class ServiceStats:
         return [sink.waiting for sink in self.sinks if sink.waiting]
 
     @property
+    def kafka_snapshot(self) -> tuple[dict[str, Any], ...]:
+        """The Kafka sink's initial snapshot, a table each (empty: none taken)."""
+        return next((sink.snapshot for sink in self.sinks if sink.name == "kafka"), ())
+
+    @property
     def kafka_role(self) -> str:
         """With ``[kafka] publisher_lock``: publisher or standby ("" without)."""
         return next((sink.role for sink in self.sinks if sink.name == "kafka"), "")
@@ -310,6 +315,7 @@ def health(stats: ServiceStats, max_lag: float) -> tuple[bool, dict[str, Any]]:
             "lag_measured_at": lag.measured_at if lag and lag.measured_at else None,
         },
         **({"kafka": {"role": stats.kafka_role}} if stats.kafka_role else {}),
+        **({"kafka_snapshot": list(snapshot)} if (snapshot := stats.kafka_snapshot) else {}),
         "source": {"current": replication.source, "sources": replication.sources,
                    "switches": replication.source_switches, "refused": replication.refused},
         "quarantined": stats.store.quarantined,

@@ -51,6 +51,10 @@ def render_health(url: str, doc: dict[str, Any]) -> str:
                      f"applied up to {replication['applied'] or '(nothing yet)'}")
         lines.append(f"  lag          {_lag(replication)}")
         lines += [_waiting(entry) for entry in replication.get("repairs_waiting") or []]
+    for entry in doc.get("kafka_snapshot") or []:
+        done = f"{entry['rows']:,} rows read" if entry["state"] == "dumping" else \
+            f"{entry['rows']:,} of {entry['total']:,} rows published ({entry['seconds']}s)"
+        lines.append(f"  snapshot     {entry['table']}: {entry['state']}, {done}")
     if "checkpoint_age_seconds" in doc:
         lines.append(f"  checkpoint   {_age(doc['checkpoint_age_seconds'])}")
         quarantined = doc.get("quarantined") or []

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from cdcserver.core.changes import Change
 from cdcserver.core.errors import ConfigError
@@ -56,6 +56,9 @@ class SinkStatus:
     role: str = ""  # behind a lease: "publisher" or "standby"; "" for a sink always active
     waiting: str = ""  # why it cannot deliver yet ("": it can)
     metrics: tuple[SinkMetric, ...] = field(default=())
+    # the Kafka sink's initial snapshot, a table each ({"table", "state", "rows", "total",
+    # "seconds"}); empty when it takes none
+    snapshot: tuple[dict[str, Any], ...] = field(default=())
 
 
 class Sink(Protocol):

@@ -54,6 +54,7 @@ class DataDir:
     schema_history = _Path("state", "schema_history.jsonl")
     views = _Path("state", "views.sqlite")
     kafka_state = _Path("state", "kafka.json")
+    kafka_snapshot = _Path("state", "kafka-snapshot.json")  # the initial snapshot's points
     source = _Path("state", "source.json")
     writer_lock = _Path("state", "writer.lock")
     room_probe = _Path("state", ".room-probe")

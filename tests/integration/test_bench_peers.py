@@ -170,3 +170,53 @@ def test_fidelity_the_service_differs_from_the_source_only_where_documented(
     # a schema JsonConverter would refuse is a problem, not a value read anyway
     with pytest.raises(ValueError, match="float32"):
         peers_fidelity.decode({"type": "float32", "optional": True}, 1.5)
+
+
+SNAPSHOT_ROWS = 5_000
+
+
+@pytest.mark.timeout(600)
+def test_snapshot_each_tool_publishes_the_tables_rows(tmp_path: Path, kafka_broker: ApacheKafka,
+                                                      capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    """bench/peers_snapshot.py at a few thousand rows, this service's initial snapshot and
+    Debezium's (``snapshot.mode = initial``), with the writer and the ALTER: each puts the
+    table's rows on its topic, the service blocking no write; the ratios print. (Debezium's
+    incremental mode: the next test, to keep each under a minute.)"""
+    from bench import peers_snapshot
+
+    run = uuid.uuid4().hex[:8]
+    with EmbeddedMariaDB(str(tmp_path / "mariadb"), port=0) as server:
+        peers_snapshot.load_table(server, SNAPSHOT_ROWS)
+        results = peers_snapshot.run_all(
+            server, kafka_broker.bootstrap, tmp_path, SNAPSHOT_ROWS, run=run, tuned=False,
+            timeout=300, modes=(peers_snapshot.SERVICE, peers_snapshot.INITIAL))
+    assert [r.tool for r in results] == [peers_snapshot.SERVICE, peers_snapshot.INITIAL]
+    for result in results:
+        assert result.rows >= SNAPSHOT_ROWS and not result.abandoned, result
+        assert result.rss_mb > 0 and result.cpu > 0
+    assert not results[0].blocked
+    peers_snapshot.report(results)
+    out = capsys.readouterr().out
+    with capsys.disabled():
+        print(f"\n{out}")
+    assert "ratio rows/s, service / Debezium initial" in out
+    assert "goal: >= 2x Debezium's fastest mode" in out
+
+
+@pytest.mark.timeout(600)
+def test_snapshot_debeziums_incremental_mode_runs(tmp_path: Path, kafka_broker: ApacheKafka
+                                                  ) -> None:
+    """Debezium's incremental snapshot as the bench asks for it (``no_data``, the signal
+    once it streams): the table's rows on its topic, or, when the ALTER changes the columns
+    under it, the bench says it gave up instead of waiting."""
+    from bench import peers_snapshot
+
+    run = uuid.uuid4().hex[:8]
+    with EmbeddedMariaDB(str(tmp_path / "mariadb"), port=0) as server:
+        peers_snapshot.load_table(server, SNAPSHOT_ROWS)
+        result, = peers_snapshot.run_all(
+            server, kafka_broker.bootstrap, tmp_path, SNAPSHOT_ROWS, run=run, tuned=False,
+            timeout=300, modes=(peers_snapshot.INCREMENTAL,))
+    assert result.rows >= SNAPSHOT_ROWS or "incremental snapshot" in result.abandoned, result
+    assert result.rows > 0 and result.rss_mb > 0

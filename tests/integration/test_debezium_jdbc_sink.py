@@ -228,3 +228,48 @@ async def test_debeziums_jdbc_sink_makes_a_copy_equal_to_the_source(
         await asyncio.to_thread(connect.stop)
         await running.stop()
 
+
+
+async def test_debeziums_jdbc_sink_copies_the_initial_snapshot_then_the_changes(
+        tmp_path, source: Source, users_file: str, kafka_broker: ApacheKafka) -> None:
+    """``snapshot = "initial"``: the rows there before the service started reach Kafka as
+    Debezium's read events (``op`` "r"), which the JDBC sink takes as inserts (upserts); the
+    changes after them follow. Both copies equal the source."""
+    from tests.integration.test_kafka_snapshot import snapshot_joined
+
+    db = source.database
+    target_db = f"{db}_sink"
+    source.execute(f"CREATE DATABASE `{target_db}` CHARACTER SET utf8mb4",
+                   f"CREATE USER IF NOT EXISTS '{SINK_USER}'@'%' IDENTIFIED BY "
+                   f"'{SINK_PASSWORD}'",
+                   f"GRANT ALL ON `{target_db}`.* TO '{SINK_USER}'@'%'")
+    t = f"`{db}`.items"
+    source.execute(f"CREATE TABLE {t} ({COLUMNS}) DEFAULT CHARSET utf8mb4",
+                   f"INSERT INTO {t} VALUES {', '.join(ROWS)}")
+    run = uuid.uuid4().hex[:8]
+    topic = f"{run}.{db}.items"
+    config = make_config(
+        os.path.join(tmp_path, "data"), source.url, users_file,
+        capture={"include": f"{db}.*"},
+        kafka={"bootstrap": kafka_broker.bootstrap, "format": "debezium",
+               "topic": run + ".{db}.{table}", "partitions": 1, "client_id": "cdc",
+               "schema_topic": "", "state_topic": f"{run}.{db}.state",
+               "value_schema": True, "key_schema": True, "snapshot": "initial"})
+    running = await start_service(config)
+    connect = KafkaConnect(tmp_path / "connect", kafka_broker.bootstrap)
+    try:
+        await snapshot_joined(running)
+        await kafka_caught_up(running, source)
+        flat = {**_sink(source, target_db, topic, "items_flat"), "transforms": "unwrap",
+                "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState"}
+        connect.start({"envelope": _sink(source, target_db, topic, "items"), "flat": flat})
+        await asyncio.to_thread(connect.wait_running, ["envelope", "flat"])
+        await _until_equal(source, target_db, connect)  # the snapshot's rows
+        source.execute(f"UPDATE {t} SET name = 'changed', price = 1.5 WHERE id = 1",
+                       f"DELETE FROM {t} WHERE id = 4",
+                       f"INSERT INTO {t} (id, name) VALUES (9, 'after the snapshot')")
+        await kafka_caught_up(running, source)
+        await _until_equal(source, target_db, connect)
+    finally:
+        await asyncio.to_thread(connect.stop)
+        await running.stop()

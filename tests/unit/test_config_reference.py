@@ -112,6 +112,8 @@ def test_the_value_syntax_described_is_what_is_read(key: str, value: str, expect
     {"kafka": {"value_format": "avro", "format": "databus",
                "schema_registry_url": "http://127.0.0.1:8081"}},
     {"kafka": {"value_format": "avro", "format": "debezium"}},
+    {"kafka": {"snapshot": "initial", "delivery": "exactly-once"}},
+    {"kafka": {"snapshot": "initial", "publisher_lock": "cdc"}},
 ])
 def test_the_settings_checked_together(overrides: dict[str, dict[str, str]]):
     with pytest.raises(ConfigError):

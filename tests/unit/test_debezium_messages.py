@@ -143,21 +143,22 @@ def test_a_json_value_is_its_records_json_byte_for_byte(monkeypatch) -> None:
     for flavor, value_schema in (("mariadb", False), ("mysql", False), ("mariadb", True)):
         fmt = Debezium(source_name='s"rv', value_schema=value_schema)
         fmt.flavor = flavor
-        for action, before, after in (("insert", None, (1, "ä\U0001f600\"")),
-                                      ("update", (1, "a"), (1, None)),
-                                      ("delete", (1, "a"), None)):
+        for action, before, after, snapshot in (("insert", None, (1, "ä\U0001f600\""), ""),
+                                                ("update", (1, "a"), (1, None), ""),
+                                                ("delete", (1, "a"), None, ""),
+                                                ("insert", None, (2, "b"), "last")):
             e = RowEvent(shape, action, before, after, gtid, 4, 1700000000,
-                         'mysql-bin."000001', 900, 3, str(gtid))
+                         'mysql-bin."000001', 900, 3, str(gtid), snapshot=snapshot)
             record = {
                 "before": None if before is None else {"id": before[0], 'n"ame': before[1]},
                 "after": None if after is None else {"id": after[0], 'n"ame': after[1]},
                 "source": {"version": "mariadb-cdc", "connector": flavor, "name": 's"rv',
-                           "ts_ms": 1700000000000, "snapshot": "false", "db": 'sh"op\\',
-                           "sequence": None, "table": "t\U0001f600",
+                           "ts_ms": 1700000000000, "snapshot": snapshot or "false",
+                           "db": 'sh"op\\', "sequence": None, "table": "t\U0001f600",
                            "server_id": 4294967295, "gtid": "3-4294967295-12",
                            "file": 'mysql-bin."000001', "pos": 900, "row": 3,
                            "thread": None, "query": None},
-                "op": {"insert": "c", "update": "u", "delete": "d"}[action],
+                "op": "r" if snapshot else {"insert": "c", "update": "u", "delete": "d"}[action],
                 "ts_ms": 1700000123456, "transaction": None}
             expected = orjson.dumps(record)
             if value_schema:  # as JsonConverter writes it with schemas.enable=true

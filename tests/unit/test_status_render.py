@@ -28,3 +28,17 @@ def test_a_repair_holding_the_checkpoint_back_is_named():
 
 def test_no_repair_no_line():
     assert "repairing" not in render_health("http://127.0.0.1:4002", _health())
+
+
+def test_the_kafka_sinks_initial_snapshot_is_shown_table_by_table():
+    health = _health()
+    health["kafka_snapshot"] = [
+        {"table": "shop.orders", "state": "done", "rows": 1200, "total": 1200, "seconds": 3.2},
+        {"table": "shop.items", "state": "publishing", "rows": 5000, "total": 90000,
+         "seconds": 0.0},
+        {"table": "shop.notes", "state": "dumping", "rows": 700, "total": 0, "seconds": 0.0}]
+    lines = render_health("http://127.0.0.1:4002", health).splitlines()
+    assert "  snapshot     shop.orders: done, 1,200 of 1,200 rows published (3.2s)" in lines
+    assert "  snapshot     shop.items: publishing, 5,000 of 90,000 rows published (0.0s)" \
+        in lines
+    assert "  snapshot     shop.notes: dumping, 700 rows read" in lines

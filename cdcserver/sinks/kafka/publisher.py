@@ -31,13 +31,16 @@ from mariadb_cdc_client.format.extras import MissingExtra, require
 
 if TYPE_CHECKING:
     from cdcserver.sinks.kafka.sink import KafkaSink
+    from cdcserver.store.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
 
-def kafka_sinks(config: Config, sources: Sources, versions: VersionLookup) -> list[Sink]:
+def kafka_sinks(config: Config, sources: Sources, versions: VersionLookup,
+                catalog: Catalog | None = None) -> list[Sink]:
     """The Kafka sink the configuration asks for (none without ``[kafka] bootstrap``); a
-    missing ``kafka`` extra is a configuration error, said in one line."""
+    missing ``kafka`` extra is a configuration error, said in one line. ``catalog``: the
+    tables' versions, for the dumps of an initial snapshot."""
     if not config.kafka.enabled:
         return []
     try:
@@ -52,8 +55,18 @@ def kafka_sinks(config: Config, sources: Sources, versions: VersionLookup) -> li
     if kafka.exactly_once and kafka.transactional_id:
         key = kafka.transactional_id  # instances sharing it share (and fence for) the stream
 
+    snapshot = None
+    if kafka.snapshot == "initial":
+        from cdcserver.core.capture import CaptureFilter, TableSelection
+        from cdcserver.sinks.kafka.snapshot import Sources as SnapshotSources
+
+        snapshot = SnapshotSources(lambda: sources.current, config.store.data_dir,
+                                   config.dump, catalog, CaptureFilter.of(config.capture),
+                                   TableSelection.parse(kafka.include, kafka.exclude, "kafka"))
+
     def sink() -> KafkaSink:
-        return KafkaSink(kafka, config.store.data_dir, key, versions=versions)
+        return KafkaSink(kafka, config.store.data_dir, key, versions=versions,
+                         snapshot=snapshot)
 
     if kafka.publisher_lock:
         return [LeasedSink(PublisherLease(sources, kafka.publisher_lock), sink,

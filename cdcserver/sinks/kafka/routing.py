@@ -144,6 +144,16 @@ class Router:
                 self.sender.end_transaction(event.position)
                 await self.sender.at_boundary()
 
+    async def snapshot_rows(self, rows: list[RowEvent]) -> None:
+        """Rows of a table's initial snapshot (one table's, in order): to the topic and
+        partitions its changes go to, as the format sends an insert (a format with a
+        message per row event: one message for them all)."""
+        if self.format.per_row_event:
+            await self._row_event(RowBatch(tuple(rows)))
+            return
+        for row in rows:
+            await self._row(row)
+
     async def partition_count(self, topic: str) -> int:
         """The topic's partitions (the topic created first, with ``create_topics``)."""
         count = self._partitions.get(topic)

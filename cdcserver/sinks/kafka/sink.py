@@ -14,7 +14,10 @@ class over the parts aiokafka's producer is split into, and the checkpoint:
   keeps the last one's position in ``state/kafka.json`` and ``state_topic``;
 - with ``delivery = "exactly-once"``, :mod:`~cdcserver.sinks.kafka.transactional`'s sender
   publishes in Kafka transactions, each committed with the position it reaches, and rewinds
-  to the last commit after a failure instead of sending again.
+  to the last commit after a failure instead of sending again;
+- with ``snapshot = "initial"`` and no position, :mod:`~cdcserver.sinks.kafka.snapshot`
+  publishes every table's rows first, while the sink stays out of replication, and the sink
+  then joins it at the earliest dump's point.
 
 ``apply`` routes the changes and ships every open batch; ``flush`` waits for the
 acknowledgements and moves the checkpoint to the last transaction whose messages, and all
@@ -24,9 +27,18 @@ lost, and what is sent again has the same key.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import time
+
+from aiokafka.errors import KafkaError
+
 from cdcserver.core.changes import Change
+from cdcserver.core.errors import CdcError
 from cdcserver.core.gtid import BinlogPosition
 from cdcserver.core.kafkaconfig import KafkaConfig
+from cdcserver.core.retry import Backoff
 from cdcserver.messages.base import VersionLookup
 from cdcserver.sinks.base import SinkStatus, SourceInfo
 from cdcserver.sinks.kafka.accumulator import MessageAccumulator
@@ -34,18 +46,29 @@ from cdcserver.sinks.kafka.checkpoint import Checkpoint
 from cdcserver.sinks.kafka.metrics import SinkStats, Totals
 from cdcserver.sinks.kafka.routing import Router
 from cdcserver.sinks.kafka.sender import Sender
+from cdcserver.sinks.kafka.snapshot import InitialSnapshot, PointFilter, SnapshotState
+from cdcserver.sinks.kafka.snapshot import Sources as SnapshotSources
 from cdcserver.sinks.kafka.transactional import TransactionalSender
 from cdcserver.store.layout import DataDir
+
+log = logging.getLogger(__name__)
 
 
 class KafkaSink:
     name = "kafka"
 
     def __init__(self, config: KafkaConfig, data_dir: str, state_key: str,
-                 versions: VersionLookup | None = None) -> None:
+                 versions: VersionLookup | None = None,
+                 snapshot: SnapshotSources | None = None) -> None:
         """``versions`` numbers the table versions in messages as the Avro store created
-        them; the store then applies each batch first."""
+        them; the store then applies each batch first. ``snapshot``: what an initial
+        snapshot reads (``snapshot = "initial"``)."""
         self.config = config
+        self.snapshot_sources = snapshot
+        self.snapshot_state = SnapshotState(DataDir(data_dir).kafka_snapshot)
+        self.points: PointFilter | None = None  # drops what the snapshot's rows hold
+        self._snapshotting: asyncio.Task[None] | None = None  # out of replication meanwhile
+        self.snapshot_failed = ""
         self.after: tuple[str, ...] = ("avro",) if versions is not None else ()
         self.stats = SinkStats()
         self.checkpoint = Checkpoint(config, DataDir(data_dir).kafka_state, state_key)
@@ -72,8 +95,52 @@ class KafkaSink:
         if self.checkpoint.durable is None and self.config.state_topic:
             await self.router.partition_count(self.config.state_topic)
             await self.checkpoint.read_back()
+        if self.checkpoint.durable is not None:
+            if self.snapshot_state.points:  # the stream may not have passed every point
+                self.points = PointFilter(self.snapshot_state.points)
+        elif self.config.snapshot == "initial" and self.snapshot_sources is not None and \
+                self._snapshotting is None:
+            self._snapshotting = asyncio.create_task(self._snapshot(source),
+                                                     name="kafka initial snapshot")
+
+    async def _snapshot(self, source: SourceInfo) -> None:
+        """Every table's rows published, then the sink joins replication at the earliest
+        dump's point (:mod:`~cdcserver.sinks.kafka.snapshot`)."""
+        assert self.snapshot_sources is not None
+        started = time.monotonic()
+        log.info("kafka: no position: publishing an initial snapshot of every published "
+                 "table first")
+        snapshot = InitialSnapshot(self.snapshot_sources, self.snapshot_state,
+                                   self.router.snapshot_rows, self.sender.flush)
+        backoff = Backoff(first=5.0, maximum=300.0)
+        while True:
+            try:
+                earliest = await snapshot.run()
+                break
+            except (CdcError, OSError, KafkaError) as exc:  # the source away, a full disk...
+                delay = backoff.failed()
+                self.snapshot_failed = (f"the initial snapshot failed (trying again in "
+                                        f"{delay:.0f} s, the same dumps kept): {exc}")
+                log.warning("kafka: %s", self.snapshot_failed)
+                await asyncio.sleep(delay)
+                self.snapshot_failed = ""
+        rows = sum(p.rows for p in self.snapshot_sources.progress.values())
+        log.info("kafka: initial snapshot published: %d tables, %d rows in %.1fs",
+                 len(self.snapshot_sources.progress), rows, time.monotonic() - started)
+        self.points = PointFilter(self.snapshot_state.points)
+        if earliest is not None:
+            async with self.checkpoint.lock:  # a restart now goes on from here
+                await self.checkpoint.save(earliest)
+        self._snapshotting = None
+        if source.control is not None:
+            await source.control.restart()  # fed from its position now
 
     async def close(self) -> None:
+        if self._snapshotting is not None:
+            self._snapshotting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._snapshotting
+            self._snapshotting = None
         await self.sender.close()
         if self.router.registry is not None:
             await self.router.registry.close()
@@ -83,7 +150,8 @@ class KafkaSink:
         """Why the sink cannot deliver yet (the broker does not answer, the schema registry
         does not take a schema); "" when it can."""
         registry = self.router.registry
-        return self.sender.waiting or (registry.waiting if registry is not None else "")
+        return self.sender.waiting or self.snapshot_failed or (
+            registry.waiting if registry is not None else "")
 
     @property
     def durable(self) -> BinlogPosition | None:
@@ -120,15 +188,21 @@ class KafkaSink:
 
     @property
     def active(self) -> bool:
-        return True
+        """Out of replication while its initial snapshot is published."""
+        return self._snapshotting is None
 
     def status(self) -> SinkStatus:
+        progress = self.snapshot_sources.progress if self.snapshot_sources and \
+            self._snapshotting is not None else {}  # (while it is taken)
         return SinkStatus(self.name, waiting=self.waiting,
-                          metrics=Totals().figures(self, self.config.max_buffer_bytes))
+                          metrics=Totals().figures(self, self.config.max_buffer_bytes),
+                          snapshot=tuple(p.summary() for p in progress.values()))
 
     # -- the Sink interface ----------------------------------------------------------------
 
     async def apply(self, changes: list[Change]) -> None:
+        if self.points is not None:
+            changes = self.points(changes)
         if self.transactions is not None:  # not while a commit is under way
             async with self.transactions.lock:
                 await self.router.route(changes)
