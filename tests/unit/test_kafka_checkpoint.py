@@ -19,7 +19,6 @@ from cdcserver.sinks.kafka import checkpoint as checkpoint_module
 from cdcserver.sinks.kafka import sender as sender_module
 from cdcserver.sinks.kafka.accumulator import Message
 from cdcserver.sinks.kafka.checkpoint import Checkpoint, InFlight, _load_state
-from cdcserver.sinks.kafka.prebuilt import PrebuiltBatch
 from cdcserver.sinks.kafka.sink import KafkaSink
 
 
@@ -98,9 +97,6 @@ class _Builder:
     def close(self) -> None:
         pass
 
-    def _build(self) -> bytearray:  # (prebuilt.py builds it in a worker thread)
-        return bytearray()
-
 
 class _Producer:
     started = 0
@@ -126,10 +122,10 @@ class _Producer:
     def create_batch(self) -> _Builder:
         return _Builder()
 
-    async def send_batch(self, builder: PrebuiltBatch, topic: str, partition: int
+    async def send_batch(self, builder: _Builder, topic: str, partition: int
                          ) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.broker.sent.append((self.number, list(builder.builder.values), future))
+        self.broker.sent.append((self.number, list(builder.values), future))
         return future
 
 

@@ -21,7 +21,6 @@ from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.sinks.kafka import sender as sender_module
 from cdcserver.sinks.kafka.accumulator import Message
-from cdcserver.sinks.kafka.prebuilt import PrebuiltBatch
 from cdcserver.sinks.kafka.sink import KafkaSink
 
 
@@ -39,9 +38,6 @@ class _Builder:
 
     def close(self) -> None:
         pass
-
-    def _build(self) -> bytearray:  # (prebuilt.py builds it in a worker thread)
-        return bytearray()
 
 
 class _Producer:
@@ -83,7 +79,7 @@ class _Producer:
     def create_batch(self) -> _Builder:
         return _Builder()
 
-    async def send_batch(self, builder: PrebuiltBatch, topic: str, partition: int
+    async def send_batch(self, builder: _Builder, topic: str, partition: int
                          ) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.batches.append(future)
@@ -111,7 +107,6 @@ async def _one_transaction(sink: KafkaSink, n: int) -> _Producer:
     await sender.hold(Message("t", 0, b"k", b"row %d" % n, []))
     sender.end_transaction(_position(n))
     await sender.ship_all()
-    await sender.accumulator.drained()  # (handed over once built: prebuilt.py)
     producer = _Producer.made[-1]
     return producer
 

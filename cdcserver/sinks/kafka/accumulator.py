@@ -22,8 +22,6 @@ from typing import Any
 
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
-from cdcserver.sinks.kafka.prebuilt import PrebuiltBatch
-
 OVERHEAD = 128  # bytes counted per message beyond key and value
 
 
@@ -108,7 +106,7 @@ class MessageAccumulator:
         await self.ship(tp)
         if self.producer is None or generation != self._generation:
             return
-        batch = self._open[tp] = Batch(PrebuiltBatch(self.producer.create_batch()))
+        batch = self._open[tp] = Batch(self.producer.create_batch())
         # An empty batch takes a message of any size (up to max_request_size).
         batch.builder.append(timestamp=None, key=message.key, value=message.value,
                              headers=message.headers)
@@ -130,7 +128,7 @@ class MessageAccumulator:
         batch = self._open.pop(tp, None)
         if batch is None or not batch.messages:
             return
-        batch.builder.start()  # built in a worker thread meanwhile (prebuilt.py)
+        batch.builder.close()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         for message in batch.messages:
             message.future = future
@@ -140,7 +138,7 @@ class MessageAccumulator:
         partition.queue.append((batch.builder, future))
         if partition.busy:
             return  # handed over after the ones before it
-        if (partition.last is None or partition.last.done()) and batch.builder.is_built():
+        if partition.last is None or partition.last.done():
             await self._hand_over(tp, partition, once=True)
         if partition.queue and not partition.busy:
             partition.busy = True  # from now: a second task would send the same batch
@@ -165,9 +163,6 @@ class MessageAccumulator:
                     _fail(future, failed)
                 else:
                     try:
-                        await builder.built()
-                        if producer is not self.producer or generation != self._generation:
-                            return  # let go while it was built: use() failed the queue
                         sent: asyncio.Future[Any] = await producer.send_batch(
                             builder, tp[0], partition=tp[1])
                     except (KafkaError, OSError) as exc:  # it cannot take it: settle later
