@@ -20,7 +20,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -194,9 +194,31 @@ def _mirrored(root: Path) -> list[tuple[object, ...]]:
 
 def _errors(ran: subprocess.CompletedProcess[str]) -> str:
     """The lines of a failed application's output that say why."""
-    lines = (ran.stdout + ran.stderr).splitlines()
+    return _why(ran.stdout + ran.stderr)
+
+
+def _why(output: str) -> str:
+    lines = output.splitlines()
     return "\n".join(line for line in lines if " INFO " not in line and
                      not line.lstrip().startswith("at "))[-6000:]
+
+
+async def _until_mirrored(root: Path, table: Callable[[], list[tuple[object, ...]]],
+                          driver: subprocess.Popen[bytes], timeout: float) -> None:
+    """Wait for the running mirror (``driver``) to equal the table; failing, say why from
+    the driver's log, at once if the driver has exited."""
+    def mirrored() -> bool:
+        if driver.poll() is not None:
+            raise AssertionError(f"the mirror exited ({driver.returncode}):\n{log()}")
+        return _mirrored(root) == table()
+
+    def log() -> str:
+        return _why((root / "driver.log").read_text(errors="replace"))
+
+    try:
+        await until(mirrored, timeout=timeout, what="the mirror to equal the table")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; the mirror's log:\n{log()}") from exc
 
 
 def _run(command: list[str], env: dict[str, str], cwd: Path
@@ -264,7 +286,7 @@ async def test_the_mirror_survives_an_executor_and_the_driver_killed(
         driver = subprocess.Popen(command, env=cluster.env, cwd=tmp_path,
                                   start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
     try:
-        await until(lambda: _mirrored(tmp_path) == table(), timeout=180)
+        await _until_mirrored(tmp_path, table, driver, timeout=180)
         # the executor (its JVM, and so its Python worker) killed with -9 while it runs a
         # task of a batch: the worker starts a new executor, and Spark runs the task again
         # on it
@@ -274,7 +296,7 @@ async def test_the_mirror_survives_an_executor_and_the_driver_killed(
         executor = next(e for p in cluster.executors() if (e := cluster.executor_of(p)))
         os.kill(executor, signal.SIGKILL)
         await cdc.caught_up(source)
-        await until(lambda: _mirrored(tmp_path) == table(), timeout=180)
+        await _until_mirrored(tmp_path, table, driver, timeout=180)
         assert b"Lost executor" in (tmp_path / "driver.log").read_bytes()
         # the driver killed with -9 once a batch of the new rows has begun (its offsets are
         # in the checkpoint); restarted from its checkpoint
