@@ -13,8 +13,9 @@ update_after puts the row, a delete or update_before removes it.
 ``--format parquet`` (the default) writes each batch as a new snapshot directory
 ``<path>/batch=<id>`` and then moves the pointer file ``<path>/CURRENT`` to it (an atomic
 rename), so a reader, or a crash, only ever sees a whole snapshot; a batch Spark runs again
-after a crash writes the same snapshot again. Read it with :func:`read_mirror`. Each batch
-rewrites the whole table.
+after a crash writes the same snapshot again. A replaced snapshot stays ``--keep-replaced``
+seconds (60) for the readers that opened it before, then a later batch removes it. Read it
+with :func:`read_mirror`. Each batch rewrites the whole table.
 
 ``--format delta`` (a Delta Lake table at ``--path``) and ``--format iceberg`` (an Iceberg
 table ``database.table`` in a SQL catalog, ``--catalog``, default SQLite in ``--path``, with
@@ -29,6 +30,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +45,7 @@ CURRENT = "CURRENT"
 # query can fail that way as it starts, before its first batch
 CONNECT_BACK = "Python worker failed to connect back"
 STARTS = 5  # starts in a row that may fail so before the mirror gives up
+KEEP_REPLACED = 60.0  # seconds a replaced Parquet snapshot stays for readers that opened it
 
 
 def current_snapshot(path: str) -> str | None:
@@ -63,9 +66,12 @@ def read_mirror(spark: Any, path: str) -> Any:
     return spark.read.parquet(snapshot)
 
 
-def apply_changes(spark: Any, changes: Any, batch_id: int, path: str, key: list[str]
-                  ) -> None:
-    """Apply one micro-batch of change records to the mirror at ``path``."""
+def apply_changes(spark: Any, changes: Any, batch_id: int, path: str, key: list[str],
+                  keep_replaced: float = KEEP_REPLACED) -> None:
+    """Apply one micro-batch of change records to the mirror at ``path``: a new snapshot,
+    then ``CURRENT`` moved to it; the one it replaces is removed by a batch at least
+    ``keep_replaced`` seconds later (a reader that read ``CURRENT`` before the move reads
+    on)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -90,7 +96,24 @@ def apply_changes(spark: Any, changes: Any, batch_id: int, path: str, key: list[
     _point_to(path, name)
     changes.unpersist()
     if snapshot is not None:
-        shutil.rmtree(snapshot, ignore_errors=True)
+        now = time.time()  # when it was replaced: what remove_replaced counts from
+        os.utime(snapshot, (now, now))
+    remove_replaced(path, keep_replaced)
+
+
+def remove_replaced(path: str, keep: float) -> list[str]:
+    """Remove the snapshots at ``path`` that were replaced more than ``keep`` seconds ago
+    (a snapshot's directory's modification time is when ``CURRENT`` left it), and any other
+    ``batch=N`` directory as old: one a crash left half written. Returns their names."""
+    current = current_snapshot(path)
+    before = time.time() - keep
+    removed = []
+    for entry in os.scandir(path):
+        if entry.name.startswith("batch=") and entry.path != current and \
+                entry.stat(follow_symlinks=False).st_mtime < before:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.name)
+    return removed
 
 
 def _point_to(path: str, name: str) -> None:
@@ -125,10 +148,12 @@ def primary_key(spark_options: dict[str, str], table: str) -> list[str]:
 
 def start(spark: Any, options: dict[str, str], table: str, path: str, checkpoint: str,
           trigger: dict[str, Any] | None = None, format: str = "parquet",
-          catalog: str | None = None, file_size: int | None = None) -> Any:
+          catalog: str | None = None, file_size: int | None = None,
+          keep_replaced: float = KEEP_REPLACED) -> Any:
     """Start the mirror's streaming query; returns the StreamingQuery. ``format``: parquet
-    (snapshots), delta or iceberg (``catalog``: the Iceberg SQL catalog's URI; ``file_size``:
-    a new lakehouse table's target data file size, bytes)."""
+    (snapshots; ``keep_replaced``: seconds a replaced one stays), delta or iceberg
+    (``catalog``: the Iceberg SQL catalog's URI; ``file_size``: a new lakehouse table's target
+    data file size, bytes)."""
     from mariadb_cdc_client.spark.lakehouse import FILE_SIZE, FORMATS, Batches
 
     if format not in FORMATS:
@@ -139,7 +164,7 @@ def start(spark: Any, options: dict[str, str], table: str, path: str, checkpoint
     batches: Callable[[Any, int], None]
     if format == "parquet":
         def batches(df: Any, batch_id: int) -> None:
-            apply_changes(spark, df, batch_id, path, key)
+            apply_changes(spark, df, batch_id, path, key, keep_replaced)
     else:
         ref = parse_table(table)
         batches = Batches(spark, format, path, checkpoint, (ref.database, ref.table), key,
@@ -165,6 +190,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--file-size-mb", type=int, default=32,
                         help="delta, iceberg: a new table's target data file size (a MERGE "
                              "rewrites every file holding a changed key; default 32)")
+    parser.add_argument("--keep-replaced", type=float, default=KEEP_REPLACED,
+                        metavar="SECONDS",
+                        help="parquet: how long a replaced snapshot stays for the readers "
+                             f"that opened it before (default {KEEP_REPLACED:g})")
     parser.add_argument("--checkpoint",
                         help="the query's checkpoint directory (default: PATH.checkpoint)")
     parser.add_argument("--host", default="127.0.0.1")
@@ -212,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                "startingPosition": args.starting_position}
     trigger = {"availableNow": True} if args.once else None
     run(lambda: start(spark, options, args.table, args.path, checkpoint, trigger, args.format,
-                      args.catalog, args.file_size_mb * 2**20))
+                      args.catalog, args.file_size_mb * 2**20, args.keep_replaced))
     return 0
 
 
