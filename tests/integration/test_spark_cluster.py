@@ -19,22 +19,20 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from cdcserver.app.embedded import free_port
 from tests import artifacts
 from tests.conftest import RunningService, Source
-from tests.helpers import JVM_OPTIONS, PASSWORD, USER, until, wait_until
+from tests.helpers import PASSWORD, USER, until
+from tests.spark_cluster import Cluster, running
 
 # one worker for the module: its tests share the cluster (eight JVMs or more per test)
 pytestmark = [pytest.mark.mariadb, pytest.mark.spark,
               pytest.mark.xdist_group("spark-cluster")]
 
-SPARK_HOME = Path(__import__("pyspark").__file__).parent
 
 
 @pytest.fixture(scope="module")
@@ -43,109 +41,10 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return artifacts.packed_environment(tmp_path_factory)
 
 
-class Cluster:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.port = free_port()
-        self.url = f"spark://127.0.0.1:{self.port}"
-        bare = root / "bare"  # the workers' own Python: cannot import this package
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
-        self.env = {"PATH": "/usr/bin:/bin", "HOME": str(root), "JAVA_HOME":
-                    os.environ.get("JAVA_HOME", ""), "SPARK_HOME": str(SPARK_HOME),
-                    "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": str(bare / "bin/python"),
-                    "SPARK_WORKER_DIR": str(root / "work"), "SPARK_LOG_DIR": str(root / "logs"),
-                    "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
-                    "SPARK_DAEMON_JAVA_OPTS": JVM_OPTIONS}
-        self.processes: list[subprocess.Popen[bytes]] = []
-
-    def start(self) -> None:
-        self._spawn("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                    "--port", str(self.port), "--webui-port", str(free_port()))
-        # One worker, so one executor per application: every JVM of the cluster costs the
-        # two cores the other test workers share, and what is tested (executors that cannot
-        # import the package, one lost mid-batch and replaced) needs no second one.
-        self._spawn("worker", "org.apache.spark.deploy.worker.Worker", "--host",
-                    "127.0.0.1", "--webui-port", str(free_port()), "--cores", "1",
-                    "--memory", "1g", self.url)
-        wait_until(lambda: self._registered() >= 1, timeout=90,
-                   what="the worker registered with the master")
-
-    def _spawn(self, name: str, main: str, *args: str) -> None:
-        log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 (closed by the process)
-        self.processes.append(subprocess.Popen(
-            [str(SPARK_HOME / "bin" / "spark-class"), main, *args], stdout=log,
-            stderr=subprocess.STDOUT, env=self.env, start_new_session=True))
-        log.close()
-
-    def _registered(self) -> int:
-        text = (self.root / "master.log").read_text(errors="replace") \
-            if (self.root / "master.log").exists() else ""
-        return text.count("Registering worker")
-
-    def stop(self) -> None:
-        for process in self.processes:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in self.processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-
-    def submit(self, packed: Path | None, *args: str) -> list[str]:
-        """The spark-submit command line of an application on this cluster."""
-        command = [str(SPARK_HOME / "bin" / "spark-submit"), "--master", self.url,
-                   "--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=512m",
-                   "--conf", f"spark.driver.extraJavaOptions={JVM_OPTIONS}",
-                   "--conf", f"spark.executor.extraJavaOptions={JVM_OPTIONS}",
-                   "--conf", "spark.task.maxFailures=4",
-                   "--conf", "spark.python.worker.reuse=false",
-                   "--conf", f"spark.pyspark.driver.python={sys.executable}"]
-        if packed is not None:
-            command += ["--archives", f"{packed}#environment",
-                        "--conf", "spark.pyspark.python=./environment/bin/python"]
-        return command + list(args)
-
-    def executor_of(self, pid: int) -> int | None:
-        """The executor (its JVM, CoarseGrainedExecutorBackend) a Python worker runs under."""
-        while pid > 1:
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                stat = Path(f"/proc/{pid}/stat").read_text()
-            except OSError:
-                return None
-            if b"CoarseGrainedExecutorBackend" in cmdline:
-                return pid
-            pid = int(stat.rsplit(")", 1)[1].split()[1])  # the parent
-        return None
-
-    def executors(self) -> list[int]:
-        """The pids of the executors' Python workers now running (with
-        spark.python.worker.reuse=false, only while a task runs)."""
-        found = []
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                cwd = os.readlink(f"/proc/{pid}/cwd")
-            except OSError:
-                continue
-            if cwd.startswith(str(self.root / "work")) and any(
-                    b"pyspark.daemon" in a or b"pyspark.worker" in a for a in cmdline):
-                found.append(int(pid))
-        return found
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    running = Cluster(tmp_path_factory.mktemp("cluster"))
-    try:
-        running.start()
-        yield running
-    finally:
-        running.stop()
+    with running(tmp_path_factory.mktemp("cluster")) as started:
+        yield started
 
 
 BATCH_READ = """
