@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -40,11 +41,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield started
 
 
-def _submit(cluster: Cluster, cdc: RunningService, table: str, root: Path, *, once: bool
-            ) -> list[str]:
+def _submit(cluster: Cluster, cdc: RunningService, table: str, root: Path, *, once: bool,
+            scd: int = 1) -> list[str]:
     args = [*delta_lake.spark_args(), str(EXAMPLE), "--table", table,
             "--path", str(root / "orders.delta"), "--checkpoint", str(root / "checkpoint"),
-            "--host", cdc.host, "--port", str(cdc.port), "--user", USER,
+            "--host", cdc.host, "--port", str(cdc.port), "--user", USER, "--scd", str(scd),
             "--starting-position", "earliest", *(["--once"] if once else [])]
     return cluster.submit(None, *args, driver_python=delta_lake.bin_dir() / "python")
 
@@ -81,8 +82,12 @@ def _batches_begun(root: Path) -> int:
 
 
 def _why(path: Path) -> str:
-    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
-    return "\n".join(line for line in lines if " INFO " not in line and
+    return _why_output(path.read_text(errors="replace") if path.exists() else "")
+
+
+def _why_output(output: str) -> str:
+    """The lines of an application's output that say why it failed."""
+    return "\n".join(line for line in output.splitlines() if " INFO " not in line and
                      not line.lstrip().startswith("at "))[-6000:]
 
 
@@ -146,7 +151,7 @@ async def test_foreach_batch_merge_keeps_a_delta_table_equal_to_the_source_exact
         subprocess.run, _submit(cluster, cdc, f"{source.database}.orders", tmp_path, once=True),
         env=_environment(cluster), cwd=tmp_path, capture_output=True, text=True, timeout=400,
         check=False)
-    assert ran.returncode == 0, (ran.stdout + ran.stderr)[-6000:]
+    assert ran.returncode == 0, _why_output(ran.stdout + ran.stderr)
 
     columns = ("id", "name", "qty", "note")
     assert _delta_rows(tmp_path, list(columns)) == table(columns)
@@ -155,3 +160,62 @@ async def test_foreach_batch_merge_keeps_a_delta_table_equal_to_the_source_exact
     assert transactions, "the MERGEs carry no application transaction"
     assert len(transactions) == len(set(transactions)), "a batch was committed twice"
     assert len({app for app, _ in transactions}) == 1
+
+
+@pytest.mark.timeout(900)
+async def test_scd2_keeps_every_version_in_the_sources_commit_order_across_two_domains(
+        cluster: Cluster, cdc: RunningService, source: Source, tmp_path: Path):
+    """``--scd 2``: each row's versions, in the order the source committed them in two GTID
+    domains, over two applications (two runs of batches); each version ends where the key's
+    next change is, the current ones equal ``SELECT``."""
+    t = f"`{source.database}`.orders"
+    table = f"{source.database}.orders"
+    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, v VARCHAR(20))")
+    versions: dict[int, list[str]] = {}  # per key, the values it took, in commit order
+
+    def commit(domain: int, *statements: str, took: dict[int, str] | None = None) -> None:
+        source.execute(f"SET SESSION gtid_domain_id = {domain}", *statements)
+        for key, value in (took or {}).items():
+            versions.setdefault(key, []).append(value)
+
+    commit(0, f"INSERT INTO {t} VALUES (1, 'a'), (2, 'b')", took={1: "a", 2: "b"})
+    commit(2, f"UPDATE {t} SET v = 'a2' WHERE id = 1", took={1: "a2"})
+    commit(2, f"INSERT INTO {t} VALUES (3, 'c')", took={3: "c"})
+    commit(0, f"DELETE FROM {t} WHERE id = 2")
+    commit(0, f"UPDATE {t} SET v = 'c2' WHERE id = 3", took={3: "c2"})
+    await cdc.caught_up(source)
+
+    async def run() -> None:
+        command = _submit(cluster, cdc, table, tmp_path, once=True, scd=2)
+        ran = await asyncio.to_thread(subprocess.run, command, env=_environment(cluster),
+                                      cwd=tmp_path, capture_output=True, text=True,
+                                      timeout=400, check=False)
+        assert ran.returncode == 0, _why_output(ran.stdout + ran.stderr)
+
+    await run()
+    commit(2, f"UPDATE {t} SET id = 10 WHERE id = 1", took={10: "a2"})  # a key change
+    commit(0, f"INSERT INTO {t} VALUES (2, 'b3')", took={2: "b3"})
+    commit(2, f"UPDATE {t} SET v = 'c3' WHERE id = 3", f"UPDATE {t} SET v = 'c4' WHERE id = 3",
+           took={3: "c3"})
+    versions[3].append("c4")
+    commit(0, f"UPDATE {t} SET v = 'b4' WHERE id = 2", took={2: "b4"})
+    await cdc.caught_up(source)
+    await run()
+
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(str(tmp_path / "orders.delta")).to_pyarrow_table().to_pylist()
+    found: dict[int, list[dict[str, object]]] = {}
+    for row in sorted(rows, key=lambda r: r["__START_AT"]):
+        found.setdefault(row["id"], []).append(row)
+    assert {k: [r["v"] for r in rs] for k, rs in found.items()} == versions
+    present = dict(source.query(f"SELECT id, v FROM {t}"))
+    for key, its in found.items():
+        for older, newer in itertools.pairwise(its):
+            assert older["__START_AT"] < older["__END_AT"] <= newer["__START_AT"], (key, its)
+        last = its[-1]
+        assert (last["__END_AT"] is None) == (key in present), (key, its)
+    current = {r["id"]: r["v"] for r in rows if r["__END_AT"] is None}
+    assert current == present
+    transactions = _transactions(tmp_path)
+    assert len(transactions) == len(set(transactions)) >= 2
