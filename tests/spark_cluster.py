@@ -134,3 +134,16 @@ def running(root: Path, spark_home: Path = SPARK_HOME, python: Path | None = Non
         yield cluster
     finally:
         cluster.stop()
+
+
+def batches_begun(checkpoint: Path) -> int:
+    """The micro-batches whose offsets a streaming query has written to its checkpoint."""
+    offsets = checkpoint / "offsets"
+    return sum(1 for f in offsets.iterdir() if f.name.isdigit()) if offsets.is_dir() else 0
+
+
+def why_failed(output: str) -> str:
+    """The lines of an application's output that say why it failed (no INFO, no stack
+    frames)."""
+    return "\n".join(line for line in output.splitlines() if " INFO " not in line and
+                     not line.lstrip().startswith("at "))[-6000:]

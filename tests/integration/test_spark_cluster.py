@@ -27,7 +27,7 @@ import pytest
 from tests import artifacts
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER, until
-from tests.spark_cluster import Cluster, running
+from tests.spark_cluster import Cluster, batches_begun, running, why_failed
 
 # one worker for the module: its tests share the cluster (eight JVMs or more per test)
 pytestmark = [pytest.mark.mariadb, pytest.mark.spark,
@@ -73,12 +73,6 @@ def _mirror_args(cdc: RunningService, table: str, root: Path, *, once: bool) -> 
             *(["--once"] if once else [])]
 
 
-def _batches_begun(root: Path) -> int:
-    """The micro-batches whose offsets the query has written to its checkpoint."""
-    offsets = root / "checkpoint" / "offsets"
-    return sum(1 for f in offsets.iterdir() if f.name.isdigit()) if offsets.is_dir() else 0
-
-
 def _mirrored(root: Path) -> list[tuple[object, ...]]:
     import pyarrow.parquet as pq
 
@@ -93,13 +87,7 @@ def _mirrored(root: Path) -> list[tuple[object, ...]]:
 
 def _errors(ran: subprocess.CompletedProcess[str]) -> str:
     """The lines of a failed application's output that say why."""
-    return _why(ran.stdout + ran.stderr)
-
-
-def _why(output: str) -> str:
-    lines = output.splitlines()
-    return "\n".join(line for line in lines if " INFO " not in line and
-                     not line.lstrip().startswith("at "))[-6000:]
+    return why_failed(ran.stdout + ran.stderr)
 
 
 async def _until_mirrored(root: Path, table: Callable[[], list[tuple[object, ...]]],
@@ -112,7 +100,7 @@ async def _until_mirrored(root: Path, table: Callable[[], list[tuple[object, ...
         return _mirrored(root) == table()
 
     def log() -> str:
-        return _why((root / "driver.log").read_text(errors="replace"))
+        return why_failed((root / "driver.log").read_text(errors="replace"))
 
     try:
         await until(mirrored, timeout=timeout, what="the mirror to equal the table")
@@ -199,9 +187,9 @@ async def test_the_mirror_survives_an_executor_and_the_driver_killed(
         assert b"Lost executor" in (tmp_path / "driver.log").read_bytes()
         # the driver killed with -9 once a batch of the new rows has begun (its offsets are
         # in the checkpoint); restarted from its checkpoint
-        logged = _batches_begun(tmp_path)
+        logged = batches_begun(tmp_path / "checkpoint")
         write(40)
-        await until(lambda: _batches_begun(tmp_path) > logged, timeout=120)
+        await until(lambda: batches_begun(tmp_path / "checkpoint") > logged, timeout=120)
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
         write(40)

@@ -24,7 +24,7 @@ import pytest
 from tests import delta_lake
 from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER, until
-from tests.spark_cluster import Cluster, running
+from tests.spark_cluster import Cluster, batches_begun, running, why_failed
 
 # the spark-cluster worker: one cluster at a time on the suite's two cores
 pytestmark = [pytest.mark.mariadb, pytest.mark.spark,
@@ -76,19 +76,8 @@ def _transactions(root: Path) -> list[tuple[str, int]]:
     return found
 
 
-def _batches_begun(root: Path) -> int:
-    offsets = root / "checkpoint" / "offsets"
-    return sum(1 for f in offsets.iterdir() if f.name.isdigit()) if offsets.is_dir() else 0
-
-
 def _why(path: Path) -> str:
-    return _why_output(path.read_text(errors="replace") if path.exists() else "")
-
-
-def _why_output(output: str) -> str:
-    """The lines of an application's output that say why it failed."""
-    return "\n".join(line for line in output.splitlines() if " INFO " not in line and
-                     not line.lstrip().startswith("at "))[-6000:]
+    return why_failed(path.read_text(errors="replace") if path.exists() else "")
 
 
 @pytest.mark.timeout(900)
@@ -131,9 +120,9 @@ async def test_foreach_batch_merge_keeps_a_delta_table_equal_to_the_source_exact
         try:
             await until(merged, timeout=240, what="the Delta table to equal the source")
             # the driver killed with -9 once a batch of new rows has begun
-            begun = _batches_begun(tmp_path)
+            begun = batches_begun(tmp_path / "checkpoint")
             write(30)
-            await until(lambda: _batches_begun(tmp_path) > begun, timeout=120)
+            await until(lambda: batches_begun(tmp_path / "checkpoint") > begun, timeout=120)
         except TimeoutError as exc:
             raise AssertionError(f"{exc}; the driver's log:\n{_why(log)}") from exc
         os.killpg(driver.pid, signal.SIGKILL)
@@ -151,7 +140,7 @@ async def test_foreach_batch_merge_keeps_a_delta_table_equal_to_the_source_exact
         subprocess.run, _submit(cluster, cdc, f"{source.database}.orders", tmp_path, once=True),
         env=_environment(cluster), cwd=tmp_path, capture_output=True, text=True, timeout=400,
         check=False)
-    assert ran.returncode == 0, _why_output(ran.stdout + ran.stderr)
+    assert ran.returncode == 0, why_failed(ran.stdout + ran.stderr)
 
     columns = ("id", "name", "qty", "note")
     assert _delta_rows(tmp_path, list(columns)) == table(columns)
@@ -190,7 +179,7 @@ async def test_scd2_keeps_every_version_in_the_sources_commit_order_across_two_d
         ran = await asyncio.to_thread(subprocess.run, command, env=_environment(cluster),
                                       cwd=tmp_path, capture_output=True, text=True,
                                       timeout=400, check=False)
-        assert ran.returncode == 0, _why_output(ran.stdout + ran.stderr)
+        assert ran.returncode == 0, why_failed(ran.stdout + ran.stderr)
 
     await run()
     commit(2, f"UPDATE {t} SET id = 10 WHERE id = 1", took={10: "a2"})  # a key change
