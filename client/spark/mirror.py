@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mariadb_cdc_client.format.extras import MissingExtra, require
-from mariadb_cdc_client.format.names import parse_table
+from mariadb_cdc_client.format.names import parse_table, table_ref
 
 log = logging.getLogger(__name__)
 
@@ -126,24 +126,30 @@ def _point_to(path: str, name: str) -> None:
 
 
 def primary_key(spark_options: dict[str, str], table: str) -> list[str]:
-    """The table's primary key (its newest version's), as field names."""
-    from mariadb_cdc_client.spark.plan import Options
+    """The table's primary key (its newest version's), as field names: of its stored versions,
+    or, when the query starts from a dump and the table has no stored change yet (a table
+    the service has only dumped), of its newest dump."""
+    from mariadb_cdc_client.spark.plan import Catalog, OptionError, Options
 
     wanted = parse_table(table)
-    conn = Options.parse({**spark_options, "tables": table}, streaming=True).connect()
+    options = Options.parse({**spark_options, "tables": table}, streaming=True)
+    conn = options.connect()
     try:
-        tables = conn.query("LIST-TABLES")["tables"]
+        catalog = Catalog.load(conn, options)
+    except OptionError:
+        raise ValueError(f"{table} is not a stored table") from None
     finally:
         conn.close()
-    for t in tables:
-        if (t["database"], t["table"]) == (wanted.database, wanted.table):
-            avsc = t["versions"][-1]
-            names = {f.get("column", f["name"]): f["name"] for f in avsc["fields"]}
-            key = [names[c] for c in avsc.get("primary_key", [])]
-            if key:
-                return key
-            raise ValueError(f"{table} has no primary key: a mirror needs one")
-    raise ValueError(f"{table} is not a stored table")
+    ref = table_ref(wanted.database, wanted.table)
+    versions, dumps = catalog.versions.get(ref) or [], catalog.dumps.get(ref) or []
+    if not versions and not dumps:
+        raise ValueError(f"{table} is not a stored table")
+    avsc = versions[-1] if versions else dumps[-1]["schema"]
+    names = {f.get("column", f["name"]): f["name"] for f in avsc["fields"]}
+    key = [names[c] for c in avsc.get("primary_key", [])]
+    if not key:
+        raise ValueError(f"{table} has no primary key: a mirror needs one")
+    return key
 
 
 def start(spark: Any, options: dict[str, str], table: str, path: str, checkpoint: str,
