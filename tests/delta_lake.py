@@ -45,9 +45,9 @@ def spark_home() -> Path:
     return found[-1].parent
 
 
-def spark_args() -> list[str]:
-    """What a ``spark-submit`` command line needs for Delta tables."""
-    jars = classpath("delta").split(os.pathsep)
+def spark_args(*more_jars: str) -> list[str]:
+    """What a ``spark-submit`` command line needs for Delta tables (and ``more_jars``)."""
+    jars = [*classpath("delta").split(os.pathsep), *more_jars]
     # --jars for the executors, and on the driver's own class path as well
     args = ["--jars", ",".join(jars), "--driver-class-path", os.pathsep.join(jars)]
     for key, value in CONF.items():

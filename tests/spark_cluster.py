@@ -25,8 +25,10 @@ class Cluster:
     import this package)."""
 
     def __init__(self, root: Path, spark_home: Path = SPARK_HOME,
-                 python: Path | None = None) -> None:
+                 python: Path | None = None, cores: int = 1, memory: str = "1g") -> None:
         self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.cores, self.memory = cores, memory
         self.spark_home = spark_home
         self.port = free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
@@ -50,8 +52,8 @@ class Cluster:
         # two cores the other test workers share, and what is tested (executors that cannot
         # import the package, one lost mid-batch and replaced) needs no second one.
         self._spawn("worker", "org.apache.spark.deploy.worker.Worker", "--host",
-                    "127.0.0.1", "--webui-port", str(free_port()), "--cores", "1",
-                    "--memory", "1g", self.url)
+                    "127.0.0.1", "--webui-port", str(free_port()), "--cores", str(self.cores),
+                    "--memory", self.memory, self.url)
         wait_until(lambda: self._registered() >= 1, timeout=90,
                    what="the worker registered with the master")
 
@@ -126,9 +128,9 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def running(root: Path, spark_home: Path = SPARK_HOME, python: Path | None = None
-            ) -> Iterator[Cluster]:
-    cluster = Cluster(root, spark_home, python)
+def running(root: Path, spark_home: Path = SPARK_HOME, python: Path | None = None,
+            cores: int = 1, memory: str = "1g") -> Iterator[Cluster]:
+    cluster = Cluster(root, spark_home, python, cores, memory)
     try:
         cluster.start()
         yield cluster
