@@ -18,9 +18,9 @@ cluster, from its submission to its exit, into a new Delta table:
   into ``--cores`` ranges, written with ``format("delta")`` (no MERGE: a plain write of a
   table read once; the fastest way Spark has to copy it).
 
-Prints rows/s and CPU-seconds for each (the cluster's: master, worker, executors and their
-Python workers, counted through the worker's reaped children, and the driver's: the
-``spark-submit`` process tree; for ``cdc`` also the service's), and the ratio of the rates.
+Prints rows/s and CPU-seconds for each (the cluster's: master, worker, and the executors with
+their Python workers, sampled every 0.2 s; the driver's: the ``spark-submit`` process tree;
+for ``cdc`` also the service's), and the ratio of the rates.
 Both Delta tables are counted afterwards (delta-rs) and must hold every row.
 """
 
@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,20 +112,16 @@ def cpu(pid: int, children: bool = False) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def cluster_cpu(cluster: Cluster) -> float:
-    return sum(cpu(p.pid, children=True) for p in cluster.processes)
-
-
-def executor_alive(cluster: Cluster) -> bool:
-    """Whether an executor (a process under the worker's JVM) still runs: until the worker
-    has reaped it, its CPU time is not in the worker's children's."""
+def executors(cluster: Cluster) -> list[int]:
+    """The executors (JVMs under the worker's) running now."""
     worker = cluster.processes[-1].pid
+    found = []
     for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError, IndexError):
             if b"CoarseGrainedExecutorBackend" in Path(f"/proc/{pid}/cmdline").read_bytes() \
                     and worker in _ancestors(pid):
-                return True
-    return False
+                found.append(pid)
+    return found
 
 
 def _ancestors(pid: int) -> list[int]:
@@ -135,10 +132,41 @@ def _ancestors(pid: int) -> list[int]:
     return found
 
 
+class ExecutorCpu(threading.Thread):
+    """Samples the CPU time of each executor (with its reaped children: the Python workers)
+    every 0.2 s while an application runs: an executor ends with it, and its time reaches
+    the worker's only once reaped, so it is read from the executor itself (what it spent
+    after the last sample, at most 0.2 s of it, is not counted)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.seen: dict[int, float] = {}
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.wait(0.2):
+            for pid in executors(self.cluster):
+                with contextlib.suppress(OSError):
+                    self.seen[pid] = max(self.seen.get(pid, 0.0), cpu(pid, children=True))
+
+    def total(self) -> float:
+        self.halt.set()
+        self.join()
+        return sum(self.seen.values())
+
+
+def daemons_cpu(cluster: Cluster) -> float:
+    """The master's and the worker's own CPU time (their children, the executors, apart)."""
+    return sum(cpu(p.pid) for p in cluster.processes)
+
+
 def timed(cluster: Cluster, command: list[str], env: dict[str, str], cwd: Path
           ) -> tuple[float, float, float]:
     """Run one application; its wall seconds, the cluster's CPU-seconds and the driver's."""
-    before_cluster = cluster_cpu(cluster)
+    before = daemons_cpu(cluster)
+    sampler = ExecutorCpu(cluster)
+    sampler.start()
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     ran = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True,
@@ -147,12 +175,12 @@ def timed(cluster: Cluster, command: list[str], env: dict[str, str], cwd: Path
     if ran.returncode != 0:
         raise SystemExit(f"{' '.join(command)}: exit {ran.returncode}\n"
                          f"{why_failed(ran.stdout + ran.stderr)}")
-    deadline = time.monotonic() + 60  # the worker reaps the application's executor
-    while executor_alive(cluster) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    deadline = time.monotonic() + 60  # the application's executor is stopped
+    while executors(cluster) and time.monotonic() < deadline:
+        time.sleep(0.1)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     driver = (after.ru_utime + after.ru_stime) - (usage.ru_utime + usage.ru_stime)
-    return seconds, cluster_cpu(cluster) - before_cluster, driver
+    return seconds, daemons_cpu(cluster) - before + sampler.total(), driver
 
 
 def delta_rows(path: Path) -> int:
