@@ -93,26 +93,29 @@ def mydumper_seconds(server: EmbeddedMariaDB, table: TableName, threads: int,
 
 
 @contextlib.contextmanager
-def service_replicating(server: EmbeddedMariaDB, data_dir: str) -> Iterator[None]:
+def service_replicating(server: EmbeddedMariaDB, data_dir: str, listen: str = "127.0.0.1:0",
+                        server_id: int = 9300) -> Iterator[int]:
     """``cdcserver run`` into ``data_dir`` (its own process group, killed however this
-    ends), caught up with the source."""
+    ends), its listener on ``listen`` (its users file beside the data directory: user and
+    password ``bench``), caught up with the source; yields its pid."""
     from cdcserver.core.gtid import GtidState
     from cdcserver.store.reader import wait_for_checkpoint
 
     shutil.rmtree(data_dir, ignore_errors=True)
-    users = os.path.join(OUT, "cdcusers")
+    users = os.path.join(os.path.dirname(os.path.abspath(data_dir)), "cdcusers")
+    os.makedirs(os.path.dirname(users), exist_ok=True)
     UsersFile(users).add("bench", "bench")
     cdcserver = os.path.join(os.path.dirname(sys.executable), "cdcserver")
     process = subprocess.Popen(
         [cdcserver, "run", "--source", server.url(), "--data-dir", data_dir, "--listen",
-         "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--users-file", users,
-         "--server-id", "9300", "--start-gtid", "oldest", "--log-level", "warning"],
+         listen, "--metrics-listen", "127.0.0.1:0", "--users-file", users,
+         "--server-id", str(server_id), "--start-gtid", "oldest", "--log-level", "warning"],
         start_new_session=True, preexec_fn=die_with_parent)  # no service left behind
     try:
         file, pos = server.query("SHOW MASTER STATUS")[0][:2]
         state = GtidState.parse(str(server.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]))
         wait_for_checkpoint(data_dir, str(file), int(pos), 600, state)
-        yield
+        yield process.pid
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)

@@ -31,25 +31,19 @@ import contextlib
 import os
 import resource
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_dump import big_table, our_dump
+from bench.bench_dump import big_table, our_dump, service_replicating
 from bench.common import CREATE, fresh_server, line
-from cdcserver.app.embedded import EmbeddedMariaDB, free_port
-from cdcserver.core.gtid import GtidState
-from cdcserver.core.lifetime import die_with_parent
-from cdcserver.protocol.users import UsersFile
-from cdcserver.store.reader import wait_for_checkpoint
+from cdcserver.app.embedded import free_port
 from tests import delta_lake
 from tests.jvm import classpath
 from tests.spark_cluster import Cluster, running, why_failed
@@ -75,32 +69,6 @@ table = spark.read.jdbc(url, "big", column="id", lowerBound=1, upperBound=rows +
 table.write.format("delta").mode("overwrite").save(path)
 spark.stop()
 """
-
-
-@contextlib.contextmanager
-def service(server: EmbeddedMariaDB, data_dir: Path, port: int) -> Iterator[int]:
-    """``cdcserver run`` with its listener on ``port``, caught up; yields its pid."""
-    users = data_dir.parent / "cdcusers"
-    UsersFile(str(users)).add(USER, PASSWORD)
-    cdcserver = os.path.join(os.path.dirname(sys.executable), "cdcserver")
-    process = subprocess.Popen(
-        [cdcserver, "run", "--source", server.url(), "--data-dir", str(data_dir), "--listen",
-         f"127.0.0.1:{port}", "--metrics-listen", "127.0.0.1:0", "--users-file", str(users),
-         "--server-id", "9310", "--start-gtid", "oldest", "--log-level", "warning"],
-        start_new_session=True, preexec_fn=die_with_parent)
-    try:
-        file, pos = server.query("SHOW MASTER STATUS")[0][:2]
-        state = GtidState.parse(str(server.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]))
-        wait_for_checkpoint(str(data_dir), str(file), int(pos), 600, state)
-        yield process.pid
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def cpu(pid: int, children: bool = False) -> float:
@@ -206,7 +174,8 @@ def main() -> None:
             server.execute("CREATE DATABASE bench", CREATE)  # big_table's model
             table = big_table(server, args.rows)
             port = free_port()
-            with service(server, work / "data", port) as service_pid, \
+            with service_replicating(server, str(work / "data"), f"127.0.0.1:{port}",
+                                     9310) as service_pid, \
                     running(work / "cluster", delta_lake.spark_home(), spark_python,
                             cores=args.cores, memory="4g") as cluster:
                 our_dump(server, str(work / "data"), table, 2, args.rows)
