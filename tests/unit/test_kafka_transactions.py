@@ -169,3 +169,21 @@ async def test_fenced_when_old_the_brokers_aborted_it_for_its_age_the_sink_rewin
     with pytest.raises(SinkRewound):
         await sink.flush()
     assert len(_Producer.made) == 2 and sink.durable == _position(0)
+
+
+async def test_closing_with_a_transaction_open_on_a_producer_aiokafka_holds_fenced(sink):
+    """aiokafka asserts against aborting a transaction its manager holds fenced
+    (``FATAL_ERROR -> ABORTING_TRANSACTION``): the close still stops the producer (a CI run's
+    stop raised that assert and left the producer's sockets open)."""
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+
+    async def refused() -> None:
+        producer.calls.append("abort")
+        raise AssertionError("Invalid state transition TransactionState.FATAL_ERROR -> "
+                             "TransactionState.ABORTING_TRANSACTION")
+
+    producer.abort_transaction = refused  # type: ignore[method-assign]
+    await asyncio.wait_for(sink.transactions.close(), 5)
+    assert producer.calls[-2:] == ["abort", "stop"]
