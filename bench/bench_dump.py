@@ -38,7 +38,7 @@ from typing import TypeVar
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import INSERTS, OUT, line, require_tools, workload_server
+from bench.common import INSERTS, OUT, line, process_cpu, require_tools, workload_server
 from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.core.config import DumpConfig, SourceAddress
 from cdcserver.core.lifetime import die_with_parent
@@ -158,13 +158,6 @@ def big_table(server: EmbeddedMariaDB, rows: int) -> TableName:
     return TableName("bench", "big")
 
 
-def _cpu(pid: int) -> float:
-    """CPU-seconds a process used so far (user and system)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _own_cpu(who: int) -> float:
     usage = resource.getrusage(who)
     return usage.ru_utime + usage.ru_stime
@@ -175,9 +168,9 @@ def with_cpu(server: EmbeddedMariaDB, who: int, run: Callable[[], T]
     """``run()``, and the CPU-seconds it cost: the dumper's (``who``: this process, or its
     children for a reference tool) and mariadbd's."""
     assert server.process is not None
-    mine, theirs = _own_cpu(who), _cpu(server.process.pid)
+    mine, theirs = _own_cpu(who), process_cpu(server.process.pid)
     result = run()
-    return result, _own_cpu(who) - mine, _cpu(server.process.pid) - theirs
+    return result, _own_cpu(who) - mine, process_cpu(server.process.pid) - theirs
 
 
 def compare(server: EmbeddedMariaDB, data_dir: str, table: TableName, rows: int, runs: int,

@@ -42,7 +42,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_dump import big_table, our_dump, service_replicating
-from bench.common import CREATE, fresh_server, line
+from bench.common import CREATE, fresh_server, line, process_cpu
 from cdcserver.app.embedded import free_port
 from tests import delta_lake
 from tests.jvm import classpath
@@ -69,15 +69,6 @@ table = spark.read.jdbc(url, "big", column="id", lowerBound=1, upperBound=rows +
 table.write.format("delta").mode("overwrite").save(path)
 spark.stop()
 """
-
-
-def cpu(pid: int, children: bool = False) -> float:
-    """CPU-seconds of a process (with ``children``: and of its children it has reaped)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12])
-    if children:
-        ticks += int(fields[13]) + int(fields[14])
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def executors(cluster: Cluster) -> list[int]:
@@ -116,7 +107,7 @@ class ExecutorCpu(threading.Thread):
         while not self.halt.wait(0.2):
             for pid in executors(self.cluster):
                 with contextlib.suppress(OSError):
-                    self.seen[pid] = max(self.seen.get(pid, 0.0), cpu(pid, children=True))
+                    self.seen[pid] = max(self.seen.get(pid, 0.0), process_cpu(pid, children=True))
 
     def total(self) -> float:
         self.halt.set()
@@ -126,7 +117,7 @@ class ExecutorCpu(threading.Thread):
 
 def daemons_cpu(cluster: Cluster) -> float:
     """The master's and the worker's own CPU time (their children, the executors, apart)."""
-    return sum(cpu(p.pid) for p in cluster.processes)
+    return sum(process_cpu(p.pid) for p in cluster.processes)
 
 
 def timed(cluster: Cluster, command: list[str], env: dict[str, str], cwd: Path
@@ -196,10 +187,10 @@ def main() -> None:
                         "--path", str(target), "--checkpoint", str(work / f"cdc-{run}.ckpt"),
                         "--port", str(port), "--user", USER, "--starting-position", "dump",
                         "--once", driver_python=spark_python)
-                    served = cpu(service_pid, children=True)
+                    served = process_cpu(service_pid, children=True)
                     seconds, on_cluster, driver = timed(cluster, command, env, work)
                     results["cdc"].append((seconds, on_cluster, driver,
-                                           cpu(service_pid, children=True) - served))
+                                           process_cpu(service_pid, children=True) - served))
                     assert delta_rows(target) == args.rows, (target, delta_rows(target))
                     target = work / f"jdbc-{run}.delta"
                     command = cluster.submit(

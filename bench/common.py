@@ -147,6 +147,17 @@ def require_tools(bench: str, **packages: str) -> None:
                  "(as root), then run it again")
 
 
+def process_cpu(pid: int, children: bool = False) -> float:
+    """CPU-seconds a process used so far, user and system (with ``children``: and its
+    children's that it has reaped), from ``/proc``."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def line(label: str, value: str) -> None:
     print(f"{label:<58} {value}", flush=True)
 
