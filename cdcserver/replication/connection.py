@@ -139,7 +139,12 @@ class _Packets:
             self.pos, self.end = 0, left
         if need > len(buf):
             buf.extend(bytes(need - len(buf)))
-        got = receive_into(self.conn, buf, left, self.first)
+        try:
+            got = receive_into(self.conn, buf, left, self.first)
+        except TimeoutError:
+            raise SourceUnavailable(
+                f"replication connection lost: nothing from the source, not even a "
+                f"heartbeat, for {self.conn._read_timeout:g} s") from None
         self.first = False
         if not got:
             raise SourceUnavailable("replication connection lost: the source closed it")

@@ -9,6 +9,7 @@ import itertools
 import json
 import socket
 import threading
+import time
 from decimal import Decimal
 
 import fastavro
@@ -638,10 +639,12 @@ def _framed(payload: bytes, seq: int = 0) -> bytes:
     return bytes(out)
 
 
-class _PymysqlStandIn:  # the two members the reader takes from pymysql's connection
-    def __init__(self, sock: socket.socket) -> None:
+class _PymysqlStandIn:  # the members the reader takes from pymysql's connection
+    def __init__(self, sock: socket.socket, read_timeout: float | None = None) -> None:
         self._sock = sock
         self._rfile = sock.makefile("rb")
+        self._read_timeout = read_timeout
+        self._current_timeout = None  # what pymysql's last write left: its write_timeout
 
 
 def test_the_packet_reader_frames_joins_and_ends_like_pymysql():
@@ -683,6 +686,25 @@ def test_the_packet_reader_raises_the_servers_error_and_a_closed_connection():
         there.close()
         with pytest.raises(SourceUnavailable, match="closed"):
             list(_Packets(_PymysqlStandIn(here)))
+
+
+def test_the_packet_reader_gives_up_on_a_source_that_went_silent():
+    # pymysql applies read_timeout only in its own reader; its last write (the dump
+    # command) leaves the socket waiting for ever, so a partitioned or half-open source
+    # went unnoticed until the reader applied the timeout itself.
+    from cdcserver.core.errors import SourceUnavailable
+    from cdcserver.replication.connection import _Packets
+
+    here, there = socket.socketpair()
+    with here, there:
+        here.settimeout(None)
+        there.sendall(_framed(b"\x00event"))
+        packets = iter(_Packets(_PymysqlStandIn(here, read_timeout=0.3)))
+        assert next(packets) == b"\x00event"
+        started = time.monotonic()
+        with pytest.raises(SourceUnavailable, match="not even a heartbeat, for 0.3 s"):
+            next(packets)
+        assert time.monotonic() - started < 5
 
 
 
