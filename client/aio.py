@@ -31,6 +31,7 @@ from mariadb_cdc_client.format.wire import (
     parse_reply,
     register_line,
 )
+from mariadb_cdc_client.keepalive import DEAD_SERVER_TIMEOUT, end_silent_peers
 from mariadb_cdc_client.login import Auth, ScramLogin, scram_login
 from mariadb_cdc_client.reconnect import DELAYS, FAILURES, Reconnect
 from mariadb_cdc_client.resume import Resume
@@ -83,6 +84,9 @@ class CdcConnection:
                          ) -> CdcConnection:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(host, port, ssl=ssl, limit=1 << 24), timeout)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            end_silent_peers(sock, DEAD_SERVER_TIMEOUT)
         return cls(reader, writer, fmt, timeout)
 
     async def _scram(self, login: ScramLogin) -> bool:

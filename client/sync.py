@@ -32,6 +32,7 @@ from mariadb_cdc_client.format.wire import (
     parse_reply,
     register_line,
 )
+from mariadb_cdc_client.keepalive import DEAD_SERVER_TIMEOUT, end_silent_peers
 from mariadb_cdc_client.login import Auth, ScramLogin, scram_login
 from mariadb_cdc_client.reconnect import DELAYS, FAILURES, Reconnect
 from mariadb_cdc_client.resume import Resume
@@ -78,6 +79,7 @@ class SyncCdcConnection:
     def _connected(cls, host: str, port: int, fmt: Format,
                    ssl: ssl_module.SSLContext | None, timeout: float) -> SyncCdcConnection:
         sock = socket.create_connection((host, port), timeout=timeout)
+        end_silent_peers(sock, DEAD_SERVER_TIMEOUT)
         if ssl is not None:
             sock = ssl.wrap_socket(sock, server_hostname=host)
         return cls(sock, fmt)

@@ -14,6 +14,7 @@ from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import SourceError, SourceUnavailable
 from cdcserver.core.gtid import BinlogPosition, GtidState
 from cdcserver.mariadb.charsets import CollationTable
+from mariadb_cdc_client.keepalive import end_silent_peers
 
 _GTID_LIST_INFO = re.compile(r"\[(.*)\]")
 
@@ -25,14 +26,28 @@ class SourceInfo:
     variables: dict[str, str]
 
 
+# A source that has acknowledged nothing for this long is gone (a partition, a half-open
+# connection, a host that died): the connection ends with an error, whatever it was doing
+# (a query, a dump's read), and the caller reconnects. TCP alone would wait for about 15
+# minutes, or for ever on an idle connection. A slow query on a live server is not cut:
+# its connection acknowledges (mariadb_cdc_client.keepalive).
+DEAD_SOURCE_TIMEOUT = 30.0
+
+
 class Connection(pymysql.connections.Connection):
     """pymysql's connection, sharing one TLS context among the connections that set no TLS
     options: without options pymysql tries TLS if the server offers it (unverified, as
     before), and made a context for every connection, loading the system's CA bundle each
-    time (35 ms; a chunked dump opens a connection per reader)."""
+    time (35 ms; a chunked dump opens a connection per reader). Each ends once the source
+    acknowledges nothing for ``DEAD_SOURCE_TIMEOUT`` seconds."""
 
     _preferred: ssl.SSLContext | None = None
     _lock = threading.Lock()
+
+    def connect(self, sock: Any = None) -> None:
+        super().connect(sock)
+        if self._sock is not None:
+            end_silent_peers(self._sock, DEAD_SOURCE_TIMEOUT)
 
     def _create_ssl_ctx(self, sslp: Any) -> Any:
         if sslp != {}:

@@ -1,0 +1,54 @@
+"""Dead-peer detection on every TCP connection the project opens: the listener's accepted
+sockets, the client library's and the source connections' (the behaviour itself, a peer gone
+silent and dropped, is tests/integration/test_network_faults.py's)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from mariadb_cdc_client.keepalive import KEEPALIVE_PROBES, end_silent_peers
+
+
+def _options(sock: socket.socket) -> dict[str, int]:
+    return {"keepalive": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+            "idle": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            "interval": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+            "probes": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+            "user_timeout_ms": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)}
+
+
+@pytest.mark.parametrize("seconds", [3.0, 60.0, 600.0])
+def test_a_silent_peer_is_given_up_after_about_the_time_asked(seconds: float):
+    with socket.socket() as sock:
+        end_silent_peers(sock, seconds)
+        got = _options(sock)
+    assert got["keepalive"] == 1
+    assert got["user_timeout_ms"] == seconds * 1000
+    assert got["probes"] == KEEPALIVE_PROBES
+    # the probes start after about half the time idle and end within it (give or take 1 s)
+    given_up = got["idle"] + got["interval"] * got["probes"]
+    assert seconds / 2 <= given_up <= seconds + 1, got
+
+
+def test_a_unix_socket_is_left_alone():
+    with socket.socket(socket.AF_UNIX) as sock:
+        end_silent_peers(sock, 10.0)
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
+
+
+def test_the_client_librarys_connections_give_up_a_silent_server():
+    from mariadb_cdc_client.keepalive import DEAD_SERVER_TIMEOUT
+    from mariadb_cdc_client.format.wire import Format
+    from mariadb_cdc_client.sync import SyncCdcConnection
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        conn = SyncCdcConnection._connected("127.0.0.1", server.getsockname()[1],
+                                            Format.JSON, None, 5.0)
+        try:
+            got = _options(conn.sock)
+        finally:
+            conn.sock.close()
+    assert got["keepalive"] == 1
+    assert got["user_timeout_ms"] == DEAD_SERVER_TIMEOUT * 1000
