@@ -151,6 +151,11 @@ class ListenerConfig:
                                  check=positive)
     idle_timeout: float = option(600.0, "seconds without a command before hanging up "
                                         "(streams are never idle)", check=positive)
+    dead_client_timeout: float = option(
+        60.0, "seconds a client's host may acknowledge nothing (TCP keepalive probes while "
+              "its stream is idle, data sent meanwhile) before its connection is ended and "
+              "its resources freed: a crashed host, a partition, a half-open connection",
+        check=positive)
     bad_command_limit: int = option(10, "bad commands before the server hangs up",
                                     check=positive)
     shutdown_grace: float = option(5.0, "seconds open sessions get to end when the service "

@@ -24,6 +24,7 @@ from cdcserver.protocol.outbox import Outbox, Traffic
 from cdcserver.protocol.queries import SessionContext
 from cdcserver.protocol.tail import Delivered, Tails, read_range
 from mariadb_cdc_client.format.wire import Code, error_line
+from mariadb_cdc_client.keepalive import end_silent_peers
 
 log = logging.getLogger(__name__)
 HOUSEKEEPING_INTERVAL = 1.0  # seconds: the users file checked, the failed logins summed up
@@ -159,6 +160,10 @@ class CdcServer:
                                                                refusal))
             await _close(writer)
             return
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):  # a connection already reset
+                end_silent_peers(sock, self.limits.dead_client_timeout)
         self._connections.add(task)
         self._unauthenticated[address] += 1
         self.connections_total += 1
