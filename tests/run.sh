@@ -28,6 +28,7 @@ command -v go >/dev/null 2>&1 || missing+=(golang-go)  # the Go databus consumer
 command -v rsync >/dev/null 2>&1 || missing+=(rsync)  # ... its state transfers
 command -v socat >/dev/null 2>&1 || missing+=(socat)
 command -v ss >/dev/null 2>&1 || missing+=(iproute2)  # the transfer script waits with ss
+command -v nft >/dev/null 2>&1 || missing+=(nftables)  # tests/netfault.py's broken links
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)  # tests/integration/test_prometheus.py
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # the web console's browser test
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)  # ... driven by Selenium

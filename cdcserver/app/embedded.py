@@ -96,11 +96,16 @@ class EmbeddedMariaDB:
     """``port=None`` listens on the Unix socket only; ``port=0`` picks a free TCP port.
     ``die_with_parent``: the server is killed when the thread that started it ends (Linux's
     parent-death signal), so a process killed with -9 leaves no server behind; start it from
-    a thread that lives as long as it should (the main thread), never from a worker."""
+    a thread that lives as long as it should (the main thread), never from a worker.
+    ``host``: the address it listens on; ``launcher``: a command it is started under (as
+    ``ip netns exec NAME``, in a network namespace of a test's own)."""
 
     def __init__(self, base_dir: str, *, port: int | None = None, server_id: int = 1,
-                 extra_args: Sequence[str] = (), die_with_parent: bool = False) -> None:
+                 extra_args: Sequence[str] = (), die_with_parent: bool = False,
+                 host: str = "127.0.0.1", launcher: Sequence[str] = ()) -> None:
         self.die_with_parent = die_with_parent
+        self.host = host
+        self.launcher = tuple(launcher)
         self.base_dir = os.path.abspath(base_dir)
         self.datadir = os.path.join(self.base_dir, "data")
         self.port = port
@@ -139,9 +144,9 @@ class EmbeddedMariaDB:
         return self
 
     def _launch(self, port: int | None, timeout: float) -> None:
-        networking = [f"--port={port}", "--bind-address=127.0.0.1"] if port \
+        networking = [f"--port={port}", f"--bind-address={self.host}"] if port \
             else ["--skip-networking"]
-        args = [_binary("mariadbd"), "--no-defaults", f"--datadir={self.datadir}",
+        args = [*self.launcher, _binary("mariadbd"), "--no-defaults", f"--datadir={self.datadir}",
                 f"--socket={self.socket}", f"--pid-file={os.path.join(self.run_dir, 'pid')}",
                 f"--server-id={self.server_id}", "--user=root", f"--log-error={self.error_log}",
                 f"--tmpdir={self._tmpdir()}",
@@ -228,7 +233,7 @@ class EmbeddedMariaDB:
         """The source URL; over TCP when the server has a port (or ``tcp=True``)."""
         auth = urllib.parse.quote(user) + (":" + urllib.parse.quote(password) if password else "")
         if self.port and tcp is not False:
-            return f"mysql://{auth}@127.0.0.1:{self.port}"
+            return f"mysql://{auth}@{self.host}:{self.port}"
         return f"mysql://{auth}@localhost?socket={urllib.parse.quote(self.socket)}"
 
     def connect(self, database: str | None = None, **kwargs: Any) -> pymysql.connections.Connection:

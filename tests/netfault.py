@@ -1,0 +1,174 @@
+"""Hosts of a test's own, on this machine, behind a network the test can break.
+
+Each :class:`Host` is a Linux network namespace linked to the test's namespace by a veth pair
+(a /30 of its own in 10.128.0.0/9): what runs in it (``host.command(...)``: a MariaDB
+server, a client) reaches the test's namespace, and is reached from it, only over that link.
+nftables rules inside the host then drop what crosses the link:
+
+- ``partition()``: every packet, both ways (a cut cable, a switch gone: nobody is told);
+- ``half_open(inbound=...)``: one way only (a firewall that forgot a connection, a route
+  lost one way): the side whose packets still arrive thinks all is well;
+- ``lossy(percent)``: a share of the packets both ways, at random;
+- ``heal()``: none.
+
+The kernel of these machines has no ``netem`` (delay, reordering, duplication); dropping
+with nftables is what it offers, and what the faults above need. Making namespaces needs
+root and iproute2, the rules nftables (``tests/run.sh`` installs both): elsewhere the tests
+that use a Host are skipped, saying why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+POOL = ipaddress.ip_network("10.128.0.0/9")
+LOCK = "/tmp/cdc-test-netfault.lock"  # the choice of a free /30, across pytest workers
+PREFIX = "cdct"  # the namespaces' names: cdct<pid>n<number>
+
+
+def missing() -> str | None:
+    """Why Hosts cannot be made here, if they cannot."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "nft"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (tests/run.sh installs iproute2 and nftables)"
+    return None
+
+
+def _ip(*args: str) -> str:
+    return subprocess.run(["ip", *args], check=True, capture_output=True, text=True).stdout
+
+
+class Host:
+    """A network namespace of the test's own, behind a link the test can break."""
+
+    _made = 0
+
+    def __init__(self) -> None:
+        why = missing()
+        if why is not None:
+            pytest.skip(why)
+        _remove_leftovers()
+        Host._made += 1
+        self.name = f"{PREFIX}{os.getpid()}n{Host._made}"
+        self._outer = f"ct{os.getpid() % 100000}n{Host._made}"[:15]
+        self._inner = "eth0"
+        with open(LOCK, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            subnet = _free_subnet()
+            self.gateway, self.address = (str(a) for a in list(subnet.hosts())[:2])
+            _ip("netns", "add", self.name)
+            try:
+                _ip("link", "add", self._outer, "type", "veth", "peer", "name", self._inner,
+                    "netns", self.name)
+                _ip("addr", "add", f"{self.gateway}/30", "dev", self._outer)
+                _ip("link", "set", self._outer, "up")
+            except BaseException:
+                self.close()
+                raise
+        self.run("ip", "addr", "add", f"{self.address}/30", "dev", self._inner)
+        self.run("ip", "link", "set", self._inner, "up")
+        self.run("ip", "link", "set", "lo", "up")
+        self.run("ip", "route", "add", "default", "via", self.gateway)
+        self._nft("add table inet fault; "
+                  "add chain inet fault inbound { type filter hook input priority 0; }; "
+                  "add chain inet fault outbound { type filter hook output priority 0; }")
+
+    @property
+    def launcher(self) -> tuple[str, ...]:
+        """The command prefix that runs a program in this host."""
+        return ("ip", "netns", "exec", self.name)
+
+    def command(self, args: Sequence[str]) -> list[str]:
+        return [*self.launcher, *args]
+
+    def run(self, *args: str) -> str:
+        return subprocess.run(self.command(args), check=True, capture_output=True,
+                              text=True).stdout
+
+    # -- faults --------------------------------------------------------------------------
+
+    def partition(self) -> None:
+        """Every packet over the link dropped, both ways, silently."""
+        self._drop(inbound=True, outbound=True)
+
+    def half_open(self, *, inbound: bool) -> None:
+        """Only the packets coming into this host (``inbound``) or only those leaving it
+        dropped."""
+        self._drop(inbound=inbound, outbound=not inbound)
+
+    def lossy(self, percent: int) -> None:
+        """``percent`` of the packets over the link dropped at random, both ways."""
+        self._drop(inbound=True, outbound=True, match=f"numgen random mod 100 < {percent} ")
+
+    def heal(self) -> None:
+        self._nft("flush chain inet fault inbound; flush chain inet fault outbound")
+
+    def _drop(self, *, inbound: bool, outbound: bool, match: str = "") -> None:
+        rules = ["flush chain inet fault inbound", "flush chain inet fault outbound"]
+        if inbound:
+            rules.append(f'add rule inet fault inbound iifname "{self._inner}" {match}drop')
+        if outbound:
+            rules.append(f'add rule inet fault outbound oifname "{self._inner}" {match}drop')
+        self._nft("; ".join(rules))  # one transaction: never a moment half applied
+
+    def _nft(self, script: str) -> None:
+        subprocess.run(self.command(["nft", script]), check=True, capture_output=True,
+                       text=True)
+
+    # -- end -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """The namespace and its link removed (what still runs in it is the caller's to
+        stop first)."""
+        with contextlib.suppress(subprocess.CalledProcessError):
+            _ip("link", "del", self._outer)
+        with contextlib.suppress(subprocess.CalledProcessError):
+            _ip("netns", "del", self.name)
+
+    def __enter__(self) -> Host:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _free_subnet() -> ipaddress.IPv4Network:
+    """The first /30 of the pool that no interface of this namespace has (under LOCK)."""
+    used = set()
+    for line in _ip("-4", "-o", "addr", "show").splitlines():
+        fields = line.split()
+        if "inet" in fields:
+            used.add(ipaddress.ip_interface(fields[fields.index("inet") + 1]).network)
+    for subnet in POOL.subnets(new_prefix=30):
+        if not any(subnet.overlaps(u) for u in used):
+            return subnet  # type: ignore[return-value]
+    raise RuntimeError(f"no free /30 left in {POOL}")
+
+
+def _remove_leftovers() -> None:
+    """Namespaces (with their links) of test processes that are gone, killed before they
+    could remove them."""
+    for line in _ip("netns", "list").splitlines():
+        name = line.split()[0] if line.split() else ""
+        if not name.startswith(PREFIX) or "n" not in name[len(PREFIX):]:
+            continue
+        pid = name[len(PREFIX):].split("n")[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            with contextlib.suppress(subprocess.CalledProcessError):
+                _ip("netns", "del", name)
+
+
+@contextlib.contextmanager
+def host() -> Iterator[Host]:
+    with Host() as made:
+        yield made
