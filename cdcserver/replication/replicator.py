@@ -53,6 +53,8 @@ SLICE_BYTES = 1 << 20
 # Connections in a row that were lost soon after they started before the replicator asks
 # whether another replica uses its server_id
 FLAPS_BEFORE_LOOKING = 3
+# MariaDB's and MySQL's refusal (1236) to read a binlog that ends in a torn event
+_TRUNCATED = "binlog truncated in the middle of event"
 
 
 class Replicator:
@@ -127,6 +129,8 @@ class Replicator:
                     self.connected.clear()
                     if self._stop.is_set():
                         break
+                    if self._past_a_truncated_binlog(exc):
+                        continue
                     if isinstance(exc, SourceRefused) and not self.sources.several:
                         raise
                     self._recover(exc)
@@ -240,8 +244,31 @@ class Replicator:
         finally:
             conn.close()
 
+    def _past_a_truncated_binlog(self, exc: Exception) -> bool:
+        """A source killed while it wrote a transaction to its binlog leaves the file ending
+        in the middle of an event; its restart rolls the transaction back and logs on in a
+        new file, but a read through the old one is refused (1236, "binlog truncated in the
+        middle of event"). By GTID state the source starts in the file that holds the next
+        transaction, past the torn one: True (the position forgotten, reconnect at once)
+        when that gets further than this connection did, i.e. it read by position or
+        delivered transactions before the refusal. A refusal with no progress by GTID state
+        stays a refusal."""
+        if _TRUNCATED not in str(exc).lower() or not self.mariadb:
+            return False
+        if not (self._by_position or self.state != self._stream_began):
+            return False
+        log.warning("the source's binlog %s ends in the middle of an event (the source died "
+                    "while it logged a transaction, which its restart rolled back); "
+                    "resuming by GTID state '%s'", self.file or "being read", self.state)
+        self.file, self.pos = "", 4
+        return True
+
+    _by_position = False  # how the last connection was positioned
+    _stream_began = GtidState()  # where it began
+
     def _stream(self, collations: CollationTable) -> bool:
         by_position = self._anchored()
+        self._by_position, self._stream_began = by_position, self.state
         conn = BinlogConnection(self.address, self.server_id, self.state,
                                 blocking=self.blocking, heartbeat=self.heartbeat,
                                 report_host=self.report_host, mariadb=self.mariadb,
