@@ -19,6 +19,7 @@ from typing import Any
 
 from mariadb_cdc_client.endpoints import Endpoints
 from mariadb_cdc_client.format.dump import DumpDecoder, DumpHeader, DumpRows
+from mariadb_cdc_client.format.keepalive import DEAD_SERVER_TIMEOUT, end_silent_peers
 from mariadb_cdc_client.format.names import Table, TableRef, as_table
 from mariadb_cdc_client.format.wire import (
     CLIENT_DIALECT,
@@ -31,7 +32,6 @@ from mariadb_cdc_client.format.wire import (
     parse_reply,
     register_line,
 )
-from mariadb_cdc_client.keepalive import DEAD_SERVER_TIMEOUT, end_silent_peers
 from mariadb_cdc_client.login import Auth, ScramLogin, scram_login
 from mariadb_cdc_client.reconnect import DELAYS, FAILURES, Reconnect
 from mariadb_cdc_client.resume import Resume

@@ -23,8 +23,8 @@ from cdcserver.protocol.connection import Connection
 from cdcserver.protocol.outbox import Outbox, Traffic
 from cdcserver.protocol.queries import SessionContext
 from cdcserver.protocol.tail import Delivered, Tails, read_range
+from mariadb_cdc_client.format.keepalive import end_silent_peers
 from mariadb_cdc_client.format.wire import Code, error_line
-from mariadb_cdc_client.keepalive import end_silent_peers
 
 log = logging.getLogger(__name__)
 HOUSEKEEPING_INTERVAL = 1.0  # seconds: the users file checked, the failed logins summed up

@@ -14,7 +14,7 @@ from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import SourceError, SourceUnavailable
 from cdcserver.core.gtid import BinlogPosition, GtidState
 from cdcserver.mariadb.charsets import CollationTable
-from mariadb_cdc_client.keepalive import end_silent_peers
+from mariadb_cdc_client.format.keepalive import end_silent_peers
 
 _GTID_LIST_INFO = re.compile(r"\[(.*)\]")
 
@@ -30,7 +30,7 @@ class SourceInfo:
 # connection, a host that died): the connection ends with an error, whatever it was doing
 # (a query, a dump's read), and the caller reconnects. TCP alone would wait for about 15
 # minutes, or for ever on an idle connection. A slow query on a live server is not cut:
-# its connection acknowledges (mariadb_cdc_client.keepalive).
+# its connection acknowledges (mariadb_cdc_client.format.keepalive).
 DEAD_SOURCE_TIMEOUT = 30.0
 
 

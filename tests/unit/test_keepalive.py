@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from mariadb_cdc_client.keepalive import KEEPALIVE_PROBES, end_silent_peers
+from mariadb_cdc_client.format.keepalive import KEEPALIVE_PROBES, end_silent_peers
 
 
 def _options(sock: socket.socket) -> dict[str, int]:
@@ -39,7 +39,7 @@ def test_a_unix_socket_is_left_alone():
 
 
 def test_the_client_librarys_connections_give_up_a_silent_server():
-    from mariadb_cdc_client.keepalive import DEAD_SERVER_TIMEOUT
+    from mariadb_cdc_client.format.keepalive import DEAD_SERVER_TIMEOUT
     from mariadb_cdc_client.format.wire import Format
     from mariadb_cdc_client.sync import SyncCdcConnection
 
