@@ -55,10 +55,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pymysql
+
 from cdcserver.core.config import SourceAddress
-from cdcserver.core.errors import SourceError
+from cdcserver.core.errors import SourceError, SourceUnavailable
 from cdcserver.core.gtid import GtidState
 from cdcserver.core.names import TableName
+from cdcserver.core.retry import Backoff
 from cdcserver.dump import files
 from cdcserver.dump.chunkmerge import Overlay, end_point, merged_lines, store_overlay
 from cdcserver.dump.chunkreader import Run, reader, split
@@ -90,6 +93,10 @@ log = logging.getLogger(__name__)
 
 
 _ATTEMPTS = 3  # a table whose definition keeps changing under its dump: given up after this
+SOURCE_LOST_LIMIT = 600.0  # seconds in a row a dump waits for a lost source to come back
+# pymysql's codes for a connection lost or refused: can't connect, gone away, lost during a
+# query, lost at the handshake
+_LOST = (2003, 2006, 2013, 2055)
 
 
 # -- the whole dump ----------------------------------------------------------------------
@@ -99,7 +106,62 @@ def dump_table(address: SourceAddress, data_dir: str, table: TableName, stream_v
                stop: threading.Event | None = None) -> files.DumpInfo | None:
     """Dump ``table`` in chunks (see the module's description); NotChunkable before anything
     is written if it cannot be. Returns the finished dump, or None when ``stop`` was set (the
-    next dump of the table continues this one)."""
+    next dump of the table continues this one).
+
+    A source lost during the dump (a connection cut, the server killed and restarted) is
+    waited for with backoff, up to ``SOURCE_LOST_LIMIT`` seconds in a row, and the dump
+    continues after its last chunk made durable: each chunk is read in a snapshot of its
+    own, so nothing read before is read again, and the changes since come from the store."""
+    backoff = Backoff(first=0.5)
+    lost_since: float | None = None
+    while True:
+        began = time.monotonic()
+        try:
+            return _dump_table(address, data_dir, table, stream_version, options, progressed,
+                               stop)
+        except SourceUnavailable as exc:
+            now = time.monotonic()
+            if lost_since is None or now - began >= backoff.stable_after:
+                lost_since = began  # the source was there at the start of this attempt
+            if now - lost_since > SOURCE_LOST_LIMIT:
+                raise SourceUnavailable(f"dump of {table}: {exc}; gave up after "
+                                        f"{SOURCE_LOST_LIMIT:.0f}s (the next dump of the "
+                                        f"table continues it)") from exc
+            delay = backoff.failed()
+            log.warning("dump of %s: %s; continuing after its last chunk in %.1fs", table,
+                        exc, delay)
+            if (stop.wait(delay) if stop is not None else time.sleep(delay)):
+                return None
+
+
+def _dump_table(address: SourceAddress, data_dir: str, table: TableName, stream_version: int,
+                options: DumpOptions, progressed: Progressed | None,
+                stop: threading.Event | None) -> files.DumpInfo | None:
+    """One try of :func:`dump_table`; SourceUnavailable when the source is lost."""
+    try:
+        return _dump_connected(address, data_dir, table, stream_version, options,
+                               progressed, stop)
+    except (pymysql.err.OperationalError, pymysql.err.InterfaceError) as exc:
+        if not _lost(exc):
+            raise
+        raise SourceUnavailable(f"the source was lost: {exc}") from exc
+    except SourceError as exc:  # a query that says what it asked, when the source was lost
+        if isinstance(exc, SourceUnavailable) or not _lost(exc.__cause__):
+            raise
+        raise SourceUnavailable(str(exc)) from exc
+
+
+def _lost(exc: BaseException | None) -> bool:
+    """Whether pymysql raised ``exc`` for a connection lost or refused."""
+    if isinstance(exc, pymysql.err.InterfaceError):  # a connection closed under it
+        return True
+    return isinstance(exc, pymysql.err.OperationalError) and bool(exc.args) and \
+        exc.args[0] in _LOST
+
+
+def _dump_connected(address: SourceAddress, data_dir: str, table: TableName,
+                    stream_version: int, options: DumpOptions, progressed: Progressed | None,
+                    stop: threading.Event | None) -> files.DumpInfo | None:
     conn = source_sql.connect(address)
     try:
         # MariaDB says so in its handshake's version (no round trip); else ask

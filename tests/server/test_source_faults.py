@@ -1,13 +1,14 @@
 """The source's host fails under the service (issue 55, item 3): MariaDB killed with -9 while
-it logs a transaction of a million rows and while it runs a DDL, then started again; its
-clock stepped back an hour. Each test has a MariaDB server of its own (killing the shared one
-would fail the tests beside it), and checks with tests/oracle.py, which shares no code with
-the service, that the table rebuilt from the stream equals ``SELECT`` and that no change came
-twice."""
+it logs a transaction of a million rows, while it runs a DDL and while a chunked dump reads
+it, then started again; its clock stepped back an hour. Each test has a MariaDB server of its
+own (killing the shared one would fail the tests beside it), and checks with tests/oracle.py,
+which shares no code with the service, that the table rebuilt from the stream equals
+``SELECT`` and that no change came twice."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 import time
@@ -18,9 +19,16 @@ import pymysql
 import pytest
 
 from cdcserver.app.embedded import EmbeddedMariaDB
+from cdcserver.core.config import DumpConfig, parse_source_url
+from cdcserver.core.names import TableName
+from cdcserver.dump import files
+from cdcserver.dump.dumper import DumpOptions, dump_tables
+from cdcserver.store.naming import dump_stem
+from mariadb_cdc_client.dump import DumpRows, apply, read_dump
 from tests.conftest import RunningService, Source, make_config, start_service
-from tests.helpers import PASSWORD, USER
+from tests.helpers import PASSWORD, USER, kill_when
 from tests.oracle import assert_stream_equals_table
+from tests.server.test_dump import _loaded, _orders, _table_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -163,5 +171,43 @@ async def test_the_sources_clock_stepped_back_an_hour(own_source: Source, tmp_pa
         await _assert_whole(running, source, "c")
         stats = running.service.replication.runner.stats()
         assert not stats.stopped and not stats.paused
+    finally:
+        await running.stop()
+
+
+async def test_the_source_killed_while_a_chunked_dump_reads_it(own_source: Source, tmp_path,
+                                                              users_file: str):
+    source = own_source
+    table = _orders(source, 30000)
+    running = await start_service(make_config(str(tmp_path / "data"), source.url, users_file))
+    try:
+        await running.caught_up(source, timeout=120)
+        data_dir = running.service.config.store.data_dir
+        name = TableName(DB, "orders")
+        record = os.path.join(files.dump_dir(data_dir), f"{dump_stem(name)}.chunked")
+        options = DumpOptions(DumpConfig(chunk_rows=200, readers=2, sync_interval=0))
+        address = parse_source_url(source.url)
+        first = asyncio.ensure_future(asyncio.to_thread(dump_tables, address, data_dir,
+                                                        [name], options))
+        assert source.server.process is not None
+        await asyncio.to_thread(kill_when, source.server.process, record, lambda text: sum(
+            len(r["chunks"]) for r in json.loads(text)["ranges"]) >= 6)
+        await asyncio.to_thread(source.server.kill)
+        await asyncio.sleep(2)  # the dump finds the source gone, and waits for it
+        assert not first.done(), "the dump gave up on a source that was only restarting"
+        await asyncio.to_thread(source.server.start)
+        source.execute(f"DELETE FROM {table} WHERE id <= 50 OR id BETWEEN 20001 AND 20050",
+                       f"UPDATE {table} SET note = 'changed' WHERE id % 97 = 0",
+                       f"INSERT INTO {table} (id, name) VALUES (-5, 'first'), (40000, 'last')")
+        (result,) = await asyncio.wait_for(first, 180)
+        assert result.resumed, "the dump started over instead of continuing"
+        await running.caught_up(source, timeout=120)
+        (dump,) = files.list_dumps(data_dir, name)
+        image: dict[tuple[object, ...], dict[str, object]] = {}
+        for item in read_dump(dump.path):
+            if isinstance(item, DumpRows):
+                apply(image, ["id"], item)
+        assert _loaded(image) == _table_rows(source, table)
+        await _assert_whole(running, source, "orders")
     finally:
         await running.stop()
