@@ -130,7 +130,9 @@ def dump_table(address: SourceAddress, data_dir: str, table: TableName, stream_v
             delay = backoff.failed()
             log.warning("dump of %s: %s; continuing after its last chunk in %.1fs", table,
                         exc, delay)
-            if (stop.wait(delay) if stop is not None else time.sleep(delay)):
+            if stop is None:
+                time.sleep(delay)
+            elif stop.wait(delay):
                 return None
 
 
