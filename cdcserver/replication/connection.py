@@ -163,8 +163,8 @@ class BinlogConnection:
 
     def __init__(self, address: SourceAddress, server_id: int, start: GtidState, *,
                  blocking: bool = True, heartbeat: float = 5.0, report_host: str = "cdcserver",
-                 fix_dump_framing: bool = True, mariadb: bool = True, file: str = "",
-                 pos: int = 4, by_position: bool = False) -> None:
+                 report_port: int = 0, fix_dump_framing: bool = True, mariadb: bool = True,
+                 file: str = "", pos: int = 4, by_position: bool = False) -> None:
         settings = address.pymysql_kwargs()
         # A dead connection shows as a missing heartbeat: read_timeout ends the wait.
         if blocking:
@@ -178,7 +178,7 @@ class BinlogConnection:
             is_mariadb=mariadb and by_gtid, auto_position=str(start) if by_gtid else None,
             log_file=None if by_gtid else file, log_pos=None if by_gtid else pos,
             resume_stream=not by_gtid, slave_heartbeat=heartbeat,
-            report_slave=(report_host, "", "", 0), enable_logging=False,
+            report_slave=(report_host, "", "", report_port), enable_logging=False,
             pymysql_wrapper=source.Connection)  # one TLS context for every connection
         self._stream.fix_dump_framing = fix_dump_framing
         self.address = address

@@ -12,6 +12,7 @@ and is re-raised on the loop by :meth:`Handoff.get`, after every complete transa
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -84,6 +85,10 @@ class Replicator:
         self.heartbeat = heartbeat
         self.backoff = backoff if backoff is not None else Backoff()
         self.report_host = report_host
+        # The port this replicator reports in SHOW SLAVE HOSTS: a tag of its own, so that a
+        # registration left by one of its own lost connections (the source never learned it
+        # died: a half-open link, a lossy one) is not taken for another replica's.
+        self.report_port = secrets.randbelow(65535) + 1
         self.history = history
         self.defer_decoding = defer_decoding  # layouts whose row images go over undecoded
         if history is not None:
@@ -271,7 +276,8 @@ class Replicator:
         self._by_position, self._stream_began = by_position, self.state
         conn = BinlogConnection(self.address, self.server_id, self.state,
                                 blocking=self.blocking, heartbeat=self.heartbeat,
-                                report_host=self.report_host, mariadb=self.mariadb,
+                                report_host=self.report_host,
+                                report_port=self.report_port, mariadb=self.mariadb,
                                 file=self.file, pos=self.pos, by_position=by_position)
         self._conn = conn
         batch: list[Change] = []
@@ -380,7 +386,9 @@ class Replicator:
         """The connection keeps being cut soon after it starts. MariaDB and MySQL serve one
         replica per server_id and cut the older connection when another registers with the
         same one: two replicas sharing it cut each other forever. Raises ServerIdInUse if
-        another replica is registered with ours now (ours was just cut, so it is not ours)."""
+        another replica is registered with ours now. A registration with our host and port
+        tag is ours: a connection of ours that we lost but the source did not notice yet (a
+        half-open or lossy link), which only the source's own timeouts end."""
         try:
             rows = self._control_query("SHOW SLAVE HOSTS")
         except (SourceError, pymysql.err.MySQLError, OSError) as denied:
@@ -393,7 +401,7 @@ class Replicator:
                 self._suspected = True
             return
         for row in rows:
-            if int(row[0]) == self.server_id:
+            if int(row[0]) == self.server_id and not self._ours(row):
                 where = f"{row[1]}:{row[2]}" if row[1] else "a host that did not report itself"
                 raise ServerIdInUse(
                     f"another replica ({where}) reads {self.address.describe()} with server_id "
@@ -402,6 +410,10 @@ class Replicator:
                     f"within {self.backoff.stable_after:.0f}s; last: {exc}). Give this "
                     "service a server_id of its own ([source] server_id, --server-id, "
                     "CDCSERVER_SOURCE_SERVER_ID) and start it again")
+
+    def _ours(self, row: tuple[Any, ...]) -> bool:
+        """Whether a SHOW SLAVE HOSTS row (Server_id, Host, Port, ...) is this replicator's."""
+        return str(row[1]) == self.report_host and int(row[2] or 0) == self.report_port
 
     def _with_retries(self, action):  # type: ignore[no-untyped-def]
         while True:
