@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import ssl
 import threading
 from dataclasses import dataclass
@@ -45,9 +46,25 @@ class Connection(pymysql.connections.Connection):
     _lock = threading.Lock()
 
     def connect(self, sock: Any = None) -> None:
+        if sock is None and not self.unix_socket:
+            sock = self._tcp_socket()
         super().connect(sock)
-        if self._sock is not None:
-            end_silent_peers(self._sock, DEAD_SOURCE_TIMEOUT)
+
+    def _tcp_socket(self) -> socket.socket:
+        """pymysql's TCP connection, with the dead-peer bound set before the handshake: a
+        source that vanished while it greeted (its host cut off, its network namespace
+        gone) was waited for for ever, holding the thread that asked."""
+        source = (self.bind_address, 0) if self.bind_address is not None else None
+        try:
+            sock = socket.create_connection((self.host, self.port), self.connect_timeout,
+                                            source_address=source)
+        except OSError as exc:
+            raise pymysql.err.OperationalError(
+                2003, f"Can't connect to MySQL server on {self.host!r} ({exc})") from exc
+        self.host_info = f"socket {self.host}:{self.port}"
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        end_silent_peers(sock, DEAD_SOURCE_TIMEOUT)
+        return sock
 
     def _create_ssl_ctx(self, sslp: Any) -> Any:
         if sslp != {}:

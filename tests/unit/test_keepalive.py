@@ -52,3 +52,35 @@ def test_the_client_librarys_connections_give_up_a_silent_server():
             conn.sock.close()
     assert got["keepalive"] == 1
     assert got["user_timeout_ms"] == DEAD_SERVER_TIMEOUT * 1000
+
+
+def test_a_source_connection_is_bounded_before_the_server_greets(monkeypatch):
+    """The bound must hold during pymysql's handshake too: a source that vanished while it
+    greeted held the lag monitor's thread for ever (its network namespace removed)."""
+    import pymysql
+
+    from cdcserver.core.config import SourceAddress
+    from cdcserver.core.errors import SourceUnavailable
+    from cdcserver.replication import source
+
+    bounded: list[int] = []
+    monkeypatch.setattr(source, "end_silent_peers",
+                        lambda sock, seconds: bounded.append(sock.fileno()))
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        address = SourceAddress(host="127.0.0.1", port=server.getsockname()[1], user="u",
+                                password="", connect_timeout=2.0)
+        accepted: list[socket.socket] = []
+
+        def hang_up() -> None:
+            peer, _ = server.accept()
+            assert bounded, "the handshake began before the bound was set"
+            accepted.append(peer)
+            peer.close()  # no greeting: pymysql fails the handshake
+
+        import threading
+        thread = threading.Thread(target=hang_up)
+        thread.start()
+        with pytest.raises((SourceUnavailable, pymysql.err.MySQLError)):
+            source.connect(address)
+        thread.join(5)
+    assert len(bounded) == 1 and accepted
