@@ -1,0 +1,345 @@
+"""The fault soak (issue 55, item 5), shared by ``bench/bench_faults.py`` and its short
+version in the suite (``tests/integration/test_fault_soak.py``).
+
+The differential chaos workload (``tests/chaos.py``: random migrations and row changes)
+runs against a MariaDB server in a network namespace of its own (``tests/netfault.py``),
+the service (``cdcserver run``, a process of its own) reading it over the namespace's link,
+while a seeded scheduler injects one fault after another:
+
+- ``service-kill``: the service killed with -9 and started again;
+- ``source-partition``: the link to the source drops every packet, both ways;
+- ``source-silent`` / ``service-silent``: a half-open link, one way dropped;
+- ``source-loss``: a share of the packets dropped at random;
+- ``source-kill``: MariaDB killed with -9, started again;
+- ``source-restart``: MariaDB stopped cleanly and started again.
+
+The workload goes on during the network faults (its statements use the server's Unix
+socket, which no fault touches). After each fault the soak times how long the service takes
+to apply everything the source logged (its recovery). A ledger table gets one row per step,
+numbered 1, 2, 3...; the client library's resuming client (``SyncCdcClient.stream``) tails it
+through every fault and restart, on the service's fixed port, and each number must arrive
+once, in order. At the end every table is rebuilt from its raw JSON stream and compared with
+``SELECT`` (``chaos.differences``, with the stream's before-images audited).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import random
+import statistics
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pymysql
+
+from cdcserver.app.embedded import EmbeddedMariaDB, free_port
+from mariadb_cdc_client import SyncCdcClient
+from mariadb_cdc_client.stream import ChangeRecord
+from tests import chaos
+from tests.netfault import Host
+
+KINDS = ("service-kill", "source-partition", "source-silent", "service-silent", "source-loss",
+         "source-kill", "source-restart")
+SOURCE_USER, SOURCE_PASSWORD = "cdc", "cdc-pw"  # root may log in over the Unix socket only
+RECOVERY_LIMIT = 180.0  # seconds after a fault's end before it counts as not recovered
+
+
+@dataclass
+class Figures:
+    seed: int
+    faults: Counter[str] = field(default_factory=Counter)
+    statements: int = 0
+    refused: int = 0
+    ledger_rows: int = 0
+    recoveries: dict[str, list[float]] = field(default_factory=dict)  # kind -> seconds
+    unrecovered: list[str] = field(default_factory=list)  # a fault the service never healed
+    exits: list[str] = field(default_factory=list)  # the service ended by itself
+    differences: dict[str, str] = field(default_factory=dict)
+    inconsistencies: Counter[str] = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+    duplicates: int = 0  # ledger rows the resuming client got more than once
+    gaps: int = 0  # ledger rows it never got
+    out_of_order: int = 0
+
+    @property
+    def exact(self) -> bool:
+        return not (self.exits or self.differences or self.inconsistencies or self.unrecovered
+                    or self.duplicates or self.gaps or self.out_of_order)
+
+    def recovery_seconds(self) -> list[float]:
+        return sorted(s for seconds in self.recoveries.values() for s in seconds)
+
+    def report(self) -> str:
+        times = self.recovery_seconds()
+        lines = [f"seed {self.seed}: {sum(self.faults.values())} faults {dict(self.faults)}, "
+                 f"{self.statements} statements ({self.refused} refused), "
+                 f"{len(self.exits)} exits, {len(self.unrecovered)} not recovered, "
+                 f"{len(self.differences)} tables differ, "
+                 f"{sum(self.inconsistencies.values())} stream inconsistencies, ledger "
+                 f"{self.ledger_rows} rows: {self.duplicates} duplicates, {self.gaps} gaps, "
+                 f"{self.out_of_order} out of order"]
+        if times:
+            lines.append(f"  recovery: p50 {percentile(times, 50):.1f} s, p99 "
+                         f"{percentile(times, 99):.1f} s, max {times[-1]:.1f} s")
+        lines += [f"  not recovered after: {u}" for u in self.unrecovered]
+        lines += [f"  exit: {e[-500:]}" for e in self.exits]
+        lines += [f"  {t}: {d}" for t, d in self.differences.items()]
+        lines += [f"  e.g. {e}" for e in self.examples[:5]]
+        return "\n".join(lines)
+
+
+def percentile(ordered: list[float], p: float) -> float:
+    if len(ordered) == 1:
+        return ordered[0]
+    return statistics.quantiles(ordered, n=100, method="inclusive")[int(p) - 1] \
+        if p < 100 else ordered[-1]
+
+
+class LedgerReader:
+    """The client library's resuming client, tailing the ledger in a thread of its own."""
+
+    def __init__(self, port: int, table: str, user: str, password: str) -> None:
+        self.ids: list[int] = []
+        self._client = SyncCdcClient("127.0.0.1", port, user, password, timeout=10.0,
+                                     retry_delays=(0.2, 0.5, 1, 2))
+        self._table = table
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ledger", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:  # one stream for the whole soak: the library reconnects and resumes it
+            for event in self._client.stream(self._table):
+                if self._stop.is_set():
+                    return
+                if isinstance(event, ChangeRecord) and event.event_type == "insert":
+                    self.ids.append(int(event.values["id"]))
+        except BaseException as exc:  # noqa: BLE001 - reported by the soak
+            self.error = exc
+
+    def until(self, count: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while len(set(self.ids)) < count and time.monotonic() < deadline:
+            if self.error is not None:
+                return False
+            time.sleep(0.1)
+        return len(set(self.ids)) >= count
+
+    def abandon(self) -> None:
+        """Stop without waiting (a daemon thread: gone with the process)."""
+        self._stop.set()
+
+    def stop(self, wake: Callable[[], None]) -> None:
+        """Stop at the next record, which ``wake`` makes."""
+        self._stop.set()
+        with contextlib.suppress(pymysql.err.MySQLError):
+            wake()
+        self._thread.join(30)
+
+
+class Soak:
+    def __init__(self, server: EmbeddedMariaDB, host: Host, database: str, data_dir: str,
+                 users_file: str, user: str, password: str, seed: int, log_path: str) -> None:
+        self.server, self.host, self.database = server, host, database
+        self.user, self.password = user, password
+        self.rng = random.Random(seed)
+        self.figures = Figures(seed)
+        self.port = free_port()
+        url = f"mysql://{SOURCE_USER}:{SOURCE_PASSWORD}@{host.address}:{server.port}"
+        args = chaos.service_args(url, data_dir, users_file, 6600 + seed % 1000)
+        args[args.index("127.0.0.1:0")] = f"127.0.0.1:{self.port}"  # the client's to resume
+        # a dead source noticed in 3 heartbeats of 1 s, as in the tests
+        self.service = chaos.Service([*args, "--heartbeat", "1"], log_path)
+        self.conn: Any = None
+        self.migrations: chaos.Migrations | None = None
+        self.ledger_next = 1
+
+    # -- the workload ----------------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        return self.server.connect(self.database)
+
+    def setup(self) -> None:
+        self.conn = self._connect()
+        self.migrations = chaos.Migrations(self.conn, self.database, self.figures.seed)
+        self.migrations.setup()
+        with self.conn.cursor() as cur:
+            cur.execute("CREATE TABLE _ledger (id INT PRIMARY KEY)")  # not drawn by chaos
+
+    def step(self) -> None:
+        assert self.migrations is not None
+        self.migrations.step()
+        self.ledger_row()
+
+    def ledger_row(self) -> None:
+        with self.conn.cursor() as cur:
+            cur.execute(f"INSERT INTO _ledger VALUES ({self.ledger_next})")
+        self.ledger_next += 1
+
+    def steps_for(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.step()
+
+    def _reconnected(self) -> None:
+        """After the source restarted: the workload's session again (its settings too)."""
+        assert self.migrations is not None
+        with contextlib.suppress(pymysql.err.MySQLError):
+            self.conn.close()
+        self.conn = self.migrations.conn = self._connect()
+        for sql in chaos.SESSION:
+            with self.conn.cursor() as cur:
+                cur.execute(sql)
+
+    # -- the faults --------------------------------------------------------------------
+
+    def inject(self, kind: str) -> None:
+        """One fault, from its start to its end (the workload going on where it can)."""
+        seconds = self.rng.uniform(2.0, 8.0)
+        if kind == "service-kill":
+            self.service.kill()
+            self.service.start()
+            self.service.wait_ready()
+        elif kind in ("source-partition", "source-silent", "service-silent", "source-loss"):
+            if kind == "source-partition":
+                self.host.partition()
+            elif kind == "source-loss":
+                self.host.lossy(self.rng.choice((10, 25, 40)))
+            else:  # the packets into the source's host dropped: the service goes unheard
+                self.host.half_open(inbound=kind == "service-silent")
+            try:
+                self.steps_for(seconds)
+            finally:
+                self.host.heal()
+        elif kind in ("source-kill", "source-restart"):
+            if kind == "source-kill":
+                self.server.kill()
+            else:
+                self.server.stop()
+            time.sleep(self.rng.uniform(0.0, 2.0))
+            self.server.start()
+            self._reconnected()
+        else:
+            raise ValueError(kind)
+        self.figures.faults[kind] += 1
+
+    def recovered(self) -> float | None:
+        """Seconds until the service applied everything the source logged (None: not
+        within RECOVERY_LIMIT)."""
+        started = time.monotonic()
+        if self.service.exited() is not None:
+            self.figures.exits.append(self.service.text()[-2000:])
+            self.service.start()
+            self.service.wait_ready()
+        if not chaos.caught_up(self.service, self.conn, RECOVERY_LIMIT):
+            return None
+        return time.monotonic() - started
+
+
+async def run(server: EmbeddedMariaDB, host: Host, database: str, data_dir: str,
+              users_file: str, user: str, password: str, *, seed: int, faults: int,
+              steps_between: tuple[int, int] = (10, 40), log_path: str,
+              kinds: tuple[str, ...] = KINDS, every_kind: bool = False,
+              progress: Callable[[str], None] | None = None) -> Figures:
+    """``faults`` faults drawn from ``kinds`` (seeded; with ``every_kind`` each kind once
+    first, in a seeded order), ``steps_between`` workload steps before each; then the
+    checks (see the module's description)."""
+    soak = Soak(server, host, database, data_dir, users_file, user, password, seed, log_path)
+    figures = soak.figures
+    await asyncio.to_thread(soak.setup)
+    soak.service.start()
+    await asyncio.to_thread(soak.service.wait_ready)
+    await asyncio.to_thread(soak.ledger_row)  # the ledger stored before its reader asks
+    if not await asyncio.to_thread(chaos.caught_up, soak.service, soak.conn, 120):
+        raise RuntimeError("the service did not catch up with the workload's setup")
+    ledger = LedgerReader(soak.port, f"{database}._ledger", user, password)
+    try:
+        first = soak.rng.sample(kinds, len(kinds)) if every_kind else []
+        for n in range(faults):
+            for _ in range(soak.rng.randint(*steps_between)):
+                await asyncio.to_thread(soak.step)
+            kind = first[n] if n < len(first) else soak.rng.choice(kinds)
+            await asyncio.to_thread(soak.inject, kind)
+            took = await asyncio.to_thread(soak.recovered)
+            if took is None:
+                figures.unrecovered.append(f"{kind} (fault {n + 1})")
+            else:
+                figures.recoveries.setdefault(kind, []).append(took)
+            if progress is not None and (n + 1) % 10 == 0:
+                progress(f"{n + 1} faults")
+        assert soak.migrations is not None
+        await asyncio.to_thread(soak.migrations.complete_prepared)
+        figures.statements = len(soak.migrations.log)
+        figures.refused = sum(1 for e in soak.migrations.log if e.error)
+        if not await asyncio.to_thread(chaos.settled, soak.service, soak.conn, 180):
+            figures.exits.append("did not settle: " + soak.service.text()[-2000:])
+        else:
+            audit = chaos.Outcome(seed)
+            figures.differences = await chaos.differences(soak.service.port, soak.conn,
+                                                          database, user, password, audit)
+            figures.inconsistencies = audit.inconsistencies
+            figures.examples = audit.inconsistency_examples
+        figures.ledger_rows = soak.ledger_next - 1
+        await asyncio.to_thread(ledger.until, figures.ledger_rows, 60)
+        if ledger.error is not None:
+            figures.exits.append(f"the resuming client failed: {ledger.error!r}")
+        ids = list(ledger.ids)
+        with soak.conn.cursor() as cur:
+            cur.execute("SELECT id FROM _ledger")
+            stored = {int(r[0]) for r in cur.fetchall()}
+        figures.duplicates = len(ids) - len(set(ids))
+        figures.gaps = len(stored - set(ids)) + len(set(ids) - stored)
+        figures.out_of_order = sum(1 for a, b in itertools.pairwise(ids) if b <= a)
+        await asyncio.to_thread(ledger.stop, soak.ledger_row)  # while the service serves
+        code = soak.service.stop()
+        if code != 0:
+            figures.exits.append(f"exit code {code} at the end: {soak.service.text()[-2000:]}")
+    finally:
+        ledger.abandon()
+        if soak.service.exited() is None:
+            soak.service.kill()
+        with contextlib.suppress(pymysql.err.MySQLError):
+            soak.conn.close()
+    return figures
+
+
+def source_in(host: Host, base_dir: str) -> EmbeddedMariaDB:
+    """A MariaDB server listening only inside ``host``, with the service's account."""
+    server = EmbeddedMariaDB(base_dir, port=3306, host=host.address, launcher=host.launcher,
+                             die_with_parent=True)
+    server.start()
+    server.execute(f"CREATE USER IF NOT EXISTS {SOURCE_USER} IDENTIFIED BY '{SOURCE_PASSWORD}'",
+                   f"GRANT ALL ON *.* TO {SOURCE_USER}")
+    return server
+
+
+def describe(figures: Figures) -> list[tuple[str, str]]:
+    """The soak's figures as (label, value) lines."""
+    times = figures.recovery_seconds()
+    rows = [("faults injected", f"{sum(figures.faults.values()):,}")]
+    rows += [(f"  {kind}", f"{count:,}") for kind, count in sorted(figures.faults.items())]
+    rows += [("statements (refused by the source)", f"{figures.statements:,} "
+                                                    f"({figures.refused:,})"),
+             ("exits of the service by itself (goal 0)", f"{len(figures.exits)}"),
+             ("faults not recovered from within 180 s (goal 0)", f"{len(figures.unrecovered)}"),
+             ("tables different from SELECT (goal 0)", f"{len(figures.differences)}"),
+             ("stream inconsistencies (goal 0)", f"{sum(figures.inconsistencies.values())}"),
+             ("resuming client: ledger rows", f"{figures.ledger_rows:,}"),
+             ("  duplicates, gaps, out of order (goal 0)",
+              f"{figures.duplicates}, {figures.gaps}, {figures.out_of_order}")]
+    if times:
+        rows.append(("recovery after a fault ends: p50 / p99 / max (s)",
+                     f"{percentile(times, 50):.1f} / {percentile(times, 99):.1f} / "
+                     f"{times[-1]:.1f}"))
+        for kind, seconds in sorted(figures.recoveries.items()):
+            seconds = sorted(seconds)
+            rows.append((f"  {kind}: p50 / max (s)",
+                         f"{percentile(seconds, 50):.1f} / {seconds[-1]:.1f}"))
+    return rows
