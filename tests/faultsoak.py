@@ -48,6 +48,7 @@ KINDS = ("service-kill", "source-partition", "source-silent", "service-silent", 
          "source-kill", "source-restart")
 SOURCE_USER, SOURCE_PASSWORD = "cdc", "cdc-pw"  # root may log in over the Unix socket only
 RECOVERY_LIMIT = 180.0  # seconds after a fault's end before it counts as not recovered
+HELD = 10.0  # seconds: a workload step the source held longer is counted
 
 
 @dataclass
@@ -66,6 +67,8 @@ class Figures:
     duplicates: int = 0  # ledger rows the resuming client got more than once
     gaps: int = 0  # ledger rows it never got
     out_of_order: int = 0
+    held_steps: int = 0  # workload steps the source held over HELD seconds during a fault
+    slowest_step: float = 0.0
 
     @property
     def exact(self) -> bool:
@@ -183,10 +186,19 @@ class Soak:
             cur.execute(f"INSERT INTO _ledger VALUES ({self.ledger_next})")
         self.ledger_next += 1
 
-    def steps_for(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            self.step()
+    def timed_step(self) -> None:
+        """A step, noting how long the source held it (a lock the service's session held
+        when it was cut off holds the application's statement until the source lets go)."""
+        started = time.monotonic()
+        self.step()
+        took = time.monotonic() - started
+        self.figures.slowest_step = max(self.figures.slowest_step, took)
+        if took > HELD:
+            self.figures.held_steps += 1
+
+    def _steps_until(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.timed_step()
 
     def _reconnected(self) -> None:
         """After the source restarted: the workload's session again (its settings too)."""
@@ -214,10 +226,18 @@ class Soak:
                 self.host.lossy(self.rng.choice((10, 25, 40)))
             else:  # the packets into the source's host dropped: the service goes unheard
                 self.host.half_open(inbound=kind == "service-silent")
-            try:
-                self.steps_for(seconds)
-            finally:
-                self.host.heal()
+            # the workload in a thread of its own: the fault ends on time even when the
+            # source holds a statement meanwhile
+            stop = threading.Event()
+            workload = threading.Thread(target=self._steps_until, args=(stop,), daemon=True)
+            workload.start()
+            time.sleep(seconds)
+            self.host.heal()
+            stop.set()
+            workload.join(RECOVERY_LIMIT)
+            if workload.is_alive():
+                raise RuntimeError(f"a statement stayed held {RECOVERY_LIMIT:.0f} s after "
+                                   f"the {kind} ended")
         elif kind in ("source-kill", "source-restart"):
             if kind == "source-kill":
                 self.server.kill()
@@ -331,6 +351,8 @@ def describe(figures: Figures) -> list[tuple[str, str]]:
              ("faults not recovered from within 180 s (goal 0)", f"{len(figures.unrecovered)}"),
              ("tables different from SELECT (goal 0)", f"{len(figures.differences)}"),
              ("stream inconsistencies (goal 0)", f"{sum(figures.inconsistencies.values())}"),
+             (f"workload steps held over {HELD:.0f} s during a fault; the longest (s)",
+              f"{figures.held_steps}; {figures.slowest_step:.1f}"),
              ("resuming client: ledger rows", f"{figures.ledger_rows:,}"),
              ("  duplicates, gaps, out of order (goal 0)",
               f"{figures.duplicates}, {figures.gaps}, {figures.out_of_order}")]

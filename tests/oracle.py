@@ -464,3 +464,17 @@ async def assert_stream_equals_table(port: int, conn: Any, database: str, table:
                          await asyncio.to_thread(null_by_default, conn, database, table))
     assert comparison.equal, f"{database}.{table}: {comparison}"
     return rebuilt
+
+
+async def assert_each_change_once(port: int, conn: Any, database: str, table: str, *,
+                                  user: str, password: str, label: str = "") -> Rebuilt:
+    """:func:`assert_stream_equals_table`, and no change streamed twice (by its GTID and
+    event number) and no before-image untrue: what a fault test asks after the fault."""
+    rebuilt = await assert_stream_equals_table(port, conn, database, table, user=user,
+                                               password=password)
+    seen = Counter((r["domain"], r["server_id"], r["sequence"], r["event_number"])
+                   for r in rebuilt.records)
+    twice = [k for k, n in seen.items() if n > 1]
+    assert not twice, f"{label}{database}.{table}: changes streamed twice: {twice[:5]}"
+    assert not rebuilt.inconsistencies, f"{label}{database}.{table}: {rebuilt.examples}"
+    return rebuilt

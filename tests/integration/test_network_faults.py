@@ -19,7 +19,6 @@ import random
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -28,7 +27,7 @@ from cdcserver.app.embedded import EmbeddedMariaDB
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import PASSWORD, USER
 from tests.netfault import Host
-from tests.oracle import assert_stream_equals_table, read_stream
+from tests.oracle import assert_each_change_once, read_stream
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -115,18 +114,12 @@ class Writer:
 
 
 async def _assert_whole(running: RunningService, source: Source, writer: Writer) -> None:
-    """The stream rebuilt equals the table, and no change came twice."""
     conn = source.server.connect()
     try:
-        rebuilt = await assert_stream_equals_table(running.port, conn, DB, "t", user=USER,
-                                                   password=PASSWORD)
+        await assert_each_change_once(running.port, conn, DB, "t", user=USER,
+                                      password=PASSWORD, label=f"seed {writer.seed}: ")
     finally:
         conn.close()
-    seen = Counter((r["domain"], r["server_id"], r["sequence"], r["event_number"])
-                   for r in rebuilt.records)
-    twice = [k for k, n in seen.items() if n > 1]
-    assert not twice, f"seed {writer.seed}: changes streamed twice: {twice[:5]}"
-    assert not rebuilt.inconsistencies, f"seed {writer.seed}: {rebuilt.examples}"
 
 
 async def _recovered(running: RunningService, source: Source) -> float:
@@ -171,7 +164,7 @@ async def test_a_partition_from_the_source_is_noticed_and_healed_by_itself(
         while running.service.replication.runner.stats().connected:
             assert time.monotonic() < deadline, "a dead source connection went unnoticed"
             await asyncio.sleep(0.1)
-        # while cut off: what was stored is served, and the service says what is wrong
+        # while cut off: what was stored is served
         served = await read_stream(running.port, f"{DB}.t", user=USER, password=PASSWORD)
         assert len(served) == stored
         await asyncio.sleep(max(0.0, seconds - (4 * HEARTBEAT + 2) - 10))
