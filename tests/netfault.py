@@ -25,7 +25,7 @@ import ipaddress
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 
@@ -166,9 +166,3 @@ def _remove_leftovers() -> None:
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
             with contextlib.suppress(subprocess.CalledProcessError):
                 _ip("netns", "del", name)
-
-
-@contextlib.contextmanager
-def host() -> Iterator[Host]:
-    with Host() as made:
-        yield made
