@@ -162,10 +162,9 @@ def _demo_command(commands: Any) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     config = cfg.Config.load(args.config, cfg.overrides_from_args(args))
     logs.setup(config.log.level, config.log.format)
-    from cdcserver.app.service import Service
+    from cdcserver.app import recovering
 
-    service = Service(config)
-    return run_until_signalled(lambda stop: service.run(stop))
+    return run_until_signalled(lambda stop: recovering.serve(config, stop))
 
 
 # -- check -----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import random
 import secrets
 import socket
 
+from cdcserver.app import recovering
 from cdcserver.app.embedded import EmbeddedMariaDB, ensure_mariadb_installed
 from cdcserver.app.process import run_until_signalled
 from cdcserver.app.service import Service
@@ -89,14 +90,15 @@ def run_demo(directory: str, listen: str, mariadb_port: int, trickle: float) -> 
 
 async def _serve(config: Config, db: EmbeddedMariaDB, trickle: float,
                  stop: asyncio.Event) -> None:
-    service = Service(config)
     helpers: list[asyncio.Task[None]] = []
 
-    def started(running: Service) -> None:
+    def started(running: Service) -> None:  # again after a start over (a failed disk)
+        for task in helpers:
+            task.cancel()
         helpers.append(asyncio.create_task(_announce(running, db, trickle)))
 
     try:
-        await service.run(stop, started=started)
+        await recovering.serve(config, stop, started=started)
     finally:
         for task in helpers:
             task.cancel()

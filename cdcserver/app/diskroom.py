@@ -1,5 +1,6 @@
-"""Waiting for room in a full data directory: the file system sends no event for "space was
-freed", so a probe write is tried again until it fits."""
+"""Waiting for room in a full data directory, or for a failed disk to work again: the file
+system sends no event for "space was freed" or "the disk is back", so a probe write is tried
+again until it fits (and, for a failed disk, is synced)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ ROOM_NEEDED = 16 << 20  # bytes a probe write must fit before replication resume
 async def until_room(probe: str, every: float) -> None:
     """Until ``ROOM_NEEDED`` bytes can be written at ``probe`` (tried every ``every`` s)."""
     await _poll(lambda: _room_for(probe, ROOM_NEEDED), every)
+
+
+async def until_writable(probe: str, every: float) -> None:
+    """Until a write and an fsync at ``probe`` work (tried every ``every`` s)."""
+    await _poll(lambda: _writes_and_syncs(probe), every)
 
 
 async def _poll(check: Callable[[], bool], every: float) -> None:
@@ -33,6 +39,24 @@ def _room_for(probe: str, size: int) -> bool:
         return False
     try:
         os.posix_fallocate(fd, 0, size)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+
+
+def _writes_and_syncs(probe: str) -> bool:
+    """Whether a small file can be written and synced beside the data (then removed)."""
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError:
+        return False
+    try:
+        os.write(fd, b"\0" * 4096)
+        os.fsync(fd)
         return True
     except OSError:
         return False

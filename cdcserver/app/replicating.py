@@ -90,7 +90,7 @@ class Replication:
                 await asyncio.wait_for(asyncio.shield(task), timeout=FINISH_TIMEOUT)
             except TimeoutError:
                 await _cancelled(task)
-        if not self.runner.repair_pending():
+        if not self.runner.repair_pending() and not self._store.damaged:
             # (a repair not yet out: the checkpoint must stay before the change it repairs,
             # so that the next start reads the change, and repairs it, again)
             await self._store.flush()

@@ -6,7 +6,10 @@ the source does not answer (:mod:`cdcserver.app.firstsource`); opens every sink;
 replicator and a pipeline from the earliest sink checkpoint until the stream ends or fails. A
 full data directory pauses it: every sink drops its open transaction, and once a probe write
 fits again (:mod:`cdcserver.app.diskroom`) replication starts over from what the sinks
-applied. What it is doing (:class:`State`) is readable at any time from :meth:`stats`.
+applied. A failed disk pauses it too; once a write and an fsync work there again, run()
+raises :class:`StoreDamaged` and the service starts over from its checkpoint
+(:mod:`cdcserver.app.recovering`). What it is doing (:class:`State`) is readable at any
+time from :meth:`stats`.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ import contextlib
 import enum
 import json
 import logging
+import sqlite3
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from cdcserver.app.diskroom import until_room
+from cdcserver.app.diskroom import until_room, until_writable
 from cdcserver.app.firstsource import choose_source, retrying
 from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.changes import Abort
@@ -33,6 +37,8 @@ from cdcserver.core.errors import (
     ServerIdInUse,
     SinkRewound,
     SourceUnavailable,
+    StoreDamaged,
+    StoreError,
 )
 from cdcserver.core.gtid import BinlogPosition, GtidState
 from cdcserver.core.handoff import Handoff
@@ -50,7 +56,7 @@ from cdcserver.schema.history import SchemaHistory
 from cdcserver.sinks.base import Sink, SourceInfo, ordered
 from cdcserver.sinks.pipeline import Applied, Pipeline, start_position
 from cdcserver.store.catalog import Catalog
-from cdcserver.store.faults import DISK_FULL_ERRNOS
+from cdcserver.store.faults import disk_failed, disk_full
 from cdcserver.store.layout import DataDir
 
 log = logging.getLogger(__name__)
@@ -215,8 +221,12 @@ class ReplicationRunner:
                 log.warning("replication starts over from the checkpoints: %s", exc)
                 if self._halted.is_set():
                     return
-            except (DiskFull, OSError) as exc:
-                if isinstance(exc, OSError) and exc.errno not in DISK_FULL_ERRNOS:
+            except (StoreError, OSError, sqlite3.Error) as exc:
+                if disk_failed(exc):
+                    await self._pause_until_writable(exc)
+                    raise exc if isinstance(exc, StoreDamaged) else StoreDamaged(
+                        f"{self.data_dir.root}: {exc}") from exc
+                if not disk_full(exc):
                     raise
                 await self._pause_until_room(exc)
             except SourceUnavailable as exc:  # a repair could not reach the source
@@ -360,3 +370,27 @@ class ReplicationRunner:
                 continue
         log.warning("the data directory has room again: resuming replication")
         self._enter(State.REPLICATING)
+
+    async def _pause_until_writable(self, cause: Exception) -> None:
+        """The data directory's disk failed: every sink drops its open transaction, and
+        once a write and an fsync work there again, :meth:`run` raises
+        :class:`StoreDamaged` for the service to start over from its checkpoint. The
+        listener serves meanwhile; ``/health`` and ``/ready`` say why."""
+        self._enter(State.PAUSED, f"replication paused: the data directory's disk failed "
+                                  f"({cause}); the service starts over from its checkpoint "
+                                  "once it takes a write and an fsync again")
+        log.error("%s", self.paused)
+        for sink in ordered(self.sinks):
+            with contextlib.suppress(Exception):
+                await sink.apply([Abort("the data directory's disk failed")])
+        halted = asyncio.ensure_future(self._halted.wait())
+        writable = asyncio.ensure_future(until_writable(self.data_dir.room_probe,
+                                                        self.disk_full_retry))
+        try:
+            await asyncio.wait({halted, writable}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            halted.cancel()
+            writable.cancel()
+        if not self._halted.is_set():
+            log.warning("the data directory takes writes again: the service starts over "
+                        "from its checkpoint")

@@ -129,7 +129,9 @@ class StoreConfig:
     flush_interval: float = option(0.2, "seconds between checkpoints (fsync + checkpoint file)",
                                    cli="--flush-interval", check=positive)
     disk_full_retry: float = option(5.0, "seconds between checks for room while replication "
-                                         "is paused by a full data directory", check=positive)
+                                         "is paused by a full data directory (or for a write "
+                                         "and an fsync to work on a failed disk)",
+                                   check=positive)
 
 
 @dataclass(frozen=True)

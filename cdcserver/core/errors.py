@@ -78,6 +78,15 @@ class DiskFull(StoreError):
     retriable = True
 
 
+class StoreDamaged(StoreError):
+    """The data directory's disk failed under the store: an I/O error, a file system turned
+    read-only, a failed fsync. What the store wrote since its checkpoint may not be on disk
+    (after a failed fsync the kernel may have dropped the pages, and a later fsync would
+    "succeed" without them), so the store writes nothing more, no checkpoint above all. Once
+    the directory takes a write and an fsync again, the service starts over from its
+    checkpoint, as after a restart (:mod:`cdcserver.app.recovering`)."""
+
+
 class SinkRewound(CdcError):
     """A sink lost what it had not committed (a Kafka transaction aborted) and stands again at
     its last commit: replication starts over from the sinks' checkpoints, at once."""

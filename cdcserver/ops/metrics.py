@@ -173,7 +173,7 @@ def _replication(r: ReplicationStats, lag: Lag | None) -> Iterator[Any]:
     yield _gauge("cdc_sources_refused", "sources that cannot continue the stream, as last "
                  "examined (while the one being read is lost)", len(r.refused))
     yield _gauge("cdc_replication_paused", "1 while replication waits for room in the "
-                 "data directory", 1 if r.paused else 0)
+                 "data directory, or for its failed disk to work again", 1 if r.paused else 0)
     yield _gauge("cdc_replication_lag_seconds", "age of the newest applied commit while "
                  "the source has transactions not applied yet (0 when caught up)",
                  _nan_if_none(lag.seconds if lag else None))

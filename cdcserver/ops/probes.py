@@ -10,7 +10,8 @@ full, is live: it serves what it stored, and a restart changes neither.
 *Ready*: it replicates (connected to a source) and its lag is within :data:`MAX_LAG`: what
 a client reads from it is recent. Not ready, the answer says why in one ``reason`` code and a
 ``message`` for a person; the first that applies, in this order: ``stopping``, ``stopped``
-(the binlog it needs was purged), ``paused`` (the data directory is full), ``starting``
+(the binlog it needs was purged), ``paused`` (the data directory is full, or its disk
+failed and the service waits to start over from its checkpoint), ``starting``
 (checking the source, or waiting for it), ``no-source`` (no source can continue the stream),
 ``disconnected`` (reconnecting), ``lag-unknown`` (the lag probe has no answer from the
 source), ``catching-up`` (behind, with nothing applied yet: the lag's age is unknown),

@@ -11,12 +11,12 @@ from __future__ import annotations
 import sqlite3
 
 from cdcserver.core.durable import fsync_dir
-from cdcserver.core.errors import DiskFull, StoreError
+from cdcserver.core.errors import DiskFull, StoreDamaged
 from cdcserver.core.names import TableName
 from cdcserver.store.avrofile import VersionFileWriter
 from cdcserver.store.catalog import TableEntry
 from cdcserver.store.checkpoint import Checkpoint, CheckpointWriter, TableMark
-from cdcserver.store.faults import DISK_FULL_ERRNOS
+from cdcserver.store.faults import disk_failed, disk_full
 from cdcserver.store.index import StoreIndex
 
 
@@ -24,29 +24,34 @@ def make_durable(data_dir: str, dirty: list[VersionFileWriter], new_files_in: st
                  index: StoreIndex, checkpoints: CheckpointWriter, checkpoint: Checkpoint,
                  marks: dict[TableName, TableMark | None]) -> None:
     """Fsync the ``dirty`` writers (and ``new_files_in``, the directory that has new files),
-    persist the index, write the checkpoint. A full disk is :class:`DiskFull`."""
+    persist the index, write the checkpoint. A full disk is :class:`DiskFull`; a failing one
+    (any failed fsync, an I/O error, a read-only file system) :class:`StoreDamaged`."""
     for writer in dirty:
         try:
             writer.fsync()
         except OSError as exc:
             # After a failed fsync the kernel may have dropped the pages: retrying could
-            # "succeed" without the data. Stop; a restart recovers from the checkpoint.
-            raise StoreError(f"fsync of {writer.path} failed ({exc.strerror}); restart "
-                             "the service to recover from the checkpoint") from exc
-    if new_files_in is not None:
-        fsync_dir(new_files_in)
+            # "succeed" without the data. No checkpoint may follow; the service starts
+            # over from the last one.
+            raise StoreDamaged(f"fsync of {writer.path} failed ({exc.strerror})") from exc
     try:
+        if new_files_in is not None:
+            fsync_dir(new_files_in)
         index.persist()
         checkpoints.write(checkpoint, marks)
-    except OSError as exc:
-        if exc.errno not in DISK_FULL_ERRNOS:
-            raise
-        raise DiskFull(f"{data_dir}: {exc.strerror}; checkpoint not written") from exc
-    except sqlite3.OperationalError as exc:
-        if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_FULL:
-            raise
-        raise DiskFull(f"{data_dir}: the index's disk is full; checkpoint not "
-                       "written") from exc
+    except (OSError, sqlite3.Error) as exc:
+        raise _disk_fault(data_dir, exc) from exc
+
+
+def _disk_fault(data_dir: str, exc: OSError | sqlite3.Error) -> Exception:
+    """What a failed index or checkpoint write means: a full disk, a failing one, or (any
+    other error) itself."""
+    what = exc.strerror if isinstance(exc, OSError) else str(exc)
+    if disk_full(exc):
+        return DiskFull(f"{data_dir}: {what}; checkpoint not written")
+    if disk_failed(exc):
+        return StoreDamaged(f"{data_dir}: {what}; checkpoint not written")
+    return exc
 
 
 def table_mark(entry: TableEntry | None) -> TableMark | None:

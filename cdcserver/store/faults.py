@@ -3,16 +3,24 @@
 A change the store cannot write for one table (a value its encoder refuses, rows that do not
 decode, a file of its own that cannot be created) quarantines that table and every other goes
 on; a full or failing disk, a store in a state it does not know, stops the store.
+
+A full disk (:func:`disk_full`) pauses replication until there is room; a failing one
+(:func:`disk_failed`: an I/O error, a read-only file system) cannot be trusted with what was
+written since the checkpoint, and the service starts over from it once the disk works.
 """
 
 from __future__ import annotations
 
 import errno
+import sqlite3
 import struct
 
-from cdcserver.core.errors import StoreError, UndecodableEvent
+from cdcserver.core.errors import DiskFull, StoreDamaged, StoreError, UndecodableEvent
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+DISK_FAILED_ERRNOS = (errno.EIO, errno.EROFS)
+_SQLITE_FULL = (sqlite3.SQLITE_FULL,)
+_SQLITE_FAILED = (sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY)
 # What writing one table's change can raise that concerns that table only: a value its
 # encoder does not take, rows that do not decode, a file of its own that cannot be created or
 # written (a name, a permission). Not a full or failing disk, which every table shares.
@@ -33,3 +41,28 @@ def concerns_one_table(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno in _SHARED_ERRNOS:
         return False
     return not isinstance(exc, StoreError) or isinstance(exc, TableFault)
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) says the data directory is full."""
+    return _caused_by(exc, DiskFull, DISK_FULL_ERRNOS, _SQLITE_FULL)
+
+
+def disk_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) says the data directory's disk failed: an
+    I/O error, a file system turned read-only (SQLite's index says the same in its codes)."""
+    return _caused_by(exc, StoreDamaged, DISK_FAILED_ERRNOS, _SQLITE_FAILED)
+
+
+def _caused_by(exc: BaseException | None, kind: type[StoreError], errnos: tuple[int, ...],
+               sqlite_codes: tuple[int, ...]) -> bool:
+    while exc is not None:
+        if isinstance(exc, kind):
+            return True
+        if isinstance(exc, OSError) and exc.errno in errnos:
+            return True
+        code = getattr(exc, "sqlite_errorcode", None)
+        if isinstance(exc, sqlite3.Error) and code is not None and code & 0xFF in sqlite_codes:
+            return True
+        exc = exc.__cause__
+    return False

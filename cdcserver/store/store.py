@@ -13,7 +13,9 @@ persists the index, and only then writes the checkpoint (binlog position + newes
 committed size per table). ``open()`` repairs the directory back to the checkpoint, so a
 ``kill -9`` at any instant loses nothing and duplicates nothing: the binlog is replayed from
 the checkpoint and produces the same bytes again. (The flush's part in a thread is
-:mod:`cdcserver.store.durability`.)
+:mod:`cdcserver.store.durability`.) A disk that fails under it (an ``EIO``, a read-only file
+system, a failed fsync) leaves the store *damaged*: it writes nothing more, no checkpoint
+above all, and the service starts over from the checkpoint (:mod:`cdcserver.app.recovering`).
 
 **One table's problem is that table's.** A change the store cannot write for a table (a value
 its encoder refuses, a file it cannot create, rows that do not decode) quarantines the table
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -36,7 +39,7 @@ from typing import Any
 
 from cdcserver.core.changes import Abort, Begin, Change, Commit, Ddl, Quarantine, Release, Rows
 from cdcserver.core.durable import outlast
-from cdcserver.core.errors import DiskFull, StoreError
+from cdcserver.core.errors import DiskFull, StoreDamaged, StoreError
 from cdcserver.core.gtid import BinlogPosition
 from cdcserver.core.names import TableName
 from cdcserver.store import checkpoint as ckpt
@@ -46,7 +49,12 @@ from cdcserver.store.catalog import Catalog
 from cdcserver.store.checkpoint import Checkpoint, Quarantined
 from cdcserver.store.durability import make_durable, table_mark
 from cdcserver.store.encoder import record_head
-from cdcserver.store.faults import DISK_FULL_ERRNOS, TABLE_FAULTS, concerns_one_table
+from cdcserver.store.faults import (
+    DISK_FULL_ERRNOS,
+    TABLE_FAULTS,
+    concerns_one_table,
+    disk_failed,
+)
 from cdcserver.store.index import StoreIndex
 from cdcserver.store.layout import DataDir
 from cdcserver.store.transactionlog import TransactionInfo
@@ -96,6 +104,7 @@ class AvroStore:
         self.quarantined: dict[TableName, Quarantined] = {}  # restored from the checkpoint
         self._lock_fd = -1
         self._flush_lock = asyncio.Lock()
+        self.damaged = ""  # why the disk cannot be trusted since the checkpoint (StoreDamaged)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -146,13 +155,29 @@ class AvroStore:
         self.apply_now(changes)
 
     def apply_now(self, changes: list[Change]) -> None:
+        self._refuse_if_damaged()
         try:
             self._apply(changes)
-        except OSError as exc:
-            if exc.errno not in DISK_FULL_ERRNOS:
+        except (OSError, sqlite3.Error) as exc:
+            if disk_failed(exc):
+                raise self._damaged_by(exc) from exc
+            if not isinstance(exc, OSError) or exc.errno not in DISK_FULL_ERRNOS:
                 raise
             self.abort(Abort("the data directory is full"))
             raise DiskFull(f"{self.data_dir}: {exc.strerror}") from exc
+
+    def _damaged_by(self, exc: BaseException) -> StoreDamaged:
+        """From now on the store writes nothing (see :class:`StoreDamaged`)."""
+        if not self.damaged:
+            what = exc.strerror if isinstance(exc, OSError) else str(exc)
+            self.damaged = f"{self.data_dir}: {what}" if not isinstance(
+                exc, StoreDamaged) else str(exc)
+        return exc if isinstance(exc, StoreDamaged) else StoreDamaged(self.damaged)
+
+    def _refuse_if_damaged(self) -> None:
+        if self.damaged:
+            raise StoreDamaged(f"{self.damaged} (the store writes nothing more until the "
+                               "service starts over from its checkpoint)")
 
     def _apply(self, changes: list[Change]) -> None:
         for change in changes:
@@ -320,12 +345,19 @@ class AvroStore:
         repair waits). A start drops the entries past its checkpoint (``recovery``), and
         the entries do not pile up in memory with every transaction meanwhile."""
         async with self._flush_lock:
+            self._refuse_if_damaged()
             if self.index is not None:
-                await asyncio.to_thread(self.index.persist)
+                try:
+                    await asyncio.to_thread(self.index.persist)
+                except (OSError, sqlite3.Error) as exc:
+                    if disk_failed(exc):
+                        raise self._damaged_by(exc) from exc
+                    raise
 
     async def flush(self) -> BinlogPosition | None:
         """Make everything committed so far durable, then write the checkpoint."""
         async with self._flush_lock:
+            self._refuse_if_damaged()
             position = self.position
             if position is None or position == self.durable:
                 return self.durable
@@ -352,10 +384,10 @@ class AvroStore:
                 # that retries failures would never stop).
                 await outlast(work)
                 if work.exception() is not None:
-                    self._not_durable(dirty, new_files, changed)
+                    self._not_durable(dirty, new_files, changed, work.exception())
                 raise
-            except BaseException:
-                self._not_durable(dirty, new_files, changed)
+            except BaseException as exc:
+                self._not_durable(dirty, new_files, changed, exc)
                 raise
             self.durable = position
             if self.position == position:
@@ -387,7 +419,9 @@ class AvroStore:
         return 0.0 if since is None else time.monotonic() - since
 
     def _not_durable(self, dirty: list[VersionFileWriter], new_files: bool,
-                     changed: set[TableName]) -> None:
+                     changed: set[TableName], exc: BaseException | None) -> None:
+        if exc is not None and disk_failed(exc):
+            self._damaged_by(exc)
         for writer in dirty:  # still not known to be on disk
             writer.dirty = True
         self.versions.new_files |= new_files
