@@ -555,9 +555,11 @@ class Service:
     LISTENING = re.compile(r"cdcserver\.protocol\.server: listening on [\d.]+:(\d+)")
     MONITORING = re.compile(r"metrics and health on http://[\d.]+:(\d+)/metrics")
 
-    def __init__(self, args: list[str], log_path: str) -> None:
+    def __init__(self, args: list[str], log_path: str, env: dict[str, str] | None = None
+                 ) -> None:
         self.args = args
         self.log_path = log_path
+        self.env = env  # (None: this process's)
         self.process: subprocess.Popen[bytes] | None = None
         self.port = self.metrics_port = 0
         self._offset = 0  # where the log of the latest start begins
@@ -571,7 +573,7 @@ class Service:
             # (killed with this process, however it ends: a test killed at its timeout
             # leaves no service behind; start it from a thread that lasts, as run() does)
             self.process = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=log,
-                                            preexec_fn=die_with_parent)
+                                            preexec_fn=die_with_parent, env=self.env)
 
     def text(self, since_start: bool = True) -> str:
         """The log since the latest start, or (``since_start`` False) since the first."""

@@ -42,6 +42,11 @@ from tests.helpers import JVM_OPTIONS, PASSWORD, USER
 _server_ids = itertools.count(5000)
 
 
+def next_server_id() -> int:
+    """A server_id no other service of this test session replicates with."""
+    return next(_server_ids)
+
+
 @pytest.fixture(scope="session")
 def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedMariaDB]:
     server = EmbeddedMariaDB(str(tmp_path_factory.mktemp("mariadb")), port=0)
@@ -200,7 +205,7 @@ def _root_logger_restored() -> Iterator[None]:
 
 def make_config(data_dir: str, source_url: str, users: str, **sections: dict[str, object]
                 ) -> Config:
-    source_cfg = dict(url=source_url, server_id=next(_server_ids), start_gtid="oldest",
+    source_cfg = dict(url=source_url, server_id=next_server_id(), start_gtid="oldest",
                       heartbeat=1.0)
     source_cfg.update(sections.get("source", {}))
     store_cfg: dict[str, object] = dict(data_dir=data_dir, flush_interval=0.05)

@@ -1,0 +1,221 @@
+"""The data directory's disk fails under the service (issue 55, items 1 and 4): an ``EIO`` on
+write, an ``EIO`` on fsync, the file system turned read-only, and fsyncs that take seconds.
+
+The service runs as a process of its own (``cdcserver run``) with ``tests/diskfault``'s shim
+preloaded, which fails its file calls under the data directory on the test's word; the version
+files, SQLite's index and the checkpoint alike. A failing disk must pause replication with one
+line in the log and ``/health`` saying why, leave the listener serving what is stored, and
+once the disk works, start the service over from its checkpoint by itself: the table rebuilt
+from the stream by ``tests/oracle.py`` (no code shared with the service) equals ``SELECT``,
+and no change comes twice. A slow disk must slow the service without a checkpoint ever
+covering bytes not yet synced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import fastavro
+import pytest
+
+from cdcserver.app.embedded import free_port
+from cdcserver.store import checkpoint as ckpt
+from cdcserver.store.layout import DataDir
+from cdcserver.store.naming import version_file
+from tests import chaos
+from tests.conftest import Source, next_server_id
+from tests.diskfault import DiskFaults
+from tests.helpers import PASSWORD, USER, RawClient
+from tests.oracle import assert_each_change_once
+
+pytestmark = [pytest.mark.mariadb, pytest.mark.slow, pytest.mark.timeout(300)]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PAUSED = "replication paused: the data directory's disk failed"
+
+
+@pytest.fixture
+def disk(tmp_path) -> DiskFaults:
+    return DiskFaults(str(tmp_path / "data"), str(tmp_path))
+
+
+@pytest.fixture
+def service(tmp_path, source: Source, users_file: str, disk: DiskFaults
+            ) -> Iterator[chaos.Service]:
+    # the listener on "any free port": a start over keeps the port it got
+    args = chaos.service_args(source.url, disk.directory, users_file, next_server_id())
+    args[args.index("--metrics-listen") + 1] = f"127.0.0.1:{free_port()}"
+    running = chaos.Service(args, str(tmp_path / "service.log"), env=disk.env())
+    running.start()
+    running.wait_ready()
+    yield running
+    if running.exited() is None:
+        running.kill()
+
+
+class Writer:
+    """Row changes, one transaction each, in a thread until stopped: inserts, updates of
+    what was inserted, deletes, so before-images are checked too."""
+
+    def __init__(self, source: Source, first: int) -> None:
+        self.conn = source.server.connect(source.database)
+        self.next = first
+        self.stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with self.conn.cursor() as cur:
+            while not self.stopped.is_set():
+                n = self.next
+                cur.execute("INSERT INTO t VALUES (%s, REPEAT('x', 2000))", (n,))
+                cur.execute("UPDATE t SET body = CONCAT('u', body) WHERE id = %s", (n - 3,))
+                if n % 5 == 0:
+                    cur.execute("DELETE FROM t WHERE id = %s", (n - 7,))
+                self.next += 1
+                time.sleep(0.005)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self._thread.join(30)
+        self.conn.close()
+
+
+def _table(source: Source, rows: int) -> None:
+    source.execute(f"CREATE TABLE `{source.database}`.t (id INT PRIMARY KEY, body TEXT)",
+                   *(f"INSERT INTO `{source.database}`.t VALUES ({i}, 'before')"
+                     for i in range(1, rows + 1)))
+
+
+def _until(check: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout:.0f} s: {what}")
+
+
+def _paused_for(service: chaos.Service) -> str:
+    return next((p for p in service.health().get("problems", []) if p.startswith(PAUSED)), "")
+
+
+async def _assert_whole(service: chaos.Service, source: Source) -> None:
+    conn = source.server.connect(source.database)
+    try:
+        assert await asyncio.to_thread(chaos.caught_up, service, conn, 120), \
+            service.text()[-3000:]
+        await assert_each_change_once(service.port, conn, source.database, "t", user=USER,
+                                      password=PASSWORD)
+    finally:
+        conn.close()
+    avro = DataDir(service.args[service.args.index("--data-dir") + 1]).avro
+    for name in os.listdir(avro):  # no file left half written
+        if name.endswith(".avro"):
+            with open(os.path.join(avro, name), "rb") as f:
+                assert sum(1 for _ in fastavro.reader(f)) > 0, name
+
+
+@pytest.mark.parametrize("fault", ["eio-write", "eio-fsync", "erofs"])
+async def test_a_failing_disk_pauses_and_the_service_starts_over_from_its_checkpoint(
+        fault: str, source: Source, disk: DiskFaults, service: chaos.Service):
+    _table(source, 10)
+    conn = source.server.connect(source.database)
+    try:
+        assert await asyncio.to_thread(chaos.caught_up, service, conn, 60)
+    finally:
+        conn.close()
+    port = service.port
+
+    disk.inject(fault)
+    writer = Writer(source, 11)
+    try:
+        why = await asyncio.to_thread(_until, lambda: _paused_for(service), 60,
+                                      f"replication paused for the {fault}")
+        assert {"eio-write": "Input/output error", "eio-fsync": "fsync of",
+                "erofs": "Read-only file system"}[fault] in why, why
+        await asyncio.sleep(2)  # a disk failing on: said once, not once a retry
+        assert service.text().count(PAUSED) == 1, service.text()[-3000:]
+        assert service.exited() is None
+
+        client = await RawClient.connect(port)  # what is stored is served meanwhile
+        await client.login()
+        await client.send(f"REQUEST-DATA {source.database}.t\n".encode())
+        assert (await client.json_line())["table"] == "t"
+        assert (await client.json_line())["body"] == "before"
+        await client.close()
+
+        disk.heal()
+        await asyncio.to_thread(_until, lambda: "starting over from the checkpoint" in
+                                service.text(), 60, "the service starting over")
+        await asyncio.sleep(1)  # changes while the new start catches up
+    finally:
+        writer.stop()
+    assert service.exited() is None, service.text()[-3000:]
+    assert service.port == port  # (wait_ready found it from the log, once)
+    await _assert_whole(service, source)
+
+
+async def test_a_slow_disk_slows_the_service_and_no_checkpoint_passes_what_is_synced(
+        source: Source, disk: DiskFaults, service: chaos.Service):
+    _table(source, 10)
+    data = DataDir(disk.directory)
+    assert service.process is not None
+    rss_before = rss = _rss(service.process.pid)
+    disk.slow_fsync(0.5)
+    writer = Writer(source, 11)
+    positions = set()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            positions.add(await asyncio.to_thread(_checkpoint_within_synced, data, disk))
+            rss = max(rss, _rss(service.process.pid))
+            await asyncio.sleep(0.05)
+        rows_written = writer.next - 11
+    finally:
+        writer.stop()
+    disk.heal()
+    assert len(positions - {None}) > 3, "the checkpoint hardly moved while fsyncs were slow"
+    assert rows_written > 100, "the writer hardly wrote"
+    assert rss - rss_before < 200 << 20, f"memory grew by {(rss - rss_before) >> 20} MiB"
+    assert service.exited() is None
+    await _assert_whole(service, source)
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
+
+
+def _checkpoint_within_synced(data: DataDir, disk: DiskFaults) -> str | None:
+    """The checkpoint's position, once it covers table data, each table's mark checked to be
+    within what the shim saw synced of its version file."""
+    checkpoint = ckpt.load(data.checkpoint)
+    if checkpoint is None or not checkpoint.tables or checkpoint.position is None:
+        return None
+    synced = disk.synced()
+    for table, mark in checkpoint.tables.items():
+        path = os.path.join(os.path.realpath(data.avro), version_file(table, mark.version,
+                                                                      "avro"))
+        assert mark.size <= synced.get(path, -1), \
+            f"the checkpoint covers {table} v{mark.version} up to {mark.size} bytes, but " \
+            f"only {synced.get(path)} were synced"
+    return str(checkpoint.position.gtid_state)
+
+
+def test_after_a_failed_fsync_the_store_writes_no_checkpoint_even_once_fsyncs_work(
+        disk: DiskFaults):
+    """The store alone, in a process under the shim (``tests/diskfault/failed_fsync.py``)."""
+    done = subprocess.run([sys.executable, "-m", "tests.diskfault.failed_fsync",
+                           disk.directory, disk.control], env=disk.env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["damaged", "refused", "refused", "kept"], done.stderr
