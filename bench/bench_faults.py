@@ -2,6 +2,7 @@
 infrastructure faults, then every table against SELECT and a resuming client's ledger.
 
     .venv/bin/python -m bench.bench_faults [--faults 1000] [--seed 55] [--kinds K,K,...]
+        [--check-every 100]
 
 Runs ``tests/faultsoak.py`` (the same soak the suite runs short, in
 ``tests/integration/test_fault_soak.py``): a MariaDB server in a network namespace of its own
@@ -9,7 +10,9 @@ Runs ``tests/faultsoak.py`` (the same soak the suite runs short, in
 namespace's link, and one fault after another drawn from the kinds (default: all of
 ``faultsoak.KINDS``: the service killed with -9; the link to the source partitioned,
 half-open either way or lossy for 2-8 s while the workload goes on; MariaDB killed with -9 or
-restarted). Prints the faults by kind, the statements, exits of the service by itself (goal
+restarted; the data directory's disk failing with EIO on write or fsync, turned read-only,
+full, or syncing a second slower, for 2-8 s, through ``tests/diskfault``'s shim). Prints
+the faults by kind, the statements, exits of the service by itself (goal
 0), faults it did not recover from within 180 s (goal 0), tables different from ``SELECT``
 (goal 0), stream inconsistencies (goal 0), the resuming client's duplicates, gaps and
 out-of-order records on the ledger table (goal 0), and the time from each fault's end until
@@ -53,9 +56,10 @@ async def soak(args: argparse.Namespace) -> int:
             server.execute("CREATE DATABASE soak")
             figures = await faultsoak.run(
                 server, host, "soak", data_dir, users, USER, PASSWORD, seed=args.seed,
-                faults=args.faults, kinds=kinds,
+                faults=args.faults, kinds=kinds, check_every=args.check_every,
                 log_path=os.path.join(OUT, "faults-service.log"),
-                progress=lambda text: print(f"  ... {text}", flush=True))
+                progress=lambda text: print(f"  ... {text}", flush=True),
+                checked=_print_checked)
         finally:
             server.stop()
     for label, value in faultsoak.describe(figures):
@@ -65,11 +69,21 @@ async def soak(args: argparse.Namespace) -> int:
     return 0 if figures.exact else 1
 
 
+def _print_checked(figures: faultsoak.Figures) -> None:
+    """The figures of a check during the run (a run cut short keeps the last ones)."""
+    print(f"  checked after {figures.checked_after:,} faults:", flush=True)
+    for label, value in faultsoak.describe(figures):
+        print(f"    {label}: {value}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--faults", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=55)
+    parser.add_argument("--check-every", type=int, default=100,
+                        help="faults between the checks (tables, stream, ledger) during the "
+                             "run; 0: only at the end")
     parser.add_argument("--kinds", default="", help="comma-separated, of " +
                         ", ".join(faultsoak.KINDS))
     args = parser.parse_args()

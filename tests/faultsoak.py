@@ -11,7 +11,11 @@ while a seeded scheduler injects one fault after another:
 - ``source-silent`` / ``service-silent``: a half-open link, one way dropped;
 - ``source-loss``: a share of the packets dropped at random;
 - ``source-kill``: MariaDB killed with -9, started again;
-- ``source-restart``: MariaDB stopped cleanly and started again.
+- ``source-restart``: MariaDB stopped cleanly and started again;
+- ``disk-eio-write``, ``disk-eio-fsync``, ``disk-erofs``, ``disk-full``: the data
+  directory's disk fails under the service (``tests/diskfault``: an ``EIO`` on write or on
+  fsync, a file system turned read-only, ``ENOSPC``), then works again;
+- ``disk-slow``: every fsync in the data directory takes a second more.
 
 The workload goes on during the network faults (its statements use the server's Unix
 socket, which no fault touches). After each fault the soak times how long the service takes
@@ -27,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import random
 import statistics
 import threading
@@ -42,10 +47,13 @@ from cdcserver.app.embedded import EmbeddedMariaDB, free_port
 from mariadb_cdc_client import SyncCdcClient
 from mariadb_cdc_client.stream import ChangeRecord
 from tests import chaos
+from tests.diskfault import DiskFaults
 from tests.netfault import Host
 
+DISK_FAULTS = {"disk-eio-write": "eio-write", "disk-eio-fsync": "eio-fsync",
+               "disk-erofs": "erofs", "disk-full": "enospc"}
 KINDS = ("service-kill", "source-partition", "source-silent", "service-silent", "source-loss",
-         "source-kill", "source-restart")
+         "source-kill", "source-restart", *DISK_FAULTS, "disk-slow")
 SOURCE_USER, SOURCE_PASSWORD = "cdc", "cdc-pw"  # root may log in over the Unix socket only
 RECOVERY_LIMIT = 180.0  # seconds after a fault's end before it counts as not recovered
 HELD = 10.0  # seconds: a workload step the source held longer is counted
@@ -69,6 +77,7 @@ class Figures:
     out_of_order: int = 0
     held_steps: int = 0  # workload steps the source held over HELD seconds during a fault
     slowest_step: float = 0.0
+    checked_after: int = 0  # faults injected when the checks last ran
 
     @property
     def exact(self) -> bool:
@@ -158,8 +167,13 @@ class Soak:
         url = f"mysql://{SOURCE_USER}:{SOURCE_PASSWORD}@{host.address}:{server.port}"
         args = chaos.service_args(url, data_dir, users_file, 6600 + seed % 1000)
         args[args.index("127.0.0.1:0")] = f"127.0.0.1:{self.port}"  # the client's to resume
-        # a dead source noticed in 3 heartbeats of 1 s, as in the tests
-        self.service = chaos.Service([*args, "--heartbeat", "1"], log_path)
+        # the data directory's disk fails on the soak's word (tests/diskfault)
+        self.disk = DiskFaults(data_dir, os.path.dirname(os.path.abspath(log_path)))
+        # a dead source noticed in 3 heartbeats of 1 s, as in the tests; a disk found
+        # working again within a second
+        self.service = chaos.Service([*args, "--heartbeat", "1"], log_path,
+                                     env={**self.disk.env(),
+                                          "CDCSERVER_STORE_DISK_FULL_RETRY": "1"})
         self.conn: Any = None
         self.migrations: chaos.Migrations | None = None
         self.ledger_next = 1
@@ -200,6 +214,12 @@ class Soak:
         while not stop.is_set():
             self.timed_step()
 
+    def _steps_for(self, seconds: float) -> None:
+        """Workload steps for ``seconds`` (the source is not faulted: none is held)."""
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            self.timed_step()
+
     def _reconnected(self) -> None:
         """After the source restarted: the workload's session again (its settings too)."""
         assert self.migrations is not None
@@ -238,6 +258,13 @@ class Soak:
             if workload.is_alive():
                 raise RuntimeError(f"a statement stayed held {RECOVERY_LIMIT:.0f} s after "
                                    f"the {kind} ended")
+        elif kind in DISK_FAULTS or kind == "disk-slow":
+            if kind == "disk-slow":
+                self.disk.slow_fsync(1.0)
+            else:
+                self.disk.inject(DISK_FAULTS[kind])
+            self._steps_for(seconds)
+            self.disk.heal()
         elif kind in ("source-kill", "source-restart"):
             if kind == "source-kill":
                 self.server.kill()
@@ -267,10 +294,14 @@ async def run(server: EmbeddedMariaDB, host: Host, database: str, data_dir: str,
               users_file: str, user: str, password: str, *, seed: int, faults: int,
               steps_between: tuple[int, int] = (10, 40), log_path: str,
               kinds: tuple[str, ...] = KINDS, every_kind: bool = False,
-              progress: Callable[[str], None] | None = None) -> Figures:
+              check_every: int = 0,
+              progress: Callable[[str], None] | None = None,
+              checked: Callable[[Figures], None] | None = None) -> Figures:
     """``faults`` faults drawn from ``kinds`` (seeded; with ``every_kind`` each kind once
     first, in a seeded order), ``steps_between`` workload steps before each; then the
-    checks (see the module's description)."""
+    checks (see the module's description), also after every ``check_every`` faults (0:
+    only at the end), each telling ``checked`` the figures so far: a long run cut short
+    still has checked figures."""
     soak = Soak(server, host, database, data_dir, users_file, user, password, seed, log_path)
     figures = soak.figures
     await asyncio.to_thread(soak.setup)
@@ -294,29 +325,11 @@ async def run(server: EmbeddedMariaDB, host: Host, database: str, data_dir: str,
                 figures.recoveries.setdefault(kind, []).append(took)
             if progress is not None and (n + 1) % 10 == 0:
                 progress(f"{n + 1} faults")
-        assert soak.migrations is not None
-        await asyncio.to_thread(soak.migrations.complete_prepared)
-        figures.statements = len(soak.migrations.log)
-        figures.refused = sum(1 for e in soak.migrations.log if e.error)
-        if not await asyncio.to_thread(chaos.settled, soak.service, soak.conn, 180):
-            figures.exits.append("did not settle: " + soak.service.text()[-2000:])
-        else:
-            audit = chaos.Outcome(seed)
-            figures.differences = await chaos.differences(soak.service.port, soak.conn,
-                                                          database, user, password, audit)
-            figures.inconsistencies = audit.inconsistencies
-            figures.examples = audit.inconsistency_examples
-        figures.ledger_rows = soak.ledger_next - 1
-        await asyncio.to_thread(ledger.until, figures.ledger_rows, 60)
-        if ledger.error is not None:
-            figures.exits.append(f"the resuming client failed: {ledger.error!r}")
-        ids = list(ledger.ids)
-        with soak.conn.cursor() as cur:
-            cur.execute("SELECT id FROM _ledger")
-            stored = {int(r[0]) for r in cur.fetchall()}
-        figures.duplicates = len(ids) - len(set(ids))
-        figures.gaps = len(stored - set(ids)) + len(set(ids) - stored)
-        figures.out_of_order = sum(1 for a, b in itertools.pairwise(ids) if b <= a)
+            if check_every and (n + 1) % check_every == 0 and n + 1 < faults:
+                await _check(soak, ledger, figures)
+                if checked is not None:
+                    checked(figures)
+        await _check(soak, ledger, figures)
         await asyncio.to_thread(ledger.stop, soak.ledger_row)  # while the service serves
         code = soak.service.stop()
         if code != 0:
@@ -328,6 +341,38 @@ async def run(server: EmbeddedMariaDB, host: Host, database: str, data_dir: str,
         with contextlib.suppress(pymysql.err.MySQLError):
             soak.conn.close()
     return figures
+
+
+async def _check(soak: Soak, ledger: LedgerReader, figures: Figures) -> None:
+    """Every table against ``SELECT``, the stream's before-images, and the resuming
+    client's ledger, from the start of the run until now (the figures are replaced, not
+    added to: each check covers the whole run so far)."""
+    assert soak.migrations is not None
+    await asyncio.to_thread(soak.migrations.complete_prepared)
+    figures.statements = len(soak.migrations.log)
+    figures.refused = sum(1 for e in soak.migrations.log if e.error)
+    if not await asyncio.to_thread(chaos.settled, soak.service, soak.conn, 180):
+        figures.exits.append("did not settle: " + soak.service.text()[-2000:])
+    else:
+        audit = chaos.Outcome(figures.seed)
+        figures.differences = await chaos.differences(soak.service.port, soak.conn,
+                                                      soak.database, soak.user,
+                                                      soak.password, audit)
+        figures.inconsistencies = audit.inconsistencies
+        figures.examples = audit.inconsistency_examples
+    figures.ledger_rows = soak.ledger_next - 1
+    await asyncio.to_thread(ledger.until, figures.ledger_rows, 60)
+    failed = f"the resuming client failed: {ledger.error!r}"
+    if ledger.error is not None and failed not in figures.exits:
+        figures.exits.append(failed)
+    ids = list(ledger.ids)
+    with soak.conn.cursor() as cur:
+        cur.execute("SELECT id FROM _ledger")
+        stored = {int(r[0]) for r in cur.fetchall()}
+    figures.duplicates = len(ids) - len(set(ids))
+    figures.gaps = len(stored - set(ids)) + len(set(ids) - stored)
+    figures.out_of_order = sum(1 for a, b in itertools.pairwise(ids) if b <= a)
+    figures.checked_after = sum(figures.faults.values())
 
 
 def source_in(host: Host, base_dir: str) -> EmbeddedMariaDB:
@@ -343,7 +388,8 @@ def source_in(host: Host, base_dir: str) -> EmbeddedMariaDB:
 def describe(figures: Figures) -> list[tuple[str, str]]:
     """The soak's figures as (label, value) lines."""
     times = figures.recovery_seconds()
-    rows = [("faults injected", f"{sum(figures.faults.values()):,}")]
+    rows = [("faults injected (checked after)",
+             f"{sum(figures.faults.values()):,} ({figures.checked_after:,})")]
     rows += [(f"  {kind}", f"{count:,}") for kind, count in sorted(figures.faults.items())]
     rows += [("statements (refused by the source)", f"{figures.statements:,} "
                                                     f"({figures.refused:,})"),
