@@ -1,9 +1,10 @@
 """The source's host fails under the service (issue 55, item 3): MariaDB killed with -9 while
 it logs a transaction of a million rows, while it runs a DDL and while a chunked dump reads
-it, then started again; its clock stepped back an hour. Each test has a MariaDB server of its
-own (killing the shared one would fail the tests beside it), and checks with tests/oracle.py,
-which shares no code with the service, that the table rebuilt from the stream equals
-``SELECT`` and that no change came twice."""
+it, then started again; its clock stepped back an hour; its binlog rotated and purged while
+the service was away. Each test has a MariaDB server of its own (killing the shared one would
+fail the tests beside it), and checks with tests/oracle.py, which shares no code with the
+service, that the table rebuilt from the stream equals ``SELECT`` and that no change came
+twice."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from cdcserver.dump.dumper import DumpOptions, dump_tables
 from cdcserver.store.naming import dump_stem
 from mariadb_cdc_client.dump import DumpRows, apply, read_dump
 from tests.conftest import RunningService, Source, make_config, start_service
-from tests.helpers import PASSWORD, USER, kill_when
+from tests.helpers import PASSWORD, USER, kill_when, wait_until
 from tests.oracle import assert_each_change_once
 from tests.server.test_dump import _loaded, _orders, _table_rows
 
@@ -163,6 +164,43 @@ async def test_the_sources_clock_stepped_back_an_hour(own_source: Source, tmp_pa
         source.execute(f"INSERT INTO {DB}.c VALUES (3, NOW())")
         await running.caught_up(source)
         await _assert_whole(running, source, "c")
+        stats = running.service.replication.runner.stats()
+        assert not stats.stopped and not stats.paused
+    finally:
+        await running.stop()
+
+
+async def test_the_binlog_rotated_and_purged_while_the_service_was_away(
+        own_source: Source, tmp_path, users_file: str):
+    """The binlog the service had read is rotated away and purged while it is stopped: it
+    resumes from the files left, by GTID. (Purged past its position, it stops replication
+    saying so: tests/server/test_resync.py.)"""
+    source = own_source
+    source.execute(f"CREATE TABLE {DB}.r (id INT PRIMARY KEY, v INT)",
+                   f"INSERT INTO {DB}.r VALUES (1, 1), (2, 2)")
+    config = make_config(str(tmp_path / "data"), source.url, users_file)
+    running = await start_service(config)
+    await running.caught_up(source)
+    await running.stop()
+    read_to = str(source.server.query("SHOW MASTER STATUS")[0][0])
+    for n in range(3, 9):  # a change in each new file, then the next file
+        source.execute("FLUSH BINARY LOGS", f"INSERT INTO {DB}.r VALUES ({n}, {n})",
+                       f"UPDATE {DB}.r SET v = -v WHERE id = {n - 2}")
+    files = [str(r[0]) for r in source.server.query("SHOW BINARY LOGS")]
+    following = files[files.index(read_to) + 1]
+
+    def purged() -> bool:  # MariaDB keeps a binlog until InnoDB has its transactions durable
+        source.execute(f"PURGE BINARY LOGS TO '{following}'")
+        return read_to not in [str(r[0]) for r in source.server.query("SHOW BINARY LOGS")]
+
+    wait_until(purged, 30, f"{read_to} purged")
+
+    running = await start_service(config)
+    try:
+        await running.caught_up(source, timeout=60)
+        source.execute(f"DELETE FROM {DB}.r WHERE id = 1")
+        await running.caught_up(source)
+        await _assert_whole(running, source, "r")
         stats = running.service.replication.runner.stats()
         assert not stats.stopped and not stats.paused
     finally:
