@@ -7,6 +7,8 @@ tests/jvm/fetch.sh resolved (``tests/jvm/kafka/pom.xml`` pins the version).
 ``kafka_cluster`` fixture, for fault tests). Every port is a free one on 127.0.0.1; each node
 keeps its log in ``directory/node<N>/data``, so a node stopped or killed and started again
 has its topics back, and logs to ``directory/node<N>.log``, which every error names.
+``ApacheKafka(directory, host=host)`` runs the single node inside a ``tests/netfault.Host``,
+listening on its address: the tests cut the link between it and the service.
 
 The JVMs die with the test process: they are started from one thread of this module's that
 lives as long as the process, with ``PR_SET_PDEATHSIG`` (:func:`die_with_parent`), whichever
@@ -75,9 +77,9 @@ def free_port() -> int:
         return port
 
 
-def _accepting(port: int) -> bool:
+def _accepting(port: int, address: str = "127.0.0.1") -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        with socket.create_connection((address, port), timeout=0.5):
             return True
     except OSError:
         return False
@@ -106,8 +108,11 @@ class KafkaNode:
     """One broker-and-controller process."""
 
     def __init__(self, node_id: int, directory: Path, port: int, controller_port: int,
-                 advertised_port: int) -> None:
+                 advertised_port: int, address: str = "127.0.0.1",
+                 launcher: tuple[str, ...] = ()) -> None:
         self.node_id = node_id
+        self.address = address  # where it listens
+        self.launcher = launcher  # the command prefix that runs it (in a network namespace)
         self.port = port
         self.controller_port = controller_port
         self.advertised_port = advertised_port
@@ -133,6 +138,7 @@ class KafkaNode:
         command = jvm.command("kafka", "kafka.Kafka", str(self.properties), heap=HEAP,
                               options=("-Xms64m", "-Dorg.slf4j.simpleLogger.showDateTime=true",
                                        "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS"))
+        command = [*self.launcher, *command]
         log = self._log
         self.process = _launcher.submit(
             lambda: subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
@@ -178,9 +184,11 @@ class ApacheKafka:
     its metadata instead of its own, a proxy's in front of it."""
 
     def __init__(self, directory: str | os.PathLike[str], nodes: int = 1, *,
-                 advertised_port: int | None = None) -> None:
-        if advertised_port is not None and nodes != 1:
-            raise ValueError("advertised_port is for a single node")
+                 advertised_port: int | None = None, host: Any = None) -> None:
+        if (advertised_port is not None or host is not None) and nodes != 1:
+            raise ValueError("advertised_port and host are for a single node")
+        self.address = host.address if host is not None else "127.0.0.1"
+        launcher = tuple(host.launcher) if host is not None else ()
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.cluster_id = ""
@@ -188,14 +196,14 @@ class ApacheKafka:
         for node_id in range(1, nodes + 1):
             port = free_port()
             self.nodes[node_id] = KafkaNode(node_id, self.directory, port, free_port(),
-                                            advertised_port or port)
+                                            advertised_port or port, self.address, launcher)
         self._formatted = False
 
     @property
     def bootstrap(self) -> str:
         """Every node's advertised address, comma-separated (a client needs one that
         answers)."""
-        return ",".join(f"127.0.0.1:{n.advertised_port}" for n in self.nodes.values())
+        return ",".join(f"{n.address}:{n.advertised_port}" for n in self.nodes.values())
 
     @property
     def port(self) -> int:
@@ -204,7 +212,7 @@ class ApacheKafka:
         return node.port
 
     def _properties(self, node: KafkaNode) -> str:
-        voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}"
+        voters = ",".join(f"{n.node_id}@{n.address}:{n.controller_port}"
                           for n in self.nodes.values())
         replicas = len(self.nodes)
         min_isr = 2 if replicas >= 3 else 1
@@ -212,9 +220,9 @@ class ApacheKafka:
             "process.roles": "broker,controller",
             "node.id": node.node_id,
             "controller.quorum.voters": voters,
-            "listeners": f"PLAINTEXT://127.0.0.1:{node.port},"
-                         f"CONTROLLER://127.0.0.1:{node.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.advertised_port}",
+            "listeners": f"PLAINTEXT://{node.address}:{node.port},"
+                         f"CONTROLLER://{node.address}:{node.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{node.address}:{node.advertised_port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -291,9 +299,9 @@ class ApacheKafka:
                 code = node.process.returncode if node.process else None
                 raise RuntimeError(f"Kafka node {node.node_id} exited with {code}; see "
                                    f"{node.log_path}")
-            if _accepting(node.port):
+            if _accepting(node.port, node.address):
                 try:
-                    metadata = _in_own_loop(lambda: _metadata(f"127.0.0.1:{node.port}"))
+                    metadata = _in_own_loop(lambda: _metadata(f"{node.address}:{node.port}"))
                     if any(b.nodeId == node.node_id for b in metadata.brokers()):
                         return
                 except Exception:  # noqa: BLE001 - not ready yet: asked again below
@@ -327,7 +335,7 @@ class ApacheKafka:
     def leader_of(self, topic: str, partition: int = 0) -> int | None:
         """The node that leads a partition now, as the running nodes' metadata says (None
         while it has no leader)."""
-        bootstrap = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes.values() if n.running)
+        bootstrap = ",".join(f"{n.address}:{n.port}" for n in self.nodes.values() if n.running)
         from aiokafka.structs import TopicPartition
 
         metadata = _in_own_loop(lambda: _metadata(bootstrap))

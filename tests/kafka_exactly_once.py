@@ -232,12 +232,15 @@ class Outage:
 
 async def broker_outage(broker: Any, source: Source, users_file: str, data_dir: str,
                         away: float, transaction_timeout: float = 60.0,
-                        proxy: TcpProxy | None = None) -> Outage:
+                        proxy: TcpProxy | None = None, host: Any = None,
+                        half_open: bool = False) -> Outage:
     """The service publishes exactly once to ``broker`` (an ``ApacheKafka`` of its own)
     while rows are written; the broker is killed (-9) and stays down ``away`` seconds, then
     starts again on its log; or, with ``proxy`` (in front of the broker, which advertises
-    it), the broker runs on but cannot be reached for ``away`` seconds. Every row must reach
-    a read_committed consumer once."""
+    it), the broker runs on but cannot be reached for ``away`` seconds; or, with ``host``
+    (the ``tests/netfault.Host`` the broker runs in), the link to it drops every packet for
+    ``away`` seconds, both ways or (``half_open``) only the broker's answers. Every row must
+    reach a read_committed consumer once."""
     from tests.conftest import make_config, start_service
     from tests.integration.test_kafka import kafka_caught_up
 
@@ -257,6 +260,13 @@ async def broker_outage(broker: Any, source: Source, users_file: str, data_dir: 
             proxy.cut()
             await pace(away)
             proxy.refuse = False
+        elif host is not None:
+            if half_open:  # the broker hears the service, its answers are lost
+                host.half_open(inbound=False)
+            else:
+                host.partition()
+            await pace(away)
+            host.heal()
         else:
             await asyncio.to_thread(broker.kill, 1)
             await pace(away)

@@ -1,7 +1,8 @@
 """Exactly-once delivery (``[kafka] delivery = "exactly-once"``) against Apache Kafka and a
 real MariaDB: a ``read_committed`` consumer reads every change once, in GTID order per
-partition, across ``kill -9`` of the service under load and a second instance fencing the
-first. (``bench/bench_kafka_exactly_once.py`` runs the same loop with 100 kills.)"""
+partition, across ``kill -9`` of the service under load, a second instance fencing the
+first, and a broker killed, unreachable or cut off by the network.
+(``bench/bench_kafka_exactly_once.py`` runs the same loop with 100 kills.)"""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from tests.kafka_exactly_once import (
     items_exactly_once,
     kill_loop,
 )
+from tests.netfault import Host
 from tests.server.test_crash import Load
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.kafka]
@@ -137,6 +139,28 @@ async def test_a_broker_unreachable_past_the_transaction_timeout_publishes_every
         await asyncio.to_thread(broker.close)
     print(f"\nexactly-once, broker unreachable {outage.away:.0f} s: {outage.written} rows, "
           f"{outage.messages} read once, {outage.rewinds} rewinds")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("half_open", [False, True], ids=["partition", "half-open"])
+async def test_a_broker_cut_off_by_the_network_publishes_every_row_once(
+        tmp_path, source: Source, users_file: str, half_open: bool):
+    """The broker runs in a network namespace of the test's own (``tests/netfault.py``);
+    its link drops every packet for 20 s, both ways, or only the broker's answers (a
+    half-open link: the service's requests arrive, nothing comes back). Nobody is told:
+    the sink notices by its request timeout (5 s), waits for the broker, and publishes from
+    its committed position. A read_committed consumer reads each row once, in order."""
+    with Host() as host:
+        broker = ApacheKafka(tmp_path / "kafka", host=host)
+        await asyncio.to_thread(broker.start)
+        try:
+            outage = await broker_outage(broker, source, users_file, str(tmp_path / "data"),
+                                         away=20.0, host=host, half_open=half_open)
+        finally:
+            await asyncio.to_thread(broker.close)
+    print(f"\nexactly-once, broker {'half-open' if half_open else 'partitioned'} for "
+          f"{outage.away:.0f} s: {outage.written} rows, {outage.messages} read once, "
+          f"{outage.rewinds} rewinds")
 
 
 async def test_the_partition_leader_killed_in_a_three_broker_cluster(
