@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.config import DumpConfig, SourceAddress
-from cdcserver.core.errors import CdcError
+from cdcserver.core.errors import CdcError, StoreError
 from cdcserver.core.names import TableName
 from cdcserver.dump import files
 from cdcserver.dump.dumper import (
@@ -217,9 +217,13 @@ class DumpScheduler:
                     for table in done:
                         self.progress.pop(table, None)
                 raise
-            except (CdcError, OSError) as exc:
+            except CdcError as exc:
                 self._failed(tables, str(exc))
                 raise
+            except OSError as exc:  # the dump directory's disk: full, failing, read-only
+                said = _unwritable(tables, exc)
+                self._failed(tables, said)
+                raise StoreError(said) from exc
             finally:
                 self.running = False
             with self._progress_lock:
@@ -248,3 +252,10 @@ class DumpScheduler:
             return 0.0
         created = dt.datetime.fromisoformat(dumps[-1].header.created)
         return self.config.interval - (now - created).total_seconds()
+
+
+def _unwritable(tables: list[TableName], exc: OSError) -> str:
+    """What a dump that its disk refused says, in one line."""
+    refs = ", ".join(table_ref(t.database, t.table) for t in tables)
+    where = f" ({exc.filename})" if exc.filename else ""
+    return f"the dump of {refs} could not be written: {exc.strerror or exc}{where}"

@@ -19,7 +19,7 @@ import subprocess
 import pytest
 
 SOURCE = os.path.join(os.path.dirname(__file__), "shim.c")
-CONTROL_SIZE = 64
+CONTROL_SIZE = 4096  # (shim.c: CTL_SIZE)
 FAULTS = ("eio-write", "eio-fsync", "erofs", "enospc")
 
 
@@ -52,11 +52,15 @@ class DiskFaults:
         return {**os.environ, "LD_PRELOAD": preload, "CDC_FAULT_DIR": self.directory,
                 "CDC_FAULT_CTL": self.control, "CDC_FAULT_LOG": self.sync_log}
 
-    def inject(self, fault: str) -> None:
-        """``eio-write``, ``eio-fsync``, ``erofs``, ``enospc`` (see ``shim.c``)."""
+    def inject(self, fault: str, only: str = "") -> None:
+        """``eio-write``, ``eio-fsync``, ``erofs``, ``enospc`` (see ``shim.c``), for every
+        path under the directory or (``only``) those starting with that prefix."""
         if fault not in FAULTS:
             raise ValueError(fault)
-        self._set(fault)
+        text = f"{fault} {os.path.realpath(only)}" if only else fault
+        if len(text) >= CONTROL_SIZE:
+            raise ValueError(f"{only!r}: a path prefix this long does not fit the control file")
+        self._set(text)
 
     def slow_fsync(self, seconds: float) -> None:
         self._set(f"slow-fsync {int(seconds * 1000)}")

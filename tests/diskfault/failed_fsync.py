@@ -19,6 +19,7 @@ from cdcserver.store import checkpoint as ckpt
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
 from cdcserver.store.store import AvroStore
+from tests.diskfault import CONTROL_SIZE
 from tests.unit.test_store import _Feed
 
 LAYOUT = TableLayout("db", "t", (ColumnDef("id", ColumnType.LONG, nullable=False),), (0,))
@@ -26,7 +27,7 @@ LAYOUT = TableLayout("db", "t", (ColumnDef("id", ColumnType.LONG, nullable=False
 
 def _set(control: str, fault: str) -> None:
     with open(control, "r+b") as f:
-        f.write(fault.encode().ljust(64))
+        f.write(fault.encode().ljust(CONTROL_SIZE))
 
 
 async def main(path: str, control: str) -> None:

@@ -11,6 +11,9 @@
  *   enospc         writes and file creation fail with ENOSPC (cutting a file back works)
  *   slow-fsync MS  fsync and fdatasync take MS milliseconds more, then sync
  *
+ * Any fault but slow-fsync may name a path prefix after it ("enospc /data/state/kafka"):
+ * then only the paths under CDC_FAULT_DIR that start with it fail.
+ *
  * The control file is mapped shared, so the test changes the fault at any instant by
  * rewriting it in place. With CDC_FAULT_LOG set, every fsync or fdatasync that succeeded
  * under the directory appends "sync PATH SIZE" to that file: what is durable, for a test
@@ -35,7 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CTL_SIZE 64
+#define CTL_SIZE 4096
 
 enum fault { OFF, EIO_WRITE, EIO_FSYNC, EROFS_ALL, ENOSPC_WRITE, SLOW_FSYNC };
 
@@ -89,27 +92,46 @@ __attribute__((constructor)) static void init(void) {
     initialised = 1;
 }
 
-static enum fault current(long *millis) {
-    if (!initialised)
-        return OFF;
+/* The fault now; *millis its delay (slow-fsync), prefix (CTL_SIZE + 1 bytes) the paths it
+ * is narrowed to ("" for every path under the directory). */
+static enum fault read_fault(long *millis, char *prefix) {
     char text[CTL_SIZE + 1];
     memcpy(text, (const char *)ctl_map, CTL_SIZE);
     text[CTL_SIZE] = 0;
-    if (strncmp(text, "eio-write", 9) == 0) return EIO_WRITE;
-    if (strncmp(text, "eio-fsync", 9) == 0) return EIO_FSYNC;
-    if (strncmp(text, "erofs", 5) == 0) return EROFS_ALL;
-    if (strncmp(text, "enospc", 6) == 0) return ENOSPC_WRITE;
-    if (strncmp(text, "slow-fsync", 10) == 0) {
-        if (millis != NULL)
-            *millis = strtol(text + 10, NULL, 10);
+    char *end = text + strcspn(text, " \n");
+    char *arg = *end == ' ' ? end + 1 : end;
+    arg[strcspn(arg, " \n")] = 0;
+    *end = 0;
+    prefix[0] = 0;
+    if (strcmp(text, "slow-fsync") == 0) {
+        *millis = strtol(arg, NULL, 10);
         return SLOW_FSYNC;
     }
+    strcpy(prefix, arg);
+    if (strcmp(text, "eio-write") == 0) return EIO_WRITE;
+    if (strcmp(text, "eio-fsync") == 0) return EIO_FSYNC;
+    if (strcmp(text, "erofs") == 0) return EROFS_ALL;
+    if (strcmp(text, "enospc") == 0) return ENOSPC_WRITE;
     return OFF;
 }
 
-static int under_dir(const char *path) {
+static __thread char narrowed[CTL_SIZE + 1];  /* the prefix of the fault last read */
+
+static enum fault current(long *millis) {
+    if (!initialised || strncmp((const char *)ctl_map, "off", 3) == 0)
+        return OFF;  /* (without copying the control file: most calls) */
+    long ignored;
+    return read_fault(millis != NULL ? millis : &ignored, narrowed);
+}
+
+static int in_dir(const char *path) {
     return strncmp(path, fault_dir, fault_dir_len) == 0 &&
            (path[fault_dir_len] == '/' || path[fault_dir_len] == 0);
+}
+
+/* Whether the fault read last applies to path. */
+static int under_dir(const char *path) {
+    return in_dir(path) && strncmp(path, narrowed, strlen(narrowed)) == 0;
 }
 
 static int fd_path(int fd, char *out) {
@@ -152,7 +174,7 @@ static int write_fault(int fd) {
 static void log_sync(int fd) {
     char path[PATH_MAX];
     struct stat st;
-    if (log_fd < 0 || !fd_path(fd, path) || !under_dir(path) || fstat(fd, &st) != 0)
+    if (log_fd < 0 || !fd_path(fd, path) || !in_dir(path) || fstat(fd, &st) != 0)
         return;
     char line[PATH_MAX + 64];
     int n = snprintf(line, sizeof line, "sync %s %lld\n", path, (long long)st.st_size);

@@ -8,7 +8,8 @@ line in the log and ``/health`` saying why, leave the listener serving what is s
 once the disk works, start the service over from its checkpoint by itself: the table rebuilt
 from the stream by ``tests/oracle.py`` (no code shared with the service) equals ``SELECT``,
 and no change comes twice. A slow disk must slow the service without a checkpoint ever
-covering bytes not yet synced.
+covering bytes not yet synced. The Kafka sink's own state meets the same faults, and a
+``read_committed`` consumer still reads every row once.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from cdcserver.store.naming import version_file
 from tests import chaos
 from tests.conftest import Source, next_server_id
 from tests.diskfault import DiskFaults
-from tests.helpers import PASSWORD, USER, RawClient
+from tests.helpers import PASSWORD, USER, RawClient, pace
+from tests.kafka_exactly_once import RowWriter, exactly_once_config, items_exactly_once
 from tests.oracle import assert_each_change_once
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -219,3 +221,45 @@ def test_after_a_failed_fsync_the_store_writes_no_checkpoint_even_once_fsyncs_wo
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["damaged", "refused", "refused", "kept"], done.stderr
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("fault", ["enospc", "eio-write"])
+async def test_the_kafka_sinks_state_on_a_failing_disk_publishes_every_row_once(
+        fault: str, tmp_path, source: Source, users_file: str, kafka_broker):
+    """Only the Kafka sink's own state file (``state/kafka.json``) meets the fault, for 5 s,
+    while rows are written and published exactly once: a full disk pauses replication until
+    it takes the file again, a failing one starts the service over from its checkpoints. A
+    read_committed consumer reads every row once, in order."""
+    disk = DiskFaults(str(tmp_path / "data"), str(tmp_path))
+    config = tmp_path / "kafka.toml"
+    config.write_text(exactly_once_config(kafka_broker.bootstrap, source))
+    args = [*chaos.service_args(source.url, disk.directory, users_file, next_server_id()),
+            "--config", str(config)]
+    service = chaos.Service(args, str(tmp_path / "service.log"), env=disk.env())
+    service.start()
+    writer = RowWriter(source)
+    try:
+        await asyncio.to_thread(service.wait_ready)
+        writer.start()
+        await pace(2.0)
+        disk.inject(fault, only=DataDir(disk.directory).kafka_state)
+        said = "replication paused: " if fault == "enospc" else PAUSED
+        await asyncio.to_thread(_until, lambda: said in service.text(), 60,
+                                f"the {fault} on the Kafka state noticed")
+        await pace(3.0)
+        disk.heal()
+        await pace(2.0)
+        writer.stop()
+        conn = source.server.connect(source.database)
+        try:
+            assert await asyncio.to_thread(chaos.caught_up, service, conn, 120), \
+                service.text()[-3000:]
+        finally:
+            conn.close()
+        assert service.exited() is None, service.text()[-3000:]
+    finally:
+        writer.stop()
+        code = service.stop()
+    assert code == 0, service.text()[-3000:]
+    await items_exactly_once(kafka_broker.bootstrap, source, writer.written)

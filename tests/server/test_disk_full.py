@@ -1,5 +1,6 @@
 """A full data directory: replication pauses without corrupting anything, clients are still
-served, and replication resumes, losing and duplicating nothing, once there is room.
+served, and replication resumes, losing and duplicating nothing, once there is room; a dump
+that fills it fails in one line, and the next one completes.
 
 The data directory is a real, small tmpfs (mounting one needs root, which the suite's machines
 give; elsewhere the test is skipped and says so)."""
@@ -7,18 +8,27 @@ give; elsewhere the test is skipped and says so)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import fastavro
 import pytest
 
 from cdcserver.core.config import parse_source_url
 from cdcserver.core.names import TableName
+from cdcserver.dump import files
 from cdcserver.ops.verify import verify_table
+from mariadb_cdc_client.dump import DumpRows, apply, read_dump
 from tests.conftest import Source, make_config, start_service
-from tests.helpers import RawClient, fill, small_tmpfs
+from tests.helpers import PASSWORD, USER, RawClient, fill, small_tmpfs
+from tests.oracle import assert_each_change_once
+from tests.server.test_dump import _loaded, _orders, _table_rows
 from tests.server.test_probes import fetch_probe
+
+T = TypeVar("T")
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.slow]
 
@@ -77,3 +87,59 @@ async def test_a_full_disk_pauses_replication_and_loses_nothing(small_disk: str,
         if name.endswith(".avro"):
             with open(os.path.join(small_disk, "avro", name), "rb") as f:
                 assert sum(1 for _ in fastavro.reader(f)) > 0
+
+
+async def test_a_dump_that_fills_the_disk_fails_in_one_line_and_the_next_completes(
+        small_disk: str, source: Source, users_file: str, caplog):
+    """A requested dump meets a full data directory half way: it fails, saying so in one
+    line (no traceback), no dump of it is listed, replication goes on; once there is room,
+    the next request completes, and the dump is the table."""
+    table = _orders(source, 60000)
+    name = TableName(source.database, "orders")
+    cdc = await start_service(make_config(small_disk, source.url, users_file,
+                                          store={"disk_full_retry": 0.1}))
+    try:
+        await cdc.caught_up(source, timeout=120)
+        ballast = os.path.join(small_disk, "ballast")
+        await asyncio.to_thread(fill, ballast)
+        os.truncate(ballast, os.path.getsize(ballast) - (1 << 20))  # 1 MiB left: too little
+        scheduler = cdc.service.dumps.scheduler
+        assert scheduler.request([name]) == [name]
+        failed = await _until(lambda: next((e for e in scheduler.entries()
+                                            if e.state == "failed"), None), 60)
+        assert "No space left on device" in failed.error, failed.error
+        assert not files.list_dumps(small_disk, name)
+        said = [r for r in caplog.records if "dump" in r.getMessage() and
+                r.levelno >= logging.WARNING]
+        assert len(said) == 1 and said[0].exc_info is None, [r.getMessage() for r in said]
+
+        os.unlink(ballast)
+        source.execute(f"UPDATE {table} SET note = 'after' WHERE id % 1000 = 0")
+        assert scheduler.request([name]) == [name]
+        await _until(lambda: not scheduler.entries() and files.list_dumps(small_disk, name),
+                     120)
+        (dump,) = files.list_dumps(small_disk, name)
+        image: dict[tuple[object, ...], dict[str, object]] = {}
+        for item in read_dump(dump.path):
+            if isinstance(item, DumpRows):
+                apply(image, ["id"], item)
+        assert _loaded(image) == _table_rows(source, table)
+        await cdc.caught_up(source)
+        conn = source.server.connect()
+        try:
+            await assert_each_change_once(cdc.port, conn, source.database, "orders",
+                                          user=USER, password=PASSWORD)
+        finally:
+            conn.close()
+    finally:
+        await cdc.stop()
+
+
+async def _until(found: Callable[[], T | None], timeout: float) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = found()
+        if value:
+            return value
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not within {timeout:.0f} s")
