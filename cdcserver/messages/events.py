@@ -14,7 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdcserver.core.capture import RULED_STATEMENT
-from cdcserver.core.changes import Begin, Change, Commit, Ddl, Rows, RowsKind, TableLayout
+from cdcserver.core.changes import (
+    Abort,
+    Begin,
+    Change,
+    Commit,
+    Ddl,
+    Rows,
+    RowsKind,
+    TableLayout,
+)
 from cdcserver.core.gtid import BinlogPosition, Gtid
 from cdcserver.core.names import TableName
 from cdcserver.store.schema import TableSchema
@@ -143,8 +152,9 @@ class EventBuilder:
             elif isinstance(change, Commit):
                 self._gtid = None
                 yield CommitEvent(change.position)
-            else:  # Abort: the transaction is read again after a reconnect
+            elif isinstance(change, Abort):  # the transaction is read again after a reconnect
                 self._gtid = None
+            # (a marker inside the transaction, Rowless, Quarantine, Release, ends nothing)
 
     def _rows(self, rows: Rows) -> Iterator[RowEvent]:
         assert self._gtid is not None, "rows outside a transaction"
