@@ -15,7 +15,13 @@ while a seeded scheduler injects one fault after another:
 - ``disk-eio-write``, ``disk-eio-fsync``, ``disk-erofs``, ``disk-full``: the data
   directory's disk fails under the service (``tests/diskfault``: an ``EIO`` on write or on
   fsync, a file system turned read-only, ``ENOSPC``), then works again;
-- ``disk-slow``: every fsync in the data directory takes a second more.
+- ``disk-slow``: every fsync in the data directory takes a second more;
+- ``kafka-partition`` / ``kafka-silent`` (with a broker in a Host of its own): the link to
+  the Kafka broker drops every packet, or only the broker's answers.
+
+With a Kafka broker, the service also publishes every change exactly once, and a
+``read_committed`` consumer reads the ledger's topic at each check: each number once, in
+order.
 
 The workload goes on during the network faults (its statements use the server's Unix
 socket, which no fault touches). After each fault the soak times how long the service takes
@@ -45,8 +51,10 @@ import pymysql
 
 from cdcserver.app.embedded import EmbeddedMariaDB, free_port
 from mariadb_cdc_client import SyncCdcClient
+from mariadb_cdc_client.kafka import KafkaChangeReader
 from mariadb_cdc_client.stream import ChangeRecord
 from tests import chaos
+from tests.apache_kafka import ApacheKafka
 from tests.diskfault import DiskFaults
 from tests.netfault import Host
 
@@ -54,7 +62,9 @@ DISK_FAULTS = {"disk-eio-write": "eio-write", "disk-eio-fsync": "eio-fsync",
                "disk-erofs": "erofs", "disk-full": "enospc"}
 KINDS = ("service-kill", "source-partition", "source-silent", "service-silent", "source-loss",
          "source-kill", "source-restart", *DISK_FAULTS, "disk-slow")
+KAFKA_KINDS = ("kafka-partition", "kafka-silent")  # with a broker in a Host of its own
 SOURCE_USER, SOURCE_PASSWORD = "cdc", "cdc-pw"  # root may log in over the Unix socket only
+KAFKA_WAIT = 60.0  # seconds the consumer waits for the ledger's last rows
 RECOVERY_LIMIT = 180.0  # seconds after a fault's end before it counts as not recovered
 HELD = 10.0  # seconds: a workload step the source held longer is counted
 
@@ -75,6 +85,10 @@ class Figures:
     duplicates: int = 0  # ledger rows the resuming client got more than once
     gaps: int = 0  # ledger rows it never got
     out_of_order: int = 0
+    kafka_rows: int | None = None  # ledger rows a read_committed consumer read (None: no Kafka)
+    kafka_duplicates: int = 0
+    kafka_gaps: int = 0
+    kafka_out_of_order: int = 0
     held_steps: int = 0  # workload steps the source held over HELD seconds during a fault
     slowest_step: float = 0.0
     checked_after: int = 0  # faults injected when the checks last ran
@@ -82,7 +96,8 @@ class Figures:
     @property
     def exact(self) -> bool:
         return not (self.exits or self.differences or self.inconsistencies or self.unrecovered
-                    or self.duplicates or self.gaps or self.out_of_order)
+                    or self.duplicates or self.gaps or self.out_of_order
+                    or self.kafka_duplicates or self.kafka_gaps or self.kafka_out_of_order)
 
     def recovery_seconds(self) -> list[float]:
         return sorted(s for seconds in self.recoveries.values() for s in seconds)
@@ -96,6 +111,10 @@ class Figures:
                  f"{sum(self.inconsistencies.values())} stream inconsistencies, ledger "
                  f"{self.ledger_rows} rows: {self.duplicates} duplicates, {self.gaps} gaps, "
                  f"{self.out_of_order} out of order"]
+        if self.kafka_rows is not None:
+            lines.append(f"  read_committed Kafka consumer: {self.kafka_rows} ledger rows, "
+                         f"{self.kafka_duplicates} duplicates, {self.kafka_gaps} gaps, "
+                         f"{self.kafka_out_of_order} out of order")
         if times:
             lines.append(f"  recovery: p50 {percentile(times, 50):.1f} s, p99 "
                          f"{percentile(times, 99):.1f} s, max {times[-1]:.1f} s")
@@ -158,8 +177,12 @@ class LedgerReader:
 
 class Soak:
     def __init__(self, server: EmbeddedMariaDB, host: Host, database: str, data_dir: str,
-                 users_file: str, user: str, password: str, seed: int, log_path: str) -> None:
+                 users_file: str, user: str, password: str, seed: int, log_path: str,
+                 kafka: ApacheKafka | None = None, kafka_host: Host | None = None,
+                 fault_seconds: tuple[float, float] = (2.0, 8.0)) -> None:
         self.server, self.host, self.database = server, host, database
+        self.fault_seconds = fault_seconds  # how long each fault lasts, drawn between
+        self.kafka, self.kafka_host = kafka, kafka_host
         self.user, self.password = user, password
         self.rng = random.Random(seed)
         self.figures = Figures(seed)
@@ -169,6 +192,11 @@ class Soak:
         args[args.index("127.0.0.1:0")] = f"127.0.0.1:{self.port}"  # the client's to resume
         # the data directory's disk fails on the soak's word (tests/diskfault)
         self.disk = DiskFaults(data_dir, os.path.dirname(os.path.abspath(log_path)))
+        if kafka is not None:
+            config = os.path.join(os.path.dirname(os.path.abspath(log_path)), "kafka.toml")
+            with open(config, "w") as f:
+                f.write(kafka_config(kafka.bootstrap, database))
+            args += ["--config", config]
         # a dead source noticed in 3 heartbeats of 1 s, as in the tests; a disk found
         # working again within a second
         self.service = chaos.Service([*args, "--heartbeat", "1"], log_path,
@@ -234,7 +262,7 @@ class Soak:
 
     def inject(self, kind: str) -> None:
         """One fault, from its start to its end (the workload going on where it can)."""
-        seconds = self.rng.uniform(2.0, 8.0)
+        seconds = self.rng.uniform(*self.fault_seconds)
         if kind == "service-kill":
             self.service.kill()
             self.service.start()
@@ -265,6 +293,15 @@ class Soak:
                 self.disk.inject(DISK_FAULTS[kind])
             self._steps_for(seconds)
             self.disk.heal()
+        elif kind in KAFKA_KINDS:
+            if self.kafka_host is None:
+                raise ValueError(f"{kind} needs a Kafka broker in a Host of its own")
+            if kind == "kafka-partition":
+                self.kafka_host.partition()
+            else:  # the broker hears the service; its answers are lost
+                self.kafka_host.half_open(inbound=False)
+            self._steps_for(seconds)
+            self.kafka_host.heal()
         elif kind in ("source-kill", "source-restart"):
             if kind == "source-kill":
                 self.server.kill()
@@ -294,15 +331,19 @@ async def run(server: EmbeddedMariaDB, host: Host, database: str, data_dir: str,
               users_file: str, user: str, password: str, *, seed: int, faults: int,
               steps_between: tuple[int, int] = (10, 40), log_path: str,
               kinds: tuple[str, ...] = KINDS, every_kind: bool = False,
-              check_every: int = 0,
+              check_every: int = 0, kafka: ApacheKafka | None = None,
+              kafka_host: Host | None = None,
+              fault_seconds: tuple[float, float] = (2.0, 8.0),
               progress: Callable[[str], None] | None = None,
               checked: Callable[[Figures], None] | None = None) -> Figures:
     """``faults`` faults drawn from ``kinds`` (seeded; with ``every_kind`` each kind once
     first, in a seeded order), ``steps_between`` workload steps before each; then the
     checks (see the module's description), also after every ``check_every`` faults (0:
     only at the end), each telling ``checked`` the figures so far: a long run cut short
-    still has checked figures."""
-    soak = Soak(server, host, database, data_dir, users_file, user, password, seed, log_path)
+    still has checked figures. With ``kafka`` (in ``kafka_host``, for its kinds of fault)
+    the service publishes exactly once, and a read_committed consumer is checked too."""
+    soak = Soak(server, host, database, data_dir, users_file, user, password, seed, log_path,
+                kafka, kafka_host, fault_seconds)
     figures = soak.figures
     await asyncio.to_thread(soak.setup)
     soak.service.start()
@@ -372,7 +413,42 @@ async def _check(soak: Soak, ledger: LedgerReader, figures: Figures) -> None:
     figures.duplicates = len(ids) - len(set(ids))
     figures.gaps = len(stored - set(ids)) + len(set(ids) - stored)
     figures.out_of_order = sum(1 for a, b in itertools.pairwise(ids) if b <= a)
+    if soak.kafka is not None:
+        await _check_kafka(soak.kafka.bootstrap, soak.database, stored, figures)
     figures.checked_after = sum(figures.faults.values())
+
+
+async def _check_kafka(bootstrap: str, database: str, stored: set[int],
+                       figures: Figures) -> None:
+    """The ledger's topic as a read_committed consumer reads it: each stored number once, in
+    order within its partition (waited for until every one arrived, or a minute)."""
+    deadline = time.monotonic() + KAFKA_WAIT
+    while True:
+        reader = KafkaChangeReader(bootstrap, [f"{database}._ledger"], format="databus",
+                                   schema_topic=f"{database}.schemas",
+                                   isolation_level="read_committed")
+        changes = [c async for c in reader.changes(idle_timeout=2.0)]
+        ids = [int(c.after["id"]) for c in changes if c.after is not None]
+        if stored <= set(ids) or time.monotonic() > deadline:
+            break
+    figures.kafka_rows = len(set(ids))
+    figures.kafka_duplicates = len(ids) - len(set(ids))
+    figures.kafka_gaps = len(stored - set(ids)) + len(set(ids) - stored)
+    by_partition: dict[int, list[int]] = {}
+    for c in sorted(changes, key=lambda c: (c.partition, c.offset)):
+        if c.after is not None:
+            by_partition.setdefault(c.partition, []).append(int(c.after["id"]))
+    figures.kafka_out_of_order = sum(1 for p in by_partition.values()
+                                     for a, b in itertools.pairwise(p) if b <= a)
+
+
+def kafka_config(bootstrap: str, database: str) -> str:
+    """The service's [kafka] section: every change exactly once, a topic per table."""
+    return "\n".join([
+        "[kafka]", f'bootstrap = "{bootstrap}"', 'delivery = "exactly-once"',
+        f'schema_topic = "{database}.schemas"', f'state_topic = "{database}.state"',
+        'topic = "{db}.{table}"', "partitions = 3", "linger_ms = 5", "request_timeout = 5.0",
+        ""])
 
 
 def source_in(host: Host, base_dir: str) -> EmbeddedMariaDB:
@@ -402,6 +478,11 @@ def describe(figures: Figures) -> list[tuple[str, str]]:
              ("resuming client: ledger rows", f"{figures.ledger_rows:,}"),
              ("  duplicates, gaps, out of order (goal 0)",
               f"{figures.duplicates}, {figures.gaps}, {figures.out_of_order}")]
+    if figures.kafka_rows is not None:
+        rows += [("read_committed Kafka consumer: ledger rows", f"{figures.kafka_rows:,}"),
+                 ("  duplicates, gaps, out of order (goal 0)",
+                  f"{figures.kafka_duplicates}, {figures.kafka_gaps}, "
+                  f"{figures.kafka_out_of_order}")]
     if times:
         rows.append(("recovery after a fault ends: p50 / p99 / max (s)",
                      f"{percentile(times, 50):.1f} / {percentile(times, 99):.1f} / "
