@@ -85,7 +85,7 @@ from cdcserver.core.changes import (
     TableLayout,
 )
 from cdcserver.core.config import SourceAddress
-from cdcserver.core.errors import SourceError, SourceUnavailable
+from cdcserver.core.errors import DiskFull, SourceError, SourceUnavailable, StoreDamaged
 from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.reread.besideprocess import (
@@ -283,7 +283,9 @@ class BesideRepair:
         elif what == "error":
             kind, text = message[1], message[2]
             self.error = Cancelled(text) if kind == "cancelled" else \
-                SourceUnavailable(text) if kind == "retry" else SourceError(text)
+                SourceUnavailable(text) if kind == "retry" else \
+                DiskFull(text) if kind == "disk-full" else \
+                StoreDamaged(text) if kind == "disk-failed" else SourceError(text)
 
     # -- the pipeline's side --------------------------------------------------------------
 

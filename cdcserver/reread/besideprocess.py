@@ -37,6 +37,7 @@ from cdcserver.reread.readview import (
 from cdcserver.reread.retype import renders_otherwise, retyped
 from cdcserver.reread.tableview import Row, TableView, ViewsClosed
 from cdcserver.reread.view import Views, key_names
+from cdcserver.store.faults import disk_failed, disk_full
 
 _PROGRESS_ROWS = 1_000_000  # rows read between two log lines
 # The kinds of difference, as written (in this order the records of a share go out)
@@ -89,6 +90,7 @@ def work(job: Job, pipe: Any) -> None:
         pipe.send(("done", result))
     except BaseException as exc:  # noqa: BLE001 - told to the service
         kind = "cancelled" if isinstance(exc, (Cancelled, ViewsClosed)) else \
+            "disk-full" if disk_full(exc) else "disk-failed" if disk_failed(exc) else \
             "retry" if _retried(exc) else "fail"
         pipe.send(("error", kind, f"{type(exc).__name__}: {exc}"))
     finally:

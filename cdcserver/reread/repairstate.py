@@ -35,7 +35,7 @@ from cdcserver.core.changes import (
     TableLayout,
 )
 from cdcserver.core.config import SourceAddress
-from cdcserver.core.errors import SourceError, SourceUnavailable
+from cdcserver.core.errors import DiskFull, SourceError, SourceUnavailable, StoreDamaged
 from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.replication.sources import Sources
@@ -45,6 +45,7 @@ from cdcserver.reread.repairstats import RepairStats
 from cdcserver.reread.tableview import Row, TableView
 from cdcserver.reread.view import Views, key_names
 from cdcserver.store.catalog import Catalog
+from cdcserver.store.faults import disk_failed, disk_full
 
 log = logging.getLogger('cdcserver.reread.repair')
 
@@ -188,7 +189,15 @@ class RepairState:
 
     def _give_up(self, markers: list[Rowless], cause: str, exc: BaseException) -> None:
         """The rows cannot be read again exactly: quarantine their tables (see the module's
-        description) from the transaction being passed on."""
+        description) from the transaction being passed on. Unless the service's own disk
+        failed the read (full, failing): that is no fault of these tables, so replication
+        pauses (:class:`DiskFull`) or starts over (:class:`StoreDamaged`), and the rows are
+        read again after it (carried over, or from the checkpoint, which precedes them)."""
+        if disk_full(exc) or disk_failed(exc):
+            self._again.append((markers, cause))
+            local = DiskFull if disk_full(exc) else StoreDamaged
+            raise local(f"re-reading the rows {cause} changed without row events: "
+                        f"{exc}") from exc
         log.error("cannot re-read the rows %s changed without row events (%s): %s", cause,
                   ", ".join(sorted({m.qualified_name for m in markers})), exc,
                   exc_info=not isinstance(exc, (SourceError, pymysql.err.MySQLError)))

@@ -27,6 +27,7 @@ from cdcserver.core.names import TableName
 from cdcserver.reread.fold import fold_into
 from cdcserver.reread.tableview import Row, TableView, ViewsClosed
 from cdcserver.store.catalog import Catalog
+from cdcserver.store.faults import unopenable
 
 T = TypeVar("T")
 
@@ -40,7 +41,10 @@ class Views:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(left)
         self.path = path
-        self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        try:
+            self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        except sqlite3.OperationalError as exc:  # "unable to open": the disk may say why
+            raise unopenable(path) or exc from exc
         self.db.executescript("""
             PRAGMA journal_mode = OFF;
             PRAGMA synchronous = OFF;
@@ -154,7 +158,8 @@ class Views:
             fold_into(view, catalog, stored or table, self._closing)
             self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            if self.db.in_transaction:  # SQLite ends it itself on a full disk
+                self.db.execute("ROLLBACK")
             raise
         return view
 

@@ -12,6 +12,7 @@ written since the checkpoint, and the service starts over from it once the disk 
 from __future__ import annotations
 
 import errno
+import os
 import sqlite3
 import struct
 
@@ -66,3 +67,17 @@ def _caused_by(exc: BaseException | None, kind: type[StoreError], errnos: tuple[
             return True
         exc = exc.__cause__
     return False
+
+
+def unopenable(path: str) -> StoreError | None:
+    """Why ``path`` cannot be created or opened to write, when its disk is the reason (full:
+    :class:`DiskFull`; failing, read-only: :class:`StoreDamaged`); None otherwise. SQLite
+    says only "unable to open database file"."""
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    except OSError as exc:
+        if exc.errno in DISK_FULL_ERRNOS:
+            return DiskFull(f"{path} cannot be created: {exc.strerror}")
+        if exc.errno in DISK_FAILED_ERRNOS:
+            return StoreDamaged(f"{path} cannot be created: {exc.strerror}")
+    return None

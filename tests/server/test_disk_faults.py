@@ -263,3 +263,34 @@ async def test_the_kafka_sinks_state_on_a_failing_disk_publishes_every_row_once(
         code = service.stop()
     assert code == 0, service.text()[-3000:]
     await items_exactly_once(kafka_broker.bootstrap, source, writer.written)
+
+
+@pytest.mark.parametrize("fault", ["enospc", "eio-write"])
+async def test_a_repair_whose_views_meet_a_disk_fault_quarantines_nothing(
+        fault: str, source: Source, disk: DiskFaults, service: chaos.Service):
+    """Rows changed without row events (``ALTER ... ADD COLUMN ... DEFAULT`` fills the
+    column of every row) are read again through views the service keeps in its data
+    directory (``state/views.sqlite``). Only they meet the fault here: that is no fault of
+    the table, so replication pauses (or starts over) and the rows are read again once the
+    disk works; before, the table was quarantined."""
+    db = source.database
+    source.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY, body TEXT)",
+                   f"INSERT INTO `{db}`.t SELECT seq, REPEAT('r', 300) "
+                   f"FROM `{db}`.seq_1_to_5000")
+    conn = source.server.connect(db)
+    try:
+        assert await asyncio.to_thread(chaos.caught_up, service, conn, 60)
+        disk.inject(fault, only=DataDir(disk.directory).views)
+        source.execute(f"ALTER TABLE `{db}`.t ADD COLUMN x INT NOT NULL DEFAULT 7")
+        said = "replication paused: re-reading the rows" if fault == "enospc" else PAUSED
+        await asyncio.to_thread(_until, lambda: said in service.text(), 60,
+                                f"the {fault} on the views noticed")
+        if fault == "enospc":  # (paused, the service serves on; a failing disk starts it over)
+            assert not service.health().get("quarantined"), service.health()
+        disk.heal()
+        source.execute(f"UPDATE `{db}`.t SET x = 8 WHERE id <= 10")
+        assert await asyncio.to_thread(chaos.caught_up, service, conn, 120)
+    finally:
+        conn.close()
+    assert "quarantined" not in service.text(), service.text()[-3000:]
+    await _assert_whole(service, source)
