@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -120,6 +121,7 @@ class Cleaner:
         self._pass = asyncio.Lock()  # one pass at a time: the timer's and an operator's
         self.runs = 0
         self.deleted = 0  # files deleted since start
+        self._undropped: set[tuple[TableName, int]] = set()  # their index entries left
 
     def wake(self) -> None:
         """Run soon (a dump transfer just released its file)."""
@@ -145,6 +147,7 @@ class Cleaner:
 
     async def _clean(self) -> CleanReport:
         report = CleanReport()
+        self._drop_index_entries()
         now = time.time()
         dumps = await asyncio.to_thread(list_dumps, self.data_dir)
         for dump in expired_dumps(dumps, self.policy, now):
@@ -167,12 +170,28 @@ class Cleaner:
     def _delete_version(self, info: VersionInfo) -> bool:
         def forget() -> None:
             self.catalog.remove_version(info.table, info.version)
-            index = self.index()
-            if index is not None:
-                index.drop_version(info.table, info.version)
 
         if not delete_unless_in_use(info.path, forget):
             return False
         with contextlib.suppress(FileNotFoundError):
             os.unlink(info.path[: -len(".avro")] + ".avsc")
+        self._undropped.add((info.table, info.version))
+        self._drop_index_entries()
         return True
+
+    def _drop_index_entries(self) -> None:
+        """The index entries of the versions deleted, after their files: on a full disk
+        SQLite has no room for its journal, and the space the files give back is what
+        retention is for then; entries it cannot drop yet (dead weight, never read) are
+        dropped at a later pass."""
+        index = self.index()
+        if index is None:
+            return
+        for table, version in list(self._undropped):
+            try:
+                index.drop_version(table, version)
+            except sqlite3.OperationalError as exc:
+                log.warning("cleaner: the index entries of %s version %d stay until the next "
+                            "pass: %s", table, version, exc)
+                return
+            self._undropped.discard((table, version))

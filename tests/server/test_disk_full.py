@@ -1,6 +1,7 @@
 """A full data directory: replication pauses without corrupting anything, clients are still
 served, and replication resumes, losing and duplicating nothing, once there is room; a dump
-that fills it fails in one line, and the next one completes.
+that fills it fails in one line, and the next one completes; retention frees it, and
+replication resumes by itself.
 
 The data directory is a real, small tmpfs (mounting one needs root, which the suite's machines
 give; elsewhere the test is skipped and says so)."""
@@ -20,13 +21,16 @@ import pytest
 from cdcserver.core.config import parse_source_url
 from cdcserver.core.names import TableName
 from cdcserver.dump import files
+from cdcserver.dump.dumper import DumpOptions, dump_tables
 from cdcserver.ops.verify import verify_table
+from cdcserver.store.layout import DataDir
 from mariadb_cdc_client.dump import DumpRows, apply, read_dump
 from tests.conftest import Source, make_config, start_service
 from tests.helpers import PASSWORD, USER, RawClient, fill, small_tmpfs
 from tests.oracle import assert_each_change_once
 from tests.server.test_dump import _loaded, _orders, _table_rows
 from tests.server.test_probes import fetch_probe
+from tests.server.test_retention import _big_table
 
 T = TypeVar("T")
 
@@ -143,3 +147,64 @@ async def _until(found: Callable[[], T | None], timeout: float) -> T:
             return value
         await asyncio.sleep(0.1)
     raise AssertionError(f"not within {timeout:.0f} s")
+
+
+async def test_retention_frees_a_full_disk_and_replication_resumes_by_itself(
+        tmp_path, source: Source, users_file: str):
+    """Retention keeps working under pressure: with the data directory full and replication
+    paused, the cleaner still deletes a version a newer dump replaced (its index entries
+    too, though SQLite has no room for a journal), and the room it frees lets replication
+    resume by itself. The store stays whole: a restart opens it and the stream after the
+    dump, with the dump, is the table."""
+    with small_tmpfs(str(tmp_path / "data"), "96m") as data_dir:
+        _big_table(source, rows=40000)  # about 20 MB in version 1
+        name = TableName(source.database, "big")
+        config = make_config(data_dir, source.url, users_file,
+                             store={"disk_full_retry": 0.1},
+                             retention={"versions_max_bytes": 1, "interval": 3600})
+        cdc = await start_service(config)
+        try:
+            await cdc.caught_up(source, timeout=120)
+            source.execute(f"ALTER TABLE {source.database}.big ADD COLUMN x INT DEFAULT 1")
+            await cdc.caught_up(source)
+            (result,) = await asyncio.to_thread(
+                dump_tables, parse_source_url(source.url), data_dir, [name], DumpOptions())
+            assert result.info.header.stream_version == 2
+            await asyncio.to_thread(fill, os.path.join(data_dir, "ballast"))
+            source.execute(f"UPDATE {source.database}.big SET x = 2 WHERE id <= 2000")
+            await _until(lambda: cdc.service.replication.runner.paused, 60)
+
+            report = await cdc.service.housekeeping.cleaner.clean()
+            assert report.deleted == [os.path.basename(
+                DataDir(data_dir).table_file(name, 1, "avro"))], report
+            await cdc.caught_up(source, timeout=120)  # resumed by itself
+            assert not cdc.service.replication.runner.paused
+        finally:
+            await cdc.stop()
+        os.unlink(os.path.join(data_dir, "ballast"))
+        cdc = await start_service(config)  # the store opens whole after it all
+        try:
+            source.execute(f"DELETE FROM {source.database}.big WHERE id > 39990")
+            await cdc.caught_up(source)
+            image: dict[tuple[object, ...], dict[str, object]] = {}
+            for item in read_dump(result.info.path):
+                if isinstance(item, DumpRows):
+                    apply(image, ["id"], item)
+            client = await RawClient.connect(cdc.port)
+            await client.login()
+            await client.send(f"REQUEST-DATA {source.database}.big\n".encode())
+            assert (await client.json_line())["version"] == 2  # the schema: version 1 gone
+            for _ in range(2 * 2000 + 10):  # 2,000 updates (before, after), 10 deletes
+                record = await client.json_line()
+                key = (record["id"],)
+                if record["event_type"] in ("insert", "update_after"):
+                    image[key] = {c: record[c] for c in ("id", "body", "x")}
+                elif record["event_type"] == "delete":
+                    image.pop(key, None)
+            await client.close()
+            rows = source.query(f"SELECT id, body, x FROM {source.database}.big")
+            assert {k: (v["body"], v["x"]) for k, v in image.items()} == \
+                {(r[0],): (r[1], r[2]) for r in rows}
+        finally:
+            await cdc.stop()
+
