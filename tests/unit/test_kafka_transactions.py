@@ -187,3 +187,35 @@ async def test_closing_with_a_transaction_open_on_a_producer_aiokafka_holds_fenc
     producer.abort_transaction = refused  # type: ignore[method-assign]
     await asyncio.wait_for(sink.transactions.close(), 5)
     assert producer.calls[-2:] == ["abort", "stop"]
+
+
+async def test_a_commit_cancelled_under_way_is_read_back_before_anything_more(sink):
+    """The pipeline torn down (a full disk paused replication) cancels a commit under way:
+    the brokers may have committed it or not. The sink's next flush or message first
+    reads the committed position back and has replication start over from it, instead of
+    taking the transaction for open (before: "Can't send messages while not in
+    transaction" at the next commit, and the service stopped)."""
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+    producer.batches[0].set_result(None)
+    committing = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow_commit() -> None:
+        producer.calls.append("commit")
+        committing.set()
+        await release.wait()
+
+    producer.commit_transaction = slow_commit  # type: ignore[method-assign]
+    flushing = asyncio.create_task(sink.flush())
+    await asyncio.wait_for(committing.wait(), 5)
+    flushing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await flushing
+    with pytest.raises(SinkRewound, match="cancelled under way"):
+        await sink.flush()
+    assert len(_Producer.made) == 2 and sink.durable == _position(0)  # read back
+    sink.starting_at(_position(0))
+    await _one_transaction(sink, 1)
+    assert _Producer.made[1].calls == ["start", "begin"]

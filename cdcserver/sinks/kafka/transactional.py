@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 from aiokafka.errors import (
+    IllegalOperation,
     InvalidProducerEpoch,
     KafkaError,
     ProducerFenced,
@@ -74,6 +75,9 @@ class TransactionalSender(Sender):
         self._commit_wanted = False  # a flush came while a source transaction was open
         self._rewound = False  # until the next pipeline starts: refuse the old one's batches
         self._fenced: BaseException | None = None
+        # A commit was cancelled under way (the pipeline torn down): the brokers may have
+        # committed it or not, so the next use reads the committed position back
+        self._commit_unsure = False
         self._began = 0.0  # time.monotonic() when the open transaction began
         self._saved = 0.0  # time.monotonic() when state/kafka.json was last written
         self._saved_position: BinlogPosition | None = None  # ... and what it holds
@@ -112,6 +116,7 @@ class TransactionalSender(Sender):
 
     async def hold(self, message: Message) -> None:
         self._check_usable()
+        await self._sure_of_the_last_commit()
         if not self._open:
             await self._begin()
         await super().hold(message)
@@ -131,6 +136,7 @@ class TransactionalSender(Sender):
         one routed to its end commits); returns the position committed."""
         async with self.lock:
             self._check_usable()
+            await self._sure_of_the_last_commit()
             if self._tail:
                 self._commit_wanted = True
             elif self._open:
@@ -171,13 +177,24 @@ class TransactionalSender(Sender):
                                              key=self.checkpoint.key.encode(), partition=0)
             await self.producer.commit_transaction()
             await state  # (delivered: the commit waited for it)
-        except (KafkaError, OSError) as exc:
+        except (KafkaError, OSError, IllegalOperation) as exc:
             await self._rewind(exc)
+        except asyncio.CancelledError:
+            self._commit_unsure = True
+            raise
         self._open = False
         self.stats.commits += 1
         self.stats.acknowledged += sum(1 for _ in self.in_flight.messages())
         self.in_flight.clear()
         self.checkpoint.durable = position
+
+    async def _sure_of_the_last_commit(self) -> None:
+        """After a commit cancelled under way: the position committed read back, and
+        replication started over from it (nothing published twice, nothing skipped)."""
+        if self._commit_unsure:
+            self._commit_unsure = False
+            await self._rewind(RuntimeError("a commit was cancelled under way; whether the "
+                                            "brokers committed it is read back"))
 
     async def _delivered(self) -> None:
         """Every message of the transaction acknowledged, or a rewind: the producer commits
