@@ -304,6 +304,8 @@ class ApacheKafka:
                     metadata = _in_own_loop(lambda: _metadata(f"{node.address}:{node.port}"))
                     if any(b.nodeId == node.node_id for b in metadata.brokers()):
                         return
+                except ImportError:
+                    raise  # aiokafka missing: no wait makes it ready (the kafka extra)
                 except Exception:  # noqa: BLE001 - not ready yet: asked again below
                     pass
             if time.monotonic() > deadline:
