@@ -33,30 +33,27 @@ async def _poll(check: Callable[[], bool], every: float) -> None:
 
 def _room_for(probe: str, size: int) -> bool:
     """Whether ``size`` bytes can be written beside the data (then removed again)."""
-    try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    except OSError:
-        return False
-    try:
-        os.posix_fallocate(fd, 0, size)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(probe)
+    return _probe(probe, lambda fd: os.posix_fallocate(fd, 0, size))
 
 
 def _writes_and_syncs(probe: str) -> bool:
     """Whether a small file can be written and synced beside the data (then removed)."""
+    def write_and_sync(fd: int) -> None:
+        os.write(fd, b"\0" * 4096)
+        os.fsync(fd)
+
+    return _probe(probe, write_and_sync)
+
+
+def _probe(probe: str, attempt: Callable[[int], object]) -> bool:
+    """Whether ``attempt`` on a new file at ``probe`` raises no OSError (the file is removed
+    again either way)."""
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     except OSError:
         return False
     try:
-        os.write(fd, b"\0" * 4096)
-        os.fsync(fd)
+        attempt(fd)
         return True
     except OSError:
         return False
