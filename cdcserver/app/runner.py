@@ -224,8 +224,9 @@ class ReplicationRunner:
             except (StoreError, OSError, sqlite3.Error) as exc:
                 if disk_failed(exc):
                     await self._pause_until_writable(exc)
-                    raise exc if isinstance(exc, StoreDamaged) else StoreDamaged(
-                        f"{self.data_dir.root}: {exc}") from exc
+                    if isinstance(exc, StoreDamaged):
+                        raise
+                    raise StoreDamaged(f"{self.data_dir.root}: {exc}") from exc
                 if not disk_full(exc):
                     raise
                 await self._pause_until_room(exc)

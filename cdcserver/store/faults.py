@@ -57,7 +57,9 @@ def disk_failed(exc: BaseException) -> bool:
 
 def _caused_by(exc: BaseException | None, kind: type[StoreError], errnos: tuple[int, ...],
                sqlite_codes: tuple[int, ...]) -> bool:
-    while exc is not None:
+    seen: set[int] = set()  # (a cause may lead back to itself)
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
         if isinstance(exc, kind):
             return True
         if isinstance(exc, OSError) and exc.errno in errnos:
