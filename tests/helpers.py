@@ -78,10 +78,12 @@ class RawClient:
         """Authenticate and register the way MaxScale's cdc.py does: one write each, no newline
         (``dialect``: ask for a JSON dialect, an extension; None: the server's default)."""
         await self.send(auth_message(user, password))
-        assert await self.line() == b"OK\n"
+        answer = await self.line()
+        assert answer == b"OK\n", f"the login was answered {answer!r}"
         extension = f", DIALECT={dialect}" if dialect else ""
         await self.send(f"REGISTER UUID=test-client, TYPE={fmt}{extension}".encode())
-        assert await self.line() == b"OK\n"
+        answer = await self.line()
+        assert answer == b"OK\n", f"REGISTER was answered {answer!r}"
 
     async def close(self) -> None:
         self.writer.close()

@@ -12,7 +12,22 @@ from tests import hardening
 
 @pytest.fixture
 async def running(tmp_path):
+    """Short deadlines, for the scenarios about them (fuzzed sessions that never log in, the
+    slowloris)."""
     listener = await hardening.listener(str(tmp_path), auth_timeout=1.0, idle_timeout=5.0)
+    yield listener
+    await listener.server.stop()
+    listener.store.close()
+
+
+@pytest.fixture
+async def patient(tmp_path):
+    """The service's own deadlines, for the scenarios whose clients log in: on a machine
+    busy beside them, 1 s between a connection and its login was missed (the other-day
+    tier of ci15 got ERR for a login in the path-traversal scenario)."""
+    defaults = ListenerConfig()
+    listener = await hardening.listener(str(tmp_path), auth_timeout=defaults.auth_timeout,
+                                        idle_timeout=defaults.idle_timeout)
     yield listener
     await listener.server.stop()
     listener.store.close()
@@ -46,8 +61,8 @@ async def test_a_thousand_concurrent_connections_all_get_a_commit(tmp_path):
 
 
 @pytest.mark.slow
-async def test_clients_that_never_read_cost_bounded_memory(running):
-    figures = await hardening.slow_readers(running, clients=10, megabytes=20)
+async def test_clients_that_never_read_cost_bounded_memory(patient):
+    figures = await hardening.slow_readers(patient, clients=10, megabytes=20)
     assert figures.lost == 0
 
 
@@ -61,6 +76,6 @@ async def test_oversized_lines_are_refused_and_closed(running):
     assert figures.survived == 5
 
 
-async def test_paths_in_every_argument_are_refused(running):
-    figures = await hardening.path_traversal(running)
+async def test_paths_in_every_argument_are_refused(patient):
+    figures = await hardening.path_traversal(patient)
     assert figures.tried == len(hardening.TRAVERSALS) * len(hardening._TRAVERSAL_COMMANDS)
