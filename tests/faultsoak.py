@@ -266,7 +266,7 @@ class Soak:
         if kind == "service-kill":
             self.service.kill()
             self.service.start()
-            self.service.wait_ready()
+            self.service.wait_ready(RECOVERY_LIMIT)
         elif kind in ("source-partition", "source-silent", "service-silent", "source-loss"):
             if kind == "source-partition":
                 self.host.partition()
@@ -321,7 +321,7 @@ class Soak:
         if self.service.exited() is not None:
             self.figures.exits.append(self.service.text()[-2000:])
             self.service.start()
-            self.service.wait_ready()
+            self.service.wait_ready(RECOVERY_LIMIT)
         if not chaos.caught_up(self.service, self.conn, RECOVERY_LIMIT):
             return None
         return time.monotonic() - started
@@ -347,7 +347,7 @@ async def run(server: EmbeddedMariaDB, host: Host, database: str, data_dir: str,
     figures = soak.figures
     await asyncio.to_thread(soak.setup)
     soak.service.start()
-    await asyncio.to_thread(soak.service.wait_ready)
+    await asyncio.to_thread(soak.service.wait_ready, RECOVERY_LIMIT)
     await asyncio.to_thread(soak.ledger_row)  # the ledger stored before its reader asks
     if not await asyncio.to_thread(chaos.caught_up, soak.service, soak.conn, 120):
         raise RuntimeError("the service did not catch up with the workload's setup")
