@@ -40,18 +40,21 @@ def make_durable(data_dir: str, dirty: list[VersionFileWriter], new_files_in: st
         index.persist()
         checkpoints.write(checkpoint, marks)
     except (OSError, sqlite3.Error) as exc:
-        raise _disk_fault(data_dir, exc) from exc
+        fault = _disk_fault(data_dir, exc)
+        if fault is None:
+            raise
+        raise fault from exc
 
 
-def _disk_fault(data_dir: str, exc: OSError | sqlite3.Error) -> Exception:
-    """What a failed index or checkpoint write means: a full disk, a failing one, or (any
-    other error) itself."""
+def _disk_fault(data_dir: str, exc: OSError | sqlite3.Error) -> Exception | None:
+    """What a failed index or checkpoint write means: a full disk, a failing one, or (None)
+    neither, raised as it is."""
     what = exc.strerror if isinstance(exc, OSError) else str(exc)
     if disk_full(exc):
         return DiskFull(f"{data_dir}: {what}; checkpoint not written")
     if disk_failed(exc):
         return StoreDamaged(f"{data_dir}: {what}; checkpoint not written")
-    return exc
+    return None
 
 
 def table_mark(entry: TableEntry | None) -> TableMark | None:
