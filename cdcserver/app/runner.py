@@ -365,12 +365,24 @@ class ReplicationRunner:
                 # Checkpoints must cover everything applied: replication restarts from them,
                 # and nothing may be applied twice.
                 for sink in ordered(self.sinks):
-                    await sink.flush()
+                    await self._checkpoint_at_pause(sink)
                 break
             except DiskFull:
                 continue
         log.warning("the data directory has room again: resuming replication")
         self._enter(State.REPLICATING)
+
+    @staticmethod
+    async def _checkpoint_at_pause(sink: Sink) -> None:
+        """The sink's checkpoint written before replication starts over from it. A sink
+        that rewound instead (the Kafka sink whose commit the pause cut short reads the
+        position committed back) already stands at its last commit: nothing more to write.
+        (Raised, the rewind stopped the service: the pause is outside the loop that takes
+        it.)"""
+        try:
+            await sink.flush()
+        except SinkRewound as exc:
+            log.warning("%s stands at its last commit again: %s", sink.name, exc)
 
     async def _pause_until_writable(self, cause: Exception) -> None:
         """The data directory's disk failed: every sink drops its open transaction, and

@@ -11,17 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from typing import Any
 
 import pytest
 from aiokafka.errors import MessageSizeTooLargeError, ProducerFenced
 
-from cdcserver.core.errors import PublisherFenced, SinkRewound
+from cdcserver.app.runner import ReplicationRunner, State
+from cdcserver.core.config import SourceConfig
+from cdcserver.core.errors import DiskFull, PublisherFenced, SinkRewound
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.sinks.kafka import sender as sender_module
 from cdcserver.sinks.kafka.accumulator import Message
 from cdcserver.sinks.kafka.sink import KafkaSink
+from cdcserver.store.catalog import Catalog
+from cdcserver.store.layout import DataDir
 
 
 def _position(n: int) -> BinlogPosition:
@@ -219,3 +224,34 @@ async def test_a_commit_cancelled_under_way_is_read_back_before_anything_more(si
     sink.starting_at(_position(0))
     await _one_transaction(sink, 1)
     assert _Producer.made[1].calls == ["start", "begin"]
+
+
+async def test_a_pause_for_a_full_disk_after_a_cancelled_commit_resumes(sink, tmp_path):
+    """The soak's disk-full fault: the pause tears the pipeline down mid-commit, and the
+    runner's checkpoints before resuming meet the sink's rewind (it reads the committed
+    position back). The sink stands at its last commit then; before, the rewind escaped the
+    pause and stopped the service."""
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+    producer.batches[0].set_result(None)
+    committing = asyncio.Event()
+
+    async def never_ending_commit() -> None:
+        committing.set()
+        await asyncio.Event().wait()
+
+    producer.commit_transaction = never_ending_commit  # type: ignore[method-assign]
+    flushing = asyncio.create_task(sink.flush())
+    await asyncio.wait_for(committing.wait(), 5)
+    flushing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await flushing
+    data_dir = DataDir(str(tmp_path / "data"))
+    os.makedirs(data_dir.state)
+    runner = ReplicationRunner(SourceConfig(url="mysql://cdc@127.0.0.1:1"), data_dir,
+                               Catalog(data_dir.avro), [sink], flush_interval=1,
+                               disk_full_retry=0.01)
+    await asyncio.wait_for(runner._pause_until_room(DiskFull("no room")), 5)
+    assert runner.state is State.REPLICATING and not runner.paused
+    assert sink.durable == _position(0) and len(_Producer.made) == 2  # read back
