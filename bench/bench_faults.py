@@ -9,10 +9,12 @@ Runs ``tests/faultsoak.py`` (the same soak the suite runs short, in
 (root, iproute2 and nftables: ``tests/netfault.py``), ``cdcserver run`` reading it over the
 namespace's link, and one fault after another drawn from the kinds (default: all of
 ``faultsoak.KINDS`` and ``KAFKA_KINDS``: the service killed with -9; the link to the source
-partitioned, half-open either way or lossy for 2-8 s while the workload goes on; MariaDB
+partitioned, half-open either way, lossy, or slow and reordering (NFQUEUE,
+``tests/netdelay.py``) for 2-8 s while the workload goes on; MariaDB
 killed with -9 or restarted; the data directory's disk failing with EIO on write or fsync,
 turned read-only, full, or syncing a second slower, for 2-8 s, through ``tests/diskfault``'s
-shim; the link to the Kafka broker, in a namespace of its own, partitioned or half-open).
+shim; the link to the Kafka broker, in a namespace of its own, partitioned, half-open or
+slow).
 The service publishes every change exactly once to that broker (``--no-kafka``: no broker),
 and a read_committed consumer reads the ledger's topic at each check.
 

@@ -10,14 +10,16 @@ while a seeded scheduler injects one fault after another:
 - ``source-partition``: the link to the source drops every packet, both ways;
 - ``source-silent`` / ``service-silent``: a half-open link, one way dropped;
 - ``source-loss``: a share of the packets dropped at random;
+- ``source-slow``: every packet held up to 300 ms, a quarter let through at once, reordered;
 - ``source-kill``: MariaDB killed with -9, started again;
 - ``source-restart``: MariaDB stopped cleanly and started again;
 - ``disk-eio-write``, ``disk-eio-fsync``, ``disk-erofs``, ``disk-full``: the data
   directory's disk fails under the service (``tests/diskfault``: an ``EIO`` on write or on
   fsync, a file system turned read-only, ``ENOSPC``), then works again;
 - ``disk-slow``: every fsync in the data directory takes a second more;
-- ``kafka-partition`` / ``kafka-silent`` (with a broker in a Host of its own): the link to
-  the Kafka broker drops every packet, or only the broker's answers.
+- ``kafka-partition`` / ``kafka-silent`` / ``kafka-slow`` (with a broker in a Host of its
+  own): the link to the Kafka broker drops every packet, or only the broker's answers, or
+  holds and reorders them as ``source-slow`` does.
 
 With a Kafka broker, the service also publishes every change exactly once, and a
 ``read_committed`` consumer reads the ledger's topic at each check: each number once, in
@@ -61,8 +63,8 @@ from tests.netfault import Host
 DISK_FAULTS = {"disk-eio-write": "eio-write", "disk-eio-fsync": "eio-fsync",
                "disk-erofs": "erofs", "disk-full": "enospc"}
 KINDS = ("service-kill", "source-partition", "source-silent", "service-silent", "source-loss",
-         "source-kill", "source-restart", *DISK_FAULTS, "disk-slow")
-KAFKA_KINDS = ("kafka-partition", "kafka-silent")  # with a broker in a Host of its own
+         "source-slow", "source-kill", "source-restart", *DISK_FAULTS, "disk-slow")
+KAFKA_KINDS = ("kafka-partition", "kafka-silent", "kafka-slow")  # a broker in a Host
 SOURCE_USER, SOURCE_PASSWORD = "cdc", "cdc-pw"  # root may log in over the Unix socket only
 KAFKA_WAIT = 60.0  # seconds the consumer waits for the ledger's last rows
 RECOVERY_LIMIT = 180.0  # seconds after a fault's end before it counts as not recovered
@@ -267,11 +269,14 @@ class Soak:
             self.service.kill()
             self.service.start()
             self.service.wait_ready(RECOVERY_LIMIT)
-        elif kind in ("source-partition", "source-silent", "service-silent", "source-loss"):
+        elif kind in ("source-partition", "source-silent", "service-silent", "source-loss",
+                      "source-slow"):
             if kind == "source-partition":
                 self.host.partition()
             elif kind == "source-loss":
                 self.host.lossy(self.rng.choice((10, 25, 40)))
+            elif kind == "source-slow":
+                self._slow(self.host)
             else:  # the packets into the source's host dropped: the service goes unheard
                 self.host.half_open(inbound=kind == "service-silent")
             # the workload in a thread of its own: the fault ends on time even when the
@@ -298,6 +303,8 @@ class Soak:
                 raise ValueError(f"{kind} needs a Kafka broker in a Host of its own")
             if kind == "kafka-partition":
                 self.kafka_host.partition()
+            elif kind == "kafka-slow":
+                self._slow(self.kafka_host)
             else:  # the broker hears the service; its answers are lost
                 self.kafka_host.half_open(inbound=False)
             self._steps_for(seconds)
@@ -313,6 +320,11 @@ class Soak:
         else:
             raise ValueError(kind)
         self.figures.faults[kind] += 1
+
+    def _slow(self, host: Host) -> None:
+        """``host``'s link holding each packet up to 300 ms, a quarter let through at once."""
+        delay = self.rng.choice((40, 100, 160))
+        host.slow(delay, jitter_ms=delay * 0.8, reorder=25, seed=self.rng.randrange(1 << 30))
 
     def recovered(self) -> float | None:
         """Seconds until the service applied everything the source logged (None: not

@@ -233,14 +233,15 @@ class Outage:
 async def broker_outage(broker: Any, source: Source, users_file: str, data_dir: str,
                         away: float, transaction_timeout: float = 60.0,
                         proxy: TcpProxy | None = None, host: Any = None,
-                        half_open: bool = False) -> Outage:
+                        link: str = "partition") -> Outage:
     """The service publishes exactly once to ``broker`` (an ``ApacheKafka`` of its own)
     while rows are written; the broker is killed (-9) and stays down ``away`` seconds, then
     starts again on its log; or, with ``proxy`` (in front of the broker, which advertises
     it), the broker runs on but cannot be reached for ``away`` seconds; or, with ``host``
-    (the ``tests/netfault.Host`` the broker runs in), the link to it drops every packet for
-    ``away`` seconds, both ways or (``half_open``) only the broker's answers. Every row must
-    reach a read_committed consumer once."""
+    (the ``tests/netfault.Host`` the broker runs in), the link to it fails for ``away``
+    seconds as ``link`` says: ``partition`` drops every packet both ways, ``half-open``
+    only the broker's answers, ``slow`` holds every packet 30-130 ms and lets a quarter
+    through at once, reordered. Every row must reach a read_committed consumer once."""
     from tests.conftest import make_config, start_service
     from tests.integration.test_kafka import kafka_caught_up
 
@@ -261,8 +262,10 @@ async def broker_outage(broker: Any, source: Source, users_file: str, data_dir: 
             await pace(away)
             proxy.refuse = False
         elif host is not None:
-            if half_open:  # the broker hears the service, its answers are lost
+            if link == "half-open":  # the broker hears the service, its answers are lost
                 host.half_open(inbound=False)
+            elif link == "slow":
+                host.slow(80, jitter_ms=50, reorder=25)
             else:
                 host.partition()
             await pace(away)

@@ -9,22 +9,28 @@ nftables rules inside the host then drop what crosses the link:
 - ``half_open(inbound=...)``: one way only (a firewall that forgot a connection, a route
   lost one way): the side whose packets still arrive thinks all is well;
 - ``lossy(percent)``: a share of the packets both ways, at random;
+- ``slow(delay_ms, jitter_ms=..., reorder=...)``: every packet both ways held, some let
+  through at once and so reordered (``tests/netdelay.py``);
 - ``heal()``: none.
 
-The kernel of these machines has no ``netem`` (delay, reordering, duplication); dropping
-with nftables is what it offers, and what the faults above need. Making namespaces needs
-root and iproute2, the rules nftables (``tests/run.sh`` installs both): elsewhere the tests
-that use a Host are skipped, saying why.
+The kernel of these machines has no ``netem`` (delay, reordering, duplication), and
+nftables no ``queue`` expression: dropping is done with nftables, and holding packets with
+iptables' ``NFQUEUE`` target and a program of the test's own that lets each through later
+(``tests/netdelay.py``, on NetfilterQueue). Making namespaces needs root and iproute2, the
+rules nftables and iptables, ``slow`` NetfilterQueue (``tests/run.sh`` installs them all):
+elsewhere the tests that use them are skipped, saying why.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import ipaddress
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 
 import pytest
@@ -32,6 +38,7 @@ import pytest
 POOL = ipaddress.ip_network("10.128.0.0/9")
 LOCK = "/tmp/cdc-test-netfault.lock"  # the choice of a free /30, across pytest workers
 PREFIX = "cdct"  # the namespaces' names: cdct<pid>n<number>
+QUEUE = 55  # the NFQUEUE number slow() holds packets in (each namespace has its own)
 
 
 def missing() -> str | None:
@@ -44,8 +51,30 @@ def missing() -> str | None:
     return None
 
 
+def slow_missing() -> str | None:
+    """Why :meth:`Host.slow` cannot hold packets here, if it cannot."""
+    if shutil.which("iptables") is None:
+        return "iptables is not installed (tests/run.sh installs it)"
+    try:
+        import netfilterqueue  # noqa: F401
+    except ImportError:
+        return "NetfilterQueue is not installed (tests/run.sh installs it)"
+    return None
+
+
+NETDELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netdelay.py")
+
+
 def _ip(*args: str) -> str:
     return subprocess.run(["ip", *args], check=True, capture_output=True, text=True).stdout
+
+
+@dataclasses.dataclass(frozen=True)
+class Slowed:
+    """What a :meth:`Host.slow` did, from its start until :meth:`Host.heal`."""
+
+    passed: int  # packets held and let through
+    overtaken: int  # ... after a packet that arrived later: reordered
 
 
 class Host:
@@ -58,6 +87,8 @@ class Host:
         if why is not None:
             pytest.skip(why)
         _remove_leftovers()
+        self._delayer: subprocess.Popen[str] | None = None  # while slow()
+        self.slowed = Slowed(0, 0)  # what the last slow() held, once healed
         Host._made += 1
         self.name = f"{PREFIX}{os.getpid()}n{Host._made}"
         self._outer = f"ct{os.getpid() % 100000}n{Host._made}"[:15]
@@ -110,8 +141,41 @@ class Host:
         """``percent`` of the packets over the link dropped at random, both ways."""
         self._drop(inbound=True, outbound=True, match=f"numgen random mod 100 < {percent} ")
 
+    def slow(self, delay_ms: float, *, jitter_ms: float = 0.0, reorder: float = 0.0,
+             seed: int = 0) -> None:
+        """Every packet over the link, both ways, held ``delay_ms`` give or take
+        ``jitter_ms`` (so that packets close together overtake each other), and
+        ``reorder`` percent let through at once, overtaking those held."""
+        why = slow_missing()
+        if why is not None:
+            raise RuntimeError(why)
+        self.heal()
+        delayer = self._delayer = subprocess.Popen(
+            self.command([sys.executable, NETDELAY, "--queue", str(QUEUE),
+                          "--delay-ms", str(delay_ms), "--jitter-ms", str(jitter_ms),
+                          "--reorder", str(reorder), "--seed", str(seed)]),
+            stdout=subprocess.PIPE, text=True)
+        assert delayer.stdout is not None
+        if delayer.stdout.readline() != "ready\n":
+            delayer.wait()
+            raise RuntimeError(f"tests/netdelay.py did not start (exit {delayer.returncode})")
+        for chain, way in (("INPUT", "-i"), ("OUTPUT", "-o")):
+            self.run("iptables", "-A", chain, way, self._inner, "-j", "NFQUEUE",
+                     "--queue-num", str(QUEUE), "--queue-bypass")
+
     def heal(self) -> None:
         self._nft("flush chain inet fault inbound; flush chain inet fault outbound")
+        delayer, self._delayer = self._delayer, None
+        if delayer is not None:
+            for chain in ("INPUT", "OUTPUT"):  # new packets pass; then the held ones
+                self.run("iptables", "-F", chain)
+            delayer.terminate()
+            assert delayer.stdout is not None
+            told = delayer.stdout.read().split()  # "passed N overtaken M"
+            delayer.wait(10)
+            delayer.stdout.close()
+            if len(told) == 4:
+                self.slowed = Slowed(int(told[1]), int(told[3]))
 
     def _drop(self, *, inbound: bool, outbound: bool, match: str = "") -> None:
         rules = ["flush chain inet fault inbound", "flush chain inet fault outbound"]
@@ -130,6 +194,9 @@ class Host:
     def close(self) -> None:
         """The namespace and its link removed (what still runs in it is the caller's to
         stop first)."""
+        if self._delayer is not None:
+            self._delayer.kill()
+            self._delayer.wait()
         with contextlib.suppress(subprocess.CalledProcessError):
             _ip("link", "del", self._outer)
         with contextlib.suppress(subprocess.CalledProcessError):

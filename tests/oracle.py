@@ -138,8 +138,8 @@ def auth_message(user: str, password: str) -> bytes:
 
 async def read_stream(port: int, table: str, *, user: str, password: str,
                       quiet: float = 1.0, first_line_timeout: float = 30.0,
-                      request: str | None = None, until: str | None = None
-                      ) -> list[dict[str, Any]]:
+                      request: str | None = None, until: str | None = None,
+                      host: str = "127.0.0.1") -> list[dict[str, Any]]:
     """Every JSON line of ``REQUEST-DATA table`` until the server has been quiet for
     ``quiet`` seconds (call it once the service has stored what the test wrote).
 
@@ -148,7 +148,7 @@ async def read_stream(port: int, table: str, *, user: str, password: str,
     long the server pauses (a busy machine paused one soak's stream for longer than its
     quiet time, and the chain of renames it walked lost a table's past); a stream that ends
     without its end line was cut, and fails. The end line is not returned."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 26)
+    reader, writer = await asyncio.open_connection(host, port, limit=1 << 26)
     try:
         writer.write(auth_message(user, password))
         assert await reader.readline() == b"OK\n"

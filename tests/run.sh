@@ -29,6 +29,8 @@ command -v rsync >/dev/null 2>&1 || missing+=(rsync)  # ... its state transfers
 command -v socat >/dev/null 2>&1 || missing+=(socat)
 command -v ss >/dev/null 2>&1 || missing+=(iproute2)  # the transfer script waits with ss
 command -v nft >/dev/null 2>&1 || missing+=(nftables)  # tests/netfault.py's broken links
+command -v iptables >/dev/null 2>&1 || missing+=(iptables)  # ... and its slow ones (NFQUEUE)
+[ -e /usr/include/libnetfilter_queue/libnetfilter_queue.h ] || missing+=(libnetfilter-queue-dev)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)  # tests/integration/test_prometheus.py
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # the web console's browser test
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)  # ... driven by Selenium
@@ -46,6 +48,9 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test,kafka,spark,lakehouse,pipelines]'
+# tests/netdelay.py holds packets the kernel queues to it (the kernel has no netem): Linux
+# only, built against libnetfilter_queue, so not among the test extras
+.venv/bin/pip install -q --disable-pip-version-check 'NetfilterQueue>=1.1,<2'
 bash tests/jvm/fetch.sh
 # Delta Lake inside Spark (tests/delta_lake.py): its newest release (4.4) is built for Spark 4.2
 # and fails on the 4.3 above, so the tests of Spark's own MERGE run in a second environment
