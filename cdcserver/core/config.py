@@ -156,7 +156,8 @@ class ListenerConfig:
     dead_client_timeout: float = option(
         60.0, "seconds a client's host may acknowledge nothing (TCP keepalive probes while "
               "its stream is idle, data sent meanwhile) before its connection is ended and "
-              "its resources freed: a crashed host, a partition, a half-open connection",
+              "its resources freed: a crashed host, a partition, a half-open connection "
+              "(a client that merely stops reading is never ended for it)",
         check=positive)
     bad_command_limit: int = option(10, "bad commands before the server hangs up",
                                     check=positive)

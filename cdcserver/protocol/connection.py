@@ -31,6 +31,7 @@ from cdcserver.protocol.queries import QUERIES, SessionContext
 from cdcserver.protocol.session import Session
 from cdcserver.protocol.stream import Streamer
 from cdcserver.protocol.tail import Tails
+from mariadb_cdc_client.format.keepalive import SilenceWatch
 from mariadb_cdc_client.format.wire import Code, ProtocolError, error_line
 
 # the listener's log, wherever its lines are written from
@@ -77,6 +78,7 @@ class Connection:
         self.sending: str | None = None  # the dump file being sent (its name)
         self.request: str | None = None  # the command that started them
         self.revoked: str | None = None  # why the server ended the session (users file)
+        self.silence = SilenceWatch()  # the listener's sweep for dead clients asks it
 
     async def run(self) -> None:
         log.debug("%s: connected", self.peer)

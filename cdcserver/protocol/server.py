@@ -15,6 +15,7 @@ import collections
 import contextlib
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -94,14 +95,16 @@ class CdcServer:
         return sockname[0], sockname[1]
 
     async def _housekeep(self) -> None:
-        """Every second: the failed logins' summary when its interval ends, and when the
-        users file changed, the end of each session whose user was removed or that is being
-        sent a table its user may no longer read."""
+        """Every second: the failed logins' summary when its interval ends, the end of each
+        connection whose client acknowledges nothing sent, and when the users file changed,
+        the end of each session whose user was removed or that is being sent a table its
+        user may no longer read."""
         users = self.context.users
         seen = await asyncio.to_thread(users.refresh)
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL)
             self.context.failures.tick()
+            self.end_unacknowledging_clients()
             generation = await asyncio.to_thread(users.refresh)
             if generation != seen:
                 seen = generation
@@ -122,6 +125,27 @@ class CdcServer:
                 task.cancel()
                 return True
         return False
+
+    def end_unacknowledging_clients(self) -> None:
+        """End each connection whose client has acknowledged nothing sent to it for
+        ``dead_client_timeout`` seconds (a crashed host, a partition, a half-open link):
+        its socket is reset at once, so that the data it held is not flushed for ever. A
+        client that is merely slow to read (a zero window, its probes acknowledged) is left
+        alone; an idle one keepalive looks after (``keepalive.py``)."""
+        limit = self.limits.dead_client_timeout
+        now = time.monotonic()
+        for connection in list(self._sessions.values()):
+            sock = connection.out.writer.get_extra_info("socket")
+            if sock is None:
+                continue
+            try:
+                silent = connection.silence.silent_for(sock, now)
+            except OSError:  # closed meanwhile
+                continue
+            if silent >= limit:
+                log.warning("%s: the client acknowledged nothing for %.0f s: connection "
+                            "ended", connection.peer, silent)
+                connection.out.writer.transport.abort()
 
     def revoke_lost_access(self) -> None:
         """End each session whose user was removed or may no longer read its table."""
@@ -163,7 +187,7 @@ class CdcServer:
         sock = writer.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):  # a connection already reset
-                end_silent_peers(sock, self.limits.dead_client_timeout)
+                end_silent_peers(sock, self.limits.dead_client_timeout, data_timeout=False)
         self._connections.add(task)
         self._unauthenticated[address] += 1
         self.connections_total += 1

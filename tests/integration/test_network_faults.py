@@ -1,8 +1,9 @@
 """When the network fails: the service against a MariaDB server in a network namespace of
-the test's own, and clients in another, with the link between them broken by nftables
-(tests/netfault.py): packets lost at random, a partition of 5 s and of 120 s, a half-open
-connection each way. The test's own statements reach the server over its Unix socket, which
-no fault touches, so the source goes on committing throughout.
+the test's own, and clients in another, with the link between them broken
+(tests/netfault.py): packets lost at random, delayed and reordered, a partition of 5 s
+and of 120 s, a half-open connection each way. The test's own statements reach the server
+over its Unix socket, which no fault touches, so the source goes on committing
+throughout.
 
 What must hold after each fault ends: the service noticed by itself (heartbeats, read
 timeouts, keepalive), reconnected from its checkpoint, and the table rebuilt from its JSON
@@ -14,20 +15,24 @@ dropped and its connection freed.
 from __future__ import annotations
 
 import asyncio
+import decimal
+import json
 import os
 import random
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from cdcserver.app.embedded import EmbeddedMariaDB
 from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import PASSWORD, USER
-from tests.netfault import Host
-from tests.oracle import assert_each_change_once, read_stream
+from tests.netfault import Host, slow_missing
+from tests.oracle import assert_each_change_once, auth_message, read_stream
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -148,6 +153,27 @@ async def test_a_lossy_link_to_the_source_loses_and_doubles_nothing(
         await running.stop()
 
 
+async def test_a_slow_reordering_link_to_the_source_loses_and_doubles_nothing(
+        source_host: Host, remote_source: Source, tmp_path, users_file: str):
+    """Every packet between the service and the source held 20-180 ms, and a quarter let
+    through at once, overtaking those held: a slow link is not a dead one, so the service
+    keeps up while it lasts, and the stream holds every change once."""
+    if slow_missing() is not None:
+        pytest.skip(slow_missing())
+    running = await _service(remote_source, tmp_path, users_file)
+    writer = Writer(remote_source, seed=556)
+    try:
+        await writer.for_seconds(1)
+        source_host.slow(100, jitter_ms=80, reorder=25, seed=556)
+        await writer.for_seconds(8)
+        await running.caught_up(remote_source, timeout=RECOVERY)  # still slow
+        source_host.heal()
+        assert source_host.slowed.overtaken > 0, source_host.slowed  # it did reorder
+        await _assert_whole(running, remote_source, writer)
+    finally:
+        await running.stop()
+
+
 @pytest.mark.parametrize("seconds", [5, 120])
 async def test_a_partition_from_the_source_is_noticed_and_healed_by_itself(
         source_host: Host, remote_source: Source, tmp_path, users_file: str, seconds: int):
@@ -256,3 +282,92 @@ def test_hosts_are_removed_when_the_test_ends():
                             check=True).stdout
     assert name not in listed.split(), f"{name} left behind"
     assert os.path.exists(f"/proc/{os.getpid()}")
+
+
+ECHOING_CLIENT = TAILING_CLIENT.replace("REGISTER UUID=silent, TYPE=JSON",
+                                        "REGISTER UUID=slow, TYPE=JSON, DIALECT=EXACT").replace(
+    "for line in reader:\n    pass", "for line in reader:\n    sys.stdout.write(line.decode())\n"
+    "    sys.stdout.flush()")
+
+
+async def test_a_client_behind_a_slow_reordering_link_is_served_every_change(
+        remote_source: Source, tmp_path, users_file: str):
+    """The client's packets, both ways, held 50-350 ms and a quarter let through at once,
+    out of order: a slow client is not a dead one (it keeps its connection, well inside the
+    dead-client timeout), and it receives the same lines, in the same order, as a client on
+    a clean link."""
+    if slow_missing() is not None:
+        pytest.skip(slow_missing())
+    with Host() as client_host:
+        running = await _service(remote_source, tmp_path, users_file,
+                                 listen=f"{client_host.gateway}:0", dead_client_timeout=3.0)
+        writer = Writer(remote_source, seed=557)
+        client_host.slow(200, jitter_ms=150, reorder=25, seed=557)
+        client = subprocess.Popen(
+            client_host.command([sys.executable, "-c", ECHOING_CLIENT, client_host.gateway,
+                                 str(running.port), f"{DB}.t", USER, PASSWORD]),
+            stdout=subprocess.PIPE, text=True)
+        received: list[dict[str, object]] = []
+        try:
+            assert client.stdout is not None
+            assert await asyncio.to_thread(client.stdout.readline) == "tailing\n"
+            reading = asyncio.create_task(asyncio.to_thread(_lines, client.stdout, received))
+            await writer.for_seconds(8)
+            await running.caught_up(remote_source, timeout=RECOVERY)
+            clean = await read_stream(running.port, f"{DB}.t", user=USER, password=PASSWORD,
+                                      host=client_host.gateway)
+            assert len(clean) > writer.transactions  # (a schema line, then the changes)
+            deadline = time.monotonic() + 60
+            while len(received) < len(clean) and not reading.done():
+                assert time.monotonic() < deadline, f"{len(received)} of {len(clean)} lines"
+                await asyncio.sleep(0.1)
+            assert received == clean, f"{len(received)} of {len(clean)} lines"
+            assert running.service.listener.server.connections == 1
+            client_host.heal()
+            assert client_host.slowed.overtaken > 0, client_host.slowed  # it did reorder
+        finally:
+            client.kill()
+            client.wait()
+            assert client.stdout is not None
+            client.stdout.close()
+            await running.stop()
+
+
+def _lines(stream: Any, into: list[dict[str, object]]) -> None:
+    """Each JSON line of ``stream`` parsed into ``into``, until it ends."""
+    for line in stream:
+        into.append(json.loads(line, parse_float=decimal.Decimal))
+
+
+async def test_a_client_that_stops_reading_is_not_taken_for_dead(
+        remote_source: Source, tmp_path, users_file: str):
+    """A client alive but not reading (applying a large batch, paused in a debugger) for
+    three times the dead-client timeout, while changes are written: its host acknowledges
+    the window probes, so it keeps its connection, and then reads every line a fresh client
+    reads. (Linux's TCP_USER_TIMEOUT ended such a connection after the timeout: the
+    listener now asks the socket what is unacknowledged instead.)"""
+    running = await _service(remote_source, tmp_path, users_file, dead_client_timeout=3.0)
+    writer = Writer(remote_source, seed=558)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a zero window soon
+    sock.settimeout(60)  # (the service runs in this loop: each read in a thread)
+    try:
+        await asyncio.to_thread(sock.connect, ("127.0.0.1", running.port))
+        sock.sendall(auth_message(USER, PASSWORD))
+        reader = sock.makefile("rb")
+        assert await asyncio.to_thread(reader.readline) == b"OK\n"
+        sock.sendall(b"REGISTER UUID=paused, TYPE=JSON, DIALECT=EXACT\n")
+        assert await asyncio.to_thread(reader.readline) == b"OK\n"
+        await asyncio.to_thread(writer.transaction)  # the table's first file stored
+        await running.caught_up(remote_source, timeout=RECOVERY)
+        sock.sendall(f"REQUEST-DATA {DB}.t\n".encode())
+        await writer.for_seconds(9)  # not reading meanwhile
+        await running.caught_up(remote_source, timeout=RECOVERY)
+        assert running.service.listener.server.connections == 1, "the paused client was cut"
+        clean = await read_stream(running.port, f"{DB}.t", user=USER, password=PASSWORD)
+        received = [json.loads(await asyncio.to_thread(reader.readline),
+                               parse_float=decimal.Decimal) for _ in clean]
+        assert received == clean
+    finally:
+        sock.close()
+        await running.stop()
