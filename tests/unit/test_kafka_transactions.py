@@ -12,10 +12,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiokafka.errors import MessageSizeTooLargeError, ProducerFenced
+from aiokafka.errors import (
+    IllegalOperation,
+    KafkaError,
+    MessageSizeTooLargeError,
+    ProducerFenced,
+)
 
 from cdcserver.app.runner import ReplicationRunner, State
 from cdcserver.core.config import SourceConfig
@@ -65,6 +71,9 @@ class _Producer:
 
     async def begin_transaction(self) -> None:
         self.calls.append("begin")
+        if hasattr(self, "_sender"):
+            raise AssertionError("Invalid state transition TransactionState.FATAL_ERROR -> "
+                                 "TransactionState.IN_TRANSACTION")
 
     async def commit_transaction(self) -> None:
         self.calls.append("commit")
@@ -84,8 +93,19 @@ class _Producer:
     def create_batch(self) -> _Builder:
         return _Builder()
 
+    def die(self, error: BaseException) -> None:
+        """As aiokafka's producer when its sender task ends with ``error`` (a produce or
+        AddPartitionsToTxn answered ``ProducerFenced``, an unknown server error): its
+        transaction manager holds a fatal error, a send is refused as "not in
+        transaction" and a begin by an assertion; the error is on the sender task only."""
+        task: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        task.set_exception(error)
+        self._sender = SimpleNamespace(sender_task=task)
+
     async def send_batch(self, builder: _Builder, topic: str, partition: int
                          ) -> asyncio.Future[None]:
+        if hasattr(self, "_sender"):
+            raise IllegalOperation("Can't send messages while not in transaction")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.batches.append(future)
         return future
@@ -255,3 +275,49 @@ async def test_a_pause_for_a_full_disk_after_a_cancelled_commit_resumes(sink, tm
     await asyncio.wait_for(runner._pause_until_room(DiskFull("no room")), 5)
     assert runner.state is State.REPLICATING and not runner.paused
     assert sink.durable == _position(0) and len(_Producer.made) == 2  # read back
+
+
+async def test_fenced_as_its_sender_learned_a_send_refused_stops_this_instance(sink):
+    """CI run ci19, two instances under load: one's sender was answered ProducerFenced, and
+    aiokafka then refuses every send with IllegalOperation, which the sink did not expect:
+    replication failed with it, and neither instance said it was fenced."""
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+    producer.batches[0].set_result(None)
+    producer.die(ProducerFenced())
+    await sink.transactions.hold(Message("t", 1, b"k", b"row 2", []))
+    sink.transactions.end_transaction(_position(2))
+    with pytest.raises(PublisherFenced, match="transactional id 'stream'"):
+        await asyncio.wait_for(sink.flush(), 5)
+    assert "commit" not in producer.calls
+    assert len(_Producer.made) == 1  # no new producer: it would fence the other back
+
+
+async def test_fenced_as_a_transaction_begins_stops_this_instance(sink):
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+    producer.batches[0].set_result(None)
+    assert await sink.flush() == _position(1)
+    producer.die(ProducerFenced())
+    with pytest.raises(PublisherFenced):
+        await sink.transactions.hold(Message("t", 0, b"k", b"row 2", []))
+    assert len(_Producer.made) == 1
+
+
+async def test_a_sender_dead_of_another_error_rewinds(sink):
+    """The same refusals after the sender died of something else (the broker's unknown
+    error on EndTxn, as in that run): the sink rewinds with a new producer."""
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+    producer.batches[0].set_result(None)
+    producer.die(KafkaError("Unexpected error during batch delivery"))
+    producer.commit_error = AssertionError("Invalid state transition FATAL_ERROR -> "
+                                           "COMMITTING_TRANSACTION")
+    await sink.transactions.hold(Message("t", 1, b"k", b"row 2", []))
+    sink.transactions.end_transaction(_position(2))
+    with pytest.raises(SinkRewound):
+        await asyncio.wait_for(sink.flush(), 5)
+    assert len(_Producer.made) == 2 and sink.durable == _position(0)

@@ -22,6 +22,8 @@ from typing import Any
 
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
+from cdcserver.sinks.kafka import connect
+
 OVERHEAD = 128  # bytes counted per message beyond key and value
 
 
@@ -165,9 +167,10 @@ class MessageAccumulator:
                     try:
                         sent: asyncio.Future[Any] = await producer.send_batch(
                             builder, tp[0], partition=tp[1])
-                    except (KafkaError, OSError) as exc:  # it cannot take it: settle later
-                        partition.last = _failed(exc)
-                        _fail(future, exc)
+                    except (KafkaError, OSError, *connect.REFUSALS) as exc:  # settle later
+                        failure = connect.refusal(producer, exc)
+                        partition.last = _failed(failure)
+                        _fail(future, failure)
                     except BaseException as exc:  # cancelled, or a bug: nobody waits forever
                         _fail(future, exc if isinstance(exc, Exception) else
                               KafkaConnectionError("the hand-over was cancelled"))

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import IllegalOperation, KafkaError, TopicAlreadyExistsError
 
 from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.sinks.kafka import compression
@@ -50,6 +50,28 @@ def producer(config: KafkaConfig, transactional_id: str | None = None) -> AIOKaf
         max_request_size=max(config.max_batch_bytes, config.max_message_bytes + 65536,
                              1 << 20),
         request_timeout_ms=int(config.request_timeout * 1000))
+
+
+# What a transactional producer raises once its transaction manager holds a fatal error (its
+# sender died, fenced by another instance or failing): a send refused as "not in transaction",
+# a begin refused by an assertion on the state transition.
+REFUSALS = (IllegalOperation, AssertionError)
+
+
+def refusal(producer: Any, error: BaseException) -> BaseException:
+    """``error`` as the sink handles failures: a refusal becomes a :class:`KafkaError`
+    caused by what killed the producer's sender (``ProducerFenced``: another instance), so
+    that a fenced instance stops instead of fencing the other back; other errors as they are.
+    (aiokafka keeps that cause on its sender task only.)"""
+    if not isinstance(error, REFUSALS):
+        return error
+    task = getattr(getattr(producer, "_sender", None), "sender_task", None)
+    cause: BaseException = error
+    if task is not None and task.done() and not task.cancelled() and task.exception():
+        cause = task.exception()
+    failure = KafkaError(f"the producer refuses to send ({error}): {cause!r}")
+    failure.__cause__ = cause
+    return failure
 
 
 def consumer(config: KafkaConfig, **kwargs: Any) -> AIOKafkaConsumer:

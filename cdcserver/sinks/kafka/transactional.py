@@ -35,7 +35,6 @@ import time
 from typing import Any
 
 from aiokafka.errors import (
-    IllegalOperation,
     InvalidProducerEpoch,
     KafkaError,
     ProducerFenced,
@@ -160,8 +159,8 @@ class TransactionalSender(Sender):
     async def _begin(self) -> None:
         try:
             await self.producer.begin_transaction()
-        except (KafkaError, OSError) as exc:
-            await self._rewind(exc)
+        except (KafkaError, OSError, *connect.REFUSALS) as exc:
+            await self._rewind(connect.refusal(self.producer, exc))
         self._open, self._began = True, time.monotonic()
 
     async def _commit(self) -> None:
@@ -177,8 +176,8 @@ class TransactionalSender(Sender):
                                              key=self.checkpoint.key.encode(), partition=0)
             await self.producer.commit_transaction()
             await state  # (delivered: the commit waited for it)
-        except (KafkaError, OSError, IllegalOperation) as exc:
-            await self._rewind(exc)
+        except (KafkaError, OSError, *connect.REFUSALS) as exc:
+            await self._rewind(connect.refusal(self.producer, exc))
         except asyncio.CancelledError:
             self._commit_unsure = True
             raise
