@@ -482,10 +482,13 @@ def describe(figures: Figures) -> list[tuple[str, str]]:
     rows += [("statements (refused by the source)", f"{figures.statements:,} "
                                                     f"({figures.refused:,})"),
              ("exits of the service by itself (goal 0)", f"{len(figures.exits)}"),
-             ("faults not recovered from within 180 s (goal 0)", f"{len(figures.unrecovered)}"),
-             ("tables different from SELECT (goal 0)", f"{len(figures.differences)}"),
-             ("stream inconsistencies (goal 0)", f"{sum(figures.inconsistencies.values())}"),
-             (f"workload steps held over {HELD:.0f} s during a fault; the longest (s)",
+             ("faults not recovered from within 180 s (goal 0)", f"{len(figures.unrecovered)}")]
+    rows += [("  not recovered from", u) for u in figures.unrecovered[:5]]
+    rows += [("tables different from SELECT (goal 0)", f"{len(figures.differences)}")]
+    rows += [(f"  {table}", why[:300]) for table, why in list(figures.differences.items())[:5]]
+    rows += [("stream inconsistencies (goal 0)", f"{sum(figures.inconsistencies.values())}")]
+    rows += [("  e.g.", e[:300]) for e in figures.examples[:5]]
+    rows += [(f"workload steps held over {HELD:.0f} s during a fault; the longest (s)",
               f"{figures.held_steps}; {figures.slowest_step:.1f}"),
              ("resuming client: ledger rows", f"{figures.ledger_rows:,}"),
              ("  duplicates, gaps, out of order (goal 0)",

@@ -157,7 +157,9 @@ class Host:
             stdout=subprocess.PIPE, text=True)
         assert delayer.stdout is not None
         if delayer.stdout.readline() != "ready\n":
+            self._delayer = None
             delayer.wait()
+            delayer.stdout.close()
             raise RuntimeError(f"tests/netdelay.py did not start (exit {delayer.returncode})")
         for chain, way in (("INPUT", "-i"), ("OUTPUT", "-o")):
             self.run("iptables", "-A", chain, way, self._inner, "-j", "NFQUEUE",
@@ -194,9 +196,12 @@ class Host:
     def close(self) -> None:
         """The namespace and its link removed (what still runs in it is the caller's to
         stop first)."""
-        if self._delayer is not None:
-            self._delayer.kill()
-            self._delayer.wait()
+        delayer, self._delayer = self._delayer, None
+        if delayer is not None:  # (its pipe closed too: a ResourceWarning in a later test)
+            delayer.kill()
+            delayer.wait()
+            assert delayer.stdout is not None
+            delayer.stdout.close()
         with contextlib.suppress(subprocess.CalledProcessError):
             _ip("link", "del", self._outer)
         with contextlib.suppress(subprocess.CalledProcessError):
