@@ -321,3 +321,39 @@ async def test_a_sender_dead_of_another_error_rewinds(sink):
     with pytest.raises(SinkRewound):
         await asyncio.wait_for(sink.flush(), 5)
     assert len(_Producer.made) == 2 and sink.durable == _position(0)
+
+
+async def test_a_rewind_cancelled_while_it_connects_is_done_again_at_the_next_use(sink):
+    """Soak run 56: a commit timed out, and while its rewind waited for a new producer a full
+    disk tore the pipeline down. Replication resumed with no producer, and the next
+    transaction's begin ended the process with an AttributeError."""
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+    producer.batches[0].set_result(None)
+    producer.commit_error = KafkaError("KafkaTimeoutError")
+    connecting = asyncio.Event()
+    real_start = _Producer.start
+
+    async def never_started(self: _Producer) -> None:
+        connecting.set()
+        await asyncio.Event().wait()
+
+    _Producer.start = never_started  # type: ignore[method-assign]
+    try:
+        flushing = asyncio.create_task(sink.flush())
+        await asyncio.wait_for(connecting.wait(), 5)
+        flushing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await flushing
+    finally:
+        _Producer.start = real_start  # type: ignore[method-assign]
+    assert sink.transactions.producer is None
+    sink.starting_at(_position(0))  # replication resumed after the pause
+    with pytest.raises(SinkRewound):  # the rewind done again: a producer, the position
+        await sink.transactions.hold(Message("t", 0, b"k", b"row 1", []))
+    assert sink.transactions.producer is _Producer.made[-1]
+    assert sink.durable == _position(0)
+    sink.starting_at(_position(0))
+    await _one_transaction(sink, 1)
+    assert _Producer.made[-1].calls == ["start", "begin"]

@@ -74,9 +74,10 @@ class TransactionalSender(Sender):
         self._commit_wanted = False  # a flush came while a source transaction was open
         self._rewound = False  # until the next pipeline starts: refuse the old one's batches
         self._fenced: BaseException | None = None
-        # A commit was cancelled under way (the pipeline torn down): the brokers may have
-        # committed it or not, so the next use reads the committed position back
-        self._commit_unsure = False
+        # Why the next use must read the committed position back first ("": it need not):
+        # a commit cancelled under way (the pipeline torn down), which the brokers may have
+        # committed or not; a rewind cancelled before it had a producer and that position
+        self._unsure = ""
         self._began = 0.0  # time.monotonic() when the open transaction began
         self._saved = 0.0  # time.monotonic() when state/kafka.json was last written
         self._saved_position: BinlogPosition | None = None  # ... and what it holds
@@ -120,6 +121,11 @@ class TransactionalSender(Sender):
             await self._begin()
         await super().hold(message)
         self._tail += 1
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        self._check_usable()
+        await self._sure_of_the_last_commit()  # (a rewind cancelled left no producer)
+        return await super().partitions_for(topic)
 
     def end_transaction(self, position: BinlogPosition) -> None:
         super().end_transaction(position)
@@ -179,7 +185,8 @@ class TransactionalSender(Sender):
         except (KafkaError, OSError, *connect.REFUSALS) as exc:
             await self._rewind(connect.refusal(self.producer, exc))
         except asyncio.CancelledError:
-            self._commit_unsure = True
+            self._unsure = "a commit was cancelled under way; whether the brokers committed " \
+                           "it is read back"
             raise
         self._open = False
         self.stats.commits += 1
@@ -188,12 +195,13 @@ class TransactionalSender(Sender):
         self.checkpoint.durable = position
 
     async def _sure_of_the_last_commit(self) -> None:
-        """After a commit cancelled under way: the position committed read back, and
-        replication started over from it (nothing published twice, nothing skipped)."""
-        if self._commit_unsure:
-            self._commit_unsure = False
-            await self._rewind(RuntimeError("a commit was cancelled under way; whether the "
-                                            "brokers committed it is read back"))
+        """After a commit or a rewind cancelled under way: a producer, the position
+        committed read back, and replication started over from it (nothing published twice,
+        nothing skipped). Before, a rewind cancelled while it connected left no producer, and
+        the next transaction's begin failed with an AttributeError that ended the process."""
+        if self._unsure:
+            why, self._unsure = self._unsure, ""
+            await self._rewind(RuntimeError(why))
 
     async def _delivered(self) -> None:
         """Every message of the transaction acknowledged, or a rewind: the producer commits
@@ -234,8 +242,12 @@ class TransactionalSender(Sender):
         self.stats.rewinds += 1
         await self._let_go()
         self._rewound = True
-        await self.connect()
-        await self._read_back()
+        try:
+            await self.connect()
+            await self._read_back()
+        except asyncio.CancelledError:  # (the pipeline torn down: a full disk's pause)
+            self._unsure = "a rewind was cancelled under way; it is done again"
+            raise
         raise SinkRewound(f"kafka: the open transaction was aborted ({error}); publishing "
                           f"again from {self.checkpoint.durable}") from error
 
