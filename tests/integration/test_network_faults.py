@@ -268,11 +268,16 @@ async def test_a_client_whose_host_goes_silent_is_dropped(
             print(f"{traffic}: dropped {time.monotonic() - silent:.1f} s after it went silent")
             assert client.poll() is None  # the client itself is alive, only cut off
         finally:
-            client.kill()
-            client.wait()
-            assert client.stdout is not None
-            client.stdout.close()
-            await running.stop()
+            await _ended(client, running)
+
+
+async def _ended(client: subprocess.Popen[str], running: RunningService) -> None:
+    """A client process in a Host killed, its pipe closed, and the service stopped."""
+    client.kill()
+    client.wait()
+    assert client.stdout is not None
+    client.stdout.close()
+    await running.stop()
 
 
 def test_hosts_are_removed_when_the_test_ends():
@@ -331,11 +336,7 @@ async def test_a_client_behind_a_slow_reordering_link_is_served_every_change(
             client_host.heal()
             assert client_host.slowed.overtaken > 0, client_host.slowed  # it did reorder
         finally:
-            client.kill()
-            client.wait()
-            assert client.stdout is not None
-            client.stdout.close()
-            await running.stop()
+            await _ended(client, running)
 
 
 def _lines(stream: Any, into: list[dict[str, object]]) -> None:
