@@ -312,9 +312,8 @@ class ReplicationRunner:
                             self.capture.columns)
         if self.pipeline is not None and self.pipeline.repairer is not None:
             repairer.take_over(self.pipeline.repairer.carry_over())  # after a pause
-        placements = self.pipeline.placements if self.pipeline is not None else None
         self.pipeline = Pipeline(handoff, sinks, start, self.flush_interval, repairer,
-                                 self.on_applied, self.capture, xa, placements)
+                                 self.on_applied, self.capture, xa)
         if self._replaced is not None and not self._replaced.done():
             self._replaced.set_result(None)
         self.replicator.start()

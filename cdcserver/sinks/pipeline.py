@@ -10,7 +10,6 @@ seconds in the background, so checkpoint I/O overlaps with decoding.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -60,44 +59,6 @@ def min_state(states: list[GtidState]) -> GtidState:
     return result
 
 
-def _named(gtid: Gtid) -> object:
-    """A transaction's name as :func:`same_transaction` compares them (hashable)."""
-    return (gtid.key, gtid.sequence) if gtid.source_uuid is not None else gtid
-
-
-class RepairPlacements:
-    """Which transaction each repair's rows were placed in, by table and note, for every
-    pipeline of one runner. A pipeline started again for a sink that rewound (Kafka's) reads
-    the repairs of what it replays again, at new watermarks, so in later transactions; a sink
-    further ahead (the store) holds the first placement already (its filter skipped that
-    transaction) and is not given the second, whose before-images are not its rows."""
-
-    LIMIT = 10_000  # the newest placements kept
-
-    def __init__(self) -> None:
-        self._placed: collections.OrderedDict[tuple[str, str, str], object] = \
-            collections.OrderedDict()
-
-    def __bool__(self) -> bool:
-        return bool(self._placed)
-
-    def first(self, rows: Rows) -> object | None:
-        return self._placed.get((rows.layout.database, rows.layout.table, rows.repair))
-
-    def record(self, changes: list[Change]) -> None:
-        """The repairs among ``changes`` (after every sink was given them)."""
-        placed: object | None = None
-        for change in changes:
-            if isinstance(change, Begin):
-                placed = _named(change.gtid)
-            elif isinstance(change, Rows) and change.repair and placed is not None:
-                key = (change.layout.database, change.layout.table, change.repair)
-                self._placed[key] = placed
-                self._placed.move_to_end(key)
-        while len(self._placed) > self.LIMIT:
-            self._placed.popitem(last=False)
-
-
 class _ReplayFilter:
     """Drops, for one sink, the transactions its checkpoint already covers.
 
@@ -111,8 +72,7 @@ class _ReplayFilter:
     domain still waits for its GTID, the checkpoint does not belong to this binlog: replication
     stops rather than guess."""
 
-    def __init__(self, name: str, durable: BinlogPosition | None, start: GtidState,
-                 placements: RepairPlacements | None = None) -> None:
+    def __init__(self, name: str, durable: BinlogPosition | None, start: GtidState) -> None:
         self.name = name
         self.durable = durable
         self._waiting: dict[int | str, Gtid] = {}
@@ -120,12 +80,10 @@ class _ReplayFilter:
             self._waiting = {g.key: g for g in durable.gtid_state
                              if not same_transaction(start.get(g.key), g)}
         self._skipping: Gtid | None = None  # the open transaction, being dropped
-        self._placements = placements
-        self._skipped: set[object] = set()  # the transactions dropped (their names)
 
     def __call__(self, changes: list[Change]) -> list[Change]:
         if not self._waiting and self._skipping is None:
-            return self._without_repairs_held(changes)
+            return changes
         kept: list[Change] = []
         skipped = False
         for change in changes:
@@ -138,26 +96,12 @@ class _ReplayFilter:
                 continue
             skipped = True
             if isinstance(change, Commit):
-                if self._placements is not None:
-                    self._skipped.add(_named(self._skipping))
                 if same_transaction(self._waiting.get(self._skipping.key), self._skipping):
                     del self._waiting[self._skipping.key]
                 self._skipping = None
             elif isinstance(change, Abort):
                 self._skipping = None  # it will be read again whole
-        return self._without_repairs_held(kept) if skipped else changes
-
-    def _without_repairs_held(self, changes: list[Change]) -> list[Change]:
-        """Without the repairs this sink holds from a transaction it skipped (see
-        :class:`RepairPlacements`)."""
-        if not self._skipped or not self._placements:
-            return changes
-        kept = [c for c in changes if not (isinstance(c, Rows) and c.repair and
-                                           self._placements.first(c) in self._skipped)]
-        if len(kept) != len(changes):
-            log.info("%s: a repair it holds from before the restart, read again, is not "
-                     "given to it a second time", self.name)
-        return kept
+        return kept if skipped else changes
 
     def _check_not_passed(self, position: BinlogPosition) -> None:
         durable = self.durable
@@ -199,8 +143,7 @@ class Pipeline:
                  flush_interval: float = 0.2, repairer: Repairer | None = None,
                  applied: Applied | None = None,
                  capture: CaptureFilter = EVERY_USER_TABLE,
-                 xa: PreparedXa | None = None,
-                 placements: RepairPlacements | None = None) -> None:
+                 xa: PreparedXa | None = None) -> None:
         self.handoff = handoff
         self.xa = xa  # prepared XA transactions: those completed and checkpointed are let go
         self.capture = capture  # the last guard: no sink is given a table not captured
@@ -210,9 +153,7 @@ class Pipeline:
         self.repairer = repairer  # turns changes without binlog rows into records
         self.applied = applied  # told after each sink's apply (the latency metrics)
         self.flush_interval = flush_interval
-        self.placements = placements if placements is not None else RepairPlacements()
-        self._filters = [_ReplayFilter(s.name, s.applied, start, self.placements)
-                         for s in sinks]
+        self._filters = [_ReplayFilter(s.name, s.applied, start) for s in sinks]
         self.state = start  # after the last transaction every sink has applied
         self.transactions = 0
         self.last_commit_timestamp: int | None = None  # the source's, of the newest applied
@@ -343,8 +284,6 @@ class Pipeline:
                 await sink.apply(changes)
                 if self.applied is not None:
                     self.applied(sink.name, changes)
-        if self.repairer is not None:
-            self.placements.record(batch)
         for change in batch:
             if isinstance(change, Commit):
                 self.state = change.position.gtid_state
