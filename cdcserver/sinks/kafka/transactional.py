@@ -115,16 +115,14 @@ class TransactionalSender(Sender):
         self._rewound = False
 
     async def hold(self, message: Message) -> None:
-        self._check_usable()
-        await self._sure_of_the_last_commit()
+        await self._ready()
         if not self._open:
             await self._begin()
         await super().hold(message)
         self._tail += 1
 
     async def partitions_for(self, topic: str) -> set[int]:
-        self._check_usable()
-        await self._sure_of_the_last_commit()  # (a rewind cancelled left no producer)
+        await self._ready()  # (a rewind cancelled left no producer)
         return await super().partitions_for(topic)
 
     def end_transaction(self, position: BinlogPosition) -> None:
@@ -140,8 +138,7 @@ class TransactionalSender(Sender):
         """Commit what is routed, if a source transaction is not half routed (else the next
         one routed to its end commits); returns the position committed."""
         async with self.lock:
-            self._check_usable()
-            await self._sure_of_the_last_commit()
+            await self._ready()
             if self._tail:
                 self._commit_wanted = True
             elif self._open:
@@ -194,11 +191,11 @@ class TransactionalSender(Sender):
         self.in_flight.clear()
         self.checkpoint.durable = position
 
-    async def _sure_of_the_last_commit(self) -> None:
-        """After a commit or a rewind cancelled under way: a producer, the position
-        committed read back, and replication started over from it (nothing published twice,
-        nothing skipped). Before, a rewind cancelled while it connected left no producer, and
-        the next transaction's begin failed with an AttributeError that ended the process."""
+    async def _ready(self) -> None:
+        """Before the sink is used: not fenced out nor rewound, and after a commit or a
+        rewind cancelled under way, a producer, the position committed read back, and
+        replication started over from it (nothing published twice, nothing skipped)."""
+        self._check_usable()
         if self._unsure:
             why, self._unsure = self._unsure, ""
             await self._rewind(RuntimeError(why))
