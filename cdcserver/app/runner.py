@@ -310,10 +310,14 @@ class ReplicationRunner:
         views = self._views = Views(self.data_dir.views)
         repairer = Repairer(self.sources, self.catalog, views, self.repair_stats,
                             self.capture.columns)
+        placements = self.pipeline.placements if self.pipeline is not None else None
         if self.pipeline is not None and self.pipeline.repairer is not None:
-            repairer.take_over(self.pipeline.repairer.carry_over())  # after a pause
+            unfinished = self.pipeline.repairer.carry_over()
+            repairer.take_over(unfinished)  # after a pause
+            if placements is not None:
+                placements.forget(unfinished)
         self.pipeline = Pipeline(handoff, sinks, start, self.flush_interval, repairer,
-                                 self.on_applied, self.capture, xa)
+                                 self.on_applied, self.capture, xa, placements)
         if self._replaced is not None and not self._replaced.done():
             self._replaced.set_result(None)
         self.replicator.start()

@@ -239,5 +239,14 @@ def repair_note(reason: str, cause: str) -> str:
                       separators=(", ", ": "))
 
 
+def cause_of(note: str) -> str:
+    """The cause a repair record's note names (:func:`repair_note`); "" if none."""
+    try:
+        cause = json.loads(note).get("cause", "")
+    except (ValueError, AttributeError):
+        return ""
+    return cause if isinstance(cause, str) else ""
+
+
 def table_of(layout: TableLayout) -> TableName:
     return TableName(layout.database, layout.table)

@@ -10,6 +10,7 @@ seconds in the background, so checkpoint I/O overlaps with decoding.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -17,13 +18,23 @@ from dataclasses import replace
 from typing import Any
 
 from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
-from cdcserver.core.changes import Abort, Begin, Change, Commit, Ddl, Rows, TableLayout
+from cdcserver.core.changes import (
+    Abort,
+    Begin,
+    Change,
+    Commit,
+    Ddl,
+    Rowless,
+    Rows,
+    TableLayout,
+)
 from cdcserver.core.errors import CdcError, SourceError
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState, binlog_ordinal, same_transaction
 from cdcserver.core.handoff import Handoff
 from cdcserver.core.names import TableName
 from cdcserver.replication.xa import PreparedXa
 from cdcserver.reread.repair import Repairer
+from cdcserver.reread.repairstate import cause_of
 from cdcserver.schema.masking import project_layout
 from cdcserver.sinks.base import Sink
 
@@ -59,6 +70,60 @@ def min_state(states: list[GtidState]) -> GtidState:
     return result
 
 
+def _named(gtid: Gtid) -> object:
+    """A transaction's name as :func:`same_transaction` compares them (hashable)."""
+    return (gtid.key, gtid.sequence) if gtid.source_uuid is not None else gtid
+
+
+class RepairPlacements:
+    """Which transaction each finished repair's rows were placed in, by table and note, for
+    every pipeline of one runner. A pipeline started again for a sink that rewound (Kafka's)
+    reads the repairs of what it replays again, at new watermarks, so in later transactions;
+    a sink further ahead (the store) holds the first placement already (its filter skipped
+    that transaction) and is not given the second, whose before-images are not its rows.
+
+    Only a repair the previous pipeline finished is known here: one it left unfinished (it
+    waited for its watermark, or had placed part of its rows, a share at a time, beside the
+    stream) is carried over and done again whole against the view, which holds the part
+    placed, so what it places next is rows no sink holds (:meth:`forget`)."""
+
+    LIMIT = 10_000  # the newest placements kept
+
+    def __init__(self) -> None:
+        self._placed: collections.OrderedDict[tuple[str, str, str], object] = \
+            collections.OrderedDict()
+
+    def __bool__(self) -> bool:
+        return bool(self._placed)
+
+    def first(self, rows: Rows) -> object | None:
+        return self._placed.get((rows.layout.database, rows.layout.table, rows.repair))
+
+    def record(self, changes: list[Change]) -> None:
+        """The repairs among ``changes`` (after every sink was given them)."""
+        placed: object | None = None
+        for change in changes:
+            if isinstance(change, Begin):
+                placed = _named(change.gtid)
+            elif isinstance(change, Rows) and change.repair and placed is not None:
+                key = (change.layout.database, change.layout.table, change.repair)
+                self._placed[key] = placed
+                self._placed.move_to_end(key)
+        while len(self._placed) > self.LIMIT:
+            self._placed.popitem(last=False)
+
+    def forget(self, unfinished: list[tuple[list[Rowless], str]]) -> None:
+        """The repairs a stopped pipeline left unfinished (markers and cause, as
+        :meth:`Repairer.carry_over` gives them): whatever part of them was placed, what the
+        next pipeline places for them reaches every sink."""
+        tables = {(m.database, m.table, cause) for markers, cause in unfinished
+                  for m in markers}
+        if not tables:
+            return
+        for key in [k for k in self._placed if (k[0], k[1], cause_of(k[2])) in tables]:
+            del self._placed[key]
+
+
 class _ReplayFilter:
     """Drops, for one sink, the transactions its checkpoint already covers.
 
@@ -72,7 +137,8 @@ class _ReplayFilter:
     domain still waits for its GTID, the checkpoint does not belong to this binlog: replication
     stops rather than guess."""
 
-    def __init__(self, name: str, durable: BinlogPosition | None, start: GtidState) -> None:
+    def __init__(self, name: str, durable: BinlogPosition | None, start: GtidState,
+                 placements: RepairPlacements | None = None) -> None:
         self.name = name
         self.durable = durable
         self._waiting: dict[int | str, Gtid] = {}
@@ -80,10 +146,12 @@ class _ReplayFilter:
             self._waiting = {g.key: g for g in durable.gtid_state
                              if not same_transaction(start.get(g.key), g)}
         self._skipping: Gtid | None = None  # the open transaction, being dropped
+        self._placements = placements
+        self._skipped: set[object] = set()  # the transactions dropped (their names)
 
     def __call__(self, changes: list[Change]) -> list[Change]:
         if not self._waiting and self._skipping is None:
-            return changes
+            return self._without_repairs_held(changes)
         kept: list[Change] = []
         skipped = False
         for change in changes:
@@ -96,12 +164,26 @@ class _ReplayFilter:
                 continue
             skipped = True
             if isinstance(change, Commit):
+                if self._placements is not None:
+                    self._skipped.add(_named(self._skipping))
                 if same_transaction(self._waiting.get(self._skipping.key), self._skipping):
                     del self._waiting[self._skipping.key]
                 self._skipping = None
             elif isinstance(change, Abort):
                 self._skipping = None  # it will be read again whole
-        return kept if skipped else changes
+        return self._without_repairs_held(kept) if skipped else changes
+
+    def _without_repairs_held(self, changes: list[Change]) -> list[Change]:
+        """Without the repairs this sink holds from a transaction it skipped (see
+        :class:`RepairPlacements`)."""
+        if not self._skipped or not self._placements:
+            return changes
+        kept = [c for c in changes if not (isinstance(c, Rows) and c.repair and
+                                           self._placements.first(c) in self._skipped)]
+        if len(kept) != len(changes):
+            log.info("%s: a repair it holds from before the restart, read again, is not "
+                     "given to it a second time", self.name)
+        return kept
 
     def _check_not_passed(self, position: BinlogPosition) -> None:
         durable = self.durable
@@ -143,7 +225,8 @@ class Pipeline:
                  flush_interval: float = 0.2, repairer: Repairer | None = None,
                  applied: Applied | None = None,
                  capture: CaptureFilter = EVERY_USER_TABLE,
-                 xa: PreparedXa | None = None) -> None:
+                 xa: PreparedXa | None = None,
+                 placements: RepairPlacements | None = None) -> None:
         self.handoff = handoff
         self.xa = xa  # prepared XA transactions: those completed and checkpointed are let go
         self.capture = capture  # the last guard: no sink is given a table not captured
@@ -153,7 +236,9 @@ class Pipeline:
         self.repairer = repairer  # turns changes without binlog rows into records
         self.applied = applied  # told after each sink's apply (the latency metrics)
         self.flush_interval = flush_interval
-        self._filters = [_ReplayFilter(s.name, s.applied, start) for s in sinks]
+        self.placements = placements if placements is not None else RepairPlacements()
+        self._filters = [_ReplayFilter(s.name, s.applied, start, self.placements)
+                         for s in sinks]
         self.state = start  # after the last transaction every sink has applied
         self.transactions = 0
         self.last_commit_timestamp: int | None = None  # the source's, of the newest applied
@@ -284,6 +369,8 @@ class Pipeline:
                 await sink.apply(changes)
                 if self.applied is not None:
                     self.applied(sink.name, changes)
+        if self.repairer is not None:
+            self.placements.record(batch)
         for change in batch:
             if isinstance(change, Commit):
                 self.state = change.position.gtid_state

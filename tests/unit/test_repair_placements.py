@@ -1,0 +1,114 @@
+"""A repair read again in a replay (cdcserver/sinks/pipeline.py, ``RepairPlacements``): when
+the Kafka sink rewinds, replication starts over from its commit while the store is further
+ahead; a repair the store already holds is read again and placed in a later transaction. The
+fault soak (seed 57) found the store taking it a second time, its before-image the row before
+the first repair. Each sink's replay filter now drops a repair whose first placement it
+skipped, and passes it to a sink that did not hold it."""
+
+from __future__ import annotations
+
+from cdcserver.core.changes import (
+    Begin,
+    Change,
+    ColumnDef,
+    Commit,
+    Rowless,
+    Rows,
+    RowsKind,
+    TableLayout,
+)
+from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.mariadb.constants import ColumnType
+from cdcserver.sinks.pipeline import RepairPlacements, _ReplayFilter
+
+LAYOUT = TableLayout("db", "c2", (ColumnDef("id", ColumnType.LONG, nullable=False),
+                                  ColumnDef("pid", ColumnType.LONG)), (0,))
+NOTE = '{"reason": "ON DELETE SET NULL of db.p (DELETE of 1 rows)", "cause": "0-1-3"}'
+
+
+def _position(n: int) -> BinlogPosition:
+    return BinlogPosition(GtidState([Gtid(0, 1, n)]), "bin.000001", 100 * n)
+
+
+def _transaction(n: int, *rows: Rows) -> list[Change]:
+    return [Begin(Gtid(0, 1, n), 0), *rows, Commit(_position(n), 0)]
+
+
+def _repair(before: int | None) -> Rows:
+    return Rows(LAYOUT, RowsKind.UPDATE, 0, [(182, before), (182, None)], repair=NOTE)
+
+
+def _change(n: int) -> Rows:
+    return Rows(LAYOUT, RowsKind.INSERT, 0, [(n, 1)])
+
+
+def _repairs(changes: list[Change]) -> list[Rows]:
+    return [c for c in changes if isinstance(c, Rows) and c.repair]
+
+
+def test_a_repair_read_again_is_not_given_to_the_sink_that_holds_it():
+    placements = RepairPlacements()
+    first_run = [*_transaction(3, _change(3)), *_transaction(4, _change(4), _repair(336)),
+                 *_transaction(5, _change(5))]
+    placements.record(first_run)  # the store applied through 5; Kafka committed 2
+    store = _ReplayFilter("avro", _position(5), GtidState([Gtid(0, 1, 2)]), placements)
+    kafka = _ReplayFilter("kafka", _position(2), GtidState([Gtid(0, 1, 2)]), placements)
+    replay = [*_transaction(3, _change(3)), *_transaction(4, _change(4)),
+              *_transaction(5, _change(5)), *_transaction(6, _change(6), _repair(336))]
+    to_store, to_kafka = store(replay), kafka(replay)
+    placements.record(replay)
+    assert to_kafka == replay  # it held neither: every change, the repair once
+    assert [c for c in to_store if isinstance(c, Begin)] == [Begin(Gtid(0, 1, 6), 0)]
+    assert _repairs(to_store) == []  # it holds the first one, from transaction 4
+    assert _change(6) in to_store
+    # a later repair of the same rows, for a new cause, reaches both
+    later = _transaction(7, Rows(LAYOUT, RowsKind.UPDATE, 0, [(182, None), (182, 9)],
+                                 repair=NOTE.replace("0-1-3", "0-1-7")))
+    assert len(_repairs(store(later))) == 1 and len(_repairs(kafka(later))) == 1
+
+
+def test_a_repair_whose_first_placement_the_sink_did_not_hold_reaches_it():
+    """The store had applied the cause but not the repair's transaction when Kafka rewound:
+    the repair read again is the store's first."""
+    placements = RepairPlacements()
+    placements.record([*_transaction(3, _change(3)), *_transaction(6, _repair(336))])
+    store = _ReplayFilter("avro", _position(4), GtidState([Gtid(0, 1, 2)]), placements)
+    replay = [*_transaction(3, _change(3)), *_transaction(4, _change(4)),
+              *_transaction(7, _repair(336))]
+    assert len(_repairs(store(replay))) == 1
+
+
+def test_placements_are_bounded():
+    placements = RepairPlacements()
+    for n in range(RepairPlacements.LIMIT + 5):
+        placements.record(_transaction(n + 1, Rows(LAYOUT, RowsKind.UPDATE, 0, [],
+                                                   repair=f"note {n}")))
+    assert len(placements._placed) == RepairPlacements.LIMIT
+
+
+def test_a_repair_left_unfinished_reaches_every_sink_again():
+    """A repair beside the stream places its rows a share at a time. The store held the first
+    share when Kafka rewound; the repair, carried over unfinished, is done again against the
+    view (which holds that share), so every share it places now is rows the store lacks. The
+    first fix took the new shares for the first one read again and dropped them: the suite's
+    soak (seed 5501) found the rows missing from the store."""
+    placements = RepairPlacements()
+    placements.record([*_transaction(3, _change(3)), *_transaction(4, _repair(336))])
+    unfinished = [([Rowless("db", "c2", "ON DELETE SET NULL of db.p")], "0-1-3")]
+    placements.forget(unfinished)
+    store = _ReplayFilter("avro", _position(4), GtidState([Gtid(0, 1, 2)]), placements)
+    replay = [*_transaction(3, _change(3)), *_transaction(4), *_transaction(6, _repair(337)),
+              *_transaction(7, _repair(338))]
+    assert [r.rows for r in _repairs(store(replay))] == [[(182, 337), (182, None)],
+                                                         [(182, 338), (182, None)]]
+
+
+def test_forgetting_one_repair_keeps_the_others():
+    placements = RepairPlacements()
+    other = NOTE.replace("0-1-3", "0-1-5")
+    placements.record(_transaction(4, _repair(336)))
+    placements.record(_transaction(6, Rows(LAYOUT, RowsKind.UPDATE, 0, [], repair=other)))
+    placements.forget([([Rowless("db", "c2", "cascade")], "0-1-5"),
+                       ([Rowless("db", "elsewhere", "cascade")], "0-1-3")])
+    assert placements.first(_repair(1)) is not None
+    assert placements.first(Rows(LAYOUT, RowsKind.UPDATE, 0, [], repair=other)) is None
