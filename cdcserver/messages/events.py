@@ -117,7 +117,15 @@ class CommitEvent:
     position: BinlogPosition
 
 
-Event = RowBatch | StatementEvent | CommitEvent
+@dataclass(frozen=True)
+class AbortEvent:
+    """The open transaction was abandoned (read again after a reconnect, rolled back on the
+    primary, or dropped at a pause): what was made of it so far is not part of the stream."""
+
+    reason: str
+
+
+Event = RowBatch | StatementEvent | CommitEvent | AbortEvent
 
 
 class EventBuilder:
@@ -154,6 +162,7 @@ class EventBuilder:
                 yield CommitEvent(change.position)
             elif isinstance(change, Abort):  # the transaction is read again after a reconnect
                 self._gtid = None
+                yield AbortEvent(change.reason)
             # (a marker inside the transaction, Rowless, Quarantine, Release, ends nothing)
 
     def _rows(self, rows: Rows) -> Iterator[RowEvent]:

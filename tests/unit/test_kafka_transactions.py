@@ -24,6 +24,7 @@ from aiokafka.errors import (
 )
 
 from cdcserver.app.runner import ReplicationRunner, State
+from cdcserver.core.changes import Abort
 from cdcserver.core.config import SourceConfig
 from cdcserver.core.errors import DiskFull, PublisherFenced, SinkRewound
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
@@ -357,3 +358,88 @@ async def test_a_rewind_cancelled_while_it_connects_is_done_again_at_the_next_us
     sink.starting_at(_position(0))
     await _one_transaction(sink, 1)
     assert _Producer.made[-1].calls == ["start", "begin"]
+
+
+async def _partial(sink: KafkaSink, text: bytes) -> _Producer:
+    """Part of a source transaction routed (its end not yet)."""
+    sender = sink.transactions
+    assert sender is not None
+    await sender.hold(Message("t", 0, b"k", text, []))
+    await sender.ship_all()
+    return _Producer.made[-1]
+
+
+async def test_a_source_transaction_abandoned_midway_is_never_committed(sink):
+    """The source's connection lost in the middle of a transaction: the stream abandons it
+    (Abort) and reads it again whole. Part of it was in the open Kafka transaction; before,
+    the router ignored the Abort, and the next commit published that part beside the
+    transaction read again (the soak's duplicates under load). Now the Kafka transaction
+    is aborted and replication starts over from the position committed."""
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+    producer.batches[0].set_result(None)
+    await _partial(sink, b"half of 2")
+    with pytest.raises(SinkRewound, match="abandoned"):
+        await sink.apply([Abort("the source's connection was lost")])
+    assert "commit" not in producer.calls and "stop" in producer.calls
+    assert len(_Producer.made) == 2 and sink.durable == _position(0)  # read back
+    sink.starting_at(_position(0))
+    again = await _one_transaction(sink, 1)
+    again.batches[0].set_result(None)
+    await sink.flush()
+    assert again.calls == ["start", "begin", "commit"]
+
+
+async def test_an_abort_between_source_transactions_keeps_the_kafka_transaction(sink):
+    """Nothing of the abandoned transaction was routed (its Abort came before its rows):
+    the open Kafka transaction holds whole source transactions only, and goes on."""
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+    await sink.apply([Abort("rolled back on the primary")])
+    producer.batches[0].set_result(None)
+    assert await asyncio.wait_for(sink.flush(), 5) == _position(1)
+    assert producer.calls == ["start", "begin", "commit"] and len(_Producer.made) == 1
+
+
+async def test_a_pause_with_half_a_source_transaction_routed_publishes_it_once(sink, tmp_path):
+    """The soak's disk-full fault in the middle of a source transaction: the pause hands
+    every sink an Abort, takes their checkpoints and starts replication over from them.
+    Before, the Kafka sink kept the half in its open transaction and committed it with the
+    whole transaction read again."""
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    await _partial(sink, b"half of 1")
+    data_dir = DataDir(str(tmp_path / "data"))
+    os.makedirs(data_dir.state)
+    runner = ReplicationRunner(SourceConfig(url="mysql://cdc@127.0.0.1:1"), data_dir,
+                               Catalog(data_dir.avro), [sink], flush_interval=1,
+                               disk_full_retry=0.01)
+    await asyncio.wait_for(runner._pause_until_room(DiskFull("no room")), 5)
+    assert runner.state is State.REPLICATING
+    assert "commit" not in _Producer.made[0].calls and len(_Producer.made) == 2
+    sink.starting_at(_position(0))
+    again = await _one_transaction(sink, 1)
+    again.batches[0].set_result(None)
+    await sink.flush()
+    assert again.calls == ["start", "begin", "commit"]
+
+
+async def test_replication_started_over_with_a_kafka_transaction_open_aborts_it(sink):
+    """A pipeline ended between two commits (whole source transactions routed, not yet
+    committed) and the next starts from the position committed: it routes them again, so the
+    open Kafka transaction is aborted first, never committed with them twice."""
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+    producer.batches[0].set_result(None)
+    sink.starting_at(_position(0))
+    with pytest.raises(SinkRewound, match="started over"):
+        await sink.transactions.hold(Message("t", 0, b"k", b"row 1", []))
+    assert "commit" not in producer.calls and len(_Producer.made) == 2
+    sink.starting_at(_position(0))
+    again = await _one_transaction(sink, 1)
+    again.batches[0].set_result(None)
+    assert await asyncio.wait_for(sink.flush(), 5) == _position(1)
+    assert again.calls == ["start", "begin", "commit"]

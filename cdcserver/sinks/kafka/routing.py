@@ -32,6 +32,7 @@ from cdcserver.core.names import TableName
 from cdcserver.messages.base import MessageFormat, VersionLookup, primary_key
 from cdcserver.messages.connect_avro import envelope_schema, key_names, key_schema
 from cdcserver.messages.events import (
+    AbortEvent,
     CommitEvent,
     EventBuilder,
     RowBatch,
@@ -143,6 +144,8 @@ class Router:
             elif isinstance(event, CommitEvent):
                 self.sender.end_transaction(event.position)
                 await self.sender.at_boundary()
+            elif isinstance(event, AbortEvent):
+                await self.sender.abandoned(event.reason)
 
     async def snapshot_rows(self, rows: list[RowEvent]) -> None:
         """Rows of a table's initial snapshot (one table's, in order): to the topic and

@@ -170,6 +170,10 @@ class Sender:
     async def at_boundary(self) -> None:
         """A source transaction was routed to its end (exactly-once commits there)."""
 
+    async def abandoned(self, reason: str) -> None:
+        """The source transaction being routed was abandoned, to be read again: at least
+        once, what was sent of it stays published (a consumer sees that part twice)."""
+
     def starting_at(self, position: BinlogPosition) -> None:
         """A pipeline starts feeding the sink."""
 

@@ -111,8 +111,25 @@ class TransactionalSender(Sender):
         await super().close()
 
     def starting_at(self, position: BinlogPosition) -> None:
-        """A new pipeline feeds the sink: accept batches again."""
+        """A new pipeline feeds the sink: accept batches again. It starts from the position
+        committed, so a Kafka transaction still open (the last pipeline ended between
+        commits: a pause, a failover) holds changes it will route again: it is aborted
+        first (at the next use), as after a failure."""
         self._rewound = False
+        if self._open and not self._unsure:
+            self._unsure = "replication started over while a Kafka transaction held " \
+                           "changes past the position committed"
+
+    async def abandoned(self, reason: str) -> None:
+        """A source transaction was abandoned after part of it went into the open Kafka
+        transaction (the source's connection lost mid-transaction, a rollback on the primary,
+        a pause): that part must not be committed, and the transaction read again would
+        follow it. The Kafka transaction is aborted: replication starts over from the
+        position committed."""
+        if self._tail:
+            await self._rewind(RuntimeError(
+                f"a source transaction was abandoned ({reason}) after {self._tail} of its "
+                "messages went into the open Kafka transaction"))
 
     async def hold(self, message: Message) -> None:
         await self._ready()
