@@ -12,7 +12,7 @@ and is given each batch after it (:func:`ordered`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -77,6 +77,14 @@ class Sink(Protocol):
         ...
 
     @property
+    def unrepaired(self) -> frozenset[str] | None:
+        """The causes (GTIDs) of the repairs not yet placed when its ``applied`` was reached,
+        as it recorded them (None: it records none). A pipeline started again gives it a
+        repair read again only if its cause is one of them or ``applied`` did not cover its
+        cause: it holds the others already."""
+        ...
+
+    @property
     def active(self) -> bool: ...
 
     async def open(self, source: SourceInfo) -> None: ...
@@ -87,10 +95,12 @@ class Sink(Protocol):
 
     async def flush(self) -> BinlogPosition | None: ...
 
-    async def keep_up(self) -> None:
+    async def keep_up(self, unrepaired: Callable[[], frozenset[str] | None]) -> None:
         """While no checkpoint may be written (a repair waits for its watermark): the work a
         flush would do that does not move the checkpoint, so that memory does not grow with
-        every transaction meanwhile."""
+        every transaction meanwhile. ``unrepaired()``: the causes of the repairs not yet
+        placed as of the last batch this sink was given (None: not known now), for a sink
+        that records what it applied beside its checkpoint (:attr:`unrepaired`)."""
 
     async def close(self) -> None: ...
 

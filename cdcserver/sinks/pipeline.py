@@ -92,6 +92,7 @@ class RepairPlacements:
     def __init__(self) -> None:
         self._placed: collections.OrderedDict[tuple[str, str, str], object] = \
             collections.OrderedDict()
+        self._transactions: set[object] = set()  # the transactions placed in
 
     def __bool__(self) -> bool:
         return bool(self._placed)
@@ -111,16 +112,19 @@ class RepairPlacements:
                 self._placed.move_to_end(key)
         while len(self._placed) > self.LIMIT:
             self._placed.popitem(last=False)
+        self._transactions = set(self._placed.values())
+
+    def holds_placement(self, transaction: object) -> bool:
+        """Whether a repair was placed in ``transaction`` (a name as :func:`_named` gives)."""
+        return transaction in self._transactions
 
     def forget(self, unfinished: list[tuple[list[Rowless], str]]) -> None:
         """The repairs a stopped pipeline left unfinished (markers and cause, as
         :meth:`Repairer.carry_over` gives them): whatever part of them was placed, what the
-        next pipeline places for them reaches every sink."""
-        tables = {(m.database, m.table, cause) for markers, cause in unfinished
-                  for m in markers}
-        if not tables:
-            return
-        for key in [k for k in self._placed if (k[0], k[1], cause_of(k[2])) in tables]:
+        next pipeline places for them reaches every sink. By cause: a cascade's repair
+        places rows of tables its markers do not name (the foreign keys it follows)."""
+        causes = {cause for _, cause in unfinished}
+        for key in [k for k in self._placed if cause_of(k[2]) in causes]:
             del self._placed[key]
 
 
@@ -135,10 +139,17 @@ class _ReplayFilter:
     ``gtid_seq_no`` and servers sharing a domain count on their own, so a lower number can
     come later in the binlog. If the stream passes the checkpoint's binlog position while a
     domain still waits for its GTID, the checkpoint does not belong to this binlog: replication
-    stops rather than guess."""
+    stops rather than guess.
+
+    A repair is read again when the stream passes its cause again, and placed in a later
+    transaction than before; the sink is not given it a second time if it holds it: its first
+    placement is a transaction it skipped (:class:`RepairPlacements`, within one process), or
+    the sink records which repairs were not yet placed where it stands
+    (:attr:`Sink.unrepaired`), its cause is a transaction it skipped and not one of them."""
 
     def __init__(self, name: str, durable: BinlogPosition | None, start: GtidState,
-                 placements: RepairPlacements | None = None) -> None:
+                 placements: RepairPlacements | None = None,
+                 unrepaired: frozenset[str] | None = None) -> None:
         self.name = name
         self.durable = durable
         self._waiting: dict[int | str, Gtid] = {}
@@ -147,7 +158,9 @@ class _ReplayFilter:
                              if not same_transaction(start.get(g.key), g)}
         self._skipping: Gtid | None = None  # the open transaction, being dropped
         self._placements = placements
-        self._skipped: set[object] = set()  # the transactions dropped (their names)
+        self._skipped: set[object] = set()  # the transactions dropped a repair was placed in
+        self._unrepaired = unrepaired
+        self._skipped_causes: set[str] = set()  # the transactions dropped that were causes
 
     def __call__(self, changes: list[Change]) -> list[Change]:
         if not self._waiting and self._skipping is None:
@@ -164,26 +177,40 @@ class _ReplayFilter:
                 continue
             skipped = True
             if isinstance(change, Commit):
-                if self._placements is not None:
-                    self._skipped.add(_named(self._skipping))
+                self._note_skipped(self._skipping)
                 if same_transaction(self._waiting.get(self._skipping.key), self._skipping):
                     del self._waiting[self._skipping.key]
                 self._skipping = None
+            elif isinstance(change, (Rowless, Ddl)) and self._unrepaired is not None:
+                self._skipped_causes.add(str(self._skipping))  # (a statement's repairs too)
             elif isinstance(change, Abort):
                 self._skipping = None  # it will be read again whole
         return self._without_repairs_held(kept) if skipped else changes
 
+    def _note_skipped(self, transaction: Gtid) -> None:
+        if self._placements is not None:
+            name = _named(transaction)
+            if self._placements.holds_placement(name):
+                self._skipped.add(name)
+
     def _without_repairs_held(self, changes: list[Change]) -> list[Change]:
-        """Without the repairs this sink holds from a transaction it skipped (see
-        :class:`RepairPlacements`)."""
-        if not self._skipped or not self._placements:
+        """Without the repairs this sink holds already (see the class's description)."""
+        if not self._skipped and not self._skipped_causes:
             return changes
         kept = [c for c in changes if not (isinstance(c, Rows) and c.repair and
-                                           self._placements.first(c) in self._skipped)]
+                                           self._holds(c))]
         if len(kept) != len(changes):
             log.info("%s: a repair it holds from before the restart, read again, is not "
                      "given to it a second time", self.name)
         return kept
+
+    def _holds(self, rows: Rows) -> bool:
+        if self._placements is not None and self._placements.first(rows) in self._skipped:
+            return True
+        if self._unrepaired is None:
+            return False
+        cause = cause_of(rows.repair)
+        return cause in self._skipped_causes and cause not in self._unrepaired
 
     def _check_not_passed(self, position: BinlogPosition) -> None:
         durable = self.durable
@@ -237,13 +264,17 @@ class Pipeline:
         self.applied = applied  # told after each sink's apply (the latency metrics)
         self.flush_interval = flush_interval
         self.placements = placements if placements is not None else RepairPlacements()
-        self._filters = [_ReplayFilter(s.name, s.applied, start, self.placements)
+        self._filters = [_ReplayFilter(s.name, s.applied, start, self.placements,
+                                       s.unrepaired)
                          for s in sinks]
         self.state = start  # after the last transaction every sink has applied
         self.transactions = 0
         self.last_commit_timestamp: int | None = None  # the source's, of the newest applied
         self._progress: asyncio.Future[None] | None = None
         self._finishing = 0  # parts being repaired and applied while a repair was out
+        # each sink's: the causes of the repairs not yet placed after the last part it was
+        # given (Sink.keep_up)
+        self._unrepaired: dict[str, frozenset[str] | None] = {}
         self._later_batches = self._later_parts = 0  # after the one being applied
         if repairer is not None:
             repairer.input_waiting = self._input_waiting
@@ -363,10 +394,13 @@ class Pipeline:
         return known
 
     async def _apply_part(self, batch: list[Change]) -> None:
+        unrepaired = self._unrepaired_now()
         for sink, keep in zip(self.sinks, self._filters, strict=True):
             changes = keep(batch)
             if changes:
                 await sink.apply(changes)
+                # (no await between: a sink's commit, waiting for its lock, reads it next)
+                self._unrepaired[sink.name] = unrepaired
                 if self.applied is not None:
                     self.applied(sink.name, changes)
         if self.repairer is not None:
@@ -414,11 +448,21 @@ class Pipeline:
                 loop.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
 
+    def _unrepaired_now(self) -> frozenset[str] | None:
+        """The causes of the repairs not yet placed, as the repairer stands (after the part
+        it last passed on); None while one is being read (its cause is not at hand)."""
+        if self.repairer is None or not self.repairer.pending:
+            return frozenset()
+        waiting = self.repairer.waiting()
+        if any(not entry["cause"] for entry in waiting):
+            return None
+        return frozenset(entry["cause"] for entry in waiting)
+
     async def _flush_loop(self, sink: Sink) -> None:
         while True:
             await asyncio.sleep(self.flush_interval)
             if self.repair_pending:
-                await sink.keep_up()
+                await sink.keep_up(lambda: self._unrepaired.get(sink.name))
                 continue
             try:
                 await sink.flush()

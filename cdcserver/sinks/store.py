@@ -7,6 +7,8 @@ checkpoints, and records where a new store started.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from cdcserver.core.changes import Change
 from cdcserver.core.gtid import BinlogPosition
 from cdcserver.sinks.base import SinkStatus, SourceInfo
@@ -30,6 +32,12 @@ class StoreSink:
         return self.store.position if self.store.position is not None else self.store.durable
 
     @property
+    def unrepaired(self) -> frozenset[str] | None:
+        """None: its checkpoint is never written while a repair is pending, and what it
+        applied since (in this process) is told by the pipeline's placements."""
+        return None
+
+    @property
     def active(self) -> bool:
         return True
 
@@ -45,7 +53,7 @@ class StoreSink:
     async def flush(self) -> BinlogPosition | None:
         return await self.store.flush()
 
-    async def keep_up(self) -> None:
+    async def keep_up(self, unrepaired: Callable[[], frozenset[str] | None]) -> None:
         await self.store.persist_index()
 
     async def close(self) -> None:

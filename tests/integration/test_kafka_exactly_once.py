@@ -7,6 +7,9 @@ first, and a broker killed, unreachable or cut off by the network.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
+from collections import Counter
 
 import pytest
 
@@ -200,3 +203,91 @@ async def test_the_partition_leader_killed_in_a_three_broker_cluster(
     messages = await items_exactly_once(kafka_cluster.bootstrap, source, writer.written)
     print(f"\nexactly-once, leader {leader} killed: {writer.written} rows, {messages} read "
           "once")
+
+
+class CascadeLoop:
+    """From a thread: a parent with three children, then the parent deleted (InnoDB deletes
+    the children without row events: a repair each), every 20 ms until stopped."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.parents = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cascades", daemon=True)
+
+    def start(self) -> None:
+        db = self.source.database
+        self.source.execute(f"CREATE TABLE `{db}`.parent (id INT PRIMARY KEY) ENGINE=InnoDB")
+        self.source.execute(f"CREATE TABLE `{db}`.child (id INT PRIMARY KEY, pid INT, "
+                            "FOREIGN KEY (pid) REFERENCES parent (id) ON DELETE CASCADE) "
+                            "ENGINE=InnoDB")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        conn = self.source.server.connect(self.source.database)
+        with conn.cursor() as cur:
+            while not self._stop.wait(0.02):
+                n = self.parents + 1
+                cur.execute("INSERT INTO parent VALUES (%s)", (n,))
+                cur.executemany("INSERT INTO child VALUES (%s, %s)",
+                                [(n * 10 + i, n) for i in range(3)])
+                conn.commit()
+                cur.execute("DELETE FROM parent WHERE id = %s", (n,))
+                conn.commit()
+                self.parents = n
+        conn.close()
+
+
+@pytest.mark.slow
+async def test_repairs_pending_longer_than_the_transaction_timeout_publish_every_row_once(
+        tmp_path, source: Source, users_file: str, kafka_broker):
+    """The soak's livelock: while a repair waits for its watermark no checkpoint may be
+    written, and under continuous cascades one repair is always waiting (each reads the
+    source's head, which the stream reaches after the next cascade began). No Kafka
+    transaction could be committed, the brokers aborted each for its age (3 s here), and the
+    sink started over from the same commit, forever. Now the sink commits beside its
+    checkpoint meanwhile, and after a kill -9 in the middle, the replay publishes neither a
+    row nor a repair twice: each child row is inserted once and deleted once (by a repair)."""
+    data_dir = str(tmp_path / "data")
+    config = make_config(data_dir, source.url, users_file, kafka=_eos(
+        kafka_broker, source, transaction_timeout=3.0, request_timeout=5.0))
+    cascades, rows = CascadeLoop(source), RowWriter(source)
+    cascades.start()
+    rows.start()
+    running = await start_service(config)
+    try:
+        await pace(8.0)
+        sink = running.service.replication.sink("kafka")
+        assert sink is not None
+        committed = sink.stats.commits  # type: ignore[attr-defined]
+        running.task.cancel()  # as kill -9 leaves Kafka: nothing more committed
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await running.task
+        await pace(2.0)
+        running = await start_service(config)
+        await pace(8.0)
+    finally:
+        cascades.stop()
+        rows.stop()
+    try:
+        await kafka_caught_up(running, source, timeout=180)
+        sink = running.service.replication.sink("kafka")
+        assert sink is not None
+        print(f"\n{cascades.parents} cascades, {rows.written} rows; commits before the kill "
+              f"{committed}, after {sink.stats.commits}, "  # type: ignore[attr-defined]
+              f"rewinds {sink.stats.rewinds}")  # type: ignore[attr-defined]
+        assert committed > 0, "no Kafka transaction was committed while repairs waited"
+    finally:
+        await running.stop()
+    await items_exactly_once(kafka_broker.bootstrap, source, rows.written)
+    changes = await committed_changes(kafka_broker.bootstrap, source, ("child",))
+    inserted = Counter(c.after["id"] for c in changes if c.after is not None)
+    deleted = Counter(c.before["id"] for c in changes if c.after is None and c.before)
+    expected = {n * 10 + i for n in range(1, cascades.parents + 1) for i in range(3)}
+    assert set(inserted) == expected and max(inserted.values()) == 1, "an insert twice"
+    assert set(deleted) == expected and max(deleted.values()) == 1, "a repair twice"
+    assert source.query(f"SELECT COUNT(*) FROM `{source.database}`.child") == [(0,)]

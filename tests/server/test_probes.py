@@ -48,6 +48,7 @@ class Gate:
     after = ("avro",)
     durable: BinlogPosition | None = None
     applied: BinlogPosition | None = None
+    unrepaired: frozenset[str] | None = None
 
     def __init__(self, table: str) -> None:
         self.table = table
@@ -68,7 +69,7 @@ class Gate:
     async def flush(self) -> BinlogPosition | None:
         return None
 
-    async def keep_up(self) -> None:
+    async def keep_up(self, unrepaired: object) -> None:
         pass
 
     async def close(self) -> None:

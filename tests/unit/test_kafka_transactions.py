@@ -31,6 +31,7 @@ from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.sinks.kafka import sender as sender_module
 from cdcserver.sinks.kafka.accumulator import Message
+from cdcserver.sinks.kafka.checkpoint import StateRecord
 from cdcserver.sinks.kafka.sink import KafkaSink
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
@@ -147,7 +148,8 @@ async def test_a_commit_carries_the_position_after_every_batch_is_acknowledged(s
     producer.batches[0].set_result(None)
     assert await asyncio.wait_for(flushing, 5) == _position(1)
     assert producer.calls == ["start", "begin", "commit"]
-    assert [json.loads(v) for v in producer.state] == [_position(1).to_json()]
+    assert [json.loads(v) for v in producer.state] == [
+        {**_position(1).to_json(), "published": _position(1).to_json(), "unrepaired": []}]
 
 
 async def test_a_refused_batch_is_never_committed_the_sink_rewinds(sink):
@@ -443,3 +445,73 @@ async def test_replication_started_over_with_a_kafka_transaction_open_aborts_it(
     again.batches[0].set_result(None)
     assert await asyncio.wait_for(sink.flush(), 5) == _position(1)
     assert again.calls == ["start", "begin", "commit"]
+
+
+async def test_a_repair_pending_past_the_transaction_timeout_commits_beside_the_checkpoint(sink):
+    """Soak: a catch-up under continuous migrations kept a repair pending for minutes; no
+    commit was allowed meanwhile, the brokers aborted the Kafka transaction for its age
+    (transaction_timeout), and the sink started over into the same catch-up, forever. Now
+    the pipeline's keep-up commits anyway: the checkpoint stays (a restart reads the cause
+    again), and the position published and the repairs not yet placed go beside it."""
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    first = await _one_transaction(sink, 1)
+    first.batches[0].set_result(None)
+    assert await asyncio.wait_for(sink.flush(), 5) == _position(1)
+    await _one_transaction(sink, 2)
+    first.batches[1].set_result(None)
+    await asyncio.wait_for(sink.keep_up(lambda: frozenset({"0-1-2"})), 5)
+    assert first.calls == ["start", "begin", "commit", "begin", "commit"]
+    assert json.loads(first.state[-1]) == {**_position(1).to_json(),
+                                           "published": _position(2).to_json(),
+                                           "unrepaired": ["0-1-2"]}
+    assert sink.durable == _position(1)  # a restart replays the cause...
+    assert sink.applied == _position(2) and sink.unrepaired == frozenset({"0-1-2"})
+    # ...and the next commit with none pending moves the checkpoint again
+    await _one_transaction(sink, 3)
+    first.batches[2].set_result(None)
+    assert await asyncio.wait_for(sink.flush(), 5) == _position(3)
+    assert sink.applied == _position(3) and sink.unrepaired == frozenset()
+
+
+async def test_keep_up_commits_neither_half_a_transaction_nor_while_a_repair_is_read(sink):
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    first = await _one_transaction(sink, 1)
+    first.batches[0].set_result(None)
+    await asyncio.wait_for(sink.flush(), 5)
+    await _one_transaction(sink, 2)
+    await _partial(sink, b"half of 3")
+    for batch in first.batches[1:]:
+        batch.set_result(None)
+    await asyncio.wait_for(sink.keep_up(lambda: frozenset()), 5)  # half of 3 routed
+    sink.transactions.end_transaction(_position(3))
+    await asyncio.wait_for(sink.keep_up(lambda: None), 5)  # a repair being read
+    assert first.calls.count("commit") == 1 and sink.durable == _position(1)
+
+
+def test_a_state_record_written_before_published_reads_as_a_position():
+    old = json.dumps(_position(7).to_json()).encode()
+    assert StateRecord.parse(old) == StateRecord(_position(7), _position(7), frozenset())
+    record = StateRecord(_position(7), _position(9), frozenset({"0-1-8"}))
+    assert StateRecord.parse(record.to_json()) == record
+
+
+async def test_once_no_repair_is_pending_the_checkpoint_reaches_what_was_published(sink):
+    """The keep-up commit published through 2 with the checkpoint left at 1; the repair is
+    then placed and nothing more comes (the source is quiet): the next flush commits the
+    position alone. Before, the checkpoint stayed behind until the next change."""
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+    producer.batches[0].set_result(None)
+    await asyncio.wait_for(sink.flush(), 5)
+    await _one_transaction(sink, 2)
+    producer.batches[1].set_result(None)
+    await asyncio.wait_for(sink.keep_up(lambda: frozenset({"0-1-2"})), 5)
+    assert sink.durable == _position(1)
+    assert await asyncio.wait_for(sink.flush(), 5) == _position(2)
+    assert producer.calls.count("commit") == 3 and len(producer.batches) == 2
+    assert json.loads(producer.state[-1])["unrepaired"] == []
+    assert await asyncio.wait_for(sink.flush(), 5) == _position(2)
+    assert producer.calls.count("commit") == 3  # nothing more to commit

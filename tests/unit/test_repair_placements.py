@@ -103,12 +103,47 @@ def test_a_repair_left_unfinished_reaches_every_sink_again():
                                                          [(182, 338), (182, None)]]
 
 
-def test_forgetting_one_repair_keeps_the_others():
+def test_forgetting_a_repair_forgets_every_table_it_placed_rows_of():
+    """By cause, not by the tables its markers name: a cascade's repair follows foreign keys
+    into further tables. Other causes' repairs are kept."""
     placements = RepairPlacements()
     other = NOTE.replace("0-1-3", "0-1-5")
     placements.record(_transaction(4, _repair(336)))
     placements.record(_transaction(6, Rows(LAYOUT, RowsKind.UPDATE, 0, [], repair=other)))
-    placements.forget([([Rowless("db", "c2", "cascade")], "0-1-5"),
-                       ([Rowless("db", "elsewhere", "cascade")], "0-1-3")])
-    assert placements.first(_repair(1)) is not None
-    assert placements.first(Rows(LAYOUT, RowsKind.UPDATE, 0, [], repair=other)) is None
+    placements.forget([([Rowless("db", "parent", "cascade")], "0-1-3")])
+    assert placements.first(_repair(1)) is None
+    assert placements.first(Rows(LAYOUT, RowsKind.UPDATE, 0, [], repair=other)) is not None
+
+
+def _cause(n: int, table: str = "c2") -> list[Change]:
+    """Transaction ``n``, whose change a repair must make up for (a cascade into ``table``)."""
+    return _transaction(n, _change(n), Rowless("db", table, "ON DELETE SET NULL of db.p"))
+
+
+def _repair_of(cause: int, row: int) -> Rows:
+    return Rows(LAYOUT, RowsKind.UPDATE, 0, [(row, 1), (row, None)],
+                repair=NOTE.replace("0-1-3", f"0-1-{cause}"))
+
+
+def test_a_sink_that_recorded_its_unplaced_repairs_gets_only_those_again():
+    """The exactly-once Kafka sink committed while the repair of transaction 4 waited for its
+    watermark: its record says it published through 5, the repair of 4 not yet placed
+    (that of 3 was placed, in 5). After a restart (no placements known in the new process),
+    the replay reads both repairs again, in later transactions: the sink gets 4's only."""
+    kafka = _ReplayFilter("kafka", _position(5), GtidState([Gtid(0, 1, 2)]), None,
+                          frozenset({"0-1-4"}))
+    replay = [*_cause(3), *_cause(4), *_transaction(5, _change(5)),
+              *_transaction(6, _change(6), _repair_of(3, 30), _repair_of(4, 40)),
+              *_cause(7), *_transaction(8, _repair_of(7, 70))]
+    given = kafka(replay)
+    assert [c.gtid.sequence for c in given if isinstance(c, Begin)] == [6, 7, 8]
+    assert [r.rows[0][0] for r in _repairs(given)] == [40, 70]
+    assert _change(6) in given
+
+
+def test_a_sink_without_such_a_record_gets_every_repair_read_again():
+    """The store records none (its checkpoint is never written while a repair is pending):
+    only the placements known in this process say what it holds."""
+    store = _ReplayFilter("avro", _position(5), GtidState([Gtid(0, 1, 2)]), None, None)
+    replay = [*_cause(3), *_transaction(5), *_transaction(6, _repair_of(3, 30))]
+    assert len(_repairs(store(replay))) == 1

@@ -133,6 +133,11 @@ class Checkpoint:
         self.path = path  # state/kafka.json
         self.key = key  # the record's key on the state topic
         self.durable: BinlogPosition | None = _load_state(path)
+        # Exactly-once: the position the last commit published (past ``durable`` when it was
+        # made while a repair was pending: ``durable`` stays where a restart must replay
+        # from), and the causes of the repairs not yet placed there (StateRecord)
+        self.published: BinlogPosition | None = None
+        self.unrepaired: frozenset[str] | None = None
         self.lock = asyncio.Lock()  # one writer at a time: held over a whole harvest
         self._sent: asyncio.Future[Any] | None = None  # the last position sent to Kafka
         self._sent_position: BinlogPosition | None = None  # (and which one it was)
@@ -188,7 +193,7 @@ class Checkpoint:
         exists: the caller made sure); ``committed``: of committed Kafka transactions only
         (exactly-once), up to the last stable offset."""
         topic = self.config.state_topic
-        found: BinlogPosition | None = None
+        found: StateRecord | None = None
         consumer = connect.consumer(self.config, isolation_level="read_committed") \
             if committed else connect.consumer(self.config)
         await consumer.start()
@@ -208,12 +213,44 @@ class Checkpoint:
                     batch = await consumer.getmany(tp, timeout_ms=1000)
                     for message in batch.get(tp, []):
                         if message.key == self.key.encode() and message.value:
-                            found = BinlogPosition.from_json(json.loads(message.value))
+                            found = StateRecord.parse(message.value)
         finally:
             await consumer.stop()
-        self.durable = found
+        self.durable = found.position if found is not None else None
+        self.published = found.published if found is not None else None
+        self.unrepaired = found.unrepaired if found is not None else None
         if found is not None:
-            log.info("kafka: position %s read back from topic %s", found.gtid_state, topic)
+            log.info("kafka: position %s read back from topic %s (published: %s)",
+                     found.position.gtid_state, topic, found.published.gtid_state)
+
+
+@dataclass(frozen=True)
+class StateRecord:
+    """What an exactly-once commit records in ``state_topic``: ``position``, where replication
+    restarts for this sink (never past a change whose repair is not placed yet); the
+    position the commit ``published`` (the same, or further when the commit was made while a
+    repair waited for its watermark: a Kafka transaction must end within
+    ``transaction_timeout``); and the causes (GTIDs) of the repairs not yet placed there.
+    A replay from ``position`` skips what was published, and of the repairs read again
+    gives only those (the others were published). The value is the position's JSON with
+    the other two beside it, so a record written before them reads as a position."""
+
+    position: BinlogPosition
+    published: BinlogPosition
+    unrepaired: frozenset[str]
+
+    def to_json(self) -> bytes:
+        return json.dumps({**self.position.to_json(), "published": self.published.to_json(),
+                           "unrepaired": sorted(self.unrepaired)}).encode()
+
+    @classmethod
+    def parse(cls, value: bytes) -> StateRecord:
+        data = json.loads(value)
+        position = BinlogPosition.from_json(data)
+        if "published" not in data:  # (written by a version before them)
+            return cls(position, position, frozenset())
+        return cls(position, BinlogPosition.from_json(data["published"]),
+                   frozenset(str(c) for c in data.get("unrepaired", ())))
 
 
 def _acknowledged(message: Message) -> bool:

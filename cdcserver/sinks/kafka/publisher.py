@@ -192,9 +192,14 @@ class LeasedSink:
                 log.warning("kafka: %s; standing by", exc)
             self._fenced = str(exc)
 
-    async def keep_up(self) -> None:
+    async def keep_up(self, unrepaired: Callable[[], frozenset[str] | None]) -> None:
         if self._sink is not None:
-            await self._sink.keep_up()
+            with self._fenced_out():
+                await self._sink.keep_up(unrepaired)
+
+    @property
+    def unrepaired(self) -> frozenset[str] | None:
+        return self._sink.unrepaired if self._sink is not None else None
 
     def status(self) -> SinkStatus:
         sink = self._sink

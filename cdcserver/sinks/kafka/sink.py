@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from aiokafka.errors import KafkaError
 
@@ -161,6 +162,7 @@ class KafkaSink:
     def durable(self, position: BinlogPosition | None) -> None:
         """(The publisher lease starts a sink from the position another instance left.)"""
         self.checkpoint.durable = position
+        self.checkpoint.published = self.checkpoint.unrepaired = None  # (this one's)
 
     @property
     def buffered_bytes(self) -> int:
@@ -182,9 +184,17 @@ class KafkaSink:
 
     @property
     def applied(self) -> BinlogPosition | None:
-        """Its checkpoint: what it sent since is sent again, as after a crash (at least
-        once)."""
+        """At least once, its checkpoint: what it sent since is sent again, as after a
+        crash. Exactly once, what its last commit published (past the checkpoint when it was
+        made while a repair was pending)."""
+        if self.transactions is not None and self.checkpoint.published is not None:
+            return self.checkpoint.published
         return self.checkpoint.durable
+
+    @property
+    def unrepaired(self) -> frozenset[str] | None:
+        """Exactly once, the repairs not yet placed where its last commit published."""
+        return self.checkpoint.unrepaired if self.transactions is not None else None
 
     @property
     def active(self) -> bool:
@@ -211,8 +221,12 @@ class KafkaSink:
         await self.router.route(changes)
         await self.sender.ship_all()
 
-    async def keep_up(self) -> None:
-        """Nothing: acknowledged messages leave the buffer as room is needed."""
+    async def keep_up(self, unrepaired: Callable[[], frozenset[str] | None]) -> None:
+        """At least once, nothing: acknowledged messages leave the buffer as room is needed.
+        Exactly once, the open Kafka transaction is committed without moving the checkpoint
+        (:meth:`TransactionalSender.keep_up`)."""
+        if self.transactions is not None:
+            await self.transactions.keep_up(unrepaired)
 
     async def flush(self) -> BinlogPosition | None:
         """Wait until what was sent so far is acknowledged, then record the position."""

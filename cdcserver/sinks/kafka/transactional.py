@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiokafka.errors import (
@@ -46,7 +46,7 @@ from cdcserver.core.gtid import BinlogPosition
 from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.sinks.kafka import connect
 from cdcserver.sinks.kafka.accumulator import Message, MessageAccumulator
-from cdcserver.sinks.kafka.checkpoint import Checkpoint
+from cdcserver.sinks.kafka.checkpoint import Checkpoint, StateRecord
 from cdcserver.sinks.kafka.metrics import SinkStats
 from cdcserver.sinks.kafka.sender import Sender, retrying
 
@@ -71,6 +71,10 @@ class TransactionalSender(Sender):
         self._open = False  # a Kafka transaction is open
         self._reached: BinlogPosition | None = None  # the last source transaction routed
         self._tail = 0  # messages routed after it (a commit waits for its end)
+        # the position reached is past the checkpoint with nothing open (transactions with
+        # no message for Kafka, or a commit made while a repair was pending): a flush
+        # commits the position alone
+        self._ahead = False
         self._commit_wanted = False  # a flush came while a source transaction was open
         self._rewound = False  # until the next pipeline starts: refuse the old one's batches
         self._fenced: BaseException | None = None
@@ -144,7 +148,7 @@ class TransactionalSender(Sender):
 
     def end_transaction(self, position: BinlogPosition) -> None:
         super().end_transaction(position)
-        self._reached, self._tail = position, 0
+        self._reached, self._tail, self._ahead = position, 0, True
 
     async def at_boundary(self) -> None:
         """A source transaction ended: commit if a flush asked for it meanwhile."""
@@ -153,12 +157,20 @@ class TransactionalSender(Sender):
 
     async def flush(self) -> BinlogPosition | None:
         """Commit what is routed, if a source transaction is not half routed (else the next
-        one routed to its end commits); returns the position committed."""
+        one routed to its end commits), or the position reached alone when nothing was sent
+        since (it moved past the checkpoint by transactions with nothing for Kafka, or a
+        commit made while a repair was pending published it); returns the position
+        committed."""
         async with self.lock:
             await self._ready()
             if self._tail:
                 self._commit_wanted = True
             elif self._open:
+                await self._commit()
+            elif self._ahead and self._reached is not None:
+                # Routed with nothing to send (tables the sink leaves out), or published by
+                # a commit made while a repair was pending: the position alone is committed
+                await self._begin()
                 await self._commit()
             await self._keep_file()
         return self.checkpoint.durable
@@ -183,16 +195,37 @@ class TransactionalSender(Sender):
             await self._rewind(connect.refusal(self.producer, exc))
         self._open, self._began = True, time.monotonic()
 
-    async def _commit(self) -> None:
-        """The position reached, in ``state_topic``, and the transaction committed with it."""
+    async def keep_up(self, unrepaired: Callable[[], frozenset[str] | None]) -> None:
+        """A repair waits for its watermark, so the checkpoint may not move (a restart must
+        read the change again): the open Kafka transaction is committed anyway, before the
+        brokers abort it for its age (``transaction_timeout``: a catch-up that kept repairs
+        pending longer made no progress, started over from the same commit each time). It
+        records the position it published beside the checkpoint, and the repairs not yet
+        placed there (:class:`~cdcserver.sinks.kafka.checkpoint.StateRecord`): a replay
+        skips what was published and gives only those repairs again. Not in the middle of a
+        source transaction (a later tick commits), nor while a repair is being read (which
+        repairs are out is not known then)."""
+        async with self.lock:
+            await self._ready()
+            causes = unrepaired()
+            if self._open and not self._tail and causes is not None and \
+                    self.checkpoint.durable is not None:  # (a restart needs one)
+                await self._commit(causes)
+
+    async def _commit(self, unrepaired: frozenset[str] | None = None) -> None:
+        """The position reached, in ``state_topic``, and the transaction committed with it;
+        with ``unrepaired`` (the causes of the repairs not yet placed, while one is pending)
+        the checkpoint stays where it is and the position goes beside it as published."""
         self._commit_wanted = False
         position = self._reached
         if not self._open or position is None:
             return
+        # (none left unplaced: as a commit with no repair pending)
+        restart = self.checkpoint.durable or position if unrepaired else position
+        record = StateRecord(restart, position, unrepaired or frozenset())
         await self._delivered()
         try:
-            value = json.dumps(position.to_json()).encode()
-            state = await self.producer.send(self.config.state_topic, value,
+            state = await self.producer.send(self.config.state_topic, record.to_json(),
                                              key=self.checkpoint.key.encode(), partition=0)
             await self.producer.commit_transaction()
             await state  # (delivered: the commit waited for it)
@@ -206,7 +239,9 @@ class TransactionalSender(Sender):
         self.stats.commits += 1
         self.stats.acknowledged += sum(1 for _ in self.in_flight.messages())
         self.in_flight.clear()
-        self.checkpoint.durable = position
+        self.checkpoint.durable = restart
+        self.checkpoint.published, self.checkpoint.unrepaired = position, record.unrepaired
+        self._ahead = restart != position  # (the next flush with none pending moves it)
 
     async def _ready(self) -> None:
         """Before the sink is used: not fenced out nor rewound, and after a commit or a
@@ -278,7 +313,7 @@ class TransactionalSender(Sender):
         self.accumulator.use(None)
         self.in_flight.clear()
         self._open, self._tail, self._commit_wanted = False, 0, False
-        self._reached = None
+        self._reached, self._ahead = None, False
         if producer is not None:
             with contextlib.suppress(KafkaError, OSError, TimeoutError):
                 async with asyncio.timeout(5):
