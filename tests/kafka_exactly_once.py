@@ -178,18 +178,23 @@ def _health(port: int) -> str:
         return f"no answer: {error}"
 
 
-class RowWriter:
-    """Inserts rows into ``items`` from a thread, 50 to a transaction, until stopped."""
+class _Writer:
+    """Writes to the source from a thread, a step every ``interval`` seconds, until
+    stopped (:meth:`step` says what)."""
+
+    interval = 0.01
 
     def __init__(self, source: Source) -> None:
         self.source = source
-        self.written = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rows", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=type(self).__name__,
+                                        daemon=True)
+
+    def create(self) -> None:
+        """The tables, before the thread starts."""
 
     def start(self) -> None:
-        self.source.execute(f"CREATE TABLE `{self.source.database}`.items "
-                            "(id INT PRIMARY KEY, body TEXT)")
+        self.create()
         self._thread.start()
 
     def stop(self) -> None:
@@ -199,12 +204,51 @@ class RowWriter:
     def _run(self) -> None:
         conn = self.source.server.connect(self.source.database)
         with conn.cursor() as cur:
-            while not self._stop.wait(0.01):
-                cur.executemany("INSERT INTO items (id, body) VALUES (%s, %s)",
-                                [(self.written + i, "x" * 200) for i in range(1, 51)])
+            while not self._stop.wait(self.interval):
+                self.step(cur)
                 conn.commit()
-                self.written += 50
         conn.close()
+
+    def step(self, cur: Any) -> None:
+        raise NotImplementedError
+
+
+class RowWriter(_Writer):
+    """Inserts rows into ``items``, 50 to a transaction."""
+
+    written = 0
+
+    def create(self) -> None:
+        self.source.execute(f"CREATE TABLE `{self.source.database}`.items "
+                            "(id INT PRIMARY KEY, body TEXT)")
+
+    def step(self, cur: Any) -> None:
+        cur.executemany("INSERT INTO items (id, body) VALUES (%s, %s)",
+                        [(self.written + i, "x" * 200) for i in range(1, 51)])
+        self.written += 50
+
+
+class CascadeWriter(_Writer):
+    """A parent with three children, then the parent deleted (InnoDB deletes the children
+    without row events: a repair each), every 20 ms."""
+
+    interval = 0.02
+    parents = 0
+
+    def create(self) -> None:
+        db = self.source.database
+        self.source.execute(f"CREATE TABLE `{db}`.parent (id INT PRIMARY KEY) ENGINE=InnoDB",
+                            f"CREATE TABLE `{db}`.child (id INT PRIMARY KEY, pid INT, "
+                            "FOREIGN KEY (pid) REFERENCES parent (id) ON DELETE CASCADE) "
+                            "ENGINE=InnoDB")
+
+    def step(self, cur: Any) -> None:
+        n = self.parents + 1
+        cur.execute("INSERT INTO parent VALUES (%s)", (n,))
+        cur.executemany("INSERT INTO child VALUES (%s, %s)", [(n * 10 + i, n) for i in range(3)])
+        cur.connection.commit()
+        cur.execute("DELETE FROM parent WHERE id = %s", (n,))
+        self.parents = n
 
 
 async def items_exactly_once(bootstrap: str, source: Source, written: int) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections import Counter
 
 import pytest
@@ -21,6 +20,7 @@ from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import TcpProxy, pace
 from tests.integration.test_kafka import kafka_caught_up
 from tests.kafka_exactly_once import (
+    CascadeWriter,
     RowWriter,
     broker_outage,
     check,
@@ -205,43 +205,6 @@ async def test_the_partition_leader_killed_in_a_three_broker_cluster(
           "once")
 
 
-class CascadeLoop:
-    """From a thread: a parent with three children, then the parent deleted (InnoDB deletes
-    the children without row events: a repair each), every 20 ms until stopped."""
-
-    def __init__(self, source: Source) -> None:
-        self.source = source
-        self.parents = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cascades", daemon=True)
-
-    def start(self) -> None:
-        db = self.source.database
-        self.source.execute(f"CREATE TABLE `{db}`.parent (id INT PRIMARY KEY) ENGINE=InnoDB")
-        self.source.execute(f"CREATE TABLE `{db}`.child (id INT PRIMARY KEY, pid INT, "
-                            "FOREIGN KEY (pid) REFERENCES parent (id) ON DELETE CASCADE) "
-                            "ENGINE=InnoDB")
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-    def _run(self) -> None:
-        conn = self.source.server.connect(self.source.database)
-        with conn.cursor() as cur:
-            while not self._stop.wait(0.02):
-                n = self.parents + 1
-                cur.execute("INSERT INTO parent VALUES (%s)", (n,))
-                cur.executemany("INSERT INTO child VALUES (%s, %s)",
-                                [(n * 10 + i, n) for i in range(3)])
-                conn.commit()
-                cur.execute("DELETE FROM parent WHERE id = %s", (n,))
-                conn.commit()
-                self.parents = n
-        conn.close()
-
-
 @pytest.mark.slow
 async def test_repairs_pending_longer_than_the_transaction_timeout_publish_every_row_once(
         tmp_path, source: Source, users_file: str, kafka_broker):
@@ -255,7 +218,7 @@ async def test_repairs_pending_longer_than_the_transaction_timeout_publish_every
     data_dir = str(tmp_path / "data")
     config = make_config(data_dir, source.url, users_file, kafka=_eos(
         kafka_broker, source, transaction_timeout=3.0, request_timeout=5.0))
-    cascades, rows = CascadeLoop(source), RowWriter(source)
+    cascades, rows = CascadeWriter(source), RowWriter(source)
     cascades.start()
     rows.start()
     running = await start_service(config)

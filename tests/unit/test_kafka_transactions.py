@@ -371,6 +371,16 @@ async def _partial(sink: KafkaSink, text: bytes) -> _Producer:
     return _Producer.made[-1]
 
 
+async def _starts_over_and_publishes(sink: KafkaSink) -> None:
+    """Replication started over from the position read back: the next transaction goes in
+    a new producer's Kafka transaction, committed."""
+    sink.starting_at(_position(0))
+    again = await _one_transaction(sink, 1)
+    again.batches[0].set_result(None)
+    assert await asyncio.wait_for(sink.flush(), 5) == _position(1)
+    assert again.calls == ["start", "begin", "commit"]
+
+
 async def test_a_source_transaction_abandoned_midway_is_never_committed(sink):
     """The source's connection lost in the middle of a transaction: the stream abandons it
     (Abort) and reads it again whole. Part of it was in the open Kafka transaction; before,
@@ -386,11 +396,7 @@ async def test_a_source_transaction_abandoned_midway_is_never_committed(sink):
         await sink.apply([Abort("the source's connection was lost")])
     assert "commit" not in producer.calls and "stop" in producer.calls
     assert len(_Producer.made) == 2 and sink.durable == _position(0)  # read back
-    sink.starting_at(_position(0))
-    again = await _one_transaction(sink, 1)
-    again.batches[0].set_result(None)
-    await sink.flush()
-    assert again.calls == ["start", "begin", "commit"]
+    await _starts_over_and_publishes(sink)
 
 
 async def test_an_abort_between_source_transactions_keeps_the_kafka_transaction(sink):
@@ -421,11 +427,7 @@ async def test_a_pause_with_half_a_source_transaction_routed_publishes_it_once(s
     await asyncio.wait_for(runner._pause_until_room(DiskFull("no room")), 5)
     assert runner.state is State.REPLICATING
     assert "commit" not in _Producer.made[0].calls and len(_Producer.made) == 2
-    sink.starting_at(_position(0))
-    again = await _one_transaction(sink, 1)
-    again.batches[0].set_result(None)
-    await sink.flush()
-    assert again.calls == ["start", "begin", "commit"]
+    await _starts_over_and_publishes(sink)
 
 
 async def test_replication_started_over_with_a_kafka_transaction_open_aborts_it(sink):
@@ -440,11 +442,7 @@ async def test_replication_started_over_with_a_kafka_transaction_open_aborts_it(
     with pytest.raises(SinkRewound, match="started over"):
         await sink.transactions.hold(Message("t", 0, b"k", b"row 1", []))
     assert "commit" not in producer.calls and len(_Producer.made) == 2
-    sink.starting_at(_position(0))
-    again = await _one_transaction(sink, 1)
-    again.batches[0].set_result(None)
-    assert await asyncio.wait_for(sink.flush(), 5) == _position(1)
-    assert again.calls == ["start", "begin", "commit"]
+    await _starts_over_and_publishes(sink)
 
 
 async def test_a_repair_pending_past_the_transaction_timeout_commits_beside_the_checkpoint(sink):
