@@ -249,6 +249,18 @@ async def test_a_commit_cancelled_under_way_is_read_back_before_anything_more(si
     assert _Producer.made[1].calls == ["start", "begin"]
 
 
+async def _paused_for_a_full_disk(sink: KafkaSink, tmp: str) -> ReplicationRunner:
+    """The runner's pause for a full disk, over: every sink handed an Abort, checkpoints
+    taken, replication about to start over."""
+    data_dir = DataDir(os.path.join(tmp, "data"))
+    os.makedirs(data_dir.state)
+    runner = ReplicationRunner(SourceConfig(url="mysql://cdc@127.0.0.1:1"), data_dir,
+                               Catalog(data_dir.avro), [sink], flush_interval=1,
+                               disk_full_retry=0.01)
+    await asyncio.wait_for(runner._pause_until_room(DiskFull("no room")), 5)
+    return runner
+
+
 async def test_a_pause_for_a_full_disk_after_a_cancelled_commit_resumes(sink, tmp_path):
     """The soak's disk-full fault: the pause tears the pipeline down mid-commit, and the
     runner's checkpoints before resuming meet the sink's rewind (it reads the committed
@@ -270,12 +282,7 @@ async def test_a_pause_for_a_full_disk_after_a_cancelled_commit_resumes(sink, tm
     flushing.cancel()
     with pytest.raises(asyncio.CancelledError):
         await flushing
-    data_dir = DataDir(str(tmp_path / "data"))
-    os.makedirs(data_dir.state)
-    runner = ReplicationRunner(SourceConfig(url="mysql://cdc@127.0.0.1:1"), data_dir,
-                               Catalog(data_dir.avro), [sink], flush_interval=1,
-                               disk_full_retry=0.01)
-    await asyncio.wait_for(runner._pause_until_room(DiskFull("no room")), 5)
+    runner = await _paused_for_a_full_disk(sink, str(tmp_path))
     assert runner.state is State.REPLICATING and not runner.paused
     assert sink.durable == _position(0) and len(_Producer.made) == 2  # read back
 
@@ -419,12 +426,7 @@ async def test_a_pause_with_half_a_source_transaction_routed_publishes_it_once(s
     assert sink.transactions is not None
     await sink.transactions.connect()
     await _partial(sink, b"half of 1")
-    data_dir = DataDir(str(tmp_path / "data"))
-    os.makedirs(data_dir.state)
-    runner = ReplicationRunner(SourceConfig(url="mysql://cdc@127.0.0.1:1"), data_dir,
-                               Catalog(data_dir.avro), [sink], flush_interval=1,
-                               disk_full_retry=0.01)
-    await asyncio.wait_for(runner._pause_until_room(DiskFull("no room")), 5)
+    runner = await _paused_for_a_full_disk(sink, str(tmp_path))
     assert runner.state is State.REPLICATING
     assert "commit" not in _Producer.made[0].calls and len(_Producer.made) == 2
     await _starts_over_and_publishes(sink)
