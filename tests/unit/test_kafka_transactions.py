@@ -447,17 +447,23 @@ async def test_replication_started_over_with_a_kafka_transaction_open_aborts_it(
     await _starts_over_and_publishes(sink)
 
 
+async def _committed_once(sink: KafkaSink) -> _Producer:
+    """Connected, and transaction 1 committed: the checkpoint stands at 1."""
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+    producer.batches[0].set_result(None)
+    assert await asyncio.wait_for(sink.flush(), 5) == _position(1)
+    return producer
+
+
 async def test_a_repair_pending_past_the_transaction_timeout_commits_beside_the_checkpoint(sink):
     """Soak: a catch-up under continuous migrations kept a repair pending for minutes; no
     commit was allowed meanwhile, the brokers aborted the Kafka transaction for its age
     (transaction_timeout), and the sink started over into the same catch-up, forever. Now
     the pipeline's keep-up commits anyway: the checkpoint stays (a restart reads the cause
     again), and the position published and the repairs not yet placed go beside it."""
-    assert sink.transactions is not None
-    await sink.transactions.connect()
-    first = await _one_transaction(sink, 1)
-    first.batches[0].set_result(None)
-    assert await asyncio.wait_for(sink.flush(), 5) == _position(1)
+    first = await _committed_once(sink)
     await _one_transaction(sink, 2)
     first.batches[1].set_result(None)
     await asyncio.wait_for(sink.keep_up(lambda: frozenset({"0-1-2"})), 5)
@@ -475,11 +481,7 @@ async def test_a_repair_pending_past_the_transaction_timeout_commits_beside_the_
 
 
 async def test_keep_up_commits_neither_half_a_transaction_nor_while_a_repair_is_read(sink):
-    assert sink.transactions is not None
-    await sink.transactions.connect()
-    first = await _one_transaction(sink, 1)
-    first.batches[0].set_result(None)
-    await asyncio.wait_for(sink.flush(), 5)
+    first = await _committed_once(sink)
     await _one_transaction(sink, 2)
     await _partial(sink, b"half of 3")
     for batch in first.batches[1:]:
@@ -501,11 +503,7 @@ async def test_once_no_repair_is_pending_the_checkpoint_reaches_what_was_publish
     """The keep-up commit published through 2 with the checkpoint left at 1; the repair is
     then placed and nothing more comes (the source is quiet): the next flush commits the
     position alone. Before, the checkpoint stayed behind until the next change."""
-    assert sink.transactions is not None
-    await sink.transactions.connect()
-    producer = await _one_transaction(sink, 1)
-    producer.batches[0].set_result(None)
-    await asyncio.wait_for(sink.flush(), 5)
+    producer = await _committed_once(sink)
     await _one_transaction(sink, 2)
     producer.batches[1].set_result(None)
     await asyncio.wait_for(sink.keep_up(lambda: frozenset({"0-1-2"})), 5)
