@@ -24,7 +24,7 @@ from aiokafka.errors import (
 )
 
 from cdcserver.app.runner import ReplicationRunner, State
-from cdcserver.core.changes import Abort
+from cdcserver.core.changes import Abort, Change, Commit, Rowless
 from cdcserver.core.config import SourceConfig
 from cdcserver.core.errors import DiskFull, PublisherFenced, SinkRewound
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
@@ -513,3 +513,19 @@ async def test_once_no_repair_is_pending_the_checkpoint_reaches_what_was_publish
     assert json.loads(producer.state[-1])["unrepaired"] == []
     assert await asyncio.wait_for(sink.flush(), 5) == _position(2)
     assert producer.calls.count("commit") == 3  # nothing more to commit
+
+
+@pytest.mark.parametrize("repair", [False, True])
+async def test_a_flush_in_mid_transaction_commits_at_its_end_unless_a_repair_begins(sink,
+                                                                                     repair):
+    """A flush that finds half a source transaction routed commits at its end; but if the
+    rest of it holds a change without row events, that commit would pass the change before
+    its repair is placed, and a kill then would never read it again."""
+    producer = await _committed_once(sink)
+    await _partial(sink, b"half of 2")
+    producer.batches[1].set_result(None)
+    await asyncio.wait_for(sink.flush(), 5)  # half routed: the commit waits for its end
+    rest: list[Change] = [Rowless("db", "c", "ON DELETE CASCADE of db.p")] if repair else []
+    await sink.apply([*rest, Commit(_position(2), 0)])
+    assert producer.calls.count("commit") == (1 if repair else 2)
+    assert sink.durable == (_position(1) if repair else _position(2))

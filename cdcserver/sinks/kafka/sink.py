@@ -215,6 +215,7 @@ class KafkaSink:
             changes = self.points(changes)
         if self.transactions is not None:  # not while a commit is under way
             async with self.transactions.lock:
+                self.transactions.repairs_begin(changes)
                 await self.router.route(changes)
                 await self.sender.ship_all()
             return

@@ -41,6 +41,7 @@ from aiokafka.errors import (
     TransactionalIdAuthorizationFailed,
 )
 
+from cdcserver.core.changes import Change, Rowless
 from cdcserver.core.errors import PublisherFenced, SinkRewound
 from cdcserver.core.gtid import BinlogPosition
 from cdcserver.core.kafkaconfig import KafkaConfig
@@ -149,6 +150,14 @@ class TransactionalSender(Sender):
     def end_transaction(self, position: BinlogPosition) -> None:
         super().end_transaction(position)
         self._reached, self._tail, self._ahead = position, 0, True
+
+    def repairs_begin(self, changes: list[Change]) -> None:
+        """A flush that came in the middle of a source transaction commits at its end,
+        unless a repair begins among ``changes`` (a change without row events, Rowless): the
+        commit would pass that change before its repair is placed. The next flush, or the
+        pipeline's keep-up while the repair is pending, commits instead."""
+        if self._commit_wanted and any(isinstance(c, Rowless) for c in changes):
+            self._commit_wanted = False
 
     async def at_boundary(self) -> None:
         """A source transaction ended: commit if a flush asked for it meanwhile."""
