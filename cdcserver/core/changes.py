@@ -259,9 +259,12 @@ class Commit:
 
 @dataclass(frozen=True, slots=True)
 class Abort:
-    """Discard the open transaction: it will be read again after a reconnect."""
+    """Discard the open transaction: it will be read again after a reconnect. ``again``:
+    the binlog itself says so (a rollback the service cannot follow row by row), and the
+    stream opens the same transaction again right away; so does every replay of it."""
 
     reason: str
+    again: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,9 +120,12 @@ class CommitEvent:
 @dataclass(frozen=True)
 class AbortEvent:
     """The open transaction was abandoned (read again after a reconnect, rolled back on the
-    primary, or dropped at a pause): what was made of it so far is not part of the stream."""
+    primary, or dropped at a pause): what was made of it so far is not part of the stream.
+    ``gtid``: the transaction's; ``again``: as :class:`~cdcserver.core.changes.Abort`'s."""
 
     reason: str
+    gtid: str = ""
+    again: bool = False
 
 
 Event = RowBatch | StatementEvent | CommitEvent | AbortEvent
@@ -161,8 +164,8 @@ class EventBuilder:
                 self._gtid = None
                 yield CommitEvent(change.position)
             elif isinstance(change, Abort):  # the transaction is read again after a reconnect
-                self._gtid = None
-                yield AbortEvent(change.reason)
+                gtid, self._gtid = self._gtid_text if self._gtid is not None else "", None
+                yield AbortEvent(change.reason, gtid, change.again)
             # (a marker inside the transaction, Rowless, Quarantine, Release, ends nothing)
 
     def _rows(self, rows: Rows) -> Iterator[RowEvent]:

@@ -163,7 +163,7 @@ class TransactionFraming:
     def _start_again(self, reason: str, timestamp: int, out: list[Change]) -> None:
         """Drop what the open transaction handed on so far (``Abort``) and open it again."""
         gtid, standalone, unsure = self._gtid, self._standalone, self._unsure
-        out.append(Abort(reason))
+        out.append(Abort(reason, again=True))
         self._reset_transaction()
         assert gtid is not None
         self._open(gtid, timestamp, out, standalone=standalone, again=True)

@@ -254,3 +254,43 @@ async def test_repairs_pending_longer_than_the_transaction_timeout_publish_every
     assert set(inserted) == expected and max(inserted.values()) == 1, "an insert twice"
     assert set(deleted) == expected and max(deleted.values()) == 1, "a repair twice"
     assert source.query(f"SELECT COUNT(*) FROM `{source.database}`.child") == [(0,)]
+
+
+async def test_a_rollback_of_a_non_transactional_table_is_published_once_not_for_ever(
+        tmp_path, source: Source, users_file: str, kafka_broker):
+    """MariaDB logs a rollback to a savepoint, or of a whole transaction, when a MyISAM
+    table changed in it, and keeps every row in the group, the undone ones too: the stream
+    drops what it handed on (the binlog says so, at the same point on every replay) and
+    reads the tables again at the commit. The first time, the exactly-once sink rewinds
+    (those rows were in its Kafka transaction); before the fix the replay met the same
+    rollback and rewound again, for ever, publishing nothing more. Each row the source
+    holds must reach the topics once, the undone one never."""
+    db = source.database
+    source.execute(f"CREATE TABLE `{db}`.i (id INT PRIMARY KEY) ENGINE=InnoDB",
+                   f"CREATE TABLE `{db}`.m (id INT PRIMARY KEY) ENGINE=MyISAM",
+                   f"INSERT INTO `{db}`.i VALUES (1)")
+    config = make_config(str(tmp_path / "data"), source.url, users_file,
+                         kafka=_eos(kafka_broker, source))
+    running = await start_service(config)
+    try:
+        conn = source.server.connect(db)
+        with conn.cursor() as cur:
+            for statement in ("BEGIN", "INSERT INTO i VALUES (10)", "SAVEPOINT s",
+                              "INSERT INTO i VALUES (11)", "INSERT INTO m VALUES (11)",
+                              "ROLLBACK TO SAVEPOINT s", "INSERT INTO i VALUES (12)",
+                              "COMMIT", "BEGIN", "INSERT INTO i VALUES (20)",
+                              "INSERT INTO m VALUES (20)", "ROLLBACK",
+                              "INSERT INTO i VALUES (30)"):
+                cur.execute(statement)
+        conn.close()
+        await kafka_caught_up(running, source, timeout=120)
+        sink = running.service.replication.sink("kafka")
+        assert sink is not None
+        rewinds = sink.stats.rewinds  # type: ignore[attr-defined]
+    finally:
+        await running.stop()
+    assert rewinds <= 2, f"{rewinds} rewinds for two rollbacks"
+    for table, rows in (("i", [1, 10, 12, 30]), ("m", [11, 20])):
+        changes = await committed_changes(kafka_broker.bootstrap, source, (table,))
+        inserted = Counter(c.after["id"] for c in changes if c.after is not None)
+        assert sorted(inserted) == rows and max(inserted.values()) == 1, (table, inserted)

@@ -125,8 +125,7 @@ class LeasedSink:
         sink = self.make()
         sink.durable = None
         await sink.open(self._source)
-        if sink.durable is not None:  # recorded by another instance, maybe on another server
-            sink.durable = BinlogPosition(sink.durable.gtid_state, "", 4)
+        sink.by_gtid_only()  # recorded by another instance, maybe on another server
         self._sink, self._joined, self._fenced = sink, True, ""
         await self._restart()
 

@@ -145,7 +145,7 @@ class Router:
                 self.sender.end_transaction(event.position)
                 await self.sender.at_boundary()
             elif isinstance(event, AbortEvent):
-                await self.sender.abandoned(event.reason)
+                await self.sender.abandoned(event)
 
     async def snapshot_rows(self, rows: list[RowEvent]) -> None:
         """Rows of a table's initial snapshot (one table's, in order): to the topic and

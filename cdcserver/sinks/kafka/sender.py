@@ -35,6 +35,7 @@ from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import BinlogPosition
 from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.core.retry import Backoff
+from cdcserver.messages.events import AbortEvent
 from cdcserver.sinks.kafka import connect
 from cdcserver.sinks.kafka.accumulator import Message, MessageAccumulator
 from cdcserver.sinks.kafka.checkpoint import Checkpoint, InFlight
@@ -170,7 +171,7 @@ class Sender:
     async def at_boundary(self) -> None:
         """A source transaction was routed to its end (exactly-once commits there)."""
 
-    async def abandoned(self, reason: str) -> None:
+    async def abandoned(self, abort: AbortEvent) -> None:
         """The source transaction being routed was abandoned, to be read again: at least
         once, what was sent of it stays published (a consumer sees that part twice)."""
 

@@ -164,6 +164,16 @@ class KafkaSink:
         self.checkpoint.durable = position
         self.checkpoint.published = self.checkpoint.unrepaired = None  # (this one's)
 
+    def by_gtid_only(self) -> None:
+        """The positions read back (the checkpoint and, exactly once, what was published)
+        by their GTID states alone: another instance recorded them, maybe reading another
+        server, whose binlog file names mean nothing here."""
+        cp = self.checkpoint
+        if cp.durable is not None:
+            cp.durable = BinlogPosition(cp.durable.gtid_state, "", 4)
+        if cp.published is not None:
+            cp.published = BinlogPosition(cp.published.gtid_state, "", 4)
+
     @property
     def buffered_bytes(self) -> int:
         """Bytes of messages sent but not yet acknowledged."""
@@ -215,6 +225,7 @@ class KafkaSink:
             changes = self.points(changes)
         if self.transactions is not None:  # not while a commit is under way
             async with self.transactions.lock:
+                changes = self.transactions.without_rolled_back(changes)
                 self.transactions.repairs_begin(changes)
                 await self.router.route(changes)
                 await self.sender.ship_all()

@@ -41,10 +41,11 @@ from aiokafka.errors import (
     TransactionalIdAuthorizationFailed,
 )
 
-from cdcserver.core.changes import Change, Rowless
+from cdcserver.core.changes import Abort, Begin, Change, Commit, Rowless
 from cdcserver.core.errors import PublisherFenced, SinkRewound
 from cdcserver.core.gtid import BinlogPosition
 from cdcserver.core.kafkaconfig import KafkaConfig
+from cdcserver.messages.events import AbortEvent
 from cdcserver.sinks.kafka import connect
 from cdcserver.sinks.kafka.accumulator import Message, MessageAccumulator
 from cdcserver.sinks.kafka.checkpoint import Checkpoint, StateRecord
@@ -76,6 +77,11 @@ class TransactionalSender(Sender):
         # no message for Kafka, or a commit made while a repair was pending): a flush
         # commits the position alone
         self._ahead = False
+        self._rowless_open = False  # the source transaction half routed holds a Rowless
+        # Transactions (GTIDs) the binlog rolls back part way (Abort ``again``) after part of
+        # them was routed: the sink rewound, and on the replay drops them up to that point
+        self._rolled_back: set[str] = set()
+        self._dropping = ""  # the one being dropped now
         self._commit_wanted = False  # a flush came while a source transaction was open
         self._rewound = False  # until the next pipeline starts: refuse the old one's batches
         self._fenced: BaseException | None = None
@@ -120,21 +126,54 @@ class TransactionalSender(Sender):
         committed, so a Kafka transaction still open (the last pipeline ended between
         commits: a pause, a failover) holds changes it will route again: it is aborted
         first (at the next use), as after a failure."""
-        self._rewound = False
+        self._rewound, self._dropping = False, ""
         if self._open and not self._unsure:
             self._unsure = "replication started over while a Kafka transaction held " \
                            "changes past the position committed"
 
-    async def abandoned(self, reason: str) -> None:
+    async def abandoned(self, abort: AbortEvent) -> None:
         """A source transaction was abandoned after part of it went into the open Kafka
         transaction (the source's connection lost mid-transaction, a rollback on the primary,
         a pause): that part must not be committed, and the transaction read again would
         follow it. The Kafka transaction is aborted: replication starts over from the
-        position committed."""
+        position committed. A rollback the binlog holds comes back on the replay, at the
+        same point: that transaction is then dropped up to it (:meth:`without_rolled_back`),
+        or every replay would rewind again."""
         if self._tail:
+            if abort.again and abort.gtid:
+                self._rolled_back.add(abort.gtid)
             await self._rewind(RuntimeError(
-                f"a source transaction was abandoned ({reason}) after {self._tail} of its "
-                "messages went into the open Kafka transaction"))
+                f"a source transaction was abandoned ({abort.reason}) after {self._tail} of "
+                "its messages went into the open Kafka transaction"))
+
+    def without_rolled_back(self, changes: list[Change]) -> list[Change]:
+        """``changes`` without the part of a transaction before the rollback that made the
+        sink rewind (:meth:`abandoned`): the binlog gives it again on every replay."""
+        if not self._rolled_back and not self._dropping:
+            return changes
+        kept: list[Change] = []
+        for change in changes:
+            if not self._dropping and isinstance(change, Begin) and \
+                    str(change.gtid) in self._rolled_back:
+                self._dropping = str(change.gtid)
+            if not self._dropping:
+                kept.append(change)
+            elif isinstance(change, Abort):  # (the transaction opened again follows)
+                self._rolled_back.discard(self._dropping)
+                self._dropping = ""
+        return kept
+
+    def repairs_begin(self, changes: list[Change]) -> None:
+        """A flush that came in the middle of a source transaction commits at its end,
+        unless a repair begins in it (a change without row events, Rowless, among
+        ``changes`` or routed before them): the commit would pass that change before its
+        repair is placed. The next flush, or the pipeline's keep-up while the repair is
+        pending, commits instead."""
+        for change in changes:
+            if isinstance(change, Rowless):
+                self._rowless_open, self._commit_wanted = True, False
+            elif isinstance(change, (Commit, Abort)):
+                self._rowless_open = False
 
     async def hold(self, message: Message) -> None:
         await self._ready()
@@ -151,14 +190,6 @@ class TransactionalSender(Sender):
         super().end_transaction(position)
         self._reached, self._tail, self._ahead = position, 0, True
 
-    def repairs_begin(self, changes: list[Change]) -> None:
-        """A flush that came in the middle of a source transaction commits at its end,
-        unless a repair begins among ``changes`` (a change without row events, Rowless): the
-        commit would pass that change before its repair is placed. The next flush, or the
-        pipeline's keep-up while the repair is pending, commits instead."""
-        if self._commit_wanted and any(isinstance(c, Rowless) for c in changes):
-            self._commit_wanted = False
-
     async def at_boundary(self) -> None:
         """A source transaction ended: commit if a flush asked for it meanwhile."""
         if self._commit_wanted:
@@ -173,7 +204,7 @@ class TransactionalSender(Sender):
         async with self.lock:
             await self._ready()
             if self._tail:
-                self._commit_wanted = True
+                self._commit_wanted = not self._rowless_open
             elif self._open:
                 await self._commit()
             elif self._ahead and self._reached is not None:
@@ -322,6 +353,7 @@ class TransactionalSender(Sender):
         self.accumulator.use(None)
         self.in_flight.clear()
         self._open, self._tail, self._commit_wanted = False, 0, False
+        self._rowless_open = False
         self._reached, self._ahead = None, False
         if producer is not None:
             with contextlib.suppress(KafkaError, OSError, TimeoutError):
