@@ -205,6 +205,7 @@ class BesideRepair:
         self.layout: TableLayout | None = None  # the records'
         self.differences = 0
         self.sent = 0  # differences attached so far
+        self.placed_any = False  # a share of its records (or of the rows retyped) went out
         self.statement = statement  # held for the repair, until ``statement_out``
         self.statement_out = False
         self.gone = 0  # rows the statement retypes (:class:`HeldStatement`)
@@ -314,6 +315,7 @@ class BesideRepair:
             self.sent += 1
         if len(rows) < ATTACH_ROWS:
             self._next = -1  # all out
+        self.placed_any = self.placed_any or bool(rows)
         return [Rows(self.layout, KINDS[kind], commit.timestamp, images,
                      commit.position.file, commit.position.pos, repair=note)
                 for kind, images in found.items() if images]
@@ -338,6 +340,7 @@ class BesideRepair:
                                   "LIMIT ?", (self._next_gone, ATTACH_ROWS)).fetchall()
             if rows:
                 self._next_gone = rows[-1][0] + 1
+                self.placed_any = True
                 out.append(Rows(held.previous, RowsKind.DELETE, commit.timestamp,
                                 [pickle.loads(image) for _, image in rows],
                                 commit.position.file, commit.position.pos, repair=note))

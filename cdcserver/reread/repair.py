@@ -134,6 +134,13 @@ class Repairer(LastCommit):
         self._again = list(waiting)
 
     @property
+    def placing_beside(self) -> bool:
+        """Whether a repair beside the stream has placed part of its records (a share at a
+        time) and not the rest: which of its rows a sink holds is not a matter of its cause
+        alone then."""
+        return any(b.placed_any for b in self._beside.values())
+
+    @property
     def reading_beside(self) -> bool:
         """Whether a repair reads beside the stream (the pipeline then looks in, with
         :meth:`idle`, while the source writes nothing)."""

@@ -114,6 +114,12 @@ class RepairPlacements:
             self._placed.popitem(last=False)
         self._transactions = set(self._placed.values())
 
+    def placed_in_any(self, cause: str, transactions: set[object]) -> bool:
+        """Whether a repair of ``cause`` was first placed in one of ``transactions``."""
+        return bool(transactions) and any(
+            cause_of(note) == cause and self._placed[(db, table, note)] in transactions
+            for db, table, note in self._placed)
+
     def holds_placement(self, transaction: object) -> bool:
         """Whether a repair was placed in ``transaction`` (a name as :func:`_named` gives)."""
         return transaction in self._transactions
@@ -161,6 +167,7 @@ class _ReplayFilter:
         self._skipped: set[object] = set()  # the transactions dropped a repair was placed in
         self._unrepaired = unrepaired
         self._skipped_causes: set[str] = set()  # the transactions dropped that were causes
+        self._placed_held: dict[str, bool] = {}  # cause -> placed in a transaction dropped
 
     def __call__(self, changes: list[Change]) -> list[Change]:
         if not self._waiting and self._skipping is None:
@@ -192,6 +199,7 @@ class _ReplayFilter:
             name = _named(transaction)
             if self._placements.holds_placement(name):
                 self._skipped.add(name)
+                self._placed_held.clear()
 
     def _without_repairs_held(self, changes: list[Change]) -> list[Change]:
         """Without the repairs this sink holds already (see the class's description)."""
@@ -203,6 +211,26 @@ class _ReplayFilter:
             log.info("%s: a repair it holds from before the restart, read again, is not "
                      "given to it a second time", self.name)
         return kept
+
+    def unheld(self, causes: frozenset[str] | None) -> frozenset[str] | None:
+        """Of the causes of the repairs not yet placed, those whose repair this sink does not
+        hold already: one read again in a replay is pending, but the sink will not be given
+        it (a record naming it would have it given again after the next restart)."""
+        if not causes or (not self._skipped and not self._skipped_causes):
+            return causes
+        return frozenset(c for c in causes if not self._holds_cause(c))
+
+    def _holds_cause(self, cause: str) -> bool:
+        if self._unrepaired is not None and cause in self._skipped_causes and \
+                cause not in self._unrepaired:
+            return True
+        if self._placements is None or not self._skipped:
+            return False
+        held = self._placed_held.get(cause)
+        if held is None:
+            held = self._placed_held[cause] = self._placements.placed_in_any(cause,
+                                                                             self._skipped)
+        return held
 
     def _holds(self, rows: Rows) -> bool:
         if self._placements is not None and self._placements.first(rows) in self._skipped:
@@ -400,7 +428,7 @@ class Pipeline:
             if changes:
                 await sink.apply(changes)
                 # (no await between: a sink's commit, waiting for its lock, reads it next)
-                self._unrepaired[sink.name] = unrepaired
+                self._unrepaired[sink.name] = keep.unheld(unrepaired)
                 if self.applied is not None:
                     self.applied(sink.name, changes)
         if self.repairer is not None:
@@ -448,11 +476,18 @@ class Pipeline:
                 loop.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
 
+    def unrepaired_for(self, sink: str) -> frozenset[str] | None:
+        """The causes of the repairs not yet placed after the last part ``sink`` was given
+        (None: not known), for its :meth:`Sink.keep_up`."""
+        return self._unrepaired.get(sink)
+
     def _unrepaired_now(self) -> frozenset[str] | None:
         """The causes of the repairs not yet placed, as the repairer stands (after the part
         it last passed on); None while one is being read (its cause is not at hand)."""
         if self.repairer is None or not self.repairer.pending:
             return frozenset()
+        if self.repairer.placing_beside:  # (part of its rows out: not told by its cause)
+            return None
         waiting = self.repairer.waiting()
         if any(not entry["cause"] for entry in waiting):
             return None
@@ -462,7 +497,7 @@ class Pipeline:
         while True:
             await asyncio.sleep(self.flush_interval)
             if self.repair_pending:
-                await sink.keep_up(lambda: self._unrepaired.get(sink.name))
+                await sink.keep_up(lambda: self.unrepaired_for(sink.name))
                 continue
             try:
                 await sink.flush()

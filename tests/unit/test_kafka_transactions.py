@@ -24,17 +24,30 @@ from aiokafka.errors import (
 )
 
 from cdcserver.app.runner import ReplicationRunner, State
-from cdcserver.core.changes import Abort, Change, Commit, Rowless
+from cdcserver.core.changes import (
+    Abort,
+    Begin,
+    Change,
+    ColumnDef,
+    Commit,
+    Rowless,
+    Rows,
+    RowsKind,
+    TableLayout,
+)
 from cdcserver.core.config import SourceConfig
 from cdcserver.core.errors import DiskFull, PublisherFenced, SinkRewound
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.core.kafkaconfig import KafkaConfig
+from cdcserver.mariadb.constants import ColumnType
 from cdcserver.sinks.kafka import sender as sender_module
 from cdcserver.sinks.kafka.accumulator import Message
 from cdcserver.sinks.kafka.checkpoint import StateRecord
 from cdcserver.sinks.kafka.sink import KafkaSink
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
+
+LAYOUT = TableLayout("db", "t", (ColumnDef("id", ColumnType.LONG, nullable=False),), (0,))
 
 
 def _position(n: int) -> BinlogPosition:
@@ -249,14 +262,16 @@ async def test_a_commit_cancelled_under_way_is_read_back_before_anything_more(si
     assert _Producer.made[1].calls == ["start", "begin"]
 
 
-async def _paused_for_a_full_disk(sink: KafkaSink, tmp: str) -> ReplicationRunner:
+async def _paused_for_a_full_disk(sink: KafkaSink, tmp: str,
+                                  pipeline: Any = None) -> ReplicationRunner:
     """The runner's pause for a full disk, over: every sink handed an Abort, checkpoints
-    taken, replication about to start over."""
+    taken, replication about to start over (``pipeline``: the one the pause tore down)."""
     data_dir = DataDir(os.path.join(tmp, "data"))
     os.makedirs(data_dir.state)
     runner = ReplicationRunner(SourceConfig(url="mysql://cdc@127.0.0.1:1"), data_dir,
                                Catalog(data_dir.avro), [sink], flush_interval=1,
                                disk_full_retry=0.01)
+    runner.pipeline = pipeline
     await asyncio.wait_for(runner._pause_until_room(DiskFull("no room")), 5)
     return runner
 
@@ -529,3 +544,71 @@ async def test_a_flush_in_mid_transaction_commits_at_its_end_unless_a_repair_beg
     await sink.apply([*rest, Commit(_position(2), 0)])
     assert producer.calls.count("commit") == (1 if repair else 2)
     assert sink.durable == (_position(1) if repair else _position(2))
+
+
+async def test_a_flush_after_a_repair_began_in_an_earlier_slice_does_not_commit_past_it(sink):
+    """The stream hands a big transaction on in slices: the slice with the change without
+    row events went out before the flush came, the commit put off to the transaction's end
+    would pass it (review of 07a2370)."""
+    producer = await _committed_once(sink)
+    await sink.apply([Begin(Gtid(0, 1, 2), 0), Rowless("db", "c", "ON DELETE CASCADE")])
+    await _partial(sink, b"half of 2")
+    producer.batches[1].set_result(None)
+    await asyncio.wait_for(sink.flush(), 5)
+    await sink.apply([Commit(_position(2), 0)])
+    assert producer.calls.count("commit") == 1 and sink.durable == _position(1)
+
+
+async def test_a_rollback_the_binlog_holds_rewinds_once_not_on_every_replay(sink):
+    """A transaction rolled back after writing rows of non-transactional tables: the stream
+    drops what it handed on (Abort, again) and opens the transaction again, on every replay.
+    The sink rewinds the first time (that part was in the Kafka transaction); replayed, the
+    part before the rollback is dropped, so the sink does not rewind for ever."""
+    producer = await _committed_once(sink)
+    await sink.apply([Begin(Gtid(0, 1, 2), 0)])
+    await _partial(sink, b"row 2, rolled back")
+    producer.batches[1].set_result(None)
+    rollback = Abort("rolled back on the primary", again=True)
+    with pytest.raises(SinkRewound, match="abandoned"):
+        await sink.apply([rollback])
+    sink.starting_at(_position(1))
+    assert sink.transactions is not None
+    replay: list[Change] = [Begin(Gtid(0, 1, 2), 0), Rows(LAYOUT, RowsKind.INSERT, 0, [(2,)]),
+                            rollback, Begin(Gtid(0, 1, 2), 0),
+                            Rowless("db", "t", "rolled back on the primary"),
+                            Commit(_position(2), 0)]
+    assert sink.transactions.without_rolled_back(replay) == replay[3:]
+    later = [Begin(Gtid(0, 1, 2), 0), Rows(LAYOUT, RowsKind.INSERT, 0, [(2,)])]
+    assert sink.transactions.without_rolled_back(later) == later  # once only
+
+
+async def test_a_pause_while_a_repair_is_pending_keeps_the_checkpoint_before_its_change(
+        sink, tmp_path):
+    """The soak (seed 64) lost a repair: a full disk's pause took every sink's checkpoint,
+    past a change whose repair was pending (carried over to the next pipeline, in memory);
+    a failing disk then restarted the service from that checkpoint, and the repair was
+    never done. At a pause with a repair pending, the sinks now keep up instead: the Kafka
+    sink commits beside its checkpoint, which stays before the change."""
+    await _committed_once(sink)
+    producer = await _one_transaction(sink, 2)
+    producer.batches[1].set_result(None)
+    pending = SimpleNamespace(repair_pending=True,
+                              unrepaired_for=lambda name: frozenset({"0-1-2"}))
+    runner = await _paused_for_a_full_disk(sink, str(tmp_path), pending)
+    assert runner.state is State.REPLICATING
+    assert sink.durable == _position(1) and sink.applied == _position(2)
+    assert sink.unrepaired == frozenset({"0-1-2"})
+
+
+async def test_a_publisher_taking_over_keeps_what_was_published_beside_the_checkpoint(sink):
+    """Review of fad90ef: the publisher lease takes the positions read back by GTID alone;
+    it set the checkpoint anew, which cleared what was published beside it, so a replay
+    gave the sink everything between the two again."""
+    await _committed_once(sink)
+    producer = await _one_transaction(sink, 2)
+    producer.batches[1].set_result(None)
+    await asyncio.wait_for(sink.keep_up(lambda: frozenset({"0-1-2"})), 5)
+    sink.by_gtid_only()
+    assert sink.durable == BinlogPosition(_position(1).gtid_state, "", 4)
+    assert sink.applied == BinlogPosition(_position(2).gtid_state, "", 4)
+    assert sink.unrepaired == frozenset({"0-1-2"})

@@ -7,6 +7,8 @@ skipped, and passes it to a sink that did not hold it."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from cdcserver.core.changes import (
     Begin,
     Change,
@@ -19,7 +21,7 @@ from cdcserver.core.changes import (
 )
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.mariadb.constants import ColumnType
-from cdcserver.sinks.pipeline import RepairPlacements, _ReplayFilter
+from cdcserver.sinks.pipeline import Pipeline, RepairPlacements, _ReplayFilter
 
 LAYOUT = TableLayout("db", "c2", (ColumnDef("id", ColumnType.LONG, nullable=False),
                                   ColumnDef("pid", ColumnType.LONG)), (0,))
@@ -147,3 +149,35 @@ def test_a_sink_without_such_a_record_gets_every_repair_read_again():
     store = _ReplayFilter("avro", _position(5), GtidState([Gtid(0, 1, 2)]), None, None)
     replay = [*_cause(3), *_transaction(5), *_transaction(6, _repair_of(3, 30))]
     assert len(_repairs(store(replay))) == 1
+
+
+def test_a_repair_the_sink_holds_is_not_recorded_as_unplaced_for_it():
+    """Review of fad90ef: after a restart, the replay reads again the repair of a cause the
+    Kafka sink published; the repairer counts it pending until its watermark, and a commit
+    made meanwhile recorded it as not yet placed, so the restart after that gave it to the
+    sink a second time. The sink's own filter now takes out the causes it holds."""
+    kafka = _ReplayFilter("kafka", _position(5), GtidState([Gtid(0, 1, 2)]), None,
+                          frozenset({"0-1-4"}))
+    kafka([*_cause(3), *_cause(4), *_transaction(5)])
+    assert kafka.unheld(frozenset({"0-1-3", "0-1-4", "0-1-6"})) == {"0-1-4", "0-1-6"}
+    placements = RepairPlacements()
+    placements.record(_transaction(4, _repair_of(3, 30)))
+    store = _ReplayFilter("avro", _position(5), GtidState([Gtid(0, 1, 2)]), placements)
+    store([*_cause(3), *_transaction(4), *_transaction(5)])
+    assert store.unheld(frozenset({"0-1-3", "0-1-7"})) == {"0-1-7"}
+    assert store.unheld(None) is None
+
+
+def test_no_unplaced_causes_are_told_while_a_repair_beside_the_stream_is_half_placed():
+    """Review of fad90ef: a repair beside the stream places its records a share at a time;
+    a record naming its cause as not placed, written between two shares, would have the
+    shares already out given again after a restart. No such record is written then."""
+    def unrepaired(placing: bool, waiting: list[dict[str, str]]) -> frozenset[str] | None:
+        repairer = SimpleNamespace(pending=True, placing_beside=placing,
+                                   waiting=lambda: waiting)
+        return Pipeline._unrepaired_now(SimpleNamespace(repairer=repairer))  # type: ignore
+
+    beside = [{"stage": "read beside the stream", "tables": ["db.t"], "cause": "0-1-9"}]
+    assert unrepaired(False, beside) == {"0-1-9"}
+    assert unrepaired(True, beside) is None
+    assert unrepaired(False, [{"stage": "being read", "tables": [], "cause": ""}]) is None
