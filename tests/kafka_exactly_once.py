@@ -266,6 +266,16 @@ async def items_exactly_once(bootstrap: str, source: Source, written: int) -> in
     return len(ids)
 
 
+async def rewinds_once_caught_up(running: Any, source: Source, timeout: float) -> int:
+    """The Kafka sink's rewinds, once its checkpoint covers what the source logged."""
+    from tests.integration.test_kafka import kafka_caught_up
+
+    await kafka_caught_up(running, source, timeout=timeout)
+    sink = running.service.replication.sink("kafka")
+    assert sink is not None
+    return int(sink.stats.rewinds)
+
+
 @dataclass
 class Outage:
     away: float  # seconds the broker was down
@@ -287,7 +297,6 @@ async def broker_outage(broker: Any, source: Source, users_file: str, data_dir: 
     only the broker's answers, ``slow`` holds every packet 30-130 ms and lets a quarter
     through at once, reordered. Every row must reach a read_committed consumer once."""
     from tests.conftest import make_config, start_service
-    from tests.integration.test_kafka import kafka_caught_up
 
     db = source.database
     config = make_config(data_dir, source.url, users_file, kafka={
@@ -320,10 +329,7 @@ async def broker_outage(broker: Any, source: Source, users_file: str, data_dir: 
             await asyncio.to_thread(broker.start, 1)
         await pace(2.0)
         writer.stop()
-        await kafka_caught_up(running, source, timeout=300)
-        sink = running.service.replication.sink("kafka")
-        assert sink is not None
-        rewinds = sink.stats.rewinds  # type: ignore[attr-defined]
+        rewinds = await rewinds_once_caught_up(running, source, timeout=300)
     finally:
         writer.stop()
         await running.stop()

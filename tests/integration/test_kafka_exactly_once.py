@@ -27,6 +27,7 @@ from tests.kafka_exactly_once import (
     committed_changes,
     items_exactly_once,
     kill_loop,
+    rewinds_once_caught_up,
 )
 from tests.netfault import Host, slow_missing
 from tests.server.test_crash import Load
@@ -283,10 +284,7 @@ async def test_a_rollback_of_a_non_transactional_table_is_published_once_not_for
                               "INSERT INTO i VALUES (30)"):
                 cur.execute(statement)
         conn.close()
-        await kafka_caught_up(running, source, timeout=120)
-        sink = running.service.replication.sink("kafka")
-        assert sink is not None
-        rewinds = sink.stats.rewinds  # type: ignore[attr-defined]
+        rewinds = await rewinds_once_caught_up(running, source, timeout=120)
     finally:
         await running.stop()
     assert rewinds <= 2, f"{rewinds} rewinds for two rollbacks"
