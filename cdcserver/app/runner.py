@@ -363,16 +363,13 @@ class ReplicationRunner:
             with contextlib.suppress(Exception):
                 await sink.apply([Abort("the data directory is full")])
         probe = self.data_dir.room_probe
-        pipeline = self.pipeline
         while True:
             await until_room(probe, self.disk_full_retry)
             try:
                 # Checkpoints must cover everything applied: replication restarts from them,
-                # and nothing may be applied twice. But not past a change whose repair is
-                # pending: a restart of the process would never read it again (each sink
-                # skips what it applied in this one).
+                # and nothing may be applied twice.
                 for sink in ordered(self.sinks):
-                    await self._checkpoint_at_pause(sink, pipeline)
+                    await self._checkpoint_at_pause(sink)
                 break
             except DiskFull:
                 continue
@@ -380,18 +377,14 @@ class ReplicationRunner:
         self._enter(State.REPLICATING)
 
     @staticmethod
-    async def _checkpoint_at_pause(sink: Sink, pipeline: Pipeline | None) -> None:
-        """The sink's checkpoint written before replication starts over from it, or while a
-        repair was pending when the pause came, what a flush does short of the checkpoint
-        (:meth:`Sink.keep_up`). A sink that rewound instead (the Kafka sink whose commit the
-        pause cut short reads the position committed back) already stands at its last
-        commit: nothing more to write. (Raised, the rewind stopped the service: the pause
-        is outside the loop that takes it.)"""
+    async def _checkpoint_at_pause(sink: Sink) -> None:
+        """The sink's checkpoint written before replication starts over from it. A sink
+        that rewound instead (the Kafka sink whose commit the pause cut short reads the
+        position committed back) already stands at its last commit: nothing more to write.
+        (Raised, the rewind stopped the service: the pause is outside the loop that takes
+        it.)"""
         try:
-            if pipeline is not None and pipeline.repair_pending:
-                await sink.keep_up(lambda: pipeline.unrepaired_for(sink.name))
-            else:
-                await sink.flush()
+            await sink.flush()
         except SinkRewound as exc:
             log.warning("%s stands at its last commit again: %s", sink.name, exc)
 
