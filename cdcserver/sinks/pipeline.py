@@ -103,6 +103,7 @@ class RepairPlacements:
     def record(self, changes: list[Change]) -> None:
         """The repairs among ``changes`` (after every sink was given them)."""
         placed: object | None = None
+        recorded = False
         for change in changes:
             if isinstance(change, Begin):
                 placed = _named(change.gtid)
@@ -110,6 +111,9 @@ class RepairPlacements:
                 key = (change.layout.database, change.layout.table, change.repair)
                 self._placed[key] = placed
                 self._placed.move_to_end(key)
+                recorded = True
+        if not recorded:  # (every part passes here: most hold no repair)
+            return
         while len(self._placed) > self.LIMIT:
             self._placed.popitem(last=False)
         self._transactions = set(self._placed.values())
