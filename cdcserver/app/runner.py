@@ -313,7 +313,7 @@ class ReplicationRunner:
         placements = self.pipeline.placements if self.pipeline is not None else None
         if self.pipeline is not None and self.pipeline.repairer is not None:
             unfinished = self.pipeline.repairer.carry_over()
-            repairer.take_over(unfinished)  # after a pause
+            repairer.take_over(unfinished)  # resyncs (the replay brings every other one)
             if placements is not None:
                 placements.forget(unfinished)
         self.pipeline = Pipeline(handoff, sinks, start, self.flush_interval, repairer,
@@ -363,13 +363,16 @@ class ReplicationRunner:
             with contextlib.suppress(Exception):
                 await sink.apply([Abort("the data directory is full")])
         probe = self.data_dir.room_probe
+        pipeline = self.pipeline
         while True:
             await until_room(probe, self.disk_full_retry)
             try:
-                # Checkpoints must cover everything applied: replication restarts from them,
-                # and nothing may be applied twice.
+                # Checkpoints cover everything applied, but never a change whose repair is
+                # pending: the next pipeline (or the next process) replays it from there and
+                # recognises it again, which is the one way it is repaired (each sink skips
+                # what it applied in this process, in either case).
                 for sink in ordered(self.sinks):
-                    await self._checkpoint_at_pause(sink)
+                    await self._checkpoint_at_pause(sink, pipeline)
                 break
             except DiskFull:
                 continue
@@ -377,14 +380,18 @@ class ReplicationRunner:
         self._enter(State.REPLICATING)
 
     @staticmethod
-    async def _checkpoint_at_pause(sink: Sink) -> None:
-        """The sink's checkpoint written before replication starts over from it. A sink
-        that rewound instead (the Kafka sink whose commit the pause cut short reads the
-        position committed back) already stands at its last commit: nothing more to write.
-        (Raised, the rewind stopped the service: the pause is outside the loop that takes
-        it.)"""
+    async def _checkpoint_at_pause(sink: Sink, pipeline: Pipeline | None) -> None:
+        """The sink's checkpoint written before replication starts over from it, or while a
+        repair was pending when the pause came, what a flush does short of the checkpoint
+        (:meth:`Sink.keep_up`). A sink that rewound instead (the Kafka sink whose commit the
+        pause cut short reads the position committed back) already stands at its last
+        commit: nothing more to write. (Raised, the rewind stopped the service: the pause
+        is outside the loop that takes it.)"""
         try:
-            await sink.flush()
+            if pipeline is not None and pipeline.repair_pending:
+                await sink.keep_up(lambda: pipeline.unrepaired_for(sink.name))
+            else:
+                await sink.flush()
         except SinkRewound as exc:
             log.warning("%s stands at its last commit again: %s", sink.name, exc)
 

@@ -27,9 +27,10 @@ these share is :mod:`.repairstate`, what they count :mod:`.repairstats`; :class:
 passes each change on.
 
 The checkpoint never passes a rowless change that was not repaired: while a repair waits for
-its watermark the pipeline writes no checkpoint (:attr:`Repairer.pending`), so a crash replays
-the change and it is recognised again; a pipeline started again in the same process (after a
-full disk) gets the waiting repairs (:meth:`Repairer.carry_over`) and reads them again. A case
+its watermark the pipeline writes no checkpoint (:attr:`Repairer.pending`), nor does a full
+disk's pause, so a crash, or a pipeline started again in the same process, replays the change
+and it is recognised again (the next pipeline takes over only the resyncs under way,
+:meth:`Repairer.take_over`). A case
 that cannot be repaired exactly (the table's columns are unknown) stops replication before
 the change's ``Commit`` reaches any sink, with the way out in the message.
 """
@@ -130,8 +131,11 @@ class Repairer(LastCommit):
             repair.cancel()
 
     def take_over(self, waiting: list[tuple[list[Rowless], str]]) -> None:
-        """Repairs a previous pipeline left waiting: read again before the first batch."""
-        self._again = list(waiting)
+        """Of the repairs a previous pipeline left waiting, the resyncs, read again before
+        the first batch. Every other one is the repair of a change the replay brings again
+        and recognises again: it starts at the sinks' checkpoints, which never pass a change
+        whose repair is pending (taken over as well, it was read twice)."""
+        self._again = [(markers, cause) for markers, cause in waiting if cause == "resync"]
 
     @property
     def placing_beside(self) -> bool:

@@ -12,10 +12,12 @@ import asyncio
 import os
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from cdcserver.app.runner import ReplicationRunner
 from cdcserver.core.changes import (
     Begin,
     Commit,
@@ -26,7 +28,8 @@ from cdcserver.core.changes import (
     TableChange,
     TableLayout,
 )
-from cdcserver.core.config import parse_source_url
+from cdcserver.core.config import SourceConfig, parse_source_url
+from cdcserver.core.errors import DiskFull
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.core.handoff import Handoff
 from cdcserver.core.names import TableName
@@ -44,6 +47,7 @@ from cdcserver.schema.layouts import layout_of
 from cdcserver.sinks.pipeline import Pipeline
 from cdcserver.sinks.store import StoreSink
 from cdcserver.store.catalog import Catalog
+from cdcserver.store.layout import DataDir
 from cdcserver.store.store import AvroStore
 from tests.conftest import RunningService, Source
 from tests.server.test_types import _fill
@@ -205,6 +209,78 @@ async def test_a_repair_reaching_its_watermark_holds_the_checkpoint_until_its_ro
     assert repaired == [(2, 2)]
     views.close()
     store.close()
+
+
+async def test_a_full_disks_pause_keeps_the_checkpoint_before_a_pending_repairs_change(
+        tmp_path, source: Source, monkeypatch: pytest.MonkeyPatch):
+    """Found by the soak (seed 64: a SET NULL missing from the stream): a full disk's pause
+    wrote the store's checkpoint past a change whose repair was pending; the repair went on
+    in memory only, and a restart before it was placed (a failing disk) never read the
+    change again. The pause now keeps the checkpoint before the change, and the next
+    pipeline, which replays it from there, repairs it once: it does not also take the
+    repair over (read twice, a big table's repair filled the full disk again for ever)."""
+    db = f"`{source.database}`"
+    first = _named(1, _position(source))  # (the stream's first transaction ends here)
+    source.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)",
+                   f"INSERT INTO {db}.t VALUES (1, 1)")
+    layout = _layout(source, "t")
+    path = str(tmp_path / "data")
+    store = _Stream(path).store
+    sink = StoreSink(store)
+    views = Views(str(tmp_path / "views.sqlite"))
+    applied: list[Any] = []
+
+    def pipeline_from(start: GtidState, repairer: Repairer, before: Pipeline | None = None
+                      ) -> Pipeline:
+        return Pipeline(Handoff(asyncio.get_running_loop()), [sink], start,
+                        repairer=repairer, placements=before.placements if before else None,
+                        applied=lambda _, changes: applied.extend(changes))
+
+    pipeline = pipeline_from(GtidState(), Repairer(parse_source_url(source.url),
+                                                   store.catalog, views))
+    inserted = [Begin(Gtid(9, 1, 1), 0), Rows(layout, RowsKind.INSERT, 0, [(1, 1)]),
+                Commit(first, 0)]
+    await pipeline._apply(inserted)
+    await pipeline.flush()
+    assert store.durable == first
+    behind = _named(2, _position(source))
+    source.execute(f"INSERT INTO {db}.t VALUES (2, 2)")  # the change repaired, ahead
+    hidden = [Begin(Gtid(9, 1, 2), 0),
+              Rowless(source.database, "t", "a test's hidden change", layout=layout),
+              Commit(behind, 0)]
+    await pipeline._apply(hidden)
+    assert pipeline.repair_pending, "the watermark is ahead of the stream"
+
+    data_dir = DataDir(path)
+    runner = ReplicationRunner(SourceConfig(url=source.url), data_dir, store.catalog, [sink],
+                               flush_interval=1, disk_full_retry=0.01)
+    runner.pipeline = pipeline
+    await asyncio.wait_for(runner._pause_until_room(DiskFull("no room")), 10)
+    assert store.durable == first, "the checkpoint passed a change not repaired"
+    assert sink.applied == behind
+
+    # The next pipeline, as the runner sets it up: from the checkpoint, the store skipping
+    # what it applied; the change comes again, and is repaired once
+    unfinished = pipeline.repairer.carry_over()
+    pipeline.placements.forget(unfinished)
+    repairer = Repairer(parse_source_url(source.url), store.catalog, views)
+    repairer.take_over(unfinished)
+    reads = _seen_during(monkeypatch, repairer, "_difference", lambda: True)
+    pipeline = pipeline_from(first.gtid_state, repairer, pipeline)
+    applied.clear()
+    await pipeline._apply(hidden)
+    await pipeline._apply([Begin(Gtid(9, 1, 3), 0), Commit(_named(3, _position(source)), 0)])
+    assert not pipeline.repair_pending
+    assert len(reads) == 1, "the repair was read twice"
+    repaired = [row for c in applied if isinstance(c, Rows) and c.repair for row in c.rows]
+    assert repaired == [(2, 2)]
+    views.close()
+    store.close()
+
+
+def _named(sequence: int, position: BinlogPosition) -> BinlogPosition:
+    """``position`` after the hand-made transaction 9-1-``sequence``."""
+    return replace(position, gtid_state=GtidState([Gtid(9, 1, sequence)]))
 
 
 async def test_a_view_folded_again_before_the_store_holds_a_column_rename_has_the_new_names(

@@ -582,6 +582,24 @@ async def test_a_rollback_the_binlog_holds_rewinds_once_not_on_every_replay(sink
     assert sink.transactions.without_rolled_back(later) == later  # once only
 
 
+async def test_a_pause_while_a_repair_is_pending_keeps_the_checkpoint_before_its_change(
+        sink, tmp_path):
+    """The soak (seed 64) lost a repair: a full disk's pause took every sink's checkpoint,
+    past a change whose repair was pending (carried over to the next pipeline, in memory);
+    a failing disk then restarted the service from that checkpoint, and the repair was
+    never done. At a pause with a repair pending, the sinks now keep up instead: the Kafka
+    sink commits beside its checkpoint, which stays before the change."""
+    await _committed_once(sink)
+    producer = await _one_transaction(sink, 2)
+    producer.batches[1].set_result(None)
+    pending = SimpleNamespace(repair_pending=True,
+                              unrepaired_for=lambda name: frozenset({"0-1-2"}))
+    runner = await _paused_for_a_full_disk(sink, str(tmp_path), pending)
+    assert runner.state is State.REPLICATING
+    assert sink.durable == _position(1) and sink.applied == _position(2)
+    assert sink.unrepaired == frozenset({"0-1-2"})
+
+
 async def test_a_publisher_taking_over_keeps_what_was_published_beside_the_checkpoint(sink):
     """Review of fad90ef: the publisher lease takes the positions read back by GTID alone;
     it set the checkpoint anew, which cleared what was published beside it, so a replay
