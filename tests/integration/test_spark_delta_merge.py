@@ -26,9 +26,10 @@ from tests.conftest import RunningService, Source
 from tests.helpers import PASSWORD, USER, until
 from tests.spark_cluster import Cluster, batches_begun, running, why_failed
 
-# the spark-cluster worker: one cluster at a time on the suite's two cores
+# a worker of their own, beside the spark-cluster one: the two groups of cluster tests are
+# the suite's longest (8 and 7 minutes in one, it was its critical path on four workers)
 pytestmark = [pytest.mark.mariadb, pytest.mark.spark,
-              pytest.mark.xdist_group("spark-cluster")]
+              pytest.mark.xdist_group("delta-cluster")]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "spark" / "merge_into_delta.py"
 
