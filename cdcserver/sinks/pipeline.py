@@ -92,7 +92,8 @@ class RepairPlacements:
     def __init__(self) -> None:
         self._placed: collections.OrderedDict[tuple[str, str, str], object] = \
             collections.OrderedDict()
-        self._transactions: set[object] = set()  # the transactions placed in
+        # the transactions placed in, each with how many placements it holds
+        self._transactions: collections.Counter[object] = collections.Counter()
 
     def __bool__(self) -> bool:
         return bool(self._placed)
@@ -103,20 +104,29 @@ class RepairPlacements:
     def record(self, changes: list[Change]) -> None:
         """The repairs among ``changes`` (after every sink was given them)."""
         placed: object | None = None
-        recorded = False
         for change in changes:
             if isinstance(change, Begin):
                 placed = _named(change.gtid)
             elif isinstance(change, Rows) and change.repair and placed is not None:
-                key = (change.layout.database, change.layout.table, change.repair)
-                self._placed[key] = placed
-                self._placed.move_to_end(key)
-                recorded = True
-        if not recorded:  # (every part passes here: most hold no repair)
-            return
+                self._place((change.layout.database, change.layout.table, change.repair),
+                            placed)
         while len(self._placed) > self.LIMIT:
-            self._placed.popitem(last=False)
-        self._transactions = set(self._placed.values())
+            self._unplace(self._placed.popitem(last=False)[1])
+
+    def _place(self, key: tuple[str, str, str], transaction: object) -> None:
+        before = self._placed.get(key)
+        if before is not None:
+            self._unplace(before)
+        self._placed[key] = transaction
+        self._placed.move_to_end(key)
+        self._transactions[transaction] += 1
+
+    def _unplace(self, transaction: object) -> None:
+        """One placement in ``transaction`` fewer (each kept or dropped in O(1): every
+        part with a repair passes here, and up to :attr:`LIMIT` are kept)."""
+        self._transactions[transaction] -= 1
+        if self._transactions[transaction] <= 0:
+            del self._transactions[transaction]
 
     def placed_in_any(self, cause: str, transactions: set[object]) -> bool:
         """Whether a repair of ``cause`` was first placed in one of ``transactions``."""
@@ -135,7 +145,7 @@ class RepairPlacements:
         places rows of tables its markers do not name (the foreign keys it follows)."""
         causes = {cause for _, cause in unfinished}
         for key in [k for k in self._placed if cause_of(k[2]) in causes]:
-            del self._placed[key]
+            self._unplace(self._placed.pop(key))
 
 
 class _ReplayFilter:
