@@ -131,11 +131,18 @@ class Repairer(LastCommit):
             repair.cancel()
 
     def take_over(self, waiting: list[tuple[list[Rowless], str]]) -> None:
-        """Of the repairs a previous pipeline left waiting, the resyncs, read again before
-        the first batch. Every other one is the repair of a change the replay brings again
-        and recognises again: it starts at the sinks' checkpoints, which never pass a change
-        whose repair is pending (taken over as well, it was read twice)."""
-        self._again = [(markers, cause) for markers, cause in waiting if cause == "resync"]
+        """Of the repairs a previous pipeline left waiting, the resyncs, asked for again
+        (each read in the first batch, released at its watermark). Every other one is the
+        repair of a change the replay brings again and recognises again: it starts at the
+        sinks' checkpoints, which never pass a change whose repair is pending (taken over
+        as well, it was read twice)."""
+        for markers, cause in waiting:
+            if cause != "resync":
+                continue
+            for marker in markers:
+                table = TableName(marker.database, marker.table)
+                self._resyncs.setdefault(table, (marker.reason.removeprefix("resync: "),
+                                                 time.monotonic()))
 
     @property
     def placing_beside(self) -> bool:

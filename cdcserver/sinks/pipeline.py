@@ -209,6 +209,11 @@ class _ReplayFilter:
                 self._skipping = None  # it will be read again whole
         return self._without_repairs_held(kept) if skipped else changes
 
+    @property
+    def caught_up(self) -> bool:
+        """Whether the sink has been given every transaction since the last it skipped."""
+        return not self._waiting and self._skipping is None
+
     def _note_skipped(self, transaction: Gtid) -> None:
         if self._placements is not None:
             name = _named(transaction)
@@ -316,6 +321,7 @@ class Pipeline:
         self.last_commit_timestamp: int | None = None  # the source's, of the newest applied
         self._progress: asyncio.Future[None] | None = None
         self._finishing = 0  # parts being repaired and applied while a repair was out
+        self._failed_finishing = False  # one of them failed (_finishing_repairs)
         self._held_back = False  # a checkpoint was held back by a pending repair (_settle)
         self._next_settle = 0.0
         # each sink's: the causes of the repairs not yet placed after the last part it was
@@ -397,12 +403,15 @@ class Pipeline:
         end none is pending, every sink is told (:meth:`Sink.settle`), ten times a second at
         most; a checkpoint held back later moves there instead of staying behind every
         repair since (continuous repairs kept it back for good, and a restart replayed
-        minutes)."""
+        minutes). Not a sink whose replay filter still skips what it applied before a
+        restart: it stands further on, maybe past a change whose repair this pipeline has
+        not yet read again."""
         if not self._held_back or self.repair_pending or time.monotonic() < self._next_settle:
             return
         self._next_settle = time.monotonic() + SETTLE_EVERY
-        for sink in self.sinks:
-            sink.settle()
+        for sink, keep in zip(self.sinks, self._filters, strict=True):
+            if keep.caught_up:
+                sink.settle()
 
     @contextlib.asynccontextmanager
     async def _finishing_repairs(self) -> AsyncIterator[None]:
@@ -411,11 +420,16 @@ class Pipeline:
         then no checkpoint: one written meanwhile (the repairer reads the source in a thread,
         the flush loop runs) would pass the change repaired without its rows, and a kill
         then lost them. A repair that starts in the part is safe: its change is applied with
-        the part, no earlier."""
+        the part, no earlier. A part that failed so (a full disk under the repair's rows)
+        leaves the repair pending for good: the pause that follows keeps the checkpoints
+        before its change."""
         held = self.repairer is not None and self.repairer.pending
         self._finishing += held
         try:
             yield
+        except BaseException:
+            self._failed_finishing |= held
+            raise
         finally:
             self._finishing -= held
 
@@ -478,7 +492,8 @@ class Pipeline:
     def repair_pending(self) -> bool:
         """While a repair waits for its watermark no checkpoint is written (it would pass the
         change being repaired; a restart replays from the last one instead)."""
-        return self.repairer is not None and (self.repairer.pending or self._finishing > 0)
+        return self.repairer is not None and (self.repairer.pending or self._finishing > 0 or
+                                              self._failed_finishing)
 
     def repairs_waiting(self) -> list[dict[str, Any]]:
         """What holds the checkpoint back while :attr:`repair_pending` (for /health)."""
