@@ -25,13 +25,22 @@ from cdcserver.store.schema import TableSchema
 class VersionInfo:
     table: TableName
     version: int
-    schema: TableSchema
+    parsed: TableSchema | None  # None: read from the header when first asked for (schema)
     path: str
     header: Header
     committed: int
     sealed: bool = False  # a newer version exists: this file will not grow again
     # Blocks holding a repair's records (offset -> why): records the binlog did not carry.
     notes: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def schema(self) -> TableSchema:
+        """The version's schema. A store opened with thousands of versions (a migration
+        tool's ALTERs) parses each when first used, not all at the start: the soak's
+        14,000 took 45 s, on every restart."""
+        if self.parsed is None:
+            self.parsed = TableSchema.from_avsc(_json(self.header.schema_json))
+        return self.parsed
 
 
 @dataclass
@@ -163,12 +172,14 @@ class Catalog:
             parsed = parse_version_file(file_name)
             if parsed is None or parsed[2] != "avro":
                 continue
-            _, version, _ = parsed
+            named, version, _ = parsed
             path = os.path.join(self.avro_dir, file_name)
             header = known.get(path) or read_header(path)
-            schema = TableSchema.from_avsc(_json(header.schema_json))
-            # the schema names the table (a shortened file name does not)
-            self.publish(VersionInfo(schema.table, version, schema, path, header,
+            schema: TableSchema | None = None
+            if named is None:  # the schema names the table a shortened file name does not
+                schema = TableSchema.from_avsc(_json(header.schema_json))
+                named = schema.table
+            self.publish(VersionInfo(named, version, schema, path, header,
                                      os.path.getsize(path)))
         self.changed.clear()  # as the checkpoint the store recovered to says
 
