@@ -102,11 +102,6 @@ class Sink(Protocol):
         placed as of the last batch this sink was given (None: not known now), for a sink
         that records what it applied beside its checkpoint (:attr:`unrepaired`)."""
 
-    def settle(self) -> None:
-        """No repair is pending after the last batch it was given (only told once one has
-        been): where it stands now is a point a later :meth:`keep_up` may move its
-        checkpoint to, while repairs are pending again."""
-
     async def close(self) -> None: ...
 
     def status(self) -> SinkStatus: ...

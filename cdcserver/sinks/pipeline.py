@@ -13,7 +13,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -209,11 +208,6 @@ class _ReplayFilter:
                 self._skipping = None  # it will be read again whole
         return self._without_repairs_held(kept) if skipped else changes
 
-    @property
-    def caught_up(self) -> bool:
-        """Whether the sink has been given every transaction since the last it skipped."""
-        return not self._waiting and self._skipping is None
-
     def _note_skipped(self, transaction: Gtid) -> None:
         if self._placements is not None:
             name = _named(transaction)
@@ -293,7 +287,6 @@ def segments(batch: list[Change]) -> list[list[Change]]:
 
 
 IDLE_LOOK = 0.5  # seconds without a batch after which a repair beside the stream is looked at
-SETTLE_EVERY = 0.1  # seconds between two settled points given to the sinks (_settle)
 
 
 class Pipeline:
@@ -322,8 +315,6 @@ class Pipeline:
         self._progress: asyncio.Future[None] | None = None
         self._finishing = 0  # parts being repaired and applied while a repair was out
         self._failed_finishing = False  # one of them failed (_finishing_repairs)
-        self._held_back = False  # a checkpoint was held back by a pending repair (_settle)
-        self._next_settle = 0.0
         # each sink's: the causes of the repairs not yet placed after the last part it was
         # given (Sink.keep_up)
         self._unrepaired: dict[str, frozenset[str] | None] = {}
@@ -380,7 +371,6 @@ class Pipeline:
                 await self._apply_part(self._captured_only(await self.repairer.process(part)))
                 while self.repairer.holding:  # the last transaction, for a repair beside it
                     await self._apply_part(self._captured_only(await self.repairer.resume()))
-            self._settle()
 
     def _input_waiting(self) -> bool:
         """Whether the stream has more for the pipeline than the part being passed on."""
@@ -396,22 +386,6 @@ class Pipeline:
             changes = await self.repairer.idle()
             if changes:
                 await self._apply_part(self._captured_only(changes))
-        self._settle()
-
-    def _settle(self) -> None:
-        """Once a checkpoint has been held back by a pending repair: after a part at whose
-        end none is pending, every sink is told (:meth:`Sink.settle`), ten times a second at
-        most; a checkpoint held back later moves there instead of staying behind every
-        repair since (continuous repairs kept it back for good, and a restart replayed
-        minutes). Not a sink whose replay filter still skips what it applied before a
-        restart: it stands further on, maybe past a change whose repair this pipeline has
-        not yet read again."""
-        if not self._held_back or self.repair_pending or time.monotonic() < self._next_settle:
-            return
-        self._next_settle = time.monotonic() + SETTLE_EVERY
-        for sink, keep in zip(self.sinks, self._filters, strict=True):
-            if keep.caught_up:
-                sink.settle()
 
     @contextlib.asynccontextmanager
     async def _finishing_repairs(self) -> AsyncIterator[None]:
@@ -544,7 +518,6 @@ class Pipeline:
         while True:
             await asyncio.sleep(self.flush_interval)
             if self.repair_pending:
-                self._held_back = True
                 await sink.keep_up(lambda: self.unrepaired_for(sink.name))
                 continue
             try:

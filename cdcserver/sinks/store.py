@@ -53,11 +53,8 @@ class StoreSink:
     async def flush(self) -> BinlogPosition | None:
         return await self.store.flush()
 
-    def settle(self) -> None:
-        self.store.settle()
-
     async def keep_up(self, unrepaired: Callable[[], frozenset[str] | None]) -> None:
-        await self.store.keep_up()
+        await self.store.persist_index()
 
     async def close(self) -> None:
         """Nothing to let go of: the service closes the store after the listener."""

@@ -77,20 +77,6 @@ class StoreStats:
     quarantined: list[dict[str, object]] = field(default_factory=list)  # their to_json
 
 
-@dataclass(frozen=True)
-class Settled:
-    """The store as it stood after the last part at whose end no repair was pending: a
-    checkpoint there is as true as one written then would have been (every change before
-    it repaired and placed), so while repairs are pending now one is written there instead
-    (:meth:`AvroStore.keep_up`), and a restart does not replay from far behind."""
-
-    position: BinlogPosition
-    index_ordinal: int
-    marks: dict[TableName, ckpt.TableMark | None]  # of the tables changed since the last
-    fresh: frozenset[TableName]
-    quarantined: dict[TableName, Quarantined]
-
-
 class AvroStore:
     name = "avro"
 
@@ -118,8 +104,6 @@ class AvroStore:
         self.quarantined: dict[TableName, Quarantined] = {}  # restored from the checkpoint
         self._lock_fd = -1
         self._flush_lock = asyncio.Lock()
-        self._settled: Settled | None = None  # (see :meth:`settle`)
-        self._durable_ordinal = -1  # the index ordinal the checkpoint covers
         self.damaged = ""  # why the disk cannot be trusted since the checkpoint (StoreDamaged)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -143,7 +127,6 @@ class AvroStore:
             for info in entry.versions.values():
                 info.notes = self.index.notes(info.table, info.version)
         self.position = self.durable = checkpoint.position
-        self._durable_ordinal = self.index.last_id
         self.versions.fresh = set(checkpoint.fresh)
         self.origin = checkpoint.origin
         self.quarantined = dict(checkpoint.quarantined)
@@ -357,34 +340,10 @@ class AvroStore:
 
     # -- durability --------------------------------------------------------------------
 
-    def settle(self) -> None:
-        """No repair is pending after what the store applied: remember the store as it
-        stands (:class:`Settled`), for :meth:`keep_up` to write a checkpoint there later."""
-        if self.position is None or self.index is None or \
-                self.index.last_id <= self._durable_ordinal:
-            return
-        self._settled = Settled(
-            self.position, self.index.last_id,
-            {name: table_mark(self.catalog.get(name)) for name in self.catalog.changed},
-            frozenset(self.versions.fresh), dict(self.quarantined))
-
-    async def keep_up(self) -> None:
-        """While no checkpoint may be written at :attr:`position` (a repair is pending): one
-        at the last point where none was (:meth:`settle`), if it is ahead of the checkpoint;
-        else the index's new entries alone, so that they do not pile up in memory (a start
-        drops the entries past its checkpoint: ``recovery``)."""
-        settled = self._settled
-        if settled is not None and settled.index_ordinal > self._durable_ordinal:
-            async with self._flush_lock:
-                self._refuse_if_damaged()
-                if settled.index_ordinal > self._durable_ordinal:
-                    await self._checkpoint(settled.position, settled.index_ordinal,
-                                           settled.marks, settled.fresh, settled.quarantined)
-                    return
-        await self.persist_index()
-
     async def persist_index(self) -> None:
-        """Write the index's new entries without a checkpoint."""
+        """Write the index's new entries without a checkpoint (while none may be written: a
+        repair waits). A start drops the entries past its checkpoint (``recovery``), and
+        the entries do not pile up in memory with every transaction meanwhile."""
         async with self._flush_lock:
             self._refuse_if_damaged()
             if self.index is not None:
@@ -402,52 +361,39 @@ class AvroStore:
             position = self.position
             if position is None or position == self.durable:
                 return self.durable
+            dirty = list(self.versions.files.dirty)
+            for writer in dirty:
+                writer.dirty = False
+            changed, self.catalog.changed = self.catalog.changed, set()
+            marks = {name: table_mark(self.catalog.get(name)) for name in changed}
+            new_files, self.versions.new_files = self.versions.new_files, False
             assert self.index is not None
-            marks = {name: table_mark(self.catalog.get(name)) for name in self.catalog.changed}
-            await self._checkpoint(position, self.index.last_id, marks,
-                                   frozenset(self.versions.fresh), dict(self.quarantined))
+            checkpoint = Checkpoint(position, fresh=frozenset(self.versions.fresh),
+                                    origin=self.origin, index_ordinal=self.index.last_id,
+                                    quarantined=dict(self.quarantined))
+            assert self._checkpoints is not None
+            work = asyncio.ensure_future(asyncio.to_thread(
+                make_durable, self.data_dir, dirty, self.avro_dir if new_files else None,
+                self.index, self._checkpoints, checkpoint, marks))
+            try:
+                await asyncio.shield(work)
+            except asyncio.CancelledError:
+                # The thread cannot be cancelled: hold the lock until it is done, so two
+                # checkpoint writes never overlap, however often this task is cancelled
+                # meanwhile. Its own failure must not replace the cancellation (a caller
+                # that retries failures would never stop).
+                await outlast(work)
+                if work.exception() is not None:
+                    self._not_durable(dirty, new_files, changed, work.exception())
+                raise
+            except BaseException as exc:
+                self._not_durable(dirty, new_files, changed, exc)
+                raise
+            self.durable = position
+            if self.position == position:
+                self._undurable_since = None
+            self.versions.close_sealed(self._open)
             return position
-
-    async def _checkpoint(self, position: BinlogPosition, ordinal: int,
-                          marks: dict[TableName, ckpt.TableMark | None],
-                          fresh: frozenset[TableName],
-                          quarantined: dict[TableName, Quarantined]) -> None:
-        """Everything written so far made durable, then the checkpoint at ``position``: where
-        the store stands, or where it stood when it settled (``marks``: of every table that
-        changed since the last checkpoint, as they were there). The tables changed since the
-        last checkpoint stay so until this one is written, and those whose mark moved since
-        ``marks`` were taken after it (a settled point taken meanwhile holds them all).
-        Under the flush lock."""
-        dirty = list(self.versions.files.dirty)
-        for writer in dirty:
-            writer.dirty = False
-        new_files, self.versions.new_files = self.versions.new_files, False
-        assert self.index is not None and self._checkpoints is not None
-        checkpoint = Checkpoint(position, fresh=fresh, origin=self.origin,
-                                index_ordinal=ordinal, quarantined=quarantined)
-        work = asyncio.ensure_future(asyncio.to_thread(
-            make_durable, self.data_dir, dirty, self.avro_dir if new_files else None,
-            self.index, self._checkpoints, checkpoint, marks))
-        try:
-            await asyncio.shield(work)
-        except asyncio.CancelledError:
-            # The thread cannot be cancelled: hold the lock until it is done, so two
-            # checkpoint writes never overlap, however often this task is cancelled
-            # meanwhile. Its own failure must not replace the cancellation (a caller
-            # that retries failures would never stop).
-            await outlast(work)
-            if work.exception() is not None:
-                self._not_durable(dirty, new_files, work.exception())
-            raise
-        except BaseException as exc:
-            self._not_durable(dirty, new_files, exc)
-            raise
-        self.catalog.changed = {name for name in self.catalog.changed if name not in marks
-                                or table_mark(self.catalog.get(name)) != marks[name]}
-        self.durable, self._durable_ordinal = position, ordinal
-        if self.position == position:
-            self._undurable_since = None
-        self.versions.close_sealed(self._open)
 
     def _stored_table(self, text: str) -> TableName:
         """A table an older index named as "db.table": split at the dot that gives a table
@@ -473,9 +419,10 @@ class AvroStore:
         return 0.0 if since is None else time.monotonic() - since
 
     def _not_durable(self, dirty: list[VersionFileWriter], new_files: bool,
-                     exc: BaseException | None) -> None:
+                     changed: set[TableName], exc: BaseException | None) -> None:
         if exc is not None and disk_failed(exc):
             self._damaged_by(exc)
         for writer in dirty:  # still not known to be on disk
             writer.dirty = True
         self.versions.new_files |= new_files
+        self.catalog.changed |= changed  # their marks go into the next checkpoint

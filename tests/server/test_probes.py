@@ -72,9 +72,6 @@ class Gate:
     async def keep_up(self, unrepaired: object) -> None:
         pass
 
-    def settle(self) -> None:
-        pass
-
     async def close(self) -> None:
         pass
 

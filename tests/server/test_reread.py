@@ -9,7 +9,6 @@ binlog decoder's own values, on every type.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import threading
 import time
@@ -51,7 +50,6 @@ from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
 from cdcserver.store.store import AvroStore
 from tests.conftest import RunningService, Source
-from tests.helpers import until
 from tests.server.test_types import _fill
 
 pytestmark = pytest.mark.mariadb
@@ -278,59 +276,6 @@ async def test_a_full_disks_pause_keeps_the_checkpoint_before_a_pending_repairs_
     assert repaired == [(2, 2)]
     views.close()
     store.close()
-
-
-async def test_under_continuous_repairs_the_checkpoint_follows_where_none_was_pending(
-        tmp_path, source: Source):
-    """The soak's disk faults took 20-70 s to recover from: with a repair pending at nearly
-    every flush (its DDL-heavy workload), the checkpoint stayed where the first began and
-    the service replayed 1,700 transactions after each fault. Now the pipeline tells the
-    sinks where a part ended with none pending, and the flush loop's keep-up moves the
-    checkpoint there while the next repair waits."""
-    db = f"`{source.database}`"
-    source.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)",
-                   f"INSERT INTO {db}.t VALUES (1, 1)")
-    layout = _layout(source, "t")
-    store = _Stream(str(tmp_path / "data")).store
-    views = Views(str(tmp_path / "views.sqlite"))
-    repairer = Repairer(parse_source_url(source.url), store.catalog, views)
-    pipeline = Pipeline(Handoff(asyncio.get_running_loop()), [StoreSink(store)], GtidState(),
-                        flush_interval=0.05, repairer=repairer)
-    flushing = asyncio.create_task(pipeline._flush_periodically())
-    try:
-        start = _named(1, _position(source))
-        await pipeline._apply([Begin(Gtid(9, 1, 1), 0),
-                               Rows(layout, RowsKind.INSERT, 0, [(1, 1)]), Commit(start, 0)])
-        await until(lambda: store.durable == start, timeout=10)
-        sequence = 1
-        for hidden in range(2, 5):  # each repair pending when the next change comes
-            sequence += 1
-            behind = _named(sequence, _position(source))
-            source.execute(f"INSERT INTO {db}.t VALUES ({hidden}, {hidden})")
-            await pipeline._apply([Begin(Gtid(9, 1, sequence), 0),
-                                   Rowless(source.database, "t", "a hidden change",
-                                           layout=layout), Commit(behind, 0)])
-            assert pipeline.repair_pending
-            await asyncio.sleep(0.2)  # the flush loop keeps up meanwhile
-            sequence += 1
-            settled = _named(sequence, _position(source))
-            await pipeline._apply([Begin(Gtid(9, 1, sequence), 0), Commit(settled, 0)])
-            assert not pipeline.repair_pending  # (repaired: none pending at this point)
-        sequence += 1
-        behind = _named(sequence, _position(source))
-        source.execute(f"INSERT INTO {db}.t VALUES (9, 9)")
-        await pipeline._apply([Begin(Gtid(9, 1, sequence), 0),
-                               Rowless(source.database, "t", "a hidden change",
-                                       layout=layout), Commit(behind, 0)])
-        assert pipeline.repair_pending
-        await until(lambda: store.durable == settled, timeout=10,
-                    what="the checkpoint at the last point where no repair was pending")
-    finally:
-        flushing.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await flushing
-        views.close()
-        store.close()
 
 
 def _named(sequence: int, position: BinlogPosition) -> BinlogPosition:

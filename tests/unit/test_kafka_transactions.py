@@ -612,37 +612,3 @@ async def test_a_publisher_taking_over_keeps_what_was_published_beside_the_check
     assert sink.durable == BinlogPosition(_position(1).gtid_state, "", 4)
     assert sink.applied == BinlogPosition(_position(2).gtid_state, "", 4)
     assert sink.unrepaired == frozenset({"0-1-2"})
-
-
-async def test_keep_up_moves_the_checkpoint_to_where_no_repair_was_pending(sink):
-    """Under continuous repairs one is always pending at a flush: the commits made meanwhile
-    kept the checkpoint where the first repair began, for good, and a restart replayed from
-    there (the soak: 1,700 transactions). The pipeline tells the sink where none was pending
-    after a batch (settle); a keep-up commit moves the checkpoint there, no further, and a
-    commit with none pending forgets it (never a checkpoint behind the last)."""
-    first = await _committed_once(sink)
-    await _one_transaction(sink, 2)  # the repair of 2 placed in it: none pending after
-    sink.settle()
-    await _one_transaction(sink, 3)  # a repair of 3 pending
-    await _acknowledging(first, sink.keep_up(lambda: frozenset({"0-1-3"})))
-    assert sink.durable == _position(2) and sink.applied == _position(3)
-    assert json.loads(first.state[-1]) == {**_position(2).to_json(),
-                                           "published": _position(3).to_json(),
-                                           "unrepaired": ["0-1-3"]}
-    await _one_transaction(sink, 4)
-    assert await _acknowledging(first, sink.flush()) == _position(4)
-    await _one_transaction(sink, 5)
-    await _acknowledging(first, sink.keep_up(lambda: frozenset({"0-1-5"})))
-    assert sink.durable == _position(4), "back to a point settled before the last commit"
-
-
-async def _acknowledging(producer: _Producer, work: Any) -> Any:
-    """``work`` done, the broker acknowledging each batch as it is sent."""
-    task = asyncio.ensure_future(work)
-    async with asyncio.timeout(5):
-        while not task.done():
-            for batch in producer.batches:
-                if not batch.done():
-                    batch.set_result(None)
-            await asyncio.sleep(0.01)
-    return task.result()

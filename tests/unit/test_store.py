@@ -7,7 +7,6 @@ import json
 import os
 import threading
 
-import fastavro
 import pytest
 
 from cdcserver.core.changes import (
@@ -225,67 +224,6 @@ async def test_a_table_the_store_cannot_write_is_quarantined_and_the_rest_goes_o
                                      Rows(bad, RowsKind.INSERT, 1, [(5,)])))
     await store.flush()
     assert store.quarantined == {} and ids("bad") == [1, 5]
-    store.close()
-
-
-def _ids(path: str, table: str) -> list[int]:
-    """The ids in every version file of ``db.table``, in order."""
-    folder = os.path.join(path, "avro")
-    ids: list[int] = []
-    for name in sorted(os.listdir(folder)):
-        if name.startswith(f"db.{table}.") and name.endswith(".avro"):
-            with open(os.path.join(folder, name), "rb") as f:
-                ids += [record["id"] for record in fastavro.reader(f)]
-    return ids
-
-
-async def test_keep_up_checkpoints_where_the_store_settled_and_a_crash_returns_there(tmp_path):
-    """While a repair is pending no checkpoint may be written where the store stands, and
-    under continuous repairs one always is: the checkpoint stayed where the first began,
-    for good (the soak: a restart replayed 1,700 transactions). The store now remembers
-    where it stood when none was pending (settle), and keep_up writes the checkpoint there:
-    a crash returns exactly there (a table changed after it too cut back to its mark there,
-    one created after it gone), and the next flush covers the rest."""
-    path = str(tmp_path)
-    store = _open(path)
-    feed = _Feed()
-    a, b, c = _layout("a"), _layout("b"), _layout("c")
-    await store.apply(feed.transaction(Rows(a, RowsKind.INSERT, 0, [(1,)])))  # type: ignore[arg-type]
-    await store.flush()
-    await store.apply(feed.transaction(Rows(a, RowsKind.INSERT, 0, [(2,)]),  # type: ignore[arg-type]
-                                       Rows(b, RowsKind.INSERT, 0, [(1,)])))
-    store.settle()
-    settled = store.position
-    later = feed.transaction(Rows(a, RowsKind.INSERT, 0, [(3,)]),
-                             Rows(c, RowsKind.INSERT, 0, [(1,)]))
-    await store.apply(later)  # type: ignore[arg-type]
-    await store.keep_up()
-    assert store.durable == settled and store.position != settled
-    store.close()  # killed
-
-    store = _open(path)
-    assert store.durable == settled
-    assert (_ids(path, "a"), _ids(path, "b"), _ids(path, "c")) == ([1, 2], [1], [])
-    await store.apply(later)  # type: ignore[arg-type]  # replayed from the checkpoint
-    await store.keep_up()  # (not settled since: the index alone)
-    assert store.durable == settled
-    await store.flush()
-    store.close()
-    store = _open(path)
-    assert (_ids(path, "a"), _ids(path, "b"), _ids(path, "c")) == ([1, 2, 3], [1], [1])
-    store.close()
-
-
-async def test_a_settled_point_is_never_written_behind_a_later_checkpoint(tmp_path):
-    store = _open(str(tmp_path))
-    feed = _Feed()
-    await store.apply(feed.transaction(Rows(_layout("a"), RowsKind.INSERT, 0, [(1,)])))  # type: ignore[arg-type]
-    store.settle()
-    await store.apply(feed.transaction(Rows(_layout("a"), RowsKind.INSERT, 0, [(2,)])))  # type: ignore[arg-type]
-    await store.flush()
-    flushed = store.durable
-    await store.keep_up()
-    assert store.durable == flushed
     store.close()
 
 

@@ -191,10 +191,6 @@ class LeasedSink:
                 log.warning("kafka: %s; standing by", exc)
             self._fenced = str(exc)
 
-    def settle(self) -> None:
-        if self._sink is not None:
-            self._sink.settle()
-
     async def keep_up(self, unrepaired: Callable[[], frozenset[str] | None]) -> None:
         if self._sink is not None:
             with self._fenced_out():

@@ -240,10 +240,6 @@ class KafkaSink:
         if self.transactions is not None:
             await self.transactions.keep_up(unrepaired)
 
-    def settle(self) -> None:
-        if self.transactions is not None:
-            self.transactions.settle()
-
     async def flush(self) -> BinlogPosition | None:
         """Wait until what was sent so far is acknowledged, then record the position."""
         return await self.sender.flush()

@@ -72,8 +72,6 @@ class TransactionalSender(Sender):
         self.lock = asyncio.Lock()  # one of: routing a batch, committing
         self._open = False  # a Kafka transaction is open
         self._reached: BinlogPosition | None = None  # the last source transaction routed
-        # where it stood after the last batch at whose end no repair was pending (settle)
-        self._settled: BinlogPosition | None = None
         self._tail = 0  # messages routed after it (a commit waits for its end)
         # the position reached is past the checkpoint with nothing open (transactions with
         # no message for Kafka, or a commit made while a repair was pending): a flush
@@ -237,12 +235,6 @@ class TransactionalSender(Sender):
             await self._rewind(connect.refusal(self.producer, exc))
         self._open, self._began = True, time.monotonic()
 
-    def settle(self) -> None:
-        """No repair is pending after what was routed: a commit made while one is pending
-        later (:meth:`keep_up`) moves the checkpoint here, not further (a restart then
-        replays from here, not from before the repairs began)."""
-        self._settled = self._reached
-
     async def keep_up(self, unrepaired: Callable[[], frozenset[str] | None]) -> None:
         """A repair waits for its watermark, so the checkpoint may not move (a restart must
         read the change again): the open Kafka transaction is committed anyway, before the
@@ -269,8 +261,7 @@ class TransactionalSender(Sender):
         if not self._open or position is None:
             return
         # (none left unplaced: as a commit with no repair pending)
-        restart = (self._settled or self.checkpoint.durable or position) if unrepaired \
-            else position
+        restart = self.checkpoint.durable or position if unrepaired else position
         record = StateRecord(restart, position, unrepaired or frozenset())
         await self._delivered()
         try:
@@ -290,8 +281,6 @@ class TransactionalSender(Sender):
         self.in_flight.clear()
         self.checkpoint.durable = restart
         self.checkpoint.published, self.checkpoint.unrepaired = position, record.unrepaired
-        if restart == position:
-            self._settled = None  # (passed: never a checkpoint back behind this one)
         self._ahead = restart != position  # (the next flush with none pending moves it)
 
     async def _ready(self) -> None:
@@ -365,7 +354,7 @@ class TransactionalSender(Sender):
         self.in_flight.clear()
         self._open, self._tail, self._commit_wanted = False, 0, False
         self._rowless_open = False
-        self._reached, self._ahead, self._settled = None, False, None
+        self._reached, self._ahead = None, False
         if producer is not None:
             with contextlib.suppress(KafkaError, OSError, TimeoutError):
                 async with asyncio.timeout(5):

@@ -1,7 +1,6 @@
-"""Where the pipeline lets a sink move its checkpoint while repairs are pending
-(``Pipeline._settle``, ``Sink.settle``), and what a part that failed under a repair's rows
-leaves pending. A review of 9c9f467 and fdf319e found both holes; each test fails without its
-fix. (Fake sinks and a fake repair stage: what is tested is the pipeline's bookkeeping.)"""
+"""What a part that failed under a repair's rows leaves pending (a review of fdf319e found
+the hole; the test fails without its fix). (A fake sink and a fake repair stage: what is
+tested is the pipeline's bookkeeping.)"""
 
 from __future__ import annotations
 
@@ -64,26 +63,7 @@ class _Repairs:
 def _pipeline(sinks: list[_Sink], repairs: _Repairs, start: int) -> Pipeline:
     pipeline = Pipeline(Handoff(asyncio.get_running_loop()), sinks,  # type: ignore[arg-type]
                         _position(start).gtid_state, repairer=repairs)  # type: ignore[arg-type]
-    pipeline._held_back = True  # (as the flush loop leaves it after a held-back checkpoint)
     return pipeline
-
-
-async def test_a_sink_still_skipping_what_it_applied_before_a_restart_is_not_settled():
-    """Started again at the store's checkpoint (2), the Kafka sink published up to 5 in the
-    pipeline before: until the replay passes 5 it stands further on than the pipeline, maybe
-    past a change whose repair the new pipeline has not read yet. Told to settle there, its
-    next keep-up moved its checkpoint past that change."""
-    store, kafka = _Sink("avro", _position(2)), _Sink("kafka", _position(5))
-    pipeline = _pipeline([store, kafka], _Repairs(), start=2)
-    for n in (3, 4):
-        await pipeline._apply(_transaction(n))
-        pipeline._next_settle = 0.0
-    assert store.settled == [_position(3), _position(4)] and kafka.settled == []
-    for n in (5, 6):
-        await pipeline._apply(_transaction(n))
-        pipeline._next_settle = 0.0
-    # at 5 it stands where the pipeline does again
-    assert kafka.settled == [_position(5), _position(6)]
 
 
 async def test_a_part_that_failed_under_a_repairs_rows_leaves_the_repair_pending():
