@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Sequence
 
 from cdcserver.app.runner import ReplicationRunner
 from cdcserver.core.capture import CaptureFilter
 from cdcserver.core.config import Config
+from cdcserver.core.errors import DiskFull
 from cdcserver.core.gtid import GtidState
 from cdcserver.ops.latency import CommitLatency
 from cdcserver.replication.sources import Sources
@@ -27,6 +29,8 @@ from cdcserver.store.layout import DataDir
 from cdcserver.store.store import AvroStore
 
 FINISH_TIMEOUT = 30.0  # seconds the pipeline has, once stopped, to apply and flush
+
+log = logging.getLogger(__name__)
 
 
 class Replication:
@@ -93,7 +97,11 @@ class Replication:
         if not self.runner.repair_pending() and not self._store.damaged:
             # (a repair not yet out: the checkpoint must stay before the change it repairs,
             # so that the next start reads the change, and repairs it, again)
-            await self._store.flush()
+            try:
+                await self._store.flush()
+            except DiskFull as exc:  # the stop goes on: the next start replays a little more
+                log.warning("the final checkpoint was not written, the next start replays "
+                            "from the last one: %s", exc)
 
 
 async def _cancelled(task: asyncio.Task[None]) -> None:
