@@ -81,6 +81,7 @@ class Figures:
     recoveries: dict[str, list[float]] = field(default_factory=dict)  # kind -> seconds
     unrecovered: list[str] = field(default_factory=list)  # a fault the service never healed
     exits: list[str] = field(default_factory=list)  # the service ended by itself
+    unsettled: list[str] = field(default_factory=list)  # a check the service never caught up for
     differences: dict[str, str] = field(default_factory=dict)
     inconsistencies: Counter[str] = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
@@ -97,7 +98,8 @@ class Figures:
 
     @property
     def exact(self) -> bool:
-        return not (self.exits or self.differences or self.inconsistencies or self.unrecovered
+        return not (self.exits or self.unsettled or self.differences or self.inconsistencies
+                    or self.unrecovered
                     or self.duplicates or self.gaps or self.out_of_order
                     or self.kafka_duplicates or self.kafka_gaps or self.kafka_out_of_order)
 
@@ -109,6 +111,7 @@ class Figures:
         lines = [f"seed {self.seed}: {sum(self.faults.values())} faults {dict(self.faults)}, "
                  f"{self.statements} statements ({self.refused} refused), "
                  f"{len(self.exits)} exits, {len(self.unrecovered)} not recovered, "
+                 f"{len(self.unsettled)} checks not settled, "
                  f"{len(self.differences)} tables differ, "
                  f"{sum(self.inconsistencies.values())} stream inconsistencies, ledger "
                  f"{self.ledger_rows} rows: {self.duplicates} duplicates, {self.gaps} gaps, "
@@ -122,6 +125,7 @@ class Figures:
                          f"{percentile(times, 99):.1f} s, max {times[-1]:.1f} s")
         lines += [f"  not recovered after: {u}" for u in self.unrecovered]
         lines += [f"  exit: {e[-500:]}" for e in self.exits]
+        lines += [f"  did not settle: {u[-500:]}" for u in self.unsettled]
         lines += [f"  {t}: {d}" for t, d in self.differences.items()]
         lines += [f"  e.g. {e}" for e in self.examples[:5]]
         return "\n".join(lines)
@@ -405,7 +409,8 @@ async def _check(soak: Soak, ledger: LedgerReader, figures: Figures) -> None:
     figures.statements = len(soak.migrations.log)
     figures.refused = sum(1 for e in soak.migrations.log if e.error)
     if not await asyncio.to_thread(chaos.settled, soak.service, soak.conn, 180):
-        figures.exits.append("did not settle: " + soak.service.text()[-2000:])
+        figures.unsettled.append(f"after {sum(figures.faults.values())} faults: "
+                                 + soak.service.text()[-2000:])
     else:
         audit = chaos.Outcome(figures.seed)
         figures.differences = await chaos.differences(soak.service.port, soak.conn,
@@ -482,7 +487,9 @@ def describe(figures: Figures) -> list[tuple[str, str]]:
     rows += [("statements (refused by the source)", f"{figures.statements:,} "
                                                     f"({figures.refused:,})"),
              ("exits of the service by itself (goal 0)", f"{len(figures.exits)}"),
-             ("faults not recovered from within 180 s (goal 0)", f"{len(figures.unrecovered)}")]
+             ("faults not recovered from within 180 s (goal 0)", f"{len(figures.unrecovered)}"),
+             ("checks the service did not catch up for within 180 s (goal 0)",
+              f"{len(figures.unsettled)}")]
     rows += [("  not recovered from", u) for u in figures.unrecovered[:5]]
     rows += [("tables different from SELECT (goal 0)", f"{len(figures.differences)}")]
     rows += [(f"  {table}", why[:300]) for table, why in list(figures.differences.items())[:5]]
