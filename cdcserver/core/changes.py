@@ -166,6 +166,12 @@ class Rows:
     # empty for the rows of a row event.
     repair: str = ""
     start: int = 0  # where the row event starts in ``file`` (0: not from a row event)
+    # A change of a table whose repair beside the stream holds its changes back, by that
+    # repair's cause: ``withheld`` here, in its own transaction, ``released`` where the repair
+    # lets it go. A sink that holds that repair from before a restart (it is being read again)
+    # gets it here, the others where it is released (the pipeline's replay filter).
+    withheld: str = ""
+    released: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -358,7 +358,8 @@ class BesideRepair:
     def release(self, commit: Commit) -> list[Rows]:
         """The next share of the held changes, in ``commit``: those the source's read
         already held (at or before the watermark) are dropped, the records brought the table
-        there."""
+        there. Each is marked released (a sink that holds the repair had it where it was
+        withheld, :meth:`.BesideRepairs._withheld`)."""
         point = self.point
         assert point is not None
         out = []
@@ -367,7 +368,7 @@ class BesideRepair:
                 self.dropped += len(rows.rows)
                 continue
             out.append(replace(rows, file=commit.position.file, pos=commit.position.pos,
-                               start=0))
+                               start=0, released=self.cause if self.resync is None else ""))
         return out
 
     @property

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import time
+from dataclasses import replace
 
 from cdcserver.core.changes import Change, Commit, Rowless, Rows
 from cdcserver.core.errors import DefinitionChanged
@@ -109,6 +110,17 @@ class BesideRepairs(RetypedOut):
             return False
         return True
 
+    def _withheld(self, rows: Rows) -> list[Rows]:
+        """Held ``rows`` (:meth:`_held`), marked withheld where they are: a sink that holds
+        the repair from before a restart, read again now, is not given its records (nor
+        the changes they fold in) and gets the table's changes in place instead. A resync
+        has no such sink."""
+        repair = self._beside[table_of(rows.layout)]
+        if repair.resync is not None:
+            return []
+        self.marked = True
+        return [replace(rows, withheld=repair.cause)]
+
     async def _attach_beside(self, commit: Commit) -> list[Change]:
         """What the repairs beside the stream bring to ``commit``: a failed one's held
         statement (the repair is dealt with, :meth:`_beside_failed`), or the next share of
@@ -147,6 +159,7 @@ class BesideRepairs(RetypedOut):
         if repair.attached:  # then the table's changes held meanwhile, in their order
             released = repair.release(commit)
             self._txn_rows += released
+            self.marked = self.marked or any(r.released for r in released)
             return list(released)
         out: list[Change] = []
         if not repair.sent:

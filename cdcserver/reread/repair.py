@@ -69,6 +69,12 @@ class Repairer(LastCommit):
     """The repair stage (see the module's description): each batch passes through
     :meth:`process` before the sinks."""
 
+    def take_marked(self) -> bool:
+        """Whether the output since the last call holds changes marked withheld or released
+        (:attr:`.Rows.withheld`), for the pipeline's replay filters to sort."""
+        marked, self.marked = self.marked, False
+        return marked
+
     @property
     def pending(self) -> bool:
         """Whether a repair waits for the stream to reach its watermark, or to be read (then
@@ -182,7 +188,8 @@ class Repairer(LastCommit):
         out = await self._part_starts()
         for change in batch:
             if isinstance(change, Rows) and self._held(change):
-                continue  # waits for its table's repair or resync (:mod:`.held`)
+                out += self._withheld(change)  # waits for its table's repair (:mod:`.held`)
+                continue
             if self._letting_go and self._begin is not None and not isinstance(change, Begin):
                 out += await self._let_go()  # before anything else of their tables
             open_from = len(self._batch_rows)

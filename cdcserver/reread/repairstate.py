@@ -102,6 +102,9 @@ class RepairState:
         # Whole-table repairs read in a thread beside the stream (:mod:`.beside`), the
         # repairs of their tables that came next, and those the pipeline must read itself
         self._beside: dict[TableName, BesideRepair] = {}
+        # the output since the pipeline last looked holds changes marked withheld or
+        # released (:attr:`.Rows.withheld`): each sink's replay filter sorts them
+        self.marked = False
         self._queued: dict[TableName, list[tuple[list[Rowless], str]]] = {}
         self._inline: list[tuple[list[Rowless], str]] = []
         # ALTERs held for their table's repair beside the stream (:class:`.beside.

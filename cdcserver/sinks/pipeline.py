@@ -183,7 +183,13 @@ class _ReplayFilter:
         self._skipped_causes: set[str] = set()  # the transactions dropped that were causes
         self._placed_held: dict[str, bool] = {}  # cause -> placed in a transaction dropped
 
-    def __call__(self, changes: list[Change]) -> list[Change]:
+    def __call__(self, changes: list[Change], marked: bool = False) -> list[Change]:
+        """``changes`` without what this sink holds already; ``marked``: they hold changes
+        a repair beside the stream holds back (:meth:`_withheld_or_released`)."""
+        kept = self._replayed(changes)
+        return self._withheld_or_released(kept) if marked else kept
+
+    def _replayed(self, changes: list[Change]) -> list[Change]:
         if not self._waiting and self._skipping is None:
             return self._without_repairs_held(changes)
         kept: list[Change] = []
@@ -224,6 +230,21 @@ class _ReplayFilter:
         if len(kept) != len(changes):
             log.info("%s: a repair it holds from before the restart, read again, is not "
                      "given to it a second time", self.name)
+        return kept
+
+    def _withheld_or_released(self, changes: list[Change]) -> list[Change]:
+        """A table's changes held back for its repair beside the stream: a sink that holds
+        the repair from before the restart gets them where they are (withheld), since the
+        repair read again, whose records fold them in, is not given to it; every other sink
+        gets them where the repair lets them go (released), or in its records."""
+        kept: list[Change] = []
+        for change in changes:
+            if isinstance(change, Rows) and change.withheld:
+                if self._holds_cause(change.withheld):
+                    kept.append(replace(change, withheld=""))
+            elif not (isinstance(change, Rows) and change.released and
+                      self._holds_cause(change.released)):
+                kept.append(change)
         return kept
 
     def unheld(self, causes: frozenset[str] | None) -> frozenset[str] | None:
@@ -443,8 +464,9 @@ class Pipeline:
 
     async def _apply_part(self, batch: list[Change]) -> None:
         unrepaired = self._unrepaired_now()
+        marked = self.repairer is not None and self.repairer.take_marked()
         for sink, keep in zip(self.sinks, self._filters, strict=True):
-            changes = keep(batch)
+            changes = keep(batch, marked)
             if changes:
                 await sink.apply(changes)
                 # (no await between: a sink's commit, waiting for its lock, reads it next)

@@ -59,6 +59,9 @@ class _Repairs:
     async def process(self, part: list[Change]) -> list[Change]:
         return part
 
+    def take_marked(self) -> bool:
+        return False
+
 
 def _pipeline(sinks: list[_Sink], repairs: _Repairs, start: int) -> Pipeline:
     pipeline = Pipeline(Handoff(asyncio.get_running_loop()), sinks,  # type: ignore[arg-type]
