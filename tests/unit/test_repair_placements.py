@@ -239,3 +239,17 @@ def test_changes_withheld_for_a_repair_no_sink_holds_reach_every_sink_when_relea
                           frozenset())
     part = [*_transaction(3, _withheld(2, 30)), *_transaction(4, _released(2, 40))]
     assert _rows_given(store(part, True)) == _rows_given(kafka(part, True)) == [40]
+
+
+def test_the_store_ahead_of_a_rewound_kafka_sink_gets_the_tables_changes_where_they_are():
+    """The Kafka sink rewound to 2 in the process; the store had applied through 8, the
+    repair of 3 (beside the stream) first placed in 5 and the changes it held released in
+    6. The repair read again is not the store's; the table's changes after 8, withheld
+    for it, are, where they are; released again, they are not."""
+    placements = RepairPlacements()
+    placements.record([*_transaction(5, _repair_of(3, 30)), *_transaction(6, _change(6))])
+    store = _ReplayFilter("avro", _position(8), GtidState([Gtid(0, 1, 2)]), placements)
+    replay = [*_cause(3), *_transaction(5, _withheld(3, 50)), *_transaction(8),
+              *_transaction(9, _withheld(3, 90)), *_transaction(10, _repair_of(3, 30)),
+              *_transaction(11, _released(3, 110))]
+    assert _rows_given(store(replay, True)) == [90]
