@@ -213,6 +213,11 @@ class Ddl:
     file: str = ""  # the binlog file and the event's end position (its header's log_pos)
     pos: int = 0
     start: int = 0  # where the statement's event starts in ``file``
+    # An ALTER held for its table's repair beside the stream, by the repair's cause (as
+    # :attr:`Rows.withheld`): withheld in its own transaction (every sink's replay filter
+    # then sees the cause), released where it goes out.
+    withheld: str = ""
+    released: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -348,7 +348,7 @@ class BesideRepair:
                 return out  # more in the next share
             self._next_gone = -1
         self.statement_out = True
-        return [*out, held.ddl]
+        return [*out, replace(held.ddl, released=held.cause)]
 
     @property
     def attached(self) -> bool:

@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import replace
 
-from cdcserver.core.changes import Change, Commit, Rowless, Rows
+from cdcserver.core.changes import Change, Commit, Ddl, Rowless, Rows
 from cdcserver.core.errors import DefinitionChanged
 from cdcserver.core.names import TableName
 from cdcserver.reread.beside import BesideRepair, HeldStatement, eligible, resync_eligible
@@ -154,6 +154,7 @@ class BesideRepairs(RetypedOut):
             note = repair_note(f"{repair.letting_go.change.rewrites}: {RETYPED_OUT}",
                                repair.cause)
             first = await asyncio.to_thread(repair.attach_retyped, commit, note)
+            self.marked = self.marked or any(isinstance(c, Ddl) for c in first)
             self._txn_rows += [r for r in first if isinstance(r, Rows)]
             return first
         if repair.attached:  # then the table's changes held meanwhile, in their order

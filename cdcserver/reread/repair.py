@@ -289,9 +289,10 @@ class Repairer(LastCommit):
                 self._txn_rows.append(deleted)
                 out.append(deleted)
         self._schema_changed(ddl)
-        if statement is not None:  # it goes out with its table's repair
-            self._statements[statement.table] = statement
-            return out
+        if statement is not None:  # it goes out with its table's repair; marked here, for
+            self._statements[statement.table] = statement  # the sinks' replay filters
+            self.marked = True
+            return [*out, replace(ddl, withheld=statement.cause)]
         return [*out, ddl]
 
     def _stored_marker(self, marker: Rowless) -> Rowless:

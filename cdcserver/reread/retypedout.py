@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 
 from cdcserver.core.changes import Change, Ddl, Rows, RowsKind, TableChange
 from cdcserver.core.names import TableName
@@ -122,7 +123,8 @@ class RetypedOut(RepairState):
             deleted = self._deleted_before(statement.ddl, statement.change, gone, RETYPED_OUT,
                                            statement.cause)
             self._txn_rows += deleted
-            out += [*deleted, statement.ddl]
+            out += [*deleted, replace(statement.ddl, released=statement.cause)]
+            self.marked = True
             log.info("%s: its repair beside the stream did not finish; the statement it held "
                      "goes out, after %d rows it retypes", statement.table,
                      sum(len(r.rows) for r in deleted))

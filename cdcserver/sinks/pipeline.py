@@ -239,11 +239,12 @@ class _ReplayFilter:
         gets them where the repair lets them go (released), or in its records."""
         kept: list[Change] = []
         for change in changes:
-            if isinstance(change, Rows) and change.withheld:
+            if not isinstance(change, (Rows, Ddl)):
+                kept.append(change)
+            elif change.withheld:
                 if self._holds_cause(change.withheld):
                     kept.append(replace(change, withheld=""))
-            elif not (isinstance(change, Rows) and change.released and
-                      self._holds_cause(change.released)):
+            elif not (change.released and self._holds_cause(change.released)):
                 kept.append(change)
         return kept
 

@@ -298,8 +298,8 @@ async def test_a_rollback_of_a_non_transactional_table_is_published_once_not_for
 
 
 class _TableWriter(RowWriter):
-    """Changes rows of ``m`` (the table being repaired) every 20 ms: an update, and every
-    third step an insert and a delete."""
+    """Changes rows of ``m`` and ``n`` (the tables being repaired) every 20 ms: an update
+    of each, and every third step an insert and a delete."""
 
     interval = 0.02
     steps = 0
@@ -311,9 +311,11 @@ class _TableWriter(RowWriter):
         self.steps += 1
         n = self.steps
         cur.execute("UPDATE m SET b = b + 1 WHERE id = %s", (n % 300 + 1,))
+        cur.execute("UPDATE n SET b = b + 1 WHERE id = %s", (n % 200 + 1,))
         if n % 3 == 0:
             cur.execute("INSERT INTO m VALUES (%s, 'late', %s)", (1000 + n, n))
             cur.execute("DELETE FROM m WHERE id = %s", (n // 3 % 300 + 1,))
+            cur.execute("DELETE FROM n WHERE id = %s", (n // 3 % 200 + 1,))
 
 
 @pytest.mark.slow
@@ -324,7 +326,9 @@ async def test_a_repair_beside_the_stream_read_again_loses_none_of_the_tables_la
     watermark into its records. Restarted while the store's checkpoint is before its change,
     the service reads it again at a later watermark; the Kafka sink published the first one
     and is not given the second. The table's changes it had not published, folded into the
-    second, must still reach it: the table rebuilt from its topic equals ``SELECT``.
+    second, must still reach it: each table rebuilt from its topic equals ``SELECT``, every
+    before-image is the row the consumer holds. ``n``'s ALTER retypes values (it is held
+    for its repair, and the rows it retypes go out before it): it is published once.
 
     Under continuous cascades a repair is pending at nearly every flush, and the store's
     checkpoint stays that far behind (the soak's service logs showed 1,700 transactions);
@@ -338,14 +342,18 @@ async def test_a_repair_beside_the_stream_read_again_loses_none_of_the_tables_la
     source.execute(f"USE `{db}`",
                    f"CREATE TABLE `{db}`.m (id INT PRIMARY KEY, a VARCHAR(40), b INT)",
                    f"INSERT INTO `{db}`.m SELECT seq, CONCAT('row ', seq), seq "
-                   "FROM seq_1_to_300")
+                   "FROM seq_1_to_300",
+                   f"CREATE TABLE `{db}`.n (id INT PRIMARY KEY, d DECIMAL(10,3), b INT)",
+                   f"INSERT INTO `{db}`.n SELECT seq, seq + IF(seq % 2, 0.345, 0.5), seq "
+                   "FROM seq_1_to_200")
     config = make_config(str(tmp_path / "data"), source.url, users_file,
                          kafka=_eos(kafka_broker, source))
     cascades, writer = CascadeWriter(source), _TableWriter(source)
     cascades.start()
     running = await start_service(config)
+    writer_started = False
     try:
-        await running.caught_up(source)
+        await pace(3.0)
         store = running.service.replication.sink("avro")
 
         async def held_back() -> None:
@@ -353,11 +361,14 @@ async def test_a_repair_beside_the_stream_read_again_loses_none_of_the_tables_la
 
         monkeypatch.setattr(store, "flush", held_back)
         await pace(1.0)
-        # truncates 'row 10' .. 'row 300' to five characters without row events: a rewrite
-        source.execute("SET SESSION sql_mode = ''", f"ALTER TABLE `{db}`.m MODIFY a VARCHAR(5)")
+        # truncates 'row 10' .. 'row 300' to five characters without row events: a rewrite;
+        # and 1.345 is 1.3 in the new type: the ALTER waits for n's repair
+        source.execute("SET SESSION sql_mode = ''", f"ALTER TABLE `{db}`.m MODIFY a VARCHAR(5)",
+                       f"ALTER TABLE `{db}`.n MODIFY d DECIMAL(10,1)")
         writer.start()
-        await until(lambda: "is read beside the stream" in caplog.text, 60)
-        await pace(8.0)  # the repair out, and Kafka's commits past it
+        writer_started = True
+        await until(lambda: caplog.text.count("is read beside the stream") >= 2, 60)
+        await pace(8.0)  # the repairs out, and Kafka's commits past them
         running.task.cancel()  # as kill -9 leaves Kafka: nothing more committed
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await running.task
@@ -366,33 +377,48 @@ async def test_a_repair_beside_the_stream_read_again_loses_none_of_the_tables_la
         await pace(8.0)
     finally:
         cascades.stop()
-        writer.stop()
+        if writer_started:
+            writer.stop()
     try:
         await kafka_caught_up(running, source, timeout=180)
         conn = source.server.connect()
-        try:  # the store, which was given the repair again, too
-            await assert_stream_equals_table(running.port, conn, db, "m", user=USER,
-                                             password=PASSWORD)
+        try:  # the store, which was given the repairs again, too
+            for table in ("m", "n"):
+                await assert_stream_equals_table(running.port, conn, db, table, user=USER,
+                                                 password=PASSWORD)
         finally:
             conn.close()
     finally:
         await running.stop()
     assert "read again, is not given to it a second time" in caplog.text, \
-        "no sink held the repair read again: not the case this test is for"
-    changes = await committed_changes(kafka_broker.bootstrap, source, ("m",))
-    table: dict[int, tuple[Any, ...]] = {}
-    not_held = []  # before-images that are not the row the consumer holds
+        "no sink held a repair read again: not the case this test is for"
+    for table, columns in (("m", ("id", "a", "b")), ("n", ("id", "d", "b"))):
+        changes = await committed_changes(kafka_broker.bootstrap, source, (table,))
+        _check_topic(changes, columns, source.query(
+            f"SELECT {', '.join(columns)} FROM `{db}`.{table}"), table)
+    alters = [c for c in await committed_changes(kafka_broker.bootstrap, source, ("n",))
+              if c.sql is not None and "DECIMAL(10,1)" in c.sql]
+    assert len(alters) == 1, f"n's ALTER published {len(alters)} times"
+
+
+def _check_topic(changes: list[Any], columns: tuple[str, ...], rows: list[Any],
+                 table: str) -> None:
+    """The table rebuilt from its topic equals ``rows`` (SELECT), and each before-image is
+    the row the consumer holds."""
+    held: dict[Any, tuple[Any, ...]] = {}
+    not_held = []
     for c in sorted(changes, key=lambda c: (c.partition, c.offset)):
         if c.before is not None:
-            before = (c.before["id"], c.before["a"], c.before["b"])
-            if table.get(before[0]) != before:
-                not_held.append(f"{c.gtid} {c.action} {before}")
+            before = tuple(c.before[k] for k in columns)
+            if held.get(before[0]) != before:
+                not_held.append(f"{c.gtid} {c.action} {before} held {held.get(before[0])}")
         if c.after is not None:
-            table[c.after["id"]] = (c.after["id"], c.after["a"], c.after["b"])
+            held[c.after["id"]] = tuple(c.after[k] for k in columns)
         elif c.before is not None:
-            table.pop(c.before["id"], None)
-    expected = {r[0]: tuple(r) for r in source.query(f"SELECT id, a, b FROM `{db}`.m")}
-    wrong = {k for k in set(table) | set(expected) if table.get(k) != expected.get(k)}
-    assert not wrong, f"{len(wrong)} rows differ from SELECT, e.g. " + ", ".join(
-        f"{k}: {table.get(k)} != {expected.get(k)}" for k in sorted(wrong)[:5])
-    assert not not_held, f"{len(not_held)} before-images not as held, e.g. {not_held[:3]}"
+            held.pop(c.before["id"], None)
+    expected = {r[0]: tuple(r) for r in rows}
+    wrong = {k for k in set(held) | set(expected) if held.get(k) != expected.get(k)}
+    assert not wrong, f"{table}: {len(wrong)} rows differ from SELECT, e.g. " + ", ".join(
+        f"{k}: {held.get(k)} != {expected.get(k)}" for k in sorted(wrong)[:5])
+    assert not not_held, f"{table}: {len(not_held)} before-images not as held, e.g. " \
+                         f"{not_held[:3]}"
