@@ -205,7 +205,8 @@ class BesideRepair:
         self.layout: TableLayout | None = None  # the records'
         self.differences = 0
         self.sent = 0  # differences attached so far
-        self.placed_any = False  # a share of its records (or of the rows retyped) went out
+        # a share of its records, of the rows retyped or of the changes it held went out
+        self.placed_any = False
         self.statement = statement  # held for the repair, until ``statement_out``
         self.statement_out = False
         self.gone = 0  # rows the statement retypes (:class:`HeldStatement`)
@@ -359,7 +360,10 @@ class BesideRepair:
         """The next share of the held changes, in ``commit``: those the source's read
         already held (at or before the watermark) are dropped, the records brought the table
         there. Each is marked released (a sink that holds the repair had it where it was
-        withheld, :meth:`.BesideRepairs._withheld`)."""
+        withheld, :meth:`.BesideRepairs._withheld`). Once one is out the repair counts as
+        placed in part (:attr:`placed_any`), records or none: a commit that said it was
+        not placed would have a replay give that sink its records, which fold in the
+        changes already released to it."""
         point = self.point
         assert point is not None
         out = []
@@ -369,6 +373,7 @@ class BesideRepair:
                 continue
             out.append(replace(rows, file=commit.position.file, pos=commit.position.pos,
                                start=0, released=self.cause if self.resync is None else ""))
+        self.placed_any = self.placed_any or bool(out)
         return out
 
     @property

@@ -3,11 +3,24 @@ their order, read back a share at a time, decoded, and gone with the repair."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import threading
 from decimal import Decimal
 
-from cdcserver.core.changes import ColumnDef, RowImages, Rows, RowsKind, TableLayout
+from cdcserver.core.changes import (
+    ColumnDef,
+    Commit,
+    RowImages,
+    Rowless,
+    Rows,
+    RowsKind,
+    TableLayout,
+)
+from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
+from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.mariadb.constants import ColumnType
+from cdcserver.reread.beside import BesideRepair
 from cdcserver.reread.held import HeldChanges
 
 LAYOUT = TableLayout("shop", "items", (ColumnDef("id", ColumnType.LONG, nullable=False),
@@ -54,3 +67,27 @@ def test_the_file_goes_with_the_repair(tmp_path):
     held.close()
     held.close()  # twice: the repair's cancel and close both end it
     assert not os.path.exists(path)
+
+
+def test_released_changes_are_marked_and_count_as_placed(tmp_path):
+    """A repair beside the stream lets its held changes go, after its records: those the
+    source's read held already are dropped, the others are marked released (a sink that
+    holds the repair from before a restart had them where they were). A repair with no
+    difference to place counts as placed in part once one is out: the exactly-once Kafka
+    sink commits then only once all of it is (a record calling it not placed would have a
+    replay give that sink its records again, which fold in what it was released)."""
+    marker = Rowless("shop", "items", "MODIFY a rewrites its values", layout=LAYOUT)
+    repair = BesideRepair([marker], "0-1-7", None, None, None, [],  # type: ignore[arg-type]
+                          str(tmp_path / "r"), threading.Event())
+    repair.point = SnapshotPoint(GtidState([Gtid(0, 1, 9)]), "mysql-bin.000001", 1003,
+                                 dt.datetime.now(dt.UTC))
+    for first in (1, 5, 9):  # ending at 1001, 1005, 1009: the first is the read's already
+        repair.held.add(_rows(first, 1))
+    assert not repair.placed_any
+    commit = Commit(BinlogPosition(GtidState([Gtid(0, 1, 12)]), "mysql-bin.000001", 2000), 0)
+    out = repair.release(commit)
+    assert [r.rows[0][0] for r in out] == [5, 9] and repair.dropped == 1
+    assert all(r.released == "0-1-7" and (r.file, r.pos, r.start) == ("mysql-bin.000001",
+                                                                       2000, 0) for r in out)
+    assert repair.placed_any
+    repair.close()
