@@ -348,7 +348,7 @@ class BesideRepair:
             if len(rows) == ATTACH_ROWS:
                 return out  # more in the next share
             self._next_gone = -1
-        self.statement_out = True
+        self.statement_out = self.placed_any = True
         return [*out, replace(held.ddl, released=held.cause)]
 
     @property

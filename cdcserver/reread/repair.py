@@ -154,8 +154,14 @@ class Repairer(LastCommit):
     def placing_beside(self) -> bool:
         """Whether a repair beside the stream has placed part of its records (a share at a
         time) and not the rest: which of its rows a sink holds is not a matter of its cause
-        alone then."""
-        return any(b.placed_any for b in self._beside.values())
+        alone then. So too while the repair of a cause whose held statement went out
+        without it (:meth:`_let_go`) is pending: a sink given the statement holds part of
+        what that cause brings."""
+        if any(b.placed_any for b in self._beside.values()):
+            return True
+        if self._let_go_out:
+            self._let_go_out &= {entry["cause"] for entry in self.waiting()}
+        return bool(self._let_go_out)
 
     @property
     def reading_beside(self) -> bool:

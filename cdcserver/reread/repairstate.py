@@ -112,6 +112,9 @@ class RepairState:
         # whose repair was called off or failed, to go out before the next change
         self._statements: dict[TableName, HeldStatement] = {}
         self._letting_go: list[HeldStatement] = []
+        # the causes whose held statement went out without their repair (:meth:`_let_go`):
+        # placed in part until their repair, read again, is
+        self._let_go_out: set[str] = set()
         self._resync_here: set[TableName] = set()  # resyncs the pipeline reads itself
         self._launched = 0
         self._reading = 0  # repairs being read now (in no list meanwhile)

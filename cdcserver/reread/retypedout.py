@@ -125,6 +125,7 @@ class RetypedOut(RepairState):
             self._txn_rows += deleted
             out += [*deleted, replace(statement.ddl, released=statement.cause)]
             self.marked = True
+            self._let_go_out.add(statement.cause)
             log.info("%s: its repair beside the stream did not finish; the statement it held "
                      "goes out, after %d rows it retypes", statement.table,
                      sum(len(r.rows) for r in deleted))

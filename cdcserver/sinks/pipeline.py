@@ -34,7 +34,7 @@ from cdcserver.core.handoff import Handoff
 from cdcserver.core.names import TableName
 from cdcserver.replication.xa import PreparedXa
 from cdcserver.reread.repair import Repairer
-from cdcserver.reread.repairstate import cause_of
+from cdcserver.reread.repairstate import cause_of, repair_note
 from cdcserver.schema.masking import project_layout
 from cdcserver.sinks.base import Sink
 
@@ -70,14 +70,17 @@ def min_state(states: list[GtidState]) -> GtidState:
     return result
 
 
+RELEASED = "changes held for its repair, released"  # (RepairPlacements.record)
+
+
 def _named(gtid: Gtid) -> object:
     """A transaction's name as :func:`same_transaction` compares them (hashable)."""
     return (gtid.key, gtid.sequence) if gtid.source_uuid is not None else gtid
 
 
 class RepairPlacements:
-    """Which transaction each finished repair's rows were placed in, by table and note, for
-    every pipeline of one runner. A pipeline started again for a sink that rewound (Kafka's)
+    """Which transaction each finished repair's rows were first placed in, by table and note
+    (and the changes a repair beside the stream released), for every pipeline of one runner. A pipeline started again for a sink that rewound (Kafka's)
     reads the repairs of what it replays again, at new watermarks, so in later transactions;
     a sink further ahead (the store) holds the first placement already (its filter skipped
     that transaction) and is not given the second, whose before-images are not its rows.
@@ -102,23 +105,26 @@ class RepairPlacements:
         return self._placed.get((rows.layout.database, rows.layout.table, rows.repair))
 
     def record(self, changes: list[Change]) -> None:
-        """The repairs among ``changes`` (after every sink was given them)."""
+        """The repairs among ``changes`` (after every sink was given them), and the changes
+        a repair beside the stream held and released (a repair with nothing to place is
+        held by the sinks that were given those)."""
         placed: object | None = None
         for change in changes:
             if isinstance(change, Begin):
                 placed = _named(change.gtid)
-            elif isinstance(change, Rows) and change.repair and placed is not None:
-                self._place((change.layout.database, change.layout.table, change.repair),
-                            placed)
+            elif isinstance(change, Rows) and placed is not None and \
+                    (change.repair or change.released):
+                note = change.repair or repair_note(RELEASED, change.released)
+                self._place((change.layout.database, change.layout.table, note), placed)
         while len(self._placed) > self.LIMIT:
             self._unplace(self._placed.popitem(last=False)[1])
 
     def _place(self, key: tuple[str, str, str], transaction: object) -> None:
-        before = self._placed.get(key)
-        if before is not None:
-            self._unplace(before)
+        """The first placement is kept: a repair read again is placed again, later, and
+        a sink that skipped the first holds it all (its shares, a share at a time, too)."""
+        if key in self._placed:
+            return
         self._placed[key] = transaction
-        self._placed.move_to_end(key)
         self._transactions[transaction] += 1
 
     def _unplace(self, transaction: object) -> None:
@@ -269,12 +275,12 @@ class _ReplayFilter:
         return held
 
     def _holds(self, rows: Rows) -> bool:
+        """Whether the sink holds the repair ``rows`` are records of: by their cause, since a
+        sink holds all of a repair or none of it (it skipped a transaction one of its
+        records was placed in, or its record says so), however many shares it took."""
         if self._placements is not None and self._placements.first(rows) in self._skipped:
             return True
-        if self._unrepaired is None:
-            return False
-        cause = cause_of(rows.repair)
-        return cause in self._skipped_causes and cause not in self._unrepaired
+        return self._holds_cause(cause_of(rows.repair))
 
     def _check_not_passed(self, position: BinlogPosition) -> None:
         durable = self.durable

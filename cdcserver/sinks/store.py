@@ -33,9 +33,13 @@ class StoreSink:
 
     @property
     def unrepaired(self) -> frozenset[str] | None:
-        """None: its checkpoint is never written while a repair is pending, and what it
-        applied since (in this process) is told by the pipeline's placements."""
-        return None
+        """None of the repairs of the changes its checkpoint covers is unplaced (none is
+        written while one is pending): the empty set while it stands at its checkpoint (a
+        start), so that a replay from another sink's earlier one gives it none of those
+        again. None past it (a pipeline started again in the process): what it applied
+        since is told by the pipeline's placements."""
+        position = self.store.position
+        return frozenset() if position is None or position == self.store.durable else None
 
     @property
     def active(self) -> bool:

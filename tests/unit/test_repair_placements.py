@@ -253,3 +253,65 @@ def test_the_store_ahead_of_a_rewound_kafka_sink_gets_the_tables_changes_where_t
               *_transaction(9, _withheld(3, 90)), *_transaction(10, _repair_of(3, 30)),
               *_transaction(11, _released(3, 110))]
     assert _rows_given(store(replay, True)) == [90]
+
+
+def test_a_repair_in_shares_read_again_reaches_no_sink_that_held_its_first_placement():
+    """Review of c83efe8: a repair beside the stream places its records a share at a time.
+    Read again in a replay, its first share was recorded as the repair's placement in
+    place of the first one, so the store, which holds the first, took the later shares."""
+    placements = RepairPlacements()
+    placements.record([*_transaction(5, _repair_of(3, 30)), *_transaction(6, _repair_of(3, 31))])
+    store = _ReplayFilter("avro", _position(8), GtidState([Gtid(0, 1, 2)]), placements)
+    replay = [*_cause(3), *_transaction(5), *_transaction(6), *_transaction(8)]
+    store(replay)
+    for n, row in ((10, 30), (11, 31), (12, 32)):  # its shares, again, one part each
+        part = _transaction(n, _repair_of(3, row), _change(n))
+        assert _rows_given(store(part)) == [n]
+        placements.record(part)
+
+
+def test_a_repair_with_nothing_to_place_is_held_by_the_sink_its_changes_were_released_to():
+    """Review of c83efe8: a repair beside the stream with no difference placed no record,
+    so the store, ahead, was not known to hold it: read again, its records (which fold in
+    the changes it was released) and its released changes reached it a second time."""
+    placements = RepairPlacements()
+    placements.record(_transaction(6, _released(3, 60)))
+    store = _ReplayFilter("avro", _position(8), GtidState([Gtid(0, 1, 2)]), placements)
+    replay = [*_cause(3), *_transaction(6), *_transaction(8),
+              *_transaction(9, _withheld(3, 90)), *_transaction(10, _repair_of(3, 30)),
+              *_transaction(11, _released(3, 110))]
+    assert _rows_given(store(replay, True)) == [90]
+
+
+def test_the_store_at_its_checkpoint_holds_every_repair_of_what_it_covers():
+    """Review of c83efe8: after a start the pipeline knows no placements, and the store
+    recorded none, so a replay from the Kafka sink's earlier checkpoint gave the store the
+    repairs of changes its checkpoint covers again (their records fold in changes it
+    has). No checkpoint of it is written while a repair is pending: at its checkpoint it
+    holds them all; past it (a pipeline started again in the process) the placements say."""
+    from cdcserver.sinks.store import StoreSink
+
+    at = StoreSink(SimpleNamespace(position=_position(8), durable=_position(8)))  # type: ignore
+    past = StoreSink(SimpleNamespace(position=_position(9), durable=_position(8)))  # type: ignore
+    assert at.unrepaired == frozenset() and past.unrepaired is None
+    store = _ReplayFilter("avro", _position(8), GtidState([Gtid(0, 1, 2)]), None,
+                          at.unrepaired)
+    replay = [*_cause(3), *_transaction(8), *_transaction(9, _repair_of(3, 30), _change(9))]
+    assert _rows_given(store(replay)) == [9]
+
+
+def test_a_statement_let_go_without_its_repair_leaves_the_cause_placed_in_part():
+    """Review of eb15d8b: a repair beside the stream that failed lets its held statement go
+    (and the rows it retypes), and the pipeline reads the repair itself. A commit of the
+    exactly-once Kafka sink meanwhile recorded the cause as not placed, so after a restart
+    the sink was given the statement again. Until that repair is out, no such record."""
+    from cdcserver.reread.repair import Repairer
+
+    def placing(let_go: set[str], waiting: list[str]) -> bool:
+        state = SimpleNamespace(_beside={}, _let_go_out=set(let_go),
+                                waiting=lambda: [{"cause": c} for c in waiting])
+        return Repairer.placing_beside.fget(state)  # type: ignore[attr-defined]
+
+    assert placing({"0-1-4"}, ["0-1-4", "0-1-6"])
+    assert not placing({"0-1-4"}, ["0-1-6"])  # its repair is out
+    assert not placing(set(), ["0-1-4"])
