@@ -39,21 +39,48 @@ class HeldChanges:
         self._entries = 0  # Rows waiting
         self._writer = open(path, "wb")  # noqa: SIM115 - open while the repair lasts
         self._read_at = 0
+        # the open transaction's: where its changes start in the file, and how many
+        self._begun_at = self._begun_entries = self._begun_rows = 0
 
     def __bool__(self) -> bool:
         return self._entries > 0
+
+    def begin(self) -> None:
+        """A source transaction begins: the changes held from here on are its own, until
+        the next one (:meth:`roll_back`)."""
+        self._begun_at = self._writer.tell()
+        self._begun_entries = self._begun_rows = 0
+
+    def roll_back(self) -> None:
+        """The open transaction was discarded (``Abort``: the stream reads it again, from a
+        reconnect or because the binlog rolled part of it back): the changes it held go,
+        or they would be given twice, or given though rolled back. (Held changes are read
+        back only at a commit, so none of them was.)"""
+        if not self._begun_entries:
+            return
+        self._writer.flush()
+        self._writer.truncate(self._begun_at)
+        self._writer.seek(self._begun_at)
+        self._entries -= self._begun_entries
+        self.rows -= self._begun_rows
+        self.held -= self._begun_rows
+        self._begun_entries = self._begun_rows = 0
 
     def add(self, rows: Rows) -> None:
         """Hold ``rows`` (decoded: the images they may point into are not kept)."""
         plain = replace(rows, rows=list(rows.rows), images=None)
         pickle.dump(plain, self._writer, protocol=pickle.HIGHEST_PROTOCOL)
+        self._begun_entries += 1
+        self._begun_rows += len(plain.rows)
         self._entries += 1
         self.rows += len(plain.rows)
         self.held += len(plain.rows)
 
     def take(self, limit: int) -> list[Rows]:
-        """The oldest changes waiting, about ``limit`` rows of them."""
+        """The oldest changes waiting, about ``limit`` rows of them (at a commit: the
+        open transaction's can no longer be rolled back)."""
         self._writer.flush()
+        self._begun_at, self._begun_entries, self._begun_rows = self._writer.tell(), 0, 0
         taken: list[Rows] = []
         count = 0
         with open(self.path, "rb") as reader:

@@ -236,6 +236,8 @@ class Repairer(LastCommit):
         out: list[Change] = []
         if isinstance(change, Begin):
             self._transaction_opens(change)
+            for repair in self._beside.values():
+                repair.held.begin()
         elif isinstance(change, Rowless):
             change = self._recognised(change)
         elif isinstance(change, Quarantine):  # rows the decoder could not decode
@@ -244,6 +246,8 @@ class Repairer(LastCommit):
             self.views.drop(TableName(change.database, change.table))
         elif isinstance(change, Abort):
             self._transaction_opens(None)
+            for repair in self._beside.values():  # (what it held of it is read again)
+                repair.held.roll_back()
         elif isinstance(change, Commit):
             out += await self._committing(change)
             out += self._stopping

@@ -80,10 +80,11 @@ def _named(gtid: Gtid) -> object:
 
 class RepairPlacements:
     """Which transaction each finished repair's rows were first placed in, by table and note
-    (and the changes a repair beside the stream released), for every pipeline of one runner. A pipeline started again for a sink that rewound (Kafka's)
-    reads the repairs of what it replays again, at new watermarks, so in later transactions;
-    a sink further ahead (the store) holds the first placement already (its filter skipped
-    that transaction) and is not given the second, whose before-images are not its rows.
+    (and the changes a repair beside the stream released), for every pipeline of one
+    runner. A pipeline started again for a sink that rewound (Kafka's) reads the repairs of
+    what it replays again, at new watermarks, so in later transactions; a sink further ahead
+    (the store) holds the first placement already (its filter skipped that transaction) and
+    is not given the second, whose before-images are not its rows.
 
     Only a repair the previous pipeline finished is known here: one it left unfinished (it
     waited for its watermark, or had placed part of its rows, a share at a time, beside the

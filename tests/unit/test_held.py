@@ -91,3 +91,23 @@ def test_released_changes_are_marked_and_count_as_placed(tmp_path):
                                                                        2000, 0) for r in out)
     assert repair.placed_any
     repair.close()
+
+
+def test_a_transaction_discarded_takes_back_what_it_held(tmp_path):
+    """Review of c83efe8: an ``Abort`` (the stream reads the open transaction again, after
+    a reconnect or a rollback the binlog holds) left the changes it held in the file, to be
+    released twice, or though rolled back."""
+    held = HeldChanges(str(tmp_path / "r.held"))
+    held.begin()
+    held.add(_rows(0, 2))
+    held.begin()  # the next transaction
+    held.add(_rows(10, 3))
+    held.add(_rows(20, 1))
+    held.roll_back()
+    assert held.rows == 2 and held.held == 2
+    held.begin()  # read again, the part that stands
+    held.add(_rows(10, 3))
+    assert [r.rows[0][0] for r in held.take(100)] == [0, 10] and not held
+    held.roll_back()  # nothing of its own left to take back once read
+    assert not held and held.held == 5
+    held.close()
