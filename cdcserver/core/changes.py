@@ -172,6 +172,12 @@ class Rows:
     # gets it here, the others where it is released (the pipeline's replay filter).
     withheld: str = ""
     released: str = ""
+    # A row event told against the rows a consumer holds while repairs of its table wait
+    # (:mod:`cdcserver.reread.asheld`), by those repairs' causes: ``as_held_for`` the change
+    # told so, for a sink that does not hold them all; ``as_logged_for`` the binlog's own,
+    # for a sink that holds them all from before a restart (its rows are the source's).
+    as_held_for: tuple[str, ...] = ()
+    as_logged_for: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -269,6 +269,9 @@ class Repairer(LastCommit):
             rows = await asyncio.to_thread(self.views.locked, self._sequence_write, rows)
         out: list[Change] = []
         for told in await self._as_held(rows):
+            if told.as_logged_for:  # (for a sink that holds the repairs: not the views')
+                out.append(told)
+                continue
             self._txn_rows.append(told)
             self._merge(told)
             out.append(told)

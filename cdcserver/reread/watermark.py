@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 
 from cdcserver.core.changes import Change, Commit, Rows, RowsKind
 from cdcserver.reread.asheld import as_held
@@ -28,13 +29,22 @@ class Watermarks(RepairState):
         the stream holds (:mod:`.asheld`): every before-image true. Others as they are."""
         table = table_of(rows.layout)
         key = key_names(rows.layout)
-        if not key or rows.layout.sequence or not any(
-                s.table == table and not past_watermark(rows.file, rows.pos, p.point)
-                for p in self._pending for s in p.scopes):
+        causes = tuple(sorted({p.cause for p in self._pending for s in p.scopes
+                               if s.table == table and
+                               not past_watermark(rows.file, rows.pos, p.point)}))
+        if not key or rows.layout.sequence or not causes:
             return [rows]
         overlay = self._overlay.setdefault(table, {})
-        return await asyncio.to_thread(self.views.locked, self._told_as_held, rows, key,
+        told = await asyncio.to_thread(self.views.locked, self._told_as_held, rows, key,
                                        overlay)
+        if len(told) == 1 and told[0] is rows:
+            return told
+        # A sink that holds those repairs from before a restart (the replay reads them
+        # again) holds the source's rows: the binlog's change is its own (the sinks' replay
+        # filters choose, pipeline._ReplayFilter)
+        self.marked = True
+        return [replace(rows, as_logged_for=causes),
+                *(replace(t, as_held_for=causes) for t in told)]
 
     def _told_as_held(self, rows: Rows, key: tuple[str, ...],
                       overlay: dict[bytes, Row | None]) -> list[Rows]:

@@ -248,12 +248,24 @@ class _ReplayFilter:
         for change in changes:
             if not isinstance(change, (Rows, Ddl)):
                 kept.append(change)
+            elif isinstance(change, Rows) and (change.as_held_for or change.as_logged_for):
+                kept += self._as_held_or_logged(change)
             elif change.withheld:
                 if self._holds_cause(change.withheld):
                     kept.append(replace(change, withheld=""))
             elif not (change.released and self._holds_cause(change.released)):
                 kept.append(change)
         return kept
+
+    def _as_held_or_logged(self, rows: Rows) -> list[Change]:
+        """A row event while repairs of its table wait: told against the rows the stream
+        holds for a sink that does not hold every one of those repairs; as the binlog logged
+        it for one that does (a repair read again in a replay: its rows are the source's)."""
+        causes = rows.as_held_for or rows.as_logged_for
+        holds = all(self._holds_cause(c) for c in causes)
+        if holds == bool(rows.as_logged_for):
+            return [replace(rows, as_held_for=(), as_logged_for=())]
+        return []
 
     def unheld(self, causes: frozenset[str] | None) -> frozenset[str] | None:
         """Of the causes of the repairs not yet placed, those whose repair this sink does not

@@ -315,3 +315,30 @@ def test_a_statement_let_go_without_its_repair_leaves_the_cause_placed_in_part()
     assert placing({"0-1-4"}, ["0-1-4", "0-1-6"])
     assert not placing({"0-1-4"}, ["0-1-6"])  # its repair is out
     assert not placing(set(), ["0-1-4"])
+
+
+def test_a_row_event_told_as_held_goes_as_logged_to_a_sink_that_holds_every_repair_waiting():
+    """Soak seed 81: the Kafka sink rewound and the pipeline started again from its commit,
+    the store further ahead. A cascade's SET NULL, repaired at 3147 in the first run (the
+    store holds it), was read again and waited for its new watermark; a delete of that row
+    at 4233, after the store's position, was told against the stream's view (no repair
+    yet: ``pid`` 88) and the store, which holds ``pid`` NULL, got that before-image. A sink
+    that holds every repair waiting for the table gets the binlog's row (the source's);
+    one that holds any fewer, the row told as held."""
+    placements = RepairPlacements()
+    placements.record(_transaction(5, _repair_of(3, 30)))
+    store = _ReplayFilter("avro", _position(6), GtidState([Gtid(0, 1, 2)]), placements)
+    kafka = _ReplayFilter("kafka", _position(2), GtidState([Gtid(0, 1, 2)]), placements)
+    logged = Rows(LAYOUT, RowsKind.DELETE, 0, [(30, None)], as_logged_for=("0-1-3",))
+    told = Rows(LAYOUT, RowsKind.DELETE, 0, [(30, 8)], as_held_for=("0-1-3",))
+    replay = [*_cause(3), *_transaction(5), *_transaction(6), *_transaction(7, logged, told)]
+    to_store, to_kafka = store(replay, True), kafka(replay, True)
+    assert [r.rows for r in to_store if isinstance(r, Rows)] == [[(30, None)]]
+    assert [r.rows for r in to_kafka if isinstance(r, Rows)] == [[(3, 1)], [(30, 8)]]
+    assert all(not (r.as_held_for or r.as_logged_for) for r in to_store + to_kafka
+               if isinstance(r, Rows))
+    # a repair waiting that the store does not hold as well: the row told as held
+    both = Rows(LAYOUT, RowsKind.DELETE, 0, [(31, 9)], as_held_for=("0-1-3", "0-1-9"))
+    raw = Rows(LAYOUT, RowsKind.DELETE, 0, [(31, None)], as_logged_for=("0-1-3", "0-1-9"))
+    assert [r.rows for r in store(_transaction(8, raw, both), True)
+            if isinstance(r, Rows)] == [[(31, 9)]]
