@@ -12,6 +12,7 @@ import logging
 from dataclasses import replace
 
 from cdcserver.core.changes import Change, Commit, Rows, RowsKind
+from cdcserver.core.names import TableName
 from cdcserver.reread.asheld import as_held
 from cdcserver.reread.difference import past_watermark, reached, records
 from cdcserver.reread.repairstate import Pending, RepairState, repair_note, table_of
@@ -37,7 +38,7 @@ class Watermarks(RepairState):
         overlay = self._overlay.setdefault(table, {})
         told = await asyncio.to_thread(self.views.locked, self._told_as_held, rows, key,
                                        overlay)
-        if len(told) == 1 and told[0] is rows:
+        if (len(told) == 1 and told[0] is rows) or self._unplaced_change_of(table):
             return told
         # A sink that holds those repairs from before a restart (the replay reads them
         # again) holds the source's rows: the binlog's change is its own (the sinks' replay
@@ -45,6 +46,13 @@ class Watermarks(RepairState):
         self.marked = True
         return [replace(rows, as_logged_for=causes),
                 *(replace(t, as_held_for=causes) for t in told)]
+
+    def _unplaced_change_of(self, table: TableName) -> bool:
+        """Whether a change without rows of ``table`` is not pending yet (found in the open
+        transaction, or to be read again at its commit): no sink holds its repair, so the
+        binlog's rows are no sink's."""
+        waiting = [m for markers, _ in (*self._inline, *self._reissue) for m in markers]
+        return any(TableName(m.database, m.table) == table for m in (*self._found, *waiting))
 
     def _told_as_held(self, rows: Rows, key: tuple[str, ...],
                       overlay: dict[bytes, Row | None]) -> list[Rows]:

@@ -342,3 +342,39 @@ def test_a_row_event_told_as_held_goes_as_logged_to_a_sink_that_holds_every_repa
     raw = Rows(LAYOUT, RowsKind.DELETE, 0, [(31, None)], as_logged_for=("0-1-3", "0-1-9"))
     assert [r.rows for r in store(_transaction(8, raw, both), True)
             if isinstance(r, Rows)] == [[(31, 9)]]
+
+
+async def test_the_binlogs_row_goes_beside_the_told_one_only_while_every_change_is_pending():
+    """Review of 8795c88: the binlog's row event goes beside the one told as held (for a
+    sink holding every repair waiting) only when every change without rows of the table is
+    a pending repair. One found in the open transaction (a cascade there, then an update of
+    a row it changed) is no sink's yet: the binlog's before-image is then no sink's row."""
+    import datetime as dt
+
+    from cdcserver.core.names import TableName
+    from cdcserver.dump.snapshot import SnapshotPoint
+    from cdcserver.reread.difference import Scope
+    from cdcserver.reread.repairstate import Pending
+    from cdcserver.reread.watermark import Watermarks
+
+    table = TableName("db", "c2")
+    point = SnapshotPoint(GtidState([Gtid(0, 1, 9)]), "bin.000001", 900, dt.datetime.now(dt.UTC))
+    event = Rows(LAYOUT, RowsKind.DELETE, 0, [(30, None)], "bin.000001", 700)
+    told = Rows(LAYOUT, RowsKind.DELETE, 0, [(30, 8)], "bin.000001", 700)
+
+    def stage(found: list[Rowless]) -> SimpleNamespace:
+        state = SimpleNamespace(
+            _pending=[Pending(point, "0-1-3", [Scope(table, LAYOUT, "SET NULL", None)], [])],
+            _overlay={}, _found=found, _inline=[], _reissue=[], marked=False,
+            views=SimpleNamespace(locked=lambda f, *a: f(*a)),
+            _told_as_held=lambda rows, key, overlay: [told])
+        state._unplaced_change_of = lambda t: Watermarks._unplaced_change_of(state, t)
+        return state
+
+    pending_only = stage([])
+    out = await Watermarks._as_held(pending_only, event)  # type: ignore[arg-type]
+    assert [(r.rows, r.as_logged_for, r.as_held_for) for r in out] == [
+        ([(30, None)], ("0-1-3",), ()), ([(30, 8)], (), ("0-1-3",))]
+    assert pending_only.marked
+    in_transaction = stage([Rowless("db", "c2", "ON DELETE SET NULL of db.p")])
+    assert await Watermarks._as_held(in_transaction, event) == [told]  # type: ignore[arg-type]
