@@ -92,6 +92,7 @@ class Figures:
     kafka_duplicates: int = 0
     kafka_gaps: int = 0
     kafka_out_of_order: int = 0
+    kafka_examples: list[str] = field(default_factory=list)  # duplicates, out of order
     held_steps: int = 0  # workload steps the source held over HELD seconds during a fault
     slowest_step: float = 0.0
     checked_after: int = 0  # faults injected when the checks last ran
@@ -128,6 +129,7 @@ class Figures:
         lines += [f"  did not settle: {u[-500:]}" for u in self.unsettled]
         lines += [f"  {t}: {d}" for t, d in self.differences.items()]
         lines += [f"  e.g. {e}" for e in self.examples[:5]]
+        lines += [f"  Kafka: {e}" for e in self.kafka_examples[:5]]
         return "\n".join(lines)
 
 
@@ -457,6 +459,11 @@ async def _check_kafka(bootstrap: str, database: str, stored: set[int],
             by_partition.setdefault(c.partition, []).append(int(c.after["id"]))
     figures.kafka_out_of_order = sum(1 for p in by_partition.values()
                                      for a, b in itertools.pairwise(p) if b <= a)
+    counts = Counter(ids)
+    figures.kafka_examples = [
+        f"ledger row {c.after['id']} again at {c.gtid} (partition {c.partition} offset "
+        f"{c.offset})" for c in sorted(changes, key=lambda c: (c.partition, c.offset))
+        if c.after is not None and counts[int(c.after["id"])] > 1][:10]
 
 
 def kafka_config(bootstrap: str, database: str) -> str:
@@ -505,6 +512,7 @@ def describe(figures: Figures) -> list[tuple[str, str]]:
                  ("  duplicates, gaps, out of order (goal 0)",
                   f"{figures.kafka_duplicates}, {figures.kafka_gaps}, "
                   f"{figures.kafka_out_of_order}")]
+        rows += [("    e.g.", e) for e in figures.kafka_examples[:5]]
     if times:
         rows.append(("recovery after a fault ends: p50 / p99 / max (s)",
                      f"{percentile(times, 50):.1f} / {percentile(times, 99):.1f} / "

@@ -98,6 +98,9 @@ class _Producer:
     async def abort_transaction(self) -> None:
         self.calls.append("abort")
 
+    async def flush(self) -> None:
+        pass
+
     async def send(self, topic: str, value: bytes, key: bytes, partition: int
                    ) -> asyncio.Future[None]:
         self.state.append(value)
@@ -612,3 +615,28 @@ async def test_a_publisher_taking_over_keeps_what_was_published_beside_the_check
     assert sink.durable == BinlogPosition(_position(1).gtid_state, "", 4)
     assert sink.applied == BinlogPosition(_position(2).gtid_state, "", 4)
     assert sink.unrepaired == frozenset({"0-1-2"})
+
+
+async def test_a_refused_position_record_is_never_committed_the_sink_rewinds(sink):
+    """Soak seed 83: the position record's produce request timed out, was sent again and
+    refused (``OutOfOrderSequenceNumber``); aiokafka committed the transaction without it,
+    and the replay from the position before published three transactions twice. The
+    record is acknowledged before the commit now: refused, nothing is committed."""
+    from aiokafka.errors import OutOfOrderSequenceNumber
+
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+    producer.batches[0].set_result(None)
+
+    async def refused(topic: str, value: bytes, key: bytes, partition: int
+                      ) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.set_exception(OutOfOrderSequenceNumber())
+        return future
+
+    producer.send = refused  # type: ignore[method-assign]
+    with pytest.raises(SinkRewound):
+        await sink.flush()
+    assert "commit" not in producer.calls and "stop" in producer.calls
+    assert sink.durable == _position(0)
