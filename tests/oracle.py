@@ -151,9 +151,11 @@ async def read_stream(port: int, table: str, *, user: str, password: str,
     reader, writer = await asyncio.open_connection(host, port, limit=1 << 26)
     try:
         writer.write(auth_message(user, password))
-        assert await reader.readline() == b"OK\n"
+        answer = await reader.readline()
+        assert answer == b"OK\n", f"{table}: the login was answered {answer!r}"
         writer.write(b"REGISTER UUID=oracle, TYPE=JSON, DIALECT=EXACT\n")
-        assert await reader.readline() == b"OK\n"
+        answer = await reader.readline()
+        assert answer == b"OK\n", f"{table}: REGISTER was answered {answer!r}"
         if until is not None:
             request = f"REQUEST-DATA {table} UNTIL {until}"
         writer.write(f"{request or 'REQUEST-DATA ' + table}\n".encode())
