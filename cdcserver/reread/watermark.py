@@ -30,16 +30,17 @@ class Watermarks(RepairState):
         the stream holds (:mod:`.asheld`): every before-image true. Others as they are."""
         table = table_of(rows.layout)
         key = key_names(rows.layout)
-        causes = tuple(sorted({p.cause for p in self._pending for s in p.scopes
-                               if s.table == table and
-                               not past_watermark(rows.file, rows.pos, p.point)}))
-        if not key or rows.layout.sequence or not causes:
+        waiting = [p for p in self._pending for s in p.scopes
+                   if s.table == table and not past_watermark(rows.file, rows.pos, p.point)] \
+            if key and not rows.layout.sequence else []
+        if not waiting:
             return [rows]
         overlay = self._overlay.setdefault(table, {})
         told = await asyncio.to_thread(self.views.locked, self._told_as_held, rows, key,
                                        overlay)
         if (len(told) == 1 and told[0] is rows) or self._unplaced_change_of(table):
             return told
+        causes = tuple(sorted({p.cause for p in waiting}))
         # A sink that holds those repairs from before a restart (the replay reads them
         # again) holds the source's rows: the binlog's change is its own (the sinks' replay
         # filters choose, pipeline._ReplayFilter)

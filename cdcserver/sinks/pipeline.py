@@ -243,7 +243,8 @@ class _ReplayFilter:
         """A table's changes held back for its repair beside the stream: a sink that holds
         the repair from before the restart gets them where they are (withheld), since the
         repair read again, whose records fold them in, is not given to it; every other sink
-        gets them where the repair lets them go (released), or in its records."""
+        gets them where the repair lets them go (released), or in its records. And a row
+        event told as held while repairs wait, or as logged (:meth:`_as_held_or_logged`)."""
         kept: list[Change] = []
         for change in changes:
             if not isinstance(change, (Rows, Ddl)):
