@@ -90,15 +90,17 @@ from cdcserver.core.names import TableName
 from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.reread.besideprocess import (
     DELETE,
+    DIFFERENCES,
     INSERT,
     KINDS,
     UPDATE,
     Cancelled,
     Job,
     Result,
+    images,
     work,
 )
-from cdcserver.reread.difference import past_watermark, reached
+from cdcserver.reread.difference import Fit, past_watermark, reached
 from cdcserver.reread.frozen import FrozenCatalog
 from cdcserver.reread.held import HeldChanges
 from cdcserver.reread.view import key_names, remove_database
@@ -221,6 +223,8 @@ class BesideRepair:
         self._cancel = threading.Event()
         self._next = 0  # the next difference to attach
         self._next_gone = 0 if statement is not None else -1  # the next row retyped out
+        self._view = 0  # the stream's table in the file's rows (the process says which)
+        self._fit: Fit | None = None
 
     def start(self) -> None:
         log.info("%s: the repair of %s is read beside the stream (%s)", self.cause,
@@ -276,7 +280,7 @@ class BesideRepair:
             result: Result = message[1]
             self.layout, self.reason = result.layout, result.reason
             self.fallback, self.differences = result.fallback, result.differences
-            self.gone = result.gone
+            self.gone, self._view = result.gone, result.view
             self.point = result.point
             if not self.fallback:
                 log.info("%s: %d rows of %s differ from the stream at the watermark %s:%d; "
@@ -306,13 +310,15 @@ class BesideRepair:
     def attach(self, commit: Commit, note: str) -> list[Rows]:
         """(In a thread.) The next ``ATTACH_ROWS`` differences as records of ``commit``."""
         assert self.layout is not None
+        if self._fit is None:
+            self._fit = Fit(self.layout)
+        names = [c.name for c in self.layout.columns]
         found: dict[int, list[tuple[Any, ...]]] = {DELETE: [], UPDATE: [], INSERT: []}
         with contextlib.closing(sqlite3.connect(self._path)) as db:
-            rows = db.execute("SELECT seq, kind, image FROM diff WHERE seq >= ? "
-                              "ORDER BY seq LIMIT ?", (self._next, ATTACH_ROWS)).fetchall()
-        for seq, kind, image in rows:
+            rows = db.execute(DIFFERENCES, (self._view, self._next, ATTACH_ROWS)).fetchall()
+        for seq, kind, mine, theirs in rows:
             self._next = seq + 1
-            found[kind] += pickle.loads(image)
+            found[kind] += images(kind, mine, theirs, self._fit, names)
             self.sent += 1
         if len(rows) < ATTACH_ROWS:
             self._next = -1  # all out

@@ -77,6 +77,7 @@ class Result:
     fallback: str
     differences: int
     gone: int  # rows a held statement retypes, deleted in the old version
+    view: int = 0  # the id of the stream's table in the file's ``rows`` (its differences')
 
 
 def work(job: Job, pipe: Any) -> None:
@@ -147,7 +148,8 @@ class _Reader:
                 self._compare(private.db, view, layout)
         finally:
             private.close()
-        return Result(point, layout, self.reason, self.fallback, self.differences, self.gone)
+        return Result(point, layout, self.reason, self.fallback, self.differences, self.gone,
+                      view.id if view is not None else 0)
 
     def _fold(self, private: Views, key: tuple[str, ...]) -> TableView:
         """The stream's table right after the cause: its frozen versions and unstored rows,
@@ -234,33 +236,52 @@ class _Reader:
         db.execute("COMMIT")
 
     def _compare(self, db: sqlite3.Connection, view: TableView, layout: TableLayout) -> None:
-        """The view and the source in key order, each difference written as its records."""
-        names = [c.name for c in layout.columns]
-        fit = Fit(layout)
-        db.execute("CREATE TABLE diff (seq INTEGER PRIMARY KEY, key BLOB, kind INTEGER, "
-                   "image BLOB)")
+        """The view and the source in key order, each difference written as its key and
+        kind: its records are made from the two rows as they go out (:func:`images`), so
+        the file holds no third copy of the table (a whole table's repair differs in every
+        row, the before and after images of an update twice the row)."""
+        db.execute("CREATE TABLE diff (seq INTEGER PRIMARY KEY, key BLOB, kind INTEGER)")
         mine = _sorted_rows(db.cursor(), "SELECT key, row FROM rows WHERE view = ? "
                             "ORDER BY key", (view.id,))
         theirs = _sorted_rows(db.cursor(), "SELECT key, row FROM source ORDER BY key", ())
-        pending: list[tuple[int, bytes, int, bytes]] = []
+        pending: list[tuple[int, bytes, int]] = []
         db.execute("BEGIN")
         for key, a, b in _merged(mine, theirs):
             if a is not None and b is not None and same_row(a, b):
                 continue
-            if a is None:
-                assert b is not None
-                kind, images = INSERT, [_values(b, names)]
-            elif b is None:
-                kind, images = DELETE, [_values(fit(a, None), names)]
-            else:
-                kind, images = UPDATE, [_values(fit(a, b), names), _values(b, names)]
-            pending.append((self.differences, key, kind, _pack(images)))
+            kind = INSERT if a is None else DELETE if b is None else UPDATE
+            pending.append((self.differences, key, kind))
             self.differences += 1
             if len(pending) >= 10_000:
-                db.executemany("INSERT INTO diff VALUES (?, ?, ?, ?)", pending)
+                db.executemany("INSERT INTO diff VALUES (?, ?, ?)", pending)
                 pending = []
-        db.executemany("INSERT INTO diff VALUES (?, ?, ?, ?)", pending)
+        db.executemany("INSERT INTO diff VALUES (?, ?, ?)", pending)
         db.execute("COMMIT")
+
+
+# A share of differences with the two rows each is made from (the view's, the source's)
+DIFFERENCES = """
+    SELECT d.seq, d.kind, r.row, s.row FROM diff AS d
+    LEFT JOIN rows AS r ON r.view = ? AND r.key = d.key
+    LEFT JOIN source AS s ON s.key = d.key
+    WHERE d.seq >= ? ORDER BY d.seq LIMIT ?"""
+
+
+def images(kind: int, mine: bytes | None, theirs: bytes | None, fit: Fit,
+           names: list[str]) -> list[tuple[Any, ...]]:
+    """The records that repair one difference (:data:`DIFFERENCES`' rows, pickled): the
+    source's row inserted, the stream's deleted (as a consumer holds it, in the records'
+    columns), or the one updated to the other."""
+    a = pickle.loads(mine) if mine is not None else None
+    b = pickle.loads(theirs) if theirs is not None else None
+    if kind == INSERT:
+        assert b is not None
+        return [_values(b, names)]
+    assert a is not None
+    if kind == DELETE:
+        return [_values(fit(a, None), names)]
+    assert b is not None
+    return [_values(fit(a, b), names), _values(b, names)]
 
 
 def _sorted_rows(db: Any, sql: str, args: tuple[Any, ...]) -> Iterator[tuple[bytes, Row]]:
