@@ -12,9 +12,50 @@ from collections.abc import Callable
 ROOM_NEEDED = 16 << 20  # bytes a probe write must fit before replication resumes
 
 
-async def until_room(probe: str, every: float) -> None:
-    """Until ``ROOM_NEEDED`` bytes can be written at ``probe`` (tried every ``every`` s)."""
-    await _poll(lambda: _room_for(probe, ROOM_NEEDED), every)
+async def until_room(probe: str, every: float, needed: int = ROOM_NEEDED) -> None:
+    """Until ``ROOM_NEEDED`` bytes can be written at ``probe`` and the file system has
+    ``needed`` bytes free (tried every ``every`` s)."""
+    await _poll(lambda: _free(probe) >= needed and _room_for(probe, ROOM_NEEDED), every)
+
+
+class RoomWanted:
+    """The free bytes replication waits for after the data directory filled up.
+
+    ``ROOM_NEEDED``, and besides it what the failed work had written (a repair's scratch
+    file, removed since: it needs all of it again). And when replication fills the disk
+    again before its checkpoint moved (it starts over from the same place: the work that
+    filled it is the same, and what the pause removed, such as a repair's scratch file,
+    looked like room), twice what was wanted the last time: resuming sooner would only
+    fill the disk again, reading the table being repaired from the source again each
+    time."""
+
+    def __init__(self) -> None:
+        self.base = ROOM_NEEDED
+        self.why = ""
+        self._start: object = None  # where the last replication started
+        self._paused_start: object = None  # where the one the last pause cut had started
+
+    def started_from(self, position: object) -> None:
+        self._start = position
+
+    def after(self, cause: BaseException) -> int:
+        again = self._paused_start is not None and self._paused_start == self._start
+        self.base = self.base * 2 if again else ROOM_NEEDED
+        self._paused_start = self._start
+        needed = max(0, int(getattr(cause, "needed", 0)))
+        self.why = "".join([
+            ": it filled up again before the checkpoint moved" if again else "",
+            f"; the failed repair had written {needed >> 20} MiB" if needed else ""])
+        return self.base + needed
+
+
+def _free(probe: str) -> int:
+    """The bytes free to an unprivileged writer on ``probe``'s file system."""
+    try:
+        stats = os.statvfs(os.path.dirname(probe) or ".")
+    except OSError:
+        return 0
+    return stats.f_bavail * stats.f_frsize
 
 
 async def until_writable(probe: str, every: float) -> None:

@@ -73,9 +73,15 @@ class StoreError(CdcError):
 
 class DiskFull(StoreError):
     """The data directory's file system is full (ENOSPC) or over quota (EDQUOT). The store
-    undid the transaction it was writing; replication pauses until there is room again."""
+    undid the transaction it was writing; replication pauses until there is room again.
+    ``needed``: bytes the failed work had written when the disk filled (a repair's scratch
+    file), all of which it needs again, and more, before trying once more (0: unknown)."""
 
     retriable = True
+
+    def __init__(self, message: str, needed: int = 0) -> None:
+        super().__init__(message)
+        self.needed = needed
 
 
 class StoreDamaged(StoreError):

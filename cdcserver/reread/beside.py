@@ -103,7 +103,7 @@ from cdcserver.reread.besideprocess import (
 from cdcserver.reread.difference import Fit, past_watermark, reached
 from cdcserver.reread.frozen import FrozenCatalog
 from cdcserver.reread.held import HeldChanges
-from cdcserver.reread.view import key_names, remove_database
+from cdcserver.reread.view import database_bytes, key_names, remove_database
 from cdcserver.schema.rewrites import VERSIONING_REWRITES
 from cdcserver.store.catalog import Catalog
 
@@ -288,9 +288,11 @@ class BesideRepair:
                          result.point.file, result.point.pos, time.monotonic() - self.started)
         elif what == "error":
             kind, text = message[1], message[2]
+            # a disk-full repair needs what its file held again, and more: replication
+            # resumes for it only when there is room for that (not to fill the disk again)
             self.error = Cancelled(text) if kind == "cancelled" else \
                 SourceUnavailable(text) if kind == "retry" else \
-                DiskFull(text) if kind == "disk-full" else \
+                DiskFull(text, database_bytes(self._path)) if kind == "disk-full" else \
                 StoreDamaged(text) if kind == "disk-failed" else SourceError(text)
 
     # -- the pipeline's side --------------------------------------------------------------

@@ -201,9 +201,10 @@ class RepairState:
         read again after it (carried over, or from the checkpoint, which precedes them)."""
         if disk_full(exc) or disk_failed(exc):
             self._again.append((markers, cause))
-            local = DiskFull if disk_full(exc) else StoreDamaged
-            raise local(f"re-reading the rows {cause} changed without row events: "
-                        f"{exc}") from exc
+            what = f"re-reading the rows {cause} changed without row events: {exc}"
+            if disk_full(exc):
+                raise DiskFull(what, getattr(exc, "needed", 0)) from exc
+            raise StoreDamaged(what) from exc
         log.error("cannot re-read the rows %s changed without row events (%s): %s", cause,
                   ", ".join(sorted({m.qualified_name for m in markers})), exc,
                   exc_info=not isinstance(exc, (SourceError, pymysql.err.MySQLError)))

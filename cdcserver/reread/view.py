@@ -170,6 +170,15 @@ class Views:
             self.db.close()
 
 
+def database_bytes(path: str) -> int:
+    """The bytes a scratch SQLite file and its journal files hold (those there)."""
+    size = 0
+    for suffix in ("", "-journal", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            size += os.path.getsize(path + suffix)
+    return size
+
+
 def remove_database(path: str) -> None:
     """A scratch SQLite file and its journal files, if there."""
     for suffix in ("", "-journal", "-wal", "-shm"):
