@@ -4,6 +4,7 @@ between its chunks, taken from the store, laid over the rows the chunks read."""
 from __future__ import annotations
 
 import datetime as dt
+import glob
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,13 +46,12 @@ def end_point(conn: Any, data_dir: str, timeout: float, server: str) -> EndPoint
     value-filling ALTER, a cascade) that was not repaired, so the dump's point is not
     between such a change and its repair, where the stream's before images would not match
     the dump's rows; and its GTID state is exactly the transactions up to its position."""
-    file, pos = source_sql.query(conn, "SHOW MASTER STATUS")[0][:2]
-    state = GtidState.parse(str(source_sql.query(conn, "SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
-                                or ""))  # at or after the position: enough to wait for
+    file, pos, state = _source_position(conn)
     try:
-        checkpoint = wait_for_checkpoint(data_dir, str(file), int(pos), timeout, state)
+        checkpoint = wait_for_checkpoint(data_dir, file, pos, timeout, state)
     except CdcError as exc:
-        raise TableChanged(f"the store did not reach the dump's point: {exc}") from exc
+        raise TableChanged(f"the store did not reach the dump's point: {exc}"
+                           f"{_repair_pending(data_dir)}") from exc
     position = checkpoint.position
     assert position is not None
     reading = service_source(data_dir)
@@ -59,6 +59,26 @@ def end_point(conn: Any, data_dir: str, timeout: float, server: str) -> EndPoint
         raise TableChanged("the service moved to another server during the dump")
     return EndPoint(SnapshotPoint(position.gtid_state, position.file, position.pos,
                                    dt.datetime.now(dt.UTC)), checkpoint)
+
+
+def _repair_pending(data_dir: str) -> str:
+    """Why the checkpoint may be held back, if a repair beside the stream is under way (its
+    files are there): on a source that writes nothing more its records wait for the next
+    transaction, and no checkpoint passes the change being repaired until then."""
+    if not glob.glob(glob.escape(DataDir(data_dir).views) + ".repair-*"):
+        return ""
+    return ("; a repair beside the stream is under way, and the checkpoint does not pass "
+            "the change it repairs before its records are out: on a source that writes "
+            "nothing more they wait for its next transaction (docs/repairs.md)")
+
+
+def _source_position(conn: Any) -> tuple[str, int, GtidState]:
+    """The source's binlog position now, and its GTID state (at or after the position:
+    enough to wait for)."""
+    file, pos = source_sql.query(conn, "SHOW MASTER STATUS")[0][:2]
+    state = GtidState.parse(str(source_sql.query(conn, "SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+                                or ""))
+    return str(file), int(pos), state
 
 
 def store_overlay(run: Run, end: EndPoint, timeout: float) -> Overlay:
