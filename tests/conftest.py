@@ -37,7 +37,7 @@ from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.protocol.users import UsersFile
 from tests.apache_kafka import ApacheKafka
 from tests.apicurio import Apicurio
-from tests.helpers import JVM_OPTIONS, PASSWORD, USER
+from tests.helpers import JVM_OPTIONS, PASSWORD, USER, eventually
 
 _server_ids = itertools.count(5000)
 
@@ -161,6 +161,20 @@ class RunningService:
         pipeline's state is the source's, transaction for transaction (a GTID may repeat
         without gtid_strict_mode, so "covered" is not enough)."""
         await self._unless_stopped(self._exactly_at(source.gtid_state()), timeout)
+
+    async def repairs_out(self, source: Source, timeout: float = 60.0) -> None:
+        """Until no repair waits: the records of a repair read beside the stream ride on
+        the source's next transaction after its read (docs/repairs.md), so transactions
+        on a table of the test's own are committed meanwhile."""
+        tick = f"`{source.database}`._tick"
+        source.execute(f"CREATE TABLE IF NOT EXISTS {tick} (id INT AUTO_INCREMENT PRIMARY KEY)")
+
+        async def done() -> bool:
+            source.execute(f"INSERT INTO {tick} VALUES ()")
+            await self.caught_up(source)
+            return not self.service.replication.runner.stats().repair_pending
+
+        await eventually(done, bool, timeout, "the repairs")
 
     async def _exactly_at(self, target: GtidState) -> None:
         service = self.service

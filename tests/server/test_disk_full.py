@@ -9,8 +9,10 @@ give; elsewhere the test is skipped and says so)."""
 from __future__ import annotations
 
 import asyncio
+import glob
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -27,7 +29,7 @@ from cdcserver.store.layout import DataDir
 from mariadb_cdc_client.dump import DumpRows, apply, read_dump
 from tests.conftest import Source, make_config, start_service
 from tests.helpers import PASSWORD, USER, RawClient, fill, small_tmpfs
-from tests.oracle import assert_each_change_once
+from tests.oracle import assert_each_change_once, assert_stream_equals_table
 from tests.server.test_dump import _loaded, _orders, _table_rows
 from tests.server.test_probes import fetch_probe
 from tests.server.test_retention import _big_table
@@ -165,7 +167,10 @@ async def test_retention_frees_a_full_disk_and_replication_resumes_by_itself(
         cdc = await start_service(config)
         try:
             await cdc.caught_up(source, timeout=120)
-            source.execute(f"ALTER TABLE {source.database}.big ADD COLUMN x INT DEFAULT 1")
+            # version 2, which a dump then replaces version 1 with (an ALTER that fills no
+            # row: one that did would be repaired, which on this disk does not fit beside
+            # the rest: the next test)
+            source.execute(f"ALTER TABLE {source.database}.big ADD COLUMN x INT")
             await cdc.caught_up(source)
             (result,) = await asyncio.to_thread(
                 dump_tables, parse_source_url(source.url), data_dir, [name], DumpOptions())
@@ -208,3 +213,61 @@ async def test_retention_frees_a_full_disk_and_replication_resumes_by_itself(
         finally:
             await cdc.stop()
 
+
+
+async def test_a_repair_that_does_not_fit_waits_for_room_without_reading_the_table_again_and_again(
+        tmp_path, source: Source, users_file: str, caplog: pytest.LogCaptureFixture):
+    """A whole table's repair beside the stream (an ALTER that gives every row a value)
+    needs the table's rows twice in its scratch file, besides the records it writes: on a
+    disk with room for less, replication pauses; resuming then, as the pause removed the
+    scratch file, would fill the disk again and read the whole table from the source again,
+    in a loop. Replication resumes only once the room wanted grew past what a resume from
+    the same checkpoint filled, so it stays paused after a few tries; once room is freed it
+    resumes by itself, and the stream is the table."""
+    caplog.set_level("INFO", logger="cdcserver")
+    with small_tmpfs(str(tmp_path / "data"), "160m") as data_dir:
+        ballast = os.path.join(data_dir, "ballast")
+        with open(ballast, "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, 112 << 20)  # 48 MiB left: less than it needs
+        _big_table(source, rows=40000)
+        config = make_config(data_dir, source.url, users_file, store={"disk_full_retry": 0.1})
+        cdc = await start_service(config)
+        try:
+            await cdc.caught_up(source, timeout=120)
+            source.execute(f"ALTER TABLE {source.database}.big ADD COLUMN x INT DEFAULT 1")
+            await cdc.caught_up(source)
+            tick = f"`{source.database}`._tick"
+            source.execute(f"CREATE TABLE {tick} (id INT AUTO_INCREMENT PRIMARY KEY)")
+
+            def stays_paused() -> bool:
+                source.execute(f"INSERT INTO {tick} VALUES ()")  # the repair's records' ride
+                wanted = [int(m) for r in caplog.records
+                          for m in re.findall(r"has room again \((\d+) MiB free",
+                                              r.getMessage())]
+                scratch = glob.glob(os.path.join(data_dir, "state", "*.repair-*"))
+                return bool(wanted) and not scratch and wanted[-1] << 20 > _free(data_dir) \
+                    and cdc.service.replication.runner.paused is not None
+
+            await _until(stays_paused, 180)
+            reads = _repair_reads(caplog)
+            assert 1 <= reads <= 5, f"the repair was read {reads} times while the disk was full"
+            os.unlink(ballast)
+            await cdc.repairs_out(source, timeout=180)
+            assert not cdc.service.replication.runner.paused
+            conn = source.server.connect()
+            try:
+                await assert_stream_equals_table(cdc.port, conn, source.database, "big",
+                                                 user=USER, password=PASSWORD)
+            finally:
+                conn.close()
+        finally:
+            await cdc.stop()
+
+
+def _repair_reads(caplog: pytest.LogCaptureFixture) -> int:
+    return sum("is read beside the stream" in r.getMessage() for r in caplog.records)
+
+
+def _free(path: str) -> int:
+    stats = os.statvfs(path)
+    return stats.f_bavail * stats.f_frsize

@@ -60,21 +60,6 @@ async def test_a_session_with_a_partial_row_image_quarantines_its_table_alone(
         conn.close()
 
 
-async def _repaired(cdc: RunningService, source: Source) -> None:
-    """Until no repair waits: one completes with a transaction after its watermark, so the
-    source gets one (on a table of its own) meanwhile."""
-    db = source.database
-    source.execute(f"CREATE TABLE IF NOT EXISTS `{db}`._tick (id INT AUTO_INCREMENT "
-                   "PRIMARY KEY)")
-
-    async def done() -> bool:
-        source.execute(f"INSERT INTO `{db}`._tick VALUES ()")
-        await cdc.caught_up(source)
-        return not cdc.service.replication.runner.stats().repair_pending
-
-    await eventually(done, bool, 60, "the repairs")
-
-
 async def _bounded(cdc: RunningService, source: Source, table: str) -> list[dict[str, Any]]:
     """The table's stream up to what the source has logged now: it ends by itself."""
     name = f"`{source.database}`.{table}"
@@ -115,7 +100,7 @@ async def test_a_session_logging_statements_has_its_tables_read_again(
                    "SET SESSION binlog_format = 'ROW'",
                    f"INSERT INTO `{db}`.other VALUES (1)",
                    f"UPDATE `{db}`.s SET v = 101 WHERE id = 1")
-    await _repaired(cdc, source)
+    await cdc.repairs_out(source)
     assert cdc.service.replication.runner.stats().failure == ""
     repairs = [r for r in await _bounded(cdc, source, "s") if "cdc:repair" in r]
     assert repairs and all("as an SQL statement" in r["cdc:repair"]["reason"]
@@ -153,7 +138,7 @@ async def test_a_rollback_to_a_savepoint_over_a_myisam_table_reads_its_tables_ag
                 cur.execute(statement)
     finally:
         conn.close()
-    await _repaired(cdc, source)
+    await cdc.repairs_out(source)
     assert cdc.service.replication.runner.stats().failure == ""
     inserted = [r["id"] for r in await _bounded(cdc, source, "i")
                 if r.get("event_type") == "insert"]
@@ -186,7 +171,7 @@ async def test_changes_before_a_repair_carry_the_rows_the_stream_holds(
                    f"INSERT INTO `{db}`.s VALUES (3, 33)")
     running = await start_service(config)
     try:
-        await _repaired(running, source)
+        await running.repairs_out(source)
         [rebuilt] = await _stream_equals(running, source, "s")
     finally:
         await running.stop()
