@@ -13,26 +13,28 @@ from cdcserver.core.errors import DiskFull
 from cdcserver.core.gtid import BinlogPosition, GtidState
 from tests.helpers import small_tmpfs
 
-AT_1 = BinlogPosition(GtidState.parse("0-1-1"), "mysql-bin.000001", 100)
-AT_2 = BinlogPosition(GtidState.parse("0-1-2"), "mysql-bin.000001", 200)
+
+def at(gtid: str, pos: int) -> BinlogPosition:
+    """A start position, a new object each time (as each start computes it)."""
+    return BinlogPosition(GtidState.parse(gtid), "mysql-bin.000001", pos)
 
 
 def test_the_room_wanted_doubles_while_resumes_from_the_same_checkpoint_fill_the_disk_again():
     room = RoomWanted()
-    room.started_from(AT_1)
+    room.started_from(at("0-1-1", 100))
     assert room.after(DiskFull("full")) == ROOM_NEEDED and room.why == ""
-    room.started_from(AT_1)  # resumed from the same place, and full again
+    room.started_from(at("0-1-1", 100))  # resumed from the same place, and full again
     assert room.after(DiskFull("full")) == 2 * ROOM_NEEDED
     assert "before the checkpoint moved" in room.why
-    room.started_from(AT_1)
+    room.started_from(at("0-1-1", 100))
     assert room.after(DiskFull("full")) == 4 * ROOM_NEEDED
-    room.started_from(AT_2)  # the checkpoint moved: the work that fills it is new
+    room.started_from(at("0-1-2", 200))  # the checkpoint moved: the work that fills it is new
     assert room.after(DiskFull("full")) == ROOM_NEEDED
 
 
 def test_a_failed_repairs_scratch_is_wanted_besides():
     room = RoomWanted()
-    room.started_from(AT_1)
+    room.started_from(at("0-1-1", 100))
     assert room.after(DiskFull("full", needed=50 << 20)) == ROOM_NEEDED + (50 << 20)
     assert "50 MiB" in room.why
 
