@@ -18,35 +18,17 @@ async def until_room(probe: str, every: float, needed: int = ROOM_NEEDED) -> Non
     await _poll(lambda: _free(probe) >= needed and _room_for(probe, ROOM_NEEDED), every)
 
 
-class RoomWanted:
-    """The free bytes replication waits for after the data directory filled up.
-
-    ``ROOM_NEEDED``, and besides it what the failed work had written (a repair's scratch
-    file, removed since: it needs all of it again). And when replication fills the disk
-    again before its checkpoint moved (it starts over from the same place: the work that
-    filled it is the same, and what the pause removed, such as a repair's scratch file,
-    looked like room), twice what was wanted the last time: resuming sooner would only
-    fill the disk again, reading the table being repaired from the source again each
-    time."""
-
-    def __init__(self) -> None:
-        self.base = ROOM_NEEDED
-        self.why = ""
-        self._start: object = None  # where the last replication started
-        self._paused_start: object = None  # where the one the last pause cut had started
-
-    def started_from(self, position: object) -> None:
-        self._start = position
-
-    def after(self, cause: BaseException) -> int:
-        again = self._paused_start is not None and self._paused_start == self._start
-        self.base = self.base * 2 if again else ROOM_NEEDED
-        self._paused_start = self._start
-        needed = max(0, int(getattr(cause, "needed", 0)))
-        self.why = "".join([
-            ": it filled up again before the checkpoint moved" if again else "",
-            f"; the failed repair had written {needed >> 20} MiB" if needed else ""])
-        return self.base + needed
+def room_needed(cause: BaseException) -> tuple[int, str]:
+    """The free bytes replication waits for after ``cause`` filled the data directory, and
+    why (for the log line): ``ROOM_NEEDED``, and besides it what a failed repair had written
+    (``cause.needed``: its scratch file, which the pause removed). A repair that fails
+    places nothing, so a resume reads the whole table again and needs all of it again:
+    resuming sooner would only fill the disk again, and read the table from the source
+    again, in a loop. (A store write that fails while a repair's records go out resumes at
+    ``ROOM_NEEDED``: the records written so far stay, and the next try needs less.)"""
+    needed = max(0, int(getattr(cause, "needed", 0)))
+    why = f": the failed repair had written {needed >> 20} MiB" if needed >> 20 else ""
+    return ROOM_NEEDED + needed, why
 
 
 def _free(probe: str) -> int:

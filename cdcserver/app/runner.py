@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from cdcserver.app.diskroom import RoomWanted, until_room, until_writable
+from cdcserver.app.diskroom import room_needed, until_room, until_writable
 from cdcserver.app.firstsource import choose_source, retrying
 from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.changes import Abort
@@ -104,7 +104,6 @@ class ReplicationRunner:
         self.replicating = asyncio.Event()  # set once the replicator is started
         self.on_applied = on_applied  # told after each sink's apply (the metrics)
         self._unreachable = Backoff()  # between restarts after the source could not be read
-        self._room = RoomWanted()  # what a full data directory must free before a resume
         self._replaced: asyncio.Future[None] | None = None
         self.xa: PreparedXa | None = None  # prepared XA transactions, once replication runs
 
@@ -295,7 +294,6 @@ class ReplicationRunner:
         position = start_position(sinks, default, by_gtid=self.sources.several)
         for sink in sinks:
             sink.starting_at(position)
-        self._room.started_from(position)
         start = position.gtid_state
         history = SchemaHistory(self.data_dir.schema_history)
         await asyncio.to_thread(history.load, start)
@@ -360,9 +358,9 @@ class ReplicationRunner:
         write fits again, then replication starts over from what they applied. The listener
         serves meanwhile (from the committed data, which nothing touched)."""
         self._enter(State.PAUSED, f"replication paused: {cause}")
-        needed = self._room.after(cause)
+        needed, why = room_needed(cause)
         log.error("%s; resuming when %s has room again (%d MiB free%s)", self.paused,
-                  self.data_dir.root, -(-needed >> 20), self._room.why)
+                  self.data_dir.root, -(-needed >> 20), why)
         for sink in ordered(self.sinks):
             with contextlib.suppress(Exception):
                 await sink.apply([Abort("the data directory is full")])

@@ -219,11 +219,11 @@ async def test_a_repair_that_does_not_fit_waits_for_room_without_reading_the_tab
         tmp_path, source: Source, users_file: str, caplog: pytest.LogCaptureFixture):
     """A whole table's repair beside the stream (an ALTER that gives every row a value)
     needs the table's rows twice in its scratch file, besides the records it writes: on a
-    disk with room for less, replication pauses; resuming then, as the pause removed the
-    scratch file, would fill the disk again and read the whole table from the source again,
-    in a loop. Replication resumes only once the room wanted grew past what a resume from
-    the same checkpoint filled, so it stays paused after a few tries; once room is freed it
-    resumes by itself, and the stream is the table."""
+    disk with room for less, the repair fails and replication pauses; resuming then, as the
+    pause removed the scratch file, would fill the disk again and read the whole table from
+    the source again, in a loop. Replication waits for room for that file again besides,
+    so it stays paused; once room is freed it resumes by itself, and the stream is the
+    table."""
     caplog.set_level("INFO", logger="cdcserver")
     with small_tmpfs(str(tmp_path / "data"), "160m") as data_dir:
         ballast = os.path.join(data_dir, "ballast")
