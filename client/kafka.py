@@ -281,9 +281,12 @@ class KafkaChangeReader:
             await consumer.stop()
 
     async def changes(self, start: str | dict[int, int] = "earliest",
-                      idle_timeout: float | None = None) -> AsyncIterator[KafkaChange]:
+                      idle_timeout: float | None = None, to_end: bool = False
+                      ) -> AsyncIterator[KafkaChange]:
         """The topics' changes from ``start``; with ``idle_timeout``, until nothing arrived
-        for that many seconds."""
+        for that many seconds; with ``to_end``, until the end offsets the topics had when the
+        read began (a ``read_committed`` reader's last stable offsets), however slowly the
+        broker answers: a quiet moment is not the end."""
         from aiokafka import TopicPartition
 
         from mariadb_cdc_client.format.gtid import is_gtid_state
@@ -310,7 +313,11 @@ class KafkaChangeReader:
                     consumer.seek(tp, start.get(tp.partition, 0))
             else:
                 await consumer.seek_to_beginning(*tps)
+            ends = await consumer.end_offsets(tps) if to_end else None
             while True:
+                if ends is not None and \
+                        all([await consumer.position(tp) >= ends[tp] for tp in tps]):
+                    return
                 batch = await consumer.getmany(timeout_ms=int((idle_timeout or 1) * 1000))
                 if not any(batch.values()):
                     if idle_timeout is not None:

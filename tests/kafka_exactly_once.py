@@ -46,11 +46,12 @@ def exactly_once_config(bootstrap: str, source: Source, **extra: Any) -> str:
 
 async def committed_changes(bootstrap: str, source: Source,
                             tables: tuple[str, ...] = TABLES) -> list[KafkaChange]:
-    """Every change a read_committed consumer reads from the tables' topics."""
+    """Every change a read_committed consumer reads from the tables' topics, to their end
+    (their last stable offsets now: a pause of the broker's answers under load is not it)."""
     reader = KafkaChangeReader(bootstrap, [f"{source.database}.{t}" for t in tables],
                                format="databus", schema_topic=f"{source.database}.schemas",
                                isolation_level="read_committed")
-    return [c async for c in reader.changes(idle_timeout=2.0)]
+    return [c async for c in reader.changes(to_end=True)]
 
 
 @dataclass
