@@ -176,7 +176,7 @@ async def test_every_type_decodes_back_to_the_stream_values(tmp_path, source: So
         await running.stop()
     reader = KafkaChangeReader(kafka_broker.bootstrap, [f"{source.database}.types"],
                                format=fmt, schema_topic=f"{source.database}.schemas")
-    changes = [c async for c in reader.changes(idle_timeout=1) if not c.is_statement]
+    changes = [c async for c in reader.changes(to_end=True) if not c.is_statement]
     images = _images(changes)
     expected = {(r.gtid, r.event_number): r.values for r in stream}
     assert images.keys() == expected.keys()
@@ -285,7 +285,7 @@ async def test_debezium_keys_and_schema_changes_as_debezium_documents_them(
     # both (it folds only the copies of one statement written to several partitions).
     reader = KafkaChangeReader(kafka_broker.bootstrap, [f"{db}-server"], format="debezium",
                                schema_topic="")
-    read = [c async for c in reader.changes(idle_timeout=1.5)]
+    read = [c async for c in reader.changes(to_end=True)]
     assert [c.sql for c in read if c.sql and "COMMENT" in c.sql] == [
         f"ALTER TABLE `{db}`.customers COMMENT 'again'"] * 2
     rows = await raw_messages(kafka_broker, f"{db}.customers")
@@ -455,7 +455,7 @@ async def test_compressed_batches_are_taken_by_the_broker_and_read_back(
     reader = KafkaChangeReader(kafka_broker.bootstrap, [f"{source.database}.c"],
                                format="debezium", schema_topic=f"{source.database}.schemas")
     rows: dict[int, str] = {}
-    for c in sorted([c async for c in reader.changes(idle_timeout=1) if not c.is_statement],
+    for c in sorted([c async for c in reader.changes(to_end=True) if not c.is_statement],
                     key=lambda c: (c.partition, c.offset)):
         if c.after is None:
             assert c.before is not None

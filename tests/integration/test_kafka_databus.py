@@ -268,7 +268,7 @@ async def test_labels_that_are_numbers_read_back_as_labels(tmp_path, source: Sou
     assert (b"values", b"labels") in [(k.encode(), v) for k, v in message.headers]
     reader = KafkaChangeReader(kafka_broker.bootstrap, [f"{db}.bus"], format="databus",
                                schema_topic="")
-    rows = [c.after async for c in reader.changes(idle_timeout=1.5) if c.after]
+    rows = [c.after async for c in reader.changes(to_end=True) if c.after]
     expected = source.query(f"SELECT id, e, s FROM `{db}`.n ORDER BY id")
     assert [(r["id"], r["e"], r["s"]) for r in rows] == [tuple(r) for r in expected]
 

@@ -38,7 +38,7 @@ async def read_changes(broker: ApacheKafka, source: Source, tables: tuple[str, .
                        fmt: str = "databus") -> list[KafkaChange]:
     reader = KafkaChangeReader(broker.bootstrap, [f"{source.database}.{t}" for t in tables],
                                format=fmt, schema_topic=f"{source.database}.schemas")
-    return [c async for c in reader.changes(idle_timeout=1.5)]
+    return [c async for c in reader.changes(to_end=True)]
 
 
 def replay(changes: list[KafkaChange], key: str = "id") -> dict[str, dict[Any, dict[str, Any]]]:

@@ -132,7 +132,7 @@ async def test_avro_values_decoded_with_the_registry_rebuild_the_table(
                                schema_registry_url=schema_registry.url)
     table: dict[Any, tuple[Any, ...]] = {}
     columns = ("id", "name", "amount", "at", "raw", "day", "note")
-    async for change in reader.changes(idle_timeout=1.5):
+    async for change in reader.changes(to_end=True):
         if change.action == "delete":
             del table[change.before["id"]]  # type: ignore[index]
         elif change.after is not None:
