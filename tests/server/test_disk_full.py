@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import fastavro
@@ -27,7 +27,7 @@ from cdcserver.dump.dumper import DumpOptions, dump_tables
 from cdcserver.ops.verify import verify_table
 from cdcserver.store.layout import DataDir
 from mariadb_cdc_client.dump import DumpRows, apply, read_dump
-from tests.conftest import Source, make_config, start_service
+from tests.conftest import RunningService, Source, make_config, start_service
 from tests.helpers import PASSWORD, USER, RawClient, fill, small_tmpfs
 from tests.oracle import assert_each_change_once, assert_stream_equals_table
 from tests.server.test_dump import _loaded, _orders, _table_rows
@@ -131,14 +131,19 @@ async def test_a_dump_that_fills_the_disk_fails_in_one_line_and_the_next_complet
                 apply(image, ["id"], item)
         assert _loaded(image) == _table_rows(source, table)
         await cdc.caught_up(source)
-        conn = source.server.connect()
-        try:
-            await assert_each_change_once(cdc.port, conn, source.database, "orders",
-                                          user=USER, password=PASSWORD)
-        finally:
-            conn.close()
+        await _stream_checked(cdc, source, "orders", assert_each_change_once)
     finally:
         await cdc.stop()
+
+
+async def _stream_checked(cdc: RunningService, source: Source, table: str,
+                          oracle: Callable[..., Awaitable[object]]) -> None:
+    """The table's stream checked against ``SELECT`` by ``oracle`` (of :mod:`tests.oracle`)."""
+    conn = source.server.connect()
+    try:
+        await oracle(cdc.port, conn, source.database, table, user=USER, password=PASSWORD)
+    finally:
+        conn.close()
 
 
 async def _until(found: Callable[[], T | None], timeout: float) -> T:
@@ -254,12 +259,7 @@ async def test_a_repair_that_does_not_fit_waits_for_room_without_reading_the_tab
             os.unlink(ballast)
             await cdc.repairs_out(source, timeout=180)
             assert not cdc.service.replication.runner.paused
-            conn = source.server.connect()
-            try:
-                await assert_stream_equals_table(cdc.port, conn, source.database, "big",
-                                                 user=USER, password=PASSWORD)
-            finally:
-                conn.close()
+            await _stream_checked(cdc, source, "big", assert_stream_equals_table)
         finally:
             await cdc.stop()
 
