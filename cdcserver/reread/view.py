@@ -170,10 +170,13 @@ class Views:
             self.db.close()
 
 
+_DATABASE_FILES = ("", "-journal", "-wal", "-shm")  # a SQLite file and its journal files
+
+
 def database_bytes(path: str) -> int:
     """The bytes a scratch SQLite file and its journal files hold (those there)."""
     size = 0
-    for suffix in ("", "-journal", "-wal", "-shm"):
+    for suffix in _DATABASE_FILES:
         with contextlib.suppress(FileNotFoundError):
             size += os.path.getsize(path + suffix)
     return size
@@ -181,7 +184,7 @@ def database_bytes(path: str) -> int:
 
 def remove_database(path: str) -> None:
     """A scratch SQLite file and its journal files, if there."""
-    for suffix in ("", "-journal", "-wal", "-shm"):
+    for suffix in _DATABASE_FILES:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path + suffix)
 
