@@ -12,7 +12,8 @@ which is exact for a replica that reads one binlog in order.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import functools
+from collections.abc import Iterable, Iterator, KeysView
 from dataclasses import dataclass
 
 from cdcserver.core.errors import ConfigError
@@ -89,6 +90,15 @@ class GtidState:
     def __iter__(self) -> Iterator[Gtid]:
         return iter(sorted(self._by_key.values(), key=lambda g: (str(g.key), g.domain)))
 
+    def sequences(self) -> frozenset[tuple[int | str, int]]:
+        """Each domain's last sequence number: equal for two states that are
+        :func:`same_state` (a quick test that tells most apart)."""
+        return frozenset((k, g.sequence) for k, g in self._by_key.items())
+
+    def keys(self) -> KeysView[int | str]:
+        """The domains (MySQL: source UUIDs) it names, unordered (iterating sorts)."""
+        return self._by_key.keys()
+
     def __bool__(self) -> bool:
         return bool(self._by_key)
 
@@ -127,14 +137,20 @@ def same_transaction(a: Gtid | None, b: Gtid | None) -> bool:
 
 def same_state(a: GtidState, b: GtidState) -> bool:
     """Whether two states name the same last transaction in every domain."""
-    keys = {g.key for g in a}
-    return keys == {g.key for g in b} and all(same_transaction(a.get(k), b.get(k))
-                                              for k in keys)
+    keys = a.keys()  # (not ``for k in a``: iterating a state sorts it)
+    return keys == b.keys() and all(same_transaction(a.get(k), b.get(k)) for k in keys)
 
 
 def binlog_ordinal(file: str, pos: int) -> tuple[int, int]:
     """A binlog position as something that orders: (the file's number, the offset)."""
-    return (int(file.rsplit(".", 1)[-1]) if file and "." in file else 0), pos
+    return _file_number(file), pos
+
+
+@functools.lru_cache(maxsize=64)
+def _file_number(file: str) -> int:
+    """A binlog file's number (``mysql-bin.000042``: 42), kept for the few files in use: a
+    lagging stream compares every event with each waiting repair's watermark."""
+    return int(file.rsplit(".", 1)[-1]) if file and "." in file else 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ ends it, for both its readers: the dump's :class:`Snapshot` of one table and a r
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ import pymysql
 
 from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import ER_TABLE_DEF_CHANGED, DefinitionChanged, SourceError
-from cdcserver.core.gtid import BinlogPosition, GtidState
+from cdcserver.core.gtid import BinlogPosition, GtidState, binlog_ordinal
 from cdcserver.core.names import TableName
 from cdcserver.replication import source as source_sql
 from cdcserver.schema import ddl
@@ -50,6 +51,16 @@ class SnapshotPoint:
     file: str
     pos: int
     taken: dt.datetime
+
+    @functools.cached_property
+    def ordinal(self) -> tuple[int, int]:
+        """Its binlog position as something that orders (:func:`binlog_ordinal`)."""
+        return binlog_ordinal(self.file, self.pos)
+
+    @functools.cached_property
+    def sequences(self) -> frozenset[tuple[int | str, int]]:
+        """Its GTID state's :meth:`GtidState.sequences`."""
+        return self.gtid.sequences()
 
     def to_json(self) -> dict[str, object]:
         return {"gtid": str(self.gtid), "file": self.file, "pos": self.pos,

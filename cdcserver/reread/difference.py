@@ -207,13 +207,29 @@ def same_shape(a: TableLayout, b: TableLayout) -> bool:
 def reached(position: BinlogPosition, point: SnapshotPoint) -> bool:
     """Whether the stream, right after the transaction that ends at ``position``, stands at
     the watermark (or has passed it: the merge step kept the repair exact)."""
-    if same_state(position.gtid_state, point.gtid):
-        return True
-    return bool(position.file) and binlog_ordinal(position.file, position.pos) >= \
-        binlog_ordinal(point.file, point.pos)
+    return Stand(position).reached(point)
+
+
+class Stand:
+    """Where the stream stands right after a transaction, told against many watermarks:
+    each in a comparison or two (a stream that lags holds thousands of repairs waiting)."""
+
+    __slots__ = ("ordinal", "position", "sequences")
+
+    def __init__(self, position: BinlogPosition) -> None:
+        self.position = position
+        self.ordinal = binlog_ordinal(position.file, position.pos) if position.file else None
+        self.sequences = position.gtid_state.sequences()
+
+    def reached(self, point: SnapshotPoint) -> bool:
+        """:func:`reached`: at the watermark's GTID state, or at or past its position."""
+        if self.ordinal is not None and self.ordinal >= point.ordinal:
+            return True
+        return self.sequences == point.sequences and \
+            same_state(self.position.gtid_state, point.gtid)
 
 
 def past_watermark(file: str, pos: int, point: SnapshotPoint) -> bool:
     """Whether the binlog event ending at ``file``:``pos`` comes after the watermark (a change
     the read at ``point`` does not hold yet)."""
-    return bool(file) and binlog_ordinal(file, pos) > binlog_ordinal(point.file, point.pos)
+    return bool(file) and binlog_ordinal(file, pos) > point.ordinal

@@ -105,6 +105,19 @@ class Repairer(LastCommit):
                         "count": self._reading})
         return out
 
+    def waiting_causes(self) -> frozenset[str] | None:
+        """The causes of :meth:`waiting`'s repairs, without its entries (the pipeline asks
+        after every part, and a lagging stream may hold thousands); None while one is being
+        read (its cause is not at hand yet)."""
+        if self._reading:
+            return None
+        causes = {p.cause for p in self._pending}
+        causes.update(c for _, c in (*self._again, *self._inline, *self._reissue))
+        causes.update(b.cause for b in self._beside.values())
+        causes.update(c for waiting in self._queued.values() for _, c in waiting)
+        causes.update(s.cause for s in self._letting_go)
+        return None if "" in causes else frozenset(causes)
+
     def request_resync(self, table: TableName, why: str) -> bool:
         """Read a quarantined table again at a watermark and release it there (in the first
         batch from now); False if one is asked for or under way already."""

@@ -13,6 +13,7 @@ and the fates of a table's repair: called off, given up (the table quarantined),
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -64,6 +65,12 @@ class Pending:
     markers: list[Rowless]  # what was recognised, to read again if the pipeline restarts
     resync: bool = False  # a quarantined table's resync: released, in a version of its own
     started: float = 0.0  # (monotonic) when the resync was asked for
+
+    @functools.cached_property
+    def tables(self) -> frozenset[TableName]:
+        """The tables of its scopes (a lagging stream asks, of each row event, which of
+        thousands of waiting repairs concern its table)."""
+        return frozenset(s.table for s in self.scopes)
 
 
 class RepairState:

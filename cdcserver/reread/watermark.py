@@ -14,7 +14,7 @@ from dataclasses import replace
 from cdcserver.core.changes import Change, Commit, Rows, RowsKind
 from cdcserver.core.names import TableName
 from cdcserver.reread.asheld import as_held
-from cdcserver.reread.difference import past_watermark, reached, records
+from cdcserver.reread.difference import Stand, past_watermark, records
 from cdcserver.reread.repairstate import Pending, RepairState, repair_note, table_of
 from cdcserver.reread.tableview import Row
 from cdcserver.reread.view import key_names
@@ -30,8 +30,8 @@ class Watermarks(RepairState):
         the stream holds (:mod:`.asheld`): every before-image true. Others as they are."""
         table = table_of(rows.layout)
         key = key_names(rows.layout)
-        waiting = [p for p in self._pending for s in p.scopes
-                   if s.table == table and not past_watermark(rows.file, rows.pos, p.point)] \
+        waiting = [p for p in self._pending
+                   if table in p.tables and not past_watermark(rows.file, rows.pos, p.point)] \
             if key and not rows.layout.sequence else []
         if not waiting:
             return [rows]
@@ -68,7 +68,8 @@ class Watermarks(RepairState):
         """Rows the stream changes after a pending repair's watermark are its own truth."""
         table = table_of(rows.layout)
         for pending in self._pending:
-            if not past_watermark(rows.file, rows.pos, pending.point):
+            if table not in pending.tables or \
+                    not past_watermark(rows.file, rows.pos, pending.point):
                 continue
             for scope in pending.scopes:
                 if scope.table == table and scope.keys is not None:
@@ -82,7 +83,8 @@ class Watermarks(RepairState):
                         scope.source.pop(key, None)
 
     async def _attach_due(self, commit: Commit) -> list[Change]:
-        due = [p for p in self._pending if reached(commit.position, p.point)]
+        stand = Stand(commit.position)
+        due = [p for p in self._pending if stand.reached(p.point)]
         if not due:
             return []
         self._pending = [p for p in self._pending if not any(p is d for d in due)]

@@ -552,10 +552,7 @@ class Pipeline:
             return frozenset()
         if self.repairer.placing_beside:  # (part of its rows out: not told by its cause)
             return None
-        waiting = self.repairer.waiting()
-        if any(not entry["cause"] for entry in waiting):
-            return None
-        return frozenset(entry["cause"] for entry in waiting)
+        return self.repairer.waiting_causes()
 
     async def _flush_loop(self, sink: Sink) -> None:
         while True:

@@ -7,6 +7,7 @@ skipped, and passes it to a sink that did not hold it."""
 
 from __future__ import annotations
 
+import datetime as dt
 from types import SimpleNamespace
 
 from cdcserver.core.changes import (
@@ -187,15 +188,47 @@ def test_no_unplaced_causes_are_told_while_a_repair_beside_the_stream_is_half_pl
     """Review of fad90ef: a repair beside the stream places its records a share at a time;
     a record naming its cause as not placed, written between two shares, would have the
     shares already out given again after a restart. No such record is written then."""
-    def unrepaired(placing: bool, waiting: list[dict[str, str]]) -> frozenset[str] | None:
+    def unrepaired(placing: bool, causes: frozenset[str] | None) -> frozenset[str] | None:
         repairer = SimpleNamespace(pending=True, placing_beside=placing,
-                                   waiting=lambda: waiting)
+                                   waiting_causes=lambda: causes)
         return Pipeline._unrepaired_now(SimpleNamespace(repairer=repairer))  # type: ignore
 
-    beside = [{"stage": "read beside the stream", "tables": ["db.t"], "cause": "0-1-9"}]
-    assert unrepaired(False, beside) == {"0-1-9"}
-    assert unrepaired(True, beside) is None
-    assert unrepaired(False, [{"stage": "being read", "tables": [], "cause": ""}]) is None
+    assert unrepaired(False, frozenset({"0-1-9"})) == {"0-1-9"}
+    assert unrepaired(True, frozenset({"0-1-9"})) is None
+    assert unrepaired(False, None) is None  # (one being read)
+
+
+def test_the_causes_waiting_are_those_health_lists(tmp_path):
+    """The pipeline asks for the causes of the repairs waiting after every part
+    (``waiting_causes``, which builds no /health entries: a lagging stream may hold thousands
+    of repairs); they are the causes ``waiting()`` lists, and none while one is being read."""
+    from cdcserver.core.config import parse_source_url
+    from cdcserver.core.names import TableName
+    from cdcserver.dump.snapshot import SnapshotPoint
+    from cdcserver.reread.repair import Repairer
+    from cdcserver.reread.repairstate import Pending
+    from cdcserver.reread.view import Views
+    from cdcserver.store.catalog import Catalog
+
+    views = Views(str(tmp_path / "views.sqlite"))
+    repairer = Repairer(parse_source_url("mysql://cdc@127.0.0.1:1"),
+                        Catalog(str(tmp_path / "avro")), views)
+    try:
+        assert repairer.waiting_causes() == frozenset()
+        point = SnapshotPoint(GtidState([Gtid(0, 1, 9)]), "mysql-bin.000001", 900,
+                              dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+        marker = Rowless("db", "child", "ON DELETE CASCADE of db.parent")
+        repairer._pending = [Pending(point, f"0-1-{n}", [], [marker]) for n in (3, 4)]
+        repairer._again = [([marker], "0-1-5")]
+        repairer._inline = [([marker], "0-1-6")]
+        repairer._queued = {TableName("db", "child"): [([marker], "0-1-7")]}
+        listed = frozenset(entry["cause"] for entry in repairer.waiting())
+        assert listed == {"0-1-3", "0-1-4", "0-1-5", "0-1-6", "0-1-7"}
+        assert repairer.waiting_causes() == listed
+        repairer._reading = 1
+        assert repairer.waiting_causes() is None
+    finally:
+        views.close()
 
 
 def _withheld(cause: int, row: int) -> Rows:
