@@ -251,6 +251,9 @@ def _rebuilding(lines: list[dict[str, Any]], key: tuple[str, ...],
     return table
 
 
+READS_AT_ONCE = 16  # the streams :func:`read_renamed` reads at once
+
+
 async def read_renamed(port: int, database: str, table: str, *, user: str, password: str,
                        quiet: float = 1.0, cache: dict[str, list[dict[str, Any]]] | None = None,
                        until: str | None = None
@@ -261,11 +264,17 @@ async def read_renamed(port: int, database: str, table: str, *, user: str, passw
     ``until``: each read bounded by that GTID state (:func:`read_stream`)."""
     name = f"{database}.{table}"
     streams = {} if cache is None else cache
+    # A few at a time: a table renamed hundreds of times (the soak's migrations) had as many
+    # connections logging in at once, and the listener rightly refused one address's 33rd
+    # (``ERR TOO-MANY-CONNECTIONS``) while more than half its connections were in use
+    at_once = asyncio.Semaphore(READS_AT_ONCE)
 
     async def read(current: str) -> list[dict[str, Any]]:
         try:
-            return await read_stream(port, current, user=user, password=password, quiet=quiet,
-                                     until=until, first_line_timeout=120.0 if until else 30.0)
+            async with at_once:
+                return await read_stream(port, current, user=user, password=password,
+                                         quiet=quiet, until=until,
+                                         first_line_timeout=120.0 if until else 30.0)
         except AssertionError as exc:
             if current == name or "ERR NO-FILE" not in str(exc):
                 raise  # (a cut stream, or any other refusal, is never taken for no table)
