@@ -387,6 +387,40 @@ async def test_a_rewind_cancelled_while_it_connects_is_done_again_at_the_next_us
     assert _Producer.made[-1].calls == ["start", "begin"]
 
 
+async def test_a_broker_that_names_no_broker_is_waited_for_not_a_defect(sink, monkeypatch):
+    """Soak seed 86: during a Kafka partition a metadata answer named no broker, and the new
+    producer's start failed on aiokafka's own assertion (``Did we not perform bootstrap?``,
+    raised here by aiokafka's client, never bootstrapped, as it was there). The service
+    ended. It is a broker not answering yet: the sender tries again. An assertion of
+    anything else's is a defect still, and is not retried."""
+    from aiokafka.client import AIOKafkaClient, CoordinationType
+
+    monkeypatch.setattr(sender_module, "_backoff", lambda: sender_module.Backoff(0.01, 0.01))
+    tries: list[str] = []
+
+    async def unbootstrapped(self: _Producer) -> None:
+        tries.append("start")
+        if len(tries) == 1:
+            client = AIOKafkaClient(bootstrap_servers="127.0.0.1:1")
+            try:
+                await client.coordinator_lookup(CoordinationType.TRANSACTION, "cdcserver:1")
+            finally:
+                await client.close()
+
+    monkeypatch.setattr(_Producer, "start", unbootstrapped)
+    assert sink.transactions is not None
+    await asyncio.wait_for(sink.transactions.connect(), 10)
+    assert tries == ["start", "start"]
+    assert sink.transactions.producer is _Producer.made[-1]
+
+    async def broken(self: _Producer) -> None:
+        raise AssertionError("a defect of ours")
+
+    monkeypatch.setattr(_Producer, "start", broken)
+    with pytest.raises(AssertionError, match="a defect of ours"):
+        await asyncio.wait_for(sink.transactions.connect(), 10)
+
+
 async def _partial(sink: KafkaSink, text: bytes) -> _Producer:
     """Part of a source transaction routed (its end not yet)."""
     sender = sink.transactions

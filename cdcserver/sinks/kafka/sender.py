@@ -63,6 +63,21 @@ async def retrying(action: Callable[[], Awaitable[T]]) -> T:
             await asyncio.sleep(delay)
 
 
+def unanswered(exc: BaseException) -> bool:
+    """Whether a producer's start failed because no broker answered as it should: an error
+    of Kafka's or of the network, or aiokafka's own assertion that it knows of a broker
+    (``Did we not perform bootstrap?``), which it makes when a metadata answer named none
+    (a soak's Kafka partition stopped the service so). Another assertion is a defect."""
+    if isinstance(exc, (KafkaError, OSError)):
+        return True
+    if not isinstance(exc, AssertionError) or exc.__traceback__ is None:
+        return False
+    innermost = exc.__traceback__
+    while innermost.tb_next is not None:
+        innermost = innermost.tb_next
+    return str(innermost.tb_frame.f_globals.get("__name__", "")).startswith("aiokafka.")
+
+
 class Sender:
     def __init__(self, config: KafkaConfig, accumulator: MessageAccumulator,
                  checkpoint: Checkpoint, stats: SinkStats) -> None:
@@ -90,11 +105,11 @@ class Sender:
             try:
                 await producer.start()
             except BaseException as exc:
-                if not isinstance(exc, (KafkaError, OSError)):  # cancelled (a stop): let go
+                if not unanswered(exc):  # cancelled (a stop): let go
                     with contextlib.suppress(Exception):
                         await asyncio.shield(producer.stop())
                     raise
-                with contextlib.suppress(KafkaError, OSError):
+                with contextlib.suppress(KafkaError, OSError, AssertionError):
                     await producer.stop()
                 if self.config.idempotence and "InitProducerId" in repr(exc):
                     raise ConfigError("the Kafka broker refused an idempotent producer; set "
