@@ -70,6 +70,44 @@ def test_a_repair_read_again_is_not_given_to_the_sink_that_holds_it():
     assert len(_repairs(store(later))) == 1 and len(_repairs(kafka(later))) == 1
 
 
+async def test_a_part_a_later_sink_failed_on_still_records_its_repairs_placements():
+    """Soak seed 91: the store wrote a part whose transaction 4 carried a repair, and the
+    next sink's apply failed on a full disk. Replication resumed in the same process and the
+    store skipped transaction 4 (it held it), but the placement had not been recorded: the
+    repair read again would reach it a second time, and a row event of its table was told
+    to it as the view held the row before the repair (a delete's before-image untrue)."""
+    from cdcserver.core.errors import DiskFull
+
+    class Applying:
+        def __init__(self, name: str, error: BaseException | None = None) -> None:
+            self.name, self.error = name, error
+            self.applied, self.unrepaired = None, None
+            self.given: list[Change] = []
+
+        async def apply(self, changes: list[Change]) -> None:
+            if self.error is not None:
+                raise self.error
+            self.given += changes
+
+    store, kafka = Applying("avro"), Applying("kafka", DiskFull("no space left"))
+    repairer = SimpleNamespace(pending=False, take_marked=lambda: False)
+    pipeline = Pipeline(None, [store, kafka], GtidState([Gtid(0, 1, 2)]),  # type: ignore
+                        repairer=repairer)  # type: ignore[arg-type]
+    part = [*_transaction(3, _change(3)), *_transaction(4, _change(4), _repair(336))]
+    try:
+        await pipeline._apply_part(part)
+    except DiskFull:
+        pass
+    else:
+        raise AssertionError("the second sink's failure was not raised")
+    assert store.given == part
+    resumed = _ReplayFilter("avro", _position(4), GtidState([Gtid(0, 1, 2)]),
+                            pipeline.placements)
+    replay = [*_transaction(3, _change(3)), *_transaction(4, _change(4)),
+              *_transaction(5, _change(5), _repair(336))]
+    assert _repairs(resumed(replay)) == []  # it holds the first placement, in 4
+
+
 def test_a_repair_whose_first_placement_the_sink_did_not_hold_reaches_it():
     """The store had applied the cause but not the repair's transaction when Kafka rewound:
     the repair read again is the store's first."""
