@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -87,17 +88,9 @@ class Repairer(LastCommit):
     def waiting(self) -> list[dict[str, Any]]:
         """What holds the checkpoint back (:attr:`pending`), one entry per repair: its
         tables, the transaction it is for, and the stage it is in, for /health."""
-        def entry(stage: str, markers: list[Rowless], cause: str) -> dict[str, Any]:
-            tables = sorted({f"{m.database}.{m.table}" for m in markers})
-            return {"stage": stage, "tables": tables, "cause": cause}
-        out = [entry("waits for its watermark", p.markers, p.cause) for p in self._pending]
-        out += [entry("read again (carried over)", m, c) for m, c in self._again]
-        out += [entry("read beside the stream", b.markers, b.cause)
-                for b in self._beside.values()]
-        out += [entry("queued behind the table's repair beside the stream", m, c)
-                for waiting in self._queued.values() for m, c in waiting]
-        out += [entry("to be read by the pipeline", m, c) for m, c in self._inline]
-        out += [entry("read again at this commit", m, c) for m, c in self._reissue]
+        out: list[dict[str, Any]] = [
+            {"stage": stage, "tables": sorted({f"{m.database}.{m.table}" for m in markers}),
+             "cause": cause} for stage, markers, cause in self._by_stage()]
         out += [{"stage": "its statement goes out", "tables": [str(s.table)],
                  "cause": s.cause} for s in self._letting_go]
         if self._reading:
@@ -106,17 +99,30 @@ class Repairer(LastCommit):
         return out
 
     def waiting_causes(self) -> frozenset[str] | None:
-        """The causes of :meth:`waiting`'s repairs, without its entries (the pipeline asks
-        after every part, and a lagging stream may hold thousands); None while one is being
-        read (its cause is not at hand yet)."""
+        """The causes of :meth:`waiting`'s repairs, without building its entries (the
+        pipeline asks after every part, and a lagging stream may hold thousands); None while
+        one is being read (its cause is not at hand yet)."""
         if self._reading:
             return None
-        causes = {p.cause for p in self._pending}
-        causes.update(c for _, c in (*self._again, *self._inline, *self._reissue))
-        causes.update(b.cause for b in self._beside.values())
-        causes.update(c for waiting in self._queued.values() for _, c in waiting)
+        causes = {cause for _, _, cause in self._by_stage()}
         causes.update(s.cause for s in self._letting_go)
         return None if "" in causes else frozenset(causes)
+
+    def _by_stage(self) -> Iterator[tuple[str, list[Rowless], str]]:
+        """The repairs waiting that are known by their markers: stage, markers and cause."""
+        for p in self._pending:
+            yield "waits for its watermark", p.markers, p.cause
+        for markers, cause in self._again:
+            yield "read again (carried over)", markers, cause
+        for b in self._beside.values():
+            yield "read beside the stream", b.markers, b.cause
+        for queued in self._queued.values():
+            for markers, cause in queued:
+                yield "queued behind the table's repair beside the stream", markers, cause
+        for markers, cause in self._inline:
+            yield "to be read by the pipeline", markers, cause
+        for markers, cause in self._reissue:
+            yield "read again at this commit", markers, cause
 
     def request_resync(self, table: TableName, why: str) -> bool:
         """Read a quarantined table again at a watermark and release it there (in the first
