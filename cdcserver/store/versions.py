@@ -31,6 +31,8 @@ from cdcserver.store.transcoder import Transcoder, compile_transcoder, records
 
 log = logging.getLogger("cdcserver.store.store")  # as before: operators grep for it
 
+ROUTES_PER_TABLE = 4  # layouts of one table kept routed at once
+
 _TAILS = {RowsKind.INSERT: (EventType.INSERT, EventType.INSERT),
           RowsKind.DELETE: (EventType.DELETE, EventType.DELETE),
           RowsKind.UPDATE: (EventType.UPDATE_BEFORE, EventType.UPDATE_AFTER)}
@@ -82,7 +84,11 @@ class VersionFiles:
         self.block_size = block_size
         self.writers: dict[tuple[TableName, int], VersionFileWriter] = {}
         self.files = OpenFiles(max_open_files)  # of the writers: the rest are parked
-        self.routes: dict[int, Route] = {}
+        self.routes: dict[int, Route] = {}  # by id() of the layout
+        # Each table's routes, newest last: the decoder hands a new layout object for every
+        # table after any DDL, so only the last few are kept (a repair's rows may alternate
+        # with the stream's, each with a layout object of its own)
+        self.table_routes: dict[TableName, list[int]] = {}
         self.fresh: set[TableName] = set()  # re-created tables awaiting their first rows
         self.retired: list[VersionFileWriter] = []  # to close once no flush can use them
         # Writers that may belong to a table's older version, to close after a flush (the
@@ -141,8 +147,15 @@ class VersionFiles:
         fields = info.schema.columns
         route = Route(layout, info, compile_encoder(fields, layout.columns),
                       compile_transcoder(fields, layout.image_columns, layout.salt))
-        self.routes[id(layout)] = route
+        self._keep_route(table, route)
         return route
+
+    def _keep_route(self, table: TableName, route: Route) -> None:
+        kept = self.table_routes.setdefault(table, [])
+        while len(kept) >= ROUTES_PER_TABLE:
+            self.routes.pop(kept.pop(0), None)
+        kept.append(id(route.layout))
+        self.routes[id(route.layout)] = route
 
     def table_change(self, txn: OpenTransaction, change: TableChange,
                      note: dict[str, Any]) -> None:
@@ -226,10 +239,16 @@ class VersionFiles:
         self.retired.append(self.writers.pop(key))
 
     def drop_table_routes(self, table: TableName) -> None:
-        self.routes = {k: r for k, r in self.routes.items() if r.info.table != table}
+        for key in self.table_routes.pop(table, ()):
+            del self.routes[key]
 
     def drop_routes(self, matches: Callable[[VersionInfo], bool]) -> None:
-        self.routes = {k: r for k, r in self.routes.items() if not matches(r.info)}
+        for table, kept in list(self.table_routes.items()):
+            for key in [k for k in kept if matches(self.routes[k].info)]:
+                kept.remove(key)
+                del self.routes[key]
+            if not kept:
+                del self.table_routes[table]
 
     def close_sealed(self, txn: OpenTransaction | None) -> None:
         """After a flush: close the writers no transaction will write again."""

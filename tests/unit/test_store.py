@@ -27,6 +27,7 @@ from cdcserver.mariadb.constants import ColumnType
 from cdcserver.store import avrofile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.store import AvroStore
+from cdcserver.store.versions import ROUTES_PER_TABLE
 from mariadb_cdc_client.format.schema import Field, Kind
 from mariadb_cdc_client.resume import Resume
 from mariadb_cdc_client.stream import ChangeRecord, SchemaChange
@@ -250,4 +251,22 @@ async def test_a_store_opens_without_parsing_each_versions_schema(tmp_path):
     assert entry is not None and sorted(entry.versions) == [1, 2, 3]
     assert all(info.parsed is None for info in entry.versions.values())
     assert {v: info.schema.avsc for v, info in entry.versions.items()} == eager
+    store.close()
+
+
+async def test_a_table_untouched_by_thousands_of_others_ddl_keeps_one_route(tmp_path):
+    """The decoder hands a new layout object for every table after any DDL: the store keeps
+    the route of each table's latest one, not one per DDL the source ever logged (the old
+    ones cost memory and a scan of them all on every DDL)."""
+    store = _open(str(tmp_path))
+    feed = _Feed()
+    for n in range(2_000):
+        await store.apply(feed.transaction(Ddl("db", "ALTER TABLE other ...", 0, "alter", (
+            TableChange("alter", "db", "other", _layout("other")),))))
+        # the ledger's rows with a layout object of their own, as after the decoder cleared
+        await store.apply(feed.transaction(Rows(_layout("ledger"), RowsKind.INSERT, 0,  # type: ignore[arg-type]
+                                                [(n,)])))
+    assert len(store.versions.routes) <= ROUTES_PER_TABLE
+    entry = store.catalog.get(TableName("db", "ledger"))
+    assert entry is not None and sorted(entry.versions) == [1]
     store.close()
