@@ -84,7 +84,7 @@ async def send_large_block(info: VersionInfo, block: Block, fd: int, style: Json
     """Send a large block's records as JSON lines, each big value in pieces (see the module's
     description). ``accepts``: the stream's filter (records it refuses are not sent);
     ``counted``: told how many records were sent."""
-    schema = json.loads(info.header.schema_json)
+    schema = json.loads(info.schema_json)
     parsed = fastavro.parse_schema(schema)
     walker = RecordWalker(schema, LARGE_VALUE)
     sender = _Sender(info, style, send, accepts, counted,
@@ -116,14 +116,14 @@ async def _send_run(sender: _Sender, data: BlockData, parsed: Any, run: list[Rec
     raw = data.read(run[0].start, run[-1].end - run[0].start)
     info, style = sender.info, sender.style
     if sender.suffix is None and sender.accepts is None:
-        renderer = compile_block_renderer(info.header.schema_json, style)
+        renderer = compile_block_renderer(info.schema_json, style)
         if renderer is not None:
             lines = renderer.render(raw, len(run))
             if lines is not None:
                 await sender.add(lines)
                 sender.counted(len(run))
                 return
-    render = compile_renderer(info.header.schema_json, style)
+    render = compile_renderer(info.schema_json, style)
     stream = io.BytesIO(raw)
     sent = 0
     for _ in run:
@@ -153,7 +153,7 @@ async def _send_big(sender: _Sender, data: BlockData, parsed: Any, record: Recor
                                                                    parsed, None)))
     if sender.accepts is not None and not sender.accepts(decoded):
         return
-    line = with_suffix(compile_renderer(sender.info.header.schema_json, sender.style)(decoded),
+    line = with_suffix(compile_renderer(sender.info.schema_json, sender.style)(decoded),
                        sender.suffix)
     cursor = 0
     for big, placeholder in zip(record.bigs, placeholders, strict=True):

@@ -59,7 +59,7 @@ def json_block(info: VersionInfo, block: Block, style: JsonStyle) -> bytes:
         lines = rendered_block(info, block, style)
         if lines is not None:
             return lines
-    render = compile_renderer(info.header.schema_json, style)
+    render = compile_renderer(info.schema_json, style)
     return b"".join(with_suffix(render(record), suffix)
                     for record in decode_records(info, block))
 
@@ -67,7 +67,7 @@ def json_block(info: VersionInfo, block: Block, style: JsonStyle) -> bytes:
 def rendered_block(info: VersionInfo, block: Block, style: JsonStyle) -> bytes | None:
     """A whole block as JSON lines by the C renderer; None when it does not take the block
     (then render its records one by one with ``compile_renderer``)."""
-    renderer = compile_block_renderer(info.header.schema_json, style)
+    renderer = compile_block_renderer(info.schema_json, style)
     if renderer is None:
         return None
     return renderer.render(read_block(info.path, info.header, block), block.count)
@@ -81,8 +81,8 @@ def metadata_slices(info: VersionInfo, block: Block) -> list[tuple[Record, bytes
     """Each record of a block as its metadata fields and its bytes as stored (what a GTID
     filter needs, ``records.record_slices``): by the C walker, which skips the columns,
     where it takes the block."""
-    renderer = compile_block_renderer(info.header.schema_json)
-    symbols = _event_types(info.header.schema_json)
+    renderer = compile_block_renderer(info.schema_json)
+    symbols = _event_types(info.schema_json)
     if renderer is not None and symbols is not None:
         data = read_block(info.path, info.header, block)
         ends = renderer.slices(data, block.count, _METADATA, symbols)

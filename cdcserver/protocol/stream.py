@@ -307,7 +307,7 @@ class Streamer:
             await self._write(json_block(info, block, self.style))
             self._sent_records(block.count)
             return
-        render = compile_renderer(info.header.schema_json, self.style)
+        render = compile_renderer(info.schema_json, self.style)
         suffix = repair_suffix(info, block, self.style.dialect)
         accepts = self._filter
         out = bytearray()

@@ -55,22 +55,21 @@ def _lineage(catalog: Catalog, table: TableName
         versions = []
         for number in sorted(entry.versions):
             info = entry.versions[number]
-            ddl = info.schema.avsc.get("ddl") or {}
-            if renamed_to is not None and ddl.get("renamed_to") == renamed_to[0] and \
-                    info.schema.gtid == renamed_to[1]:
+            ddl = info.ddl
+            if renamed_to is not None and ddl.renamed_to == renamed_to[0] and \
+                    ddl.gtid == renamed_to[1]:
                 break
             versions.append(info)
-        kinds = [(v.schema.avsc.get("ddl") or {}).get("kind") for v in versions]
-        start = max((i for i, kind in enumerate(kinds) if kind in _EMPTYING), default=0)
+        start = max((i for i, v in enumerate(versions) if v.ddl.kind in _EMPTYING), default=0)
         folded = versions[start:]
         names = _names_onward(folded, onward)
         segments.append((folded, names))
-        first = (folded[0].schema.avsc.get("ddl") or {}) if folded else {}
-        if first.get("kind") != "create" or not first.get("renamed_from"):
+        first = folded[0].ddl if folded else None
+        if first is None or first.kind != "create" or not first.renamed_from:
             break
-        renamed_to = (str(table), folded[0].schema.gtid)
+        renamed_to = (str(table), first.gtid)
         onward = names[0][1]  # the names just before the rename's version, onward
-        table = TableName.parse(first["renamed_from"])
+        table = TableName.parse(first.renamed_from)
     return segments
 
 
@@ -83,8 +82,7 @@ def _names_onward(versions: list[VersionInfo], last: dict[str, str]
     mapping = dict(last)
     for info in reversed(versions):
         own = mapping
-        renamed: dict[str, str] = (info.schema.avsc.get("ddl") or {}).get(
-            "renamed_columns") or {}
+        renamed = info.ddl.renamed_columns
         if renamed:
             mapping = {c: own.get(renamed.get(c, c), renamed.get(c, c))
                        for c in {*own, *renamed}}

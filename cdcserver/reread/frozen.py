@@ -35,7 +35,7 @@ class FrozenCatalog:
                 number: replace(info, notes=dict(info.notes))
                 for number, info in entry.versions.items()})
             for info in entry.versions.values():
-                renamed_from = (info.schema.avsc.get("ddl") or {}).get("renamed_from")
+                renamed_from = info.ddl.renamed_from
                 if renamed_from:
                     waiting.append(TableName.parse(renamed_from))
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from cdcserver.core.gtid import Gtid
 from cdcserver.core.names import TableName
@@ -20,27 +21,98 @@ from cdcserver.store.checkpoint import Quarantined
 from cdcserver.store.naming import parse_version_file
 from cdcserver.store.schema import TableSchema
 
+SCHEMAS_KEPT = 256  # sealed versions' schemas kept parsed at once (tens of KB each)
+
+
+@dataclass(frozen=True, slots=True)
+class VersionDdl:
+    """What readers walking every version of a table need from each one's schema: when it
+    was made and by which statement (kept, small, where the schema itself is not)."""
+
+    gtid: str
+    kind: str | None
+    renamed_from: str | None
+    renamed_to: str | None
+    renamed_columns: dict[str, str]
+
+    @classmethod
+    def of(cls, schema: TableSchema) -> VersionDdl:
+        ddl = schema.avsc.get("ddl") or {}
+        return cls(schema.gtid, ddl.get("kind"), ddl.get("renamed_from"),
+                   ddl.get("renamed_to"), ddl.get("renamed_columns") or {})
+
 
 @dataclass
 class VersionInfo:
+    """A stored version. Its schema (text and parsed) is kept while it is the table's latest;
+    once sealed, it is read again from the file's header when asked for, a few hundred at a
+    time: a store of 20,000 versions (a migration tool's ALTERs) kept 2 GB of them."""
+
     table: TableName
     version: int
     parsed: TableSchema | None  # None: read from the header when first asked for (schema)
     path: str
-    header: Header
+    header: Header  # without the schema's text (schema_json)
     committed: int
     sealed: bool = False  # a newer version exists: this file will not grow again
     # Blocks holding a repair's records (offset -> why): records the binlog did not carry.
     notes: dict[int, str] = field(default_factory=dict)
+    text: str | None = field(default=None, repr=False)  # the schema's, until sealed
+    _ddl: VersionDdl | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.header.schema_json:
+            if self.text is None:
+                self.text = self.header.schema_json
+            self.header = replace(self.header, schema_json="")
+
+    def seal(self) -> None:
+        """A newer version exists: this one's file will not grow, and its schema is read
+        again when asked for."""
+        self.sealed = True
+        if self.parsed is not None and self._ddl is None:  # at hand now; read again later
+            self._ddl = VersionDdl.of(self.parsed)
+        self.parsed = self.text = None
 
     @property
     def schema(self) -> TableSchema:
         """The version's schema. A store opened with thousands of versions (a migration
         tool's ALTERs) parses each when first used, not all at the start: the soak's
         14,000 took 45 s, on every restart."""
-        if self.parsed is None:
-            self.parsed = TableSchema.from_avsc(_json(self.header.schema_json))
+        if self.parsed is not None:
+            return self.parsed
+        if self.sealed:
+            return _stored_schema(self.path, self.header.sync)
+        self.parsed = TableSchema.from_avsc(_json(self.schema_json))
         return self.parsed
+
+    @property
+    def schema_json(self) -> str:
+        """The schema's text, as the file's header holds it."""
+        if self.text is not None:
+            return self.text
+        if self.sealed:
+            return _stored_text(self.path, self.header.sync)
+        self.text = _stored_text(self.path, self.header.sync)
+        return self.text
+
+    @property
+    def ddl(self) -> VersionDdl:
+        if self._ddl is None:
+            self._ddl = VersionDdl.of(self.schema)
+        return self._ddl
+
+
+@lru_cache(maxsize=SCHEMAS_KEPT)
+def _stored_text(path: str, sync: bytes) -> str:
+    """A version's schema text from its file (``sync``, random per file, tells it from a
+    file a rolled-back version left at the same path)."""
+    return read_header(path).schema_json
+
+
+@lru_cache(maxsize=SCHEMAS_KEPT)
+def _stored_schema(path: str, sync: bytes) -> TableSchema:
+    return TableSchema.from_avsc(_json(_stored_text(path, sync)))
 
 
 @dataclass
@@ -116,7 +188,7 @@ class Catalog:
         entry = self.entry(info.table)
         previous = entry.latest()
         if previous is not None:
-            previous.sealed = True
+            previous.seal()
         entry.versions[info.version] = info
         self.changed.add(info.table)
         if previous is None and self._appeared is not None:
@@ -146,7 +218,7 @@ class Catalog:
                 return True  # a version without a GTID (from a dump): the oldest kind
             return g.key != target.key or g.sequence <= target.sequence
 
-        versions = [v for v, info in entry.versions.items() if at_or_before(info.schema.gtid)]
+        versions = [v for v, info in entry.versions.items() if at_or_before(info.ddl.gtid)]
         return max(versions) if versions else None
 
     def remove_version(self, name: TableName, version: int) -> None:

@@ -31,7 +31,7 @@ def read_block(path: str, header: Header, block: Block) -> bytes:
 
 
 def decode_records(info: VersionInfo, block: Block) -> Iterator[Record]:
-    schema = _parsed(info.header.schema_json)
+    schema = _parsed(info.schema_json)
     data = io.BytesIO(read_block(info.path, info.header, block))
     reader = fastavro.schemaless_reader
     for _ in range(block.count):
@@ -43,7 +43,7 @@ def record_slices(info: VersionInfo, block: Block) -> list[tuple[Record, bytes]]
     """Each record of a block as its metadata fields (the GTID, event number, time and type:
     what a GTID filter looks at) and its bytes as stored. The columns are skipped, not
     decoded: no Decimal or datetime is made for a record that is only filtered."""
-    writer, reader = _metadata_schemas(info.header.schema_json)
+    writer, reader = _metadata_schemas(info.schema_json)
     data = read_block(info.path, info.header, block)
     stream = io.BytesIO(data)
     out: list[tuple[Record, bytes]] = []

@@ -24,7 +24,7 @@ from cdcserver.core.changes import (
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.core.names import TableName
 from cdcserver.mariadb.constants import ColumnType
-from cdcserver.store import avrofile
+from cdcserver.store import avrofile, catalog
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.store import AvroStore
 from cdcserver.store.versions import ROUTES_PER_TABLE
@@ -269,4 +269,35 @@ async def test_a_table_untouched_by_thousands_of_others_ddl_keeps_one_route(tmp_
     assert len(store.versions.routes) <= ROUTES_PER_TABLE
     entry = store.catalog.get(TableName("db", "ledger"))
     assert entry is not None and sorted(entry.versions) == [1]
+    store.close()
+
+
+async def test_sealed_versions_keep_no_schema_in_memory_and_read_it_back(tmp_path):
+    """The fault soak's store held 20,000 versions, and every one's schema text and parsed
+    schema once a repair's fold had walked them: 2 GB. A sealed version keeps neither; it
+    reads them back from its file when asked (a few hundred kept), and what it reads is what
+    the version's ``.avsc`` file says."""
+    path = str(tmp_path)
+    store = _open(path)
+    feed = _Feed()
+    for n in range(1, 301):
+        change = TableChange("create", "db", "t", _layout("t"))
+        await store.apply(feed.transaction(Ddl("db", "CREATE TABLE t (id INT)", 0,  # type: ignore[arg-type]
+                                               kind="create", changes=(change,))))
+        await store.apply(feed.transaction(Rows(_layout("t"), RowsKind.INSERT, 0, [(n,)])))  # type: ignore[arg-type]
+    await store.flush()
+    entry = store.catalog.get(TableName("db", "t"))
+    assert entry is not None and len(entry.versions) == 300
+    latest = entry.latest()
+    for number, info in entry.versions.items():  # as a fold walks them
+        avsc_path = os.path.join(path, "avro", f"db.t.{number:06d}.avsc")
+        with open(avsc_path) as f:
+            assert json.loads(info.schema_json) == json.load(f) == info.schema.avsc
+        assert info.ddl.kind == "create" and info.ddl.gtid == info.schema.gtid
+    sealed = [info for info in entry.versions.values() if info is not latest]
+    assert len(sealed) == 299
+    assert all(info.parsed is None and info.text is None and not info.header.schema_json
+               for info in sealed)
+    assert latest is not None and latest.parsed is not None
+    assert catalog._stored_schema.cache_info().currsize <= catalog.SCHEMAS_KEPT
     store.close()

@@ -9,12 +9,15 @@ from typing import Any
 
 from cdcserver.core.names import TableName
 from cdcserver.reread.fold import _lineage
+from cdcserver.store.catalog import VersionDdl
 
 DEPTH = 5000  # renames, far past Python's recursion limit
 
 
 def _version(gtid: str, **ddl: str) -> Any:
-    return SimpleNamespace(schema=SimpleNamespace(avsc={"ddl": ddl}, gtid=gtid))
+    return SimpleNamespace(schema=SimpleNamespace(avsc={"ddl": ddl}, gtid=gtid),
+                           ddl=VersionDdl(gtid, ddl.get("kind"), ddl.get("renamed_from"),
+                                          ddl.get("renamed_to"), {}))
 
 
 class _Catalog:
