@@ -29,7 +29,7 @@ from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.core.lifetime import die_with_parent
 from cdcserver.protocol.users import UsersFile
-from cdcserver.sinks.kafka import connect
+from cdcserver.sinks.kafka.topics import create_topics as create_kafka_topics
 from tests import debezium_source
 from tests.apache_kafka import ApacheKafka
 from tests.kafka_connect import producer_settings
@@ -100,7 +100,7 @@ def write_workload(server: EmbeddedMariaDB, database: str, rows: int = INSERTS) 
 
 def create_topics(bootstrap: str, topics: list[str], producer: Producer) -> None:
     config = KafkaConfig(bootstrap=bootstrap)
-    asyncio.run(connect.create_topics(config, topics, producer.partitions))
+    asyncio.run(create_kafka_topics(config, topics, producer.partitions))
 
 
 async def _watch(bootstrap: str, topic: str, partitions: int, expected: int, pid: int,

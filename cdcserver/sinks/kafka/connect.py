@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import IllegalOperation, KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import IllegalOperation, KafkaError
 
 from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.sinks.kafka import compression
@@ -77,25 +76,3 @@ def refusal(producer: Any, error: BaseException) -> BaseException:
 def consumer(config: KafkaConfig, **kwargs: Any) -> AIOKafkaConsumer:
     return AIOKafkaConsumer(**common(config), enable_auto_commit=False,
                             auto_offset_reset="earliest", **kwargs)
-
-
-async def create_topics(config: KafkaConfig, names: list[str], partitions: int,
-                        compact: bool = False) -> None:
-    """Create the topics that do not exist yet, with ``partitions`` partitions (``compact``:
-    with ``cleanup.policy=compact``, for topics read for each key's last value)."""
-    configs = {"cleanup.policy": "compact"} if compact else None
-    admin = AIOKafkaAdminClient(**common(config))
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        missing = [n for n in names if n not in existing]
-        if missing:
-            try:
-                await admin.create_topics([NewTopic(n, partitions,
-                                                    config.replication_factor,
-                                                    topic_configs=configs)
-                                           for n in missing])
-            except TopicAlreadyExistsError:
-                pass  # created meanwhile
-    finally:
-        await admin.close()

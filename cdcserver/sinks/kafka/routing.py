@@ -41,12 +41,12 @@ from cdcserver.messages.events import (
     TableShape,
 )
 from cdcserver.messages.formats import FORMATS, Debezium
-from cdcserver.sinks.kafka import connect
 from cdcserver.sinks.kafka.accumulator import Message
 from cdcserver.sinks.kafka.metrics import SinkStats
 from cdcserver.sinks.kafka.partitioner import partition_of
 from cdcserver.sinks.kafka.registry import AvroEncoder, Registry, record_name, subject
 from cdcserver.sinks.kafka.sender import Sender, retrying
+from cdcserver.sinks.kafka.topics import TopicCreator
 from mariadb_cdc_client.format.dump import value_encoder
 
 _LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -91,6 +91,7 @@ class Router:
         self.config = config
         self.sender = sender
         self.stats = stats
+        self.topics = TopicCreator(config)
         zone = zoneinfo.ZoneInfo(config.time_zone)  # checked when the configuration loaded
         self.format: MessageFormat = FORMATS[config.format](
             key=config.key, zone=zone, source_name=config.client_id,
@@ -162,8 +163,7 @@ class Router:
         count = self._partitions.get(topic)
         if count is None:
             if self.config.create_topics:
-                await retrying(lambda: connect.create_topics(self.config, [topic],
-                                                             self.partitions))
+                await retrying(lambda: self.topics.create([topic], self.partitions))
             partitions = await retrying(lambda: self.sender.partitions_for(topic))
             count = self._partitions[topic] = len(partitions)
             self.stats.topics.add(topic)

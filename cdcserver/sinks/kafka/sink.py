@@ -143,6 +143,7 @@ class KafkaSink:
                 await self._snapshotting
             self._snapshotting = None
         await self.sender.close()
+        await self.router.topics.close()
         if self.router.registry is not None:
             await self.router.registry.close()
 

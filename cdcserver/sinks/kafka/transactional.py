@@ -46,7 +46,7 @@ from cdcserver.core.errors import PublisherFenced, SinkRewound
 from cdcserver.core.gtid import BinlogPosition
 from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.messages.events import AbortEvent
-from cdcserver.sinks.kafka import connect
+from cdcserver.sinks.kafka import connect, topics
 from cdcserver.sinks.kafka.accumulator import Message, MessageAccumulator
 from cdcserver.sinks.kafka.checkpoint import Checkpoint, StateRecord
 from cdcserver.sinks.kafka.metrics import SinkStats
@@ -103,7 +103,7 @@ class TransactionalSender(Sender):
         committed (``state_topic`` created first, compacted)."""
         await self.connect()
         if self.config.create_topics:
-            await retrying(lambda: connect.create_topics(
+            await retrying(lambda: topics.create_topics(
                 self.config, [self.config.state_topic], 1, compact=True))
         await self._read_back()
 
