@@ -20,9 +20,10 @@ and a read_committed consumer reads the ledger's topic at each check.
 
 Prints the faults by kind, the statements, exits of the service by itself (goal 0), faults
 it did not recover from within 180 s (goal 0), checks it did not catch up for within 180 s
-(goal 0), tables different from ``SELECT`` (goal 0),
-stream inconsistencies (goal 0), the duplicates, gaps and out-of-order records of the ledger
-table seen by the resuming client and by the Kafka consumer (goal 0), and the time from each
+(goal 0), tables different from ``SELECT`` (goal 0), stream inconsistencies (goal 0), the
+service's peak memory (RSS, the highest of its runs), the duplicates, gaps and out-of-order
+records of the ledger table seen by the resuming client and by the Kafka consumer (goal 0),
+and the time from each
 fault's end until the service had applied everything the source logged (p50/p99/max, and by
 kind). The code path measured is printed first (the figures are counts and recovery times).
 """

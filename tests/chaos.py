@@ -597,6 +597,19 @@ class Service:
     def exited(self) -> int | None:
         return None if self.process is None else self.process.poll()
 
+    def peak_rss_mib(self) -> float:
+        """The running process's peak resident memory (VmHWM) so far, in MiB (0: none)."""
+        if self.process is None or self.process.poll() is not None:
+            return 0.0
+        try:
+            with open(f"/proc/{self.process.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) / 1024
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+        return 0.0
+
     def kill(self) -> None:
         assert self.process is not None
         self.process.send_signal(signal.SIGKILL)

@@ -96,6 +96,7 @@ class Figures:
     held_steps: int = 0  # workload steps the source held over HELD seconds during a fault
     slowest_step: float = 0.0
     checked_after: int = 0  # faults injected when the checks last ran
+    peak_rss_mib: float = 0.0  # the service's, the highest of its runs (each ends by a kill)
 
     @property
     def exact(self) -> bool:
@@ -124,6 +125,7 @@ class Figures:
         if times:
             lines.append(f"  recovery: p50 {percentile(times, 50):.1f} s, p99 "
                          f"{percentile(times, 99):.1f} s, max {times[-1]:.1f} s")
+        lines.append(f"  the service's peak memory: {self.peak_rss_mib:,.0f} MiB RSS")
         lines += [f"  not recovered after: {u}" for u in self.unrecovered]
         lines += [f"  exit: {e[-500:]}" for e in self.exits]
         lines += [f"  did not settle: {u[-500:]}" for u in self.unsettled]
@@ -272,6 +274,7 @@ class Soak:
         """One fault, from its start to its end (the workload going on where it can)."""
         seconds = self.rng.uniform(*self.fault_seconds)
         if kind == "service-kill":
+            self.note_memory()
             self.service.kill()
             self.service.start()
             self.service.wait_ready(RECOVERY_LIMIT)
@@ -340,9 +343,12 @@ class Soak:
             self.figures.exits.append(self.service.text()[-2000:])
             self.service.start()
             self.service.wait_ready(RECOVERY_LIMIT)
-        if not chaos.caught_up(self.service, self.conn, RECOVERY_LIMIT):
-            return None
-        return time.monotonic() - started
+        caught_up = chaos.caught_up(self.service, self.conn, RECOVERY_LIMIT)
+        self.note_memory()
+        return time.monotonic() - started if caught_up else None
+
+    def note_memory(self) -> None:
+        self.figures.peak_rss_mib = max(self.figures.peak_rss_mib, self.service.peak_rss_mib())
 
 
 async def run(server: EmbeddedMariaDB, host: Host, database: str, data_dir: str,
@@ -390,6 +396,7 @@ async def run(server: EmbeddedMariaDB, host: Host, database: str, data_dir: str,
                     checked(figures)
         await _check(soak, ledger, figures)
         await asyncio.to_thread(ledger.stop, soak.ledger_row)  # while the service serves
+        soak.note_memory()
         code = soak.service.stop()
         if code != 0:
             figures.exits.append(f"exit code {code} at the end: {soak.service.text()[-2000:]}")
@@ -505,6 +512,8 @@ def describe(figures: Figures) -> list[tuple[str, str]]:
     rows += [("  e.g.", e[:300]) for e in figures.examples[:5]]
     rows += [(f"workload steps held over {HELD:.0f} s during a fault; the longest (s)",
               f"{figures.held_steps}; {figures.slowest_step:.1f}"),
+             ("the service's peak memory, the highest of its runs (RSS, MiB)",
+              f"{figures.peak_rss_mib:,.0f}"),
              ("resuming client: ledger rows", f"{figures.ledger_rows:,}"),
              ("  duplicates, gaps, out of order (goal 0)",
               f"{figures.duplicates}, {figures.gaps}, {figures.out_of_order}")]
