@@ -151,11 +151,14 @@ class VersionFiles:
         return route
 
     def _keep_route(self, table: TableName, route: Route) -> None:
+        key = id(route.layout)
         kept = self.table_routes.setdefault(table, [])
+        if key in kept:  # the layout routed again (its version sealed meanwhile)
+            kept.remove(key)
         while len(kept) >= ROUTES_PER_TABLE:
             self.routes.pop(kept.pop(0), None)
-        kept.append(id(route.layout))
-        self.routes[id(route.layout)] = route
+        kept.append(key)
+        self.routes[key] = route
 
     def table_change(self, txn: OpenTransaction, change: TableChange,
                      note: dict[str, Any]) -> None:
@@ -240,7 +243,7 @@ class VersionFiles:
 
     def drop_table_routes(self, table: TableName) -> None:
         for key in self.table_routes.pop(table, ()):
-            del self.routes[key]
+            self.routes.pop(key, None)
 
     def drop_routes(self, matches: Callable[[VersionInfo], bool]) -> None:
         for table, kept in list(self.table_routes.items()):
