@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import itertools
 import os
 import random
@@ -209,6 +210,7 @@ class Soak:
             args += ["--config", config]
         # a dead source noticed in 3 heartbeats of 1 s, as in the tests; a disk found
         # working again within a second
+        self.faults_log = os.path.join(os.path.dirname(os.path.abspath(log_path)), "faults.log")
         self.service = chaos.Service([*args, "--heartbeat", "1"], log_path,
                                      env={**self.disk.env(),
                                           "CDCSERVER_STORE_DISK_FULL_RETRY": "1"})
@@ -347,6 +349,17 @@ class Soak:
         self.note_memory()
         return time.monotonic() - started if caught_up else None
 
+    def note_fault(self, n: int, kind: str, began: float, ended: float,
+                   took: float | None) -> None:
+        """A line in ``faults.log`` beside the service's log: when each fault began and ended
+        (local time, as the service logs), to read that log by."""
+        def at(t: float) -> str:
+            return datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S.%f")[:-3]
+
+        recovery = "not recovered" if took is None else f"recovered in {took:.1f} s"
+        with open(self.faults_log, "a") as f:
+            f.write(f"{n} {kind} {at(began)}-{at(ended)} {recovery}\n")
+
     def note_memory(self) -> None:
         self.figures.peak_rss_mib = max(self.figures.peak_rss_mib, self.service.peak_rss_mib())
 
@@ -382,8 +395,11 @@ async def run(server: EmbeddedMariaDB, host: Host, database: str, data_dir: str,
             for _ in range(soak.rng.randint(*steps_between)):
                 await asyncio.to_thread(soak.step)
             kind = first[n] if n < len(first) else soak.rng.choice(kinds)
+            began = time.time()
             await asyncio.to_thread(soak.inject, kind)
+            ended = time.time()
             took = await asyncio.to_thread(soak.recovered)
+            soak.note_fault(n + 1, kind, began, ended, took)
             if took is None:
                 figures.unrecovered.append(f"{kind} (fault {n + 1})")
             else:
