@@ -144,6 +144,7 @@ class ReplicationRunner:
             queue_capacity=handoff.capacity if handoff is not None else 0,
             repair_pending=self.repair_pending(),
             repairs_waiting=self.pipeline.repairs_waiting() if self.pipeline else [],
+            stage_seconds=dict(pipeline.stage_seconds) if pipeline is not None else {},
             source=self.sources.current.describe(), sources=len(self.sources.addresses),
             source_switches=self.sources.switches,
             refused=[r.text() for r in self.sources.refusals],

@@ -55,6 +55,8 @@ class ReplicationStats:
     xa_lost: list[str] = field(default_factory=list)  # commits of XA prepared before the start
     # what holds the checkpoint back while repair_pending: stage, tables, cause of each
     repairs_waiting: list[dict[str, Any]] = field(default_factory=list)
+    # seconds replication waited on each stage: "repairs", and each sink's apply by its name
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,13 @@ def _replication(r: ReplicationStats, lag: Lag | None) -> Iterator[Any]:
                  r.xa_prepared)
     yield _gauge("cdc_xa_oldest_prepared_seconds", "age of the oldest of them (0 if none)",
                  r.xa_oldest_seconds)
+    stages = CounterMetricFamily(
+        "cdc_pipeline_seconds", "seconds replication spent waiting on each stage: repairs "
+        "(rows re-read from the source), and each sink applying the changes (where a "
+        "backlog's time goes)", labels=["stage"])
+    for stage, seconds in sorted(r.stage_seconds.items()):
+        stages.add_metric([stage], seconds)
+    yield stages
     yield _gauge("cdc_queue_bytes", "binlog bytes handed over by the replicator and not "
                  "applied yet", r.queue_bytes)
     yield _gauge("cdc_queue_capacity_bytes", "the most binlog bytes held in flight",

@@ -13,9 +13,10 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
 from cdcserver.core.changes import (
@@ -39,6 +40,9 @@ from cdcserver.schema.masking import project_layout
 from cdcserver.sinks.base import Sink
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+REPAIRS = "repairs"  # the stage of the seconds spent turning changes without rows into records
 
 Applied = Callable[[str, list[Change]], None]  # a sink (by name) applied these changes
 
@@ -353,6 +357,9 @@ class Pipeline:
                          for s in sinks]
         self.state = start  # after the last transaction every sink has applied
         self.transactions = 0
+        # the seconds spent waiting on each stage: the repairs, and each sink's apply (where
+        # a backlog's time goes, in /metrics)
+        self.stage_seconds: dict[str, float] = {}
         self.last_commit_timestamp: int | None = None  # the source's, of the newest applied
         self._progress: asyncio.Future[None] | None = None
         self._finishing = 0  # parts being repaired and applied while a repair was out
@@ -410,9 +417,19 @@ class Pipeline:
         for i, part in enumerate(parts):
             self._later_parts = len(parts) - i - 1
             async with self._finishing_repairs():
-                await self._apply_part(self._captured_only(await self.repairer.process(part)))
+                repaired = await self._timed(REPAIRS, self.repairer.process(part))
+                await self._apply_part(self._captured_only(repaired))
                 while self.repairer.holding:  # the last transaction, for a repair beside it
-                    await self._apply_part(self._captured_only(await self.repairer.resume()))
+                    resumed = await self._timed(REPAIRS, self.repairer.resume())
+                    await self._apply_part(self._captured_only(resumed))
+
+    async def _timed(self, stage: str, work: Awaitable[T]) -> T:
+        started = time.perf_counter()
+        try:
+            return await work
+        finally:
+            took = time.perf_counter() - started
+            self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + took
 
     def _input_waiting(self) -> bool:
         """Whether the stream has more for the pipeline than the part being passed on."""
@@ -425,7 +442,7 @@ class Pipeline:
     async def _idle(self) -> None:
         assert self.repairer is not None
         async with self._finishing_repairs():
-            changes = await self.repairer.idle()
+            changes = await self._timed(REPAIRS, self.repairer.idle())
             if changes:
                 await self._apply_part(self._captured_only(changes))
 
@@ -490,7 +507,7 @@ class Pipeline:
             for sink, keep in zip(self.sinks, self._filters, strict=True):
                 changes = keep(batch, marked)
                 if changes:
-                    await sink.apply(changes)
+                    await self._timed(sink.name, sink.apply(changes))
                     # (no await between: a sink's commit, waiting for its lock, reads it next)
                     self._unrepaired[sink.name] = keep.unheld(unrepaired)
                     if self.applied is not None:

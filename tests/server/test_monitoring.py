@@ -56,6 +56,10 @@ async def test_metrics_count_what_went_in_and_out(cdc: RunningService, source: S
     assert before["cdc_replication_lag_transactions", ()] == 0
     assert before["cdc_replication_lag_seconds", ()] == 0
     assert before["cdc_transactions_total", ()] >= 3
+    # where replication's time went: the store's apply, and the repair stage every part
+    # passes through (its own, even without a repair)
+    assert before["cdc_pipeline_seconds_total", (("stage", "avro"),)] > 0
+    assert before["cdc_pipeline_seconds_total", (("stage", "repairs"),)] > 0
 
     client = await RawClient.connect(cdc.port)
     await client.send(auth_message(USER, "wrong password"))
