@@ -21,7 +21,7 @@ from cdcserver.store.checkpoint import Quarantined
 from cdcserver.store.naming import parse_version_file
 from cdcserver.store.schema import TableSchema
 
-SCHEMAS_KEPT = 256  # sealed versions' schemas kept parsed at once (tens of KB each)
+SCHEMAS_KEPT = 1024  # sealed versions' schemas kept at once (text and parsed: ~60 KB each)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,7 @@ class VersionDdl:
 @dataclass
 class VersionInfo:
     """A stored version. Its schema (text and parsed) is kept while it is the table's latest;
-    once sealed, it is read again from the file's header when asked for, a few hundred at a
+    once sealed, it is read again from the file's header when asked for, a thousand at a
     time: a store of 20,000 versions (a migration tool's ALTERs) kept 2 GB of them."""
 
     table: TableName
