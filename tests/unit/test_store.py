@@ -227,6 +227,16 @@ async def test_a_table_the_store_cannot_write_is_quarantined_and_the_rest_goes_o
     assert store.quarantined == {} and ids("bad") == [1, 5]
     store.close()
 
+async def _versions_of_t(store: AvroStore, count: int) -> None:
+    """``count`` versions of table t (each create makes a new one), a row in each, flushed."""
+    feed = _Feed()
+    for n in range(1, count + 1):
+        change = TableChange("create", "db", "t", _layout("t"))
+        await store.apply(feed.transaction(Ddl("db", "CREATE TABLE t (id INT)", 0,  # type: ignore[arg-type]
+                                               kind="create", changes=(change,))))
+        await store.apply(feed.transaction(Rows(_layout("t"), RowsKind.INSERT, 0, [(n,)])))  # type: ignore[arg-type]
+    await store.flush()
+
 
 async def test_a_store_opens_without_parsing_each_versions_schema(tmp_path):
     """The soak's store held 14,000 versions (its migrations' ALTERs): opening it parsed
@@ -234,13 +244,7 @@ async def test_a_store_opens_without_parsing_each_versions_schema(tmp_path):
     version's schema is now read from its header when first asked for."""
     path = str(tmp_path)
     store = _open(path)
-    feed = _Feed()
-    for n in range(1, 4):  # three versions of t: each create makes a new one
-        change = TableChange("create", "db", "t", _layout("t"))
-        await store.apply(feed.transaction(Ddl("db", "CREATE TABLE t (id INT)", 0,  # type: ignore[arg-type]
-                                               kind="create", changes=(change,))))
-        await store.apply(feed.transaction(Rows(_layout("t"), RowsKind.INSERT, 0, [(n,)])))  # type: ignore[arg-type]
-    await store.flush()
+    await _versions_of_t(store, 3)
     written = store.catalog.get(TableName("db", "t"))
     assert written is not None
     eager = {v: info.schema.avsc for v, info in written.versions.items()}
@@ -279,13 +283,7 @@ async def test_sealed_versions_keep_no_schema_in_memory_and_read_it_back(tmp_pat
     the version's ``.avsc`` file says."""
     path = str(tmp_path)
     store = _open(path)
-    feed = _Feed()
-    for n in range(1, 301):
-        change = TableChange("create", "db", "t", _layout("t"))
-        await store.apply(feed.transaction(Ddl("db", "CREATE TABLE t (id INT)", 0,  # type: ignore[arg-type]
-                                               kind="create", changes=(change,))))
-        await store.apply(feed.transaction(Rows(_layout("t"), RowsKind.INSERT, 0, [(n,)])))  # type: ignore[arg-type]
-    await store.flush()
+    await _versions_of_t(store, 300)
     entry = store.catalog.get(TableName("db", "t"))
     assert entry is not None and len(entry.versions) == 300
     latest = entry.latest()
