@@ -36,7 +36,7 @@ EXTRA_ONLY = {
     "cdcserver.sinks.kafka.routing": "aiokafka", "cdcserver.sinks.kafka.sender": "aiokafka",
     "cdcserver.sinks.kafka.accumulator": "aiokafka", "cdcserver.sinks.kafka.checkpoint": "aiokafka",
     "cdcserver.sinks.kafka.transactional": "aiokafka",
-    "cdcserver.sinks.kafka.partitioner": "aiokafka",
+    "cdcserver.sinks.kafka.partitioner": "aiokafka", "cdcserver.sinks.kafka.topics": "aiokafka",
     "mariadb_cdc_client.spark.": "pyspark|pyarrow",  # every module of the package
 }
 
