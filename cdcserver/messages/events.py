@@ -29,6 +29,8 @@ from cdcserver.core.names import TableName
 from cdcserver.store.schema import TableSchema
 from mariadb_cdc_client.format.schema import Field
 
+SHAPES_PER_TABLE = 4  # layouts of one table whose shapes (a schema each) are kept
+
 
 @dataclass(frozen=True)
 class TableShape:
@@ -133,21 +135,35 @@ Event = RowBatch | StatementEvent | CommitEvent | AbortEvent
 
 class EventBuilder:
     def __init__(self) -> None:
-        self._shapes: dict[int, TableShape] = {}
+        self._shapes: dict[int, TableShape] = {}  # by id() of the layout
+        # Each table's, newest last: the decoder hands every table a new layout after any
+        # DDL, so only the last few are kept, and a table's go at its own schema statement
+        self._table_shapes: dict[TableName, list[int]] = {}
         self._gtid: Gtid | None = None
         self._gtid_text = ""
         self._event_no = 0
         self._transaction_start = 0
 
     def shape(self, layout: TableLayout) -> TableShape:
-        shape = self._shapes.get(id(layout))
-        if shape is None or shape.layout is not layout:
-            schema = TableSchema.from_layout(layout, 1, "")
-            shape = TableShape(TableName(layout.database, layout.table), schema, layout)
-            if len(self._shapes) > 4096:
-                self._shapes.clear()
-            self._shapes[id(layout)] = shape
+        key = id(layout)
+        shape = self._shapes.get(key)
+        if shape is not None and shape.layout is layout:
+            return shape
+        table = TableName(layout.database, layout.table)
+        shape = TableShape(table, TableSchema.from_layout(layout, 1, ""), layout)
+        kept = self._table_shapes.setdefault(table, [])
+        if key in kept:
+            kept.remove(key)
+        while len(kept) >= SHAPES_PER_TABLE:
+            self._shapes.pop(kept.pop(0), None)
+        kept.append(key)
+        self._shapes[key] = shape
         return shape
+
+    def _forget(self, table: TableName) -> None:
+        """A schema statement changed ``table``: its layouts until now are not seen again."""
+        for key in self._table_shapes.pop(table, ()):
+            self._shapes.pop(key, None)
 
     def events(self, changes: list[Change]) -> Iterator[Event]:
         for change in changes:
@@ -195,6 +211,7 @@ class EventBuilder:
                                  self._transaction_start, ddl.database)
             return
         for change in ddl.changes:
+            self._forget(TableName(change.database, change.table))
             if kind == "rename" and change.kind == "drop":
                 continue  # a rename is told once, under the new name
             shape = self.shape(change.layout) if change.layout is not None else None

@@ -13,16 +13,18 @@ from cdcserver.core.changes import (
     Begin,
     ColumnDef,
     Commit,
+    Ddl,
     Quarantine,
     Release,
     Rowless,
     Rows,
     RowsKind,
+    TableChange,
     TableLayout,
 )
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.mariadb.constants import ColumnType
-from cdcserver.messages.events import CommitEvent, EventBuilder, RowBatch
+from cdcserver.messages.events import SHAPES_PER_TABLE, CommitEvent, EventBuilder, RowBatch
 
 LAYOUT = TableLayout("db", "t", (ColumnDef("id", ColumnType.LONG, nullable=False),), (0,))
 WHEN = 1_700_000_000
@@ -77,3 +79,23 @@ def test_an_abort_ends_the_transaction_and_it_is_read_again_whole():
         assert "outside a transaction" in str(exc)
     else:
         raise AssertionError("rows after the commit were taken into no transaction")
+
+
+def test_the_shapes_of_a_table_no_ddl_touched_stay_few_across_thousands_of_ddls():
+    """After any DDL the decoder hands every table a new layout object: the builder kept a
+    shape (a schema) for each until it held 4,096 and dropped them all at once. Now each
+    table keeps its last few, and a table's go at its own schema statement."""
+    builder = EventBuilder()
+    other = TableLayout("db", "other", LAYOUT.columns, (0,))
+    for n in range(1, 2_001):
+        gtid = Gtid(0, 1, n)
+        ledger = TableLayout("db", "ledger", LAYOUT.columns, (0,))  # a new object each time
+        alter = Ddl("db", "ALTER TABLE other ...", WHEN, "alter",
+                    (TableChange("alter", "db", "other", other),))
+        list(builder.events([Begin(gtid, WHEN), alter, _commit(gtid)]))
+        list(builder.events([Begin(gtid, WHEN), Rows(ledger, RowsKind.INSERT, 0, [(n,)]),  # type: ignore[arg-type]
+                             _commit(gtid)]))
+    assert len(builder._shapes) <= 2 * SHAPES_PER_TABLE
+    drop = Ddl("db", "DROP TABLE ledger", WHEN, "drop", (TableChange("drop", "db", "ledger"),))
+    list(builder.events([Begin(Gtid(0, 1, 9999), WHEN), drop, _commit(Gtid(0, 1, 9999))]))
+    assert {s.table.table for s in builder._shapes.values()} == {"other"}
