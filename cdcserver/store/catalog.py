@@ -44,9 +44,11 @@ class VersionDdl:
 
 @dataclass
 class VersionInfo:
-    """A stored version. Its schema (text and parsed) is kept while it is the table's latest;
-    once sealed, it is read again from the file's header when asked for, a thousand at a
-    time: a store of 20,000 versions (a migration tool's ALTERs) kept 2 GB of them."""
+    """A stored version. Its schema (text and parsed) is kept while it is the latest version
+    of a table that exists; a sealed version, or one a ``DROP`` or a rename away made, reads
+    it again from the file's header when asked for, a thousand at a time: a store of 20,000
+    versions (a migration tool's ALTERs) kept 2 GB of them, and a soak's 2,600 tables
+    renamed away one each."""
 
     table: TableName
     version: int
@@ -57,14 +59,18 @@ class VersionInfo:
     sealed: bool = False  # a newer version exists: this file will not grow again
     # Blocks holding a repair's records (offset -> why): records the binlog did not carry.
     notes: dict[int, str] = field(default_factory=dict)
-    text: str | None = field(default=None, repr=False)  # the schema's, until sealed
+    text: str | None = field(default=None, repr=False)  # the schema's, while it is kept
     _ddl: VersionDdl | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.header.schema_json:
-            if self.text is None:
+            if self.text is None and self.parsed is not None:  # a version just made
                 self.text = self.header.schema_json
             self.header = replace(self.header, schema_json="")
+        if self.parsed is not None and self._ddl is None:
+            self._ddl = VersionDdl.of(self.parsed)
+        if not self._kept:
+            self.parsed = self.text = None
 
     def seal(self) -> None:
         """A newer version exists: this one's file will not grow, and its schema is read
@@ -75,26 +81,38 @@ class VersionInfo:
         self.parsed = self.text = None
 
     @property
+    def _kept(self) -> bool:
+        """Whether the schema stays in memory once read: the latest version of a table that
+        exists (as far as this version knows: its ``ddl`` once read)."""
+        return not self.sealed and (self._ddl is None or self._ddl.kind != "drop")
+
+    @property
     def schema(self) -> TableSchema:
         """The version's schema. A store opened with thousands of versions (a migration
         tool's ALTERs) parses each when first used, not all at the start: the soak's
         14,000 took 45 s, on every restart."""
         if self.parsed is not None:
             return self.parsed
-        if self.sealed:
+        if not self._kept:
             return _stored_schema(self.path, self.header.sync)
-        self.parsed = TableSchema.from_avsc(_json(self.schema_json))
-        return self.parsed
+        schema = TableSchema.from_avsc(_json(self.schema_json))
+        if self._ddl is None:
+            self._ddl = VersionDdl.of(schema)
+        if self._kept:
+            self.parsed = schema
+        else:
+            self.text = None
+        return schema
 
     @property
     def schema_json(self) -> str:
         """The schema's text, as the file's header holds it."""
         if self.text is not None:
             return self.text
-        if self.sealed:
-            return _stored_text(self.path, self.header.sync)
-        self.text = _stored_text(self.path, self.header.sync)
-        return self.text
+        text = _stored_text(self.path, self.header.sync)
+        if self._kept:
+            self.text = text
+        return text
 
     @property
     def ddl(self) -> VersionDdl:

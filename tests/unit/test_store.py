@@ -298,3 +298,27 @@ async def test_sealed_versions_keep_no_schema_in_memory_and_read_it_back(tmp_pat
                for info in sealed)
     assert latest is not None and latest.parsed is not None
     store.close()
+
+
+async def test_a_dropped_tables_last_version_keeps_no_schema_in_memory(tmp_path):
+    """A soak's migrations renamed 2,600 tables away: the version each DROP (or rename away)
+    made is its table's latest for good, and kept its schema in memory as a live table's
+    does. It now reads it back when asked for, as a sealed version does."""
+    path = str(tmp_path)
+    store = _open(path)
+    await _versions_of_t(store, 2)
+    feed = _Feed()
+    feed.sequence = 100
+    await store.apply(feed.transaction(Ddl("db", "DROP TABLE t", 0, "drop",  # type: ignore[arg-type]
+                                           (TableChange("drop", "db", "t"),))))
+    await store.flush()
+    entry = store.catalog.get(TableName("db", "t"))
+    assert entry is not None
+    dropped = entry.latest()
+    assert dropped is not None and dropped.version == 3 and not dropped.sealed
+    assert dropped.parsed is None and dropped.text is None
+    with open(os.path.join(path, "avro", "db.t.000003.avsc")) as f:
+        assert json.loads(dropped.schema_json) == json.load(f) == dropped.schema.avsc
+    assert dropped.ddl.kind == "drop"
+    assert dropped.parsed is None and dropped.text is None  # read back, not kept
+    store.close()
