@@ -109,8 +109,9 @@ class KafkaNode:
 
     def __init__(self, node_id: int, directory: Path, port: int, controller_port: int,
                  advertised_port: int, address: str = "127.0.0.1",
-                 launcher: tuple[str, ...] = ()) -> None:
+                 launcher: tuple[str, ...] = (), heap: str = HEAP) -> None:
         self.node_id = node_id
+        self.heap = heap
         self.address = address  # where it listens
         self.launcher = launcher  # the command prefix that runs it (in a network namespace)
         self.port = port
@@ -135,7 +136,7 @@ class KafkaNode:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed by _close_log()
         self._log.write(f"--- started {time.strftime('%H:%M:%S')} ---\n".encode())
         self._log.flush()
-        command = jvm.command("kafka", "kafka.Kafka", str(self.properties), heap=HEAP,
+        command = jvm.command("kafka", "kafka.Kafka", str(self.properties), heap=self.heap,
                               options=("-Xms64m", "-Dorg.slf4j.simpleLogger.showDateTime=true",
                                        "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS"))
         command = [*self.launcher, *command]
@@ -184,7 +185,10 @@ class ApacheKafka:
     its metadata instead of its own, a proxy's in front of it."""
 
     def __init__(self, directory: str | os.PathLike[str], nodes: int = 1, *,
-                 advertised_port: int | None = None, host: Any = None) -> None:
+                 advertised_port: int | None = None, host: Any = None,
+                 heap: str = HEAP) -> None:
+        """``heap``: each node's JVM heap (the default is the tests'; a soak that makes
+        thousands of topics needs more)."""
         if (advertised_port is not None or host is not None) and nodes != 1:
             raise ValueError("advertised_port and host are for a single node")
         self.address = host.address if host is not None else "127.0.0.1"
@@ -196,7 +200,8 @@ class ApacheKafka:
         for node_id in range(1, nodes + 1):
             port = free_port()
             self.nodes[node_id] = KafkaNode(node_id, self.directory, port, free_port(),
-                                            advertised_port or port, self.address, launcher)
+                                            advertised_port or port, self.address, launcher,
+                                            heap)
         self._formatted = False
 
     @property
