@@ -48,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench.common import OUT, line, peak_rss_mb
+from tests.helpers import memory_mib
 
 KEY = ["id"]
 SEED = 20261139
@@ -177,13 +178,9 @@ def jvm_peak_mb(spark: Any) -> float | None:
     """VmHWM of the JVM the session started (a child of this process), if it can be seen."""
     try:
         pid = spark.sparkContext._gateway.proc.pid  # spark-submit execs the JVM
-        with open(f"/proc/{pid}/status") as f:
-            for text in f:
-                if text.startswith("VmHWM:"):
-                    return int(text.split()[1]) / 1024
-    except (AttributeError, OSError):
-        pass
-    return None
+    except AttributeError:
+        return None
+    return memory_mib(pid, "VmHWM") or None
 
 
 def run_one(format: str, keys: str, rows: int, sizes: list[int], runs: int, file_mb: int

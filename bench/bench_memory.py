@@ -25,6 +25,7 @@ from cdcserver.core.gtid import GtidState
 from cdcserver.core.lifetime import die_with_parent
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.checkpoint import covered_state
+from tests.helpers import memory_mib
 
 MIB = 1 << 20
 
@@ -46,30 +47,19 @@ def run_service(server: EmbeddedMariaDB, name: str) -> tuple[float, float, int]:
     checkpoint = os.path.join(data_dir, "state", "checkpoint.json")
     peak = 0.0
     while True:
-        peak = max(peak, _hwm_mib(process.pid))
+        peak = max(peak, memory_mib(process.pid, "VmHWM"))
         if _covers(checkpoint, target):
             break
         if process.poll() is not None:
             raise RuntimeError(f"the service exited with {process.returncode}")
         time.sleep(0.2)
     seconds = time.perf_counter() - start
-    peak = max(peak, _hwm_mib(process.pid))
+    peak = max(peak, memory_mib(process.pid, "VmHWM"))
     process.send_signal(signal.SIGTERM)
     process.wait(60)
     stored = sum(os.path.getsize(os.path.join(data_dir, "avro", f))
                  for f in os.listdir(os.path.join(data_dir, "avro")))
     return peak, seconds, stored
-
-
-def _hwm_mib(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for entry in f:
-                if entry.startswith("VmHWM:"):
-                    return int(entry.split()[1]) / 1024
-    except FileNotFoundError:
-        pass
-    return 0.0
 
 
 def _covers(path: str, target: GtidState) -> bool:

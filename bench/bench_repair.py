@@ -58,6 +58,7 @@ from cdcserver.app.embedded import EmbeddedMariaDB
 from cdcserver.core.names import TableName
 from cdcserver.protocol.users import UsersFile
 from mariadb_cdc_client.format.wire import auth_message
+from tests.helpers import memory_mib
 
 USER = "bench"
 REPLICA = "cdcrepl"  # the service's source user with --resync
@@ -135,14 +136,6 @@ def metrics(service: ServiceProcess) -> dict[str, float]:
     return found
 
 
-def rss_mb(pid: int, field: str = "VmRSS") -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for text in f:
-            if text.startswith(field + ":"):
-                return int(text.split()[1]) / 1024
-    return 0.0
-
-
 def run(server: EmbeddedMariaDB, service: ServiceProcess, args: argparse.Namespace) -> None:
     started = time.monotonic()
     caught_up(server, service)
@@ -206,7 +199,7 @@ def run(server: EmbeddedMariaDB, service: ServiceProcess, args: argparse.Namespa
          f"{max((mb for at, mb in samples if at < alter_at), default=0):.0f} MB")
     line(f"RSS during {during} (largest sample)",
          f"{max((mb for at, mb in samples if alter_at <= at <= done_at), default=0):.0f} MB")
-    line("VmHWM at the end (the catch-up included)", f"{rss_mb(service.pid, 'VmHWM'):.0f} MB")
+    line("VmHWM at the end (the catch-up included)", f"{memory_mib(service.pid, 'VmHWM'):.0f} MB")
 
 
 def report(label: str, values: list[float]) -> None:
@@ -232,7 +225,7 @@ def caught_up(server: EmbeddedMariaDB, service: ServiceProcess) -> None:
 
 def sample(pid: int, samples: list[tuple[float, float]], stop: threading.Event) -> None:
     while not stop.is_set():
-        samples.append((time.monotonic(), rss_mb(pid)))
+        samples.append((time.monotonic(), memory_mib(pid)))
         time.sleep(0.2)
 
 

@@ -62,6 +62,7 @@ from cdcserver.core.lifetime import die_with_parent
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.layout import DataDir
 from mariadb_cdc_client.format.wire import auth_message
+from tests.helpers import memory_mib
 
 FD_LIMIT = 1024
 HOT_TABLES = 100  # the second backlog's tables: each written commits / 100 times
@@ -241,9 +242,7 @@ async def last_journal_line_after_one_commit(service: Service, server: EmbeddedM
 
 
 def resident_mb() -> float:
-    with open("/proc/self/status") as f:
-        status = dict(row.split(":", 1) for row in f if ":" in row)
-    return int(status["VmRSS"].split()[0]) / 1024
+    return memory_mib()
 
 
 async def timed(work: Callable[[], Awaitable[Any]]) -> float:

@@ -38,6 +38,7 @@ from typing import Any
 import pymysql
 
 from cdcserver.core.lifetime import die_with_parent
+from tests.helpers import memory_mib
 from tests.oracle import (
     Comparison,
     column_types,
@@ -601,14 +602,7 @@ class Service:
         """The running process's peak resident memory (VmHWM) so far, in MiB (0: none)."""
         if self.process is None or self.process.poll() is not None:
             return 0.0
-        try:
-            with open(f"/proc/{self.process.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) / 1024
-        except (FileNotFoundError, ProcessLookupError):
-            pass
-        return 0.0
+        return memory_mib(self.process.pid, "VmHWM")
 
     def kill(self) -> None:
         assert self.process is not None

@@ -285,6 +285,19 @@ def stored_blocks(schema: Any, records: list[dict[str, Any]], codec: str = "null
     return header, Blocks(bytes(body), len(records))
 
 
+def memory_mib(pid: int | str = "self", field: str = "VmRSS") -> float:
+    """A process's resident memory now (``VmRSS``) or at its peak so far (``VmHWM``), in MiB;
+    0 for a process that is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0.0
+
+
 def read_descriptors_of(path: str, pid: int | str = "self") -> list[int]:
     """The read-only descriptors a process (this one by default) holds of ``path``'s file,
     even deleted (a writer's descriptors are not counted)."""
