@@ -4,7 +4,8 @@
 class over the parts aiokafka's producer is split into, and the checkpoint:
 
 - :mod:`~cdcserver.sinks.kafka.routing` makes each change into messages and routes each to
-  its topic and partition, with its headers;
+  its topic and partition, with its headers (:mod:`~cdcserver.sinks.kafka.topics` creates a
+  topic the first time one is routed to);
 - :mod:`~cdcserver.sinks.kafka.sender` holds every message in flight until the broker
   acknowledges it, waits when ``max_buffer_bytes`` are in flight, and starts a new producer
   and sends everything unacknowledged again when a delivery fails;
