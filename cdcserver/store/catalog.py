@@ -75,9 +75,7 @@ class VersionInfo:
     def seal(self) -> None:
         """A newer version exists: this one's file will not grow, and its schema is read
         again when asked for."""
-        self.sealed = True
-        if self.parsed is not None and self._ddl is None:  # at hand now; read again later
-            self._ddl = VersionDdl.of(self.parsed)
+        self.sealed = True  # (its ddl is known: read with the schema it kept)
         self.parsed = self.text = None
 
     @property
