@@ -16,7 +16,7 @@ from cdcserver.core.names import TableName
 from cdcserver.reread.asheld import as_held
 from cdcserver.reread.difference import Stand, past_watermark, records
 from cdcserver.reread.repairstate import Pending, RepairState, repair_note, table_of
-from cdcserver.reread.tableview import Row
+from cdcserver.reread.tableview import Row, pack
 from cdcserver.reread.view import key_names
 
 log = logging.getLogger('cdcserver.reread.repair')
@@ -40,7 +40,8 @@ class Watermarks(RepairState):
                                        overlay)
         if (len(told) == 1 and told[0] is rows) or self._unplaced_change_of(table):
             return told
-        causes = tuple(sorted({p.cause for p in waiting}))
+        causes = _covering(waiting, table, key, rows) or \
+            tuple(sorted({p.cause for p in waiting}))
         # A sink that holds those repairs from before a restart (the replay reads them
         # again) holds the source's rows: the binlog's change is its own (the sinks' replay
         # filters choose, pipeline._ReplayFilter)
@@ -128,3 +129,28 @@ class Watermarks(RepairState):
             out += made
         self.stats.repairs += 1
         return out
+
+
+def _covering(waiting: list[Pending], table: TableName, key: tuple[str, ...],
+              rows: Rows) -> tuple[str, ...]:
+    """Of the repairs ``waiting`` for ``table``, the causes of those whose rows include one
+    ``rows`` changes: a sink that holds those holds the source's rows for these keys, and
+    the binlog's images are its own, whatever other repairs of the table it does not hold
+    (soak seed 100: after a resume in the process, the store held a cascade's repair from
+    the run before and not a later cascade's of other rows, and was given a delete told
+    against rows without the first). A repair of the whole table, or one whose rows were
+    keyed otherwise, includes every row. Empty when none is known to include them."""
+    names = [c.name for c in rows.layout.columns]
+    keys = {pack(tuple(dict(zip(names, values, strict=True)).get(c) for c in key))
+            for values in rows.rows}
+    causes = set()
+    for pending in waiting:
+        for scope in pending.scopes:
+            if scope.table != table:
+                continue
+            if scope.keys is None or scope.key != key or scope.layout is None or \
+                    key_names(scope.layout) != key or keys & scope.keys or \
+                    not keys.isdisjoint(scope.source):
+                causes.add(pending.cause)
+                break
+    return tuple(sorted(causes))

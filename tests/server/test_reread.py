@@ -278,6 +278,114 @@ async def test_a_full_disks_pause_keeps_the_checkpoint_before_a_pending_repairs_
     store.close()
 
 
+async def test_a_store_ahead_of_a_replay_gets_before_images_with_the_repairs_it_holds(
+        tmp_path, source: Source):
+    """Found by the soak (seed 100: an update's and a delete's before-image without a
+    cascade's repair the store held). A resume in the process replays from the checkpoint;
+    the store, ahead, skips what it applied, repairs placed in it included, and the replay
+    reads those repairs again, waiting for new watermarks beside a new one of other rows
+    that the store does not hold. An update of a row one of the first kind repaired was
+    told against the stream's rows without that repair, because the store did not hold
+    every repair waiting for the table. It holds every one that includes the row: the
+    binlog's before-image is its row. A sink behind (a Kafka sink that rewound), which
+    holds none of them, still gets the update told against the stream's rows."""
+    db = f"`{source.database}`"
+    source.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)",
+                   f"CREATE TABLE {db}.u (id INT PRIMARY KEY)",
+                   f"INSERT INTO {db}.t VALUES (1, 1), (2, 2)")
+    layout = _layout(source, "t")
+    path = str(tmp_path / "data")
+    store = _Stream(path).store
+    sink = StoreSink(store)
+    views = Views(str(tmp_path / "views.sqlite"))
+    given: list[Any] = []
+
+    behind = _Behind()
+
+    def pipeline_from(start: GtidState, before: Pipeline | None = None) -> Pipeline:
+        sinks: list[Any] = [sink, behind] if before else [sink]
+        return Pipeline(Handoff(asyncio.get_running_loop()), sinks, start,
+                        repairer=Repairer(parse_source_url(source.url), store.catalog, views),
+                        placements=before.placements if before else None,
+                        applied=lambda name, changes: given.extend(changes)
+                        if name == sink.name else None)
+
+    def hidden(statement: str) -> None:  # a change no row event tells
+        conn = source.server.connect(source.database)
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION sql_log_bin = 0")
+            cur.execute(statement)
+        conn.close()
+
+    def marker(key: int) -> Rowless:
+        return Rowless(source.database, "t", f"a test's hidden change of {key}", ("id",),
+                       ((key,),), layout)
+
+    def transaction(n: int, at: BinlogPosition, *changes: Any) -> list[Any]:
+        return [Begin(Gtid(9, 1, n), 0), *changes, Commit(_named(n, at), 0)]
+
+    first = _position(source)
+    pipeline = pipeline_from(GtidState())
+    await pipeline._apply(transaction(1, first, Rows(layout, RowsKind.INSERT, 0,
+                                                     [(1, 1), (2, 2)])))
+    await pipeline.flush()
+    hidden(f"UPDATE {db}.t SET v = 3 WHERE id = 2")
+    replayed = transaction(2, first, marker(2))  # repaired at once: the source is there
+    source.execute(f"UPDATE {db}.t SET v = 5 WHERE id = 1")
+    updated = _position(source)
+    replayed += transaction(3, updated, Rows(layout, RowsKind.UPDATE, 0, [(1, 1), (1, 5)]))
+    hidden(f"UPDATE {db}.t SET v = 10 WHERE id = 1")
+    replayed += transaction(4, updated, marker(1))
+    await pipeline._apply(replayed)
+    assert not pipeline.repair_pending
+    assert [r.rows for r in given if isinstance(r, Rows) and r.repair] == \
+        [[(2, 2), (2, 3)], [(1, 5), (1, 10)]]
+
+    # Resumed in the process from the checkpoint (after transaction 1): the store skips
+    # 2 to 4 and their repairs, read again at the source's new position; the sink behind
+    # holds transaction 1 only
+    source.execute(f"INSERT INTO {db}.u VALUES (1)")
+    behind.applied = _named(1, first)
+    pipeline = pipeline_from(_named(1, first).gtid_state, pipeline)
+    await pipeline._apply(replayed)
+    hidden(f"UPDATE {db}.t SET v = 30 WHERE id = 2")
+    await pipeline._apply(transaction(5, updated, marker(2)))  # not the store's: new
+    source.execute(f"UPDATE {db}.t SET v = 11 WHERE id = 1")
+    given.clear()
+    behind.given.clear()
+    await pipeline._apply(transaction(6, updated, Rows(layout, RowsKind.UPDATE, 0,
+                                                       [(1, 10), (1, 11)])))
+    assert pipeline.repair_pending, "the watermarks are ahead of the stream"
+    assert [r.rows for r in given if isinstance(r, Rows)] == [[(1, 10), (1, 11)]]
+    assert [r.rows for r in behind.given if isinstance(r, Rows)] == [[(1, 5), (1, 11)]]
+    views.close()
+    store.close()
+
+
+class _Behind:
+    """A sink that keeps what it is given, behind the store (in memory: what is tested is
+    which variant of a change the pipeline gives it)."""
+
+    name = "behind"
+    after: tuple[str, ...] = ()
+    active = True
+    unrepaired = None
+
+    def __init__(self) -> None:
+        self.applied: BinlogPosition | None = None
+        self.durable: BinlogPosition | None = None
+        self.given: list[Any] = []
+
+    async def apply(self, changes: list[Any]) -> None:
+        self.given += changes
+
+    async def flush(self) -> BinlogPosition | None:
+        return self.durable
+
+    async def keep_up(self, unrepaired: Any) -> None:
+        pass
+
+
 def _named(sequence: int, position: BinlogPosition) -> BinlogPosition:
     """``position`` after the hand-made transaction 9-1-``sequence``."""
     return replace(position, gtid_state=GtidState([Gtid(9, 1, sequence)]))
