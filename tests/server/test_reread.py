@@ -225,9 +225,7 @@ async def test_a_full_disks_pause_keeps_the_checkpoint_before_a_pending_repairs_
                    f"INSERT INTO {db}.t VALUES (1, 1)")
     layout = _layout(source, "t")
     path = str(tmp_path / "data")
-    store = _Stream(path).store
-    sink = StoreSink(store)
-    views = Views(str(tmp_path / "views.sqlite"))
+    store, sink, views = _stored_stream(tmp_path)
     applied: list[Any] = []
 
     def pipeline_from(start: GtidState, repairer: Repairer, before: Pipeline | None = None
@@ -294,10 +292,7 @@ async def test_a_store_ahead_of_a_replay_gets_before_images_with_the_repairs_it_
                    f"CREATE TABLE {db}.u (id INT PRIMARY KEY)",
                    f"INSERT INTO {db}.t VALUES (1, 1), (2, 2)")
     layout = _layout(source, "t")
-    path = str(tmp_path / "data")
-    store = _Stream(path).store
-    sink = StoreSink(store)
-    views = Views(str(tmp_path / "views.sqlite"))
+    store, sink, views = _stored_stream(tmp_path)
     given: list[Any] = []
 
     behind = _Behind()
@@ -360,6 +355,12 @@ async def test_a_store_ahead_of_a_replay_gets_before_images_with_the_repairs_it_
     assert [r.rows for r in behind.given if isinstance(r, Rows)] == [[(1, 5), (1, 11)]]
     views.close()
     store.close()
+
+
+def _stored_stream(tmp_path: Any) -> tuple[AvroStore, StoreSink, Views]:
+    """A store in ``tmp_path``/data, its sink, and the repair stage's views beside it."""
+    store = _Stream(str(tmp_path / "data")).store
+    return store, StoreSink(store), Views(str(tmp_path / "views.sqlite"))
 
 
 class _Behind:
