@@ -33,7 +33,7 @@ from cdcserver.store.naming import dump_stem
 from mariadb_cdc_client import CdcClient, ChangeRecord, SchemaChange, SyncCdcClient
 from mariadb_cdc_client.dump import DumpHeader, DumpRows, apply, read_dump
 from tests.conftest import RunningService, Source
-from tests.helpers import PASSWORD, USER, RawClient, kill_when, wait_until
+from tests.helpers import PASSWORD, USER, RawClient, joined, kill_when, wait_until
 
 pytestmark = pytest.mark.mariadb
 
@@ -58,7 +58,7 @@ class Writer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
-        self.thread.join(30)
+        joined(self.thread)
 
     def _run(self) -> None:
         conn = self.source.server.connect(self.source.database)

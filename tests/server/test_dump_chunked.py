@@ -31,7 +31,7 @@ from cdcserver.store.naming import dump_stem
 from mariadb_cdc_client import SyncCdcClient
 from mariadb_cdc_client.dump import DumpRows, apply, read_dump
 from tests.conftest import RunningService, Source
-from tests.helpers import PASSWORD, USER, eventually, kill_when, wait_until
+from tests.helpers import PASSWORD, USER, eventually, joined, kill_when, wait_until
 from tests.server.test_dump import Writer, _follow_until, _loaded, _orders, _table_rows
 
 pytestmark = pytest.mark.mariadb
@@ -188,7 +188,7 @@ async def test_a_composite_string_key_is_ranged_by_sampled_boundaries(
             DumpOptions(DumpConfig(chunk_rows=100, readers=3)))
     finally:
         stop.set()
-        churner.join(30)
+        joined(churner)
     assert "3 readers over 3 key ranges" in caplog.text
     info = results[0].info
     report = await asyncio.to_thread(
@@ -480,7 +480,7 @@ async def test_a_table_growing_at_the_end_of_its_key_does_not_keep_the_dump_read
             (result,) = await asyncio.wait_for(dumping, 120)  # a hang guard: about 1 s
         finally:
             stop.set()
-            grower.join(30)
+            joined(grower)
         source.execute(f"INSERT INTO {table} (id, v) VALUES (10000000, -1)")
         await cdc.caught_up(source)
         image: dict[tuple[Any, ...], dict[str, Any]] = {}
