@@ -140,9 +140,8 @@ def _covering(waiting: list[Pending], table: TableName, key: tuple[str, ...],
     the run before and not a later cascade's of other rows, and was given a delete told
     against rows without the first). A repair of the whole table, or one whose rows were
     keyed otherwise, includes every row. Empty when none is known to include them."""
-    names = [c.name for c in rows.layout.columns]
-    keys = {pack(tuple(dict(zip(names, values, strict=True)).get(c) for c in key))
-            for values in rows.rows}
+    index = rows.layout.primary_key  # ``key``'s columns, as TableView.key_of packs them
+    keys = {pack(tuple(values[i] for i in index)) for values in rows.rows}
     causes = set()
     for pending in waiting:
         for scope in pending.scopes:
