@@ -143,7 +143,7 @@ def joined(thread: threading.Thread, timeout: float = 120.0) -> None:
     writer told to stop whose ``join(30)`` gave up on a loaded machine would commit after
     the test's last row, and the table would hold a change the stream, read up to that
     row, cannot have: one way to get what test_dump's concurrent-writes test once found
-    beside two soaks (one update missing; not reproduced in 60 runs since)."""
+    beside two soaks (one update missing; not reproduced since in 380 runs under load)."""
     thread.join(timeout)
     if thread.is_alive():
         raise AssertionError(f"{thread.name} did not stop within {timeout:g} s")
