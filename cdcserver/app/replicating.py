@@ -94,9 +94,11 @@ class Replication:
                 await asyncio.wait_for(asyncio.shield(task), timeout=FINISH_TIMEOUT)
             except TimeoutError:
                 await _cancelled(task)
-        if not self.runner.repair_pending() and not self._store.damaged:
-            # (a repair not yet out: the checkpoint must stay before the change it repairs,
-            # so that the next start reads the change, and repairs it, again)
+        if self.runner.may_checkpoint(self.sinks[0]) and not self._store.damaged:
+            # (not while a repair is not yet out: the checkpoint must stay before the change
+            # it repairs, so that the next start reads the change, and repairs it, again;
+            # nor while a replay has not reached where the store stood, nor after a part
+            # failed half applied: Pipeline.may_checkpoint)
             try:
                 await self._store.flush()
             except DiskFull as exc:  # the stop goes on: the next start replays a little more

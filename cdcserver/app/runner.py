@@ -124,6 +124,11 @@ class ReplicationRunner:
         change it repairs."""
         return self.pipeline is not None and self.pipeline.repair_pending
 
+    def may_checkpoint(self, sink: Sink) -> bool:
+        """Whether ``sink``'s checkpoint may be written where it stands
+        (:meth:`Pipeline.may_checkpoint`; always, before the first pipeline)."""
+        return self.pipeline is None or self.pipeline.may_checkpoint(sink)
+
     def resyncing(self) -> set[TableName]:
         """The tables whose resync is under way."""
         repairer = self.pipeline.repairer if self.pipeline is not None else None
@@ -384,14 +389,15 @@ class ReplicationRunner:
 
     @staticmethod
     async def _checkpoint_at_pause(sink: Sink, pipeline: Pipeline | None) -> None:
-        """The sink's checkpoint written before replication starts over from it, or while a
-        repair was pending when the pause came, what a flush does short of the checkpoint
-        (:meth:`Sink.keep_up`). A sink that rewound instead (the Kafka sink whose commit the
-        pause cut short reads the position committed back) already stands at its last
-        commit: nothing more to write. (Raised, the rewind stopped the service: the pause
-        is outside the loop that takes it.)"""
+        """The sink's checkpoint written before replication starts over from it, or where
+        none may be written (:meth:`Pipeline.may_checkpoint`: a repair was pending when the
+        pause came, or the part the full disk cut short moved the sink), what a flush does
+        short of the checkpoint (:meth:`Sink.keep_up`). A sink that rewound instead (the
+        Kafka sink whose commit the pause cut short reads the position committed back)
+        already stands at its last commit: nothing more to write. (Raised, the rewind
+        stopped the service: the pause is outside the loop that takes it.)"""
         try:
-            if pipeline is not None and pipeline.repair_pending:
+            if pipeline is not None and not pipeline.may_checkpoint(sink):
                 await sink.keep_up(lambda: pipeline.unrepaired_for(sink.name))
             else:
                 await sink.flush()

@@ -194,6 +194,12 @@ class _ReplayFilter:
         self._skipped_causes: set[str] = set()  # the transactions dropped that were causes
         self._placed_held: dict[str, bool] = {}  # cause -> placed in a transaction dropped
 
+    @property
+    def replaying(self) -> bool:
+        """Whether the stream has not yet reached where this sink stood (it drops what it
+        applied before): a repair whose change is between is not pending again yet."""
+        return bool(self._waiting) or self._skipping is not None
+
     def __call__(self, changes: list[Change], marked: bool = False) -> list[Change]:
         """``changes`` without what this sink holds already; ``marked``: they hold changes
         a repair beside the stream holds back (:meth:`_withheld_or_released`)."""
@@ -367,6 +373,9 @@ class Pipeline:
         # each sink's: the causes of the repairs not yet placed after the last part it was
         # given (Sink.keep_up)
         self._unrepaired: dict[str, frozenset[str] | None] = {}
+        # where each sink stood after its last apply that ended whole, and whether one failed
+        self._part_end = {s.name: s.applied for s in sinks}
+        self._part_failed = False
         self._later_batches = self._later_parts = 0  # after the one being applied
         if repairer is not None:
             repairer.input_waiting = self._input_waiting
@@ -507,7 +516,12 @@ class Pipeline:
             for sink, keep in zip(self.sinks, self._filters, strict=True):
                 changes = keep(batch, marked)
                 if changes:
-                    await self._timed(sink.name, sink.apply(changes))
+                    try:
+                        await self._timed(sink.name, sink.apply(changes))
+                    except BaseException:
+                        self._part_failed = True  # (it may have committed some of them)
+                        raise
+                    self._part_end[sink.name] = sink.applied
                     # (no await between: a sink's commit, waiting for its lock, reads it next)
                     self._unrepaired[sink.name] = keep.unheld(unrepaired)
                     if self.applied is not None:
@@ -547,11 +561,33 @@ class Pipeline:
         return waiting
 
     async def flush(self) -> None:
+        """Every sink's checkpoint that :meth:`may_checkpoint` (the pipeline ends)."""
+        held = [sink for sink in self.sinks if not self.may_checkpoint(sink)]
+        if held:
+            log.warning("no checkpoint now for %s (%s): a restart replays from the last one",
+                        ", ".join(s.name for s in held), self._why_no_checkpoint(held[0]))
+        await asyncio.gather(*(sink.flush() for sink in self.sinks if sink not in held))
+
+    def may_checkpoint(self, sink: Sink) -> bool:
+        """Whether ``sink``'s checkpoint may be written where it stands now
+        (:meth:`_why_no_checkpoint` says why not)."""
+        return not self._why_no_checkpoint(sink)
+
+    def _why_no_checkpoint(self, sink: Sink) -> str:
+        """Empty, or why no checkpoint of ``sink`` may be written now: while a repair waits
+        for its watermark (it would pass the change being repaired); while the replay has
+        not reached where the sink stood (a pipeline started again in the process: a
+        repair whose change is between is not pending again yet, and the store stands
+        past its checkpoint); after a part failed with the sink elsewhere than its last
+        whole apply left it (a repair placed in the part, whose change the sink committed
+        before the failure, is in no list)."""
         if self.repair_pending:
-            log.warning("a repair waits for its watermark: no checkpoint now; a restart "
-                        "replays from the last one")
-            return
-        await asyncio.gather(*(sink.flush() for sink in self.sinks))
+            return "a repair waits for its watermark"
+        if self._filters[self.sinks.index(sink)].replaying:
+            return "the replay has not reached where it stood"
+        if self._part_failed and sink.applied != self._part_end.get(sink.name):
+            return "a part failed half applied"
+        return ""
 
     async def _flush_periodically(self) -> None:
         """Each sink on its own cadence: one waiting for a broker does not hold back the
@@ -581,7 +617,7 @@ class Pipeline:
     async def _flush_loop(self, sink: Sink) -> None:
         while True:
             await asyncio.sleep(self.flush_interval)
-            if self.repair_pending:
+            if not self.may_checkpoint(sink):
                 await sink.keep_up(lambda: self.unrepaired_for(sink.name))
                 continue
             try:

@@ -304,7 +304,8 @@ async def test_a_repair_whose_views_meet_a_disk_fault_quarantines_nothing(
             assert not service.health().get("quarantined"), service.health()
         disk.heal()
         source.execute(f"UPDATE `{db}`.t SET x = 8 WHERE id <= 10")
-        assert await asyncio.to_thread(chaos.caught_up, service, conn, 120)
+        assert await asyncio.to_thread(chaos.caught_up, service, conn, 120), \
+            service.text()[-6000:]
     finally:
         conn.close()
     assert "quarantined" not in service.text(), service.text()[-3000:]

@@ -629,7 +629,7 @@ async def test_a_pause_while_a_repair_is_pending_keeps_the_checkpoint_before_its
     await _committed_once(sink)
     producer = await _one_transaction(sink, 2)
     producer.batches[1].set_result(None)
-    pending = SimpleNamespace(repair_pending=True,
+    pending = SimpleNamespace(repair_pending=True, may_checkpoint=lambda sink: False,
                               unrepaired_for=lambda name: frozenset({"0-1-2"}))
     runner = await _paused_for_a_full_disk(sink, str(tmp_path), pending)
     assert runner.state is State.REPLICATING

@@ -88,3 +88,42 @@ async def test_a_part_that_failed_under_a_repairs_rows_leaves_the_repair_pending
     with pytest.raises(DiskFull):
         await pipeline._apply(_transaction(2))
     assert pipeline.repair_pending
+
+
+async def test_no_checkpoint_while_the_replay_is_behind_where_the_sink_stood():
+    """Third review of the recorded repairs. After a restart in the process the store stands
+    past its checkpoint, where the replay starts: a repair whose change lies between is not
+    pending again until the replay gets there, so a checkpoint where the store stands, with
+    nothing pending yet, passed the change unrepaired (a kill then lost the repair)."""
+    ahead = _Sink("avro", _position(5))
+    pipeline = _pipeline([ahead], _Repairs(), start=2)
+    assert not pipeline.may_checkpoint(ahead)  # type: ignore[arg-type]
+    await pipeline._apply([*_transaction(3), *_transaction(4)])
+    assert not pipeline.may_checkpoint(ahead)  # type: ignore[arg-type]
+    await pipeline._apply(_transaction(5))  # (the replay reaches where it stood)
+    assert pipeline.may_checkpoint(ahead)  # type: ignore[arg-type]
+    assert ahead.given == []  # (it held them all)
+
+
+async def test_no_checkpoint_of_a_sink_a_failed_part_moved():
+    """Third review. A part failed after the store committed some of it (the disk filled
+    under a later transaction): a repair that began and was placed inside the part is in no
+    list, so the pause's checkpoint where the store stopped passed the change repaired
+    without its rows. The store may checkpoint only where its last whole apply left it; a
+    sink the failed part did not move may."""
+    store, other = _Sink("avro", _position(1)), _Sink("kafka", _position(1))
+    pipeline = _pipeline([store, other], _Repairs(), start=1)
+    await pipeline._apply(_transaction(2))
+    assert pipeline.may_checkpoint(store)  # type: ignore[arg-type]
+
+    async def commits_some_then_fills(changes: list[Change]) -> None:
+        store.applied = _position(3)  # (T3 committed, then no room for T4)
+        raise DiskFull("no room")
+
+    store.apply = commits_some_then_fills  # type: ignore[method-assign]
+    with pytest.raises(DiskFull):
+        await pipeline._apply([*_transaction(3), *_transaction(4)])
+    assert not pipeline.may_checkpoint(store)  # type: ignore[arg-type]
+    assert pipeline.may_checkpoint(other)  # type: ignore[arg-type]  (never reached)
+    store.applied = _position(2)  # (had it rolled back to where the last whole part left it)
+    assert pipeline.may_checkpoint(store)  # type: ignore[arg-type]
