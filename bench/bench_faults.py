@@ -2,7 +2,7 @@
 infrastructure faults, then every table against SELECT and a resuming client's ledger.
 
     .venv/bin/python -m bench.bench_faults [--faults 1000] [--seed 55] [--kinds K,K,...]
-        [--check-every 100]
+        [--check-every 100] [--steps-between 10,40] [--min-available-mib 1024]
 
 Runs ``tests/faultsoak.py`` (the same soak the suite runs short, in
 ``tests/integration/test_fault_soak.py``): a MariaDB server in a network namespace of its own
@@ -15,8 +15,16 @@ killed with -9 or restarted; the data directory's disk failing with EIO on write
 turned read-only, full, or syncing a second slower, for 2-8 s, through ``tests/diskfault``'s
 shim; the link to the Kafka broker, in a namespace of its own, partitioned, half-open or
 slow).
-The service publishes every change exactly once to that broker (``--no-kafka``: no broker),
-and a read_committed consumer reads the ledger's topic at each check.
+The service publishes every change exactly once to that broker, one topic for the database
+(``--no-kafka``: no broker), and a read_committed consumer reads the ledger's rows from it at
+each check.
+
+Between faults the workload takes 10 to 40 steps (``--steps-between``). Each check rebuilds
+every table from its stream, through every rename the migrations made since the start, so
+its time and memory grow with the statements run: a long run of 1,000 faults takes fewer
+steps between them (``--steps-between 3,10``: about a quarter of the default's steps). The run stops, its last check's figures printed, if the machine's available memory
+falls below ``--min-available-mib`` (a check past the machine's memory would have the kernel
+kill whatever it picks).
 
 Prints the faults by kind, the statements, exits of the service by itself (goal 0), faults
 it did not recover from within 180 s (goal 0), checks it did not catch up for within 180 s
@@ -34,7 +42,10 @@ import argparse
 import asyncio
 import os
 import shutil
+import signal
 import sys
+import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -45,9 +56,34 @@ from tests.apache_kafka import ApacheKafka
 from tests.netfault import Host
 
 USER, PASSWORD = "soak", "soak"
-# The broker's heap: each renamed table makes a topic, and the long run's thousands ran the
+# The broker's heap: when each renamed table made a topic, the long run's thousands ran the
 # tests' 256 MB broker out of heap (seeds 84 and 93: OutOfMemoryError, then it stopped).
 SOAK_KAFKA_HEAP = "1g"
+MEMORY_LOOK = 2.0  # seconds between the watchdog's looks at MemAvailable
+
+
+def _available_mib() -> int:
+    with open("/proc/meminfo") as f:
+        for text in f:
+            if text.startswith("MemAvailable:"):
+                return int(text.split()[1]) // 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def _watch_memory(least_mib: int) -> None:
+    """Interrupts the run (as Ctrl-C does: every process it started is stopped) once the
+    machine has less than ``least_mib`` MiB available."""
+    def watch() -> None:
+        while True:
+            available = _available_mib()
+            if available < least_mib:
+                print(f"  stopping: {available} MiB of memory available, under "
+                      f"--min-available-mib {least_mib}", flush=True)
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(MEMORY_LOOK)
+
+    threading.Thread(target=watch, name="memory watchdog", daemon=True).start()
 
 
 async def soak(args: argparse.Namespace) -> int:
@@ -76,6 +112,7 @@ async def soak(args: argparse.Namespace) -> int:
             figures = await faultsoak.run(
                 server, host, "soak", data_dir, users, USER, PASSWORD, seed=args.seed,
                 faults=args.faults, kinds=kinds, check_every=args.check_every,
+                steps_between=args.steps_between,
                 kafka=kafka, kafka_host=kafka_host if kafka is not None else None,
                 log_path=os.path.join(OUT, "faults-service.log"),
                 progress=lambda text: print(f"  ... {text}", flush=True),
@@ -111,9 +148,24 @@ def main() -> None:
                         ", ".join((*faultsoak.KINDS, *faultsoak.KAFKA_KINDS)))
     parser.add_argument("--no-kafka", dest="kafka", action="store_false",
                         help="no Kafka broker: the service publishes nowhere, no Kafka faults")
+    parser.add_argument("--steps-between", type=_steps, default=(10, 40),
+                        help="LO,HI: the workload's steps before each fault, drawn between")
+    parser.add_argument("--min-available-mib", type=int, default=1024,
+                        help="stop the run when the machine has less memory available")
     args = parser.parse_args()
     announce_code_path()
+    print(f"  workload: {args.steps_between[0]} to {args.steps_between[1]} steps before each "
+          f"fault", flush=True)
+    _watch_memory(args.min_available_mib)
     sys.exit(asyncio.run(soak(args)))
+
+
+def _steps(text: str) -> tuple[int, int]:
+    low, _, high = text.partition(",")
+    steps = (int(low), int(high or low))
+    if not 0 <= steps[0] <= steps[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: LO,HI with 0 <= LO <= HI")
+    return steps
 
 
 if __name__ == "__main__":
