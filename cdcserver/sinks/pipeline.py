@@ -34,6 +34,7 @@ from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState, binlog_ordinal,
 from cdcserver.core.handoff import Handoff
 from cdcserver.core.names import TableName
 from cdcserver.replication.xa import PreparedXa
+from cdcserver.reread.markers import OTHERS
 from cdcserver.reread.repair import Repairer
 from cdcserver.reread.repairstate import cause_of, repair_note
 from cdcserver.schema.masking import project_layout
@@ -190,7 +191,7 @@ class _ReplayFilter:
         self._skipping: Gtid | None = None  # the open transaction, being dropped
         self._placements = placements
         self._skipped: set[object] = set()  # the transactions dropped a repair was placed in
-        self._unrepaired = unrepaired
+        self._unrepaired = _transactions_named(unrepaired)
         self._skipped_causes: set[str] = set()  # the transactions dropped that were causes
         self._placed_held: dict[str, bool] = {}  # cause -> placed in a transaction dropped
 
@@ -287,8 +288,7 @@ class _ReplayFilter:
         return frozenset(c for c in causes if not self._holds_cause(c))
 
     def _holds_cause(self, cause: str) -> bool:
-        if self._unrepaired is not None and cause in self._skipped_causes and \
-                cause not in self._unrepaired:
+        if self._recorded_as_placed(cause):
             return True
         if self._placements is None or not self._skipped:
             return False
@@ -297,6 +297,16 @@ class _ReplayFilter:
             held = self._placed_held[cause] = self._placements.placed_in_any(cause,
                                                                              self._skipped)
         return held
+
+    def _recorded_as_placed(self, cause: str) -> bool:
+        """Whether the sink's record says it holds the repair of ``cause``: every
+        transaction it names was skipped here and is not one the record names as unplaced
+        (a name ending "and others" does not say which it covers: not held)."""
+        if self._unrepaired is None:
+            return False
+        named = cause.split(", ")
+        return OTHERS not in named and all(
+            c in self._skipped_causes and c not in self._unrepaired for c in named)
 
     def _holds(self, rows: Rows) -> bool:
         """Whether the sink holds the repair ``rows`` are records of: by their cause, since a
@@ -320,6 +330,16 @@ class _ReplayFilter:
                 "another server). Replication stops so that nothing is applied twice or "
                 "skipped; start the sink from a new data directory, or set its checkpoint "
                 "to a position of this source.")
+
+
+def _transactions_named(causes: frozenset[str] | None) -> frozenset[str] | None:
+    """Each transaction the causes of a sink's recorded unplaced repairs name: repairs read
+    at one watermark are named together ("0-1-3, 0-1-4"), and a replay may read them apart.
+    None (not known) when one names only some ("..., and others")."""
+    if not causes:
+        return causes
+    named = frozenset(c for cause in causes for c in cause.split(", "))
+    return None if OTHERS in named else named
 
 
 def segments(batch: list[Change]) -> list[list[Change]]:

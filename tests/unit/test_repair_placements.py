@@ -197,6 +197,37 @@ def test_a_sink_that_recorded_its_unplaced_repairs_gets_only_those_again():
     assert _change(6) in given
 
 
+def _repair_of_merged(cause: str, row: int) -> Rows:
+    return Rows(LAYOUT, RowsKind.UPDATE, 0, [(row, 1), (row, None)],
+                repair=NOTE.replace("0-1-3", cause))
+
+
+def test_a_recorded_cause_naming_several_repairs_holds_none_of_them():
+    """Third review of the recorded repairs. Repairs read at one watermark are named
+    together ("0-1-3, 0-1-4"), and a sink's record keeps that name; the replay after a
+    restart may read them apart ("0-1-3"), which the record did not name as such, so the
+    sink was taken to hold it and never got it (a loss). Each transaction a recorded name
+    names is unplaced; a name ending "and others" does not say which: none is held by the
+    record then (a duplicate at worst)."""
+    replay = [*_cause(3), *_cause(4), *_transaction(5, _change(5)),
+              *_transaction(6, _repair_of(3, 30), _repair_of(4, 40))]
+    merged = _ReplayFilter("kafka", _position(5), GtidState([Gtid(0, 1, 2)]), None,
+                           frozenset({"0-1-3, 0-1-4"}))
+    assert [r.rows[0][0] for r in _repairs(merged(replay))] == [30, 40]
+    others = _ReplayFilter("kafka", _position(5), GtidState([Gtid(0, 1, 2)]), None,
+                           frozenset({"0-1-1, and others"}))
+    assert [r.rows[0][0] for r in _repairs(others(replay))] == [30, 40]
+    # read together again: held only where every transaction it names is held
+    again = [*_cause(3), *_cause(4), *_transaction(5, _change(5)),
+             *_transaction(6, _repair_of_merged("0-1-3, 0-1-4", 34))]
+    one = _ReplayFilter("kafka", _position(5), GtidState([Gtid(0, 1, 2)]), None,
+                        frozenset({"0-1-4"}))
+    assert [r.rows[0][0] for r in _repairs(one(again))] == [34]
+    none = _ReplayFilter("kafka", _position(5), GtidState([Gtid(0, 1, 2)]), None,
+                         frozenset())
+    assert _repairs(none(again)) == []
+
+
 def test_a_sink_without_such_a_record_gets_every_repair_read_again():
     """The store records none (its checkpoint is never written while a repair is pending):
     only the placements known in this process say what it holds."""
