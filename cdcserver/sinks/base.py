@@ -78,10 +78,18 @@ class Sink(Protocol):
 
     @property
     def unrepaired(self) -> frozenset[str] | None:
-        """The causes (GTIDs) of the repairs not yet placed when its ``applied`` was reached,
-        as it recorded them (None: it records none). A pipeline started again gives it a
-        repair read again only if its cause is one of them or ``applied`` did not cover its
-        cause: it holds the others already."""
+        """The causes (GTIDs) of the repairs not yet placed when :attr:`unrepaired_at` was
+        reached, as it recorded them (None: it records none). A pipeline started again gives
+        it a repair read again only if its cause is one of them or ``unrepaired_at`` did not
+        cover its cause: it holds the others already (of the causes past ``unrepaired_at``,
+        the pipeline's placements tell which it holds)."""
+        ...
+
+    @property
+    def unrepaired_at(self) -> BinlogPosition | None:
+        """Where :attr:`unrepaired` was recorded: ``applied`` for a sink that keeps nothing
+        past its record (Kafka's last commit); the store's checkpoint, which it passes in a
+        pipeline started again in the process."""
         ...
 
     @property

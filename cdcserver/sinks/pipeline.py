@@ -176,18 +176,20 @@ class _ReplayFilter:
     A repair is read again when the stream passes its cause again, and placed in a later
     transaction than before; the sink is not given it a second time if it holds it: its first
     placement is a transaction it skipped (:class:`RepairPlacements`, within one process), or
-    the sink records which repairs were not yet placed where it stands
-    (:attr:`Sink.unrepaired`), its cause is a transaction it skipped and not one of them."""
+    the sink records which repairs were not yet placed where it recorded that
+    (:attr:`Sink.unrepaired`, at ``unrepaired_at``): its cause is a transaction it skipped up to
+    there and not one of them."""
 
     def __init__(self, name: str, durable: BinlogPosition | None, start: GtidState,
                  placements: RepairPlacements | None = None,
-                 unrepaired: frozenset[str] | None = None) -> None:
+                 unrepaired: frozenset[str] | None = None,
+                 unrepaired_at: BinlogPosition | None = None) -> None:
         self.name = name
         self.durable = durable
-        self._waiting: dict[int | str, Gtid] = {}
-        if durable is not None:
-            self._waiting = {g.key: g for g in durable.gtid_state
-                             if not same_transaction(start.get(g.key), g)}
+        self._waiting = _transactions_until(durable, start)
+        # the domains whose transaction at unrepaired_at is not passed yet (default: durable)
+        self._recorded = self._waiting.copy() if unrepaired_at is None else \
+            _transactions_until(unrepaired_at, start)
         self._skipping: Gtid | None = None  # the open transaction, being dropped
         self._placements = placements
         self._skipped: set[object] = set()  # the transactions dropped a repair was placed in
@@ -223,10 +225,12 @@ class _ReplayFilter:
             skipped = True
             if isinstance(change, Commit):
                 self._note_skipped(self._skipping)
-                if same_transaction(self._waiting.get(self._skipping.key), self._skipping):
-                    del self._waiting[self._skipping.key]
+                for passing in (self._waiting, self._recorded):
+                    if same_transaction(passing.get(self._skipping.key), self._skipping):
+                        del passing[self._skipping.key]
                 self._skipping = None
-            elif isinstance(change, (Rowless, Ddl)) and self._unrepaired is not None:
+            elif isinstance(change, (Rowless, Ddl)) and self._unrepaired is not None and \
+                    self._skipping.key in self._recorded:  # (as of its record: a cause)
                 self._skipped_causes.add(str(self._skipping))  # (a statement's repairs too)
             elif isinstance(change, Abort):
                 self._skipping = None  # it will be read again whole
@@ -332,6 +336,15 @@ class _ReplayFilter:
                 "to a position of this source.")
 
 
+def _transactions_until(position: BinlogPosition | None,
+                        start: GtidState) -> dict[int | str, Gtid]:
+    """Per domain, the transaction ``position`` names that a stream from ``start`` brings
+    (the domains it is not passed in yet)."""
+    if position is None:
+        return {}
+    return {g.key: g for g in position.gtid_state if not same_transaction(start.get(g.key), g)}
+
+
 def _transactions_named(causes: frozenset[str] | None) -> frozenset[str] | None:
     """Each transaction the causes of a sink's recorded unplaced repairs name: repairs read
     at one watermark are named together ("0-1-3, 0-1-4"), and a replay may read them apart.
@@ -379,7 +392,7 @@ class Pipeline:
         self.flush_interval = flush_interval
         self.placements = placements if placements is not None else RepairPlacements()
         self._filters = [_ReplayFilter(s.name, s.applied, start, self.placements,
-                                       s.unrepaired)
+                                       s.unrepaired, s.unrepaired_at)
                          for s in sinks]
         self.state = start  # after the last transaction every sink has applied
         self.transactions = 0

@@ -34,12 +34,15 @@ class StoreSink:
     @property
     def unrepaired(self) -> frozenset[str] | None:
         """None of the repairs of the changes its checkpoint covers is unplaced (none is
-        written while one is pending): the empty set while it stands at its checkpoint (a
-        start), so that a replay from another sink's earlier one gives it none of those
-        again. None past it (a pipeline started again in the process): what it applied
-        since is told by the pipeline's placements."""
-        position = self.store.position
-        return frozenset() if position is None or position == self.store.durable else None
+        written while one is pending): the empty set, so that a replay from another sink's
+        earlier checkpoint gives it none of those again. Past its checkpoint (a pipeline
+        started again in the process), what it applied since is told by the pipeline's
+        placements (:attr:`unrepaired_at`)."""
+        return frozenset()
+
+    @property
+    def unrepaired_at(self) -> BinlogPosition | None:
+        return self.store.durable
 
     @property
     def active(self) -> bool:

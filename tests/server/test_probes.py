@@ -49,6 +49,7 @@ class Gate:
     durable: BinlogPosition | None = None
     applied: BinlogPosition | None = None
     unrepaired: frozenset[str] | None = None
+    unrepaired_at: BinlogPosition | None = None
 
     def __init__(self, table: str) -> None:
         self.table = table

@@ -371,6 +371,7 @@ class _Behind:
     after: tuple[str, ...] = ()
     active = True
     unrepaired = None
+    unrepaired_at = None
 
     def __init__(self) -> None:
         self.applied: BinlogPosition | None = None

@@ -27,7 +27,7 @@ def _transaction(n: int) -> list[Change]:
 class _Sink:
     after: tuple[str, ...] = ()
     active = True
-    unrepaired = None
+    unrepaired = unrepaired_at = None
 
     def __init__(self, name: str, applied: BinlogPosition | None) -> None:
         self.name = name

@@ -82,6 +82,7 @@ async def test_a_part_a_later_sink_failed_on_still_records_its_repairs_placement
         def __init__(self, name: str, error: BaseException | None = None) -> None:
             self.name, self.error = name, error
             self.applied, self.unrepaired = None, None
+            self.unrepaired_at = None
             self.given: list[Change] = []
 
         async def apply(self, changes: list[Change]) -> None:
@@ -226,6 +227,20 @@ def test_a_recorded_cause_naming_several_repairs_holds_none_of_them():
     none = _ReplayFilter("kafka", _position(5), GtidState([Gtid(0, 1, 2)]), None,
                          frozenset())
     assert _repairs(none(again)) == []
+
+
+def test_a_store_past_its_checkpoint_holds_the_repairs_its_checkpoint_covers():
+    """Replication started again in the process (a disk fault) beside a Kafka sink behind the
+    store: the store stands at 8, past its checkpoint at 5 (written with no repair pending:
+    it holds every repair of the changes up to 5). It was taken to know nothing of what it
+    holds, and was given a repair of 3 read again a second time (a duplicate in its stream);
+    the repair of 7, whose change it applied past its checkpoint and whose placement this
+    process never saw, it is given."""
+    store = _ReplayFilter("avro", _position(8), GtidState([Gtid(0, 1, 2)]), RepairPlacements(),
+                          frozenset(), _position(5))
+    replay = [*_cause(3), *_transaction(5), *_cause(7), *_transaction(8),
+              *_transaction(9, _repair_of(3, 30), _repair_of(7, 70))]
+    assert [r.rows[0][0] for r in _repairs(store(replay))] == [70]
 
 
 def test_a_sink_without_such_a_record_gets_every_repair_read_again():
@@ -389,15 +404,17 @@ def test_the_store_at_its_checkpoint_holds_every_repair_of_what_it_covers():
     """Review of c83efe8: after a start the pipeline knows no placements, and the store
     recorded none, so a replay from the Kafka sink's earlier checkpoint gave the store the
     repairs of changes its checkpoint covers again (their records fold in changes it
-    has). No checkpoint of it is written while a repair is pending: at its checkpoint it
-    holds them all; past it (a pipeline started again in the process) the placements say."""
+    has). No checkpoint of it is written while a repair is pending: it holds them all, of
+    the changes up to its checkpoint; past it (a pipeline started again in the process) the
+    placements say (test_a_store_past_its_checkpoint_holds_the_repairs_its_checkpoint_covers)."""
     from cdcserver.sinks.store import StoreSink
 
     at = StoreSink(SimpleNamespace(position=_position(8), durable=_position(8)))  # type: ignore
     past = StoreSink(SimpleNamespace(position=_position(9), durable=_position(8)))  # type: ignore
-    assert at.unrepaired == frozenset() and past.unrepaired is None
+    assert at.unrepaired == past.unrepaired == frozenset()
+    assert at.unrepaired_at == past.unrepaired_at == _position(8)
     store = _ReplayFilter("avro", _position(8), GtidState([Gtid(0, 1, 2)]), None,
-                          at.unrepaired)
+                          at.unrepaired, at.unrepaired_at)
     replay = [*_cause(3), *_transaction(8), *_transaction(9, _repair_of(3, 30), _change(9))]
     assert _rows_given(store(replay)) == [9]
 

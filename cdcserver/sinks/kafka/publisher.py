@@ -200,6 +200,10 @@ class LeasedSink:
     def unrepaired(self) -> frozenset[str] | None:
         return self._sink.unrepaired if self._sink is not None else None
 
+    @property
+    def unrepaired_at(self) -> BinlogPosition | None:
+        return self._sink.unrepaired_at if self._sink is not None else None
+
     def status(self) -> SinkStatus:
         sink = self._sink
         return SinkStatus(self.name, role="publisher" if self.lease.held else "standby",

@@ -209,6 +209,11 @@ class KafkaSink:
         return self.checkpoint.unrepaired if self.transactions is not None else None
 
     @property
+    def unrepaired_at(self) -> BinlogPosition | None:
+        """Where its last commit published (:attr:`applied`)."""
+        return self.applied
+
+    @property
     def active(self) -> bool:
         """Out of replication while its initial snapshot is published."""
         return self._snapshotting is None
