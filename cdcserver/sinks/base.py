@@ -89,7 +89,7 @@ class Sink(Protocol):
     def unrepaired_at(self) -> BinlogPosition | None:
         """Where :attr:`unrepaired` was recorded: ``applied`` for a sink that keeps nothing
         past its record (Kafka's last commit); the store's checkpoint, which it passes in a
-        pipeline started again in the process."""
+        pipeline started again in the process. (None: at ``applied``.)"""
         ...
 
     @property

@@ -37,8 +37,9 @@ class StoreSink:
         written while one is pending): the empty set, so that a replay from another sink's
         earlier checkpoint gives it none of those again. Past its checkpoint (a pipeline
         started again in the process), what it applied since is told by the pipeline's
-        placements (:attr:`unrepaired_at`)."""
-        return frozenset()
+        placements (:attr:`unrepaired_at`). None before its first checkpoint: it covers
+        nothing."""
+        return frozenset() if self.store.durable is not None else None
 
     @property
     def unrepaired_at(self) -> BinlogPosition | None:

@@ -413,6 +413,8 @@ def test_the_store_at_its_checkpoint_holds_every_repair_of_what_it_covers():
     past = StoreSink(SimpleNamespace(position=_position(9), durable=_position(8)))  # type: ignore
     assert at.unrepaired == past.unrepaired == frozenset()
     assert at.unrepaired_at == past.unrepaired_at == _position(8)
+    first = StoreSink(SimpleNamespace(position=_position(9), durable=None))  # type: ignore
+    assert first.unrepaired is None  # (no checkpoint yet: it records nothing)
     store = _ReplayFilter("avro", _position(8), GtidState([Gtid(0, 1, 2)]), None,
                           at.unrepaired, at.unrepaired_at)
     replay = [*_cause(3), *_transaction(8), *_transaction(9, _repair_of(3, 30), _change(9))]
