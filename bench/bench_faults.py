@@ -2,7 +2,7 @@
 infrastructure faults, then every table against SELECT and a resuming client's ledger.
 
     .venv/bin/python -m bench.bench_faults [--faults 1000] [--seed 55] [--kinds K,K,...]
-        [--check-every 100] [--steps-between 10,40] [--min-available-mib 1024]
+        [--check-every 100] [--steps-between 10,40] [--pace 0] [--min-available-mib 1024]
 
 Runs ``tests/faultsoak.py`` (the same soak the suite runs short, in
 ``tests/integration/test_fault_soak.py``): a MariaDB server in a network namespace of its own
@@ -19,21 +19,23 @@ The service publishes every change exactly once to that broker, one topic for th
 (``--no-kafka``: no broker), and a read_committed consumer reads the ledger's rows from it at
 each check.
 
-Between faults the workload takes 10 to 40 steps (``--steps-between``). Each check rebuilds
-every table from its stream, through every rename the migrations made since the start, so
-its time and memory grow with the statements run: a long run of 1,000 faults takes fewer
-steps between them (``--steps-between 3,10``: about a quarter of the default's steps). The run stops, its last check's figures printed, if the machine's available memory
-falls below ``--min-available-mib`` (a check past the machine's memory would have the kernel
-kill whatever it picks).
+Between faults the workload takes 10 to 40 steps (``--steps-between``), and during a fault as
+many as the source takes (about 700 a fault: seed 106's first 50 faults ran 33,442 steps), or
+``--pace`` a second. Each check rebuilds every table from its stream, through every rename the
+migrations made since the start, so its time and memory grow with the statements run (9 GB and
+12 minutes at 168,548 statements, seeds 103 and 104): a long run of 1,000 faults takes
+``--steps-between 3,10 --pace 25``, about 130 steps a fault. The run stops, its last check's
+figures printed, if the machine's available memory falls below ``--min-available-mib`` (a check
+past the machine's memory would have the kernel kill whatever it picks).
 
-Prints the faults by kind, the statements, exits of the service by itself (goal 0), faults
-it did not recover from within 180 s (goal 0), checks it did not catch up for within 180 s
-(goal 0), tables different from ``SELECT`` (goal 0), stream inconsistencies (goal 0), the
-service's peak memory (RSS, the highest of its runs), the duplicates, gaps and out-of-order
-records of the ledger table seen by the resuming client and by the Kafka consumer (goal 0),
-and the time from each
-fault's end until the service had applied everything the source logged (p50/p99/max, and by
-kind). The code path measured is printed first (the figures are counts and recovery times).
+Prints the faults by kind, the statements, exits of the service by itself (goal 0), faults it
+did not recover from within 180 s (goal 0), checks it did not catch up for within 180 s (goal
+0), tables different from ``SELECT`` (goal 0), stream inconsistencies (goal 0), the service's
+peak memory (RSS, the highest of its runs), the duplicates, gaps and out-of-order records of
+the ledger table seen by the resuming client and by the Kafka consumer (goal 0), and the time
+from each fault's end until the service had applied everything the source logged (p50/p99/max,
+and by kind). The code path measured is printed first (the figures are counts and recovery
+times).
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ async def soak(args: argparse.Namespace) -> int:
             figures = await faultsoak.run(
                 server, host, "soak", data_dir, users, USER, PASSWORD, seed=args.seed,
                 faults=args.faults, kinds=kinds, check_every=args.check_every,
-                steps_between=args.steps_between,
+                steps_between=args.steps_between, pace=args.pace,
                 kafka=kafka, kafka_host=kafka_host if kafka is not None else None,
                 log_path=os.path.join(OUT, "faults-service.log"),
                 progress=lambda text: print(f"  ... {text}", flush=True),
@@ -150,12 +152,16 @@ def main() -> None:
                         help="no Kafka broker: the service publishes nowhere, no Kafka faults")
     parser.add_argument("--steps-between", type=_steps, default=(10, 40),
                         help="LO,HI: the workload's steps before each fault, drawn between")
+    parser.add_argument("--pace", type=float, default=0.0,
+                        help="the workload's steps per second during a fault at most "
+                             "(0: as fast as the source takes them)")
     parser.add_argument("--min-available-mib", type=int, default=1024,
                         help="stop the run when the machine has less memory available")
     args = parser.parse_args()
     announce_code_path()
+    during = f"at most {args.pace:g} a second" if args.pace else "as fast as the source takes them"
     print(f"  workload: {args.steps_between[0]} to {args.steps_between[1]} steps before each "
-          f"fault", flush=True)
+          f"fault, and during it {during}", flush=True)
     _watch_memory(args.min_available_mib)
     sys.exit(asyncio.run(soak(args)))
 

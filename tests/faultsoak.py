@@ -190,9 +190,10 @@ class Soak:
     def __init__(self, server: EmbeddedMariaDB, host: Host, database: str, data_dir: str,
                  users_file: str, user: str, password: str, seed: int, log_path: str,
                  kafka: ApacheKafka | None = None, kafka_host: Host | None = None,
-                 fault_seconds: tuple[float, float] = (2.0, 8.0)) -> None:
+                 fault_seconds: tuple[float, float] = (2.0, 8.0), pace: float = 0.0) -> None:
         self.server, self.host, self.database = server, host, database
         self.fault_seconds = fault_seconds  # how long each fault lasts, drawn between
+        self.pace = pace  # the workload's steps per second during a fault (0: no limit)
         self.kafka, self.kafka_host = kafka, kafka_host
         self.user, self.password = user, password
         self.rng = random.Random(seed)
@@ -249,6 +250,8 @@ class Soak:
         self.figures.slowest_step = max(self.figures.slowest_step, took)
         if took > HELD:
             self.figures.held_steps += 1
+        if self.pace:
+            time.sleep(max(0.0, started + 1 / self.pace - time.monotonic()))
 
     def _steps_until(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -370,17 +373,18 @@ async def run(server: EmbeddedMariaDB, host: Host, database: str, data_dir: str,
               kinds: tuple[str, ...] = KINDS, every_kind: bool = False,
               check_every: int = 0, kafka: ApacheKafka | None = None,
               kafka_host: Host | None = None,
-              fault_seconds: tuple[float, float] = (2.0, 8.0),
+              fault_seconds: tuple[float, float] = (2.0, 8.0), pace: float = 0.0,
               progress: Callable[[str], None] | None = None,
               checked: Callable[[Figures], None] | None = None) -> Figures:
     """``faults`` faults drawn from ``kinds`` (seeded; with ``every_kind`` each kind once
-    first, in a seeded order), ``steps_between`` workload steps before each; then the
+    first, in a seeded order), ``steps_between`` workload steps before each (and during
+    each, at most ``pace`` a second, or as fast as the source takes them); then the
     checks (see the module's description), also after every ``check_every`` faults (0:
     only at the end), each telling ``checked`` the figures so far: a long run cut short
     still has checked figures. With ``kafka`` (in ``kafka_host``, for its kinds of fault)
     the service publishes exactly once, and a read_committed consumer is checked too."""
     soak = Soak(server, host, database, data_dir, users_file, user, password, seed, log_path,
-                kafka, kafka_host, fault_seconds)
+                kafka, kafka_host, fault_seconds, pace)
     figures = soak.figures
     await asyncio.to_thread(soak.setup)
     soak.service.start()
