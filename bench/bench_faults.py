@@ -158,6 +158,10 @@ def main() -> None:
     parser.add_argument("--min-available-mib", type=int, default=1024,
                         help="stop the run when the machine has less memory available")
     args = parser.parse_args()
+    # Ctrl-C's way to stop, for a run started in the background too (a shell starts a
+    # background job with SIGINT ignored, and Python then leaves it so: the watchdog's
+    # interrupt, and a `kill -INT`, did nothing)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     announce_code_path()
     during = f"at most {args.pace:g} a second" if args.pace else "as fast as the source takes them"
     print(f"  workload: {args.steps_between[0]} to {args.steps_between[1]} steps before each "
