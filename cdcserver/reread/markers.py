@@ -82,11 +82,17 @@ MAX_CAUSES = 8  # GTIDs a merged repair's cause names
 OTHERS = "and others"
 
 
+def named(cause: str) -> list[str]:
+    """What a repair's cause names: its transactions (GTIDs), and :data:`OTHERS` last where
+    :func:`together` named only the first few."""
+    return cause.split(", ")
+
+
 def together(repairs: list[tuple[list[Rowless], str]]) -> tuple[list[Rowless], str]:
     """Several repairs as one: every marker, read at one watermark; the cause names the
     transactions (the first few, then "and others")."""
     markers = [m for found, _ in repairs for m in found]
-    causes = list(dict.fromkeys(c for _, cause in repairs for c in cause.split(", ")))
+    causes = list(dict.fromkeys(c for _, cause in repairs for c in named(cause)))
     more = OTHERS in causes or len(causes) > MAX_CAUSES
     named = [c for c in causes if c != OTHERS][:MAX_CAUSES]
     return markers, ", ".join([*named, OTHERS] if more else named)

@@ -34,7 +34,7 @@ from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState, binlog_ordinal,
 from cdcserver.core.handoff import Handoff
 from cdcserver.core.names import TableName
 from cdcserver.replication.xa import PreparedXa
-from cdcserver.reread.markers import OTHERS
+from cdcserver.reread.markers import OTHERS, named
 from cdcserver.reread.repair import Repairer
 from cdcserver.reread.repairstate import cause_of, repair_note
 from cdcserver.schema.masking import project_layout
@@ -308,9 +308,9 @@ class _ReplayFilter:
         (a name ending "and others" does not say which it covers: not held)."""
         if self._unrepaired is None:
             return False
-        named = cause.split(", ")
-        return OTHERS not in named and all(
-            c in self._skipped_causes and c not in self._unrepaired for c in named)
+        transactions = named(cause)
+        return OTHERS not in transactions and all(
+            c in self._skipped_causes and c not in self._unrepaired for c in transactions)
 
     def _holds(self, rows: Rows) -> bool:
         """Whether the sink holds the repair ``rows`` are records of: by their cause, since a
@@ -351,8 +351,8 @@ def _transactions_named(causes: frozenset[str] | None) -> frozenset[str] | None:
     None (not known) when one names only some ("..., and others")."""
     if not causes:
         return causes
-    named = frozenset(c for cause in causes for c in cause.split(", "))
-    return None if OTHERS in named else named
+    transactions = frozenset(c for cause in causes for c in named(cause))
+    return None if OTHERS in transactions else transactions
 
 
 def segments(batch: list[Change]) -> list[list[Change]]:
