@@ -94,5 +94,5 @@ def together(repairs: list[tuple[list[Rowless], str]]) -> tuple[list[Rowless], s
     markers = [m for found, _ in repairs for m in found]
     causes = list(dict.fromkeys(c for _, cause in repairs for c in named(cause)))
     more = OTHERS in causes or len(causes) > MAX_CAUSES
-    named = [c for c in causes if c != OTHERS][:MAX_CAUSES]
-    return markers, ", ".join([*named, OTHERS] if more else named)
+    first = [c for c in causes if c != OTHERS][:MAX_CAUSES]
+    return markers, ", ".join([*first, OTHERS] if more else first)
