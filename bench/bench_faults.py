@@ -2,7 +2,8 @@
 infrastructure faults, then every table against SELECT and a resuming client's ledger.
 
     .venv/bin/python -m bench.bench_faults [--faults 1000] [--seed 55] [--kinds K,K,...]
-        [--check-every 100] [--steps-between 10,40] [--pace 0] [--min-available-mib 1024]
+        [--check-every 100] [--steps-between 10,40] [--pace 0] [--fault-seconds 2,8]
+        [--min-available-mib 1024]
 
 Runs ``tests/faultsoak.py`` (the same soak the suite runs short, in
 ``tests/integration/test_fault_soak.py``): a MariaDB server in a network namespace of its own
@@ -10,7 +11,7 @@ Runs ``tests/faultsoak.py`` (the same soak the suite runs short, in
 namespace's link, and one fault after another drawn from the kinds (default: all of
 ``faultsoak.KINDS`` and ``KAFKA_KINDS``: the service killed with -9; the link to the source
 partitioned, half-open either way, lossy, or slow and reordering (NFQUEUE,
-``tests/netdelay.py``) for 2-8 s while the workload goes on; MariaDB
+``tests/netdelay.py``) for 2-8 s (``--fault-seconds``) while the workload goes on; MariaDB
 killed with -9 or restarted; the data directory's disk failing with EIO on write or fsync,
 turned read-only, full, or syncing a second slower, for 2-8 s, through ``tests/diskfault``'s
 shim; the link to the Kafka broker, in a namespace of its own, partitioned, half-open or
@@ -115,6 +116,7 @@ async def soak(args: argparse.Namespace) -> int:
                 server, host, "soak", data_dir, users, USER, PASSWORD, seed=args.seed,
                 faults=args.faults, kinds=kinds, check_every=args.check_every,
                 steps_between=args.steps_between, pace=args.pace,
+                fault_seconds=args.fault_seconds,
                 kafka=kafka, kafka_host=kafka_host if kafka is not None else None,
                 log_path=os.path.join(OUT, "faults-service.log"),
                 progress=lambda text: print(f"  ... {text}", flush=True),
@@ -152,6 +154,9 @@ def main() -> None:
                         help="no Kafka broker: the service publishes nowhere, no Kafka faults")
     parser.add_argument("--steps-between", type=_steps, default=(10, 40),
                         help="LO,HI: the workload's steps before each fault, drawn between")
+    parser.add_argument("--fault-seconds", type=_seconds, default=(2.0, 8.0),
+                        help="LO,HI: how long each fault lasts, drawn between (a kill and "
+                             "restart takes what it takes)")
     parser.add_argument("--pace", type=float, default=0.0,
                         help="the workload's steps per second during a fault at most "
                              "(0: as fast as the source takes them)")
@@ -165,7 +170,8 @@ def main() -> None:
     announce_code_path()
     during = f"at most {args.pace:g} a second" if args.pace else "as fast as the source takes them"
     print(f"  workload: {args.steps_between[0]} to {args.steps_between[1]} steps before each "
-          f"fault, and during it {during}", flush=True)
+          f"fault, and during it {during}; faults of {args.fault_seconds[0]:g} to "
+          f"{args.fault_seconds[1]:g} s", flush=True)
     _watch_memory(args.min_available_mib)
     sys.exit(asyncio.run(soak(args)))
 
@@ -176,6 +182,14 @@ def _steps(text: str) -> tuple[int, int]:
     if not 0 <= steps[0] <= steps[1]:
         raise argparse.ArgumentTypeError(f"{text!r}: LO,HI with 0 <= LO <= HI")
     return steps
+
+
+def _seconds(text: str) -> tuple[float, float]:
+    low, _, high = text.partition(",")
+    seconds = (float(low), float(high or low))
+    if not 0 < seconds[0] <= seconds[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: LO,HI with 0 < LO <= HI")
+    return seconds
 
 
 if __name__ == "__main__":
