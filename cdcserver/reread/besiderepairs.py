@@ -64,7 +64,7 @@ class BesideRepairs(RetypedOut):
         if table in self._beside or table in self._queued:
             self._queued.setdefault(table, []).append((markers, cause))
             return True
-        if any(table in p.tables for p in self._pending):
+        if self._pending.concerns(table):
             return False  # the pipeline's own repair of it waits for its watermark
         unstored = [r for r in self._batch_rows + self._txn_rows if table_of(r.layout) == table]
         self._launched += 1

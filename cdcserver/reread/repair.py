@@ -104,14 +104,21 @@ class Repairer(LastCommit):
         one is being read (its cause is not at hand yet)."""
         if self._reading:
             return None
-        causes = {cause for _, _, cause in self._by_stage()}
-        causes.update(s.cause for s in self._letting_go)
-        return None if "" in causes else frozenset(causes)
+        waiting = self._pending.causes()  # (the same set while none comes or goes)
+        others = {cause for _, _, cause in self._other_stages()}
+        others.update(s.cause for s in self._letting_go)
+        if "" in waiting or "" in others:
+            return None
+        return waiting | others if others - waiting else waiting
 
     def _by_stage(self) -> Iterator[tuple[str, list[Rowless], str]]:
         """The repairs waiting that are known by their markers: stage, markers and cause."""
         for p in self._pending:
             yield "waits for its watermark", p.markers, p.cause
+        yield from self._other_stages()
+
+    def _other_stages(self) -> Iterator[tuple[str, list[Rowless], str]]:
+        """:meth:`_by_stage`'s repairs that do not wait for a watermark (a few at a time)."""
         for markers, cause in self._again:
             yield "read again (carried over)", markers, cause
         for b in self._beside.values():

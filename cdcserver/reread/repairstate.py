@@ -13,12 +13,10 @@ and the fates of a table's repair: called off, given up (the table quarantined),
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import pymysql
 
@@ -42,6 +40,7 @@ from cdcserver.dump.snapshot import SnapshotPoint
 from cdcserver.replication.sources import Sources
 from cdcserver.reread.beside import BesideRepair, HeldStatement
 from cdcserver.reread.difference import Scope
+from cdcserver.reread.pendingrepairs import PendingRepairs
 from cdcserver.reread.repairstats import RepairStats
 from cdcserver.reread.tableview import Row, TableView
 from cdcserver.reread.view import Views, key_names
@@ -55,24 +54,6 @@ UNREACHABLE = (SourceUnavailable, pymysql.err.OperationalError, pymysql.err.Inte
 # (which of them are the source's, not the tables': :func:`.readview.unreachable`)
 
 
-@dataclass
-class Pending:
-    """A repair read at its watermark, waiting for the stream to reach it."""
-
-    point: SnapshotPoint
-    cause: str  # the GTID of the transaction that made the change
-    scopes: list[Scope]
-    markers: list[Rowless]  # what was recognised, to read again if the pipeline restarts
-    resync: bool = False  # a quarantined table's resync: released, in a version of its own
-    started: float = 0.0  # (monotonic) when the resync was asked for
-
-    @functools.cached_property
-    def tables(self) -> frozenset[TableName]:
-        """The tables of its scopes (a lagging stream asks, of each row event, which of
-        thousands of waiting repairs concern its table)."""
-        return frozenset(s.table for s in self.scopes)
-
-
 class RepairState:
     """The repair stage's state, the stream's views its repairs read, and a table's fates."""
 
@@ -84,7 +65,7 @@ class RepairState:
         self.catalog = catalog
         self.views = views
         self.stats = stats if stats is not None else RepairStats()
-        self._pending: list[Pending] = []
+        self._pending = PendingRepairs()
         self._again: list[tuple[list[Rowless], str]] = []  # carried over, to read again
         self._begin: Begin | None = None
         self._found: list[Rowless] = []  # in the open transaction

@@ -18,8 +18,9 @@ from cdcserver.core.names import TableName
 from cdcserver.reread.besiderepairs import BesideRepairs
 from cdcserver.reread.difference import Scope, differences, reached, same_shape, view_key
 from cdcserver.reread.markers import cascades
+from cdcserver.reread.pendingrepairs import Pending
 from cdcserver.reread.readview import ReadView, definition_changed, unreachable
-from cdcserver.reread.repairstate import UNREACHABLE, Pending
+from cdcserver.reread.repairstate import UNREACHABLE
 from cdcserver.reread.tableview import Row, TableView, ViewsClosed
 
 log = logging.getLogger('cdcserver.reread.repair')
@@ -60,7 +61,7 @@ class Rereads(BesideRepairs):
         if resync is not None:
             pending.resync, pending.started = True, resync
             self._resyncing |= tables
-        self._pending.append(pending)
+        self._pending.add(pending)
         if commit is None or not reached(commit.position, pending.point):
             log.info("%s: the repair of %s waits for the stream to reach %s:%d", cause,
                      ", ".join(sorted({m.qualified_name for m in markers})),

@@ -91,7 +91,7 @@ class RetypedOut(RepairState):
                 layout is None or not previous.primary_key or not layout.primary_key or \
                 layout.sequence or table in self._quarantined or \
                 any(rewrite in change.rewrites for rewrite in VERSIONING_REWRITES) or \
-                any(table in p.tables for p in self._pending):
+                self._pending.concerns(table):
             return None
         if not big(self.catalog, table) or \
                 not may_render_otherwise(retyped(change, previous)):

@@ -14,8 +14,9 @@ from dataclasses import replace
 from cdcserver.core.changes import Change, Commit, Rows, RowsKind
 from cdcserver.core.names import TableName
 from cdcserver.reread.asheld import as_held
-from cdcserver.reread.difference import Stand, past_watermark, records
-from cdcserver.reread.repairstate import Pending, RepairState, repair_note, table_of
+from cdcserver.reread.difference import Stand, records
+from cdcserver.reread.pendingrepairs import Pending
+from cdcserver.reread.repairstate import RepairState, repair_note, table_of
 from cdcserver.reread.tableview import Row, pack
 from cdcserver.reread.view import key_names
 
@@ -30,8 +31,7 @@ class Watermarks(RepairState):
         the stream holds (:mod:`.asheld`): every before-image true. Others as they are."""
         table = table_of(rows.layout)
         key = key_names(rows.layout)
-        waiting = [p for p in self._pending
-                   if table in p.tables and not past_watermark(rows.file, rows.pos, p.point)] \
+        waiting = self._pending.before(table, rows.file, rows.pos) \
             if key and not rows.layout.sequence else []
         if not waiting:
             return [rows]
@@ -68,10 +68,7 @@ class Watermarks(RepairState):
     def _merge(self, rows: Rows) -> None:
         """Rows the stream changes after a pending repair's watermark are its own truth."""
         table = table_of(rows.layout)
-        for pending in self._pending:
-            if table not in pending.tables or \
-                    not past_watermark(rows.file, rows.pos, pending.point):
-                continue
+        for pending in self._pending.passed(table, rows.file, rows.pos):
             for scope in pending.scopes:
                 if scope.table == table and scope.keys is not None:
                     view = self.views.get(table)
@@ -85,10 +82,9 @@ class Watermarks(RepairState):
 
     async def _attach_due(self, commit: Commit) -> list[Change]:
         stand = Stand(commit.position)
-        due = [p for p in self._pending if stand.reached(p.point)]
+        due = self._pending.take_reached(stand)
         if not due:
             return []
-        self._pending = [p for p in self._pending if not any(p is d for d in due)]
         out: list[Change] = []
         for pending in due:
             if pending.resync:

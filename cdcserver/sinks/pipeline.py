@@ -39,6 +39,7 @@ from cdcserver.reread.repair import Repairer
 from cdcserver.reread.repairstate import cause_of, repair_note
 from cdcserver.schema.masking import project_layout
 from cdcserver.sinks.base import Sink
+from cdcserver.sinks.unheld import UnheldCauses
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +197,7 @@ class _ReplayFilter:
         self._unrepaired = _transactions_named(unrepaired)
         self._skipped_causes: set[str] = set()  # the transactions dropped that were causes
         self._placed_held: dict[str, bool] = {}  # cause -> placed in a transaction dropped
+        self._unheld = UnheldCauses(self._holds_cause)
 
     @property
     def replaying(self) -> bool:
@@ -232,6 +234,7 @@ class _ReplayFilter:
             elif isinstance(change, (Rowless, Ddl)) and self._unrepaired is not None and \
                     self._skipping.key in self._recorded:  # (as of its record: a cause)
                 self._skipped_causes.add(str(self._skipping))  # (a statement's repairs too)
+                self._unheld.skipped_cause(str(self._skipping))
             elif isinstance(change, Abort):
                 self._skipping = None  # it will be read again whole
         return self._without_repairs_held(kept) if skipped else changes
@@ -242,6 +245,7 @@ class _ReplayFilter:
             if self._placements.holds_placement(name):
                 self._skipped.add(name)
                 self._placed_held.clear()
+                self._unheld.skipped_placement()
 
     def _without_repairs_held(self, changes: list[Change]) -> list[Change]:
         """Without the repairs this sink holds already (see the class's description)."""
@@ -289,7 +293,7 @@ class _ReplayFilter:
         it (a record naming it would have it given again after the next restart)."""
         if not causes or (not self._skipped and not self._skipped_causes):
             return causes
-        return frozenset(c for c in causes if not self._holds_cause(c))
+        return self._unheld.of(causes)
 
     def _holds_cause(self, cause: str) -> bool:
         if self._recorded_as_placed(cause):

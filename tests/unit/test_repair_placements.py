@@ -289,8 +289,8 @@ def test_the_causes_waiting_are_those_health_lists(tmp_path):
     from cdcserver.core.config import parse_source_url
     from cdcserver.core.names import TableName
     from cdcserver.dump.snapshot import SnapshotPoint
+    from cdcserver.reread.pendingrepairs import Pending, PendingRepairs
     from cdcserver.reread.repair import Repairer
-    from cdcserver.reread.repairstate import Pending
     from cdcserver.reread.view import Views
     from cdcserver.store.catalog import Catalog
 
@@ -302,7 +302,8 @@ def test_the_causes_waiting_are_those_health_lists(tmp_path):
         point = SnapshotPoint(GtidState([Gtid(0, 1, 9)]), "mysql-bin.000001", 900,
                               dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
         marker = Rowless("db", "child", "ON DELETE CASCADE of db.parent")
-        repairer._pending = [Pending(point, f"0-1-{n}", [], [marker]) for n in (3, 4)]
+        repairer._pending = PendingRepairs(Pending(point, f"0-1-{n}", [], [marker])
+                                           for n in (3, 4))
         repairer._again = [([marker], "0-1-5")]
         repairer._inline = [([marker], "0-1-6")]
         repairer._queued = {TableName("db", "child"): [([marker], "0-1-7")]}
@@ -475,7 +476,7 @@ async def test_the_binlogs_row_goes_beside_the_told_one_only_while_every_change_
     from cdcserver.core.names import TableName
     from cdcserver.dump.snapshot import SnapshotPoint
     from cdcserver.reread.difference import Scope
-    from cdcserver.reread.repairstate import Pending
+    from cdcserver.reread.pendingrepairs import Pending, PendingRepairs
     from cdcserver.reread.watermark import Watermarks
 
     table = TableName("db", "c2")
@@ -485,7 +486,8 @@ async def test_the_binlogs_row_goes_beside_the_told_one_only_while_every_change_
 
     def stage(found: list[Rowless]) -> SimpleNamespace:
         state = SimpleNamespace(
-            _pending=[Pending(point, "0-1-3", [Scope(table, LAYOUT, "SET NULL", None)], [])],
+            _pending=PendingRepairs([Pending(point, "0-1-3",
+                                             [Scope(table, LAYOUT, "SET NULL", None)], [])]),
             _overlay={}, _found=found, _inline=[], _reissue=[], marked=False,
             views=SimpleNamespace(locked=lambda f, *a: f(*a)),
             _told_as_held=lambda rows, key, overlay: [told])
