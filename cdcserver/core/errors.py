@@ -7,6 +7,11 @@ loudly. Protocol errors sent to clients live in :mod:`cdcserver.protocol.grammar
 
 from __future__ import annotations
 
+import errno
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+DISK_FAILED_ERRNOS = (errno.EIO, errno.EROFS)
+
 
 class CdcError(Exception):
     """Base class of every error the service raises on purpose."""
@@ -91,6 +96,17 @@ class StoreDamaged(StoreError):
     "succeed" without them), so the store writes nothing more, no checkpoint above all. Once
     the directory takes a write and an fsync again, the service starts over from its
     checkpoint, as after a restart (:mod:`cdcserver.app.recovering`)."""
+
+
+def disk_refusal(what: str, exc: OSError) -> StoreError | None:
+    """``exc`` as the store's errors say a refusal of the data directory's disk (full:
+    :class:`DiskFull`, the runner pauses; failing: :class:`StoreDamaged`, the service starts
+    over), naming ``what`` was being written; None for another error."""
+    if exc.errno in DISK_FULL_ERRNOS:
+        return DiskFull(f"{what} could not be written: {exc.strerror}")
+    if exc.errno in DISK_FAILED_ERRNOS:
+        return StoreDamaged(f"{what} could not be written: {exc.strerror}")
+    return None
 
 
 class SinkRewound(CdcError):

@@ -33,7 +33,7 @@ from cdcserver.core.changes import (
     TableChange,
     TableLayout,
 )
-from cdcserver.core.errors import CdcError, SchemaError, UndecodableEvent
+from cdcserver.core.errors import CdcError, SchemaError, StoreError, UndecodableEvent
 from cdcserver.core.gtid import GtidState
 from cdcserver.core.names import TableName
 from cdcserver.mariadb.charsets import CollationTable
@@ -118,6 +118,8 @@ class EventDecoder(TransactionFraming):
                 self._dispatch(kind, buf, start + HEADER_SIZE, end, timestamp, server_id, out)
         except UndecodableEvent as exc:
             raise exc if exc.file else self._error(f"{kind.name} event: {exc}") from exc
+        except StoreError:
+            raise  # the data directory's (the schema history's disk), not the event's
         except CdcError as exc:
             raise self._error(f"{kind.name} event: {exc}") from exc
         except (ValueError, struct.error, UnicodeDecodeError, IndexError, zlib.error) as exc:

@@ -26,10 +26,12 @@ from cdcserver.core.config import SourceAddress
 from cdcserver.core.errors import (
     BinlogPurged,
     CdcError,
+    DiskFull,
     ServerIdInUse,
     SourceError,
     SourceRefused,
     SourceUnavailable,
+    StoreDamaged,
 )
 from cdcserver.core.gtid import GtidState, same_state
 from cdcserver.core.handoff import Handoff, HandoffClosed
@@ -145,7 +147,8 @@ class Replicator:
         except HandoffClosed:
             pass
         except CdcError as exc:
-            if not isinstance(exc, (BinlogPurged, ServerIdInUse)):  # the runner says those
+            # the runner says those (a refused disk: replication paused, in one line)
+            if not isinstance(exc, (BinlogPurged, ServerIdInUse, DiskFull, StoreDamaged)):
                 log.error("replication stopped: %s", exc)
             self.handoff.finish(exc)
         except BaseException as exc:  # a bug: fail the pipeline loudly rather than hang it

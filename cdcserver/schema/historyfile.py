@@ -12,6 +12,7 @@ import logging
 import os
 
 from cdcserver.core.durable import write_atomically
+from cdcserver.core.errors import disk_refusal
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.core.names import TableName
 from cdcserver.schema.definition import TableDefinition
@@ -56,11 +57,21 @@ def append_change(path: str, table: TableName, definition: TableDefinition | Non
     line = json.dumps({"gtid": str(gtid) if gtid else "", "table": [table.database,
                                                                     table.table],
                        "definition": definition.to_json() if definition else None})
+    try:
+        _append(path, line + "\n")
+    except OSError as exc:  # the disk's refusal, as the store says it: one line, no crash
+        refused = disk_refusal(f"the schema history {path}", exc)
+        if refused is None:
+            raise
+        raise refused from exc
+
+
+def _append(path: str, line: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     try:
         size = os.fstat(fd).st_size
         try:
-            os.write(fd, (line + "\n").encode("utf-8"))
+            os.write(fd, line.encode("utf-8"))
         except OSError:
             os.ftruncate(fd, size)  # no torn line (a full disk): the caller stops
             raise

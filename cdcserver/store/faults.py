@@ -16,10 +16,15 @@ import os
 import sqlite3
 import struct
 
-from cdcserver.core.errors import DiskFull, StoreDamaged, StoreError, UndecodableEvent
+from cdcserver.core.errors import (
+    DISK_FAILED_ERRNOS,
+    DISK_FULL_ERRNOS,
+    DiskFull,
+    StoreDamaged,
+    StoreError,
+    UndecodableEvent,
+)
 
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-DISK_FAILED_ERRNOS = (errno.EIO, errno.EROFS)
 _SQLITE_FULL = (sqlite3.SQLITE_FULL,)
 _SQLITE_FAILED = (sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY)
 # What writing one table's change can raise that concerns that table only: a value its

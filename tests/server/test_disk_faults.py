@@ -310,3 +310,32 @@ async def test_a_repair_whose_views_meet_a_disk_fault_quarantines_nothing(
         conn.close()
     assert "quarantined" not in service.text(), service.text()[-3000:]
     await _assert_whole(service, source)
+
+
+async def test_a_schema_statement_on_a_failing_disk_is_told_in_one_line_without_a_traceback(
+        source: Source, disk: DiskFaults, service: chaos.Service):
+    """The replication thread writes the schema history (a line per schema statement,
+    fsynced) before the store sees the statement. A failing disk refused it there, and the
+    thread logged a crash with its traceback, 50 times in a 560-fault soak, before the
+    runner's one line. Now the runner's line is the one: it names the history."""
+    _table(source, 10)
+    conn = source.server.connect(source.database)
+    try:
+        assert await asyncio.to_thread(chaos.caught_up, service, conn, 60)
+    finally:
+        conn.close()
+    disk.inject("eio-fsync")
+    source.execute(f"ALTER TABLE `{source.database}`.t ADD COLUMN extra INT")
+    why = await asyncio.to_thread(_until, lambda: _paused_for(service), 60,
+                                  "replication paused for the failing disk")
+    assert "schema history" in why and "Input/output error" in why, why
+    await asyncio.sleep(1)
+    text = service.text()
+    assert "Traceback" not in text and "crashed" not in text, text[-3000:]
+    assert text.count(PAUSED) == 1, text[-3000:]
+    disk.heal()
+    await asyncio.to_thread(_until, lambda: "starting over from the checkpoint" in
+                            service.text(), 60, "the service starting over")
+    source.execute(f"INSERT INTO `{source.database}`.t VALUES (11, 'after', 5)")
+    assert service.exited() is None, service.text()[-3000:]
+    await _assert_whole(service, source)
