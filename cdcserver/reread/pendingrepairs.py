@@ -1,5 +1,5 @@
 """The repairs read at their watermarks, waiting for the stream to reach them
-(:class:`~.repairstate.Pending`), kept in watermark order and by table.
+(:class:`Pending`), kept in watermark order and by table.
 
 A stream that lags holds thousands of them (a replay after a crash reads every cascade since
 the checkpoint again, all waiting for one far watermark). Each row event asks which of them

@@ -1,9 +1,9 @@
 """What the repair stage (:mod:`.repair`) keeps between batches, and what every part of it
-uses: the repairs waiting for their watermark (:class:`Pending`), the tables quarantined and
-resynced, the repairs beside the stream, the transaction and part being passed on; the
-stream's views of the tables repairs read, folded with the rows the store does not hold yet;
-and the fates of a table's repair: called off, given up (the table quarantined), released
-(a resync reached its watermark).
+uses: the repairs waiting for their watermark (:class:`.pendingrepairs.PendingRepairs`),
+the tables quarantined and resynced, the repairs beside the stream, the transaction and
+part being passed on; the stream's views of the tables repairs read, folded with the rows
+the store does not hold yet; and the fates of a table's repair: called off, given up (the
+table quarantined), released (a resync reached its watermark).
 
 :class:`RepairState` is the ground of the stage's classes, each of which adds one concern:
 :class:`.retypedout.RetypedOut`, :class:`.watermark.Watermarks`,
