@@ -97,6 +97,16 @@ def _table(source: Source, rows: int) -> None:
                      for i in range(1, rows + 1)))
 
 
+async def _stored_table(source: Source, service: chaos.Service) -> None:
+    """Table ``t`` with ten rows on the source, and the service caught up with it."""
+    _table(source, 10)
+    conn = source.server.connect(source.database)
+    try:
+        assert await asyncio.to_thread(chaos.caught_up, service, conn, 60)
+    finally:
+        conn.close()
+
+
 def _until(check: Any, timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -130,12 +140,7 @@ async def _assert_whole(service: chaos.Service, source: Source) -> None:
 @pytest.mark.parametrize("fault", ["eio-write", "eio-fsync", "erofs"])
 async def test_a_failing_disk_pauses_and_the_service_starts_over_from_its_checkpoint(
         fault: str, source: Source, disk: DiskFaults, service: chaos.Service):
-    _table(source, 10)
-    conn = source.server.connect(source.database)
-    try:
-        assert await asyncio.to_thread(chaos.caught_up, service, conn, 60)
-    finally:
-        conn.close()
+    await _stored_table(source, service)
     port = service.port
 
     disk.inject(fault)
@@ -318,12 +323,7 @@ async def test_a_schema_statement_on_a_failing_disk_is_told_in_one_line_without_
     fsynced) before the store sees the statement. A failing disk refused it there, and the
     thread logged a crash with its traceback, 50 times in a 560-fault soak, before the
     runner's one line. Now the runner's line is the one: it names the history."""
-    _table(source, 10)
-    conn = source.server.connect(source.database)
-    try:
-        assert await asyncio.to_thread(chaos.caught_up, service, conn, 60)
-    finally:
-        conn.close()
+    await _stored_table(source, service)
     disk.inject("eio-fsync")
     source.execute(f"ALTER TABLE `{source.database}`.t ADD COLUMN extra INT")
     why = await asyncio.to_thread(_until, lambda: _paused_for(service), 60,
