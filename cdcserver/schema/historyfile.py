@@ -7,11 +7,12 @@ are replayed from the binlog) and compacted to one line per table known then.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 
-from cdcserver.core.durable import write_atomically
+from cdcserver.core.durable import write_all, write_atomically
 from cdcserver.core.errors import disk_refusal
 from cdcserver.core.gtid import Gtid, GtidState
 from cdcserver.core.names import TableName
@@ -67,14 +68,19 @@ def append_change(path: str, table: TableName, definition: TableDefinition | Non
 
 
 def _append(path: str, line: str) -> None:
+    """``line`` appended whole and fsynced, or the file as it was. (A disk that fills in the
+    middle of a write takes the part that fits without an error, and only the next write
+    fails: a single ``os.write`` left half a line, the next line was appended to it, and the
+    service could not read the history at its next start.)"""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     try:
         size = os.fstat(fd).st_size
         try:
-            os.write(fd, line.encode("utf-8"))
+            write_all(fd, line.encode("utf-8"))
+            os.fsync(fd)
         except OSError:
-            os.ftruncate(fd, size)  # no torn line (a full disk): the caller stops
+            with contextlib.suppress(OSError):  # (the write's error is the one to tell)
+                os.ftruncate(fd, size)  # no torn line: the caller stops, the entry is replayed
             raise
-        os.fsync(fd)
     finally:
         os.close(fd)
