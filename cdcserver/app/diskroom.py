@@ -9,6 +9,8 @@ import contextlib
 import os
 from collections.abc import Callable
 
+from cdcserver.core.durable import write_all
+
 ROOM_NEEDED = 16 << 20  # bytes a probe write must fit before replication resumes
 
 
@@ -62,7 +64,7 @@ def _room_for(probe: str, size: int) -> bool:
 def _writes_and_syncs(probe: str) -> bool:
     """Whether a small file can be written and synced beside the data (then removed)."""
     def write_and_sync(fd: int) -> None:
-        os.write(fd, b"\0" * 4096)
+        write_all(fd, b"\0" * 4096)  # (a short write is room for part of it only)
         os.fsync(fd)
 
     return _probe(probe, write_and_sync)

@@ -32,6 +32,7 @@ from cdcserver.core.errors import (
     SourceRefused,
     SourceUnavailable,
     StoreDamaged,
+    disk_refusal,
 )
 from cdcserver.core.gtid import GtidState, same_state
 from cdcserver.core.handoff import Handoff, HandoffClosed
@@ -151,6 +152,11 @@ class Replicator:
             if not isinstance(exc, (BinlogPurged, ServerIdInUse, DiskFull, StoreDamaged)):
                 log.error("replication stopped: %s", exc)
             self.handoff.finish(exc)
+        except OSError as exc:  # the disk under replication's own state, or a bug
+            refused = disk_refusal(_state_file(exc), exc)
+            if refused is None:
+                log.exception("replication thread crashed")
+            self.handoff.finish(refused or exc)  # (the runner says a refusal, in one line)
         except BaseException as exc:  # a bug: fail the pipeline loudly rather than hang it
             log.exception("replication thread crashed")
             self.handoff.finish(exc)
@@ -426,3 +432,11 @@ class Replicator:
                 if self._stop.is_set():
                     raise
                 self._recover(exc)
+
+
+def _state_file(exc: OSError) -> str:
+    """What the replication thread was writing when the disk refused it: a file of its own
+    state (prepared XA transactions' events, the record of the server it reads)."""
+    if exc.filename:
+        return f"replication's state file {exc.filename}"
+    return "replication's state (prepared XA transactions' events or the source's record)"
