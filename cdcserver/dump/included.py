@@ -89,13 +89,21 @@ class NewlyIncluded:
                 log.warning("capture: cannot list the source's tables to find those newly "
                             "included (%s); trying again in %.0f s", exc, delay)
                 await asyncio.sleep(delay)
+        backoff = Backoff(first=1.0, maximum=60.0)
         while record.owed:
             tables = list(record.owed)
             self.scheduler.request([t for t in tables
                                     if t not in self.scheduler.progress or
                                     self.scheduler.progress[t].state == "failed"])
             await asyncio.sleep(self.poll)
-            record = await asyncio.to_thread(self._settle, record)
+            try:
+                record = await asyncio.to_thread(self._settle, record)
+                backoff.connected()
+            except OSError as exc:  # a full or failing disk: the record is written later
+                delay = backoff.failed()
+                log.warning("capture: cannot record which newly included tables were dumped "
+                            "(%s); trying again in %.0f s", exc, delay)
+                await asyncio.sleep(delay)
 
     def _owe(self) -> CaptureRecord:
         before = CaptureRecord.load(self.path, self.config)
@@ -123,8 +131,9 @@ class NewlyIncluded:
         done = [t for t, since in record.owed.items()
                 if any(d.modified >= since for d in list_dumps(self.data_dir, t))]
         if done:
-            for table in done:
-                del record.owed[table]
-            record.save(self.path)
+            settled = CaptureRecord(record.include, record.exclude, record.system_tables,
+                                    {t: s for t, s in record.owed.items() if t not in done})
+            settled.save(self.path)  # (refused: the record stays as it was, owing them)
             log.info("capture: dumped %s, newly included", ", ".join(map(str, done)))
+            return settled
         return record

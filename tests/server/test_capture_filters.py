@@ -200,3 +200,36 @@ async def test_a_dump_owed_by_an_earlier_start_is_taken_at_the_next(
         await until(lambda: _owed(record) == [], timeout=30)
     finally:
         await running.stop()
+
+
+async def test_a_record_of_dumps_owed_that_the_disk_refuses_is_written_once_it_takes_it(
+        tmp_path, source: Source, users_file: str, caplog: pytest.LogCaptureFixture):
+    """Once an owed dump is taken, the record is written without it. A refused write (a full
+    disk) ended the loop that keeps the record, saying nothing, and the table stayed owed
+    until the next start (found in review). Now it says so and writes the record once the
+    disk takes it. (The refusal is real: the record's temporary file's name is taken by a
+    directory, which the write cannot replace.)"""
+    db = source.database
+    source.execute(f"CREATE TABLE `{db}`.c (id INT PRIMARY KEY, v INT)",
+                   f"INSERT INTO `{db}`.c VALUES (1, 1), (2, 2)")
+    config = make_config(str(tmp_path / "data"), source.url, users_file,
+                         capture={"include": f"`{db}`.c"})
+    record = DataDir(config.store.data_dir).capture
+    os.makedirs(os.path.dirname(record), exist_ok=True)
+    with open(record, "w", encoding="utf-8") as f:
+        json.dump({"include": f"`{db}`.c", "exclude": "", "system_tables": "",
+                   "owed": [[db, "c", 0.0]]}, f)
+    written = os.stat(record).st_mtime_ns
+    running = await start_service(config)
+    try:
+        # the start's own write of the record, then every later one refused
+        await until(lambda: os.stat(record).st_mtime_ns != written, timeout=60)
+        os.mkdir(record + ".tmp")
+        await until(lambda: list_dumps(config.store.data_dir, TableName(db, "c")), timeout=60)
+        await until(lambda: "cannot record which newly included tables" in caplog.text,
+                    timeout=30)
+        assert _owed(record) == [[db, "c", 0.0]]
+        os.rmdir(record + ".tmp")
+        await until(lambda: _owed(record) == [], timeout=90)
+    finally:
+        await running.stop()
