@@ -6,6 +6,7 @@ missing, rather than guess."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ from cdcserver.store.avrofile import Header, last_valid_end, read_header
 from cdcserver.store.checkpoint import Checkpoint
 from cdcserver.store.index import StoreIndex
 from cdcserver.store.layout import DataDir
-from cdcserver.store.naming import parse_version_file
+from cdcserver.store.naming import avro_stem, parse_version_file
 from cdcserver.store.schema import TableSchema
 
 log = logging.getLogger("cdcserver.store.store")  # as before: operators grep for it
@@ -26,14 +27,16 @@ log = logging.getLogger("cdcserver.store.store")  # as before: operators grep fo
 def recover(layout: DataDir, index: StoreIndex, headers: dict[str, Header],
             checkpoint: Checkpoint | None) -> None:
     """The directory as the checkpoint left it; ``headers`` gets each header read."""
-    files = version_files(layout, headers)
+    torn: list[tuple[str, int, str]] = []
+    files = version_files(layout, headers, torn)
     if checkpoint is None:
-        if files:
+        if files or torn:
             raise StoreError(
                 f"{layout.avro} holds Avro files but {layout.checkpoint} is missing; "
                 "refusing to guess what they contain. Restore the checkpoint, or move the "
                 "files away to start over.")
         return
+    _remove_torn(layout, torn, checkpoint)
     for table, versions in files.items():
         mark = checkpoint.tables.get(table)
         for version in sorted(versions):
@@ -51,17 +54,47 @@ def recover(layout: DataDir, index: StoreIndex, headers: dict[str, Header],
     index.drop_transactions_after(covered, checkpoint.index_ordinal)
 
 
-def version_files(layout: DataDir, headers: dict[str, Header]
+def version_files(layout: DataDir, headers: dict[str, Header],
+                  torn: list[tuple[str, int, str]] | None = None
                   ) -> dict[TableName, dict[int, str]]:
+    """Each table's version files by version. A file whose name is shortened names its
+    table in its header; one whose header cannot be read goes to ``torn`` (stem, version,
+    path) if given, else the error is raised."""
     files: dict[TableName, dict[int, str]] = {}
     for file_name in os.listdir(layout.avro):
         parsed = parse_version_file(file_name)
         if parsed is None or parsed[2] != "avro":
             continue
         path = layout.avro_file(file_name)
-        table = parsed[0] or _table_in_header(path, headers)
+        try:
+            table = parsed[0] or _table_in_header(path, headers)
+        except (StoreError, ValueError, KeyError):
+            if torn is None:
+                raise
+            torn.append((file_name.rsplit(".", 2)[0], parsed[1], path))
+            continue
         files.setdefault(table, {})[parsed[1]] = path
     return files
+
+
+def _remove_torn(layout: DataDir, torn: list[tuple[str, int, str]],
+                 checkpoint: Checkpoint) -> None:
+    """Version files with a shortened name whose header cannot be read: a file is created
+    before its header is written, and a crash between the two (or a power loss before the
+    header reached the disk) leaves it empty or cut. One the checkpoint does not cover (no
+    table of its stem at that version or later) was written after it: removed, its schema
+    file too. One it covers is damaged: the store refuses to open."""
+    for stem, version, path in torn:
+        covering = [t for t, mark in checkpoint.tables.items()
+                    if avro_stem(t) == stem and version <= mark.version]
+        if covering:
+            raise StoreError(f"the checkpoint covers {covering[0]} version {version}, but "
+                             f"the header of {path} cannot be read")
+        log.warning("recovery: removing %s, whose header a crash cut short after the "
+                    "checkpoint", path)
+        for suffix in ("avro", "avsc"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(layout.avro_file(f"{stem}.{version:06d}.{suffix}"))
 
 
 def _table_in_header(path: str, headers: dict[str, Header]) -> TableName:
