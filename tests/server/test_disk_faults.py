@@ -34,7 +34,9 @@ from tests import chaos
 from tests.conftest import Source, next_server_id
 from tests.diskfault import DiskFaults
 from tests.helpers import PASSWORD, USER, RawClient, pace
+from tests.integration.test_kafka import raw_messages
 from tests.integration.test_kafka_delivery import kafka_file_covers
+from tests.integration.test_kafka_snapshot import create_items, differences, rebuild, selected
 from tests.kafka_exactly_once import RowWriter, exactly_once_config, items_exactly_once
 from tests.oracle import assert_each_change_once
 
@@ -373,6 +375,51 @@ async def test_an_xa_prepare_on_a_failing_disk_is_told_in_one_line_without_a_tra
     source.execute("XA COMMIT 'onfailing'")
     assert service.exited() is None, service.text()[-3000:]
     await _assert_whole(service, source)
+
+
+@pytest.mark.kafka
+async def test_an_initial_snapshot_whose_position_is_refused_says_so_and_joins_once_it_is_taken(
+        tmp_path, source: Source, users_file: str, kafka_broker):
+    """The Kafka sink's initial snapshot ends by recording its position (``state/kafka.json``):
+    replication goes on from there. A full disk refused that write, and the sink stayed out of
+    replication for good, saying nothing (found in review). Now it says so and tries again,
+    without taking the snapshot again; once the file is taken, the rows and the changes after
+    them rebuild the table as ``SELECT`` reads it."""
+    db = source.database
+    create_items(source, 3000)
+    disk = DiskFaults(str(tmp_path / "data"), str(tmp_path))
+    config = tmp_path / "kafka.toml"
+    config.write_text(f'[kafka]\nbootstrap = "{kafka_broker.bootstrap}"\nformat = "debezium"\n'
+                      f'topic = "{{db}}.{{table}}"\npartitions = 3\nsnapshot = "initial"\n'
+                      f'include = "{db}.*"\n')
+    args = [*chaos.service_args(source.url, disk.directory, users_file, next_server_id()),
+            "--config", str(config)]
+    disk.inject("enospc", only=DataDir(disk.directory).kafka_state)
+    service = chaos.Service(args, str(tmp_path / "service.log"), env=disk.env())
+    service.start()
+    try:
+        await asyncio.to_thread(service.wait_ready)
+        await asyncio.to_thread(_until, lambda: "its position could not be recorded" in
+                                service.text(), 120, "the refused position said")
+        assert service.text().count("formatted by") == 0  # (3,000 rows: in the service)
+        disk.heal()
+        await asyncio.to_thread(_until, lambda: os.path.exists(
+            DataDir(disk.directory).kafka_state), 60, "the position recorded")
+        source.execute(f"UPDATE `{db}`.items SET n = -1 WHERE id <= 10",
+                       f"DELETE FROM `{db}`.items WHERE id BETWEEN 11 AND 20",
+                       f"INSERT INTO `{db}`.items (id, n) VALUES (9001, 1)")
+        target = source.gtid_state()
+        await asyncio.to_thread(_until, lambda: kafka_file_covers(disk.directory, target),
+                                120, "the changes after the snapshot published")
+        assert service.exited() is None, service.text()[-3000:]
+    finally:
+        code = service.stop()
+    assert code == 0, service.text()[-3000:]
+    text = service.text()
+    assert text.count("publishing an initial snapshot") == 1, text[-3000:]  # not again
+    messages = await raw_messages(kafka_broker, f"{db}.items")
+    rebuilt, table = rebuild(messages), selected(source)
+    assert not differences(rebuilt, table), "\n".join(differences(rebuilt, table))
 
 
 def test_each_checkpoint_is_synced_after_the_index_rows_it_covers(disk: DiskFaults):

@@ -143,8 +143,9 @@ class Checkpoint:
         self._sent_position: BinlogPosition | None = None  # (and which one it was)
 
     async def save(self, position: BinlogPosition) -> None:
-        """Move to ``position`` and write the file. The caller holds :attr:`lock`."""
-        self.durable = position
+        """Write the file, then move to ``position``: :attr:`durable` is only ever what the
+        file holds (a refused write leaves it where it was, and what is let go by it, the
+        events of prepared XA transactions, stays). The caller holds :attr:`lock`."""
         saving = asyncio.ensure_future(asyncio.to_thread(_save_state, self.path, position))
         try:
             await asyncio.shield(saving)
@@ -152,7 +153,10 @@ class Checkpoint:
             # the thread goes on: keep the lock until it ends, or the next harvest's
             # write of the same file would race it (its temporary file removed under it)
             await outlast(saving)
+            if not saving.cancelled() and saving.exception() is None:
+                self.durable = position
             raise
+        self.durable = position
 
     def send(self, position: BinlogPosition, producer: Any) -> None:
         """Record ``position`` in ``state_topic`` too, without waiting for the broker.

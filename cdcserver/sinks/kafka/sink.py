@@ -131,11 +131,29 @@ class KafkaSink:
                  len(self.snapshot_sources.progress), rows, time.monotonic() - started)
         self.points = PointFilter(self.snapshot_state.points)
         if earliest is not None:
-            async with self.checkpoint.lock:  # a restart now goes on from here
-                await self.checkpoint.save(earliest)
+            await self._join_at(earliest)
         self._snapshotting = None
         if source.control is not None:
             await source.control.restart()  # fed from its position now
+
+    async def _join_at(self, earliest: BinlogPosition) -> None:
+        """The sink's position recorded at the snapshot's earliest point: a restart goes on
+        from there. A refused write (a full or failing disk) is said and tried again, as a
+        failed snapshot is; the snapshot is not taken again for it."""
+        backoff = Backoff(first=5.0, maximum=300.0)
+        while True:
+            try:
+                async with self.checkpoint.lock:
+                    await self.checkpoint.save(earliest)
+                return
+            except OSError as exc:
+                delay = backoff.failed()
+                self.snapshot_failed = (f"the initial snapshot is published, but its position "
+                                        f"could not be recorded (trying again in {delay:.0f} "
+                                        f"s): {exc}")
+                log.warning("kafka: %s", self.snapshot_failed)
+                await asyncio.sleep(delay)
+                self.snapshot_failed = ""
 
     async def close(self) -> None:
         if self._snapshotting is not None:
