@@ -215,6 +215,49 @@ async def test_fenced_when_old_the_brokers_aborted_it_for_its_age_the_sink_rewin
     assert len(_Producer.made) == 2 and sink.durable == _position(0)
 
 
+async def test_fenced_after_a_begin_that_waited_long_the_brokers_aborted_it_the_sink_rewinds(
+        sink):
+    """aiokafka's begin waits for the producer's id, which a producer whose link went silent
+    asks for again (the brokers unreachable meanwhile): the transaction is as old as that
+    wait when it is fenced for its age. Its age counted from the begin's end, it was taken
+    for young, and a soak run (seed 109, a broker's answers lost for 60 s) stopped
+    replication as fenced out by another instance."""
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = _Producer.made[-1]
+    began = producer.begin_transaction
+
+    async def waits_for_the_id() -> None:
+        await asyncio.sleep(0.25)  # more than half of transaction_timeout (0.4 s)
+        await began()
+
+    producer.begin_transaction = waits_for_the_id  # type: ignore[method-assign]
+    await _one_transaction(sink, 1)
+    producer.batches[0].set_result(None)
+    producer.commit_error = ProducerFenced()
+    with pytest.raises(SinkRewound):
+        await sink.flush()
+    assert len(_Producer.made) == 2
+
+
+async def test_fenced_as_a_begin_that_waited_long_ends_the_sink_rewinds(sink):
+    """The same wait, ended by the fencing itself (the begin refused): a rewind too."""
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+    producer.batches[0].set_result(None)
+    assert await sink.flush() == _position(1)
+
+    async def waits_then_fenced() -> None:
+        await asyncio.sleep(0.25)
+        raise ProducerFenced()
+
+    producer.begin_transaction = waits_then_fenced  # type: ignore[method-assign]
+    with pytest.raises(SinkRewound):
+        await sink.transactions.hold(Message("t", 0, b"k", b"row 2", []))
+    assert len(_Producer.made) == 2
+
+
 async def test_closing_with_a_transaction_open_on_a_producer_aiokafka_holds_fenced(sink):
     """aiokafka asserts against aborting a transaction its manager holds fenced
     (``FATAL_ERROR -> ABORTING_TRANSACTION``): the close still stops the producer (a CI run's

@@ -90,6 +90,7 @@ class TransactionalSender(Sender):
         # committed or not; a rewind cancelled before it had a producer and that position
         self._unsure = ""
         self._began = 0.0  # time.monotonic() when the open transaction began
+        self._beginning = False  # a begin waits (for the producer's id)
         self._saved = 0.0  # time.monotonic() when state/kafka.json was last written
         self._saved_position: BinlogPosition | None = None  # ... and what it holds
 
@@ -229,11 +230,18 @@ class TransactionalSender(Sender):
     # -- transactions ----------------------------------------------------------------------
 
     async def _begin(self) -> None:
+        # The transaction's age counts from here: aiokafka's begin waits for the producer's
+        # id, which it asks for again after failures, for as long as the brokers cannot be
+        # reached; a fencing after such a wait is the brokers' abort for the age (_aged).
+        # (Counted from the begin's end, a soak run took it for another instance's.)
+        self._beginning, self._began = True, time.monotonic()
         try:
             await self.producer.begin_transaction()
         except (KafkaError, OSError, *connect.REFUSALS) as exc:
             await self._rewind(connect.refusal(self.producer, exc))
-        self._open, self._began = True, time.monotonic()
+        finally:
+            self._beginning = False
+        self._open = True
 
     async def keep_up(self, unrepaired: Callable[[], frozenset[str] | None]) -> None:
         """A repair waits for its watermark, so the checkpoint may not move (a restart must
@@ -351,7 +359,7 @@ class TransactionalSender(Sender):
         age (``transaction_timeout``), which they report as a fencing: a producer fenced
         then rewinds, and is taken for fenced out by another instance only while its
         transaction is younger than half the timeout."""
-        return self._open and \
+        return (self._open or self._beginning) and \
             time.monotonic() - self._began >= self.config.transaction_timeout / 2
 
     async def _let_go(self) -> None:
