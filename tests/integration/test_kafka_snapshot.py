@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
+import signal
 import threading
 import time
 import urllib.error
@@ -245,6 +247,7 @@ async def test_snapshot_then_changes_rebuild_the_table_and_an_alter_is_not_block
     assert altered < 5.0, f"the ALTER waited {altered:.1f}s"
     assert "starting it over in the new definition" in caplog.text  # (the ALTER hit the dump)
     assert "read in one snapshot" not in caplog.text  # chunked: no lock held across chunks
+    assert "formatted by a process of its own" in caplog.text  # (WORKER_ROWS: 50,000)
 
 
 async def test_kill_9_during_the_snapshot_publish_then_the_topic_still_equals_select(
@@ -290,6 +293,59 @@ async def test_kill_9_during_the_snapshot_publish_then_the_topic_still_equals_se
     reads = sum(1 for m in messages if m.value is not None and b'"op":"r"' in m.value)
     print(f"\nkill -9 at {published} of {rows} snapshot rows: {reads} read events in all, "
           f"{writer.commits} commits meanwhile")
+
+
+async def test_the_formatting_process_killed_the_dump_is_published_again_whole(
+        tmp_path, source: Source, users_file: str, kafka_broker: ApacheKafka,
+        caplog: pytest.LogCaptureFixture):
+    """A big table's rows are made into messages by a process of their own
+    (``cdcserver.sinks.kafka.snapshotworker``). Killed with -9 half way, the attempt fails
+    with one line, and the sink publishes the same dump again: the topic rebuilds the
+    table, changes after the snapshot included."""
+    caplog.set_level(logging.INFO)
+    rows = 150_000
+    create_items(source, rows)
+    db = source.database
+    topic = f"{db}.items"
+    config = make_config(str(tmp_path / "data"), source.url, users_file,
+                         kafka=kafka_section(kafka_broker, source, format="debezium",
+                                             snapshot="initial", include=f"{db}.*"))
+    running = await start_service(config)
+    try:
+        worker = await _formatting_process(timeout=120)
+        await published_at_least(kafka_broker, topic, 5000, timeout=120)
+        os.kill(worker, signal.SIGKILL)
+        await snapshot_joined(running)
+        source.execute(f"UPDATE `{db}`.items SET n = -1 WHERE id <= 10",
+                       f"DELETE FROM `{db}`.items WHERE id BETWEEN 11 AND 20")
+        await kafka_caught_up(running, source)
+    finally:
+        await running.stop()
+    assert "ended before its last rows (exit code -9)" in caplog.text  # killed, not done
+    assert caplog.text.count("formatted by a process of its own") == 2  # and again
+    messages = await raw_messages(kafka_broker, topic)
+    rebuilt, table = rebuild(messages), selected(source)
+    assert not differences(rebuilt, table), "\n".join(differences(rebuilt, table))
+
+
+async def _formatting_process(timeout: float) -> int:
+    """The pid of this process's snapshot formatting child, once it runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    command = f.read()
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue  # (gone meanwhile)
+            if parent == os.getpid() and b"cdcserver.sinks.kafka.snapshotworker" in command:
+                return int(entry)
+        await pace(0.02)
+    raise AssertionError(f"no snapshot formatting process within {timeout:.0f} s")
 
 
 async def published_at_least(broker: ApacheKafka, topic: str, count: int,

@@ -18,7 +18,8 @@ from cdcserver.core.changes import (
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.core.names import TableName
 from cdcserver.mariadb.constants import ColumnType
-from cdcserver.sinks.kafka.snapshot import PointFilter, SnapshotState, TablePoint, _marker
+from cdcserver.sinks.kafka.dumpevents import marker
+from cdcserver.sinks.kafka.snapshot import PointFilter, SnapshotState, TablePoint
 
 
 def _layout(table: str) -> TableLayout:
@@ -86,7 +87,7 @@ def test_the_points_are_read_back_as_written(tmp_path):
 
 
 def test_debeziums_snapshot_markers():
-    assert [_marker(n, 3, True, False) for n in (1, 2, 3)] == [
+    assert [marker(n, 3, True, False) for n in (1, 2, 3)] == [
         "first", "true", "last_in_data_collection"]
-    assert [_marker(n, 2, False, True) for n in (1, 2)] == ["first_in_data_collection", "last"]
-    assert _marker(1, 1, True, True) == "last"
+    assert [marker(n, 2, False, True) for n in (1, 2)] == ["first_in_data_collection", "last"]
+    assert marker(1, 1, True, True) == "last"

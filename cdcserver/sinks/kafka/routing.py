@@ -2,7 +2,7 @@
 partition, with its headers.
 
 A row change goes to its table's topic (``topic`` template), to the partition its primary key
-hashes to (see :meth:`Router._partition`), so each row's changes stay in order; an update
+hashes to (see :func:`.rowmessages.partition`), so each row's changes stay in order; an update
 that changes the key goes to both keys' partitions. A schema statement goes to every
 partition of the table's topic, so it is in order with every row's changes; a statement that
 changes no table goes to ``ddl_topic``. A topic name holding characters Kafka does not allow
@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import zlib
 import zoneinfo
+from collections.abc import Callable
 from typing import Any
 
 from cdcserver.core.capture import TableSelection
 from cdcserver.core.changes import Change, Ddl, Rows
 from cdcserver.core.kafkaconfig import KafkaConfig
 from cdcserver.core.names import TableName
-from cdcserver.messages.base import MessageFormat, VersionLookup, primary_key
+from cdcserver.messages.base import MessageFormat, VersionLookup
 from cdcserver.messages.connect_avro import envelope_schema, key_names, key_schema
 from cdcserver.messages.events import (
     AbortEvent,
@@ -42,12 +44,15 @@ from cdcserver.messages.events import (
 )
 from cdcserver.messages.formats import FORMATS, Debezium
 from cdcserver.sinks.kafka.accumulator import Message
+from cdcserver.sinks.kafka.dumpevents import DumpEvents
 from cdcserver.sinks.kafka.metrics import SinkStats
-from cdcserver.sinks.kafka.partitioner import partition_of
 from cdcserver.sinks.kafka.registry import AvroEncoder, Registry, record_name, subject
+from cdcserver.sinks.kafka.rowmessages import message_headers, row_messages
 from cdcserver.sinks.kafka.sender import Sender, retrying
+from cdcserver.sinks.kafka.snapshotworker import FormatJob, FormattingProcess
 from cdcserver.sinks.kafka.topics import TopicCreator
-from mariadb_cdc_client.format.dump import value_encoder
+
+log = logging.getLogger("cdcserver.sinks.kafka.sink")  # operators grep for it
 
 _LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _ILLEGAL = re.compile(r"[^A-Za-z0-9._-]")
@@ -76,13 +81,6 @@ def _encode_key(shape: TableShape, image: dict[str, Any]) -> bytes:
     return encoder.encode({n: image[n] for n in names})
 
 
-def _headers(gtid: bytes, event: int, schema: bytes) -> list[tuple[str, bytes]]:
-    """``gtid``, ``event`` and, for a table whose schema is published, ``schema``."""
-    if schema:
-        return [("gtid", gtid), ("event", b"%d" % event), ("schema", schema)]
-    return [("gtid", gtid), ("event", b"%d" % event)]
-
-
 class Router:
     def __init__(self, config: KafkaConfig, sender: Sender, stats: SinkStats,
                  versions: VersionLookup | None = None) -> None:
@@ -93,11 +91,14 @@ class Router:
         self.stats = stats
         self.topics = TopicCreator(config)
         zone = zoneinfo.ZoneInfo(config.time_zone)  # checked when the configuration loaded
-        self.format: MessageFormat = FORMATS[config.format](
-            key=config.key, zone=zone, source_name=config.client_id,
-            key_schema=config.key_schema, labels=config.databus_labels,
-            value_schema=config.value_schema, tombstones=config.tombstones,
-            truncate_events=config.truncate_events)
+        # (the zone by its name: the snapshot's formatting process makes the same format)
+        self.format_options: dict[str, Any] = {
+            "key": config.key, "zone": config.time_zone, "source_name": config.client_id,
+            "key_schema": config.key_schema, "labels": config.databus_labels,
+            "value_schema": config.value_schema, "tombstones": config.tombstones,
+            "truncate_events": config.truncate_events}
+        self.format: MessageFormat = FORMATS[config.format](**{**self.format_options,
+                                                               "zone": zone})
         fmt = self.format
         self.topic = fmt.default_topic if config.topic == "auto" else config.topic
         self.ddl_topic = fmt.default_ddl_topic if config.ddl_topic == "auto" \
@@ -158,6 +159,31 @@ class Router:
         for row in rows:
             await self._row(row)
 
+    async def snapshot_dump(self, dump: DumpEvents, path: str,
+                            read: Callable[[int], None]) -> int | None:
+        """A big table's snapshot rows (``dump``, from the file at ``path``) made into
+        messages by a process of their own (:mod:`.snapshotworker`) and sent from here, in
+        order; how many rows (``read`` is told as they go). None: the format makes its
+        messages here (Avro with a registry, a message per row event)."""
+        if self.format.per_row_event or self.registry is not None or \
+                self.config.key_format == "avro":
+            return None
+        shape = dump.shape
+        topic, count, schema = await self._route(shape)
+        job = FormatJob(path, shape.table.database, shape.table.table, dump.first_table,
+                        dump.last_table, self.config.format, self.format_options,
+                        self.format.flavor, count, schema.decode())
+        log.info("kafka: the snapshot of %s formatted by a process of its own (%d rows)",
+                 shape.table, dump.total)
+        rows = 0
+        async with FormattingProcess(job) as formatting:
+            while (part := await formatting.next_part()) is not None:
+                rows, messages = part
+                for partition, key, value, headers in messages:
+                    await self.sender.hold(Message(topic, partition, key, value, headers))
+                read(rows)
+        return rows
+
     async def partition_count(self, topic: str) -> int:
         """The topic's partitions (the topic created first, with ``create_topics``)."""
         count = self._partitions.get(topic)
@@ -176,20 +202,9 @@ class Router:
         topic, count, schema = await self._route(shape)
         if self.registry is not None and "kafka.avro" not in shape.cache:
             await self._avro_ready(shape, topic)
-        avro_keys = self.config.key_format == "avro"
-        partitions = () if avro_keys else self._partitions_of(e, count)
-        gtid = e.gtid_text.encode()
-        for key, value, event, keyed_by, own in self.format.routed_rows(e):
-            headers = _headers(gtid, event, schema)
-            if own:
-                headers.extend(own)
-            if avro_keys:  # where Kafka's partitioner puts the key's bytes
-                targets: tuple[int, ...] = (partition_of(key, count),)
-            else:
-                targets = partitions if keyed_by is None else (
-                    self._partition(shape, keyed_by, count),)
-            for partition in targets:
-                await self.sender.hold(Message(topic, partition, key, value, headers))
+        for partition, key, value, headers in row_messages(
+                self.format, e, count, schema, self.config.key_format == "avro"):
+            await self.sender.hold(Message(topic, partition, key, value, headers))
 
     async def _avro_ready(self, shape: TableShape, topic: str) -> None:
         """The table shape's Avro schemas registered (the value's, and the key's with
@@ -222,7 +237,7 @@ class Router:
         topic, count, schema = await self._route(first.shape)
         partition = zlib.crc32(str(first.shape.table).encode()) % count
         for key, value, event in self._fitting(batch):
-            headers = _headers(first.gtid_text.encode(), event, schema)
+            headers = message_headers(first.gtid_text.encode(), event, schema)
             if self.format.labels:  # ENUM and SET values are labels, not indexes and bitmasks
                 headers.append(("values", b"labels"))
             await self.sender.hold(Message(topic, partition, key, value, headers))
@@ -242,7 +257,7 @@ class Router:
             return
         key, value = message
         schema = await self._schema(e.shape) if e.shape is not None else ""
-        headers = _headers(str(e.gtid).encode(), 0, schema.encode())  # once per statement
+        headers = message_headers(str(e.gtid).encode(), 0, schema.encode())  # once per statement
         if self.format.statement_topic:  # the format's schema-change topic, once
             await self._to_first_partition(self.format.statement_topic, key, value, headers)
         elif e.table is None:
@@ -277,33 +292,6 @@ class Router:
 
     def _topic(self, database: str, table: str) -> str:
         return legal_topic(self.topic.replace("{db}", database).replace("{table}", table))
-
-    def _partitions_of(self, e: RowEvent, count: int) -> tuple[int, ...]:
-        """The row's partition; an update's both keys' partitions, if the key changed."""
-        before, after = e.before, e.after
-        if before is None or after is None:
-            row = after if before is None else before
-            assert row is not None
-            return (self._partition(e.shape, row, count),)
-        return tuple(sorted({self._partition(e.shape, before, count),
-                             self._partition(e.shape, after, count)}))
-
-    def _partition(self, shape: TableShape, row: tuple[Any, ...], count: int) -> int:
-        """With primary-key message keys, Kafka's own partitioner (murmur2 of the key), so
-        the topic is partitioned as any producer of those keys would; else a CRC-32 of the
-        table and the primary key's text."""
-        if self.format.key_style == "primary-key":
-            return partition_of(primary_key(shape, row), count)
-        encoders = shape.cache.get("kafka.key_encoders")
-        if encoders is None:
-            fields = shape.fields
-            key_columns = shape.primary_key or tuple(range(len(fields)))
-            encoders = shape.cache["kafka.key_encoders"] = (
-                str(shape.table).encode(), [(i, value_encoder(fields[i])) for i in key_columns])
-        name, columns = encoders
-        key = b"\x00".join([name, *[b"\x01" if row[i] is None else encode(row[i])
-                                    for i, encode in columns]])
-        return zlib.crc32(key) % count
 
     async def _schema(self, shape: TableShape) -> str:
         """The schema's id; published on the schema topic the first time it is used."""

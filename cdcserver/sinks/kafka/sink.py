@@ -113,7 +113,8 @@ class KafkaSink:
         log.info("kafka: no position: publishing an initial snapshot of every published "
                  "table first")
         snapshot = InitialSnapshot(self.snapshot_sources, self.snapshot_state,
-                                   self.router.snapshot_rows, self.sender.flush)
+                                   self.router.snapshot_rows, self.sender.flush,
+                                   publish_dump=self.router.snapshot_dump)
         backoff = Backoff(first=5.0, maximum=300.0)
         while True:
             try:

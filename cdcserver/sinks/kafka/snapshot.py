@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -40,25 +39,22 @@ from cdcserver.core.changes import Begin, Change, Ddl, Rows
 from cdcserver.core.config import DumpConfig, SourceAddress
 from cdcserver.core.durable import write_atomically
 from cdcserver.core.errors import CdcError
-from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState, binlog_ordinal
+from cdcserver.core.gtid import BinlogPosition, GtidState, binlog_ordinal
 from cdcserver.core.names import TableName
 from cdcserver.dump import files
 from cdcserver.dump.chunks import service_source
 from cdcserver.dump.dumper import DumpOptions, dump_tables, newest_versions
-from cdcserver.messages.events import RowEvent, TableShape
-from cdcserver.schema.definition import TableDefinition
-from cdcserver.schema.layouts import layout_of
+from cdcserver.messages.events import RowEvent
+from cdcserver.sinks.kafka.dumpevents import DumpEvents, DumpReading, header
+from cdcserver.sinks.kafka.snapshotworker import WORKER_ROWS
 from cdcserver.store import checkpoint
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
-from cdcserver.store.schema import TableSchema
-from mariadb_cdc_client.format.dump import DumpDecoder, DumpRows
 from mariadb_cdc_client.format.names import table_ref
 
 log = logging.getLogger("cdcserver.sinks.kafka.sink")  # operators grep for it
 
 STORE_WAIT = 30.0  # seconds the first dump waits for the store to be ready for chunked dumps
-READ_BYTES = 1 << 20  # a dump is read and decoded in pieces of this size, in a thread
 SYSTEM_SCHEMAS = ("mysql", "information_schema", "performance_schema", "sys")
 
 
@@ -178,6 +174,8 @@ class TableProgress:
 
 # (rows of a table's dump, each with its snapshot marker) -> published
 Publish = Callable[[list[RowEvent]], Any]
+# (a dump formatted apart: its rows sent, or None where the format cannot)
+PublishDump = Callable[[DumpEvents, str, Callable[[int], None]], Awaitable[int | None]]
 
 
 @dataclass
@@ -195,12 +193,14 @@ class Sources:
 
 class InitialSnapshot:
     def __init__(self, sources: Sources, state: SnapshotState, publish: Publish,
-                 flushed: Callable[[], Any], batch: int = 500) -> None:
+                 flushed: Callable[[], Any], batch: int = 500,
+                 publish_dump: PublishDump | None = None) -> None:
         self.sources = sources
         self.state = state
         self.publish = publish  # awaitable: routes the rows to the sender
         self.flushed = flushed  # awaitable: every message sent acknowledged
         self.batch = batch
+        self.publish_dump = publish_dump  # awaitable: a big table's dump, formatted apart
         self.progress = sources.progress
 
     async def run(self) -> BinlogPosition | None:
@@ -307,85 +307,30 @@ class InitialSnapshot:
         return results[0].info
 
     async def _publish(self, table: TableName, path: str, last: bool) -> int:
-        """The dump's rows to the sender, in batches; how many."""
-        head = await asyncio.to_thread(_header, path)
-        layout = layout_of(table, TableDefinition.from_json(head["definition"]))
-        shape = TableShape(table, TableSchema.from_layout(layout, 1, ""), layout)
-        total = int(head["rows"])
-        progress = self.progress[table]
-        progress.total, progress.rows = total, 0
-        state = GtidState.parse(head["gtid"])
-        gtid = next(iter(state), Gtid(0, 0, 0))
-        created = int(dt.datetime.fromisoformat(head["created"]).timestamp())
-        file, pos = head["binlog"]["file"], int(head["binlog"]["pos"])
-        text = str(gtid)  # (one GTID, as a change's: the point's, of its first domain)
+        """The dump's rows to the sender, in batches (a big table's formatted in a process
+        of its own, :mod:`.snapshotworker`); how many."""
+        head = await asyncio.to_thread(header, path)
         first_table = not any(p.rows for p in self.progress.values() if p.table != table)
-        number = 0
-        reading = _Reading(path)
+        dump = DumpEvents.of(table, head, first_table, last)
+        progress = self.progress[table]
+        progress.total, progress.rows = dump.total, 0
+        if self.publish_dump is not None and dump.total >= WORKER_ROWS:
+            def read(rows: int) -> None:
+                progress.rows = rows
+
+            published = await self.publish_dump(dump, path, read)
+            if published is not None:
+                return published
+        reading = DumpReading(path)
         try:
             while True:
                 block = await asyncio.to_thread(reading.next_rows, self.batch * 4)
                 if block is None:
                     break
-                events = []
-                for values in block:
-                    number += 1
-                    events.append(RowEvent(shape, "insert", None, values, gtid, number,
-                                           created, file, pos, number - 1, text, 0, pos,
-                                           _marker(number, total, first_table, last)))
+                events = dump.events(block)
                 for i in range(0, len(events), self.batch):
                     await self.publish(events[i:i + self.batch])
-                progress.rows = number
+                progress.rows = dump.number
         finally:
             reading.close()
-        return number
-
-
-def _header(path: str) -> dict[str, Any]:
-    with open(path, "rb") as f:
-        header: dict[str, Any] = json.loads(f.readline())
-    return header
-
-
-def _marker(number: int, total: int, first_table: bool, last_table: bool) -> str:
-    """Debezium's ``source.snapshot`` of the row ``number`` of ``total``."""
-    if number == total:
-        return "last" if last_table else "last_in_data_collection"
-    if number == 1:
-        return "first" if first_table else "first_in_data_collection"
-    return "true"
-
-
-class _Reading:
-    """A dump file's rows, as tuples in column order (a resumed dump's updates and deletes
-    applied: the snapshot holds the rows at its point)."""
-
-    def __init__(self, path: str) -> None:
-        self.file = open(path, "rb")  # noqa: SIM115 (closed by close())
-        self.decoder = DumpDecoder()
-        self.pending: Iterator[DumpRows | Any] = iter(())
-        self.ended = False
-
-    def next_rows(self, at_least: int) -> list[tuple[Any, ...]] | None:
-        rows: list[tuple[Any, ...]] = []
-        while len(rows) < at_least:
-            item = next(self.pending, None)
-            if item is None:
-                if self.ended:
-                    break
-                data = self.file.read(READ_BYTES)
-                if not data:
-                    self.decoder.finish()  # whole, and its checksum matches
-                    self.ended = True
-                    break
-                self.pending = iter(list(self.decoder.feed(data)))
-                continue
-            if isinstance(item, DumpRows):
-                if item.action != "insert":
-                    raise ValueError(f"{self.file.name}: a resumed dump's {item.action} "
-                                     "lines; the snapshot reads insert-only dumps")
-                rows.extend(tuple(r.values()) for r in item.rows)
-        return rows or None
-
-    def close(self) -> None:
-        self.file.close()
+        return dump.number
