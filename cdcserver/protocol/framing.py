@@ -1,7 +1,8 @@
 """Framing: the messages a client sends, cut from its byte stream.
 
 A message is a line, or for MaxScale's clients one write without a newline; either is
-bounded by the listener's ``max_line``.
+bounded by the listener's ``max_line``. Once a client has ended a message with a newline,
+every message of its is a line: the rest of a line TCP delivered in parts is waited for.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ class MessageReader:
         self._max_line = max_line
         self._buffer = bytearray()
         self._ready: list[bytes] = []
+        # The client ended a message with a newline: it frames by lines, and a write without
+        # one is the start of a line TCP cut (a long line in segments, a command written in
+        # parts), not a command of its own (found by splitting lines in the network).
+        self._lines = False
 
     async def next(self, incomplete: Callable[[bytes], bool] | None = None) -> bytes | None:
         """The next message, or None at end of input."""
@@ -38,9 +43,10 @@ class MessageReader:
             self._buffer += data
             *lines, tail = self._buffer.split(b"\n")
             self._ready.extend(bytes(line.rstrip(b"\r")) for line in lines)
+            self._lines = self._lines or bool(lines)
             self._buffer = bytearray(tail)
-            if tail and b"\n" not in data and len(data) < _READ_SIZE and not (
-                    incomplete is not None and not lines and incomplete(bytes(tail))):
+            if tail and not self._lines and len(data) < _READ_SIZE and not (
+                    incomplete is not None and incomplete(bytes(tail))):
                 # One write without a newline: a whole MaxScale-style command. (A read that
                 # filled the buffer is part of something longer: keep reading.)
                 self._ready.append(bytes(tail))

@@ -458,3 +458,32 @@ async def test_a_large_file_in_avro_mode_arrives_whole_to_a_slow_reader(listener
     received = await asyncio.to_thread(_avro_bytes, listener.port, info.committed)
     with open(info.path, "rb") as f:
         assert received == f.read()
+
+
+async def test_a_line_client_s_command_cut_by_the_network_is_read_whole():
+    """After a client's first newline, a write without one is the start of a line TCP cut
+    (a GTID state of many domains in several segments): the reader waits for the rest.
+    Before, each such part was taken for a command: a request for 0-1-400 cut after
+    "0-1-40" streamed from 40 (found by attack)."""
+    stream = asyncio.StreamReader()
+    reader = MessageReader(stream, 1 << 20)
+    stream.feed_data(b"REGISTER UUID=u, TYPE=JSON\n")
+    assert await reader.next() == b"REGISTER UUID=u, TYPE=JSON"
+    reading = reader.next()
+    stream.feed_data(b"REQUEST-DATA db.t 0-1-40")
+    waiting = reading.send(None)  # runs until it waits for the next write
+    assert isinstance(waiting, asyncio.Future) and not waiting.done()
+    stream.feed_data(b"0\n")
+    with pytest.raises(StopIteration) as whole:
+        reading.send(None)
+    assert whole.value.value == b"REQUEST-DATA db.t 0-1-400"
+
+
+async def test_a_maxscale_client_s_write_without_a_newline_is_still_a_command():
+    stream = asyncio.StreamReader()
+    reader = MessageReader(stream, 1 << 20)
+    stream.feed_data(b"REGISTER UUID=u, TYPE=JSON")
+    assert await reader.next() == b"REGISTER UUID=u, TYPE=JSON"
+    stream.feed_data(b"REQUEST-DATA db.t")
+    assert await reader.next() == b"REQUEST-DATA db.t"
+
