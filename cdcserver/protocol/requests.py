@@ -33,13 +33,25 @@ class StreamRequest:
     line: str = ""  # the request as a command, for the log
 
 
+MAX_STATE_DOMAINS = 1024  # GTIDs a state in a request may name (one per domain)
+
+
 def state_bound(text: str) -> StateBound:
-    """A GTID state as a request names it. A MySQL state may name one source UUID (its
+    """A GTID state as a request names it: one GTID per domain, at most
+    ``MAX_STATE_DOMAINS`` of them (a client's state of thousands held memory and a check
+    per commit for each: found by attack). A MySQL state may name one source UUID (its
     transactions are stored in domain 0)."""
+    items = [item for item in text.split(",") if item.strip()]
+    if len(items) > MAX_STATE_DOMAINS:
+        raise ProtocolError(Code.BAD_SYNTAX, f"a GTID state names at most "
+                                             f"{MAX_STATE_DOMAINS} domains, not {len(items)}")
     try:
         given = GtidState.parse(text)
     except ValueError as exc:
         raise ProtocolError(Code.BAD_SYNTAX, str(exc)) from None
+    if len(list(given)) != len(items):
+        raise ProtocolError(Code.BAD_SYNTAX, f"a GTID state names one GTID per domain; "
+                                             f"{_named_twice(items)} appears twice")
     stored = given
     uuids = [g for g in given if g.source_uuid]
     if uuids:
@@ -47,6 +59,17 @@ def state_bound(text: str) -> StateBound:
             raise ProtocolError(Code.BAD_SYNTAX, "AFTER takes one MySQL source UUID")
         stored = GtidState([Gtid(0, 0, uuids[0].sequence)])
     return StateBound(stored, given)
+
+
+def _named_twice(items: list[str]) -> int | str:
+    """The first domain (or MySQL source UUID) the state's items name a second time."""
+    seen: set[int | str] = set()
+    for item in items:
+        key = next(iter(GtidState.parse(item))).key
+        if key in seen:
+            return key
+        seen.add(key)
+    raise AssertionError("no domain named twice")
 
 
 def stream_request(request: DataRequest) -> StreamRequest:

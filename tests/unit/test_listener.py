@@ -487,3 +487,24 @@ async def test_a_maxscale_client_s_write_without_a_newline_is_still_a_command():
     stream.feed_data(b"REQUEST-DATA db.t")
     assert await reader.next() == b"REQUEST-DATA db.t"
 
+
+async def test_a_gtid_state_naming_a_domain_twice_or_too_many_is_refused(listener: Listener):
+    """One GTID per domain (protocol.md's grammar), and at most 1,024 domains: a repeated
+    domain was taken silently, the last one winning (``AFTER 0-1-5,0-1-7`` streamed from
+    8, ``0-1-7,0-1-5`` from 6), and states of thousands held memory and a check per
+    commit for each waiting client (found by attack). The connection stays usable."""
+    client = await RawClient.connect(listener.port)
+    await client.login()
+    for state, said in (("0-1-5,0-1-7", b"0 appears twice"), ("0-1-7,1-1-2,1-1-3",
+                                                            b"1 appears twice"),
+                        (",".join(f"{d}-1-1" for d in range(1025)),
+                         b"at most 1024 domains, not 1025")):
+        for command in (f"REQUEST-DATA shop.items AFTER {state}",
+                        f"REQUEST-DATA shop.items UNTIL {state}",
+                        f"QUERY-RANGE shop.items AFTER {state} LIMIT 5"):
+            await client.send(command.encode() + b"\n")
+            line = await client.line()
+            assert line.startswith(b"ERR BAD-SYNTAX") and said in line, (command[:40], line)
+    await client.send(b"REQUEST-DATA shop.items AFTER 0-1-1,1-1-1\n")
+    assert (await client.json_line())["version"] == 1
+    await client.close()
