@@ -93,7 +93,10 @@ class TokenFile:
             self._unusable(str(exc))
             return False
         self._unusable_said = ""
-        return hmac.compare_digest(given.strip().encode(), token)
+        # (surrogateescape: a header's bytes that are not UTF-8 reach here as surrogates,
+        # which the strict codec refused with an error, a 500 and a traceback, before any
+        # login: found by attack; they are a wrong token like any other)
+        return hmac.compare_digest(given.strip().encode("utf-8", "surrogateescape"), token)
 
     _unusable_said = ""
     _unusable_at = 0.0

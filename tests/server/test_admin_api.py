@@ -421,3 +421,21 @@ async def test_names_that_reorder_text_are_shown_escaped(
         assert "\u202e".encode() not in line and evil in line.decode("unicode_escape")
     finally:
         await client.close()
+
+
+async def test_a_token_that_is_not_utf8_is_a_wrong_token_not_an_error(
+        admin: tuple[RunningService, Api]) -> None:
+    """A bearer token whose bytes are not UTF-8 answered 500 with a traceback in the log,
+    before any login, and was not counted among the wrong tokens (found by attack). It is
+    a wrong token: 401."""
+    _, api = admin
+    host, port = api.base.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(b"GET /api/v1/replication HTTP/1.1\r\nHost: x\r\n"
+                     b"Authorization: Bearer \xc3\x28\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        status = await asyncio.wait_for(reader.readline(), 10)
+    finally:
+        writer.close()
+    assert status.split()[1] == b"401", status
