@@ -18,7 +18,7 @@ from cdcserver.core.config import ListenerConfig
 from cdcserver.core.gtid import BinlogPosition, Gtid, GtidState
 from cdcserver.core.names import TableName
 from cdcserver.mariadb.constants import ColumnType
-from cdcserver.protocol.framing import MessageReader
+from cdcserver.protocol.framing import LINE_REST, MessageReader
 from cdcserver.protocol.queries import SessionContext
 from cdcserver.protocol.server import CdcServer
 from cdcserver.protocol.users import UsersFile
@@ -461,22 +461,43 @@ async def test_a_large_file_in_avro_mode_arrives_whole_to_a_slow_reader(listener
 
 
 async def test_a_line_client_s_command_cut_by_the_network_is_read_whole():
-    """After a client's first newline, a write without one is the start of a line TCP cut
-    (a GTID state of many domains in several segments): the reader waits for the rest.
-    Before, each such part was taken for a command: a request for 0-1-400 cut after
+    """After a client's first newline-terminated command, a write without one is the start
+    of a line TCP cut (a GTID state of many domains in several segments): the reader waits
+    for the rest. Before, each part was taken for a command: a request for 0-1-400 cut after
     "0-1-40" streamed from 40 (found by attack)."""
     stream = asyncio.StreamReader()
     reader = MessageReader(stream, 1 << 20)
     stream.feed_data(b"REGISTER UUID=u, TYPE=JSON\n")
     assert await reader.next() == b"REGISTER UUID=u, TYPE=JSON"
-    reading = reader.next()
+    reading = asyncio.ensure_future(reader.next())
     stream.feed_data(b"REQUEST-DATA db.t 0-1-40")
-    waiting = reading.send(None)  # runs until it waits for the next write
-    assert isinstance(waiting, asyncio.Future) and not waiting.done()
+    await asyncio.sleep(LINE_REST / 5)
+    assert not reading.done()
     stream.feed_data(b"0\n")
-    with pytest.raises(StopIteration) as whole:
-        reading.send(None)
-    assert whole.value.value == b"REQUEST-DATA db.t 0-1-400"
+    assert await asyncio.wait_for(reading, 5) == b"REQUEST-DATA db.t 0-1-400"
+
+
+async def test_a_command_without_its_newline_from_a_line_client_is_taken_after_a_moment():
+    """A client that mixes the two (its login, or a command, ended by a newline, the next
+    command written without one, then waiting for the reply) is answered: the bytes whose
+    rest does not come within LINE_REST are a command."""
+    stream = asyncio.StreamReader()
+    reader = MessageReader(stream, 1 << 20)
+    stream.feed_data(b"REGISTER UUID=u, TYPE=JSON\n")
+    assert await reader.next() == b"REGISTER UUID=u, TYPE=JSON"
+    stream.feed_data(b"REQUEST-DATA db.t")
+    assert await asyncio.wait_for(reader.next(), 5) == b"REQUEST-DATA db.t"
+
+
+async def test_a_login_ended_by_a_newline_leaves_the_commands_maxscale_style():
+    """The library's SCRAM login ends its lines with a newline, and its commands have none
+    (MaxScale would not parse them with one): those are commands at once, not lines."""
+    stream = asyncio.StreamReader()
+    reader = MessageReader(stream, 1 << 20)
+    stream.feed_data(b"AUTH SCRAM-SHA-256 n,,n=u,r=x\n")
+    assert await reader.next(lambda _: False) == b"AUTH SCRAM-SHA-256 n,,n=u,r=x"
+    stream.feed_data(b"REGISTER UUID=u, TYPE=JSON")
+    assert await asyncio.wait_for(reader.next(), LINE_REST / 5) == b"REGISTER UUID=u, TYPE=JSON"
 
 
 async def test_a_maxscale_client_s_write_without_a_newline_is_still_a_command():
