@@ -37,6 +37,8 @@ EXTRA_ONLY = {
     "cdcserver.sinks.kafka.accumulator": "aiokafka", "cdcserver.sinks.kafka.checkpoint": "aiokafka",
     "cdcserver.sinks.kafka.transactional": "aiokafka",
     "cdcserver.sinks.kafka.partitioner": "aiokafka", "cdcserver.sinks.kafka.topics": "aiokafka",
+    "cdcserver.sinks.kafka.rowmessages": "aiokafka",
+    "cdcserver.sinks.kafka.snapshotworker": "aiokafka",
     "mariadb_cdc_client.spark.": "pyspark|pyarrow",  # every module of the package
 }
 

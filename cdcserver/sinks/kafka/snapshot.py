@@ -46,7 +46,6 @@ from cdcserver.dump.chunks import service_source
 from cdcserver.dump.dumper import DumpOptions, dump_tables, newest_versions
 from cdcserver.messages.events import RowEvent
 from cdcserver.sinks.kafka.dumpevents import DumpEvents, DumpReading, header
-from cdcserver.sinks.kafka.snapshotworker import WORKER_ROWS
 from cdcserver.store import checkpoint
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.layout import DataDir
@@ -54,6 +53,7 @@ from mariadb_cdc_client.format.names import table_ref
 
 log = logging.getLogger("cdcserver.sinks.kafka.sink")  # operators grep for it
 
+WORKER_ROWS = 50_000  # a dump of at least this many rows is formatted apart (snapshotworker)
 STORE_WAIT = 30.0  # seconds the first dump waits for the store to be ready for chunked dumps
 SYSTEM_SCHEMAS = ("mysql", "information_schema", "performance_schema", "sys")
 

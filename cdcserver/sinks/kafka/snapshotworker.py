@@ -3,8 +3,9 @@
 The service publishes on one Python thread, and a snapshot's rows cost that thread most in
 reading the dump and making each row's messages (a profile of 1,000,000 rows in the Debezium
 format: about two fifths of the process's time, the rest sending). A table of at least
-``WORKER_ROWS`` rows is read and made into messages (:func:`.rowmessages.row_messages`, the
-router's own) by ``python -m cdcserver.sinks.kafka.snapshotworker``, which writes them to its
+``snapshot.WORKER_ROWS`` rows is read and made into messages
+(:func:`.rowmessages.row_messages`, the router's own) by
+``python -m cdcserver.sinks.kafka.snapshotworker``, which writes them to its
 standard output a part at a time (``FormatJob.rows`` rows, fewer where their keys and values
 pass ``PART_BYTES``); the event loop only hands them to the sender, in order, so each
 partition receives what it would have. The pipe between the two holds a few parts at most:
@@ -36,7 +37,6 @@ from cdcserver.messages.formats import FORMATS
 from cdcserver.sinks.kafka.dumpevents import DumpEvents, DumpReading, header
 from cdcserver.sinks.kafka.rowmessages import Routed, row_messages
 
-WORKER_ROWS = 50_000  # a table's dump of at least this many rows is formatted apart
 PART_BYTES = 4 << 20  # a part holds at most about this many bytes of keys and values
 _SIZE = struct.Struct(">Q")
 _EXIT_WAIT = 10.0  # seconds the process is given to exit after its last part
