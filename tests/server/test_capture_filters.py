@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from typing import Any
 
 import fastavro
 import pytest
 
 from cdcserver.app.cli import main as cdcserver_main
-from cdcserver.core.config import parse_source_url
+from cdcserver.core.config import Config, parse_source_url
 from cdcserver.core.errors import SourceError
 from cdcserver.core.names import TableName
 from cdcserver.dump.dumper import dump_tables
@@ -180,10 +181,9 @@ def _owed(record: str) -> list[object]:
         return list(json.load(f)["owed"])
 
 
-async def test_a_dump_owed_by_an_earlier_start_is_taken_at_the_next(
-        tmp_path, source: Source, users_file: str):
-    """A start killed before the dump of a newly included table was taken left it owed in
-    state/capture.json: the next start, with the same filters, takes it and clears it."""
+def _owing_table_c(tmp_path: Any, source: Source, users_file: str) -> tuple[Config, str]:
+    """Table ``c`` on the source, a configuration that includes it, and a capture record
+    that owes it a dump; the configuration and the record's path."""
     db = source.database
     source.execute(f"CREATE TABLE `{db}`.c (id INT PRIMARY KEY, v INT)",
                    f"INSERT INTO `{db}`.c VALUES (1, 1), (2, 2)")
@@ -191,9 +191,18 @@ async def test_a_dump_owed_by_an_earlier_start_is_taken_at_the_next(
                          capture={"include": f"`{db}`.c"})
     record = DataDir(config.store.data_dir).capture
     os.makedirs(os.path.dirname(record), exist_ok=True)
-    with open(record, "w", encoding="utf-8") as f:  # as the killed start left it
+    with open(record, "w", encoding="utf-8") as f:
         json.dump({"include": f"`{db}`.c", "exclude": "", "system_tables": "",
                    "owed": [[db, "c", 0.0]]}, f)
+    return config, record
+
+
+async def test_a_dump_owed_by_an_earlier_start_is_taken_at_the_next(
+        tmp_path, source: Source, users_file: str):
+    """A start killed before the dump of a newly included table was taken left it owed in
+    state/capture.json: the next start, with the same filters, takes it and clears it."""
+    db = source.database
+    config, record = _owing_table_c(tmp_path, source, users_file)  # as a killed start left it
     running = await start_service(config)
     try:
         await until(lambda: list_dumps(config.store.data_dir, TableName(db, "c")), timeout=60)
@@ -210,15 +219,7 @@ async def test_a_record_of_dumps_owed_that_the_disk_refuses_is_written_once_it_t
     disk takes it. (The refusal is real: the record's temporary file's name is taken by a
     directory, which the write cannot replace.)"""
     db = source.database
-    source.execute(f"CREATE TABLE `{db}`.c (id INT PRIMARY KEY, v INT)",
-                   f"INSERT INTO `{db}`.c VALUES (1, 1), (2, 2)")
-    config = make_config(str(tmp_path / "data"), source.url, users_file,
-                         capture={"include": f"`{db}`.c"})
-    record = DataDir(config.store.data_dir).capture
-    os.makedirs(os.path.dirname(record), exist_ok=True)
-    with open(record, "w", encoding="utf-8") as f:
-        json.dump({"include": f"`{db}`.c", "exclude": "", "system_tables": "",
-                   "owed": [[db, "c", 0.0]]}, f)
+    config, record = _owing_table_c(tmp_path, source, users_file)
     written = os.stat(record).st_mtime_ns
     running = await start_service(config)
     try:

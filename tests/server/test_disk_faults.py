@@ -123,6 +123,23 @@ def _paused_for(service: chaos.Service) -> str:
     return next((p for p in service.health().get("problems", []) if p.startswith(PAUSED)), "")
 
 
+async def _told_in_one_line_and_healed(service: chaos.Service, disk: DiskFaults,
+                                       named: str) -> None:
+    """Replication paused for the failing disk in the runner's one line, which names
+    ``named``, no traceback or crash in the log; then the disk healed and the service
+    starting over from its checkpoint."""
+    why = await asyncio.to_thread(_until, lambda: _paused_for(service), 60,
+                                  "replication paused for the failing disk")
+    assert named in why and "Input/output error" in why, why
+    await asyncio.sleep(1)
+    text = service.text()
+    assert "Traceback" not in text and "crashed" not in text, text[-3000:]
+    assert text.count(PAUSED) == 1, text[-3000:]
+    disk.heal()
+    await asyncio.to_thread(_until, lambda: "starting over from the checkpoint" in
+                            service.text(), 60, "the service starting over")
+
+
 async def _assert_whole(service: chaos.Service, source: Source) -> None:
     conn = source.server.connect(source.database)
     try:
@@ -328,16 +345,7 @@ async def test_a_schema_statement_on_a_failing_disk_is_told_in_one_line_without_
     await _stored_table(source, service)
     disk.inject("eio-fsync")
     source.execute(f"ALTER TABLE `{source.database}`.t ADD COLUMN extra INT")
-    why = await asyncio.to_thread(_until, lambda: _paused_for(service), 60,
-                                  "replication paused for the failing disk")
-    assert "schema history" in why and "Input/output error" in why, why
-    await asyncio.sleep(1)
-    text = service.text()
-    assert "Traceback" not in text and "crashed" not in text, text[-3000:]
-    assert text.count(PAUSED) == 1, text[-3000:]
-    disk.heal()
-    await asyncio.to_thread(_until, lambda: "starting over from the checkpoint" in
-                            service.text(), 60, "the service starting over")
+    await _told_in_one_line_and_healed(service, disk, "schema history")
     source.execute(f"INSERT INTO `{source.database}`.t VALUES (11, 'after', 5)")
     assert service.exited() is None, service.text()[-3000:]
     await _assert_whole(service, source)
@@ -362,16 +370,7 @@ async def test_an_xa_prepare_on_a_failing_disk_is_told_in_one_line_without_a_tra
                 cur.execute(sql)
     finally:
         conn.close()
-    why = await asyncio.to_thread(_until, lambda: _paused_for(service), 60,
-                                  "replication paused for the failing disk")
-    assert "replication's state" in why and "Input/output error" in why, why
-    await asyncio.sleep(1)
-    text = service.text()
-    assert "Traceback" not in text and "crashed" not in text, text[-3000:]
-    assert text.count(PAUSED) == 1, text[-3000:]
-    disk.heal()
-    await asyncio.to_thread(_until, lambda: "starting over from the checkpoint" in
-                            service.text(), 60, "the service starting over")
+    await _told_in_one_line_and_healed(service, disk, "replication's state")
     source.execute("XA COMMIT 'onfailing'")
     assert service.exited() is None, service.text()[-3000:]
     await _assert_whole(service, source)
