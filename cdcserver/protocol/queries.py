@@ -169,10 +169,16 @@ class PlanRange:
     query: RangeQuery
     after: GtidState
     until: GtidState | None
+    # the tables the user may read, when not every one: the plan ends within the state of
+    # their newest transactions (QUERY-STATE's), telling nothing of the others' later ones
+    readable: frozenset[TableName] | None = None
 
     def fetch(self, context: SessionContext) -> RangePlan:
         index = context.index()
         stored = context.stored()
+        if self.readable is not None and index is not None:
+            stored = index.state_of(set(self.readable), stored) if self.readable \
+                else GtidState()
         if self.until is not None:
             stored = stored.minimum(self.until) if index is None else \
                 index.earliest(stored, self.until)

@@ -282,7 +282,7 @@ class Session(Login, DumpVerbs):
         self._require_access(TableName(query.database, query.table))
         after = state_bound(query.after).given if query.after else GtidState()
         until = state_bound(query.until).given if query.until else None
-        return PlanRange(query, after, until)
+        return PlanRange(query, after, until, self._readable())
 
     def _plan_range(self, query: PlanRange, plan: RangePlan) -> Reply:
         following = None if plan.next is None else {"gtid": str(plan.next.gtid),

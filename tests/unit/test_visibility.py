@@ -154,6 +154,19 @@ async def test_query_range_counts_only_the_tables_records(fed: Fed):
                                  "next": {"gtid": "0-1-4", "events": 1}}
 
 
+async def test_query_range_ends_within_what_the_user_may_know(fed: Fed):
+    """QUERY-RANGE's end, for a user who may not read every table, stays within the state
+    of its tables' newest transactions (QUERY-STATE's, 0-1-2 for alice): before, it ran on
+    to the whole store's (0-1-4), telling alice of later transactions of other tables
+    (found by attack)."""
+    reply, state = await _ask(fed.port, "alice", "pw-a", "QUERY-RANGE a.`b.c` LIMIT 100",
+                              "QUERY-STATE")
+    assert json.loads(reply) == {"end": "0-1-2", "events": 2, "next": None}
+    assert json.loads(state) == {"gtid_state": "0-1-2"}
+    everything = (await _ask(fed.port, USER, PASSWORD, "QUERY-RANGE a.`b.c` LIMIT 100"))[0]
+    assert json.loads(everything) == {"end": "0-1-4", "events": 2, "next": None}
+
+
 def test_the_index_keeps_two_tables_one_text_could_name_apart(fed: Fed):
     index = fed.store.index
     assert index is not None
