@@ -246,6 +246,8 @@ class Session(Login, DumpVerbs):
 
     def verb_QUERY_LAST_TRANSACTION(self, argument: str) -> Outcome:
         """The newest stored transaction that changed a table this user may read."""
+        if argument.strip():
+            raise ProtocolError(Code.BAD_SYNTAX, "QUERY-LAST-TRANSACTION takes no argument")
         return LookupTransaction(None, self._readable())
 
     def _transaction(self, query: LookupTransaction, info: TransactionInfo | None) -> Reply:

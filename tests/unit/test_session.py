@@ -124,6 +124,9 @@ def test_queries_about_transactions_and_state(context):
     session = _ready(context)
     last = json.loads(_reply(session, b"QUERY-LAST-TRANSACTION\n"))
     assert last["GTID"] == "0-1-2" and last["tables"] == ["shop.items"]
+    # it takes no argument, as QUERY-STATE takes none (it took any, found by attack)
+    assert _reply(session, b"QUERY-LAST-TRANSACTION extra\n") == \
+        b"ERR BAD-SYNTAX QUERY-LAST-TRANSACTION takes no argument\n"
     assert session.receive(b"QUERY-TRANSACTION 0-1-1\n") == \
         LookupTransaction(Gtid(0, 1, 1), None)  # SQLite: read off the loop
     first = json.loads(_reply(session, b"QUERY-TRANSACTION 0-1-1\n"))
