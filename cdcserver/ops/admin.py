@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.names import TableName
@@ -195,7 +196,7 @@ class AdminServer:
                               middlewares=[self._errors, self._authenticated])
         self._routes(app)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                                     keepalive_timeout=KEEPALIVE)
+                                     keepalive_timeout=KEEPALIVE, logger=_HTTP_LOG)
         await self._runner.setup()
         site = _GatedSite(self._runner, host, port, self.gate,
                           ssl_context=ssl, backlog=128)
@@ -327,6 +328,28 @@ class AdminServer:
     async def _probe(self, request: web.Request) -> web.Response:
         good, document = self.probes[request.path]()
         return answer(document, status=200 if good else 503)
+
+
+class _ClientFaults(logging.Filter):
+    """aiohttp's server logs a malformed request (no ``Host``, a bad method, a header past its
+    limit) or a client gone mid-request at ERROR, with a ten-line traceback, before any
+    login: anyone who reaches the port could fill the log (found by attack). Such a record
+    becomes one line at INFO, naming the client and what was wrong: the client's fault, not
+    the service's."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, (HttpProcessingError, ConnectionError)):
+            peer = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = "admin API: %s: %s", (peer, exc)
+            record.exc_info, record.exc_text = None, None
+            return _HTTP_LOG.isEnabledFor(logging.INFO)  # (the level the service logs at)
+        return True
+
+
+_HTTP_LOG = logging.getLogger("cdcserver.ops.admin.http")  # aiohttp's server's, for this API
+_HTTP_LOG.addFilter(_ClientFaults())
 
 
 class _GatedSite(web.TCPSite):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -439,3 +440,28 @@ async def test_a_token_that_is_not_utf8_is_a_wrong_token_not_an_error(
     finally:
         writer.close()
     assert status.split()[1] == b"401", status
+
+
+async def test_malformed_requests_are_one_line_each_not_a_traceback(
+        admin: tuple[RunningService, Api], caplog: pytest.LogCaptureFixture) -> None:
+    """aiohttp logged each malformed request (no ``Host``, a header past its limit) or a
+    client gone mid-body at ERROR with a ten-line traceback, before any login (found by
+    attack): one line at INFO now, naming what was wrong, and the client is answered 400."""
+    _, api = admin
+    host, port = api.base.removeprefix("http://").rsplit(":", 1)
+    caplog.set_level(logging.INFO)
+    for request in (b"GET /api/v1/replication HTTP/1.1\r\nX: " + b"y" * 20_000 + b"\r\n\r\n",
+                    b"GET /api/v1/replication HTTP/1.1\r\nHost x\r\n\r\n"):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(request)
+            await writer.drain()
+            status = await asyncio.wait_for(reader.readline(), 10)
+        finally:
+            writer.close()
+        assert status.split()[1] == b"400", status
+    await asyncio.sleep(0.2)
+    said = [r for r in caplog.records if r.name == "cdcserver.ops.admin.http"]
+    assert len(said) == 2, [r.getMessage() for r in said]
+    assert all(r.levelno == logging.INFO and r.exc_info is None for r in said)
+    assert "Traceback" not in caplog.text
