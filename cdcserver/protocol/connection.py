@@ -28,7 +28,7 @@ from cdcserver.protocol.openfiles import dump_in_use
 from cdcserver.protocol.outbox import Outbox, Traffic
 from cdcserver.protocol.outcomes import Delay, Phase, Reply, SendDump, StartStream
 from cdcserver.protocol.queries import QUERIES, SessionContext
-from cdcserver.protocol.session import Session
+from cdcserver.protocol.session import Session, for_log
 from cdcserver.protocol.stream import Streamer
 from cdcserver.protocol.tail import Tails
 from mariadb_cdc_client.format.keepalive import SilenceWatch
@@ -141,7 +141,7 @@ class Connection:
         streamer = Streamer(context.catalog, context.index(), start.request, start.format,
                             self.out, JsonStyle(start.dialect, self.server.zone),
                             context.caught_up, self.server.tails)
-        log.info("%s: %s (%s)", self.peer, start.request.line, start.format.value)
+        log.info("%s: %s (%s)", self.peer, for_log(start.request.line), start.format.value)
         self.reading = start.request.table
         self.streamer, self.request = streamer, start.request.line
         stream_task = asyncio.create_task(streamer.run())

@@ -58,6 +58,15 @@ from mariadb_cdc_client.format.wire import (
 
 log = logging.getLogger(__name__)
 
+LOGGED_CHARACTERS = 300  # of a client's text in a log line: a command may have 64 KiB
+
+
+def for_log(text: str) -> str:
+    """``text`` as a log line quotes a client's: cut after :data:`LOGGED_CHARACTERS`, saying
+    how much more there was (a long UUID or GTID state was logged whole: found by attack)."""
+    if len(text) <= LOGGED_CHARACTERS:
+        return text
+    return f"{text[:LOGGED_CHARACTERS]}... ({len(text) - LOGGED_CHARACTERS} more characters)"
 
 class Session(Login, DumpVerbs):
     def __init__(self, context: SessionContext, peer: str,
@@ -120,9 +129,8 @@ class Session(Login, DumpVerbs):
 
     def _bad(self, exc: ProtocolError) -> Reply:
         self.bad_commands += 1
-        text = str(exc)  # it may quote a command of up to max_line bytes: cut for the log
-        log.info("%s: %s", self.peer, text if len(text) <= 300 else
-                 f"{text[:300]}... ({len(text) - 300} more characters)")
+        # it may quote a command of up to max_line bytes: cut for the log
+        log.info("%s: %s", self.peer, for_log(str(exc)))
         if exc.fatal:
             return Reply(exc.reply(), close=True)
         if self.bad_commands >= self.bad_command_limit:
@@ -139,7 +147,7 @@ class Session(Login, DumpVerbs):
         self.dialect = (registration.dialect or self.context.users.dialect(self.user)
                         or self.context.dialect)
         self.phase = Phase.READY
-        log.info("%s: registered %r, format %s%s", self.peer, registration.uuid,
+        log.info("%s: registered %s, format %s%s", self.peer, for_log(repr(registration.uuid)),
                  registration.format.value, f", {self.dialect.value} JSON"
                  if registration.format == Format.JSON else "")
         return Reply(OK)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -529,3 +530,24 @@ async def test_a_gtid_state_naming_a_domain_twice_or_too_many_is_refused(listene
     await client.send(b"REQUEST-DATA shop.items AFTER 0-1-1,1-1-1\n")
     assert (await client.json_line())["version"] == 1
     await client.close()
+
+
+async def test_a_long_uuid_or_request_is_logged_cut(listener: Listener,
+                                                    caplog: pytest.LogCaptureFixture):
+    """A client's UUID and request are logged at most 300 characters each, saying how much
+    more there was (a 60 KB UUID and a 44 KB GTID state were logged whole: found by
+    attack)."""
+    caplog.set_level(logging.INFO)
+    client = await RawClient.connect(listener.port)
+    await client.send(auth_message(USER, PASSWORD))
+    assert await client.line() == b"OK\n"
+    await client.send(b"REGISTER UUID=" + b"u" * 20_000 + b", TYPE=JSON\n")
+    assert await client.line() == b"OK\n"
+    state = ",".join(f"{d}-1-1" for d in range(1000))
+    await client.send(f"REQUEST-DATA shop.items AFTER {state}\n".encode())
+    assert (await client.json_line())["version"] == 1
+    await client.close()
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("cdcserver.protocol")]
+    assert any("registered" in line and "more characters" in line for line in lines), lines
+    assert any("REQUEST-DATA" in line and "more characters" in line for line in lines), lines
+    assert max(len(line) for line in lines) < 500, max(lines, key=len)[:200]
