@@ -32,7 +32,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from aiokafka.errors import KafkaError
 
@@ -54,6 +55,7 @@ from cdcserver.sinks.kafka.transactional import TransactionalSender
 from cdcserver.store.layout import DataDir
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class KafkaSink:
@@ -115,18 +117,10 @@ class KafkaSink:
         snapshot = InitialSnapshot(self.snapshot_sources, self.snapshot_state,
                                    self.router.snapshot_rows, self.sender.flush,
                                    publish_dump=self.router.snapshot_dump)
-        backoff = Backoff(first=5.0, maximum=300.0)
-        while True:
-            try:
-                earliest = await snapshot.run()
-                break
-            except (CdcError, OSError, KafkaError) as exc:  # the source away, a full disk...
-                delay = backoff.failed()
-                self.snapshot_failed = (f"the initial snapshot failed (trying again in "
-                                        f"{delay:.0f} s, the same dumps kept): {exc}")
-                log.warning("kafka: %s", self.snapshot_failed)
-                await asyncio.sleep(delay)
-                self.snapshot_failed = ""
+        earliest = await self._until_done(  # the source away, a full disk...
+            snapshot.run, (CdcError, OSError, KafkaError),
+            "the initial snapshot failed (trying again in {delay:.0f} s, the same dumps "
+            "kept): {exc}")
         rows = sum(p.rows for p in self.snapshot_sources.progress.values())
         log.info("kafka: initial snapshot published: %d tables, %d rows in %.1fs",
                  len(self.snapshot_sources.progress), rows, time.monotonic() - started)
@@ -141,17 +135,26 @@ class KafkaSink:
         """The sink's position recorded at the snapshot's earliest point: a restart goes on
         from there. A refused write (a full or failing disk) is said and tried again, as a
         failed snapshot is; the snapshot is not taken again for it."""
+        async def save() -> None:
+            async with self.checkpoint.lock:
+                await self.checkpoint.save(earliest)
+
+        await self._until_done(save, (OSError,), "the initial snapshot is published, but its "
+                               "position could not be recorded (trying again in {delay:.0f} "
+                               "s): {exc}")
+
+    async def _until_done(self, attempt: Callable[[], Awaitable[T]],
+                          failures: tuple[type[BaseException], ...], said: str) -> T:
+        """``attempt`` until it does not fail with one of ``failures``; each failure said
+        (``said``, with ``delay`` and ``exc``) in the log and in /health meanwhile, and tried
+        again after a wait (5 s, doubling to 5 minutes)."""
         backoff = Backoff(first=5.0, maximum=300.0)
         while True:
             try:
-                async with self.checkpoint.lock:
-                    await self.checkpoint.save(earliest)
-                return
-            except OSError as exc:
+                return await attempt()
+            except failures as exc:
                 delay = backoff.failed()
-                self.snapshot_failed = (f"the initial snapshot is published, but its position "
-                                        f"could not be recorded (trying again in {delay:.0f} "
-                                        f"s): {exc}")
+                self.snapshot_failed = said.format(delay=delay, exc=exc)
                 log.warning("kafka: %s", self.snapshot_failed)
                 await asyncio.sleep(delay)
                 self.snapshot_failed = ""
