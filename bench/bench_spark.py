@@ -362,7 +362,7 @@ def announce_decoder_path() -> str:
     """Print the decoder the cdc source's executors run (Spark's Python workers run this
     interpreter, in this environment); refuse the Python one unless ``CDC_PURE_PYTHON=1``
     asks for it, as announce_code_path does for the service's."""
-    from mariadb_cdc_client.spark.arrow import decoder_path
+    from mariadb_cdc_client.arrow import decoder_path
 
     path = decoder_path()
     line("spark decoder measured (cdc source's executors)", path)

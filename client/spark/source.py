@@ -30,12 +30,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from mariadb_cdc_client.arrow import invalid_date
 from mariadb_cdc_client.format.dump import DumpHeader, DumpRows
 from mariadb_cdc_client.format.names import table_ref
 from mariadb_cdc_client.ranges import Position, Schema, Trim, gtid_parts, read_blocks
 from mariadb_cdc_client.spark import plan
 from mariadb_cdc_client.spark.arrow import BatchMaker
-from mariadb_cdc_client.spark.types import METADATA, SchemaError, fits, invalid_date, table_schema
+from mariadb_cdc_client.spark.types import METADATA, SchemaError, fits, table_schema
 from mariadb_cdc_client.sync import SyncCdcClient
 
 

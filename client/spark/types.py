@@ -27,6 +27,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from mariadb_cdc_client.arrow import MAX_DECIMAL
 from mariadb_cdc_client.format.coltypes import KINDS
 from mariadb_cdc_client.format.names import table_ref
 from mariadb_cdc_client.format.schema import METADATA_FIELDS, Field, Kind, fields_from_schema
@@ -41,7 +42,6 @@ METADATA = StructType([
     StructField("_table", StringType(), False),
     StructField("_version", IntegerType(), False),
 ])
-MAX_DECIMAL = 38  # Spark's widest decimal
 
 
 class SchemaError(ValueError):
@@ -127,18 +127,3 @@ def fits(schema: StructType, avsc: dict[str, Any]) -> str | None:
             return (f"column {field.name!r} is now {spark_type(field).simpleString()}, the "
                     f"query reads {have[field.name].simpleString()}")
     return None
-
-
-# -- values ----------------------------------------------------------------------------
-
-class ZeroDateError(ValueError):
-    pass
-
-
-def invalid_date(text: str, zero_dates: str) -> None:
-    """A date Spark cannot hold: None with zeroDates=null, else ZeroDateError."""
-    if zero_dates == "null":
-        return None
-    raise ZeroDateError(f"{text!r} is not a valid date (MariaDB's zero or partial date); "
-                        "Spark cannot hold it. Set the option zeroDates=null to read such "
-                        "values as null")

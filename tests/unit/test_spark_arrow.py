@@ -16,9 +16,11 @@ pytest.importorskip("cavro")
 
 import fastavro
 
+from mariadb_cdc_client import arrow as core
+from mariadb_cdc_client.arrow import ZeroDateError
 from mariadb_cdc_client.ranges import Blocks, Trim
 from mariadb_cdc_client.spark import arrow
-from mariadb_cdc_client.spark.types import ZeroDateError, table_schema
+from mariadb_cdc_client.spark.types import table_schema
 from tests.helpers import stored_blocks
 
 AVSC: dict[str, Any] = {
@@ -67,7 +69,7 @@ def _blocks(codec: str) -> tuple[Any, Blocks]:
 @pytest.mark.parametrize("decoder", ["_decode_cavro", "_decode_fastavro"])
 def test_blocks_become_a_batch_of_the_spark_schema(codec: str, decoder: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(arrow, "decode", getattr(arrow, decoder))
+    monkeypatch.setattr(core, "decode", getattr(core, decoder))
     header, blocks = _blocks(codec)
     schema = table_schema([AVSC])
     batch = arrow.BatchMaker(schema, AVSC, header, "null")(blocks, Trim())

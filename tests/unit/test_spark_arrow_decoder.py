@@ -26,6 +26,8 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from cdcserver.core.changes import ColumnDef
 from cdcserver.mariadb.constants import ColumnType as T
+from mariadb_cdc_client import arrow as core
+from mariadb_cdc_client.arrow import ZeroDateError
 from mariadb_cdc_client.format.avro import (
     SYNC_SIZE,
     block_at,
@@ -34,7 +36,7 @@ from mariadb_cdc_client.format.avro import (
 from mariadb_cdc_client.format.compiled import compiled_module
 from mariadb_cdc_client.ranges import Blocks, Trim
 from mariadb_cdc_client.spark import arrow
-from mariadb_cdc_client.spark.types import ZeroDateError, table_schema
+from mariadb_cdc_client.spark.types import table_schema
 from tests.avro_samples import (
     AVSC,
     CODECS,
@@ -54,7 +56,7 @@ def _blocks(avsc: dict[str, Any], records: list[dict[str, Any]], codec: str = "n
             sync_interval: int = 4000) -> tuple[Any, Blocks]:
     """``records`` written under the plain schema (the encoding is the stored one), in
     blocks of about ``sync_interval`` bytes, compressed the way the store does."""
-    plain_schema = fastavro.parse_schema(_ints_as_longs(arrow.plain_reader_schema(avsc)))
+    plain_schema = fastavro.parse_schema(_ints_as_longs(core.plain_reader_schema(avsc)))
     return stored_blocks(plain_schema, records, codec, sync_interval)
 
 
@@ -73,7 +75,7 @@ def _ints_as_longs(schema: Any) -> Any:
     return schema
 
 
-def _python_fell_back(container: bytes) -> arrow.Records:
+def _python_fell_back(container: bytes) -> core.Records:
     raise AssertionError("the compiled decoder handed this chunk to the Python path")
 
 
@@ -82,9 +84,9 @@ def _make(schema: Any, avsc: dict[str, Any], header: Any, blocks: Blocks, trim: 
     """One batch by the compiled decoder (``fallback``: it may hand the chunk to Python)
     or by the Python path alone."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(arrow, "_avroarrow", _avroarrow if compiled else None)
+        patch.setattr(core, "_avroarrow", _avroarrow if compiled else None)
         if compiled and not fallback:
-            patch.setattr(arrow, "decode", _python_fell_back)
+            patch.setattr(core, "decode", _python_fell_back)
         maker = arrow.BatchMaker(schema, avsc, header, zero_dates)
         assert (maker._compiled is not None) == compiled
         return maker(blocks, trim)
@@ -232,16 +234,13 @@ def test_invalid_utf8_is_refused_the_same_way(column: str, invalid: bytes) -> No
     assert isinstance(python, tuple), "the Python path took invalid UTF-8"
     assert compiled == python
     header, blocks = _blocks(AVSC, records)
-    decoder = arrow.compiled_decoder(AVSC, _targets(AVSC), "null")
+    decoder = core.compiled_decoder(AVSC, _targets(AVSC), "null")
     assert decoder.decode(blocks.data, header.sync) is None
 
 
-def _targets(avsc: dict[str, Any]) -> dict[str, tuple[Any, pa.DataType]]:
-    """The query types of a read of ``avsc`` alone, Spark's and Arrow's, by column."""
-    schema = table_schema([avsc])
-    arrow_schema = to_arrow_schema(schema, timezone="UTC")
-    return {f.name: (f.dataType, a.type)
-            for f, a in zip(schema.fields, arrow_schema, strict=True)}
+def _targets(avsc: dict[str, Any]) -> dict[str, pa.DataType]:
+    """The Arrow types of a Spark read of ``avsc`` alone, by column."""
+    return {a.name: a.type for a in to_arrow_schema(table_schema([avsc]), timezone="UTC")}
 
 
 @pytest.mark.parametrize(("column", "value"), [
@@ -279,14 +278,14 @@ def test_a_varint_cut_off_at_the_end_of_a_block_is_left_to_the_python_path() -> 
     count, start, end = block_at(blocks.data, 0, header.sync)
     records = blocks.data[start:end - SYNC_SIZE - 1]  # the last byte of the varint is gone
     cut = write_varint(count) + write_varint(len(records)) + records + header.sync
-    decoder = arrow.compiled_decoder(avsc, _targets(avsc), "null")
+    decoder = core.compiled_decoder(avsc, _targets(avsc), "null")
     assert decoder.decode(blocks.data, header.sync) is not None
     assert decoder.decode(cut, header.sync) is None
 
 
 def test_broken_framing_is_left_to_the_python_path() -> None:
     header, blocks = _blocks(AVSC, _records(30))
-    decoder = arrow.compiled_decoder(AVSC, _targets(AVSC), "null")
+    decoder = core.compiled_decoder(AVSC, _targets(AVSC), "null")
     assert decoder.decode(blocks.data, header.sync) is not None
     wrong_sync = bytes(b ^ 1 for b in header.sync)
     assert decoder.decode(blocks.data, wrong_sync) is None
@@ -299,11 +298,11 @@ def test_broken_framing_is_left_to_the_python_path() -> None:
 
 def test_a_version_of_a_shape_the_compiled_decoder_does_not_take_stays_on_python() -> None:
     odd = {**AVSC, "fields": [*AVSC["fields"][:6], {"name": "v", "type": ["int", "null"]}]}
-    assert arrow.compiled_decoder(odd, _targets(odd), "null") is None
+    assert core.compiled_decoder(odd, _targets(odd), "null") is None
     fixed = {**AVSC, "fields": [*AVSC["fields"][:6], {"name": "v", "type": ["null", {
         "type": "fixed", "name": "d", "size": 8, "logicalType": "decimal", "precision": 10,
         "scale": 2}]}]}
-    assert arrow.compiled_decoder(fixed, _targets(fixed), "null") is None
+    assert core.compiled_decoder(fixed, _targets(fixed), "null") is None
 
 
 @pytest.mark.parametrize(("environ", "path"), [({"CDC_PURE_PYTHON": "1"}, "Python (cavro"),
@@ -311,7 +310,7 @@ def test_a_version_of_a_shape_the_compiled_decoder_does_not_take_stays_on_python
 def test_cdc_pure_python_keeps_executors_on_the_python_path(environ: dict[str, str],
                                                             path: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "CDC_PURE_PYTHON"} | environ
-    said = subprocess.run([sys.executable, "-c", "from mariadb_cdc_client.spark import arrow; "
+    said = subprocess.run([sys.executable, "-c", "from mariadb_cdc_client import arrow; "
                            "print(arrow.decoder_path())"], env=env, capture_output=True,
                           text=True, check=True).stdout
     assert said.startswith(path)

@@ -430,6 +430,7 @@ def test_the_spark_and_arrow_types_and_batches_are_the_tables(variant):
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructField, StructType
 
+    from mariadb_cdc_client import arrow as core
     from mariadb_cdc_client.ranges import Blocks, Trim
     from mariadb_cdc_client.spark import arrow
     from mariadb_cdc_client.spark.types import spark_type, table_schema
@@ -442,6 +443,7 @@ def test_the_spark_and_arrow_types_and_batches_are_the_tables(variant):
     arrow_type = to_arrow_schema(StructType([StructField("c", spark)]),
                                  timezone="UTC").field("c").type  # as arrow.py asks
     assert str(arrow_type).startswith(form.arrow)
+    assert core.arrow_type(written.field) == arrow_type  # read_arrow's, without Spark
     schema = table_schema([written.avsc])
     header = parse_header(container_header(json.dumps(written.avsc), "null", SYNC))
     blocks = Blocks(write_varint(1) + write_varint(len(written.data)) + written.data + SYNC, 1)
@@ -449,7 +451,7 @@ def test_the_spark_and_arrow_types_and_batches_are_the_tables(variant):
     batches = []
     for module in (None, avroarrow) if avroarrow is not None else (None,):
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(arrow, "_avroarrow", module)
+            patch.setattr(core, "_avroarrow", module)
             maker = arrow.BatchMaker(schema, written.avsc, header, "null")
             if module is not None and variant not in ARROW_IN_PYTHON:
                 assert maker._compiled is not None, f"{variant}: _avroarrow.pyx does not take it"
