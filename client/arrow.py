@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from functools import reduce
 from typing import Any, cast
@@ -45,8 +45,10 @@ from mariadb_cdc_client.format.avro import (
 )
 from mariadb_cdc_client.format.coltypes import KINDS
 from mariadb_cdc_client.format.compiled import compiled_module
+from mariadb_cdc_client.format.names import TableRef
 from mariadb_cdc_client.format.schema import Field, Kind, fields_from_schema, parse_time
-from mariadb_cdc_client.ranges import Blocks, Trim
+from mariadb_cdc_client.ranges import Blocks, Position, Schema, Trim, read_blocks
+from mariadb_cdc_client.sync import SyncCdcConnection
 
 # the compiled decoder (client/spark/_avroarrow.pyx): the same batches, several times faster
 _avroarrow = compiled_module("mariadb_cdc_client.spark._avroarrow")  # needs no pyspark
@@ -99,12 +101,71 @@ assert all(str(_ARROW[k]) == form.arrow for k, form in KINDS.items() if k != Kin
 AVSC_KEY = b"cdc.avsc"  # the schema metadata of a version's batches: its .avsc document
 
 
+_GTID_TYPES = {"domain": pa.uint32(), "server_id": pa.uint32(), "sequence": pa.uint64()}
+
+
 def version_schema(avsc: dict[str, Any]) -> pa.Schema:
     """The Arrow schema of a version's records: its fields in order (the metadata fields
-    not null), with the version's ``.avsc`` in the schema's metadata (``cdc.avsc``)."""
-    fields = [pa.field(f.name, arrow_type(f), nullable=f.nullable)
-              for f in fields_from_schema(avsc)]
+    not null, the GTID's numbers unsigned as MariaDB's are), with the version's ``.avsc``
+    in the schema's metadata (``cdc.avsc``)."""
+    fields = [pa.field(f.name, _GTID_TYPES.get(f.name, arrow_type(f)) if i < 3 else
+                       arrow_type(f), nullable=f.nullable)
+              for i, f in enumerate(fields_from_schema(avsc))]
     return pa.schema(fields, metadata={AVSC_KEY: json.dumps(avsc)})
+
+
+ZERO_DATES = ("error", "null")
+
+
+class ArrowRange:
+    """The records of one table's transactions after ``after`` up to ``end`` (GTID states),
+    as Arrow record batches of each version's schema (:func:`version_schema`), in commit
+    order. Iterating reads the range (a bounded read over one connection); every iteration
+    gives the same batches while retention keeps the versions. ``end`` is where the next
+    range starts: ``client.read_arrow(table, after=previous.end)``."""
+
+    def __init__(self, connect: Callable[[], SyncCdcConnection], table: TableRef, after: str,
+                 end: str, zero_dates: str = "error") -> None:
+        if zero_dates not in ZERO_DATES:
+            raise ValueError(f"zero_dates: {zero_dates!r} (expected 'error' or 'null')")
+        self.table, self.after, self.end = table, after, end
+        self.zero_dates = zero_dates
+        self._connect = connect
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        start, end = Position(self.after), Position(self.end)
+        makers: dict[int, BatchMaker] = {}
+        make: BatchMaker | None = None
+        conn = self._connect()
+        try:
+            for item in read_blocks(conn, (self.table.database, self.table.table), start, end):
+                if isinstance(item, Schema):
+                    version = int(item.avsc["version"])
+                    if version not in makers:
+                        makers[version] = BatchMaker(version_schema(item.avsc), item.avsc,
+                                                     item.header, self.zero_dates)
+                    make = makers[version]
+                    continue
+                assert make is not None, "blocks arrived before their schema"
+                batch = make(item, Trim())
+                if batch is not None:
+                    yield batch
+        finally:
+            conn.close()
+
+    def read_all(self) -> list[pa.Table]:
+        """The range as one table per schema version it holds (a schema change starts a
+        new one), in order."""
+        tables: list[pa.Table] = []
+        batches: list[pa.RecordBatch] = []
+        for batch in self:
+            if batches and not batch.schema.equals(batches[0].schema, check_metadata=True):
+                tables.append(pa.Table.from_batches(batches))
+                batches = []
+            batches.append(batch)
+        if batches:
+            tables.append(pa.Table.from_batches(batches))
+        return tables
 
 
 def plain_reader_schema(schema: Any) -> Any:
@@ -141,17 +202,22 @@ class BatchMaker:
         by_name = {f.name: f for f in fields_from_schema(avsc)}
         self._read = [f.name for f in by_name.values()]  # the stored fields, in order
         self._columns: list[tuple[int | None, Column]] = []  # (stored field, builder)
-        for target in arrow_schema:
+        self._fixes: list[tuple[int, Callable[[pa.Array], pa.Array]]] = []  # (column, fix)
+        decoded: dict[str, pa.DataType] = {}  # each stored field's type as decoded
+        for n, target in enumerate(arrow_schema):
             field = by_name.get(target.name)
             if constants and target.name in constants:
                 self._columns.append((None, _constant(constants[target.name], target.type)))
             elif field is None:
                 self._columns.append((None, _nulls(target.type)))
             else:
+                decoded[field.name] = _SIGNED.get(target.type, target.type)
                 self._columns.append((self._read.index(field.name),
-                                      _column(field, target.type, zero_dates)))
-        self._compiled = compiled_decoder(avsc, {t.name: t.type for t in arrow_schema},
-                                          zero_dates)
+                                      _column(field, decoded[field.name], zero_dates)))
+                fix = _unsigned_fix(field, target.type)
+                if fix is not None:
+                    self._fixes.append((n, fix))
+        self._compiled = compiled_decoder(avsc, decoded, zero_dates)
 
     def __call__(self, blocks: Blocks, trim: Trim) -> pa.RecordBatch | None:
         data = self._plain(blocks.data)
@@ -170,9 +236,8 @@ class BatchMaker:
         # one C-level pass turns the records into one tuple of values per stored field
         stored = list(zip(*map(dict.values, records), strict=True))
         empty: Values = (None,) * len(records)
-        return pa.RecordBatch.from_arrays(
-            [build(empty if i is None else stored[i]) for i, build in self._columns],
-            schema=self.arrow_schema)
+        return self._batch(
+            [build(empty if i is None else stored[i]) for i, build in self._columns])
 
     def _compiled_batch(self, stored: list[pa.Array], trim: Trim) -> pa.RecordBatch | None:
         """The batch of the stored fields' arrays the compiled decoder made."""
@@ -181,9 +246,13 @@ class BatchMaker:
         if not len(stored[0]):
             return None
         empty: Values = (None,) * len(stored[0])  # the rows of the constant and null columns
-        return pa.RecordBatch.from_arrays(
-            [build(empty) if i is None else stored[i] for i, build in self._columns],
-            schema=self.arrow_schema)
+        return self._batch(
+            [build(empty) if i is None else stored[i] for i, build in self._columns])
+
+    def _batch(self, arrays: list[pa.Array]) -> pa.RecordBatch:
+        for n, fix in self._fixes:
+            arrays[n] = fix(arrays[n])
+        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
     def _plain(self, data: bytes | memoryview) -> bytes | memoryview:
         """Blocks as the null codec frames them."""
@@ -198,6 +267,24 @@ class BatchMaker:
             plain = decompress(self._codec, bytes(data[start:pos - SYNC_SIZE]))
             out += write_varint(count) + write_varint(len(plain)) + plain + self._sync
         return bytes(out)
+
+
+# MariaDB's GTID numbers are unsigned (domain and server_id 32 bits, sequence 64); the store
+# keeps them in Avro's signed int and long, so values past the signed range read negative.
+# An unsigned target is decoded as the signed type of its width and viewed as unsigned (the
+# same bits); a server_id or domain widened to int64 (Spark's server_id) is masked.
+_SIGNED = {pa.uint32(): pa.int32(), pa.uint64(): pa.int64()}
+_GTID_NUMBERS_32 = ("domain", "server_id")
+_MASK_32 = pa.scalar(0xFFFFFFFF, pa.int64())
+
+
+def _unsigned_fix(field: Field, target: pa.DataType) -> Callable[[pa.Array], pa.Array] | None:
+    """How a column of GTID numbers becomes unsigned, when its target type can hold it."""
+    if target in _SIGNED:
+        return lambda array: array.view(target)
+    if field.name in _GTID_NUMBERS_32 and field.kind == Kind.INT and target == pa.int64():
+        return lambda array: pc.bit_wise_and(array, _MASK_32)
+    return None
 
 
 def _decode_cavro(container: bytes) -> Records:

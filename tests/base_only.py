@@ -40,6 +40,7 @@ EXTRA_ONLY = {
     "cdcserver.sinks.kafka.rowmessages": "aiokafka",
     "cdcserver.sinks.kafka.snapshotworker": "aiokafka",
     "mariadb_cdc_client.spark.": "pyspark|pyarrow",  # every module of the package
+    "mariadb_cdc_client.arrow": "pyarrow",  # read_arrow, the arrow extra's
 }
 
 

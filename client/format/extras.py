@@ -1,7 +1,8 @@
 """The optional parts of the distribution, and the one-line error when one is missing.
 
 ``pip install mariadb-cdc`` installs the service and the client library; Kafka (``aiokafka``)
-and Spark (``pyspark``, ``pyarrow``, ``cavro``) come with the ``kafka`` and ``spark`` extras.
+Spark (``pyspark``, ``pyarrow``, ``cavro``) and Arrow record batches (``pyarrow``) come with the
+``kafka``, ``spark`` and ``arrow`` extras.
 Code that needs an extra calls :func:`require` before importing it, so that a user without it
 reads which extra to install instead of a traceback from deep inside an import.
 """
@@ -14,6 +15,7 @@ DISTRIBUTION = "mariadb-cdc"
 
 EXTRAS = {
     "kafka": ("aiokafka",),
+    "arrow": ("pyarrow",),  # read_arrow: record batches for pyarrow, pandas, Polars, DuckDB
     "spark": ("pyspark", "pyarrow"),  # and cavro, which is faster but has a fallback
 }
 

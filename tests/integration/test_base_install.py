@@ -33,3 +33,20 @@ def test_the_extras_are_hidden_by_the_check():
     blocked = base_only.blocked_modules(base_only.base_distributions())
     assert {"aiokafka", "pyspark", "pyarrow", "cavro", "pytest"} <= blocked
     assert not {"orjson", "fastavro", "pymysqlreplication", "pymysql", "tenacity"} & blocked
+
+
+def test_read_arrow_without_pyarrow_names_the_extra(monkeypatch):
+    import importlib.util
+
+    import pytest
+
+    from mariadb_cdc_client.format.extras import MissingExtra
+    from mariadb_cdc_client.sync import SyncCdcClient
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "pyarrow" else real(name, *a))
+    client = SyncCdcClient("127.0.0.1", 1, "u", "p")  # never connected: the check is first
+    with pytest.raises(MissingExtra, match=r"read_arrow needs the 'arrow' extra .*"
+                                           r"pip install 'mariadb-cdc\[arrow\]'"):
+        client.read_arrow("db.t")

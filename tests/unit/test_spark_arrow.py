@@ -95,3 +95,21 @@ def test_a_trim_drops_the_records_outside_the_range_and_zero_dates_can_fail() ->
     strict = arrow.BatchMaker(table_schema([AVSC]), AVSC, header, "error")
     with pytest.raises(ZeroDateError, match="'0000-00-00' is not a valid date"):
         strict(blocks, Trim())
+
+
+@pytest.mark.parametrize("decoder", ["_decode_cavro", "_decode_fastavro"])
+def test_the_gtid_numbers_past_the_signed_range_come_out_unsigned(
+        decoder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MariaDB's domain and server_id are unsigned 32-bit, the sequence 64-bit; the store
+    keeps them in Avro's signed int and long. A version's own schema (read_arrow) reads them
+    as uint32/uint64, Spark's (server_id a bigint) as the unsigned number too."""
+    monkeypatch.setattr(core, "decode", getattr(core, decoder))
+    big = [{**r, "domain": -1, "server_id": -2, "sequence": -3} for r in RECORDS]
+    header, blocks = stored_blocks(fastavro.parse_schema(AVSC), big, "null", sync_interval=1)
+    natural = core.BatchMaker(core.version_schema(AVSC), AVSC, header, "null")(blocks, Trim())
+    assert natural is not None
+    assert natural.select(["domain", "server_id", "sequence"]).to_pylist()[0] == {
+        "domain": 2**32 - 1, "server_id": 2**32 - 2, "sequence": 2**64 - 3}
+    spark = arrow.BatchMaker(table_schema([AVSC]), AVSC, header, "null")(blocks, Trim())
+    assert spark is not None
+    assert spark.column("server_id").to_pylist() == [2**32 - 2, 2**32 - 2]

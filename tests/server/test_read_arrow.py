@@ -1,0 +1,178 @@
+"""``SyncCdcClient.read_arrow``: a table's changes as Arrow record batches, checked against
+``SELECT`` on the source (the oracle: the rows rebuilt from the batches' last images), and
+read by Polars, DuckDB and pandas, which share no code with the decoder."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+
+from mariadb_cdc_client.arrow import AVSC_KEY, ZeroDateError  # noqa: E402
+from mariadb_cdc_client.sync import SyncCdcClient  # noqa: E402
+from tests.conftest import RunningService, Source  # noqa: E402
+from tests.helpers import PASSWORD, USER  # noqa: E402
+
+pytestmark = pytest.mark.mariadb
+
+COLUMNS = ("id INT PRIMARY KEY, big BIGINT UNSIGNED, amount DECIMAL(12,2), wide DECIMAL(45,5), "
+           "name VARCHAR(64), body BLOB, day DATE, at DATETIME(6), ts TIMESTAMP(3) NULL, "
+           "took TIME(6), score DOUBLE, ratio FLOAT, flag BIT(1), doc JSON")
+ROWS = [
+    "(1, 18446744073709551615, -12345678.91, 1234567890123456789012345678901234567890.12345, "
+    "'zoë ✓ {x}', x'00ff10', '2024-02-29', '2024-02-29 12:34:56.123456', "
+    "'2024-03-01 01:02:03.456', '-838:59:59.000000', 1.5e300, 0.25, b'1', '{\"a\": [1, 2]}')",
+    "(2, 0, 0.01, -0.00001, '', x'', '1000-01-01', '9999-12-31 23:59:59.999999', "
+    "'1970-01-01 00:00:01.000', '00:00:00.000001', -0.0, -3.5, b'0', 'null')",
+    "(3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+]
+
+
+def _client(cdc: RunningService) -> SyncCdcClient:
+    return SyncCdcClient("127.0.0.1", cdc.port, USER, PASSWORD)
+
+
+async def _read(cdc: RunningService, table: str, **kwargs: Any) -> tuple[Any, list[Any]]:
+    """A range and its tables, read by the blocking client in a thread (the service runs in
+    this event loop)."""
+    def read() -> tuple[Any, list[Any]]:
+        arrow_range = _client(cdc).read_arrow(table, **kwargs)
+        return arrow_range, arrow_range.read_all()
+    return await asyncio.to_thread(read)
+
+
+def _select(source: Source, table: str) -> dict[int, dict[str, Any]]:
+    """The table as the source has it, TIMESTAMPs in UTC, by id."""
+    conn = source.server.connect(database=source.database,
+                                 init_command="SET time_zone = '+00:00'")
+    with contextlib.closing(conn), conn.cursor() as cur:
+        cur.execute(f"SELECT * FROM {table}")
+        names = [d[0] for d in cur.description]
+        return {row[0]: dict(zip(names, row, strict=True)) for row in cur.fetchall()}
+
+
+def _rebuilt(tables: list[Any]) -> dict[int, dict[str, Any]]:
+    """The rows the changes leave, from each record's image (deletes remove them)."""
+    rows: dict[int, dict[str, Any]] = {}
+    for table in tables:
+        for record in table.to_pylist():
+            if record["event_type"] == "delete":
+                rows.pop(record["id"])
+            elif record["event_type"] != "update_before":
+                rows[record["id"]] = record
+    return rows
+
+
+def _as_selected(value: Any, column: str) -> Any:
+    """A batch's value as pymysql gives the column (the oracle's types)."""
+    if value is None:
+        return None
+    if column == "ts":
+        return value.astimezone(dt.UTC).replace(tzinfo=None)
+    if column == "flag":
+        return b"\x01" if value else b"\x00"
+    if column == "wide":
+        return Decimal(value)  # over 38 digits: the exact text
+    return value
+
+
+def _assert_same(rebuilt: dict[int, dict[str, Any]], selected: dict[int, dict[str, Any]]
+                 ) -> None:
+    assert rebuilt.keys() == selected.keys()
+    for key, row in selected.items():
+        for column, expected in row.items():
+            got = _as_selected(rebuilt[key][column], column)
+            if column == "doc" and expected is not None:
+                assert got.replace(" ", "") == expected.replace(" ", ""), (key, column)
+            else:
+                assert got == expected, (key, column, got, expected)
+
+
+async def test_read_arrow_rebuilds_the_table_value_by_value(cdc: RunningService, source: Source):
+    t = f"`{source.database}`.t"
+    source.execute(f"CREATE TABLE {t} ({COLUMNS})", f"INSERT INTO {t} VALUES {ROWS[0]}",
+                   f"INSERT INTO {t} VALUES {ROWS[1]}, {ROWS[2]}")
+    source.execute(f"UPDATE {t} SET amount = amount + 1, name = 'renamed' WHERE id = 2",
+                   f"DELETE FROM {t} WHERE id = 3")
+    await cdc.caught_up(source)
+
+    first, tables = await _read(cdc, f"{source.database}.t")
+    assert len(tables) == 1
+    table = tables[0]
+    assert [r["event_type"] for r in table.select(["event_type"]).to_pylist()] == [
+        "insert", "insert", "insert", "update_before", "update_after", "delete"]
+    types = {f.name: str(f.type) for f in table.schema}
+    assert types | {"doc": "string"} == {
+        "domain": "uint32", "server_id": "uint32", "sequence": "uint64", "event_number": "int32",
+        "timestamp": "int64", "event_type": "string", "id": "int32",
+        "big": "decimal128(20, 0)", "amount": "decimal128(12, 2)", "wide": "string",
+        "name": "string", "body": "binary", "day": "date32[day]", "at": "timestamp[us]",
+        "ts": "timestamp[us, tz=UTC]", "took": "duration[us]", "score": "double",
+        "ratio": "float", "flag": "bool", "doc": "string"}
+    assert b'"version":1' in table.schema.metadata[AVSC_KEY].replace(b" ", b"")
+    _assert_same(_rebuilt(tables), _select(source, t))
+    again = await asyncio.to_thread(lambda: [b.to_pylist() for b in first])
+    assert again == [r for x in tables for r in [x.to_pylist()]]  # the same, every time
+
+    # read on from where the first range ended: exactly the later changes, a schema change
+    # inside the range as a second table
+    source.execute(f"INSERT INTO {t} (id, name) VALUES (4, 'four')",
+                   f"ALTER TABLE {t} ADD COLUMN extra VARCHAR(8) DEFAULT 'e'",
+                   f"UPDATE {t} SET extra = 'x' WHERE id = 1")
+    await cdc.caught_up(source)
+    second, later = await _read(cdc, f"{source.database}.t", after=first.end)
+    assert len(later) == 2 and later[0].column("id").to_pylist() == [4]  # before the ALTER
+    assert "extra" not in later[0].schema.names  # the version after it has the column
+    assert {"event_type": "update_after", "id": 1, "extra": "x"} in later[1].select(
+        ["event_type", "id", "extra"]).to_pylist()
+    _assert_same(_rebuilt(tables + later), _select(source, t))
+    assert (await _read(cdc, f"{source.database}.t", after=second.end))[1] == []
+
+
+async def test_polars_and_duckdb_read_the_batches(cdc: RunningService, source: Source):
+    polars = pytest.importorskip("polars")
+    duckdb = pytest.importorskip("duckdb")
+    t = f"`{source.database}`.orders"
+    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, amount DECIMAL(10,2), "
+                   "placed DATETIME)",
+                   *(f"INSERT INTO {t} VALUES ({i}, {i}.25, '2024-01-{i:02d} 10:00:00')"
+                     for i in range(1, 21)))
+    await cdc.caught_up(source)
+    _, (changes,) = await _read(cdc, f"{source.database}.orders")
+    assert polars.from_arrow(changes).filter(polars.col("id") > 10).height == 10
+    assert changes.to_pandas().set_index("id").loc[7, "amount"] == Decimal("7.25")
+    total = duckdb.sql("SELECT sum(amount) FROM changes WHERE event_type = 'insert'")
+    assert total.fetchall()[0][0] == source.query(f"SELECT SUM(amount) FROM {t}")[0][0]
+
+
+async def test_zero_dates_are_an_error_unless_read_as_null(cdc: RunningService, source: Source):
+    t = f"`{source.database}`.z"
+    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, d DATE, at DATETIME)",
+                   "SET SESSION sql_mode = ''",
+                   f"INSERT INTO {t} VALUES (1, '0000-00-00', '2024-00-10 00:00:00'), "
+                   "(2, '2024-05-01', '2024-05-01 10:00:00')")
+    await cdc.caught_up(source)
+    with pytest.raises(ZeroDateError, match=r"0000-00-00.*zero_dates='null'"):
+        await _read(cdc, f"{source.database}.z")
+    _, (table,) = await _read(cdc, f"{source.database}.z", zero_dates="null")
+    assert table.select(["id", "d", "at"]).to_pylist() == [
+        {"id": 1, "d": None, "at": None},
+        {"id": 2, "d": dt.date(2024, 5, 1), "at": dt.datetime(2024, 5, 1, 10)}]
+    with pytest.raises(ValueError, match="zero_dates"):
+        await _read(cdc, f"{source.database}.z", zero_dates="zero")
+
+
+async def test_an_unknown_table_is_a_clear_error(cdc: RunningService, source: Source):
+    from mariadb_cdc_client.format.wire import ProtocolError
+
+    source.execute(f"CREATE TABLE `{source.database}`.k (id INT)",
+                   f"INSERT INTO `{source.database}`.k VALUES (1)")
+    await cdc.caught_up(source)
+    with pytest.raises(ProtocolError, match=r"NO-FILE .*\.nope\.000001\.avro' not found"):
+        await _read(cdc, f"{source.database}.nope")
