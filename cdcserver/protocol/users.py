@@ -29,6 +29,14 @@ from cdcserver.core.durable import write_atomically
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.names import TableName
 from cdcserver.protocol.scram import Verifier
+from mariadb_cdc_client.format.names import (
+    BadTableRef,
+    needs_quoting,
+    quote_name,
+    read_name,
+    split_list,
+    split_outside_quotes,
+)
 from mariadb_cdc_client.format.wire import Dialect, digest_hash, password_hash
 
 log = logging.getLogger(__name__)
@@ -36,33 +44,68 @@ log = logging.getLogger(__name__)
 _HASH = re.compile(r"^[0-9A-Fa-f]{40}$")
 NO_LEGACY = "-"  # the hash field of a user who may log in with SCRAM only
 _NAME = re.compile(r"^[^:\s]{1,43}$")  # MaxScale's auth message allows 43-byte names
-_PATTERN = re.compile(r"^(\*|[^.,:\s*]+\.(\*|[^.,:\s*]+))$")
+
+
+ANY = "*"  # a pattern's bare * (a name * is quoted: `*`)
+Pattern = tuple[str | None, str | None]  # (database, table), None: any
 
 
 @dataclass(frozen=True)
 class TableGrant:
-    """The tables a user may read."""
+    """The tables a user may read: (database, table) pairs, None for any."""
 
-    patterns: tuple[str, ...]
+    patterns: tuple[Pattern, ...]
 
     @classmethod
     def parse(cls, text: str) -> TableGrant:
-        patterns = tuple(p.strip() for p in text.split(",") if p.strip())
-        bad = [p for p in patterns if not _PATTERN.match(p)]
-        if bad or not patterns:
+        """``db.table``, ``db.*`` or ``*``, comma-separated; a name with a dot, a comma, a
+        colon or a space quoted as MariaDB quotes it (```my db`.`v1.2```)."""
+        items = split_list(text)
+        try:
+            patterns = tuple(_pattern(item) for item in items)
+        except (BadTableRef, ValueError) as exc:
+            raise ConfigError(f"invalid table list {text!r}: {exc}; expected comma-separated "
+                              "db.table, db.* or *, a name with a dot, comma, colon or space "
+                              "quoted: `my db`.`v1.2`") from None
+        if not patterns:
             raise ConfigError(f"invalid table list {text!r}: comma-separated db.table, db.* "
                               "or *")
         return cls(patterns)
 
+    def everything(self) -> bool:
+        return (None, None) in self.patterns
+
     def allows(self, table: TableName) -> bool:
-        for pattern in self.patterns:
-            database, _, name = pattern.partition(".")
-            if pattern == "*" or (database == table.database and name in ("*", table.table)):
-                return True
-        return False
+        return any(database in (None, table.database) and name in (None, table.table)
+                   for database, name in self.patterns)
 
     def text(self) -> str:
-        return ",".join(self.patterns)
+        return ",".join(ANY if database is None else
+                        f"{_grant_name(database)}.{ANY if name is None else _grant_name(name)}"
+                        for database, name in self.patterns)
+
+
+def _grant_name(name: str) -> str:
+    """A name as the users file writes it: quoted as in commands, and also when it holds
+    the file's field separator ``:`` or a ``*``."""
+    if not needs_quoting(name) and (":" in name or ANY in name):
+        return "`" + name.replace("`", "``") + "`"
+    return quote_name(name)
+
+
+def _pattern(item: str) -> Pattern:
+    """One pattern of a table list: ``*`` is (None, None), ``db.*`` (db, None)."""
+    if item == ANY:
+        return None, None
+    database, pos, quoted = read_name(item, 0)
+    if not database or (ANY in database and not quoted) or not item.startswith(".", pos):
+        raise ValueError(f"{item!r} is not db.table or db.*")
+    if item[pos + 1:] == ANY:
+        return database, None
+    name, end, quoted = read_name(item, pos + 1)
+    if not name or end != len(item) or (ANY in name and not quoted):
+        raise ValueError(f"{item!r} is not db.table or db.* (a name with * is quoted)")
+    return database, name
 
 
 @dataclass(frozen=True)
@@ -200,7 +243,7 @@ class UsersFile:
         previous = users.get(name)
         if tables is None and previous is not None:
             grant = previous.tables
-        if grant is not None and "*" in grant.patterns:
+        if grant is not None and grant.everything():
             grant = None
         if dialect is None and previous is not None:
             dialect = previous.dialect
@@ -245,7 +288,7 @@ class UsersFile:
 def _parse_line(line: str) -> tuple[str, Account]:
     name, sep, rest = line.partition(":")
     hashed, _, rest = rest.partition(":")
-    tables, _, options = rest.partition(":")
+    tables, options = (*split_outside_quotes(rest, ":", 1), "")[:2]
     hashed = hashed.strip()
     if not sep or not _NAME.match(name):
         raise ConfigError("expected name:HASH[:TABLES[:OPTION...]], a name of 1-43 "
@@ -254,7 +297,7 @@ def _parse_line(line: str) -> tuple[str, Account]:
         raise ConfigError(f"user {name}: the hash must be 40 hex digits of "
                           f"SHA1(SHA1(password)), or {NO_LEGACY} for a SCRAM-only user")
     grant = TableGrant.parse(tables) if tables.strip() else None
-    if grant is not None and "*" in grant.patterns:
+    if grant is not None and grant.everything():
         grant = None
     dialect, verifier = _parse_options(name, options)
     if hashed == NO_LEGACY and verifier is None:

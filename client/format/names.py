@@ -149,19 +149,27 @@ def spaced_hint(text: str, *, version: bool = False) -> str | None:
 
 def split_list(text: str) -> list[str]:
     """A comma-separated list of references (or patterns), keeping commas inside quotes."""
-    items, start, pos = [], 0, 0
-    while pos < len(text):
+    return [item.strip() for item in split_outside_quotes(text, ",") if item.strip()]
+
+
+def split_outside_quotes(text: str, separator: str, limit: int = -1) -> list[str]:
+    """``text`` split at ``separator`` (one character) wherever it is not inside a quoted
+    name, at most ``limit`` times (all: -1)."""
+    items: list[str] = []
+    start = pos = 0
+    while pos < len(text) and limit != len(items):
         ch = text[pos]
-        if ch in _QUOTES and (pos == 0 or text[pos - 1] in ".," or text[pos - 1].isspace()):
+        if ch in _QUOTES and (pos == 0 or text[pos - 1] in f".,{separator}"
+                              or text[pos - 1].isspace()):
             end = _quoted_end(text, pos)
             pos = len(text) if end < 0 else end
             continue
-        if ch == ",":
+        if ch == separator:
             items.append(text[start:pos])
             start = pos + 1
         pos += 1
     items.append(text[start:])
-    return [item.strip() for item in items if item.strip()]
+    return items
 
 
 # -- one name ------------------------------------------------------------------------------

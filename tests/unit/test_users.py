@@ -11,6 +11,7 @@ import pytest
 
 from cdcserver.app.cli import main
 from cdcserver.core.errors import ConfigError
+from cdcserver.core.names import TableName
 from cdcserver.protocol.users import UsersFile
 from mariadb_cdc_client.format.wire import Dialect
 
@@ -135,3 +136,30 @@ def test_a_users_json_dialect_is_a_fourth_field_kept_across_password_changes(tmp
     loaded, problems = users.check()
     assert "odd" not in loaded and "etl" in loaded
     assert problems == [f"{path}:3: user odd: unknown JSON dialect 'fast' (exact or maxscale)"]
+
+
+def test_a_table_list_names_any_table_with_quotes(tmp_path):
+    """Names with a dot, comma, colon, space or * are quoted as MariaDB quotes them; the file
+    keeps them so, and a grant allows exactly the tables it names (found by attack: a dotted
+    table could not be granted)."""
+    path = tmp_path / "cdcusers"
+    added = _cli("users", "add", "carol", "--users-file", str(path), "--password-stdin",
+                 "--tables", "`my db`.`v1.2`, `sh:op`.*, `a,b`.t, db.`*`, `x``y`.z",
+                 stdin="pw\n")
+    assert added.returncode == 0, added.stderr
+    users = UsersFile(str(path))  # read back from the file
+    allowed = [("my db", "v1.2"), ("sh:op", "anything"), ("a,b", "t"), ("db", "*"),
+               ("x`y", "z")]
+    refused = [("my db", "v1"), ("my db.v1", "2"), ("v1", "2"), ("sh", "op"), ("a", "b.t"),
+               ("db", "other"), ("x", "y.z")]
+    for database, table in allowed:
+        assert users.may_read("carol", TableName(database, table)), (database, table)
+    for database, table in refused:
+        assert not users.may_read("carol", TableName(database, table)), (database, table)
+    assert path.read_text().split(":scram=")[0].split(":", 2)[2] == (
+        "`my db`.`v1.2`,`sh:op`.*,`a,b`.t,db.`*`,`x``y`.z")
+    listed = _cli("users", "list", "--users-file", str(path)).stdout
+    assert "`my db`.`v1.2`" in listed
+    for bad in ("`my db`.v1.2", "`unclosed.t", "*.t", "db.*x", "`a`b.t", "db.", "`a`"):
+        with pytest.raises(ConfigError, match="invalid table list"):
+            users.add("carol", "pw", bad)
