@@ -280,6 +280,10 @@ async def test_query_range_plans_ranges_of_at_most_n_events_from_the_transaction
         "end": stored, "events": 15, "next": None}
     assert await _query(cdc, f"QUERY-RANGE {db}.t AFTER {start} UNTIL {after_first} "
                              "LIMIT 100") == {"end": after_first, "events": 3, "next": None}
+    # AFTER already past UNTIL: nothing, and the end keeps AFTER (a reader's position never
+    # goes back)
+    assert await _query(cdc, f"QUERY-RANGE {db}.t AFTER {after_u} UNTIL {after_first} "
+                             "LIMIT 100") == {"end": after_u, "events": 0, "next": None}
     # a bounded read up to a planned end holds what the plan counted
     lines = await _bounded(cdc, f"REQUEST-DATA {db}.t AFTER {start} UNTIL {_next(after_u)}")
     assert [r["id"] for r in _records(lines)] == [1, 2, 3, 4, 5]
