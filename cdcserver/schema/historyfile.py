@@ -11,6 +11,8 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import Iterator
+from typing import Any
 
 from cdcserver.core.durable import write_all, write_atomically
 from cdcserver.core.errors import disk_refusal
@@ -24,24 +26,41 @@ log = logging.getLogger('cdcserver.schema.history')
 def read_history(path: str, start: GtidState) -> dict[TableName, TableDefinition]:
     """Each table's definition up to ``start``, as the file at ``path`` records it."""
     tables: dict[TableName, TableDefinition] = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            if not line.endswith("\n"):
-                # A torn last line (a crash or a full disk while appending): its
-                # transaction was not applied, so the entry is replayed.
-                log.warning("schema history: ignoring an incomplete last line")
-                break
-            entry = json.loads(line)
-            if entry["gtid"] and not start.covers(Gtid.parse(entry["gtid"])):
-                continue
-            table = TableName(*entry["table"])
-            if entry["definition"] is None:
-                tables.pop(table, None)
-            else:
-                tables[table] = TableDefinition.from_json(entry["definition"])
+    for entry in _entries(path):
+        if entry["gtid"] and not start.covers(Gtid.parse(entry["gtid"])):
+            continue
+        table = TableName(*entry["table"])
+        if entry["definition"] is None:
+            tables.pop(table, None)
+        else:
+            tables[table] = TableDefinition.from_json(entry["definition"])
     return tables
+
+
+def _entries(path: str) -> Iterator[dict[str, Any]]:
+    """The file's entries, without a torn last line: one without its newline (a crash or a
+    full disk while appending), or the last line whose text is not JSON (a power loss can
+    leave the file's new size with zeros where the line was). An append is fsynced before
+    its change is used, so a torn entry's transaction was not applied: it is replayed from
+    the binlog. Any other line that is not JSON raises."""
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    torn = lines.pop()  # what follows the last newline
+    while lines and not lines[-1].strip():
+        lines.pop()
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            entry = json.loads(raw)
+        except ValueError:  # not JSON, or not UTF-8
+            if number < len(lines):
+                raise
+            torn = raw
+            break
+        yield entry
+    if torn.strip():
+        log.warning("schema history: ignoring an incomplete last line")
 
 
 def compact_history(path: str, tables: dict[TableName, TableDefinition]) -> None:

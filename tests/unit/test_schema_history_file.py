@@ -56,3 +56,25 @@ def test_a_line_the_disk_takes_part_of_is_taken_back(tmp_path) -> None:
     lines = _bytes(path).decode().splitlines()
     assert [json.loads(line)["gtid"] for line in lines] == ["0-1-1", "0-1-3"]
     assert read_history(path, GtidState([Gtid(0, 1, 3)])) == {}
+
+
+def test_a_last_line_of_zeros_is_torn_and_any_earlier_bad_line_is_an_error(tmp_path) -> None:
+    """A power loss while appending can leave the file's new size with zeros where the line
+    was, its newline included or not: that last line is torn, as a line cut short is (its
+    transaction was not applied). A line before it that is not JSON is damage, and says so."""
+    path = str(tmp_path / "schema_history.jsonl")
+    append_change(path, TableName("db", "kept"), None, Gtid(0, 1, 1))
+    whole = _bytes(path)
+    for tail in (b"\0" * 5000, b"\0" * 5000 + b"\n", b"\0" * 4096 + b'"db"]}\n\n',
+                 b'{"gtid": "0-1-2", "tab', b"\xff\xfe\n"):
+        with open(path, "wb") as f:
+            f.write(whole + tail)
+        assert read_history(path, GtidState([Gtid(0, 1, 3)])) == {}
+    with open(path, "wb") as f:
+        f.write(b"\0" * 100 + b"\n" + whole)
+    try:
+        read_history(path, GtidState([Gtid(0, 1, 3)]))
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a damaged line before the last was taken")
