@@ -26,14 +26,16 @@ def write_atomically(path: str, data: bytes, mode: int = 0o666) -> None:
         os.unlink(tmp)  # a leftover would keep its own mode
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
-        write_all(fd, data)
-        os.fsync(fd)
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
     except OSError:
-        os.close(fd)
-        os.unlink(tmp)
+        with contextlib.suppress(OSError):  # (the write's error is the one to tell)
+            os.unlink(tmp)
         raise
-    os.close(fd)
-    os.replace(tmp, path)
     fsync_dir(os.path.dirname(path) or ".")
 
 
