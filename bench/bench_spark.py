@@ -45,7 +45,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -127,7 +127,7 @@ def spark_session() -> Any:
 def file_source(name: str, schema: Any, arrow: bool) -> Any:
     """A Python data source named ``name``, one partition per file of its ``files`` option:
     rows pickled as tuples, or (``arrow``) Arrow record batches in an Arrow IPC file."""
-    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+    from pyspark.sql.datasource import DataSourceReader, InputPartition
 
     class FilePartition(InputPartition):
         def __init__(self, path: str) -> None:
@@ -153,7 +153,15 @@ def file_source(name: str, schema: Any, arrow: bool) -> Any:
                 for i in range(reader.num_record_batches):
                     yield reader.get_batch(i)
 
-    class FileSource(DataSource):
+    return named_source(name, schema, lambda options: Reader(options["files"].split(",")))
+
+
+def named_source(name: str, schema: Any, reader: Callable[[dict[str, str]], Any]) -> Any:
+    """A Python data source class named ``name`` with a fixed ``schema``, whose reader is
+    ``reader(options)``."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader
+
+    class NamedSource(DataSource):
         @classmethod
         def name(cls) -> str:
             return name
@@ -162,9 +170,10 @@ def file_source(name: str, schema: Any, arrow: bool) -> Any:
             return schema
 
         def reader(self, schema: Any) -> DataSourceReader:
-            return Reader(self.options["files"].split(","))
+            made: DataSourceReader = reader(self.options)
+            return made
 
-    return FileSource
+    return NamedSource
 
 
 class ArrowStreamServer:
@@ -209,7 +218,7 @@ def ipc_streams(arrow_files: list[str]) -> list[str]:
 def socket_source(name: str, schema: Any) -> Any:
     """A Python data source named ``name`` whose partitions receive their batches from an
     :class:`ArrowStreamServer` (options ``port`` and ``partitions``)."""
-    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+    from pyspark.sql.datasource import DataSourceReader, InputPartition
 
     class StreamPartition(InputPartition):
         def __init__(self, number: int) -> None:
@@ -243,18 +252,8 @@ def socket_source(name: str, schema: Any) -> Any:
                     view = view[got:]
             yield from pa.ipc.open_stream(pa.py_buffer(buf))
 
-    class SocketSource(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return name
-
-        def schema(self) -> Any:
-            return schema
-
-        def reader(self, schema: Any) -> DataSourceReader:
-            return Reader(int(self.options["port"]), int(self.options["partitions"]))
-
-    return SocketSource
+    return named_source(name, schema, lambda options: Reader(int(options["port"]),
+                                                               int(options["partitions"])))
 
 
 def pickle_partitions(options: dict[str, str], directory: str
