@@ -18,7 +18,8 @@ from typing import Any
 MAX_U32 = (1 << 32) - 1  # a domain or server id
 MAX_U64 = (1 << 64) - 1  # a sequence number
 
-MARIADB_GTID = re.compile(r"^([0-9]{1,10})-([0-9]{1,10})-([0-9]{1,20})$")
+# numbers as MariaDB reads them: leading zeros taken (its own text has none), the value checked
+MARIADB_GTID = re.compile(r"^0*([0-9]{1,10})-0*([0-9]{1,10})-0*([0-9]{1,20})$")
 MYSQL_GTID = re.compile(r"^([0-9a-fA-F-]{36}):([0-9]{1,20})$")
 MYSQL_SET_ITEM = re.compile(r"^([0-9a-fA-F-]{36}):(?:1-)?([0-9]{1,20})$")  # stored
 MYSQL_STATE_ITEM = re.compile(r"^([0-9a-fA-F-]{36}):(?:[0-9]{1,20}-)?([0-9]{1,20})$")  # asked

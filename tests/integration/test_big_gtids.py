@@ -15,6 +15,7 @@ import json
 
 import pytest
 
+from cdcserver.core.gtid import Gtid
 from mariadb_cdc_client import ChangeRecord, SyncCdcClient
 from mariadb_cdc_client.format.gtid import is_gtid, is_gtid_state, stored_metadata
 from mariadb_cdc_client.format.wire import Code, ProtocolError, parse_request_data
@@ -34,6 +35,10 @@ def test_the_grammar_takes_every_number_mariadb_writes_and_no_larger():
         with pytest.raises(ProtocolError) as info:
             parse_request_data(f"db.t {bad}")
         assert info.value.code == Code.BAD_SYNTAX and "not a GTID" in info.value.message
+    # leading zeros, as MariaDB takes them (found by attack: 59 of them were refused)
+    zeros = "0" * 59
+    assert is_gtid(f"{zeros}-{zeros}1-{zeros}{MAX64}") and not is_gtid(f"1-1-{zeros}{MAX64 + 1}")
+    assert Gtid.parse(f"{zeros}7-{zeros}1-{zeros}5") == Gtid(7, 1, 5)
     assert stored_metadata(MAX32, MAX32, MAX64) == (-1, -1, -1)
     assert stored_metadata(5, 7, HALF64 - 1) == (5, 7, HALF64 - 1)
 
