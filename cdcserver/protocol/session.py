@@ -95,18 +95,16 @@ class Session(Login, DumpVerbs):
     def receive(self, message: bytes) -> Outcome | None:
         """Handle one message; None for an empty line (ignored)."""
         try:
-            text = message.decode("utf-8")
+            text: str | None = message.decode("utf-8")
         except UnicodeDecodeError:
-            return self._bad(ProtocolError(Code.BAD_SYNTAX, "commands must be UTF-8 text"))
-        if not text.strip():
+            text = None  # a login's answer is the login's (BAD-AUTH), a command's BAD-SYNTAX
+        if text is not None and not text.strip():
             return None
         try:
             if self.phase == Phase.AUTH:
-                if self._scram is not None:
-                    return self._scram_final(self._scram, text.strip())
-                if text.startswith(SCRAM_VERB):
-                    return self._scram_first(text[len(SCRAM_VERB):].strip())
-                return self._authenticate(message)
+                return self._login(message, text)
+            if text is None:
+                raise ProtocolError(Code.BAD_SYNTAX, "commands must be UTF-8 text")
             command = split_command(text)
             verb = self._verbs.get(command.verb)
             if verb is None:
@@ -117,6 +115,17 @@ class Session(Login, DumpVerbs):
             return verb(command.argument if command.verb != "REGISTER" else text)
         except ProtocolError as exc:
             return self._bad(exc)
+
+    def _login(self, message: bytes, text: str | None) -> Outcome:
+        """A message of the login phase: SCRAM's (text), else MaxScale's hex login."""
+        if self._scram is not None:
+            if text is None:
+                raise ProtocolError(Code.BAD_AUTH, "not a SCRAM client-final-message: not "
+                                    "UTF-8 text")
+            return self._scram_final(self._scram, text.strip())
+        if text is not None and text.startswith(SCRAM_VERB):
+            return self._scram_first(text[len(SCRAM_VERB):].strip())
+        return self._authenticate(message)
 
     def incomplete(self, message: bytes) -> bool:
         """Whether a login message that arrived without a newline is only its start: SCRAM's

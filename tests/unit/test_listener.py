@@ -167,6 +167,25 @@ async def test_malformed_auth_message(listener: Listener):
     await client.close()
 
 
+@pytest.mark.parametrize("scram", [False, True])
+async def test_a_login_that_is_not_utf8_is_a_bad_login_not_a_bad_command(listener: Listener,
+                                                                          scram: bool):
+    """Bytes that are not UTF-8 in the login's place are answered as a login (BAD-AUTH), as
+    any other malformed login is, and after them a correct login still works (found by
+    attack: they were answered BAD-SYNTAX, as a command)."""
+    client = await RawClient.connect(listener.port)
+    if scram:
+        await client.send(b"AUTH SCRAM-SHA-256 n,,n=" + USER.encode() + b",r=abcdefghijkl\n")
+        assert (await client.line()).startswith(b"SCRAM r=abcdefghijkl")
+    await client.send(b"\xff\xfe\x80 not UTF-8\n")
+    assert (await client.line()).startswith(b"ERR BAD-AUTH")
+    await client.close()
+    client = await RawClient.connect(listener.port)
+    await client.send(auth_message(USER, PASSWORD))
+    assert await client.line() == b"OK\n"
+    await client.close()
+
+
 async def test_unknown_table_keeps_the_connection_usable(listener: Listener):
     # MaxScale's reply byte for byte (what its clients may compare with); a client that asked
     # for the exact dialect (this project's) reads the cause after it (protocol.md "Error
