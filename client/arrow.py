@@ -133,23 +133,13 @@ class ArrowRange:
         self._connect = connect
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
-        start, end = Position(self.after), Position(self.end)
-        makers: dict[int, BatchMaker] = {}
-        make: BatchMaker | None = None
+        def maker(avsc: dict[str, Any], header: Header) -> BatchMaker:
+            return BatchMaker(version_schema(avsc), avsc, header, self.zero_dates)
+
         conn = self._connect()
         try:
-            for item in read_blocks(conn, (self.table.database, self.table.table), start, end):
-                if isinstance(item, Schema):
-                    version = int(item.avsc["version"])
-                    if version not in makers:
-                        makers[version] = BatchMaker(version_schema(item.avsc), item.avsc,
-                                                     item.header, self.zero_dates)
-                    make = makers[version]
-                    continue
-                assert make is not None, "blocks arrived before their schema"
-                batch = make(item, Trim())
-                if batch is not None:
-                    yield batch
+            yield from read_batches(conn, (self.table.database, self.table.table),
+                                    Position(self.after), Position(self.end), maker)
         finally:
             conn.close()
 
@@ -166,6 +156,28 @@ class ArrowRange:
         if batches:
             tables.append(pa.Table.from_batches(batches))
         return tables
+
+
+def read_batches(conn: SyncCdcConnection, table: tuple[str, str], start: Position,
+                 end: Position, maker: Callable[[dict[str, Any], Header], BatchMaker]
+                 ) -> Iterator[pa.RecordBatch]:
+    """The record batches of a range's records (:func:`mariadb_cdc_client.ranges.read_blocks`
+    on a ``TYPE=AVRO`` connection, the records of its two cut transactions that lie outside
+    it dropped), each version's made by the maker ``maker(avsc, header)`` gives."""
+    trim = Trim.of(start, end)
+    makers: dict[int, BatchMaker] = {}
+    make: BatchMaker | None = None
+    for item in read_blocks(conn, table, start, end):
+        if isinstance(item, Schema):
+            version = int(item.avsc["version"])
+            if version not in makers:
+                makers[version] = maker(item.avsc, item.header)
+            make = makers[version]
+            continue
+        assert make is not None, "blocks arrived before their schema"
+        batch = make(item, trim)
+        if batch is not None:
+            yield batch
 
 
 def plain_reader_schema(schema: Any) -> Any:

@@ -30,10 +30,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from mariadb_cdc_client.arrow import invalid_date
+from mariadb_cdc_client.arrow import invalid_date, read_batches
+from mariadb_cdc_client.format.avro import Header
 from mariadb_cdc_client.format.dump import DumpHeader, DumpRows
-from mariadb_cdc_client.format.names import table_ref
-from mariadb_cdc_client.ranges import Position, Schema, Trim, gtid_parts, read_blocks
+from mariadb_cdc_client.format.names import as_table, table_ref
+from mariadb_cdc_client.ranges import Position, gtid_parts
 from mariadb_cdc_client.spark import plan
 from mariadb_cdc_client.spark.arrow import BatchMaker
 from mariadb_cdc_client.spark.types import METADATA, SchemaError, fits, table_schema
@@ -174,25 +175,16 @@ def read_partition(options: plan.Options, schema: StructType, partition: plan.Ra
     if "dump" in partition.start:
         yield from read_dump(options, schema, partition.start["dump"])
         return
-    start, end = Position.from_json(partition.start), Position.from_json(partition.end)
-    trim = Trim.of(start, end)
+    def maker(avsc: dict[str, Any], header: Header) -> BatchMaker:
+        _check_fits(schema, avsc)
+        return BatchMaker(schema, avsc, header, options.zero_dates)
+
+    table = as_table(partition.table)
     conn = options.connect("AVRO")
     try:
-        makers: dict[int, BatchMaker] = {}
-        make: BatchMaker | None = None
-        for item in read_blocks(conn, partition.table, start, end):
-            if isinstance(item, Schema):
-                version = int(item.avsc["version"])
-                if version not in makers:
-                    _check_fits(schema, item.avsc)
-                    makers[version] = BatchMaker(schema, item.avsc, item.header,
-                                                 options.zero_dates)
-                make = makers[version]
-                continue
-            assert make is not None, "blocks arrived before their schema"
-            batch = make(item, trim)
-            if batch is not None:
-                yield batch
+        yield from read_batches(conn, (table.database, table.table),
+                                Position.from_json(partition.start),
+                                Position.from_json(partition.end), maker)
     finally:
         conn.close()
 
