@@ -101,6 +101,7 @@ assert all(str(_ARROW[k]) == form.arrow for k, form in KINDS.items() if k != Kin
 AVSC_KEY = b"cdc.avsc"  # the schema metadata of a version's batches: its .avsc document
 
 
+# (a column of the table with one of these names has a _ appended in the store: no clash)
 _GTID_TYPES = {"domain": pa.uint32(), "server_id": pa.uint32(), "sequence": pa.uint64()}
 
 
@@ -108,9 +109,8 @@ def version_schema(avsc: dict[str, Any]) -> pa.Schema:
     """The Arrow schema of a version's records: its fields in order (the metadata fields
     not null, the GTID's numbers unsigned as MariaDB's are), with the version's ``.avsc``
     in the schema's metadata (``cdc.avsc``)."""
-    fields = [pa.field(f.name, _GTID_TYPES.get(f.name, arrow_type(f)) if i < 3 else
-                       arrow_type(f), nullable=f.nullable)
-              for i, f in enumerate(fields_from_schema(avsc))]
+    fields = [pa.field(f.name, _GTID_TYPES.get(f.name) or arrow_type(f), nullable=f.nullable)
+              for f in fields_from_schema(avsc)]
     return pa.schema(fields, metadata={AVSC_KEY: json.dumps(avsc)})
 
 
