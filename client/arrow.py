@@ -1,6 +1,6 @@
 """Stored Avro blocks straight into Arrow record batches: for the Spark source's executors,
 and for any reader of ranges that wants pyarrow, pandas, Polars or DuckDB
-(:meth:`mariadb_cdc_client.sync.SyncCdcClient.read_arrow`).
+(:func:`read_arrow`).
 
 A batch has a target Arrow schema: a version's own (:func:`version_schema`, each column as
 the type table says), or a Spark query's, which may widen a column for all the versions it
@@ -31,8 +31,14 @@ from functools import reduce
 from typing import Any, cast
 
 import fastavro
-import pyarrow as pa
-import pyarrow.compute as pc
+
+from mariadb_cdc_client.format.extras import MissingExtra
+
+try:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+except ModuleNotFoundError as exc:  # say which extra brings it
+    raise MissingExtra("mariadb_cdc_client.arrow (read_arrow)", "arrow", "pyarrow") from exc
 
 from mariadb_cdc_client.format.avro import (
     SYNC_SIZE,
@@ -45,10 +51,11 @@ from mariadb_cdc_client.format.avro import (
 )
 from mariadb_cdc_client.format.coltypes import KINDS
 from mariadb_cdc_client.format.compiled import compiled_module
-from mariadb_cdc_client.format.names import TableRef
+from mariadb_cdc_client.format.names import Table, TableRef, as_table
 from mariadb_cdc_client.format.schema import Field, Kind, fields_from_schema, parse_time
+from mariadb_cdc_client.format.wire import Format
 from mariadb_cdc_client.ranges import Blocks, Position, Schema, Trim, read_blocks
-from mariadb_cdc_client.sync import SyncCdcConnection
+from mariadb_cdc_client.sync import SyncCdcClient, SyncCdcConnection
 
 # the compiled decoder (client/spark/_avroarrow.pyx): the same batches, several times faster
 _avroarrow = compiled_module("mariadb_cdc_client.spark._avroarrow")  # needs no pyspark
@@ -117,12 +124,34 @@ def version_schema(avsc: dict[str, Any]) -> pa.Schema:
 ZERO_DATES = ("error", "null")
 
 
+def read_arrow(client: SyncCdcClient, table: Table, *, after: str | None = None,
+               until: str | None = None, zero_dates: str = "error") -> ArrowRange:
+    """The changes of ``table`` in the transactions after the GTID state ``after`` (from
+    the first stored without it) up to ``until`` (what the service has stored now, without
+    it), as pyarrow record batches: a bounded read in AVRO mode on a connection of
+    ``client``'s, decoded into Arrow buffers in C. Iterate the result for its batches; its
+    ``end`` is where to read on from. ``zero_dates``: ``error`` (a MariaDB zero date
+    raises) or ``null``."""
+    if until is None:
+        conn = client.connect()
+        try:
+            until = str(conn.query("QUERY-STATE")["gtid_state"])
+        finally:
+            conn.close()
+
+    def connect() -> SyncCdcConnection:
+        return SyncCdcConnection.open(client.host, client.port, client.user, client.password,
+                                      format=Format.AVRO, ssl=client.ssl,
+                                      timeout=client.timeout, auth=client.auth)
+    return ArrowRange(connect, as_table(table), after or "", until, zero_dates)
+
+
 class ArrowRange:
     """The records of one table's transactions after ``after`` up to ``end`` (GTID states),
     as Arrow record batches of each version's schema (:func:`version_schema`), in commit
     order. Iterating reads the range (a bounded read over one connection); every iteration
     gives the same batches while retention keeps the versions. ``end`` is where the next
-    range starts: ``client.read_arrow(table, after=previous.end)``."""
+    range starts: ``read_arrow(client, table, after=previous.end)``."""
 
     def __init__(self, connect: Callable[[], SyncCdcConnection], table: TableRef, after: str,
                  end: str, zero_dates: str = "error") -> None:

@@ -16,7 +16,7 @@ import ssl as ssl_module
 import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mariadb_cdc_client.endpoints import Endpoints
 from mariadb_cdc_client.format.dump import DumpDecoder, DumpHeader, DumpRows
@@ -37,9 +37,6 @@ from mariadb_cdc_client.login import Auth, ScramLogin, scram_login
 from mariadb_cdc_client.reconnect import DELAYS, FAILURES, Reconnect
 from mariadb_cdc_client.resume import Resume
 from mariadb_cdc_client.stream import AvroStreamDecoder, Event, JsonStreamDecoder
-
-if TYPE_CHECKING:
-    from mariadb_cdc_client.arrow import ArrowRange
 
 log = logging.getLogger(__name__)
 
@@ -345,32 +342,6 @@ class SyncCdcClient:
         resume = Resume(header.stream_version or None, None, header.gtid or None)
         yield from self._follow(TableRef(header.database, header.table), resume, idle_timeout,
                                 conn)
-
-    def read_arrow(self, table: Table, *, after: str | None = None,
-                   until: str | None = None, zero_dates: str = "error") -> ArrowRange:
-        """The changes of ``table`` in the transactions after the GTID state ``after`` (from
-        the first stored without it) up to ``until`` (what the service has stored now,
-        without it), as pyarrow record batches: a bounded read in AVRO mode, decoded into
-        Arrow buffers in C (the ``arrow`` extra). Iterate the result for its batches; its
-        ``end`` is where to read on from. ``zero_dates``: ``error`` (a MariaDB zero date
-        raises) or ``null``."""
-        from mariadb_cdc_client.format.extras import require
-
-        require("arrow", "read_arrow")
-        from mariadb_cdc_client.arrow import ArrowRange
-
-        if until is None:
-            conn = self._connect_any()
-            try:
-                until = str(conn.query("QUERY-STATE")["gtid_state"])
-            finally:
-                conn.close()
-
-        def connect() -> SyncCdcConnection:
-            return SyncCdcConnection.open(self.host, self.port, self.user, self.password,
-                                          format=Format.AVRO, ssl=self.ssl,
-                                          timeout=self.timeout, auth=self.auth)
-        return ArrowRange(connect, as_table(table), after or "", until, zero_dates)
 
     def last_transaction(self) -> dict[str, Any]:
         conn = self._connect_any()

@@ -20,8 +20,8 @@ EXTRAS = {
 }
 
 
-class MissingExtra(ImportError):
-    """A feature was used whose extra is not installed."""
+class MissingExtra(ModuleNotFoundError):
+    """A feature was used whose extra is not installed (``name``: the missing module)."""
 
     def __init__(self, feature: str, extra: str, module: str) -> None:
         super().__init__(f"{feature} needs the '{extra}' extra ({module} is not installed): "

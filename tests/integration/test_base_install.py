@@ -35,18 +35,16 @@ def test_the_extras_are_hidden_by_the_check():
     assert not {"orjson", "fastavro", "pymysqlreplication", "pymysql", "tenacity"} & blocked
 
 
-def test_read_arrow_without_pyarrow_names_the_extra(monkeypatch):
-    import importlib.util
-
-    import pytest
-
-    from mariadb_cdc_client.format.extras import MissingExtra
-    from mariadb_cdc_client.sync import SyncCdcClient
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "pyarrow" else real(name, *a))
-    client = SyncCdcClient("127.0.0.1", 1, "u", "p")  # never connected: the check is first
-    with pytest.raises(MissingExtra, match=r"read_arrow needs the 'arrow' extra .*"
-                                           r"pip install 'mariadb-cdc\[arrow\]'"):
-        client.read_arrow("db.t")
+def test_read_arrow_without_pyarrow_names_the_extra():
+    """Without pyarrow (the base install, as base_only.py hides it) the module that reads
+    Arrow batches says which extra brings it, and is still a ModuleNotFoundError."""
+    code = ("import sys; sys.path.insert(0, 'tests'); import base_only; "
+            "base_only.block_extras(); "
+            "import mariadb_cdc_client.arrow")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT, check=False)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == ("mariadb_cdc_client.format.extras.MissingExtra: mariadb_cdc_client.arrow "
+                    "(read_arrow) needs the 'arrow' extra (pyarrow is not installed): "
+                    "pip install 'mariadb-cdc[arrow]'"), result.stderr

@@ -1,6 +1,6 @@
-"""``SyncCdcClient.read_arrow``: a table's changes as Arrow record batches, checked against
-``SELECT`` on the source (the oracle: the rows rebuilt from the batches' last images), and
-read by Polars, DuckDB and pandas, which share no code with the decoder."""
+"""``mariadb_cdc_client.arrow.read_arrow``: a table's changes as Arrow record batches,
+checked against ``SELECT`` on the source (the oracle: the rows rebuilt from the batches' last
+images), and read by Polars, DuckDB and pandas, which share no code with the decoder."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 pa = pytest.importorskip("pyarrow")
 
-from mariadb_cdc_client.arrow import AVSC_KEY, ZeroDateError  # noqa: E402
+from mariadb_cdc_client.arrow import AVSC_KEY, ZeroDateError, read_arrow  # noqa: E402
 from mariadb_cdc_client.sync import SyncCdcClient  # noqa: E402
 from tests.conftest import RunningService, Source  # noqa: E402
 from tests.helpers import PASSWORD, USER  # noqa: E402
@@ -42,7 +42,7 @@ async def _read(cdc: RunningService, table: str, **kwargs: Any) -> tuple[Any, li
     """A range and its tables, read by the blocking client in a thread (the service runs in
     this event loop)."""
     def read() -> tuple[Any, list[Any]]:
-        arrow_range = _client(cdc).read_arrow(table, **kwargs)
+        arrow_range = read_arrow(_client(cdc), table, **kwargs)
         return arrow_range, arrow_range.read_all()
     return await asyncio.to_thread(read)
 
