@@ -176,3 +176,42 @@ async def test_an_unknown_table_is_a_clear_error(cdc: RunningService, source: So
     await cdc.caught_up(source)
     with pytest.raises(ProtocolError, match=r"NO-FILE .*\.nope\.000001\.avro' not found"):
         await _read(cdc, f"{source.database}.nope")
+
+
+async def test_a_hostile_name_a_huge_value_and_a_user_reaching_past_its_tables(
+        cdc: RunningService, source: Source, users_file: str):
+    """A table whose name holds a dot, a space, a comma and a colon, columns named like the
+    metadata and with a space, a 3 MB value (blocks over 1 MiB); a user granted that table
+    alone reads it, and is refused another table, and the state it reads to tells nothing
+    of the other table's later transactions."""
+    from cdcserver.protocol.users import UsersFile
+    from mariadb_cdc_client.format.names import table_ref
+    from mariadb_cdc_client.format.wire import ProtocolError
+    from mariadb_cdc_client.sync import SyncCdcClient as Client
+
+    name = table_ref(source.database, "v1.2 ,:x")
+    huge = "z" * 3_000_000
+    source.execute(f"CREATE TABLE {name} (id INT PRIMARY KEY, `domain` INT, `a b` TEXT, "
+                   "big LONGBLOB)",
+                   f"INSERT INTO {name} VALUES (1, 7, 'x', REPEAT('z', 3000000)), "
+                   "(2, NULL, NULL, NULL)",
+                   f"CREATE TABLE `{source.database}`.other (id INT PRIMARY KEY)",
+                   f"INSERT INTO `{source.database}`.other VALUES (1)")
+    await cdc.caught_up(source)
+    UsersFile(users_file).add("limited", "pw-limited", name)
+    limited = Client("127.0.0.1", cdc.port, "limited", "pw-limited")
+
+    def read(table: str) -> tuple[Any, list[Any]]:
+        arrow_range = read_arrow(limited, table)
+        return arrow_range, arrow_range.read_all()
+
+    mine, (table,) = await asyncio.to_thread(read, name)
+    assert table.select(["id", "domain_", "a_b"]).to_pylist() == [
+        {"id": 1, "domain_": 7, "a_b": "x"}, {"id": 2, "domain_": None, "a_b": None}]
+    assert table.column("big").to_pylist() == [huge.encode(), None]
+    with pytest.raises(ProtocolError, match="FORBIDDEN"):
+        await asyncio.to_thread(read, f"{source.database}.other")
+    source.execute(f"INSERT INTO `{source.database}`.other VALUES (2)")  # not limited's
+    await cdc.caught_up(source)
+    again, batches = await asyncio.to_thread(read, name)
+    assert again.end == mine.end and batches[0].equals(table)
