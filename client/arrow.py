@@ -1,6 +1,6 @@
 """Stored Avro blocks straight into Arrow record batches: for the Spark source's executors,
 and for any reader of ranges that wants pyarrow, pandas, Polars or DuckDB
-(:func:`read_arrow`).
+(:func:`read_arrow`, :func:`follow_arrow`).
 
 A batch has a target Arrow schema: a version's own (:func:`version_schema`, each column as
 the type table says), or a Spark query's, which may widen a column for all the versions it
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from functools import reduce
@@ -53,7 +54,7 @@ from mariadb_cdc_client.format.coltypes import KINDS
 from mariadb_cdc_client.format.compiled import compiled_module
 from mariadb_cdc_client.format.names import Table, TableRef, as_table
 from mariadb_cdc_client.format.schema import Field, Kind, fields_from_schema, parse_time
-from mariadb_cdc_client.format.wire import Format
+from mariadb_cdc_client.format.wire import Format, RangeQuery
 from mariadb_cdc_client.ranges import Blocks, Position, Schema, Trim, read_blocks
 from mariadb_cdc_client.sync import SyncCdcClient, SyncCdcConnection
 
@@ -138,12 +139,48 @@ def read_arrow(client: SyncCdcClient, table: Table, *, after: str | None = None,
             until = str(conn.query("QUERY-STATE")["gtid_state"])
         finally:
             conn.close()
+    return ArrowRange(_avro_connection(client), as_table(table), after or "", until,
+                      zero_dates)
 
+
+def follow_arrow(client: SyncCdcClient, table: Table, *, after: str | None = None,
+                 poll: float = 1.0, idle_timeout: float | None = None,
+                 zero_dates: str = "error") -> Iterator[ArrowRange]:
+    """The changes of ``table`` after the GTID state ``after`` (from the first stored
+    without it) as they are stored, in ranges: each holds at least one record of the table,
+    and starts where the one before ended. Save a range's ``end`` once its batches are
+    used: following again from it continues exactly after them. Asks the service what is
+    new every ``poll`` seconds; with ``idle_timeout``, ends once nothing new came for that
+    long. A failure (the service gone, a refused table) ends it with the error."""
+    ref = as_table(table)
+    position = after or ""
+    new_at = time.monotonic()
+    conn = client.connect()
+    try:
+        while True:
+            reply = conn.query(RangeQuery(ref.database, ref.table, position, _NO_LIMIT).line())
+            end = str(reply["end"])
+            if reply["events"]:
+                yield ArrowRange(_avro_connection(client), ref, position, end, zero_dates)
+                new_at = time.monotonic()
+            elif idle_timeout is not None and time.monotonic() - new_at >= idle_timeout:
+                return
+            position = end or position  # past the other tables' transactions, too
+            time.sleep(poll)
+    finally:
+        conn.close()
+
+
+_NO_LIMIT = 1 << 62  # a range of every record stored: a transaction is never cut
+
+
+def _avro_connection(client: SyncCdcClient) -> Callable[[], SyncCdcConnection]:
+    """Opens a ``TYPE=AVRO`` connection to ``client``'s service, as ``client`` logs in."""
     def connect() -> SyncCdcConnection:
         return SyncCdcConnection.open(client.host, client.port, client.user, client.password,
                                       format=Format.AVRO, ssl=client.ssl,
                                       timeout=client.timeout, auth=client.auth)
-    return ArrowRange(connect, as_table(table), after or "", until, zero_dates)
+    return connect
 
 
 class ArrowRange:

@@ -215,3 +215,38 @@ async def test_a_hostile_name_a_huge_value_and_a_user_reaching_past_its_tables(
     await cdc.caught_up(source)
     again, batches = await asyncio.to_thread(read, name)
     assert again.end == mine.end and batches[0].equals(table)
+
+
+async def test_follow_arrow_gives_every_change_once_as_it_is_stored(cdc: RunningService,
+                                                                     source: Source):
+    """Ranges as changes are stored, each holding a record of the table; following again
+    from a saved end continues exactly after it. Another table's transactions make no
+    range."""
+    from mariadb_cdc_client.arrow import follow_arrow
+
+    t = f"`{source.database}`.f"
+    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY)", f"INSERT INTO {t} VALUES (1), (2)",
+                   f"CREATE TABLE `{source.database}`.noise (id INT PRIMARY KEY)")
+    await cdc.caught_up(source)
+
+    def follow(after: str | None, last: int) -> list[tuple[str, str, list[int]]]:
+        """The ranges up to the one holding ``last`` (60 s at most without a new one)."""
+        seen = []
+        for changes in follow_arrow(_client(cdc), f"{source.database}.f", after=after,
+                                    poll=0.2, idle_timeout=60):
+            ids = [i for b in changes for i in b.column("id").to_pylist()]
+            seen.append((changes.after, changes.end, ids))
+            if last in ids:
+                break
+        return seen
+
+    first = await asyncio.to_thread(follow, None, 2)
+    assert [ids for _, _, ids in first] == [[1, 2]] and first[0][0] == ""
+    following = asyncio.create_task(asyncio.to_thread(follow, first[0][1], 5))
+    for n in range(3, 6):
+        source.execute(f"INSERT INTO `{source.database}`.noise VALUES ({n})",
+                       f"INSERT INTO {t} VALUES ({n})")
+        await asyncio.sleep(0.3)
+    later = await following
+    assert [i for _, _, ids in later for i in ids] == [3, 4, 5]  # each once, in order
+    assert all(ids for _, _, ids in later)  # the noise made no range of its own
