@@ -128,6 +128,20 @@ def records_only(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [line for line in lines if "namespace" not in line]
 
 
+ZERO_DATE_ROWS = ("(1, '0000-00-00', '2024-00-10 10:00:00'), "
+                  "(2, '2024-01-02', '2024-01-02 03:04:05')")
+
+
+def zero_dates_table(source: Any, name: str) -> str:
+    """``source``'s table ``name`` (id, d DATE, dtm DATETIME), its first row holding MariaDB's
+    zero and partial dates (written under an empty sql_mode), its second real ones; the
+    quoted name."""
+    table = f"`{source.database}`.{name}"
+    source.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, d DATE, dtm DATETIME)",
+                   "SET SESSION sql_mode = ''", f"INSERT INTO {table} VALUES {ZERO_DATE_ROWS}")
+    return table
+
+
 def wait_until(condition: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
     """Poll ``condition`` until it holds, failing after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

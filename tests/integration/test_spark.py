@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import RunningService, Source
-from tests.helpers import PASSWORD, USER, wait_until
+from tests.helpers import PASSWORD, USER, wait_until, zero_dates_table
 from tests.spark_queries import CONNECT_BACK, STARTS, run_to_end
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.spark]
@@ -374,11 +374,7 @@ async def test_a_batch_read_from_the_dump_holds_the_dump_rows_then_the_changes(
 
 async def test_zero_dates_fail_the_read_clearly_unless_read_as_null(
         cdc: RunningService, source: Source, spark: Any):
-    t = f"`{source.database}`.zero"
-    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, d DATE, dtm DATETIME)",
-                   "SET SESSION sql_mode = ''",
-                   f"INSERT INTO {t} VALUES (1, '0000-00-00', '2024-00-10 10:00:00'), "
-                   "(2, '2024-01-02', '2024-01-02 03:04:05')")
+    zero_dates_table(source, "zero")
     await cdc.caught_up(source)
     options = _options(cdc, f"{source.database}.zero")
     with pytest.raises(Exception, match=r"'0000-00-00' is not a valid date .* zeroDates=null"):

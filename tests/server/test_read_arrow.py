@@ -17,7 +17,7 @@ pa = pytest.importorskip("pyarrow")
 from mariadb_cdc_client.arrow import AVSC_KEY, ZeroDateError, read_arrow  # noqa: E402
 from mariadb_cdc_client.sync import SyncCdcClient  # noqa: E402
 from tests.conftest import RunningService, Source  # noqa: E402
-from tests.helpers import PASSWORD, USER  # noqa: E402
+from tests.helpers import PASSWORD, USER, zero_dates_table  # noqa: E402
 
 pytestmark = pytest.mark.mariadb
 
@@ -152,18 +152,14 @@ async def test_polars_and_duckdb_read_the_batches(cdc: RunningService, source: S
 
 
 async def test_zero_dates_are_an_error_unless_read_as_null(cdc: RunningService, source: Source):
-    t = f"`{source.database}`.z"
-    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, d DATE, at DATETIME)",
-                   "SET SESSION sql_mode = ''",
-                   f"INSERT INTO {t} VALUES (1, '0000-00-00', '2024-00-10 00:00:00'), "
-                   "(2, '2024-05-01', '2024-05-01 10:00:00')")
+    zero_dates_table(source, "z")
     await cdc.caught_up(source)
     with pytest.raises(ZeroDateError, match=r"0000-00-00.*zero_dates='null'"):
         await _read(cdc, f"{source.database}.z")
     _, (table,) = await _read(cdc, f"{source.database}.z", zero_dates="null")
-    assert table.select(["id", "d", "at"]).to_pylist() == [
-        {"id": 1, "d": None, "at": None},
-        {"id": 2, "d": dt.date(2024, 5, 1), "at": dt.datetime(2024, 5, 1, 10)}]
+    assert table.select(["id", "d", "dtm"]).to_pylist() == [
+        {"id": 1, "d": None, "dtm": None},
+        {"id": 2, "d": dt.date(2024, 1, 2), "dtm": dt.datetime(2024, 1, 2, 3, 4, 5)}]
     with pytest.raises(ValueError, match="zero_dates"):
         await _read(cdc, f"{source.database}.z", zero_dates="zero")
 
