@@ -23,6 +23,7 @@ errors. ``CDC_PURE_PYTHON`` set in the executors' environment keeps them on the 
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import time
@@ -52,10 +53,11 @@ from mariadb_cdc_client.format.avro import (
 )
 from mariadb_cdc_client.format.coltypes import KINDS
 from mariadb_cdc_client.format.compiled import compiled_module
+from mariadb_cdc_client.format.dump import DumpHeader, DumpRows
 from mariadb_cdc_client.format.names import Table, TableRef, as_table
 from mariadb_cdc_client.format.schema import Field, Kind, fields_from_schema, parse_time
 from mariadb_cdc_client.format.wire import Format, RangeQuery
-from mariadb_cdc_client.ranges import Blocks, Position, Schema, Trim, read_blocks
+from mariadb_cdc_client.ranges import Blocks, Position, Schema, Trim, gtid_parts, read_blocks
 from mariadb_cdc_client.sync import SyncCdcClient, SyncCdcConnection
 
 # the compiled decoder (client/spark/_avroarrow.pyx): the same batches, several times faster
@@ -172,6 +174,89 @@ def follow_arrow(client: SyncCdcClient, table: Table, *, after: str | None = Non
 
 
 _NO_LIMIT = 1 << 62  # a range of every record stored: a transaction is never cut
+
+
+class ArrowDump:
+    """A table's dump (its newest, or one by name) as Arrow record batches of its version's
+    schema (:func:`version_schema`): ``insert`` records, and for a resumed dump the
+    ``update_before``/``update_after``/``delete`` records after them, stamped with the dump's
+    GTID (its first domain's) and creation time, numbered in the dump's order. ``header`` is
+    the dump's (its ``gtid``: read the changes after it with ``read_arrow(client, table,
+    after=dump.header.gtid)``). Iterate once."""
+
+    def __init__(self, client: SyncCdcClient, target: Table, zero_dates: str = "error",
+                 batch_rows: int = 65_536) -> None:
+        if zero_dates not in ZERO_DATES:
+            raise ValueError(f"zero_dates: {zero_dates!r} (expected 'error' or 'null')")
+        self._items = client.dump(target, follow=False)
+        header = next(self._items)
+        assert isinstance(header, DumpHeader), "a dump starts with its header"
+        self.header = header
+        self.schema = version_schema(header.schema)
+        self.zero_dates, self.batch_rows = zero_dates, batch_rows
+        domain, server_id, sequence = gtid_parts(header.gtid.split(",")[0])
+        self._stamp = (domain, server_id, sequence,
+                       int(dt.datetime.fromisoformat(header.created).timestamp()))
+        self._columns = header.columns  # after the metadata fields
+        self._numbered = 0  # the records made into batches so far
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        records: list[tuple[dict[str, Any], str]] = []
+        for item in self._items:
+            if isinstance(item, DumpRows):
+                records += _dump_records(item)
+                while len(records) >= self.batch_rows:
+                    yield self._batch(records[:self.batch_rows])
+                    records = records[self.batch_rows:]
+        if records:
+            yield self._batch(records)
+
+    def _batch(self, records: list[tuple[dict[str, Any], str]]) -> pa.RecordBatch:
+        count, first = len(records), self._numbered + 1
+        self._numbered += count
+        domain, server_id, sequence, created = self._stamp
+        types = self.schema.types
+        arrays = [pa.repeat(pa.scalar(domain, types[0]), count),
+                  pa.repeat(pa.scalar(server_id, types[1]), count),
+                  pa.repeat(pa.scalar(sequence, types[2]), count),
+                  pa.array(range(first, first + count), types[3]),
+                  pa.repeat(pa.scalar(created, types[4]), count),
+                  pa.array([event_type for _, event_type in records], types[5])]
+        for field, arrow_type in zip(self._columns, types[6:], strict=True):
+            arrays.append(pa.array([_dump_value(row.get(field.column), field, self.zero_dates)
+                                    for row, _ in records], arrow_type))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+def read_dump_arrow(client: SyncCdcClient, target: Table, *, zero_dates: str = "error",
+                    batch_rows: int = 65_536) -> ArrowDump:
+    """A table's newest dump (or the dump ``target`` names) as Arrow record batches: see
+    :class:`ArrowDump`. The dump's header is read here; its rows as the result is
+    iterated."""
+    return ArrowDump(client, target, zero_dates, batch_rows)
+
+
+def _dump_records(item: DumpRows) -> Iterator[tuple[dict[str, Any], str]]:
+    """A dump operation's rows with the event type of each (an update's rows are pairs)."""
+    if item.action == "update":
+        for n, row in enumerate(item.rows):
+            yield row, "update_before" if n % 2 == 0 else "update_after"
+        return
+    for row in item.rows:
+        yield row, item.action
+
+
+def _dump_value(value: Any, field: Field, zero_dates: str) -> Any:
+    """A dump row's typed value as Arrow takes it for the field's type."""
+    if value is None:
+        return None
+    if field.kind == Kind.UUID:
+        return str(value)
+    if field.kind in _DATES and isinstance(value, str):
+        return invalid_date(value, zero_dates)
+    if field.kind == Kind.DECIMAL and field.precision > MAX_DECIMAL:
+        return format(value, "f")  # exact text: Arrow has no decimal this wide
+    return value
 
 
 def _avro_connection(client: SyncCdcClient) -> Callable[[], SyncCdcConnection]:

@@ -14,7 +14,15 @@ import pytest
 
 pa = pytest.importorskip("pyarrow")
 
-from mariadb_cdc_client.arrow import AVSC_KEY, ZeroDateError, read_arrow  # noqa: E402
+from cdcserver.core.config import DumpConfig, parse_source_url  # noqa: E402
+from cdcserver.core.names import TableName  # noqa: E402
+from cdcserver.dump.dumper import DumpOptions, dump_tables  # noqa: E402
+from mariadb_cdc_client.arrow import (  # noqa: E402
+    AVSC_KEY,
+    ZeroDateError,
+    read_arrow,
+    read_dump_arrow,
+)
 from mariadb_cdc_client.sync import SyncCdcClient  # noqa: E402
 from tests.conftest import RunningService, Source  # noqa: E402
 from tests.helpers import PASSWORD, USER, zero_dates_table  # noqa: E402
@@ -45,6 +53,13 @@ async def _read(cdc: RunningService, table: str, **kwargs: Any) -> tuple[Any, li
         arrow_range = read_arrow(_client(cdc), table, **kwargs)
         return arrow_range, arrow_range.read_all()
     return await asyncio.to_thread(read)
+
+
+async def _dump(cdc: RunningService, source: Source, table: str) -> None:
+    """A dump of the test database's ``table``, taken beside the service into its store."""
+    await asyncio.to_thread(dump_tables, parse_source_url(source.url),
+                            cdc.service.config.store.data_dir,
+                            [TableName(source.database, table)], DumpOptions(DumpConfig()))
 
 
 def _select(source: Source, table: str) -> dict[int, dict[str, Any]]:
@@ -162,6 +177,15 @@ async def test_zero_dates_are_an_error_unless_read_as_null(cdc: RunningService, 
         {"id": 2, "d": dt.date(2024, 1, 2), "dtm": dt.datetime(2024, 1, 2, 3, 4, 5)}]
     with pytest.raises(ValueError, match="zero_dates"):
         await _read(cdc, f"{source.database}.z", zero_dates="zero")
+    # and in a dump's rows, the same
+    await _dump(cdc, source, "z")
+    name = f"{source.database}.z"
+    with pytest.raises(ZeroDateError, match=r"0000-00-00.*zero_dates='null'"):
+        await asyncio.to_thread(lambda: list(read_dump_arrow(_client(cdc), name)))
+    dumped = await asyncio.to_thread(
+        lambda: list(read_dump_arrow(_client(cdc), name, zero_dates="null")))
+    assert pa.Table.from_batches(dumped).select(["id", "d", "dtm"]).to_pylist() == \
+        table.select(["id", "d", "dtm"]).to_pylist()
 
 
 async def test_an_unknown_table_is_a_clear_error(cdc: RunningService, source: Source):
@@ -246,3 +270,35 @@ async def test_follow_arrow_gives_every_change_once_as_it_is_stored(cdc: Running
     later = await following
     assert [i for _, _, ids in later for i in ids] == [3, 4, 5]  # each once, in order
     assert all(ids for _, _, ids in later)  # the noise made no range of its own
+
+
+async def test_a_dump_and_the_changes_after_it_rebuild_the_table(cdc: RunningService,
+                                                                 source: Source):
+    """read_dump_arrow gives a dump's rows as Arrow batches of the version's schema (every
+    type, in batches of 2 rows here), and read_arrow after its GTID gives exactly what came
+    after: together they are the table, against SELECT value by value."""
+    t = f"`{source.database}`.t"
+    source.execute(f"CREATE TABLE {t} ({COLUMNS})", f"INSERT INTO {t} VALUES {ROWS[0]}",
+                   f"INSERT INTO {t} VALUES {ROWS[1]}, {ROWS[2]}",
+                   f"UPDATE {t} SET name = 'renamed' WHERE id = 2")
+    await cdc.caught_up(source)
+    await _dump(cdc, source, "t")
+    source.execute(f"INSERT INTO {t} (id, name) VALUES (4, 'after the dump')",
+                   f"DELETE FROM {t} WHERE id = 3")
+    await cdc.caught_up(source)
+
+    def read() -> tuple[Any, list[Any], list[Any]]:
+        dump = read_dump_arrow(_client(cdc), f"{source.database}.t", batch_rows=2)
+        batches = list(dump)
+        later = read_arrow(_client(cdc), f"{source.database}.t", after=dump.header.gtid)
+        return dump, batches, later.read_all()
+
+    dump, batches, later = await asyncio.to_thread(read)
+    assert [b.num_rows for b in batches] == [2, 1] and dump.header.rows == 3
+    dumped = pa.Table.from_batches(batches)
+    assert dumped.schema.equals(later[0].schema)  # the same version, the same types
+    assert dumped.column("event_number").to_pylist() == [1, 2, 3]
+    assert set(dumped.column("event_type").to_pylist()) == {"insert"}
+    assert [r["event_type"] for r in later[0].select(["event_type"]).to_pylist()] == [
+        "insert", "delete"]
+    _assert_same(_rebuilt([dumped, *later]), _select(source, t))
