@@ -127,6 +127,11 @@ def version_schema(avsc: dict[str, Any]) -> pa.Schema:
 ZERO_DATES = ("error", "null")
 
 
+def _check_zero_dates(zero_dates: str) -> None:
+    if zero_dates not in ZERO_DATES:
+        raise ValueError(f"zero_dates: {zero_dates!r} (expected 'error' or 'null')")
+
+
 def read_arrow(client: SyncCdcClient, table: Table, *, after: str | None = None,
                until: str | None = None, zero_dates: str = "error") -> ArrowRange:
     """The changes of ``table`` in the transactions after the GTID state ``after`` (from
@@ -186,17 +191,14 @@ class ArrowDump:
 
     def __init__(self, client: SyncCdcClient, target: Table, zero_dates: str = "error",
                  batch_rows: int = 65_536) -> None:
-        if zero_dates not in ZERO_DATES:
-            raise ValueError(f"zero_dates: {zero_dates!r} (expected 'error' or 'null')")
+        _check_zero_dates(zero_dates)
         self._items = client.dump(target, follow=False)
         header = next(self._items)
         assert isinstance(header, DumpHeader), "a dump starts with its header"
         self.header = header
         self.schema = version_schema(header.schema)
         self.zero_dates, self.batch_rows = zero_dates, batch_rows
-        domain, server_id, sequence = gtid_parts(header.gtid.split(",")[0])
-        self._stamp = (domain, server_id, sequence,
-                       int(dt.datetime.fromisoformat(header.created).timestamp()))
+        self._stamp = dump_stamp(header)
         self._columns = header.columns  # after the metadata fields
         self._numbered = 0  # the records made into batches so far
 
@@ -236,14 +238,23 @@ def read_dump_arrow(client: SyncCdcClient, target: Table, *, zero_dates: str = "
     return ArrowDump(client, target, zero_dates, batch_rows)
 
 
-def _dump_records(item: DumpRows) -> Iterator[tuple[dict[str, Any], str]]:
-    """A dump operation's rows with the event type of each (an update's rows are pairs)."""
-    if item.action == "update":
-        for n, row in enumerate(item.rows):
-            yield row, "update_before" if n % 2 == 0 else "update_after"
-        return
-    for row in item.rows:
-        yield row, item.action
+def dump_stamp(header: DumpHeader) -> tuple[int, int, int, int]:
+    """(domain, server_id, sequence, timestamp) of a dump's records: its GTID (the first
+    domain's) and its creation time."""
+    domain, server_id, sequence = gtid_parts(header.gtid.split(",")[0])
+    return domain, server_id, sequence, int(dt.datetime.fromisoformat(header.created).timestamp())
+
+
+def dump_event_types(action: str, count: int) -> list[str]:
+    """The event types of a dump operation's ``count`` rows (an update's rows are pairs)."""
+    if action == "update":
+        return ["update_before", "update_after"] * (count // 2)
+    return [action] * count
+
+
+def _dump_records(item: DumpRows) -> list[tuple[dict[str, Any], str]]:
+    """A dump operation's rows with the event type of each."""
+    return list(zip(item.rows, dump_event_types(item.action, len(item.rows)), strict=True))
 
 
 def _dump_value(value: Any, field: Field, zero_dates: str) -> Any:
@@ -277,8 +288,7 @@ class ArrowRange:
 
     def __init__(self, connect: Callable[[], SyncCdcConnection], table: TableRef, after: str,
                  end: str, zero_dates: str = "error") -> None:
-        if zero_dates not in ZERO_DATES:
-            raise ValueError(f"zero_dates: {zero_dates!r} (expected 'error' or 'null')")
+        _check_zero_dates(zero_dates)
         self.table, self.after, self.end = table, after, end
         self.zero_dates = zero_dates
         self._connect = connect

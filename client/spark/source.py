@@ -8,7 +8,6 @@ whole dump.
 
 from __future__ import annotations
 
-import datetime as dt
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -30,11 +29,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from mariadb_cdc_client.arrow import invalid_date, read_batches
+from mariadb_cdc_client.arrow import dump_event_types, dump_stamp, invalid_date, read_batches
 from mariadb_cdc_client.format.avro import Header
 from mariadb_cdc_client.format.dump import DumpHeader, DumpRows
 from mariadb_cdc_client.format.names import as_table, table_ref
-from mariadb_cdc_client.ranges import Position, gtid_parts
+from mariadb_cdc_client.ranges import Position
 from mariadb_cdc_client.spark import plan
 from mariadb_cdc_client.spark.arrow import BatchMaker
 from mariadb_cdc_client.spark.types import METADATA, SchemaError, fits, table_schema
@@ -216,7 +215,7 @@ def read_dump(options: plan.Options, schema: StructType, name: str
             stamp = _dump_stamp(header)
             continue
         assert header is not None and isinstance(item, DumpRows)
-        for row, event_type in zip(item.rows, _dump_event_types(item.action, len(item.rows)),
+        for row, event_type in zip(item.rows, dump_event_types(item.action, len(item.rows)),
                                    strict=True):
             number += 1
             values = [None if column is None else fix(row.get(column))
@@ -225,18 +224,9 @@ def read_dump(options: plan.Options, schema: StructType, name: str
 
 
 def _dump_stamp(header: DumpHeader) -> tuple[Any, ...]:
-    """(domain, server_id, sequence, timestamp, table, version) of a dump's rows: its GTID
-    (the first domain's), its creation time and its schema's version."""
-    domain, server_id, sequence = gtid_parts(header.gtid.split(",")[0])
-    created = int(dt.datetime.fromisoformat(header.created).timestamp())
-    return (domain, server_id, sequence, created, table_ref(header.database, header.table),
+    """(domain, server_id, sequence, timestamp, table, version) of a dump's rows."""
+    return (*dump_stamp(header), table_ref(header.database, header.table),
             int(header.schema.get("version", 0)))
-
-
-def _dump_event_types(action: str, count: int) -> list[str]:
-    if action == "update":
-        return ["update_before", "update_after"] * (count // 2)
-    return [action] * count
 
 
 def _dump_plan(schema: StructType, header: DumpHeader, zero_dates: str
