@@ -26,6 +26,7 @@ import asyncio
 import decimal
 import hashlib
 import json
+import re
 import struct
 from collections import Counter
 from collections.abc import Generator
@@ -254,6 +255,12 @@ def _rebuilding(lines: list[dict[str, Any]], key: tuple[str, ...],
 READS_AT_ONCE = 16  # the streams :func:`read_renamed` reads at once
 
 
+def _quoted(name: str) -> str:
+    """A name as the protocol takes any name: a JSON string (every character not ASCII
+    escaped), so that a dot, a backquote or a line break in it is the name's."""
+    return json.dumps(name)
+
+
 async def read_renamed(port: int, database: str, table: str, *, user: str, password: str,
                        quiet: float = 1.0, cache: dict[str, list[dict[str, Any]]] | None = None,
                        until: str | None = None
@@ -262,7 +269,7 @@ async def read_renamed(port: int, database: str, table: str, *, user: str, passw
     The tables of one step back along the renames are read at once; ``cache`` keeps streams
     between calls (tables of one database share their history: give one dict to each).
     ``until``: each read bounded by that GTID state (:func:`read_stream`)."""
-    name = f"{database}.{table}"
+    name = f"{_quoted(database)}.{_quoted(table)}"
     streams = {} if cache is None else cache
     # A few at a time: a table renamed hundreds of times (the soak's migrations) had as many
     # connections logging in at once, and the listener rightly refused one address's 33rd
@@ -276,8 +283,8 @@ async def read_renamed(port: int, database: str, table: str, *, user: str, passw
                                          quiet=quiet, until=until,
                                          first_line_timeout=120.0 if until else 30.0)
         except AssertionError as exc:
-            if current == name or "ERR NO-FILE" not in str(exc):
-                raise  # (a cut stream, or any other refusal, is never taken for no table)
+            if current == name or not re.search(r"ERR NO-FILE File '.*' not found", str(exc)):
+                raise  # (a cut stream, a name refused, any other refusal: never no table)
             return []  # a table the service never stored
 
     wanted = {name}

@@ -311,8 +311,7 @@ class CaptureFilter:
     def parse(cls, system_tables: str, include: str = "", exclude: str = "") -> CaptureFilter:
         """As ``[capture]`` holds them: ``system_tables`` names ``db.table,db.table``,
         ``include`` and ``exclude`` hold patterns."""
-        named = (TableName.parse(item.strip()) for item in system_tables.split(",")
-                 if item.strip())
+        named = (TableName.from_ref(item) for item in split_list(system_tables))
         return cls(named, parse_patterns(include), parse_patterns(exclude))
 
     @classmethod

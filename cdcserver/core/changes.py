@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Any, NamedTuple
 
 from cdcserver.core.gtid import BinlogPosition, Gtid
+from cdcserver.core.names import TableName
 
 
 class EventType(StrEnum):
@@ -110,7 +111,8 @@ class TableLayout:
 
     @property
     def qualified_name(self) -> str:
-        return f"{self.database}.{self.table}"
+        """The table as the protocol names it (a name quoted when it holds a dot...)."""
+        return TableName(self.database, self.table).ref()
 
     @property
     def image_columns(self) -> tuple[ColumnDef, ...]:
@@ -195,7 +197,7 @@ class TableChange:
     layout: TableLayout | None = None
     note: str = ""
     changed: bool = True  # the table's definition changed (False for index-only ALTERs)
-    renamed: str = ""  # for a rename: the table's other name, "db.table"
+    renamed: TableName | None = None  # for a rename: the table's other name
     # Why the statement changed stored rows without row events (partition maintenance, a
     # value-rewriting ALTER...), for people; empty when it changed no stored value.
     rewrites: str = ""
@@ -233,8 +235,8 @@ class ForeignKeyEdge:
     ``on_update`` are the referential actions (``cascade``, ``set null``, ``set default``,
     ``restrict``, ``no action``). ``layout`` is the child's columns when known."""
 
-    parent: str  # "db.table"
-    child: str
+    parent: TableName
+    child: TableName
     columns: tuple[str, ...]
     parent_columns: tuple[str, ...]
     on_delete: str
@@ -263,7 +265,8 @@ class Rowless:
 
     @property
     def qualified_name(self) -> str:
-        return f"{self.database}.{self.table}"
+        """The table as the protocol names it (a name quoted when it holds a dot...)."""
+        return TableName(self.database, self.table).ref()
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from typing import Any, Literal, get_args, get_origin
 from cdcserver.core.capture import parse_column_patterns, parse_patterns
 from cdcserver.core.errors import ConfigError
 from cdcserver.core.gtid import GtidState
+from mariadb_cdc_client.format.names import BadTableRef, parse_table, split_list
 
 Check = Callable[[Any], str | None]  # a value's problem, or None
 
@@ -118,9 +119,12 @@ def table_patterns(value: str) -> str | None:
 
 
 def system_tables(value: str) -> str | None:
-    for item in filter(None, (i.strip() for i in value.split(","))):
-        database, dot, table = item.partition(".")
-        if not dot or not database or not table or "*" in item:
+    for item in split_list(value):
+        try:
+            named = parse_table(item)
+        except BadTableRef:
+            named = None
+        if named is None or (not named.quoted and "*" in named.database + named.table):
             return f"expects db.table names, each named (no pattern), not {item!r}"
     return None
 

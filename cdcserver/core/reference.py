@@ -83,7 +83,9 @@ CHECKS = {
     options.host_port: "`HOST:PORT`",
     options.host_port_or_off: "`HOST:PORT`, or empty",
     options.start_position: "`oldest`, `newest` or a GTID state",
-    options.system_tables: "`db.table` names, comma-separated, each named (no pattern)",
+    options.system_tables: "`db.table` names, comma-separated, each named (no pattern); a "
+                           "name holding a dot, a comma or a space is quoted as in "
+                           "[protocol.md](../protocol.md#table-names)",
 }
 
 _INTRO = """\

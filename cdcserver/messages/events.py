@@ -108,7 +108,7 @@ class StatementEvent:
     file: str
     pos: int
     shape: TableShape | None  # the table's columns after the statement, when known
-    renamed_from: str = ""  # for a rename: the old name, "db.table"
+    renamed_from: str = ""  # for a rename: the old name, as a reference (TableName.ref)
     start: int = 0  # where the statement's binlog event starts
     transaction_start: int = 0  # where its transaction's GTID event starts
     session_database: str = ""  # the database the statement ran in (its USE)
@@ -219,7 +219,8 @@ class EventBuilder:
             sql = RULED_STATEMENT if ruled else ddl.sql
             yield StatementEvent(change.database, change.table, kind, sql, self._gtid,
                                  ddl.timestamp, ddl.file, ddl.pos, shape,
-                                 change.renamed if kind == "rename" else "", ddl.start,
+                                 change.renamed.ref() if kind == "rename" and change.renamed
+                                 else "", ddl.start,
                                  self._transaction_start, ddl.database)
 
 

@@ -173,7 +173,7 @@ class CascadeFinder:
             for child, fk in self.history.children_of(parent):
                 if fk.on_delete not in _CASCADING and fk.on_update not in _CASCADING:
                     continue
-                edges.append(ForeignKeyEdge(str(parent), str(child), tuple(fk.columns),
+                edges.append(ForeignKeyEdge(parent, child, tuple(fk.columns),
                                             tuple(fk.parent_columns), fk.on_delete,
                                             fk.on_update, self._layout(child, mapped)))
                 if child not in seen:

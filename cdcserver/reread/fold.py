@@ -44,9 +44,9 @@ def _lineage(catalog: Catalog, table: TableName
     (up to the rename that gave its rows to the table before it in the list), with where
     each version's column names end up."""
     segments = []
-    renamed_to: tuple[str, str] | None = None
+    renamed_to: tuple[TableName, str] | None = None
     onward: dict[str, str] = {}
-    seen: set[tuple[TableName, tuple[str, str] | None]] = set()
+    seen: set[tuple[TableName, tuple[TableName, str] | None]] = set()
     while (table, renamed_to) not in seen:
         seen.add((table, renamed_to))
         entry = catalog.get(table)
@@ -65,11 +65,11 @@ def _lineage(catalog: Catalog, table: TableName
         names = _names_onward(folded, onward)
         segments.append((folded, names))
         first = folded[0].ddl if folded else None
-        if first is None or first.kind != "create" or not first.renamed_from:
+        if first is None or first.kind != "create" or first.renamed_from is None:
             break
-        renamed_to = (str(table), first.gtid)
+        renamed_to = (table, first.gtid)
         onward = names[0][1]  # the names just before the rename's version, onward
-        table = TableName.parse(first.renamed_from)
+        table = first.renamed_from
     return segments
 
 

@@ -35,9 +35,8 @@ class FrozenCatalog:
                 number: replace(info, notes=dict(info.notes))
                 for number, info in entry.versions.items()})
             for info in entry.versions.values():
-                renamed_from = info.ddl.renamed_from
-                if renamed_from:
-                    waiting.append(TableName.parse(renamed_from))
+                if info.ddl.renamed_from is not None:
+                    waiting.append(info.ddl.renamed_from)
 
     def get(self, table: TableName) -> TableEntry | None:
         return self.entries.get(table)

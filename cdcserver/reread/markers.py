@@ -11,6 +11,7 @@ from cdcserver.core.changes import (
     Rowless,
     TableChange,
 )
+from cdcserver.core.names import TableName
 from cdcserver.reread.tableview import Row
 
 _CASCADING = frozenset({"cascade", "set null", "set default"})
@@ -19,7 +20,7 @@ _CASCADING = frozenset({"cascade", "set null", "set default"})
 def cascades(marker: Rowless, changed: list[tuple[Row | None, Row | None]]) -> list[Rowless]:
     """Where the rows a repair changes are themselves parents: the rows of their children
     that a cascade may have reached too."""
-    table = marker.qualified_name
+    table = TableName(marker.database, marker.table)
     follow = []
     for edge in marker.edges:
         if edge.parent != table:
@@ -39,8 +40,8 @@ def cascades(marker: Rowless, changed: list[tuple[Row | None, Row | None]]) -> l
                 events.add(f"ON DELETE {edge.on_delete.upper()}" if deleted
                            else f"ON UPDATE {edge.on_update.upper()}")
         if values:
-            database, _, name = edge.child.partition(".")
-            follow.append(Rowless(database, name, f"{', '.join(sorted(events))} of {table}",
+            follow.append(Rowless(edge.child.database, edge.child.table,
+                                  f"{', '.join(sorted(events))} of {table.ref()}",
                                   edge.columns, tuple(values), edge.layout, marker.edges))
     return follow
 
@@ -50,19 +51,20 @@ def retarget(marker: Rowless, ddl: Ddl) -> Rowless | None:
     rename of one statement in order: ``RENAME TABLE a TO tmp, b TO a, tmp TO b`` moves a's
     rows to b); None when the statement dropped or emptied the table (and with it the rows
     to repair)."""
-    came_from = ""  # the name a rename just moved the marker from: its create is that move
+    came_from = None  # the name a rename just moved the marker from: its create is that move
     for change in ddl.changes:
         if (change.database, change.table) != (marker.database, marker.table):
             continue
-        if change.kind == "create" and change.renamed and change.renamed == came_from:
-            came_from = ""
+        if change.kind == "create" and change.renamed is not None and \
+                change.renamed == came_from:
+            came_from = None
             if change.layout is not None:
                 marker = replace(marker, layout=change.layout)
             continue
-        if change.kind == "drop" and change.renamed:
-            came_from = marker.qualified_name
-            database, _, table = change.renamed.partition(".")
-            marker = replace(marker, database=database, table=table)
+        if change.kind == "drop" and change.renamed is not None:
+            came_from = TableName(marker.database, marker.table)
+            marker = replace(marker, database=change.renamed.database,
+                             table=change.renamed.table)
             continue
         if change.kind in ("drop", "truncate", "create"):
             return None

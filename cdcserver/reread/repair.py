@@ -89,9 +89,9 @@ class Repairer(LastCommit):
         """What holds the checkpoint back (:attr:`pending`), one entry per repair: its
         tables, the transaction it is for, and the stage it is in, for /health."""
         out: list[dict[str, Any]] = [
-            {"stage": stage, "tables": sorted({f"{m.database}.{m.table}" for m in markers}),
+            {"stage": stage, "tables": sorted({m.qualified_name for m in markers}),
              "cause": cause} for stage, markers, cause in self._by_stage()]
-        out += [{"stage": "its statement goes out", "tables": [str(s.table)],
+        out += [{"stage": "its statement goes out", "tables": [s.table.ref()],
                  "cause": s.cause} for s in self._letting_go]
         if self._reading:
             out.append({"stage": "being read", "tables": [], "cause": "",
@@ -381,8 +381,8 @@ class Repairer(LastCommit):
         once the statement has passed, under the table's new name and columns (a dropped or
         truncated table needs no repair any more)."""
         touched = {TableName(c.database, c.table) for c in ddl.changes}
-        renames = [(TableName(c.database, c.table), TableName.parse(c.renamed))
-                   for c in ddl.changes if c.kind == "drop" and c.renamed]
+        renames = [(TableName(c.database, c.table), c.renamed)
+                   for c in ddl.changes if c.kind == "drop" and c.renamed is not None]
         if renames:
             self._follow_renames(renames)
         renamed = {t for pair in renames for t in pair}

@@ -50,7 +50,7 @@ class Rereads(BesideRepairs):
                           self._launch_resync(markers[0], resync)):
             return
         tables = {TableName(m.database, m.table) for m in markers}
-        tables |= {TableName.parse(e.child) for m in markers for e in m.edges}
+        tables |= {e.child for m in markers for e in m.edges}
         held = sorted(t for t in tables if t in self._beside)
         if held and resync is None:  # its rows wait for its repair: read after it
             self._queued.setdefault(held[0], []).append((markers, cause))

@@ -102,7 +102,7 @@ class RetypedOut(RepairState):
         """The statements held for the repairs of the tables ``ddl`` touches: they go out
         now, before it (it calls the repairs off)."""
         touched = {TableName(c.database, c.table) for c in ddl.changes} | \
-            {TableName.parse(c.renamed) for c in ddl.changes if c.renamed}
+            {c.renamed for c in ddl.changes if c.renamed is not None}
         held = []
         for table in touched:
             repair = self._beside.get(table)

@@ -225,10 +225,10 @@ class SchemaHistory:
             self._forget(new, gtid, f"renamed from unknown {old}")
         else:
             self._record(new, definition, gtid)
-        return [TableChange("drop", old.database, old.table, note=f"renamed to {new}",
-                            renamed=str(new)),
+        return [TableChange("drop", old.database, old.table, note=f"renamed to {new.ref()}",
+                            renamed=new),
                 TableChange("create", new.database, new.table, self._layout(new),
-                            note=f"renamed from {old}", renamed=str(old))]
+                            note=f"renamed from {old.ref()}", renamed=old)]
 
     def _drop(self, table: TableName, gtid: Gtid | None) -> TableChange:
         self._record(table, None, gtid)

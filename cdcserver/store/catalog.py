@@ -31,15 +31,19 @@ class VersionDdl:
 
     gtid: str
     kind: str | None
-    renamed_from: str | None
-    renamed_to: str | None
+    renamed_from: TableName | None
+    renamed_to: TableName | None
     renamed_columns: dict[str, str]
 
     @classmethod
     def of(cls, schema: TableSchema) -> VersionDdl:
         ddl = schema.avsc.get("ddl") or {}
-        return cls(schema.gtid, ddl.get("kind"), ddl.get("renamed_from"),
-                   ddl.get("renamed_to"), ddl.get("renamed_columns") or {})
+        return cls(schema.gtid, ddl.get("kind"), _named(ddl.get("renamed_from")),
+                   _named(ddl.get("renamed_to")), ddl.get("renamed_columns") or {})
+
+
+def _named(ref: str | None) -> TableName | None:
+    return TableName.from_ref(ref) if ref else None
 
 
 @dataclass

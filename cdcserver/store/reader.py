@@ -65,14 +65,14 @@ def table_life(data_dir: str, table: TableName) -> list[tuple[VersionInfo, bool]
                      "create"), default=0)
         life = versions[start:]
         chain[:0] = [(v, False) for v in life]
-        origin = version_ddl(life[0]).get("renamed_from")
-        if not origin:
+        origin = life[0].ddl.renamed_from
+        if origin is None:
             break
         chain[0] = (chain[0][0], True)
-        newer, table = table, TableName.parse(origin)
+        newer, table = table, origin
         older = _table_versions(catalog, checkpoint, table)
         end = next((i for i, v in enumerate(older)  # the version the same rename made
-                    if version_ddl(v).get("renamed_to") == str(newer)
+                    if v.ddl.renamed_to == newer
                     and v.schema.gtid == life[0].schema.gtid), None)
         if end is None:
             break

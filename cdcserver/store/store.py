@@ -279,8 +279,8 @@ class AvroStore:
                 if change.kind != "drop":
                     continue
                 self.release(table, f"dropped by {ddl.sql[:80]!r}")
-                if change.renamed:
-                    self.quarantine(TableName.parse(change.renamed), f"{why.cause} (renamed "
+                if change.renamed is not None:
+                    self.quarantine(change.renamed, f"{why.cause} (renamed "
                                     f"from {table_ref(table.database, table.table)})")
             self._confined(table, lambda c: self.versions.table_change(
                 txn, c, version_note(ddl, c)), change)

@@ -20,8 +20,8 @@ def version_note(ddl: Ddl, change: TableChange) -> dict[str, Any]:
         about["statement"] = RULED_STATEMENT
     if change.note:
         about["note"] = change.note
-    if change.renamed:
-        about["renamed_to" if change.kind == "drop" else "renamed_from"] = change.renamed
+    if change.renamed is not None:  # a reference, as a client requests the other name
+        about["renamed_to" if change.kind == "drop" else "renamed_from"] = change.renamed.ref()
     if change.rewrites:  # rows changed without row events: a repair follows
         about["rewrites"] = change.rewrites
     if change.renamed_columns:  # the rows stored before keep their values, renamed
@@ -34,13 +34,15 @@ def own_statement(ddl: Ddl, change: TableChange) -> str:
     dropped several tables is told as its part for this table alone (``RENAME TABLE a TO
     b``, ``DROP TABLE a``): a user who may read one table does not learn the others'
     names from its schema."""
-    own = {(change.database, change.table), tuple(change.renamed.partition(".")[::2])}
+    own = {(change.database, change.table)}
+    if change.renamed is not None:
+        own.add((change.renamed.database, change.renamed.table))
     named = {(c.database, c.table) for c in ddl.changes}
     if ddl.kind not in ("rename", "drop") or named <= own:
         return ddl.sql
     this = _quoted(change.database, change.table)
-    if change.renamed:
-        other = _quoted(*change.renamed.partition(".")[::2])
+    if change.renamed is not None:
+        other = _quoted(change.renamed.database, change.renamed.table)
         return f"RENAME TABLE {this} TO {other}" if change.kind == "drop" else \
             f"RENAME TABLE {other} TO {this}"
     return f"DROP TABLE {this}"

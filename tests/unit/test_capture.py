@@ -57,6 +57,8 @@ def test_include_then_exclude_and_the_system_schemas_stay_out():
     everything = CaptureFilter.parse("", exclude="audit.*")
     assert everything.captures("shop", "orders") and not everything.captures("audit", "log")
     assert "system schemas" in str(everything.why_not(T("sys", "x")))
+    quoted = CaptureFilter.parse("mysql.`a,b`, sys.`x.y`,mysql.plain")
+    assert quoted.system_tables == {T("mysql", "a,b"), T("sys", "x.y"), T("mysql", "plain")}
 
 
 def test_commas_inside_quotes_do_not_split_the_list():

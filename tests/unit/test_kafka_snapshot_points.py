@@ -77,10 +77,17 @@ def test_the_points_are_read_back_as_written(tmp_path):
     path = os.path.join(tmp_path, "state", "kafka-snapshot.json")
     state = SnapshotState(path)
     state.points[TableName("d", "t")] = TablePoint("mysql-bin.000002", 400, "0-1-9", "/x")
+    # names with dots: two tables that "d.v1.t" would name alike
+    state.points[TableName("d.v1", "t")] = TablePoint("mysql-bin.000002", 500, "0-1-10")
+    state.points[TableName("d", "v1.t")] = TablePoint("mysql-bin.000002", 600, "0-1-11")
     state.joined = True
     state.save()
     again = SnapshotState(path)
     assert again.points == state.points and again.joined
+    with open(path, "w") as f:  # as a version before references wrote it: split at a dot
+        f.write('{"joined": true, "tables": {"d.t": {"file": "f", "pos": 4, "gtid": "0-1-1"}}}')
+    assert list(SnapshotState(path).points) == [TableName("d", "t")]
+    state.save()
     assert again.earliest() == BinlogPosition(GtidState.parse("0-1-9"), "mysql-bin.000002", 400)
     again.discard()
     assert not os.path.exists(path) and not SnapshotState(path).points

@@ -16,8 +16,7 @@ DEPTH = 5000  # renames, far past Python's recursion limit
 
 def _version(gtid: str, **ddl: str) -> Any:
     return SimpleNamespace(schema=SimpleNamespace(avsc={"ddl": ddl}, gtid=gtid),
-                           ddl=VersionDdl(gtid, ddl.get("kind"), ddl.get("renamed_from"),
-                                          ddl.get("renamed_to"), {}))
+                           ddl=VersionDdl.of(SimpleNamespace(avsc={"ddl": ddl}, gtid=gtid)))
 
 
 class _Catalog:

@@ -211,12 +211,13 @@ async def test_a_schema_names_no_other_table_of_a_statement(fed: Fed):
     """``RENAME TABLE a TO b, hidden TO gone``: the version of b says only its own part."""
     renamed = Ddl("a", "RENAME TABLE `a`.`b.c` TO `a`.`d`, `shop`.`other` TO `shop`.`gone`",
                   1700000009, kind="rename", changes=(
-                      TableChange("drop", "a", "b.c", note="renamed to a.d", renamed="a.d"),
+                      TableChange("drop", "a", "b.c", note="renamed to a.d",
+                                  renamed=TableName("a", "d")),
                       TableChange("create", "a", "d", _layout("a", "d"),
-                                  note="renamed from a.b.c", renamed="a.b.c"),
-                      TableChange("drop", "shop", "other", renamed="shop.gone"),
+                                  note="renamed from a.`b.c`", renamed=TableName("a", "b.c")),
+                      TableChange("drop", "shop", "other", renamed=TableName("shop", "gone")),
                       TableChange("create", "shop", "gone", _layout("shop", "gone"),
-                                  renamed="shop.other")))
+                                  renamed=TableName("shop", "other"))))
     await fed.commit(renamed)
     await fed.commit(_rows(_layout("a", "d"), 9))
     client = await RawClient.connect(fed.port)
@@ -229,4 +230,5 @@ async def test_a_schema_names_no_other_table_of_a_statement(fed: Fed):
     finally:
         await client.close()
     assert schema["ddl"]["statement"] == "RENAME TABLE `a`.`b.c` TO `a`.`d`"
+    assert schema["ddl"]["renamed_from"] == "a.`b.c`"  # a reference a client can request
     assert "other" not in json.dumps(schema) and "gone" not in json.dumps(schema)

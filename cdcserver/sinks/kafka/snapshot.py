@@ -95,12 +95,11 @@ class SnapshotState:
             return
         self.joined = bool(data.get("joined"))
         for ref, point in data.get("tables", {}).items():
-            database, _, table = ref.partition(".")
-            self.points[TableName(database, table)] = TablePoint(**point)
+            self.points[TableName.from_ref(ref)] = TablePoint(**point)
 
     def save(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        tables = {f"{t.database}.{t.table}": asdict(p) for t, p in self.points.items()}
+        tables = {t.ref(): asdict(p) for t, p in self.points.items()}
         write_atomically(self.path, json.dumps({"joined": self.joined,
                                                 "tables": tables}).encode())
 
