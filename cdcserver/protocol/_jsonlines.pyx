@@ -107,10 +107,13 @@ cdef inline void _signed(Out *out, int64_t v) noexcept:
 
 cdef int _json_string(Out *out, const uint8_t *p, Py_ssize_t n, const char *table) except -1:
     """A JSON string as json.dumps(ensure_ascii=False) writes it (``table``: _ESCAPE, or
-    _ESCAPE_BRACES for the MaxScale dialect); 0 if not UTF-8."""
+    _ESCAPE_BRACES for the MaxScale dialect, which also writes the e of every "err", in any
+    case, as ``\\u0065``: MaxScale's clients take a reply holding those letters for an
+    error); 0 if not UTF-8."""
     cdef Py_ssize_t i
     cdef uint8_t b
     cdef char escape
+    cdef bint maxscale = table == _ESCAPE_BRACES
     if not _utf8_valid(p, n):
         return 0
     _reserve(out, 6 * n + 2)
@@ -118,6 +121,9 @@ cdef int _json_string(Out *out, const uint8_t *p, Py_ssize_t n, const char *tabl
     for i in range(n):
         b = p[i]
         escape = table[b]
+        if maxscale and (b | 0x20) == 0x65 and i + 2 < n and (p[i + 1] | 0x20) == 0x72 \
+                and (p[i + 2] | 0x20) == 0x72:
+            escape = b'u'
         if not escape:
             _char(out, <char>b)
             continue

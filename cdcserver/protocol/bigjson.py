@@ -35,7 +35,7 @@ from typing import Any
 import fastavro
 
 from cdcserver.protocol.blockdata import BlockData, block_data
-from cdcserver.protocol.dialect import JsonStyle, braceless
+from cdcserver.protocol.dialect import JsonStyle, maxscale_safe
 from cdcserver.protocol.recordwalk import BigValue, BlockCursor, RecordExtent, RecordWalker
 from cdcserver.protocol.render import (
     compile_block_renderer,
@@ -183,12 +183,12 @@ async def _send_value(sender: _Sender, data: BlockData, big: BigValue) -> None:
 
 
 def _piece(data: BlockData, pos: int, size: int, kind: str, decoder: codecs.IncrementalDecoder,
-           escape: Callable[[str], str], final: bool) -> bytes:
+           escape: Callable[[str, bool], str], final: bool) -> bytes:
     """``size`` bytes of a value from ``pos``, as JSON text (a bytes value's hex)."""
     chunk = data.read(pos, size)
     if kind == "bytes":
         return chunk.hex().encode()
-    return escape(decoder.decode(chunk, final=final)).encode("utf-8")
+    return escape(decoder.decode(chunk, final=final), final).encode("utf-8")
 
 
 def _record(value: Any) -> dict[str, Any]:
@@ -196,11 +196,27 @@ def _record(value: Any) -> dict[str, Any]:
     return value
 
 
-def _escaper(style: JsonStyle) -> Callable[[str], str]:
-    """A string's JSON text without its quotes, as the renderer writes it in the dialect."""
+def _escaper(style: JsonStyle) -> Callable[[str, bool], str]:
+    """``(piece, final) -> text``: a string given in pieces as JSON text without its quotes,
+    as the renderer writes it in the dialect."""
     if style.dialect == Dialect.MAXSCALE:
-        return lambda text: braceless(json.dumps(text, ensure_ascii=False))[1:-1]
-    return lambda text: encode_basestring(text)[1:-1]
+        return _MaxscaleEscaper()
+    return lambda text, final: encode_basestring(text)[1:-1]
+
+
+class _MaxscaleEscaper:
+    """:func:`maxscale_safe` over pieces: the letters at a piece's end that may begin an
+    ``err`` (``e``, ``er``) wait for the next piece, so that the next one sees them."""
+
+    def __init__(self) -> None:
+        self.held = ""
+
+    def __call__(self, text: str, final: bool) -> str:
+        text = self.held + text
+        tail = text[-2:].lower()
+        keep = 0 if final else 2 if tail == "er" else 1 if tail[-1:] == "e" else 0
+        text, self.held = text[:len(text) - keep], text[len(text) - keep:]
+        return maxscale_safe(json.dumps(text, ensure_ascii=False))[1:-1]
 
 
 def _avro_long(value: int) -> bytes:

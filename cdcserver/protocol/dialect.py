@@ -12,6 +12,10 @@ primitive]`` with MaxScale's keys in MaxScale's order, and values their parsers 
   type ``string``; the others are numbers with their exact digits, as ``double``;
 * gomaxscale frames objects by counting braces, strings included, so ``{`` and ``}`` inside
   strings are written ``\\u007b`` and ``\\u007d`` (the same JSON value);
+* MaxScale 2.5's ``cdc.py`` and gomaxscale v1 take a first read holding the letters ``err``
+  in any case for an error (a column named ``error``, a DDL statement's ``COMMENT 'preferred
+  number'``), so the ``e`` of each is written ``\\u0065`` (``E``: ``\\u0045``) inside strings,
+  keys included;
 * temporal values are strings, as MaxScale's were: MariaDB's own text (the column's fractional
   digits, zero dates as MariaDB prints them), TIMESTAMP without an offset (in
   ``timestamp_zone``, UTC by default); YEAR is a four-digit string.
@@ -87,12 +91,16 @@ def maxscale_schema(avsc: dict[str, Any], fields: tuple[Field, ...]) -> dict[str
     return out
 
 
-def braceless(json_text: str) -> str:
-    """JSON text with ``{`` and ``}`` inside strings escaped (outside strings a JSON text
-    built by json.dumps has braces only as structure; escaping inside strings is the same
-    value to every JSON parser, and keeps brace-counting framers such as gomaxscale's in step)."""
+def maxscale_safe(json_text: str) -> str:
+    """JSON text with ``{``, ``}`` and the ``e`` of ``err`` (any case) inside strings escaped.
+    Outside strings a JSON text built by json.dumps has braces only as structure and no such
+    letters; escaping inside strings is the same value to every JSON parser, and keeps
+    brace-counting framers (gomaxscale's) in step and clients that look for ``err`` in a
+    reply (2.5's ``cdc.py``, gomaxscale v1) from taking data for an error."""
+    if "{" not in json_text and "}" not in json_text and "rr" not in json_text.lower():
+        return json_text
     out, in_string, escaped = [], False, False
-    for ch in json_text:
+    for i, ch in enumerate(json_text):
         if in_string:
             if escaped:
                 escaped = False
@@ -104,6 +112,8 @@ def braceless(json_text: str) -> str:
                 ch = "\\u007b"
             elif ch == "}":
                 ch = "\\u007d"
+            elif ch in "eE" and json_text[i + 1:i + 3].lower() == "rr":
+                ch = f"\\u{ord(ch):04x}"
         elif ch == '"':
             in_string = True
         out.append(ch)
@@ -115,7 +125,7 @@ def schema_line(avsc: dict[str, Any], fields: tuple[Field, ...], dialect: Dialec
     if dialect == Dialect.EXACT:
         return json.dumps(avsc, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
     text = json.dumps(maxscale_schema(avsc, fields), separators=(",", ":"), ensure_ascii=False)
-    return braceless(text).encode() + b"\n"
+    return maxscale_safe(text).encode() + b"\n"
 
 
 def maxscale_text(field: Field, value: Any, zone: dt.tzinfo) -> str:
@@ -124,7 +134,7 @@ def maxscale_text(field: Field, value: Any, zone: dt.tzinfo) -> str:
         return "null"
     kind = field.kind
     if isinstance(value, str):  # strings, and MariaDB's text of a zero date
-        return braceless(json.dumps(value, ensure_ascii=False))
+        return maxscale_safe(json.dumps(value, ensure_ascii=False))
     if kind == Kind.DECIMAL:
         text = str(value) if isinstance(value, int) else format(Decimal(value), "f")
         if unsigned_64(field):

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from cdcserver.protocol.dialect import (
     JsonStyle,
-    braceless,
+    maxscale_safe,
     maxscale_text,
     maxscale_type,
     unsigned_64,
@@ -42,7 +42,7 @@ def repair_suffix(info: VersionInfo, block: Block, dialect: Dialect) -> bytes | 
     if note is None:
         return None
     if dialect == Dialect.MAXSCALE:
-        note = braceless(note)
+        note = maxscale_safe(note)
     return b', "' + REPAIR_KEY + b'": ' + note.encode() + b"}\n"
 
 
@@ -120,6 +120,8 @@ def compile_renderer(schema_json: str, style: JsonStyle = EXACT) -> Renderer:
     pieces = []
     for i, field in enumerate(schema.fields):
         key = json.dumps(field.name, ensure_ascii=False)
+        if maxscale:
+            key = maxscale_safe(key)
         sep = "{" if i == 0 else ", "
         if field.name in _SIMPLE_META and i < 6:
             value = f"str(r[{field.name!r}])"
@@ -175,8 +177,10 @@ def compile_block_renderer(schema_json: str, style: JsonStyle = EXACT
     fields = TableSchema.from_avsc(avsc).fields
     program: list[tuple[int, int, int, bytes, tuple[bytes, ...] | None]] = []
     for i, (field, spec) in enumerate(zip(fields, avsc["fields"], strict=True)):
-        prefix = (("{" if i == 0 else ", ") + json.dumps(field.name, ensure_ascii=False)
-                  + ": ").encode("utf-8")
+        key = json.dumps(field.name, ensure_ascii=False)
+        if style.dialect == Dialect.MAXSCALE:
+            key = maxscale_safe(key)
+        prefix = (("{" if i == 0 else ", ") + key + ": ").encode("utf-8")
         if i < 6 and field.name in _SIMPLE_META:
             program.append((_META_OPS.get(field.name, _R_LONG), _PLAIN, 0, prefix, None))
             continue

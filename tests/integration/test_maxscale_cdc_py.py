@@ -63,9 +63,6 @@ def _cdc_py(folder: str, port: int, *args: str, user: str = USER, password: str 
 
 async def test_cdc_py_json_avro_gtid_and_refusals(examples: str, cdc: RunningService,
                                                   source: Source):
-    # (Not "errors": the test's name becomes the database's, and MaxScale 2.5's cdc.py takes
-    # a first read holding the letters e-r-r anywhere, the schema line included, for an
-    # error reply.)
     table = f"`{source.database}`.t"
     source.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, name VARCHAR(20))",
                    f"INSERT INTO {table} VALUES (1, 'one'), (2, 'two')",
@@ -93,6 +90,24 @@ async def test_cdc_py_json_avro_gtid_and_refusals(examples: str, cdc: RunningSer
                             "found.\n\n".encode()
     result = await asyncio.to_thread(_cdc_py, examples, cdc.port, name, password="wrong")
     assert result.returncode == 1 and result.stderr.startswith(b"ERR AUTH-FAILED")
+
+
+async def test_cdc_py_reads_a_table_whose_names_statement_and_values_hold_err(
+        examples: str, cdc: RunningService, source: Source):
+    """The letters 2.5's ``cdc.py`` takes for an error reply in its first read, here in the
+    database's name (the test's), a column's, the statement the schema's ``ddl`` carries and
+    the values: it reads the table, and the values are the table's."""
+    table = f"`{source.database}`.contacts"
+    source.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, error_code VARCHAR(20) "
+                   "COMMENT 'preferred number')",
+                   f"INSERT INTO {table} VALUES (1, 'server ERROR'), (2, 'Terrace'), (3, NULL)")
+    await cdc.caught_up(source)
+    result = await asyncio.to_thread(_cdc_py, examples, cdc.port, f"{source.database}.contacts")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert "'preferred number'" in lines[0]["ddl"]["statement"]
+    assert [(r["id"], r["error_code"]) for r in lines[1:]] == [
+        (1, "server ERROR"), (2, "Terrace"), (3, None)]
 
 
 async def test_cdc_last_transaction_py(examples: str, cdc: RunningService, source: Source):

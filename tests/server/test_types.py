@@ -365,3 +365,41 @@ async def test_the_stored_files_read_the_same_in_apache_avro(cdc: RunningService
             checked.add(type(value))
     # decimals, dates, times, instants, strings of zero dates, bytes, floats: all compared
     assert {Decimal, dt.date, dt.time, dt.datetime, str, bytes, float, int} <= checked
+
+
+async def test_no_reply_holds_the_letters_err_where_maxscale_clients_look_for_them(
+        cdc: RunningService, source: Source):
+    """2.5's ``cdc.py`` and gomaxscale v1 take a first read holding ``err`` in any case for
+    an error reply (and exit): a column named ``error_code``, a comment in the statement the
+    schema's ``ddl`` carries (``'preferred number'``), values. The ``maxscale`` dialect
+    writes those letters' ``e`` escaped, the same JSON; across the pieces of a big value
+    too. The ``exact`` dialect writes them as they are."""
+    from cdcserver.protocol.bigjson import PIECE
+
+    t = f"`{source.database}`.contacts"
+    big = "x" * (PIECE - 1) + "Err" + "x" * (PIECE - 4) + "eRR" + "y" * 10  # at the joins
+    create = (f"CREATE TABLE {t} (id INT PRIMARY KEY, error_code VARCHAR(20) COMMENT "
+              "'preferred number', note LONGTEXT)")
+    values = {1: "server ERROR", 2: "Terrace", 3: "eRr{}", 4: None, 5: big}
+    source.execute(create)
+    conn = source.server.connect()
+    try:
+        with conn.cursor() as cur:
+            for i, value in values.items():
+                code = value if value is None or len(value) < 20 else "e"
+                cur.execute(f"INSERT INTO {t} VALUES (%s, %s, %s)", (i, code, value))
+    finally:
+        conn.close()
+    await cdc.caught_up(source)
+    name = f"{source.database}.contacts"
+    maxscale = await _json_lines(cdc, name, 1 + len(values), dialect=None)
+    assert "err" not in "\n".join(maxscale).lower()
+    schema = json.loads(maxscale[0])
+    assert "'preferred number'" in schema["ddl"]["statement"]
+    assert [f["name"] for f in schema["fields"]][-2:] == ["error_code", "note"]
+    rows = [json.loads(line) for line in maxscale[1:]]
+    assert {r["id"]: r["note"] for r in rows} == values
+    exact = await _json_lines(cdc, name, 1 + len(values))
+    assert '"error_code"' in exact[0] and "'preferred number'" in exact[0]
+    assert [json.loads(line) for line in exact[1:]] == [
+        {**r, "timestamp": json.loads(line)["timestamp"]} for r, line in zip(rows, exact[1:])]

@@ -746,6 +746,41 @@ def test_the_c_renderer_refuses_invalid_utf8_at_every_offset_and_renders_valid_t
                 assert renderer.render(block, 2) == render({"s": "ok"}) + render({"s": text})
 
 
+def test_the_maxscale_dialect_writes_no_err_and_no_brace_in_strings_c_and_python_alike():
+    """Every way ``err`` can be written (any case, at a value's start and end, overlapping,
+    beside braces and escapes), and a key holding it: the C renderer writes what the
+    Python renderer does, the JSON is the same value, and the bytes hold neither the
+    letters in any case nor a brace inside a string. A value in pieces (bigjson) too, cut
+    at every place."""
+    from cdcserver.protocol.bigjson import _escaper
+    from cdcserver.protocol.dialect import JsonStyle, maxscale_safe
+    from cdcserver.protocol.render import compile_block_renderer, compile_renderer
+    from cdcserver.store import transcoder
+    from mariadb_cdc_client.format.wire import Dialect
+
+    style = JsonStyle(Dialect.MAXSCALE)
+    texts = ["err", "ERR", "eRr", "Err", "eerr", "errr", "xerrx", "e", "er", "rr", "e\\rr",
+             "e\nrr", "{err}", "é€err🎉", "Terrace", "server error", "ERROR_code", ""]
+    texts += [a + b for a, b in itertools.product(["e", "E", "er", "x"], ["rr", "r", "R!"])]
+    schema = json.dumps({"type": "record", "name": "t", "database": "db", "table": "t",
+                         "version": 1, "fields": [{"name": "error", "type": ["null", "string"]}]})
+    render = compile_renderer(schema, style)
+    lines = b"".join(render({"error": t}) for t in texts)
+    assert "err" not in lines.decode().lower() and b'"\\u0065rror": ' in lines
+    assert [json.loads(line)["error"] for line in lines.splitlines()] == texts
+    assert all("{" not in line[1:-1] and "}" not in line[1:-1]
+               for line in lines.decode().splitlines())
+    if transcoder.available():
+        renderer = compile_block_renderer(schema, style)
+        assert renderer is not None
+        assert renderer.render(_string_block([t.encode() for t in texts]), len(texts)) == lines
+    for text in texts:
+        whole = maxscale_safe(json.dumps(text, ensure_ascii=False))[1:-1]
+        for cut in range(len(text) + 1):
+            escape = _escaper(style)
+            assert escape(text[:cut], False) + escape(text[cut:], True) == whole, (text, cut)
+
+
 # -- the client's framing of a bounded AVRO read ----------------------------------------------
 
 def test_a_bounded_avro_reply_split_anywhere_frames_into_the_same_schemas_and_blocks():
