@@ -305,6 +305,8 @@ class AdminServer:
         text = request.match_info["id"]
         if not (text.isascii() and text.isdigit()):  # "²" is a digit to str.isdigit()
             raise Refused(400, f"a client id is a number (GET /api/v1/clients), not {text!r}")
+        if len(text.lstrip("0")) > 19:  # past any id (and past what int() takes: 4,300 digits)
+            raise Refused(404, f"no client {text[:24]}... is connected (GET /api/v1/clients)")
         self.state.disconnect(int(text))
         return answer({"disconnected": int(text)})
 

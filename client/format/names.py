@@ -219,8 +219,10 @@ def _bad_tail(text: str, database: str, table: str, pos: int, quoted: bool,
     tail = _word(text, pos + 1)
     ref = table_ref(database, table)
     if re.fullmatch("[0-9]+", tail):
-        advice = (f"a version has six digits ({ref}.{int(tail):06d})" if version else
-                  "this command takes no version")
+        number = tail.lstrip("0") or "0"  # (int() refuses a text of 4,300 digits or more)
+        advice = ("this command takes no version" if not version else
+                  f"a version has six digits ({ref}.{int(number):06d})" if len(number) <= 6
+                  else "a version has six digits, 000001 to 999999")
     else:
         advice = f"a name containing a dot must be quoted, as in " \
                  f"{table_ref(database, f'{table}.{tail}')}"

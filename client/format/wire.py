@@ -464,6 +464,7 @@ class RangeQuery:
 
 
 _QUERY_RANGE = "QUERY-RANGE db.table [AFTER gtid-state] [UNTIL gtid-state] LIMIT n"
+MAX_LIMIT = 10 ** 18  # a LIMIT above it is taken as it
 _RANGE_WORDS = {"AFTER", "UNTIL", "LIMIT"}
 
 
@@ -471,12 +472,15 @@ def parse_query_range(argument: str) -> RangeQuery:
     ref, words = _table(argument, _QUERY_RANGE, Code.BAD_SYNTAX, _RANGE_WORDS)
     if len(words) < 2 or len(words) % 2 or words[-2].upper() != "LIMIT":
         raise _misplaced(_spaced(argument, ref, _RANGE_WORDS), _QUERY_RANGE)
-    if not re.fullmatch("[0-9]+", words[-1]) or int(words[-1]) < 1:
+    limit = words[-1].lstrip("0")
+    if not re.fullmatch("[1-9][0-9]*", limit):
         raise ProtocolError(Code.BAD_SYNTAX, f"LIMIT is a positive number, not {words[-1]!r}")
+    # (int() refuses a text of 4,300 digits or more; a range never holds 10^18 events)
+    limit = limit if len(limit) <= 18 else str(MAX_LIMIT)
     states: dict[str, str] = {}
     for word, state in zip(words[:-2:2], words[1:-2:2], strict=True):
         if word.upper() not in ("AFTER", "UNTIL") or word.upper() in states:
             raise _misplaced(_spaced(argument, ref, _RANGE_WORDS), _QUERY_RANGE)
         states[word.upper()] = _gtid_state(state)
-    return RangeQuery(ref.database, ref.table, states.get("AFTER", ""), int(words[-1]),
+    return RangeQuery(ref.database, ref.table, states.get("AFTER", ""), int(limit),
                       states.get("UNTIL", ""))

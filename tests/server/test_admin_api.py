@@ -192,6 +192,8 @@ async def test_kick_ends_only_that_client(admin: tuple[RunningService, Api],
     assert (await api.call("DELETE", f"/api/v1/clients/{kicked}"))[0] == 404
     status, data = await api.call("DELETE", "/api/v1/clients/one")
     assert status == 400 and "number" in data["error"]
+    status, data = await api.call("DELETE", "/api/v1/clients/" + "7" * 5000)  # past int()
+    assert status == 404 and "no client 777" in data["error"]
     await second.close()
 
 

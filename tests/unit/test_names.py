@@ -109,6 +109,9 @@ def _refused(parse, argument: str) -> ProtocolError:  # type: ignore[no-untyped-
      "a name containing a space must be quoted: db.`my table`"),
     ("db.a.b", Code.NO_FILE, "a name containing a dot must be quoted, as in db.`a.b`"),
     ("db.t.3", Code.NO_FILE, "a version has six digits (db.t.000003)"),
+    # past the 4,300 digits Python's int() takes: a refusal, not an internal error
+    ("db.t." + "5" * 5000, Code.NO_FILE, "a version has six digits, 000001 to 999999"),
+    ("db.t." + "0" * 5000 + "3", Code.NO_FILE, "a version has six digits (db.t.000003)"),
     ("db.t 1-2", Code.BAD_SYNTAX, "not a GTID: '1-2'"),
     # a malformed GTID is named as one (what MaxScale's grammar puts after the table), with
     # the quoting advice second, in case the word was the end of a name
@@ -141,6 +144,8 @@ def test_other_commands_name_the_cause():
     for limit in ("0", "²"):  # a Unicode digit is no number here
         error = _refused(parse_query_range, f"db.t LIMIT {limit}")
         assert error.message == f"LIMIT is a positive number, not {limit!r}"
+    assert parse_query_range("db.t LIMIT " + "9" * 5000).limit == 10 ** 18  # everything
+    assert parse_query_range("db.t LIMIT " + "0" * 5000 + "7").limit == 7
     error = _refused(parse_request_dump, "../x.dump")
     assert error.code == Code.NO_FILE and error.message.startswith("not a dump name")
     assert "takes no version" in _refused(parse_list_dumps, "db.t.000001").message
