@@ -4,6 +4,8 @@ that comes before they start (the listener starts first) waits in the scheduler'
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from cdcserver.app.lifecycle import Loops
 from cdcserver.app.replicating import Replication
 from cdcserver.core.config import Config
@@ -13,10 +15,12 @@ from cdcserver.store.catalog import Catalog
 
 
 class Dumps:
-    def __init__(self, config: Config, catalog: Catalog, replication: Replication) -> None:
+    def __init__(self, config: Config, catalog: Catalog, replication: Replication,
+                 taken: Callable[[], None] | None = None) -> None:
+        """``taken``: called after each pass of dumps (wakes the retention cleaner)."""
         data_dir = config.store.data_dir
         self.scheduler = DumpScheduler(config.dump, replication.sources, data_dir, catalog,
-                                       replication.capture)
+                                       replication.capture, taken=taken)
         self._included = NewlyIncluded(config.capture, replication.sources.current, data_dir,
                                        self.scheduler)
         self._replicating = replication.runner.replicating

@@ -47,7 +47,9 @@ class Service:
         self.replication = replication = Replication(config, data.layout, data.catalog,
                                                      data.store, latency, more_sinks)
         self.housekeeping = Housekeeping(config, data, replication)
-        self.dumps = Dumps(config, data.catalog, replication)
+        # each dump taken wakes the cleaner: a client asking for dumps without end (START-DUMP
+        # in a loop) must not fill the disk between two of its timed passes
+        self.dumps = Dumps(config, data.catalog, replication, self.housekeeping.cleaner.wake)
         self.listener = Listener(config, data, replication, self.dumps.scheduler,
                                  self.housekeeping.cleaner, latency, self.wait_caught_up)
         self.monitoring = Monitoring(config, latency, self.stats, replication.runner.stats)

@@ -224,7 +224,7 @@ class RetentionConfig:
     versions_max_bytes: int = option(0, "delete the oldest replaced table versions while "
                                         "the Avro files take more than this (0: no limit)")
     interval: float = option(300.0, "time between cleaner runs (it also runs after each "
-                                    "dump transfer)", check=positive)
+                                    "dump taken and each dump transfer)", check=positive)
 
 
 @dataclass(frozen=True)

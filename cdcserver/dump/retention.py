@@ -12,7 +12,9 @@ versions go when older than ``versions_max_age``, and oldest first while the Avr
 ``versions_max_bytes``. Without limits (the default) nothing is deleted.
 
 A file in use (being sent to a client, or streamed) is skipped and deleted on a later run;
-the cleaner runs every ``interval`` and right after each dump transfer ends. Deleting a version
+the cleaner runs every ``interval``, right after each pass of dumps (a client that asks for
+dumps without end keeps a table to ``dumps_keep``, not one more per request) and right
+after each dump transfer ends. Deleting a version
 removes it from the catalog first, under the file's exclusive lock, so no stream starts on it.
 """
 

@@ -21,6 +21,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cdcserver.core.capture import EVERY_USER_TABLE, CaptureFilter
@@ -77,8 +78,10 @@ class TableProgress:
 
 class DumpScheduler:
     def __init__(self, config: DumpConfig, address: SourceAddress | Sources, data_dir: str,
-                 catalog: Catalog, capture: CaptureFilter = EVERY_USER_TABLE) -> None:
+                 catalog: Catalog, capture: CaptureFilter = EVERY_USER_TABLE,
+                 taken: Callable[[], None] | None = None) -> None:
         self.config = config
+        self.taken = taken  # called after each pass that wrote dumps
         self.capture = capture
         self.sources = Sources.of(address)
         self.data_dir = data_dir
@@ -226,6 +229,8 @@ class DumpScheduler:
                 raise StoreError(said) from exc
             finally:
                 self.running = False
+                if self.taken is not None:  # (a failed pass may have written some too)
+                    self.taken()
             with self._progress_lock:
                 for table in tables:
                     self.progress.pop(table, None)

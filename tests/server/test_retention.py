@@ -211,6 +211,30 @@ async def test_the_cleaner_never_deletes_a_dump_being_sent_and_deletes_it_after(
 
 
 @pytest.mark.mariadb
+async def test_dumps_asked_for_without_end_are_kept_to_the_policy_as_they_complete(
+        retaining: RunningService, source: Source):
+    """A user who may read one table sends START-DUMP again each time the last one is done
+    (an attack filled 1 GB in 2 s): each completed dump wakes the cleaner, so the table
+    keeps ``dumps_keep`` (1 here), not one more per request until the hourly pass."""
+    from tests.helpers import reply_to
+
+    _big_table(source, rows=5000)
+    await retaining.caught_up(source)
+    data_dir = retaining.service.config.store.data_dir
+    seen: set[str] = set()
+    for _ in range(4):
+        reply = json.loads(await reply_to(retaining.port, f"START-DUMP `{source.database}`.big"))
+        assert reply["started"] == [f"{source.database}.big"], reply
+        await asyncio.to_thread(
+            wait_until, lambda: {d.name for d in list_dumps(data_dir)} - seen, 60,
+            "the dump asked for")
+        seen |= {d.name for d in list_dumps(data_dir)}
+        await asyncio.to_thread(wait_until, lambda: len(list_dumps(data_dir)) == 1, 10,
+                                "the older dumps to be deleted")
+    assert len(seen) == 4
+
+
+@pytest.mark.mariadb
 async def test_a_client_that_hangs_up_mid_transfer_releases_the_dump(
         retaining: RunningService, source: Source):
     _big_table(source)
