@@ -14,7 +14,7 @@ import itertools
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -318,3 +318,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                    "pyproject.toml's test extra pins")
         sys.__stderr__.write(f"\ntests/conftest.py: {message}\n")  # xdist hides the error
         raise pytest.UsageError(message)
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item
+                                  ) -> dict[str, Callable[[], asyncio.AbstractEventLoop]] | None:
+    """The loop the service runs on in production (``cdcserver run`` installs uvloop): the
+    tests that run the service in their own loop run it there too. uvloop says some things
+    its own way (RuntimeError on a closed transport, where asyncio raises ConnectionError),
+    and a test on asyncio's loop would not see what the service does with them.
+    ``CDC_TEST_LOOP=asyncio`` runs them on asyncio's loop instead."""
+    if os.environ.get("CDC_TEST_LOOP", "uvloop") == "asyncio":
+        return None
+    import uvloop
+
+    return {"uvloop": uvloop.new_event_loop}

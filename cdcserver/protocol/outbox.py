@@ -106,6 +106,15 @@ class Outbox:
         TransferStalled when it takes nothing for ``stall_timeout`` seconds, and FileEnded
         when the file is shorter than ``count``. ``fd`` is read at explicit offsets only
         (other streams may share it) and must stay open until this returns."""
+        try:
+            return await self._send_file(fd, offset, count, stall_timeout)
+        except RuntimeError:  # uvloop's word for a transport the client's reset closed
+            if self.writer.is_closing():
+                raise ConnectionResetError("the client closed the connection") from None
+            raise
+
+    async def _send_file(self, fd: int, offset: int, count: int,
+                         stall_timeout: float | None) -> int:
         transport = self.writer.transport
         sock = transport.get_extra_info("socket")
         if sock is None or transport.get_extra_info("sslcontext") is not None or \

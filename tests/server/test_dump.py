@@ -697,3 +697,43 @@ def test_the_row_reader_takes_empty_results_and_rows_larger_than_its_buffer(
     finally:
         conn.close()
         source.execute("SET GLOBAL max_allowed_packet = 16777216")
+
+
+async def test_clients_that_reset_right_after_request_dump_are_no_server_fault(
+        cdc: RunningService, source: Source, caplog: pytest.LogCaptureFixture):
+    """A hundred clients each send the login, REGISTER and REQUEST-DUMP in one write and
+    reset the connection (RST) at once, or a moment later: a hang-up is logged as one, never
+    as an internal error with a traceback (uvloop, the service's loop, says RuntimeError
+    there), and the next client gets the dump whole."""
+    import logging
+    import socket
+    import struct
+
+    from mariadb_cdc_client.format.wire import auth_message
+
+    table = f"`{source.database}`.r"
+    source.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, v TEXT)",
+                   *(f"INSERT INTO {table} SELECT seq, REPEAT('v', 900) FROM "
+                     f"`{source.database}`.seq_{i}_to_{i + 999}" for i in range(1, 20000, 1000)))
+    await cdc.caught_up(source)
+    await _dump(cdc, source, "r")
+
+    def reset_clients() -> None:
+        for i in range(100):
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+                sock.connect(("127.0.0.1", cdc.port))
+                sock.sendall(auth_message(USER, PASSWORD) + b"\nREGISTER UUID=rst, TYPE=JSON\n"
+                             + f"REQUEST-DUMP {source.database}.r\n".encode())
+                threading.Event().wait(0.002 * (i % 5))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    with caplog.at_level(logging.DEBUG, logger="cdcserver"):
+        await asyncio.to_thread(reset_clients)
+        await asyncio.sleep(1)
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not errors, [r.getMessage() for r in errors][:3]
+    path = os.path.join(str(cdc.service.config.store.data_dir), "fetched.dump")
+    header = await asyncio.to_thread(SyncCdcClient("127.0.0.1", cdc.port, USER, PASSWORD)
+                                     .fetch_dump, f"{source.database}.r", path)
+    assert header.rows == 20000
