@@ -145,7 +145,7 @@ class Connection:
         self.reading = start.request.table
         self.streamer, self.request = streamer, start.request.line
         stream_task = asyncio.create_task(streamer.run())
-        input_task = asyncio.create_task(self._watch_input())
+        input_task = asyncio.create_task(self._watch_input(start.request.until is not None))
         try:
             done, _ = await asyncio.wait({stream_task, input_task},
                                          return_when=asyncio.FIRST_COMPLETED)
@@ -259,9 +259,11 @@ class Connection:
         self._pending = message
         return True
 
-    async def _watch_input(self) -> bytes:
+    async def _watch_input(self, bounded: bool) -> bytes:
         """While streaming, only CLOSE (or a hang-up) is expected; returns the reply to send
-        after stopping the stream (empty for none)."""
+        after stopping the stream (empty for none). The end of the client's input ends a
+        live stream, as in MaxScale; a ``bounded`` read (``UNTIL``) goes on to its end line,
+        as a dump's transfer does (a client that shut down its sending side, ``nc -N``)."""
         while True:
             message: bytes | None
             if self._pending is not None:  # sent during a REQUEST-DUMP ... FOLLOW transfer
@@ -269,6 +271,8 @@ class Connection:
             else:
                 message = await self.messages.next()
             if message is None:
+                if bounded:
+                    await asyncio.Event().wait()  # until the stream ends (then cancelled)
                 return b""
             command = message.strip().upper()
             if not command:

@@ -317,3 +317,31 @@ async def test_bad_range_queries_are_clear_errors(cdc: RunningService, line: str
     await client.send(line.encode())
     assert (await client.line()).startswith(b"ERR BAD-SYNTAX ")
     await client.close()
+
+
+async def test_a_client_that_shuts_down_its_sending_side_gets_the_whole_range(
+        cdc: RunningService, source: Source):
+    """``nc -N`` sends the request and the end of its input: a bounded read goes on to its
+    end line, here waiting for transactions not written yet when the input ended (a live
+    stream ends there, as MaxScale's does)."""
+    t = f"`{source.database}`.t"
+    source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY)", f"INSERT INTO {t} VALUES (1)")
+    await cdc.caught_up(source)
+    now = source.gtid_state()
+    domain, server, sequence = str(now).split(",")[0].split("-")
+    until = f"{domain}-{server}-{int(sequence) + 2}"  # two transactions from now
+    client = await RawClient.connect(cdc.port)
+    await client.login("JSON")
+    await client.send(f"REQUEST-DATA {source.database}.t UNTIL {until}".encode())
+    client.writer.write_eof()
+    await asyncio.sleep(0.5)  # the server reads the end of the input, then the rows come
+    source.execute(f"INSERT INTO {t} VALUES (2)", f"INSERT INTO {t} VALUES (3)")
+    lines = [json.loads(line) for line in (await client.closed(timeout=30)).splitlines()]
+    assert [r["id"] for r in _records(lines)] == [1, 2, 3]
+    assert lines[-1] == {"end": until, "records": 3}
+
+    live = await RawClient.connect(cdc.port)
+    await live.login("JSON")
+    await live.send(f"REQUEST-DATA {source.database}.t".encode())
+    live.writer.write_eof()
+    await live.closed(timeout=30)  # ends, whatever it sent before it read the end
