@@ -55,6 +55,11 @@ class Outbox:
         self.writer = writer
         self.transport = writer.transport  # (a shared tail writes to it directly)
         self.traffic = traffic
+        # What was written last ends inside a message: a stored range or a dump being sent
+        # (send_file), a JSON line whose big value goes in pieces. A line written now would
+        # land inside it (a client would read it as part of a block or a value).
+        self.cut = False
+        self.lines = False  # a JSON stream: a message ends with its line's newline
         self.bytes_sent = 0  # by this connection, counted as the listener's are
         self.records_sent = 0
 
@@ -72,6 +77,7 @@ class Outbox:
         if self.writer.is_closing():
             raise ConnectionResetError("the client closed the connection")
         self.writer.write(data)
+        self.cut = self.lines and not data.endswith(b"\n")
         if counted:
             self.sent(len(data))
         await self.writer.drain()
@@ -85,7 +91,11 @@ class Outbox:
             await self.send(data, counted=False)
 
     def last_words(self, data: bytes) -> None:
-        """A final line written without waiting (a refusal, the server stopping)."""
+        """A final line written without waiting (a refusal, the server stopping), where a
+        message would start; not at all when the last one was cut off (:attr:`cut`): the
+        connection then ends as if cut, which a client sees for what it is."""
+        if self.cut:
+            return
         with contextlib.suppress(ConnectionError, RuntimeError):
             if not self.writer.is_closing():
                 self.writer.write(data)
@@ -106,8 +116,11 @@ class Outbox:
         TransferStalled when it takes nothing for ``stall_timeout`` seconds, and FileEnded
         when the file is shorter than ``count``. ``fd`` is read at explicit offsets only
         (other streams may share it) and must stay open until this returns."""
+        self.cut = True
         try:
-            return await self._send_file(fd, offset, count, stall_timeout)
+            sent = await self._send_file(fd, offset, count, stall_timeout)
+            self.cut = False
+            return sent
         except RuntimeError:  # uvloop's word for a transport the client's reset closed
             if self.writer.is_closing():
                 raise ConnectionResetError("the client closed the connection") from None

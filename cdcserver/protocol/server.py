@@ -203,7 +203,7 @@ class CdcServer:
             # would log a cancelled handler task as an error.
             last = error_line(Code.FORBIDDEN, connection.revoked) if connection.revoked \
                 else error_line(Code.SHUTTING_DOWN, "the server is stopping")
-            Outbox(writer, self.traffic).last_words(last)
+            connection.out.last_words(last)
         finally:
             self._connections.discard(task)
             self._sessions.pop(task, None)

@@ -93,6 +93,7 @@ class Streamer:
         self.request = request
         self.format = fmt
         self.out = out
+        out.lines = fmt == Format.JSON
         self.style = style  # JSON mode: dialect and time zone
         self.table = request.table
         self.records_sent = 0  # by this stream (and the tails it followed)

@@ -16,7 +16,7 @@ import pytest
 from cdcserver.core.errors import ConfigError
 from cdcserver.protocol.users import UsersFile
 from tests.conftest import RunningService, Source, make_config, start_service
-from tests.helpers import USER, RawClient, eventually
+from tests.helpers import PASSWORD, USER, RawClient, eventually
 from tests.server.test_migrations import limited_source  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.mariadb
@@ -467,3 +467,53 @@ async def test_malformed_requests_are_one_line_each_not_a_traceback(
     assert len(said) == 2, [r.getMessage() for r in said]
     assert all(r.levelno == logging.INFO and r.exc_info is None for r in said)
     assert "Traceback" not in caplog.text
+
+
+async def test_a_client_ended_in_the_middle_of_an_avro_block_gets_no_line_inside_it(
+        cdc: RunningService, source: Source) -> None:
+    """An AVRO stream sends stored blocks as they are; ended while one is on its way (the
+    client reads slowly), the client is not sent an ``ERR`` line in the middle of it, which
+    it would read as part of the block: what it got is whole blocks, then either the line
+    where a block would start or nothing (a cut it sees for one)."""
+    import socket
+
+    from mariadb_cdc_client.format.avro import block_at, parse_header
+    from mariadb_cdc_client.format.wire import auth_message
+
+    run_sql(source, "CREATE TABLE t (id INT PRIMARY KEY, v LONGTEXT)")
+    for start in range(0, 60, 10):
+        run_sql(source, "INSERT INTO t VALUES " + ", ".join(
+            f"({i}, REPEAT('{chr(97 + i % 26)}', 300000))" for i in range(start, start + 10)))
+    await cdc.caught_up(source)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
+    sock.settimeout(30)
+
+    def request() -> None:  # (blocking: in a thread, the service runs in this loop)
+        sock.connect(("127.0.0.1", cdc.port))
+        sock.sendall(auth_message(USER, PASSWORD))
+        assert sock.recv(3) == b"OK\n"
+        sock.sendall(b"REGISTER UUID=slow, TYPE=AVRO")
+        assert sock.recv(3) == b"OK\n"
+        sock.sendall(f"REQUEST-DATA {source.database}.t".encode())
+
+    await asyncio.to_thread(request)
+    server = cdc.service.listener.server
+    await eventually(lambda: asyncio.sleep(0.2, server.sessions()),
+                     lambda s: bool(s) and s[-1].out.buffered > 0, what="a block on its way")
+    assert server.disconnect(server.sessions()[-1].id, "disconnected by an administrator")
+
+    def read_all() -> bytes:
+        data = bytearray()
+        while chunk := sock.recv(1 << 16):
+            data += chunk
+        return bytes(data)
+
+    data = await asyncio.to_thread(read_all)
+    sock.close()
+    header = parse_header(data)
+    pos = header.size
+    while (block := block_at(data, pos, header.sync)) is not None:
+        pos = block[2]
+    rest = data[pos:]
+    assert rest.startswith(b"ERR FORBIDDEN") or b"ERR FORBIDDEN" not in rest, rest[:200]
