@@ -34,6 +34,10 @@ class MessageReader:
         # TCP may cut a line (a GTID state of many domains in several segments, found by
         # attack: each part was taken for a command of its own)
         self._lines = False
+        # The last read filled the buffer without a newline: more of that write may follow,
+        # or it was a command of exactly _READ_SIZE bytes (max_line's default), which must not
+        # wait for the idle timeout for its answer
+        self._full = False
 
     async def next(self, incomplete: Callable[[bytes], bool] | None = None) -> bytes | None:
         """The next message, or None at end of input."""
@@ -53,7 +57,8 @@ class MessageReader:
             if incomplete is None and lines:
                 self._lines = True
             self._buffer = bytearray(tail)
-            if tail and not self._lines and b"\n" not in data and len(data) < _READ_SIZE \
+            self._full = len(data) == _READ_SIZE and b"\n" not in data
+            if tail and not self._lines and not self._full and b"\n" not in data \
                     and not (incomplete is not None and not lines and incomplete(bytes(tail))):
                 # One write without a newline: a whole MaxScale-style command. (A read that
                 # filled the buffer is part of something longer: keep reading.)
@@ -66,9 +71,9 @@ class MessageReader:
         return self._ready.pop(0)
 
     async def _read(self) -> bytes | None:
-        """The next bytes; None when a line client's line stays without its rest for
-        :data:`LINE_REST` seconds."""
-        if not (self._lines and self._buffer):
+        """The next bytes; None when a line client's line, or a write that filled the last
+        read, stays without its rest for :data:`LINE_REST` seconds."""
+        if not ((self._lines or self._full) and self._buffer):
             return await self._reader.read(_READ_SIZE)
         try:
             async with asyncio.timeout(LINE_REST):

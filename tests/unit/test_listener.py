@@ -25,7 +25,7 @@ from cdcserver.protocol.server import CdcServer
 from cdcserver.protocol.users import UsersFile
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.store import AvroStore
-from mariadb_cdc_client.format.wire import Code, auth_incomplete, auth_message
+from mariadb_cdc_client.format.wire import Code, ProtocolError, auth_incomplete, auth_message
 from tests.helpers import PASSWORD, USER, RawClient, pace
 
 LAYOUT = TableLayout("shop", "items", (
@@ -507,6 +507,24 @@ async def test_a_command_without_its_newline_from_a_line_client_is_taken_after_a
     assert await reader.next() == b"REGISTER UUID=u, TYPE=JSON"
     stream.feed_data(b"REQUEST-DATA db.t")
     assert await asyncio.wait_for(reader.next(), 5) == b"REQUEST-DATA db.t"
+
+
+async def test_a_maxscale_style_command_of_exactly_max_line_bytes_is_answered():
+    """A write of exactly 65,536 bytes without a newline (the longest command max_line
+    allows by default) fills one read: it was taken for the start of something longer and
+    waited for the idle timeout. Its rest not coming within LINE_REST, it is a command; one
+    byte more is too long."""
+    stream = asyncio.StreamReader()
+    reader = MessageReader(stream, 65536)
+    command = b"QUERY-STATE" + b" " * (65536 - 11)
+    stream.feed_data(command)
+    assert await asyncio.wait_for(reader.next(), 5) == command
+    stream.feed_data(command)
+    nxt = asyncio.ensure_future(reader.next())
+    await asyncio.sleep(LINE_REST / 5)
+    stream.feed_data(b" ")  # the rest of the write: now one byte too long
+    with pytest.raises(ProtocolError, match="at most 65536 bytes"):
+        await asyncio.wait_for(nxt, 5)
 
 
 async def test_a_login_ended_by_a_newline_leaves_the_commands_maxscale_style():
