@@ -107,9 +107,9 @@ cdef inline void _signed(Out *out, int64_t v) noexcept:
 
 cdef int _json_string(Out *out, const uint8_t *p, Py_ssize_t n, const char *table) except -1:
     """A JSON string as json.dumps(ensure_ascii=False) writes it (``table``: _ESCAPE, or
-    _ESCAPE_BRACES for the MaxScale dialect, which also writes the e of every "err", in any
-    case, as ``\\u0065``: MaxScale's clients take a reply holding those letters for an
-    error); 0 if not UTF-8."""
+    _ESCAPE_BRACES for the MaxScale dialect, which also writes an r that would end "err" in
+    the text written, in any case, as ``\\u0072``: MaxScale's clients take a reply holding
+    those letters for an error); 0 if not UTF-8."""
     cdef Py_ssize_t i
     cdef uint8_t b
     cdef char escape
@@ -121,8 +121,9 @@ cdef int _json_string(Out *out, const uint8_t *p, Py_ssize_t n, const char *tabl
     for i in range(n):
         b = p[i]
         escape = table[b]
-        if maxscale and (b | 0x20) == 0x65 and i + 2 < n and (p[i + 1] | 0x20) == 0x72 \
-                and (p[i + 2] | 0x20) == 0x72:
+        # what was written before (the quote at least): "er", of letters or an escape's hex
+        if maxscale and (b | 0x20) == 0x72 and (out.data[out.size - 1] | 0x20) == 0x72 \
+                and (out.data[out.size - 2] | 0x20) == 0x65:
             escape = b'u'
         if not escape:
             _char(out, <char>b)

@@ -35,7 +35,7 @@ from typing import Any
 import fastavro
 
 from cdcserver.protocol.blockdata import BlockData, block_data
-from cdcserver.protocol.dialect import JsonStyle, maxscale_safe
+from cdcserver.protocol.dialect import JsonStyle, safe_strings
 from cdcserver.protocol.recordwalk import BigValue, BlockCursor, RecordExtent, RecordWalker
 from cdcserver.protocol.render import (
     compile_block_renderer,
@@ -205,18 +205,16 @@ def _escaper(style: JsonStyle) -> Callable[[str, bool], str]:
 
 
 class _MaxscaleEscaper:
-    """:func:`maxscale_safe` over pieces: the letters at a piece's end that may begin an
-    ``err`` (``e``, ``er``) wait for the next piece, so that the next one sees them."""
+    """:func:`maxscale_safe` over pieces: each piece goes on from the characters the one
+    before it ended with (an ``er`` there, and this piece's ``r`` is escaped)."""
 
     def __init__(self) -> None:
-        self.held = ""
+        self.recent = ""
 
     def __call__(self, text: str, final: bool) -> str:
-        text = self.held + text
-        tail = text[-2:].lower()
-        keep = 0 if final else 2 if tail == "er" else 1 if tail[-1:] == "e" else 0
-        text, self.held = text[:len(text) - keep], text[len(text) - keep:]
-        return maxscale_safe(json.dumps(text, ensure_ascii=False))[1:-1]
+        body = json.dumps(text, ensure_ascii=False)[1:-1]
+        out, self.recent = safe_strings(body, in_string=True, recent=self.recent)
+        return out
 
 
 def _avro_long(value: int) -> bytes:

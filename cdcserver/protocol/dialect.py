@@ -14,8 +14,8 @@ primitive]`` with MaxScale's keys in MaxScale's order, and values their parsers 
   strings are written ``\\u007b`` and ``\\u007d`` (the same JSON value);
 * MaxScale 2.5's ``cdc.py`` and gomaxscale v1 take a first read holding the letters ``err``
   in any case for an error (a column named ``error``, a DDL statement's ``COMMENT 'preferred
-  number'``), so the ``e`` of each is written ``\\u0065`` (``E``: ``\\u0045``) inside strings,
-  keys included;
+  number'``), so the second ``r`` of each is written ``\\u0072`` (``R``: ``\\u0052``) inside
+  strings, keys included;
 * temporal values are strings, as MaxScale's were: MariaDB's own text (the column's fractional
   digits, zero dates as MariaDB prints them), TIMESTAMP without an offset (in
   ``timestamp_zone``, UTC by default); YEAR is a four-digit string.
@@ -92,32 +92,42 @@ def maxscale_schema(avsc: dict[str, Any], fields: tuple[Field, ...]) -> dict[str
 
 
 def maxscale_safe(json_text: str) -> str:
-    """JSON text with ``{``, ``}`` and the ``e`` of ``err`` (any case) inside strings escaped.
-    Outside strings a JSON text built by json.dumps has braces only as structure and no such
-    letters; escaping inside strings is the same value to every JSON parser, and keeps
-    brace-counting framers (gomaxscale's) in step and clients that look for ``err`` in a
-    reply (2.5's ``cdc.py``, gomaxscale v1) from taking data for an error."""
+    """JSON text with ``{``, ``}`` and the second ``r`` of ``err`` (any case) inside strings
+    escaped (``\\u007b``, ``\\u007d``, ``\\u0072``/``\\u0052``). Outside strings a JSON text
+    built by json.dumps has braces only as structure and no such letters; inside, the
+    escapes are the same value to every JSON parser, and keep brace-counting framers
+    (gomaxscale's) in step and clients that look for ``err`` in a reply (2.5's ``cdc.py``,
+    gomaxscale v1) from taking data for an error. The letters are looked for in the text as
+    written, escapes included (``\\u001e`` then ``rr``)."""
     if "{" not in json_text and "}" not in json_text and "rr" not in json_text.lower():
         return json_text
-    out, in_string, escaped = [], False, False
-    for i, ch in enumerate(json_text):
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-            elif ch == "{":
-                ch = "\\u007b"
-            elif ch == "}":
-                ch = "\\u007d"
-            elif ch in "eE" and json_text[i + 1:i + 3].lower() == "rr":
-                ch = f"\\u{ord(ch):04x}"
+    return safe_strings(json_text, in_string=False)[0]
+
+
+def safe_strings(text: str, in_string: bool, recent: str = "") -> tuple[str, str]:
+    """:func:`maxscale_safe` of ``text``, which starts inside a string if ``in_string``
+    (after ``recent``, the string's last two characters written before it); returns the
+    text and its own last two characters (a string sent in pieces carries them on)."""
+    out, escaped = [], False
+    for ch in text:
+        if not in_string:
+            in_string, recent = ch == '"', ""
+        elif escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
         elif ch == '"':
-            in_string = True
+            in_string = False
+        elif ch == "{":
+            ch = "\\u007b"
+        elif ch == "}":
+            ch = "\\u007d"
+        elif ch in "rR" and recent.lower() == "er":
+            ch = f"\\u{ord(ch):04x}"
+        if in_string:
+            recent = (recent + ch)[-2:]
         out.append(ch)
-    return "".join(out)
+    return "".join(out), recent
 
 
 def schema_line(avsc: dict[str, Any], fields: tuple[Field, ...], dialect: Dialect) -> bytes:

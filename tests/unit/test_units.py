@@ -748,7 +748,8 @@ def test_the_c_renderer_refuses_invalid_utf8_at_every_offset_and_renders_valid_t
 
 def test_the_maxscale_dialect_writes_no_err_and_no_brace_in_strings_c_and_python_alike():
     """Every way ``err`` can be written (any case, at a value's start and end, overlapping,
-    beside braces and escapes), and a key holding it: the C renderer writes what the
+    beside braces and escapes, the ``e`` an escape's last hex digit: ``\\u001e``), and a key
+    holding it: the C renderer writes what the
     Python renderer does, the JSON is the same value, and the bytes hold neither the
     letters in any case nor a brace inside a string. A value in pieces (bigjson) too, cut
     at every place."""
@@ -760,13 +761,14 @@ def test_the_maxscale_dialect_writes_no_err_and_no_brace_in_strings_c_and_python
 
     style = JsonStyle(Dialect.MAXSCALE)
     texts = ["err", "ERR", "eRr", "Err", "eerr", "errr", "xerrx", "e", "er", "rr", "e\\rr",
-             "e\nrr", "{err}", "é€err🎉", "Terrace", "server error", "ERROR_code", ""]
+             "e\nrr", "{err}", "é€err🎉", "Terrace", "server error", "ERROR_code", "",
+             "\x1err", "\x0eRR", "\x1er", "r\x1e", "\x1e\x0err", "\x1eR" + "r" * 5]
     texts += [a + b for a, b in itertools.product(["e", "E", "er", "x"], ["rr", "r", "R!"])]
     schema = json.dumps({"type": "record", "name": "t", "database": "db", "table": "t",
                          "version": 1, "fields": [{"name": "error", "type": ["null", "string"]}]})
     render = compile_renderer(schema, style)
     lines = b"".join(render({"error": t}) for t in texts)
-    assert "err" not in lines.decode().lower() and b'"\\u0065rror": ' in lines
+    assert "err" not in lines.decode().lower() and b'"er\\u0072or": ' in lines
     assert [json.loads(line)["error"] for line in lines.splitlines()] == texts
     assert all("{" not in line[1:-1] and "}" not in line[1:-1]
                for line in lines.decode().splitlines())
@@ -779,6 +781,24 @@ def test_the_maxscale_dialect_writes_no_err_and_no_brace_in_strings_c_and_python
         for cut in range(len(text) + 1):
             escape = _escaper(style)
             assert escape(text[:cut], False) + escape(text[cut:], True) == whole, (text, cut)
+
+
+def test_a_rename_stored_by_0_1_0_is_sent_as_a_reference_a_client_can_request():
+    """0.1.0 stored a rename's other name unquoted (``shop.my table``, which REQUEST-DATA
+    refuses); the schema line names it as a reference in both dialects."""
+    from cdcserver.protocol.dialect import schema_line
+    from mariadb_cdc_client.format.names import parse_table
+    from mariadb_cdc_client.format.wire import Dialect
+
+    avsc = {"type": "record", "name": "ChangeRecord", "fields": [],
+            "ddl": {"kind": "create", "statement": "RENAME TABLE `my table` TO t",
+                    "note": "renamed from shop.my table", "renamed_from": "shop.my table"}}
+    for dialect in (Dialect.EXACT, Dialect.MAXSCALE):
+        ddl = json.loads(schema_line(avsc, (), dialect))["ddl"]
+        assert ddl["renamed_from"] == "shop.`my table`"
+        assert (parse_table(ddl["renamed_from"]).database,
+                parse_table(ddl["renamed_from"]).table) == ("shop", "my table")
+    assert avsc["ddl"]["renamed_from"] == "shop.my table"  # (the stored schema is left alone)
 
 
 # -- the client's framing of a bounded AVRO read ----------------------------------------------
