@@ -263,7 +263,8 @@ class Connection:
         """While streaming, only CLOSE (or a hang-up) is expected; returns the reply to send
         after stopping the stream (empty for none). The end of the client's input ends a
         live stream, as in MaxScale; a ``bounded`` read (``UNTIL``) goes on to its end line,
-        as a dump's transfer does (a client that shut down its sending side, ``nc -N``)."""
+        as a dump's transfer does (a client that shut down its sending side, ``nc -N``), for
+        ``idle_timeout`` at most."""
         while True:
             message: bytes | None
             if self._pending is not None:  # sent during a REQUEST-DUMP ... FOLLOW transfer
@@ -271,8 +272,10 @@ class Connection:
             else:
                 message = await self.messages.next()
             if message is None:
-                if bounded:
-                    await asyncio.Event().wait()  # until the stream ends (then cancelled)
+                if bounded:  # until the stream ends (then cancelled), as long as an idle
+                    # session may stay: a client that has gone can only be told from one that
+                    # shut down its side by writing to it, and a range may wait for the future
+                    await asyncio.sleep(self.server.limits.idle_timeout)
                 return b""
             command = message.strip().upper()
             if not command:

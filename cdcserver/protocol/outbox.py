@@ -60,6 +60,7 @@ class Outbox:
         # land inside it (a client would read it as part of a block or a value).
         self.cut = False
         self.lines = False  # a JSON stream: a message ends with its line's newline
+        self._file = False  # send_file under way (its copy over TLS goes through send)
         self.bytes_sent = 0  # by this connection, counted as the listener's are
         self.records_sent = 0
 
@@ -77,7 +78,8 @@ class Outbox:
         if self.writer.is_closing():
             raise ConnectionResetError("the client closed the connection")
         self.writer.write(data)
-        self.cut = self.lines and not data.endswith(b"\n")
+        if not self._file:
+            self.cut = self.lines and not data.endswith(b"\n")
         if counted:
             self.sent(len(data))
         await self.writer.drain()
@@ -86,7 +88,12 @@ class Outbox:
         await asyncio.sleep(0)
 
     async def reply(self, data: bytes) -> None:
-        """A reply to a command: a client that has gone is not an error."""
+        """A reply to a command: a client that has gone is not an error. After a message cut
+        off (:attr:`cut`: a stream or a transfer ended inside one) the reply would be read as
+        part of it: the connection is closed instead, which a client sees as a cut."""
+        if self.cut:
+            self.writer.close()
+            return
         with contextlib.suppress(ConnectionError):
             await self.send(data, counted=False)
 
@@ -116,7 +123,7 @@ class Outbox:
         TransferStalled when it takes nothing for ``stall_timeout`` seconds, and FileEnded
         when the file is shorter than ``count``. ``fd`` is read at explicit offsets only
         (other streams may share it) and must stay open until this returns."""
-        self.cut = True
+        self.cut = self._file = True
         try:
             sent = await self._send_file(fd, offset, count, stall_timeout)
             self.cut = False
@@ -125,6 +132,8 @@ class Outbox:
             if self.writer.is_closing():
                 raise ConnectionResetError("the client closed the connection") from None
             raise
+        finally:
+            self._file = False
 
     async def _send_file(self, fd: int, offset: int, count: int,
                          stall_timeout: float | None) -> int:

@@ -12,7 +12,7 @@ import pytest
 from mariadb_cdc_client import ranges
 from mariadb_cdc_client.sync import SyncCdcConnection
 from tests.conftest import RunningService, Source, make_config, start_service
-from tests.helpers import PASSWORD, USER, RawClient
+from tests.helpers import PASSWORD, USER, RawClient, eventually
 from tests.oracle import read_stream
 
 pytestmark = pytest.mark.mariadb
@@ -345,3 +345,28 @@ async def test_a_client_that_shuts_down_its_sending_side_gets_the_whole_range(
     await live.send(f"REQUEST-DATA {source.database}.t".encode())
     live.writer.write_eof()
     await live.closed(timeout=30)  # ends, whatever it sent before it read the end
+
+
+async def test_a_half_closed_bounded_read_waiting_for_the_future_ends_at_the_idle_timeout(
+        tmp_path, source: Source, users_file: str):
+    """A client that sent a range ending far in the future and the end of its input (or
+    went away: the two look alike until something is written) holds its session as long
+    as an idle one may, not for ever."""
+    config = make_config(str(tmp_path / "data"), source.url, users_file,
+                         listener={"idle_timeout": 1.0})
+    running = await start_service(config)
+    try:
+        t = f"`{source.database}`.t"
+        source.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY)", f"INSERT INTO {t} VALUES (1)")
+        await running.caught_up(source)
+        client = await RawClient.connect(running.port)
+        await client.login("JSON")
+        await client.send(f"REQUEST-DATA {source.database}.t UNTIL 0-1-999999999".encode())
+        client.writer.write_eof()
+        rest = await client.closed(timeout=30)
+        assert b'"end"' not in rest  # not the range's end: it never came
+        server = running.service.listener.server
+        await eventually(lambda: asyncio.sleep(0.1, server.sessions()), lambda s: s == [],
+                         timeout=10, what="the session to end")
+    finally:
+        await running.stop()
