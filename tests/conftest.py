@@ -329,6 +329,8 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item
     ``CDC_TEST_LOOP=asyncio`` runs them on asyncio's loop instead."""
     if os.environ.get("CDC_TEST_LOOP", "uvloop") == "asyncio":
         return None
-    import uvloop
-
+    try:
+        import uvloop
+    except ImportError:  # not installed where cdcserver run would not use it either
+        return None
     return {"uvloop": uvloop.new_event_loop}
