@@ -188,7 +188,8 @@ class ListenerConfig:
 @dataclass(frozen=True)
 class DumpConfig:
     tables: str = option("", "tables the service dumps on a schedule: db.table or db.* , "
-                             "comma-separated")
+                             "comma-separated (a name holding a dot, a comma or a space "
+                             "quoted as in protocol.md)")
     interval: float = option(0.0, "time between scheduled dumps of each table (e.g. 24h); "
                                   "0: no schedule", check=not_negative)
     chunk_rows: int = option(50_000, "rows per primary-key chunk (a crash loses at most one; "

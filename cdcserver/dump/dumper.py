@@ -52,6 +52,7 @@ from cdcserver.store.layout import DataDir
 from cdcserver.store.naming import dump_stem
 from cdcserver.store.schema import TableSchema
 from mariadb_cdc_client.format.dump import FORMAT
+from mariadb_cdc_client.format.wire import ProtocolError, parse_start_dump
 
 log = logging.getLogger(__name__)
 
@@ -77,17 +78,16 @@ Progressed = Callable[[TableName, int], None]  # rows written so far
 def resolve_tables(address: SourceAddress, patterns: list[str],
                    capture: CaptureFilter = EVERY_USER_TABLE) -> list[TableName]:
     """``db.table`` and ``db.*`` patterns as table names (in the order given): the tables the
-    service captures (a named one it does not is an error; ``mysql.*`` is no table)."""
+    service captures (a named one it does not is an error; ``mysql.*`` is no table). A name
+    holding a dot, a comma or a space is quoted as in the protocol (``shop.`v1.2```)."""
     from cdcserver.replication import source as source_sql
 
     names: list[TableName] = []
     conn = source_sql.connect(address)
     try:
         for pattern in patterns:
-            database, dot, table = pattern.partition(".")
-            if not dot or not database or not table:
-                raise SourceError(f"expected db.table or db.*, not {pattern!r}")
-            if table == "*":
+            database, table = _table_or_all(pattern)
+            if table is None:
                 rows = source_sql.query(
                     conn, "SELECT TABLE_NAME FROM information_schema.TABLES WHERE "
                     "TABLE_SCHEMA = %s AND TABLE_TYPE = 'BASE TABLE' ORDER BY TABLE_NAME",
@@ -106,6 +106,18 @@ def require_captured(table: TableName, capture: CaptureFilter) -> None:
     why = capture.why_not(table)
     if why is not None:
         raise SourceError(f"{table} is not captured: {why}")
+
+
+def _table_or_all(pattern: str) -> tuple[str, str | None]:
+    """``(db, table)``, or ``(db, None)`` for ``db.*``; SourceError for anything else."""
+    try:
+        refs = parse_start_dump(pattern)
+    except ProtocolError as exc:
+        raise SourceError(f"expected db.table or db.*, not {pattern!r}: {exc.message}") \
+            from None
+    if len(refs) != 1:
+        raise SourceError(f"expected db.table or db.*, not {pattern!r}")
+    return refs[0]
 
 
 def resolve_refs(address: SourceAddress, refs: list[tuple[str, str | None]],

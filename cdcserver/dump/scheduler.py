@@ -41,7 +41,7 @@ from cdcserver.dump.dumper import (
 from cdcserver.replication.sources import Sources
 from cdcserver.store.catalog import Catalog
 from cdcserver.store.naming import dump_stem
-from mariadb_cdc_client.format.names import table_ref
+from mariadb_cdc_client.format.names import split_list, table_ref
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class DumpScheduler:
         self.sources = Sources.of(address)
         self.data_dir = data_dir
         self.catalog = catalog
-        self.patterns = [p.strip() for p in config.tables.split(",") if p.strip()]
+        self.patterns = split_list(config.tables)
         self.runs = 0
         self.running = False  # a dump is being taken
         self.progress: dict[TableName, TableProgress] = {}

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from cdcserver.core.names import TableName
 from mariadb_cdc_client.format.schema import Field, Kind, datetime_text, to_json_text
 from mariadb_cdc_client.format.wire import Dialect
 
@@ -130,8 +131,23 @@ def safe_strings(text: str, in_string: bool, recent: str = "") -> tuple[str, str
     return "".join(out), recent
 
 
+_RENAMES = ("renamed_from", "renamed_to")
+
+
+def _renames_as_references(avsc: dict[str, Any]) -> dict[str, Any]:
+    """A version a rename made names the other table as a reference a client can request;
+    one stored by 0.1.0 has it unquoted (``shop.my table``), and says so now as later ones
+    do (``shop.`my table```)."""
+    ddl = avsc.get("ddl")
+    if not isinstance(ddl, dict) or not any(ddl.get(k) for k in _RENAMES):
+        return avsc
+    ddl = {k: TableName.from_ref(v).ref() if k in _RENAMES and v else v for k, v in ddl.items()}
+    return {**avsc, "ddl": ddl}
+
+
 def schema_line(avsc: dict[str, Any], fields: tuple[Field, ...], dialect: Dialect) -> bytes:
     """The schema line JSON mode sends first for a version (compact, as MaxScale 2.5+)."""
+    avsc = _renames_as_references(avsc)
     if dialect == Dialect.EXACT:
         return json.dumps(avsc, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
     text = json.dumps(maxscale_schema(avsc, fields), separators=(",", ":"), ensure_ascii=False)

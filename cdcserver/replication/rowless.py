@@ -159,7 +159,7 @@ class CascadeFinder:
             how = "REPLACE" if kind == RowsKind.INSERT else verb
             markers.append(Rowless(
                 child.database, child.table,
-                f"ON {verb} {action.upper()} of {parent} ({how} of {len(values)} rows)",
+                f"ON {verb} {action.upper()} of {parent.ref()} ({how} of {len(values)} rows)",
                 tuple(fk.columns), tuple(values), self._layout(child, mapped), edges))
         return markers
 

@@ -157,3 +157,18 @@ def test_other_commands_name_the_cause():
 def test_an_error_line_keeps_the_spaces_of_a_name_it_quotes():
     assert error_line(Code.NO_FILE, "unknown table `a  b`.t\nsecond line") == \
         b"ERR NO-FILE unknown table `a  b`.t second line\n"
+
+
+def test_scheduled_dump_patterns_take_quoted_names():
+    """``[dump] tables`` and ``cdcserver dump``'s tables: references as the protocol writes
+    them, ``db.*`` every table, a quoted ``*`` the table of that name."""
+    from cdcserver.core.errors import SourceError
+    from cdcserver.dump.dumper import _table_or_all
+    from mariadb_cdc_client.format.names import split_list
+
+    patterns = split_list("shop.*, `shop.v1`.t,shop.`a,b`, shop.`*`")
+    assert [_table_or_all(p) for p in patterns] == [
+        ("shop", None), ("shop.v1", "t"), ("shop", "a,b"), ("shop", "*")]
+    for bad in ("shop", "shop.v1.t", "a.b c.d"):
+        with pytest.raises(SourceError, match="expected db.table or db.*"):
+            _table_or_all(bad)
