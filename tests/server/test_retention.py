@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import json
 import os
 import socket
@@ -210,6 +211,10 @@ async def test_the_cleaner_never_deletes_a_dump_being_sent_and_deletes_it_after(
     assert [d.name for d in list_dumps(retaining.service.config.store.data_dir)] == [new.name]
 
 
+def _new_dump(data_dir: str, seen: set[str]) -> bool:
+    return bool({d.name for d in list_dumps(data_dir)} - seen)
+
+
 @pytest.mark.mariadb
 async def test_dumps_asked_for_without_end_are_kept_to_the_policy_as_they_complete(
         retaining: RunningService, source: Source):
@@ -225,9 +230,8 @@ async def test_dumps_asked_for_without_end_are_kept_to_the_policy_as_they_comple
     for _ in range(4):
         reply = json.loads(await reply_to(retaining.port, f"START-DUMP `{source.database}`.big"))
         assert reply["started"] == [f"{source.database}.big"], reply
-        await asyncio.to_thread(
-            wait_until, lambda: {d.name for d in list_dumps(data_dir)} - seen, 60,
-            "the dump asked for")
+        await asyncio.to_thread(wait_until, functools.partial(_new_dump, data_dir, set(seen)),
+                                60, "the dump asked for")
         seen |= {d.name for d in list_dumps(data_dir)}
         await asyncio.to_thread(wait_until, lambda: len(list_dumps(data_dir)) == 1, 10,
                                 "the older dumps to be deleted")

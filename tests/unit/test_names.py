@@ -170,5 +170,5 @@ def test_scheduled_dump_patterns_take_quoted_names():
     assert [_table_or_all(p) for p in patterns] == [
         ("shop", None), ("shop.v1", "t"), ("shop", "a,b"), ("shop", "*")]
     for bad in ("shop", "shop.v1.t", "a.b c.d"):
-        with pytest.raises(SourceError, match="expected db.table or db.*"):
+        with pytest.raises(SourceError, match=r"expected db\.table or db\.\*"):
             _table_or_all(bad)
