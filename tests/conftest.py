@@ -321,16 +321,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item
-                                  ) -> dict[str, Callable[[], asyncio.AbstractEventLoop]] | None:
+                                  ) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
     """The loop the service runs on in production (``cdcserver run`` installs uvloop): the
     tests that run the service in their own loop run it there too. uvloop says some things
     its own way (RuntimeError on a closed transport, where asyncio raises ConnectionError),
     and a test on asyncio's loop would not see what the service does with them.
     ``CDC_TEST_LOOP=asyncio`` runs them on asyncio's loop instead."""
+    asyncio_loop = {"asyncio": asyncio.new_event_loop}
     if os.environ.get("CDC_TEST_LOOP", "uvloop") == "asyncio":
-        return None
+        return asyncio_loop
     try:
         import uvloop
     except ImportError:  # not installed where cdcserver run would not use it either
-        return None
+        return asyncio_loop
     return {"uvloop": uvloop.new_event_loop}

@@ -272,7 +272,10 @@ async def slowloris(running: Listener, connections: int, auth_timeout: float) ->
     """Connections that keep sending a byte every 0.1 s without ever authenticating (empty
     lines: a byte without a newline would be a whole message, MaxScale's framing, and fail
     at once) are cut at the authentication deadline, one deadline for the whole phase, and
-    a normal client is served meanwhile."""
+    a normal client is served meanwhile. Each is cut while it is still sending, several
+    deadlines before it would stop (a deadline each byte renewed would never cut it): how
+    late past the deadline is a figure, not a bound, since the dribblers share the test's
+    loop with the server (a CI run beside the suite saw 1.9 s for a 1 s deadline)."""
     figures = Figures(f"slowloris ({connections} connections, a byte every 0.1 s)")
     raise_fd_limit(4 * connections + 256)
 
@@ -280,16 +283,19 @@ async def slowloris(running: Listener, connections: int, auth_timeout: float) ->
         reader, writer = await asyncio.open_connection("127.0.0.1", running.port)
         started = time.monotonic()
         reply = asyncio.ensure_future(reader.readline())
+        cut_while_sending = False
         try:
             for _ in range(int(auth_timeout * 10) + 50):
                 writer.write(b"\n")
                 await writer.drain()
                 await asyncio.wait({reply}, timeout=0.1)
                 if reply.done():
+                    cut_while_sending = True
                     break
         except ConnectionError:
-            pass
+            cut_while_sending = True
         cut = time.monotonic() - started
+        assert cut_while_sending, f"still not cut after {cut:.1f} s of dribbling"
         line = await asyncio.wait_for(reply, 5)
         assert line.startswith(b"ERR TIMEOUT authentication timeout"), line
         writer.close()
@@ -307,7 +313,7 @@ async def slowloris(running: Listener, connections: int, auth_timeout: float) ->
     if open_connections:  # after the reply, each is closed (a moment's linger)
         await asyncio.wait(open_connections, timeout=10)
     assert running.server.connections == 0
-    figures.survived = sum(1 for t in cut_after if t <= auth_timeout + 0.5)
+    figures.survived = len(cut_after)  # each cut while it was sending (asserted above)
     figures.notes.append(f"cut after {max(cut_after):.1f} s at most (auth timeout "
                          f"{auth_timeout:g} s)")
     assert figures.survived == connections, figures.notes
