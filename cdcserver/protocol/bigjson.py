@@ -183,12 +183,12 @@ async def _send_value(sender: _Sender, data: BlockData, big: BigValue) -> None:
 
 
 def _piece(data: BlockData, pos: int, size: int, kind: str, decoder: codecs.IncrementalDecoder,
-           escape: Callable[[str, bool], str], final: bool) -> bytes:
+           escape: Callable[[str], str], final: bool) -> bytes:
     """``size`` bytes of a value from ``pos``, as JSON text (a bytes value's hex)."""
     chunk = data.read(pos, size)
     if kind == "bytes":
         return chunk.hex().encode()
-    return escape(decoder.decode(chunk, final=final), final).encode("utf-8")
+    return escape(decoder.decode(chunk, final=final)).encode("utf-8")
 
 
 def _record(value: Any) -> dict[str, Any]:
@@ -196,12 +196,12 @@ def _record(value: Any) -> dict[str, Any]:
     return value
 
 
-def _escaper(style: JsonStyle) -> Callable[[str, bool], str]:
-    """``(piece, final) -> text``: a string given in pieces as JSON text without its quotes,
-    as the renderer writes it in the dialect."""
+def _escaper(style: JsonStyle) -> Callable[[str], str]:
+    """A string given in pieces as JSON text without its quotes, piece by piece, as the
+    renderer writes it in the dialect."""
     if style.dialect == Dialect.MAXSCALE:
         return _MaxscaleEscaper()
-    return lambda text, final: encode_basestring(text)[1:-1]
+    return lambda text: encode_basestring(text)[1:-1]
 
 
 class _MaxscaleEscaper:
@@ -211,7 +211,7 @@ class _MaxscaleEscaper:
     def __init__(self) -> None:
         self.recent = ""
 
-    def __call__(self, text: str, final: bool) -> str:
+    def __call__(self, text: str) -> str:
         body = json.dumps(text, ensure_ascii=False)[1:-1]
         out, self.recent = safe_strings(body, in_string=True, recent=self.recent)
         return out
