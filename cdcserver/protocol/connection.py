@@ -17,7 +17,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any, BinaryIO, Protocol
+from typing import BinaryIO, Protocol
 
 from cdcserver.core.config import ListenerConfig
 from cdcserver.core.names import TableName
@@ -204,7 +204,9 @@ class Connection:
                     for task in (transfer, input_task):
                         task.cancel()
                     for task in (transfer, input_task):
-                        await _ended(task, self.out)
+                        with contextlib.suppress(asyncio.CancelledError, ConnectionError,
+                                                 OSError):
+                            await task
         except FileNotFoundError:
             await self.out.reply(error_line(Code.NO_FILE, f"{dump.name} was deleted meanwhile"))
             return False
@@ -285,15 +287,3 @@ class Connection:
             return error_line(Code.STREAMING, "only CLOSE is accepted while streaming; "
                                               "closing the stream")
 
-
-async def _ended(task: asyncio.Task[Any], out: Outbox) -> None:
-    """Wait for a cancelled ``task``, taking the client's hang-up as the reason it ended:
-    uvloop says so with RuntimeError on a closed transport (a client that reset its
-    connection during a transfer is no fault of the server's)."""
-    try:
-        await task
-    except (asyncio.CancelledError, ConnectionError, OSError):
-        pass
-    except RuntimeError:
-        if not out.closing:
-            raise
