@@ -220,6 +220,7 @@ async def fuzz_sockets(running: Listener, inputs: int, seed: int, concurrency: i
     throttle = running.server.context.throttle
     throttle.limit = throttle.per_address = 1 << 30  # waits are the throttle tests' part
     before = rss_mib()
+    taken_before = _taken(running)
 
     async def run(script: list[bytes]) -> None:
         client = await RawClient.connect(running.port)
@@ -246,16 +247,29 @@ async def fuzz_sockets(running: Listener, inputs: int, seed: int, concurrency: i
         figures.inputs += sum(len(s) for s in batch)
         figures.sessions += len(batch)
         await asyncio.gather(*(run(s) for s in batch))
-    await _all_closed(running)
+    await _all_closed(running, taken_before + figures.sessions)
     figures.rss_mib = (before, rss_mib())
     return figures
 
 
-async def _all_closed(running: Listener) -> None:
-    open_connections = set(running.server._connections)
-    if open_connections:
-        await asyncio.wait(open_connections, timeout=15)
-    assert running.server.connections == 0, f"{running.server.connections} left open"
+async def _all_closed(running: Listener, taken: int, timeout: float = 60.0) -> None:
+    """The server has ``taken`` connections since it started (a loaded one may accept some
+    after their client has gone: the kernel queued them), and every one has ended."""
+    server = running.server
+    deadline = asyncio.get_running_loop().time() + timeout
+    while (server.connections or _taken(running) < taken) and \
+            asyncio.get_running_loop().time() < deadline:
+        if server.connections:
+            await asyncio.wait(set(server._connections), timeout=1.0)
+        else:
+            await asyncio.sleep(0.05)
+    assert server.connections == 0 and _taken(running) >= taken, \
+        f"{server.connections} left open; {_taken(running)} of {taken} connections taken"
+
+
+def _taken(running: Listener) -> int:
+    """Connections the server has accepted or refused since it started."""
+    return running.server.connections_total + running.server.connections_refused
 
 
 # -- the issue's inputs ---------------------------------------------------------------------

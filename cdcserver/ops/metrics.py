@@ -263,6 +263,8 @@ def _listener(listener: ListenerStats) -> Iterator[Any]:
                    "passwords tried for the user from the address)", listener.logins_delayed)
     yield _counter("cdc_logins_throttled", "logins refused unchecked (ERR THROTTLED)",
                    listener.logins_throttled)
+    yield _counter("cdc_connections_refused", "CDC protocol connections refused when they "
+                   "arrived (ERR TOO-MANY-CONNECTIONS)", listener.connections_refused)
     yield _counter("cdc_dumps_sent", "dump files sent to clients", listener.dumps_sent)
 
 

@@ -43,6 +43,7 @@ class ListenerStats:
     dumps_sent: int = 0
     logins_delayed: int = 0
     logins_throttled: int = 0
+    connections_refused: int = 0  # too many connections (ERR TOO-MANY-CONNECTIONS)
 
 
 DEFAULT_LIMITS = ListenerConfig()  # the listener's bounds: the configuration's [listener]
@@ -63,6 +64,7 @@ class CdcServer:
         self._housekeeping: asyncio.Task[None] | None = None
         self._unauthenticated: collections.Counter[str] = collections.Counter()  # by address
         self.connections_total = 0
+        self.connections_refused = 0
         self.traffic = Traffic()  # bytes and records sent, counted as they are written
         self.dumps_sent = 0
         self.dump_released = dump_released  # wakes the cleaner
@@ -83,7 +85,8 @@ class CdcServer:
         return ListenerStats(self.connections, self.connections_total,
                              self.traffic.records_sent, self.traffic.bytes_sent,
                              self.login_failures, self.dumps_sent,
-                             self.context.throttle.delayed, self.context.throttle.refused)
+                             self.context.throttle.delayed, self.context.throttle.refused,
+                             self.connections_refused)
 
     async def start(self, host: str, port: int, *, ssl: object = None) -> tuple[str, int]:
         self._server = await asyncio.start_server(
@@ -180,6 +183,7 @@ class CdcServer:
         refusal = self._refusal(address)
         if refusal is not None:
             log.warning("%s: refused: %s", peer, refusal)
+            self.connections_refused += 1
             Outbox(writer, self.traffic).last_words(error_line(Code.TOO_MANY_CONNECTIONS,
                                                                refusal))
             await _close(writer)

@@ -284,6 +284,7 @@ async def test_connection_cap(tmp_path: os.PathLike[str]):
         await second.login()
         third = await RawClient.connect(running.port)
         assert (await third.closed()).startswith(b"ERR TOO-MANY-CONNECTIONS")
+        assert running.server.stats().connections_refused == 1
         await first.close()
         await second.close()
     finally:
