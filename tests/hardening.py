@@ -198,8 +198,9 @@ async def fuzz_sockets(running: Listener, connections: int, seed: int = 7) -> Fi
 
 # -- load and abuse -----------------------------------------------------------------------
 
-async def hold_connections(running: Listener, count: int) -> Figures:
-    """``count`` clients logged in and tailing a table at once; a commit reaches every one."""
+async def hold_connections(running: Listener, count: int, patience: float = 60.0) -> Figures:
+    """``count`` clients logged in and tailing a table at once; a commit reaches every one
+    (each client waits ``patience`` seconds at most for each answer)."""
     raise_fd_limit(4 * count + 256)
     figures = Figures(f"{count:,} concurrent connections")
     clients: list[RawClient] = []
@@ -207,10 +208,10 @@ async def hold_connections(running: Listener, count: int) -> Figures:
     async def tail() -> RawClient:
         client = await RawClient.connect(running.port)
         clients.append(client)  # closed below whatever happens
-        await client.login()
+        await client.login(timeout=patience)
         await client.send(b"REQUEST-DATA shop.items\n")
         for _ in range(3):
-            await client.json_line(timeout=60)
+            await client.json_line(timeout=patience)
         return client
 
     try:
@@ -218,7 +219,7 @@ async def hold_connections(running: Listener, count: int) -> Figures:
         assert running.server.connections == count
         figures.tried = count
         await running.commit_rows((100, "to everyone"))
-        got = await asyncio.gather(*(c.json_line(timeout=60) for c in tailing))
+        got = await asyncio.gather(*(c.json_line(timeout=patience) for c in tailing))
         figures.survived = sum(1 for g in got if g["id"] == 100)
         figures.lost = count - figures.survived
     finally:

@@ -74,15 +74,16 @@ class RawClient:
         return data
 
     async def login(self, fmt: str = "JSON", user: str = USER, password: str = PASSWORD,
-                    dialect: str | None = None) -> None:
+                    dialect: str | None = None, timeout: float = 10.0) -> None:
         """Authenticate and register the way MaxScale's cdc.py does: one write each, no newline
-        (``dialect``: ask for a JSON dialect, an extension; None: the server's default)."""
+        (``dialect``: ask for a JSON dialect, an extension; None: the server's default;
+        ``timeout``: for each answer)."""
         await self.send(auth_message(user, password))
-        answer = await self.line()
+        answer = await self.line(timeout)
         assert answer == b"OK\n", f"the login was answered {answer!r}"
         extension = f", DIALECT={dialect}" if dialect else ""
         await self.send(f"REGISTER UUID=test-client, TYPE={fmt}{extension}".encode())
-        answer = await self.line()
+        answer = await self.line(timeout)
         assert answer == b"OK\n", f"REGISTER was answered {answer!r}"
 
     async def close(self) -> None:

@@ -44,16 +44,14 @@ async def test_fuzzed_bytes_over_real_sockets(running):
 
 
 async def test_a_thousand_concurrent_connections_all_get_a_commit(tmp_path):
-    # The service's own timeouts (10 s to log in, 600 s idle), not the shorter ones of the
-    # other scenarios: a thousand clients in one test process on a busy machine can take
-    # more than 5 s between a login and its REQUEST-DATA (a fresh run's unit tier, beside
-    # the suite at a lower priority, was hung up on as idle). What is asserted is that every
-    # connection gets the commit.
-    defaults = ListenerConfig()
-    running = await hardening.listener(str(tmp_path), auth_timeout=defaults.auth_timeout,
-                                       idle_timeout=defaults.idle_timeout)
+    # What is asserted is that every connection gets the commit, not how soon: the deadlines
+    # (the server's login and idle ones, each client's for an answer) are far above the time
+    # this takes (about a second alone). Beside the suite at a lower priority (the other-day
+    # tier) or beside stress-ng it takes thirty times that, and the service's default login
+    # deadline (10 s) and a client's waiting 10 s for its login's answer were both reached.
+    running = await hardening.listener(str(tmp_path), auth_timeout=600.0, idle_timeout=600.0)
     try:
-        figures = await hardening.hold_connections(running, 1_000)
+        figures = await hardening.hold_connections(running, 1_000, patience=300.0)
     finally:
         await running.server.stop()
         running.store.close()
