@@ -257,7 +257,10 @@ async def items_exactly_once(bootstrap: str, source: Source, written: int) -> in
     of id within each partition (ids grow with the GTIDs); returns how many messages."""
     changes = await committed_changes(bootstrap, source, ("items",))
     ids = [c.after["id"] for c in changes if c.after is not None]
-    assert written > 0 and len(ids) == len(set(ids)), "a row was published twice"
+    if written > 0 and len(ids) != len(set(ids)):
+        raise AssertionError("a row was published twice:\n" + _twice(changes) + "\n" +
+                             await _state_records(bootstrap, f"{source.database}.state"))
+    assert written > 0
     missing = sorted(set(range(1, written + 1)) - set(ids))
     assert not missing and set(ids) <= set(range(1, written + 1)), \
         f"{len(missing)} rows missing of {written} (first {missing[:10]}), " \
@@ -268,6 +271,48 @@ async def items_exactly_once(bootstrap: str, source: Source, written: int) -> in
             by_partition.setdefault(c.partition, []).append(c.after["id"])
     assert all(p == sorted(p) for p in by_partition.values()), "out of order"
     return len(ids)
+
+
+def _twice(changes: list[KafkaChange]) -> str:
+    """The first rows read twice: where each copy is, and its source transaction."""
+    copies: dict[int, list[KafkaChange]] = {}
+    for c in changes:
+        if c.after is not None:
+            copies.setdefault(c.after["id"], []).append(c)
+    twice = [found for found in copies.values() if len(found) > 1]
+    return f"{len(twice)} rows twice; the first:\n" + "\n".join(
+        "  id " + str(found[0].after["id"]) + ": " + ", ".join(  # type: ignore[index]
+            f"partition {c.partition} offset {c.offset} ({c.gtid})" for c in found)
+        for found in twice[:5])
+
+
+async def _state_records(bootstrap: str, topic: str) -> str:
+    """The exactly-once sink's state topic as a read_committed consumer and a
+    read_uncommitted one see it (their last records): which commits the brokers hold, and
+    records of transactions not committed (an offset only the second lists)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    described = []
+    for isolation in ("read_committed", "read_uncommitted"):
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation,
+                                    enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tp = TopicPartition(topic, 0)
+            consumer.assign([tp])
+            end = (await consumer.end_offsets([tp]))[tp]
+            consumer.seek(tp, max(end - 200, 0))
+            records = []
+            async with asyncio.timeout(30):
+                while await consumer.position(tp) < end:
+                    batch = await consumer.getmany(tp, timeout_ms=1000)
+                    records += batch.get(tp, [])
+        finally:
+            await consumer.stop()
+        described.append(f"{topic} {isolation}, end {end}, its last records:\n" + "\n".join(
+            f"  {r.offset}: {r.value.decode()[:160] if r.value else None}"
+            for r in records[-8:]))
+    return "\n".join(described)
 
 
 async def rewinds_once_caught_up(running: Any, source: Source, timeout: float) -> int:
@@ -337,5 +382,21 @@ async def broker_outage(broker: Any, source: Source, users_file: str, data_dir: 
     finally:
         writer.stop()
         await running.stop()
-    messages = await items_exactly_once(broker.bootstrap, source, writer.written)
+    try:
+        messages = await items_exactly_once(broker.bootstrap, source, writer.written)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_transaction_lines(broker.log_files())}") from None
     return Outage(away, writer.written, messages, rewinds)
+
+
+def _transaction_lines(paths: list[str], last: int = 40) -> str:
+    """The brokers' last warnings and errors, and what their transaction coordinators said
+    after starting."""
+    lines = []
+    for path in paths:
+        with open(path, errors="replace") as f:
+            lines += [f"  {path.rsplit('/', 1)[-1]}: {line.rstrip()[:300]}" for line in f
+                      if " WARN " in line or " ERROR " in line or
+                      ("TransactionCoordinator" in line and "Elected" not in line)]
+    return "the brokers' warnings and transaction coordinators (last lines):\n" + \
+        "\n".join(lines[-last:])
