@@ -33,7 +33,7 @@ from mariadb_cdc_client.format.names import table_ref
 from mariadb_cdc_client.format.schema import METADATA_FIELDS, Field, Kind, fields_from_schema
 
 METADATA = StructType([
-    StructField("domain", IntegerType(), False),
+    StructField("domain", LongType(), False),  # unsigned 32-bit, as server_id
     StructField("server_id", LongType(), False),
     StructField("sequence", LongType(), False),
     StructField("event_number", IntegerType(), False),

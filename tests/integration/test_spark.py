@@ -48,7 +48,7 @@ async def test_a_batch_read_has_the_metadata_and_typed_columns(
     types, rows = await asyncio.to_thread(_batch, spark,
                                           _options(cdc, f"{source.database}.typed"))
     assert types == {
-        "domain": "int", "server_id": "bigint", "sequence": "bigint", "event_number": "int",
+        "domain": "bigint", "server_id": "bigint", "sequence": "bigint", "event_number": "int",
         "timestamp": "bigint", "event_type": "string", "_table": "string", "_version": "int",
         "id": "int", "big": "bigint", "ubig": "decimal(20,0)", "price": "decimal(10,2)",
         "name": "string", "raw": "binary", "d": "date", "dtm": "timestamp_ntz",

@@ -102,7 +102,7 @@ def test_the_gtid_numbers_past_the_signed_range_come_out_unsigned(
         decoder: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """MariaDB's domain and server_id are unsigned 32-bit, the sequence 64-bit; the store
     keeps them in Avro's signed int and long. A version's own schema (read_arrow) reads them
-    as uint32/uint64, Spark's (server_id a bigint) as the unsigned number too."""
+    as uint32/uint64, Spark's (domain and server_id bigints) as the unsigned number too."""
     monkeypatch.setattr(core, "decode", getattr(core, decoder))
     big = [{**r, "domain": -1, "server_id": -2, "sequence": -3} for r in RECORDS]
     header, blocks = stored_blocks(fastavro.parse_schema(AVSC), big, "null", sync_interval=1)
@@ -113,3 +113,4 @@ def test_the_gtid_numbers_past_the_signed_range_come_out_unsigned(
     spark = arrow.BatchMaker(table_schema([AVSC]), AVSC, header, "null")(blocks, Trim())
     assert spark is not None
     assert spark.column("server_id").to_pylist() == [2**32 - 2, 2**32 - 2]
+    assert spark.column("domain").to_pylist() == [2**32 - 1, 2**32 - 1]
