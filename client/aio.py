@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from mariadb_cdc_client.endpoints import Endpoints
-from mariadb_cdc_client.format.dump import DumpDecoder, DumpHeader, DumpRows
+from mariadb_cdc_client.format.dump import DumpDecoder, DumpHeader, DumpRows, dump_reply
 from mariadb_cdc_client.format.keepalive import DEAD_SERVER_TIMEOUT, end_silent_peers
 from mariadb_cdc_client.format.names import Table, TableRef, as_table
 from mariadb_cdc_client.format.wire import (
@@ -167,9 +167,7 @@ class CdcConnection:
     async def request_dump(self, request: DumpRequest) -> tuple[int, str]:
         """Send REQUEST-DUMP; returns (size, name). Exactly ``size`` bytes of the file follow
         (read them with :meth:`read_dump`), then, with FOLLOW, the change stream."""
-        reply = await self.command(request.line().encode(), self.timeout)
-        size, _, name = reply.partition(" ")
-        return int(size), name
+        return dump_reply(await self.command(request.line().encode(), self.timeout))
 
     async def read_dump(self, size: int) -> AsyncIterator[bytes]:
         remaining = size

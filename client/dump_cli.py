@@ -5,7 +5,9 @@ with a progress bar and its checksum checked; with ``--new``, taken first; with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
 
@@ -117,15 +119,28 @@ def _save_dump(conn: SyncCdcConnection, args: argparse.Namespace) -> tuple[DumpH
     from tqdm import tqdm
 
     size, name = conn.request_dump(DumpRequest(args.TARGET, args.follow))
-    path = args.output or name
+    path = args.output or name  # (a dump's name: request_dump refuses any other)
+    # Written beside and renamed to ``path`` once whole and its checksum matches, unless
+    # ``path`` is not a file (-o /dev/null, a pipe): then written to as it is
+    regular = not os.path.exists(path) or os.path.isfile(path)
+    partial = f"{path}.part" if regular else path
     decoder = DumpDecoder()
     show = sys.stderr.isatty() if args.progress is None else args.progress
-    with open(path, "wb") as out, tqdm(total=size, unit="B", unit_scale=True,
-                                       unit_divisor=1024, desc=name, disable=not show,
-                                       file=sys.stderr) as bar:
-        for data in conn.read_dump(size):
-            out.write(data)
-            for _ in decoder.feed(data):
-                pass
-            bar.update(len(data))
-    return decoder.finish(), path
+    try:
+        with open(partial, "wb") as out, tqdm(total=size, unit="B", unit_scale=True,
+                                              unit_divisor=1024, desc=name,
+                                              disable=not show, file=sys.stderr) as bar:
+            for data in conn.read_dump(size):
+                out.write(data)
+                for _ in decoder.feed(data):
+                    pass
+                bar.update(len(data))
+        header = decoder.finish()
+    except BaseException:
+        if regular:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
+        raise
+    if regular:
+        os.replace(partial, path)
+    return header, path

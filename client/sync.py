@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from mariadb_cdc_client.endpoints import Endpoints
-from mariadb_cdc_client.format.dump import DumpDecoder, DumpHeader, DumpRows
+from mariadb_cdc_client.format.dump import DumpDecoder, DumpHeader, DumpRows, dump_reply
 from mariadb_cdc_client.format.keepalive import DEAD_SERVER_TIMEOUT, end_silent_peers
 from mariadb_cdc_client.format.names import Table, TableRef, as_table
 from mariadb_cdc_client.format.wire import (
@@ -189,8 +189,7 @@ class SyncCdcConnection:
     def request_dump(self, request: DumpRequest) -> tuple[int, str]:
         """Send REQUEST-DUMP; returns (size, name). Exactly ``size`` bytes of the file follow
         (:meth:`read_dump`), then, with FOLLOW, the change stream."""
-        size, _, name = self.command(request.line().encode()).partition(" ")
-        return int(size), name
+        return dump_reply(self.command(request.line().encode()))
 
     def read_dump(self, size: int) -> Iterator[bytes]:
         remaining = size

@@ -32,6 +32,7 @@ import binascii
 import datetime as dt
 import hashlib
 import json
+import re
 import struct
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -271,7 +272,34 @@ class _OperationParser:
 
 
 class DumpError(ValueError):
-    """A dump that is truncated or does not match its checksum."""
+    """A dump that is truncated or does not match its checksum, or a server's answer that
+    is not a dump."""
+
+
+# A dump's name as the service writes it (protocol.md, REQUEST-DUMP): each name's characters
+# outside [A-Za-z0-9_$-] escaped as @ and four hex digits (a long one shortened with ~), so
+# it holds no path separator and is never a hidden file's name.
+DUMP_NAME = re.compile(r"[A-Za-z0-9_$@~-]+\.[A-Za-z0-9_$@~-]+\.[0-9]{8}T[0-9]{6}-[0-9]{6}Z\.dump")
+MAX_DUMP_BYTES = 1 << 62
+
+
+def dump_reply(text: str) -> tuple[int, str]:
+    """(bytes, name) of REQUEST-DUMP's ``OK <bytes> <name>``. The name is the file a client
+    saves it as by default, so anything but a dump's name is refused: a server must not
+    choose where a client writes (``../../.bashrc``)."""
+    size, _, name = text.partition(" ")
+    if not size.isascii() or not size.isdigit() or int(size) > MAX_DUMP_BYTES:
+        raise DumpError(f"the server's answer to REQUEST-DUMP is not OK <bytes> <name>: "
+                        f"{_shown(text)}")
+    if len(name) > 255 or not DUMP_NAME.fullmatch(name):
+        raise DumpError(f"the server named the dump {_shown(name)}, which is not a dump's "
+                        "name (db.table.YYYYmmddTHHMMSS-ffffffZ.dump)")
+    return int(size), name
+
+
+def _shown(text: str, limit: int = 120) -> str:
+    """``text`` quoted for a message, escaped and cut."""
+    return ascii(text[:limit]) + ("..." if len(text) > limit else "")
 
 
 class _Digest:
@@ -304,6 +332,13 @@ class _Digest:
         return self._sha.hexdigest()
 
 
+def _header(line: bytes) -> DumpHeader:
+    try:
+        return DumpHeader.from_json(json.loads(line))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise DumpError(f"the dump's first line is not a dump header ({exc!r:.200})") from None
+
+
 class DumpDecoder:
     """Sans-IO: feed a dump's bytes, get the header and then the operations; ``finish()``
     checks that the body was whole and matches the header's checksum."""
@@ -324,7 +359,7 @@ class DumpDecoder:
             line = bytes(self._buffer[:newline])
             del self._buffer[: newline + 1]
             if self.header is None:
-                self.header = DumpHeader.from_json(json.loads(line))
+                self.header = _header(line)
                 self._parser = _OperationParser(self.header)
                 self._digest.update(self._buffer)  # the body bytes already here
                 yield self.header
