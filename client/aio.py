@@ -35,7 +35,12 @@ from mariadb_cdc_client.format.wire import (
 from mariadb_cdc_client.login import Auth, ScramLogin, scram_login
 from mariadb_cdc_client.reconnect import DELAYS, FAILURES, Reconnect
 from mariadb_cdc_client.resume import Resume
-from mariadb_cdc_client.stream import AvroStreamDecoder, Event, JsonStreamDecoder
+from mariadb_cdc_client.stream import (
+    AvroStreamDecoder,
+    Event,
+    JsonStreamDecoder,
+    holds_records,
+)
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +273,8 @@ class CdcClient:
                 request = None  # already streaming
             try:
                 async for batch in conn.request_batches(request):
-                    policy.received()
+                    if holds_records(batch):
+                        policy.received()
                     accepted = resume.accepted(batch)
                     if accepted:
                         yield accepted

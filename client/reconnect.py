@@ -4,7 +4,9 @@
 follow a stream across failures the same way: a failed or dropped connection moves to the
 next instance at once (:mod:`mariadb_cdc_client.endpoints`); once every instance has failed
 in a row, the client waits before the next round, ``retry_delays`` one after the other (the
-last one repeated); a record received starts the count again; after ``max_retries`` failures
+last one repeated); a record received starts the count again (a schema alone does not: a
+quarantined table's stream is its schema and then ``ERR QUARANTINED``, and a server failing
+after its schema would have its clients back ten times a second); after ``max_retries`` failures
 in a row (None: never) the failure is the caller's. An error the server says is final (a
 wrong password, an unknown table) is the caller's at once, but for one: a table this stream
 has had records of that the server no longer knows (``NO-FILE``) is asked for again, for

@@ -99,6 +99,11 @@ class ChangeRecord:
 
 
 Event = SchemaChange | ChangeRecord
+
+
+def holds_records(batch: list[Event]) -> bool:
+    """Whether a decoder's batch holds records (not only a schema)."""
+    return any(not isinstance(event, SchemaChange) for event in batch)
 REPAIR_KEY = "cdc:repair"  # in JSON mode, on a record a repair added (protocol.md)
 
 

@@ -36,7 +36,12 @@ from mariadb_cdc_client.format.wire import (
 from mariadb_cdc_client.login import Auth, ScramLogin, scram_login
 from mariadb_cdc_client.reconnect import DELAYS, FAILURES, Reconnect
 from mariadb_cdc_client.resume import Resume
-from mariadb_cdc_client.stream import AvroStreamDecoder, Event, JsonStreamDecoder
+from mariadb_cdc_client.stream import (
+    AvroStreamDecoder,
+    Event,
+    JsonStreamDecoder,
+    holds_records,
+)
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +286,8 @@ class SyncCdcClient:
                     request = DataRequest(database, name, *resume.request())
                 try:
                     for batch in conn.request_batches(request, idle_timeout):
-                        policy.received()
+                        if holds_records(batch):
+                            policy.received()
                         yield from resume.accepted(batch)
                     return
                 finally:

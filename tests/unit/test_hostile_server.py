@@ -1,0 +1,157 @@
+"""The client library and the `cdc` command against a server that lies: a dump's name that is
+a path, a size that is not one, text full of terminal escapes, a schema and then an error
+over and over. The real service never sends these, so a small server here plays the hostile
+one (a stand-in by necessity: what is tested is the client's defence). It accepts any
+MaxScale login (it refuses SCRAM, as MaxScale does), REGISTER, then answers the first command
+with the scenario's bytes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mariadb_cdc_client.format.dump import DumpError
+from mariadb_cdc_client.sync import SyncCdcClient
+
+SCHEMA = (b'{"namespace":"MaxScaleChangeDataSchema.avro","type":"record","name":"ChangeRecord",'
+          b'"database":"db","table":"t","version":1,"gtid":"0-1-1","fields":['
+          b'{"name":"domain","type":"int"},{"name":"server_id","type":"int"},'
+          b'{"name":"sequence","type":"long"},{"name":"event_number","type":"int"},'
+          b'{"name":"timestamp","type":"long"},{"name":"event_type","type":{"type":"enum",'
+          b'"name":"EVENT_TYPES","symbols":["insert","update_before","update_after","delete"]}},'
+          b'{"name":"id","type":["null","long"],"real_type":"int","length":-1}]}\n')
+
+
+class HostileServer:
+    """Answers the first command after REGISTER with ``answer``; counts them."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+        self.answered = 0
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self._stop = False
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        self._sock.settimeout(0.2)
+        while not self._stop:
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._session, args=(conn,), daemon=True).start()
+
+    def _session(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(10)
+            try:
+                while True:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    if data.startswith(b"AUTH SCRAM"):
+                        conn.sendall(b"ERR UNKNOWN-COMMAND\n")
+                    elif data.startswith((b"REQUEST-", b"LIST-", b"QUERY-")):
+                        self.answered += 1
+                        conn.sendall(self.answer)
+                        return
+                    else:
+                        conn.sendall(b"OK\n")  # a MaxScale login (hex), REGISTER
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._stop = True
+        self._sock.close()
+
+
+@pytest.fixture
+def hostile() -> Iterator[type[HostileServer]]:
+    servers: list[HostileServer] = []
+
+    def start(answer: bytes) -> HostileServer:
+        server = HostileServer(answer)
+        servers.append(server)
+        return server
+
+    yield start  # type: ignore[misc]
+    for server in servers:
+        server.close()
+
+
+def cdc(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    command = os.path.join(os.path.dirname(sys.executable), "cdc")
+    return subprocess.run([command, *args], capture_output=True, text=True, timeout=60,
+                          cwd=cwd, check=False)
+
+
+def clean_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1, result
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.stderr
+
+
+@pytest.mark.parametrize("name", ["../../escaped.dump", "{tmp}/absolute.dump", ".bashrc",
+                                  "db.t.20261121T093000-123456Z.dump/../../x"])
+def test_a_dump_name_that_is_a_path_is_refused_and_nothing_is_written(
+        hostile, tmp_path: Path, name: str):
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    server = hostile(f"OK 10 {name.format(tmp=tmp_path)}\n".encode() + b"PWNED1234\n")
+    error = clean_error(cdc("dump", "db.t", "--port", str(server.port), "-u", "u", "-p", "p",
+                            cwd=work))
+    assert "not a dump's name" in error
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+@pytest.mark.parametrize("reply", ["OK abc db.t.20261121T093000-123456Z.dump", "OK",
+                                   "OK -5 db.t.20261121T093000-123456Z.dump"])
+def test_a_dump_reply_without_a_size_is_a_clear_error(hostile, tmp_path: Path, reply: str):
+    server = hostile(reply.encode() + b"\n")
+    error = clean_error(cdc("dump", "db.t", "--port", str(server.port), "-u", "u", "-p", "p",
+                            cwd=tmp_path))
+    assert "not OK <bytes> <name>" in error
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dump_whose_header_is_not_one_is_a_clear_error_and_leaves_no_file(
+        hostile, tmp_path: Path):
+    body = b'{"database": "db"}\nrest\n'
+    name = "db.t.20261121T093000-123456Z.dump"
+    server = hostile(f"OK {len(body)} {name}\n".encode() + body)
+    error = clean_error(cdc("dump", "db.t", "--port", str(server.port), "-u", "u", "-p", "p",
+                            cwd=tmp_path))
+    assert "not a dump header" in error
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_library_refuses_the_name_too(hostile, tmp_path: Path):
+    server = hostile(b"OK 10 ../../x\nPWNED1234\n")
+    client = SyncCdcClient("127.0.0.1", server.port, "u", "p")
+    with pytest.raises(DumpError, match="not a dump's name"):
+        client.fetch_dump("db.t", str(tmp_path / "out.dump"))
+
+
+def test_a_schema_then_an_error_backs_off_and_max_retries_holds(hostile):
+    """A quarantined table's stream (MaxScale's clients see the same): its schema, then ERR
+    QUARANTINED, a retriable error. A schema alone is not a record: the failures count on,
+    the waits grow, and max_retries ends it."""
+    server = hostile(SCHEMA + b"ERR QUARANTINED the table is being resynced\n")
+    client = SyncCdcClient("127.0.0.1", server.port, "u", "p", max_retries=3)
+    started = time.monotonic()
+    with pytest.raises(Exception, match="QUARANTINED"):
+        for _ in client.stream("db.t"):
+            pass
+    assert server.answered == 4  # the first request and three more
+    assert time.monotonic() - started >= 0.1 + 0.5 + 1  # DELAYS' first three waits
