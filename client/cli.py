@@ -55,6 +55,7 @@ from mariadb_cdc_client.cli_connection import (
     EXIT_OK,
     EXIT_USAGE,
     answered,
+    complain,
     connection_options,
     copy_stream,
     open_connection,
@@ -138,29 +139,29 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return COMMANDS[argv[0]].run(argv[1:])
         except MissingExtra as exc:
-            print(f"cdc: {exc}", file=sys.stderr)
+            complain(f"{exc}")
             return EXIT_USAGE
     mistyped = _mistyped_command(argv[0]) if argv else None
     if mistyped:
-        print(f"cdc: {mistyped}", file=sys.stderr)
+        complain(f"{mistyped}")
         return EXIT_USAGE
     args = _stream_parser().parse_args(argv)
     try:
         request = parse_request_data(f"{args.FILE} {args.GTID or ''}")
     except ProtocolError as exc:
-        print(f"cdc: {_mistyped_command(args.FILE) or exc.message}", file=sys.stderr)
+        complain(f"{_mistyped_command(args.FILE) or exc.message}")
         return EXIT_USAGE
     try:
         several = len(Endpoints.of(args.host, args.port).all) > 1
     except ValueError as exc:
-        print(f"cdc: {exc}", file=sys.stderr)
+        complain(f"{exc}")
         return EXIT_USAGE
     if several and args.format == "JSON" and not request.until:
         return _follow_instances(args, request)
     try:
         conn = open_connection(args)
     except (ProtocolError, OSError, ValueError) as exc:
-        print(f"cdc: {exc}", file=sys.stderr)
+        complain(f"{exc}")
         return EXIT_ERROR
     try:
         return copy_stream(conn, request, args.timeout)
@@ -210,7 +211,7 @@ def _follow_instances(args: argparse.Namespace, request: DataRequest) -> int:
                                           format=Format.JSON, ssl=tls,
                                           timeout=args.timeout or 10.0, auth=args.auth)
         except ProtocolError as exc:
-            print(f"cdc: {exc}", file=sys.stderr)
+            complain(f"{exc}")
             return EXIT_ERROR
         except OSError as exc:
             failure: Exception = exc
@@ -218,7 +219,7 @@ def _follow_instances(args: argparse.Namespace, request: DataRequest) -> int:
             try:
                 failure, printed = _print_new_lines(conn, request, resume, out, args.timeout)
             except ProtocolError as exc:
-                print(f"cdc: {exc}", file=sys.stderr)
+                complain(f"{exc}")
                 return EXIT_ERROR
             except _Quiet:
                 return EXIT_OK
@@ -231,11 +232,10 @@ def _follow_instances(args: argparse.Namespace, request: DataRequest) -> int:
         if endpoints.failed():
             delay = delays[min(rounds, len(delays) - 1)]
             rounds += 1
-            print(f"cdc: {tried}: {failure}; retrying in {delay:.1f}s", file=sys.stderr)
+            complain(f"{tried}: {failure}; retrying in {delay:.1f}s")
             time.sleep(delay)
         else:
-            print(f"cdc: {tried}: {failure}; continuing on {endpoints.describe()}",
-                  file=sys.stderr)
+            complain(f"{tried}: {failure}; continuing on {endpoints.describe()}")
 
 
 class _Quiet(Exception):

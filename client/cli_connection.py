@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import ssl
 import sys
 from collections.abc import Callable
@@ -15,6 +16,25 @@ from mariadb_cdc_client.login import Auth
 from mariadb_cdc_client.sync import SyncCdcConnection
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+# What a terminal would act on rather than show: control characters (escape sequences that
+# clear the screen or set the window's title, carriage returns and backspaces that overwrite
+# what was printed, newlines that forge lines) and the marks that reorder text
+_UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+SHOWN_MAX = 2000  # characters of a message shown
+
+
+def shown(text: str, limit: int = SHOWN_MAX) -> str:
+    """``text`` (a server's error, a name it sent) as it is safe to print on a terminal:
+    control characters escaped (``\\x1b``), and cut to ``limit`` characters."""
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text) - limit} more characters)"
+    return _UNSAFE.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
+def complain(message: object) -> None:
+    """``cdc: <message>`` on stderr, shown safely (:func:`shown`)."""
+    print(f"cdc: {shown(str(message))}", file=sys.stderr)
 
 
 def connection_options(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +79,7 @@ def open_connection(args: argparse.Namespace) -> SyncCdcConnection:
             tried = endpoints.describe()
             if endpoints.failed():
                 raise
-            print(f"cdc: {tried}: {exc}; trying {endpoints.describe()}", file=sys.stderr)
+            complain(f"{tried}: {exc}; trying {endpoints.describe()}")
     raise AssertionError("unreachable")
 
 
@@ -81,12 +101,12 @@ def copy_stream(conn: SyncCdcConnection, request: DataRequest | None, timeout: f
         except TimeoutError:
             return EXIT_OK
         except OSError as exc:
-            print(f"cdc: {exc}", file=sys.stderr)
+            complain(f"{exc}")
             return EXIT_ERROR
         if not data:
             return EXIT_OK
         if first and data.startswith(b"ERR"):
-            sys.stderr.write(data.decode("utf-8", "replace"))
+            print(shown(data.decode("utf-8", "replace").split("\n", 1)[0]), file=sys.stderr)
             return EXIT_ERROR
         first = False
         out.write(data)
@@ -103,6 +123,6 @@ def answered(args: argparse.Namespace, ask: Callable[[SyncCdcConnection], None])
         finally:
             conn.close()
     except (TimeoutError, ProtocolError, OSError, ValueError) as exc:
-        print(f"cdc: {exc}", file=sys.stderr)
+        complain(f"{exc}")
         return EXIT_ERROR
     return EXIT_OK

@@ -16,6 +16,7 @@ from mariadb_cdc_client.cli_connection import (
     EXIT_OK,
     EXIT_USAGE,
     answered,
+    complain,
     connection_options,
     copy_stream,
     open_connection,
@@ -40,7 +41,7 @@ def run_dumps(argv: list[str]) -> int:
         if args.TABLE:
             parse_table(args.TABLE)
     except BadTableRef as exc:
-        print(f"cdc: {exc}", file=sys.stderr)
+        complain(f"{exc}")
         return EXIT_USAGE
 
     def listed(conn: SyncCdcConnection) -> None:
@@ -72,19 +73,19 @@ def run_dump(argv: list[str]) -> int:
     try:
         conn = open_connection(args)
     except (ProtocolError, OSError, ValueError) as exc:
-        print(f"cdc: {exc}", file=sys.stderr)
+        complain(f"{exc}")
         return EXIT_ERROR
     try:
         if args.new:
             _take_new_dump(conn, args)
         header = _save_dump(conn, args)
-        print(f"cdc: saved {header[1]} ({header[0].rows} rows at GTID "
-              f"{header[0].gtid or '(none)'})", file=sys.stderr)
+        complain(f"saved {header[1]} ({header[0].rows} rows at GTID "
+                 f"{header[0].gtid or '(none)'})")
         if not args.follow:
             return EXIT_OK
         return copy_stream(conn, None, args.timeout)
     except (ProtocolError, OSError, DumpError) as exc:
-        print(f"cdc: {exc}", file=sys.stderr)
+        complain(f"{exc}")
         return EXIT_ERROR
     finally:
         conn.close()

@@ -155,3 +155,17 @@ def test_a_schema_then_an_error_backs_off_and_max_retries_holds(hostile):
             pass
     assert server.answered == 4  # the first request and three more
     assert time.monotonic() - started >= 0.1 + 0.5 + 1  # DELAYS' first three waits
+
+
+@pytest.mark.parametrize("command", [("db.t",), ("dump", "db.t"), ("dumps",)])
+def test_a_servers_error_reaches_the_terminal_escaped_and_cut(hostile, tmp_path: Path,
+                                                             command: tuple[str, ...]):
+    """Escape sequences (clear the screen, set the window's title), a carriage return that
+    would overwrite the line with another, a right-to-left override, 100,000 characters."""
+    evil = "\x1b[2J\x1b]0;owned\x07 \rcdc: saved\u202e " + "A" * 100_000
+    server = hostile(f"ERR NO-FILE {evil}\n".encode())
+    error = clean_error(cdc(*command, "--port", str(server.port), "-u", "u", "-p", "p",
+                            cwd=tmp_path))
+    assert not any(c in error[:-1] for c in "\x1b\x07\r\u202e"), error[:200]
+    assert error.count("\n") == 1 and "\\x1b[2J" in error, error[:200]
+    assert len(error) < 3000 and "more characters" in error
