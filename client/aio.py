@@ -23,6 +23,7 @@ from mariadb_cdc_client.format.keepalive import DEAD_SERVER_TIMEOUT, end_silent_
 from mariadb_cdc_client.format.names import Table, TableRef, as_table
 from mariadb_cdc_client.format.wire import (
     CLIENT_DIALECT,
+    REPLY_MAX,
     Code,
     DataRequest,
     DumpRequest,
@@ -88,7 +89,7 @@ class CdcConnection:
     async def _connected(cls, host: str, port: int, fmt: Format, ssl: Any, timeout: float
                          ) -> CdcConnection:
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, ssl=ssl, limit=1 << 24), timeout)
+            asyncio.open_connection(host, port, ssl=ssl, limit=REPLY_MAX), timeout)
         sock = writer.get_extra_info("socket")
         if sock is not None:
             end_silent_peers(sock, DEAD_SERVER_TIMEOUT)

@@ -24,6 +24,7 @@ from mariadb_cdc_client.format.keepalive import DEAD_SERVER_TIMEOUT, end_silent_
 from mariadb_cdc_client.format.names import Table, TableRef, as_table
 from mariadb_cdc_client.format.wire import (
     CLIENT_DIALECT,
+    REPLY_MAX,
     Code,
     DataRequest,
     DumpRequest,
@@ -109,11 +110,30 @@ class SyncCdcConnection:
         self.command(register.encode())
 
     def _readline(self) -> bytes:
-        while (newline := self._pending.find(b"\n")) < 0:
-            data = self.sock.recv(65536)
-            if not data:
-                raise ConnectionError("the server closed the connection")
-            self._pending += data
+        """The next reply line, within the socket's timeout for the whole line (a server
+        sending it a byte at a time is not waited for without end) and ``REPLY_MAX`` bytes
+        (as the asyncio client's)."""
+        timeout = self.sock.gettimeout()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while (newline := self._pending.find(b"\n")) < 0:
+                if len(self._pending) > REPLY_MAX:
+                    raise ValueError(f"the server's reply is longer than {REPLY_MAX} bytes "
+                                     "without its end")
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError
+                    self.sock.settimeout(left)
+                data = self.sock.recv(65536)
+                if not data:
+                    raise ConnectionError("the server closed the connection")
+                self._pending += data
+        except TimeoutError:
+            raise TimeoutError(f"the server's reply did not come whole within {timeout:g} s"
+                               ) from None
+        finally:
+            self.sock.settimeout(timeout)
         line = bytes(self._pending[: newline + 1])
         del self._pending[: newline + 1]
         return line

@@ -83,6 +83,7 @@ def error_line(code: Code, message: str) -> bytes:
 
 
 OK = b"OK\n"
+REPLY_MAX = 1 << 24  # bytes of a reply line (a login's answer, a query's JSON) a client takes
 
 
 def parse_reply(line: bytes | str) -> tuple[bool, Code | None, str]:

@@ -7,6 +7,7 @@ with the scenario's bytes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -169,3 +170,35 @@ def test_a_servers_error_reaches_the_terminal_escaped_and_cut(hostile, tmp_path:
     assert not any(c in error[:-1] for c in "\x1b\x07\r\u202e"), error[:200]
     assert error.count("\n") == 1 and "\\x1b[2J" in error, error[:200]
     assert len(error) < 3000 and "more characters" in error
+
+
+def _dripping_server(piece: bytes, every: float, pieces: int) -> tuple[int, socket.socket]:
+    """A server that answers a connection with ``pieces`` copies of ``piece``, one every
+    ``every`` seconds, never a newline, then hangs up."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            with conn:
+                for _ in range(pieces):
+                    conn.sendall(piece)
+                    time.sleep(every)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1], listener
+
+
+def test_a_login_answer_sent_a_byte_at_a_time_times_out_as_a_whole():
+    """The timeout is the answer's, not each byte's: a server dripping a byte every 0.2 s
+    for a minute held the blocking client until it stopped. TimeoutError, not the hang-up
+    that ends the drip, says the client gave up first."""
+    port, listener = _dripping_server(b"O", 0.2, 300)
+    with listener, pytest.raises(TimeoutError, match="did not come whole within 2 s"):
+        SyncCdcClient("127.0.0.1", port, "u", "p", timeout=2.0, auth="legacy").connect()
+
+
+def test_a_login_answer_without_end_is_refused_past_its_limit():
+    port, listener = _dripping_server(b"O" * (1 << 20), 0, 40)  # 40 MB, no newline
+    with listener, pytest.raises(ValueError, match="longer than 16777216 bytes"):
+        SyncCdcClient("127.0.0.1", port, "u", "p", auth="legacy").connect()
