@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import struct
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
@@ -24,6 +25,7 @@ from typing import Any
 from mariadb_cdc_client.format.avro import (
     MAGIC,
     SYNC_SIZE,
+    AvroFormatError,
     Header,
     block_at,
     decompress,
@@ -274,6 +276,17 @@ class AvroStreamDecoder:
         count, pos, end = block
         data = decompress(self._header.codec, bytes(self._buffer[pos : end - SYNC_SIZE]))
         del self._buffer[:end]
+        if count > len(data):  # every record holds its GTID: one byte at least
+            raise AvroFormatError(f"a block of {len(data)} bytes claims {count} records")
+        try:
+            return self._records(data, count)
+        except (EOFError, IndexError, struct.error, UnicodeDecodeError) as exc:
+            # a block that does not decode: the stream is corrupt, not the connection lost
+            raise AvroFormatError(f"a block of {count} records does not decode: "
+                                  f"{exc!r:.200}") from None
+
+    def _records(self, data: bytes, count: int) -> list[Event]:
+        assert self.schema is not None
         if self._compiled is not None:
             records: list[Event] | None = self._compiled.decode(data, count)
             if records is not None:

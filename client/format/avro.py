@@ -66,6 +66,14 @@ class Header:
     size: int  # bytes up to and including the sync marker
 
 
+# What a container may claim before a client has read it, so that a claim past them is an
+# error at once rather than memory waited for: a header's value (a schema: a table of 4,096
+# columns takes about 1 MB), and a block, compressed or not (a row is at most MariaDB's
+# max_allowed_packet, 1 GiB).
+MAX_HEADER_VALUE = 64 << 20
+MAX_BLOCK_BYTES = 2 << 30
+
+
 def parse_header(data: bytes | bytearray | memoryview) -> Header:
     """Parse a container header from the start of ``data`` (IndexError if it is incomplete)."""
     if bytes(data[:4]) != MAGIC[: len(data[:4])]:
@@ -86,6 +94,8 @@ def parse_header(data: bytes | bytearray | memoryview) -> Header:
             key = bytes(data[pos : pos + klen]).decode("utf-8")
             pos += klen
             vlen, pos = read_varint(data, pos)
+            if not 0 <= vlen <= MAX_HEADER_VALUE or not 0 <= klen <= MAX_HEADER_VALUE:
+                raise AvroFormatError(f"a container header claims a value of {vlen} bytes")
             if pos + vlen > len(data):
                 raise IndexError("header incomplete")
             meta[key] = bytes(data[pos : pos + vlen])
@@ -111,6 +121,9 @@ def block_at(buf: bytes | bytearray | memoryview, pos: int, sync: bytes
         return None
     if count < 0 or size < 0:
         raise AvroFormatError(f"malformed block header at byte {pos}")
+    if size > MAX_BLOCK_BYTES or count > MAX_BLOCK_BYTES:
+        raise AvroFormatError(f"a block at byte {pos} claims {size} bytes and {count} records, "
+                              f"past the {MAX_BLOCK_BYTES} a client takes")
     end = start + size + SYNC_SIZE
     if end > len(buf):
         return None
@@ -122,8 +135,13 @@ def block_at(buf: bytes | bytearray | memoryview, pos: int, sync: bytes
 def decompress(codec: str, data: bytes) -> bytes:
     if codec == "null":
         return data
-    if codec == "deflate":
-        return zlib.decompress(data, -15)
+    if codec == "deflate":  # no bigger than a block may be (a small block can inflate 1000x)
+        inflater = zlib.decompressobj(-15)
+        plain = inflater.decompress(data, MAX_BLOCK_BYTES)
+        if inflater.unconsumed_tail:
+            raise AvroFormatError(f"a block inflates past the {MAX_BLOCK_BYTES} bytes a "
+                                  "client takes")
+        return plain
     import cramjam
 
     if codec == "snappy":  # raw snappy, then a CRC32 of the uncompressed data
