@@ -10,8 +10,10 @@ client's /64), and a connection that has not sent a whole request head within
 :data:`FIRST_REQUEST` seconds is closed. When the listener is full, a new connection closes
 the one that has waited longest without sending a request (from the same address, when that
 address is at its bound), if there is one, so that idle connections cannot keep an operator
-or a probe out; else it is closed itself. What was
-turned away is logged once a minute, summed up.
+or a probe out; else the oldest connection of the address that holds the most, when that is
+more than the newcomer's address would hold, so that connections kept busy (a request every
+few seconds) from two addresses cannot either; else it is closed itself. What was turned
+away is logged once a minute, summed up.
 """
 
 from __future__ import annotations
@@ -71,14 +73,23 @@ class ConnectionGate:
                 return False
             self._make_room(oldest, close)
         elif len(self.open) >= self.total:
-            if not self.waiting:
+            oldest = next(iter(self.waiting), None) or self._biggest_holders_oldest(host)
+            if oldest is None:
                 self.refused += 1
                 return False
-            self._make_room(next(iter(self.waiting)), close)
+            self._make_room(oldest, close)
         self.open[connection] = host
         self.waiting[connection] = None
         self.hosts[host] += 1
         return True
+
+    def _biggest_holders_oldest(self, host: str) -> Any:
+        """The oldest connection of the address holding the most, when it holds more than
+        ``host`` would with one more (None: the connections are shared out evenly)."""
+        biggest, held = self.hosts.most_common(1)[0]
+        if held <= self.hosts[host] + 1:
+            return None
+        return next(c for c, h in self.open.items() if h == biggest)
 
     def _make_room(self, oldest: Any, close: Callable[[Any], None]) -> None:
         self.closed_waiting += 1
