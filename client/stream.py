@@ -149,6 +149,15 @@ class _JsonRecords:
         return ChangeRecord(schema.database, schema.table, schema.version, *fields)
 
 
+class StreamFormatError(ValueError):
+    """A JSON stream's line that is not a schema or a record of the schema before it."""
+
+
+def _not_a_record(exc: Exception) -> StreamFormatError:
+    return StreamFormatError(f"the server sent a line that is neither a schema nor a record "
+                             f"of it ({exc!r:.200})")
+
+
 class JsonStreamDecoder:
     """JSON mode: one schema or record per line. An ``ERR`` line raises ProtocolError."""
 
@@ -175,7 +184,14 @@ class JsonStreamDecoder:
         pos = 0
         while pos < len(chunk):
             if self._compiled is not None:  # the record lines it reads, up to one it leaves
-                compiled, pos = self._compiled.decode(chunk, pos)
+                try:
+                    compiled, pos = self._compiled.decode(chunk, pos)
+                except ProtocolError:
+                    raise
+                except Exception as exc:
+                    if records:
+                        yield records
+                    raise _not_a_record(exc) from exc
                 records += compiled
                 if pos >= len(chunk):
                     break
@@ -185,10 +201,13 @@ class JsonStreamDecoder:
                 continue
             try:
                 event = self._line(line)
-            except Exception:
+            except Exception as exc:
                 if records:  # delivered before the error line raises
                     yield records
-                raise
+                if isinstance(exc, ProtocolError):
+                    raise
+                raise _not_a_record(exc) from exc
+
             if isinstance(event, SchemaChange):
                 if records:
                     yield records

@@ -21,6 +21,7 @@ import pytest
 
 from mariadb_cdc_client.format.avro import AvroFormatError
 from mariadb_cdc_client.format.dump import DumpError
+from mariadb_cdc_client.stream import StreamFormatError
 from mariadb_cdc_client.sync import SyncCdcClient
 
 SCHEMA = (b'{"namespace":"MaxScaleChangeDataSchema.avro","type":"record","name":"ChangeRecord",'
@@ -236,3 +237,16 @@ def test_a_corrupt_avro_block_is_a_format_error_not_a_connection_to_retry(
         for _ in client.stream("db.t"):
             pass
     assert server.answered == 1
+
+
+@pytest.mark.parametrize("line, error", [
+    (b'{"id": 1}\n', "KeyError"),  # no metadata
+    (b'{"namespace": "x", "fields": "not a list"}\n', "neither a schema"),
+])
+def test_a_json_line_that_is_not_a_record_of_its_schema_is_a_clear_error(
+        hostile, line: bytes, error: str):
+    server = hostile(SCHEMA + line)
+    client = SyncCdcClient("127.0.0.1", server.port, "u", "p", max_retries=0)
+    with pytest.raises(StreamFormatError, match=error):
+        for _ in client.stream("db.t"):
+            pass
