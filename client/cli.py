@@ -139,29 +139,29 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return COMMANDS[argv[0]].run(argv[1:])
         except MissingExtra as exc:
-            complain(f"{exc}")
+            complain(exc)
             return EXIT_USAGE
     mistyped = _mistyped_command(argv[0]) if argv else None
     if mistyped:
-        complain(f"{mistyped}")
+        complain(mistyped)
         return EXIT_USAGE
     args = _stream_parser().parse_args(argv)
     try:
         request = parse_request_data(f"{args.FILE} {args.GTID or ''}")
     except ProtocolError as exc:
-        complain(f"{_mistyped_command(args.FILE) or exc.message}")
+        complain(_mistyped_command(args.FILE) or exc.message)
         return EXIT_USAGE
     try:
         several = len(Endpoints.of(args.host, args.port).all) > 1
     except ValueError as exc:
-        complain(f"{exc}")
+        complain(exc)
         return EXIT_USAGE
     if several and args.format == "JSON" and not request.until:
         return _follow_instances(args, request)
     try:
         conn = open_connection(args)
     except (ProtocolError, OSError, ValueError) as exc:
-        complain(f"{exc}")
+        complain(exc)
         return EXIT_ERROR
     try:
         return copy_stream(conn, request, args.timeout)
@@ -211,7 +211,7 @@ def _follow_instances(args: argparse.Namespace, request: DataRequest) -> int:
                                           format=Format.JSON, ssl=tls,
                                           timeout=args.timeout or 10.0, auth=args.auth)
         except ProtocolError as exc:
-            complain(f"{exc}")
+            complain(exc)
             return EXIT_ERROR
         except OSError as exc:
             failure: Exception = exc
@@ -219,7 +219,7 @@ def _follow_instances(args: argparse.Namespace, request: DataRequest) -> int:
             try:
                 failure, printed = _print_new_lines(conn, request, resume, out, args.timeout)
             except ProtocolError as exc:
-                complain(f"{exc}")
+                complain(exc)
                 return EXIT_ERROR
             except _Quiet:
                 return EXIT_OK

@@ -101,7 +101,7 @@ def copy_stream(conn: SyncCdcConnection, request: DataRequest | None, timeout: f
         except TimeoutError:
             return EXIT_OK
         except OSError as exc:
-            complain(f"{exc}")
+            complain(exc)
             return EXIT_ERROR
         if not data:
             return EXIT_OK
@@ -123,6 +123,6 @@ def answered(args: argparse.Namespace, ask: Callable[[SyncCdcConnection], None])
         finally:
             conn.close()
     except (TimeoutError, ProtocolError, OSError, ValueError) as exc:
-        complain(f"{exc}")
+        complain(exc)
         return EXIT_ERROR
     return EXIT_OK

@@ -41,7 +41,7 @@ def run_dumps(argv: list[str]) -> int:
         if args.TABLE:
             parse_table(args.TABLE)
     except BadTableRef as exc:
-        complain(f"{exc}")
+        complain(exc)
         return EXIT_USAGE
 
     def listed(conn: SyncCdcConnection) -> None:
@@ -73,7 +73,7 @@ def run_dump(argv: list[str]) -> int:
     try:
         conn = open_connection(args)
     except (ProtocolError, OSError, ValueError) as exc:
-        complain(f"{exc}")
+        complain(exc)
         return EXIT_ERROR
     try:
         if args.new:
@@ -85,7 +85,7 @@ def run_dump(argv: list[str]) -> int:
             return EXIT_OK
         return copy_stream(conn, None, args.timeout)
     except (ProtocolError, OSError, DumpError) as exc:
-        complain(f"{exc}")
+        complain(exc)
         return EXIT_ERROR
     finally:
         conn.close()
