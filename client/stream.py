@@ -101,12 +101,12 @@ class ChangeRecord:
 
 
 Event = SchemaChange | ChangeRecord
+REPAIR_KEY = "cdc:repair"  # in JSON mode, on a record a repair added (protocol.md)
 
 
 def holds_records(batch: list[Event]) -> bool:
     """Whether a decoder's batch holds records (not only a schema)."""
     return any(not isinstance(event, SchemaChange) for event in batch)
-REPAIR_KEY = "cdc:repair"  # in JSON mode, on a record a repair added (protocol.md)
 
 
 def _record(schema: SchemaChange, data: dict[str, Any], convert: Any) -> ChangeRecord:
@@ -207,7 +207,6 @@ class JsonStreamDecoder:
                 if isinstance(exc, ProtocolError):
                     raise
                 raise _not_a_record(exc) from exc
-
             if isinstance(event, SchemaChange):
                 if records:
                     yield records
