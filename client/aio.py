@@ -30,6 +30,8 @@ from mariadb_cdc_client.format.wire import (
     Format,
     ProtocolError,
     auth_message,
+    json_answer,
+    objects,
     parse_reply,
     register_line,
 )
@@ -125,16 +127,13 @@ class CdcConnection:
 
     async def query(self, line: str, timeout: float = 10.0) -> dict[str, Any]:
         """QUERY-LAST-TRANSACTION / QUERY-TRANSACTION: a JSON line, or an ERR line."""
-        import json
-
         self.writer.write(line.encode())
         await self.writer.drain()
         reply = await asyncio.wait_for(self.reader.readline(), timeout)
         if reply.startswith(b"ERR"):
             _, code, message = parse_reply(reply)
             raise ProtocolError(code or Code.INTERNAL, message)
-        data: dict[str, Any] = json.loads(reply)
-        return data
+        return json_answer(reply)
 
     async def request(self, request: DataRequest | None) -> AsyncIterator[Event]:
         """Send ``request`` and decode the stream (None: the stream already started, after
@@ -160,8 +159,7 @@ class CdcConnection:
 
     async def list_dumps(self, table: Table | None = None) -> list[dict[str, Any]]:
         reply = await self.query("LIST-DUMPS" + (f" {as_table(table)}" if table else ""))
-        dumps: list[dict[str, Any]] = reply["dumps"]
-        return dumps
+        return objects(reply, "dumps")
 
     async def start_dumps(self, *tables: Table | str) -> dict[str, list[str]]:
         """START-DUMP: new dumps of ``tables`` (``db.table``, or ``"db.*"``) taken now;

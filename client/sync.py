@@ -9,7 +9,6 @@ The same protocol and decoders as :mod:`mariadb_cdc_client.aio`, over a plain so
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import ssl as ssl_module
@@ -31,6 +30,8 @@ from mariadb_cdc_client.format.wire import (
     Format,
     ProtocolError,
     auth_message,
+    json_answer,
+    objects,
     parse_reply,
     register_line,
 )
@@ -151,8 +152,7 @@ class SyncCdcConnection:
         if reply.startswith(b"ERR"):
             _, code, message = parse_reply(reply)
             raise ProtocolError(code or Code.INTERNAL, message)
-        data: dict[str, Any] = json.loads(reply)
-        return data
+        return json_answer(reply)
 
     def request(self, request: DataRequest | None, idle_timeout: float | None = None
                 ) -> Iterator[Event]:
@@ -207,9 +207,8 @@ class SyncCdcConnection:
         return taking
 
     def list_dumps(self, table: Table | None = None) -> list[dict[str, Any]]:
-        dumps: list[dict[str, Any]] = self.query(
-            "LIST-DUMPS" + (f" {as_table(table)}" if table else ""))["dumps"]
-        return dumps
+        return objects(self.query("LIST-DUMPS" + (f" {as_table(table)}" if table else "")),
+                       "dumps")
 
     def request_dump(self, request: DumpRequest) -> tuple[int, str]:
         """Send REQUEST-DUMP; returns (size, name). Exactly ``size`` bytes of the file follow

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import binascii
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from mariadb_cdc_client.format.gtid import is_gtid, is_gtid_state
 from mariadb_cdc_client.format.names import (
@@ -84,6 +86,23 @@ def error_line(code: Code, message: str) -> bytes:
 
 OK = b"OK\n"
 REPLY_MAX = 1 << 24  # bytes of a reply line (a login's answer, a query's JSON) a client takes
+
+
+def json_answer(line: bytes) -> dict[str, Any]:
+    """A query's JSON answer, which is an object (ValueError for anything else a server
+    sends)."""
+    answer = json.loads(line)
+    if not isinstance(answer, dict):
+        raise ValueError(f"the server's answer is not a JSON object: {line[:100]!r}")
+    return answer
+
+
+def objects(answer: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """``answer[key]``, a list of objects (ValueError for anything else)."""
+    found = answer.get(key)
+    if not isinstance(found, list) or not all(isinstance(item, dict) for item in found):
+        raise ValueError(f"the server's answer has no list of objects {key!r}")
+    return found
 
 
 def parse_reply(line: bytes | str) -> tuple[bool, Code | None, str]:

@@ -250,3 +250,12 @@ def test_a_json_line_that_is_not_a_record_of_its_schema_is_a_clear_error(
     with pytest.raises(StreamFormatError, match=error):
         for _ in client.stream("db.t"):
             pass
+
+
+@pytest.mark.parametrize("answer", [b'{"dumps": 5}', b"[1, 2]", b'{"dumps": ["x"]}'])
+def test_a_query_answer_of_the_wrong_shape_is_a_clear_error(hostile, tmp_path: Path,
+                                                            answer: bytes):
+    server = hostile(answer + b"\n")
+    error = clean_error(cdc("dumps", "--port", str(server.port), "-u", "u", "-p", "p",
+                            cwd=tmp_path))
+    assert "the server's answer" in error
