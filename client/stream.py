@@ -171,6 +171,11 @@ class JsonStreamDecoder:
         for batch in self.batches(data):
             yield from batch
 
+    @property
+    def inside_message(self) -> bool:
+        """Part of a line is buffered: what came last ended inside one."""
+        return bool(self._buffer)
+
     def batches(self, data: bytes) -> Iterator[list[Event]]:
         """The events of the whole lines in ``data`` (and what earlier calls left), in
         lists: the records up to a schema, the schema alone, the records after it."""
@@ -245,6 +250,11 @@ class AvroStreamDecoder:
     def feed(self, data: bytes) -> Iterator[Event]:
         for batch in self.batches(data):
             yield from batch
+
+    @property
+    def inside_message(self) -> bool:
+        """Part of a header or a block is buffered: what came last ended inside one."""
+        return bool(self._buffer)
 
     def batches(self, data: bytes) -> Iterator[list[Event]]:
         """The events of ``data`` (and of what earlier calls left incomplete), a list per

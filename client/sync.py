@@ -157,7 +157,8 @@ class SyncCdcConnection:
     def request(self, request: DataRequest | None, idle_timeout: float | None = None
                 ) -> Iterator[Event]:
         """Events until the connection drops, or until ``idle_timeout`` seconds pass with
-        nothing received (then the iterator simply ends). ``request`` None: the stream has
+        nothing received (then the iterator simply ends; but TimeoutError when what came
+        last ended inside a message: the server stalled). ``request`` None: the stream has
         already started (after ``REQUEST-DUMP ... FOLLOW``)."""
         for batch in self.request_batches(request, idle_timeout):
             yield from batch
@@ -177,6 +178,9 @@ class SyncCdcConnection:
             try:
                 data = self.sock.recv(1 << 18)
             except TimeoutError:
+                if decoder.inside_message:  # a stalled server, not a quiet stream
+                    raise TimeoutError(f"the server stopped inside a message for "
+                                       f"{idle_timeout:g} s") from None
                 return
             if not data:
                 raise ConnectionError("the server closed the stream")

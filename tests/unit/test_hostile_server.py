@@ -34,10 +34,12 @@ SCHEMA = (b'{"namespace":"MaxScaleChangeDataSchema.avro","type":"record","name":
 
 
 class HostileServer:
-    """Answers the first command after REGISTER with ``answer``; counts them."""
+    """Answers the first command after REGISTER with ``answer``, then hangs up (or with
+    ``keep_open``, stays silent until closed); counts them."""
 
-    def __init__(self, answer: bytes) -> None:
+    def __init__(self, answer: bytes, keep_open: bool = False) -> None:
         self.answer = answer
+        self.keep_open = keep_open
         self.answered = 0
         self._sock = socket.create_server(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
@@ -68,6 +70,8 @@ class HostileServer:
                     elif data.startswith((b"REQUEST-", b"LIST-", b"QUERY-")):
                         self.answered += 1
                         conn.sendall(self.answer)
+                        while self.keep_open and not self._stop:
+                            time.sleep(0.1)
                         return
                     else:
                         conn.sendall(b"OK\n")  # a MaxScale login (hex), REGISTER
@@ -83,8 +87,8 @@ class HostileServer:
 def hostile() -> Iterator[type[HostileServer]]:
     servers: list[HostileServer] = []
 
-    def start(answer: bytes) -> HostileServer:
-        server = HostileServer(answer)
+    def start(answer: bytes, keep_open: bool = False) -> HostileServer:
+        server = HostileServer(answer, keep_open)
         servers.append(server)
         return server
 
@@ -259,3 +263,16 @@ def test_a_query_answer_of_the_wrong_shape_is_a_clear_error(hostile, tmp_path: P
     error = clean_error(cdc("dumps", "--port", str(server.port), "-u", "u", "-p", "p",
                             cwd=tmp_path))
     assert "the server's answer" in error
+
+
+def test_a_server_stopping_inside_a_line_is_a_failure_not_the_quiet_end_of_the_stream(
+        hostile):
+    """With ``idle_timeout``, a quiet stream ends the iteration; a server that stopped in the
+    middle of a line has not gone quiet, it stalled: the client reconnects (and here, its
+    retries spent, raises), rather than end as if the table had nothing more."""
+    server = hostile(SCHEMA + b'{"domain": 0, "server_id": 1, "seq', keep_open=True)
+    client = SyncCdcClient("127.0.0.1", server.port, "u", "p", max_retries=1)
+    with pytest.raises(TimeoutError, match="stopped inside a message"):
+        for _ in client.stream("db.t", idle_timeout=0.5):
+            pass
+    assert server.answered == 2
