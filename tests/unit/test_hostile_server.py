@@ -14,12 +14,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from mariadb_cdc_client.format.avro import AvroFormatError
+from mariadb_cdc_client.format.avro import AvroFormatError, container_header, write_varint
 from mariadb_cdc_client.format.dump import DumpError
 from mariadb_cdc_client.stream import StreamFormatError
 from mariadb_cdc_client.sync import SyncCdcClient
@@ -84,7 +84,7 @@ class HostileServer:
 
 
 @pytest.fixture
-def hostile() -> Iterator[type[HostileServer]]:
+def hostile() -> Iterator[Callable[..., HostileServer]]:
     servers: list[HostileServer] = []
 
     def start(answer: bytes, keep_open: bool = False) -> HostileServer:
@@ -92,7 +92,7 @@ def hostile() -> Iterator[type[HostileServer]]:
         servers.append(server)
         return server
 
-    yield start  # type: ignore[misc]
+    yield start
     for server in servers:
         server.close()
 
@@ -210,24 +210,10 @@ def test_a_login_answer_without_end_is_refused_past_its_limit():
         SyncCdcClient("127.0.0.1", port, "u", "p", auth="legacy").connect()
 
 
-def _varint(value: int) -> bytes:
-    zigzag, out = (value << 1) ^ (value >> 63), bytearray()
-    while zigzag >= 0x80:
-        out.append((zigzag & 0x7F) | 0x80)
-        zigzag >>= 7
-    return bytes(out + bytes([zigzag]))
-
-
-def _avro_header(sync: bytes) -> bytes:
-    schema = SCHEMA.rstrip(b"\n")
-    return (b"Obj\x01" + _varint(2) + _varint(11) + b"avro.schema" + _varint(len(schema)) +
-            schema + _varint(10) + b"avro.codec" + _varint(4) + b"null" + _varint(0) + sync)
-
-
 @pytest.mark.parametrize("block, error", [
-    (_varint(1 << 40) + _varint(8) + b"\x00" * 8, "1099511627776 records"),
-    (_varint(1) + _varint(1 << 50), "claims 1125899906842624 bytes"),
-    (_varint(3) + _varint(8) + b"\x02" * 8, "does not decode"),
+    (write_varint(1 << 40) + write_varint(8) + b"\x00" * 8, "1099511627776 records"),
+    (write_varint(1) + write_varint(1 << 50), "claims 1125899906842624 bytes"),
+    (write_varint(3) + write_varint(8) + b"\x02" * 8, "does not decode"),
 ])
 def test_a_corrupt_avro_block_is_a_format_error_not_a_connection_to_retry(
         hostile, block: bytes, error: str):
@@ -235,7 +221,8 @@ def test_a_corrupt_avro_block_is_a_format_error_not_a_connection_to_retry(
     decode, is the stream's error at once (AvroFormatError, final): not read further into
     memory, and not taken for a lost connection retried without end."""
     sync = b"S" * 16
-    server = hostile(_avro_header(sync) + block + (sync if len(block) < 40 else b""))
+    header = container_header(SCHEMA.rstrip(b"\n").decode(), "null", sync)
+    server = hostile(header + block + (sync if len(block) < 40 else b""))
     client = SyncCdcClient("127.0.0.1", server.port, "u", "p", format="AVRO", max_retries=3)
     with pytest.raises(AvroFormatError, match=error):
         for _ in client.stream("db.t"):
