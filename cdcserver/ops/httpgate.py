@@ -73,7 +73,9 @@ class ConnectionGate:
                 return False
             self._make_room(oldest, close)
         elif len(self.open) >= self.total:
-            oldest = next(iter(self.waiting), None) or self._biggest_holders_oldest(host)
+            oldest = next(iter(self.waiting), None)
+            if oldest is None:
+                oldest = self._biggest_holders_oldest(host)
             if oldest is None:
                 self.refused += 1
                 return False
