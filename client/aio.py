@@ -17,6 +17,7 @@ import uuid as uuidlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from mariadb_cdc_client.dump import SavedDump
 from mariadb_cdc_client.endpoints import Endpoints
 from mariadb_cdc_client.format.dump import DumpDecoder, DumpHeader, DumpRows, dump_reply
 from mariadb_cdc_client.format.keepalive import DEAD_SERVER_TIMEOUT, end_silent_peers
@@ -301,18 +302,16 @@ class CdcClient:
         conn = await self._connect_any()
         try:
             size, _ = await conn.request_dump(DumpRequest.of(target))
-            decoder = DumpDecoder()
-            out = await asyncio.to_thread(open, path, "wb")
+            saved = await asyncio.to_thread(SavedDump, path)
             try:
                 async for data in conn.read_dump(size):
-                    await asyncio.to_thread(out.write, data)
-                    for _ in decoder.feed(data):
-                        pass
+                    await asyncio.to_thread(saved.write, data)
                     if progress is not None:
-                        progress(decoder.received, size)
-            finally:
-                await asyncio.to_thread(out.close)
-            return decoder.finish()
+                        progress(saved.received, size)
+                return await asyncio.to_thread(saved.finish)
+            except BaseException:
+                await asyncio.to_thread(saved.abandon)
+                raise
         finally:
             await conn.close()
 

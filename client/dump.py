@@ -1,10 +1,13 @@
-"""Reading a dump as a consumer does: a dump file from disk, and applying its operations to a
-table held in memory. The format itself (header, operations, values) is
-:mod:`mariadb_cdc_client.format.dump`, which the service shares."""
+"""Reading a dump as a consumer does: saving one to disk as it arrives, reading a dump file
+from disk, and applying its operations to a table held in memory. The format itself (header,
+operations, values) is :mod:`mariadb_cdc_client.format.dump`, which the service shares."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator
+from types import TracebackType
 from typing import Any
 
 from mariadb_cdc_client.format.dump import (
@@ -15,8 +18,63 @@ from mariadb_cdc_client.format.dump import (
     decode_value,
 )
 
-__all__ = ["DumpDecoder", "DumpError", "DumpHeader", "DumpRows", "apply", "decode_value",
-           "read_dump"]
+__all__ = ["DumpDecoder", "DumpError", "DumpHeader", "DumpRows", "SavedDump", "apply",
+           "decode_value", "read_dump"]
+
+
+class SavedDump:
+    """A dump being saved to ``path`` as its pieces arrive, checked as it goes: written to
+    ``path.part`` and renamed to ``path`` only once whole with its checksum matching, so
+    ``path`` never holds part of a dump or a corrupt one; on any failure ``path.part`` is
+    removed. A ``path`` that exists and is not a regular file (``/dev/null``, a pipe) is
+    written to as it is. Use it as a context manager: leaving it by an exception abandons
+    the dump."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._in_place = os.path.exists(path) and not os.path.isfile(path)
+        self._written = path if self._in_place else f"{path}.part"
+        self._decoder = DumpDecoder()
+        self._out = open(self._written, "wb")  # noqa: SIM115 - closed by finish() or abandon()
+
+    @property
+    def received(self) -> int:
+        """The dump's bytes received so far."""
+        return self._decoder.received
+
+    def write(self, data: bytes) -> None:
+        """Save the dump's next piece (and check it)."""
+        self._out.write(data)
+        for _ in self._decoder.feed(data):
+            pass
+
+    def finish(self) -> DumpHeader:
+        """The dump's header, once it is whole and its checksum matches; ``path`` is the
+        dump then. A dump cut short or corrupt raises :class:`DumpError` and is abandoned."""
+        try:
+            header = self._decoder.finish()
+        except BaseException:
+            self.abandon()
+            raise
+        self._out.close()
+        if not self._in_place:
+            os.replace(self._written, self.path)
+        return header
+
+    def abandon(self) -> None:
+        """Stop saving: ``path.part`` is removed, ``path`` left as it was."""
+        self._out.close()
+        if not self._in_place:
+            with contextlib.suppress(OSError):
+                os.unlink(self._written)
+
+    def __enter__(self) -> SavedDump:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if kind is not None:
+            self.abandon()
 
 
 def read_dump(path: str) -> Iterator[DumpHeader | DumpRows]:

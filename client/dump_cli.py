@@ -5,9 +5,7 @@ with a progress bar and its checksum checked; with ``--new``, taken first; with
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import sys
 import time
 
@@ -21,7 +19,8 @@ from mariadb_cdc_client.cli_connection import (
     copy_stream,
     open_connection,
 )
-from mariadb_cdc_client.format.dump import DumpDecoder, DumpError, DumpHeader
+from mariadb_cdc_client.dump import SavedDump
+from mariadb_cdc_client.format.dump import DumpError, DumpHeader
 from mariadb_cdc_client.format.names import BadTableRef, parse_table
 from mariadb_cdc_client.format.wire import DumpRequest, ProtocolError
 from mariadb_cdc_client.sync import SyncCdcConnection
@@ -121,27 +120,11 @@ def _save_dump(conn: SyncCdcConnection, args: argparse.Namespace) -> tuple[DumpH
 
     size, name = conn.request_dump(DumpRequest(args.TARGET, args.follow))
     path = args.output or name  # (a dump's name: request_dump refuses any other)
-    # Written beside and renamed to ``path`` once whole and its checksum matches, unless
-    # ``path`` is not a file (-o /dev/null, a pipe): then written to as it is
-    regular = not os.path.exists(path) or os.path.isfile(path)
-    partial = f"{path}.part" if regular else path
-    decoder = DumpDecoder()
     show = sys.stderr.isatty() if args.progress is None else args.progress
-    try:
-        with open(partial, "wb") as out, tqdm(total=size, unit="B", unit_scale=True,
-                                              unit_divisor=1024, desc=name,
-                                              disable=not show, file=sys.stderr) as bar:
-            for data in conn.read_dump(size):
-                out.write(data)
-                for _ in decoder.feed(data):
-                    pass
-                bar.update(len(data))
-        header = decoder.finish()
-    except BaseException:
-        if regular:
-            with contextlib.suppress(OSError):
-                os.unlink(partial)
-        raise
-    if regular:
-        os.replace(partial, path)
-    return header, path
+    with SavedDump(path) as saved, tqdm(total=size, unit="B", unit_scale=True,
+                                        unit_divisor=1024, desc=name, disable=not show,
+                                        file=sys.stderr) as bar:
+        for data in conn.read_dump(size):
+            saved.write(data)
+            bar.update(len(data))
+        return saved.finish(), path

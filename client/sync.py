@@ -17,6 +17,7 @@ import uuid as uuidlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from mariadb_cdc_client.dump import SavedDump
 from mariadb_cdc_client.endpoints import Endpoints
 from mariadb_cdc_client.format.dump import DumpDecoder, DumpHeader, DumpRows, dump_reply
 from mariadb_cdc_client.format.keepalive import DEAD_SERVER_TIMEOUT, end_silent_peers
@@ -334,15 +335,12 @@ class SyncCdcClient:
         conn = self._connect_any()
         try:
             size, _ = conn.request_dump(DumpRequest.of(target))
-            decoder = DumpDecoder()
-            with open(path, "wb") as out:
+            with SavedDump(path) as saved:
                 for data in conn.read_dump(size):
-                    out.write(data)
-                    for _ in decoder.feed(data):
-                        pass
+                    saved.write(data)
                     if progress is not None:
-                        progress(decoder.received, size)
-            return decoder.finish()
+                        progress(saved.received, size)
+                return saved.finish()
         finally:
             conn.close()
 

@@ -7,7 +7,10 @@ with the scenario's bytes."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import hashlib
+import json
 import os
 import socket
 import subprocess
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from mariadb_cdc_client.aio import CdcClient
 from mariadb_cdc_client.format.avro import AvroFormatError, container_header, write_varint
 from mariadb_cdc_client.format.dump import DumpError
 from mariadb_cdc_client.stream import StreamFormatError
@@ -148,6 +152,51 @@ def test_the_library_refuses_the_name_too(hostile, tmp_path: Path):
     client = SyncCdcClient("127.0.0.1", server.port, "u", "p")
     with pytest.raises(DumpError, match="not a dump's name"):
         client.fetch_dump("db.t", str(tmp_path / "out.dump"))
+
+
+def _dump_reply(body: bytes, checksum: str) -> bytes:
+    """A dump server's answer: ``OK <size> <name>``, a dump header, ``body``."""
+    header = {"format": "cdc-dump/1", "database": "db", "table": "t",
+              "schema": json.loads(SCHEMA), "gtid": "0-1-1",
+              "binlog": {"file": "mysql-bin.000001", "pos": 4}, "rows": 1,
+              "checksum": checksum, "created": "2026-11-21T09:30:00Z", "stream_version": 1}
+    dump = json.dumps(header).encode() + b"\n" + body
+    return f"OK {len(dump)} db.t.20261121T093000-123456Z.dump\n".encode() + dump
+
+
+def _fetch_dump(library: str, port: int, path: Path) -> object:
+    if library == "sync":
+        return SyncCdcClient("127.0.0.1", port, "u", "p").fetch_dump("db.t", str(path))
+    return asyncio.run(CdcClient("127.0.0.1", port, "u", "p").fetch_dump("db.t", str(path)))
+
+
+BODY = b'{"action": "insert", "rows": [["MQ=="]]}\n'
+
+
+@pytest.mark.parametrize("library", ["sync", "asyncio"])
+def test_the_library_saves_a_corrupt_dump_nowhere_and_leaves_the_file_there_alone(
+        hostile, tmp_path: Path, library: str):
+    """A dump whose checksum does not match was left at the caller's path, looking like a
+    dump; now it is written beside, as path.part, and removed: the path keeps what it had."""
+    server = hostile(_dump_reply(BODY, "sha256:" + "0" * 64))
+    path = tmp_path / "saved.dump"
+    path.write_bytes(b"yesterday's dump")
+    with pytest.raises(DumpError, match="checksum"):
+        _fetch_dump(library, server.port, path)
+    assert [p.name for p in tmp_path.iterdir()] == ["saved.dump"]
+    assert path.read_bytes() == b"yesterday's dump"
+
+
+@pytest.mark.parametrize("library", ["sync", "asyncio"])
+def test_the_library_saves_a_whole_dump_under_the_callers_path(
+        hostile, tmp_path: Path, library: str):
+    reply = _dump_reply(BODY, "sha256:" + hashlib.sha256(BODY).hexdigest())
+    server = hostile(reply)
+    path = tmp_path / "saved.dump"
+    header = _fetch_dump(library, server.port, path)
+    assert header.rows == 1  # type: ignore[attr-defined]
+    assert [p.name for p in tmp_path.iterdir()] == ["saved.dump"]
+    assert path.read_bytes() == reply.split(b"\n", 1)[1]
 
 
 def test_a_schema_then_an_error_backs_off_and_max_retries_holds(hostile):
