@@ -52,6 +52,11 @@ class RawClient:
         return cls(reader, writer)
 
     async def send(self, data: bytes) -> None:
+        """A ``ConnectionError`` once the connection is closed, by either end: uvloop's
+        transport raises ``RuntimeError`` for a write after our own close (``closed()``
+        running beside, say), where asyncio's ignores it."""
+        if self.writer.transport.is_closing():
+            raise ConnectionResetError("the connection is closed")
         self.writer.write(data)
         await self.writer.drain()
 
