@@ -10,6 +10,7 @@ once, each partition in GTID order, and replaying the topics must give the table
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import threading
@@ -258,8 +259,9 @@ async def items_exactly_once(bootstrap: str, source: Source, written: int) -> in
     changes = await committed_changes(bootstrap, source, ("items",))
     ids = [c.after["id"] for c in changes if c.after is not None]
     if written > 0 and len(ids) != len(set(ids)):
-        raise AssertionError("a row was published twice:\n" + _twice(changes) + "\n" +
-                             await _state_records(bootstrap, f"{source.database}.state"))
+        raise PublishedTwice("a row was published twice:\n" + _twice(changes) + "\n" +
+                             await _state_records(bootstrap, f"{source.database}.state"),
+                             _copies(changes))
     assert written > 0
     missing = sorted(set(range(1, written + 1)) - set(ids))
     assert not missing and set(ids) <= set(range(1, written + 1)), \
@@ -273,6 +275,25 @@ async def items_exactly_once(bootstrap: str, source: Source, written: int) -> in
     return len(ids)
 
 
+class PublishedTwice(AssertionError):
+    """Rows read twice; ``copies``: (partition, offset) of each copy of the first ones."""
+
+    def __init__(self, message: str, copies: list[tuple[int, int]]) -> None:
+        super().__init__(message)
+        self.copies = copies
+
+
+def _copies(changes: list[KafkaChange], rows: int = 5) -> list[tuple[int, int]]:
+    """Where the copies of the first ``rows`` rows read twice are, and of the last one."""
+    copies: dict[int, list[KafkaChange]] = {}
+    for c in changes:
+        if c.after is not None:
+            copies.setdefault(c.after["id"], []).append(c)
+    twice = [found for found in copies.values() if len(found) > 1]
+    return sorted({(c.partition, c.offset) for found in twice[:rows] + twice[-1:]
+                   for c in found})
+
+
 def _twice(changes: list[KafkaChange]) -> str:
     """The first rows read twice: where each copy is, and its source transaction."""
     copies: dict[int, list[KafkaChange]] = {}
@@ -280,10 +301,10 @@ def _twice(changes: list[KafkaChange]) -> str:
         if c.after is not None:
             copies.setdefault(c.after["id"], []).append(c)
     twice = [found for found in copies.values() if len(found) > 1]
-    return f"{len(twice)} rows twice; the first:\n" + "\n".join(
+    return f"{len(twice)} rows twice; the first and the last:\n" + "\n".join(
         "  id " + str(found[0].after["id"]) + ": " + ", ".join(  # type: ignore[index]
             f"partition {c.partition} offset {c.offset} ({c.gtid})" for c in found)
-        for found in twice[:5])
+        for found in twice[:5] + twice[-1:])
 
 
 async def _state_records(bootstrap: str, topic: str) -> str:
@@ -353,6 +374,7 @@ async def broker_outage(broker: Any, source: Source, users_file: str, data_dir: 
         "transaction_timeout": transaction_timeout,
         "schema_topic": f"{db}.schemas", "state_topic": f"{db}.state",
         "topic": "{db}.{table}", "partitions": 3})
+    sink_log = _TimedLog()
     running = await start_service(config)
     writer = RowWriter(source)
     try:
@@ -384,9 +406,63 @@ async def broker_outage(broker: Any, source: Source, users_file: str, data_dir: 
         await running.stop()
     try:
         messages = await items_exactly_once(broker.bootstrap, source, writer.written)
+    except PublishedTwice as exc:
+        raise AssertionError(f"{exc}\n{_transaction_lines(broker.log_files())}\n"
+                             f"{_stored_batches(broker, db, exc.copies)}\n"
+                             f"the sink's log:\n{sink_log.text()}") from None
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{_transaction_lines(broker.log_files())}") from None
+    finally:
+        sink_log.close()
     return Outage(away, writer.written, messages, rewinds)
+
+
+def _stored_batches(broker: Any, db: str, copies: list[tuple[int, int]]) -> str:
+    """The batches the (single) broker stored: the state topic's, and those around each copy
+    of a row read twice, with the producer epoch that wrote each and every marker."""
+    from tests import kafka_segments
+
+    (node,) = broker.nodes.values()
+    parts = [kafka_segments.described(node.data_dir / f"{db}.state-0")]
+    for partition in sorted({p for p, _ in copies}):
+        offsets = tuple(o for p, o in copies if p == partition)
+        parts.append(kafka_segments.described(node.data_dir / f"{db}.items-{partition}",
+                                              offsets))
+    return "the batches the broker stored (first-last offsets):\n" + "\n".join(parts)
+
+
+class _TimedLog(logging.Handler):
+    """The sink's and aiokafka's log lines of one test, with their times (the captured log
+    has none), for a failure's message."""
+
+    LOGGERS = ("cdcserver.sinks.kafka", "cdcserver.app.runner", "aiokafka")
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        formatter = logging.Formatter("%(asctime)s.%(msecs)03d UTC %(name)s %(levelname)s "
+                                      "%(message)s", "%H:%M:%S")
+        formatter.converter = time.gmtime
+        self.setFormatter(formatter)
+        self.lines: list[str] = []
+        self._levels: dict[str, int] = {}
+        for name in self.LOGGERS:
+            logger = logging.getLogger(name)
+            self._levels[name] = logger.level
+            if not logger.isEnabledFor(logging.INFO):
+                logger.setLevel(logging.INFO)
+            logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record)[:400])
+
+    def text(self, last: int = 60) -> str:
+        return "\n".join(f"  {line}" for line in self.lines[-last:])
+
+    def close(self) -> None:
+        for name, level in self._levels.items():
+            logging.getLogger(name).removeHandler(self)
+            logging.getLogger(name).setLevel(level)
+        super().close()
 
 
 def _transaction_lines(paths: list[str], last: int = 40) -> str:
