@@ -32,6 +32,7 @@ from tests.kafka_exactly_once import (
     kill_loop,
     rewinds_once_caught_up,
 )
+from tests.kafka_late_request import LateEndTxnProxy
 from tests.netfault import Host, slow_missing
 from tests.oracle import assert_stream_equals_table
 from tests.server.test_crash import Load
@@ -174,6 +175,51 @@ async def test_a_broker_cut_off_by_the_network_publishes_every_row_once(
         assert host.slowed.overtaken > 0, host.slowed  # the link did reorder
     print(f"\nexactly-once, broker link {link} for {outage.away:.0f} s: {outage.written} "
           f"rows, {outage.messages} read once, {outage.rewinds} rewinds")
+
+
+async def test_a_commit_delivered_late_commits_nothing_of_the_next_transaction(
+        tmp_path, source: Source, users_file: str):
+    """A commit request (EndTxn) lost on a link that then came back: the producer times out
+    (2 s), sends it again on a new connection and the commit is made; the network delivers
+    the first copy later, once the sink's next transaction is open. That copy names only the
+    producer's id and epoch, so it would commit the open transaction without its position
+    (the sink then rewinds to the position before it and publishes it again: rows twice).
+    After a commit slow enough for a request of it to have timed out, the sink starts its
+    producer again, in a new epoch that fences the late copy (seen twice: 13,150 rows twice
+    in a suite run, 2026-12-07). A read_committed consumer reads each row once."""
+    proxy = LateEndTxnProxy(delay=4.0)
+    await proxy.start()
+    broker = ApacheKafka(tmp_path / "kafka", advertised_port=proxy.port)
+    proxy.target = ("127.0.0.1", broker.port)
+    await asyncio.to_thread(broker.start)
+    try:
+        # (a commit every 3 s: the late copy arrives with the next transaction half sent)
+        config = make_config(str(tmp_path / "data"), source.url, users_file,
+                             store={"flush_interval": 3.0},
+                             kafka=_eos(broker, source, request_timeout=2.0))
+        running = await start_service(config)
+        writer = RowWriter(source)
+        try:
+            writer.start()
+            await pace(2.0)
+            proxy.armed = True
+            await until(lambda: proxy.answers, timeout=120, what="the late commit's answer")
+            await pace(2.0)
+            writer.stop()
+            await kafka_caught_up(running, source, timeout=300)
+            sink = running.service.replication.sink("kafka")
+            assert sink is not None
+            epochs = sink.stats.new_epochs
+        finally:
+            writer.stop()
+            await running.stop()
+        messages = await items_exactly_once(broker.bootstrap, source, writer.written)
+    finally:
+        await proxy.stop()
+        await asyncio.to_thread(broker.close)
+    assert proxy.held == 1
+    print(f"\nexactly-once, a commit delivered late (the broker answered {proxy.answers}; "
+          f"{epochs} new producer epochs): {writer.written} rows, {messages} read once")
 
 
 async def test_the_partition_leader_killed_in_a_three_broker_cluster(

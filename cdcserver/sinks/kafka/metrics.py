@@ -25,6 +25,7 @@ class SinkStats:
     transactions: int = 0
     commits: int = 0  # Kafka transactions committed (exactly-once)
     rewinds: int = 0  # Kafka transactions aborted: publishing again from the last commit
+    new_epochs: int = 0  # producers started again after a commit sent twice (exactly-once)
     topics: set[str] = field(default_factory=set)
 
 
@@ -53,6 +54,9 @@ COUNTERS = (  # SinkStats field, metric, help
     ("commits", "cdc_kafka_commits", "Kafka transactions committed (exactly-once delivery)"),
     ("rewinds", "cdc_kafka_rewinds", "Kafka transactions aborted after a failure "
      "(exactly-once): the sink publishes again from its last commit"),
+    ("new_epochs", "cdc_kafka_producer_epochs", "producers started again in a new epoch after "
+     "a commit slow enough for its request to have timed out and been sent again "
+     "(exactly-once): the epoch fences the first copy, which the network may still deliver"),
 )
 
 

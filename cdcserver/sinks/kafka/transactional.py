@@ -55,6 +55,9 @@ from cdcserver.sinks.kafka.sender import Sender, retrying
 log = logging.getLogger("cdcserver.sinks.kafka.sink")
 
 SAVE_EVERY = 1.0  # seconds between writes of state/kafka.json (not on the commit's path)
+# A commit that took this share of request_timeout or more may have had its request time
+# out and be sent again (the share: the event loop's clock may lag a little behind)
+SENT_AGAIN = 0.8
 
 FENCED = (ProducerFenced, InvalidProducerEpoch, TransactionalIdAuthorizationFailed)
 
@@ -272,6 +275,7 @@ class TransactionalSender(Sender):
         restart = self.checkpoint.durable or position if unrepaired else position
         record = StateRecord(restart, position, unrepaired or frozenset())
         await self._delivered()
+        committing = time.monotonic()
         try:
             state = await self.producer.send(self.config.state_topic, record.to_json(),
                                              key=self.checkpoint.key.encode(), partition=0)
@@ -282,6 +286,7 @@ class TransactionalSender(Sender):
             # (Flushed: a record left to linger is sent only by the commit's own flush.)
             await self.producer.flush()
             await state
+            committing = time.monotonic()  # (the commit's own requests from here)
             await self.producer.commit_transaction()
         except (KafkaError, OSError, *connect.REFUSALS) as exc:
             await self._rewind(connect.refusal(self.producer, exc))
@@ -296,6 +301,38 @@ class TransactionalSender(Sender):
         self.checkpoint.durable = restart
         self.checkpoint.published, self.checkpoint.unrepaired = position, record.unrepaired
         self._ahead = restart != position  # (the next flush with none pending moves it)
+        took = time.monotonic() - committing
+        if took >= SENT_AGAIN * self.config.request_timeout:
+            await self._new_epoch(took)
+
+    async def _new_epoch(self, took: float) -> None:
+        """After a commit whose request may have been sent twice, a new producer, in a new
+        epoch, before the next transaction begins.
+
+        The producer sends a commit (EndTxn) again when it hears no answer within
+        ``request_timeout``, on a new connection; the first copy may still be in the network
+        (the kernel retransmits what the closed connection had queued, once the link is
+        back) and reach the broker after the second. A commit names no transaction, only
+        the producer's id and epoch, so a copy that arrives once the next transaction is
+        open commits that one, part sent and without its position: the sink then fails
+        (the rest of it is refused) and rewinds to the position before it, and publishes
+        it again (``test_a_commit_delivered_late_commits_nothing_of_the_next_transaction``;
+        Kafka's transaction protocol 2, KIP-890, bumps the epoch at every commit for this,
+        which aiokafka does not speak). The new producer's id request bumps the epoch, and
+        the brokers refuse anything of the old one."""
+        log.info("kafka: a commit took %.1f s, long enough for it to have been sent twice: "
+                 "starting the producer again, in a new epoch", took)
+        self.stats.new_epochs += 1
+        producer, self.producer = self.producer, None
+        self.accumulator.use(None)
+        with contextlib.suppress(KafkaError, OSError, TimeoutError):
+            async with asyncio.timeout(5):
+                await producer.stop()
+        try:
+            await self.connect()
+        except asyncio.CancelledError:  # (the pipeline torn down)
+            self._unsure = "a new producer was being started after a slow commit"
+            raise
 
     async def _ready(self) -> None:
         """Before the sink is used: not fenced out nor rewound, and after a commit or a
