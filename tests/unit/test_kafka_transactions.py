@@ -131,11 +131,15 @@ class _Producer:
 
 @pytest.fixture
 def sink(tmp_path, monkeypatch: pytest.MonkeyPatch) -> KafkaSink:
+    return _sink(tmp_path, monkeypatch)
+
+
+def _sink(tmp_path, monkeypatch: pytest.MonkeyPatch, **config: Any) -> KafkaSink:
     _Producer.made.clear()
     monkeypatch.setattr(sender_module.connect, "producer",
                         lambda config, transactional_id=None: _Producer())
     sink = KafkaSink(KafkaConfig(bootstrap="127.0.0.1:1", delivery="exactly-once",
-                                 transaction_timeout=0.4), str(tmp_path), "stream")
+                                 transaction_timeout=0.4, **config), str(tmp_path), "stream")
 
     async def committed(committed: bool = False) -> None:  # what the state topic holds
         sink.checkpoint.durable = _position(0)
@@ -274,6 +278,32 @@ async def test_closing_with_a_transaction_open_on_a_producer_aiokafka_holds_fenc
     producer.abort_transaction = refused  # type: ignore[method-assign]
     await asyncio.wait_for(sink.transactions.close(), 5)
     assert producer.calls[-2:] == ["abort", "stop"]
+
+
+async def test_a_commit_slow_enough_to_have_been_sent_twice_is_followed_by_a_new_epoch(
+        tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """A commit that took request_timeout (0.2 s here) may have had its request time out
+    and be sent again, and the first copy may reach the brokers later, once the next
+    transaction is open: the producer is started again (a new epoch, which fences that
+    copy) before the next transaction begins. With Apache Kafka:
+    tests/integration/test_kafka_exactly_once.py, a proxy delivering the copy late."""
+    sink = _sink(tmp_path, monkeypatch, request_timeout=0.2)
+    assert sink.transactions is not None
+    await sink.transactions.connect()
+    producer = await _one_transaction(sink, 1)
+    producer.batches[0].set_result(None)
+
+    async def slow_commit() -> None:
+        producer.calls.append("commit")
+        await asyncio.sleep(0.25)
+
+    producer.commit_transaction = slow_commit  # type: ignore[method-assign]
+    assert await asyncio.wait_for(sink.flush(), 5) == _position(1)  # committed
+    assert producer.calls == ["start", "begin", "commit", "stop"]
+    assert len(_Producer.made) == 2 and _Producer.made[1].calls == ["start"]
+    assert sink.stats.new_epochs == 1
+    await _one_transaction(sink, 2)
+    assert _Producer.made[1].calls == ["start", "begin"]
 
 
 async def test_a_commit_cancelled_under_way_is_read_back_before_anything_more(sink):
