@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from mariadb_cdc_client.format.avro import read_varint  # (Kafka's varints are Avro's)
+
 HEADER = struct.Struct(">qiibIhiqqqhii")
 TRANSACTIONAL, CONTROL = 0x10, 0x20
 
@@ -61,24 +63,13 @@ def batches(partition_dir: Path) -> Iterator[Batch]:
 
 def _marker(data: bytes, at: int) -> str:
     """A control record's type: its key is (version int16, type int16), 0 ABORT, 1 COMMIT."""
-    _, at = _varint(data, at)  # the record's length
+    _, at = read_varint(data, at)  # the record's length
     at += 1  # attributes
-    _, at = _varint(data, at)  # timestampDelta
-    _, at = _varint(data, at)  # offsetDelta
-    _, at = _varint(data, at)  # keyLength
+    _, at = read_varint(data, at)  # timestampDelta
+    _, at = read_varint(data, at)  # offsetDelta
+    _, at = read_varint(data, at)  # keyLength
     _, kind = struct.unpack_from(">hh", data, at)
     return {0: "ABORT", 1: "COMMIT"}.get(kind, f"control {kind}")
-
-
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while True:
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (value >> 1) ^ -(value & 1), at
-        shift += 7
 
 
 def described(partition_dir: Path, around: tuple[int, ...] | None = None,
