@@ -53,10 +53,10 @@ class SavedDump:
         dump then. A dump cut short or corrupt raises :class:`DumpError` and is abandoned."""
         try:
             header = self._decoder.finish()
+            self._out.close()  # (a write the disk refuses may come only now)
         except BaseException:
             self.abandon()
             raise
-        self._out.close()
         if not self._in_place:
             os.replace(self._written, self.path)
         return header
