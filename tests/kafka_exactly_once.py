@@ -283,24 +283,26 @@ class PublishedTwice(AssertionError):
         self.copies = copies
 
 
-def _copies(changes: list[KafkaChange], rows: int = 5) -> list[tuple[int, int]]:
-    """Where the copies of the first ``rows`` rows read twice are, and of the last one."""
+def _read_twice(changes: list[KafkaChange]) -> list[list[KafkaChange]]:
+    """The copies of each row read more than once, in the order read."""
     copies: dict[int, list[KafkaChange]] = {}
     for c in changes:
         if c.after is not None:
             copies.setdefault(c.after["id"], []).append(c)
-    twice = [found for found in copies.values() if len(found) > 1]
+    return [found for found in copies.values() if len(found) > 1]
+
+
+def _copies(changes: list[KafkaChange], rows: int = 5) -> list[tuple[int, int]]:
+    """Where the copies of the first ``rows`` rows read twice are, and of the last one."""
+    twice = _read_twice(changes)
     return sorted({(c.partition, c.offset) for found in twice[:rows] + twice[-1:]
                    for c in found})
 
 
 def _twice(changes: list[KafkaChange]) -> str:
-    """The first rows read twice: where each copy is, and its source transaction."""
-    copies: dict[int, list[KafkaChange]] = {}
-    for c in changes:
-        if c.after is not None:
-            copies.setdefault(c.after["id"], []).append(c)
-    twice = [found for found in copies.values() if len(found) > 1]
+    """The first rows read twice and the last: where each copy is, and its source
+    transaction."""
+    twice = _read_twice(changes)
     return f"{len(twice)} rows twice; the first and the last:\n" + "\n".join(
         "  id " + str(found[0].after["id"]) + ": " + ", ".join(  # type: ignore[index]
             f"partition {c.partition} offset {c.offset} ({c.gtid})" for c in found)
@@ -374,50 +376,48 @@ async def broker_outage(broker: Any, source: Source, users_file: str, data_dir: 
         "transaction_timeout": transaction_timeout,
         "schema_topic": f"{db}.schemas", "state_topic": f"{db}.state",
         "topic": "{db}.{table}", "partitions": 3})
-    sink_log = _TimedLog()
-    running = await start_service(config)
-    writer = RowWriter(source)
-    try:
-        writer.start()
-        await pace(2.0)
-        if proxy is not None:
-            proxy.refuse = True
-            proxy.cut()
-            await pace(away)
-            proxy.refuse = False
-        elif host is not None:
-            if link == "half-open":  # the broker hears the service, its answers are lost
-                host.half_open(inbound=False)
-            elif link == "slow":
-                host.slow(80, jitter_ms=50, reorder=25)
+    with _TimedLog() as sink_log:
+        running = await start_service(config)
+        writer = RowWriter(source)
+        try:
+            writer.start()
+            await pace(2.0)
+            if proxy is not None:
+                proxy.refuse = True
+                proxy.cut()
+                await pace(away)
+                proxy.refuse = False
+            elif host is not None:
+                if link == "half-open":  # the broker hears the service, its answers are lost
+                    host.half_open(inbound=False)
+                elif link == "slow":
+                    host.slow(80, jitter_ms=50, reorder=25)
+                else:
+                    host.partition()
+                await pace(away)
+                host.heal()
             else:
-                host.partition()
-            await pace(away)
-            host.heal()
-        else:
-            await asyncio.to_thread(broker.kill, 1)
-            await pace(away)
-            await asyncio.to_thread(broker.start, 1)
-        await pace(2.0)
-        writer.stop()
-        rewinds = await rewinds_once_caught_up(running, source, timeout=300)
-    finally:
-        writer.stop()
-        await running.stop()
-    try:
-        messages = await items_exactly_once(broker.bootstrap, source, writer.written)
-    except PublishedTwice as exc:
-        raise AssertionError(f"{exc}\n{_transaction_lines(broker.log_files())}\n"
-                             f"{_stored_batches(broker, db, exc.copies)}\n"
-                             f"the sink's log:\n{sink_log.text()}") from None
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{_transaction_lines(broker.log_files())}") from None
-    finally:
-        sink_log.close()
+                await asyncio.to_thread(broker.kill, 1)
+                await pace(away)
+                await asyncio.to_thread(broker.start, 1)
+            await pace(2.0)
+            writer.stop()
+            rewinds = await rewinds_once_caught_up(running, source, timeout=300)
+        finally:
+            writer.stop()
+            await running.stop()
+        try:
+            messages = await items_exactly_once(broker.bootstrap, source, writer.written)
+        except PublishedTwice as exc:
+            raise AssertionError(f"{exc}\n{_transaction_lines(broker.log_files())}\n"
+                                 f"{stored_batches(broker, db, exc.copies)}\n"
+                                 f"the sink's log:\n{sink_log.text()}") from None
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{_transaction_lines(broker.log_files())}") from None
     return Outage(away, writer.written, messages, rewinds)
 
 
-def _stored_batches(broker: Any, db: str, copies: list[tuple[int, int]]) -> str:
+def stored_batches(broker: Any, db: str, copies: list[tuple[int, int]]) -> str:
     """The batches the (single) broker stored: the state topic's, and those around each copy
     of a row read twice, with the producer epoch that wrote each and every marker."""
     from tests import kafka_segments
@@ -457,6 +457,12 @@ class _TimedLog(logging.Handler):
 
     def text(self, last: int = 60) -> str:
         return "\n".join(f"  {line}" for line in self.lines[-last:])
+
+    def __enter__(self) -> _TimedLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         for name, level in self._levels.items():

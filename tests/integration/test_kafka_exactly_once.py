@@ -24,6 +24,7 @@ from tests.helpers import PASSWORD, USER, TcpProxy, pace, until
 from tests.integration.test_kafka import kafka_caught_up
 from tests.kafka_exactly_once import (
     CascadeWriter,
+    PublishedTwice,
     RowWriter,
     broker_outage,
     check,
@@ -31,6 +32,7 @@ from tests.kafka_exactly_once import (
     items_exactly_once,
     kill_loop,
     rewinds_once_caught_up,
+    stored_batches,
 )
 from tests.kafka_late_request import LateEndTxnProxy
 from tests.netfault import Host, slow_missing
@@ -213,7 +215,11 @@ async def test_a_commit_delivered_late_commits_nothing_of_the_next_transaction(
         finally:
             writer.stop()
             await running.stop()
-        messages = await items_exactly_once(broker.bootstrap, source, writer.written)
+        try:
+            messages = await items_exactly_once(broker.bootstrap, source, writer.written)
+        except PublishedTwice as exc:
+            raise AssertionError(f"{exc}\n{stored_batches(broker, source.database, exc.copies)}"
+                                 ) from None
     finally:
         await proxy.stop()
         await asyncio.to_thread(broker.close)
