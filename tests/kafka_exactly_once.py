@@ -406,18 +406,26 @@ async def broker_outage(broker: Any, source: Source, users_file: str, data_dir: 
         finally:
             writer.stop()
             await running.stop()
-        try:
-            messages = await items_exactly_once(broker.bootstrap, source, writer.written)
-        except PublishedTwice as exc:
-            raise AssertionError(f"{exc}\n{_transaction_lines(broker.log_files())}\n"
-                                 f"{stored_batches(broker, db, exc.copies)}\n"
-                                 f"the sink's log:\n{sink_log.text()}") from None
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{_transaction_lines(broker.log_files())}") from None
+        messages = await items_once_on(broker, source, writer.written, sink_log)
     return Outage(away, writer.written, messages, rewinds)
 
 
-def stored_batches(broker: Any, db: str, copies: list[tuple[int, int]]) -> str:
+async def items_once_on(broker: Any, source: Source, written: int,
+                        sink_log: _TimedLog | None = None) -> int:
+    """:func:`items_exactly_once` on a single ``broker``; failing, the message adds the
+    broker's warnings and, for rows read twice, the batches it stored and the sink's log."""
+    try:
+        return await items_exactly_once(broker.bootstrap, source, written)
+    except PublishedTwice as exc:
+        logged = f"\nthe sink's log:\n{sink_log.text()}" if sink_log is not None else ""
+        raise AssertionError(f"{exc}\n{_transaction_lines(broker.log_files())}\n"
+                             f"{_stored_batches(broker, source.database, exc.copies)}"
+                             f"{logged}") from None
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_transaction_lines(broker.log_files())}") from None
+
+
+def _stored_batches(broker: Any, db: str, copies: list[tuple[int, int]]) -> str:
     """The batches the (single) broker stored: the state topic's, and those around each copy
     of a row read twice, with the producer epoch that wrote each and every marker."""
     from tests import kafka_segments
