@@ -175,12 +175,14 @@ def dump_tables(address: SourceAddress, data_dir: str, tables: list[TableName],
                 stream_versions: dict[TableName, int] | None = None,
                 progressed: Progressed | None = None,
                 stop: threading.Event | None = None,
-                capture: CaptureFilter = EVERY_USER_TABLE) -> list[DumpResult]:
+                capture: CaptureFilter = EVERY_USER_TABLE,
+                landed: Callable[[DumpResult], None] | None = None) -> list[DumpResult]:
     """Dump each table in its own snapshot; returns the finished dumps. A table that fails
     does not stop the others: DumpFailed at the end names it. ``stream_versions``: each
     table's newest version now (a running service passes its catalog's; by default they are
     read from the data directory). Setting ``stop`` interrupts it after the current batch.
-    A table the service does not capture is refused before anything is read."""
+    A table the service does not capture is refused before anything is read. ``landed`` is
+    called with each table's dump as soon as it is in place."""
     for table in tables:
         require_captured(table, capture)
     options = replace(options, columns=capture.columns)
@@ -193,8 +195,8 @@ def dump_tables(address: SourceAddress, data_dir: str, tables: list[TableName],
     for table in tables:
         try:
             with table_lock(directory, table):
-                results.append(_dump_one(address, data_dir, table, versions.get(table, 0),
-                                         options, progressed, stop))
+                result = _dump_one(address, data_dir, table, versions.get(table, 0), options,
+                                   progressed, stop)
         except DumpInterrupted:
             raise
         except CdcError as exc:
@@ -202,6 +204,10 @@ def dump_tables(address: SourceAddress, data_dir: str, tables: list[TableName],
                 raise
             log.error("dump of %s failed: %s", table, exc)
             failures.append(f"{table}: {exc}")
+            continue
+        results.append(result)
+        if landed is not None:
+            landed(result)
     if failures:
         raise DumpFailed("; ".join(failures), results)
     return results

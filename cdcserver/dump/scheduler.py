@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import logging
 import os
 import threading
@@ -30,8 +31,8 @@ from cdcserver.core.errors import CdcError, StoreError
 from cdcserver.core.names import TableName
 from cdcserver.dump import files
 from cdcserver.dump.dumper import (
-    DumpFailed,
     DumpOptions,
+    DumpResult,
     dump_tables,
     estimate_rows,
     newest_versions,
@@ -152,9 +153,8 @@ class DumpScheduler:
                 await self._take(tables)
             except CdcError as exc:
                 log.warning("requested dump failed: %s", exc)
-            except Exception as exc:  # a request must not stop the ones after it (logged)
+            except Exception:  # a request must not stop the ones after it (logged)
                 log.exception("requested dump failed")
-                self._failed(tables, str(exc))
 
     # -- on a schedule ---------------------------------------------------------------------
 
@@ -183,58 +183,67 @@ class DumpScheduler:
             else:
                 wait = min(wait, remaining)
         if due:
-            with self._progress_lock:
-                for table in due:
-                    self.progress.setdefault(table, TableProgress(table, "queued"))
             await self._take(due)
         return max(wait, 1.0)
 
     async def _take(self, tables: list[TableName]) -> None:
         """Dump ``tables`` in a worker thread, one pass at a time; a cancelled service
-        leaves the dump to be resumed."""
+        leaves the dump to be resumed. Each table is listed queued, then running until its
+        own dump is in place (not until the pass ends: a table asked for again then is
+        queued again); every failure of the pass, the source's estimate included, leaves
+        the tables not in place listed failed, so that they may be asked for again."""
+        entries = self._queued(tables)
         async with self._pass:
-            estimates = await asyncio.to_thread(estimate_rows, self.address, tables)
-            started = dt.datetime.now(dt.UTC).isoformat()
-            with self._progress_lock:
-                for table in tables:
-                    self.progress[table] = TableProgress(table, "running", 0,
-                                                         estimates.get(table, 0), started)
-            options = DumpOptions(self.config)
-            versions = newest_versions(self.catalog, tables)
-            stop = threading.Event()
-            work = asyncio.ensure_future(asyncio.to_thread(
-                dump_tables, self.address, self.data_dir, tables, options, versions,
-                self._progressed, stop, self.capture))
             self.running = True
             try:
-                await asyncio.shield(work)
+                await self._dump(tables, entries)
             except asyncio.CancelledError:
-                stop.set()  # the service is stopping: leave the dump to be resumed
-                with contextlib.suppress(CdcError, OSError):
-                    await work
-                raise
-            except DumpFailed as exc:
-                done = {r.info.table for r in exc.results}
-                self._failed([t for t in tables if t not in done], str(exc))
-                with self._progress_lock:
-                    for table in done:
-                        self.progress.pop(table, None)
-                raise
-            except CdcError as exc:
-                self._failed(tables, str(exc))
                 raise
             except OSError as exc:  # the dump directory's disk: full, failing, read-only
                 said = _unwritable(tables, exc)
-                self._failed(tables, said)
+                self._failed(entries, said)
                 raise StoreError(said) from exc
+            except Exception as exc:
+                self._failed(entries, str(exc))
+                raise
             finally:
                 self.running = False
                 if self.taken is not None:  # (a failed pass may have written some too)
                     self.taken()
-            with self._progress_lock:
-                for table in tables:
-                    self.progress.pop(table, None)
             self.runs += 1
+
+    async def _dump(self, tables: list[TableName], entries: dict[TableName, TableProgress]) \
+            -> None:
+        estimates = await asyncio.to_thread(estimate_rows, self.address, tables)
+        started = dt.datetime.now(dt.UTC).isoformat()
+        with self._progress_lock:
+            for table in tables:
+                entries[table] = self.progress[table] = TableProgress(
+                    table, "running", 0, estimates.get(table, 0), started)
+        options = DumpOptions(self.config)
+        versions = newest_versions(self.catalog, tables)
+        stop = threading.Event()
+        landed = functools.partial(self._landed, entries, asyncio.get_running_loop())
+        work = asyncio.ensure_future(asyncio.to_thread(
+            dump_tables, self.address, self.data_dir, tables, options, versions,
+            self._progressed, stop, self.capture, landed))
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            stop.set()  # the service is stopping: leave the dump to be resumed
+            with contextlib.suppress(CdcError, OSError):
+                await work
+            raise
+
+    def _queued(self, tables: list[TableName]) -> dict[TableName, TableProgress]:
+        """The pass's entries, listed queued while it waits for the one before it: those
+        its request made, or new ones (a table failed before is queued again)."""
+        with self._progress_lock:
+            for table in tables:
+                entry = self.progress.get(table)
+                if entry is None or entry.state == "failed":
+                    self.progress[table] = TableProgress(table, "queued")
+            return {t: self.progress[t] for t in tables}
 
     def _progressed(self, table: TableName, rows: int) -> None:
         with self._progress_lock:
@@ -242,11 +251,26 @@ class DumpScheduler:
             if entry is not None:
                 entry.rows = rows
 
-    def _failed(self, tables: list[TableName], error: str) -> None:
+    def _landed(self, entries: dict[TableName, TableProgress],
+                loop: asyncio.AbstractEventLoop, result: DumpResult) -> None:
+        """A table's dump is in place (called from the dump's thread): it is no longer
+        taken, and the cleaner may now keep the table to its policy."""
+        table = result.info.table
         with self._progress_lock:
-            for table in tables:
-                self.progress[table] = TableProgress(table, "failed", error=error,
-                                                     ended=time.monotonic())
+            if self.progress.get(table) is entries.get(table):
+                del self.progress[table]
+        if self.taken is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the service stopped
+                loop.call_soon_threadsafe(self.taken)
+
+    def _failed(self, entries: dict[TableName, TableProgress], error: str) -> None:
+        """The pass's tables still listed as its own (not landed, not asked for again)
+        are listed failed."""
+        with self._progress_lock:
+            for table, entry in entries.items():
+                if self.progress.get(table) is entry:
+                    self.progress[table] = TableProgress(table, "failed", error=error,
+                                                         ended=time.monotonic())
 
     def _remaining(self, table: TableName, now: dt.datetime) -> float:
         if os.path.exists(os.path.join(files.dump_dir(self.data_dir),

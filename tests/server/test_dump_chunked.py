@@ -453,6 +453,50 @@ async def test_a_requested_dump_that_fails_is_listed_failed_with_its_error(
     await client.close()
 
 
+async def test_a_table_whose_dump_is_in_place_may_be_asked_for_again_while_its_pass_goes_on(
+        cdc: RunningService, source: Source):
+    """Two tables in one START-DUMP, the second locked: the first's dump lands, and from
+    then on it is no longer listed as taken, so asking for it again queues a new dump (it
+    was listed running, and refused as under way, until the whole pass ended). Once a
+    table is not taken, its dump is listed (it may be listed a moment before that)."""
+    from tests.helpers import RawClient
+
+    db = source.database
+    _orders(source, 200)
+    source.execute(f"CREATE TABLE `{db}`.first (id INT PRIMARY KEY)",
+                   f"INSERT INTO `{db}`.first VALUES (1), (2)")
+    await cdc.caught_up(source)
+    client = await RawClient.connect(cdc.port)
+    await client.login()
+
+    async def listing() -> tuple[list[str], dict[str, str]]:
+        await client.send(b"LIST-DUMPS\n")
+        answer = await client.json_line()
+        return ([d["table"] for d in answer["dumps"] if d["database"] == db],
+                {p["table"]: p["state"] for p in answer["taking"] if p["database"] == db})
+
+    locker = source.server.connect(db)
+    cur = locker.cursor()
+    cur.execute("LOCK TABLES orders WRITE")
+    try:
+        await client.send(f"START-DUMP {db}.first {db}.orders\n".encode())
+        assert await client.json_line() == {"started": [f"{db}.first", f"{db}.orders"],
+                                            "under_way": []}
+        dumps, taking = await eventually(listing, lambda listed: "first" not in listed[1],
+                                         what="the first table's dump")
+        assert dumps == ["first"] and taking == {"orders": "running"}
+        await client.send(f"START-DUMP {db}.first\n".encode())
+        assert await client.json_line() == {"started": [f"{db}.first"], "under_way": []}
+        assert (await listing())[1] == {"orders": "running", "first": "queued"}
+    finally:
+        cur.execute("UNLOCK TABLES")
+        locker.close()
+    dumps, _ = await eventually(listing, lambda listed: not listed[1],
+                                what="both passes to end")
+    assert sorted(dumps) == ["first", "first", "orders"]
+    await client.close()
+
+
 async def test_a_table_growing_at_the_end_of_its_key_does_not_keep_the_dump_reading(
         cdc: RunningService, source: Source):
     """The last key range ends at the table's last key when the dump begins; rows added
