@@ -211,8 +211,10 @@ async def test_the_cleaner_never_deletes_a_dump_being_sent_and_deletes_it_after(
     assert [d.name for d in list_dumps(retaining.service.config.store.data_dir)] == [new.name]
 
 
-def _new_dump(data_dir: str, seen: set[str]) -> bool:
-    return bool({d.name for d in list_dumps(data_dir)} - seen)
+def _done(seen: frozenset[str], listing: tuple[set[str], bool]) -> bool:
+    """A dump not seen before is listed, and none of the table is being taken."""
+    names, taking = listing
+    return bool(names - seen) and not taking
 
 
 @pytest.mark.mariadb
@@ -220,21 +222,35 @@ async def test_dumps_asked_for_without_end_are_kept_to_the_policy_as_they_comple
         retaining: RunningService, source: Source):
     """A user who may read one table sends START-DUMP again each time the last one is done
     (an attack filled 1 GB in 2 s): each completed dump wakes the cleaner, so the table
-    keeps ``dumps_keep`` (1 here), not one more per request until the hourly pass."""
-    from tests.helpers import reply_to
+    keeps ``dumps_keep`` (1 here), not one more per request until the hourly pass. Done is
+    what LIST-DUMPS says: the new dump listed, the table no longer taken (the file in
+    the directory comes a moment before; the test sent START-DUMP then, and under load it
+    was answered "under way")."""
+    from tests.helpers import RawClient, eventually
 
     _big_table(source, rows=5000)
     await retaining.caught_up(source)
-    data_dir = retaining.service.config.store.data_dir
+    client = await RawClient.connect(retaining.port)
+    await client.login()
+
+    async def listing() -> tuple[set[str], bool]:
+        await client.send(f"LIST-DUMPS `{source.database}`.big\n".encode())
+        answer = await client.json_line()
+        return {d["name"] for d in answer["dumps"]}, bool(answer["taking"])
+
     seen: set[str] = set()
-    for _ in range(4):
-        reply = json.loads(await reply_to(retaining.port, f"START-DUMP `{source.database}`.big"))
-        assert reply["started"] == [f"{source.database}.big"], reply
-        await asyncio.to_thread(wait_until, functools.partial(_new_dump, data_dir, set(seen)),
-                                60, "the dump asked for")
-        seen |= {d.name for d in list_dumps(data_dir)}
-        await asyncio.to_thread(wait_until, lambda: len(list_dumps(data_dir)) == 1, 10,
-                                "the older dumps to be deleted")
+    try:
+        for _ in range(4):
+            await client.send(f"START-DUMP `{source.database}`.big\n".encode())
+            reply = await client.json_line()
+            assert reply["started"] == [f"{source.database}.big"], reply
+            listed, _ = await eventually(listing, functools.partial(_done, frozenset(seen)),
+                                         60, "the dump asked for")
+            seen |= listed
+            await eventually(listing, lambda found: len(found[0]) == 1, 10,
+                             "the older dumps to be deleted")
+    finally:
+        await client.close()
     assert len(seen) == 4
 
 
