@@ -59,6 +59,14 @@ def _eos(kafka_broker, source: Source, **extra: object) -> dict[str, object]:
     return section
 
 
+def _published_past(running: RunningService, state: Any) -> bool:
+    """The Kafka sink's last commit published every transaction of ``state`` (a GTID
+    state)."""
+    sink = running.service.replication.sink("kafka")
+    published = sink.checkpoint.published if sink is not None else None  # type: ignore
+    return published is not None and all(published.gtid_state.covers(g) for g in state)
+
+
 async def test_a_second_instance_fences_the_first_and_only_it_publishes(
         tmp_path, source: Source, users_file: str, kafka_broker):
     """Two instances for the same stream (the same transactional id): the second one's
@@ -291,6 +299,10 @@ async def test_repairs_pending_longer_than_the_transaction_timeout_publish_every
         await pace(8.0)
         sink = running.service.replication.sink("kafka")
         assert sink is not None
+        # (the first commit needs the producer, its topics and the cascades replicated:
+        # on a loaded machine, more than the 8 s)
+        await until(lambda: sink.stats.commits > 0, 120,  # type: ignore[attr-defined]
+                    "a Kafka transaction committed while repairs wait")
         committed = sink.stats.commits  # type: ignore[attr-defined]
         running = await _killed_and_started_again(running, config)
     finally:
@@ -431,7 +443,9 @@ async def test_a_repair_beside_the_stream_read_again_loses_none_of_the_tables_la
         await until(lambda: caplog.text.count("is read beside the stream") >= 2, 60)
         await until(lambda: caplog.text.count("beside the stream, in ") >= 2, 120,
                     "both repairs out")
-        await pace(8.0)  # and Kafka's commits past them
+        out_by = source.gtid_state()  # (both watermarks are at or before it)
+        await until(lambda: _published_past(running, out_by), 120,
+                    "a Kafka commit past both repairs")
         first_pass = time.monotonic() - started
         running = await _killed_and_started_again(running, config)
     finally:

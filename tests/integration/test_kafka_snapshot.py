@@ -228,6 +228,7 @@ async def test_snapshot_then_changes_rebuild_the_table_and_an_alter_is_not_block
             health = await asyncio.to_thread(_health, running)
             assert [t["table"] for t in health["kafka_snapshot"]] == [f"{db}.items"]
             await snapshot_joined(running)
+            whole = time.monotonic() - started  # the snapshot, from the ALTER to its join
             await pace(1.0)  # changes after the join too
             writer.finish()
             await kafka_caught_up(running, source)
@@ -243,8 +244,11 @@ async def test_snapshot_then_changes_rebuild_the_table_and_an_alter_is_not_block
     assert "extra" in next(iter(table.values()))
     assert not differences(rebuilt, table), "\n".join(differences(rebuilt, table))
     print(f"\nsnapshot: {progress[0]['total']} rows, {writer.commits} commits meanwhile, "
-          f"ALTER took {altered:.2f}s")
-    assert altered < 5.0, f"the ALTER waited {altered:.1f}s"
+          f"ALTER took {altered:.2f}s of the snapshot's {whole:.2f}s after it")
+    # An ALTER that waited for the snapshot would end as it joins; one that waits for a
+    # chunk at most ends well before (the snapshot then starts over in the new definition).
+    # Relative: a loaded machine slows both (an absolute bound only measures the machine).
+    assert altered < whole / 2, f"the ALTER waited {altered:.1f}s of {whole:.1f}s"
     assert "starting it over in the new definition" in caplog.text  # (the ALTER hit the dump)
     assert "read in one snapshot" not in caplog.text  # chunked: no lock held across chunks
     assert "formatted by a process of its own" in caplog.text  # (WORKER_ROWS: 50,000)

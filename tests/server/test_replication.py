@@ -258,7 +258,9 @@ async def test_a_stopped_replicator_leaves_no_dump_thread_on_the_server(source: 
     finally:
         handoff.close()
         await asyncio.to_thread(replicator.stop)
-    await asyncio.to_thread(wait_until, lambda: not ours & _dump_threads(source), 2.0,
+    # (well before the 30 s heartbeat that would end it anyway; the KILL may need a
+    # connection of its own first, and the server ends its thread in its own time)
+    await asyncio.to_thread(wait_until, lambda: not ours & _dump_threads(source), 20.0,
                             "the server's dump thread to end")
 
 

@@ -247,7 +247,7 @@ async def test_dumps_asked_for_without_end_are_kept_to_the_policy_as_they_comple
             listed, _ = await eventually(listing, functools.partial(_done, frozenset(seen)),
                                          60, "the dump asked for")
             seen |= listed
-            await eventually(listing, lambda found: len(found[0]) == 1, 10,
+            await eventually(listing, lambda found: len(found[0]) == 1, 60,
                              "the older dumps to be deleted")
     finally:
         await client.close()

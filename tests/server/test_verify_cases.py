@@ -58,13 +58,14 @@ async def test_verify_agrees_with_the_oracle(cdc: RunningService, source: Source
         await _equal(cdc, source, table)
         await _verified(cdc, source, table)
 
-    # an idle source whose binlog rotated: verify finishes at once, not at its timeout
+    # an idle source whose binlog rotated: verify finishes at once, not at its timeout (a
+    # long one, so that a loaded machine's "at once" stays far from it)
     source.execute("FLUSH BINARY LOGS")
     started = time.monotonic()
     report = await asyncio.to_thread(verify_table, parse_source_url(source.url),
                                      cdc.service.config.store.data_dir,
-                                     TableName(source.database, "wide"), 20.0)
-    assert report.ok and time.monotonic() - started < 10, "\n".join(report.lines())
+                                     TableName(source.database, "wide"), 120.0)
+    assert report.ok and time.monotonic() - started < 60, "\n".join(report.lines())
 
     # and a real difference is still one: rows changed where the binlog does not see them
     _run(source, "UPDATE wide SET d = 7 WHERE id = 1", "DELETE FROM nokey WHERE a = 2 LIMIT 1",

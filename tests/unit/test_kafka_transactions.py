@@ -138,8 +138,9 @@ def _sink(tmp_path, monkeypatch: pytest.MonkeyPatch, **config: Any) -> KafkaSink
     _Producer.made.clear()
     monkeypatch.setattr(sender_module.connect, "producer",
                         lambda config, transactional_id=None: _Producer())
-    sink = KafkaSink(KafkaConfig(bootstrap="127.0.0.1:1", delivery="exactly-once",
-                                 transaction_timeout=0.4, **config), str(tmp_path), "stream")
+    config = {"transaction_timeout": 0.4, **config}
+    sink = KafkaSink(KafkaConfig(bootstrap="127.0.0.1:1", delivery="exactly-once", **config),
+                     str(tmp_path), "stream")
 
     async def committed(committed: bool = False) -> None:  # what the state topic holds
         sink.checkpoint.durable = _position(0)
@@ -189,7 +190,10 @@ async def test_a_refused_batch_is_never_committed_the_sink_rewinds(sink):
     assert _Producer.made[1].calls == ["start", "begin"]
 
 
-async def test_fenced_while_young_another_instance_publishes_this_one_stops(sink):
+async def test_fenced_while_young_another_instance_publishes_this_one_stops(
+        tmp_path, monkeypatch: pytest.MonkeyPatch):
+    # young: well under half the transaction timeout, however long the machine stalls
+    sink = _sink(tmp_path, monkeypatch, transaction_timeout=600.0)
     assert sink.transactions is not None
     await sink.transactions.connect()
     producer = await _one_transaction(sink, 1)
