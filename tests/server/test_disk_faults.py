@@ -99,14 +99,38 @@ def _table(source: Source, rows: int) -> None:
                      for i in range(1, rows + 1)))
 
 
-async def _stored_table(source: Source, service: chaos.Service) -> None:
-    """Table ``t`` with ten rows on the source, and the service caught up with it."""
+async def _stored_table(source: Source, service: chaos.Service, disk: DiskFaults) -> None:
+    """Table ``t`` with ten rows on the source, the service caught up with it, and its
+    checkpoint past them: the store's fsyncs of those rows are done, so that a fault
+    injected next meets the next statement's first. (Caught up is applied, not synced: a
+    store flush after it met the fault first, and the pause named a version file, not the
+    schema history the test was about. A fault scoped to the history's path instead would
+    not keep the service paused: its probe of the disk, another file, works.)"""
     _table(source, 10)
     conn = source.server.connect(source.database)
     try:
         assert await asyncio.to_thread(chaos.caught_up, service, conn, 60)
     finally:
         conn.close()
+    logged = source.gtid_state()
+    await asyncio.to_thread(_until, lambda: _checkpointed(_data_dir(service), disk, logged),
+                            60, "the checkpoint past the table's rows, synced")
+
+
+def _checkpointed(data: DataDir, disk: DiskFaults, state: Any) -> bool:
+    """The checkpoint covers ``state``, and its journal is synced as it is now (a line of
+    it is read before its fsync returns)."""
+    checkpoint = ckpt.load(data.checkpoint)
+    if checkpoint is None or checkpoint.position is None or \
+            not all(checkpoint.position.gtid_state.covers(gtid) for gtid in state):
+        return False
+    journal = os.path.realpath(data.checkpoint_log)
+    return not os.path.exists(journal) or \
+        disk.synced().get(journal, -1) >= os.path.getsize(journal)
+
+
+def _data_dir(service: chaos.Service) -> DataDir:
+    return DataDir(service.args[service.args.index("--data-dir") + 1])
 
 
 def _until(check: Any, timeout: float, what: str) -> Any:
@@ -149,7 +173,7 @@ async def _assert_whole(service: chaos.Service, source: Source) -> None:
                                       password=PASSWORD)
     finally:
         conn.close()
-    avro = DataDir(service.args[service.args.index("--data-dir") + 1]).avro
+    avro = _data_dir(service).avro
     for name in os.listdir(avro):  # no file left half written
         if name.endswith(".avro"):
             with open(os.path.join(avro, name), "rb") as f:
@@ -159,7 +183,7 @@ async def _assert_whole(service: chaos.Service, source: Source) -> None:
 @pytest.mark.parametrize("fault", ["eio-write", "eio-fsync", "erofs"])
 async def test_a_failing_disk_pauses_and_the_service_starts_over_from_its_checkpoint(
         fault: str, source: Source, disk: DiskFaults, service: chaos.Service):
-    await _stored_table(source, service)
+    await _stored_table(source, service, disk)
     port = service.port
 
     disk.inject(fault)
@@ -345,7 +369,7 @@ async def test_a_schema_statement_on_a_failing_disk_is_told_in_one_line_without_
     fsynced) before the store sees the statement. A failing disk refused it there, and the
     thread logged a crash with its traceback, 50 times in a 560-fault soak, before the
     runner's one line. Now the runner's line is the one: it names the history."""
-    await _stored_table(source, service)
+    await _stored_table(source, service, disk)
     disk.inject("eio-fsync")
     source.execute(f"ALTER TABLE `{source.database}`.t ADD COLUMN extra INT")
     await _told_in_one_line_and_healed(service, disk, "schema history")
@@ -361,7 +385,7 @@ async def test_an_xa_prepare_on_a_failing_disk_is_told_in_one_line_without_a_tra
     a crash with its traceback before the runner's one line (found in review; the service
     started over all the same). Now the runner's line is the one, and it names the file's
     kind. The transaction, committed once the disk works, reaches the stream whole."""
-    await _stored_table(source, service)
+    await _stored_table(source, service, disk)
     db = source.database
     disk.inject("eio-fsync")
     conn = source.server.connect()
