@@ -123,9 +123,9 @@ LOGGING_IN = {**CLIENT, "id": 13, "address": "10.0.0.8:4000", "user": None, "for
 
 
 def test_clients_table():
-    now = dt.datetime.fromisoformat("2026-11-29T10:00:00+00:00").astimezone()
-    text = ctlformat.render_clients([CLIENT, LOGGING_IN], now=now)
     since = dt.datetime.fromisoformat(CLIENT["connected_at"]).astimezone()
+    # another day in every zone (17 h later in UTC was the same day from UTC+13)
+    text = ctlformat.render_clients([CLIENT, LOGGING_IN], now=since + dt.timedelta(days=2))
     day = f"{since:%Y-%m-%d %H:%M}"
     assert text.splitlines() == [
         "ID  ADDRESS         USER    FORMAT  READING      POSITION       BEHIND              "
@@ -165,7 +165,7 @@ def test_a_time_is_its_time_of_day_today_and_its_date_and_time_on_any_other_day(
 
 def test_dumps_table_with_the_dumps_being_taken():
     started = "2026-11-28T17:31:00+00:00"
-    now = dt.datetime.fromisoformat("2026-11-29T10:00:00+00:00")
+    now = dt.datetime.fromisoformat(started) + dt.timedelta(days=2)  # another day anywhere
     at = f"{dt.datetime.fromisoformat(started).astimezone():%Y-%m-%d %H:%M}"
     text = ctlformat.render_dumps({
         "dumps": [{"name": "shop.orders.20261128T172000Z.dump", "table": "shop.orders",
