@@ -195,7 +195,9 @@ def test_snapshot_each_tool_publishes_the_tables_rows(tmp_path: Path, kafka_brok
     for result in results:
         assert result.rows >= SNAPSHOT_ROWS and not result.abandoned, result
         assert result.rss_mb > 0 and result.cpu > 0
-    assert not results[0].blocked
+    # Whether a write waited (over 1 s) is the bench's figure, printed: on a loaded machine
+    # a commit may take that long by itself. That an ALTER does not wait for the service's
+    # snapshot is test_kafka_snapshot's, bounded by the snapshot's own time.
     peers_snapshot.report(results)
     out = capsys.readouterr().out
     with capsys.disabled():

@@ -178,13 +178,19 @@ async def test_the_mirror_survives_an_executor_and_the_driver_killed(
         # task of a batch: the worker starts a new executor, and Spark runs the task again
         # on it
         write(40)
-        await until(lambda: any(cluster.executor_of(p) for p in cluster.executors()),
-                    timeout=60)
-        executor = next(e for p in cluster.executors() if (e := cluster.executor_of(p)))
-        os.kill(executor, signal.SIGKILL)
+        found: list[int] = []  # (kept from the check: the Python worker may end after it)
+
+        def executor_running() -> bool:
+            found[:] = [e for p in cluster.executors() if (e := cluster.executor_of(p))]
+            return bool(found)
+
+        await until(executor_running, timeout=60)
+        os.kill(found[0], signal.SIGKILL)
         await cdc.caught_up(source)
         await _until_mirrored(tmp_path, table, driver, timeout=180)
-        assert b"Lost executor" in (tmp_path / "driver.log").read_bytes()
+        # (the batch may be mirrored before the driver logs the loss)
+        await until(lambda: b"Lost executor" in (tmp_path / "driver.log").read_bytes(),
+                    timeout=60, what="the driver to see its executor lost")
         # the driver killed with -9 once a batch of the new rows has begun (its offsets are
         # in the checkpoint); restarted from its checkpoint
         logged = batches_begun(tmp_path / "checkpoint")

@@ -147,14 +147,16 @@ async def _open_idle(port: int, addresses: list[str], each: int
 
 async def _refused(connections: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]
                    ) -> list[bytes]:
-    """The lines of the connections the server answered at once (and closed)."""
+    """The lines of the connections the server refused as they came (and closed), read
+    for 4 s after the last one opened: a connection is open once the kernel has it, before
+    the service accepted it. One served, left to the authentication timeout, is not."""
     async def first_line(reader: asyncio.StreamReader) -> bytes:
         try:
-            return await asyncio.wait_for(reader.readline(), 0.5)
+            return await asyncio.wait_for(reader.readline(), 4.0)
         except TimeoutError:
             return b""
     lines = await asyncio.gather(*(first_line(r) for r, _ in connections))
-    return [line for line in lines if line]
+    return [line for line in lines if line and not line.startswith(b"ERR TIMEOUT")]
 
 
 def _close_all(connections: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]) -> None:

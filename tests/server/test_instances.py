@@ -26,7 +26,7 @@ from cdcserver.core.names import TableName
 from cdcserver.store.naming import version_file
 from mariadb_cdc_client import CdcClient, ChangeRecord
 from tests.conftest import Source
-from tests.helpers import PASSWORD, USER, until
+from tests.helpers import PASSWORD, USER, joined, until
 
 pytestmark = pytest.mark.mariadb
 
@@ -167,7 +167,7 @@ async def test_a_client_follows_two_instances_across_repeated_kill_9(
             in_use.start()
             await until(in_use.listening, timeout=30)  # back before the other is killed
         writer.stop.set()
-        writer.thread.join(30)
+        joined(writer.thread)
         await until(lambda: len(received) >= writer.records, timeout=60)
         await asyncio.sleep(1.0)  # anything more would be a duplicate
     finally:
@@ -273,9 +273,13 @@ async def test_cdc_given_two_instances_continues_on_the_other_after_kill_9(
         raise
     finally:
         writer.stop.set()
-        writer.thread.join(30)
+        joined(writer.thread)
     assert process.stdout is not None and process.stderr is not None
     try:
+        # every record and the schema printed before `cdc` goes quiet for its 4 s and ends
+        # (the instance left may still be catching up with the writer's last rows)
+        await until(lambda: len(printed) >= writer.records + 1, timeout=120,
+                    what="every record printed")
         await asyncio.to_thread(process.wait, 60)
         reading.join(10)
         errors = process.stderr.read()

@@ -137,7 +137,7 @@ def test_a_client_that_takes_nothing_loses_the_transfer_and_others_are_served(
 
     error, took, meanwhile = _run(loop, body)
     assert isinstance(error, TransferStalled), error
-    assert 1.0 <= took < 10
+    assert took >= 1.0  # (cut by stall_timeout: the outer 30 s wait would not raise this)
     assert meanwhile == b"x" * 100_000
 
 
