@@ -456,13 +456,21 @@ async def assert_stream_equals_table(port: int, conn: Any, database: str, table:
                                      from_clause: str | None = None,
                                      quiet: float = 1.0,
                                      masked: dict[str, str] | None = None,
-                                     excluded: tuple[str, ...] = ()) -> Rebuilt:
+                                     excluded: tuple[str, ...] = (),
+                                     bounded: bool = True) -> Rebuilt:
     """Rebuild ``database.table`` from its JSON stream and assert it equals the table.
     ``extra_columns`` adds columns ``information_schema`` does not list (a system-versioned
     table's ``row_start``/``row_end``), ``from_clause`` reads another row set (``FOR
     SYSTEM_TIME ALL``). ``masked`` compares columns with an SQL expression of the source's
     row (``SHA2(CONCAT('salt', email), 256)``), as text; ``excluded`` columns are not
-    compared, and the stream must not hold them."""
+    compared, and the stream must not hold them.
+
+    The stream is read up to what ``conn``'s server has logged (``UNTIL`` its
+    ``@@gtid_binlog_pos``: the service waits until it has stored it, then ends the read),
+    not until it has been quiet for ``quiet`` seconds: a loaded machine pauses a stream for
+    longer than that, and a read that took the pause for its end saw a table short of its
+    last changes. ``bounded=False`` reads until quiet (a service that does not read
+    ``conn``'s server, or a test of the unbounded read)."""
     types = column_types(conn, database, table)
     types.update(extra_columns or {})
     for column in excluded:
@@ -471,8 +479,9 @@ async def assert_stream_equals_table(port: int, conn: Any, database: str, table:
         types[column] = "text"
         masked = {**(masked or {}), column: f"CONVERT({expression} USING utf8mb4)"}
     names = primary_key(conn, database, table) if key is None else key
+    until = logged_state(conn) if bounded else None
     lines, others = await read_renamed(port, database, table, user=user, password=password,
-                                       quiet=quiet)
+                                       quiet=quiet, until=until)
     rebuilt = rebuild(lines, names, others)
     table_rows = await asyncio.to_thread(source_rows, conn, database, table, types,
                                          from_clause=from_clause, expressions=masked)
@@ -482,6 +491,14 @@ async def assert_stream_equals_table(port: int, conn: Any, database: str, table:
                          await asyncio.to_thread(null_by_default, conn, database, table))
     assert comparison.equal, f"{database}.{table}: {comparison}"
     return rebuilt
+
+
+def logged_state(conn: Any) -> str | None:
+    """The GTID state ``conn``'s server has logged (None: none yet)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
+        (state,) = cur.fetchone()
+    return str(state) or None
 
 
 async def assert_each_change_once(port: int, conn: Any, database: str, table: str, *,
