@@ -409,20 +409,28 @@ async def test_cdcserver_dump_progress_shows_rows_rate_and_time_left(cdc: Runnin
     assert float(rate.rstrip("kMG")) > 0
 
 
+async def _orders_and(cdc: RunningService, source: Source, other: str) -> Any:
+    """``orders`` (200 rows) and ``other`` (one row), the service caught up with them, and a
+    client logged in (a RawClient)."""
+    from tests.helpers import RawClient
+
+    db = source.database
+    _orders(source, 200)
+    source.execute(f"CREATE TABLE `{db}`.`{other}` (id INT PRIMARY KEY)",
+                   f"INSERT INTO `{db}`.`{other}` VALUES (1)")
+    await cdc.caught_up(source)
+    client = await RawClient.connect(cdc.port)
+    await client.login()
+    return client
+
+
 async def test_a_requested_dump_that_fails_is_listed_failed_with_its_error(
         cdc: RunningService, source: Source):
     """Two tables requested while the first is locked: the second waits (queued, in the
     metrics); it is dropped meanwhile, so its dump fails and LIST-DUMPS says so, with the
     error, while the first completes."""
-    from tests.helpers import RawClient
-
     db = source.database
-    _orders(source, 200)
-    source.execute(f"CREATE TABLE `{db}`.gone (id INT PRIMARY KEY)",
-                   f"INSERT INTO `{db}`.gone VALUES (1)")
-    await cdc.caught_up(source)
-    client = await RawClient.connect(cdc.port)
-    await client.login()
+    client = await _orders_and(cdc, source, "gone")
 
     async def taking() -> dict[str, dict[str, Any]]:
         await client.send(b"LIST-DUMPS\n")
@@ -459,15 +467,8 @@ async def test_a_table_whose_dump_is_in_place_may_be_asked_for_again_while_its_p
     then on it is no longer listed as taken, so asking for it again queues a new dump (it
     was listed running, and refused as under way, until the whole pass ended). Once a
     table is not taken, its dump is listed (it may be listed a moment before that)."""
-    from tests.helpers import RawClient
-
     db = source.database
-    _orders(source, 200)
-    source.execute(f"CREATE TABLE `{db}`.first (id INT PRIMARY KEY)",
-                   f"INSERT INTO `{db}`.first VALUES (1), (2)")
-    await cdc.caught_up(source)
-    client = await RawClient.connect(cdc.port)
-    await client.login()
+    client = await _orders_and(cdc, source, "first")
 
     async def listing() -> tuple[list[str], dict[str, str]]:
         await client.send(b"LIST-DUMPS\n")
