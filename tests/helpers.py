@@ -99,6 +99,25 @@ class RawClient:
             pass
 
 
+async def lines_until(port: int, request: str, until: object, dialect: str | None = "EXACT",
+                      timeout: float = 60.0) -> list[bytes]:
+    """The lines of ``request`` (a REQUEST-DATA) bounded by ``UNTIL until`` (a GTID state
+    the test's source has logged: the service waits until it has stored it), without the
+    end line, which must come: a read that ends when the server is quiet for a moment takes
+    a loaded machine's pause for the end."""
+    client = await RawClient.connect(port)
+    try:
+        await client.login(dialect=dialect)
+        await client.send(f"{request} UNTIL {until}\n".encode())
+        lines = []
+        while not (line := await client.line(timeout=timeout)).startswith(b'{"end"'):
+            assert line and not line.startswith(b"ERR"), line
+            lines.append(line)
+        return lines
+    finally:
+        await client.close()
+
+
 async def reply_to(port: int, command: str) -> bytes:
     """The first line a logged-in client (exact dialect) gets for ``command``."""
     client = await RawClient.connect(port)

@@ -20,7 +20,7 @@ from mariadb_cdc_client import ChangeRecord, SyncCdcClient
 from mariadb_cdc_client.format.gtid import is_gtid, is_gtid_state, stored_metadata
 from mariadb_cdc_client.format.wire import Code, ProtocolError, parse_request_data
 from tests.conftest import Source, make_config, start_service
-from tests.helpers import PASSWORD, USER, RawClient
+from tests.helpers import PASSWORD, USER, RawClient, lines_until
 from tests.integration.test_kafka import kafka_caught_up, kafka_section, raw_messages
 
 MAX32 = 4294967295
@@ -58,21 +58,8 @@ async def _command(port: int, line: str) -> bytes:
         await client.close()
 
 
-async def _json_records(port: int, request: str) -> list[dict[str, object]]:
-    client = await RawClient.connect(port)
-    try:
-        await client.login(dialect="EXACT")
-        await client.send(request.encode() + b"\n")
-        lines = []
-        while True:
-            try:
-                line = await client.line(timeout=1.0)
-            except TimeoutError:
-                return lines
-            assert not line.startswith(b"ERR"), line
-            lines.append(json.loads(line))
-    finally:
-        await client.close()
+async def _json_records(port: int, request: str, source: Source) -> list[dict[str, object]]:
+    return [json.loads(line) for line in await lines_until(port, request, source.gtid_state())]
 
 
 @pytest.mark.mariadb
@@ -103,14 +90,14 @@ async def test_the_largest_gtids_are_stored_served_sought_and_published(
         await kafka_caught_up(running, source)
         last = f"{MAX32}-{MAX32}-{MAX64}"
         for attempt in ("running", "restarted"):  # the index and the checkpoint, reloaded
-            records = [r for r in await _json_records(running.port, f"REQUEST-DATA {name}")
+            records = [r for r in await _json_records(running.port, f"REQUEST-DATA {name}", source)
                        if "event_type" in r]
             assert [(r["domain"], r["server_id"], r["sequence"], r["id"])
                     for r in records] == [(MAX32, MAX32, MAX64 - 1, 1), (MAX32, MAX32, MAX64, 2),
                                           (7, MAX32, HALF64, 3)], attempt
             # a GTID seek through the index, in JSON and AVRO modes
             sought = [r["id"] for r in await _json_records(running.port,
-                                                           f"REQUEST-DATA {name} {last}")
+                                                           f"REQUEST-DATA {name} {last}", source)
                       if "event_type" in r]
             assert sought == [2, 3], attempt
             typed = await asyncio.to_thread(_typed, running.port, name)

@@ -26,7 +26,7 @@ from cdcserver.core.names import TableName
 from cdcserver.store.naming import version_file
 from mariadb_cdc_client import CdcClient, ChangeRecord
 from tests.conftest import Source
-from tests.helpers import PASSWORD, USER, joined, until
+from tests.helpers import PASSWORD, USER, joined, lines_until, until
 
 pytestmark = pytest.mark.mariadb
 
@@ -208,33 +208,17 @@ async def test_two_instances_store_the_same_stream(tmp_path: os.PathLike[str], s
         streams = []
         for service in services:
             await service.caught_up(source)
-            streams.append(await _raw_lines(service.port, f"{db}.t"))
+            streams.append(await _raw_lines(service.port, f"{db}.t", source))
         assert len(streams[0]) > 1000 and streams[0] == streams[1]
     finally:
         for service in services:
             await service.stop()
 
 
-async def _raw_lines(port: int, table: str) -> list[bytes]:
-    from tests.oracle import auth_message
-
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 24)
-    try:
-        writer.write(auth_message(USER, PASSWORD))
-        assert await reader.readline() == b"OK\n"
-        writer.write(b"REGISTER UUID=same, TYPE=JSON\n")
-        assert await reader.readline() == b"OK\n"
-        writer.write(f"REQUEST-DATA {table}\n".encode())
-        lines = []
-        while True:
-            try:
-                line = await asyncio.wait_for(reader.readline(), 1.5)
-            except TimeoutError:
-                return lines
-            assert line and not line.startswith(b"ERR"), line
-            lines.append(line)
-    finally:
-        writer.close()
+async def _raw_lines(port: int, table: str, source: Source) -> list[bytes]:
+    """The table's stream as the server's default dialect writes it, up to what the source
+    has logged."""
+    return await lines_until(port, f"REQUEST-DATA {table}", source.gtid_state(), dialect=None)
 
 
 async def test_cdc_given_two_instances_continues_on_the_other_after_kill_9(

@@ -29,7 +29,7 @@ from cdcserver.store import checkpoint as ckpt
 from mariadb_cdc_client import ChangeRecord, SyncCdcClient
 from tests import chaos
 from tests.conftest import RunningService, Source, make_config, start_service
-from tests.helpers import PASSWORD, USER, RawClient, eventually
+from tests.helpers import PASSWORD, USER, RawClient, eventually, lines_until
 from tests.oracle import Rebuilt, assert_stream_equals_table
 
 pytestmark = pytest.mark.mariadb
@@ -119,28 +119,15 @@ async def test_two_columns_swap_names_in_one_statement(cdc: RunningService, sour
          "ALTER TABLE s CHANGE a b INT, CHANGE b a VARCHAR(10)",
          "INSERT INTO s VALUES (3, 3, 'three')", "UPDATE s SET b = b * 10 WHERE id = 1")
     await _exact(cdc, source, "s")
-    rebuilt_schema = await _schema_lines(cdc.port, f"{source.database}.s")
+    rebuilt_schema = await _schema_lines(cdc.port, f"{source.database}.s", source)
     assert rebuilt_schema[-1]["ddl"]["renamed_columns"] == {"a": "b", "b": "a"}
     # the history agrees with the binlog's table map after the swap: nothing was relearned
     assert [f["name"] for f in rebuilt_schema[-1]["fields"][6:]] == ["id", "b", "a"]
 
 
-async def _schema_lines(port: int, table: str) -> list[dict[str, Any]]:
-    client = await RawClient.connect(port)
-    try:
-        await client.login(dialect="EXACT")
-        await client.send(f"REQUEST-DATA {table}\n".encode())
-        lines = []
-        while True:
-            try:
-                line = await client.line(timeout=1.0)
-            except TimeoutError:
-                return lines
-            parsed = json.loads(line)
-            if "fields" in parsed:
-                lines.append(parsed)
-    finally:
-        await client.close()
+async def _schema_lines(port: int, table: str, source: Source) -> list[dict[str, Any]]:
+    lines = await lines_until(port, f"REQUEST-DATA {table}", source.gtid_state())
+    return [parsed for line in lines if "fields" in (parsed := json.loads(line))]
 
 
 async def test_a_narrowing_alter_after_schema_forget_is_repaired(tmp_path, source: Source,
