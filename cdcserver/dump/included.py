@@ -91,11 +91,11 @@ class NewlyIncluded:
                 await asyncio.sleep(delay)
         backoff = Backoff(first=1.0, maximum=60.0)
         while record.owed:
-            tables = list(record.owed)
-            self.scheduler.request([t for t in tables
-                                    if t not in self.scheduler.progress or
-                                    self.scheduler.progress[t].state == "failed"])
-            await asyncio.sleep(self.poll)
+            # Those not being dumped, seen before the dumps are listed: a dump is in place
+            # before its table leaves the scheduler's list, so one that landed in between is
+            # listed, settled, and not asked for a second time.
+            idle = [t for t in record.owed if t not in self.scheduler.progress or
+                    self.scheduler.progress[t].state == "failed"]
             try:
                 record = await asyncio.to_thread(self._settle, record)
                 backoff.connected()
@@ -103,7 +103,11 @@ class NewlyIncluded:
                 delay = backoff.failed()
                 log.warning("capture: cannot record which newly included tables were dumped "
                             "(%s); trying again in %.0f s", exc, delay)
+                self.scheduler.request(idle)
                 await asyncio.sleep(delay)
+                continue
+            self.scheduler.request([t for t in idle if t in record.owed])
+            await asyncio.sleep(self.poll)
 
     def _owe(self) -> CaptureRecord:
         before = CaptureRecord.load(self.path, self.config)
