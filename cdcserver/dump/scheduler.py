@@ -197,8 +197,6 @@ class DumpScheduler:
             self.running = True
             try:
                 await self._dump(tables, entries)
-            except asyncio.CancelledError:
-                raise
             except OSError as exc:  # the dump directory's disk: full, failing, read-only
                 said = _unwritable(tables, exc)
                 self._failed(entries, said)
