@@ -120,9 +120,8 @@ async def _stored_table(source: Source, service: chaos.Service, disk: DiskFaults
 def _checkpointed(data: DataDir, disk: DiskFaults, state: Any) -> bool:
     """The checkpoint covers ``state``, and its journal is synced as it is now (a line of
     it is read before its fsync returns)."""
-    checkpoint = ckpt.load(data.checkpoint)
-    if checkpoint is None or checkpoint.position is None or \
-            not all(checkpoint.position.gtid_state.covers(gtid) for gtid in state):
+    covered = ckpt.covered_state(data.checkpoint)
+    if not all(covered.covers(gtid) for gtid in state):
         return False
     journal = os.path.realpath(data.checkpoint_log)
     return not os.path.exists(journal) or \
